@@ -1,0 +1,224 @@
+"""Cluster description and placements.
+
+A cluster is an ordered list of nodes, each with a number of GPUs. Nodes are
+referred to by their index in that list (0-based) everywhere inside the
+project; names only matter at the edges (Slurm, reports).
+
+A :class:`Placement` maps node indices to GPU counts, e.g. ``{0: 4, 2: 4}``
+places an 8-GPU job on nodes 0 and 2 with 4 GPUs each.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping
+
+__all__ = ["ClusterSpecError", "NodeSpec", "ClusterSpec", "Placement"]
+
+
+class ClusterSpecError(ValueError):
+    """Raised for a malformed cluster specification."""
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One node: its name and number of GPUs."""
+
+    name: str
+    gpus: int
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """The static shape of a cluster.
+
+    :param nodes: the nodes, in index order.
+    :param intra_bw_gbps: GPU-to-GPU bandwidth inside a node (GB/s); PCIe Gen3
+        x16 = 16 GB/s as in the seed's testbed.
+    :param inter_bw_gbps: bandwidth of a node's network link (GB/s); 40 Gbps
+        InfiniBand = 5 GB/s as in the seed's testbed.
+    """
+
+    nodes: tuple[NodeSpec, ...]
+    intra_bw_gbps: float = 16.0
+    inter_bw_gbps: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            raise ClusterSpecError("a cluster needs at least one node")
+        names = [n.name for n in self.nodes]
+        if len(set(names)) != len(names):
+            raise ClusterSpecError(f"duplicate node names in cluster: {names}")
+        for n in self.nodes:
+            if not isinstance(n.gpus, int) or n.gpus < 1:
+                raise ClusterSpecError(f"node {n.name!r}: gpus must be a positive integer, got {n.gpus!r}")
+        if self.intra_bw_gbps <= 0 or self.inter_bw_gbps <= 0:
+            raise ClusterSpecError("bandwidths must be positive")
+
+    # ------------------------------------------------------------------ factories
+    @classmethod
+    def homogeneous(cls, num_nodes: int, gpus_per_node: int, prefix: str = "node", **kw) -> "ClusterSpec":
+        """``num_nodes`` nodes named ``node1..nodeN`` with ``gpus_per_node`` GPUs each."""
+        if num_nodes < 1 or gpus_per_node < 1:
+            raise ClusterSpecError(f"cluster {num_nodes}x{gpus_per_node}: both numbers must be >= 1")
+        return cls(tuple(NodeSpec(f"{prefix}{i + 1}", gpus_per_node) for i in range(num_nodes)), **kw)
+
+    @classmethod
+    def parse(cls, spec: "str | Path | ClusterSpec") -> "ClusterSpec":
+        """Parse ``"4x8"`` (nodes x GPUs per node) or a YAML / TOML file.
+
+        The file lists nodes and, optionally, bandwidths::
+
+            intra_bw_gbps = 16
+            inter_bw_gbps = 5
+            [[nodes]]
+            name = "node1"
+            gpus = 8
+            count = 4        # optional: expands to node1..node4 when name is a prefix
+        """
+        if isinstance(spec, ClusterSpec):
+            return spec
+        text = str(spec).strip()
+        m = re.fullmatch(r"(\d+)\s*[xX]\s*(\d+)", text)
+        if m:
+            return cls.homogeneous(int(m.group(1)), int(m.group(2)))
+        path = Path(text)
+        if not path.exists():
+            raise ClusterSpecError(
+                f"bad cluster spec {text!r}: expected NODESxGPUS (e.g. 4x8) or a YAML/TOML file that exists"
+            )
+        return cls.from_file(path)
+
+    @classmethod
+    def from_file(cls, path: Path) -> "ClusterSpec":
+        raw = path.read_text()
+        try:
+            if path.suffix.lower() == ".toml":
+                doc = tomllib.loads(raw)
+            else:
+                import yaml
+
+                doc = yaml.safe_load(raw)
+        except Exception as exc:  # noqa: BLE001 - report any parser error uniformly
+            raise ClusterSpecError(f"{path}: cannot parse cluster file: {exc}") from exc
+        if not isinstance(doc, Mapping) or "nodes" not in doc:
+            raise ClusterSpecError(f"{path}: expected a mapping with a 'nodes' list")
+        nodes: list[NodeSpec] = []
+        for i, entry in enumerate(doc["nodes"]):
+            if not isinstance(entry, Mapping) or "gpus" not in entry:
+                raise ClusterSpecError(f"{path}: nodes[{i}]: each node needs 'gpus' (and optionally 'name', 'count')")
+            gpus = entry["gpus"]
+            if not isinstance(gpus, int) or gpus < 1:
+                raise ClusterSpecError(f"{path}: nodes[{i}].gpus: expected a positive integer, got {gpus!r}")
+            count = entry.get("count", 1)
+            if not isinstance(count, int) or count < 1:
+                raise ClusterSpecError(f"{path}: nodes[{i}].count: expected a positive integer, got {count!r}")
+            name = str(entry.get("name", f"node{len(nodes) + 1}"))
+            if count == 1:
+                nodes.append(NodeSpec(name, gpus))
+            else:
+                nodes.extend(NodeSpec(f"{name}{k + 1}", gpus) for k in range(count))
+        kw = {k: float(doc[k]) for k in ("intra_bw_gbps", "inter_bw_gbps") if k in doc}
+        try:
+            return cls(tuple(nodes), **kw)
+        except ClusterSpecError as exc:
+            raise ClusterSpecError(f"{path}: {exc}") from exc
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(n.gpus for n in self.nodes)
+
+    @property
+    def max_gpus_per_node(self) -> int:
+        return max(n.gpus for n in self.nodes)
+
+    @property
+    def gpus_per_node(self) -> tuple[int, ...]:
+        return tuple(n.gpus for n in self.nodes)
+
+    @property
+    def is_homogeneous(self) -> bool:
+        return len(set(self.gpus_per_node)) == 1
+
+    @property
+    def bw_ratio(self) -> float:
+        """inter-node / intra-node bandwidth (< 1 on real hardware)."""
+        return self.inter_bw_gbps / self.intra_bw_gbps
+
+    def node_index(self, name: str) -> int:
+        for i, n in enumerate(self.nodes):
+            if n.name == name:
+                return i
+        raise KeyError(f"unknown node {name!r}")
+
+    def describe(self) -> str:
+        if self.is_homogeneous:
+            return f"{self.num_nodes}x{self.nodes[0].gpus}"
+        return f"{self.num_nodes} nodes / {self.total_gpus} GPUs"
+
+    def to_dict(self) -> dict:
+        return {
+            "nodes": [{"name": n.name, "gpus": n.gpus} for n in self.nodes],
+            "intra_bw_gbps": self.intra_bw_gbps,
+            "inter_bw_gbps": self.inter_bw_gbps,
+        }
+
+
+@dataclass(frozen=True)
+class Placement:
+    """GPUs given to one job: sorted ``(node_index, gpu_count)`` pairs.
+
+    Use :meth:`of` to build one from a mapping. Immutable and hashable.
+    """
+
+    alloc: tuple[tuple[int, int], ...]
+    total_gpus: int = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "total_gpus", sum(c for _, c in self.alloc))
+
+    @classmethod
+    def of(cls, mapping: Mapping[int, int] | Iterable[tuple[int, int]]) -> "Placement":
+        items = mapping.items() if isinstance(mapping, Mapping) else mapping
+        merged: dict[int, int] = {}
+        for node, count in items:
+            if count < 0:
+                raise ValueError(f"negative GPU count {count} on node {node}")
+            if count:
+                merged[int(node)] = merged.get(int(node), 0) + int(count)
+        return cls(tuple(sorted(merged.items())))
+
+    @property
+    def nodes(self) -> tuple[int, ...]:
+        return tuple(n for n, _ in self.alloc)
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.alloc)
+
+    @property
+    def max_per_node(self) -> int:
+        return max((c for _, c in self.alloc), default=0)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(total_gpus, num_nodes)``: the key of the performance model."""
+        return (self.total_gpus, self.num_nodes)
+
+    def as_dict(self) -> dict[int, int]:
+        return dict(self.alloc)
+
+    def fits(self, free: "Iterable[int]") -> bool:
+        free = list(free)
+        return all(0 <= n < len(free) and c <= free[n] for n, c in self.alloc)
+
+    def __str__(self) -> str:
+        return "{" + ", ".join(f"{n}:{c}" for n, c in self.alloc) + "}"

@@ -1,0 +1,168 @@
+"""Hand-made policies: a scheduling order plus a placement rule.
+
+Orders (lower key runs first; ties broken by submit time, then job id):
+
+* ``fifo``: submit time. Strict: the head of the queue blocks those behind.
+* ``sjf``: estimated total isolated run time (non-preemptive).
+* ``srtf``: estimated remaining isolated run time (preemptive).
+* ``las``: attained service in GPU-seconds, discretised into Tiresias-style
+  queues (preemptive across queues, FIFO inside one).
+
+Placements: ``pack`` (SCED2 packing), ``spread``, ``greedy`` (contention-aware,
+see :class:`policies.placement.ContentionAwarePlacement`).
+
+Names on the command line: ``fifo``, ``sjf``, ``srtf``, ``las``, ``greedy``
+(= SRTF order with contention-aware placement), each optionally followed by
+``:PLACEMENT`` (``srtf:spread``) and ``-np`` to turn preemption off
+(``las-np``).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from policies.base import Policy, PolicyError
+from policies.perf import ContentionModel
+from policies.placement import PLACEMENT_RULES, PlacementRule
+from policies.state import ClusterState, Decision, JobInfo
+
+__all__ = ["OrderedPolicy", "ORDERS", "LAS_THRESHOLDS", "make_heuristic", "HEURISTIC_NAMES"]
+
+#: Tiresias-style LAS queue boundaries in GPU-seconds (1, 4 and 16 GPU-hours).
+LAS_THRESHOLDS: tuple[float, ...] = (3600.0, 4 * 3600.0, 16 * 3600.0)
+
+
+def _fifo(j: JobInfo) -> tuple:
+    return (j.submit_time, j.job_id)
+
+
+def _sjf(j: JobInfo) -> tuple:
+    return (j.total_time, j.submit_time, j.job_id)
+
+
+def _srtf(j: JobInfo) -> tuple:
+    return (j.remaining_time, j.submit_time, j.job_id)
+
+
+def _las(j: JobInfo) -> tuple:
+    return (bisect.bisect_right(LAS_THRESHOLDS, j.attained_service), j.submit_time, j.job_id)
+
+
+ORDERS: dict[str, Callable[[JobInfo], tuple]] = {"fifo": _fifo, "sjf": _sjf, "srtf": _srtf, "las": _las}
+_DEFAULT_PREEMPTIVE = {"fifo": False, "sjf": False, "srtf": True, "las": True}
+HEURISTIC_NAMES = ("fifo", "sjf", "srtf", "las", "greedy")
+
+
+@dataclass(kw_only=True)
+class OrderedPolicy(Policy):
+    """Schedule pending jobs in ``order``; place each with ``placement``.
+
+    :param strict: stop at the first pending job that does not fit (FIFO
+        semantics). Otherwise later jobs may backfill around it.
+    :param preemptive: a pending job that does not fit may preempt running
+        jobs of strictly lower priority (worst first) if that makes it fit.
+    :param min_run: a running job is not preempted before it has run this
+        many seconds since its last start (avoids thrashing).
+    :param preempt_margin: for numeric keys (SRTF), a victim's key must exceed
+        the waiting job's by this factor; preempting for a near tie only buys
+        a worse placement and a restart.
+    """
+
+    name: str
+    order: Callable[[JobInfo], tuple]
+    placement: PlacementRule
+    strict: bool = False
+    preemptive: bool = False
+    min_run: float = 300.0
+    preempt_margin: float = 2.0
+
+    @property
+    def time_invariant(self) -> bool:
+        """Non-preemptive orders decide the same while nothing arrives or ends."""
+        return not self.preemptive
+
+    def schedule(self, state: ClusterState) -> Decision:
+        dec = Decision()
+        free = state.free_gpus.astype(np.int64).copy()
+        pending = sorted(state.pending, key=self.order)
+        victims: list[JobInfo] = []
+        if self.preemptive:
+            victims = sorted(
+                (j for j in state.running if j.start_time is None or state.time - j.start_time >= self.min_run),
+                key=self.order,
+                reverse=True,
+            )
+        for job in pending:
+            p = self.placement(job, free, state)
+            if p is None and self.preemptive and victims:
+                p, chosen = self._with_preemption(job, free, state, victims)
+                if p is not None:
+                    for v in chosen:
+                        dec.preempt.append(v.job_id)
+                        victims.remove(v)
+                        for n, c in v.placement.alloc:  # type: ignore[union-attr]
+                            free[n] += c
+            if p is None:
+                if self.strict:
+                    break
+                continue
+            for n, c in p.alloc:
+                free[n] -= c
+            dec.place.append((job.job_id, p))
+        return dec
+
+    def _lower(self, victim_key: float, job_key: float) -> bool:
+        if isinstance(victim_key, int):  # queue levels (LAS)
+            return victim_key > job_key
+        return victim_key > job_key * self.preempt_margin
+
+    def _with_preemption(
+        self, job: JobInfo, free: np.ndarray, state: ClusterState, victims: list[JobInfo]
+    ) -> tuple:
+        key = self.order(job)
+        trial = free.copy()
+        chosen: list[JobInfo] = []
+        for v in victims:
+            if not self._lower(self.order(v)[0], key[0]):  # only clearly lower priority
+                break
+            for n, c in v.placement.alloc:  # type: ignore[union-attr]
+                trial[n] += c
+            chosen.append(v)
+            p = self.placement(job, trial, state)
+            if p is not None:
+                # Drop victims whose GPUs the placement does not use.
+                used = set(p.nodes)
+                needed = [x for x in chosen if used & set(x.placement.nodes)]  # type: ignore[union-attr]
+                return p, needed
+        return None, []
+
+
+def make_heuristic(name: str, perf: ContentionModel) -> OrderedPolicy:
+    """Build a heuristic from its command-line name (see module docstring)."""
+    raw = name.strip().lower()
+    base, _, place = raw.partition(":")
+    preemptive = None
+    if base.endswith("-np"):
+        base, preemptive = base[:-3], False
+    if base in ("greedy", "contention-greedy"):
+        order_name, default_place = "srtf", "greedy"
+    else:
+        order_name, default_place = base, "pack"
+    if order_name not in ORDERS:
+        raise PolicyError(f"unknown policy {name!r}; heuristics: {', '.join(HEURISTIC_NAMES)} (optionally :pack|:spread|:greedy, -np)")
+    place = place or default_place
+    if place not in PLACEMENT_RULES:
+        raise PolicyError(f"unknown placement {place!r} in policy {name!r}; choose from {', '.join(PLACEMENT_RULES)}")
+    if preemptive is None:
+        preemptive = _DEFAULT_PREEMPTIVE[order_name]
+    return OrderedPolicy(
+        name=raw,
+        order=ORDERS[order_name],
+        placement=PLACEMENT_RULES[place](perf),
+        strict=order_name == "fifo",
+        preemptive=preemptive,
+    )

@@ -1,0 +1,330 @@
+"""Performance model: how fast a job trains on a placement, alone and shared.
+
+The model has two parts (equations and fit errors in ``docs/PERFORMANCE_MODEL.md``).
+
+**Isolated throughput.** A data-parallel job of ``G`` GPUs spread over ``n``
+nodes spends, per sample and GPU, a compute time ``a`` plus communication::
+
+    tau(G, n) = a + b * u(G, n) + c * (n - 1)       [seconds per sample per GPU]
+    u(G, n)   = 2 (G - 1) / G * (eta if n == 1 else 1)
+    throughput(G, n) = G / tau(G, n)                  [samples / s]
+
+``u`` is the ring all-reduce volume factor; ``eta`` = inter-node / intra-node
+bandwidth (5 / 16 on the seed's testbed) makes a single-node job's
+communication cheaper; ``c`` prices every extra node a job spans (latency,
+hops, stragglers). ``a, b, c >= 0`` are fitted per model by non-negative
+least squares on relative error to DeepShare's measured table, so a job can
+never get faster by spreading over more nodes. Where the table has the exact
+``(model, G, n)`` the measured number is used; elsewhere the parametric value
+is scaled by the model's median measured/parametric ratio at the same ``G``
+(if any) so the two agree where they meet.
+
+**Contention.** Only jobs spanning several nodes use the node's network link,
+so only they slow each other (the seed's rule). Job ``A`` sharing node ``v``
+with multi-node jobs ``B`` suffers extra communication time::
+
+    CS(A | B) = measured 1 / ratio(A, B)            if both shapes are measured
+              = 1 + k_A * chi_A * beta_B             otherwise
+    CS_v(A)   = 1 + sum_B on v (CS(A | B) - 1)
+    CS(A)     = max_v CS_v(A)                        (the slowest link bounds a ring)
+    achieved throughput = isolated / CS(A)
+
+``chi_A`` is A's communication share of step time, ``beta_B`` B's measured
+bandwidth (Table I) over the link bandwidth, ``k_A`` a per-model constant
+fitted to the 36 x 36 measured matrix.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from typing import Iterable, Mapping, Protocol, Sequence
+
+import numpy as np
+
+from policies.cluster import ClusterSpec, Placement
+from policies.workloads import MODELS, canonical_model, get_workload
+
+__all__ = [
+    "PerformanceModel",
+    "ContentionModel",
+    "MeasuredData",
+    "load_measured_data",
+    "JobKey",
+    "MIN_RATIO",
+]
+
+#: Lower bound on achieved / isolated throughput (the seed uses 0.35 as a
+#: safety floor on a single neighbour; ours applies to the sum of neighbours).
+MIN_RATIO = 0.1
+
+#: ``(model, total_gpus, num_nodes)``: everything throughput depends on.
+JobKey = tuple[str, int, int]
+
+
+class PerformanceModel(Protocol):
+    """What the simulator, policies and controller need from a performance model."""
+
+    def isolated_throughput(self, model: str, gpus: int, nodes: int) -> float:
+        """Samples / s of a job alone on ``gpus`` GPUs over ``nodes`` nodes."""
+
+    def pair_cs(self, a: JobKey, b: JobKey) -> float:
+        """Contention sensitivity (>= 1) of job ``a`` sharing a node with ``b``."""
+
+    def best_isolated_throughput(self, model: str, gpus: int) -> float:
+        """Fastest isolated throughput over the shapes the cluster allows."""
+
+
+@dataclass(frozen=True)
+class MeasuredData:
+    """DeepShare's measurements (see ``policies/data/NOTICE.md``)."""
+
+    isolated: dict[JobKey, float]  # samples / s
+    ratio: dict[tuple[JobKey, JobKey], float]  # achieved / isolated of the row job
+    total_samples: dict[tuple[str, int], float]  # samples for ~1 h isolated
+
+
+def _parse_key(text: str) -> JobKey:
+    model, gpus, nodes = (s.strip() for s in text.split(","))
+    return (canonical_model(model), int(gpus), int(nodes))
+
+
+@lru_cache(maxsize=1)
+def load_measured_data() -> MeasuredData:
+    base = resources.files("policies") / "data" / "deepshare"
+    isolated: dict[JobKey, float] = {}
+    with (base / "isolated_thp.csv").open(encoding="utf-8-sig") as f:
+        reader = csv.reader(f)
+        next(reader)
+        for row in reader:
+            isolated[_parse_key(row[0])] = float(row[1])
+    ratio: dict[tuple[JobKey, JobKey], float] = {}
+    with (base / "shared_thp_ratio.csv").open(encoding="utf-8-sig") as f:
+        reader = csv.reader(f)
+        cols = [_parse_key(c) for c in next(reader)[1:]]
+        for row in reader:
+            rk = _parse_key(row[0])
+            for ck, v in zip(cols, row[1:]):
+                ratio[(rk, ck)] = float(v)
+    total: dict[tuple[str, int], float] = {}
+    with (base / "total_samples_trained.csv").open(encoding="utf-8-sig") as f:
+        reader = csv.reader(f)
+        demands = [int(x) for x in next(reader)[1:]]
+        for row in reader:
+            for d, v in zip(demands, row[1:]):
+                total[(canonical_model(row[0]), d)] = float(v)
+    return MeasuredData(isolated, ratio, total)
+
+
+def _nnls(A: np.ndarray, y: np.ndarray) -> np.ndarray:
+    from scipy.optimize import nnls
+
+    x, _ = nnls(A, y)
+    return x
+
+
+def _u(gpus: int, nodes: int, eta: float) -> float:
+    if gpus <= 1:
+        return 0.0
+    return 2.0 * (gpus - 1) / gpus * (eta if nodes == 1 else 1.0)
+
+
+class ContentionModel:
+    """The project's performance model (see module docstring).
+
+    :param cluster: used for the intra/inter bandwidth ratio and link speed.
+    :param data: measurements; defaults to DeepShare's.
+    :param use_measured: use measured numbers where they exist (default). With
+        ``False`` the model is purely parametric (used to state fit errors).
+    """
+
+    def __init__(
+        self,
+        cluster: ClusterSpec | None = None,
+        data: MeasuredData | None = None,
+        use_measured: bool = True,
+    ) -> None:
+        self.cluster = cluster or ClusterSpec.homogeneous(4, 8)
+        self.data = data or load_measured_data()
+        self.use_measured = use_measured
+        self.eta = self.cluster.bw_ratio
+        self._link_mbps = self.cluster.inter_bw_gbps * 1000.0
+        self.params: dict[str, tuple[float, float, float]] = {}
+        self._calib: dict[tuple[str, int], float] = {}
+        self._fit_isolated()
+        self.kappa: dict[str, float] = {}
+        self._fit_contention()
+        self._iso_cache: dict[JobKey, float] = {}
+        self._pair_cache: dict[tuple[JobKey, JobKey], float] = {}
+        self._best_cache: dict[tuple[str, int], float] = {}
+
+    # ------------------------------------------------------------------ fitting
+    def _fit_isolated(self) -> None:
+        by_model: dict[str, list[tuple[int, int, float]]] = {}
+        for (m, g, n), thp in self.data.isolated.items():
+            by_model.setdefault(m, []).append((g, n, thp))
+        for m, rows in by_model.items():
+            # tau = g / thp; minimise relative error: divide each row by tau.
+            A = np.array([[1.0, _u(g, n, self.eta), float(n - 1)] for g, n, _ in rows])
+            tau = np.array([g / thp for g, n, thp in rows])
+            coef = _nnls(A / tau[:, None], np.ones(len(rows)))
+            if coef[0] <= 0:  # compute time must be positive
+                coef[0] = float(tau.min()) * 1e-3
+            self.params[m] = (float(coef[0]), float(coef[1]), float(coef[2]))
+            ratios: dict[int, list[float]] = {}
+            for g, n, thp in rows:
+                ratios.setdefault(g, []).append(thp / self._parametric(m, g, n))
+            for g, rs in ratios.items():
+                self._calib[(m, g)] = float(np.median(rs))
+        # Registered models without measurements: derive a, b from Table I.
+        for name in list(_all_models()):
+            if name in self.params:
+                continue
+            prof = get_workload(name)
+            a = 1.0 / float(prof.per_gpu_throughput)
+            # comm_comp is profiled on multi-node placements: b * u(8, 2) = comm_comp * a.
+            b = prof.comm_comp * a / _u(8, 2, self.eta)
+            self.params[name] = (a, b, 0.0)
+
+    def _fit_contention(self) -> None:
+        xs: dict[str, list[float]] = {}
+        ys: dict[str, list[float]] = {}
+        for (ka, kb), r in self.data.ratio.items():
+            x = self._chi(ka) * self._beta(kb)
+            xs.setdefault(ka[0], []).append(x)
+            ys.setdefault(ka[0], []).append(1.0 / max(r, 1e-6) - 1.0)
+        for m in _all_models():
+            if m in xs:
+                x, y = np.array(xs[m]), np.array(ys[m])
+                self.kappa[m] = float(max((x * y).sum() / max((x * x).sum(), 1e-12), 0.0))
+            else:
+                self.kappa[m] = float(np.median(list(self.kappa.values()))) if self.kappa else 1.0
+
+    # ------------------------------------------------------------------ pieces
+    def _parametric(self, model: str, gpus: int, nodes: int) -> float:
+        a, b, c = self.params[model]
+        tau = a + b * _u(gpus, nodes, self.eta) + c * max(nodes - 1, 0)
+        return gpus / tau
+
+    def _chi(self, key: JobKey) -> float:
+        """Share of step time spent communicating (0 for a single-node job)."""
+        m, g, n = key
+        if n <= 1:
+            return 0.0
+        a, b, c = self.params[m]
+        comm = b * _u(g, n, self.eta) + c * (n - 1)
+        return comm / (a + comm)
+
+    def _beta(self, key: JobKey) -> float:
+        """Link load of a neighbour, as a fraction of link bandwidth."""
+        m, g, n = key
+        if n <= 1:
+            return 0.0
+        return get_workload(m).bandwidth_mbps / self._link_mbps
+
+    # ------------------------------------------------------------------ API
+    def isolated_throughput(self, model: str, gpus: int, nodes: int) -> float:
+        key = (model, gpus, nodes)
+        v = self._iso_cache.get(key)
+        if v is None:
+            m = canonical_model(model)
+            if gpus < 1 or nodes < 1 or nodes > gpus:
+                raise ValueError(f"impossible shape: {gpus} GPUs over {nodes} nodes")
+            meas = self.data.isolated.get((m, gpus, nodes)) if self.use_measured else None
+            if meas is not None:
+                v = meas
+            else:
+                v = self._parametric(m, gpus, nodes)
+                if self.use_measured:
+                    v *= self._calib.get((m, gpus), 1.0)
+                    if nodes == 1:  # never slower than a measured multi-node shape
+                        best = max((t for (mm, g, n), t in self.data.isolated.items() if mm == m and g == gpus), default=0.0)
+                        v = max(v, best)
+            self._iso_cache[key] = v
+        return v
+
+    def throughput_for(self, model: str, placement: Placement) -> float:
+        return self.isolated_throughput(model, placement.total_gpus, placement.num_nodes)
+
+    def pair_cs(self, a: JobKey, b: JobKey) -> float:
+        key = (a, b)
+        v = self._pair_cache.get(key)
+        if v is None:
+            if a[2] <= 1 or b[2] <= 1:
+                v = 1.0
+            else:
+                ca = (canonical_model(a[0]), a[1], a[2])
+                cb = (canonical_model(b[0]), b[1], b[2])
+                r = self.data.ratio.get((ca, cb)) if self.use_measured else None
+                if r is not None:
+                    v = 1.0 / max(r, MIN_RATIO)
+                else:
+                    v = 1.0 + self.kappa[ca[0]] * self._chi(ca) * self._beta(cb)
+            self._pair_cache[key] = v
+        return v
+
+    def best_isolated_throughput(self, model: str, gpus: int) -> float:
+        key = (model, gpus)
+        v = self._best_cache.get(key)
+        if v is None:
+            v = max(self.isolated_throughput(model, gpus, n) for n in feasible_node_counts(self.cluster, gpus))
+            self._best_cache[key] = v
+        return v
+
+    def job_cs(self, me: JobKey, my_nodes: Iterable[int], neighbours_by_node: Mapping[int, Sequence[JobKey]]) -> float:
+        """CS of a job on ``my_nodes`` given the other jobs on each node (>= 1)."""
+        if me[2] <= 1:
+            return 1.0
+        worst = 1.0
+        for v in my_nodes:
+            extra = 0.0
+            for other in neighbours_by_node.get(v, ()):
+                extra += self.pair_cs(me, other) - 1.0
+            worst = max(worst, 1.0 + extra)
+        return min(worst, 1.0 / MIN_RATIO)
+
+    # ------------------------------------------------------------------ reporting
+    def fit_report(self) -> dict:
+        """Fit errors of the parametric parts against the measured tables."""
+        iso_err = []
+        for (m, g, n), thp in self.data.isolated.items():
+            iso_err.append(abs(self._parametric(m, g, n) - thp) / thp)
+        cs_err = []
+        for (ka, kb), r in self.data.ratio.items():
+            pred = 1.0 / (1.0 + self.kappa[ka[0]] * self._chi(ka) * self._beta(kb))
+            cs_err.append(abs(pred - r))
+        return {
+            "isolated_mape": float(np.mean(iso_err)),
+            "isolated_max_rel_err": float(np.max(iso_err)),
+            "ratio_mae": float(np.mean(cs_err)),
+            "ratio_max_abs_err": float(np.max(cs_err)),
+            "params": {m: dict(zip(("a", "b", "c"), p)) for m, p in self.params.items()},
+            "kappa": dict(self.kappa),
+        }
+
+
+def _all_models() -> list[str]:
+    from policies.workloads import known_models
+
+    return known_models()
+
+
+def feasible_node_counts(cluster: ClusterSpec, gpus: int) -> list[int]:
+    """Node counts ``n`` on which ``gpus`` GPUs can be placed at all on this cluster.
+
+    ``n`` is feasible when the ``n`` largest nodes hold at least ``gpus`` GPUs
+    and ``n <= gpus`` (every node used gets at least one GPU).
+    """
+    caps = sorted(cluster.gpus_per_node, reverse=True)
+    out = []
+    total = 0
+    for n in range(1, min(gpus, cluster.num_nodes) + 1):
+        total += caps[n - 1]
+        if total >= gpus:
+            out.append(n)
+    if not out:
+        raise ValueError(f"{gpus} GPUs do not fit on cluster {cluster.describe()} ({cluster.total_gpus} GPUs)")
+    return out

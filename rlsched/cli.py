@@ -1,0 +1,75 @@
+"""The ``rlsched`` command line: one entry point, one module per subcommand group.
+
+Each module listed in :data:`COMMAND_MODULES` has ``register(subparsers)``,
+which adds its subcommands and sets ``func`` on them. Errors the user can fix
+(bad trace, cluster spec, policy name, config) print one line to stderr and
+exit with status 2; nothing half-written is left behind by the commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from rlsched import __version__
+
+#: Modules that contribute subcommands (in help order).
+COMMAND_MODULES: tuple[str, ...] = (
+    "trainer.cli_sim",
+)
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from policies.base import PolicyError
+    from policies.cluster import ClusterSpecError
+    from trainer.simulator import SimulationError
+    from trainer.traces import TraceError
+
+    errs: list[type[BaseException]] = [PolicyError, ClusterSpecError, SimulationError, TraceError, FileNotFoundError]
+    try:
+        from controller.config import ConfigError  # type: ignore
+
+        errs.append(ConfigError)
+    except ImportError:
+        pass
+    return tuple(errs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rlsched",
+        description="Learned, network-contention- and locality-aware GPU placement for Slurm.",
+    )
+    parser.add_argument("--version", action="version", version=f"rlsched {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for mod in COMMAND_MODULES:
+        importlib.import_module(mod).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        rc = args.func(args)
+    except _user_errors() as exc:
+        print(f"rlsched {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"rlsched {args.command}: interrupted", file=sys.stderr)
+        return 130
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,251 @@
+"""Job traces: one canonical schema, several readers.
+
+Canonical columns (CSV or Parquet)::
+
+    job_id, submit_time, model, gpu_demand, total_samples
+
+``submit_time`` in seconds from the trace start; ``model`` any name or alias
+known to :mod:`policies.workloads`; ``total_samples`` may be replaced by
+``duration`` (seconds in isolation on the best placement of the target
+cluster). Other columns (user, vc, ...) are kept in ``JobSpec.extra``.
+
+Readers: canonical CSV / Parquet, DeepShare's JSON job sets, the Philly CSV
+(:mod:`trainer.philly`). :func:`load_trace` picks one by file content.
+Every reader reports a bad row as ``TraceError`` naming file, row and field.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from policies.cluster import ClusterSpec
+from policies.job import JobSpec
+from policies.perf import ContentionModel
+from policies.workloads import UnknownModelError, canonical_model
+
+__all__ = [
+    "TraceError",
+    "CANONICAL_COLUMNS",
+    "load_trace",
+    "read_canonical",
+    "read_deepshare_json",
+    "write_trace",
+    "validate_jobs",
+]
+
+CANONICAL_COLUMNS = ("job_id", "submit_time", "model", "gpu_demand", "total_samples")
+
+
+class TraceError(ValueError):
+    """A trace that cannot be used. The message names file, row and field."""
+
+    def __init__(self, path: str | Path, message: str, row: int | str | None = None, column: str | None = None):
+        where = str(path)
+        if row is not None:
+            where += f", row {row}"
+        if column is not None:
+            where += f", field {column!r}"
+        super().__init__(f"{where}: {message}")
+        self.path, self.row, self.column = str(path), row, column
+
+
+def _num(path: Path, row: int | str, col: str, value: Any, *, integer: bool = False, positive: bool = False) -> float:
+    try:
+        if value is None or (isinstance(value, str) and not value.strip()):
+            raise ValueError
+        x = float(value)
+    except (TypeError, ValueError):
+        raise TraceError(path, f"expected a number, got {value!r}", row, col) from None
+    if not math.isfinite(x):
+        raise TraceError(path, f"expected a finite number, got {value!r}", row, col)
+    if x < 0:
+        raise TraceError(path, f"must not be negative, got {value!r}", row, col)
+    if positive and x <= 0:
+        raise TraceError(path, f"must be positive, got {value!r}", row, col)
+    if integer:
+        if x != int(x):
+            raise TraceError(path, f"expected an integer, got {value!r}", row, col)
+        return int(x)
+    return x
+
+
+def _model(path: Path, row: int | str, value: Any) -> str:
+    try:
+        return canonical_model(str(value))
+    except UnknownModelError as exc:
+        raise TraceError(path, str(exc), row, "model") from None
+
+
+def _job_from_row(
+    path: Path,
+    rownum: int | str,
+    rec: dict[str, Any],
+    cluster: ClusterSpec | None,
+    perf: ContentionModel | None,
+) -> JobSpec:
+    missing = [c for c in ("job_id", "submit_time", "model", "gpu_demand") if c not in rec]
+    if "total_samples" not in rec and "duration" not in rec:
+        missing.append("total_samples (or duration)")
+    if missing:
+        raise TraceError(path, f"missing column(s): {', '.join(missing)}", rownum)
+    job_id = str(rec["job_id"]).strip()
+    if not job_id:
+        raise TraceError(path, "empty job id", rownum, "job_id")
+    submit = _num(path, rownum, "submit_time", rec["submit_time"])
+    model = _model(path, rownum, rec["model"])
+    demand = int(_num(path, rownum, "gpu_demand", rec["gpu_demand"], integer=True, positive=True))
+    if cluster is not None and demand > cluster.total_gpus:
+        raise TraceError(
+            path, f"gpu_demand {demand} is larger than the cluster ({cluster.total_gpus} GPUs)", rownum, "gpu_demand"
+        )
+    ts = rec.get("total_samples")
+    if ts is not None and not (isinstance(ts, str) and not ts.strip()) and not (isinstance(ts, float) and math.isnan(ts)):
+        samples = _num(path, rownum, "total_samples", ts, positive=True)
+    else:
+        duration = _num(path, rownum, "duration", rec.get("duration"), positive=True)
+        if perf is None:
+            raise TraceError(path, "a 'duration' column needs the target cluster to convert to samples", rownum, "duration")
+        samples = duration * perf.best_isolated_throughput(model, demand)
+    extra = {k: v for k, v in rec.items() if k not in CANONICAL_COLUMNS and k != "duration"}
+    if "duration" in rec and rec.get("duration") not in (None, ""):
+        extra["duration"] = rec["duration"]
+    return JobSpec(job_id, submit, model, demand, samples, extra)
+
+
+def validate_jobs(path: str | Path, jobs: Sequence[JobSpec]) -> None:
+    seen: set[str] = set()
+    for i, j in enumerate(jobs):
+        if j.job_id in seen:
+            raise TraceError(path, f"duplicate job id {j.job_id!r}", i + 1, "job_id")
+        seen.add(j.job_id)
+    if not jobs:
+        raise TraceError(path, "the trace has no jobs")
+
+
+def read_canonical(path: str | Path, cluster: ClusterSpec | None = None, perf: ContentionModel | None = None) -> list[JobSpec]:
+    """Read a canonical CSV or Parquet trace (see module docstring)."""
+    path = Path(path)
+    if cluster is not None and perf is None:
+        perf = ContentionModel(cluster)
+    rows: Iterable[tuple[int, dict[str, Any]]]
+    if path.suffix.lower() in (".parquet", ".pq"):
+        import pyarrow.parquet as pq
+
+        try:
+            table = pq.read_table(path)
+        except Exception as exc:  # noqa: BLE001
+            raise TraceError(path, f"cannot read Parquet: {exc}") from exc
+        rows = enumerate(table.to_pylist(), start=1)
+        cols = table.column_names
+    else:
+        try:
+            f = path.open(newline="", encoding="utf-8-sig")
+        except OSError as exc:
+            raise TraceError(path, f"cannot open: {exc.strerror}") from exc
+        with f:
+            reader = csv.DictReader(f)
+            cols = reader.fieldnames or []
+            data = list(reader)
+        # Row numbers as a person counts lines in the file (header = line 1).
+        rows = enumerate(data, start=2)
+    _check_header(path, cols)
+    jobs = [_job_from_row(path, n, rec, cluster, perf) for n, rec in rows]
+    validate_jobs(path, jobs)
+    return jobs
+
+
+def _check_header(path: Path, cols: Sequence[str]) -> None:
+    needed = ["job_id", "submit_time", "model", "gpu_demand"]
+    missing = [c for c in needed if c not in cols]
+    if "total_samples" not in cols and "duration" not in cols:
+        missing.append("total_samples (or duration)")
+    if missing:
+        raise TraceError(path, f"missing column(s): {', '.join(missing)}; found: {', '.join(cols) or 'none'}")
+
+
+def read_deepshare_json(path: str | Path, cluster: ClusterSpec | None = None, **_: Any) -> list[JobSpec]:
+    """Read DeepShare's job-set JSON: ``{"id": {model, gpu_demand, total_samples_to_train}}``.
+
+    All jobs are submitted at time 0, as in DeepShare.
+    """
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise TraceError(path, f"not a readable JSON job set: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise TraceError(path, "expected a JSON object mapping job ids to jobs")
+    jobs = []
+    for jid, props in doc.items():
+        if not isinstance(props, dict):
+            raise TraceError(path, "expected an object", jid)
+        for k in ("model", "gpu_demand", "total_samples_to_train"):
+            if k not in props:
+                raise TraceError(path, "missing field", jid, k)
+        rec = {
+            "job_id": jid,
+            "submit_time": props.get("submit_time", 0),
+            "model": props["model"],
+            "gpu_demand": props["gpu_demand"],
+            "total_samples": props["total_samples_to_train"],
+        }
+        jobs.append(_job_from_row(path, jid, rec, cluster, None))
+    validate_jobs(path, jobs)
+    return jobs
+
+
+def load_trace(path: str | Path, cluster: ClusterSpec | None = None, perf: ContentionModel | None = None) -> list[JobSpec]:
+    """Load any supported trace, choosing the reader by extension and header."""
+    path = Path(path)
+    if not path.exists():
+        raise TraceError(path, "no such file")
+    if path.is_dir():
+        raise TraceError(path, "is a directory, expected a trace file")
+    suffix = path.suffix.lower()
+    if suffix == ".json" or (suffix == "" and path.read_bytes()[:1] == b"{"):
+        return read_deepshare_json(path, cluster)
+    if suffix == ".csv":
+        with path.open(encoding="utf-8-sig") as f:
+            header = f.readline()
+        if header.startswith("timestamp,") and "num_gpus" in header:
+            from trainer.philly import read_philly
+
+            return read_philly(path, cluster)
+    return read_canonical(path, cluster, perf)
+
+
+def write_trace(path: str | Path, jobs: Sequence[JobSpec]) -> None:
+    """Write a canonical CSV or Parquet trace atomically (temp file + rename)."""
+    path = Path(path)
+    extra_cols = sorted({k for j in jobs for k in j.extra})
+    rows = [
+        {
+            "job_id": j.job_id,
+            "submit_time": j.submit_time,
+            "model": j.model,
+            "gpu_demand": j.gpu_demand,
+            "total_samples": j.total_samples,
+            **{k: j.extra.get(k) for k in extra_cols},
+        }
+        for j in jobs
+    ]
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        if path.suffix.lower() in (".parquet", ".pq"):
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            pq.write_table(pa.Table.from_pylist(rows), tmp)
+        else:
+            with tmp.open("w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=list(CANONICAL_COLUMNS) + extra_cols)
+                w.writeheader()
+                w.writerows(rows)
+        tmp.replace(path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
