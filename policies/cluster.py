@@ -86,7 +86,7 @@ class ClusterSpec:
         if m:
             return cls.homogeneous(int(m.group(1)), int(m.group(2)))
         path = Path(text)
-        if not path.exists():
+        if not text or not path.is_file():
             raise ClusterSpecError(
                 f"bad cluster spec {text!r}: expected NODESxGPUS (e.g. 4x8) or a YAML/TOML file that exists"
             )
@@ -94,7 +94,10 @@ class ClusterSpec:
 
     @classmethod
     def from_file(cls, path: Path) -> "ClusterSpec":
-        raw = path.read_text()
+        try:
+            raw = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ClusterSpecError(f"{path}: cannot read cluster file: {exc}") from exc
         try:
             if path.suffix.lower() == ".toml":
                 doc = tomllib.loads(raw)
@@ -106,12 +109,14 @@ class ClusterSpec:
             raise ClusterSpecError(f"{path}: cannot parse cluster file: {exc}") from exc
         if not isinstance(doc, Mapping) or "nodes" not in doc:
             raise ClusterSpecError(f"{path}: expected a mapping with a 'nodes' list")
+        if not isinstance(doc["nodes"], list):
+            raise ClusterSpecError(f"{path}: 'nodes' must be a list of node entries")
         nodes: list[NodeSpec] = []
         for i, entry in enumerate(doc["nodes"]):
             if not isinstance(entry, Mapping) or "gpus" not in entry:
                 raise ClusterSpecError(f"{path}: nodes[{i}]: each node needs 'gpus' (and optionally 'name', 'count')")
             gpus = entry["gpus"]
-            if not isinstance(gpus, int) or gpus < 1:
+            if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
                 raise ClusterSpecError(f"{path}: nodes[{i}].gpus: expected a positive integer, got {gpus!r}")
             count = entry.get("count", 1)
             if not isinstance(count, int) or count < 1:
@@ -121,7 +126,13 @@ class ClusterSpec:
                 nodes.append(NodeSpec(name, gpus))
             else:
                 nodes.extend(NodeSpec(f"{name}{k + 1}", gpus) for k in range(count))
-        kw = {k: float(doc[k]) for k in ("intra_bw_gbps", "inter_bw_gbps") if k in doc}
+        kw = {}
+        for k in ("intra_bw_gbps", "inter_bw_gbps"):
+            if k in doc:
+                try:
+                    kw[k] = float(doc[k])
+                except (TypeError, ValueError):
+                    raise ClusterSpecError(f"{path}: {k}: expected a number, got {doc[k]!r}") from None
         try:
             return cls(tuple(nodes), **kw)
         except ClusterSpecError as exc:

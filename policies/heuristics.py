@@ -26,6 +26,7 @@ from typing import Callable
 import numpy as np
 
 from policies.base import Policy, PolicyError
+from policies.cluster import Placement
 from policies.perf import ContentionModel
 from policies.placement import PLACEMENT_RULES, PlacementRule
 from policies.state import ClusterState, Decision, JobInfo
@@ -88,46 +89,83 @@ class OrderedPolicy(Policy):
     def schedule(self, state: ClusterState) -> Decision:
         dec = Decision()
         free = state.free_gpus.astype(np.int64).copy()
-        pending = sorted(state.pending, key=self.order)
-        victims: list[JobInfo] = []
+        free_total = int(free.sum())
+        order = self.order
+        # Keys are computed once per job and round (they are the hot path on
+        # long queues); sorting (key, job) pairs by key is the same stable sort
+        # as sorting jobs by ``order``.
+        pending = sorted(((order(j), j) for j in state.pending), key=_first)
+        victims: list[tuple[tuple, JobInfo]] = []
         if self.preemptive:
             victims = sorted(
-                (j for j in state.running if j.start_time is None or state.time - j.start_time >= self.min_run),
-                key=self.order,
+                (
+                    (order(j), j)
+                    for j in state.running
+                    if j.start_time is None or state.time - j.start_time >= self.min_run
+                ),
+                key=_first,
                 reverse=True,
             )
-        for job in pending:
-            p = self.placement(job, free, state)
-            if p is None and self.preemptive and victims:
-                p, chosen = self._with_preemption(job, free, state, victims)
-                if p is not None:
-                    for v in chosen:
-                        dec.preempt.append(v.job_id)
-                        victims.remove(v)
-                        for n, c in v.placement.alloc:  # type: ignore[union-attr]
-                            free[n] += c
+        can_preempt = bool(victims)
+        for key, job in pending:
+            if free_total <= 0 and not can_preempt:
+                break  # nothing fits and nothing can be freed: the rest would be skipped
+            # No rule can place more GPUs than are free: skip the call.
+            p = self.placement(job, free, state) if job.gpu_demand <= free_total else None
+            if p is None and can_preempt:
+                if victims and self._lower(victims[0][0][0], key[0]):
+                    p, chosen = self._with_preemption(job, key, free, state, victims)
+                    if p is not None:
+                        for v in chosen:
+                            dec.preempt.append(v.job_id)
+                            victims[:] = [kv for kv in victims if kv[1] is not v]
+                            for n, c in v.placement.alloc:  # type: ignore[union-attr]
+                                free[n] += c
+                            free_total += v.gpu_demand
+                else:
+                    # Pending keys only grow from here and the lowest-priority
+                    # victim is not clearly lower than this job: no later job
+                    # can preempt either.
+                    can_preempt = False
             if p is None:
                 if self.strict:
                     break
                 continue
             for n, c in p.alloc:
                 free[n] -= c
+            free_total -= job.gpu_demand
             dec.place.append((job.job_id, p))
         return dec
 
     def _lower(self, victim_key: float, job_key: float) -> bool:
+        """Whether a victim's primary key is clearly lower priority than the job's.
+
+        Monotone in ``job_key``: if it is false for one job, it is false for
+        every job with a larger key (``schedule`` relies on this).
+        """
         if isinstance(victim_key, int):  # queue levels (LAS)
             return victim_key > job_key
         return victim_key > job_key * self.preempt_margin
 
     def _with_preemption(
-        self, job: JobInfo, free: np.ndarray, state: ClusterState, victims: list[JobInfo]
-    ) -> tuple:
-        key = self.order(job)
+        self,
+        job: JobInfo,
+        key: tuple,
+        free: np.ndarray,
+        state: ClusterState,
+        victims: list[tuple[tuple, JobInfo]],
+    ) -> tuple[Placement | None, list[JobInfo]]:
+        """Free the lowest-priority victims one by one until ``job`` fits.
+
+        :param key: ``self.order(job)``.
+        :param victims: ``(key, job)`` pairs, lowest priority first.
+        :returns: the placement and the victims it really needs (those on
+            nodes it uses), or ``(None, [])``.
+        """
         trial = free.copy()
         chosen: list[JobInfo] = []
-        for v in victims:
-            if not self._lower(self.order(v)[0], key[0]):  # only clearly lower priority
+        for vkey, v in victims:
+            if not self._lower(vkey[0], key[0]):  # only clearly lower priority
                 break
             for n, c in v.placement.alloc:  # type: ignore[union-attr]
                 trial[n] += c
@@ -139,6 +177,10 @@ class OrderedPolicy(Policy):
                 needed = [x for x in chosen if used & set(x.placement.nodes)]  # type: ignore[union-attr]
                 return p, needed
         return None, []
+
+
+def _first(pair: tuple) -> tuple:
+    return pair[0]
 
 
 def make_heuristic(name: str, perf: ContentionModel) -> OrderedPolicy:

@@ -41,6 +41,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
+from pathlib import Path
 from typing import Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
@@ -55,6 +56,7 @@ __all__ = [
     "load_measured_data",
     "JobKey",
     "MIN_RATIO",
+    "estimate_eta",
 ]
 
 #: Lower bound on achieved / isolated throughput (the seed uses 0.35 as a
@@ -327,4 +329,61 @@ def feasible_node_counts(cluster: ClusterSpec, gpus: int) -> list[int]:
             out.append(n)
     if not out:
         raise ValueError(f"{gpus} GPUs do not fit on cluster {cluster.describe()} ({cluster.total_gpus} GPUs)")
+    return out
+
+
+def estimate_eta(paths: Iterable[str | Path]) -> dict[str, float]:
+    """Estimate ``eta`` (intra-node cost / inter-node cost of communication)
+    from AdaptDL-style placement measurements.
+
+    Each CSV (e.g. ``data/adaptdl-placements/*.csv``) has columns
+    ``placement`` (one digit per node: GPUs used there, e.g. ``"22"`` = 2
+    nodes x 2 GPUs) and ``sync_time`` (s of gradient synchronisation per
+    step). In our model the communication time of ``G`` GPUs is
+    ``b u(G, 1) = b 2 (G-1)/G eta`` on one node and ``b 2 (G-1)/G`` (plus the
+    per-node term ``c (n-1)``, neglected here) on several, so for every ``G``
+    measured both ways::
+
+        eta_G = median sync_time(one node, G) / median sync_time(several nodes, G)
+
+    :returns: ``{file stem: median over G of eta_G}`` plus ``"all"``, the
+        median over files. Files with no ``G`` measured both ways are left out.
+    :raises ValueError: naming the file (and row) of a malformed input.
+    """
+    out: dict[str, float] = {}
+    for path in paths:
+        path = Path(path)
+        single: dict[int, list[float]] = {}
+        multi: dict[int, list[float]] = {}
+        try:
+            f = path.open(newline="", encoding="utf-8-sig")
+        except OSError as exc:
+            raise ValueError(f"{path}: cannot open: {exc.strerror}") from exc
+        with f:
+            reader = csv.DictReader(f)
+            missing = {"placement", "sync_time"} - set(reader.fieldnames or [])
+            if missing:
+                raise ValueError(f"{path}: missing column(s) {', '.join(sorted(missing))}")
+            for row_no, row in enumerate(reader, start=2):
+                pl = (row["placement"] or "").strip()
+                if not pl.isdigit():
+                    raise ValueError(f"{path}, row {row_no}, field 'placement': expected digits, got {pl!r}")
+                try:
+                    sync = float(row["sync_time"])
+                except (TypeError, ValueError):
+                    raise ValueError(
+                        f"{path}, row {row_no}, field 'sync_time': expected a number, got {row['sync_time']!r}"
+                    ) from None
+                per_node = [int(ch) for ch in pl if ch != "0"]
+                gpus, nodes = sum(per_node), len(per_node)
+                if gpus < 2 or not math.isfinite(sync) or sync <= 0:
+                    continue
+                (single if nodes == 1 else multi).setdefault(gpus, []).append(sync)
+        ratios = [
+            float(np.median(single[g]) / np.median(multi[g])) for g in sorted(single) if g in multi
+        ]
+        if ratios:
+            out[path.stem] = float(np.median(ratios))
+    if out:
+        out["all"] = float(np.median(list(out.values())))
     return out

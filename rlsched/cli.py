@@ -18,6 +18,10 @@ from rlsched import __version__
 #: Modules that contribute subcommands (in help order).
 COMMAND_MODULES: tuple[str, ...] = (
     "trainer.cli_sim",
+    "nodeagent.cli",
+    "trainer.cli_trace",
+    "trainer.cli_rl",
+    "controller.cli",
 )
 
 

@@ -36,7 +36,7 @@ from policies.job import JobSpec
 from policies.perf import ContentionModel
 from policies.state import ClusterState, Decision, JobInfo
 
-__all__ = ["SimConfig", "Simulator", "SimResult", "SimulationError", "JobRecord"]
+__all__ = ["SimConfig", "Simulator", "SimResult", "SimulationError", "JobRecord", "RunningView"]
 
 _EPS = 1e-9
 
@@ -159,6 +159,57 @@ class _Job:
         return min(self.done + self.rate * max(0.0, t - self.t_ref), self.spec.total_samples)
 
 
+class RunningView(Sequence[JobInfo]):
+    """The running jobs of a :class:`ClusterState` built by the simulator.
+
+    A read-only sequence of :class:`JobInfo`. Their progress fields are
+    computed for time ``t`` the first time the view is read (iterated,
+    indexed or compared), not when the state is built: for time-invariant
+    policies on big traces building the state is then O(1) per running job
+    instead of a Python loop over all of them. ``len`` and ``bool`` do not
+    need the refresh.
+    """
+
+    __slots__ = ("_jobs", "_t", "_infos")
+
+    def __init__(self, jobs: list[_Job], t: float) -> None:
+        self._jobs = jobs
+        self._t = t
+        self._infos: list[JobInfo] | None = None
+
+    def _refresh(self) -> list[JobInfo]:
+        infos = self._infos
+        if infos is None:
+            t = self._t
+            infos = []
+            for j in self._jobs:
+                info = j.info
+                info.done_samples = j.progress(t)
+                info.attained_service = j.att_base + info.gpu_demand * (t - j.seg_start)
+                info.achieved_thp = j.rate
+                info.isolated_thp = j.iso
+                infos.append(info)
+            self._infos = infos
+        return infos
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self._refresh()[i]
+
+    def __iter__(self):
+        return iter(self._refresh())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (RunningView, list, tuple)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"RunningView({self._refresh()!r})"
+
+
 class Simulator:
     """Run one policy over one trace on one cluster.
 
@@ -253,17 +304,20 @@ class Simulator:
 
     # ------------------------------------------------------------------ views
     def state(self) -> ClusterState:
-        """Build the policy's view at the current time (updates running jobs' progress)."""
-        t = self.time
-        running = []
-        for j in self.running.values():
-            info = j.info
-            info.done_samples = j.progress(t)
-            info.attained_service = j.att_base + info.gpu_demand * (t - j.seg_start)
-            info.achieved_thp = j.rate
-            info.isolated_thp = j.iso
-            running.append(info)
-        return ClusterState(t, self.cluster, self.free.copy(), running, [j.info for j in self.pending])
+        """Build the policy's view at the current time.
+
+        ``running`` is a :class:`RunningView`: the running jobs' progress
+        fields (``done_samples``, ``attained_service``, ``achieved_thp``,
+        ``isolated_thp``) are brought up to this time on first access, so a
+        policy that never looks at running jobs (FIFO) pays nothing for them.
+        """
+        return ClusterState(
+            self.time,
+            self.cluster,
+            self.free.copy(),
+            RunningView(list(self.running.values()), self.time),
+            [j.info for j in self.pending],
+        )
 
     # ------------------------------------------------------------------ mechanics
     def _record_util(self) -> None:
@@ -386,6 +440,12 @@ class Simulator:
         self.pending.append(j)
 
     def _complete(self, j: _Job) -> None:
+        if self.cfg.check_invariants:
+            # Uncapped progress: catches completions that come late as well as early.
+            got = j.done + j.rate * max(0.0, self.time - j.t_ref)
+            total = j.spec.total_samples
+            if abs(got - total) > 1e-6 * total:
+                raise AssertionError(f"job {j.spec.job_id} completes at t={self.time} with {got} of {total} samples")
         self._stop(j)
         j.done = j.spec.total_samples
         j.info.done_samples = j.done
@@ -450,6 +510,8 @@ class Simulator:
         self.rounds += 1
         dec = self.policy.schedule(self.state()) if self.pending else Decision()
         started = self.apply(dec) if dec else 0
+        if self.cfg.check_invariants and dec:
+            self.check_invariants()
         self.dirty = False
         self._sample_metrics()
         if not self.running and self.pending and started == 0 and self.next_arrival >= len(self.jobs):
@@ -532,16 +594,26 @@ class Simulator:
         ``1 - (sum x)^2 / (n * sum x^2)``; a node with all ``x = 0`` counts 0.
         """
         n_nodes = self.cluster.num_nodes
-        s1 = np.zeros(n_nodes)
-        s2 = np.zeros(n_nodes)
+        # Python lists, not numpy scalars: this loop runs every sample over
+        # every running job (hot on big traces); same additions, same order.
+        s1 = [0.0] * n_nodes
+        s2 = [0.0] * n_nodes
         t = self.time
         for j in self.running.values():
-            rem = (j.spec.total_samples - j.progress(t)) / j.rate if j.rate > 0 else j.info.remaining_time
+            rate = j.rate
+            if rate > 0:
+                total = j.spec.total_samples
+                rem = (total - min(j.done + rate * max(0.0, t - j.t_ref), total)) / rate
+            else:
+                rem = j.info.remaining_time
             for n, c in j.info.placement.alloc:  # type: ignore[union-attr]
-                s1[n] += c * rem
-                s2[n] += c * rem * rem
+                x = c * rem
+                s1[n] += x
+                s2[n] += x * rem
+        a1 = np.array(s1)
+        a2 = np.array(s2)
         with np.errstate(divide="ignore", invalid="ignore"):
-            frag = np.where(s2 > 0, 1.0 - s1 * s1 / (self.capacity * s2), 0.0)
+            frag = np.where(a2 > 0, 1.0 - a1 * a1 / (self.capacity * a2), 0.0)
         return float(frag.mean())
 
     def check_invariants(self) -> None:
@@ -553,6 +625,25 @@ class Simulator:
                 used[n] += c
         if not np.array_equal(used + self.free, self.capacity):
             raise AssertionError("GPU accounting mismatch")
+        # The incremental contention bookkeeping equals a full recomputation.
+        multi: list[set[int]] = [set() for _ in range(self.cluster.num_nodes)]
+        for j in self.running.values():
+            p = j.info.placement
+            if p is not None and p.num_nodes > 1:
+                for v in p.nodes:
+                    multi[v].add(j.idx)
+        if multi != self.node_multi:
+            raise AssertionError("multi-node job index per node is stale")
+        for j in self.running.values():
+            p = j.info.placement
+            assert p is not None
+            if p.num_nodes > 1:
+                neigh = {v: [self.jobs[o].key for o in multi[v] if o != j.idx] for v in p.nodes}
+                cs = self.perf.job_cs(j.key, p.nodes, neigh)
+            else:
+                cs = 1.0
+            if abs(cs - j.cs) > 1e-9 * cs or abs(j.rate * j.cs - j.iso) > 1e-9 * j.iso:
+                raise AssertionError(f"job {j.spec.job_id}: stale rate (cs {j.cs} vs {cs}, rate {j.rate}, iso {j.iso})")
 
     def result(self, wall: float = 0.0) -> SimResult:
         recs = []

@@ -20,7 +20,7 @@ import csv
 import json
 import math
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from policies.cluster import ClusterSpec
 from policies.job import JobSpec
@@ -116,11 +116,15 @@ def _job_from_row(
     return JobSpec(job_id, submit, model, demand, samples, extra)
 
 
-def validate_jobs(path: str | Path, jobs: Sequence[JobSpec]) -> None:
+def validate_jobs(path: str | Path, jobs: Sequence[JobSpec], rows: Sequence[int | str] | None = None) -> None:
+    """Reject an empty trace or a repeated job id.
+
+    ``rows[i]`` is how the reader names job ``i``'s row (default ``i + 1``).
+    """
     seen: set[str] = set()
     for i, j in enumerate(jobs):
         if j.job_id in seen:
-            raise TraceError(path, f"duplicate job id {j.job_id!r}", i + 1, "job_id")
+            raise TraceError(path, f"duplicate job id {j.job_id!r}", rows[i] if rows is not None else i + 1, "job_id")
         seen.add(j.job_id)
     if not jobs:
         raise TraceError(path, "the trace has no jobs")
@@ -131,7 +135,7 @@ def read_canonical(path: str | Path, cluster: ClusterSpec | None = None, perf: C
     path = Path(path)
     if cluster is not None and perf is None:
         perf = ContentionModel(cluster)
-    rows: Iterable[tuple[int, dict[str, Any]]]
+    rows: list[tuple[int, dict[str, Any]]]
     if path.suffix.lower() in (".parquet", ".pq"):
         import pyarrow.parquet as pq
 
@@ -139,7 +143,7 @@ def read_canonical(path: str | Path, cluster: ClusterSpec | None = None, perf: C
             table = pq.read_table(path)
         except Exception as exc:  # noqa: BLE001
             raise TraceError(path, f"cannot read Parquet: {exc}") from exc
-        rows = enumerate(table.to_pylist(), start=1)
+        rows = list(enumerate(table.to_pylist(), start=1))
         cols = table.column_names
     else:
         try:
@@ -151,20 +155,27 @@ def read_canonical(path: str | Path, cluster: ClusterSpec | None = None, perf: C
             cols = reader.fieldnames or []
             data = list(reader)
         # Row numbers as a person counts lines in the file (header = line 1).
-        rows = enumerate(data, start=2)
+        rows = list(enumerate(data, start=2))
     _check_header(path, cols)
     jobs = [_job_from_row(path, n, rec, cluster, perf) for n, rec in rows]
-    validate_jobs(path, jobs)
+    validate_jobs(path, jobs, [n for n, _ in rows])
     return jobs
 
 
 def _check_header(path: Path, cols: Sequence[str]) -> None:
+    """Raise for missing columns, naming the header row (1) and the first missing field."""
+    if not cols:
+        raise TraceError(path, "empty file: no header and no jobs")
     needed = ["job_id", "submit_time", "model", "gpu_demand"]
     missing = [c for c in needed if c not in cols]
     if "total_samples" not in cols and "duration" not in cols:
-        missing.append("total_samples (or duration)")
+        missing.append("total_samples")
     if missing:
-        raise TraceError(path, f"missing column(s): {', '.join(missing)}; found: {', '.join(cols) or 'none'}")
+        more = f" (also missing: {', '.join(missing[1:])})" if len(missing) > 1 else ""
+        hint = " (or 'duration')" if missing[0] == "total_samples" else ""
+        raise TraceError(
+            path, f"missing column{hint}{more}; header has: {', '.join(cols)}", 1, missing[0]
+        )
 
 
 def read_deepshare_json(path: str | Path, cluster: ClusterSpec | None = None, **_: Any) -> list[JobSpec]:
@@ -194,12 +205,18 @@ def read_deepshare_json(path: str | Path, cluster: ClusterSpec | None = None, **
             "total_samples": props["total_samples_to_train"],
         }
         jobs.append(_job_from_row(path, jid, rec, cluster, None))
-    validate_jobs(path, jobs)
+    validate_jobs(path, jobs, list(doc))
     return jobs
 
 
-def load_trace(path: str | Path, cluster: ClusterSpec | None = None, perf: ContentionModel | None = None) -> list[JobSpec]:
-    """Load any supported trace, choosing the reader by extension and header."""
+def load_trace(
+    path: str | Path, cluster: ClusterSpec | None = None, perf: ContentionModel | None = None, **philly_options: Any
+) -> list[JobSpec]:
+    """Load any supported trace, choosing the reader by extension and header.
+
+    ``philly_options`` (seed, mix, gpu_scale, ...) go to
+    :func:`trainer.philly.read_philly` when the file is a Philly CSV.
+    """
     path = Path(path)
     if not path.exists():
         raise TraceError(path, "no such file")
@@ -214,12 +231,13 @@ def load_trace(path: str | Path, cluster: ClusterSpec | None = None, perf: Conte
         if header.startswith("timestamp,") and "num_gpus" in header:
             from trainer.philly import read_philly
 
-            return read_philly(path, cluster)
+            return read_philly(path, cluster, perf=perf, **philly_options)
     return read_canonical(path, cluster, perf)
 
 
 def write_trace(path: str | Path, jobs: Sequence[JobSpec]) -> None:
-    """Write a canonical CSV or Parquet trace atomically (temp file + rename)."""
+    """Write a trace atomically (temp file + rename): canonical CSV or Parquet by
+    suffix, or DeepShare JSON for ``.json`` (``extra`` is not kept there)."""
     path = Path(path)
     extra_cols = sorted({k for j in jobs for k in j.extra})
     rows = [
@@ -235,7 +253,19 @@ def write_trace(path: str | Path, jobs: Sequence[JobSpec]) -> None:
     ]
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        if path.suffix.lower() in (".parquet", ".pq"):
+        if path.suffix.lower() == ".json":
+            # DeepShare's job-set format, plus submit_time (read back by read_deepshare_json).
+            doc = {
+                j.job_id: {
+                    "model": j.model,
+                    "gpu_demand": j.gpu_demand,
+                    "total_samples_to_train": j.total_samples,
+                    "submit_time": j.submit_time,
+                }
+                for j in jobs
+            }
+            tmp.write_text(json.dumps(doc))
+        elif path.suffix.lower() in (".parquet", ".pq"):
             import pyarrow as pa
             import pyarrow.parquet as pq
 

@@ -1,0 +1,149 @@
+"""``rlsched controller run|status|check-config``.
+
+``run`` starts the daemon (foreground; systemd runs it as
+``rlsched-controller.service``); ``status`` prints what the running daemon
+last did (from ``state_dir/status.json``); ``check-config`` validates a
+config file and exits 0 or 2 with the bad key named.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+from controller.config import ConfigError, load_config
+
+DEFAULT_CONFIG = "/etc/rlsched/controller.toml"
+
+
+def _config_path(args: argparse.Namespace) -> str | None:
+    p = args.config or os.environ.get("RLSCHED_CONTROLLER_CONFIG")
+    if p:
+        return p
+    return DEFAULT_CONFIG if Path(DEFAULT_CONFIG).exists() else None
+
+
+def _load(args: argparse.Namespace):
+    cfg = load_config(_config_path(args))
+    c = cfg.controller
+    if getattr(args, "policy", None):
+        c.policy = args.policy
+    if getattr(args, "interval", None) is not None:
+        if args.interval <= 0:
+            raise ConfigError(f"--interval: must be > 0, got {args.interval:g}")
+        c.interval_s = args.interval
+    if getattr(args, "state_dir", None):
+        c.state_dir = args.state_dir
+    if getattr(args, "metrics_port", None) is not None:
+        cfg.metrics.port = args.metrics_port
+    return cfg
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from controller.daemon import Controller, make_policy  # noqa: F401 - import errors surface early
+    from controller.metrics import setup_logging
+
+    cfg = _load(args)
+    setup_logging(cfg.controller.log_file)
+    ctl = Controller(cfg)
+    # a bad policy name must stop the start-up, not every round
+    from policies.heuristics import HEURISTIC_NAMES  # noqa: F401
+
+    if not cfg.controller.policy.lower().startswith("rl"):
+        from policies.heuristics import make_heuristic
+        from policies.perf import ContentionModel
+
+        make_heuristic(cfg.controller.policy, ContentionModel())
+    ctl.metrics.serve(cfg.metrics.port, cfg.metrics.address)
+    ctl.install_signals()
+    ctl.run(max_rounds=1 if args.once else None)
+    return 0 if (ctl.last is None or ctl.last.ok or not args.once) else 1
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    if args.state_dir:
+        state_dir = Path(args.state_dir)
+    else:
+        state_dir = Path(load_config(_config_path(args)).controller.state_dir)
+    f = state_dir / "status.json"
+    try:
+        doc = json.loads(f.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{f}: no status yet (is the controller running with this state_dir?)") from None
+    if args.json:
+        print(json.dumps(doc, indent=1))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    age = time.time() - float(doc.get("time", 0))
+    lr = doc.get("last_round", {})
+    con.print(
+        f"policy [bold]{doc.get('policy')}[/], {doc.get('rounds')} rounds, last {age:.0f} s ago "
+        f"(pid {doc.get('pid')}); queue {lr.get('queue')}, running {lr.get('running')}"
+        + (f"; [red]error: {lr.get('error')}[/]" if lr.get("error") else "")
+    )
+    t = Table(title="recent actions")
+    for col in ("time", "action", "job", "GPUs per node"):
+        t.add_column(col)
+    for h in doc.get("history", []):
+        t.add_row(time.strftime("%H:%M:%S", time.localtime(h["t"])), h["action"], str(h["job"]),
+                  ", ".join(f"{k}:{v}" for k, v in h.get("detail", {}).items()))
+    con.print(t)
+    return 0
+
+
+def cmd_preempt(args: argparse.Namespace) -> int:
+    """Ask the running controller to checkpoint-and-requeue jobs (next round)."""
+    state_dir = Path(args.state_dir) if args.state_dir else Path(load_config(_config_path(args)).controller.state_dir)
+    d = state_dir / "requests"
+    d.mkdir(parents=True, exist_ok=True)
+    for j in args.job_ids:
+        if not j.isdigit():
+            raise ConfigError(f"job id must be a number, got {j!r}")
+        (d / f"preempt-{j}").write_text("")
+        print(f"preemption of job {j} requested (applied at the controller's next round)")
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    cfg = load_config(args.path)
+    from policies.perf import ContentionModel
+
+    if not cfg.controller.policy.lower().startswith("rl"):
+        from policies.heuristics import make_heuristic
+
+        make_heuristic(cfg.controller.policy, ContentionModel())
+    print(f"{args.path}: OK (policy {cfg.controller.policy}, interval {cfg.controller.interval_s:g} s)")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("controller", help="the placement daemon beside slurmctld")
+    csub = p.add_subparsers(dest="controller_command", metavar="SUBCOMMAND")
+    r = csub.add_parser("run", help="run the controller (foreground)")
+    r.add_argument("--config", help=f"TOML config (default $RLSCHED_CONTROLLER_CONFIG or {DEFAULT_CONFIG})")
+    r.add_argument("--policy", help="override controller.policy")
+    r.add_argument("--interval", type=float, help="override controller.interval_s (seconds)")
+    r.add_argument("--state-dir", help="override controller.state_dir")
+    r.add_argument("--metrics-port", type=int, help="override metrics.port (0: off)")
+    r.add_argument("--once", action="store_true", help="run one round and exit (status 1 if it failed)")
+    r.set_defaults(func=cmd_run)
+    s = csub.add_parser("status", help="what the running controller did last")
+    s.add_argument("--config")
+    s.add_argument("--state-dir")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_status)
+    q = csub.add_parser("preempt", help="checkpoint and requeue running jobs (operator request)")
+    q.add_argument("job_ids", nargs="+", metavar="JOBID")
+    q.add_argument("--config")
+    q.add_argument("--state-dir")
+    q.set_defaults(func=cmd_preempt)
+    c = csub.add_parser("check-config", help="validate a controller config file")
+    c.add_argument("path")
+    c.set_defaults(func=cmd_check)
+    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])

@@ -1,0 +1,548 @@
+"""The rlsched controller: a crash-only daemon beside slurmctld.
+
+Every ``interval_s`` seconds one :meth:`Controller.round`:
+
+1. reads nodes (``sinfo --json``) and jobs (``squeue --json``) and, from the
+   node agents, measured progress/throughput/CS;
+2. finishes any preemption a previous (possibly crashed) round started;
+3. holds back released jobs that did not start within ``start_grace_s``;
+4. builds the same :class:`~policies.state.ClusterState` the simulator builds
+   and asks the policy for a :class:`~policies.state.Decision`;
+5. applies it: preemptions first (agent checkpoint -> ``scontrol requeuehold``),
+   then placements (``scontrol update ReqNodeList=.. NumNodes=..``,
+   ``StartTime=now``, ``scontrol release``).
+
+Placement in Slurm: jobs ask for a total (``--gpus=N``); the controller pins
+the node set and node count, and Slurm's cons_tres splits the N GPUs over
+those nodes. When the placement uses every free GPU of its nodes (what packing
+policies produce) the split is forced; otherwise Slurm may split differently
+from the plan: the controller compares the started job's per-node GRES with
+the plan, counts mismatches (``rlsched_placement_mismatch_total``) and the next
+round's state is built from what Slurm actually allocated. The GPU total and
+the node set (the performance model's key) are always exactly the plan.
+
+Crash-only: all state is rebuilt from Slurm each round. The journal
+(``state_dir/journal.json``, written atomically) only remembers what Slurm
+cannot: planned splits of released jobs, preemptions in progress, progress of
+preempted jobs. Losing it loses no job: a released job is never released again
+(it is no longer held), and a held job is simply placed again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from controller.config import ConfigError, ControllerConfig, load_config
+from controller.metrics import Metrics
+from controller.preemption import NoAgents, Preempter, make_preempter
+from controller.slurm import SlurmCLI, SlurmError, SlurmJob
+from controller.state import SlurmView, build_cluster, build_state
+from policies.base import Policy, PolicyError
+from policies.cluster import ClusterSpec, Placement
+from policies.perf import ContentionModel
+from policies.state import Decision
+
+__all__ = ["Controller", "make_policy", "Journal", "RoundReport"]
+
+log = logging.getLogger("controller.daemon")
+
+_FINISHED = ("COMPLETED", "FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED")
+
+
+def make_policy(name: str, cluster: ClusterSpec, perf: ContentionModel, checkpoint: str | None = None) -> Policy:
+    """A heuristic (``policies.heuristics``) or an RL policy (``rl-base``, ``rl-hybrid``)."""
+    if name.strip().lower().startswith("rl"):
+        try:
+            from policies.rl import make_rl_policy  # type: ignore[import-not-found]
+        except ImportError as exc:
+            raise PolicyError(f"policy {name!r} needs the RL policies (policies/rl.py), which cannot be imported: {exc}") from None
+        return make_rl_policy(name, cluster, perf, checkpoint=checkpoint)
+    from policies.heuristics import make_heuristic
+
+    return make_heuristic(name, perf)
+
+
+class Journal:
+    """Small JSON file of facts Slurm does not keep; atomic writes, tolerant reads.
+
+    ``released``: job id -> {t, plan: {node index: gpus}, nodes}; ``preempting``:
+    job id -> {t, stage: "asked"|"checkpointed", step, uri}; ``progress``: job id
+    -> {step, total_steps, attained_service}.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.data: dict[str, dict[str, Any]] = {"released": {}, "preempting": {}, "progress": {}}
+        try:
+            raw = json.loads(path.read_text())
+            for k in self.data:
+                if isinstance(raw.get(k), dict):
+                    self.data[k] = raw[k]
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError) as exc:
+            log.warning("journal %s unreadable (%s): starting from Slurm state only", path, exc)
+
+    def __getitem__(self, k: str) -> dict[str, Any]:
+        return self.data[k]
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".journal.")
+        with os.fdopen(fd, "w") as f:
+            json.dump(self.data, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+
+@dataclass
+class RoundReport:
+    """What one round did (also written to ``status.json``)."""
+
+    time: float
+    ok: bool
+    error: str | None = None
+    placed: list[tuple[int, dict[str, int]]] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)
+    held_back: list[int] = field(default_factory=list)
+    decision_s: float = 0.0
+    queue: int = 0
+    running: int = 0
+
+
+class Controller:
+    """One controller instance. ``round()`` is the unit of work; ``run()`` loops.
+
+    :param cfg: validated configuration.
+    :param slurm: the Slurm adapter (tests may pass one with other timeouts).
+    :param preempter: agent access; default built from ``cfg.agents``.
+    :param clock: epoch seconds (tests may fix it).
+    """
+
+    def __init__(
+        self,
+        cfg: ControllerConfig,
+        slurm: SlurmCLI | None = None,
+        preempter: Preempter | None = None,
+        clock: Callable[[], float] = time.time,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.slurm = slurm or SlurmCLI(cfg.slurm.conf, cfg.slurm.command_timeout_s, cfg.slurm.bin_dir)
+        self._preempter = preempter
+        self.clock = clock
+        self.metrics = metrics or Metrics()
+        self.state_dir = Path(cfg.controller.state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.journal = Journal(self.state_dir / "journal.json")
+        self.cluster: ClusterSpec | None = None
+        self.perf: ContentionModel | None = None
+        self.policy: Policy | None = None
+        self.policy_name = cfg.controller.policy
+        self._reload = threading.Event()
+        self._stop = threading.Event()
+        self.rounds = 0
+        self.history: list[dict[str, Any]] = []  # recent actions for `status`
+        self.last: RoundReport | None = None
+        self._forced: set[str] = set()
+        self._stats: dict[str, dict[str, Any]] = {}
+
+    # ------------------------------------------------------------------ setup
+    @property
+    def preempter(self) -> Preempter:
+        if self._preempter is None:
+            self._preempter = self._build_preempter()
+        return self._preempter
+
+    def _build_preempter(self) -> Preempter:
+        if self.cluster is None or not self.cfg.agents.enabled:
+            return NoAgents()
+        addrs = {}
+        for i, n in enumerate(self.cluster.nodes):
+            a = self.cfg.agent_address(n.name, i)
+            if a:
+                addrs[n.name] = a
+        try:
+            return make_preempter(addrs, self.cfg.agents.auth, self.cfg.agents.timeout_s)
+        except Exception as exc:  # noqa: BLE001 - bad key etc.: run without agents, say why
+            log.error("cannot set up agent access (%s): running without agents", exc, extra={"event": "agents_disabled"})
+            return NoAgents()
+
+    def _ensure_cluster(self, cluster: ClusterSpec) -> None:
+        if self.cluster == cluster and self.policy is not None:
+            return
+        if self.cluster != cluster:
+            log.info("cluster: %s (%s)", cluster.describe(), ", ".join(f"{n.name}:{n.gpus}" for n in cluster.nodes),
+                     extra={"event": "cluster"})
+            self.perf = ContentionModel(cluster)
+            if self._preempter is not None and not isinstance(self._preempter, NoAgents) and hasattr(self._preempter, "close"):
+                self._preempter.close()  # type: ignore[attr-defined]
+                self._preempter = None
+            self.cluster = cluster
+        assert self.perf is not None
+        self.policy = make_policy(self.policy_name, cluster, self.perf, self.cfg.controller.policy_checkpoint)
+        self.metrics.set_policy(self.policy.name)
+        log.info("policy: %s", self.policy.name, extra={"event": "policy", "policy": self.policy.name})
+
+    def request_reload(self) -> None:
+        """Re-read the config file and rebuild the policy before the next round (SIGHUP)."""
+        self._reload.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _do_reload(self) -> None:
+        self._reload.clear()
+        try:
+            new = load_config(self.cfg.path) if self.cfg.path else self.cfg
+            name = new.controller.policy
+            if self.cluster is not None and self.perf is not None:
+                pol = make_policy(name, self.cluster, self.perf, new.controller.policy_checkpoint)
+                self.policy = pol
+                self.metrics.set_policy(pol.name)
+            # keep Slurm/agent wiring; policy-related settings take effect
+            self.cfg.controller = new.controller
+            self.policy_name = name
+            log.info("reloaded: policy %s", name, extra={"event": "reload", "policy": name})
+        except (ConfigError, PolicyError) as exc:
+            log.error("reload failed, keeping policy %s: %s", self.policy_name, exc, extra={"event": "reload_failed"})
+
+    # ------------------------------------------------------------------ one round
+    def round(self) -> RoundReport:
+        """Read Slurm, decide, act. Never raises for Slurm/agent/policy failures."""
+        t0 = time.perf_counter()
+        if self._reload.is_set():
+            self._do_reload()
+        now = self.clock()
+        rep = RoundReport(time=now, ok=True)
+        try:
+            self._round(now, rep)
+        except SlurmError as exc:
+            rep.ok, rep.error = False, str(exc)
+            self.metrics.slurm_errors.inc()
+            log.error("round failed: %s", exc, extra={"event": "slurm_error"})
+        except PolicyError as exc:
+            rep.ok, rep.error = False, str(exc)
+            log.error("policy error: %s", exc, extra={"event": "policy_error"})
+        except Exception as exc:  # noqa: BLE001 - crash-only: log, keep the daemon alive
+            rep.ok, rep.error = False, f"{type(exc).__name__}: {exc}"
+            log.exception("round failed unexpectedly", extra={"event": "round_error"})
+        self.rounds += 1
+        self.metrics.rounds.labels(outcome="ok" if rep.ok else "error").inc()
+        self.metrics.round_time.observe(time.perf_counter() - t0)
+        self.last = rep
+        self._write_status(rep)
+        return rep
+
+    def _round(self, now: float, rep: RoundReport) -> None:
+        c = self.cfg.controller
+        nodes = self.slurm.nodes()
+        jobs = self.slurm.jobs()
+        try:
+            cluster = build_cluster(nodes, self.cfg.slurm.partition, c.intra_bw_gbps, c.inter_bw_gbps)
+        except ValueError as exc:
+            raise SlurmError(["sinfo"], str(exc)) from None
+        self._ensure_cluster(cluster)
+        assert self.perf is not None and self.policy is not None
+        by_id = {str(j.job_id): j for j in jobs}
+        changed = self._finish_preemptions(by_id)
+        changed |= self._check_released(now, by_id, rep)
+        if changed:
+            jobs = self.slurm.jobs()
+        stats = self._stats = self.preempter.stats()
+        progress: dict[str, dict[str, Any]] = {}
+        for sid, p in self.journal["progress"].items():
+            progress[sid] = dict(p)
+        for sid, s in stats.items():
+            progress.setdefault(sid, {}).update(s)
+        plans = {sid: {int(k): int(v) for k, v in r.get("plan", {}).items()} for sid, r in self.journal["released"].items()}
+        view = build_state(
+            now, cluster, nodes, jobs, self.perf,
+            partition=self.cfg.slurm.partition, default_model=c.default_model,
+            default_runtime_s=c.default_runtime_s, progress=progress, planned=plans,
+        )
+        for w in view.warnings:
+            log.warning(w, extra={"event": "job_warning"})
+        st = view.state
+        rep.queue, rep.running = len(st.pending), len(st.running)
+        self.metrics.queue.set(len(st.pending))
+        self.metrics.running.set(len(st.running))
+        self.metrics.free_gpus.set(st.total_free)
+        forced = self._admin_requests(view)
+        victims = self._cs_victims(view, stats, now)
+        if not st.pending and not victims and not forced:
+            return
+        dec = Decision()
+        if st.pending:
+            t1 = time.perf_counter()
+            dec = self.policy.schedule(st)
+            rep.decision_s = time.perf_counter() - t1
+            self.metrics.latency.observe(rep.decision_s)
+        for sid in victims + forced:
+            if sid not in dec.preempt:
+                dec.preempt.append(sid)
+        self._forced = set(forced)
+        if dec:
+            log.info("decision: place %s preempt %s", [(j, str(p)) for j, p in dec.place], dec.preempt,
+                     extra={"event": "decision", "decision_s": round(rep.decision_s, 6)})
+        self._apply(now, view, dec, rep)
+
+    # ------------------------------------------------------------------ preemption
+    def _admin_requests(self, view: SlurmView) -> list[str]:
+        """Preemptions an operator asked for (``rlsched controller preempt JOBID``)."""
+        d = self.state_dir / "requests"
+        out = []
+        for f in sorted(d.glob("preempt-*")) if d.is_dir() else []:
+            sid = f.name[len("preempt-"):]
+            try:
+                f.unlink()
+            except OSError:
+                continue
+            if any(j.job_id == sid for j in view.state.running):
+                out.append(sid)
+                log.info("operator asked to preempt job %s", sid, extra={"event": "preempt_request", "job": sid})
+            else:
+                log.warning("preempt request for job %s ignored: not a running managed job", sid,
+                            extra={"event": "preempt_request_ignored", "job": sid})
+        return out
+
+    def _cs_victims(self, view: SlurmView, stats: dict[str, dict], now: float) -> list[str]:
+        thr = self.cfg.controller.cs_preempt_threshold
+        if thr <= 0:
+            return []
+        out = []
+        for j in view.state.running:
+            cs = (stats.get(j.job_id) or {}).get("cs")
+            if cs and cs > thr and j.start_time is not None and now - j.start_time >= self.cfg.controller.min_run_s:
+                out.append(j.job_id)
+        return out
+
+    def _preempt(self, job: SlurmJob, now: float, force: bool = False) -> bool:
+        """Checkpoint (agent) then requeue held. True when the job is back in the queue."""
+        sid = str(job.job_id)
+        c = self.cfg.controller
+        if not force and job.start_time is not None and now - job.start_time < c.min_run_s:
+            log.info("not preempting job %s: started %.0f s ago (< min_run_s)", sid, now - job.start_time,
+                     extra={"event": "preempt_skipped", "job": job.job_id})
+            return False
+        self.journal["preempting"][sid] = {"t": now, "stage": "asked"}
+        self.journal.save()
+        out = self.preempter.checkpoint(job, c.preempt_timeout_s)
+        if not out.ok and not (c.preempt_without_agent and not out.reached_agent):
+            self.journal["preempting"].pop(sid, None)
+            self.journal.save()
+            self.metrics.preemptions.labels(outcome="failed").inc()
+            log.warning("preemption of job %s failed, job keeps running: %s", sid, out.message,
+                        extra={"event": "preempt_failed", "job": job.job_id, "agent": out.reached_agent})
+            return False
+        total_steps = (self._stats.get(sid) or {}).get("total_steps")
+        if out.ok and total_steps and out.checkpoint_step is not None and out.checkpoint_step >= total_steps:
+            # it finished all its steps meanwhile: nothing to resume, do not requeue
+            self.journal["preempting"].pop(sid, None)
+            self.journal.save()
+            log.info("job %s finished (step %s of %s) before it could be preempted", sid, out.checkpoint_step, total_steps,
+                     extra={"event": "preempt_too_late", "job": job.job_id})
+            return False
+        self.journal["preempting"][sid] = {"t": now, "stage": "checkpointed", "step": out.checkpoint_step,
+                                           "uri": out.checkpoint_uri}
+        prog = self.journal["progress"].setdefault(sid, {})
+        prog["attained_service"] = float(prog.get("attained_service", 0.0)) + job.gpus * max(now - (job.start_time or now), 0.0)
+        if out.checkpoint_step is not None:
+            prog["step"] = out.checkpoint_step
+        self.journal.save()
+        self._requeue(job)
+        log.info("preempted job %s (checkpoint step %s %s)", sid, out.checkpoint_step, out.checkpoint_uri,
+                 extra={"event": "preempted", "job": job.job_id, "checkpoint_step": out.checkpoint_step})
+        self.metrics.preemptions.labels(outcome="ok" if out.ok else "no_checkpoint").inc()
+        return True
+
+    def _requeue(self, job: SlurmJob) -> None:
+        """``scontrol requeuehold``; fine if Slurm already requeued it (exit 75 + RequeueExitHold)."""
+        sid = str(job.job_id)
+        try:
+            self.slurm.requeue_hold(job.job_id)
+        except SlurmError:
+            now_job = self.slurm.job(job.job_id)
+            if now_job is None or not now_job.held:
+                raise  # retried next round (journal stage "checkpointed")
+        self.journal["preempting"].pop(sid, None)
+        self.journal["released"].pop(sid, None)
+        self.journal.save()
+        try:
+            self.slurm.unplace(job.job_id)
+        except SlurmError as exc:  # cosmetic: the next placement overwrites it
+            log.info("could not clear node list of job %s: %s", sid, exc)
+        self.metrics.decisions.labels(action="requeue").inc()
+        self._note("requeue", job.job_id, {})
+
+    def _finish_preemptions(self, by_id: dict[str, SlurmJob]) -> bool:
+        """Complete preemptions a crashed/failed earlier round left half done."""
+        changed = False
+        for sid, e in list(self.journal["preempting"].items()):
+            j = by_id.get(sid) or self.slurm.job(int(sid))
+            if j is None or j.state == "CANCELLED" or j.pending:
+                self.journal["preempting"].pop(sid, None)
+                self.journal.save()
+                continue
+            if e.get("stage") == "checkpointed" or j.state in _FINISHED:
+                log.info("finishing preemption of job %s (state %s)", sid, j.state, extra={"event": "preempt_resume", "job": j.job_id})
+                try:
+                    self._requeue(j)
+                    changed = True
+                except SlurmError as exc:
+                    log.error("requeue of job %s failed: %s", sid, exc, extra={"event": "requeue_failed"})
+            else:  # asked, job still running: the answer was lost; the policy may ask again
+                self.journal["preempting"].pop(sid, None)
+                self.journal.save()
+        return changed
+
+    # ------------------------------------------------------------------ placement
+    def _check_released(self, now: float, by_id: dict[str, SlurmJob], rep: RoundReport) -> bool:
+        """Verify started jobs against their plan; hold back released jobs that never started."""
+        rel = self.journal["released"]
+        changed = False
+        dirty = False
+        for sid, r in list(rel.items()):
+            j = by_id.get(sid)
+            if j is None or not (j.pending or j.state in ("RUNNING", "CONFIGURING")):
+                rel.pop(sid)
+                dirty = True
+                continue
+            if j.state in ("RUNNING", "CONFIGURING") and j.gpus_per_node:
+                plan = r.get("plan_by_name")
+                if plan and plan != j.gpus_per_node:
+                    self.metrics.placement_mismatch.inc()
+                    log.warning("job %s started with split %s, planned %s", sid, j.gpus_per_node, plan,
+                                extra={"event": "placement_mismatch", "job": j.job_id})
+                rel.pop(sid)
+                dirty = True
+        # released jobs still pending (also ones released before a crash)
+        for sid, j in by_id.items():
+            if not j.managed or not j.pending or j.held:
+                continue
+            if self.cfg.slurm.partition is not None and j.partition != self.cfg.slurm.partition:
+                continue
+            r = rel.setdefault(sid, {"t": now})
+            if now - float(r["t"]) > self.cfg.controller.start_grace_s:
+                try:
+                    self.slurm.hold(j.job_id)
+                    rel.pop(sid)
+                    rep.held_back.append(j.job_id)
+                    changed = True
+                    self.metrics.decisions.labels(action="hold_back").inc()
+                    log.warning("job %s released %.0f s ago but not started (%s): held again", sid, now - float(r["t"]),
+                                j.reason, extra={"event": "held_back", "job": j.job_id})
+                except SlurmError as exc:  # it may have started meanwhile
+                    log.info("hold of job %s failed: %s", sid, exc)
+            dirty = True
+        if dirty:
+            self.journal.save()
+        return changed
+
+    def _apply(self, now: float, view: SlurmView, dec: Decision, rep: RoundReport) -> None:
+        assert self.cluster is not None
+        free = view.state.free_gpus.astype(int).copy()
+        running = {j.job_id: j for j in view.state.running}
+        for jid in dec.preempt:
+            info = running.get(jid)
+            sj = view.jobs.get(jid)
+            if info is None or sj is None:
+                log.warning("policy asked to preempt %s, which is not a running managed job", jid)
+                continue
+            try:
+                if self._preempt(sj, now, force=jid in self._forced):
+                    rep.preempted.append(sj.job_id)
+                    assert info.placement is not None
+                    for n, g in info.placement.alloc:
+                        free[n] += g
+            except SlurmError as exc:
+                self.metrics.slurm_errors.inc()
+                log.error("preemption of job %s failed: %s", jid, exc, extra={"event": "preempt_failed"})
+        pending = {j.job_id for j in view.state.pending}
+        for jid, p in dec.place[: self.cfg.controller.max_placements_per_round]:
+            sj = view.jobs.get(jid)
+            if sj is None or jid not in pending:
+                log.warning("policy placed %s, which is not a held job", jid)
+                continue
+            if p.total_gpus != sj.gpus or not p.fits(free):
+                log.warning("rejected placement %s for job %s (%d GPUs; free %s)", p, jid, sj.gpus, free.tolist(),
+                            extra={"event": "placement_rejected", "job": sj.job_id})
+                self.metrics.decisions.labels(action="rejected").inc()
+                continue
+            names = [self.cluster.nodes[n].name for n in p.nodes]
+            plan_by_name = {self.cluster.nodes[n].name: g for n, g in p.alloc}
+            if self.cfg.controller.dry_run:
+                log.info("dry run: would place job %s on %s", jid, plan_by_name, extra={"event": "dry_run"})
+                continue
+            try:
+                self.slurm.place(sj.job_id, names)
+                self.journal["released"][jid] = {"t": now, "plan": {str(n): g for n, g in p.alloc}, "plan_by_name": plan_by_name}
+                self.journal.save()
+                self.slurm.release(sj.job_id)
+            except SlurmError as exc:
+                self.metrics.slurm_errors.inc()
+                self.journal["released"].pop(jid, None)
+                self.journal.save()
+                log.error("placing job %s failed: %s", jid, exc, extra={"event": "place_failed", "job": sj.job_id})
+                continue
+            for n, g in p.alloc:
+                free[n] -= g
+            rep.placed.append((sj.job_id, plan_by_name))
+            self.metrics.decisions.labels(action="place").inc()
+            self._note("place", sj.job_id, plan_by_name)
+            log.info("placed job %s on %s", jid, plan_by_name, extra={"event": "placed", "job": sj.job_id, "plan": plan_by_name})
+
+    # ------------------------------------------------------------------ status
+    def _note(self, action: str, job_id: int, detail: dict) -> None:
+        self.history.append({"t": self.clock(), "action": action, "job": job_id, "detail": detail})
+        del self.history[:-50]
+
+    def _write_status(self, rep: RoundReport) -> None:
+        doc = {
+            "time": rep.time,
+            "pid": os.getpid(),
+            "policy": self.policy.name if self.policy else self.policy_name,
+            "rounds": self.rounds,
+            "interval_s": self.cfg.controller.interval_s,
+            "cluster": self.cluster.to_dict() if self.cluster else None,
+            "last_round": {"ok": rep.ok, "error": rep.error, "queue": rep.queue, "running": rep.running,
+                           "placed": rep.placed, "preempted": rep.preempted, "held_back": rep.held_back,
+                           "decision_s": rep.decision_s},
+            "history": self.history[-20:],
+            "metrics_port": self.metrics.port,
+        }
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self.state_dir, prefix=".status.")
+            with os.fdopen(fd, "w") as f:
+                json.dump(doc, f, indent=1)
+            os.replace(tmp, self.state_dir / "status.json")
+        except OSError as exc:
+            log.warning("cannot write status: %s", exc)
+
+    # ------------------------------------------------------------------ loop
+    def install_signals(self) -> None:
+        signal.signal(signal.SIGHUP, lambda *_: self.request_reload())
+        signal.signal(signal.SIGTERM, lambda *_: self.stop())
+        signal.signal(signal.SIGINT, lambda *_: self.stop())
+
+    def run(self, max_rounds: int | None = None) -> None:
+        """Round after round until stopped (SIGTERM/SIGINT) or ``max_rounds``."""
+        log.info("controller started (pid %d, interval %.3g s, policy %s)", os.getpid(), self.cfg.controller.interval_s,
+                 self.policy_name, extra={"event": "start"})
+        while not self._stop.is_set():
+            t = time.monotonic()
+            self.round()
+            if max_rounds is not None and self.rounds >= max_rounds:
+                break
+            self._stop.wait(max(0.0, self.cfg.controller.interval_s - (time.monotonic() - t)))
+        log.info("controller stopped after %d rounds", self.rounds, extra={"event": "stop"})

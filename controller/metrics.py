@@ -1,0 +1,95 @@
+"""Prometheus metrics and JSON log lines of the controller.
+
+Each :class:`Metrics` owns its registry (so tests and several controllers in
+one process do not collide) and, with ``port > 0``, serves it over HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+__all__ = ["Metrics", "JsonFormatter", "setup_logging"]
+
+
+class Metrics:
+    """Counters: rounds, decisions, preemptions, Slurm errors; gauges: queue, GPUs; latency histogram (s)."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.rounds = Counter("rlsched_rounds", "Scheduling rounds completed", ["outcome"], registry=r)
+        self.decisions = Counter("rlsched_decisions", "Actions applied", ["action"], registry=r)
+        self.preemptions = Counter("rlsched_preemptions", "Preemptions", ["outcome"], registry=r)
+        self.slurm_errors = Counter("rlsched_slurm_errors", "Slurm commands that failed or timed out", registry=r)
+        self.placement_mismatch = Counter(
+            "rlsched_placement_mismatch", "Jobs Slurm started with another per-node GPU split than planned", registry=r
+        )
+        self.latency = Histogram(
+            "rlsched_decision_latency_seconds",
+            "Policy decision time per round",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            registry=r,
+        )
+        self.round_time = Histogram(
+            "rlsched_round_seconds", "Whole round time (Slurm reads, policy, actions)",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30), registry=r,
+        )
+        self.queue = Gauge("rlsched_queue_length", "Held jobs waiting for placement", registry=r)
+        self.running = Gauge("rlsched_running_jobs", "Managed jobs running", registry=r)
+        self.free_gpus = Gauge("rlsched_free_gpus", "Free GPUs in the managed partition", registry=r)
+        self.policy_info = Gauge("rlsched_policy_info", "Active policy (value 1)", ["policy"], registry=r)
+        self.port: int | None = None
+
+    def serve(self, port: int, address: str = "0.0.0.0") -> None:
+        if port > 0:
+            start_http_server(port, addr=address, registry=self.registry)
+            self.port = port
+
+    def set_policy(self, name: str) -> None:
+        self.policy_info.clear()
+        self.policy_info.labels(policy=name).set(1)
+
+    def value(self, name: str, **labels: str) -> float:
+        v = self.registry.get_sample_value(name, labels or None)
+        return float(v or 0.0)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, msg and any ``extra={"event": ...}`` fields."""
+
+    _std = set(vars(logging.makeLogRecord({})))
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for k, v in vars(record).items():
+            if k not in self._std and k not in out and not k.startswith("_"):
+                out[k] = v
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def setup_logging(log_file: str | None, level: int = logging.INFO) -> None:
+    """Send the controller's logs as JSON lines to stderr and, optionally, ``log_file``."""
+    root = logging.getLogger("controller")
+    root.setLevel(level)
+    root.propagate = False
+    for h in list(root.handlers):
+        root.removeHandler(h)
+        h.close()
+    handlers: list[logging.Handler] = [logging.StreamHandler()]
+    if log_file:
+        handlers.append(logging.FileHandler(log_file))
+    for h in handlers:
+        h.setFormatter(JsonFormatter())
+        root.addHandler(h)

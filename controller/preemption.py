@@ -1,0 +1,186 @@
+"""Checkpoint-based preemption through the node agents, behind a small interface.
+
+The controller only needs two things from the agents, expressed by
+:class:`Preempter`:
+
+* ``stats()``: measured progress / throughput / CS per Slurm job id (best
+  effort: an unreachable agent contributes nothing);
+* ``checkpoint(job)``: ask the job to write a durable checkpoint and stop;
+  returns a :class:`PreemptOutcome`.
+
+After a successful checkpoint the controller requeues the job in held state
+(``scontrol requeuehold``) and places it again later; the job resumes from its
+checkpoint. When no agent answers, nothing is preempted (unless
+``preempt_without_agent`` is set, then the job is requeued and restarts from
+whatever checkpoint it has): an agent that is down never loses a job.
+
+:class:`AgentPreempter` talks to ``nodeagent.client.AgentClient``;
+:class:`NoAgents` is used when agents are disabled or the agent package is not
+installed.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+from controller.slurm import SlurmJob
+
+__all__ = ["PreemptOutcome", "Preempter", "NoAgents", "AgentPreempter", "make_preempter"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PreemptOutcome:
+    """Result of asking a job to checkpoint and stop.
+
+    :param ok: a durable checkpoint exists and the job may be requeued.
+    :param reached_agent: an agent answered (``False``: nobody to ask).
+    :param checkpoint_step: optimizer step of the checkpoint (``None``: none).
+    """
+
+    ok: bool
+    reached_agent: bool
+    checkpoint_step: int | None = None
+    checkpoint_uri: str = ""
+    message: str = ""
+
+
+class Preempter(Protocol):
+    def stats(self) -> dict[str, dict[str, Any]]:
+        """Slurm job id -> latest agent stats for running jobs (may be empty)."""
+
+    def checkpoint(self, job: SlurmJob, timeout_s: float) -> PreemptOutcome:
+        """Checkpoint-and-stop ``job``; never raises for agent failures."""
+
+
+class NoAgents:
+    """No node agents: no measured stats; preemption cannot checkpoint."""
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        return {}
+
+    def checkpoint(self, job: SlurmJob, timeout_s: float) -> PreemptOutcome:
+        return PreemptOutcome(False, False, message="no node agents configured")
+
+
+class AgentPreempter:
+    """Preemption and stats via the node agents (one per node).
+
+    :param addresses: node name -> ``host:port`` of its agent.
+    :param client_factory: ``(address) -> AgentClient``-like object with
+        ``job_stats()`` and ``preempt(job_key, slurm_job_id, timeout_s)``.
+    """
+
+    def __init__(self, addresses: dict[str, str], client_factory: Callable[[str], Any]) -> None:
+        self.addresses = dict(addresses)
+        self._factory = client_factory
+        self._clients: dict[str, Any] = {}
+        self._keys: dict[str, str] = {}  # slurm job id -> job_key reported by the job
+        self.unreachable: set[str] = set()
+
+    def _client(self, node: str) -> Any | None:
+        addr = self.addresses.get(node)
+        if addr is None:
+            return None
+        c = self._clients.get(node)
+        if c is None:
+            c = self._clients[node] = self._factory(addr)
+        return c
+
+    def _node_stats(self, node: str) -> list[dict]:
+        c = self._client(node)
+        if c is None:
+            return []
+        try:
+            out = c.job_stats()
+            self.unreachable.discard(node)
+            return out
+        except Exception as exc:  # noqa: BLE001 - any agent failure only loses stats
+            if node not in self.unreachable:
+                log.warning("agent of %s unreachable: %s", node, exc)
+            self.unreachable.add(node)
+            return []
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        nodes = list(self.addresses)
+        if not nodes:
+            return {}
+        with ThreadPoolExecutor(max_workers=min(8, len(nodes))) as ex:
+            results = list(ex.map(self._node_stats, nodes))
+        out: dict[str, dict[str, Any]] = {}
+        for per in results:
+            for s in per:
+                sid = str(s.get("slurm_job_id") or "")
+                if not sid or s.get("state") not in (None, "", "running"):
+                    continue
+                if s.get("job_key"):
+                    self._keys[sid] = str(s["job_key"])
+                prev = out.get(sid)
+                # several ranks/nodes report the same job: keep the most advanced
+                if prev is None or (s.get("step") or 0) >= (prev.get("step") or 0):
+                    out[sid] = s
+        return out
+
+    def checkpoint(self, job: SlurmJob, timeout_s: float) -> PreemptOutcome:
+        sid = str(job.job_id)
+        key = self._keys.get(sid) or default_job_key(sid, job.comment)
+        last_err = "no agent for its nodes"
+        reached = False
+        for node in job.nodes:  # the batch host first: that is where rank 0 runs
+            c = self._client(node)
+            if c is None:
+                continue
+            try:
+                r = c.preempt(key, sid, timeout_s)
+            except Exception as exc:  # noqa: BLE001
+                code = getattr(exc, "code", "")
+                last_err = f"{node}: {exc}"
+                if code == "NOT_FOUND":  # the job does not run on that node's agent
+                    reached = True
+                    continue
+                continue
+            reached = True
+            return PreemptOutcome(
+                ok=bool(r.get("ok")),
+                reached_agent=True,
+                checkpoint_step=r.get("checkpoint_step"),
+                checkpoint_uri=str(r.get("checkpoint_uri") or ""),
+                message=str(r.get("message") or ""),
+            )
+        return PreemptOutcome(False, reached, message=last_err)
+
+    def close(self) -> None:
+        for c in self._clients.values():
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001
+                pass
+        self._clients.clear()
+
+
+def default_job_key(slurm_job_id: str, comment: str | None) -> str:
+    """The job key a job uses when it reported none yet (``nodeagent.convention``)."""
+    try:
+        from nodeagent.convention import job_key_for
+
+        return job_key_for(slurm_job_id, comment)
+    except Exception:  # noqa: BLE001 - agent package missing or a malformed comment
+        return f"slurm-{slurm_job_id}"
+
+
+def make_preempter(addresses: dict[str, str], auth_spec: str, timeout_s: float) -> Preempter:
+    """An :class:`AgentPreempter` when the agent package and addresses exist, else :class:`NoAgents`."""
+    if not addresses:
+        return NoAgents()
+    try:
+        from nodeagent.auth import make_authenticator
+        from nodeagent.client import AgentClient
+    except ImportError as exc:
+        log.warning("node agent client not available (%s): running without agents", exc)
+        return NoAgents()
+    auth = make_authenticator(auth_spec)
+    return AgentPreempter(addresses, lambda addr: AgentClient(addr, auth, timeout=timeout_s))

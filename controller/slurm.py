@@ -1,0 +1,533 @@
+"""The one adapter between rlsched and Slurm: its command-line tools.
+
+pyslurm matches no packaged Slurm, so the controller runs the Slurm commands
+(``squeue --json``, ``sinfo --json``, ``scontrol``) with a timeout each. A
+command that fails, times out or prints something unparseable raises
+:class:`SlurmError`; the daemon logs it and tries again next round.
+
+Reading is split in two layers so that Slurm version changes stay local:
+
+* ``_num``, ``_state``, ``_str`` unwrap the few JSON encodings that changed
+  between OpenAPI v0.0.38 (Slurm 22.05: plain ints, ``"RUNNING"``) and
+  v0.0.39+ (23.x-25.x: ``{"set", "infinite", "number"}`` objects, state lists);
+* :func:`parse_squeue_json`, :func:`parse_sinfo_json`, :func:`parse_scontrol_jobs`
+  turn one command's output into :class:`SlurmJob` / :class:`SlurmNode`.
+
+Tests feed them outputs captured from this machine's Slurm 22.05
+(``tests/data/slurm/``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import subprocess
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+__all__ = [
+    "SlurmError",
+    "SlurmJob",
+    "SlurmNode",
+    "SlurmCLI",
+    "expand_hostlist",
+    "compress_nodes",
+    "gpus_from_tres",
+    "parse_gres_count",
+    "parse_squeue_json",
+    "parse_sinfo_json",
+    "parse_scontrol_jobs",
+    "parse_scontrol_nodes",
+    "MANAGED_MARK",
+]
+
+log = logging.getLogger(__name__)
+
+#: Marker job_submit.lua writes into the admin comment of jobs it holds.
+MANAGED_MARK = "rlsched:managed"
+#: Slurm's "infinite" for 32-bit fields (priority after release, UNLIMITED time).
+INFINITE32 = 0xFFFFFFFF
+NO_VAL32 = 0xFFFFFFFE
+#: States of a job that waits in the queue. SPECIAL_EXIT: requeued held after
+#: its exit code matched RequeueExitHold (a preempted job exiting 75).
+PENDING_STATES = ("PENDING", "SPECIAL_EXIT", "REQUEUE_HOLD", "REQUEUED")
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command failed, timed out or printed something unexpected."""
+
+    def __init__(self, cmd: Sequence[str], message: str) -> None:
+        super().__init__(f"{' '.join(cmd)}: {message}")
+        self.cmd = list(cmd)
+        self.message = message
+
+
+@dataclass
+class SlurmNode:
+    """One node as ``sinfo`` reports it. ``gpus``: configured GPU GRES count."""
+
+    name: str
+    gpus: int
+    gpus_used: int
+    state: str  # lower case base state: idle, mixed, allocated, down, drained, ...
+    flags: tuple[str, ...] = ()
+    partitions: tuple[str, ...] = ()
+
+    @property
+    def usable(self) -> bool:
+        bad = {"down", "drain", "drained", "draining", "fail", "failing", "future", "unknown", "not_responding"}
+        return self.state not in bad and not (bad & {f.lower() for f in self.flags})
+
+
+@dataclass
+class SlurmJob:
+    """One job as ``squeue``/``scontrol`` report it.
+
+    :param gpus: total GPUs requested (``--gpus=N``; ``tres_per_job``).
+    :param gpus_per_node: for a running job, node name -> allocated GPUs
+        (from ``gres_detail``), in Slurm's node order.
+    :param priority: 0 while held; ``None`` when unknown.
+    :param time_limit_s: ``None`` for UNLIMITED.
+    :param times: epoch seconds; ``None`` when not set.
+    """
+
+    job_id: int
+    name: str
+    user: str
+    user_id: int
+    state: str  # upper case: PENDING, RUNNING, COMPLETED, ...
+    reason: str
+    priority: int | None
+    partition: str
+    gpus: int
+    nodes: list[str] = field(default_factory=list)
+    gpus_per_node: dict[str, int] = field(default_factory=dict)
+    required_nodes: list[str] = field(default_factory=list)
+    num_nodes: int = 0
+    comment: str = ""
+    admin_comment: str = ""
+    time_limit_s: float | None = None
+    submit_time: float | None = None
+    start_time: float | None = None
+    eligible_time: float | None = None
+    restarts: int = 0
+
+    @property
+    def managed(self) -> bool:
+        return MANAGED_MARK in (self.admin_comment or "")
+
+    @property
+    def pending(self) -> bool:
+        return self.state in PENDING_STATES
+
+    @property
+    def held(self) -> bool:
+        return self.pending and self.priority == 0
+
+    @property
+    def running(self) -> bool:
+        return self.state in ("RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED") and bool(self.nodes)
+
+
+# --------------------------------------------------------------------------- small parsers
+def _num(v: Any) -> int | float | None:
+    """Unwrap a JSON number: 22.05 plain ints; 23.x+ ``{"set","infinite","number"}``."""
+    if isinstance(v, dict):
+        if v.get("infinite"):
+            return INFINITE32
+        if not v.get("set", True):
+            return None
+        v = v.get("number")
+    if v is None or isinstance(v, bool):
+        return None
+    if isinstance(v, (int, float)):
+        return v
+    try:
+        return int(str(v))
+    except ValueError:
+        return None
+
+
+def _state(v: Any) -> str:
+    """Job/node state: 22.05 a string, 23.x+ a list (first entry is the base state)."""
+    if isinstance(v, list):
+        v = v[0] if v else ""
+    return str(v or "")
+
+
+def _str(v: Any) -> str:
+    return "" if v is None else str(v)
+
+
+def _time(v: Any) -> float | None:
+    n = _num(v)
+    if n is None or n <= 0 or n in (INFINITE32, NO_VAL32):
+        return None
+    return float(n)
+
+
+def _time_limit_s(v: Any) -> float | None:
+    """squeue's ``time_limit`` is in minutes; ``None``/infinite means UNLIMITED."""
+    n = _num(v)
+    if n is None or n in (INFINITE32, NO_VAL32):
+        return None
+    return float(n) * 60.0
+
+
+def gpus_from_tres(tres: str | None) -> int:
+    """Total GPUs in a TRES string: ``gres:gpu:4`` (22.05), ``gres/gpu:4`` (23+), ``gres:gpu:a100:2`` -> 2."""
+    total = 0
+    for entry in (tres or "").split(","):
+        entry = entry.strip()
+        if "gpu" not in entry:
+            continue
+        m = re.search(r"(?:gres[:/])?gpu(?::[^:=,]+)?[:=](\d+)$", entry)
+        if m:
+            total += int(m.group(1))
+    return total
+
+
+def parse_gres_count(gres: str | None, name: str = "gpu") -> int:
+    """GPUs in a node/job GRES string: ``gpu:8``, ``gpu:8(S:0)``, ``gpu:a100:4(IDX:0-3)``, ``gpu:tesla:2,mps:100``."""
+    total = 0
+    for entry in re.split(r",(?![^(]*\))", gres or ""):
+        entry = re.sub(r"\(.*?\)", "", entry.strip())
+        parts = entry.split(":")
+        if not parts or parts[0] != name:
+            continue
+        try:
+            total += int(parts[-1]) if len(parts) > 1 else 1
+        except ValueError:
+            continue
+    return total
+
+
+def expand_hostlist(expr: str | None) -> list[str]:
+    """Expand a Slurm host list: ``node[1-3,5],gpu7`` -> ``[node1, node2, node3, node5, gpu7]``.
+
+    Zero padding is kept (``n[01-02]`` -> ``n01, n02``). Empty/``(null)`` -> ``[]``.
+    """
+    expr = (expr or "").strip()
+    if not expr or expr in ("(null)", "None"):
+        return []
+    out: list[str] = []
+    for item in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", expr):
+        out.extend(_expand_one(item.strip()))
+    return out
+
+
+def _expand_one(item: str) -> list[str]:
+    m = re.search(r"\[([^\]]*)\]", item)
+    if not m:
+        return [item] if item else []
+    pre, post = item[: m.start()], item[m.end():]
+    names: list[str] = []
+    for part in m.group(1).split(","):
+        if "-" in part:
+            a, b = part.split("-", 1)
+            width = len(a) if a.startswith("0") else 0
+            names.extend(f"{pre}{i:0{width}d}" for i in range(int(a), int(b) + 1))
+        else:
+            names.append(pre + part)
+    return [x for n in names for x in _expand_one(n + post)]
+
+
+def compress_nodes(names: Iterable[str]) -> str:
+    """Node names for ``ReqNodeList=``: a plain comma list (Slurm accepts it everywhere)."""
+    return ",".join(names)
+
+
+def _gres_detail_per_node(nodes: list[str], detail: Any) -> dict[str, int]:
+    """``gres_detail`` is one GRES string per allocated node, in node-list order."""
+    if not isinstance(detail, list) or len(detail) != len(nodes):
+        return {}
+    return {n: parse_gres_count(str(d)) for n, d in zip(nodes, detail)}
+
+
+# --------------------------------------------------------------------------- command outputs
+def _job_from_json(j: dict) -> SlurmJob:
+    nodes = expand_hostlist(_str(j.get("nodes")))
+    tres = _str(j.get("tres_per_job")) or ""
+    gpus = gpus_from_tres(tres)
+    per_node = _gres_detail_per_node(nodes, j.get("gres_detail"))
+    if not gpus and per_node:
+        gpus = sum(per_node.values())
+    if not gpus:  # --gres=gpu:N per node (not managed, but count it for free GPUs)
+        per = gpus_from_tres(_str(j.get("tres_per_node")))
+        gpus = per * max(len(nodes), int(_num(j.get("node_count")) or 1))
+    prio = _num(j.get("priority"))
+    return SlurmJob(
+        job_id=int(_num(j.get("job_id")) or 0),
+        name=_str(j.get("name")),
+        user=_str(j.get("user_name")),
+        user_id=int(_num(j.get("user_id")) or 0),
+        state=_state(j.get("job_state")).upper(),
+        reason=_str(j.get("state_reason")),
+        priority=None if prio is None else int(prio),
+        partition=_str(j.get("partition")),
+        gpus=gpus,
+        nodes=nodes,
+        gpus_per_node=per_node,
+        required_nodes=expand_hostlist(_str(j.get("required_nodes"))),
+        num_nodes=int(_num(j.get("node_count")) or 0),
+        comment=_str(j.get("comment")),
+        admin_comment=_str(j.get("admin_comment")),
+        time_limit_s=_time_limit_s(j.get("time_limit")),
+        submit_time=_time(j.get("submit_time")),
+        start_time=_time(j.get("start_time")),
+        eligible_time=_time(j.get("eligible_time")),
+        restarts=int(_num(j.get("restart_cnt")) or 0),
+    )
+
+
+def parse_squeue_json(text: str) -> list[SlurmJob]:
+    """Jobs from ``squeue --json`` (any state squeue still shows)."""
+    doc = _load_json(text, "squeue --json")
+    jobs = doc.get("jobs")
+    if not isinstance(jobs, list):
+        raise ValueError("squeue --json: no 'jobs' list in output")
+    return [_job_from_json(j) for j in jobs]
+
+
+def parse_sinfo_json(text: str) -> list[SlurmNode]:
+    """Nodes from ``sinfo --json`` (one entry per node; duplicates per partition merged)."""
+    doc = _load_json(text, "sinfo --json")
+    raw = doc.get("nodes")
+    if raw is None and isinstance(doc.get("sinfo"), list):  # 23.x+: per-partition entries
+        raw = [n for e in doc["sinfo"] for n in _sinfo_entry_nodes(e)]
+    if not isinstance(raw, list):
+        raise ValueError("sinfo --json: no 'nodes' list in output")
+    seen: dict[str, SlurmNode] = {}
+    for n in raw:
+        name = _str(n.get("name") or n.get("hostname"))
+        if not name or name in seen:
+            continue
+        state_v = n.get("state")
+        flags = tuple(str(f) for f in (n.get("state_flags") or []))
+        if isinstance(state_v, list):  # 23.x+: ["IDLE", "DRAIN"]
+            flags = flags + tuple(str(s) for s in state_v[1:])
+        seen[name] = SlurmNode(
+            name=name,
+            gpus=parse_gres_count(_str(n.get("gres"))),
+            gpus_used=parse_gres_count(_str(n.get("gres_used"))),
+            state=_state(state_v).lower(),
+            flags=flags,
+            partitions=tuple(str(p) for p in (n.get("partitions") or [])),
+        )
+    return list(seen.values())
+
+
+def _sinfo_entry_nodes(entry: dict) -> list[dict]:
+    # Slurm 24.x ``sinfo --json`` groups by partition; names come as a host list.
+    names = expand_hostlist(_str((entry.get("nodes") or {}).get("nodes", [""])[0] if isinstance((entry.get("nodes") or {}).get("nodes"), list) else ""))
+    gres = _str((entry.get("gres") or {}).get("total"))
+    used = _str((entry.get("gres") or {}).get("used"))
+    state = (entry.get("node") or {}).get("state")
+    part = _str((entry.get("partition") or {}).get("name"))
+    return [{"name": n, "gres": gres, "gres_used": used, "state": state, "partitions": [part]} for n in names]
+
+
+def _load_json(text: str, what: str) -> dict:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{what}: output is not JSON ({exc.msg} at char {exc.pos})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{what}: expected a JSON object")
+    errs = doc.get("errors") or []
+    if errs:
+        raise ValueError(f"{what}: Slurm reported errors: {errs}")
+    return doc
+
+
+_KV = re.compile(r"(\w[\w/:]*)=(.*?)(?=\s+\w[\w/:]*=|\s*$)")
+
+
+def _kv_line(line: str) -> dict[str, str]:
+    """``Key=Value Key2=Value with spaces`` -> dict (values may contain spaces)."""
+    return {m.group(1): m.group(2).strip() for m in _KV.finditer(line)}
+
+
+def parse_scontrol_jobs(text: str) -> list[SlurmJob]:
+    """Jobs from ``scontrol -d -o show job`` (one line per job).
+
+    The per-node detail (``Nodes=node1 CPU_IDs=0 Mem=0 GRES=gpu:8(IDX:0-7)``)
+    repeats keys, so lines are split at each ``Nodes=`` detail block first.
+    """
+    jobs: list[SlurmJob] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("JobId="):
+            continue
+        # split off detail blocks: " Nodes=X CPU_IDs=... GRES=..." (scontrol -d)
+        parts = re.split(r"\s+(?=Nodes=\S+ CPU_IDs=)", line)
+        kv = _kv_line(parts[0])
+        per_node: dict[str, int] = {}
+        for block in parts[1:]:
+            d = _kv_line(block)
+            for n in expand_hostlist(d.get("Nodes")):
+                per_node[n] = parse_gres_count(d.get("GRES", ""))
+        # the last detail block runs into the rest of the job's fields
+        if len(parts) > 1:
+            kv.update({k: v for k, v in _kv_line(parts[-1]).items() if k not in ("Nodes", "CPU_IDs", "Mem", "GRES")})
+        user = kv.get("UserId", "")
+        m = re.match(r"([^()]*)\((\d+)\)", user)
+        nodes = expand_hostlist(kv.get("NodeList"))
+        tl = kv.get("TimeLimit", "UNLIMITED")
+        prio = kv.get("Priority")
+        gpus = gpus_from_tres(kv.get("TresPerJob")) or sum(per_node.values())
+        jobs.append(
+            SlurmJob(
+                job_id=int(kv["JobId"]),
+                name=kv.get("JobName", ""),
+                user=m.group(1) if m else user,
+                user_id=int(m.group(2)) if m else -1,
+                state=kv.get("JobState", "").upper(),
+                reason=kv.get("Reason", ""),
+                priority=int(prio) if prio and prio.isdigit() else None,
+                partition=kv.get("Partition", ""),
+                gpus=gpus,
+                nodes=nodes,
+                gpus_per_node={n: per_node[n] for n in nodes if n in per_node},
+                required_nodes=expand_hostlist(kv.get("ReqNodeList")),
+                num_nodes=int(kv.get("NumNodes", "0").split("-")[0] or 0),
+                comment=kv.get("Comment", "") if kv.get("Comment") != "(null)" else "",
+                admin_comment=kv.get("AdminComment", "") if kv.get("AdminComment") != "(null)" else "",
+                time_limit_s=parse_time_limit(tl),
+                restarts=int(kv.get("Restarts", "0") or 0),
+            )
+        )
+    return jobs
+
+
+def parse_time_limit(text: str) -> float | None:
+    """``[D-]HH:MM:SS`` / ``MM:SS`` / ``UNLIMITED`` -> seconds (``None`` for unlimited)."""
+    text = (text or "").strip()
+    if not text or text.upper() in ("UNLIMITED", "INFINITE", "N/A", "PARTITION_LIMIT"):
+        return None
+    days = 0
+    if "-" in text:
+        d, text = text.split("-", 1)
+        days = int(d)
+    fields = [int(x) for x in text.split(":")]
+    while len(fields) < 3:
+        fields.insert(0, 0)
+    h, mi, s = fields[-3:]
+    return float(days * 86400 + h * 3600 + mi * 60 + s)
+
+
+def parse_scontrol_nodes(text: str) -> list[SlurmNode]:
+    """Nodes from ``scontrol -o show node`` (one line per node)."""
+    out = []
+    for line in text.splitlines():
+        if not line.startswith("NodeName="):
+            continue
+        kv = _kv_line(line)
+        state = kv.get("State", "").lower().split("+")
+        alloc = kv.get("AllocTRES", "")
+        m = re.search(r"gres/gpu=(\d+)", alloc)
+        out.append(
+            SlurmNode(
+                name=kv["NodeName"],
+                gpus=parse_gres_count(kv.get("Gres")),
+                gpus_used=int(m.group(1)) if m else 0,
+                state=state[0],
+                flags=tuple(state[1:]),
+                partitions=tuple(p for p in kv.get("Partitions", "").split(",") if p),
+            )
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- the adapter
+class SlurmCLI:
+    """Runs Slurm commands with a timeout; every failure is a :class:`SlurmError`.
+
+    :param conf: slurm.conf to use (``SLURM_CONF``); ``None``: Slurm's default.
+    :param timeout_s: per-command time limit in seconds.
+    :param bin_dir: where the Slurm commands are (``None``: ``PATH``).
+    """
+
+    def __init__(self, conf: str | None = None, timeout_s: float = 20.0, bin_dir: str | None = None) -> None:
+        self.conf = conf
+        self.timeout_s = timeout_s
+        self.bin_dir = bin_dir
+        self.calls = 0  # commands run (for metrics/tests)
+
+    # ------------------------------------------------------------------ plumbing
+    def _cmd(self, name: str) -> str:
+        return os.path.join(self.bin_dir, name) if self.bin_dir else name
+
+    def run(self, args: Sequence[str]) -> str:
+        """Run one Slurm command, return its stdout; raise SlurmError on any failure."""
+        cmd = [self._cmd(args[0]), *args[1:]]
+        env = dict(os.environ)
+        if self.conf:
+            env["SLURM_CONF"] = self.conf
+        self.calls += 1
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout_s, env=env)
+        except subprocess.TimeoutExpired:
+            raise SlurmError(cmd, f"timed out after {self.timeout_s:g} s") from None
+        except OSError as exc:
+            raise SlurmError(cmd, f"cannot run: {exc.strerror or exc}") from None
+        if proc.returncode != 0:
+            msg = (proc.stderr or proc.stdout or "").strip().splitlines()
+            raise SlurmError(cmd, f"exit status {proc.returncode}: {msg[-1] if msg else 'no message'}")
+        return proc.stdout
+
+    def _parse(self, args: Sequence[str], parser, text: str):
+        try:
+            return parser(text)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SlurmError(list(args), f"unexpected output: {exc}") from None
+
+    # ------------------------------------------------------------------ reading
+    def nodes(self) -> list[SlurmNode]:
+        args = ["sinfo", "--json"]
+        return self._parse(args, parse_sinfo_json, self.run(args))
+
+    def jobs(self) -> list[SlurmJob]:
+        """All jobs squeue shows (``squeue --json`` ignores filters before 23.x; filter in Python)."""
+        args = ["squeue", "--json"]
+        return self._parse(args, parse_squeue_json, self.run(args))
+
+    def job(self, job_id: int) -> SlurmJob | None:
+        """One job via ``scontrol -d -o show job`` (``None`` once Slurm has purged it)."""
+        args = ["scontrol", "-d", "-o", "show", "job", str(job_id)]
+        try:
+            text = self.run(args)
+        except SlurmError as exc:
+            if "Invalid job id" in exc.message:
+                return None
+            raise
+        jobs = self._parse(args, parse_scontrol_jobs, text)
+        return jobs[0] if jobs else None
+
+    # ------------------------------------------------------------------ acting
+    def place(self, job_id: int, nodes: Sequence[str]) -> None:
+        """Pin a held job to exactly ``nodes`` (ReqNodeList + NumNodes); it stays held."""
+        if not nodes:
+            raise ValueError("place: empty node list")
+        self.run(["scontrol", "update", f"JobId={job_id}", f"ReqNodeList={compress_nodes(nodes)}", f"NumNodes={len(nodes)}"])
+
+    def release(self, job_id: int) -> None:
+        """Release a held job now. ``StartTime=now`` clears the BeginTime delay Slurm adds after a requeue."""
+        self.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+        self.run(["scontrol", "release", str(job_id)])
+
+    def hold(self, job_id: int) -> None:
+        self.run(["scontrol", "hold", str(job_id)])
+
+    def unplace(self, job_id: int) -> None:
+        """Clear a held job's node pin (it goes back to the pool)."""
+        self.run(["scontrol", "update", f"JobId={job_id}", "ReqNodeList=", "NumNodes=1"])
+
+    def requeue_hold(self, job_id: int) -> None:
+        """Requeue a running (or just finished) batch job in held state."""
+        self.run(["scontrol", "requeuehold", str(job_id)])
+
+    def version(self) -> str:
+        return self.run(["sinfo", "--version"]).strip()

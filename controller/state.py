@@ -1,0 +1,250 @@
+"""Build the policy's :class:`~policies.state.ClusterState` from what Slurm reports.
+
+The simulator and the controller hand policies the same state: nodes by
+index with free GPUs, running jobs with placements and throughputs, pending
+jobs in arrival order. Here it comes from ``sinfo``/``squeue`` (plus, when
+node agents answer, measured progress and contention sensitivity).
+
+Times are epoch seconds, work is in samples, throughput in samples/s.
+
+Workload declaration (the job's ``--comment``)::
+
+    rlsched:model=MoE,samples=200000[,key=value...]
+
+No model: the configured default profile. No ``samples``: the work is
+estimated as (time limit, else ``default_runtime_s``) x the model's best
+isolated throughput, so SJF/SRTF order by requested time.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from controller.slurm import SlurmJob, SlurmNode
+from policies.cluster import ClusterSpec, NodeSpec, Placement
+from policies.perf import ContentionModel
+from policies.state import ClusterState, JobInfo
+from policies.workloads import UnknownModelError, canonical_model
+
+__all__ = ["JobRequest", "parse_comment", "natural_key", "build_cluster", "SlurmView", "build_state"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What a job's comment declares. ``model`` is canonical or ``None`` (use the default)."""
+
+    model: str | None = None
+    samples: float | None = None
+    options: tuple[tuple[str, str], ...] = ()
+    problem: str | None = None  # why the comment was (partly) ignored
+
+
+def parse_comment(comment: str | None) -> JobRequest:
+    """Parse ``rlsched:model=MoE,samples=1e5`` anywhere in a job comment.
+
+    Bad values do not fail the job: they are reported in ``problem`` and the
+    defaults apply.
+    """
+    m = re.search(r"rlsched:(\S+)", comment or "")
+    if not m:
+        return JobRequest()
+    model: str | None = None
+    samples: float | None = None
+    opts: list[tuple[str, str]] = []
+    problems: list[str] = []
+    for item in m.group(1).split(","):
+        if not item:
+            continue
+        k, sep, v = item.partition("=")
+        k = k.strip().lower()
+        if not sep:
+            problems.append(f"{item!r} is not key=value")
+            continue
+        if k == "model":
+            try:
+                model = canonical_model(v)
+            except UnknownModelError as exc:
+                problems.append(str(exc))
+        elif k == "samples":
+            try:
+                samples = float(v)
+                if not samples > 0 or samples != samples or samples == float("inf"):
+                    raise ValueError
+            except ValueError:
+                problems.append(f"samples={v!r} is not a positive number")
+                samples = None
+        else:
+            opts.append((k, v))
+    return JobRequest(model, samples, tuple(opts), "; ".join(problems) or None)
+
+
+def natural_key(name: str) -> tuple:
+    """``node2`` < ``node10``."""
+    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
+
+
+def build_cluster(nodes: Sequence[SlurmNode], partition: str | None, intra_bw_gbps: float, inter_bw_gbps: float) -> ClusterSpec:
+    """The managed nodes (in ``partition``, with GPUs) in natural name order.
+
+    Down/drained nodes stay in the spec (so indices and RL input shapes are
+    stable); they simply get 0 free GPUs.
+    """
+    mine = [n for n in nodes if n.gpus > 0 and (partition is None or partition in n.partitions)]
+    if not mine:
+        raise ValueError(f"no nodes with GPUs in partition {partition or '(any)'}")
+    mine.sort(key=lambda n: natural_key(n.name))
+    return ClusterSpec(tuple(NodeSpec(n.name, n.gpus) for n in mine), intra_bw_gbps=intra_bw_gbps, inter_bw_gbps=inter_bw_gbps)
+
+
+@dataclass
+class SlurmView:
+    """One round's snapshot: the policy state plus the Slurm facts behind it.
+
+    :param state: what the policy sees.
+    :param jobs: policy job id -> Slurm job, for every job in ``state``.
+    :param in_flight: released managed jobs that have not started yet
+        (their GPUs are reserved in ``state.free_gpus``).
+    :param warnings: per-job notes (bad comments, unplaceable demands).
+    """
+
+    state: ClusterState
+    jobs: dict[str, SlurmJob]
+    in_flight: list[SlurmJob] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _reserve(free: np.ndarray, idx: Sequence[int], gpus: int, planned: Mapping[int, int] | None) -> None:
+    """Take a released-but-not-started job's GPUs out of ``free`` (planned split if known)."""
+    if planned:
+        for n, c in planned.items():
+            free[n] -= min(c, max(free[n], 0))
+        return
+    need = gpus
+    for n in idx:
+        take = min(need, max(int(free[n]), 0))
+        free[n] -= take
+        need -= take
+
+
+def build_state(
+    now: float,
+    cluster: ClusterSpec,
+    nodes: Sequence[SlurmNode],
+    jobs: Sequence[SlurmJob],
+    perf: ContentionModel,
+    *,
+    partition: str | None,
+    default_model: str,
+    default_runtime_s: float,
+    progress: Mapping[str, Mapping] | None = None,
+    planned: Mapping[str, Mapping[int, int]] | None = None,
+) -> SlurmView:
+    """Assemble the ClusterState for one round.
+
+    :param progress: Slurm job id -> agent stats (``step``, ``total_steps``,
+        ``samples_per_s``, ``isolated_samples_per_s``, ``cs``), or stored
+        progress of a preempted job (``step``/``total_steps``).
+    :param planned: Slurm job id -> node index -> GPUs the controller asked
+        for when it released the job (to reserve GPUs of in-flight jobs).
+    """
+    progress = progress or {}
+    planned = planned or {}
+    index = {n.name: i for i, n in enumerate(cluster.nodes)}
+    by_name = {n.name: n for n in nodes}
+    free = np.zeros(cluster.num_nodes, dtype=np.int64)
+    for i, spec in enumerate(cluster.nodes):
+        n = by_name.get(spec.name)
+        if n is not None and n.usable:
+            free[i] = max(spec.gpus - n.gpus_used, 0)
+
+    view = SlurmView(state=None, jobs={})  # type: ignore[arg-type]
+    running: list[JobInfo] = []
+    pending: list[JobInfo] = []
+    keys_on_node: dict[int, list[tuple[str, tuple]]] = {}
+    run_infos: list[tuple[JobInfo, tuple]] = []
+
+    for j in sorted(jobs, key=lambda x: (x.submit_time or 0.0, x.job_id)):
+        if not j.managed or (partition is not None and j.partition != partition):
+            continue
+        if j.pending and not j.held:
+            view.in_flight.append(j)
+            idx = [index[n] for n in j.required_nodes if n in index]
+            _reserve(free, idx, j.gpus, planned.get(str(j.job_id)))
+            continue
+        if not (j.pending or j.state == "RUNNING"):
+            continue
+        req = parse_comment(j.comment)
+        if req.problem:
+            view.warnings.append(f"job {j.job_id}: comment {j.comment!r}: {req.problem}; using defaults")
+        model = req.model or default_model
+        if j.gpus < 1:
+            continue
+        if j.gpus > cluster.total_gpus:
+            view.warnings.append(f"job {j.job_id}: asks for {j.gpus} GPUs, the partition has {cluster.total_gpus}; left held")
+            continue
+        best = perf.best_isolated_throughput(model, j.gpus)
+        if req.samples is not None:
+            total = req.samples
+        else:
+            total = (j.time_limit_s or default_runtime_s) * best
+        prog = progress.get(str(j.job_id), {})
+        done = 0.0
+        if prog.get("total_steps"):
+            done = min(total, total * float(prog.get("step") or 0) / float(prog["total_steps"]))
+        info = JobInfo(
+            job_id=str(j.job_id),
+            model=model,
+            gpu_demand=j.gpus,
+            submit_time=j.submit_time or now,
+            total_samples=total,
+            done_samples=done,
+            best_thp=best,
+            preemptions=j.restarts,
+            extra={"slurm_job_id": j.job_id, "user": j.user, "name": j.name, "nodes": list(j.nodes)},
+        )
+        view.jobs[info.job_id] = j
+        if j.pending:
+            info.attained_service = float(prog.get("attained_service", 0.0))
+            pending.append(info)
+            continue
+        alloc = {index[n]: c for n, c in j.gpus_per_node.items() if n in index and c > 0}
+        if not alloc:  # no per-node detail: spread the total over its nodes in order
+            idx = [index[n] for n in j.nodes if n in index]
+            if not idx:
+                continue
+            base, rem = divmod(j.gpus, len(idx))
+            alloc = {n: base + (1 if k < rem else 0) for k, n in enumerate(idx)}
+        p = Placement.of(alloc)
+        info.placement = p
+        info.start_time = j.start_time or now
+        ran = max(now - info.start_time, 0.0)
+        info.attained_service = float(prog.get("attained_service", 0.0)) + j.gpus * ran
+        info.isolated_thp = float(prog.get("isolated_samples_per_s") or 0.0) or perf.throughput_for(model, p)
+        if not prog.get("total_steps"):
+            # no agent: assume progress at the isolated rate since the last start
+            info.done_samples = min(total, done + info.isolated_thp * ran)
+        key = (model, p.total_gpus, p.num_nodes)
+        for n in p.nodes:
+            keys_on_node.setdefault(n, []).append((info.job_id, key))
+        run_infos.append((info, key))
+        running.append(info)
+
+    # achieved throughput: measured by the agent, else predicted from co-located jobs
+    for info, key in run_infos:
+        prog = progress.get(info.job_id, {})
+        measured = float(prog.get("samples_per_s") or 0.0)
+        if measured > 0:
+            info.achieved_thp = measured
+        else:
+            assert info.placement is not None
+            neigh = {n: [k for jid, k in keys_on_node.get(n, []) if jid != info.job_id] for n in info.placement.nodes}
+            info.achieved_thp = info.isolated_thp / perf.job_cs(key, info.placement.nodes, neigh)
+    view.state = ClusterState(time=now, cluster=cluster, free_gpus=np.maximum(free, 0), running=running, pending=pending)
+    return view

@@ -1,0 +1,103 @@
+"""``rlsched agent``: run the node agent (gRPC) beside slurmd.
+
+    rlsched agent --node node1 --listen 127.0.0.1:50051 --store /shared/ckpt --auth munge
+    rlsched agent --node node1 --listen 127.0.0.1:50051 --store hdfs://nn:9870/rlsched --auth sharedkey:/etc/rlsched/agent.key
+    rlsched agent-keygen /etc/rlsched/agent.key     # new 0600 shared key
+
+Logs are JSON lines on stderr (one object per event).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+
+def _fail(cmd: str, msg: str) -> int:
+    """One-line user error, exit status 2 (the rlsched CLI convention)."""
+    print(f"rlsched {cmd}: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def _listen(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"--listen must be HOST:PORT, got {value!r}")
+    return value
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("agent", help="run the rlsched node agent (gRPC, profiling, checkpoint preemption)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--node", required=True, help="Slurm node name this agent serves")
+    p.add_argument("--listen", type=_listen, default="127.0.0.1:50051", help="HOST:PORT to serve gRPC on")
+    p.add_argument("--store", required=True, help="checkpoint store: DIR, file:///DIR or hdfs://NAMENODE:PORT/PATH")
+    p.add_argument("--auth", default="munge", help="munge | munge:SOCKET | sharedkey:/path/key (default munge)")
+    p.add_argument("--allow-uid", type=int, action="append", default=[],
+                   help="extra UID allowed to call Preempt (root and SlurmUser always are)")
+    p.add_argument("--slurm-conf", default="/etc/slurm/slurm.conf", help="read SlurmUser from here (munge auth)")
+    p.add_argument("--profile-steps", type=int, default=20,
+                   help="steps in a job's isolated-throughput profiling window")
+    p.add_argument("--profile-skip-steps", type=int, default=10,
+                   help="steps of each run to skip (start-up, warm-up) before the profiling window")
+    p.add_argument("--window-s", type=float, default=30.0, help="seconds of reports for achieved throughput")
+    p.add_argument("--max-workers", type=int, default=16, help="gRPC worker threads")
+    p.set_defaults(func=run_agent)
+
+    k = sub.add_parser("agent-keygen", help="create a shared key file (mode 0600) for --auth sharedkey:PATH")
+    k.add_argument("path")
+    k.set_defaults(func=run_keygen)
+
+
+def _json_logging() -> None:
+    root = logging.getLogger("nodeagent")
+    if not any(getattr(h, "_rlsched_json", False) for h in root.handlers):
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(logging.Formatter('{"ts":"%(asctime)s","level":"%(levelname)s","msg":%(message)s}'))
+        h._rlsched_json = True  # type: ignore[attr-defined]
+        root.addHandler(h)
+        root.setLevel(logging.INFO)
+        root.propagate = False
+
+
+def run_agent(args: argparse.Namespace) -> int:
+    from nodeagent.auth import AuthError, MungeAuthenticator, make_authenticator
+    from nodeagent.server import JobTracker, NodeAgentServer
+    from nodeagent.store import StoreError, open_store
+
+    _json_logging()
+    try:
+        kw: dict = {"allowed_uids": set(args.allow_uid)}
+        if args.auth.startswith("munge"):
+            kw["slurm_conf"] = args.slurm_conf
+        auth = make_authenticator(args.auth, **kw)
+        if isinstance(auth, MungeAuthenticator):
+            auth.sign("/probe", b"")  # fail fast if munged is not reachable
+        store = open_store(args.store)
+        tracker = JobTracker(window_s=args.window_s, profile_steps=args.profile_steps,
+                             profile_skip_steps=args.profile_skip_steps)
+        server = NodeAgentServer(args.node, args.listen, auth, store, tracker, max_workers=args.max_workers)
+    except (AuthError, StoreError, OSError, RuntimeError) as exc:
+        return _fail("agent", f"cannot start agent: {exc}")
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    server.start()
+    print(f"rlsched agent {args.node} listening on {server.address}", file=sys.stderr, flush=True)
+    stop.wait()
+    server.stop(grace=2.0)
+    return 0
+
+
+def run_keygen(args: argparse.Namespace) -> int:
+    from nodeagent.auth import SharedKeyAuthenticator
+
+    try:
+        path = SharedKeyAuthenticator.generate(args.path)
+    except FileExistsError:
+        return _fail("agent-keygen", f"{args.path} already exists; refusing to overwrite a key")
+    print(path)
+    return 0

@@ -1,0 +1,139 @@
+"""Python client for the node agent (used by the controller and by job helpers).
+
+Stable API (the controller depends on it)::
+
+    c = AgentClient("127.0.0.1:50051", make_authenticator("munge"), timeout=10.0)
+    c.health()      -> {"node", "version", "uptime_s", "num_jobs", "store_url", "auth_scheme"}
+    c.job_stats()   -> [{"job_key", "slurm_job_id", "model", "step", "total_steps",
+                         "samples_per_s", "isolated_samples_per_s" (None if unknown),
+                         "isolated_source", "cs" (None if unknown),
+                         "last_checkpoint_step" (None if none), "comm_fraction" (None if not profiled),
+                         "pids", "state", "last_report_age_s", "world_size"}, ...]
+    c.preempt(job_key, slurm_job_id, timeout_s=60)
+                    -> {"ok", "checkpoint_step" (None if none), "checkpoint_uri", "message",
+                        "process_exited", "wait_s"}
+
+Units: throughput in samples/s, times in seconds. Every call raises
+:class:`AgentError` (with ``.code``, the gRPC status name such as
+``"NOT_FOUND"``, ``"UNAUTHENTICATED"``, ``"PERMISSION_DENIED"``,
+``"INVALID_ARGUMENT"``, ``"UNAVAILABLE"``, ``"DEADLINE_EXCEEDED"``) when the
+RPC fails. ``preempt`` returns ``ok=False`` (no exception) when the agent ran
+the protocol but no durable checkpoint appeared in time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from nodeagent.auth import AUTH_HEADER, Authenticator
+from proto import rlsched_agent_pb2 as pb
+from proto import rlsched_agent_pb2_grpc as pb_grpc
+
+SERVICE = "/rlsched.agent.v1.NodeAgent/"
+
+
+class AgentError(RuntimeError):
+    """An agent RPC failed. ``code`` is the gRPC status name, ``details`` the server's message."""
+
+    def __init__(self, method: str, code: str, details: str) -> None:
+        super().__init__(f"{method}: {code}: {details}")
+        self.method = method
+        self.code = code
+        self.details = details
+
+
+def _opt(value: float, unknown: float) -> float | None:
+    return None if value == unknown else value
+
+
+def jobstat_to_dict(s: pb.JobStat) -> dict[str, Any]:
+    """Convert a JobStat message to the documented plain dict (unknown -> None)."""
+    return {
+        "job_key": s.job_key,
+        "slurm_job_id": s.slurm_job_id,
+        "model": s.model,
+        "step": s.step,
+        "total_steps": s.total_steps,
+        "samples_per_s": s.samples_per_s,
+        "isolated_samples_per_s": _opt(s.isolated_samples_per_s, 0.0),
+        "isolated_source": s.isolated_source,
+        "cs": _opt(s.cs, 0.0),
+        "last_checkpoint_step": None if s.last_checkpoint_step < 0 else s.last_checkpoint_step,
+        "comm_fraction": None if s.comm_fraction < 0 else s.comm_fraction,
+        "pids": list(s.pids),
+        "state": s.state,
+        "last_report_age_s": s.last_report_age_s,
+        "world_size": s.world_size,
+    }
+
+
+class AgentClient:
+    """Authenticated, synchronous client for one node agent at ``address`` ("host:port").
+
+    ``timeout`` is the default per-RPC deadline in seconds (Preempt uses
+    ``timeout_s + timeout``). Thread-safe; close() or use as a context manager.
+    """
+
+    def __init__(self, address: str, auth: Authenticator, timeout: float = 10.0) -> None:
+        self.address = address
+        self.auth = auth
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(address)
+        self._stub = pb_grpc.NodeAgentStub(self._channel)
+
+    # ---------------------------------------------------------------- plumbing
+    def _call(self, name: str, request: Any, timeout: float | None = None) -> Any:
+        method = SERVICE + name
+        header = self.auth.sign(method, request.SerializeToString(deterministic=True))
+        try:
+            return getattr(self._stub, name)(
+                request, timeout=self.timeout if timeout is None else timeout, metadata=((AUTH_HEADER, header),)
+            )
+        except grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else None
+            details = exc.details() if hasattr(exc, "details") else str(exc)
+            raise AgentError(name, code.name if code else "UNKNOWN", details or "") from None
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "AgentClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ API
+    def health(self) -> dict[str, Any]:
+        r = self._call("Health", pb.HealthRequest())
+        return {
+            "node": r.node,
+            "version": r.version,
+            "uptime_s": r.uptime_s,
+            "num_jobs": r.num_jobs,
+            "store_url": r.store_url,
+            "auth_scheme": r.auth_scheme,
+        }
+
+    def job_stats(self, job_key: str = "", include_finished: bool = False) -> list[dict[str, Any]]:
+        r = self._call("JobStats", pb.JobStatsRequest(job_key=job_key, include_finished=include_finished))
+        return [jobstat_to_dict(s) for s in r.jobs]
+
+    def preempt(self, job_key: str, slurm_job_id: str, timeout_s: float = 60) -> dict[str, Any]:
+        req = pb.PreemptRequest(job_key=job_key, slurm_job_id=str(slurm_job_id), timeout_s=float(timeout_s))
+        r = self._call("Preempt", req, timeout=float(timeout_s) + self.timeout)
+        return {
+            "ok": r.ok,
+            "checkpoint_step": None if r.checkpoint_step < 0 else r.checkpoint_step,
+            "checkpoint_uri": r.checkpoint_uri,
+            "message": r.message,
+            "process_exited": r.process_exited,
+            "wait_s": r.wait_s,
+        }
+
+    def report_progress(self, report: pb.ProgressReport, timeout: float | None = None) -> dict[str, Any]:
+        """Send one ProgressReport (used by the job helper)."""
+        r = self._call("ReportProgress", report, timeout=timeout)
+        return {"accepted": r.accepted, "store_url": r.store_url}

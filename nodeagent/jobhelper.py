@@ -1,0 +1,461 @@
+"""Job-side helper, imported by training scripts.
+
+Typical use (see scripts/examples/)::
+
+    with JobSession.from_env(model="MLP", total_steps=args.total_steps) as s:
+        start, state = s.resume()                    # (0, None) on a fresh start
+        if state is not None:
+            net.load_state_dict(state["model"]); opt.load_state_dict(state["optim"])
+        for step in s.steps(start, state_fn=lambda: {"model": net.state_dict(), "optim": opt.state_dict()},
+                            samples_per_step=global_batch):
+            train_one_step(step)                     # step = number of steps completed before this one
+
+What the session does:
+
+* **resume**: loads the newest *valid* checkpoint of the job key from the
+  store (``torch.load(weights_only=True)``: tensors and plain containers only,
+  nothing is unpickled).
+* **report**: every ``report_every`` steps sends a ProgressReport to the node
+  agent from a background thread (latest report wins; an unreachable agent is
+  logged and never stops training). The first report registers this PID.
+* **profile**: for ``profile_steps`` steps after ``profile_warmup`` steps it
+  runs ``torch.profiler`` and reports ``comm_fraction`` = (wall time during
+  which a communication op -- gloo/nccl all_reduce, all_gather, broadcast,
+  ... -- was in flight) / (wall time of the profiled steps).
+* **preemption**: SIGUSR2 sets a flag; at the next step boundary (all ranks
+  agree through a MAX all-reduce of the flag when torch.distributed is
+  initialised) rank 0 saves ``state_fn()`` at the completed step, every rank
+  sends a final report and the process exits with :data:`EXIT_PREEMPTED` (75,
+  EX_TEMPFAIL; use ``RequeueExitHold=75`` in slurm.conf so Slurm requeues the
+  job held, for the controller to re-place).
+* **finish**: after ``total_steps`` steps a final checkpoint is saved (so a
+  requeue after completion does not redo work) and a final report sent.
+
+Environment (all optional except where noted):
+
+``RLSCHED_JOB_KEY``  stable key; else comment ``key=``; else ``slurm-$SLURM_JOB_ID``.
+``RLSCHED_COMMENT``  the job comment (else read with ``scontrol show job``).
+``RLSCHED_AGENT``    ``host:port`` or ``node1=host:port,node2=host:port`` (picked by
+                     ``$SLURMD_NODENAME``); empty/``none`` disables reporting.
+``RLSCHED_AUTH``     ``munge`` (default), ``munge:/socket``, ``sharedkey:/path``.
+``RLSCHED_STORE``    checkpoint store URL; else the agent's store (Health).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import queue
+import re
+import signal
+import subprocess
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+from nodeagent.convention import job_key_for, parse_comment
+from nodeagent.store import CheckpointInfo, CheckpointNotFound, CheckpointStore, open_store, validate_job_key
+
+log = logging.getLogger("rlsched.jobhelper")
+
+#: Exit status after a preemption checkpoint (EX_TEMPFAIL): requeue me.
+EXIT_PREEMPTED = 75
+DEFAULT_AGENT = "127.0.0.1:50051"
+
+#: Profiler event names of collective communication (gloo:all_reduce, nccl:all_gather, c10d::allreduce_, ...).
+_COMM_RE = re.compile(r"^(gloo|nccl|mpi|ucc|xccl):|^c10d::|^record_param_comms$|^ncclKernel|^ncclDevKernel")
+_STOP_CHECK = "rlsched::stop_check"
+
+
+def resolve_agent_address(spec: str | None, node: str | None) -> str | None:
+    """Pick this node's agent from ``RLSCHED_AGENT``-style ``spec``; None if disabled."""
+    if spec is None:
+        return DEFAULT_AGENT
+    spec = spec.strip()
+    if not spec or spec.lower() == "none":
+        return None
+    if "=" not in spec:
+        return spec
+    table = dict(part.split("=", 1) for part in spec.split(",") if "=" in part)
+    if node and node in table:
+        return table[node].strip()
+    if "*" in table:
+        return table["*"].strip()
+    raise ValueError(f"RLSCHED_AGENT={spec!r} has no entry for node {node!r}")
+
+
+def _comment_from_slurm(job_id: str) -> str | None:
+    try:
+        r = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r"\bComment=(\S+)", r.stdout)
+    return m.group(1) if r.returncode == 0 and m else None
+
+
+def comm_fraction_from_events(events: list[Any], wall_us: float) -> float:
+    """Fraction of ``wall_us`` covered by communication-op intervals (union), from profiler events.
+
+    Events inside our own stop-flag all-reduce (``rlsched::stop_check``) are ignored.
+    """
+    if wall_us <= 0:
+        return 0.0
+    excl = [(e.time_range.start, e.time_range.end) for e in events if e.name == _STOP_CHECK]
+
+    def excluded(s: float, e: float) -> bool:
+        return any(a <= s and e <= b for a, b in excl)
+
+    iv = sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in events
+        if e.name != _STOP_CHECK and _COMM_RE.search(e.name) and not excluded(e.time_range.start, e.time_range.end)
+    )
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in iv:
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return max(0.0, min(1.0, total / wall_us))
+
+
+class _Reporter(threading.Thread):
+    """Background sender: latest-wins queue, never raises into training."""
+
+    def __init__(self, client: Any, timeout: float = 2.0) -> None:
+        super().__init__(daemon=True, name="rlsched-reporter")
+        self.client = client
+        self.timeout = timeout
+        self.q: queue.Queue = queue.Queue(maxsize=1)
+        self._last_err = 0.0
+        self.sent = 0
+        self.failed = 0
+
+    def offer(self, report: Any) -> None:
+        try:
+            self.q.get_nowait()
+        except queue.Empty:
+            pass
+        try:
+            self.q.put_nowait(report)
+        except queue.Full:
+            pass
+
+    def send_now(self, report: Any) -> bool:
+        try:
+            self.client.report_progress(report, timeout=self.timeout)
+            self.sent += 1
+            return True
+        except Exception as exc:
+            self.failed += 1
+            if time.monotonic() - self._last_err > 60:
+                self._last_err = time.monotonic()
+                log.warning("rlsched agent unreachable (%s); training continues", exc)
+            return False
+
+    def run(self) -> None:
+        while True:
+            item = self.q.get()
+            if item is None:
+                return
+            self.send_now(item)
+
+    def close(self) -> None:
+        self.offer(None)
+        self.join(timeout=self.timeout + 1)
+
+
+class JobSession:
+    """One process's view of an rlsched job: resume, report, checkpoint, preempt.
+
+    ``total_steps``: optimizer steps the job runs in total (across restarts).
+    ``samples_per_step`` (in :meth:`steps`): samples the *whole job* processes per step.
+    """
+
+    def __init__(
+        self,
+        job_key: str,
+        slurm_job_id: str,
+        store: CheckpointStore | str | None,
+        agent_address: str | None = None,
+        auth: Any = None,
+        *,
+        model: str = "",
+        total_steps: int = 0,
+        report_every: int = 5,
+        ckpt_every: int = 0,
+        reference_samples_per_s: float = 0.0,
+        profile_warmup: int = 3,
+        profile_steps: int = 3,
+        save_final: bool = True,
+        install_signal: bool = True,
+    ) -> None:
+        self.job_key = validate_job_key(job_key)
+        self.slurm_job_id = str(slurm_job_id)
+        self.model = model
+        self.total_steps = int(total_steps)
+        self.report_every = max(1, int(report_every))
+        self.ckpt_every = max(0, int(ckpt_every))
+        self.reference = float(reference_samples_per_s)
+        self.profile_warmup = profile_warmup
+        self.profile_steps = profile_steps
+        self.save_final = save_final
+        self.install_signal = install_signal
+        self.agent_address = agent_address
+        self._auth = auth
+        self._store_spec = store
+        self._store: CheckpointStore | None = store if isinstance(store, CheckpointStore) else None
+        self._client: Any = None
+        self._reporter: _Reporter | None = None
+        self._stop = threading.Event()
+        self._prev_handler: Any = None
+        self._t0 = time.monotonic()
+        self._samples = 0
+        self.step = 0
+        self.checkpoint_step = -1
+        self.comm_fraction = -1.0
+        self.preempted = False
+
+    # ------------------------------------------------------------ creation
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, **kw: Any) -> "JobSession":
+        """Build a session from the Slurm / rlsched environment (see module doc); ``kw`` override."""
+        env = dict(os.environ if env is None else env)
+        slurm_job_id = env.get("SLURM_JOB_ID", "local")
+        comment = env.get("RLSCHED_COMMENT")
+        if comment is None and "SLURM_JOB_ID" in env and not env.get("RLSCHED_JOB_KEY"):
+            comment = _comment_from_slurm(slurm_job_id)
+        fields = parse_comment(comment) or {}
+        job_key = kw.pop("job_key", None) or env.get("RLSCHED_JOB_KEY") or job_key_for(slurm_job_id, comment)
+        kw.setdefault("model", fields.get("model", ""))
+        agent = kw.pop("agent_address", None) or resolve_agent_address(env.get("RLSCHED_AGENT"),
+                                                                      env.get("SLURMD_NODENAME"))
+        auth = kw.pop("auth", None)
+        if auth is None and agent is not None:
+            from nodeagent.auth import make_authenticator
+
+            try:
+                auth = make_authenticator(env.get("RLSCHED_AUTH", "munge"))
+            except Exception as exc:
+                log.warning("cannot set up rlsched agent auth (%s); progress reporting disabled", exc)
+                agent = None
+        store = kw.pop("store", None) or env.get("RLSCHED_STORE")
+        return cls(job_key, slurm_job_id, store, agent, auth, **kw)
+
+    # ------------------------------------------------------------- context
+    def __enter__(self) -> "JobSession":
+        if self.agent_address and self._auth is not None:
+            from nodeagent.client import AgentClient
+
+            self._client = AgentClient(self.agent_address, self._auth, timeout=2.0)
+            self._reporter = _Reporter(self._client)
+            self._reporter.start()
+        if self.install_signal and threading.current_thread() is threading.main_thread():
+            self._prev_handler = signal.signal(signal.SIGUSR2, self._on_signal)
+        self._t0 = time.monotonic()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._reporter is not None:
+            self._reporter.close()
+        if self._client is not None:
+            self._client.close()
+        if self._prev_handler is not None:
+            signal.signal(signal.SIGUSR2, self._prev_handler)
+            self._prev_handler = None
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._stop.set()
+
+    def request_stop(self) -> None:
+        """Ask for a preemption checkpoint at the next step boundary (what SIGUSR2 does)."""
+        self._stop.set()
+
+    # --------------------------------------------------------------- store
+    @property
+    def store(self) -> CheckpointStore:
+        if self._store is None:
+            url = self._store_spec if isinstance(self._store_spec, str) and self._store_spec else None
+            if url is None and self._client is not None:
+                try:
+                    url = self._client.health()["store_url"] or None
+                except Exception as exc:
+                    log.warning("cannot ask the agent for its store URL: %s", exc)
+            if url is None:
+                raise RuntimeError("no checkpoint store: set RLSCHED_STORE (or run next to an rlsched agent)")
+            self._store = open_store(url)
+        return self._store
+
+    # ----------------------------------------------------------- distributed
+    @staticmethod
+    def _dist() -> Any:
+        try:
+            import torch.distributed as dist
+
+            return dist if dist.is_available() and dist.is_initialized() else None
+        except ImportError:
+            return None
+
+    @property
+    def rank(self) -> int:
+        d = self._dist()
+        return d.get_rank() if d else int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) or 0)
+
+    @property
+    def world_size(self) -> int:
+        d = self._dist()
+        return d.get_world_size() if d else 1
+
+    def should_stop(self) -> bool:
+        """True if any rank got SIGUSR2 (collective: every rank must call it at the same step)."""
+        d = self._dist()
+        if d is None:
+            return self._stop.is_set()
+        import torch
+
+        with torch.profiler.record_function(_STOP_CHECK):
+            flag = torch.tensor([1 if self._stop.is_set() else 0], dtype=torch.int32)
+            d.all_reduce(flag, op=d.ReduceOp.MAX)
+        return bool(flag.item())
+
+    # ------------------------------------------------------------- public
+    def resume(self) -> tuple[int, dict | None]:
+        """(step, state) of the newest valid checkpoint, or (0, None)."""
+        import torch
+
+        try:
+            info, blob = self.store.load(self.job_key)
+        except CheckpointNotFound:
+            self.step = 0
+            return 0, None
+        state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+        self.step = self.checkpoint_step = info.step
+        log.info("resumed job %s from step %d (%s)", self.job_key, info.step, info.uri)
+        return info.step, state
+
+    def save(self, step: int, state: dict) -> CheckpointInfo | None:
+        """Checkpoint ``state`` (tensors / plain containers) at ``step``; rank 0 writes, others no-op."""
+        import torch
+
+        if self.rank != 0:
+            return None
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        info = self.store.save(self.job_key, int(step), buf.getvalue())
+        self.checkpoint_step = info.step
+        return info
+
+    def _report_msg(self, step: int, samples: int, state: str = "running", final: bool = False) -> Any:
+        from proto import rlsched_agent_pb2 as pb
+
+        return pb.ProgressReport(
+            job_key=self.job_key,
+            slurm_job_id=self.slurm_job_id if self.slurm_job_id.replace("_", "").isalnum() else "local",
+            step=int(step),
+            total_steps=max(self.total_steps, int(step)),
+            samples=int(samples),
+            elapsed_s=time.monotonic() - self._t0,
+            model=self.model,
+            checkpoint_step=self.checkpoint_step,
+            pid=os.getpid(),
+            reference_samples_per_s=self.reference,
+            comm_fraction=self.comm_fraction,
+            rank=self.rank,
+            world_size=self.world_size,
+            final=final,
+            state=state,
+        )
+
+    def report(self, step: int, samples: int, *, state: str = "running", final: bool = False) -> None:
+        """Queue a progress report (non-blocking; final reports are sent synchronously, best effort).
+
+        ``samples``: samples processed by the whole job since this process started.
+        """
+        self.step = step
+        if self._reporter is None:
+            return
+        msg = self._report_msg(step, samples, state, final)
+        if final:
+            self._reporter.send_now(msg)
+        else:
+            self._reporter.offer(msg)
+
+    def steps(
+        self,
+        start: int,
+        state_fn: Callable[[], dict],
+        samples_per_step: int,
+    ) -> Iterator[int]:
+        """Yield step indices ``start .. total_steps-1``; handle reports, profiling, checkpoints, preemption."""
+        if self.total_steps <= 0:
+            raise ValueError("JobSession.steps needs total_steps > 0")
+        step = start
+        self.report(step, self._samples)  # registers the PID with the agent
+        prof = None
+        prof_t0 = 0.0
+        prof_from = start + self.profile_warmup
+        while step < self.total_steps:
+            if self.should_stop():
+                self._preempt_exit(step, state_fn)
+            if self.profile_steps > 0 and step == prof_from and prof is None:
+                prof = self._start_profiler()
+                prof_t0 = time.perf_counter()
+            yield step
+            step += 1
+            self._samples += samples_per_step
+            self.step = step
+            if prof is not None and step == prof_from + self.profile_steps:
+                self._finish_profiler(prof, time.perf_counter() - prof_t0)
+                prof = None
+            if self.ckpt_every and step % self.ckpt_every == 0 and step < self.total_steps:
+                self.save(step, state_fn())
+            if step % self.report_every == 0:
+                self.report(step, self._samples)
+        if prof is not None:
+            self._finish_profiler(prof, time.perf_counter() - prof_t0)
+        if self.save_final and self.checkpoint_step != step:
+            self.save(step, state_fn())
+        self._barrier()
+        self.report(step, self._samples, state="finished", final=True)
+
+    # ------------------------------------------------------------ internals
+    def _barrier(self) -> None:
+        d = self._dist()
+        if d is not None:
+            d.barrier()
+
+    def _preempt_exit(self, step: int, state_fn: Callable[[], dict]) -> None:
+        t = time.monotonic()
+        info = self.save(step, state_fn()) if self.checkpoint_step != step else None
+        self._barrier()  # every rank waits until rank 0's checkpoint is durable
+        self.checkpoint_step = step
+        self.preempted = True
+        log.warning("preempted at step %d: checkpoint %s saved in %.2fs; exiting with %d",
+                    step, info.uri if info else "(already saved)", time.monotonic() - t, EXIT_PREEMPTED)
+        self.report(step, self._samples, state="preempted", final=True)
+        raise SystemExit(EXIT_PREEMPTED)
+
+    def _start_profiler(self) -> Any:
+        try:
+            from torch.profiler import ProfilerActivity, profile
+
+            p = profile(activities=[ProfilerActivity.CPU])
+            p.__enter__()
+            return p
+        except Exception as exc:
+            log.warning("torch.profiler unavailable: %s", exc)
+            return None
+
+    def _finish_profiler(self, prof: Any, wall_s: float) -> None:
+        try:
+            prof.__exit__(None, None, None)
+            self.comm_fraction = comm_fraction_from_events(list(prof.events()), wall_s * 1e6)
+            log.info("profiled %d steps: comm_fraction=%.3f", self.profile_steps, self.comm_fraction)
+        except Exception as exc:
+            log.warning("profiling failed: %s", exc)
+

@@ -1,0 +1,414 @@
+"""Checkpoint store: durable, checksummed, crash-safe job checkpoints.
+
+One interface, :class:`CheckpointStore`, two backends:
+
+* :class:`LocalFSStore` -- a directory on a (shared) filesystem, URL
+  ``/path``, ``file:///path``.
+* :class:`WebHDFSStore` -- HDFS through WebHDFS with the ``hdfs`` PyPI
+  package (``pip install rlsched[hdfs]``), URL ``hdfs://namenode:9870/path``
+  (the port is the NameNode *HTTP* port) or ``webhdfs://...``.
+
+Layout (both backends), per job key::
+
+    <root>/<job_key>/ckpt-<step:012d>.bin    checkpoint bytes
+    <root>/<job_key>/ckpt-<step:012d>.json   manifest: {job_key, step, sha256, size, created}
+
+Commit protocol: the data is written to a temporary name, made durable
+(fsync / HDFS close), and renamed into place; only then is the manifest
+written the same way. A checkpoint exists only once its manifest exists, and
+it is valid only if the data's SHA-256 matches the manifest. So a crash at
+any point leaves either the previous state or a complete checkpoint: never a
+checkpoint that loads as valid with wrong bytes. Readers skip (and report)
+corrupt checkpoints and fall back to older valid ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+import uuid
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import BinaryIO, Union
+from urllib.parse import urlparse
+
+log = logging.getLogger(__name__)
+
+Data = Union[bytes, bytearray, memoryview, BinaryIO, str, os.PathLike]
+
+_KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+_NAME_RE = re.compile(r"^ckpt-(\d{12})\.json$")
+_CHUNK = 1 << 20
+
+
+class StoreError(Exception):
+    """The store is unusable (bad URL, missing backend package, I/O failure)."""
+
+
+class CheckpointNotFound(StoreError, KeyError):
+    """No (valid) checkpoint for the requested job key / step."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else "checkpoint not found"
+
+
+class CheckpointCorrupt(StoreError):
+    """A checkpoint's data does not match its manifest checksum/size."""
+
+
+def validate_job_key(job_key: str) -> str:
+    """Return ``job_key`` if it is a safe path component, else raise ValueError."""
+    if not isinstance(job_key, str) or not _KEY_RE.match(job_key):
+        raise ValueError(
+            f"invalid job key {job_key!r}: need 1-128 chars of [A-Za-z0-9._-], not starting with '.' or '-'"
+        )
+    return job_key
+
+
+def _validate_step(step: int) -> int:
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0 or step >= 10**12:
+        raise ValueError(f"invalid checkpoint step {step!r}: need an int in [0, 1e12)")
+    return step
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """A committed checkpoint: ``size`` in bytes, ``created`` in Unix seconds."""
+
+    job_key: str
+    step: int
+    sha256: str
+    size: int
+    created: float
+    uri: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _data_name(step: int) -> str:
+    return f"ckpt-{step:012d}.bin"
+
+
+def _manifest_name(step: int) -> str:
+    return f"ckpt-{step:012d}.json"
+
+
+def _as_bytes(data: Data) -> bytes:
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return bytes(data)
+    if isinstance(data, (str, os.PathLike)):
+        return Path(data).read_bytes()
+    if hasattr(data, "read"):
+        return data.read()
+    raise TypeError(f"checkpoint data must be bytes, a binary file or a path, not {type(data).__name__}")
+
+
+class CheckpointStore(ABC):
+    """Abstract checkpoint store. Implementations provide the five primitives below."""
+
+    url: str
+
+    # -- primitives -------------------------------------------------------
+    @abstractmethod
+    def _write_atomic(self, relpath: str, data: bytes) -> None:
+        """Durably write ``data`` to ``relpath`` via temp file + rename."""
+
+    @abstractmethod
+    def _read(self, relpath: str) -> bytes: ...
+
+    @abstractmethod
+    def _listdir(self, relpath: str) -> list[str]:
+        """Names in a directory ([] if it does not exist)."""
+
+    @abstractmethod
+    def _delete(self, relpath: str) -> None: ...
+
+    @abstractmethod
+    def _uri(self, relpath: str) -> str: ...
+
+    # -- public API -------------------------------------------------------
+    def save(self, job_key: str, step: int, data: Data) -> CheckpointInfo:
+        """Commit a checkpoint for ``job_key`` at ``step`` (overwrites the same step)."""
+        validate_job_key(job_key)
+        _validate_step(step)
+        blob = _as_bytes(data)
+        digest = hashlib.sha256(blob).hexdigest()
+        self._write_atomic(f"{job_key}/{_data_name(step)}", blob)
+        info = CheckpointInfo(
+            job_key=job_key,
+            step=step,
+            sha256=digest,
+            size=len(blob),
+            created=time.time(),
+            uri=self._uri(f"{job_key}/{_data_name(step)}"),
+        )
+        manifest = json.dumps({k: v for k, v in info.to_dict().items() if k != "uri"}, sort_keys=True).encode()
+        self._write_atomic(f"{job_key}/{_manifest_name(step)}", manifest)
+        log.info("checkpoint saved job_key=%s step=%d size=%d sha256=%s", job_key, step, len(blob), digest[:12])
+        return info
+
+    def list(self, job_key: str) -> list[CheckpointInfo]:
+        """Committed checkpoints of ``job_key`` (manifest present and parseable), ascending step.
+
+        Data is not verified here; use :meth:`verify` / :meth:`latest`.
+        """
+        validate_job_key(job_key)
+        out: list[CheckpointInfo] = []
+        for name in self._listdir(job_key):
+            m = _NAME_RE.match(name)
+            if not m:
+                continue
+            step = int(m.group(1))
+            try:
+                meta = json.loads(self._read(f"{job_key}/{name}"))
+                info = CheckpointInfo(
+                    job_key=job_key,
+                    step=step,
+                    sha256=str(meta["sha256"]),
+                    size=int(meta["size"]),
+                    created=float(meta["created"]),
+                    uri=self._uri(f"{job_key}/{_data_name(step)}"),
+                )
+                if meta.get("step") != step or meta.get("job_key") != job_key:
+                    raise ValueError("manifest names another job/step")
+            except (ValueError, KeyError, TypeError, StoreError, OSError) as exc:
+                log.warning("ignoring unreadable manifest %s/%s: %s", job_key, name, exc)
+                continue
+            out.append(info)
+        return sorted(out, key=lambda i: i.step)
+
+    def jobs(self) -> list[str]:
+        """Job keys that have a directory in the store."""
+        return sorted(n for n in self._listdir("") if _KEY_RE.match(n))
+
+    def _load_info(self, info: CheckpointInfo) -> bytes:
+        try:
+            blob = self._read(f"{info.job_key}/{_data_name(info.step)}")
+        except (OSError, StoreError) as exc:
+            raise CheckpointCorrupt(f"{info.uri}: data unreadable: {exc}") from None
+        if len(blob) != info.size or hashlib.sha256(blob).hexdigest() != info.sha256:
+            raise CheckpointCorrupt(f"{info.uri}: checksum/size mismatch (manifest size {info.size}, got {len(blob)})")
+        return blob
+
+    def verify(self, info: CheckpointInfo) -> bool:
+        """True if the checkpoint's data matches its manifest."""
+        try:
+            self._load_info(info)
+            return True
+        except CheckpointCorrupt as exc:
+            log.warning("corrupt checkpoint: %s", exc)
+            return False
+
+    def latest(self, job_key: str, verify: bool = True) -> CheckpointInfo | None:
+        """Newest committed checkpoint (whose data verifies, if ``verify``), or None."""
+        for info in reversed(self.list(job_key)):
+            if not verify or self.verify(info):
+                return info
+        return None
+
+    def load(self, job_key: str, step: int | None = None) -> tuple[CheckpointInfo, bytes]:
+        """Bytes of checkpoint ``step`` (default: newest valid one), verified.
+
+        Raises CheckpointNotFound if there is none, CheckpointCorrupt if the
+        requested step exists but fails verification.
+        """
+        infos = self.list(job_key)
+        if step is not None:
+            for info in infos:
+                if info.step == step:
+                    return info, self._load_info(info)
+            raise CheckpointNotFound(f"no checkpoint for job {job_key!r} at step {step} in {self.url}")
+        for info in reversed(infos):
+            try:
+                return info, self._load_info(info)
+            except CheckpointCorrupt as exc:
+                log.warning("skipping corrupt checkpoint: %s", exc)
+        raise CheckpointNotFound(f"no valid checkpoint for job {job_key!r} in {self.url}")
+
+    def prune(self, job_key: str, keep: int = 2) -> list[int]:
+        """Delete all but the newest ``keep`` valid checkpoints; returns deleted steps."""
+        if keep < 1:
+            raise ValueError("keep must be >= 1")
+        infos = self.list(job_key)
+        valid = [i for i in infos if self.verify(i)]
+        keep_steps = {i.step for i in valid[-keep:]}
+        deleted = []
+        for info in infos:
+            if info.step in keep_steps:
+                continue
+            # manifest first: the checkpoint disappears atomically from readers' view
+            self._delete(f"{job_key}/{_manifest_name(info.step)}")
+            self._delete(f"{job_key}/{_data_name(info.step)}")
+            deleted.append(info.step)
+        return deleted
+
+
+# ------------------------------------------------------------------ local FS
+
+
+class LocalFSStore(CheckpointStore):
+    """Checkpoints in a local or shared (NFS/Lustre/...) directory."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root).resolve()
+        self.url = str(self.root)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create checkpoint store directory {self.root}: {exc}") from None
+
+    def _path(self, relpath: str) -> Path:
+        return self.root / relpath if relpath else self.root
+
+    def _write_atomic(self, relpath: str, data: bytes) -> None:
+        final = self._path(relpath)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                view = memoryview(data)
+                for off in range(0, len(view), _CHUNK):
+                    f.write(view[off : off + _CHUNK])
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        dfd = os.open(final.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    def _read(self, relpath: str) -> bytes:
+        return self._path(relpath).read_bytes()
+
+    def _listdir(self, relpath: str) -> list[str]:
+        try:
+            return os.listdir(self._path(relpath))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def _delete(self, relpath: str) -> None:
+        self._path(relpath).unlink(missing_ok=True)
+
+    def _uri(self, relpath: str) -> str:
+        return self._path(relpath).as_uri()
+
+    def clean_temp(self, job_key: str, older_than_s: float = 3600.0) -> int:
+        """Remove leftover temp files of crashed writers; returns how many."""
+        d = self._path(validate_job_key(job_key))
+        n = 0
+        now = time.time()
+        for p in d.glob(".ckpt-*.tmp-*") if d.is_dir() else []:
+            if now - p.stat().st_mtime > older_than_s:
+                p.unlink(missing_ok=True)
+                n += 1
+        return n
+
+
+# ------------------------------------------------------------------- WebHDFS
+
+
+class WebHDFSStore(CheckpointStore):
+    """Checkpoints in HDFS over WebHDFS (``hdfs`` package, imported lazily).
+
+    ``url``: ``hdfs://namenode:9870/base/path`` or ``webhdfs://...``; the
+    HDFS user is ``$HADOOP_USER_NAME`` (default: the current user). HDFS
+    rename is atomic and a file's contents are durable once its ``create``
+    completes (the client closes the output stream), so the same
+    temp + rename + manifest protocol gives crash safety.
+    """
+
+    def __init__(self, url: str, user: str | None = None, timeout_s: float = 30.0) -> None:
+        try:
+            from hdfs import InsecureClient  # type: ignore[import-not-found]
+        except ImportError:
+            raise StoreError(
+                f"checkpoint store {url!r} needs the 'hdfs' package: pip install 'rlsched[hdfs]'"
+            ) from None
+        u = urlparse(url)
+        if u.scheme not in ("hdfs", "webhdfs") or not u.hostname:
+            raise StoreError(f"bad WebHDFS URL {url!r}: expected hdfs://namenode:port/path")
+        port = u.port or 9870
+        self.url = url
+        self.base = "/" + u.path.strip("/") if u.path.strip("/") else "/"
+        self._http = f"http://{u.hostname}:{port}"
+        user = user or os.environ.get("HADOOP_USER_NAME") or _current_user()
+        self._client = InsecureClient(self._http, user=user, timeout=timeout_s)
+        try:
+            self._client.makedirs(self.base)
+        except Exception as exc:  # hdfs raises HdfsError / requests errors
+            raise StoreError(f"cannot use WebHDFS store {url}: {exc}") from None
+
+    def _p(self, relpath: str) -> str:
+        return f"{self.base.rstrip('/')}/{relpath}" if relpath else self.base
+
+    def _write_atomic(self, relpath: str, data: bytes) -> None:
+        final = self._p(relpath)
+        parent, _, name = final.rpartition("/")
+        tmp = f"{parent}/.{name}.tmp-{uuid.uuid4().hex}"
+        try:
+            self._client.write(tmp, data=data, overwrite=False)
+            try:
+                self._client.delete(final)  # WebHDFS RENAME does not overwrite
+            except Exception:
+                pass
+            self._client.rename(tmp, final)
+        except Exception as exc:
+            try:
+                self._client.delete(tmp)
+            except Exception:
+                pass
+            raise StoreError(f"WebHDFS write of {final} failed: {exc}") from None
+
+    def _read(self, relpath: str) -> bytes:
+        try:
+            with self._client.read(self._p(relpath)) as r:
+                return r.read()
+        except Exception as exc:
+            raise StoreError(f"WebHDFS read of {self._p(relpath)} failed: {exc}") from None
+
+    def _listdir(self, relpath: str) -> list[str]:
+        try:
+            return list(self._client.list(self._p(relpath)))
+        except Exception:
+            return []
+
+    def _delete(self, relpath: str) -> None:
+        try:
+            self._client.delete(self._p(relpath))
+        except Exception as exc:
+            raise StoreError(f"WebHDFS delete of {self._p(relpath)} failed: {exc}") from None
+
+    def _uri(self, relpath: str) -> str:
+        u = urlparse(self.url)
+        return f"{u.scheme}://{u.netloc}{self._p(relpath)}"
+
+
+def _current_user() -> str:
+    import pwd
+
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
+def open_store(url: str) -> CheckpointStore:
+    """Open a store from a URL: a path or ``file://`` (LocalFSStore), ``hdfs://``/``webhdfs://`` (WebHDFSStore)."""
+    if not url:
+        raise StoreError("empty checkpoint store URL")
+    u = urlparse(url)
+    if u.scheme in ("hdfs", "webhdfs"):
+        return WebHDFSStore(url)
+    if u.scheme == "file":
+        return LocalFSStore(u.path)
+    if u.scheme == "" or len(u.scheme) == 1:  # plain path (or a Windows drive letter)
+        return LocalFSStore(url)
+    raise StoreError(f"unsupported checkpoint store URL {url!r}: use a path, file://, or hdfs://")

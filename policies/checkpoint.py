@@ -1,0 +1,305 @@
+"""RL policy checkpoints: safetensors weights plus JSON metadata. Never unpickles.
+
+A checkpoint is two files side by side::
+
+    NAME.safetensors   the policy network's tensors (float32)
+    NAME.json          metadata (below), including the sha256 of NAME.safetensors
+
+Metadata fields (all required unless marked)::
+
+    format            "rlsched-policy"
+    format_version    1
+    project_version   rlsched version that wrote it
+    algo              maskable-ppo | ppo | a2c | dqn
+    mode              default policy mode: rl-base | rl-hybrid
+    cluster           ClusterSpec.to_dict() of the training cluster
+    obs_spec          ObsSpec.to_dict() (shape, K, levels, encoding version)
+    network           {"kind": "mlp", "layers": [prefix, ...], "activation": "tanh"|"relu"}
+                      layer i computes act(x @ W_i.T + b_i) from tensors
+                      "<prefix>.weight" / "<prefix>.bias"; the last has no activation
+                      and outputs one logit (or Q-value) per action
+    reward            {"kind": "jct"|"seed", "w1": float, "w2": float}
+    training          free-form: traces, timesteps, seed, command, evaluation (optional content)
+    weights_file      file name of the weights, relative to the JSON
+    weights_sha256    hex sha256 of the weights file
+
+:func:`load_checkpoint` checks everything (files present, JSON well formed,
+hash, tensor shapes chaining from the observation size to the action count)
+and raises :class:`CheckpointError` naming the file and the problem.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from policies.base import PolicyError
+from policies.cluster import ClusterSpec
+from policies.encoding import EncodingError, ObsSpec
+
+__all__ = ["CheckpointError", "Checkpoint", "MLPNet", "load_checkpoint", "save_checkpoint", "resolve_paths", "FORMAT"]
+
+FORMAT = "rlsched-policy"
+FORMAT_VERSION = 1
+ALGOS = ("maskable-ppo", "ppo", "a2c", "dqn")
+MODES = ("rl-base", "rl-hybrid")
+_MAX_JSON = 1 << 20
+
+
+class CheckpointError(PolicyError):
+    """A checkpoint that cannot be used (missing, corrupt, tampered, wrong shape)."""
+
+
+class MLPNet:
+    """A plain MLP evaluated with numpy (no torch needed at inference).
+
+    :param weights: ``[(W, b), ...]`` with ``W`` of shape ``(out, in)``.
+    :param activation: ``"tanh"`` or ``"relu"`` between layers.
+    """
+
+    def __init__(self, weights: list[tuple[np.ndarray, np.ndarray]], activation: str = "tanh") -> None:
+        if activation not in ("tanh", "relu"):
+            raise ValueError(f"unknown activation {activation!r}")
+        self.layers = [(np.ascontiguousarray(W.T, dtype=np.float32), b.astype(np.float32)) for W, b in weights]
+        self.activation = activation
+
+    @property
+    def in_features(self) -> int:
+        return self.layers[0][0].shape[0]
+
+    @property
+    def out_features(self) -> int:
+        return self.layers[-1][0].shape[1]
+
+    def logits(self, obs: np.ndarray) -> np.ndarray:
+        """``obs`` of any shape with ``in_features`` elements -> float32 ``[out_features]``."""
+        x = obs.reshape(-1).astype(np.float32, copy=False)
+        last = len(self.layers) - 1
+        for i, (W, b) in enumerate(self.layers):
+            x = x @ W + b
+            if i < last:
+                x = np.tanh(x) if self.activation == "tanh" else np.maximum(x, 0.0)
+        return x
+
+    def act(self, obs: np.ndarray, mask: np.ndarray, deterministic: bool = True, rng: np.random.Generator | None = None) -> int:
+        """Best valid action (argmax of masked logits; lowest index on ties), or a sample."""
+        z = self.logits(obs).astype(np.float64)
+        z = np.where(mask, z, -np.inf)
+        if deterministic or rng is None:
+            return int(np.argmax(z))
+        z = z - z.max()
+        p = np.exp(z)
+        p /= p.sum()
+        return int(rng.choice(len(p), p=p))
+
+
+@dataclass
+class Checkpoint:
+    """A loaded checkpoint: metadata, the network and the paths it came from."""
+
+    meta: dict[str, Any]
+    net: MLPNet
+    spec: ObsSpec
+    cluster: ClusterSpec
+    json_path: Path
+    weights_path: Path
+
+    @property
+    def mode(self) -> str:
+        return str(self.meta["mode"])
+
+    def check_cluster(self, cluster: ClusterSpec) -> None:
+        try:
+            self.spec.check_cluster(cluster)
+        except EncodingError as exc:
+            raise CheckpointError(f"{self.json_path}: {exc}") from exc
+
+
+def resolve_paths(path: str | Path) -> tuple[Path, Path | None]:
+    """``NAME``, ``NAME.json`` or ``NAME.safetensors`` -> (json path, weights path from the JSON later)."""
+    p = Path(path)
+    if p.suffix == ".safetensors":
+        p = p.with_suffix(".json")
+    elif p.suffix != ".json":
+        p = p.with_name(p.name + ".json")
+    return p, None
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _require(meta: Mapping, key: str, typ: type | tuple, where: Path) -> Any:
+    if key not in meta:
+        raise CheckpointError(f"{where}: metadata field {key!r} is missing")
+    v = meta[key]
+    if not isinstance(v, typ):
+        raise CheckpointError(f"{where}: metadata field {key!r} has type {type(v).__name__}")
+    return v
+
+
+def load_checkpoint(path: str | Path) -> Checkpoint:
+    """Load and fully validate a checkpoint (see module docstring). Never unpickles."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load as st_load
+
+    jpath, _ = resolve_paths(path)
+    if not jpath.is_file():
+        raise CheckpointError(f"{jpath}: checkpoint metadata not found (expected NAME.json beside NAME.safetensors)")
+    if jpath.stat().st_size > _MAX_JSON:
+        raise CheckpointError(f"{jpath}: metadata is larger than {_MAX_JSON} bytes")
+    try:
+        meta = json.loads(jpath.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{jpath}: metadata is not valid JSON: {exc}") from exc
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{jpath}: metadata must be a JSON object")
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{jpath}: not an rlsched policy checkpoint (format={meta.get('format')!r})")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{jpath}: unsupported format_version {meta.get('format_version')!r} (expected {FORMAT_VERSION})")
+    algo = _require(meta, "algo", str, jpath)
+    if algo not in ALGOS:
+        raise CheckpointError(f"{jpath}: unknown algo {algo!r}")
+    mode = _require(meta, "mode", str, jpath)
+    if mode not in MODES:
+        raise CheckpointError(f"{jpath}: unknown mode {mode!r}; expected one of {', '.join(MODES)}")
+    _require(meta, "project_version", str, jpath)
+    _require(meta, "reward", dict, jpath)
+    _require(meta, "training", dict, jpath)
+    try:
+        cluster = _cluster_from_dict(_require(meta, "cluster", dict, jpath))
+        spec = ObsSpec.from_dict(_require(meta, "obs_spec", dict, jpath))
+        spec.check_cluster(cluster)
+    except (EncodingError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{jpath}: bad cluster / obs_spec metadata: {exc}") from exc
+    net_meta = _require(meta, "network", dict, jpath)
+    if net_meta.get("kind") != "mlp":
+        raise CheckpointError(f"{jpath}: network kind {net_meta.get('kind')!r} is not supported (expected 'mlp')")
+    layers = net_meta.get("layers")
+    if not isinstance(layers, list) or not layers or not all(isinstance(x, str) for x in layers):
+        raise CheckpointError(f"{jpath}: network.layers must be a non-empty list of tensor name prefixes")
+    activation = net_meta.get("activation")
+    if activation not in ("tanh", "relu"):
+        raise CheckpointError(f"{jpath}: network.activation must be 'tanh' or 'relu', got {activation!r}")
+    wname = _require(meta, "weights_file", str, jpath)
+    if "/" in wname or "\\" in wname or wname in ("", ".", ".."):
+        raise CheckpointError(f"{jpath}: weights_file must be a plain file name, got {wname!r}")
+    wpath = jpath.with_name(wname)
+    if not wpath.is_file():
+        raise CheckpointError(f"{wpath}: checkpoint weights not found")
+    want = _require(meta, "weights_sha256", str, jpath).lower()
+    got = _sha256(wpath)
+    if got != want:
+        raise CheckpointError(
+            f"{wpath}: sha256 {got[:16]}... does not match the metadata's {want[:16]}...; the weights are truncated or were modified"
+        )
+    try:
+        tensors = st_load(wpath.read_bytes())
+    except (SafetensorError, ValueError, OSError) as exc:
+        raise CheckpointError(f"{wpath}: not a readable safetensors file: {exc}") from exc
+    weights = []
+    n_in = int(np.prod(spec.shape))
+    for i, prefix in enumerate(layers):
+        W, b = tensors.get(prefix + ".weight"), tensors.get(prefix + ".bias")
+        if W is None or b is None:
+            raise CheckpointError(f"{wpath}: tensors {prefix}.weight / {prefix}.bias missing")
+        if W.ndim != 2 or b.shape != (W.shape[0],) or W.shape[1] != n_in:
+            raise CheckpointError(
+                f"{wpath}: layer {prefix} has shape {tuple(W.shape)} / {tuple(b.shape)}, expected (*, {n_in}) with matching bias"
+            )
+        if not (np.isfinite(W).all() and np.isfinite(b).all()):
+            raise CheckpointError(f"{wpath}: layer {prefix} holds non-finite values")
+        weights.append((W, b))
+        n_in = W.shape[0]
+    if n_in != spec.n_actions:
+        raise CheckpointError(f"{wpath}: network outputs {n_in} values but the action space has {spec.n_actions}")
+    return Checkpoint(meta, MLPNet(weights, activation), spec, cluster, jpath, wpath)
+
+
+def _cluster_from_dict(d: Mapping) -> ClusterSpec:
+    from policies.cluster import NodeSpec
+
+    nodes = tuple(NodeSpec(str(n["name"]), int(n["gpus"])) for n in d["nodes"])
+    return ClusterSpec(nodes, float(d.get("intra_bw_gbps", 16.0)), float(d.get("inter_bw_gbps", 5.0)))
+
+
+def save_checkpoint(
+    path: str | Path,
+    tensors: Mapping[str, np.ndarray],
+    *,
+    algo: str,
+    mode: str,
+    cluster: ClusterSpec,
+    spec: ObsSpec,
+    layers: list[str],
+    activation: str,
+    reward: Mapping[str, Any],
+    training: Mapping[str, Any],
+) -> Path:
+    """Write ``NAME.safetensors`` + ``NAME.json`` atomically; returns the JSON path.
+
+    ``tensors`` may hold more than the inference layers (e.g. the value head,
+    used to resume training); only ``layers`` are read at inference.
+    """
+    from safetensors.numpy import save as st_save
+
+    from rlsched import __version__
+
+    if algo not in ALGOS:
+        raise ValueError(f"unknown algo {algo!r}")
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}")
+    jpath, _ = resolve_paths(path)
+    jpath.parent.mkdir(parents=True, exist_ok=True)
+    wpath = jpath.with_suffix(".safetensors")
+    data = st_save({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()})
+    meta = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "project_version": __version__,
+        "algo": algo,
+        "mode": mode,
+        "cluster": cluster.to_dict(),
+        "cluster_shape": cluster.describe(),
+        "obs_spec": spec.to_dict(),
+        "network": {"kind": "mlp", "layers": list(layers), "activation": activation},
+        "reward": dict(reward),
+        "training": dict(training),
+        "weights_file": wpath.name,
+        "weights_sha256": hashlib.sha256(data).hexdigest(),
+    }
+    for target, payload in ((wpath, data), (jpath, (json.dumps(meta, indent=2, default=_json_default) + "\n").encode())):
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(payload)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    return jpath
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        f = float(o)
+        return f if math.isfinite(f) else None
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")

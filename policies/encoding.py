@@ -1,0 +1,393 @@
+"""Observation encoder and action decoder of the RL policies (the only ones).
+
+Both the Gymnasium environment (:mod:`trainer.env`) and the deployed policies
+(:mod:`policies.rl`, called by the simulator and by the Slurm controller on a
+Slurm-built :class:`~policies.state.ClusterState`) use :class:`Encoder`, so
+training and serving see exactly the same tensors.
+
+Observation
+-----------
+A float32 tensor of shape ``(C, N, 2 * G)``: ``N`` nodes, ``G`` = the largest
+GPU count of a node, ``C`` channels. It generalises the seed's two-half
+``<nodes, 2 x GPUs per node>`` picture: the *left half* (columns ``0..G-1``)
+shows what runs on every GPU slot, the *right half* (columns ``G..2G-1``) the
+candidate jobs and where each of their placement options would put them.
+
+Left half, one cell per GPU slot ``(node v, slot g)``; running jobs fill a
+node's slots from ``g = 0`` in job-id order, free slots follow:
+
+=====  =========================================================================
+ch     meaning (0 where the slot is free unless stated)
+=====  =========================================================================
+0      slot exists (1 for ``g < gpus[v]``; heterogeneous nodes have fewer)
+1      slot occupied
+2      occupant's network bandwidth (Table I) / link bandwidth, clipped to 1
+3      occupant's comm/comp ratio r as r / (1 + r)
+4      occupant's remaining isolated time, ``log1p(t / 1 h) / log1p(64)`` clipped to 1
+5      occupant's current slowdown ``CS - 1``, clipped to 1
+6      occupant spans several nodes
+7      occupant's GPU demand, ``log2(1 + G_job) / log2(1 + total GPUs)``
+8      queue length ``log1p(pending) / log1p(256)``, clipped, on every existing slot
+=====  =========================================================================
+
+Right half: ``K`` candidates (see :meth:`Encoder.candidates`) times ``S``
+placement options each. Channel ``k * S + s`` holds, on the free slots that
+option ``s`` of candidate ``k`` would take, the job's predicted normalised
+speed there, ``isolated(shape) / CS / best_isolated`` in ``(0, 1]`` (locality
+and contention in one number), and 0 elsewhere; an infeasible option is all 0.
+Channels ``K * S + 4 k + (0..3)`` broadcast candidate ``k``'s bandwidth, comm
+ratio, remaining time and demand (same normalisations as channels 2, 3, 4, 7)
+over the existing right-half slots. ``C = max(9, K * S + 4 K)``.
+
+Candidates: pending jobs are grouped by GPU demand; each group is represented
+by its job with the shortest estimated remaining time (SRTF key, ties by
+submit time then id); groups are ordered by the representative's remaining
+GPU-time (remaining time x demand) and the first ``K`` are the candidates.
+So candidate 0 is what a "shortest remaining GPU-area first" rule would run,
+and every SRTF head of a demand class is visible.
+
+Options ``s = 0..L-1`` are *balanced* placements over ``n = 2^s`` nodes
+(``ceil(G_job / n)`` GPUs on each, the last fewer), nodes taken least
+network-loaded first (fewest multi-node jobs), then best fit (fewest free
+GPUs), then index; option ``s = L`` is SCED2 packing (:func:`policies.placement.pack`),
+which also covers uneven shapes. ``L = min(4, floor(log2 N) + 1)``, so
+``S = L + 1``.
+
+Action
+------
+``Discrete(K * S + 1)``: action ``a < K * S`` starts candidate ``a // S`` on
+option ``a % S``; action ``K * S`` ("nothing") schedules nothing more this
+round. :meth:`Encoded.mask` marks the valid ones; "nothing" is invalid only when
+no job runs and some placement is valid (holding an idle cluster can never
+help and would deadlock a trace whose jobs all arrived).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from policies.cluster import ClusterSpec, Placement
+from policies.perf import ContentionModel, JobKey
+from policies.placement import pack
+from policies.state import ClusterState, JobInfo
+from policies.workloads import get_workload
+
+__all__ = ["ObsSpec", "Encoded", "Encoder", "EncodingError", "apply_placement", "LEFT_CHANNELS", "CAND_FEATURES"]
+
+LEFT_CHANNELS = 9
+CAND_FEATURES = 4
+_HOUR = 3600.0
+_REM_NORM = math.log1p(64.0)
+_QUEUE_NORM = math.log1p(256.0)
+
+
+class EncodingError(ValueError):
+    """The encoder's spec does not fit the cluster it is used on."""
+
+
+@dataclass(frozen=True)
+class ObsSpec:
+    """Static shape of observations and actions for one cluster shape.
+
+    :param num_nodes: ``N``.
+    :param gpus_per_node: ``G``, the largest node's GPU count.
+    :param total_gpus: GPUs of the cluster (normalises demands).
+    :param k: candidate jobs.
+    :param levels: balanced options per candidate (``n = 1, 2, 4, ...`` nodes).
+    :param version: encoding version; bumped on any change of meaning.
+    """
+
+    num_nodes: int
+    gpus_per_node: int
+    total_gpus: int
+    k: int = 4
+    levels: int = 3
+    version: int = 1
+
+    @classmethod
+    def for_cluster(cls, cluster: ClusterSpec, k: int = 4) -> "ObsSpec":
+        levels = min(4, int(math.floor(math.log2(cluster.num_nodes))) + 1)
+        return cls(cluster.num_nodes, cluster.max_gpus_per_node, cluster.total_gpus, k, levels)
+
+    @property
+    def options(self) -> int:
+        """``S``: placement options per candidate."""
+        return self.levels + 1
+
+    @property
+    def n_actions(self) -> int:
+        return self.k * self.options + 1
+
+    @property
+    def noop(self) -> int:
+        """Index of the "schedule nothing" action."""
+        return self.k * self.options
+
+    @property
+    def channels(self) -> int:
+        return max(LEFT_CHANNELS, self.k * self.options + CAND_FEATURES * self.k)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.channels, self.num_nodes, 2 * self.gpus_per_node)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["shape"] = list(self.shape)
+        d["n_actions"] = self.n_actions
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ObsSpec":
+        try:
+            spec = cls(
+                int(d["num_nodes"]), int(d["gpus_per_node"]), int(d["total_gpus"]),
+                int(d["k"]), int(d["levels"]), int(d["version"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise EncodingError(f"bad observation spec {d!r}: {exc}") from exc
+        if "shape" in d and list(d["shape"]) != list(spec.shape):
+            raise EncodingError(f"observation spec shape {d['shape']} disagrees with its fields {list(spec.shape)}")
+        return spec
+
+    def check_cluster(self, cluster: ClusterSpec) -> None:
+        """Raise :class:`EncodingError` unless this spec was made for ``cluster``'s shape."""
+        other = ObsSpec.for_cluster(cluster, self.k)
+        mine = (self.num_nodes, self.gpus_per_node, self.total_gpus, self.levels)
+        theirs = (other.num_nodes, other.gpus_per_node, other.total_gpus, other.levels)
+        if mine != theirs:
+            raise EncodingError(
+                f"policy was trained for a {self.num_nodes}x{self.gpus_per_node} cluster "
+                f"({self.total_gpus} GPUs) but the cluster is {cluster.describe()} "
+                f"({cluster.num_nodes} nodes, {cluster.total_gpus} GPUs); train or pick a checkpoint for this shape"
+            )
+
+
+@dataclass
+class Encoded:
+    """One encoded state: the observation, the valid-action mask and what the actions mean.
+
+    :param obs: float32 ``spec.shape``.
+    :param mask: bool ``[spec.n_actions]``.
+    :param candidates: the ``<= K`` candidate jobs, in action order.
+    :param options: ``options[k][s]``: placement of option ``s`` of candidate ``k`` or ``None``.
+    """
+
+    obs: np.ndarray
+    mask: np.ndarray
+    candidates: list[JobInfo]
+    options: list[list[Placement | None]]
+    spec: ObsSpec = field(repr=False, default=None)  # type: ignore[assignment]
+
+    @property
+    def any_placement(self) -> bool:
+        return bool(self.mask[:-1].any())
+
+    def decode(self, action: int) -> tuple[str, Placement] | None:
+        """Action index -> ``(job_id, placement)``, or ``None`` for "nothing".
+
+        Raises :class:`ValueError` for an out-of-range or masked action.
+        """
+        a = int(action)
+        if a < 0 or a >= len(self.mask):
+            raise ValueError(f"action {a} out of range [0, {len(self.mask)})")
+        if not self.mask[a]:
+            raise ValueError(f"action {a} is not valid in this state")
+        if a == len(self.mask) - 1:
+            return None
+        S = self.spec.options
+        k, s = divmod(a, S)
+        p = self.options[k][s]
+        assert p is not None
+        return self.candidates[k].job_id, p
+
+
+def _bw(model: str, link_mbps: float) -> float:
+    return min(get_workload(model).bandwidth_mbps / link_mbps, 1.0)
+
+
+def _cc(model: str) -> float:
+    r = get_workload(model).comm_comp
+    return r / (1.0 + r)
+
+
+def _rem(job: JobInfo) -> float:
+    return min(math.log1p(max(job.remaining_time, 0.0) / _HOUR) / _REM_NORM, 1.0)
+
+
+class Encoder:
+    """Build observations and masks from a :class:`ClusterState`.
+
+    :param cluster: the cluster the policy runs on.
+    :param perf: performance model used to predict options' speeds.
+    :param spec: observation spec; defaults to :meth:`ObsSpec.for_cluster`.
+        A spec from a checkpoint is checked against ``cluster``.
+    """
+
+    def __init__(self, cluster: ClusterSpec, perf: ContentionModel, spec: ObsSpec | None = None) -> None:
+        self.cluster = cluster
+        self.perf = perf
+        self.spec = spec or ObsSpec.for_cluster(cluster)
+        self.spec.check_cluster(cluster)
+        self._link = cluster.inter_bw_gbps * 1000.0
+        self._caps = np.array(cluster.gpus_per_node, dtype=np.int64)
+        self._logtot = math.log2(1 + cluster.total_gpus)
+        N, G = self.spec.num_nodes, self.spec.gpus_per_node
+        self._exists = (np.arange(G)[None, :] < self._caps[:, None]).astype(np.float32)  # [N, G]
+
+    # ------------------------------------------------------------------ candidates
+    def candidates(self, pending: Sequence[JobInfo]) -> list[JobInfo]:
+        """The ``<= K`` candidate jobs (see module docstring)."""
+        best: dict[int, JobInfo] = {}
+        for j in pending:
+            cur = best.get(j.gpu_demand)
+            if cur is None or (j.remaining_time, j.submit_time, j.job_id) < (cur.remaining_time, cur.submit_time, cur.job_id):
+                best[j.gpu_demand] = j
+        reps = sorted(best.values(), key=lambda j: (j.remaining_time * j.gpu_demand, j.gpu_demand, j.submit_time, j.job_id))
+        return reps[: self.spec.k]
+
+    def _options(self, job: JobInfo, free: np.ndarray, order: np.ndarray) -> list[Placement | None]:
+        out: list[Placement | None] = []
+        g = job.gpu_demand
+        for lvl in range(self.spec.levels):
+            n = 1 << lvl
+            per = math.ceil(g / n)
+            if n > g or (n - 1) * per >= g:
+                out.append(None)
+                continue
+            chosen = [int(i) for i in order if free[i] >= per][:n]
+            if len(chosen) < n:
+                out.append(None)
+                continue
+            alloc: dict[int, int] = {}
+            left = g
+            for i in chosen:
+                take = min(per, left)
+                alloc[i] = take
+                left -= take
+            out.append(Placement.of(alloc))
+        out.append(pack(job, free) if g <= int(free.sum()) else None)
+        return out
+
+    def predicted_speed(self, job: JobInfo, p: Placement, multi_keys: list[list[JobKey]]) -> float:
+        """``isolated(shape) / CS / best_isolated`` of ``job`` on ``p`` given multi-node neighbours per node."""
+        perf = self.perf
+        iso = perf.isolated_throughput(job.model, p.total_gpus, p.num_nodes)
+        if p.num_nodes > 1:
+            key = (job.model, p.total_gpus, p.num_nodes)
+            cs = perf.job_cs(key, p.nodes, {v: multi_keys[v] for v in p.nodes})
+        else:
+            cs = 1.0
+        best = perf.best_isolated_throughput(job.model, job.gpu_demand)
+        return float(min(iso / cs / max(best, 1e-12), 1.0))
+
+    # ------------------------------------------------------------------ encode
+    def encode(self, state: ClusterState) -> Encoded:
+        spec = self.spec
+        N, G = spec.num_nodes, spec.gpus_per_node
+        if len(state.free_gpus) != N:
+            raise EncodingError(f"state has {len(state.free_gpus)} nodes, the encoder expects {N}")
+        obs = np.zeros(spec.shape, dtype=np.float32)
+        free = np.asarray(state.free_gpus, dtype=np.int64)
+        used = np.zeros(N, dtype=np.int64)
+        multi_load = np.zeros(N, dtype=np.int64)
+        multi_keys: list[list[JobKey]] = [[] for _ in range(N)]
+        left = obs[:, :, :G]
+        left[0] = self._exists
+        for j in sorted(state.running, key=lambda x: x.job_id):
+            p = j.placement
+            if p is None:
+                continue
+            multi = p.num_nodes > 1
+            feats = (
+                1.0,
+                _bw(j.model, self._link),
+                _cc(j.model),
+                _rem(j),
+                min(max(j.cs - 1.0, 0.0), 1.0),
+                1.0 if multi else 0.0,
+                math.log2(1 + j.gpu_demand) / self._logtot,
+            )
+            for v, c in p.alloc:
+                a, b = int(used[v]), min(int(used[v]) + c, G)
+                if b > a:
+                    left[1:8, v, a:b] = np.asarray(feats, dtype=np.float32)[:, None]
+                used[v] += c
+                if multi:
+                    multi_load[v] += 1
+                    multi_keys[v].append((j.model, p.total_gpus, p.num_nodes))
+        q = min(math.log1p(len(state.pending)) / _QUEUE_NORM, 1.0)
+        left[8] = self._exists * q
+
+        cands = self.candidates(state.pending)
+        order = np.lexsort((np.arange(N), free, multi_load))  # least loaded, best fit, index
+        S = spec.options
+        mask = np.zeros(spec.n_actions, dtype=bool)
+        options: list[list[Placement | None]] = []
+        right = obs[:, :, G:]
+        base = spec.k * S
+        for k, job in enumerate(cands):
+            opts = self._options(job, free, order)
+            options.append(opts)
+            for s, p in enumerate(opts):
+                if p is None:
+                    continue
+                mask[k * S + s] = True
+                speed = self.predicted_speed(job, p, multi_keys)
+                ch = right[k * S + s]
+                for v, c in p.alloc:
+                    a, b = int(used[v]), min(int(used[v]) + c, G)
+                    ch[v, a:b] = speed
+            cf = (_bw(job.model, self._link), _cc(job.model), _rem(job), math.log2(1 + job.gpu_demand) / self._logtot)
+            for i, val in enumerate(cf):
+                right[base + CAND_FEATURES * k + i] = self._exists * val
+        any_place = bool(mask[:-1].any())
+        mask[spec.noop] = bool(state.running) or not any_place
+        return Encoded(obs, mask, cands, options, spec)
+
+
+def apply_placement(state: ClusterState, job_id: str, p: Placement, perf: ContentionModel) -> ClusterState:
+    """The state after starting pending job ``job_id`` on ``p`` (a new object; ``state`` is untouched).
+
+    Updates free GPUs, moves the job to running with its isolated / achieved
+    throughput, and recomputes the achieved throughput of multi-node
+    neighbours whose contention changes. Used by the RL policies to take
+    several decisions in one round.
+    """
+    free = np.asarray(state.free_gpus, dtype=np.int64).copy()
+    if not p.fits(free):
+        raise ValueError(f"placement {p} of job {job_id} does not fit free GPUs {free.tolist()}")
+    job = next((j for j in state.pending if j.job_id == job_id), None)
+    if job is None:
+        raise ValueError(f"job {job_id} is not pending")
+    for v, c in p.alloc:
+        free[v] -= c
+    iso = perf.isolated_throughput(job.model, p.total_gpus, p.num_nodes)
+    new = JobInfo(**{**job.__dict__, "placement": p, "isolated_thp": iso, "achieved_thp": iso, "start_time": state.time})
+    running = list(state.running) + [new]
+    if p.num_nodes > 1:
+        by_node: dict[int, list[JobInfo]] = {}
+        for j in running:
+            if j.placement is not None and j.placement.num_nodes > 1:
+                for v in j.placement.nodes:
+                    by_node.setdefault(v, []).append(j)
+        touched = {j.job_id for v in p.nodes for j in by_node.get(v, [])}
+        out = []
+        for j in running:
+            if j.job_id in touched:
+                key = (j.model, j.placement.total_gpus, j.placement.num_nodes)
+                neigh = {
+                    v: [(o.model, o.placement.total_gpus, o.placement.num_nodes) for o in by_node.get(v, []) if o.job_id != j.job_id]
+                    for v in j.placement.nodes
+                }
+                cs = perf.job_cs(key, j.placement.nodes, neigh)
+                iso_j = j.isolated_thp or perf.isolated_throughput(j.model, j.placement.total_gpus, j.placement.num_nodes)
+                j = JobInfo(**{**j.__dict__, "isolated_thp": iso_j, "achieved_thp": iso_j / cs})
+            out.append(j)
+        running = out
+    pending = [j for j in state.pending if j.job_id != job_id]
+    return ClusterState(state.time, state.cluster, free, running, pending)

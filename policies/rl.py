@@ -1,0 +1,155 @@
+"""RL placement policies for the simulator and the Slurm controller.
+
+* ``rl-base`` acts only on the network's choices: each round it encodes the
+  state (:mod:`policies.encoding`), takes the best valid action, applies it to
+  a local copy of the state and repeats until the network chooses "nothing"
+  (or nothing more fits). It may hold jobs although GPUs are free.
+* ``rl-hybrid`` follows the network the same way; when the network chooses
+  "nothing" while pending jobs still fit, a greedy safety rule
+  (non-preemptive SRTF order with contention-aware placement,
+  ``make_heuristic("greedy-np")``) schedules what fits, keeping utilisation up.
+
+Inference is deterministic by default (argmax over the masked logits, lowest
+index on ties), so simulations replay exactly. Neither policy preempts.
+
+Names accepted by :func:`make_rl_policy`: ``rl-base``, ``rl-hybrid`` (the
+shipped checkpoint for the cluster's shape, from ``policies/checkpoints/``)
+and ``rl-base:/path/ckpt`` / ``rl-hybrid:/path/ckpt`` (``ckpt``, ``ckpt.json``
+or ``ckpt.safetensors``).
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from policies.base import Policy, PolicyError
+from policies.checkpoint import Checkpoint, CheckpointError, MLPNet, load_checkpoint
+from policies.cluster import ClusterSpec
+from policies.encoding import Encoder
+from policies.perf import ContentionModel
+from policies.state import ClusterState, Decision, JobInfo
+
+__all__ = ["RLPolicy", "make_rl_policy", "RL_POLICY_NAMES", "shipped_checkpoint"]
+
+RL_POLICY_NAMES = ("rl-base", "rl-hybrid")
+
+
+def shipped_checkpoint(mode: str, cluster: ClusterSpec) -> Path:
+    """Path (``.json``) of the shipped checkpoint of ``mode`` for ``cluster``'s shape."""
+    base = Path(str(resources.files("policies") / "checkpoints"))
+    p = base / f"{mode}-{cluster.describe()}.json"
+    if not p.is_file():
+        have = sorted(x.stem for x in base.glob("*.json")) if base.is_dir() else []
+        raise CheckpointError(
+            f"no shipped {mode} checkpoint for a {cluster.describe()} cluster (shipped: {', '.join(have) or 'none'}); "
+            f"train one with `rlsched train --cluster {cluster.describe()} ...` and use {mode}:/path/to/checkpoint"
+        )
+    return p
+
+
+class RLPolicy(Policy):
+    """A trained network plus the shared encoder, as a :class:`Policy`.
+
+    :param net: the network (logits over actions).
+    :param encoder: encoder for the cluster (spec checked against the checkpoint).
+    :param hybrid: add the greedy safety rule (``rl-hybrid``).
+    :param deterministic: argmax (default) instead of sampling.
+    :param seed: seeds sampling when not deterministic.
+    :param max_decisions: safety cap on placements per round.
+    """
+
+    time_invariant = False
+
+    def __init__(
+        self,
+        net: MLPNet,
+        encoder: Encoder,
+        hybrid: bool = False,
+        name: str | None = None,
+        deterministic: bool = True,
+        seed: int = 0,
+        max_decisions: int = 10_000,
+        checkpoint: Checkpoint | None = None,
+    ) -> None:
+        n_in = int(np.prod(encoder.spec.shape))
+        if net.in_features != n_in or net.out_features != encoder.spec.n_actions:
+            raise PolicyError(
+                f"network maps {net.in_features} -> {net.out_features} but the encoder needs {n_in} -> {encoder.spec.n_actions}"
+            )
+        self.net = net
+        self.encoder = encoder
+        self.hybrid = hybrid
+        self.name = name or ("rl-hybrid" if hybrid else "rl-base")
+        self.deterministic = deterministic
+        self.seed = seed
+        self.max_decisions = max_decisions
+        self.checkpoint = checkpoint
+        self._rng = np.random.default_rng(seed)
+        self._fallback = None
+        if hybrid:
+            from policies.heuristics import make_heuristic
+
+            self._fallback = make_heuristic("greedy-np", encoder.perf)
+
+    def reset(self) -> None:
+        self._rng = np.random.default_rng(self.seed)
+
+    def decide(self, state: ClusterState) -> tuple[int, tuple[str, object] | None]:
+        """One network decision: ``(action, (job_id, placement) or None)``."""
+        enc = self.encoder.encode(state)
+        a = self.net.act(enc.obs, enc.mask, self.deterministic, self._rng)
+        return a, enc.decode(a)
+
+    def schedule(self, state: ClusterState) -> Decision:
+        from policies.encoding import apply_placement
+
+        dec = Decision()
+        cur = state
+        for _ in range(self.max_decisions):
+            if not cur.pending:
+                break
+            enc = self.encoder.encode(cur)
+            if not enc.any_placement:
+                break
+            a = self.net.act(enc.obs, enc.mask, self.deterministic, self._rng)
+            choice = enc.decode(a)
+            if choice is None:
+                if self.hybrid and self._fallback is not None:
+                    extra = self._fallback.schedule(cur)
+                    dec.place.extend(extra.place)
+                break
+            job_id, p = choice
+            dec.place.append((job_id, p))
+            cur = apply_placement(cur, job_id, p, self.encoder.perf)
+        return dec
+
+
+def make_rl_policy(
+    name: str,
+    cluster: ClusterSpec,
+    perf: ContentionModel | None = None,
+    checkpoint: str | Path | None = None,
+    deterministic: bool = True,
+    seed: int = 0,
+) -> RLPolicy:
+    """Build ``rl-base`` / ``rl-hybrid`` (optionally ``NAME:/path/ckpt``) for ``cluster``.
+
+    Raises :class:`~policies.base.PolicyError` (a :class:`CheckpointError`
+    for checkpoint problems) with a one-line reason.
+    """
+    raw = name.strip()
+    mode, sep, path = raw.partition(":")
+    mode = mode.lower()
+    if mode not in RL_POLICY_NAMES:
+        raise PolicyError(f"unknown RL policy {name!r}; expected rl-base or rl-hybrid, optionally :/path/to/checkpoint")
+    if sep and not path:
+        raise PolicyError(f"policy {name!r}: empty checkpoint path after ':'")
+    ckpt_path = Path(path) if path else (Path(checkpoint) if checkpoint else shipped_checkpoint(mode, cluster))
+    ckpt = load_checkpoint(ckpt_path)
+    ckpt.check_cluster(cluster)
+    perf = perf or ContentionModel(cluster)
+    enc = Encoder(cluster, perf, ckpt.spec)
+    return RLPolicy(ckpt.net, enc, hybrid=(mode == "rl-hybrid"), name=mode, deterministic=deterministic, seed=seed, checkpoint=ckpt)

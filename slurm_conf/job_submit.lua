@@ -1,0 +1,126 @@
+--[[
+rlsched job_submit.lua: hand GPU jobs of the managed partition to the rlsched
+controller.
+
+Install: copy next to slurm.conf (slurmctld looks for job_submit.lua in the
+directory of slurm.conf) and set JobSubmitPlugins=lua. Tested with Slurm 22.05.
+
+On submit, a job of the managed partition that asks for GPUs with --gpus=N:
+  * is held (priority 0): Slurm will not start it; the controller chooses its
+    nodes, writes ReqNodeList/NumNodes and releases it;
+  * is marked in its admin comment ("rlsched:managed gpus=N"), which users
+    cannot edit; the controller only touches marked jobs;
+  * keeps the user's comment, where the workload is declared:
+      sbatch --gpus=8 --comment "rlsched:model=MoE,samples=200000" job.sh
+    (no model -> the controller's default profile).
+--gres=gpu:N (GPUs per node) is refused in the managed partition: the
+controller decides the per-node split, so ask for the total with --gpus=N.
+
+On modify, a non-admin cannot, for a managed job that has not started yet,
+release it or change its priority, node list, node count or GPU request.
+Admins (root, SlurmUser: the controller) can. Users may still cancel.
+]]
+
+-- Partition whose GPU jobs the controller places. nil: the default partition.
+-- scripts/local-cluster.sh rewrites this line.
+local MANAGED_PARTITION = nil
+-- Uids allowed to release / re-place managed jobs (root and the SlurmUser the
+-- controller runs as). Add the SlurmUser's uid if it is not root.
+local ADMIN_UIDS = { [0] = true }
+local MARK = "rlsched:managed"
+-- job_state value of a pending job (slurm.JOB_PENDING is not exported in 22.05)
+local JOB_PENDING = slurm.JOB_PENDING or 0
+
+local function gpus_from_tres(tres)
+   -- "gres:gpu:4" (22.05), "gres/gpu:4" (23.x+), "gres:gpu:a100:4" -> 4
+   if tres == nil or tres == "" then return nil end
+   local total = nil
+   for entry in string.gmatch(tres, "[^,]+") do
+      if string.find(entry, "gpu", 1, true) then
+         local n = tonumber(string.match(entry, ":(%d+)$"))
+         if n ~= nil then total = (total or 0) + n end
+      end
+   end
+   return total
+end
+
+local function default_partition(part_list)
+   for name, part in pairs(part_list) do
+      if part.flag_default ~= nil and part.flag_default ~= 0 then return name end
+   end
+   return nil
+end
+
+local function is_managed_partition(requested, part_list)
+   local want = MANAGED_PARTITION or default_partition(part_list)
+   if requested == nil or requested == "" then
+      -- no partition given: the job goes to the default one
+      return MANAGED_PARTITION == nil or MANAGED_PARTITION == default_partition(part_list)
+   end
+   for p in string.gmatch(requested, "[^,]+") do
+      if p == want then return true end
+   end
+   return false
+end
+
+function slurm_job_submit(job_desc, part_list, submit_uid)
+   if not is_managed_partition(job_desc.partition, part_list) then
+      return slurm.SUCCESS
+   end
+   local per_node = gpus_from_tres(job_desc.tres_per_node)
+   if per_node ~= nil and per_node > 0 then
+      slurm.log_user("rlsched: in this partition ask for the total number of GPUs with --gpus=N "
+         .. "(the scheduler chooses the nodes); --gres=gpu:N is not accepted")
+      return slurm.ERROR
+   end
+   local gpus = gpus_from_tres(job_desc.tres_per_job)
+   if gpus == nil or gpus < 1 then
+      return slurm.SUCCESS -- not a GPU job: Slurm schedules it as usual
+   end
+   job_desc.priority = 0
+   job_desc.admin_comment = string.format("%s gpus=%d", MARK, gpus)
+   slurm.log_info("rlsched: holding job %s of uid %d for the controller: gpus=%d comment=%s",
+      tostring(job_desc.name), submit_uid, gpus, tostring(job_desc.comment))
+   return slurm.SUCCESS
+end
+
+local function changed(v)
+   return v ~= nil and v ~= slurm.NO_VAL and v ~= slurm.NO_VAL16 and v ~= ""
+end
+
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+   if ADMIN_UIDS[modify_uid] then
+      return slurm.SUCCESS
+   end
+   local ac = job_rec.admin_comment
+   if ac == nil or string.find(ac, MARK, 1, true) == nil then
+      return slurm.SUCCESS
+   end
+   -- once the job runs, placement fields no longer matter to us
+   if job_rec.job_state ~= nil and job_rec.job_state ~= JOB_PENDING then
+      return slurm.SUCCESS
+   end
+   local what = nil
+   if changed(job_desc.priority) then
+      what = "release it or change the priority"
+   elseif changed(job_desc.req_nodes) then
+      what = "change the node list"
+   elseif changed(job_desc.min_nodes) or changed(job_desc.max_nodes) then
+      what = "change the node count"
+   elseif changed(job_desc.tres_per_job) or changed(job_desc.tres_per_node) then
+      what = "change the GPU request"
+   elseif changed(job_desc.partition) then
+      what = "change the partition"
+   end
+   if what ~= nil then
+      -- log_user() is not delivered from job_modify; the caller sees
+      -- "Access/permission denied", the reason goes to the slurmctld log
+      slurm.log_info("rlsched: refused uid %d: cannot %s of managed job %d (placed by the rlsched controller)",
+         modify_uid, what, job_rec.job_id)
+      return slurm.ESLURM_ACCESS_DENIED or slurm.ERROR
+   end
+   return slurm.SUCCESS
+end
+
+slurm.log_info("rlsched job_submit.lua loaded")
+return slurm.SUCCESS

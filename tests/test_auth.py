@@ -1,0 +1,238 @@
+"""Tests for nodeagent.auth: shared-key HMAC and real MUNGE credentials.
+
+The MUNGE tests start their own munged (temp key, temp socket) and so need root
+and the munge binaries; they are skipped with the reason otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator
+
+import grpc
+import pytest
+
+from nodeagent.auth import (
+    AUTH_HEADER,
+    AuthError,
+    Identity,
+    MungeAuthenticator,
+    SharedKeyAuthenticator,
+    make_authenticator,
+)
+from nodeagent.client import AgentClient, AgentError
+from nodeagent.server import NodeAgentServer
+from nodeagent.store import LocalFSStore
+
+M = "/rlsched.agent.v1.NodeAgent/Preempt"
+
+
+@pytest.fixture
+def key(tmp_path: Path) -> Path:
+    return SharedKeyAuthenticator.generate(tmp_path / "agent.key")
+
+
+# --------------------------------------------------------------- shared key
+
+
+def test_sharedkey_roundtrip_identity_is_key_owner(key: Path) -> None:
+    a = SharedKeyAuthenticator(key)
+    ident = a.verify(M, b"body", a.sign(M, b"body"))
+    st = key.stat()
+    assert ident == Identity(uid=st.st_uid, gid=st.st_gid, scheme="hmac-sha256")
+    assert stat.S_IMODE(st.st_mode) == 0o600
+
+
+def test_sharedkey_rejects_tampering_and_replay(key: Path, tmp_path: Path) -> None:
+    a = SharedKeyAuthenticator(key)
+    h = a.sign(M, b"body")
+    with pytest.raises(AuthError, match="request body"):
+        a.verify(M, b"other body", h)
+    with pytest.raises(AuthError, match="issued for"):
+        a.verify("/rlsched.agent.v1.NodeAgent/Health", b"body", h)
+    a.verify(M, b"body", h)
+    with pytest.raises(AuthError, match="replayed"):
+        a.verify(M, b"body", h)
+    other = SharedKeyAuthenticator(SharedKeyAuthenticator.generate(tmp_path / "other.key"))
+    with pytest.raises(AuthError, match="bad hmac"):
+        a.verify(M, b"body", other.sign(M, b"body"))
+    scheme, token = h.split(" ", 1)
+    with pytest.raises(AuthError):
+        a.verify(M, b"body", f"{scheme} {token[:-2]}00")
+    for bad in (None, "", "hmac-sha256", "munge MUNGE:xyz", "hmac-sha256 !!!.zz"):
+        with pytest.raises(AuthError):
+            a.verify(M, b"body", bad)
+
+
+def test_sharedkey_rejects_stale_timestamp(key: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    a = SharedKeyAuthenticator(key, max_skew_s=30)
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() - 300)
+    h = a.sign(M, b"b")
+    monkeypatch.setattr(time, "time", real)
+    with pytest.raises(AuthError, match="timestamp"):
+        a.verify(M, b"b", h)
+
+
+def test_sharedkey_file_requirements(tmp_path: Path) -> None:
+    loose = tmp_path / "loose.key"
+    loose.write_text("x" * 64)
+    loose.chmod(0o644)
+    with pytest.raises(AuthError, match="chmod 600"):
+        SharedKeyAuthenticator(loose)
+    short = tmp_path / "short.key"
+    short.write_text("abc")
+    short.chmod(0o600)
+    with pytest.raises(AuthError, match="too short"):
+        SharedKeyAuthenticator(short)
+    with pytest.raises(AuthError, match="does not exist"):
+        SharedKeyAuthenticator(tmp_path / "missing.key")
+    with pytest.raises(FileExistsError):
+        SharedKeyAuthenticator.generate(short)
+
+
+def test_make_authenticator_specs(key: Path) -> None:
+    assert isinstance(make_authenticator(f"sharedkey:{key}"), SharedKeyAuthenticator)
+    assert isinstance(make_authenticator("munge"), MungeAuthenticator)
+    m = make_authenticator("munge:/run/x.sock")
+    assert isinstance(m, MungeAuthenticator) and m.socket == "/run/x.sock"
+    with pytest.raises(ValueError, match="unknown auth spec"):
+        make_authenticator("kerberos")
+
+
+def test_privilege_set(key: Path) -> None:
+    a = SharedKeyAuthenticator(key, allowed_uids={1234})
+    assert a.is_privileged(Identity(0, 0, "x")) and a.is_privileged(Identity(1234, 0, "x"))
+    assert not a.is_privileged(Identity(1000, 1000, "x"))
+
+
+# -------------------------------------------------------------------- munge
+
+
+def _munge_usable() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root to start a private munged"
+    for b in ("munge", "unmunge", "munged", "runuser"):
+        if shutil.which(b) is None:
+            return f"{b} not installed"
+    if shutil.which("mungekey") is None and shutil.which("create-munge-key") is None:
+        return "neither mungekey nor create-munge-key installed"
+    return None
+
+
+@pytest.fixture(scope="module")
+def munge_socket() -> Iterator[str]:
+    why = _munge_usable()
+    if why:
+        pytest.skip(f"MUNGE tests skipped: {why}")
+    d = Path(tempfile.mkdtemp(prefix="rlsched-munge-"))
+    d.chmod(0o755)  # the unprivileged test client must reach the socket
+    keyf = d / "munge.key"
+    if shutil.which("mungekey"):
+        subprocess.run(["mungekey", "-c", "-k", str(keyf), "-b", "1024"], check=True, capture_output=True)
+    else:
+        subprocess.run(["create-munge-key", "-f", "-k", str(keyf)], check=True, capture_output=True)
+    sock = str(d / "munge.socket")
+    proc = subprocess.Popen(
+        ["munged", "-F", "-f", f"--socket={sock}", f"--key-file={keyf}", f"--log-file={d / 'munged.log'}",
+         f"--pid-file={d / 'munged.pid'}", f"--seed-file={d / 'munged.seed'}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 15
+        while not os.path.exists(sock):
+            if proc.poll() is not None:
+                pytest.skip(f"munged failed to start: {proc.stderr.read().decode()[-300:]}")  # type: ignore[union-attr]
+            if time.monotonic() > deadline:
+                pytest.skip("munged did not create its socket within 15 s")
+            time.sleep(0.05)
+        yield sock
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _nobody_munge(tmp_path: Path) -> str:
+    """A `munge` wrapper that encodes as user nobody (an unprivileged caller)."""
+    w = tmp_path / "munge-as-nobody"
+    w.write_text('#!/bin/sh\nexec runuser -u nobody -- munge "$@"\n')
+    w.chmod(0o755)
+    return str(w)
+
+
+def test_munge_roundtrip_root(munge_socket: str) -> None:
+    a = MungeAuthenticator(socket=munge_socket, slurm_conf="/nonexistent")
+    ident = a.verify(M, b"req", a.sign(M, b"req"))
+    assert ident == Identity(uid=0, gid=0, scheme="munge")
+    assert a.is_privileged(ident)
+
+
+def test_munge_rejects_tamper_replay_garbage(munge_socket: str) -> None:
+    a = MungeAuthenticator(socket=munge_socket, slurm_conf="/nonexistent")
+    h = a.sign(M, b"req")
+    with pytest.raises(AuthError, match="request body"):
+        a.verify(M, b"req2", h)
+    # munged itself refuses to decode the same credential twice
+    with pytest.raises(AuthError, match="replayed"):
+        a.verify(M, b"req", h)
+    with pytest.raises(AuthError, match="malformed"):
+        a.verify(M, b"req", "munge not-a-credential")
+    body = h.split(" ", 1)[1]
+    with pytest.raises(AuthError, match="rejected"):
+        a.verify(M, b"req", "munge " + body[:20] + ("A" if body[20] != "A" else "B") + body[21:])
+
+
+def test_munge_unprivileged_uid(munge_socket: str, tmp_path: Path) -> None:
+    nobody = MungeAuthenticator(socket=munge_socket, munge_bin=_nobody_munge(tmp_path), slurm_conf="/nonexistent")
+    verifier = MungeAuthenticator(socket=munge_socket, slurm_conf="/nonexistent")
+    ident = verifier.verify(M, b"x", nobody.sign(M, b"x"))
+    assert ident.uid == 65534 and not verifier.is_privileged(ident)
+    verifier.allowed_uids.add(65534)
+    assert verifier.is_privileged(verifier.verify(M, b"y", nobody.sign(M, b"y")))
+
+
+def test_munge_unreachable_daemon_is_clear_error(tmp_path: Path) -> None:
+    if shutil.which("munge") is None:
+        pytest.skip("munge not installed")
+    a = MungeAuthenticator(socket=str(tmp_path / "no.sock"))
+    with pytest.raises(AuthError, match="munge failed"):
+        a.sign(M, b"x")
+
+
+def test_munge_end_to_end_grpc(munge_socket: str, tmp_path: Path) -> None:
+    """Agent with MUNGE auth: root may preempt (NOT_FOUND: no such job), nobody is refused."""
+    srv_auth = MungeAuthenticator(socket=munge_socket, slurm_conf="/nonexistent")
+    with NodeAgentServer("n1", "127.0.0.1:0", srv_auth, LocalFSStore(tmp_path / "s")) as srv:
+        root = AgentClient(srv.address, MungeAuthenticator(socket=munge_socket), timeout=10)
+        assert root.health()["auth_scheme"] == "munge"
+        with pytest.raises(AgentError) as e:
+            root.preempt("no-such-job", "1", timeout_s=1)
+        assert e.value.code == "NOT_FOUND"
+        nobody = AgentClient(srv.address, MungeAuthenticator(socket=munge_socket,
+                                                             munge_bin=_nobody_munge(tmp_path)), timeout=10)
+        assert nobody.health()["node"] == "n1"  # any authenticated user may read
+        with pytest.raises(AgentError) as e:
+            nobody.preempt("no-such-job", "1", timeout_s=1)
+        assert e.value.code == "PERMISSION_DENIED"
+        # a raw call with no credential at all
+        ch = grpc.insecure_channel(srv.address)
+        from proto import rlsched_agent_pb2 as pb
+        from proto import rlsched_agent_pb2_grpc as pbg
+
+        with pytest.raises(grpc.RpcError) as r:
+            pbg.NodeAgentStub(ch).Preempt(pb.PreemptRequest(job_key="x"), timeout=5,
+                                          metadata=((AUTH_HEADER, "munge MUNGE:forged:"),))
+        assert r.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        ch.close()
+        root.close()
+        nobody.close()

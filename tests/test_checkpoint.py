@@ -1,0 +1,144 @@
+"""Checkpoint save / load / rejection (policies.checkpoint)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from policies.base import PolicyError
+from policies.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from policies.cluster import ClusterSpec
+from policies.encoding import ObsSpec
+
+C48 = ClusterSpec.parse("4x8")
+
+
+def _tensors(spec: ObsSpec, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    n_in = int(np.prod(spec.shape))
+    return {
+        "mlp_extractor.policy_net.0.weight": rng.normal(size=(16, n_in)).astype(np.float32) * 0.05,
+        "mlp_extractor.policy_net.0.bias": np.zeros(16, np.float32),
+        "mlp_extractor.policy_net.2.weight": rng.normal(size=(16, 16)).astype(np.float32) * 0.1,
+        "mlp_extractor.policy_net.2.bias": np.zeros(16, np.float32),
+        "action_net.weight": rng.normal(size=(spec.n_actions, 16)).astype(np.float32),
+        "action_net.bias": np.zeros(spec.n_actions, np.float32),
+        "value_net.weight": np.zeros((1, 16), np.float32),
+        "value_net.bias": np.zeros(1, np.float32),
+    }
+
+
+LAYERS = ["mlp_extractor.policy_net.0", "mlp_extractor.policy_net.2", "action_net"]
+
+
+def write_random_checkpoint(path: Path, cluster: ClusterSpec = C48, seed: int = 0, mode: str = "rl-base") -> Path:
+    spec = ObsSpec.for_cluster(cluster)
+    return save_checkpoint(
+        path, _tensors(spec, np.random.default_rng(seed)), algo="maskable-ppo", mode=mode, cluster=cluster, spec=spec,
+        layers=LAYERS, activation="tanh", reward={"kind": "progress", "w1": 0.4, "w2": 0.6}, training={"traces": ["x"]},
+    )
+
+
+def test_round_trip(tmp_path):
+    j = write_random_checkpoint(tmp_path / "ck")
+    assert j.name == "ck.json" and (tmp_path / "ck.safetensors").is_file()
+    ck = load_checkpoint(tmp_path / "ck")
+    spec = ObsSpec.for_cluster(C48)
+    assert ck.spec == spec and ck.mode == "rl-base" and ck.cluster == C48
+    t = _tensors(spec, np.random.default_rng(0))
+    obs = np.random.default_rng(1).random(spec.shape, dtype=np.float32)
+    ref = np.tanh(np.tanh(obs.reshape(-1) @ t["mlp_extractor.policy_net.0.weight"].T) @ t["mlp_extractor.policy_net.2.weight"].T)
+    ref = ref @ t["action_net.weight"].T
+    np.testing.assert_allclose(ck.net.logits(obs), ref, rtol=1e-4, atol=1e-5)
+    # both path spellings work
+    assert load_checkpoint(tmp_path / "ck.safetensors").spec == spec
+    meta = json.loads(j.read_text())
+    assert meta["reward"]["w2"] == 0.6 and meta["project_version"] and len(meta["weights_sha256"]) == 64
+
+
+def test_masked_argmax_respects_mask(tmp_path):
+    ck = load_checkpoint(write_random_checkpoint(tmp_path / "ck"))
+    spec = ck.spec
+    obs = np.zeros(spec.shape, np.float32)
+    for i in range(spec.n_actions):
+        mask = np.zeros(spec.n_actions, bool)
+        mask[i] = True
+        assert ck.net.act(obs, mask) == i
+
+
+def test_missing(tmp_path):
+    with pytest.raises(CheckpointError, match="not found"):
+        load_checkpoint(tmp_path / "nope")
+    write_random_checkpoint(tmp_path / "ck")
+    (tmp_path / "ck.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="weights not found"):
+        load_checkpoint(tmp_path / "ck")
+
+
+def test_truncated(tmp_path):
+    write_random_checkpoint(tmp_path / "ck")
+    w = tmp_path / "ck.safetensors"
+    w.write_bytes(w.read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match="sha256"):
+        load_checkpoint(tmp_path / "ck")
+
+
+def test_tampered_weights(tmp_path):
+    write_random_checkpoint(tmp_path / "ck")
+    w = tmp_path / "ck.safetensors"
+    data = bytearray(w.read_bytes())
+    data[-5] ^= 0xFF
+    w.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="modified"):
+        load_checkpoint(tmp_path / "ck")
+
+
+def test_tampered_hash_on_garbage(tmp_path):
+    """Even with a matching hash, non-safetensors bytes are rejected (no unpickling anywhere)."""
+    import hashlib
+    import pickle
+
+    j = write_random_checkpoint(tmp_path / "ck")
+    w = tmp_path / "ck.safetensors"
+    w.write_bytes(pickle.dumps({"evil": 1}))
+    meta = json.loads(j.read_text())
+    meta["weights_sha256"] = hashlib.sha256(w.read_bytes()).hexdigest()
+    j.write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="safetensors"):
+        load_checkpoint(j)
+
+
+@pytest.mark.parametrize(
+    "edit, msg",
+    [
+        (lambda m: m.pop("weights_sha256"), "weights_sha256"),
+        (lambda m: m.update(format="other"), "not an rlsched"),
+        (lambda m: m.update(mode="rl-magic"), "mode"),
+        (lambda m: m.update(weights_file="../x.safetensors"), "plain file name"),
+        (lambda m: m["obs_spec"].update(k=5), "obs_spec"),
+        (lambda m: m["network"].update(activation="gelu"), "activation"),
+    ],
+)
+def test_bad_metadata(tmp_path, edit, msg):
+    j = write_random_checkpoint(tmp_path / "ck")
+    meta = json.loads(j.read_text())
+    edit(meta)
+    j.write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match=msg):
+        load_checkpoint(j)
+
+
+def test_not_json(tmp_path):
+    j = write_random_checkpoint(tmp_path / "ck")
+    j.write_text("{not json")
+    with pytest.raises(CheckpointError, match="JSON"):
+        load_checkpoint(j)
+
+
+def test_wrong_cluster_shape(tmp_path):
+    ck = load_checkpoint(write_random_checkpoint(tmp_path / "ck"))
+    with pytest.raises(CheckpointError, match="trained for a 4x8"):
+        ck.check_cluster(ClusterSpec.parse("8x8"))
+    assert issubclass(CheckpointError, PolicyError)

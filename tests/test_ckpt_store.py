@@ -1,0 +1,397 @@
+"""Contract + crash-safety tests for nodeagent.store.
+
+The contract tests run against every backend: LocalFSStore always, WebHDFSStore
+only when RLSCHED_TEST_WEBHDFS_URL (e.g. hdfs://namenode:9870/tmp/rlsched-test)
+points at a real WebHDFS endpoint; otherwise those cases are reported as skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.parse
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nodeagent.store import (
+    CheckpointCorrupt,
+    CheckpointNotFound,
+    CheckpointStore,
+    LocalFSStore,
+    StoreError,
+    WebHDFSStore,
+    open_store,
+    validate_job_key,
+)
+
+WEBHDFS_URL = os.environ.get("RLSCHED_TEST_WEBHDFS_URL")
+
+
+class _FakeWebHDFS(http.server.BaseHTTPRequestHandler):
+    """Minimal WebHDFS REST endpoint over a local directory.
+
+    A MOCK of a NameNode+DataNode, used only because a real HDFS cannot run in
+    this test environment; it lets the WebHDFSStore code path (hdfs package,
+    HTTP, 307 redirects, JSON errors) run end to end. Real-HDFS coverage comes
+    from RLSCHED_TEST_WEBHDFS_URL.
+    """
+
+    root: Path
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+
+    def log_message(self, *a: object) -> None:  # quiet
+        pass
+
+    def _path(self) -> tuple[Path, dict[str, str], str]:
+        u = urllib.parse.urlparse(self.path)
+        q = dict(urllib.parse.parse_qsl(u.query))
+        assert u.path.startswith("/webhdfs/v1")
+        rel = urllib.parse.unquote(u.path[len("/webhdfs/v1"):]).lstrip("/")
+        return self.root / rel, q, q.get("op", "").upper()
+
+    def _json(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _notfound(self, p: Path) -> None:
+        self._json(404, {"RemoteException": {"exception": "FileNotFoundException",
+                                             "javaClassName": "java.io.FileNotFoundException",
+                                             "message": f"File does not exist: {p}"}})
+
+    def _body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            out = b""
+            while True:
+                n = int(self.rfile.readline().strip(), 16)
+                if n == 0:
+                    self.rfile.readline()
+                    return out
+                out += self.rfile.read(n)
+                self.rfile.readline()
+        return self.rfile.read(int(self.headers.get("Content-Length", 0)))
+
+    def _redirect(self) -> None:
+        self.send_response(307)
+        self.send_header("Location", f"http://127.0.0.1:{self.server.server_port}{self.path}&datanode=true")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_PUT(self) -> None:
+        p, q, op = self._path()
+        if op == "CREATE":
+            if "datanode" not in q:
+                self._body()
+                if p.exists() and q.get("overwrite", "false") != "true":
+                    return self._json(403, {"RemoteException": {"exception": "FileAlreadyExistsException",
+                                                                "javaClassName": "x", "message": str(p)}})
+                return self._redirect()
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(self._body())
+            self.send_response(201)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        elif op == "MKDIRS":
+            p.mkdir(parents=True, exist_ok=True)
+            self._json(200, {"boolean": True})
+        elif op == "RENAME":
+            dst = self.root / q["destination"].lstrip("/")
+            if not p.exists() or dst.exists() or not dst.parent.is_dir():
+                return self._json(200, {"boolean": False})
+            os.rename(p, dst)
+            self._json(200, {"boolean": True})
+        else:
+            self._json(400, {"RemoteException": {"exception": "IllegalArgumentException", "javaClassName": "x",
+                                                 "message": f"bad op {op}"}})
+
+    def do_GET(self) -> None:
+        p, q, op = self._path()
+        if op == "OPEN":
+            if not p.is_file():
+                return self._notfound(p)
+            if "datanode" not in q:
+                return self._redirect()
+            data = p.read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        elif op in ("LISTSTATUS", "GETFILESTATUS"):
+            if not p.exists():
+                return self._notfound(p)
+
+            def st(x: Path, suffix: str) -> dict:
+                return {"pathSuffix": suffix, "type": "DIRECTORY" if x.is_dir() else "FILE",
+                        "length": 0 if x.is_dir() else x.stat().st_size}
+
+            if op == "GETFILESTATUS":
+                return self._json(200, {"FileStatus": st(p, "")})
+            items = [st(c, c.name) for c in sorted(p.iterdir())] if p.is_dir() else [st(p, "")]
+            self._json(200, {"FileStatuses": {"FileStatus": items}})
+        else:
+            self._json(400, {"RemoteException": {"exception": "IllegalArgumentException", "javaClassName": "x",
+                                                 "message": f"bad op {op}"}})
+
+    def do_DELETE(self) -> None:
+        p, q, op = self._path()
+        if not p.exists():
+            return self._json(200, {"boolean": False})
+        if p.is_dir():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+        self._json(200, {"boolean": True})
+
+
+@pytest.fixture(scope="module")
+def fake_webhdfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    root = tmp_path_factory.mktemp("fake-hdfs")
+    handler = type("H", (_FakeWebHDFS,), {"root": root})
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield f"hdfs://127.0.0.1:{srv.server_port}/rlsched"
+    srv.shutdown()
+    srv.server_close()
+
+
+@pytest.fixture(params=["local", "webhdfs-mock", "webhdfs"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> CheckpointStore:
+    if request.param == "local":
+        return LocalFSStore(tmp_path / "store")
+    if request.param == "webhdfs-mock":
+        pytest.importorskip("hdfs", reason="pip install 'rlsched[hdfs]' for the WebHDFS backend")
+        return WebHDFSStore(request.getfixturevalue("fake_webhdfs") + "/" + uuid.uuid4().hex)
+    if not WEBHDFS_URL:
+        pytest.skip("set RLSCHED_TEST_WEBHDFS_URL=hdfs://namenode:port/path to run WebHDFS contract tests")
+    pytest.importorskip("hdfs", reason="pip install 'rlsched[hdfs]' for the WebHDFS backend")
+    return WebHDFSStore(WEBHDFS_URL.rstrip("/") + "/" + uuid.uuid4().hex)
+
+
+# ------------------------------------------------------------------ contract
+
+
+def test_empty_store_has_nothing(store: CheckpointStore) -> None:
+    assert store.latest("job-a") is None
+    assert store.list("job-a") == []
+    with pytest.raises(CheckpointNotFound):
+        store.load("job-a")
+
+
+def test_save_load_roundtrip_and_latest(store: CheckpointStore) -> None:
+    a = store.save("job-a", 10, b"ten")
+    store.save("job-a", 30, b"thirty")
+    store.save("job-a", 20, bytearray(b"twenty"))
+    store.save("job-b", 99, b"other job")
+    assert a.step == 10 and a.size == 3 and a.sha256 == hashlib.sha256(b"ten").hexdigest()
+    assert [i.step for i in store.list("job-a")] == [10, 20, 30]
+    latest = store.latest("job-a")
+    assert latest is not None and latest.step == 30
+    info, blob = store.load("job-a")
+    assert (info.step, blob) == (30, b"thirty")
+    assert store.load("job-a", 20)[1] == b"twenty"
+    assert store.load("job-b")[1] == b"other job"
+    with pytest.raises(CheckpointNotFound, match="step 15"):
+        store.load("job-a", 15)
+    assert {"job-a", "job-b"} <= set(store.jobs())
+
+
+def test_save_accepts_file_objects_and_paths(store: CheckpointStore, tmp_path: Path) -> None:
+    p = tmp_path / "blob.bin"
+    p.write_bytes(b"from a path")
+    store.save("job-f", 1, p)
+    with open(p, "rb") as f:
+        store.save("job-f", 2, f)
+    assert store.load("job-f", 1)[1] == b"from a path"
+    assert store.load("job-f", 2)[1] == b"from a path"
+
+
+def test_overwrite_same_step(store: CheckpointStore) -> None:
+    store.save("job-o", 5, b"first")
+    store.save("job-o", 5, b"second")
+    assert [i.step for i in store.list("job-o")] == [5]
+    assert store.load("job-o")[1] == b"second"
+
+
+@pytest.mark.parametrize("bad", ["", ".hidden", "../escape", "a/b", "x" * 129, "sp ace", "-dash"])
+def test_invalid_job_keys_rejected(store: CheckpointStore, bad: str) -> None:
+    with pytest.raises(ValueError, match="invalid job key"):
+        store.save(bad, 1, b"x")
+    with pytest.raises(ValueError):
+        validate_job_key(bad)
+
+
+@pytest.mark.parametrize("bad", [-1, 10**12, 1.5, True])
+def test_invalid_steps_rejected(store: CheckpointStore, bad: object) -> None:
+    with pytest.raises(ValueError, match="invalid checkpoint step"):
+        store.save("job-s", bad, b"x")  # type: ignore[arg-type]
+
+
+def test_corrupted_checkpoint_detected_and_skipped(store: CheckpointStore) -> None:
+    store.save("job-c", 1, b"good old checkpoint")
+    store.save("job-c", 2, b"newest checkpoint")
+    # corrupt step 2's data behind the store's back (same length, one byte flipped)
+    store._write_atomic("job-c/ckpt-000000000002.bin", b"newest checkpoinT")
+    with pytest.raises(CheckpointCorrupt, match="checksum"):
+        store.load("job-c", 2)
+    latest = store.latest("job-c")
+    assert latest is not None and latest.step == 1, "latest() must skip the corrupt checkpoint"
+    assert store.load("job-c") == (latest, b"good old checkpoint")
+    assert store.latest("job-c", verify=False).step == 2  # type: ignore[union-attr]
+    # truncated data is caught too
+    store._write_atomic("job-c/ckpt-000000000001.bin", b"good")
+    assert store.latest("job-c") is None
+    with pytest.raises(CheckpointNotFound):
+        store.load("job-c")
+
+
+def test_garbage_manifest_and_orphans_ignored(store: CheckpointStore) -> None:
+    store.save("job-g", 3, b"valid")
+    store._write_atomic("job-g/ckpt-000000000007.json", b"{not json")
+    store._write_atomic("job-g/ckpt-000000000008.bin", b"data without manifest")
+    store._write_atomic("job-g/.ckpt-000000000009.bin.tmp-deadbeef", b"half-written")
+    store._write_atomic("job-g/notes.txt", b"unrelated")
+    assert [i.step for i in store.list("job-g")] == [3]
+    assert store.load("job-g")[1] == b"valid"
+
+
+def test_manifest_for_other_step_rejected(store: CheckpointStore) -> None:
+    store.save("job-m", 4, b"four")
+    manifest = store._read("job-m/ckpt-000000000004.json")
+    store._write_atomic("job-m/ckpt-000000000006.json", manifest)  # claims step 4
+    store._write_atomic("job-m/ckpt-000000000006.bin", b"four")
+    assert [i.step for i in store.list("job-m")] == [4]
+
+
+def test_prune_keeps_newest_valid(store: CheckpointStore) -> None:
+    for s in (1, 2, 3, 4):
+        store.save("job-p", s, f"step{s}".encode())
+    store._write_atomic("job-p/ckpt-000000000004.bin", b"corrupt")
+    deleted = store.prune("job-p", keep=2)
+    assert sorted(deleted) == [1, 4]
+    assert [i.step for i in store.list("job-p")] == [2, 3]
+    with pytest.raises(ValueError):
+        store.prune("job-p", keep=0)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(saves=st.lists(st.tuples(st.integers(0, 50), st.binary(max_size=64)), min_size=1, max_size=8))
+def test_latest_is_highest_step_with_last_written_bytes(tmp_path: Path, saves: list[tuple[int, bytes]]) -> None:
+    s = LocalFSStore(tmp_path / uuid.uuid4().hex)
+    expect: dict[int, bytes] = {}
+    for step, blob in saves:
+        s.save("prop", step, blob)
+        expect[step] = blob
+    top = max(expect)
+    assert s.load("prop") == (s.latest("prop"), expect[top])
+    assert [i.step for i in s.list("prop")] == sorted(expect)
+
+
+# ------------------------------------------------------------- crash safety
+
+_CRASHER = textwrap.dedent(
+    """
+    import os, sys, time
+    from nodeagent.store import LocalFSStore
+    root, step, nth = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    real_fsync, calls = os.fsync, [0]
+    def slow_fsync(fd):
+        calls[0] += 1
+        if calls[0] == nth:                      # hang at the nth fsync of save()
+            open(os.path.join(root, "HANGING"), "w").close()
+            time.sleep(60)
+        real_fsync(fd)
+    os.fsync = slow_fsync
+    LocalFSStore(root).save("crash", step, b"N" * 4_000_000)
+    """
+)
+
+
+def _crash_save(root: Path, step: int, nth_fsync: int) -> None:
+    """Run store.save in a subprocess and SIGKILL it while it hangs at its nth fsync."""
+    p = subprocess.Popen([sys.executable, "-c", _CRASHER, str(root), str(step), str(nth_fsync)])
+    try:
+        deadline = time.monotonic() + 60
+        while not (root / "HANGING").exists():
+            assert p.poll() is None, "writer exited before reaching the crash point"
+            assert time.monotonic() < deadline, "writer never reached the crash point"
+            time.sleep(0.02)
+        p.send_signal(signal.SIGKILL)
+        assert p.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if p.poll() is None:
+            p.kill()
+        (root / "HANGING").unlink(missing_ok=True)
+
+
+# fsync order inside save(): 1 data temp file, 2 directory (data renamed), 3 manifest temp file, 4 directory
+@pytest.mark.parametrize("nth_fsync,what", [(1, "data temp written, not renamed"),
+                                            (3, "data renamed, manifest not committed")])
+def test_kill_mid_write_never_yields_a_valid_new_checkpoint(tmp_path: Path, nth_fsync: int, what: str) -> None:
+    root = tmp_path / "store"
+    s = LocalFSStore(root)
+    s.save("crash", 1, b"previous good")
+    _crash_save(root, 2, nth_fsync)
+    assert [i.step for i in s.list("crash")] == [1], what
+    assert s.load("crash")[1] == b"previous good"
+    leftovers = list((root / "crash").glob(".ckpt-*.tmp-*"))
+    if nth_fsync == 1:
+        assert leftovers, "the killed writer should have left its temp file behind"
+        assert s.clean_temp("crash", older_than_s=0) == len(leftovers)
+        assert not list((root / "crash").glob(".ckpt-*.tmp-*"))
+
+
+def test_kill_while_overwriting_same_step_is_detected(tmp_path: Path) -> None:
+    """New data renamed over step 2, old manifest still there: the checksum catches it."""
+    root = tmp_path / "store"
+    s = LocalFSStore(root)
+    s.save("crash", 1, b"one")
+    s.save("crash", 2, b"two")
+    _crash_save(root, 2, 3)
+    with pytest.raises(CheckpointCorrupt):
+        s.load("crash", 2)
+    assert s.load("crash") == (s.latest("crash"), b"one")
+
+
+# --------------------------------------------------------------- open_store
+
+
+def test_open_store_urls(tmp_path: Path) -> None:
+    assert isinstance(open_store(str(tmp_path / "a")), LocalFSStore)
+    assert isinstance(open_store((tmp_path / "b").as_uri()), LocalFSStore)
+    with pytest.raises(StoreError, match="unsupported"):
+        open_store("s3://bucket/x")
+    with pytest.raises(StoreError, match="empty"):
+        open_store("")
+
+
+def test_webhdfs_without_package_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "hdfs", None)  # simulate the package not being installed
+    with pytest.raises(StoreError, match=r"pip install 'rlsched\[hdfs\]'"):
+        open_store("hdfs://namenode:9870/ckpt")
+
+
+def test_local_store_unusable_dir(tmp_path: Path) -> None:
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(StoreError, match="cannot create"):
+        LocalFSStore(f / "sub")

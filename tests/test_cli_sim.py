@@ -1,0 +1,151 @@
+"""``rlsched simulate`` end to end, and its refusals of bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from rlsched.cli import main
+from trainer import report
+
+REPO = Path(__file__).resolve().parents[1]
+TRACE0 = REPO / "data" / "traces" / "deepshare" / "simulate" / "trace0.json"
+
+
+def test_end_to_end_trace0(tmp_path, capsys):
+    out = tmp_path / "runs" / "sim0"  # parent does not exist yet: created on success
+    rc = main(["simulate", "--trace", str(TRACE0), "--policy", "fifo,srtf", "--cluster", "4x8", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    names = sorted(p.name for p in out.iterdir())
+    assert names == sorted(["jobs_fifo.parquet", "jobs_srtf.parquet", "summary.json", *report.PLOT_FILES])
+    # No temporary directories left next to the output.
+    assert [p.name for p in out.parent.iterdir()] == ["sim0"]
+    doc = json.loads((out / "summary.json").read_text())
+    assert doc["policies"] == ["fifo", "srtf"]
+    assert doc["jobs"] == 256
+    assert doc["cluster"]["describe"] == "4x8" and len(doc["cluster"]["nodes"]) == 4
+    assert doc["trace"] == str(TRACE0.resolve())
+    assert doc["config"]["round_len_s"] == 300.0 and doc["config"]["event_triggered"] is True
+    for pol in ("fifo", "srtf"):
+        s = doc["summaries"][pol]
+        assert s["jobs"] == s["finished"] == 256
+        assert 0 < s["avg_util"] <= 1
+        assert s["p99_jct_s"] >= s["p90_jct_s"] >= s["median_jct_s"] > 0
+        assert s["makespan_s"] >= s["max_jct_s"]
+        t = pq.read_table(out / f"jobs_{pol}.parquet")
+        assert t.num_rows == 256
+        assert abs(sum(t.column("jct").to_pylist()) / 256 - s["avg_jct_s"]) < 1e-6 * s["avg_jct_s"]
+    # SRTF beats FIFO's average JCT on this trace (all jobs arrive at once).
+    assert doc["summaries"]["srtf"]["avg_jct_s"] < doc["summaries"]["fifo"]["avg_jct_s"]
+    # The table went to stdout.
+    assert "Avg JCT (h)" in captured.out and "fifo" in captured.out and "srtf" in captured.out
+    assert f"{doc['summaries']['fifo']['avg_jct_s'] / 3600:.2f}" in captured.out
+
+
+def test_options_reach_the_simulator(tmp_path, capsys):
+    out = tmp_path / "o"
+    rc = main([
+        "simulate", "--trace", str(TRACE0), "--policy", "las", "--cluster", "4x8", "--out", str(out),
+        "--round", "600", "--no-event-trigger", "--restart-overhead", "60", "--noise-cv", "0.2", "--seed", "3",
+        "--metrics-interval", "1200", "--quiet",
+    ])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert captured.out == ""
+    doc = json.loads((out / "summary.json").read_text())
+    assert doc["config"] == {
+        "round_len_s": 600.0, "event_triggered": False, "restart_overhead_s": 60.0, "noise_cv": 0.2,
+        "seed": 3, "metrics_interval_s": 1200.0,
+    }
+    assert doc["summaries"]["las"]["util_grid_step_s"] == 600.0
+
+
+def _assert_refused(argv, out: Path, capsys, needle: str):
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert needle in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert not out.exists()
+    assert not any(p.name.startswith(f".{out.name}") for p in out.parent.iterdir())
+
+
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        (["--policy", "fifo,nosuch"], "unknown policy 'nosuch'"),
+        (["--policy", "fifo,fifo"], "listed twice"),
+        (["--policy", "fifo,"], "bad --policy"),
+        (["--cluster", "4y8"], "bad cluster spec '4y8'"),
+        (["--trace", "/nonexistent/trace.json"], "no such file"),
+    ],
+)
+def test_bad_input_exit_2_and_no_output(tmp_path, capsys, extra, needle):
+    out = tmp_path / "out"
+    argv = ["simulate", "--trace", str(TRACE0), "--policy", "fifo,srtf", "--cluster", "4x8", "--out", str(out), *extra]
+    _assert_refused(argv, out, capsys, needle)
+
+
+def test_rl_policy_unavailable_or_unknown_is_a_clear_error(tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = main(["simulate", "--trace", str(TRACE0), "--policy", "fifo,rl-nosuch-checkpoint", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "rl-nosuch-checkpoint" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_trace_too_big_for_cluster(tmp_path, capsys):
+    trace = tmp_path / "t.csv"
+    trace.write_text("job_id,submit_time,model,gpu_demand,total_samples\na,0,MoE,16,1000\n")
+    out = tmp_path / "out"
+    _assert_refused(["simulate", "--trace", str(trace), "--cluster", "1x8", "--out", str(out)], out, capsys, "row 2")
+
+
+def test_existing_output_is_protected_and_overwrite_replaces_it(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    argv = ["simulate", "--trace", str(TRACE0), "--policy", "fifo", "--out", str(out), "--quiet"]
+    assert main(argv) == 2
+    assert "not empty" in capsys.readouterr().err
+    assert (out / "keep.txt").read_text() == "mine"
+    assert main([*argv, "--overwrite"]) == 0
+    assert not (out / "keep.txt").exists() and (out / "summary.json").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_empty_existing_output_dir_is_used(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    assert main(["simulate", "--trace", str(TRACE0), "--policy", "fifo", "--out", str(out), "--quiet"]) == 0
+    assert (out / "jobs_fifo.parquet").exists()
+
+
+def test_failure_while_writing_leaves_nothing(tmp_path, monkeypatch, capsys):
+    def boom(*a, **k):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(report, "write_plots", boom)
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="disk full"):
+        main(["simulate", "--trace", str(TRACE0), "--policy", "fifo", "--out", str(out), "--quiet"])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_numeric_option_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["simulate", "--trace", str(TRACE0), "--out", str(tmp_path / "o"), "--round", "-5"])
+    assert exc.value.code == 2
+    assert "must be a positive number" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_default_trace_is_found_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["simulate", "--policy", "fifo", "--out", "o", "--quiet"]) == 0
+    doc = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert doc["trace"] == str(TRACE0.resolve()) and doc["jobs"] == 256

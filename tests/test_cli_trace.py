@@ -1,0 +1,158 @@
+"""``rlsched trace`` (trainer/cli_trace.py): generate / stats / convert, exit codes, no partial output."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from policies.cluster import ClusterSpec
+from rlsched.cli import main
+from trainer.traces import load_trace
+
+CLUSTER = ClusterSpec.homogeneous(4, 8)
+PHILLY_SLICE = (
+    "timestamp,duration,num_gpus,gpu_time,cluster\n"
+    "2017-10-09 07:01:55,66.0,1,66.0,vcA\n"
+    "2017-10-09 06:13:03,2951.0,4,11804.0,vcB\n"
+    "2017-10-09 06:13:36,2759.0,64,176576.0,vcA\n"
+)
+
+
+def test_generate_file_and_stats(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "heavy.csv"
+    assert main(["trace", "generate", "--mix", "heavy", "--jobs", "40", "--seed", "3", "--out", str(out)]) == 0
+    jobs = load_trace(out, CLUSTER)
+    assert len(jobs) == 40 and all(j.submit_time == 0 for j in jobs)
+    out2 = tmp_path / "heavy.parquet"
+    assert main(["trace", "generate", "--mix", "heavy", "--jobs", "40", "--seed", "3", "--out", str(out2)]) == 0
+    assert load_trace(out2, CLUSTER) == jobs  # same seed, same jobs, either format
+    capsys.readouterr()
+    assert main(["trace", "stats", str(out), "--cluster", "4x8", "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["jobs"] == 40 and s["isolated_duration_s"]["max"] == pytest.approx(3600)
+    assert main(["trace", "stats", str(out)]) == 0
+    assert "model mix" in capsys.readouterr().out
+
+
+def test_generate_sets(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "sets"
+    rc = main(
+        [
+            "trace",
+            "generate",
+            "--jobs",
+            "20",
+            "--arrival",
+            "poisson",
+            "--load",
+            "0.9",
+            "--sets",
+            "4",
+            "--format",
+            "parquet",
+            "--out",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    assert sorted(p.name for p in out.iterdir()) == [f"set{k}.parquet" for k in range(4)]
+    # Refuses to overwrite without --force, and leaves the directory as it was.
+    assert main(["trace", "generate", "--jobs", "5", "--sets", "1", "--out", str(out)]) == 2
+    assert "not empty" in capsys.readouterr().err
+    assert len(list(out.iterdir())) == 4
+    assert main(["trace", "generate", "--jobs", "5", "--sets", "2", "--out", str(out), "--force"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["set0.csv", "set1.csv"]
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (["--max-gpus", "64"], "larger than cluster"),
+        (["--mix", "mostly-moe"], "bad mix"),
+        (["--jobs", "0"], "num_jobs"),
+        (["--arrival", "poisson", "--load", "-1"], "load"),
+        (["--seed", "-3"], "seed"),
+        (["--cluster", "4by8"], "cluster"),
+    ],
+)
+def test_generate_bad_options_write_nothing(tmp_path: Path, capsys, extra: list[str], words: str) -> None:
+    out = tmp_path / "x.csv"
+    assert main(["trace", "generate", "--out", str(out), *extra]) == 2
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_generate_bad_out(tmp_path: Path, capsys) -> None:
+    assert main(["trace", "generate", "--out", str(tmp_path / "x.txt")]) == 2
+    assert main(["trace", "generate", "--sets", "2", "--out", str(tmp_path / "x.csv")]) == 2
+    (tmp_path / "keep.csv").write_text("mine")
+    assert main(["trace", "generate", "--out", str(tmp_path / "keep.csv")]) == 2
+    assert main(["trace", "generate", "--out", str(tmp_path / "keep.csv" / "x.csv")]) == 2
+    assert (tmp_path / "keep.csv").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.csv"]
+    # Missing parents are created for a good output.
+    assert main(["trace", "generate", "--jobs", "3", "--out", str(tmp_path / "a" / "b" / "x.csv")]) == 0
+    assert main(["trace", "generate", "--jobs", "3", "--sets", "2", "--out", str(tmp_path / "c" / "sets")]) == 0
+    assert len(load_trace(tmp_path / "a" / "b" / "x.csv", CLUSTER)) == 3
+    assert sorted(p.name for p in (tmp_path / "c" / "sets").iterdir()) == ["set0.csv", "set1.csv"]
+
+
+@pytest.mark.parametrize(
+    "name, text, where",
+    [
+        (
+            "t.csv",
+            "job_id,submit_time,model,gpu_demand,total_samples\na,0,MoE,8,10\nb,-1,MoE,8,10\n",
+            "row 3, field 'submit_time'",
+        ),
+        ("t.csv", "job_id,submit_time,model,gpu_demand,total_samples\na,0,Llama,8,10\n", "row 2, field 'model'"),
+        ("t.csv", "job_id,submit_time,model,gpu_demand,total_samples\na,0,MoE,33,10\n", "row 2, field 'gpu_demand'"),
+        (
+            "t.csv",
+            "job_id,submit_time,model,gpu_demand,total_samples\na,0,MoE,8,10\na,0,MoE,8,10\n",
+            "row 3, field 'job_id'",
+        ),
+        ("t.csv", "job_id,submit_time,gpu_demand,total_samples\na,0,8,10\n", "row 1, field 'model'"),
+        ("t.csv", "", "empty file"),
+        ("p.csv", PHILLY_SLICE + "2017-10-09 06:13:36,x,1,1,vcA\n", "row 5, field 'duration'"),
+    ],
+)
+def test_bad_trace_exits_2_and_writes_nothing(tmp_path: Path, capsys, name: str, text: str, where: str) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    assert main(["trace", "stats", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and where in err
+    out = tmp_path / "out.parquet"
+    assert main(["trace", "convert", str(path), "--out", str(out)]) == 2
+    assert str(path) in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+
+
+def test_convert_philly_slice(tmp_path: Path, capsys) -> None:
+    src = tmp_path / "philly.csv"
+    src.write_text(PHILLY_SLICE)
+    out = tmp_path / "c.parquet"
+    assert (
+        main(["trace", "convert", str(src), "--cluster", "4x8", "--seed", "5", "--vc", "vcA", "--out", str(out)]) == 0
+    )
+    jobs = load_trace(out, CLUSTER)
+    assert {j.job_id for j in jobs} == {"0", "2"}
+    assert max(j.gpu_demand for j in jobs) == 32
+    assert {j.extra["vc"] for j in jobs} == {"vcA"}
+    capsys.readouterr()
+    assert main(["trace", "stats", str(src), "--window-h", "0:0.5", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["jobs"] == 2
+    assert main(["trace", "stats", str(src), "--window-h", "5"]) == 2
+    assert main(["trace", "stats", str(src), "--sample", "0"]) == 2
+    assert main(["trace", "stats", str(src), "--oversize", "error"]) == 2
+    assert "row 4, field 'num_gpus'" in capsys.readouterr().err
+
+
+def test_trace_without_action_is_usage_error(capsys) -> None:
+    with pytest.raises(SystemExit) as ei:
+        main(["trace"])
+    assert ei.value.code == 2

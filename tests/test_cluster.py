@@ -1,0 +1,165 @@
+"""Tests for policies.cluster: spec parsing, validation and placements."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from policies.cluster import ClusterSpec, ClusterSpecError, NodeSpec, Placement
+
+
+# ---------------------------------------------------------------------- "NxG"
+@pytest.mark.parametrize(
+    "spec, nodes, gpus",
+    [("4x8", 4, 8), ("128x8", 128, 8), ("1x1", 1, 1), (" 2 X 4 ", 2, 4)],
+)
+def test_parse_homogeneous(spec: str, nodes: int, gpus: int) -> None:
+    c = ClusterSpec.parse(spec)
+    assert c.num_nodes == nodes
+    assert c.gpus_per_node == (gpus,) * nodes
+    assert c.total_gpus == nodes * gpus
+    assert c.is_homogeneous
+    assert c.describe() == f"{nodes}x{gpus}"
+    assert [n.name for n in c.nodes] == [f"node{i + 1}" for i in range(nodes)]
+    # Seed testbed defaults: PCIe 16 GB/s inside, 40 Gbps IB = 5 GB/s outside.
+    assert c.bw_ratio == pytest.approx(5.0 / 16.0)
+
+
+def test_parse_passes_spec_through() -> None:
+    c = ClusterSpec.parse("2x4")
+    assert ClusterSpec.parse(c) is c
+
+
+@pytest.mark.parametrize("spec", ["4y8", "4x", "x8", "4x8x2", "", "four by eight"])
+def test_parse_bad_string(spec: str) -> None:
+    with pytest.raises(ClusterSpecError, match="NODESxGPUS"):
+        ClusterSpec.parse(spec)
+
+
+@pytest.mark.parametrize("spec", ["0x8", "4x0", "0x0"])
+def test_parse_zero(spec: str) -> None:
+    with pytest.raises(ClusterSpecError, match=r"must be >= 1"):
+        ClusterSpec.parse(spec)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(ClusterSpecError, match="nope.yaml.*NODESxGPUS"):
+        ClusterSpec.parse(str(missing))
+    with pytest.raises(ClusterSpecError, match="NODESxGPUS"):
+        ClusterSpec.parse(tmp_path)  # a directory is not a cluster file
+
+
+# ---------------------------------------------------------------------- files
+def test_yaml_file(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text(
+        "intra_bw_gbps: 32\n"
+        "inter_bw_gbps: 12.5\n"
+        "nodes:\n"
+        "  - {name: big, gpus: 8}\n"
+        "  - {name: small, gpus: 4, count: 2}\n"
+        "  - {gpus: 2}\n"
+    )
+    c = ClusterSpec.parse(f)
+    assert [n.name for n in c.nodes] == ["big", "small1", "small2", "node4"]
+    assert c.gpus_per_node == (8, 4, 4, 2)
+    assert c.total_gpus == 18
+    assert not c.is_homogeneous
+    assert c.max_gpus_per_node == 8
+    assert c.intra_bw_gbps == 32.0 and c.inter_bw_gbps == 12.5
+    assert c.node_index("small2") == 2
+    assert c.describe() == "4 nodes / 18 GPUs"
+    # to_dict round-trips through the YAML reader.
+    import yaml
+
+    g = tmp_path / "round.yml"
+    g.write_text(yaml.safe_dump(c.to_dict()))
+    assert ClusterSpec.parse(g) == c
+
+
+def test_toml_file(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text(
+        "inter_bw_gbps = 25\n"
+        "[[nodes]]\nname = \"gpu\"\ngpus = 8\ncount = 3\n"
+        "[[nodes]]\nname = \"odd\"\ngpus = 4\n"
+    )
+    c = ClusterSpec.parse(str(f))
+    assert [n.name for n in c.nodes] == ["gpu1", "gpu2", "gpu3", "odd"]
+    assert c.gpus_per_node == (8, 8, 8, 4)
+    assert c.inter_bw_gbps == 25.0 and c.intra_bw_gbps == 16.0
+
+
+@pytest.mark.parametrize(
+    "suffix, text, match",
+    [
+        (".yaml", "nodes: [ {gpus: 8}\n", "cannot parse cluster file"),
+        (".toml", "[[nodes]\ngpus = 8\n", "cannot parse cluster file"),
+        (".yaml", "- 1\n- 2\n", "expected a mapping with a 'nodes' list"),
+        (".yaml", "nodes:\n  - {name: a}\n", r"nodes\[0\]: each node needs 'gpus'"),
+        (".yaml", "nodes:\n  - {gpus: 0}\n", r"nodes\[0\]\.gpus: expected a positive integer"),
+        (".yaml", "nodes:\n  - {gpus: 8}\n  - {gpus: 2.5}\n", r"nodes\[1\]\.gpus: expected a positive integer"),
+        (".yaml", "nodes:\n  - {gpus: 8, count: 0}\n", r"nodes\[0\]\.count: expected a positive integer"),
+        (".yaml", "nodes:\n  - {name: a, gpus: 8}\n  - {name: a, gpus: 4}\n", "duplicate node names"),
+        (".yaml", "nodes: []\n", "at least one node"),
+        (".yaml", "nodes: {gpus: 8}\n", "'nodes' must be a list"),
+        (".yaml", "nodes:\n  - {gpus: true}\n", r"nodes\[0\]\.gpus: expected a positive integer"),
+        (".yaml", "inter_bw_gbps: fast\nnodes:\n  - {gpus: 8}\n", "inter_bw_gbps: expected a number"),
+        (".yaml", "inter_bw_gbps: 0\nnodes:\n  - {gpus: 8}\n", "bandwidths must be positive"),
+    ],
+)
+def test_bad_files(tmp_path: Path, suffix: str, text: str, match: str) -> None:
+    f = tmp_path / f"bad{suffix}"
+    f.write_text(text)
+    with pytest.raises(ClusterSpecError, match=match) as err:
+        ClusterSpec.parse(f)
+    # Every file error names the file.
+    assert str(f) in str(err.value)
+
+
+def test_duplicate_names_direct() -> None:
+    with pytest.raises(ClusterSpecError, match="duplicate node names"):
+        ClusterSpec((NodeSpec("a", 8), NodeSpec("a", 8)))
+
+
+def test_bad_node_gpus_direct() -> None:
+    with pytest.raises(ClusterSpecError, match="'x': gpus must be a positive integer"):
+        ClusterSpec((NodeSpec("x", 0),))
+
+
+def test_cluster_spec_error_is_value_error() -> None:
+    assert issubclass(ClusterSpecError, ValueError)
+
+
+# ---------------------------------------------------------------------- placement
+def test_placement_of_merges_and_sorts() -> None:
+    p = Placement.of([(2, 3), (0, 4), (2, 1), (1, 0)])
+    assert p.alloc == ((0, 4), (2, 4))
+    assert p.total_gpus == 8
+    assert p.shape == (8, 2)
+    assert p.nodes == (0, 2)
+    assert p.num_nodes == 2
+    assert p.max_per_node == 4
+    assert p.as_dict() == {0: 4, 2: 4}
+    assert str(p) == "{0:4, 2:4}"
+    assert p == Placement.of({2: 4, 0: 4})
+    assert hash(p) == hash(Placement.of({0: 4, 2: 4}))
+
+
+def test_placement_fits() -> None:
+    p = Placement.of({0: 4, 2: 4})
+    assert p.fits([4, 0, 8])
+    assert not p.fits([3, 8, 8])
+    assert not p.fits([8, 8])  # node 2 does not exist
+
+
+def test_placement_negative() -> None:
+    with pytest.raises(ValueError, match="negative GPU count"):
+        Placement.of({0: -1})
+
+
+def test_empty_placement() -> None:
+    p = Placement.of({})
+    assert p.total_gpus == 0 and p.num_nodes == 0 and p.max_per_node == 0

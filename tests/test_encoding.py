@@ -1,0 +1,126 @@
+"""Observation encoder / action decoder (policies.encoding)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.cluster import ClusterSpec, Placement
+from policies.encoding import Encoder, EncodingError, ObsSpec, apply_placement
+from policies.perf import ContentionModel
+from policies.state import ClusterState, JobInfo
+from policies.workloads import MODELS
+
+C48 = ClusterSpec.parse("4x8")
+PERF = ContentionModel(C48)
+
+
+def _job(jid: str, model: str, g: int, rem_h: float = 1.0, placement: Placement | None = None) -> JobInfo:
+    best = PERF.best_isolated_throughput(model, g)
+    j = JobInfo(jid, model, g, 0.0, total_samples=rem_h * 3600 * best, best_thp=best, placement=placement)
+    if placement is not None:
+        j.isolated_thp = j.achieved_thp = PERF.isolated_throughput(model, placement.total_gpus, placement.num_nodes)
+    return j
+
+
+def _state(running: list[JobInfo], pending: list[JobInfo]) -> ClusterState:
+    free = np.array(C48.gpus_per_node)
+    for j in running:
+        for n, c in j.placement.alloc:
+            free[n] -= c
+    return ClusterState(0.0, C48, free, running, pending)
+
+
+def test_spec_shapes():
+    spec = ObsSpec.for_cluster(C48)
+    assert spec.levels == 3 and spec.options == 4 and spec.n_actions == 17
+    assert spec.shape == (max(9, 4 * 4 + 16), 4, 16)
+    big = ObsSpec.for_cluster(ClusterSpec.parse("128x8"))
+    assert big.levels == 4 and big.shape[1:] == (128, 16)
+    assert ObsSpec.from_dict(spec.to_dict()) == spec
+
+
+def test_spec_mismatch_is_clear():
+    spec = ObsSpec.for_cluster(C48)
+    with pytest.raises(EncodingError, match="4x8"):
+        Encoder(ClusterSpec.parse("8x8"), PERF, spec)
+
+
+def test_left_half_and_candidates():
+    run = _job("r1", "MoE", 8, placement=Placement.of({0: 4, 1: 4}))
+    pend = [_job("a", "GraphSage", 4, 2.0), _job("b", "DLRM", 4, 1.0), _job("c", "FSDP", 1, 1.0), _job("d", "MoE", 32, 1.0)]
+    enc = Encoder(C48, PERF).encode(_state([run], pend))
+    obs = enc.obs
+    assert obs.dtype == np.float32 and obs.shape == enc.spec.shape
+    assert obs.min() >= 0.0 and obs.max() <= 1.0
+    # r1 occupies slots 0..3 of nodes 0 and 1, multi-node flag set.
+    assert obs[1, 0, :4].sum() == 4 and obs[1, 0, 4:8].sum() == 0 and obs[1, 2].sum() == 0
+    assert (obs[6, 0, :4] == 1).all()
+    # One candidate per demand, the shortest of each; ordered by remaining GPU-time.
+    ids = [c.job_id for c in enc.candidates]
+    assert ids == ["c", "b", "d"]
+    # 32 GPUs do not fit while r1 runs: no option for d; noop allowed as a job runs.
+    S = enc.spec.options
+    assert not enc.mask[2 * S: 3 * S].any()
+    assert enc.mask[enc.spec.noop]
+
+
+def test_noop_masked_when_idle_and_fits():
+    enc = Encoder(C48, PERF).encode(_state([], [_job("a", "MoE", 8)]))
+    assert not enc.mask[enc.spec.noop] and enc.any_placement
+    with pytest.raises(ValueError):
+        enc.decode(enc.spec.noop)
+
+
+def test_decode_gives_fitting_placement_with_speed_channel():
+    run = _job("r1", "FSDP", 8, placement=Placement.of({0: 4, 1: 4}))
+    st_ = _state([run], [_job("a", "MoE", 8)])
+    enc = Encoder(C48, PERF).encode(st_)
+    S = enc.spec.options
+    for s in range(S):
+        if enc.mask[s]:
+            jid, p = enc.decode(s)
+            assert jid == "a" and p.total_gpus == 8 and p.fits(st_.free_gpus)
+            G = enc.spec.gpus_per_node
+            ch = enc.obs[s, :, G:]
+            assert (ch > 0).sum() == 8  # the 8 slots it would take
+            assert ch.max() <= 1.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from(MODELS), st.sampled_from([1, 2, 4, 8, 16, 32]), st.floats(0.1, 10)), min_size=1, max_size=12),
+    st.integers(0, 2**31 - 1),
+)
+def test_every_valid_action_fits(jobs, seed):
+    """Property: applying any sequence of valid actions never over-allocates a node."""
+    rng = np.random.default_rng(seed)
+    pend = [_job(f"j{i}", m, g, r) for i, (m, g, r) in enumerate(jobs)]
+    state = _state([], pend)
+    enc_ = Encoder(C48, PERF)
+    for _ in range(20):
+        enc = enc_.encode(state)
+        valid = np.flatnonzero(enc.mask)
+        assert valid.size >= 1
+        a = int(rng.choice(valid))
+        d = enc.decode(a)
+        if d is None:
+            break
+        jid, p = d
+        assert p.fits(state.free_gpus)
+        state = apply_placement(state, jid, p, PERF)
+        assert (state.free_gpus >= 0).all()
+        assert int(state.free_gpus.sum()) + sum(j.gpu_demand for j in state.running) == C48.total_gpus
+
+
+def test_apply_placement_updates_neighbour_contention():
+    run = _job("r1", "MoE", 8, placement=Placement.of({0: 4, 1: 4}))
+    state = _state([run], [_job("a", "FSDP", 8)])
+    after = apply_placement(state, "a", Placement.of({0: 4, 1: 4}), PERF)
+    r1 = next(j for j in after.running if j.job_id == "r1")
+    assert r1.cs > 1.0
+    assert [j.job_id for j in state.running] == ["r1"] and state.running[0].cs == 1.0  # input untouched
+    with pytest.raises(ValueError):
+        apply_placement(after, "a", Placement.of({2: 8}), PERF)

@@ -1,0 +1,119 @@
+"""Gymnasium environment contract (trainer.env)."""
+
+from __future__ import annotations
+
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.cluster import ClusterSpec
+from policies.job import JobSpec
+from policies.perf import ContentionModel
+from trainer.env import ENV_ID, PlacementEnv
+from trainer.generate import GeneratorConfig, generate_jobs
+
+C48 = ClusterSpec.parse("4x8")
+PERF = ContentionModel(C48)
+
+
+def _jobs(n: int = 24, seed: int = 0, arrival: str = "zero") -> list[JobSpec]:
+    return generate_jobs(C48, GeneratorConfig(num_jobs=n, seed=seed, arrival=arrival, duration_s=1800.0), PERF)
+
+
+def _run(env: PlacementEnv, policy: str, seed: int, rng_seed: int = 0):
+    rng = np.random.default_rng(rng_seed)
+    obs, _ = env.reset(seed=seed)
+    total, steps, trace = 0.0, 0, []
+    while True:
+        m = env.action_masks()
+        a = int(rng.choice(np.flatnonzero(m))) if policy == "random" else int(np.flatnonzero(m)[0])
+        obs, r, term, trunc, info = env.step(a)
+        assert env.observation_space.contains(obs)
+        trace.append((a, r))
+        total += r
+        steps += 1
+        if term or trunc:
+            return total, steps, trace, info
+
+
+def test_gymnasium_check_env():
+    from gymnasium.utils.env_checker import check_env
+
+    env = PlacementEnv([_jobs()], C48, perf=PERF)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        check_env(env, skip_render_check=True)
+
+
+def test_sb3_check_env():
+    from stable_baselines3.common.env_checker import check_env
+
+    for reward in ("progress", "jct", "seed"):
+        check_env(PlacementEnv([_jobs()], C48, reward=reward, perf=PERF), warn=False)
+
+
+def test_registered_id():
+    env = gym.make(ENV_ID, traces=[_jobs(8)], cluster="4x8")
+    obs, info = env.reset(seed=1)
+    assert obs.shape == env.observation_space.shape
+    env.close()
+
+
+@pytest.mark.parametrize("reward", ["progress", "jct", "seed"])
+def test_episode_finishes_all_jobs(reward):
+    env = PlacementEnv([_jobs(32)], C48, reward=reward, perf=PERF, shaping=False)
+    total, steps, _, info = _run(env, "random", 0)
+    assert info["finished"] == 32 and env.sim.done
+    assert np.isfinite(total)
+    if reward == "progress":  # every job contributes its whole progress exactly once
+        assert total == pytest.approx(32.0, rel=1e-6)
+    if reward == "jct":  # undiscounted return = -sum(JCT) / (round_len * jobs)
+        res = env.sim.result()
+        assert total == pytest.approx(-sum(r.jct for r in res.jobs) / (300.0 * 32), rel=1e-6)
+
+
+def test_deterministic_replay():
+    a = _run(PlacementEnv([_jobs(seed=1), _jobs(seed=2)], C48, perf=PERF), "random", seed=7, rng_seed=3)
+    b = _run(PlacementEnv([_jobs(seed=1), _jobs(seed=2)], C48, perf=PERF), "random", seed=7, rng_seed=3)
+    assert a[2] == b[2] and a[0] == b[0]
+
+
+def test_invalid_action_is_penalised_not_applied():
+    env = PlacementEnv([_jobs(16)], C48, reward="jct", perf=PERF, invalid_penalty=-0.5)
+    env.reset(seed=0)
+    env.step(int(np.flatnonzero(env.action_masks())[0]))  # start one job so waiting is allowed
+    running = len(env.sim.running)
+    bad = int(np.flatnonzero(~env.action_masks())[-1])
+    _, r, *_ = env.step(bad)
+    assert r <= -0.5  # penalty plus the (negative) jct reward of the time that passed
+    assert len(env.sim.running) <= running  # nothing was started
+    env.sim.check_invariants()
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 10_000), st.integers(0, 10_000), st.sampled_from(["zero", "poisson"]))
+def test_masked_random_policy_never_applies_invalid(trace_seed, rng_seed, arrival):
+    """Property: with the mask, every applied placement fits and invariants hold."""
+    env = PlacementEnv([_jobs(20, trace_seed, arrival)], C48, perf=PERF)
+    env.reset(seed=0)
+    rng = np.random.default_rng(rng_seed)
+    for _ in range(400):
+        m = env.action_masks()
+        assert m.any()
+        a = int(rng.choice(np.flatnonzero(m)))
+        _, _, term, trunc, _ = env.step(a)
+        env.sim.check_invariants()
+        if term or trunc:
+            break
+    assert env.sim.done
+
+
+def test_first_valid_beats_random():
+    env = PlacementEnv([_jobs(48, 3)], C48, reward="jct", perf=PERF)
+    first = _run(env, "first", 0)[0]
+    rand = np.mean([_run(env, "random", 0, s)[0] for s in range(3)])
+    assert first > rand

@@ -1,0 +1,264 @@
+"""Tests for policies.heuristics: each order does what its name says.
+
+Policies are called directly on hand-made cluster states; end-to-end golden
+traces through the simulator are in tests/test_simulator.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.base import PolicyError
+from policies.cluster import ClusterSpec, Placement
+from policies.heuristics import LAS_THRESHOLDS, ORDERS, OrderedPolicy, make_heuristic
+from policies.perf import ContentionModel
+from policies.placement import ContentionAwarePlacement, pack, spread
+from policies.state import ClusterState, Decision, JobInfo
+
+C18 = ClusterSpec.parse("1x8")
+C28 = ClusterSpec.parse("2x8")
+
+
+@pytest.fixture(scope="module")
+def perf() -> ContentionModel:
+    return ContentionModel(ClusterSpec.parse("4x8"))
+
+
+def job(jid: str, gpus: int, submit: float = 0.0, total: float = 1000.0, done: float = 0.0, *,
+        placement: Placement | None = None, start: float | None = None, attained: float = 0.0,
+        model: str = "MoE") -> JobInfo:
+    # best_thp = 1 sample/s: remaining_time = remaining samples.
+    return JobInfo(jid, model, gpus, submit, total, done_samples=done, attained_service=attained,
+                   placement=placement, best_thp=1.0, start_time=start)
+
+
+def state(cluster: ClusterSpec, running: list[JobInfo], pending: list[JobInfo], t: float = 1000.0) -> ClusterState:
+    free = np.array(cluster.gpus_per_node, dtype=np.int64)
+    for j in running:
+        for n, c in j.placement.alloc:  # type: ignore[union-attr]
+            free[n] -= c
+    assert (free >= 0).all()
+    return ClusterState(t, cluster, free, running, pending)
+
+
+def placed(dec: Decision) -> list[str]:
+    return [jid for jid, _ in dec.place]
+
+
+# ---------------------------------------------------------------------- names
+@pytest.mark.parametrize(
+    "name, order, placement, preemptive, strict",
+    [
+        ("fifo", "fifo", pack, False, True),
+        ("sjf", "sjf", pack, False, False),
+        ("srtf", "srtf", pack, True, False),
+        ("las", "las", pack, True, False),
+        ("las-np", "las", pack, False, False),
+        ("srtf:spread", "srtf", spread, True, False),
+        ("FIFO:Spread", "fifo", spread, False, True),
+    ],
+)
+def test_make_heuristic(perf, name, order, placement, preemptive, strict) -> None:
+    pol = make_heuristic(name, perf)
+    assert isinstance(pol, OrderedPolicy)
+    assert pol.order is ORDERS[order]
+    assert pol.placement is placement
+    assert pol.preemptive is preemptive and pol.strict is strict
+    assert pol.time_invariant is (not preemptive)
+    assert pol.name == name.lower()
+
+
+def test_make_greedy(perf) -> None:
+    pol = make_heuristic("greedy", perf)
+    assert pol.order is ORDERS["srtf"] and isinstance(pol.placement, ContentionAwarePlacement)
+    assert make_heuristic("greedy:spread", perf).placement is spread
+
+
+@pytest.mark.parametrize("bad, match", [("foo", "unknown policy 'foo'"), ("srtf:bar", "unknown placement 'bar'"), ("", "unknown policy")])
+def test_make_heuristic_errors(perf, bad, match) -> None:
+    with pytest.raises(PolicyError, match=match):
+        make_heuristic(bad, perf)
+
+
+# ---------------------------------------------------------------------- FIFO / SJF
+def test_fifo_blocks_head_of_line(perf) -> None:
+    run = [job("r", 4, placement=Placement.of({0: 4}), start=0.0)]
+    pend = [job("big", 8, submit=10.0), job("small", 1, submit=20.0, total=5.0)]
+    st_ = state(C18, run, pend)
+    assert make_heuristic("fifo", perf).schedule(st_) == Decision()
+    # SJF: the small job goes first (shortest) and fits: backfill.
+    assert placed(make_heuristic("sjf", perf).schedule(st_)) == ["small"]
+    # Not strict FIFO order with backfilling would place it too: order matters, not only strictness.
+    assert placed(make_heuristic("las-np", perf).schedule(st_)) == ["small"]
+
+
+def test_fifo_order_is_submit_time(perf) -> None:
+    pend = [job("late", 4, submit=5.0, total=1.0), job("early", 4, submit=1.0, total=9e9)]
+    dec = make_heuristic("fifo", perf).schedule(state(C18, [], pend))
+    assert placed(dec) == ["early", "late"]
+
+
+def test_sjf_orders_by_total_work_not_remaining(perf) -> None:
+    pend = [job("a", 8, total=1000.0, done=900.0), job("b", 8, total=500.0)]
+    assert placed(make_heuristic("sjf", perf).schedule(state(C18, [], pend))) == ["b"]
+    # SRTF looks at what is left: a has 100 left.
+    assert placed(make_heuristic("srtf", perf).schedule(state(C18, [], pend))) == ["a"]
+
+
+# ---------------------------------------------------------------------- SRTF
+def test_srtf_preempts_long_for_much_shorter(perf) -> None:
+    run = [job("long", 8, total=1e5, done=1e3, placement=Placement.of({0: 8}), start=0.0)]
+    pend = [job("short", 8, submit=900.0, total=100.0)]
+    dec = make_heuristic("srtf", perf).schedule(state(C18, run, pend))
+    assert dec.preempt == ["long"] and placed(dec) == ["short"]
+    assert dec.place[0][1] == Placement.of({0: 8})
+    # Non-preemptive variant: nothing to do.
+    assert make_heuristic("srtf-np", perf).schedule(state(C18, run, pend)) == Decision()
+
+
+def test_srtf_no_preemption_within_margin_or_min_run(perf) -> None:
+    run = [job("long", 8, total=1000.0, done=850.0, placement=Placement.of({0: 8}), start=0.0)]
+    # 150 left vs 100: not more than 2x.
+    assert make_heuristic("srtf", perf).schedule(state(C18, run, [job("s", 8, total=100.0)])) == Decision()
+    # Clearly shorter but the running job started 100 s ago (< min_run 300 s).
+    run = [job("long", 8, total=1e5, placement=Placement.of({0: 8}), start=900.0)]
+    assert make_heuristic("srtf", perf).schedule(state(C18, run, [job("s", 8, total=1.0)])) == Decision()
+
+
+def test_srtf_preempts_worst_victim_and_only_what_it_needs(perf) -> None:
+    run = [
+        job("longest", 8, total=1e6, placement=Placement.of({0: 8}), start=0.0),
+        job("long", 8, total=1e5, placement=Placement.of({1: 8}), start=0.0),
+    ]
+    dec = make_heuristic("srtf", perf).schedule(state(C28, run, [job("s", 4, total=10.0)]))
+    assert dec.preempt == ["longest"]
+    assert dec.place == [("s", Placement.of({0: 4}))]
+
+
+def test_srtf_least_remaining_first(perf) -> None:
+    pend = [job("c", 8, total=300.0), job("a", 8, total=100.0), job("b", 8, total=200.0)]
+    pol = make_heuristic("srtf", perf)
+    assert [j.job_id for j in sorted(pend, key=pol.order)] == ["a", "b", "c"]
+    assert placed(pol.schedule(state(C18, [], pend))) == ["a"]
+
+
+# ---------------------------------------------------------------------- LAS
+def test_las_favours_least_attained_service(perf) -> None:
+    pol = make_heuristic("las", perf)
+    low, high = LAS_THRESHOLDS[0] / 2, LAS_THRESHOLDS[0] * 2
+    pend = [
+        job("old-heavy", 8, submit=0.0, attained=high, done=1.0),
+        job("new-light", 8, submit=50.0, attained=low),
+    ]
+    assert placed(pol.schedule(state(C18, [], pend))) == ["new-light"]
+    # Inside one queue: FIFO, not least-attained first.
+    pend = [job("first", 8, submit=0.0, attained=low), job("second", 8, submit=1.0, attained=0.0)]
+    assert placed(pol.schedule(state(C18, [], pend))) == ["first"]
+
+
+def test_las_preempts_across_queues_only(perf) -> None:
+    pol = make_heuristic("las", perf)
+    run = [job("hog", 8, placement=Placement.of({0: 8}), start=0.0, attained=LAS_THRESHOLDS[0] + 1)]
+    dec = pol.schedule(state(C18, run, [job("new", 8, submit=900.0, total=9e9)]))
+    assert dec.preempt == ["hog"] and placed(dec) == ["new"]
+    run = [job("same-queue", 8, placement=Placement.of({0: 8}), start=0.0, attained=LAS_THRESHOLDS[0] - 1)]
+    assert pol.schedule(state(C18, run, [job("new", 8, submit=900.0, total=1.0)])) == Decision()
+
+
+# ---------------------------------------------------------------------- equivalence with a reference
+def reference_schedule(pol: OrderedPolicy, st_: ClusterState) -> Decision:
+    """The straightforward algorithm (no shortcuts): the optimised
+    OrderedPolicy.schedule must return exactly this."""
+    dec = Decision()
+    free = st_.free_gpus.astype(np.int64).copy()
+    pending = sorted(st_.pending, key=pol.order)
+    victims = []
+    if pol.preemptive:
+        victims = sorted((j for j in st_.running if j.start_time is None or st_.time - j.start_time >= pol.min_run),
+                         key=pol.order, reverse=True)
+    for jb in pending:
+        p = pol.placement(jb, free, st_)
+        if p is None and pol.preemptive and victims:
+            key = pol.order(jb)
+            trial, chosen = free.copy(), []
+            for v in victims:
+                if not pol._lower(pol.order(v)[0], key[0]):
+                    break
+                for n, c in v.placement.alloc:
+                    trial[n] += c
+                chosen.append(v)
+                p = pol.placement(jb, trial, st_)
+                if p is not None:
+                    used = set(p.nodes)
+                    for x in [x for x in chosen if used & set(x.placement.nodes)]:
+                        dec.preempt.append(x.job_id)
+                        victims.remove(x)
+                        for n, c in x.placement.alloc:
+                            free[n] += c
+                    break
+        if p is None:
+            if pol.strict:
+                break
+            continue
+        for n, c in p.alloc:
+            free[n] -= c
+        dec.place.append((jb.job_id, p))
+    return dec
+
+
+@st.composite
+def random_states(draw) -> ClusterState:
+    cluster = ClusterSpec.homogeneous(draw(st.integers(1, 4)), 8)
+    free = np.array(cluster.gpus_per_node, dtype=np.int64)
+    running = []
+    for i in range(draw(st.integers(0, 6))):
+        gpus = draw(st.sampled_from([1, 2, 4, 8, 16]))
+        p = pack(job("x", gpus), free)
+        if p is None:
+            continue
+        for n, c in p.alloc:
+            free[n] -= c
+        total = float(draw(st.integers(10, 10**5)))
+        running.append(job(f"r{i}", gpus, submit=float(draw(st.integers(0, 500))), total=total,
+                           done=total * draw(st.floats(0, 0.99)), placement=p,
+                           start=float(draw(st.integers(0, 1000))),
+                           attained=float(draw(st.sampled_from([0, 1000, 5000, 20000, 80000]))),
+                           model=draw(st.sampled_from(["MoE", "FSDP", "GraphSage"]))))
+    pending = [
+        job(f"p{i}", draw(st.sampled_from([1, 2, 4, 8, 12, 16, 32])), submit=float(draw(st.integers(0, 1000))),
+            total=float(draw(st.integers(10, 10**5))),
+            attained=float(draw(st.sampled_from([0, 1000, 5000, 20000]))),
+            model=draw(st.sampled_from(["MoE", "DLRM", "Transformer-XL"])))
+        for i in range(draw(st.integers(0, 10)))
+    ]
+    pending = [j for j in pending if j.gpu_demand <= cluster.total_gpus]
+    return ClusterState(1000.0, cluster, free, running, pending)
+
+
+@pytest.mark.parametrize("name", ["fifo", "sjf", "srtf", "las", "greedy", "srtf:spread", "las:spread", "las-np", "sjf:greedy"])
+@settings(max_examples=60, deadline=None)
+@given(st_=random_states())
+def test_schedule_matches_reference(perf, name, st_) -> None:
+    pol = make_heuristic(name, perf)
+    assert pol.schedule(st_) == reference_schedule(pol, st_)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st_=random_states())
+def test_decisions_are_applicable(perf, st_) -> None:
+    """Preempt first, then place in order: every placement fits what is free then."""
+    for name in ("srtf", "las", "greedy", "fifo:spread"):
+        dec = make_heuristic(name, perf).schedule(st_)
+        free = st_.free_gpus.copy()
+        by_id = {j.job_id: j for j in list(st_.running) + list(st_.pending)}
+        for jid in dec.preempt:
+            for n, c in by_id[jid].placement.alloc:
+                free[n] += c
+        for jid, p in dec.place:
+            assert p.total_gpus == by_id[jid].gpu_demand and p.fits(free)
+            for n, c in p.alloc:
+                free[n] -= c
+        assert len(set(placed(dec))) == len(dec.place)

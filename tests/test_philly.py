@@ -1,0 +1,211 @@
+"""Philly trace reader (trainer/philly.py): the conversion rule, speed on the full file, bad rows."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from policies.cluster import ClusterSpec
+from policies.perf import ContentionModel
+from policies.workloads import MODELS
+from trainer.philly import read_philly
+from trainer.traces import TraceError, load_trace
+
+REPO = Path(__file__).resolve().parents[1]
+PHILLY = REPO / "data" / "philly" / "philly.csv"
+CLUSTER = ClusterSpec.homogeneous(4, 8)
+HEADER = "timestamp,duration,num_gpus,gpu_time,cluster\n"
+SLICE = (
+    HEADER
+    + "2017-10-09 07:01:55,66.0,1,66.0,vcA\n"
+    + "2017-10-09 06:13:03,2951.0,4,11804.0,vcB\n"
+    + "2017-10-09 06:13:36,2759.0,64,176576.0,vcA\n"
+    + "2017-10-10 06:13:03,100.0,8,800.0,vcB\n"
+    + "2017-10-09 06:13:03,10.0,2,20.0,vcC\n"
+)
+
+
+@pytest.fixture(scope="module")
+def perf() -> ContentionModel:
+    return ContentionModel(CLUSTER)
+
+
+@pytest.fixture()
+def small(tmp_path: Path) -> Path:
+    p = tmp_path / "slice.csv"
+    p.write_text(SLICE)
+    return p
+
+
+def test_small_slice_rule(small: Path, perf: ContentionModel) -> None:
+    jobs = read_philly(small, CLUSTER, seed=0, perf=perf)
+    by_id = {j.job_id: j for j in jobs}
+    assert set(by_id) == {"0", "1", "2", "3", "4"}  # 0-based data-row index
+    # Sorted by submit time, ties in row order; times from the earliest timestamp.
+    assert [j.job_id for j in jobs] == ["1", "4", "2", "0", "3"]
+    assert by_id["1"].submit_time == 0.0
+    assert by_id["2"].submit_time == 33.0
+    assert by_id["0"].submit_time == 48 * 60 + 52
+    assert by_id["3"].submit_time == 86400.0
+    # 64 GPUs are clipped to the 32 of the cluster; others kept.
+    assert [by_id[i].gpu_demand for i in "01234"] == [1, 4, 32, 8, 2]
+    assert by_id["2"].extra["philly_gpus"] == 64
+    assert by_id["0"].extra["vc"] == "vcA"
+    # total_samples = duration * best isolated throughput of (model, demand).
+    for j, dur in zip((by_id[i] for i in "01234"), (66.0, 2951.0, 2759.0, 100.0, 10.0)):
+        assert j.model in MODELS
+        assert j.total_samples == pytest.approx(dur * perf.best_isolated_throughput(j.model, j.gpu_demand))
+        assert j.extra["duration"] == dur
+
+
+def test_models_are_per_row_and_seeded(small: Path, perf: ContentionModel) -> None:
+    a = {j.job_id: j.model for j in read_philly(small, CLUSTER, seed=7, perf=perf)}
+    b = {j.job_id: j.model for j in read_philly(small, CLUSTER, seed=7, perf=perf)}
+    assert a == b
+    # Filters never change a job's model.
+    only_a = read_philly(small, CLUSTER, seed=7, perf=perf, virtual_clusters=["vcA"])
+    assert {j.job_id for j in only_a} == {"0", "2"}
+    assert all(a[j.job_id] == j.model for j in only_a)
+    assert only_a[0].submit_time == 0.0  # re-based on the kept jobs
+    # A one-model mix gives only that model.
+    moe = read_philly(small, CLUSTER, seed=7, perf=perf, mix={"MoE": 1})
+    assert {j.model for j in moe} == {"MoE"}
+
+
+def test_options(small: Path, perf: ContentionModel) -> None:
+    base = {j.job_id: j for j in read_philly(small, CLUSTER, perf=perf)}
+    dropped = read_philly(small, CLUSTER, perf=perf, oversize="drop")
+    assert "2" not in {j.job_id for j in dropped} and len(dropped) == 4
+    with pytest.raises(TraceError) as ei:
+        read_philly(small, CLUSTER, perf=perf, oversize="error")
+    assert f"{small}, row 4, field 'num_gpus'" in str(ei.value)
+    capped = {j.job_id: j for j in read_philly(small, CLUSTER, perf=perf, max_gpus=4)}
+    assert capped["3"].gpu_demand == 4 and capped["2"].gpu_demand == 4
+    scaled = {j.job_id: j for j in read_philly(small, CLUSTER, perf=perf, gpu_scale=0.25)}
+    assert [scaled[i].gpu_demand for i in "01234"] == [1, 1, 16, 2, 1]  # max(1, round(g / 4))
+    half = {j.job_id: j for j in read_philly(small, CLUSTER, perf=perf, time_scale=0.5)}
+    assert half["3"].submit_time == 43200.0
+    assert half["3"].total_samples == pytest.approx(base["3"].total_samples / 2)
+    win = read_philly(small, CLUSTER, perf=perf, window=(0, 3600))
+    assert {j.job_id for j in win} == {"0", "1", "2", "4"}
+    lim = read_philly(small, CLUSTER, perf=perf, limit=2)
+    assert [j.job_id for j in lim] == ["1", "4"]
+    with pytest.raises(TraceError, match="no jobs left"):
+        read_philly(small, CLUSTER, perf=perf, virtual_clusters=["nope"])
+
+
+def test_absurd_gpu_count_is_clipped_not_wrapped(tmp_path: Path) -> None:
+    path = tmp_path / "p.csv"
+    path.write_text(HEADER + "2017-10-09 07:01:55,5,1e300,5,a\n")
+    (job,) = read_philly(path, CLUSTER)
+    assert job.gpu_demand == 32
+    with pytest.raises(TraceError, match="row 2, field 'num_gpus'"):
+        read_philly(path, CLUSTER, oversize="error")
+
+
+def test_needs_cluster(small: Path) -> None:
+    with pytest.raises(TraceError, match="needs the target cluster"):
+        read_philly(small, None)
+
+
+@pytest.mark.parametrize(
+    "rows, row, field, words",
+    [
+        ("2017-10-09 07:01:55,66.0,1,66.0,a\nyesterday,5,1,5,a\n", 3, "timestamp", "date-time"),
+        ("2017-10-09 07:01:55,66.0,1,66.0,a\n,5,1,5,a\n", 3, "timestamp", "date-time"),
+        ("2017-10-09 07:01:55,abc,1,66.0,a\n", 2, "duration", "expected a number"),
+        ("2017-10-09 07:01:55,5,1,5,a\n2017-10-09 07:01:55,-5,1,5,a\n", 3, "duration", "positive"),
+        ("2017-10-09 07:01:55,0,1,0,a\n", 2, "duration", "positive"),
+        ("2017-10-09 07:01:55,inf,1,0,a\n", 2, "duration", "finite"),
+        ("2017-10-09 07:01:55,5,,5,a\n", 2, "num_gpus", "expected a number"),
+        ("2017-10-09 07:01:55,5,0,5,a\n", 2, "num_gpus", "positive integer"),
+        ("2017-10-09 07:01:55,5,1.5,5,a\n", 2, "num_gpus", "positive integer"),
+        ("2017-10-09 07:01:55,1e308,8,5,a\n", 2, "duration", "too large"),
+        ("2017-10-09 07:01:55,5,1,5,a\n2017-10-09 07:01:55,5,1\n", 3, None, "expected 5 fields"),
+    ],
+)
+def test_bad_rows(tmp_path: Path, rows: str, row: int, field: str | None, words: str) -> None:
+    path = tmp_path / "philly.csv"
+    path.write_text(HEADER + rows)
+    with pytest.raises(TraceError) as ei:
+        read_philly(path, CLUSTER)
+    msg = str(ei.value)
+    assert words in msg
+    assert str(path) in msg and re.search(rf"\brow {row}\b", msg), msg
+    if field:
+        assert f"field {field!r}" in msg
+
+
+def test_missing_column_and_empty(tmp_path: Path) -> None:
+    path = tmp_path / "philly.csv"
+    path.write_text("timestamp,num_gpus,cluster\n2017-10-09 07:01:55,1,a\n")
+    with pytest.raises(TraceError) as ei:
+        read_philly(path, CLUSTER)
+    assert f"{path}, row 1, field 'duration': missing column" in str(ei.value)
+    path.write_text("")
+    with pytest.raises(TraceError, match="empty file"):
+        read_philly(path, CLUSTER)
+    path.write_text(HEADER + "\n")
+    with pytest.raises(TraceError, match="no jobs"):
+        read_philly(path, CLUSTER)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.integers(min_value=0, max_value=10**7),  # seconds after 2017-09-01
+            st.floats(min_value=1.0, max_value=1e6, allow_nan=False),
+            st.sampled_from([1, 2, 3, 4, 8, 16, 32, 64, 128]),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    seed=st.integers(min_value=0, max_value=2**31),
+)
+def test_any_valid_rows(tmp_path: Path, perf: ContentionModel, rows, seed: int) -> None:
+    t0 = np.datetime64("2017-09-01T00:00:00")
+    text = HEADER + "".join(
+        f"{str(t0 + np.timedelta64(t, 's')).replace('T', ' ')},{d!r},{g},{d * g!r},vc\n" for t, d, g in rows
+    )
+    path = tmp_path / "p.csv"
+    path.write_text(text)
+    jobs = read_philly(path, CLUSTER, seed=seed, perf=perf)
+    assert len(jobs) == len(rows)
+    assert min(j.submit_time for j in jobs) == 0.0
+    assert [j.submit_time for j in jobs] == sorted(j.submit_time for j in jobs)
+    for j in jobs:
+        t, d, g = rows[int(j.job_id)]
+        assert j.gpu_demand == min(g, CLUSTER.total_gpus)
+        assert j.submit_time == t - min(r[0] for r in rows)
+        assert j.total_samples / perf.best_isolated_throughput(j.model, j.gpu_demand) == pytest.approx(d)
+
+
+def test_full_file(perf: ContentionModel) -> None:
+    """The whole 82,247-job file: fast, complete, and the model mix close to 1:1:1:1:1:1."""
+    t_cpu = time.process_time()
+    t_wall = time.perf_counter()
+    jobs = read_philly(PHILLY, CLUSTER, seed=0, perf=perf)
+    cpu, wall = time.process_time() - t_cpu, time.perf_counter() - t_wall
+    assert len(jobs) == 82247
+    # CPU time, not wall time: the test machine is shared. Measured ~0.5 s.
+    assert cpu < 2.0, f"read_philly took {cpu:.2f} s CPU ({wall:.2f} s wall)"
+    assert len({j.job_id for j in jobs}) == len(jobs)
+    assert max(j.gpu_demand for j in jobs) == 32
+    assert Counter(j.gpu_demand for j in jobs)[1] == 76627
+    n = len(jobs)
+    for c in Counter(j.model for j in jobs).values():
+        assert abs(c / n - 1 / 6) < 5 * np.sqrt((1 / 6) * (5 / 6) / n)
+    # load_trace recognises the file by its header.
+    again = load_trace(PHILLY, CLUSTER, perf=perf)
+    assert again == jobs
+    assert jobs[-1].submit_time == pytest.approx(
+        (np.datetime64("2017-12-22T08:02:11") - np.datetime64("2017-09-04T10:30:41")).astype(int)
+    )

@@ -1,0 +1,165 @@
+"""Tests for policies.placement: pack (SCED2), spread, contention-aware greedy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.cluster import ClusterSpec, Placement
+from policies.perf import ContentionModel
+from policies.placement import ContentionAwarePlacement, balanced_candidates, pack, spread
+from policies.state import ClusterState, JobInfo
+
+C48 = ClusterSpec.parse("4x8")
+
+
+@pytest.fixture(scope="module")
+def perf() -> ContentionModel:
+    return ContentionModel(C48)
+
+
+def info(jid: str, gpus: int, model: str = "MoE", placement: Placement | None = None, perf: ContentionModel | None = None) -> JobInfo:
+    best = perf.best_isolated_throughput(model, gpus) if perf else 1.0
+    return JobInfo(jid, model, gpus, 0.0, 1e6, placement=placement, best_thp=best, start_time=0.0 if placement else None)
+
+
+def free_after(running: list[JobInfo], cluster: ClusterSpec = C48) -> np.ndarray:
+    free = np.array(cluster.gpus_per_node, dtype=np.int64)
+    for j in running:
+        for n, c in j.placement.alloc:  # type: ignore[union-attr]
+            free[n] -= c
+    assert (free >= 0).all()
+    return free
+
+
+# ---------------------------------------------------------------------- pack
+def test_pack_best_fit_single_node() -> None:
+    # Nodes with >= 4 free: 0 (8), 2 (4), 3 (6): the fullest that fits is 2.
+    assert pack(info("j", 4), np.array([8, 3, 4, 6])) == Placement.of({2: 4})
+    # Ties go to the lowest index.
+    assert pack(info("j", 2), np.array([8, 5, 5, 1])) == Placement.of({1: 2})
+
+
+def test_pack_sced2_multi_node() -> None:
+    # 12 GPUs, no node has 12: take the node with most free (0: 8), then the
+    # best fit for the remaining 4 (node 2 with exactly 4).
+    assert pack(info("j", 12), np.array([8, 5, 4, 6])) == Placement.of({0: 8, 2: 4})
+    # 20 GPUs over [8, 5, 4, 6]: 8 (node 0), then 6 (node 3), then 6 left:
+    # no node has 6, take node 1 (5), then best fit for 1: node 2.
+    assert pack(info("j", 20), np.array([8, 5, 4, 6])) == Placement.of({0: 8, 3: 6, 1: 5, 2: 1})
+
+
+def test_pack_does_not_fit() -> None:
+    assert pack(info("j", 9), np.array([4, 4])) is None
+    assert pack(info("j", 1), np.array([0, 0])) is None
+
+
+def test_pack_does_not_mutate_free() -> None:
+    free = np.array([8, 5, 4, 6])
+    pack(info("j", 12), free)
+    spread(info("j", 12), free)
+    assert free.tolist() == [8, 5, 4, 6]
+
+
+# ---------------------------------------------------------------------- spread
+def test_spread_uses_most_nodes_on_empty_cluster() -> None:
+    free = np.array([8, 8, 8, 8])
+    assert spread(info("j", 4), free) == Placement.of({0: 1, 1: 1, 2: 1, 3: 1})
+    assert spread(info("j", 8), free) == Placement.of({0: 2, 1: 2, 2: 2, 3: 2})
+    assert spread(info("j", 2), free).num_nodes == 2
+    assert pack(info("j", 8), free).num_nodes == 1
+
+
+def test_spread_water_fills() -> None:
+    # One GPU at a time to the node with most free (lowest index on ties).
+    assert spread(info("j", 4), np.array([8, 5, 4, 6])) == Placement.of({0: 3, 3: 1})
+
+
+@st.composite
+def free_and_demand(draw):
+    free = np.array(draw(st.lists(st.integers(0, 8), min_size=1, max_size=8)), dtype=np.int64)
+    demand = draw(st.integers(1, max(1, int(free.sum()) + 2)))
+    return free, demand
+
+
+@settings(max_examples=200, deadline=None)
+@given(fd=free_and_demand())
+def test_pack_and_spread_properties(fd) -> None:
+    free, demand = fd
+    j = info("j", demand)
+    p, s = pack(j, free), spread(j, free)
+    if demand > free.sum():
+        assert p is None and s is None
+        return
+    for pl in (p, s):
+        assert pl is not None and pl.total_gpus == demand and pl.fits(free)
+    # Pack uses the fewest nodes possible: k = smallest count of the largest nodes covering the demand.
+    caps = np.sort(free)[::-1]
+    k = int(np.searchsorted(np.cumsum(caps), demand) + 1)
+    assert p.num_nodes == k
+    # Spread never uses fewer nodes than pack, and uses min(demand, nodes with free GPUs) when all are equal.
+    assert s.num_nodes >= p.num_nodes
+    if k == 1:
+        # Best fit: no node that fits has fewer free GPUs than the chosen one.
+        (node,) = p.nodes
+        assert free[node] == min(f for f in free if f >= demand)
+
+
+def test_balanced_candidates() -> None:
+    free = np.array([8, 8, 8, 8])
+    cands = balanced_candidates(8, free, np.arange(4))
+    shapes = [c.shape for c in cands]
+    # 8 GPUs: 1 x 8, 2 x 4, 3 x (3, 3, 2), 4 x 2; 5+ nodes would leave one empty / exceed the cluster.
+    assert shapes == [(8, 1), (8, 2), (8, 3), (8, 4)]
+    assert cands[2] == Placement.of({0: 3, 1: 3, 2: 2})
+    # Nodes follow the preference order.
+    assert balanced_candidates(4, free, np.array([3, 2, 1, 0]))[1] == Placement.of({3: 2, 2: 2})
+
+
+# ---------------------------------------------------------------------- greedy
+def test_greedy_prefers_single_node(perf: ContentionModel) -> None:
+    rule = ContentionAwarePlacement(perf)
+    state = ClusterState(0.0, C48, np.array([8, 8, 8, 8]), [], [])
+    p = rule(info("new", 8, "MoE", perf=perf), state.free_gpus, state)
+    assert p is not None and p.num_nodes == 1
+
+
+def test_greedy_avoids_co_locating_heavy_multi_node_jobs(perf: ContentionModel) -> None:
+    # A heavy FSDP job spans nodes 0 and 1; single-node jobs fill half of
+    # nodes 2 and 3. A new 8-GPU MoE job must span two nodes: pack puts it
+    # on nodes 0 + 1 (beside the FSDP job), greedy on 2 + 3 (no contention).
+    running = [
+        info("fsdp", 8, "FSDP", Placement.of({0: 4, 1: 4}), perf),
+        info("g1", 4, "GraphSage", Placement.of({2: 4}), perf),
+        info("g2", 4, "GraphSage", Placement.of({3: 4}), perf),
+    ]
+    free = free_after(running)
+    assert free.tolist() == [4, 4, 4, 4]
+    new = info("new", 8, "MoE", perf=perf)
+    state = ClusterState(0.0, C48, free, running, [new])
+    packed = pack(new, free)
+    assert packed == Placement.of({0: 4, 1: 4})
+    greedy = ContentionAwarePlacement(perf)(new, free, state)
+    assert greedy is not None and greedy.num_nodes == 2
+    assert set(greedy.nodes) == {2, 3}
+    # The score says why: packing next to FSDP costs both jobs speed.
+    per_node = state.jobs_on_node()
+    rule = ContentionAwarePlacement(perf)
+    assert rule.score(new, greedy, per_node) > rule.score(new, packed, per_node)
+
+
+def test_greedy_accepts_contention_when_no_alternative(perf: ContentionModel) -> None:
+    running = [info("fsdp", 8, "FSDP", Placement.of({0: 4, 1: 4}), perf)]
+    cluster = ClusterSpec.parse("2x8")
+    free = free_after(running, cluster)
+    new = info("new", 8, "MoE", perf=perf)
+    state = ClusterState(0.0, cluster, free, running, [new])
+    p = ContentionAwarePlacement(ContentionModel(cluster))(new, free, state)
+    assert p == Placement.of({0: 4, 1: 4})
+
+
+def test_greedy_returns_none_when_full(perf: ContentionModel) -> None:
+    state = ClusterState(0.0, C48, np.array([1, 1, 1, 0]), [], [])
+    assert ContentionAwarePlacement(perf)(info("x", 4), state.free_gpus, state) is None

@@ -1,0 +1,106 @@
+"""trainer.report: plots are written and readable; the comparison table is right."""
+
+from __future__ import annotations
+
+import matplotlib.image as mpimg
+import numpy as np
+import pytest
+from rich.console import Console
+
+from policies.cluster import ClusterSpec
+from policies.heuristics import make_heuristic
+from policies.job import JobSpec
+from policies.perf import ContentionModel
+from trainer import metrics, report
+from trainer.simulator import SimConfig, Simulator
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """Two policies on a small mixed trace (2x4 cluster, 8 jobs, staggered arrivals)."""
+    cluster = ClusterSpec.homogeneous(2, 4)
+    perf = ContentionModel(cluster)
+    models = ["MoE", "FSDP", "DLRM", "Transformer-XL", "GraphSage", "MobileNetV3", "MoE", "FSDP"]
+    demands = [4, 4, 2, 2, 1, 2, 4, 1]
+    jobs = [
+        JobSpec(f"j{i}", 600.0 * i, m, g, perf.best_isolated_throughput(m, g) * 1800.0 * (1 + i % 3))
+        for i, (m, g) in enumerate(zip(models, demands))
+    ]
+    results, summaries = {}, {}
+    for name in ("fifo:spread", "srtf"):
+        r = Simulator(cluster, jobs, make_heuristic(name, perf), perf, SimConfig()).run()
+        results[name] = r
+        summaries[name] = metrics.summarize(r, grid_step=300.0)
+    return results, summaries
+
+
+def _png_ok(path):
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    img = mpimg.imread(path)
+    assert img.ndim == 3 and img.shape[0] > 300 and img.shape[1] > 500
+    # Not a blank canvas: some pixels differ from the background.
+    assert np.std(img[..., :3]) > 0.02
+
+
+def test_write_plots(runs, tmp_path):
+    results, summaries = runs
+    paths = report.write_plots(results, summaries, tmp_path, subtitle="tiny, 8 jobs, 2x4")
+    assert [p.name for p in paths] == list(report.PLOT_FILES)
+    for p in paths:
+        _png_ok(p)
+
+
+def test_kde_falls_back_to_histogram_when_degenerate(tmp_path):
+    summaries = {
+        "flat": {"util_samples": [1.0] * 10},  # one distinct value: singular KDE
+        "one": {"util_samples": [0.5]},
+        "empty": {"util_samples": []},
+        "ok": {"util_samples": [0.25, 0.5, 0.75, 1.0]},
+    }
+    _png_ok(report.plot_util_kde(summaries, tmp_path / "kde.png"))
+
+
+def test_cs_distribution_plot_accepts_zero_jobs(tmp_path):
+    s = {"p": {"cs_bucket_labels": metrics.cs_bucket_labels(), "cs_buckets": [0.0] * 6, "avg_cs": float("nan")}}
+    _png_ok(report.plot_cs_distribution(s, tmp_path / "cs.png"))
+
+
+def test_comparison_table_values_and_best(runs):
+    _, summaries = runs
+    table = report.comparison_table(summaries, title="T")
+    assert table.row_count == 2
+    headers = [c.header for c in table.columns]
+    assert headers[0] == "Policy" and "Avg JCT (h)" in headers and "Avg util (%)" in headers
+    console = Console(width=250, record=True, color_system=None)
+    console.print(table)
+    text = console.export_text()
+    for name, s in summaries.items():
+        assert name in text
+        assert f"{s['avg_jct_s'] / 3600:.2f}" in text
+        assert f"{s['avg_util'] * 100:.1f}" in text
+    # The best average JCT is highlighted (lower is better).
+    col = headers.index("Avg JCT (h)")
+    cells = list(table.columns[col].cells)
+    best = min(range(2), key=lambda i: list(summaries.values())[i]["avg_jct_s"])
+    if len({round(s["avg_jct_s"], 6) for s in summaries.values()}) > 1:
+        assert "bold green" in cells[best] and "bold green" not in cells[1 - best]
+
+
+def test_comparison_table_missing_values_show_dash():
+    table = report.comparison_table({"x": {"jobs": 0, "avg_jct_s": float("nan"), "avg_util": None}})
+    console = Console(width=250, record=True, color_system=None)
+    console.print(table)
+    assert "-" in console.export_text()
+    assert table.row_count == 1
+
+
+def test_comparison_table_transposed(runs):
+    _, summaries = runs
+    table = report.comparison_table(summaries, transpose=True)
+    assert [c.header for c in table.columns] == ["Metric", *summaries]
+    assert table.row_count == len(report._COLUMNS)
+    console = Console(width=80, record=True, color_system=None)
+    console.print(table)
+    text = console.export_text()
+    assert "…" not in text  # fits 80 columns without truncation
+    assert "Avg JCT (h)" in text

@@ -1,0 +1,398 @@
+"""Tests for trainer.simulator: golden traces and property-based invariants.
+
+Jobs are written with a duration: ``total_samples = duration x best isolated
+throughput`` on the test cluster, so on a single node (no contention) a job
+that runs alone takes exactly ``duration`` seconds and JCTs can be computed
+by hand.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from policies.base import Policy
+from policies.cluster import ClusterSpec, NodeSpec, Placement
+from policies.heuristics import make_heuristic
+from policies.job import JobSpec
+from policies.perf import ContentionModel
+from policies.state import ClusterState, Decision
+from policies.workloads import MODELS
+from trainer.simulator import SimConfig, SimResult, SimulationError, Simulator
+
+#: Every heuristic, with each placement rule.
+HEURISTICS = (
+    "fifo", "sjf", "srtf", "las", "greedy",
+    "fifo:spread", "sjf:spread", "srtf:spread", "las:spread", "greedy:spread",
+    "srtf:greedy", "las-np", "srtf-np:pack",
+)
+
+_PERF_CACHE: dict[str, ContentionModel] = {}
+
+
+def perf_for(cluster: ClusterSpec) -> ContentionModel:
+    key = repr(cluster)
+    if key not in _PERF_CACHE:
+        _PERF_CACHE[key] = ContentionModel(cluster)
+    return _PERF_CACHE[key]
+
+
+def job(perf: ContentionModel, jid: str, submit: float, gpus: int, duration: float, model: str = "MoE") -> JobSpec:
+    return JobSpec(jid, submit, model, gpus, duration * perf.best_isolated_throughput(model, gpus))
+
+
+def simulate(cluster: ClusterSpec, jobs: list[JobSpec], policy: str, **cfg) -> SimResult:
+    perf = perf_for(cluster)
+    cfg.setdefault("check_invariants", True)
+    return Simulator(cluster, jobs, make_heuristic(policy, perf), perf, SimConfig(**cfg)).run()
+
+
+def jcts(res: SimResult) -> dict[str, float]:
+    return {r.job_id: r.jct for r in res.jobs}
+
+
+# ---------------------------------------------------------------------- golden traces
+ONE_BY_FOUR = ClusterSpec.parse("1x4")
+
+
+def three_jobs() -> list[JobSpec]:
+    p = perf_for(ONE_BY_FOUR)
+    return [
+        job(p, "a", 0.0, 2, 100.0, "DLRM"),
+        job(p, "b", 10.0, 4, 50.0, "FSDP"),
+        job(p, "c", 20.0, 1, 30.0, "GraphSage"),
+    ]
+
+
+def test_golden_fifo_head_of_line_blocking() -> None:
+    # a runs 0-100. b (4 GPUs) waits for a. c would fit beside a at t=20 but
+    # strict FIFO keeps it behind b: b runs 100-150, c 150-180.
+    res = simulate(ONE_BY_FOUR, three_jobs(), "fifo")
+    got = jcts(res)
+    assert got == pytest.approx({"a": 100.0, "b": 140.0, "c": 160.0}, rel=1e-9)
+    rec = {r.job_id: r for r in res.jobs}
+    assert rec["c"].first_start == pytest.approx(150.0)
+    assert rec["c"].queueing == pytest.approx(130.0)
+    assert rec["c"].run_time == pytest.approx(30.0)
+    assert res.makespan == pytest.approx(180.0)
+    assert res.preemptions == 0
+
+
+def test_golden_sjf_backfills() -> None:
+    # SJF is not strict: c (30 s, 1 GPU) backfills beside a at t=20.
+    res = simulate(ONE_BY_FOUR, three_jobs(), "sjf")
+    assert jcts(res) == pytest.approx({"a": 100.0, "b": 140.0, "c": 30.0}, rel=1e-9)
+    assert res.makespan == pytest.approx(150.0)
+
+
+def test_golden_utilisation_step_function() -> None:
+    res = simulate(ONE_BY_FOUR, three_jobs(), "fifo")
+    # 2 GPUs 0-100, 4 GPUs 100-150, 1 GPU 150-180, none after.
+    assert res.util_t.tolist() == pytest.approx([0.0, 100.0, 150.0, 180.0])
+    assert res.util_used.tolist() == [2, 4, 1, 0]
+
+
+def test_golden_srtf_order_all_at_zero() -> None:
+    p = perf_for(ONE_BY_FOUR)
+    jobs = [job(p, "long", 0, 4, 300.0), job(p, "short", 0, 4, 100.0), job(p, "mid", 0, 4, 200.0)]
+    assert jcts(simulate(ONE_BY_FOUR, jobs, "srtf")) == pytest.approx({"short": 100, "mid": 300, "long": 600})
+    assert jcts(simulate(ONE_BY_FOUR, jobs, "sjf")) == pytest.approx({"short": 100, "mid": 300, "long": 600})
+    # FIFO with equal submit times: job id order.
+    assert jcts(simulate(ONE_BY_FOUR, jobs, "fifo")) == pytest.approx({"long": 300, "mid": 500, "short": 600})
+
+
+def test_golden_srtf_preempts_long_job_and_keeps_progress() -> None:
+    p = perf_for(ONE_BY_FOUR)
+    jobs = [job(p, "long", 0, 4, 1000.0), job(p, "short", 400, 4, 100.0)]
+    res = simulate(ONE_BY_FOUR, jobs, "srtf")
+    # At 400 long has 600 s left > 2 x 100: preempted. short runs 400-500.
+    # long restarts at 500, pays 30 s restart overhead, then its remaining
+    # 600 s of work (progress kept): done at 1130.
+    assert jcts(res) == pytest.approx({"long": 1130.0, "short": 100.0}, rel=1e-9)
+    rec = {r.job_id: r for r in res.jobs}
+    assert rec["long"].preemptions == 1 and res.preemptions == 1
+    assert rec["long"].run_time == pytest.approx(400.0 + 630.0)
+    assert rec["long"].queueing == pytest.approx(100.0)
+    # SJF never preempts: short waits until 1000.
+    assert jcts(simulate(ONE_BY_FOUR, jobs, "sjf")) == pytest.approx({"long": 1000.0, "short": 700.0})
+
+
+def test_golden_srtf_no_preemption_for_near_tie() -> None:
+    p = perf_for(ONE_BY_FOUR)
+    jobs = [job(p, "long", 0, 4, 1000.0), job(p, "next", 400, 4, 500.0)]
+    # 600 s left is not > 2 x 500 s: no preemption, plain SRTF order after.
+    res = simulate(ONE_BY_FOUR, jobs, "srtf")
+    assert res.preemptions == 0
+    assert jcts(res) == pytest.approx({"long": 1000.0, "next": 1100.0})
+
+
+def test_golden_srtf_respects_min_run() -> None:
+    p = perf_for(ONE_BY_FOUR)
+    # At t=100 the long job has run less than min_run (300 s): the short one
+    # waits for the round at 300, then preempts.
+    jobs = [job(p, "long", 0, 4, 1000.0), job(p, "short", 100, 4, 10.0)]
+    res = simulate(ONE_BY_FOUR, jobs, "srtf")
+    assert jcts(res) == pytest.approx({"short": 210.0, "long": 1000.0 + 10.0 + 30.0})
+
+
+def test_golden_las_preempts_across_queues_only() -> None:
+    p = perf_for(ONE_BY_FOUR)
+    # long has 4 GPUs x 1000 s = 4000 GPU-s > 3600 (queue 1) when new arrives
+    # (queue 0): LAS preempts it although new is not shorter than its rest.
+    jobs = [job(p, "long", 0, 4, 2000.0), job(p, "new", 1000, 4, 1500.0)]
+    res = simulate(ONE_BY_FOUR, jobs, "las")
+    assert jcts(res) == pytest.approx({"new": 1500.0, "long": 2500.0 + 1000.0 + 30.0})
+    assert res.preemptions == 1
+    # Arriving at 500 (2000 GPU-s attained: same queue 0) it waits, FIFO inside
+    # a queue, until the round at 900 where long reaches 3600 GPU-s (queue 1)
+    # and is preempted: new runs 900-910, long resumes at 910 (+30 s) with
+    # 1100 s of work left.
+    jobs = [job(p, "long", 0, 4, 2000.0), job(p, "new", 500, 4, 10.0)]
+    res = simulate(ONE_BY_FOUR, jobs, "las")
+    assert res.preemptions == 1
+    assert jcts(res) == pytest.approx({"new": 410.0, "long": 910.0 + 30.0 + 1100.0})
+    # Without preemption (las-np) new waits for the end of long.
+    res = simulate(ONE_BY_FOUR, jobs, "las-np")
+    assert res.preemptions == 0
+    assert jcts(res) == pytest.approx({"long": 2000.0, "new": 1510.0})
+
+
+def test_golden_las_favours_least_attained_service() -> None:
+    # Two jobs in the lower queue compete with one that has used more service.
+    p = perf_for(ONE_BY_FOUR)
+    jobs = [
+        job(p, "hog", 0, 4, 5000.0),  # reaches queue 1 (3600 GPU-s) at t = 900
+        job(p, "x", 1000, 2, 100.0),
+        job(p, "y", 1000, 2, 100.0),
+    ]
+    res = simulate(ONE_BY_FOUR, jobs, "las")
+    got = jcts(res)
+    assert got["x"] == pytest.approx(100.0) and got["y"] == pytest.approx(100.0)
+    assert got["hog"] == pytest.approx(5000.0 + 100.0 + 30.0)
+
+
+def test_contention_slows_co_located_multi_node_jobs() -> None:
+    cluster = ClusterSpec.parse("2x8")
+    perf = perf_for(cluster)
+    # Two 8-GPU MoE jobs spread on both nodes share both links.
+    jobs = [JobSpec("a", 0, "MoE", 8, 1e4), JobSpec("b", 0, "MoE", 8, 1e4)]
+    res = simulate(cluster, jobs, "fifo:spread")
+    iso = perf.isolated_throughput("MoE", 8, 2)
+    cs = perf.pair_cs(("MoE", 8, 2), ("MoE", 8, 2))
+    assert cs > 1.0
+    for r in res.jobs:
+        assert r.avg_cs == pytest.approx(cs)
+        assert r.jct == pytest.approx(1e4 / (iso / cs))
+    # Packed, each job gets its own node: no contention at all.
+    res = simulate(cluster, jobs, "fifo")
+    assert all(r.avg_cs == 1.0 and r.num_nodes == 1 for r in res.jobs)
+
+
+def test_contention_ends_when_neighbour_finishes() -> None:
+    cluster = ClusterSpec.parse("2x8")
+    perf = perf_for(cluster)
+    k = ("MoE", 8, 2)
+    iso, cs = perf.isolated_throughput(*k), perf.pair_cs(k, k)
+    jobs = [JobSpec("short", 0, "MoE", 8, 100 * iso / cs), JobSpec("long", 0, "MoE", 8, 1000 * iso / cs)]
+    res = simulate(cluster, jobs, "fifo:spread")
+    # Both share until 100; long then runs alone at full speed.
+    got = jcts(res)
+    assert got["short"] == pytest.approx(100.0)
+    assert got["long"] == pytest.approx(100.0 + 900.0 / cs)
+
+
+# ---------------------------------------------------------------------- property tests
+@st.composite
+def clusters(draw) -> ClusterSpec:
+    n = draw(st.integers(1, 4))
+    if draw(st.booleans()):
+        return ClusterSpec.homogeneous(n, draw(st.sampled_from([1, 2, 4, 8])))
+    return ClusterSpec(tuple(NodeSpec(f"n{i}", draw(st.sampled_from([1, 2, 4, 8]))) for i in range(n)))
+
+
+@st.composite
+def scenarios(draw) -> tuple[ClusterSpec, list[JobSpec]]:
+    cluster = draw(clusters())
+    perf = perf_for(cluster)
+    n = draw(st.integers(1, 8))
+    jobs = []
+    for i in range(n):
+        gpus = draw(st.integers(1, cluster.total_gpus))
+        model = draw(st.sampled_from(MODELS))
+        submit = float(draw(st.integers(0, 3000)))
+        duration = float(draw(st.integers(10, 4000)))
+        jobs.append(job(perf, f"j{i}", submit, gpus, duration, model))
+    return cluster, jobs
+
+
+def _check_result(res: SimResult, jobs: list[JobSpec], cluster: ClusterSpec) -> None:
+    by_id = {j.job_id: j for j in jobs}
+    assert len(res.jobs) == len(jobs)
+    gpu_seconds = 0.0
+    for r in res.jobs:
+        spec = by_id[r.job_id]
+        # All jobs finish and did exactly their work.
+        assert math.isfinite(r.finish_time)
+        assert r.done_samples == spec.total_samples
+        # JCT = queueing + running >= ideal.
+        assert r.jct == pytest.approx(r.finish_time - spec.submit_time)
+        assert r.jct == pytest.approx(r.queueing + r.run_time)
+        assert r.first_start >= spec.submit_time - 1e-9
+        assert r.queueing >= r.first_start - spec.submit_time - 1e-6
+        assert r.run_time >= r.ideal_time * (1 - 1e-9)
+        assert r.jct >= r.ideal_time * (1 - 1e-9)
+        assert r.avg_cs >= 1.0
+        assert 1 <= r.num_nodes <= min(cluster.num_nodes, spec.gpu_demand)
+        gpu_seconds += spec.gpu_demand * r.run_time
+    # No GPU ever over-allocated; the utilisation curve accounts for every
+    # GPU-second the jobs ran.
+    used = res.util_used
+    assert (used >= 0).all() and (used <= cluster.total_gpus).all()
+    assert used[-1] == 0
+    integral = float(np.sum(used[:-1] * np.diff(res.util_t)))
+    assert integral == pytest.approx(gpu_seconds, rel=1e-6)
+    assert res.makespan == pytest.approx(max(r.finish_time for r in res.jobs))
+
+
+@pytest.mark.parametrize("policy", HEURISTICS)
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sc=scenarios(), round_len=st.sampled_from([60.0, 300.0]), event=st.booleans(), noise=st.sampled_from([0.0, 0.3]))
+def test_invariants(policy: str, sc, round_len: float, event: bool, noise: float) -> None:
+    cluster, jobs = sc
+    res = simulate(cluster, jobs, policy, round_len=round_len, event_triggered=event, noise_cv=noise, seed=7)
+    _check_result(res, jobs, cluster)
+    # Determinism: same seed, same everything.
+    again = simulate(cluster, jobs, policy, round_len=round_len, event_triggered=event, noise_cv=noise, seed=7)
+    assert again.jobs == res.jobs
+    assert again.util_t.tolist() == res.util_t.tolist() and again.util_used.tolist() == res.util_used.tolist()
+
+
+@settings(max_examples=15, deadline=None)
+@given(sc=scenarios())
+def test_input_order_does_not_matter(sc) -> None:
+    cluster, jobs = sc
+    a = simulate(cluster, jobs, "srtf")
+    b = simulate(cluster, list(reversed(jobs)), "srtf")
+    key = {r.job_id: r.jct for r in a.jobs}
+    assert {r.job_id: r.jct for r in b.jobs} == pytest.approx(key)
+
+
+def test_noise_changes_speed_and_is_seeded() -> None:
+    cluster = ClusterSpec.parse("2x8")
+    perf = perf_for(cluster)
+    jobs = [job(perf, f"j{i}", 50.0 * i, 4, 500.0) for i in range(6)]
+    base = simulate(cluster, jobs, "fifo")
+    n1 = simulate(cluster, jobs, "fifo", noise_cv=0.3, seed=1)
+    n1b = simulate(cluster, jobs, "fifo", noise_cv=0.3, seed=1)
+    n2 = simulate(cluster, jobs, "fifo", noise_cv=0.3, seed=2)
+    assert n1.jobs == n1b.jobs
+    assert [r.jct for r in n1.jobs] != [r.jct for r in n2.jobs]
+    assert [r.jct for r in n1.jobs] != [r.jct for r in base.jobs]
+    # Jobs run alone on one node: run time = ideal time (noise included).
+    for r in n1.jobs:
+        assert r.run_time == pytest.approx(r.ideal_time)
+
+
+def test_restart_overhead_config() -> None:
+    p = perf_for(ONE_BY_FOUR)
+    jobs = [job(p, "long", 0, 4, 1000.0), job(p, "short", 400, 4, 100.0)]
+    res = simulate(ONE_BY_FOUR, jobs, "srtf", restart_overhead=0.0)
+    assert jcts(res) == pytest.approx({"long": 1100.0, "short": 100.0})
+
+
+def test_round_driven_scheduling() -> None:
+    # Without event triggering, jobs start only at round boundaries.
+    p = perf_for(ONE_BY_FOUR)
+    jobs = [job(p, "a", 10.0, 4, 100.0), job(p, "b", 20.0, 4, 100.0)]
+    res = simulate(ONE_BY_FOUR, jobs, "fifo", round_len=60.0, event_triggered=False)
+    rec = {r.job_id: r for r in res.jobs}
+    assert rec["a"].first_start == pytest.approx(60.0)
+    assert rec["b"].first_start == pytest.approx(180.0)  # a ends at 160; next round 180
+
+
+# ---------------------------------------------------------------------- stepping API
+def test_stepping_api() -> None:
+    cluster = ClusterSpec.parse("1x4")
+    perf = perf_for(cluster)
+    jobs = [job(perf, "a", 0.0, 2, 100.0), job(perf, "b", 50.0, 2, 100.0)]
+    sim = Simulator(cluster, jobs, None, perf, SimConfig(check_invariants=True))
+    sim.reset_state()
+    assert sim.advance_to_next_event()
+    st_ = sim.state()
+    assert st_.time == 0.0 and [j.job_id for j in st_.pending] == ["a"] and st_.free_gpus.tolist() == [4]
+    sim.start("a", Placement.of({0: 2}))
+    with pytest.raises(SimulationError, match="already running"):
+        sim.start("a", Placement.of({0: 2}))
+    sim.advance_to_round(50.0)
+    st_ = sim.state()
+    (run,) = st_.running
+    assert run.done_samples == pytest.approx(jobs[0].total_samples / 2)
+    assert run.attained_service == pytest.approx(100.0)
+    with pytest.raises(SimulationError, match="has 3 GPUs, demand is 2"):
+        sim.start("b", Placement.of({0: 3}))
+    with pytest.raises(SimulationError, match="does not fit"):
+        sim.start("b", Placement.of({1: 2}))  # no node 1
+    sim.preempt("a")
+    assert sim.state().free_gpus.tolist() == [4]
+    sim.apply(Decision(place=[("a", Placement.of({0: 2})), ("b", Placement.of({0: 2}))]))
+    while not sim.done:
+        sim.advance_to_next_event()
+    res = sim.result()
+    got = {r.job_id: r for r in res.jobs}
+    assert got["a"].finish_time == pytest.approx(50.0 + 30.0 + 50.0)
+    assert got["b"].finish_time == pytest.approx(150.0)
+
+
+def test_bad_traces() -> None:
+    cluster = ClusterSpec.parse("1x4")
+    perf = perf_for(cluster)
+    with pytest.raises(SimulationError, match="duplicate job id"):
+        Simulator(cluster, [job(perf, "a", 0, 1, 1), job(perf, "a", 0, 1, 1)], None, perf)
+    with pytest.raises(SimulationError, match="exceeds the cluster's 4 GPUs"):
+        Simulator(cluster, [JobSpec("big", 0, "MoE", 8, 10.0)], None, perf)
+    with pytest.raises(SimulationError, match="invalid demand"):
+        Simulator(cluster, [JobSpec("neg", 0, "MoE", 1, -1.0)], None, perf)
+    with pytest.raises(ValueError, match="round_len"):
+        Simulator(cluster, [], None, perf, SimConfig(round_len=0))
+
+
+class _Lazy(Policy):
+    name = "lazy"
+
+    def schedule(self, state: ClusterState) -> Decision:
+        return Decision()
+
+
+def test_stuck_policy_raises() -> None:
+    cluster = ClusterSpec.parse("1x4")
+    perf = perf_for(cluster)
+    sim = Simulator(cluster, [job(perf, "a", 0, 1, 10)], _Lazy(), perf, SimConfig(max_idle_rounds=5))
+    with pytest.raises(SimulationError, match="placed nothing for 5 rounds"):
+        sim.run()
+
+
+def test_invariant_checker_catches_over_allocation() -> None:
+    cluster = ClusterSpec.parse("1x4")
+    perf = perf_for(cluster)
+    sim = Simulator(cluster, [job(perf, "a", 0, 1, 10)], None, perf)
+    sim.free[0] = -1
+    with pytest.raises(AssertionError, match="over-allocation"):
+        sim.check_invariants()
+
+
+def test_fragmentation_metric() -> None:
+    cluster = ClusterSpec.parse("1x4")
+    perf = perf_for(cluster)
+    jobs = [job(perf, "a", 0, 2, 100.0), job(perf, "b", 0, 2, 300.0)]
+    sim = Simulator(cluster, jobs, None, perf)
+    sim.reset_state()
+    sim.advance_to_next_event()
+    assert sim.fragmentation() == 0.0  # idle node counts 0
+    sim.start("a", Placement.of({0: 2}))
+    sim.start("b", Placement.of({0: 2}))
+    # x = [100, 100, 300, 300]: 1 - 800^2 / (4 * 200000) = 0.2
+    assert sim.fragmentation() == pytest.approx(0.2)

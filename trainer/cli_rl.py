@@ -1,0 +1,110 @@
+"""``rlsched train`` and ``rlsched evaluate``: the RL command group.
+
+``rlsched train --algo maskable-ppo --traces DIR --w1 0.4 --cluster 4x8 --seed S --out DIR``
+trains a policy (see :mod:`trainer.train`); ``--resume`` continues ``OUT/last``.
+``--export-shipped`` copies ``OUT/best`` into ``policies/checkpoints`` as the
+``rl-base`` and ``rl-hybrid`` checkpoints of the cluster's shape.
+
+``rlsched evaluate --policies srtf,las,greedy,rl-base,rl-hybrid --traces DIR``
+runs every policy on every trace and writes the tables and figures (see
+:mod:`trainer.evaluate`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shlex
+import sys
+from pathlib import Path
+
+__all__ = ["register"]
+
+
+def _positive_int(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return v
+
+
+def _w1(text: str) -> float:
+    v = float(text)
+    if not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"W1 must be in [0, 1], got {text}")
+    return v
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train an RL placement policy with Stable-Baselines3")
+    p.add_argument("--algo", choices=("maskable-ppo", "ppo", "a2c", "dqn"), default="maskable-ppo", help="RL algorithm (default maskable-ppo)")
+    p.add_argument("--traces", required=True, action="append", help="training trace file or directory (searched recursively; repeatable)")
+    p.add_argument("--val-traces", action="append", default=None, help="validation traces for best-model selection (repeatable; default: none, last = best)")
+    p.add_argument("--cluster", default="4x8", help="cluster: NODESxGPUS or YAML/TOML file (default 4x8)")
+    p.add_argument("--reward", choices=("progress", "jct", "seed"), default="progress", help="progress (DL2, default), jct, or the seed's -W1*CS+W2*Util")
+    p.add_argument("--w1", type=_w1, default=0.4, help="W1 of the seed reward, W2 = 1 - W1 (default 0.4)")
+    p.add_argument("--timesteps", type=_positive_int, default=50_000, help="environment steps (default 50000)")
+    p.add_argument("--n-envs", type=_positive_int, default=2, help="vectorised environments (default 2)")
+    p.add_argument("--eval-freq", type=_positive_int, default=5_000, help="evaluate every N steps (default 5000)")
+    p.add_argument("--net-arch", default="64,64", help="hidden layer sizes (default 64,64)")
+    p.add_argument("--lr", type=float, default=3e-4, help="learning rate (default 3e-4)")
+    p.add_argument("--ent-coef", type=float, default=0.01, help="entropy bonus (PPO/A2C, default 0.01)")
+    p.add_argument("--gamma", type=float, default=0.99, help="discount (default 0.99)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--out", required=True, help="output directory (best.*, last.*, eval.csv, tb/)")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/last")
+    p.add_argument("--export-shipped", action="store_true", help="also copy OUT/best to policies/checkpoints as rl-base/rl-hybrid")
+    p.set_defaults(func=_cmd_train)
+
+    e = sub.add_parser("evaluate", help="evaluate policies over trace sets; tables, figures, docs/RESULTS.md")
+    e.add_argument("--policies", default="srtf,srtf:spread,las,las:spread,greedy,rl-base,rl-hybrid", help="comma-separated policy names (default: %(default)s)")
+    e.add_argument("--traces", required=True, help="directory of trace sets: one sub-directory per mix (normal/, heavy/, ...) or trace files")
+    e.add_argument("--cluster", default="4x8", help="cluster (default 4x8)")
+    e.add_argument("--branches", default=None, help="directory holding branch checkpoints A..E (A.json ...) for the avg-JCT-vs-utilisation figure")
+    e.add_argument("--out", default="docs", help="where RESULTS.md-style outputs go: OUT/results.json, OUT/figures/ (default docs)")
+    e.add_argument("--results-md", default=None, help="write the Markdown results section to this file (e.g. docs/RESULTS.md)")
+    e.set_defaults(func=_cmd_evaluate)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from policies.cluster import ClusterSpec
+    from trainer.env import load_trace_dir
+    from trainer.train import TrainConfig, train
+
+    cluster = ClusterSpec.parse(args.cluster)
+    try:
+        arch = tuple(int(x) for x in args.net_arch.split(","))
+    except ValueError:
+        raise SystemExit(f"rlsched train: error: --net-arch {args.net_arch!r}: expected comma-separated integers")
+    train_sets = [t for d in args.traces for t in load_trace_dir(d, cluster)]
+    val_sets = [t for d in (args.val_traces or []) for t in load_trace_dir(d, cluster)]
+    cfg = TrainConfig(
+        algo=args.algo, cluster=args.cluster, reward=args.reward, w1=args.w1, timesteps=args.timesteps,
+        n_envs=args.n_envs, seed=args.seed, net_arch=arch, learning_rate=args.lr, ent_coef=args.ent_coef,
+        gamma=args.gamma, eval_freq=args.eval_freq, traces=list(args.traces), val_traces=list(args.val_traces or []),
+    )
+    summary = train(cfg, train_sets, val_sets, args.out, resume=args.resume)
+    cmd = "rlsched " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[0].endswith("rlsched") else None
+    if args.export_shipped:
+        from trainer.train import ship_checkpoint
+
+        for path in ship_checkpoint(Path(args.out) / "best", cluster, command=cmd):
+            print(f"shipped {path}")
+    print(json.dumps({k: v for k, v in summary.items() if k != "evals"}, indent=2, default=str))
+    return 0
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from trainer.evaluate import run_evaluation
+
+    logging.getLogger("trainer").setLevel(logging.INFO)
+    run_evaluation(
+        policies=[p.strip() for p in args.policies.split(",") if p.strip()],
+        traces=args.traces,
+        cluster=args.cluster,
+        out=args.out,
+        branches=args.branches,
+        results_md=args.results_md,
+    )
+    return 0

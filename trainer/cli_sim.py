@@ -1,0 +1,288 @@
+"""``rlsched simulate``: run policies over a trace in the simulator and compare them.
+
+Example::
+
+    rlsched simulate --trace data/traces/deepshare/simulate/trace0.json \\
+        --policy fifo,srtf,las,greedy --cluster 4x8 --out runs/sim0
+
+Everything is validated before any simulation runs (policy names, cluster,
+trace, output directory); a user error prints one line and exits 2. All runs
+happen in memory; the outputs are then written into a temporary directory
+next to ``--out`` and renamed into place, so ``--out`` either appears
+complete or not at all. Written files:
+
+* ``jobs_<policy>.parquet``: per-job records (:func:`trainer.metrics.jobs_table`);
+* ``summary.json``: every policy's metrics (:func:`trainer.metrics.summarize`),
+  the simulator config, the trace path and the cluster;
+* ``jct_cdf.png``, ``util_timeline.png``, ``util_kde.png``,
+  ``cs_distribution.png`` (:mod:`trainer.report`).
+
+``--out`` must not exist or be an empty directory, unless ``--overwrite``.
+``--trace`` defaults to the repository's DeepShare evaluation trace
+(``data/traces/deepshare/simulate/trace0.json``, found from any directory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from policies.base import Policy, PolicyError
+
+__all__ = ["register", "run_simulate", "build_policy", "OutputDirError"]
+
+DEFAULT_TRACE = "data/traces/deepshare/simulate/trace0.json"
+DEFAULT_POLICIES = "fifo,srtf,las,greedy"
+
+
+class OutputDirError(ValueError):
+    """``--out`` cannot be used (exists and is not empty, or is a file)."""
+
+
+def _positive(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(v) or v <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return v
+
+
+def _non_negative(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
+    return v
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``simulate`` to the ``rlsched`` subcommands."""
+    p = sub.add_parser(
+        "simulate",
+        help="run scheduling policies over a job trace in the simulator and compare them",
+        description=(
+            "Run scheduling policies over a job trace in the event-driven simulator and compare them. "
+            "Writes jobs_<policy>.parquet, summary.json and PNG plots into --out (all or nothing)."
+        ),
+    )
+    p.add_argument(
+        "--trace",
+        default=DEFAULT_TRACE,
+        help="job trace: DeepShare JSON, canonical CSV/Parquet or Philly CSV (default: %(default)s)",
+    )
+    p.add_argument(
+        "--policy",
+        default=DEFAULT_POLICIES,
+        help="comma-separated policies: fifo, sjf, srtf, las, greedy (optionally :pack|:spread|:greedy and -np), or rl-NAME (default: %(default)s)",
+    )
+    p.add_argument("--cluster", default="4x8", help="NODESxGPUS or a YAML/TOML cluster file (default: %(default)s)")
+    p.add_argument("--out", required=True, help="output directory (must not exist or be empty, see --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists and is not empty")
+    p.add_argument("--round", type=_positive, default=300.0, help="scheduling round length in seconds (default: %(default)s)")
+    p.add_argument(
+        "--no-event-trigger",
+        action="store_true",
+        help="schedule only at round boundaries, not also right after arrivals and completions",
+    )
+    p.add_argument("--restart-overhead", type=_non_negative, default=30.0, help="seconds without progress each time a preempted job restarts (default: %(default)s)")
+    p.add_argument("--noise-cv", type=_non_negative, default=0.0, help="coefficient of variation of a per-job speed factor, 0 = off (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the speed noise (default: %(default)s)")
+    p.add_argument(
+        "--metrics-interval",
+        type=_positive,
+        default=None,
+        help="minimum seconds between fragmentation/CS samples (default: the round length)",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar and no table")
+    p.set_defaults(func=run_simulate)
+
+
+# ---------------------------------------------------------------------- validation
+def parse_policy_list(text: str) -> list[str]:
+    """Split ``"fifo, srtf"`` into names; rejects empty and repeated names."""
+    names = [s.strip() for s in text.split(",")]
+    if not text.strip() or any(not n for n in names):
+        raise PolicyError(f"bad --policy {text!r}: expected comma-separated policy names, e.g. fifo,srtf")
+    seen: set[str] = set()
+    for n in names:
+        if n.lower() in seen:
+            raise PolicyError(f"policy {n!r} is listed twice in --policy")
+        seen.add(n.lower())
+    return names
+
+
+def build_policy(name: str, cluster, perf) -> Policy:
+    """A heuristic by name, or an RL policy for names starting with ``rl-``."""
+    if name.lower().startswith("rl-"):
+        try:
+            from policies.rl import make_rl_policy  # type: ignore[import-not-found]
+        except ImportError as exc:
+            raise PolicyError(f"policy {name!r}: RL policies are not available ({exc})") from None
+        return make_rl_policy(name, cluster, perf)
+    from policies.heuristics import make_heuristic
+
+    return make_heuristic(name, perf)
+
+
+def _file_stem(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "policy"
+
+
+def _check_out(out: Path, overwrite: bool) -> None:
+    if out.exists():
+        if not out.is_dir():
+            raise OutputDirError(f"--out {out} exists and is not a directory")
+        if any(out.iterdir()) and not overwrite:
+            raise OutputDirError(f"--out {out} exists and is not empty (use --overwrite to replace it)")
+    anc = out.parent
+    while not anc.exists():
+        anc = anc.parent
+    if not anc.is_dir():
+        raise OutputDirError(f"--out {out}: {anc} is not a directory")
+
+
+def _json_safe(x: Any) -> Any:
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    return x
+
+
+# ---------------------------------------------------------------------- command
+def run_simulate(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except OutputDirError as exc:
+        print(f"rlsched simulate: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from policies.cluster import ClusterSpec
+    from policies.perf import ContentionModel
+    from trainer import metrics, report
+    from trainer.simulator import SimConfig, Simulator
+    from trainer.traces import load_trace
+
+    # 1. Validate everything before running anything.
+    out = Path(args.out)
+    _check_out(out, args.overwrite)
+    cluster = ClusterSpec.parse(args.cluster)
+    perf = ContentionModel(cluster)
+    names = parse_policy_list(args.policy)
+    stems = {n: _file_stem(n) for n in names}
+    if len(set(stems.values())) != len(stems):
+        raise PolicyError(f"policies {names} map to clashing file names {sorted(stems.values())}")
+    policies = {n: build_policy(n, cluster, perf) for n in names}
+    trace_path = Path(args.trace)
+    if args.trace == DEFAULT_TRACE and not trace_path.exists():
+        # The default is relative to the repository; find it from elsewhere too.
+        repo_copy = Path(__file__).resolve().parents[1] / DEFAULT_TRACE
+        if repo_copy.exists():
+            trace_path = repo_copy
+    jobs = load_trace(trace_path, cluster, perf)
+    cfg = SimConfig(
+        round_len=args.round,
+        event_triggered=not args.no_event_trigger,
+        restart_overhead=args.restart_overhead,
+        noise_cv=args.noise_cv,
+        seed=args.seed,
+        metrics_interval=args.metrics_interval if args.metrics_interval is not None else args.round,
+    )
+    sims = {n: Simulator(cluster, jobs, policies[n], perf, cfg) for n in names}  # checks trace vs cluster
+
+    # 2. Run, in memory.
+    out_console = Console()
+    if not out_console.is_terminal:  # logs / pipes: do not squeeze the table into 80 columns
+        out_console = Console(width=200)
+    err_console = Console(stderr=True)
+    show_progress = not args.quiet and err_console.is_terminal
+    results = {}
+    t0 = time.perf_counter()
+    with Progress(
+        TextColumn("[bold]{task.description:>12}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("jobs finished"),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+        disable=not show_progress,
+    ) as progress:
+        for n in names:
+            task = progress.add_task(n, total=len(jobs))
+            results[n] = sims[n].run(progress=lambda done, total, _t=task: progress.update(_t, completed=done))
+            progress.update(task, completed=len(jobs))
+    total_wall = time.perf_counter() - t0
+    summaries = {n: metrics.summarize(results[n], grid_step=args.round) for n in names}
+
+    # 3. Write everything into a temporary directory next to --out, then rename.
+    subtitle = f"{trace_path.name}, {len(jobs)} jobs, cluster {cluster.describe()}"
+    doc = {
+        "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "trace": str(trace_path.resolve()),
+        "jobs": len(jobs),
+        "cluster": {"spec": str(args.cluster), "describe": cluster.describe(), **cluster.to_dict()},
+        "config": {
+            "round_len_s": cfg.round_len,
+            "event_triggered": cfg.event_triggered,
+            "restart_overhead_s": cfg.restart_overhead,
+            "noise_cv": cfg.noise_cv,
+            "seed": cfg.seed,
+            "metrics_interval_s": cfg.metrics_interval,
+        },
+        "policies": list(names),
+        "files": {n: f"jobs_{stems[n]}.parquet" for n in names},
+        "total_wall_time_s": total_wall,
+        "summaries": summaries,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it 0700; give it a normal directory's mode
+    try:
+        for n in names:
+            metrics.write_jobs_parquet(results[n], tmp / f"jobs_{stems[n]}.parquet")
+        (tmp / "summary.json").write_text(json.dumps(_json_safe(doc), indent=2) + "\n")
+        report.write_plots(results, summaries, tmp, subtitle=subtitle)
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{int(time.time() * 1e6)}")
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    if not args.quiet:
+        title = f"rlsched simulate: {subtitle}"
+        table = report.comparison_table(summaries, title=title)
+        natural = out_console.measure(table, options=out_console.options.update_width(10_000)).maximum
+        if natural > out_console.width:  # narrow terminal: metrics as rows
+            table = report.comparison_table(summaries, title=title, transpose=True)
+        out_console.print(table)
+        out_console.print(f"Simulated {len(names)} policies in {total_wall:.2f} s; wrote {out}/")
+    return 0

@@ -1,0 +1,241 @@
+"""``rlsched trace``: generate job sets, convert traces, print trace statistics.
+
+Examples::
+
+    rlsched trace generate --mix heavy --jobs 256 --cluster 4x8 --seed 1 --out heavy.csv
+    rlsched trace generate --mix normal --arrival poisson --load 0.9 --sets 10 --out sets/normal
+    rlsched trace stats data/philly/philly.csv --cluster 4x8
+    rlsched trace stats heavy.csv --cluster 4x8 --json
+    rlsched trace convert data/philly/philly.csv --cluster 4x8 --seed 0 --out philly-4x8.parquet
+
+Outputs are written atomically: a failed command leaves no file behind.
+Missing parent directories of ``--out`` are created once the jobs are ready.
+Exit status 2 on a bad trace or bad options, with one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from policies.cluster import ClusterSpec
+from trainer.generate import (
+    DEMAND_DISTRIBUTIONS,
+    GeneratorConfig,
+    GeneratorError,
+    generate_jobs,
+    generate_sets,
+    write_sets,
+)
+
+__all__ = ["register"]
+
+_FILE_SUFFIXES = (".csv", ".parquet", ".pq", ".json")
+
+
+def _fail(args: argparse.Namespace, msg: str) -> int:
+    print(f"rlsched trace {args.trace_command}: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def _check_out_file(out: Path, force: bool) -> str | None:
+    if out.suffix.lower() not in _FILE_SUFFIXES:
+        return f"{out}: output must end in .csv, .parquet or .json (or use --sets N for a directory)"
+    if out.is_dir():
+        return f"{out}: is a directory (use --sets N to write job sets into a directory)"
+    if out.exists() and not force:
+        return f"{out}: exists (use --force to replace it)"
+    for parent in out.resolve().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                return f"{parent}: is not a directory"
+            break
+    return None
+
+
+def _make_parent(out: Path) -> None:
+    """Create the output's missing parent directories (only once the output is ready)."""
+    out.resolve().parent.mkdir(parents=True, exist_ok=True)
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from trainer.traces import write_trace
+
+    cluster = ClusterSpec.parse(args.cluster)
+    cfg = GeneratorConfig(
+        num_jobs=args.jobs,
+        mix=args.mix,
+        max_gpus=args.max_gpus,
+        min_gpus=args.min_gpus,
+        demand=args.demand,
+        duration_s=args.duration,
+        jitter=args.jitter,
+        arrival=args.arrival,
+        load=args.load,
+        exact_mix=args.exact_mix,
+        seed=args.seed,
+    )
+    out = Path(args.out)
+    try:
+        cfg = cfg.resolved(cluster)
+        if args.sets is None:
+            err = _check_out_file(out, args.force)
+            if err:
+                return _fail(args, err)
+            jobs = generate_jobs(cluster, cfg)
+            _make_parent(out)
+            write_trace(out, jobs)
+            print(f"wrote {len(jobs)} jobs to {out}")
+        else:
+            if out.suffix.lower() in _FILE_SUFFIXES:
+                return _fail(args, f"{out}: --sets writes a directory; give a directory path, not a file name")
+            sets = generate_sets(cluster, cfg, args.sets)
+            _make_parent(out)
+            paths = write_sets(out, sets, fmt=args.format, force=args.force)
+            print(f"wrote {len(paths)} job sets of {cfg.num_jobs} jobs to {out}/")
+    except GeneratorError as exc:
+        return _fail(args, str(exc))
+    return 0
+
+
+def _philly_options(args: argparse.Namespace) -> dict[str, Any]:
+    if args.gpu_scale <= 0 or args.time_scale <= 0:
+        raise GeneratorError("--gpu-scale and --time-scale must be positive")
+    if args.seed < 0:
+        raise GeneratorError(f"--seed must be >= 0, got {args.seed}")
+    if not 0 < args.sample <= 1:
+        raise GeneratorError(f"--sample must be in (0, 1], got {args.sample}")
+    if args.limit is not None and args.limit < 1:
+        raise GeneratorError(f"--limit must be >= 1, got {args.limit}")
+    window = None
+    if args.window_h:
+        try:
+            a, b = (float(x) * 3600.0 for x in args.window_h.split(":"))
+        except ValueError:
+            raise GeneratorError(f"--window-h {args.window_h!r}: expected START:END in hours, e.g. 0:24") from None
+        if not 0 <= a < b:
+            raise GeneratorError(f"--window-h {args.window_h!r}: need 0 <= START < END")
+        window = (a, b)
+    return {
+        "seed": args.seed,
+        "mix": args.mix,
+        "gpu_scale": args.gpu_scale,
+        "time_scale": args.time_scale,
+        "virtual_clusters": args.vc or None,
+        "window": window,
+        "sample": args.sample,
+        "limit": args.limit,
+        "oversize": args.oversize,
+    }
+
+
+def _load(args: argparse.Namespace):
+    from trainer.traces import load_trace
+
+    cluster = ClusterSpec.parse(args.cluster)
+    opts = _philly_options(args)
+    return cluster, load_trace(args.trace, cluster, **opts)
+
+
+def _cmd_stats(args: argparse.Namespace) -> int:
+    from trainer.trace_stats import render_stats, trace_stats
+
+    try:
+        cluster, jobs = _load(args)
+    except GeneratorError as exc:
+        return _fail(args, str(exc))
+    stats = trace_stats(jobs, cluster)
+    if args.json:
+        print(json.dumps(stats, indent=2))
+    else:
+        render_stats(stats, title=Path(args.trace).name)
+    return 0
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from trainer.traces import write_trace
+
+    out = Path(args.out)
+    err = _check_out_file(out, args.force)
+    if err:
+        return _fail(args, err)
+    try:
+        _, jobs = _load(args)
+    except GeneratorError as exc:
+        return _fail(args, str(exc))
+    _make_parent(out)
+    write_trace(out, jobs)
+    print(f"wrote {len(jobs)} jobs to {out}")
+    return 0
+
+
+def _add_read_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("trace", help="trace file: canonical .csv/.parquet, DeepShare .json, or the Philly CSV")
+    p.add_argument("--cluster", default="4x8", help="target cluster: NODESxGPUS or a YAML/TOML file (default 4x8)")
+    g = p.add_argument_group("Philly CSV only (see docs/TRACES.md)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the per-row model draw (default 0)")
+    g.add_argument("--mix", default="normal", help="model mix: normal|heavy|medium|low or 6 weights a:b:c:d:e:f")
+    g.add_argument("--gpu-scale", type=float, default=1.0, help="factor on num_gpus before clipping to the cluster")
+    g.add_argument("--time-scale", type=float, default=1.0, help="factor on submit times and durations")
+    g.add_argument("--vc", action="append", help="keep only this virtual cluster id (repeatable)")
+    g.add_argument("--window-h", metavar="START:END", help="keep jobs submitted START..END hours after the first")
+    g.add_argument("--sample", type=float, default=1.0, help="keep each job with this probability (seeded)")
+    g.add_argument("--limit", type=int, default=None, help="keep the first N jobs by submit time")
+    g.add_argument(
+        "--oversize", choices=("clip", "drop", "error"), default="clip", help="demands above the cluster (default clip)"
+    )
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``rlsched trace {generate,stats,convert}``."""
+    trace = sub.add_parser("trace", help="generate job sets, convert traces, print trace statistics")
+    tsub = trace.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
+
+    g = tsub.add_parser(
+        "generate",
+        help="DeepShare-style synthetic job sets",
+        description="Draw DeepShare-style job sets (rules in docs/TRACES.md).",
+    )
+    g.add_argument(
+        "--mix", default="normal", help="normal|heavy|medium|low or 6 weights GNN:IMG:DLRM:LM:FSDP:MoE (default normal)"
+    )
+    g.add_argument("--jobs", type=int, default=256, help="jobs per set (default 256)")
+    g.add_argument("--max-gpus", type=int, default=None, help="largest GPU demand (default min(32, cluster GPUs))")
+    g.add_argument("--min-gpus", type=int, default=1, help="smallest GPU demand (default 1)")
+    g.add_argument("--demand", choices=DEMAND_DISTRIBUTIONS, default="pow2", help="demand distribution (default pow2)")
+    g.add_argument("--duration", type=float, default=3600.0, help="isolated run time per job, s (default 3600)")
+    g.add_argument("--jitter", type=float, default=0.0, help="relative jitter on the duration, in [0, 1) (default 0)")
+    g.add_argument("--cluster", default="4x8", help="target cluster: NODESxGPUS or a YAML/TOML file (default 4x8)")
+    g.add_argument(
+        "--arrival", choices=("zero", "poisson"), default="zero", help="all at t=0 or Poisson (default zero)"
+    )
+    g.add_argument("--load", type=float, default=0.9, help="offered load for Poisson arrivals (default 0.9)")
+    g.add_argument("--exact-mix", action="store_true", help="apportion models exactly instead of i.i.d. draws")
+    g.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    g.add_argument("--sets", type=int, default=None, help="write N sets set0..set{N-1} into the --out directory")
+    g.add_argument(
+        "--format", choices=("csv", "parquet", "json"), default="csv", help="file format with --sets (default csv)"
+    )
+    g.add_argument("--out", required=True, help="output .csv/.parquet/.json file, or a directory with --sets")
+    g.add_argument("--force", action="store_true", help="replace an existing output")
+    g.set_defaults(func=_cmd_generate)
+
+    s = tsub.add_parser(
+        "stats", help="summary of a trace on a cluster", description="Summary of a trace on a target cluster."
+    )
+    _add_read_options(s)
+    s.add_argument("--json", action="store_true", help="print the summary as JSON")
+    s.set_defaults(func=_cmd_stats)
+
+    c = tsub.add_parser(
+        "convert",
+        help="any supported trace -> canonical CSV/Parquet (or DeepShare JSON)",
+        description="Read any supported trace for a cluster and write it in the canonical schema.",
+    )
+    _add_read_options(c)
+    c.add_argument("--out", required=True, help="output .csv/.parquet/.json file")
+    c.add_argument("--force", action="store_true", help="replace an existing output")
+    c.set_defaults(func=_cmd_convert)

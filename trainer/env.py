@@ -1,0 +1,271 @@
+"""Gymnasium environment over the project's simulator (id ``rlsched/Placement-v0``).
+
+One environment step is one scheduling decision (see :mod:`policies.encoding`
+for the observation and the ``Discrete(K * S + 1)`` action):
+
+* a placement action starts that candidate on that option; time does not
+  move, and the agent is asked again (several jobs per round);
+* "nothing" ends the round: the simulator advances to the next arrival /
+  completion or the next round boundary (``round_len`` s), whichever comes
+  first. While no placement is valid the environment keeps advancing on its
+  own (no decision to make), so an episode is about
+  ``jobs + events + useful rounds`` steps long.
+
+The episode ends (``terminated``) when every job has finished, or is
+``truncated`` after ``max_steps`` steps.
+
+Rewards are paid for simulated time, so placement steps earn 0 and a step
+that advances from ``t0`` to ``t1`` earns the integral over ``[t0, t1]``
+(the state is constant in between), in units of rounds (``dt / round_len``):
+
+* ``"seed"`` (seed eq. 2): ``-W1 * CS + W2 * Util`` per round, ``W2 = 1 - W1``,
+  ``CS`` the mean contention sensitivity of running jobs (1 if none),
+  ``Util`` the allocated fraction of GPUs.
+* ``"progress"`` (DL2): the normalised progress of all jobs, ``sum_j
+  (samples done in the interval) / total_samples_j``, i.e. per round the sum
+  over running jobs of ``achieved_thp * round_len / total_samples``. Each job
+  contributes exactly 1 over its life, so the undiscounted return is the
+  number of jobs whatever the policy; discounting makes progress *earlier*
+  worth more, and a job needing 1 GPU earns as much per second as one needing
+  32, so it pays to run many jobs at full speed soon (short, small and
+  uncontended first), which is what lowers average JCT. Holding GPUs idle
+  visibly loses reward in the very interval that follows, which makes credit
+  assignment easy. This is the reward of the shipped policies.
+* ``"jct"``: ``-(jobs in the system) / (jobs in the trace)`` per round. Its
+  undiscounted sum is ``-sum(JCT) / (round_len * jobs)``: exactly the average
+  JCT, negated and scaled. (DL2's "normalised progress" reward sums to a
+  constant per job without discounting; this one rewards the same thing, jobs
+  finishing early, without depending on the discount.)
+
+With ``shaping`` (default for ``"progress"``) the reward also gets the
+potential-based term ``gamma * phi(s') - phi(s)`` (Ng et al., 1999: it leaves
+the optimal policy unchanged), where ``phi`` is the current progress rate
+``sum_j achieved_thp_j * round_len / total_samples_j`` of the running jobs.
+A placement then pays at once what it will earn per round, and one that
+slows its neighbours costs at once, instead of the credit arriving only
+after the next time step. ``gamma`` must be the algorithm's discount.
+
+An invalid action (only possible with algorithms that ignore
+:meth:`action_masks`) is treated as "nothing" and costs ``invalid_penalty``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from policies.cluster import ClusterSpec
+from policies.encoding import Encoded, Encoder, ObsSpec
+from policies.job import JobSpec
+from policies.perf import ContentionModel
+from trainer.simulator import SimConfig, Simulator
+
+__all__ = ["PlacementEnv", "ENV_ID", "REWARDS", "load_trace_dir", "register"]
+
+ENV_ID = "rlsched/Placement-v0"
+REWARDS = ("progress", "jct", "seed")
+
+
+def load_trace_dir(path: str | Path, cluster: ClusterSpec) -> list[list[JobSpec]]:
+    """All traces under ``path`` (a trace file or a directory searched recursively), sorted by path."""
+    from trainer.traces import TraceError, load_trace
+
+    p = Path(path)
+    if p.is_file():
+        return [load_trace(p, cluster)]
+    if not p.is_dir():
+        raise TraceError(p, "no such trace file or directory")
+    files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in (".json", ".csv", ".parquet"))
+    if not files:
+        raise TraceError(p, "no trace files (*.json, *.csv, *.parquet) in this directory")
+    return [load_trace(f, cluster) for f in files]
+
+
+class PlacementEnv(gym.Env):
+    """Scheduling decisions on a simulated cluster.
+
+    :param traces: job sets; each episode draws one uniformly (seeded by ``reset``).
+    :param cluster: cluster spec or ``"4x8"``.
+    :param reward: ``"progress"``, ``"jct"`` or ``"seed"``.
+    :param w1: weight of CS in the seed reward (``W2 = 1 - w1``).
+    :param round_len: seconds per scheduling round.
+    :param max_steps: truncate episodes after this many steps.
+    :param invalid_penalty: reward of an invalid action (treated as "nothing").
+    :param perf: performance model (default :class:`ContentionModel` of ``cluster``).
+    :param k: candidate jobs in the observation.
+    :param shaping: add potential-based shaping (default: on for ``"progress"``).
+    :param gamma: discount used by the shaping term.
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(
+        self,
+        traces: Sequence[Sequence[JobSpec]],
+        cluster: ClusterSpec | str = "4x8",
+        reward: str = "progress",
+        w1: float = 0.4,
+        round_len: float = 300.0,
+        max_steps: int = 20_000,
+        invalid_penalty: float = -0.1,
+        perf: ContentionModel | None = None,
+        k: int = 4,
+        shaping: bool | None = None,
+        gamma: float = 0.99,
+    ) -> None:
+        super().__init__()
+        if not traces:
+            raise ValueError("PlacementEnv needs at least one trace")
+        if reward not in REWARDS:
+            raise ValueError(f"reward {reward!r}: expected one of {', '.join(REWARDS)}")
+        if not 0.0 <= w1 <= 1.0:
+            raise ValueError(f"w1 must be in [0, 1], got {w1}")
+        self.cluster = ClusterSpec.parse(cluster)
+        self.perf = perf or ContentionModel(self.cluster)
+        self.spec_obs = ObsSpec.for_cluster(self.cluster, k)
+        self.encoder = Encoder(self.cluster, self.perf, self.spec_obs)
+        self.traces = [list(t) for t in traces]
+        self.reward_kind = reward
+        self.w1 = float(w1)
+        self.round_len = float(round_len)
+        self.max_steps = int(max_steps)
+        self.invalid_penalty = float(invalid_penalty)
+        self.shaping = (reward == "progress") if shaping is None else bool(shaping)
+        self.gamma = float(gamma)
+        self._phi = 0.0
+        self.observation_space = spaces.Box(0.0, 1.0, shape=self.spec_obs.shape, dtype=np.float32)
+        self.action_space = spaces.Discrete(self.spec_obs.n_actions)
+        self._sims: dict[int, Simulator] = {}
+        self.sim: Simulator | None = None
+        self._enc: Encoded | None = None
+        self._steps = 0
+        self._next_round = 0.0
+        self.trace_index = -1
+
+    # ------------------------------------------------------------------ helpers
+    def _sim_for(self, i: int) -> Simulator:
+        sim = self._sims.get(i)
+        if sim is None:
+            sim = Simulator(self.cluster, self.traces[i], None, self.perf, SimConfig(round_len=self.round_len))
+            self._sims[i] = sim
+        else:
+            sim.reset_state()
+        return sim
+
+    def _potential(self) -> float:
+        sim = self.sim
+        assert sim is not None
+        return sum(j.rate / j.spec.total_samples for j in sim.running.values()) * self.round_len
+
+    def _rate(self) -> float:
+        """Reward per round of the current (constant) state."""
+        sim = self.sim
+        assert sim is not None
+        if self.reward_kind == "progress":
+            return sum(j.rate / j.spec.total_samples for j in sim.running.values() if sim.time >= j.t_ref) * self.round_len
+        if self.reward_kind == "jct":
+            return -(len(sim.pending) + len(sim.running)) / len(sim.jobs)
+        cs = float(np.mean([j.cs for j in sim.running.values()])) if sim.running else 1.0
+        util = 1.0 - float(sim.free.sum()) / float(sim.capacity.sum())
+        return -self.w1 * cs + (1.0 - self.w1) * util
+
+    def _advance(self) -> float:
+        """Advance to the next event or round boundary; returns the reward earned."""
+        sim = self.sim
+        assert sim is not None
+        t0 = sim.time
+        rate = self._rate()
+        if not sim.running and not sim.pending:
+            sim.advance_to_next_event()  # idle: jump to the next arrival
+            self._next_round = (math.floor(sim.time / self.round_len + 1e-12) + 1) * self.round_len
+        elif not sim.advance_to_next_event(until=self._next_round):
+            self._next_round += self.round_len
+        return rate * (sim.time - t0) / self.round_len
+
+    def _settle(self) -> float:
+        """Advance while there is no decision to make; returns the reward earned."""
+        sim = self.sim
+        assert sim is not None
+        r = 0.0
+        while not sim.done:
+            self._enc = self.encoder.encode(sim.state())
+            if self._enc.any_placement:
+                return r
+            r += self._advance()
+        self._enc = None
+        return r
+
+    def _obs(self) -> np.ndarray:
+        if self._enc is None:
+            return np.zeros(self.spec_obs.shape, dtype=np.float32)
+        return self._enc.obs
+
+    def _info(self) -> dict[str, Any]:
+        sim = self.sim
+        assert sim is not None
+        return {"time": sim.time, "finished": sim.finished, "jobs": len(sim.jobs), "trace": self.trace_index}
+
+    # ------------------------------------------------------------------ gym API
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        idx = int(options["trace"]) if options and "trace" in options else int(self.np_random.integers(len(self.traces)))
+        self.trace_index = idx
+        self.sim = self._sim_for(idx)
+        self._steps = 0
+        self._next_round = self.round_len
+        self.sim.advance_to_next_event()
+        self._next_round = (math.floor(self.sim.time / self.round_len + 1e-12) + 1) * self.round_len
+        self._settle()
+        self._phi = self._potential()
+        return self._obs(), self._info()
+
+    def action_masks(self) -> np.ndarray:
+        """Valid actions now, bool ``[n_actions]`` (sb3-contrib's MaskablePPO calls this)."""
+        if self._enc is None:
+            m = np.zeros(self.spec_obs.n_actions, dtype=bool)
+            m[self.spec_obs.noop] = True
+            return m
+        return self._enc.mask.copy()
+
+    def step(self, action):
+        sim = self.sim
+        if sim is None:
+            raise RuntimeError("call reset() before step()")
+        a = int(action)
+        reward = 0.0
+        self._steps += 1
+        enc = self._enc
+        placed = False
+        if enc is not None and 0 <= a < len(enc.mask) and enc.mask[a]:
+            d = enc.decode(a)
+            if d is not None:
+                sim.start(*d)
+                placed = True
+        elif enc is not None:
+            reward += self.invalid_penalty
+        if not placed and not sim.done:
+            reward += self._advance()
+        reward += self._settle() if not sim.done else 0.0
+        if sim.done:
+            self._enc = None
+        terminated = sim.done
+        if self.shaping:
+            phi = 0.0 if terminated else self._potential()
+            reward += self.gamma * phi - self._phi
+            self._phi = phi
+        truncated = not terminated and self._steps >= self.max_steps
+        return self._obs(), float(reward), terminated, truncated, self._info()
+
+
+def register() -> None:
+    """Register :data:`ENV_ID` with Gymnasium (idempotent)."""
+    if ENV_ID not in gym.registry:
+        gym.register(id=ENV_ID, entry_point="trainer.env:PlacementEnv")
+
+
+register()

@@ -1,0 +1,308 @@
+"""Evaluate policies over trace sets: tables with confidence intervals, the seed's figures.
+
+:func:`run_evaluation` runs every policy on every job set of every trace
+group (a sub-directory of ``--traces``, e.g. ``normal/``, ``heavy/``,
+``poisson-90/``), with the full simulator, and writes:
+
+* ``OUT/results.json``: per group, per policy, per set: the scalar metrics of
+  :func:`trainer.metrics.summarize`; and per group and policy the mean and
+  95% confidence half-width (Student t over sets) of average JCT, p90 JCT,
+  utilisation and average CS;
+* ``OUT/figures/``: for the ``normal`` group (or the first one) the JCT CDF
+  (seed Fig. 5, jobs of all sets pooled), the CS distribution (Fig. 6) and
+  the utilisation KDE (Fig. 7); and, with ``branches``, average JCT versus
+  utilisation of RL branches A-E next to the heuristics, one panel per group
+  (Fig. 8);
+* with ``results_md``: the Markdown tables between the markers
+  ``<!-- BEGIN GENERATED -->`` and ``<!-- END GENERATED -->`` of that file
+  (the hand-written text around them is kept; the markers are appended if
+  missing).
+
+Policy names are the heuristics of :func:`policies.heuristics.make_heuristic`
+and the RL names of :func:`policies.rl.make_rl_policy`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from policies.base import Policy, PolicyError
+from policies.cluster import ClusterSpec
+from policies.perf import ContentionModel
+from trainer.metrics import summarize
+from trainer.simulator import SimConfig, Simulator
+
+__all__ = ["make_policy", "mean_ci", "evaluate_group", "run_evaluation", "markdown_tables", "BEGIN", "END"]
+
+log = logging.getLogger(__name__)
+
+BEGIN = "<!-- BEGIN GENERATED -->"
+END = "<!-- END GENERATED -->"
+METRICS = (("avg_jct_s", "Avg JCT (h)", 1 / 3600.0), ("p90_jct_s", "p90 JCT (h)", 1 / 3600.0), ("avg_util", "Util (%)", 100.0), ("avg_cs", "Avg CS", 1.0))
+BRANCHES = {"A": 0.3, "B": 0.4, "C": 0.5, "D": 0.6, "E": 0.7}
+
+
+def make_policy(name: str, cluster: ClusterSpec, perf: ContentionModel) -> Policy:
+    """A heuristic by name, or an RL policy for names starting with ``rl-``."""
+    if name.lower().startswith("rl-"):
+        from policies.rl import make_rl_policy
+
+        return make_rl_policy(name, cluster, perf)
+    from policies.heuristics import make_heuristic
+
+    return make_heuristic(name, perf)
+
+
+def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+    """Mean and confidence half-width (Student t) of ``values``; half-width 0 for one value."""
+    from scipy.stats import t
+
+    x = np.asarray([v for v in values if math.isfinite(v)], float)
+    if x.size == 0:
+        return math.nan, math.nan
+    if x.size == 1:
+        return float(x[0]), 0.0
+    return float(x.mean()), float(t.ppf(0.5 + level / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
+
+
+def _groups(traces: Path) -> dict[str, list[Path]]:
+    exts = (".json", ".csv", ".parquet")
+    if traces.is_file():
+        return {traces.stem: [traces]}
+    if not traces.is_dir():
+        raise FileNotFoundError(f"{traces}: no such trace directory")
+    out: dict[str, list[Path]] = {}
+    direct = sorted(f for f in traces.iterdir() if f.is_file() and f.suffix.lower() in exts)
+    if direct:
+        out[traces.name] = direct
+    for d in sorted(x for x in traces.iterdir() if x.is_dir()):
+        files = sorted(f for f in d.rglob("*") if f.is_file() and f.suffix.lower() in exts)
+        if files:
+            out[d.name] = files
+    if not out:
+        raise FileNotFoundError(f"{traces}: no trace files (*.json, *.csv, *.parquet)")
+    order = ["normal", "heavy", "medium", "low"]
+    return dict(sorted(out.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), kv[0])))
+
+
+def evaluate_group(
+    policies: Mapping[str, Policy], files: Sequence[Path], cluster: ClusterSpec, perf: ContentionModel, keep_jobs: bool = False
+) -> dict[str, Any]:
+    """Run each policy on each file; returns ``{policy: {"sets": [...], "summary": {...}, ...}}``."""
+    from trainer.traces import load_trace
+
+    out: dict[str, Any] = {}
+    traces = [load_trace(f, cluster) for f in files]
+    for name, pol in policies.items():
+        sets, jcts, cs, util = [], [], [], []
+        for f, jobs in zip(files, traces):
+            t0 = time.perf_counter()
+            res = Simulator(cluster, jobs, pol, perf, SimConfig()).run()
+            s = summarize(res)
+            row = {k: s[k] for k in ("avg_jct_s", "p90_jct_s", "avg_util", "avg_cs", "makespan_s", "finished", "jobs", "preemptions")}
+            row["trace"] = str(f)
+            row["wall_s"] = time.perf_counter() - t0
+            sets.append(row)
+            if keep_jobs:
+                jcts.extend(r.jct for r in res.jobs)
+                cs.extend(r.avg_cs for r in res.jobs)
+                util.extend(s["util_samples"])
+        summary = {}
+        for key, _, _ in METRICS:
+            m, h = mean_ci([r[key] for r in sets])
+            summary[key] = {"mean": m, "ci95": h}
+        out[name] = {"sets": sets, "summary": summary}
+        if keep_jobs:
+            out[name]["jobs_jct_s"] = jcts
+            out[name]["jobs_avg_cs"] = cs
+            out[name]["util_samples"] = util
+        log.info("  %-14s avg JCT %.2f h, util %.1f%%", name, summary["avg_jct_s"]["mean"] / 3600, 100 * summary["avg_util"]["mean"])
+    return out
+
+
+def _plots(group: str, data: Mapping[str, Any], figdir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from trainer.metrics import cs_bucket_labels, cs_buckets
+    from trainer.report import plot_util_kde, plot_cs_distribution
+
+    paths = []
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    styles = ("-", "--", ":", "-.")
+    for i, (name, d) in enumerate(data.items()):
+        x = np.sort(np.asarray(d["jobs_jct_s"], float)) / 3600.0
+        ax.plot(x, np.arange(1, x.size + 1) / x.size, ls=styles[i % 4], lw=1.6, label=f"{name} (avg {x.mean():.1f} h)")
+    ax.set_xlabel("JCT (hours)")
+    ax.set_ylabel("CDF")
+    ax.grid(alpha=0.3)
+    ax.set_title(f"CDF of JCT ({group} mix, all sets pooled, 4x8)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    p = figdir / f"jct_cdf_{group}.png"
+    fig.savefig(p, dpi=120)
+    plt.close(fig)
+    paths.append(p)
+    summaries = {
+        n: {"util_samples": d["util_samples"], "cs_bucket_labels": cs_bucket_labels(), "cs_buckets": cs_buckets(d["jobs_avg_cs"]),
+            "avg_cs": float(np.mean(d["jobs_avg_cs"]))}
+        for n, d in data.items()
+    }
+    paths.append(plot_cs_distribution(summaries, figdir / f"cs_distribution_{group}.png", f"{group} mix, all sets"))
+    paths.append(plot_util_kde(summaries, figdir / f"util_kde_{group}.png", f"{group} mix, all sets"))
+    return paths
+
+
+def _branch_plot(results: Mapping[str, Any], branch_names: Sequence[str], figdir: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = list(results)
+    fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 4), squeeze=False)
+    for ax, g in zip(axes[0], groups):
+        for name, d in results[g].items():
+            x = 100 * d["summary"]["avg_util"]["mean"]
+            y = d["summary"]["avg_jct_s"]["mean"] / 3600
+            if name in branch_names:
+                br = name.split("@")[-1]
+                hyb = name.startswith("rl-hybrid")
+                ax.scatter(x, y, color="red" if hyb else "lightcoral", marker="o", s=36, zorder=3)
+                ax.annotate(br, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+            else:
+                ax.scatter(x, y, marker="s", s=30, color="tab:blue" if not name.startswith("rl-") else "darkred", zorder=2)
+                ax.annotate(name, (x, y), fontsize=7, xytext=(3, -9), textcoords="offset points")
+        ax.set_title(f"{g}")
+        ax.set_xlabel("Utilisation (%)")
+        ax.grid(alpha=0.3)
+    axes[0, 0].set_ylabel("Average JCT (h)")
+    fig.suptitle("Avg JCT vs utilisation: RL-base (light red) and RL-hybrid (red) branches A-E, heuristics (blue)")
+    fig.tight_layout()
+    p = figdir / "branches_jct_vs_util.png"
+    fig.savefig(p, dpi=120)
+    plt.close(fig)
+    return p
+
+
+def markdown_tables(results: Mapping[str, Any], cluster: str) -> str:
+    """Markdown: one table per group, mean +- 95% CI over sets, plus ratios to the baselines."""
+    lines: list[str] = []
+    for g, data in results.items():
+        nsets = len(next(iter(data.values()))["sets"])
+        lines.append(f"### {g} ({nsets} job sets, {cluster})\n")
+        lines.append("| Policy | " + " | ".join(h for _, h, _ in METRICS) + " |")
+        lines.append("|---|" + "---|" * len(METRICS))
+        for name, d in data.items():
+            cells = []
+            for key, _, scale in METRICS:
+                m, h = d["summary"][key]["mean"], d["summary"][key]["ci95"]
+                fmt = "{:.3f}" if key == "avg_cs" else "{:.2f}" if scale != 100.0 else "{:.1f}"
+                cells.append(f"{fmt.format(m * scale)} ± {fmt.format(h * scale)}")
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        ratios = []
+        for rl in [n for n in data if n in ("rl-base", "rl-hybrid")]:
+            for base in [n for n in data if not n.startswith("rl-")]:
+                a = data[rl]["summary"]["avg_jct_s"]["mean"] / data[base]["summary"]["avg_jct_s"]["mean"]
+                p = data[rl]["summary"]["p90_jct_s"]["mean"] / data[base]["summary"]["p90_jct_s"]["mean"]
+                ratios.append(f"{rl}/{base}: avg {a:.3f}, p90 {p:.3f}")
+        if ratios:
+            lines.append("\nRatios of mean JCT (RL / baseline): " + "; ".join(ratios) + ".")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def run_evaluation(
+    policies: Sequence[str],
+    traces: str | Path,
+    cluster: str | ClusterSpec = "4x8",
+    out: str | Path = "docs",
+    branches: str | Path | None = None,
+    results_md: str | Path | None = None,
+    figure_group: str = "normal",
+) -> dict[str, Any]:
+    """Evaluate and write results (see module docstring); returns the results dict."""
+    cl = ClusterSpec.parse(cluster)
+    perf = ContentionModel(cl)
+    pols: dict[str, Policy] = {n: make_policy(n, cl, perf) for n in policies}
+    branch_names: list[str] = []
+    if branches:
+        bdir = Path(branches)
+        for br in BRANCHES:
+            ck = bdir / f"{br}.json"
+            if not ck.is_file():
+                raise PolicyError(f"{ck}: branch checkpoint missing (expected A.json .. E.json in {bdir})")
+            for mode in ("rl-base", "rl-hybrid"):
+                nm = f"{mode}@{br}"
+                pols[nm] = make_policy(f"{mode}:{ck}", cl, perf)
+                pols[nm].name = nm
+                branch_names.append(nm)
+    groups = _groups(Path(traces))
+    fig_group = figure_group if figure_group in groups else next(iter(groups))
+    results: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    for g, files in groups.items():
+        log.info("group %s: %d traces", g, len(files))
+        results[g] = evaluate_group(pols, files, cl, perf, keep_jobs=(g == fig_group))
+    outdir = Path(out)
+    figdir = outdir / "figures"
+    figdir.mkdir(parents=True, exist_ok=True)
+    main = [n for n in pols if n not in branch_names]
+    figs = _plots(fig_group, {n: results[fig_group][n] for n in main}, figdir)
+    if branch_names:
+        figs.append(_branch_plot(results, branch_names, figdir))
+    slim = {g: {n: {k: v for k, v in d.items() if k in ("sets", "summary")} for n, d in data.items()} for g, data in results.items()}
+    meta = {"cluster": cl.describe(), "policies": list(pols), "traces": str(traces), "wall_s": time.perf_counter() - t0,
+            "figures": [str(f) for f in figs]}
+    _write_atomic(outdir / "results.json", json.dumps({"meta": meta, "results": slim}, indent=1, default=float) + "\n")
+    if results_md:
+        md = Path(results_md)
+        text = md.read_text() if md.is_file() else "# Results\n\n"
+        gen = f"{BEGIN}\n\n" + markdown_tables({g: {n: slim[g][n] for n in main} for g in slim}, cl.describe())
+        if branch_names:
+            gen += "\n### Branches A-E (W1 = 0.3 .. 0.7), mean over sets\n\n" + _branch_table(slim, branch_names)
+        gen += f"\n{END}"
+        if BEGIN in text and END in text:
+            pre, rest = text.split(BEGIN, 1)
+            _, post = rest.split(END, 1)
+            text = pre + gen + post
+        else:
+            text = text.rstrip() + "\n\n" + gen + "\n"
+        _write_atomic(md, text)
+    return results
+
+
+def _branch_table(results: Mapping[str, Any], names: Sequence[str]) -> str:
+    groups = list(results)
+    lines = ["| Policy | " + " | ".join(f"{g} avg JCT (h) / util (%)" for g in groups) + " |", "|---|" + "---|" * len(groups)]
+    for n in names:
+        cells = []
+        for g in groups:
+            s = results[g][n]["summary"]
+            cells.append(f"{s['avg_jct_s']['mean'] / 3600:.2f} / {100 * s['avg_util']['mean']:.1f}")
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

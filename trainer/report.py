@@ -1,0 +1,254 @@
+"""Comparison reports of several policies on one trace: PNG plots and a rich table.
+
+Plots (matplotlib, Agg backend, nothing shown on screen):
+
+* ``jct_cdf.png``: CDF of job completion time per policy (seed Fig. 5).
+* ``util_timeline.png``: allocated GPUs (% of the cluster) over time, one
+  panel per policy.
+* ``util_kde.png``: kernel density of utilisation sampled every round
+  (seed Fig. 7); a histogram where a KDE is degenerate (fewer than two
+  distinct samples).
+* ``cs_distribution.png``: share of jobs per average-CS bucket (seed Fig. 6).
+
+Inputs are :class:`trainer.simulator.SimResult` objects and the dicts of
+:func:`trainer.metrics.summarize`, keyed by policy name in display order.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Mapping
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless; must precede pyplot
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from trainer.simulator import SimResult  # noqa: E402
+
+__all__ = [
+    "PLOT_FILES",
+    "comparison_table",
+    "plot_jct_cdf",
+    "plot_util_timeline",
+    "plot_util_kde",
+    "plot_cs_distribution",
+    "write_plots",
+]
+
+#: File names written by :func:`write_plots`.
+PLOT_FILES = ("jct_cdf.png", "util_timeline.png", "util_kde.png", "cs_distribution.png")
+
+_H = 3600.0
+_DPI = 120
+
+
+def _colours(names: list[str]) -> dict[str, str]:
+    cycle = plt.get_cmap("tab10")
+    return {n: matplotlib.colors.to_hex(cycle(i % 10)) for i, n in enumerate(names)}
+
+
+def _styles(names: list[str]) -> dict[str, str]:
+    """Line styles so that identical curves of two policies stay distinguishable."""
+    cycle = ("-", "--", ":", "-.")
+    return {n: cycle[i % len(cycle)] for i, n in enumerate(names)}
+
+
+def _title(base: str, subtitle: str | None) -> str:
+    return f"{base}\n{subtitle}" if subtitle else base
+
+
+# ---------------------------------------------------------------------- plots
+def plot_jct_cdf(results: Mapping[str, SimResult], path: str | Path, subtitle: str | None = None) -> Path:
+    """Empirical CDF of JCT (hours) per policy; the legend gives mean and p90."""
+    names = list(results)
+    col = _colours(names)
+    ls = _styles(names)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for n in names:
+        jct = np.sort([r.jct for r in results[n].jobs if math.isfinite(r.jct)]) / _H
+        if jct.size == 0:
+            continue
+        y = np.arange(1, jct.size + 1) / jct.size
+        label = f"{n} (mean {jct.mean():.2f} h, p90 {np.percentile(jct, 90):.2f} h)"
+        ax.step(np.concatenate([[0.0], jct]), np.concatenate([[0.0], y]), where="post", color=col[n], ls=ls[n], label=label, lw=1.8)
+    ax.set_xlabel("Job completion time (hours, queueing included)")
+    ax.set_ylabel("Fraction of jobs")
+    ax.set_ylim(0, 1.02)
+    ax.set_xlim(left=0)
+    ax.grid(alpha=0.3)
+    ax.set_title(_title("CDF of job completion time", subtitle))
+    ax.legend(loc="lower right", fontsize=8)
+    return _save(fig, path)
+
+
+def plot_util_timeline(results: Mapping[str, SimResult], path: str | Path, subtitle: str | None = None) -> Path:
+    """Allocated GPUs in % of the cluster over time (hours), one panel per policy."""
+    names = list(results)
+    col = _colours(names)
+    k = max(len(names), 1)
+    fig, axes = plt.subplots(k, 1, figsize=(8, 1.4 + 1.7 * k), sharex=True, squeeze=False)
+    xmax = max((results[n].makespan for n in names), default=0.0) / _H
+    for ax, n in zip(axes[:, 0], names):
+        r = results[n]
+        total = r.cluster.total_gpus
+        t = np.append(np.asarray(r.util_t, float), r.makespan) / _H
+        u = np.append(np.asarray(r.util_used, float), 0.0) / total * 100.0
+        ax.fill_between(t, u, step="post", color=col[n], alpha=0.35)
+        ax.step(t, u, where="post", color=col[n], lw=1.0)
+        ax.set_ylim(0, 105)
+        ax.set_ylabel("GPUs used (%)")
+        ax.grid(alpha=0.3)
+        ax.set_title(f"{n}: makespan {r.makespan / _H:.1f} h", loc="left", fontsize=9, pad=3)
+    axes[-1, 0].set_xlabel("Time since trace start (hours)")
+    axes[-1, 0].set_xlim(0, xmax * 1.01 if xmax > 0 else 1)
+    fig.suptitle(_title("GPU utilisation over time", subtitle))
+    return _save(fig, path)
+
+
+def plot_util_kde(summaries: Mapping[str, Mapping], path: str | Path, subtitle: str | None = None) -> Path:
+    """Density of per-round utilisation samples (%), Gaussian KDE per policy.
+
+    Falls back to a density histogram for a policy whose samples have fewer
+    than two distinct values (the KDE's covariance would be singular).
+    """
+    from scipy.stats import gaussian_kde
+
+    names = list(summaries)
+    col = _colours(names)
+    ls = _styles(names)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    xs = np.linspace(0.0, 100.0, 401)
+    for n in names:
+        s = np.asarray(summaries[n].get("util_samples", []), float) * 100.0
+        if s.size == 0:
+            continue
+        label = f"{n} (mean of samples {s.mean():.1f}%)"
+        dens = None
+        if np.unique(s).size >= 2:
+            try:
+                dens = gaussian_kde(s)(xs)
+            except (np.linalg.LinAlgError, ValueError):
+                dens = None
+        if dens is not None:
+            ax.plot(xs, dens, color=col[n], ls=ls[n], lw=1.8, label=label)
+            ax.fill_between(xs, dens, color=col[n], alpha=0.12)
+        else:
+            ax.hist(s, bins=np.linspace(0, 100, 21), density=True, color=col[n], alpha=0.5, label=label + " [histogram]")
+    ax.set_xlim(0, 100)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("GPU utilisation (% of cluster GPUs allocated, sampled every round)")
+    ax.set_ylabel("Density (1 / %)")
+    ax.grid(alpha=0.3)
+    ax.set_title(_title("Distribution of GPU utilisation (KDE)", subtitle))
+    ax.legend(loc="upper left", fontsize=8)
+    return _save(fig, path)
+
+
+def plot_cs_distribution(summaries: Mapping[str, Mapping], path: str | Path, subtitle: str | None = None) -> Path:
+    """Grouped bars: % of jobs per average-contention-sensitivity bucket."""
+    names = list(summaries)
+    col = _colours(names)
+    labels = next((list(s["cs_bucket_labels"]) for s in summaries.values()), [])
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    x = np.arange(len(labels))
+    width = 0.8 / max(len(names), 1)
+    for i, n in enumerate(names):
+        vals = np.asarray(summaries[n]["cs_buckets"], float) * 100.0
+        avg = _num(summaries[n].get("avg_cs"))
+        ax.bar(x + (i - (len(names) - 1) / 2) * width, vals, width, color=col[n], label=f"{n} (avg CS {avg:.3f})")
+    ax.set_xticks(x, labels)
+    ax.set_xlabel("Job's average contention sensitivity (isolated / achieved throughput)")
+    ax.set_ylabel("Jobs (%)")
+    ax.set_ylim(0, 105)
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_title(_title("Proportion of jobs by average contention sensitivity", subtitle))
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def _save(fig, path: str | Path) -> Path:
+    path = Path(path)
+    fig.tight_layout()
+    fig.savefig(path, dpi=_DPI)
+    plt.close(fig)
+    return path
+
+
+def write_plots(
+    results: Mapping[str, SimResult],
+    summaries: Mapping[str, Mapping],
+    outdir: str | Path,
+    subtitle: str | None = None,
+) -> list[Path]:
+    """Write every plot of :data:`PLOT_FILES` into ``outdir`` (which must exist)."""
+    out = Path(outdir)
+    return [
+        plot_jct_cdf(results, out / PLOT_FILES[0], subtitle),
+        plot_util_timeline(results, out / PLOT_FILES[1], subtitle),
+        plot_util_kde(summaries, out / PLOT_FILES[2], subtitle),
+        plot_cs_distribution(summaries, out / PLOT_FILES[3], subtitle),
+    ]
+
+
+# ---------------------------------------------------------------------- table
+#: (summary key, header, scale, format, lower is better?) per column.
+_COLUMNS: tuple[tuple[str, str, float, str, bool | None], ...] = (
+    ("jobs", "Jobs", 1.0, "{:.0f}", None),
+    ("avg_jct_s", "Avg JCT (h)", 1 / _H, "{:.2f}", True),
+    ("median_jct_s", "Median JCT (h)", 1 / _H, "{:.2f}", True),
+    ("p90_jct_s", "p90 JCT (h)", 1 / _H, "{:.2f}", True),
+    ("p99_jct_s", "p99 JCT (h)", 1 / _H, "{:.2f}", True),
+    ("avg_queueing_s", "Avg queue (h)", 1 / _H, "{:.2f}", True),
+    ("makespan_s", "Makespan (h)", 1 / _H, "{:.2f}", True),
+    ("avg_util", "Avg util (%)", 100.0, "{:.1f}", False),
+    ("avg_cs", "Avg CS", 1.0, "{:.3f}", True),
+    ("mean_frag", "Mean frag", 1.0, "{:.3f}", True),
+    ("preemptions", "Preempt.", 1.0, "{:.0f}", True),
+    ("wall_time_s", "Wall (s)", 1.0, "{:.2f}", None),
+)
+
+
+def _num(v) -> float:
+    """A summary value as float; ``None`` (NaN after a JSON round trip) and junk become NaN."""
+    try:
+        return math.nan if v is None else float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def comparison_table(summaries: Mapping[str, Mapping], title: str | None = None, transpose: bool = False) -> Table:
+    """A rich table, one row per policy, one column per metric (``transpose``:
+    one row per metric, one column per policy, for narrow terminals); the
+    best value of each comparable metric is bold green (ties all bold)."""
+    best: dict[str, float] = {}
+    for key, _, _, _, lower in _COLUMNS:
+        vals = [_num(s.get(key)) for s in summaries.values()]
+        vals = [v for v in vals if math.isfinite(v)]
+        if lower is not None and len(vals) > 1 and min(vals) != max(vals):
+            best[key] = min(vals) if lower else max(vals)
+
+    def cell(s: Mapping, key: str, scale: float, fmt: str) -> str:
+        v = _num(s.get(key))
+        text = "-" if not math.isfinite(v) else fmt.format(v * scale)
+        if key in best and math.isfinite(v) and v == best[key]:
+            text = f"[bold green]{text}[/]"
+        return text
+
+    table = Table(title=title or "Policy comparison", header_style="bold", title_justify="left")
+    if transpose:
+        table.add_column("Metric", style="cyan", no_wrap=True)
+        for name in summaries:
+            table.add_column(name, justify="right", no_wrap=True)
+        for key, head, scale, fmt, _ in _COLUMNS:
+            table.add_row(head, *(cell(s, key, scale, fmt) for s in summaries.values()))
+        return table
+    table.add_column("Policy", style="cyan", no_wrap=True)
+    for _, head, _, _, _ in _COLUMNS:
+        table.add_column(head, justify="right")
+    for name, s in summaries.items():
+        table.add_row(name, *(cell(s, key, scale, fmt) for key, _, scale, fmt, _ in _COLUMNS))
+    return table

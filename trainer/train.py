@@ -1,0 +1,288 @@
+"""Train RL placement policies with unmodified Stable-Baselines3 / sb3-contrib.
+
+:func:`train` builds ``n_envs`` :class:`~trainer.env.PlacementEnv` copies in a
+``DummyVecEnv`` (one process: the machine is shared), trains one of
+``maskable-ppo`` (default; uses :meth:`PlacementEnv.action_masks`), ``ppo``,
+``a2c`` or ``dqn`` with a small MLP, logs to TensorBoard (``OUT/tb``) and,
+every ``eval_freq`` steps, runs the current network as ``rl-base`` through the
+full simulator on the validation traces. The checkpoint with the lowest mean
+validation average JCT is kept as ``OUT/best``; the latest as ``OUT/last``
+(both ``.safetensors`` + ``.json``, see :mod:`policies.checkpoint`).
+``OUT/eval.csv`` lists every evaluation.
+
+Resuming (``resume=True``) reloads ``OUT/last``'s weights (safetensors, never
+a pickle) and step count and continues; optimiser moments restart from zero.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from policies.checkpoint import MLPNet, load_checkpoint, save_checkpoint
+from policies.cluster import ClusterSpec
+from policies.encoding import Encoder
+from policies.job import JobSpec
+from policies.perf import ContentionModel
+from policies.rl import RLPolicy
+from trainer.env import PlacementEnv
+from trainer.simulator import SimConfig, Simulator
+
+__all__ = ["TrainConfig", "train", "export_tensors", "inference_net", "evaluate_net", "ALGOS"]
+
+log = logging.getLogger(__name__)
+
+ALGOS = ("maskable-ppo", "ppo", "a2c", "dqn")
+
+
+@dataclass
+class TrainConfig:
+    """Everything that defines a training run (stored in the checkpoint metadata)."""
+
+    algo: str = "maskable-ppo"
+    cluster: str = "4x8"
+    reward: str = "progress"
+    w1: float = 0.4
+    timesteps: int = 50_000
+    n_envs: int = 2
+    seed: int = 0
+    net_arch: tuple[int, ...] = (64, 64)
+    learning_rate: float = 3e-4
+    n_steps: int = 512
+    batch_size: int = 128
+    n_epochs: int = 4
+    gamma: float = 0.99
+    ent_coef: float = 0.01
+    eval_freq: int = 5_000
+    round_len: float = 300.0
+    k: int = 4
+    traces: list[str] = field(default_factory=list)
+    val_traces: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------- weights
+def _layer_names(algo: str, model) -> tuple[list[str], str]:
+    sd = model.policy.state_dict()
+    if algo == "dqn":
+        idx = sorted({int(k.split(".")[2]) for k in sd if k.startswith("q_net.q_net.") and k.endswith(".weight")})
+        return [f"q_net.q_net.{i}" for i in idx], "relu"
+    idx = sorted({int(k.split(".")[2]) for k in sd if k.startswith("mlp_extractor.policy_net.") and k.endswith(".weight")})
+    return [f"mlp_extractor.policy_net.{i}" for i in idx] + ["action_net"], "tanh"
+
+
+def export_tensors(model) -> dict[str, np.ndarray]:
+    """All tensors of an SB3 policy as float32 numpy arrays (for safetensors)."""
+    return {k: v.detach().cpu().numpy().astype(np.float32) for k, v in model.policy.state_dict().items()}
+
+
+def inference_net(algo: str, model) -> MLPNet:
+    """The numpy network :class:`RLPolicy` would run for ``model`` now."""
+    layers, act = _layer_names(algo, model)
+    t = export_tensors(model)
+    return MLPNet([(t[p + ".weight"], t[p + ".bias"]) for p in layers], act)
+
+
+def evaluate_net(
+    net: MLPNet,
+    cluster: ClusterSpec,
+    perf: ContentionModel,
+    traces: Sequence[Sequence[JobSpec]],
+    hybrid: bool = False,
+    round_len: float = 300.0,
+    k: int = 4,
+) -> list[float]:
+    """Average JCT (s) of ``net`` as rl-base (or rl-hybrid) on each trace, via the full simulator."""
+    from policies.encoding import ObsSpec
+
+    enc = Encoder(cluster, perf, ObsSpec.for_cluster(cluster, k))
+    out = []
+    for jobs in traces:
+        pol = RLPolicy(net, enc, hybrid=hybrid)
+        res = Simulator(cluster, jobs, pol, perf, SimConfig(round_len=round_len)).run()
+        out.append(float(np.mean([r.jct for r in res.jobs])))
+    return out
+
+
+# ---------------------------------------------------------------------- training
+def _make_model(cfg: TrainConfig, venv, tb: str | None):
+    import torch
+
+    if cfg.algo == "maskable-ppo":
+        from sb3_contrib import MaskablePPO as Algo
+    elif cfg.algo == "ppo":
+        from stable_baselines3 import PPO as Algo
+    elif cfg.algo == "a2c":
+        from stable_baselines3 import A2C as Algo
+    elif cfg.algo == "dqn":
+        from stable_baselines3 import DQN as Algo
+    else:
+        raise ValueError(f"unknown algo {cfg.algo!r}; choose from {', '.join(ALGOS)}")
+    arch = list(cfg.net_arch)
+    common: dict[str, Any] = dict(learning_rate=cfg.learning_rate, gamma=cfg.gamma, seed=cfg.seed, verbose=0, tensorboard_log=tb, device="cpu")
+    if cfg.algo in ("maskable-ppo", "ppo"):
+        return Algo(
+            "MlpPolicy", venv, n_steps=cfg.n_steps, batch_size=cfg.batch_size, n_epochs=cfg.n_epochs,
+            ent_coef=cfg.ent_coef, policy_kwargs=dict(net_arch=dict(pi=arch, vf=arch), activation_fn=torch.nn.Tanh), **common,
+        )
+    if cfg.algo == "a2c":
+        return Algo("MlpPolicy", venv, n_steps=16, ent_coef=cfg.ent_coef,
+                    policy_kwargs=dict(net_arch=dict(pi=arch, vf=arch), activation_fn=torch.nn.Tanh), **common)
+    return Algo("MlpPolicy", venv, buffer_size=50_000, learning_starts=1_000, batch_size=cfg.batch_size,
+                exploration_fraction=0.3, target_update_interval=1_000, policy_kwargs=dict(net_arch=arch), **common)
+
+
+def _save(path: Path, cfg: TrainConfig, model, cluster: ClusterSpec, env: PlacementEnv, extra: dict, mode: str = "rl-base") -> Path:
+    layers, act = _layer_names(cfg.algo, model)
+    training = {"config": asdict(cfg), "timesteps": int(model.num_timesteps), **extra}
+    return save_checkpoint(
+        path, export_tensors(model), algo=cfg.algo, mode=mode, cluster=cluster, spec=env.spec_obs,
+        layers=layers, activation=act, reward={"kind": cfg.reward, "w1": cfg.w1, "w2": round(1.0 - cfg.w1, 6)},
+        training=training,
+    )
+
+
+def train(
+    cfg: TrainConfig,
+    train_traces: Sequence[Sequence[JobSpec]],
+    val_traces: Sequence[Sequence[JobSpec]],
+    out: str | Path,
+    resume: bool = False,
+    progress: bool = True,
+) -> dict:
+    """Train, evaluate periodically, keep the best; returns a summary dict (also ``OUT/summary.json``)."""
+    import torch
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.monitor import Monitor
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    torch.set_num_threads(1)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cluster = ClusterSpec.parse(cfg.cluster)
+    perf = ContentionModel(cluster)
+    if not train_traces:
+        raise ValueError("no training traces")
+
+    def factory(i: int):
+        def _f():
+            env = PlacementEnv(train_traces, cluster, reward=cfg.reward, w1=cfg.w1, round_len=cfg.round_len, perf=perf, k=cfg.k, gamma=cfg.gamma)
+            env.reset(seed=cfg.seed * 1000 + i)
+            return Monitor(env)
+
+        return _f
+
+    venv = DummyVecEnv([factory(i) for i in range(cfg.n_envs)])
+    venv.seed(cfg.seed)
+    probe = venv.envs[0].unwrapped
+    model = _make_model(cfg, venv, str(out / "tb"))
+    start_steps = 0
+    if resume:
+        last = load_checkpoint(out / "last")
+        if last.meta.get("algo") != cfg.algo:
+            raise ValueError(f"{out / 'last.json'}: was trained with {last.meta.get('algo')}, not {cfg.algo}")
+        from safetensors.numpy import load_file
+
+        sd = {k: torch.from_numpy(v.copy()) for k, v in load_file(str(last.weights_path)).items()}
+        model.policy.load_state_dict(sd)
+        start_steps = int(last.meta["training"].get("timesteps", 0))
+        model.num_timesteps = start_steps
+        log.info("resumed from %s at %d steps", last.json_path, start_steps)
+
+    eval_rows: list[dict] = []
+    eval_csv = out / "eval.csv"
+    if resume and eval_csv.is_file():
+        with eval_csv.open() as f:
+            eval_rows = [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f)]
+    best = min((r["val_avg_jct_s"] for r in eval_rows), default=math.inf)
+    t_start = time.perf_counter()
+
+    def do_eval() -> float:
+        nonlocal best
+        if not val_traces:
+            return math.nan
+        net = inference_net(cfg.algo, model)
+        jcts = evaluate_net(net, cluster, perf, val_traces, round_len=cfg.round_len, k=cfg.k)
+        m = float(np.mean(jcts))
+        row = {"timesteps": float(model.num_timesteps), "val_avg_jct_s": m, "wall_s": time.perf_counter() - t_start}
+        eval_rows.append(row)
+        with eval_csv.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(row))
+            w.writeheader()
+            w.writerows(eval_rows)
+        model.logger.record("eval/val_avg_jct_h", m / 3600.0)
+        if m < best:
+            best = m
+            _save(out / "best", cfg, model, cluster, probe, {"val_avg_jct_s": m})
+        log.info("eval at %d steps: val avg JCT %.2f h (best %.2f h)", model.num_timesteps, m / 3600, best / 3600)
+        return m
+
+    class EvalCallback(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.next_eval = start_steps + cfg.eval_freq
+
+        def _on_step(self) -> bool:
+            if self.num_timesteps >= self.next_eval:
+                self.next_eval += cfg.eval_freq
+                do_eval()
+                _save(out / "last", cfg, model, cluster, probe, {})
+            return True
+
+    remaining = max(cfg.timesteps - start_steps, 0)
+    if remaining:
+        model.learn(total_timesteps=remaining, callback=EvalCallback(), reset_num_timesteps=not resume,
+                    tb_log_name=cfg.algo, progress_bar=False)
+    if eval_rows and eval_rows[-1]["timesteps"] == float(model.num_timesteps):
+        final = eval_rows[-1]["val_avg_jct_s"]
+    else:
+        final = do_eval()
+    _save(out / "last", cfg, model, cluster, probe, {})
+    if not (out / "best.json").is_file():
+        _save(out / "best", cfg, model, cluster, probe, {"val_avg_jct_s": final})
+    summary = {
+        "timesteps": int(model.num_timesteps),
+        "wall_s": time.perf_counter() - t_start,
+        "best_val_avg_jct_s": best,
+        "final_val_avg_jct_s": final,
+        "evals": eval_rows,
+        "best": str(out / "best.json"),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    return summary
+
+
+def ship_checkpoint(best: str | Path, cluster: ClusterSpec, dest: str | Path | None = None, command: str | None = None) -> list[Path]:
+    """Copy a trained checkpoint as ``rl-base-<shape>`` and ``rl-hybrid-<shape>`` (same weights, different default mode).
+
+    :param dest: target directory (default: the ``policies/checkpoints`` package directory).
+    :param command: the command that produced it, recorded in the metadata.
+    """
+    from importlib import resources
+
+    from safetensors.numpy import load_file
+
+    ck = load_checkpoint(best)
+    ck.check_cluster(cluster)
+    dest = Path(dest) if dest else Path(str(resources.files("policies"))) / "checkpoints"
+    tensors = load_file(str(ck.weights_path))
+    training = dict(ck.meta["training"])
+    if command:
+        training["command"] = command
+    out = []
+    for mode in ("rl-base", "rl-hybrid"):
+        out.append(
+            save_checkpoint(
+                dest / f"{mode}-{cluster.describe()}", tensors, algo=ck.meta["algo"], mode=mode, cluster=ck.cluster,
+                spec=ck.spec, layers=ck.meta["network"]["layers"], activation=ck.meta["network"]["activation"],
+                reward=ck.meta["reward"], training=training,
+            )
+        )
+    return out
