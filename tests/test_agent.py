@@ -33,6 +33,7 @@ from proto import rlsched_agent_pb2_grpc as pbg
 
 REPO = Path(__file__).resolve().parents[1]
 MLP = REPO / "scripts" / "examples" / "train_mlp.py"
+LM = REPO / "scripts" / "examples" / "train_tiny_lm.py"
 
 
 @pytest.fixture
@@ -294,12 +295,16 @@ def _wait_step(client: AgentClient, job_key: str, min_step: int, proc: subproces
     raise AssertionError(f"job {job_key} never reached step {min_step}")
 
 
+@pytest.mark.parametrize("script,total,extra,model", [
+    (MLP, 300, ["--hidden", "64"], "MLP"),
+    pytest.param(LM, 120, ["--model-name", "MoE"], "MoE", marks=pytest.mark.slow),
+], ids=["mlp", "tiny-lm"])
 def test_preempt_round_trip_resumes_and_finishes_exact_steps(
-    agent: NodeAgentServer, client: AgentClient, key: Path, tmp_path: Path
+    agent: NodeAgentServer, client: AgentClient, key: Path, tmp_path: Path, script: Path, total: int,
+    extra: list[str], model: str,
 ) -> None:
-    total = 300
     store = tmp_path / "store"
-    args = [sys.executable, str(MLP), "--total-steps", str(total), "--report-every", "5", "--hidden", "64"]
+    args = [sys.executable, str(script), "--total-steps", str(total), "--report-every", "5", *extra]
     env = _job_env(agent, key, store, "mlp-rt", "4242")
 
     # reference: the same job, uninterrupted, under another key
@@ -313,7 +318,7 @@ def test_preempt_round_trip_resumes_and_finishes_exact_steps(
                           stderr=subprocess.PIPE, text=True)
     try:
         st = _wait_step(client, "mlp-rt", 40, p1)
-        assert st["slurm_job_id"] == "4242" and st["model"] == "MLP" and st["pids"] == [p1.pid]
+        assert st["slurm_job_id"] == "4242" and st["model"] == model and st["pids"] == [p1.pid]
         assert st["samples_per_s"] > 0
         r = client.preempt("mlp-rt", "4242", timeout_s=60)
         out1, err1 = p1.communicate(timeout=60)

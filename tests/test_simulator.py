@@ -218,7 +218,7 @@ def clusters(draw) -> ClusterSpec:
 def scenarios(draw) -> tuple[ClusterSpec, list[JobSpec]]:
     cluster = draw(clusters())
     perf = perf_for(cluster)
-    n = draw(st.integers(1, 8))
+    n = draw(st.integers(1, 10))
     jobs = []
     for i in range(n):
         gpus = draw(st.integers(1, cluster.total_gpus))
@@ -259,7 +259,7 @@ def _check_result(res: SimResult, jobs: list[JobSpec], cluster: ClusterSpec) -> 
 
 
 @pytest.mark.parametrize("policy", HEURISTICS)
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sc=scenarios(), round_len=st.sampled_from([60.0, 300.0]), event=st.booleans(), noise=st.sampled_from([0.0, 0.3]))
 def test_invariants(policy: str, sc, round_len: float, event: bool, noise: float) -> None:
     cluster, jobs = sc
@@ -396,3 +396,34 @@ def test_fragmentation_metric() -> None:
     sim.start("b", Placement.of({0: 2}))
     # x = [100, 100, 300, 300]: 1 - 800^2 / (4 * 200000) = 0.2
     assert sim.fragmentation() == pytest.approx(0.2)
+
+
+def test_running_view_is_lazy_and_fresh() -> None:
+    from trainer.simulator import RunningView
+
+    cluster = ClusterSpec.parse("1x4")
+    perf = perf_for(cluster)
+    jobs = [job(perf, "a", 0.0, 2, 100.0), job(perf, "b", 0.0, 2, 400.0)]
+    sim = Simulator(cluster, jobs, None, perf)
+    sim.reset_state()
+    sim.advance_to_next_event()
+    sim.start("a", Placement.of({0: 2}))
+    sim.start("b", Placement.of({0: 2}))
+    sim.advance_to_round(50.0)
+    view = sim.state().running
+    assert isinstance(view, RunningView)
+    assert len(view) == 2 and bool(view)
+    # Nothing refreshed yet: the infos still hold their start values.
+    assert sim.by_id["a"].info.done_samples == 0.0
+    a, b = view[0], view[1]  # first access refreshes all, at the state's time
+    assert a.done_samples == pytest.approx(jobs[0].total_samples / 2)
+    assert b.done_samples == pytest.approx(jobs[1].total_samples / 8)
+    assert a.attained_service == pytest.approx(100.0)
+    assert a.achieved_thp == pytest.approx(a.isolated_thp) and a.cs == pytest.approx(1.0)
+    assert [j.job_id for j in view] == ["a", "b"] and list(view) == [a, b] and view == [a, b]
+    assert [j.job_id for j in sorted(view, key=lambda j: -j.remaining_time)] == ["b", "a"]
+    assert view[-1] is b and view[:1] == [a]
+    # An empty view is falsy.
+    sim2 = Simulator(cluster, jobs, None, perf)
+    sim2.reset_state()
+    assert not sim2.state().running

@@ -161,7 +161,7 @@ def train(
     import torch
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.monitor import Monitor
-    from stable_baselines3.common.vec_env import DummyVecEnv
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
     torch.set_num_threads(1)
     out = Path(out)
@@ -179,9 +179,12 @@ def train(
 
         return _f
 
-    venv = DummyVecEnv([factory(i) for i in range(cfg.n_envs)])
-    venv.seed(cfg.seed)
-    probe = venv.envs[0].unwrapped
+    base_venv = DummyVecEnv([factory(i) for i in range(cfg.n_envs)])
+    base_venv.seed(cfg.seed)
+    probe = base_venv.envs[0].unwrapped
+    # Returns are O(100) (one unit per job); normalise rewards (not observations, so the
+    # network sees exactly what the deployed encoder produces) to keep the critic trainable.
+    venv = VecNormalize(base_venv, norm_obs=False, norm_reward=True, gamma=cfg.gamma)
     model = _make_model(cfg, venv, str(out / "tb"))
     start_steps = 0
     if resume:
