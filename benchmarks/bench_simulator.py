@@ -36,23 +36,23 @@ import platform
 import statistics
 import sys
 import time
-from dataclasses import dataclass, asdict
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+import numpy as np
+from rich.console import Console
+from rich.table import Table
 
-from policies.cluster import ClusterSpec  # noqa: E402
-from policies.heuristics import make_heuristic  # noqa: E402
-from policies.job import JobSpec  # noqa: E402
-from policies.perf import ContentionModel  # noqa: E402
-from trainer.simulator import SimConfig, SimResult, Simulator  # noqa: E402
+from policies.cluster import ClusterSpec
+from policies.heuristics import make_heuristic
+from policies.job import JobSpec
+from policies.perf import ContentionModel
+from trainer.simulator import SimConfig, SimResult, Simulator
 
 HEURISTICS = (
     "fifo", "sjf", "srtf", "las", "greedy",

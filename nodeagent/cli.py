@@ -1,7 +1,8 @@
 """``rlsched agent``: run the node agent (gRPC) beside slurmd.
 
     rlsched agent --node node1 --listen 127.0.0.1:50051 --store /shared/ckpt --auth munge
-    rlsched agent --node node1 --listen 127.0.0.1:50051 --store hdfs://nn:9870/rlsched --auth sharedkey:/etc/rlsched/agent.key
+    rlsched agent --node node1 --listen 127.0.0.1:50051 --store hdfs://nn:9870/rlsched \
+                  --auth sharedkey:/etc/rlsched/agent.key
     rlsched agent-keygen /etc/rlsched/agent.key     # new 0600 shared key
 
 Logs are JSON lines on stderr (one object per event).

@@ -15,7 +15,8 @@ What the session does:
 * **resume**: loads the newest *valid* checkpoint of the job key from the
   store (``torch.load(weights_only=True)``: tensors and plain containers only,
   nothing is unpickled).
-* **report**: every ``report_every`` steps sends a ProgressReport to the node
+* **report**: every ``report_every`` steps (at most once per
+  ``min_report_interval_s``) sends a ProgressReport to the node
   agent from a background thread (latest report wins; an unreachable agent is
   logged and never stops training). The first report registers this PID.
 * **profile**: for ``profile_steps`` steps after ``profile_warmup`` steps it
@@ -146,6 +147,13 @@ class _Reporter(threading.Thread):
         except queue.Full:
             pass
 
+    def drain(self) -> None:
+        """Drop a queued, not yet sent report (a final report supersedes it)."""
+        try:
+            self.q.get_nowait()
+        except queue.Empty:
+            pass
+
     def send_now(self, report: Any) -> bool:
         try:
             self.client.report_progress(report, timeout=self.timeout)
@@ -188,6 +196,7 @@ class JobSession:
         model: str = "",
         total_steps: int = 0,
         report_every: int = 5,
+        min_report_interval_s: float = 0.5,
         ckpt_every: int = 0,
         reference_samples_per_s: float = 0.0,
         profile_warmup: int = 3,
@@ -200,6 +209,8 @@ class JobSession:
         self.model = model
         self.total_steps = int(total_steps)
         self.report_every = max(1, int(report_every))
+        self.min_report_interval_s = max(0.0, float(min_report_interval_s))
+        self._last_report_t = -1e9
         self.ckpt_every = max(0, int(ckpt_every))
         self.reference = float(reference_samples_per_s)
         self.profile_warmup = profile_warmup
@@ -379,8 +390,13 @@ class JobSession:
         self.step = step
         if self._reporter is None:
             return
+        now = time.monotonic()
+        if not final and now - self._last_report_t < self.min_report_interval_s:
+            return  # rate limit: each report costs a credential (a munge call) on both ends
+        self._last_report_t = now
         msg = self._report_msg(step, samples, state, final)
         if final:
+            self._reporter.drain()
             self._reporter.send_now(msg)
         else:
             self._reporter.offer(msg)

@@ -107,6 +107,7 @@ class JobRecord:
     world_size: int = 1
     last_checkpoint_step: int = -1
     pids: dict[int, int] = field(default_factory=dict)  # pid -> rank
+    final_pids: set[int] = field(default_factory=set)  # pids that sent their final report
     reporter_pid: int = 0  # the pid whose samples feed the throughput window
     window: deque = field(default_factory=lambda: deque(maxlen=4096))
     run_first: _Sample | None = None
@@ -119,6 +120,7 @@ class JobRecord:
     comm_fraction: float = -1.0
     state: str = "running"
     first_seen: float = 0.0
+    owner_uid: int = -1  # uid of the first (authenticated) reporter; -1: unknown
     last_report: float = 0.0
     ended_at: float = 0.0
 
@@ -148,14 +150,26 @@ class JobTracker:
         self.lock = threading.RLock()
 
     # ------------------------------------------------------------- reports
-    def report(self, r: pb.ProgressReport) -> JobRecord:
-        """Apply one (validated) report; returns the updated record."""
+    def owner_of(self, job_key: str) -> int | None:
+        """UID that owns an active record for ``job_key`` (None if none / unknown)."""
+        with self.lock:
+            rec = self.jobs.get(job_key)
+            return rec.owner_uid if rec is not None and rec.active() and rec.owner_uid >= 0 else None
+
+    def report(self, r: pb.ProgressReport, uid: int = -1) -> JobRecord:
+        """Apply one (validated, authorised) report from ``uid``; returns the updated record."""
         now = self.clock()
         with self.lock:
             rec = self.jobs.get(r.job_key)
             if rec is None or (rec.slurm_job_id != r.slurm_job_id and not rec.active()):
-                rec = JobRecord(job_key=r.job_key, slurm_job_id=r.slurm_job_id, first_seen=now)
+                rec = JobRecord(job_key=r.job_key, slurm_job_id=r.slurm_job_id, first_seen=now, owner_uid=uid)
                 self.jobs[r.job_key] = rec
+            if rec.owner_uid < 0:
+                rec.owner_uid = uid
+            if r.pid > 0 and r.pid in rec.final_pids:
+                return rec  # a stale report that overtook this process's final one
+            if r.pid > 0 and r.final:
+                rec.final_pids.add(r.pid)
             rec.slurm_job_id = r.slurm_job_id or rec.slurm_job_id
             rec.model = r.model or rec.model
             rec.total_steps = r.total_steps or rec.total_steps
@@ -166,7 +180,7 @@ class JobTracker:
             if r.comm_fraction >= 0:
                 rec.comm_fraction = r.comm_fraction
             rec.last_report = now
-            if r.pid > 0:
+            if r.pid > 0 and not r.final:
                 rec.pids[r.pid] = r.rank
             # The throughput window follows one process (lowest rank reporting on this node).
             if r.pid > 0 and (rec.reporter_pid == 0 or not pid_alive(rec.reporter_pid)
@@ -274,6 +288,7 @@ class JobTracker:
             for key, rec in list(self.jobs.items()):
                 for pid in [p for p in rec.pids if not pid_alive(p)]:
                     del rec.pids[pid]
+                rec.final_pids = {p for p in rec.final_pids if pid_alive(p)}  # pids may be reused later
                 if rec.active() and rec.state != "preempting" and not rec.pids and now - rec.last_report > 2.0:
                     rec.state, rec.ended_at = "exited", now
                     emit("job_exited", job_key=key, step=rec.step)
@@ -362,9 +377,13 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
         def go() -> pb.ProgressAck:
             ident = self._authorize("ReportProgress", request, context, privileged=False)
             self._validate_report(request)
+            owner = self.tracker.owner_of(request.job_key)
+            if owner is not None and owner != ident.uid and not self.auth.is_privileged(ident):
+                raise _RpcAbort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"job {request.job_key!r} belongs to uid {owner}, not {ident.uid}")
             if request.pid > 0:
                 self._check_pid(request, ident)
-            rec = self.tracker.report(request)
+            rec = self.tracker.report(request, ident.uid)
             if request.final or request.state in ("preempted", "finished"):
                 emit("job_" + (request.state or "final"), job_key=rec.job_key, slurm_job_id=rec.slurm_job_id,
                      step=request.step, checkpoint_step=request.checkpoint_step)
@@ -463,7 +482,8 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
             ok = good is not None and good.step >= step_at_signal
             return self._reply(rec, ok, good, t0, True,
                                f"job {request.job_key} has no live process on node {self.node} (state {prev_state}); "
-                               + ("latest checkpoint covers its progress" if ok else "no checkpoint covers its progress"))
+                               + ("latest checkpoint covers its progress" if ok
+                                  else "no checkpoint covers its progress"))
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGUSR2)
@@ -492,6 +512,7 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
                 break
             time.sleep(self.poll_s)
         if done is not None:
+            ckpt_s = time.monotonic() - t0
             # give the process a moment to exit after its checkpoint (requeue-friendly exit code)
             exit_by = min(deadline, time.monotonic() + 10.0)
             while not exited and time.monotonic() < exit_by and context.is_active():
@@ -501,7 +522,10 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
                 rec.state = "preempted"
                 rec.ended_at = self.tracker.clock()
                 rec.last_checkpoint_step = max(rec.last_checkpoint_step, done.step)
-            return self._reply(rec, True, done, t0, exited, f"checkpoint at step {done.step} is durable and verified")
+            return self._reply(rec, True, done, t0, exited,
+                               f"checkpoint at step {done.step} is durable and verified after {ckpt_s:.2f}s; "
+                               + (f"process exited after {time.monotonic() - t0:.2f}s" if exited
+                                  else "process still running"))
         with self.tracker.lock:
             if rec.state == "preempting":
                 rec.state = "exited" if exited else prev_state

@@ -15,7 +15,12 @@ index on ties), so simulations replay exactly. Neither policy preempts.
 Names accepted by :func:`make_rl_policy`: ``rl-base``, ``rl-hybrid`` (the
 shipped checkpoint for the cluster's shape, from ``policies/checkpoints/``)
 and ``rl-base:/path/ckpt`` / ``rl-hybrid:/path/ckpt`` (``ckpt``, ``ckpt.json``
-or ``ckpt.safetensors``).
+or ``ckpt.safetensors``); and ``rl-prior``, the untrained *prior* of the
+action space (an ablation, no network): always the lowest valid action, i.e.
+candidate 0 (least remaining GPU-time) on the first option that fits (one
+node if possible), never "nothing" while something fits. It shows how much of
+the RL policies' result comes from the encoding's candidate order rather than
+from learning.
 """
 
 from __future__ import annotations
@@ -32,9 +37,9 @@ from policies.encoding import Encoder
 from policies.perf import ContentionModel
 from policies.state import ClusterState, Decision, JobInfo
 
-__all__ = ["RLPolicy", "make_rl_policy", "RL_POLICY_NAMES", "shipped_checkpoint"]
+__all__ = ["RLPolicy", "make_rl_policy", "RL_POLICY_NAMES", "shipped_checkpoint", "prior_net"]
 
-RL_POLICY_NAMES = ("rl-base", "rl-hybrid")
+RL_POLICY_NAMES = ("rl-base", "rl-hybrid", "rl-prior")
 
 
 def shipped_checkpoint(mode: str, cluster: ClusterSpec) -> Path:
@@ -48,6 +53,13 @@ def shipped_checkpoint(mode: str, cluster: ClusterSpec) -> Path:
             f"train one with `rlsched train --cluster {cluster.describe()} ...` and use {mode}:/path/to/checkpoint"
         )
     return p
+
+
+def prior_net(spec) -> MLPNet:
+    """A constant network preferring lower action indices ("nothing", the last, least)."""
+    n_in = int(np.prod(spec.shape))
+    bias = -np.arange(spec.n_actions, dtype=np.float32)
+    return MLPNet([(np.zeros((spec.n_actions, n_in), np.float32), bias)])
 
 
 class RLPolicy(Policy):
@@ -143,8 +155,14 @@ def make_rl_policy(
     raw = name.strip()
     mode, sep, path = raw.partition(":")
     mode = mode.lower()
-    if mode not in RL_POLICY_NAMES:
-        raise PolicyError(f"unknown RL policy {name!r}; expected rl-base or rl-hybrid, optionally :/path/to/checkpoint")
+    if mode == "rl-prior" and not sep:
+        perf = perf or ContentionModel(cluster)
+        enc = Encoder(cluster, perf)
+        return RLPolicy(prior_net(enc.spec), enc, name="rl-prior")
+    if mode not in RL_POLICY_NAMES or mode == "rl-prior":
+        raise PolicyError(
+            f"unknown RL policy {name!r}; expected rl-base or rl-hybrid (optionally :/path/to/checkpoint) or rl-prior"
+        )
     if sep and not path:
         raise PolicyError(f"policy {name!r}: empty checkpoint path after ':'")
     ckpt_path = Path(path) if path else (Path(checkpoint) if checkpoint else shipped_checkpoint(mode, cluster))

@@ -96,14 +96,18 @@ def test_unauthenticated_and_bad_credentials_refused(agent: NodeAgentServer, cli
     assert client.job_stats()[0]["state"] == "running", "refused preempt must not touch the job"
 
 
-def test_unprivileged_key_owner_cannot_preempt(agent: NodeAgentServer, tmp_path: Path) -> None:
+def test_unprivileged_key_owner_cannot_preempt(agent: NodeAgentServer, client: AgentClient, tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root to chown the key to nobody")
+    client.report_progress(_report(job_key="roots-job", pid=0))  # owned by uid 0
     k = SharedKeyAuthenticator.generate(tmp_path / "user.key")
     os.chown(k, 65534, 65534)
-    agent.servicer.auth = SharedKeyAuthenticator(k)
+    agent.servicer.auth = SharedKeyAuthenticator(k)  # now every verified caller is uid 65534
     with AgentClient(agent.address, SharedKeyAuthenticator(k)) as c:
-        c.report_progress(_report(pid=0))  # reporting is allowed
+        c.report_progress(_report(pid=0))  # reporting on its own job is allowed
+        with pytest.raises(AgentError) as e:
+            c.report_progress(_report(job_key="roots-job", pid=0))
+        assert e.value.code == "PERMISSION_DENIED" and "belongs to uid 0" in e.value.details
         with pytest.raises(AgentError) as e:
             c.preempt("job-1", "101", timeout_s=1)
         assert e.value.code == "PERMISSION_DENIED"
@@ -387,3 +391,46 @@ def test_preempt_distributed_two_ranks(agent: NodeAgentServer, client: AgentClie
     assert r["ok"], r
     assert [p.returncode for p in procs] == [EXIT_PREEMPTED, EXIT_PREEMPTED], [o[1][-1500:] for o in outs]
     assert [i.step for i in LocalFSStore(store).list("ddp-rt")] == [r["checkpoint_step"]]
+
+
+def test_agent_cli_serves_and_stops_on_sigterm(tmp_path: Path, key: Path) -> None:
+    """`rlsched agent` as a real process: JSON logs, Health over gRPC, clean exit on SIGTERM."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = subprocess.Popen([sys.executable, "-m", "rlsched.cli", "agent", "--node", "cli-node",
+                          "--listen", f"127.0.0.1:{port}", "--store", str(tmp_path / "st"),
+                          "--auth", f"sharedkey:{key}"],
+                         stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        with AgentClient(f"127.0.0.1:{port}", SharedKeyAuthenticator(key), timeout=2) as c:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    assert c.health()["node"] == "cli-node"
+                    break
+                except AgentError:
+                    assert p.poll() is None and time.monotonic() < deadline, "agent did not come up"
+                    time.sleep(0.2)
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=30)
+        assert p.returncode == 0, err
+        events = [json.loads(line)["msg"]["event"] for line in err.splitlines() if line.startswith('{"ts"')]
+        assert events[0] == "agent_started" and events[-1] == "agent_stopped"
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_agent_cli_bad_key_is_one_line_error(tmp_path: Path) -> None:
+    loose = tmp_path / "k"
+    loose.write_text("x" * 40)
+    loose.chmod(0o644)
+    r = subprocess.run([sys.executable, "-m", "rlsched.cli", "agent", "--node", "n", "--store", str(tmp_path),
+                        "--auth", f"sharedkey:{loose}"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1].startswith("rlsched agent: error: cannot start agent:")
+    assert "chmod 600" in r.stderr

@@ -224,6 +224,13 @@ def test_munge_end_to_end_grpc(munge_socket: str, tmp_path: Path) -> None:
         with pytest.raises(AgentError) as e:
             nobody.preempt("no-such-job", "1", timeout_s=1)
         assert e.value.code == "PERMISSION_DENIED"
+        # nobody may not register a root-owned process (it would get SIGUSR2 on preemption)
+        from proto import rlsched_agent_pb2 as pb0
+
+        with pytest.raises(AgentError) as e:
+            nobody.report_progress(pb0.ProgressReport(job_key="nb", slurm_job_id="1", step=1, total_steps=2,
+                                                      pid=os.getpid(), checkpoint_step=-1, comm_fraction=-1))
+        assert e.value.code == "PERMISSION_DENIED" and "owned by uid 0" in e.value.details
         # a raw call with no credential at all
         ch = grpc.insecure_channel(srv.address)
         from proto import rlsched_agent_pb2 as pb

@@ -152,7 +152,7 @@ class _FakeWebHDFS(http.server.BaseHTTPRequestHandler):
                                                  "message": f"bad op {op}"}})
 
     def do_DELETE(self) -> None:
-        p, q, op = self._path()
+        p, _q, _op = self._path()
         if not p.exists():
             return self._json(200, {"boolean": False})
         if p.is_dir():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -141,14 +142,14 @@ def test_single_node_not_slower_than_measured(model: ContentionModel, name: str,
 @pytest.mark.parametrize("gpus", [2, 3, 4, 8, 16, 24, 64])
 def test_more_nodes_never_faster_parametric(parametric: ContentionModel, name: str, gpus: int) -> None:
     thp = [parametric.isolated_throughput(name, gpus, n) for n in range(1, min(gpus, 8) + 1)]
-    assert all(x >= y for x, y in zip(thp, thp[1:])), thp
+    assert all(x >= y for x, y in pairwise(thp)), thp
 
 
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize("gpus", [16, 32, 64])
 def test_more_nodes_never_faster_unmeasured_g(model: ContentionModel, name: str, gpus: int) -> None:
     thp = [model.isolated_throughput(name, gpus, n) for n in range(1, 9)]
-    assert all(x >= y for x, y in zip(thp, thp[1:])), thp
+    assert all(x >= y for x, y in pairwise(thp)), thp
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -159,7 +160,7 @@ def test_more_gpus_more_throughput_from_two(parametric: ContentionModel, name: s
     # slower on 2 GPUs than on 1, see docs "Limits".)
     gs = [g for g in (2, 3, 4, 8, 16, 32, 64) if g >= nodes]
     thp = [parametric.isolated_throughput(name, g, nodes) for g in gs]
-    assert all(x < y for x, y in zip(thp, thp[1:])), thp
+    assert all(x < y for x, y in pairwise(thp)), thp
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -271,6 +271,26 @@ def test_invariants(policy: str, sc, round_len: float, event: bool, noise: float
     assert again.util_t.tolist() == res.util_t.tolist() and again.util_used.tolist() == res.util_used.tolist()
 
 
+@pytest.mark.parametrize("policy", ["srtf", "las", "greedy", "las:spread"])
+@settings(max_examples=30, deadline=None)
+@given(
+    gpus=st.sampled_from([1, 2, 4, 8]),
+    specs=st.lists(st.tuples(st.integers(0, 3000), st.integers(10, 4000), st.sampled_from(MODELS)), min_size=1, max_size=8),
+    overhead=st.sampled_from([0.0, 30.0, 120.0]),
+)
+def test_preemption_keeps_progress(policy: str, gpus: int, specs, overhead: float) -> None:
+    """On one node (no contention, every placement is the best shape) a job's
+    run time is its ideal time plus one restart overhead per preemption:
+    no work is lost or repeated when a job is preempted."""
+    cluster = ClusterSpec.homogeneous(1, gpus)
+    perf = perf_for(cluster)
+    jobs = [job(perf, f"j{i}", float(t), 1 + i % gpus, float(d), m) for i, (t, d, m) in enumerate(specs)]
+    res = simulate(cluster, jobs, policy, restart_overhead=overhead, round_len=60.0)
+    _check_result(res, jobs, cluster)
+    for r in res.jobs:
+        assert r.run_time == pytest.approx(r.ideal_time + overhead * r.preemptions, rel=1e-9, abs=1e-6)
+
+
 @settings(max_examples=15, deadline=None)
 @given(sc=scenarios())
 def test_input_order_does_not_matter(sc) -> None:

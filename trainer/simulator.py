@@ -170,7 +170,7 @@ class RunningView(Sequence[JobInfo]):
     need the refresh.
     """
 
-    __slots__ = ("_jobs", "_t", "_infos")
+    __slots__ = ("_infos", "_jobs", "_t")
 
     def __init__(self, jobs: list[_Job], t: float) -> None:
         self._jobs = jobs
@@ -237,13 +237,14 @@ class Simulator:
         if self.cfg.round_len <= 0:
             raise ValueError("round_len must be positive")
         ids = set()
+        total_gpus = cluster.total_gpus  # a property summing over nodes: once, not per job
         for j in jobs:
             if j.job_id in ids:
                 raise SimulationError(f"duplicate job id {j.job_id!r} in trace")
             ids.add(j.job_id)
-            if j.gpu_demand > cluster.total_gpus:
+            if j.gpu_demand > total_gpus:
                 raise SimulationError(
-                    f"job {j.job_id}: gpu_demand {j.gpu_demand} exceeds the cluster's {cluster.total_gpus} GPUs"
+                    f"job {j.job_id}: gpu_demand {j.gpu_demand} exceeds the cluster's {total_gpus} GPUs"
                 )
             if j.gpu_demand < 1 or j.total_samples <= 0 or j.submit_time < 0:
                 raise SimulationError(f"job {j.job_id}: invalid demand, work or submit time")

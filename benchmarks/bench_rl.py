@@ -1,0 +1,156 @@
+"""Decision latency of the RL policies and wall time of a training episode.
+
+Run: ``python benchmarks/bench_rl.py [--repeats 200]`` (pins BLAS to one thread;
+run it with ``taskset -c 0`` for strictly one core). Not a timed test.
+
+Measured, for a 4x8 cluster (the shipped checkpoint) and a 128x8 cluster (a
+network of the same architecture with random weights: the shipped checkpoint
+is 4x8 only, and latency does not depend on the weights' values):
+
+* one decision: encode (``policies.encoding.Encoder.encode``) + network
+  (numpy MLP) + decode, on cluster states captured from a greedy simulation
+  of a 256-job (4x8) / 4096-job (128x8) trace with Poisson arrivals;
+* one round: ``RLPolicy.schedule`` (all decisions of the round, rl-hybrid);
+* one training episode: a 256-job trace through ``PlacementEnv`` with the
+  network choosing every action.
+
+Prints p50 / p99 / max in milliseconds and writes JSON with ``--json``.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+import argparse  # noqa: E402
+import copy  # noqa: E402
+import json  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from policies.base import Policy  # noqa: E402
+from policies.checkpoint import MLPNet  # noqa: E402
+from policies.cluster import ClusterSpec  # noqa: E402
+from policies.encoding import Encoder, ObsSpec  # noqa: E402
+from policies.heuristics import make_heuristic  # noqa: E402
+from policies.perf import ContentionModel  # noqa: E402
+from policies.rl import RLPolicy, make_rl_policy  # noqa: E402
+from policies.state import ClusterState, Decision  # noqa: E402
+from trainer.env import PlacementEnv  # noqa: E402
+from trainer.generate import GeneratorConfig, generate_jobs  # noqa: E402
+from trainer.simulator import Simulator  # noqa: E402
+
+
+class _Recorder(Policy):
+    """Wraps a policy and keeps copies of the states with pending jobs it is shown."""
+
+    name = "recorder"
+
+    def __init__(self, inner: Policy, every: int, limit: int) -> None:
+        self.inner, self.every, self.limit, self.n = inner, every, limit, 0
+        self.states: list[ClusterState] = []
+
+    def schedule(self, state: ClusterState) -> Decision:
+        self.n += 1
+        if self.n % self.every == 0 and len(self.states) < self.limit and state.pending:
+            self.states.append(ClusterState(state.time, state.cluster, state.free_gpus.copy(),
+                                            [copy.copy(j) for j in state.running], [copy.copy(j) for j in state.pending]))
+        return self.inner.schedule(state)
+
+
+def _states(cluster: ClusterSpec, perf: ContentionModel, jobs: int, limit: int) -> list[ClusterState]:
+    trace = generate_jobs(cluster, GeneratorConfig(num_jobs=jobs, arrival="poisson", load=1.2, seed=7), perf)
+    rec = _Recorder(make_heuristic("greedy-np", perf), every=3, limit=limit)
+    Simulator(cluster, trace, rec, perf).run()
+    return rec.states
+
+
+def _random_net(spec: ObsSpec, arch=(64, 64), seed=0) -> MLPNet:
+    rng = np.random.default_rng(seed)
+    sizes = [int(np.prod(spec.shape)), *arch, spec.n_actions]
+    return MLPNet([(rng.normal(0, 1 / np.sqrt(a), size=(b, a)).astype(np.float32), np.zeros(b, np.float32)) for a, b in zip(sizes, sizes[1:])])
+
+
+def _pct(xs: list[float]) -> dict:
+    a = np.asarray(xs) * 1000.0
+    return {"n": int(a.size), "p50_ms": float(np.percentile(a, 50)), "p99_ms": float(np.percentile(a, 99)), "max_ms": float(a.max())}
+
+
+def bench_cluster(shape: str, jobs: int, repeats: int, shipped: bool) -> dict:
+    cluster = ClusterSpec.parse(shape)
+    perf = ContentionModel(cluster)
+    if shipped:
+        pol = make_rl_policy("rl-hybrid", cluster, perf)
+        net, enc = pol.net, pol.encoder
+    else:
+        enc = Encoder(cluster, perf)
+        net = _random_net(enc.spec)
+        pol = RLPolicy(net, enc, hybrid=True)
+    states = _states(cluster, perf, jobs, repeats)
+    one, rounds = [], []
+    for st in states:  # warm caches once
+        e = enc.encode(st)
+        e.decode(net.act(e.obs, e.mask))
+    for st in states:
+        t0 = time.perf_counter()
+        e = enc.encode(st)
+        e.decode(net.act(e.obs, e.mask))
+        one.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        pol.schedule(st)
+        rounds.append(time.perf_counter() - t0)
+    return {"cluster": shape, "weights": "shipped checkpoint" if shipped else "random (same architecture)",
+            "obs_shape": list(enc.spec.shape), "pending_mean": float(np.mean([len(s.pending) for s in states])),
+            "running_mean": float(np.mean([len(s.running) for s in states])), "decision": _pct(one), "round": _pct(rounds)}
+
+
+def bench_episode(repeats: int = 3) -> dict:
+    cluster = ClusterSpec.parse("4x8")
+    perf = ContentionModel(cluster)
+    pol = make_rl_policy("rl-base", cluster, perf)
+    walls, steps = [], []
+    for seed in range(repeats):
+        trace = generate_jobs(cluster, GeneratorConfig(num_jobs=256, seed=100 + seed), perf)
+        env = PlacementEnv([trace], cluster, perf=perf)
+        t0 = time.perf_counter()
+        obs, _ = env.reset(seed=0)
+        n = 0
+        while True:
+            a = pol.net.act(obs, env.action_masks())
+            obs, _, term, trunc, _ = env.step(a)
+            n += 1
+            if term or trunc:
+                break
+        walls.append(time.perf_counter() - t0)
+        steps.append(n)
+    return {"episode_jobs": 256, "wall_s": walls, "steps": steps, "max_wall_s": max(walls)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=200, help="states per cluster (default 200)")
+    ap.add_argument("--json", default=None, help="also write results to this JSON file")
+    args = ap.parse_args()
+    out = {
+        "4x8": bench_cluster("4x8", 256, args.repeats, shipped=True),
+        "128x8": bench_cluster("128x8", 4096, args.repeats, shipped=False),
+        "episode": bench_episode(),
+    }
+    for k in ("4x8", "128x8"):
+        r = out[k]
+        print(f"{k:6s} obs {r['obs_shape']}  pending~{r['pending_mean']:.0f} running~{r['running_mean']:.0f}  "
+              f"decision p50 {r['decision']['p50_ms']:.3f} ms p99 {r['decision']['p99_ms']:.3f} ms  "
+              f"round p50 {r['round']['p50_ms']:.3f} ms p99 {r['round']['p99_ms']:.3f} ms  ({r['weights']})")
+    e = out["episode"]
+    print(f"training episode (256 jobs, 4x8): {', '.join(f'{w:.2f}' for w in e['wall_s'])} s wall, {e['steps']} steps")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,493 @@
+"""controller.{config,state,daemon,preemption,metrics,cli} without Slurm daemons.
+
+Slurm is replaced here by :class:`FakeSlurm`, an in-memory stand-in with the
+adapter's interface, so the daemon's decision logic (placement, crash
+recovery, preemption bookkeeping, error handling) is tested fast and
+deterministically. The same behaviours against real slurmctld/slurmd are in
+tests/test_slurm_integration.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from controller.config import ConfigError, load_config, parse_config
+from controller.daemon import Controller, make_policy
+from controller.metrics import JsonFormatter
+from controller.preemption import AgentPreempter, NoAgents, PreemptOutcome
+from controller.slurm import SlurmError, SlurmJob, SlurmNode
+from controller.state import build_cluster, build_state, parse_comment
+from policies.base import PolicyError
+from policies.cluster import ClusterSpec
+from policies.perf import ContentionModel
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# --------------------------------------------------------------------------- fakes
+class FakeSlurm:
+    """In-memory Slurm with the SlurmCLI interface (see module docstring)."""
+
+    def __init__(self, nodes: int = 4, gpus: int = 8) -> None:
+        self.node_list = [SlurmNode(f"node{i + 1}", gpus, 0, "idle", (), ("gpu",)) for i in range(nodes)]
+        self.job_list: dict[int, SlurmJob] = {}
+        self.calls: list[tuple] = []
+        self.fail: str | None = None  # method name that raises SlurmError
+        self.next_id = 1
+
+    # -- user side
+    def submit(self, gpus: int, comment: str = "", t: float = 1000.0, managed: bool = True, time_limit_s=None) -> int:
+        jid = self.next_id
+        self.next_id += 1
+        self.job_list[jid] = SlurmJob(
+            job_id=jid, name=f"j{jid}", user="alice", user_id=1001, state="PENDING",
+            reason="JobHeldUser" if managed else "None", priority=0 if managed else 1, partition="gpu",
+            gpus=gpus, comment=comment, admin_comment=f"rlsched:managed gpus={gpus}" if managed else "",
+            submit_time=t + jid, time_limit_s=time_limit_s,
+        )
+        return jid
+
+    def schedule(self, now: float = 2000.0) -> None:
+        """What slurmctld does with released jobs: start them if their pinned nodes have room (fill in order)."""
+        for j in self.job_list.values():
+            if j.state != "PENDING" or j.priority == 0 or not j.required_nodes:
+                continue
+            free = {n.name: n.gpus - n.gpus_used for n in self.node_list}
+            need, split = j.gpus, {}
+            for name in j.required_nodes:
+                take = min(need, free[name])
+                if take <= 0:
+                    break
+                split[name] = take
+                need -= take
+            if need or len(split) != len(j.required_nodes):
+                continue
+            for n in self.node_list:
+                n.gpus_used += split.get(n.name, 0)
+            j.state, j.nodes, j.gpus_per_node, j.start_time = "RUNNING", list(split), split, now
+
+    def finish(self, jid: int, state: str = "COMPLETED") -> None:
+        j = self.job_list[jid]
+        for n in self.node_list:
+            n.gpus_used -= j.gpus_per_node.get(n.name, 0)
+        j.state, j.nodes, j.gpus_per_node = state, [], {}
+
+    # -- adapter interface
+    def _call(self, name: str, *args) -> None:
+        self.calls.append((name, *args))
+        if self.fail == name:
+            raise SlurmError([name], "exit status 1: slurm_load_jobs error: Unable to contact slurm controller")
+
+    def nodes(self):
+        self._call("nodes")
+        return [SlurmNode(n.name, n.gpus, n.gpus_used, n.state, n.flags, n.partitions) for n in self.node_list]
+
+    def jobs(self):
+        self._call("jobs")
+        return [SlurmJob(**{**vars(j), "nodes": list(j.nodes), "gpus_per_node": dict(j.gpus_per_node),
+                            "required_nodes": list(j.required_nodes)}) for j in self.job_list.values()]
+
+    def job(self, job_id):
+        self._call("job", job_id)
+        return self.job_list.get(job_id)
+
+    def place(self, job_id, nodes):
+        self._call("place", job_id, list(nodes))
+        self.job_list[job_id].required_nodes = list(nodes)
+        self.job_list[job_id].num_nodes = len(nodes)
+
+    def release(self, job_id):
+        self._call("release", job_id)
+        j = self.job_list[job_id]
+        assert j.priority == 0, "released twice"
+        j.priority, j.reason = 1000, "None"
+
+    def hold(self, job_id):
+        self._call("hold", job_id)
+        j = self.job_list[job_id]
+        if j.state != "PENDING":
+            raise SlurmError(["scontrol", "hold"], "Job is no longer pending execution")
+        j.priority = 0
+
+    def unplace(self, job_id):
+        self._call("unplace", job_id)
+        self.job_list[job_id].required_nodes = []
+
+    def requeue_hold(self, job_id):
+        self._call("requeue_hold", job_id)
+        j = self.job_list[job_id]
+        if j.state == "RUNNING":
+            self.finish(job_id)
+        j.state, j.priority, j.restarts = "PENDING", 0, j.restarts + 1
+
+
+class FakeAgents:
+    """Preempter stand-in: records calls; ``reachable=False`` mimics dead agents."""
+
+    def __init__(self, reachable: bool = True, step: int = 40, total: int = 100) -> None:
+        self.reachable, self.step, self.total = reachable, step, total
+        self.asked: list[int] = []
+
+    def stats(self):
+        return {}
+
+    def checkpoint(self, job, timeout_s):
+        self.asked.append(job.job_id)
+        if not self.reachable:
+            return PreemptOutcome(False, False, message="node1: UNAVAILABLE")
+        return PreemptOutcome(True, True, self.step, f"file:///ckpt/slurm-{job.job_id}/{self.step}", "ok")
+
+
+def _cfg(tmp_path: Path, **controller):
+    doc = {"slurm": {"partition": "gpu"}, "controller": {"state_dir": str(tmp_path / "state"), "policy": "fifo",
+                                                         "min_run_s": 0.0, **controller},
+           "agents": {"enabled": False}}
+    return parse_config(doc)
+
+
+def _ctl(tmp_path, slurm, agents=None, now=2000.0, **controller) -> Controller:
+    return Controller(_cfg(tmp_path, **controller), slurm=slurm, preempter=agents or NoAgents(), clock=lambda: now)
+
+
+# --------------------------------------------------------------------------- comments / state
+def test_parse_comment():
+    r = parse_comment("rlsched:model=moe,samples=2e5,key=abc")
+    assert r.model == "MoE" and r.samples == 200000 and ("key", "abc") in r.options and r.problem is None
+    assert parse_comment("") .model is None
+    bad = parse_comment("rlsched:model=Nope,samples=-3")
+    assert bad.model is None and bad.samples is None and "unknown model" in bad.problem and "samples" in bad.problem
+
+
+def test_build_state_from_slurm_view():
+    s = FakeSlurm()
+    a = s.submit(12, "rlsched:model=MoE,samples=1000")
+    b = s.submit(4, "rlsched:model=GNN", time_limit_s=600)
+    c = s.submit(2, "")  # default profile and runtime
+    d = s.submit(64, "rlsched:model=LM")  # never fits a 32-GPU partition
+    s.submit(1, managed=False)  # not ours
+    s.place(a, ["node1", "node2"])
+    s.job_list[a].priority = 5
+    s.schedule(now=1900.0)
+    nodes, jobs = s.nodes(), s.jobs()
+    cluster = build_cluster(nodes, "gpu", 16.0, 5.0)
+    perf = ContentionModel(cluster)
+    v = build_state(2000.0, cluster, nodes, jobs, perf, partition="gpu", default_model="Transformer-XL",
+                    default_runtime_s=3600.0)
+    st = v.state
+    assert [n.name for n in cluster.nodes] == ["node1", "node2", "node3", "node4"]
+    np.testing.assert_array_equal(st.free_gpus, [0, 4, 8, 8])
+    (run,) = st.running
+    assert run.job_id == str(a) and run.placement.as_dict() == {0: 8, 1: 4} and run.model == "MoE"
+    assert run.attained_service == pytest.approx(12 * 100.0)
+    assert run.isolated_thp == pytest.approx(perf.isolated_throughput("MoE", 12, 2))
+    assert 0 < run.done_samples <= 1000
+    assert [p.job_id for p in st.pending] == [str(b), str(c)]
+    pb, pc = st.pending
+    assert pb.model == "GraphSage" and pb.total_samples == pytest.approx(600 * perf.best_isolated_throughput("GraphSage", 4))
+    assert pc.model == "Transformer-XL" and pc.total_samples == pytest.approx(3600 * pc.best_thp)
+    assert any(f"job {d}" in w and "64 GPUs" in w for w in v.warnings)
+
+
+def test_in_flight_jobs_reserve_their_gpus():
+    s = FakeSlurm()
+    a = s.submit(8)
+    s.place(a, ["node3"])
+    s.release(a)  # released, not started yet
+    nodes, jobs = s.nodes(), s.jobs()
+    cluster = build_cluster(nodes, "gpu", 16.0, 5.0)
+    v = build_state(0.0, cluster, nodes, jobs, ContentionModel(cluster), partition="gpu",
+                    default_model="MoE", default_runtime_s=60.0)
+    assert [j.job_id for j in v.in_flight] == [a] and not v.state.pending
+    np.testing.assert_array_equal(v.state.free_gpus, [8, 8, 0, 8])
+
+
+# --------------------------------------------------------------------------- rounds
+def test_round_places_held_jobs_and_slurm_runs_them(tmp_path):
+    s = FakeSlurm()
+    ids = [s.submit(g, "rlsched:model=MoE") for g in (8, 4, 12, 16)]
+    ctl = _ctl(tmp_path, s)
+    rep = ctl.round()
+    assert rep.ok and rep.error is None
+    placed = dict(rep.placed)
+    # FIFO + packing on 4 x 8: 8 -> one node, 4 -> one node, 12 -> 8+4, the 16-GPU job does not fit
+    assert set(placed) == set(ids[:3])
+    assert sum(placed[ids[2]].values()) == 12 and len(placed[ids[2]]) == 2
+    calls = [c for c in s.calls if c[0] in ("place", "release")]
+    for jid in ids[:3]:  # pinned before released, each exactly once
+        assert calls.index(("place", jid, list(placed[jid]))) < calls.index(("release", jid))
+        assert calls.count(("release", jid)) == 1
+    s.schedule()
+    assert all(s.job_list[j].state == "RUNNING" for j in ids[:3]) and s.job_list[ids[3]].held
+    assert all(set(s.job_list[j].nodes) == set(placed[j]) for j in ids[:3])
+    rep2 = ctl.round()  # nothing fits, nothing changes
+    assert rep2.ok and rep2.placed == [] and rep2.queue == 1 and rep2.running == 3
+    assert ctl.metrics.value("rlsched_decisions_total", action="place") == 3
+    assert ctl.metrics.value("rlsched_queue_length") == 1
+    status = json.loads((tmp_path / "state" / "status.json").read_text())
+    assert status["policy"] == "fifo" and status["last_round"]["queue"] == 1
+
+
+def test_restarted_controller_never_releases_twice(tmp_path):
+    s = FakeSlurm()
+    a, b = s.submit(8), s.submit(8)
+    _ctl(tmp_path, s).round()  # released both; Slurm has not started them yet
+    # "crash": a new controller with an empty state dir (journal lost)
+    rep = _ctl(tmp_path / "fresh", s).round()
+    assert rep.ok and rep.placed == []
+    assert [c for c in s.calls if c[0] == "release"] == [("release", a), ("release", b)]
+    s.schedule()
+    assert s.job_list[a].running and s.job_list[b].running
+
+
+def test_released_job_that_never_starts_is_held_again(tmp_path):
+    s = FakeSlurm()
+    a = s.submit(8)
+    _ctl(tmp_path, s, now=1000.0, start_grace_s=30.0).round()
+    s.node_list[0].state = "down"  # its node died before Slurm started it
+    s.node_list[0].gpus_used = 0
+    rep = _ctl(tmp_path, s, now=1040.0, start_grace_s=30.0).round()
+    # held back, then (same round, from a fresh read of the queue) placed again on a live node
+    assert rep.held_back == [a]
+    (jid, plan), = rep.placed
+    assert jid == a and "node1" not in plan
+    assert ("hold", a) in s.calls and [c for c in s.calls if c[0] == "release"] == [("release", a)] * 2
+
+
+def test_slurm_failure_is_reported_and_next_round_recovers(tmp_path):
+    s = FakeSlurm()
+    s.submit(4)
+    ctl = _ctl(tmp_path, s)
+    s.fail = "jobs"
+    rep = ctl.round()
+    assert not rep.ok and "Unable to contact slurm controller" in rep.error
+    assert ctl.metrics.value("rlsched_slurm_errors_total") == 1
+    assert ctl.metrics.value("rlsched_rounds_total", outcome="error") == 1
+    s.fail = None
+    rep = ctl.round()
+    assert rep.ok and len(rep.placed) == 1
+
+
+def test_failed_release_is_retried_next_round(tmp_path):
+    s = FakeSlurm()
+    a = s.submit(4)
+    ctl = _ctl(tmp_path, s)
+    s.fail = "release"
+    rep = ctl.round()
+    assert rep.ok and rep.placed == [] and s.job_list[a].held
+    s.fail = None
+    assert [j for j, _ in ctl.round().placed] == [a]
+
+
+# --------------------------------------------------------------------------- preemption
+def _running(s: FakeSlurm, gpus: int, node: str) -> int:
+    jid = s.submit(gpus, "rlsched:model=MoE")
+    s.place(jid, [node])
+    s.release(jid)
+    s.schedule(now=1000.0)
+    return jid
+
+
+def _request_preempt(tmp_path: Path, jid: int) -> None:
+    d = tmp_path / "state" / "requests"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"preempt-{jid}").write_text("")
+
+
+def test_preemption_checkpoints_then_requeues_held(tmp_path):
+    s = FakeSlurm()
+    jid = _running(s, 8, "node2")
+    agents = FakeAgents(step=40)
+    ctl = _ctl(tmp_path, s, agents)
+    _request_preempt(tmp_path, jid)
+    rep = ctl.round()
+    assert rep.preempted == [jid] and agents.asked == [jid]
+    names = [c[0] for c in s.calls]
+    assert names.index("requeue_hold") > 0 and s.job_list[jid].held and s.job_list[jid].restarts == 1
+    j = ctl.journal
+    assert j["preempting"] == {} and j["progress"][str(jid)]["step"] == 40
+    assert ctl.metrics.value("rlsched_preemptions_total", outcome="ok") == 1
+    # next round it is placed again like any held job
+    assert [x for x, _ in ctl.round().placed] == [jid]
+
+
+def test_unreachable_agent_never_loses_the_job(tmp_path):
+    s = FakeSlurm()
+    jid = _running(s, 8, "node1")
+    ctl = _ctl(tmp_path, s, FakeAgents(reachable=False))
+    _request_preempt(tmp_path, jid)
+    rep = ctl.round()
+    assert rep.ok and rep.preempted == []
+    assert s.job_list[jid].state == "RUNNING" and "requeue_hold" not in [c[0] for c in s.calls]
+    assert ctl.metrics.value("rlsched_preemptions_total", outcome="failed") == 1
+    assert ctl.journal["preempting"] == {}
+
+
+def test_crash_between_checkpoint_and_requeue_is_finished_on_restart(tmp_path):
+    s = FakeSlurm()
+    jid = _running(s, 8, "node1")
+    ctl = _ctl(tmp_path, s, FakeAgents())
+    ctl.journal["preempting"][str(jid)] = {"t": 1.0, "stage": "checkpointed", "step": 10}
+    ctl.journal.save()
+    s.finish(jid, "FAILED")  # the job exited 75 after its checkpoint, then the controller died
+    ctl2 = _ctl(tmp_path, s, FakeAgents())
+    rep = ctl2.round()
+    assert rep.ok
+    assert ("requeue_hold", jid) in s.calls and ctl2.journal["preempting"] == {}
+    assert [x for x, _ in rep.placed] == [jid]  # and it is placed again in the same round
+
+
+def test_policy_preemption_respects_free_gpus_of_failed_victims(tmp_path):
+    """A placement that needs a victim's GPUs is dropped when the victim could not be preempted."""
+    s = FakeSlurm(nodes=1, gpus=8)
+    jid = _running(s, 8, "node1")
+    s.job_list[jid].comment = "rlsched:model=MoE,samples=1e12"  # very long: SRTF wants to preempt it
+    short = s.submit(8, "rlsched:model=MoE,samples=10")
+    ctl = _ctl(tmp_path, s, FakeAgents(reachable=False), policy="srtf")
+    rep = ctl.round()
+    assert rep.preempted == [] and rep.placed == []
+    assert s.job_list[jid].state == "RUNNING" and s.job_list[short].held
+
+
+# --------------------------------------------------------------------------- policies / reload
+def test_make_policy_names():
+    cluster = ClusterSpec.homogeneous(2, 8)
+    perf = ContentionModel(cluster)
+    assert make_policy("las", cluster, perf).name == "las"
+    with pytest.raises(PolicyError, match="unknown policy"):
+        make_policy("nope", cluster, perf)
+
+
+def test_sighup_reload_switches_policy_and_survives_bad_config(tmp_path):
+    cfgfile = tmp_path / "c.toml"
+    state = tmp_path / "state"
+    cfgfile.write_text(f'[controller]\npolicy = "fifo"\nstate_dir = "{state}"\n[agents]\nenabled = false\n')
+    s = FakeSlurm()
+    s.submit(4)
+    ctl = Controller(load_config(cfgfile), slurm=s, preempter=NoAgents())
+    ctl.round()
+    assert ctl.policy.name == "fifo"
+    cfgfile.write_text(f'[controller]\npolicy = "las"\nstate_dir = "{state}"\n[agents]\nenabled = false\n')
+    ctl.request_reload()
+    ctl.round()
+    assert ctl.policy.name == "las" and ctl.metrics.value("rlsched_policy_info", policy="las") == 1
+    cfgfile.write_text(f'[controller]\npolicy = "bogus"\nstate_dir = "{state}"\n')
+    ctl.request_reload()
+    assert ctl.round().ok and ctl.policy.name == "las"
+
+
+# --------------------------------------------------------------------------- config
+def test_example_config_is_valid():
+    cfg = load_config(REPO / "slurm_conf" / "controller.toml.example")
+    assert cfg.controller.policy and cfg.controller.interval_s > 0
+
+
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("[controller]\ninterval_s = -1\n", "controller.interval_s: must be > 0"),
+        ("[controller]\ninterval_s = 'fast'\n", "controller.interval_s: expected a number"),
+        ("[controller]\npolcy = 'fifo'\n", "controller.polcy: unknown key"),
+        ("[slurmm]\n", "[slurmm]: unknown section"),
+        ("[metrics]\nport = 70000\n", "metrics.port: must be 0..65535"),
+        ("[agents]\naddresses = { node1 = 'nohost' }\n", "agents.addresses.node1: expected HOST:PORT"),
+        ("[controller]\ndefault_model = 'Llama'\n", "controller.default_model: unknown model"),
+        ("[controller]\ncs_preempt_threshold = 0.5\n", "controller.cs_preempt_threshold"),
+        ("[controller\n", "not valid TOML"),
+    ],
+)
+def test_config_errors_name_file_and_key(tmp_path, text, needle):
+    f = tmp_path / "bad.toml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as ei:
+        load_config(f)
+    assert needle in str(ei.value) and str(f) in str(ei.value)
+
+
+def test_cli_bad_config_exits_2_with_message(tmp_path, capsys):
+    from rlsched.cli import main
+
+    f = tmp_path / "bad.toml"
+    f.write_text("[controller]\ninterval_s = 0\n")
+    assert main(["controller", "run", "--config", str(f), "--once"]) == 2
+    err = capsys.readouterr().err
+    assert "controller.interval_s: must be > 0" in err and err.count("\n") == 1
+    assert main(["controller", "check-config", str(REPO / "slurm_conf" / "controller.toml.example")]) == 0
+    assert main(["controller", "run", "--config", str(tmp_path / "missing.toml")]) == 2
+    assert "config file not found" in capsys.readouterr().err
+
+
+def test_cli_run_once_against_dead_slurm_fails_cleanly(tmp_path, capsys):
+    """`run --once` with Slurm unreachable: one JSON error line, exit 1, no traceback."""
+    from rlsched.cli import main
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name in ("sinfo", "squeue", "scontrol"):
+        p = bindir / name
+        p.write_text("#!/bin/sh\necho 'slurm_load_partitions: Unable to contact slurm controller' >&2\nexit 1\n")
+        p.chmod(0o755)
+    f = tmp_path / "c.toml"
+    f.write_text(f'[slurm]\nbin_dir = "{bindir}"\n[controller]\nstate_dir = "{tmp_path / "st"}"\n[agents]\nenabled = false\n')
+    assert main(["controller", "run", "--config", str(f), "--once"]) == 1
+    err = capsys.readouterr().err
+    lines = [json.loads(x) for x in err.splitlines() if x.startswith("{")]
+    assert any(x.get("event") == "slurm_error" and "Unable to contact" in x["msg"] for x in lines)
+    assert "Traceback" not in err
+
+
+# --------------------------------------------------------------------------- agents / metrics / logs
+def test_agent_preempter_with_unreachable_and_not_found_agents():
+    class Client:
+        def __init__(self, addr):
+            self.addr = addr
+
+        def job_stats(self):
+            if self.addr.endswith(":1"):
+                raise ConnectionError("UNAVAILABLE")
+            return [{"slurm_job_id": "7", "job_key": "k7", "step": 5, "total_steps": 10, "state": "running"}]
+
+        def preempt(self, key, sid, timeout_s):
+            if self.addr.endswith(":1"):
+                err = RuntimeError("NOT_FOUND")
+                err.code = "NOT_FOUND"
+                raise err
+            return {"ok": True, "checkpoint_step": 5, "checkpoint_uri": "file:///c", "message": "ok"}
+
+    p = AgentPreempter({"node1": "h:1", "node2": "h:2"}, Client)
+    stats = p.stats()
+    assert stats["7"]["step"] == 5 and p.unreachable == {"node1"}
+    job = SlurmJob(7, "j", "u", 0, "RUNNING", "", 1, "gpu", 4, nodes=["node1", "node2"])
+    out = p.checkpoint(job, 5.0)
+    assert out.ok and out.checkpoint_step == 5
+    alone = AgentPreempter({"node1": "h:1"}, Client).checkpoint(job, 5.0)
+    assert not alone.ok and alone.reached_agent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_metrics_endpoint_and_json_logs(tmp_path):
+    s = FakeSlurm()
+    s.submit(4)
+    ctl = _ctl(tmp_path, s)
+    port = _free_port()
+    ctl.metrics.serve(port, "127.0.0.1")
+    ctl.round()
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    for name in ("rlsched_rounds_total", "rlsched_decision_latency_seconds_bucket", "rlsched_queue_length",
+                 "rlsched_preemptions_total", 'rlsched_decisions_total{action="place"} 1.0'):
+        assert name in body
+    rec = logging.LogRecord("controller.daemon", logging.INFO, __file__, 1, "placed job %s", ("7",), None)
+    rec.event, rec.job = "placed", 7
+    doc = json.loads(JsonFormatter().format(rec))
+    assert doc["msg"] == "placed job 7" and doc["event"] == "placed" and doc["job"] == 7 and doc["level"] == "info"

@@ -1,0 +1,231 @@
+"""The controller against real Slurm daemons (slurmctld + 4 slurmd, 8 fake GPUs each).
+
+One cluster per session (tests/conftest.py: ``slurm_cluster``), started by the
+tests themselves with scripts/local-cluster.sh; skipped when not root or
+without the Slurm binaries. Jobs are tiny (sleeps, or the example training
+script with a few steps) and rounds short, so the module runs in about a minute.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from controller.config import load_config
+from controller.daemon import Controller
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(300)]
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _controller(cluster, tmp_path, **kw) -> Controller:
+    return Controller(load_config(cluster.controller_config(tmp_path, **kw)))
+
+
+def _state(cluster, jid: int) -> str:
+    j = cluster.job(jid)
+    return j.state if j else "GONE"
+
+
+# --------------------------------------------------------------------------- placement
+def test_held_jobs_run_exactly_where_the_policy_placed_them(cluster, test_user, tmp_path):
+    ids = {}
+    for gpus, model in ((8, "MoE"), (12, "LM"), (4, "GNN")):
+        ids[gpus] = cluster.sbatch("echo ran on $SLURM_JOB_NODELIST; sleep 2", gpus,
+                                   comment=f"rlsched:model={model},samples=1000", user=test_user)
+    time.sleep(2.5)  # > one Slurm scheduling interval: nothing may start on its own
+    for jid in ids.values():
+        j = cluster.job(jid)
+        assert j.state == "PENDING" and j.held and j.reason == "JobHeldUser" and j.managed, j
+        assert j.user == test_user
+    ctl = _controller(cluster, tmp_path, policy="fifo")
+    rep = ctl.round()
+    assert rep.ok, rep.error
+    plans = dict(rep.placed)
+    assert set(plans) == set(ids.values())
+    # packing on an idle 4x8 cluster: 8 -> one node, 12 -> a full node + 4, 4 -> the rest of that node
+    assert sorted(len(p) for p in plans.values()) == [1, 1, 2]
+    for jid, plan in plans.items():
+        cluster.wait(lambda: _state(cluster, jid) in ("RUNNING", "COMPLETED"), 20, f"job {jid} to start")
+        j = cluster.job(jid)
+        if j.state == "RUNNING":
+            assert set(j.nodes) == set(plan), (jid, j.nodes, plan)
+            assert j.gpus_per_node == plan, (jid, j.gpus_per_node, plan)
+    for jid, plan in plans.items():
+        cluster.wait(lambda: _state(cluster, jid) == "COMPLETED", 30, f"job {jid} to complete")
+        out = (cluster.jobs_dir / f"{jid}.out").read_text()
+        ran_on = out.split("ran on ", 1)[1].split()[0]
+        from controller.slurm import expand_hostlist
+
+        assert set(expand_hostlist(ran_on)) == set(plan)
+    assert ctl.round().ok
+
+
+def test_owner_cannot_release_or_repin_a_held_job(cluster, test_user):
+    jid = cluster.sbatch("sleep 1", 4, comment="rlsched:model=MoE", user=test_user)
+    for cmd in (["scontrol", "release", str(jid)],
+                ["scontrol", "update", f"JobId={jid}", "ReqNodeList=node2"],
+                ["scontrol", "update", f"JobId={jid}", "NumNodes=2"],
+                ["scontrol", "update", f"JobId={jid}", "Priority=100"],
+                ["scontrol", "hold", str(jid)]):
+        p = cluster.run(cmd, user=test_user, check=False)
+        assert p.returncode != 0, cmd
+        assert "Access/permission denied" in p.stderr, (cmd, p.stderr)
+    j = cluster.job(jid)
+    assert j.held and j.required_nodes == [] and j.num_nodes == 1
+    # harmless changes and cancelling stay allowed
+    assert cluster.run(["scontrol", "update", f"JobId={jid}", "Comment=rlsched:model=GNN"], user=test_user, check=False).returncode == 0
+    # --gres=gpu:N (per node) is refused at submission with a message saying what to use
+    p = cluster.run(["sbatch", "--gres=gpu:2", "--wrap", "true"], user=test_user, check=False)
+    assert p.returncode != 0 and "--gpus=N" in p.stderr
+    cluster.run(["scancel", str(jid)], user=test_user)
+    cluster.wait(lambda: _state(cluster, jid) == "CANCELLED", 10, "cancel")
+
+
+# --------------------------------------------------------------------------- crash-only
+def _start_controller(cfg: Path, log: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "rlsched.cli", "controller", "run", "--config", str(cfg)],
+                            stdout=log.open("a"), stderr=subprocess.STDOUT, cwd=str(REPO))
+
+
+def _starts(log: Path) -> int:
+    text = log.read_text() if log.exists() else ""
+    return sum('"event": "start"' in line for line in text.splitlines())
+
+
+def test_killed_controller_loses_no_job_and_starts_none_twice(cluster, tmp_path):
+    cfg = cluster.controller_config(tmp_path, policy="fifo", interval_s=0.5)
+    script = 'echo "start $SLURM_JOB_ID restarts=${SLURM_RESTART_COUNT:-0}"; sleep 3'
+    ids = [cluster.sbatch(script, 8, comment="rlsched:model=MoE") for _ in range(8)]  # 64 GPUs on 32: two waves
+    log = tmp_path / "controller.log"
+    proc = _start_controller(cfg, log)
+    try:
+        cluster.wait(lambda: sum(_state(cluster, j) == "RUNNING" for j in ids) >= 1, 30, "first placements")
+        proc.send_signal(signal.SIGKILL)  # crash mid-run
+        proc.wait(10)
+        time.sleep(1.0)
+        proc = _start_controller(cfg, log)
+        cluster.wait(lambda: any(_state(cluster, j) == "RUNNING" for j in ids[4:]), 40, "second wave")
+        proc.send_signal(signal.SIGKILL)  # and once more
+        proc.wait(10)
+        proc = _start_controller(cfg, log)
+        cluster.wait(lambda: _starts(log) == 3, 30, "third controller to start")
+        cluster.wait(lambda: all(_state(cluster, j) == "COMPLETED" for j in ids), 60, "all jobs to complete")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
+    for jid in ids:
+        j = cluster.job(jid)
+        assert j.state == "COMPLETED" and j.restarts == 0
+        starts = [line for line in (cluster.jobs_dir / f"{jid}.out").read_text().splitlines() if line.startswith("start ")]
+        assert starts == [f"start {jid} restarts=0"], (jid, starts)
+    events = [json.loads(x) for x in log.read_text().splitlines() if x.startswith("{")]
+    placed = [e["job"] for e in events if e.get("event") == "placed"]
+    assert sorted(placed) == sorted(ids), "every job placed exactly once across the three controllers"
+    assert sum(e.get("event") == "start" for e in events) == 3
+
+
+def test_slurmctld_outage_and_command_timeouts_do_not_stop_the_controller(cluster, tmp_path):
+    jid = cluster.sbatch("sleep 1", 2, comment="rlsched:model=GNN")
+    ctl = _controller(cluster, tmp_path)
+    ctl.slurm.timeout_s = 0.001  # every Slurm command times out
+    rep = ctl.round()
+    assert not rep.ok and "timed out" in rep.error
+    ctl.slurm.timeout_s = 20
+    pid = cluster.pid("slurmctld")
+    os.kill(pid, signal.SIGTERM)
+    cluster.wait(lambda: not os.path.exists(f"/proc/{pid}"), 30, "slurmctld to stop")
+    ctl.slurm.timeout_s = 5
+    rep = ctl.round()
+    assert not rep.ok and ("sinfo" in rep.error or "squeue" in rep.error), rep.error
+    assert ctl.metrics.value("rlsched_slurm_errors_total") == 2
+    cluster.script("up")  # slurmctld comes back with its saved state
+    ctl.slurm.timeout_s = 20
+    rep = ctl.round()
+    assert rep.ok, rep.error
+    assert [j for j, _ in rep.placed] == [jid]  # the held job survived the outage and is placed
+    cluster.wait(lambda: _state(cluster, jid) == "COMPLETED", 30, "job to complete")
+
+
+# --------------------------------------------------------------------------- agents / preemption
+def _train_job(cluster, steps: int, sleep: float, gpus: int = 2) -> int:
+    py = sys.executable
+    script = f"{py} {REPO}/scripts/examples/train_mlp.py --total-steps {steps} --step-sleep {sleep} --report-every 2 --threads 1"
+    return cluster.sbatch(script, gpus, comment="rlsched:model=MoE,samples=100000", extra=["--requeue"])
+
+
+def _events(cluster, jid: int) -> list[dict]:
+    out = []
+    for line in (cluster.jobs_dir / f"{jid}.out").read_text().splitlines():
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out
+
+
+def _agent_step(ctl: Controller, jid: int) -> int:
+    return int((ctl.preempter.stats().get(str(jid)) or {}).get("step") or 0)
+
+
+def test_killed_agent_does_not_lose_the_job(cluster, tmp_path):
+    if not cluster.agents:
+        pytest.skip("no `rlsched agent` command: node agents not available")
+    ctl = _controller(cluster, tmp_path)
+    jid = _train_job(cluster, steps=60, sleep=0.15)
+    cluster.wait(lambda: _state(cluster, jid) == "RUNNING", 30, "job to start", tick=ctl.round)
+    node = cluster.job(jid).nodes[0]
+    cluster.wait(lambda: _agent_step(ctl, jid) > 0, 60, "progress reports")
+    apid = cluster.pid(f"agent-{node}")
+    os.kill(apid, signal.SIGKILL)
+    try:
+        (Path(ctl.cfg.controller.state_dir) / "requests").mkdir(parents=True, exist_ok=True)
+        (Path(ctl.cfg.controller.state_dir) / "requests" / f"preempt-{jid}").write_text("")
+        rep = ctl.round()
+        assert rep.ok and rep.preempted == []  # no agent, no checkpoint: no preemption
+        assert ctl.metrics.value("rlsched_preemptions_total", outcome="failed") == 1
+        assert _state(cluster, jid) == "RUNNING"
+        cluster.wait(lambda: _state(cluster, jid) == "COMPLETED", 90, "job to finish without its agent", tick=ctl.round, step=1.0)
+    finally:
+        cluster.script("up")  # restarts the killed agent
+    done = [e for e in _events(cluster, jid) if e.get("event") == "done"]
+    assert done and done[-1]["final_step"] == 60
+    assert cluster.job(jid).restarts == 0
+
+
+def test_preemption_round_trip_resumes_and_finishes_exactly(cluster, tmp_path):
+    if not cluster.agents:
+        pytest.skip("no `rlsched agent` command: node agents not available")
+    total = 80
+    ctl = _controller(cluster, tmp_path)
+    jid = _train_job(cluster, steps=total, sleep=0.15)
+    cluster.wait(lambda: _state(cluster, jid) == "RUNNING", 30, "job to start", tick=ctl.round)
+    cluster.wait(lambda: _agent_step(ctl, jid) >= 10, 60, "10 steps")
+    reqs = Path(ctl.cfg.controller.state_dir) / "requests"
+    reqs.mkdir(parents=True, exist_ok=True)
+    (reqs / f"preempt-{jid}").write_text("")
+    rep = ctl.round()
+    assert rep.ok and rep.preempted == [jid], rep
+    step = ctl.journal["progress"][str(jid)]["step"]
+    assert 0 < step < total
+    ckpts = list((cluster.dir / "checkpoints").rglob("*"))
+    assert any(f"{step:012d}" in p.name for p in ckpts), ckpts
+    cluster.wait(lambda: cluster.job(jid).restarts == 1, 20, "requeue")
+    cluster.wait(lambda: _state(cluster, jid) == "COMPLETED", 120, "resumed job to finish", tick=ctl.round, step=1.0)
+    assert cluster.job(jid).restarts == 1
+    ev = _events(cluster, jid)
+    starts = [e for e in ev if e.get("event") == "start"]
+    assert [s["start_step"] for s in starts] == [0, step], starts
+    done = [e for e in ev if e.get("event") == "done"]
+    assert done[-1]["final_step"] == total and done[-1]["start_step"] == step
+    assert done[-1]["steps_this_run"] == total - step
+    assert ctl.metrics.value("rlsched_preemptions_total", outcome="ok") == 1
