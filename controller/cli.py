@@ -49,9 +49,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = _load(args)
     setup_logging(cfg.controller.log_file)
     ctl = Controller(cfg)
-    # a bad policy name must stop the start-up, not every round
-    from policies.heuristics import HEURISTIC_NAMES  # noqa: F401
-
+    # a bad heuristic name stops the start-up here; RL policies need the
+    # cluster's shape, so Controller.run() checks them at its first round
     if not cfg.controller.policy.lower().startswith("rl"):
         from policies.heuristics import make_heuristic
         from policies.perf import ContentionModel

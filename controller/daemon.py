@@ -112,6 +112,7 @@ class RoundReport:
     time: float
     ok: bool
     error: str | None = None
+    error_kind: str | None = None  # "slurm" | "policy" | "internal"
     placed: list[tuple[int, dict[str, int]]] = field(default_factory=list)
     preempted: list[int] = field(default_factory=list)
     held_back: list[int] = field(default_factory=list)
@@ -228,14 +229,14 @@ class Controller:
         try:
             self._round(now, rep)
         except SlurmError as exc:
-            rep.ok, rep.error = False, str(exc)
+            rep.ok, rep.error, rep.error_kind = False, str(exc), "slurm"
             self.metrics.slurm_errors.inc()
             log.error("round failed: %s", exc, extra={"event": "slurm_error"})
         except PolicyError as exc:
-            rep.ok, rep.error = False, str(exc)
+            rep.ok, rep.error, rep.error_kind = False, str(exc), "policy"
             log.error("policy error: %s", exc, extra={"event": "policy_error"})
         except Exception as exc:  # noqa: BLE001 - crash-only: log, keep the daemon alive
-            rep.ok, rep.error = False, f"{type(exc).__name__}: {exc}"
+            rep.ok, rep.error, rep.error_kind = False, f"{type(exc).__name__}: {exc}", "internal"
             log.exception("round failed unexpectedly", extra={"event": "round_error"})
         self.rounds += 1
         self.metrics.rounds.labels(outcome="ok" if rep.ok else "error").inc()
@@ -536,12 +537,19 @@ class Controller:
         signal.signal(signal.SIGINT, lambda *_: self.stop())
 
     def run(self, max_rounds: int | None = None) -> None:
-        """Round after round until stopped (SIGTERM/SIGINT) or ``max_rounds``."""
+        """Round after round until stopped (SIGTERM/SIGINT) or ``max_rounds``.
+
+        A policy that cannot be built at the first round (unknown name, missing
+        RL checkpoint) raises :class:`PolicyError`: better a failed start than
+        a daemon that never schedules.
+        """
         log.info("controller started (pid %d, interval %.3g s, policy %s)", os.getpid(), self.cfg.controller.interval_s,
                  self.policy_name, extra={"event": "start"})
         while not self._stop.is_set():
             t = time.monotonic()
-            self.round()
+            rep = self.round()
+            if self.rounds == 1 and self.policy is None and rep.error_kind == "policy":
+                raise PolicyError(rep.error or "policy could not be built")
             if max_rounds is not None and self.rounds >= max_rounds:
                 break
             self._stop.wait(max(0.0, self.cfg.controller.interval_s - (time.monotonic() - t)))

@@ -170,7 +170,9 @@ def build_state(
     keys_on_node: dict[int, list[tuple[str, tuple]]] = {}
     run_infos: list[tuple[JobInfo, tuple]] = []
 
-    for j in sorted(jobs, key=lambda x: (x.submit_time or 0.0, x.job_id)):
+    # Slurm's submit times have 1 s resolution: within a second, job id order is
+    # arrival order, so break ties with a microsecond offset per position.
+    for rank, j in enumerate(sorted(jobs, key=lambda x: (x.submit_time or 0.0, x.job_id))):
         if not j.managed or (partition is not None and j.partition != partition):
             continue
         if j.pending and not j.held:
@@ -202,7 +204,7 @@ def build_state(
             job_id=str(j.job_id),
             model=model,
             gpu_demand=j.gpus,
-            submit_time=j.submit_time or now,
+            submit_time=(j.submit_time or now) + rank * 1e-6,
             total_samples=total,
             done_samples=done,
             best_thp=best,

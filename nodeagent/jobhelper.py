@@ -198,6 +198,7 @@ class JobSession:
         report_every: int = 5,
         min_report_interval_s: float = 0.5,
         ckpt_every: int = 0,
+        keep_checkpoints: int = 2,
         reference_samples_per_s: float = 0.0,
         profile_warmup: int = 3,
         profile_steps: int = 3,
@@ -212,6 +213,7 @@ class JobSession:
         self.min_report_interval_s = max(0.0, float(min_report_interval_s))
         self._last_report_t = -1e9
         self.ckpt_every = max(0, int(ckpt_every))
+        self.keep_checkpoints = max(0, int(keep_checkpoints))
         self.reference = float(reference_samples_per_s)
         self.profile_warmup = profile_warmup
         self.profile_steps = profile_steps
@@ -241,7 +243,11 @@ class JobSession:
         comment = env.get("RLSCHED_COMMENT")
         if comment is None and "SLURM_JOB_ID" in env and not env.get("RLSCHED_JOB_KEY"):
             comment = _comment_from_slurm(slurm_job_id)
-        fields = parse_comment(comment) or {}
+        try:
+            fields = parse_comment(comment) or {}
+        except ValueError as exc:  # a malformed comment must not kill the training job
+            log.warning("ignoring malformed job comment: %s", exc)
+            fields, comment = {}, None
         job_key = kw.pop("job_key", None) or env.get("RLSCHED_JOB_KEY") or job_key_for(slurm_job_id, comment)
         kw.setdefault("model", fields.get("model", ""))
         agent = kw.pop("agent_address", None) or resolve_agent_address(env.get("RLSCHED_AGENT"),
@@ -350,7 +356,10 @@ class JobSession:
         return info.step, state
 
     def save(self, step: int, state: dict) -> CheckpointInfo | None:
-        """Checkpoint ``state`` (tensors / plain containers) at ``step``; rank 0 writes, others no-op."""
+        """Checkpoint ``state`` (tensors / plain containers) at ``step``; rank 0 writes, others no-op.
+
+        Older checkpoints beyond the newest ``keep_checkpoints`` valid ones are deleted (0: keep all).
+        """
         import torch
 
         if self.rank != 0:
@@ -359,6 +368,11 @@ class JobSession:
         torch.save(state, buf)
         info = self.store.save(self.job_key, int(step), buf.getvalue())
         self.checkpoint_step = info.step
+        if self.keep_checkpoints:
+            try:
+                self.store.prune(self.job_key, keep=self.keep_checkpoints)
+            except Exception as exc:  # garbage collection must never fail a save
+                log.warning("pruning old checkpoints failed: %s", exc)
         return info
 
     def _report_msg(self, step: int, samples: int, state: str = "running", final: bool = False) -> Any:

@@ -506,8 +506,10 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
                     break
             if exited:
                 # one more look: the checkpoint may have landed just before exit
+                # (an older checkpoint is fine if the job had made no progress past it, e.g. it was
+                # preempted right after resuming)
                 cand = self._latest(request.job_key, verify=True)
-                if cand is not None and cand.step >= step_at_signal and (prev is None or cand != prev):
+                if cand is not None and cand.step >= step_at_signal:
                     done = cand
                 break
             time.sleep(self.poll_s)

@@ -232,21 +232,23 @@ class CheckpointStore(ABC):
         raise CheckpointNotFound(f"no valid checkpoint for job {job_key!r} in {self.url}")
 
     def prune(self, job_key: str, keep: int = 2) -> list[int]:
-        """Delete all but the newest ``keep`` valid checkpoints; returns deleted steps."""
+        """Keep the newest ``keep`` valid checkpoints, delete everything older (and corrupt ones
+        newer than those). Verifies newest-first and stops once ``keep`` valid ones are found, so it
+        reads about ``keep`` checkpoints, not all. Returns the deleted steps.
+        """
         if keep < 1:
             raise ValueError("keep must be >= 1")
-        infos = self.list(job_key)
-        valid = [i for i in infos if self.verify(i)]
-        keep_steps = {i.step for i in valid[-keep:]}
+        kept = 0
         deleted = []
-        for info in infos:
-            if info.step in keep_steps:
+        for info in reversed(self.list(job_key)):
+            if kept < keep and self.verify(info):
+                kept += 1
                 continue
             # manifest first: the checkpoint disappears atomically from readers' view
             self._delete(f"{job_key}/{_manifest_name(info.step)}")
             self._delete(f"{job_key}/{_data_name(info.step)}")
             deleted.append(info.step)
-        return deleted
+        return sorted(deleted)
 
 
 # ------------------------------------------------------------------ local FS

@@ -30,14 +30,15 @@ ch     meaning (0 where the slot is free unless stated)
 8      queue length ``log1p(pending) / log1p(256)``, clipped, on every existing slot
 =====  =========================================================================
 
-Right half: ``K`` candidates (see :meth:`Encoder.candidates`) times ``S``
+Right half: ``K`` (default 6: every power-of-two demand of a 32-GPU cluster) candidates (see :meth:`Encoder.candidates`) times ``S``
 placement options each. Channel ``k * S + s`` holds, on the free slots that
 option ``s`` of candidate ``k`` would take, the job's predicted normalised
 speed there, ``isolated(shape) / CS / best_isolated`` in ``(0, 1]`` (locality
 and contention in one number), and 0 elsewhere; an infeasible option is all 0.
-Channels ``K * S + 4 k + (0..3)`` broadcast candidate ``k``'s bandwidth, comm
-ratio, remaining time and demand (same normalisations as channels 2, 3, 4, 7)
-over the existing right-half slots. ``C = max(9, K * S + 4 K)``.
+Channels ``K * S + 5 k + (0..4)`` broadcast candidate ``k``'s bandwidth, comm
+ratio, remaining time, demand (same normalisations as channels 2, 3, 4, 7)
+and waiting time so far (``log1p(wait / 1 h) / log1p(64)``, clipped) over
+the existing right-half slots. ``C = max(9, K * S + 5 K)``.
 
 Candidates: pending jobs are grouped by GPU demand; each group is represented
 by its job with the shortest estimated remaining time (SRTF key, ties by
@@ -79,7 +80,7 @@ from policies.workloads import get_workload
 __all__ = ["ObsSpec", "Encoded", "Encoder", "EncodingError", "apply_placement", "LEFT_CHANNELS", "CAND_FEATURES"]
 
 LEFT_CHANNELS = 9
-CAND_FEATURES = 4
+CAND_FEATURES = 5
 _HOUR = 3600.0
 _REM_NORM = math.log1p(64.0)
 _QUEUE_NORM = math.log1p(256.0)
@@ -104,12 +105,12 @@ class ObsSpec:
     num_nodes: int
     gpus_per_node: int
     total_gpus: int
-    k: int = 4
+    k: int = 6
     levels: int = 3
-    version: int = 1
+    version: int = 2
 
     @classmethod
-    def for_cluster(cls, cluster: ClusterSpec, k: int = 4) -> "ObsSpec":
+    def for_cluster(cls, cluster: ClusterSpec, k: int = 6) -> "ObsSpec":
         levels = min(4, int(math.floor(math.log2(cluster.num_nodes))) + 1)
         return cls(cluster.num_nodes, cluster.max_gpus_per_node, cluster.total_gpus, k, levels)
 
@@ -157,6 +158,10 @@ class ObsSpec:
     def check_cluster(self, cluster: ClusterSpec) -> None:
         """Raise :class:`EncodingError` unless this spec was made for ``cluster``'s shape."""
         other = ObsSpec.for_cluster(cluster, self.k)
+        if self.version != other.version:
+            raise EncodingError(
+                f"policy uses observation encoding version {self.version}, this rlsched encodes version {other.version}; retrain it"
+            )
         mine = (self.num_nodes, self.gpus_per_node, self.total_gpus, self.levels)
         theirs = (other.num_nodes, other.gpus_per_node, other.total_gpus, other.levels)
         if mine != theirs:
@@ -342,7 +347,8 @@ class Encoder:
                 for v, c in p.alloc:
                     a, b = int(used[v]), min(int(used[v]) + c, G)
                     ch[v, a:b] = speed
-            cf = (_bw(job.model, self._link), _cc(job.model), _rem(job), math.log2(1 + job.gpu_demand) / self._logtot)
+            wait = min(math.log1p(max(state.time - job.submit_time, 0.0) / _HOUR) / _REM_NORM, 1.0)
+            cf = (_bw(job.model, self._link), _cc(job.model), _rem(job), math.log2(1 + job.gpu_demand) / self._logtot, wait)
             for i, val in enumerate(cf):
                 right[base + CAND_FEATURES * k + i] = self._exists * val
         any_place = bool(mask[:-1].any())

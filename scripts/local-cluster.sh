@@ -268,7 +268,7 @@ status() {
     if pid_alive "$p"; then echo "$(basename "$p" .pid): running (pid $(cat "$p"))"; else echo "$(basename "$p" .pid): stopped"; fi
   done
   sinfo -N -o '%N %t %G' 2>/dev/null || echo "slurmctld not answering"
-  squeue -o '%.8i %.10u %.12j %.8T %.6D %.20R %b' 2>/dev/null || true
+  squeue -O 'JobID:7,UserName:10,Name:14,State:10,NumNodes:6,tres-per-job:14,ReasonList:20,Comment:40' 2>/dev/null || true
 }
 
 down() {

@@ -30,5 +30,5 @@ PY=${PYTHON:-python3}
 echo "==> installing Python packages"
 # The CPU build of PyTorch; any other spec pulls GBs of CUDA wheels.
 "$PY" -m pip install -q --disable-pip-version-check "torch==2.13.0"
-"$PY" -m pip install -q --disable-pip-version-check -e ".[test]"
+"$PY" -m pip install -q --disable-pip-version-check -e ".[test,hdfs]"
 echo "==> rlsched $("$PY" -c 'import rlsched; print(rlsched.__version__)') installed"

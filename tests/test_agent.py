@@ -364,7 +364,11 @@ def test_preempt_distributed_two_ranks(agent: NodeAgentServer, client: AgentClie
     total = 400
     store = tmp_path / "store"
     procs = []
-    port = str(29000 + os.getpid() % 500)
+    import socket
+
+    with socket.socket() as sk:  # a free port for the gloo rendezvous
+        sk.bind(("127.0.0.1", 0))
+        port = str(sk.getsockname()[1])
     for rank in range(2):
         env = _job_env(agent, key, store, "ddp-rt", "5151")
         env.update(SLURM_NTASKS="2", SLURM_PROCID=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
@@ -434,3 +438,45 @@ def test_agent_cli_bad_key_is_one_line_error(tmp_path: Path) -> None:
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1].startswith("rlsched agent: error: cannot start agent:")
     assert "chmod 600" in r.stderr
+
+
+def test_preempt_right_after_resume_accepts_existing_checkpoint(
+    agent: NodeAgentServer, client: AgentClient, key: Path, tmp_path: Path
+) -> None:
+    """A job resumed at its checkpoint and preempted before its next step writes nothing new: still ok."""
+    store = LocalFSStore(tmp_path / "store")
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save({"w": torch.zeros(2)}, buf)
+    store.save("resumed", 50, buf.getvalue())
+    script = (
+        "import os, sys, time\n"
+        "from nodeagent.jobhelper import JobSession\n"
+        "with JobSession.from_env(total_steps=100) as s:\n"
+        "    start, state = s.resume()\n"
+        "    s.report(start, 0)\n"
+        "    print('ready', start, flush=True)\n"
+        "    while not s.should_stop():\n"
+        "        time.sleep(0.01)\n"
+        "    for _ in s.steps(start, state_fn=lambda: state, samples_per_step=1):\n"
+        "        raise AssertionError('no step may run after the stop request')\n"
+    )
+    p = subprocess.Popen([sys.executable, "-c", script], env=_job_env(agent, key, tmp_path / "store", "resumed", "77"),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline().split() == ["ready", "50"]
+        deadline = time.monotonic() + 30
+        while not any(j["job_key"] == "resumed" and j["pids"] for j in client.job_stats()):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        r = client.preempt("resumed", "77", timeout_s=30)
+        _, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == EXIT_PREEMPTED, err[-1500:]
+    assert r["ok"] and r["checkpoint_step"] == 50 and r["process_exited"], r

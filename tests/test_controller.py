@@ -491,3 +491,68 @@ def test_metrics_endpoint_and_json_logs(tmp_path):
     rec.event, rec.job = "placed", 7
     doc = json.loads(JsonFormatter().format(rec))
     assert doc["msg"] == "placed job 7" and doc["event"] == "placed" and doc["job"] == 7 and doc["level"] == "info"
+
+
+def test_cs_threshold_preempts_measured_slow_jobs(tmp_path):
+    s = FakeSlurm()
+    slow, fine = _running(s, 8, "node1"), _running(s, 8, "node2")
+
+    class Agents(FakeAgents):
+        def stats(self):
+            return {str(slow): {"cs": 1.8, "step": 10, "total_steps": 100}, str(fine): {"cs": 1.05}}
+
+    agents = Agents()
+    ctl = _ctl(tmp_path, s, agents, cs_preempt_threshold=1.5, min_run_s=60.0, now=1030.0)
+    assert ctl.round().preempted == []  # younger than min_run_s
+    ctl.clock = lambda: 1100.0
+    rep = ctl.round()
+    assert rep.preempted == [slow] and agents.asked == [slow] and s.job_list[fine].running
+
+
+def test_rl_policy_through_the_controller(tmp_path):
+    pytest.importorskip("policies.rl")
+    s = FakeSlurm()
+    ids = [s.submit(g, "rlsched:model=MoE") for g in (8, 4, 2)]
+    rep = _ctl(tmp_path, s, policy="rl-prior").round()
+    assert rep.ok, rep.error
+    assert sorted(j for j, _ in rep.placed) == sorted(ids)
+    for jid, plan in rep.placed:
+        assert sum(plan.values()) == s.job_list[jid].gpus
+
+
+def test_unbuildable_policy_fails_the_start(tmp_path, capsys):
+    pytest.importorskip("policies.rl")
+    from rlsched.cli import main
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    sinfo = json.dumps({"nodes": [{"name": "node1", "gres": "gpu:8", "gres_used": "gpu:0", "state": "idle",
+                                   "partitions": ["gpu"]}], "errors": []})
+    (bindir / "sinfo").write_text(f"#!/bin/sh\necho '{sinfo}'\n")
+    (bindir / "squeue").write_text('#!/bin/sh\necho \'{"jobs": [], "errors": []}\'\n')
+    for f in bindir.iterdir():
+        f.chmod(0o755)
+    f = tmp_path / "c.toml"
+    f.write_text(f'[slurm]\nbin_dir = "{bindir}"\n[controller]\npolicy = "rl-base:{tmp_path}/none.safetensors"\n'
+                 f'state_dir = "{tmp_path / "st"}"\n[agents]\nenabled = false\n')
+    assert main(["controller", "run", "--config", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].startswith("rlsched controller: error:") and "none." in err.splitlines()[-1]
+
+
+def test_status_and_preempt_commands(tmp_path, capsys):
+    from rlsched.cli import main
+
+    s = FakeSlurm()
+    s.submit(4)
+    _ctl(tmp_path, s).round()
+    state = str(tmp_path / "state")
+    assert main(["controller", "status", "--state-dir", state, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["history"][0]["action"] == "place" and doc["last_round"]["ok"]
+    assert main(["controller", "status", "--state-dir", state]) == 0
+    assert "recent actions" in capsys.readouterr().out
+    assert main(["controller", "preempt", "--state-dir", state, "17"]) == 0
+    assert (tmp_path / "state" / "requests" / "preempt-17").exists()
+    assert main(["controller", "preempt", "--state-dir", state, "x1"]) == 2
+    assert main(["controller", "status", "--state-dir", str(tmp_path / "nowhere")]) == 2

@@ -35,8 +35,8 @@ def _state(running: list[JobInfo], pending: list[JobInfo]) -> ClusterState:
 
 def test_spec_shapes():
     spec = ObsSpec.for_cluster(C48)
-    assert spec.levels == 3 and spec.options == 4 and spec.n_actions == 17
-    assert spec.shape == (max(9, 4 * 4 + 16), 4, 16)
+    assert spec.k == 6 and spec.levels == 3 and spec.options == 4 and spec.n_actions == 25
+    assert spec.shape == (6 * 4 + 6 * 5, 4, 16)
     big = ObsSpec.for_cluster(ClusterSpec.parse("128x8"))
     assert big.levels == 4 and big.shape[1:] == (128, 16)
     assert ObsSpec.from_dict(spec.to_dict()) == spec

@@ -66,6 +66,9 @@ def test_from_env(tmp_path: Path) -> None:
     env["RLSCHED_COMMENT"] = "rlsched:model=MoE"
     s = JobSession.from_env(env, model="override")
     assert s.job_key == "slurm-88" and s.model == "override"
+    env["RLSCHED_COMMENT"] = "rlsched:model"  # malformed: warn, fall back to defaults, keep training
+    s = JobSession.from_env(env)
+    assert s.job_key == "slurm-88" and s.model == ""
 
 
 # ------------------------------------------------------------ comm fraction
@@ -114,7 +117,7 @@ def test_fresh_run_to_completion_saves_final(tmp_path: Path) -> None:
 
 def test_stop_request_checkpoints_and_exits_75_then_resumes(tmp_path: Path) -> None:
     seen: list[int] = []
-    with pytest.raises(SystemExit) as e, _session(tmp_path, ckpt_every=5) as s:
+    with pytest.raises(SystemExit) as e, _session(tmp_path, ckpt_every=2) as s:
         for step in s.steps(0, state_fn=lambda: _state(s.step), samples_per_step=1):
             seen.append(step)
             if step == 7:
@@ -122,7 +125,7 @@ def test_stop_request_checkpoints_and_exits_75_then_resumes(tmp_path: Path) -> N
     assert e.value.code == EXIT_PREEMPTED
     assert seen == list(range(8)), "the current step finishes, no further step starts"
     st = LocalFSStore(tmp_path / "store")
-    assert [i.step for i in st.list("job-h")] == [5, 8]
+    assert [i.step for i in st.list("job-h")] == [6, 8], "periodic + preemption checkpoints, pruned to 2"
     with _session(tmp_path) as s2:
         start, state = s2.resume()
         assert start == 8 and state is not None
@@ -177,3 +180,16 @@ def test_save_then_resume_roundtrip(tmp_path: Path) -> None:
         s.save(1, {"w": torch.ones(2)})
         step, state = s.resume()
     assert step == 1 and torch.equal(state["w"], torch.ones(2))  # type: ignore[index]
+
+
+def test_sbatch_example_follows_the_contract() -> None:
+    import re
+    import subprocess
+
+    f = Path(__file__).resolve().parents[1] / "scripts" / "examples" / "moe_job.sbatch"
+    assert subprocess.run(["bash", "-n", str(f)], capture_output=True).returncode == 0
+    text = f.read_text()
+    directives = dict(re.findall(r"^#SBATCH --([\w-]+)(?:=(\S+))?", text, re.M))
+    assert directives["gpus"] == "2"
+    assert parse_comment(directives["comment"]) == {"model": "MoE", "samples": "64000"}
+    assert "requeue" in directives

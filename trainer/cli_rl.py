@@ -52,6 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ent-coef", type=float, default=0.01, help="entropy bonus (PPO/A2C, default 0.01)")
     p.add_argument("--gamma", type=float, default=0.99, help="discount (default 0.99)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--no-prior-init", action="store_true", help="start from SB3's random output layer instead of the action prior")
     p.add_argument("--out", required=True, help="output directory (best.*, last.*, eval.csv, tb/)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/last")
     p.add_argument("--export-shipped", action="store_true", help="also copy OUT/best to policies/checkpoints as rl-base/rl-hybrid")
@@ -82,7 +83,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     cfg = TrainConfig(
         algo=args.algo, cluster=args.cluster, reward=args.reward, w1=args.w1, timesteps=args.timesteps,
         n_envs=args.n_envs, seed=args.seed, net_arch=arch, learning_rate=args.lr, ent_coef=args.ent_coef,
-        gamma=args.gamma, eval_freq=args.eval_freq, traces=list(args.traces), val_traces=list(args.val_traces or []),
+        gamma=args.gamma, eval_freq=args.eval_freq, prior_init=not args.no_prior_init, traces=list(args.traces), val_traces=list(args.val_traces or []),
     )
     summary = train(cfg, train_sets, val_sets, args.out, resume=args.resume)
     cmd = "rlsched " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[0].endswith("rlsched") else None

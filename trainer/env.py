@@ -114,7 +114,7 @@ class PlacementEnv(gym.Env):
         max_steps: int = 20_000,
         invalid_penalty: float = -0.1,
         perf: ContentionModel | None = None,
-        k: int = 4,
+        k: int = 6,
         shaping: bool | None = None,
         gamma: float = 0.99,
     ) -> None:

@@ -63,7 +63,8 @@ class TrainConfig:
     ent_coef: float = 0.01
     eval_freq: int = 5_000
     round_len: float = 300.0
-    k: int = 4
+    k: int = 6
+    prior_init: bool = True
     traces: list[str] = field(default_factory=list)
     val_traces: list[str] = field(default_factory=list)
 
@@ -97,7 +98,7 @@ def evaluate_net(
     traces: Sequence[Sequence[JobSpec]],
     hybrid: bool = False,
     round_len: float = 300.0,
-    k: int = 4,
+    k: int = 6,
 ) -> list[float]:
     """Average JCT (s) of ``net`` as rl-base (or rl-hybrid) on each trace, via the full simulator."""
     from policies.encoding import ObsSpec
@@ -137,6 +138,24 @@ def _make_model(cfg: TrainConfig, venv, tb: str | None):
                     policy_kwargs=dict(net_arch=dict(pi=arch, vf=arch), activation_fn=torch.nn.Tanh), **common)
     return Algo("MlpPolicy", venv, buffer_size=50_000, learning_starts=1_000, batch_size=cfg.batch_size,
                 exploration_fraction=0.3, target_update_interval=1_000, policy_kwargs=dict(net_arch=arch), **common)
+
+
+def _init_prior(algo: str, model) -> None:
+    """Start from the action space's prior: output bias ``-index`` (zero output weights).
+
+    The initial deterministic policy is then ``rl-prior`` (lowest valid action:
+    candidate 0 on the first option that fits; "nothing", the last index, least
+    preferred) and training refines it. Plain SB3 modules are edited in place
+    before learning starts.
+    """
+    import torch
+
+    head = model.policy.q_net.q_net[-1] if algo == "dqn" else model.policy.action_net
+    with torch.no_grad():
+        head.weight.mul_(0.01)
+        head.bias.copy_(-torch.arange(head.bias.numel(), dtype=head.bias.dtype))
+    if algo == "dqn":
+        model.policy.q_net_target.load_state_dict(model.policy.q_net.state_dict())
 
 
 def _save(path: Path, cfg: TrainConfig, model, cluster: ClusterSpec, env: PlacementEnv, extra: dict, mode: str = "rl-base") -> Path:
@@ -186,6 +205,8 @@ def train(
     # network sees exactly what the deployed encoder produces) to keep the critic trainable.
     venv = VecNormalize(base_venv, norm_obs=False, norm_reward=True, gamma=cfg.gamma)
     model = _make_model(cfg, venv, str(out / "tb"))
+    if cfg.prior_init:
+        _init_prior(cfg.algo, model)
     start_steps = 0
     if resume:
         last = load_checkpoint(out / "last")
@@ -263,7 +284,11 @@ def train(
 
 
 def ship_checkpoint(best: str | Path, cluster: ClusterSpec, dest: str | Path | None = None, command: str | None = None) -> list[Path]:
-    """Copy a trained checkpoint as ``rl-base-<shape>`` and ``rl-hybrid-<shape>`` (same weights, different default mode).
+    """Copy a trained checkpoint's policy network as ``rl-base-<shape>`` and ``rl-hybrid-<shape>``.
+
+    Both get the same weights (the seed's two policies share one trained
+    network and differ in how "nothing" is handled); ``mode`` in the metadata
+    records which one the file is.
 
     :param dest: target directory (default: the ``policies/checkpoints`` package directory).
     :param command: the command that produced it, recorded in the metadata.
@@ -275,7 +300,9 @@ def ship_checkpoint(best: str | Path, cluster: ClusterSpec, dest: str | Path | N
     ck = load_checkpoint(best)
     ck.check_cluster(cluster)
     dest = Path(dest) if dest else Path(str(resources.files("policies"))) / "checkpoints"
-    tensors = load_file(str(ck.weights_path))
+    layers = ck.meta["network"]["layers"]
+    # Ship only what inference reads (the value head stays in the training run's files).
+    tensors = {k: v for k, v in load_file(str(ck.weights_path)).items() if k.rsplit(".", 1)[0] in layers}
     training = dict(ck.meta["training"])
     if command:
         training["command"] = command
