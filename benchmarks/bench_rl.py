@@ -8,9 +8,13 @@ network of the same architecture with random weights: the shipped checkpoint
 is 4x8 only, and latency does not depend on the weights' values):
 
 * one decision: encode (``policies.encoding.Encoder.encode``) + network
-  (numpy MLP) + decode, on cluster states captured from a greedy simulation
-  of a 256-job (4x8) / 4096-job (128x8) trace with Poisson arrivals;
-* one round: ``RLPolicy.schedule`` (all decisions of the round, rl-hybrid);
+  (numpy MLP) + decode, on cluster states captured (evenly over time) from
+  greedy simulations of a 256-job (4x8) / 2048-job (128x8) trace, half with
+  every job arriving at t = 0 (long queues), half with Poisson arrivals at
+  load 1.2;
+* one round: ``RLPolicy.schedule`` (all decisions of the round) for rl-base
+  and rl-hybrid (whose greedy safety rule runs when the network stops while
+  jobs still fit);
 * one training episode: a 256-job trace through ``PlacementEnv`` with the
   network choosing every action.
 
@@ -50,23 +54,28 @@ class _Recorder(Policy):
 
     name = "recorder"
 
-    def __init__(self, inner: Policy, every: int, limit: int) -> None:
-        self.inner, self.every, self.limit, self.n = inner, every, limit, 0
+    def __init__(self, inner: Policy, every: int) -> None:
+        self.inner, self.every, self.n = inner, every, 0
         self.states: list[ClusterState] = []
 
     def schedule(self, state: ClusterState) -> Decision:
         self.n += 1
-        if self.n % self.every == 0 and len(self.states) < self.limit and state.pending:
+        if self.n % self.every == 0 and state.pending:
             self.states.append(ClusterState(state.time, state.cluster, state.free_gpus.copy(),
                                             [copy.copy(j) for j in state.running], [copy.copy(j) for j in state.pending]))
         return self.inner.schedule(state)
 
 
 def _states(cluster: ClusterSpec, perf: ContentionModel, jobs: int, limit: int) -> list[ClusterState]:
-    trace = generate_jobs(cluster, GeneratorConfig(num_jobs=jobs, arrival="poisson", load=1.2, seed=7), perf)
-    rec = _Recorder(make_heuristic("greedy-np", perf), every=3, limit=limit)
-    Simulator(cluster, trace, rec, perf).run()
-    return rec.states
+    """``limit`` states, evenly spaced over a zero-arrival run (long queues) and a Poisson run (load 1.2)."""
+    out: list[ClusterState] = []
+    for arrival in ("zero", "poisson"):
+        trace = generate_jobs(cluster, GeneratorConfig(num_jobs=jobs, arrival=arrival, load=1.2, seed=7), perf)
+        rec = _Recorder(make_heuristic("greedy-np", perf), every=2)
+        Simulator(cluster, trace, rec, perf).run()
+        idx = np.linspace(0, len(rec.states) - 1, num=min(limit // 2, len(rec.states))).astype(int)
+        out.extend(rec.states[i] for i in idx)
+    return out
 
 
 def _random_net(spec: ObsSpec, arch=(64, 64), seed=0) -> MLPNet:
@@ -84,14 +93,15 @@ def bench_cluster(shape: str, jobs: int, repeats: int, shipped: bool) -> dict:
     cluster = ClusterSpec.parse(shape)
     perf = ContentionModel(cluster)
     if shipped:
-        pol = make_rl_policy("rl-hybrid", cluster, perf)
-        net, enc = pol.net, pol.encoder
+        base = make_rl_policy("rl-base", cluster, perf)
+        net, enc = base.net, base.encoder
     else:
         enc = Encoder(cluster, perf)
         net = _random_net(enc.spec)
-        pol = RLPolicy(net, enc, hybrid=True)
+    base = RLPolicy(net, enc, hybrid=False)
+    hyb = RLPolicy(net, enc, hybrid=True)
     states = _states(cluster, perf, jobs, repeats)
-    one, rounds = [], []
+    one, rounds, hrounds, placed = [], [], [], []
     for st in states:  # warm caches once
         e = enc.encode(st)
         e.decode(net.act(e.obs, e.mask))
@@ -101,11 +111,18 @@ def bench_cluster(shape: str, jobs: int, repeats: int, shipped: bool) -> dict:
         e.decode(net.act(e.obs, e.mask))
         one.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        pol.schedule(st)
+        d = base.schedule(st)
         rounds.append(time.perf_counter() - t0)
+        placed.append(len(d.place))
+        t0 = time.perf_counter()
+        hyb.schedule(st)
+        hrounds.append(time.perf_counter() - t0)
     return {"cluster": shape, "weights": "shipped checkpoint" if shipped else "random (same architecture)",
-            "obs_shape": list(enc.spec.shape), "pending_mean": float(np.mean([len(s.pending) for s in states])),
-            "running_mean": float(np.mean([len(s.running) for s in states])), "decision": _pct(one), "round": _pct(rounds)}
+            "obs_shape": list(enc.spec.shape), "states": len(states),
+            "pending_mean": float(np.mean([len(s.pending) for s in states])),
+            "running_mean": float(np.mean([len(s.running) for s in states])),
+            "placements_per_round_mean": float(np.mean(placed)),
+            "decision": _pct(one), "round_rl_base": _pct(rounds), "round_rl_hybrid": _pct(hrounds)}
 
 
 def bench_episode(repeats: int = 3) -> dict:
@@ -137,14 +154,15 @@ def main() -> None:
     args = ap.parse_args()
     out = {
         "4x8": bench_cluster("4x8", 256, args.repeats, shipped=True),
-        "128x8": bench_cluster("128x8", 4096, args.repeats, shipped=False),
+        "128x8": bench_cluster("128x8", 2048, args.repeats, shipped=False),
         "episode": bench_episode(),
     }
     for k in ("4x8", "128x8"):
         r = out[k]
-        print(f"{k:6s} obs {r['obs_shape']}  pending~{r['pending_mean']:.0f} running~{r['running_mean']:.0f}  "
-              f"decision p50 {r['decision']['p50_ms']:.3f} ms p99 {r['decision']['p99_ms']:.3f} ms  "
-              f"round p50 {r['round']['p50_ms']:.3f} ms p99 {r['round']['p99_ms']:.3f} ms  ({r['weights']})")
+        print(f"{k:6s} obs {r['obs_shape']} ({r['weights']}), {r['states']} states, pending~{r['pending_mean']:.0f} "
+              f"running~{r['running_mean']:.0f}, rl-base places {r['placements_per_round_mean']:.1f}/round")
+        for key in ("decision", "round_rl_base", "round_rl_hybrid"):
+            print(f"    {key:16s} p50 {r[key]['p50_ms']:8.3f} ms  p99 {r[key]['p99_ms']:8.3f} ms  max {r[key]['max_ms']:8.3f} ms")
     e = out["episode"]
     print(f"training episode (256 jobs, 4x8): {', '.join(f'{w:.2f}' for w in e['wall_s'])} s wall, {e['steps']} steps")
     if args.json:

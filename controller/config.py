@@ -54,6 +54,7 @@ class ControllerSection:
     default_model: str = "Transformer-XL"  # profile of jobs whose comment names no model
     default_runtime_s: float = 3600.0  # work estimate when neither samples nor a time limit is given
     start_grace_s: float = 60.0  # a released job that has not started after this is held again
+    requeue_settle_s: float = 5.0  # a requeued job starts no earlier than this after its release
     cs_preempt_threshold: float = 0.0  # preempt a job whose measured CS exceeds this (0: off)
     min_run_s: float = 60.0  # never preempt a job that started less than this ago
     preempt_timeout_s: float = 60.0  # how long an agent may take to checkpoint
@@ -160,6 +161,8 @@ def _validate(cfg: ControllerConfig, where: str) -> None:
     for key, v in positive:
         if v <= 0:
             raise ConfigError(f"{where}{key}: must be > 0, got {v:g}")
+    if c.requeue_settle_s < 0 or c.requeue_settle_s >= c.start_grace_s:
+        raise ConfigError(f"{where}controller.requeue_settle_s: must be >= 0 and < start_grace_s ({c.start_grace_s:g}), got {c.requeue_settle_s:g}")
     if c.min_run_s < 0:
         raise ConfigError(f"{where}controller.min_run_s: must be >= 0, got {c.min_run_s:g}")
     if c.cs_preempt_threshold != 0 and c.cs_preempt_threshold <= 1:

@@ -47,7 +47,7 @@ from controller.preemption import NoAgents, Preempter, make_preempter
 from controller.slurm import SlurmCLI, SlurmError, SlurmJob
 from controller.state import SlurmView, build_cluster, build_state
 from policies.base import Policy, PolicyError
-from policies.cluster import ClusterSpec, Placement
+from policies.cluster import ClusterSpec
 from policies.perf import ContentionModel
 from policies.state import Decision
 
@@ -261,6 +261,11 @@ class Controller:
         if changed:
             jobs = self.slurm.jobs()
         stats = self._stats = self.preempter.stats()
+        stale = [sid for sid in self.journal["progress"] if sid not in by_id]
+        for sid in stale:  # Slurm forgot the job (MinJobAge): so can we
+            self.journal["progress"].pop(sid)
+        if stale:
+            self.journal.save()
         progress: dict[str, dict[str, Any]] = {}
         for sid, p in self.journal["progress"].items():
             progress[sid] = dict(p)
@@ -489,7 +494,8 @@ class Controller:
                 self.slurm.place(sj.job_id, names)
                 self.journal["released"][jid] = {"t": now, "plan": {str(n): g for n, g in p.alloc}, "plan_by_name": plan_by_name}
                 self.journal.save()
-                self.slurm.release(sj.job_id)
+                settle = int(round(self.cfg.controller.requeue_settle_s)) if sj.restarts > 0 else 0
+                self.slurm.release(sj.job_id, settle)
             except SlurmError as exc:
                 self.metrics.slurm_errors.inc()
                 self.journal["released"].pop(jid, None)

@@ -22,6 +22,7 @@ installed.
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
@@ -81,6 +82,8 @@ class AgentPreempter:
         self._clients: dict[str, Any] = {}
         self._keys: dict[str, str] = {}  # slurm job id -> job_key reported by the job
         self.unreachable: set[str] = set()
+        self._retry_at: dict[str, float] = {}  # node -> monotonic time of the next stats try
+        self._failures: dict[str, int] = {}
 
     def _client(self, node: str) -> Any | None:
         addr = self.addresses.get(node)
@@ -92,18 +95,25 @@ class AgentPreempter:
         return c
 
     def _node_stats(self, node: str) -> list[dict]:
+        """Stats of one agent; a failing agent is retried with exponential backoff (2 s .. 60 s)."""
         c = self._client(node)
-        if c is None:
+        if c is None or time.monotonic() < self._retry_at.get(node, 0.0):
             return []
         try:
             out = c.job_stats()
-            self.unreachable.discard(node)
-            return out
         except Exception as exc:  # noqa: BLE001 - any agent failure only loses stats
             if node not in self.unreachable:
-                log.warning("agent of %s unreachable: %s", node, exc)
+                log.warning("agent of %s unreachable: %s", node, exc, extra={"event": "agent_unreachable", "node": node})
             self.unreachable.add(node)
+            k = self._failures[node] = self._failures.get(node, 0) + 1
+            self._retry_at[node] = time.monotonic() + min(60.0, 2.0 ** k)
             return []
+        if node in self.unreachable:
+            log.info("agent of %s is back", node, extra={"event": "agent_back", "node": node})
+        self.unreachable.discard(node)
+        self._failures.pop(node, None)
+        self._retry_at.pop(node, None)
+        return out
 
     def stats(self) -> dict[str, dict[str, Any]]:
         nodes = list(self.addresses)

@@ -468,7 +468,7 @@ class SlurmCLI:
             env["SLURM_CONF"] = self.conf
         self.calls += 1
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout_s, env=env)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout_s, env=env, check=False)
         except subprocess.TimeoutExpired:
             raise SlurmError(cmd, f"timed out after {self.timeout_s:g} s") from None
         except OSError as exc:
@@ -513,9 +513,16 @@ class SlurmCLI:
             raise ValueError("place: empty node list")
         self.run(["scontrol", "update", f"JobId={job_id}", f"ReqNodeList={compress_nodes(nodes)}", f"NumNodes={len(nodes)}"])
 
-    def release(self, job_id: int) -> None:
-        """Release a held job now. ``StartTime=now`` clears the BeginTime delay Slurm adds after a requeue."""
-        self.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+    def release(self, job_id: int, delay_s: int = 0) -> None:
+        """Release a held job to start in ``delay_s`` seconds.
+
+        ``StartTime=now[+N]`` replaces the 120 s BeginTime delay Slurm adds
+        after a requeue; a few seconds of it are kept for requeued jobs (a
+        batch job relaunched on the node it just left within ~1 s can fail to
+        launch while the old step is still being cleaned up).
+        """
+        when = "now" if delay_s <= 0 else f"now+{int(delay_s)}"
+        self.run(["scontrol", "update", f"JobId={job_id}", f"StartTime={when}"])
         self.run(["scontrol", "release", str(job_id)])
 
     def hold(self, job_id: int) -> None:

@@ -19,6 +19,7 @@ isolated throughput, so SJF/SRTF order by requested time.
 from __future__ import annotations
 
 import logging
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
@@ -75,7 +76,7 @@ def parse_comment(comment: str | None) -> JobRequest:
         elif k == "samples":
             try:
                 samples = float(v)
-                if not samples > 0 or samples != samples or samples == float("inf"):
+                if not (samples > 0 and math.isfinite(samples)):
                     raise ValueError
             except ValueError:
                 problems.append(f"samples={v!r} is not a positive number")

@@ -100,6 +100,9 @@ class RLPolicy(Policy):
         self.max_decisions = max_decisions
         self.checkpoint = checkpoint
         self._rng = np.random.default_rng(seed)
+        #: Counters since the last reset(): rounds asked, network placements,
+        #: "nothing" chosen while a placement was valid (holds), safety-rule placements.
+        self.stats = {"rounds": 0, "placements": 0, "holds": 0, "fallback_placements": 0}
         self._fallback = None
         if hybrid:
             from policies.heuristics import make_heuristic
@@ -108,6 +111,7 @@ class RLPolicy(Policy):
 
     def reset(self) -> None:
         self._rng = np.random.default_rng(self.seed)
+        self.stats = {k: 0 for k in self.stats}
 
     def decide(self, state: ClusterState) -> tuple[int, tuple[str, object] | None]:
         """One network decision: ``(action, (job_id, placement) or None)``."""
@@ -120,6 +124,7 @@ class RLPolicy(Policy):
 
         dec = Decision()
         cur = state
+        self.stats["rounds"] += 1
         for _ in range(self.max_decisions):
             if not cur.pending:
                 break
@@ -129,10 +134,13 @@ class RLPolicy(Policy):
             a = self.net.act(enc.obs, enc.mask, self.deterministic, self._rng)
             choice = enc.decode(a)
             if choice is None:
+                self.stats["holds"] += 1
                 if self.hybrid and self._fallback is not None:
                     extra = self._fallback.schedule(cur)
                     dec.place.extend(extra.place)
+                    self.stats["fallback_placements"] += len(extra.place)
                 break
+            self.stats["placements"] += 1
             job_id, p = choice
             dec.place.append((job_id, p))
             cur = apply_placement(cur, job_id, p, self.encoder.perf)

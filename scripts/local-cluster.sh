@@ -86,7 +86,8 @@ ensure_packages() {
   command -v slurmd >/dev/null || missing+=(slurmd)
   command -v sbatch >/dev/null || missing+=(slurm-client)
   command -v munged >/dev/null || missing+=(munge)
-  [[ -e /usr/lib/x86_64-linux-gnu/liblua5.3.so.0 || -n "$(ls /usr/lib/*/liblua5.3.so.0 2>/dev/null)" ]] || missing+=(liblua5.3-0)
+  # slurmctld's job_submit/lua plugin needs liblua5.3 at run time
+  ldconfig -p 2>/dev/null | grep -q 'liblua5\.3\.so\.0 ' || missing+=(liblua5.3-0)
   if [[ ${#missing[@]} -gt 0 ]]; then
     [[ $EUID -eq 0 ]] || die "missing ${missing[*]} and not root: install them (apt-get install slurm-wlm munge liblua5.3-0)"
     log "installing ${missing[*]} from Debian"

@@ -78,7 +78,7 @@ class SlurmTestCluster:
         if user:
             passed = [f"{k}={v}" for k, v in self.env.items() if k.startswith(("SLURM_", "RLSCHED_"))]
             cmd = ["runuser", "-u", user, "--", "env", *passed, *cmd]
-        p = subprocess.run(cmd, capture_output=True, text=True, env=self.env, timeout=timeout, cwd=str(self.jobs_dir))
+        p = subprocess.run(cmd, capture_output=True, text=True, env=self.env, timeout=timeout, cwd=str(self.jobs_dir), check=False)
         if check and p.returncode != 0:
             raise AssertionError(f"{' '.join(cmd)} -> {p.returncode}: {p.stderr.strip()}")
         return p
@@ -149,7 +149,7 @@ class SlurmTestCluster:
                "--nodes", str(self.nodes), "--gpus", str(self.gpus), "--no-controller"]
         if not self.agents:
             cmd.append("--no-agents")
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
         if p.returncode != 0:
             raise RuntimeError(f"local-cluster.sh {' '.join(args)} failed ({p.returncode}): {p.stderr.strip()[-2000:]}")
         return p
@@ -171,17 +171,18 @@ def slurm_cluster(request) -> SlurmTestCluster:
         pytest.skip("runuser (util-linux) missing")
     d = Path(tempfile.mkdtemp(prefix="rlsched-slurm-", dir="/tmp"))
     d.chmod(0o755)
-    agents = subprocess.run(["rlsched", "agent", "--help"], capture_output=True).returncode == 0 if shutil.which("rlsched") else False
+    agents = subprocess.run(["rlsched", "agent", "--help"], capture_output=True, check=False).returncode == 0 if shutil.which("rlsched") else False
     cl = SlurmTestCluster(dir=d, port=_pick_port(4), nodes=4, gpus=8, env={}, agents=agents)
     try:
         cl.script("up")
     except (RuntimeError, subprocess.TimeoutExpired) as exc:
-        subprocess.run(["bash", str(REPO / "scripts" / "local-cluster.sh"), "down", "--dir", str(d)], capture_output=True)
+        subprocess.run(["bash", str(REPO / "scripts" / "local-cluster.sh"), "down", "--dir", str(d)], capture_output=True, check=False)
         pytest.fail(f"could not start the test Slurm cluster: {exc}")
     cl.env = _read_env_sh(d / "env.sh")
     yield cl
-    subprocess.run(["bash", str(REPO / "scripts" / "local-cluster.sh"), "down", "--dir", str(d)], capture_output=True, timeout=120)
-    shutil.rmtree(d, ignore_errors=True)
+    subprocess.run(["bash", str(REPO / "scripts" / "local-cluster.sh"), "down", "--dir", str(d)], capture_output=True, timeout=120, check=False)
+    if not os.environ.get("RLSCHED_KEEP_TEST_CLUSTER"):  # keep logs for debugging when set
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -190,12 +191,12 @@ def test_user() -> str:
     if os.geteuid() != 0:
         pytest.skip("needs root to add a test user")
     created = False
-    if subprocess.run(["id", TEST_USER], capture_output=True).returncode != 0:
+    if subprocess.run(["id", TEST_USER], capture_output=True, check=False).returncode != 0:
         subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/bash", TEST_USER], check=True, capture_output=True)
         created = True
     yield TEST_USER
     if created:
-        subprocess.run(["userdel", TEST_USER], capture_output=True)
+        subprocess.run(["userdel", TEST_USER], capture_output=True, check=False)
 
 
 @pytest.fixture

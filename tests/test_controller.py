@@ -41,6 +41,7 @@ class FakeSlurm:
         self.calls: list[tuple] = []
         self.fail: str | None = None  # method name that raises SlurmError
         self.next_id = 1
+        self.delays: dict[int, int] = {}  # job id -> delay_s of its last release
 
     # -- user side
     def submit(self, gpus: int, comment: str = "", t: float = 1000.0, managed: bool = True, time_limit_s=None) -> int:
@@ -103,8 +104,9 @@ class FakeSlurm:
         self.job_list[job_id].required_nodes = list(nodes)
         self.job_list[job_id].num_nodes = len(nodes)
 
-    def release(self, job_id):
+    def release(self, job_id, delay_s=0):
         self._call("release", job_id)
+        self.delays[job_id] = delay_s
         j = self.job_list[job_id]
         assert j.priority == 0, "released twice"
         j.priority, j.reason = 1000, "None"
@@ -313,8 +315,9 @@ def test_preemption_checkpoints_then_requeues_held(tmp_path):
     j = ctl.journal
     assert j["preempting"] == {} and j["progress"][str(jid)]["step"] == 40
     assert ctl.metrics.value("rlsched_preemptions_total", outcome="ok") == 1
-    # next round it is placed again like any held job
+    # next round it is placed again like any held job, starting after the settle time
     assert [x for x, _ in ctl.round().placed] == [jid]
+    assert s.delays[jid] == 5
 
 
 def test_unreachable_agent_never_loses_the_job(tmp_path):

@@ -54,13 +54,13 @@ def test_held_jobs_run_exactly_where_the_policy_placed_them(cluster, test_user, 
     # packing on an idle 4x8 cluster: 8 -> one node, 12 -> a full node + 4, 4 -> the rest of that node
     assert sorted(len(p) for p in plans.values()) == [1, 1, 2]
     for jid, plan in plans.items():
-        cluster.wait(lambda: _state(cluster, jid) in ("RUNNING", "COMPLETED"), 20, f"job {jid} to start")
+        cluster.wait(lambda jid=jid: _state(cluster, jid) in ("RUNNING", "COMPLETED"), 20, f"job {jid} to start")
         j = cluster.job(jid)
         if j.state == "RUNNING":
             assert set(j.nodes) == set(plan), (jid, j.nodes, plan)
             assert j.gpus_per_node == plan, (jid, j.gpus_per_node, plan)
     for jid, plan in plans.items():
-        cluster.wait(lambda: _state(cluster, jid) == "COMPLETED", 30, f"job {jid} to complete")
+        cluster.wait(lambda jid=jid: _state(cluster, jid) == "COMPLETED", 30, f"job {jid} to complete")
         out = (cluster.jobs_dir / f"{jid}.out").read_text()
         ran_on = out.split("ran on ", 1)[1].split()[0]
         from controller.slurm import expand_hostlist
@@ -120,6 +120,11 @@ def test_killed_controller_loses_no_job_and_starts_none_twice(cluster, tmp_path)
         proc = _start_controller(cfg, log)
         cluster.wait(lambda: _starts(log) == 3, 30, "third controller to start")
         cluster.wait(lambda: all(_state(cluster, j) == "COMPLETED" for j in ids), 60, "all jobs to complete")
+        # hot reload: SIGHUP re-reads the config and rebuilds the policy
+        cfg.write_text(cfg.read_text().replace('policy = "fifo"', 'policy = "las"'))
+        proc.send_signal(signal.SIGHUP)
+        cluster.wait(lambda: '"event": "reload"' in log.read_text(), 15, "reload")
+        assert proc.poll() is None
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(10)
@@ -132,6 +137,7 @@ def test_killed_controller_loses_no_job_and_starts_none_twice(cluster, tmp_path)
     placed = [e["job"] for e in events if e.get("event") == "placed"]
     assert sorted(placed) == sorted(ids), "every job placed exactly once across the three controllers"
     assert sum(e.get("event") == "start" for e in events) == 3
+    assert [e["policy"] for e in events if e.get("event") == "reload"] == ["las"]
 
 
 def test_slurmctld_outage_and_command_timeouts_do_not_stop_the_controller(cluster, tmp_path):
@@ -172,6 +178,15 @@ def _events(cluster, jid: int) -> list[dict]:
             except ValueError:
                 pass
     return out
+
+
+def _diagnose(cluster, jid: int, ctl: Controller | None = None) -> str:
+    """Job record, its output and the controller's last round, for failure messages."""
+    out = cluster.jobs_dir / f"{jid}.out"
+    text = out.read_text()[-3000:] if out.exists() else "(no output file)"
+    show = cluster.run(["scontrol", "-o", "show", "job", str(jid)], check=False).stdout
+    last = ctl.last if ctl is not None else None
+    return f"\n--- scontrol: {show}\n--- output:\n{text}\n--- last round: {last}\n--- journal: {ctl.journal.data if ctl else None}"
 
 
 def _agent_step(ctl: Controller, jid: int) -> int:
@@ -220,8 +235,11 @@ def test_preemption_round_trip_resumes_and_finishes_exactly(cluster, tmp_path):
     assert 0 < step < total
     ckpts = list((cluster.dir / "checkpoints").rglob("*"))
     assert any(f"{step:012d}" in p.name for p in ckpts), ckpts
-    cluster.wait(lambda: cluster.job(jid).restarts == 1, 20, "requeue")
-    cluster.wait(lambda: _state(cluster, jid) == "COMPLETED", 120, "resumed job to finish", tick=ctl.round, step=1.0)
+    try:
+        cluster.wait(lambda: cluster.job(jid).restarts == 1, 20, "requeue")
+        cluster.wait(lambda: _state(cluster, jid) == "COMPLETED", 120, "resumed job to finish", tick=ctl.round, step=1.0)
+    except AssertionError as exc:
+        raise AssertionError(str(exc) + _diagnose(cluster, jid, ctl)) from None
     assert cluster.job(jid).restarts == 1
     ev = _events(cluster, jid)
     starts = [e for e in ev if e.get("event") == "start"]

@@ -62,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--policies", default="srtf,srtf:spread,las,las:spread,greedy,rl-base,rl-hybrid", help="comma-separated policy names (default: %(default)s)")
     e.add_argument("--traces", required=True, help="directory of trace sets: one sub-directory per mix (normal/, heavy/, ...) or trace files")
     e.add_argument("--cluster", default="4x8", help="cluster (default 4x8)")
-    e.add_argument("--branches", default=None, help="directory holding branch checkpoints A..E (A.json ...) for the avg-JCT-vs-utilisation figure")
+    e.add_argument("--branches", default=None, help="directory with the branch runs branch-A..branch-E (their last.json) or A.json..E.json, for the avg-JCT-vs-utilisation figure")
     e.add_argument("--out", default="docs", help="where RESULTS.md-style outputs go: OUT/results.json, OUT/figures/ (default docs)")
     e.add_argument("--results-md", default=None, help="write the Markdown results section to this file (e.g. docs/RESULTS.md)")
     e.set_defaults(func=_cmd_evaluate)

@@ -111,6 +111,8 @@ def evaluate_group(
             row = {k: s[k] for k in ("avg_jct_s", "p90_jct_s", "avg_util", "avg_cs", "makespan_s", "finished", "jobs", "preemptions")}
             row["trace"] = str(f)
             row["wall_s"] = time.perf_counter() - t0
+            if isinstance(getattr(pol, "stats", None), dict):
+                row["policy_stats"] = dict(pol.stats)
             sets.append(row)
             if keep_jobs:
                 jcts.extend(r.jct for r in res.jobs)
@@ -255,7 +257,12 @@ def run_evaluation(
         for br in BRANCHES:
             ck = bdir / f"{br}.json"
             if not ck.is_file():
-                raise PolicyError(f"{ck}: branch checkpoint missing (expected A.json .. E.json in {bdir})")
+                ck = bdir / f"branch-{br}" / "last.json"
+            if not ck.is_file():
+                raise PolicyError(
+                    f"{bdir}: branch {br} checkpoint missing (expected {br}.json or branch-{br}/last.json, i.e. the "
+                    "`rlsched train --out DIR/branch-X` runs)"
+                )
             for mode in ("rl-base", "rl-hybrid"):
                 nm = f"{mode}@{br}"
                 pols[nm] = make_policy(f"{mode}:{ck}", cl, perf)
