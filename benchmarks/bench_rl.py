@@ -29,24 +29,25 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
-import argparse  # noqa: E402
-import copy  # noqa: E402
-import json  # noqa: E402
-import time  # noqa: E402
+import argparse
+import copy
+import itertools
+import json
+import time
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from policies.base import Policy  # noqa: E402
-from policies.checkpoint import MLPNet  # noqa: E402
-from policies.cluster import ClusterSpec  # noqa: E402
-from policies.encoding import Encoder, ObsSpec  # noqa: E402
-from policies.heuristics import make_heuristic  # noqa: E402
-from policies.perf import ContentionModel  # noqa: E402
-from policies.rl import RLPolicy, make_rl_policy  # noqa: E402
-from policies.state import ClusterState, Decision  # noqa: E402
-from trainer.env import PlacementEnv  # noqa: E402
-from trainer.generate import GeneratorConfig, generate_jobs  # noqa: E402
-from trainer.simulator import Simulator  # noqa: E402
+from policies.base import Policy
+from policies.checkpoint import MLPNet
+from policies.cluster import ClusterSpec
+from policies.encoding import Encoder, ObsSpec
+from policies.heuristics import make_heuristic
+from policies.perf import ContentionModel
+from policies.rl import RLPolicy, make_rl_policy
+from policies.state import ClusterState, Decision
+from trainer.env import PlacementEnv
+from trainer.generate import GeneratorConfig, generate_jobs
+from trainer.simulator import Simulator
 
 
 class _Recorder(Policy):
@@ -61,8 +62,15 @@ class _Recorder(Policy):
     def schedule(self, state: ClusterState) -> Decision:
         self.n += 1
         if self.n % self.every == 0 and state.pending:
-            self.states.append(ClusterState(state.time, state.cluster, state.free_gpus.copy(),
-                                            [copy.copy(j) for j in state.running], [copy.copy(j) for j in state.pending]))
+            self.states.append(
+                ClusterState(
+                    state.time,
+                    state.cluster,
+                    state.free_gpus.copy(),
+                    [copy.copy(j) for j in state.running],
+                    [copy.copy(j) for j in state.pending],
+                )
+            )
         return self.inner.schedule(state)
 
 
@@ -81,12 +89,22 @@ def _states(cluster: ClusterSpec, perf: ContentionModel, jobs: int, limit: int) 
 def _random_net(spec: ObsSpec, arch=(64, 64), seed=0) -> MLPNet:
     rng = np.random.default_rng(seed)
     sizes = [int(np.prod(spec.shape)), *arch, spec.n_actions]
-    return MLPNet([(rng.normal(0, 1 / np.sqrt(a), size=(b, a)).astype(np.float32), np.zeros(b, np.float32)) for a, b in zip(sizes, sizes[1:])])
+    return MLPNet(
+        [
+            (rng.normal(0, 1 / np.sqrt(a), size=(b, a)).astype(np.float32), np.zeros(b, np.float32))
+            for a, b in itertools.pairwise(sizes)
+        ]
+    )
 
 
 def _pct(xs: list[float]) -> dict:
     a = np.asarray(xs) * 1000.0
-    return {"n": int(a.size), "p50_ms": float(np.percentile(a, 50)), "p99_ms": float(np.percentile(a, 99)), "max_ms": float(a.max())}
+    return {
+        "n": int(a.size),
+        "p50_ms": float(np.percentile(a, 50)),
+        "p99_ms": float(np.percentile(a, 99)),
+        "max_ms": float(a.max()),
+    }
 
 
 def bench_cluster(shape: str, jobs: int, repeats: int, shipped: bool) -> dict:
@@ -117,12 +135,18 @@ def bench_cluster(shape: str, jobs: int, repeats: int, shipped: bool) -> dict:
         t0 = time.perf_counter()
         hyb.schedule(st)
         hrounds.append(time.perf_counter() - t0)
-    return {"cluster": shape, "weights": "shipped checkpoint" if shipped else "random (same architecture)",
-            "obs_shape": list(enc.spec.shape), "states": len(states),
-            "pending_mean": float(np.mean([len(s.pending) for s in states])),
-            "running_mean": float(np.mean([len(s.running) for s in states])),
-            "placements_per_round_mean": float(np.mean(placed)),
-            "decision": _pct(one), "round_rl_base": _pct(rounds), "round_rl_hybrid": _pct(hrounds)}
+    return {
+        "cluster": shape,
+        "weights": "shipped checkpoint" if shipped else "random (same architecture)",
+        "obs_shape": list(enc.spec.shape),
+        "states": len(states),
+        "pending_mean": float(np.mean([len(s.pending) for s in states])),
+        "running_mean": float(np.mean([len(s.running) for s in states])),
+        "placements_per_round_mean": float(np.mean(placed)),
+        "decision": _pct(one),
+        "round_rl_base": _pct(rounds),
+        "round_rl_hybrid": _pct(hrounds),
+    }
 
 
 def bench_episode(repeats: int = 3) -> dict:
@@ -159,10 +183,15 @@ def main() -> None:
     }
     for k in ("4x8", "128x8"):
         r = out[k]
-        print(f"{k:6s} obs {r['obs_shape']} ({r['weights']}), {r['states']} states, pending~{r['pending_mean']:.0f} "
-              f"running~{r['running_mean']:.0f}, rl-base places {r['placements_per_round_mean']:.1f}/round")
+        print(
+            f"{k:6s} obs {r['obs_shape']} ({r['weights']}), {r['states']} states, pending~{r['pending_mean']:.0f} "
+            f"running~{r['running_mean']:.0f}, rl-base places {r['placements_per_round_mean']:.1f}/round"
+        )
         for key in ("decision", "round_rl_base", "round_rl_hybrid"):
-            print(f"    {key:16s} p50 {r[key]['p50_ms']:8.3f} ms  p99 {r[key]['p99_ms']:8.3f} ms  max {r[key]['max_ms']:8.3f} ms")
+            print(
+                f"    {key:16s} p50 {r[key]['p50_ms']:8.3f} ms  p99 {r[key]['p99_ms']:8.3f} ms  "
+                f"max {r[key]['max_ms']:8.3f} ms"
+            )
     e = out["episode"]
     print(f"training episode (256 jobs, 4x8): {', '.join(f'{w:.2f}' for w in e['wall_s'])} s wall, {e['steps']} steps")
     if args.json:

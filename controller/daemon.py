@@ -9,17 +9,19 @@ Every ``interval_s`` seconds one :meth:`Controller.round`:
 4. builds the same :class:`~policies.state.ClusterState` the simulator builds
    and asks the policy for a :class:`~policies.state.Decision`;
 5. applies it: preemptions first (agent checkpoint -> ``scontrol requeuehold``),
-   then placements (``scontrol update ReqNodeList=.. NumNodes=..``,
+   then placements (``scontrol update ReqNodeList=.. NumNodes=.. TresPer*=..``,
    ``StartTime=now``, ``scontrol release``).
 
-Placement in Slurm: jobs ask for a total (``--gpus=N``); the controller pins
-the node set and node count, and Slurm's cons_tres splits the N GPUs over
-those nodes. When the placement uses every free GPU of its nodes (what packing
-policies produce) the split is forced; otherwise Slurm may split differently
-from the plan: the controller compares the started job's per-node GRES with
-the plan, counts mismatches (``rlsched_placement_mismatch_total``) and the next
-round's state is built from what Slurm actually allocated. The GPU total and
-the node set (the performance model's key) are always exactly the plan.
+Placement in Slurm: jobs ask for a total (``--gpus=N``, recorded by
+job_submit.lua in the admin comment). The controller pins the node set and
+node count and rewrites the GPU request: a balanced placement (k GPUs on each
+node) becomes ``TresPerNode=gres:gpu:k`` (exact); any other placement keeps
+``TresPerJob=gres:gpu:N`` and Slurm's cons_tres gives each node one GPU and
+fills the rest in node order (exact for packing placements). The controller
+compares each started job's per-node GRES with the plan, counts mismatches
+(``rlsched_placement_mismatch_total``), and the next round's state is built
+from what Slurm actually allocated. The GPU total and the node set (the
+performance model's key) are always exactly the plan.
 
 Crash-only: all state is rebuilt from Slurm each round. The journal
 (``state_dir/journal.json``, written atomically) only remembers what Slurm
@@ -157,6 +159,7 @@ class Controller:
         self.last: RoundReport | None = None
         self._forced: set[str] = set()
         self._stats: dict[str, dict[str, Any]] = {}
+        self._warned: set[str] = set()
 
     # ------------------------------------------------------------------ setup
     @property
@@ -277,8 +280,12 @@ class Controller:
             partition=self.cfg.slurm.partition, default_model=c.default_model,
             default_runtime_s=c.default_runtime_s, progress=progress, planned=plans,
         )
-        for w in view.warnings:
-            log.warning(w, extra={"event": "job_warning"})
+        for w in view.warnings:  # each distinct warning once, not every round
+            if w not in self._warned:
+                self._warned.add(w)
+                log.warning(w, extra={"event": "job_warning"})
+        if len(self._warned) > 10000:
+            self._warned.clear()
         st = view.state
         rep.queue, rep.running = len(st.pending), len(st.running)
         self.metrics.queue.set(len(st.pending))
@@ -365,6 +372,8 @@ class Controller:
         prog["attained_service"] = float(prog.get("attained_service", 0.0)) + job.gpus * max(now - (job.start_time or now), 0.0)
         if out.checkpoint_step is not None:
             prog["step"] = out.checkpoint_step
+            if total_steps:  # lets the next rounds compute its done/remaining work while it waits
+                prog["total_steps"] = total_steps
         self.journal.save()
         self._requeue(job)
         log.info("preempted job %s (checkpoint step %s %s)", sid, out.checkpoint_step, out.checkpoint_uri,
@@ -436,7 +445,7 @@ class Controller:
         for sid, j in by_id.items():
             if not j.managed or not j.pending or j.held:
                 continue
-            if self.cfg.slurm.partition is not None and j.partition != self.cfg.slurm.partition:
+            if not j.in_partition(self.cfg.slurm.partition):
                 continue
             r = rel.setdefault(sid, {"t": now})
             if now - float(r["t"]) > self.cfg.controller.start_grace_s:
@@ -491,7 +500,9 @@ class Controller:
                 log.info("dry run: would place job %s on %s", jid, plan_by_name, extra={"event": "dry_run"})
                 continue
             try:
-                self.slurm.place(sj.job_id, names)
+                counts = {g for _, g in p.alloc}
+                per_node = counts.pop() if len(counts) == 1 and p.num_nodes > 1 else None
+                self.slurm.place(sj.job_id, names, sj.gpus, per_node, sj.tres_style)
                 self.journal["released"][jid] = {"t": now, "plan": {str(n): g for n, g in p.alloc}, "plan_by_name": plan_by_name}
                 self.journal.save()
                 settle = int(round(self.cfg.controller.requeue_settle_s)) if sj.restarts > 0 else 0

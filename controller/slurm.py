@@ -35,6 +35,7 @@ __all__ = [
     "expand_hostlist",
     "compress_nodes",
     "gpus_from_tres",
+    "managed_gpus",
     "parse_gres_count",
     "parse_squeue_json",
     "parse_sinfo_json",
@@ -114,9 +115,15 @@ class SlurmJob:
     eligible_time: float | None = None
     restarts: int = 0
 
+    tres_style: str = "gres:gpu"  # how this Slurm writes GPU TRES: "gres:gpu" (22.05) or "gres/gpu" (23+)
+
     @property
     def managed(self) -> bool:
         return MANAGED_MARK in (self.admin_comment or "")
+
+    def in_partition(self, partition: str | None) -> bool:
+        """``None`` matches any; a pending job may list several (``gpu,debug``)."""
+        return partition is None or partition in self.partition.split(",")
 
     @property
     def pending(self) -> bool:
@@ -239,6 +246,20 @@ def compress_nodes(names: Iterable[str]) -> str:
     return ",".join(names)
 
 
+def managed_gpus(admin_comment: str | None) -> int | None:
+    """GPUs the user asked for, as job_submit.lua recorded it (``rlsched:managed gpus=N``).
+
+    The controller rewrites a job's TRES when it places it (per-node for
+    balanced placements), so the original total is read from here.
+    """
+    m = re.search(re.escape(MANAGED_MARK) + r"\s+gpus=(\d+)", admin_comment or "")
+    return int(m.group(1)) if m else None
+
+
+def _tres_style(*tres: str | None) -> str:
+    return "gres/gpu" if any("gres/gpu" in (t or "") for t in tres) else "gres:gpu"
+
+
 def _gres_detail_per_node(nodes: list[str], detail: Any) -> dict[str, int]:
     """``gres_detail`` is one GRES string per allocated node, in node-list order."""
     if not isinstance(detail, list) or len(detail) != len(nodes):
@@ -254,9 +275,11 @@ def _job_from_json(j: dict) -> SlurmJob:
     per_node = _gres_detail_per_node(nodes, j.get("gres_detail"))
     if not gpus and per_node:
         gpus = sum(per_node.values())
-    if not gpus:  # --gres=gpu:N per node (not managed, but count it for free GPUs)
+    if not gpus:  # GPUs per node (--gres=gpu:N, or a balanced placement by the controller)
         per = gpus_from_tres(_str(j.get("tres_per_node")))
         gpus = per * max(len(nodes), int(_num(j.get("node_count")) or 1))
+    admin = _str(j.get("admin_comment"))
+    gpus = managed_gpus(admin) or gpus
     prio = _num(j.get("priority"))
     return SlurmJob(
         job_id=int(_num(j.get("job_id")) or 0),
@@ -279,6 +302,7 @@ def _job_from_json(j: dict) -> SlurmJob:
         start_time=_time(j.get("start_time")),
         eligible_time=_time(j.get("eligible_time")),
         restarts=int(_num(j.get("restart_cnt")) or 0),
+        tres_style=_tres_style(tres, _str(j.get("tres_per_node"))),
     )
 
 
@@ -378,6 +402,11 @@ def parse_scontrol_jobs(text: str) -> list[SlurmJob]:
         tl = kv.get("TimeLimit", "UNLIMITED")
         prio = kv.get("Priority")
         gpus = gpus_from_tres(kv.get("TresPerJob")) or sum(per_node.values())
+        if not gpus:
+            gpus = gpus_from_tres(kv.get("TresPerNode")) * max(len(nodes), int(kv.get("NumNodes", "1").split("-")[0] or 1))
+        # "AdminComment=rlsched:managed gpus=12": the space splits it into two keys
+        admin = kv.get("AdminComment", "") + (f" gpus={kv['gpus']}" if "gpus" in kv else "")
+        gpus = managed_gpus(admin) or gpus
         jobs.append(
             SlurmJob(
                 job_id=int(kv["JobId"]),
@@ -394,9 +423,10 @@ def parse_scontrol_jobs(text: str) -> list[SlurmJob]:
                 required_nodes=expand_hostlist(kv.get("ReqNodeList")),
                 num_nodes=int(kv.get("NumNodes", "0").split("-")[0] or 0),
                 comment=kv.get("Comment", "") if kv.get("Comment") != "(null)" else "",
-                admin_comment=kv.get("AdminComment", "") if kv.get("AdminComment") != "(null)" else "",
+                admin_comment=admin if kv.get("AdminComment") != "(null)" else "",
                 time_limit_s=parse_time_limit(tl),
                 restarts=int(kv.get("Restarts", "0") or 0),
+                tres_style=_tres_style(kv.get("TresPerJob"), kv.get("TresPerNode")),
             )
         )
     return jobs
@@ -507,11 +537,23 @@ class SlurmCLI:
         return jobs[0] if jobs else None
 
     # ------------------------------------------------------------------ acting
-    def place(self, job_id: int, nodes: Sequence[str]) -> None:
-        """Pin a held job to exactly ``nodes`` (ReqNodeList + NumNodes); it stays held."""
+    def place(self, job_id: int, nodes: Sequence[str], gpus: int, per_node: int | None = None,
+              tres_style: str = "gres:gpu") -> None:
+        """Pin a held job to exactly ``nodes`` (it stays held until :meth:`release`).
+
+        ``per_node``: a balanced placement, ``per_node`` GPUs on each node,
+        expressed exactly as ``TresPerNode`` (``TresPerJob`` cleared in the
+        same update, which 22.05 accepts). Otherwise ``TresPerJob=gpus`` and
+        Slurm splits the total over the nodes, filling them in node order.
+        """
         if not nodes:
             raise ValueError("place: empty node list")
-        self.run(["scontrol", "update", f"JobId={job_id}", f"ReqNodeList={compress_nodes(nodes)}", f"NumNodes={len(nodes)}"])
+        if per_node is not None and per_node * len(nodes) != gpus:
+            raise ValueError(f"place: {per_node} GPUs on each of {len(nodes)} nodes is not {gpus}")
+        tres = (["TresPerJob=", f"TresPerNode={tres_style}:{per_node}"] if per_node is not None
+                else ["TresPerNode=", f"TresPerJob={tres_style}:{gpus}"])
+        self.run(["scontrol", "update", f"JobId={job_id}", f"ReqNodeList={compress_nodes(nodes)}",
+                  f"NumNodes={len(nodes)}", *tres])
 
     def release(self, job_id: int, delay_s: int = 0) -> None:
         """Release a held job to start in ``delay_s`` seconds.

@@ -174,7 +174,7 @@ def build_state(
     # Slurm's submit times have 1 s resolution: within a second, job id order is
     # arrival order, so break ties with a microsecond offset per position.
     for rank, j in enumerate(sorted(jobs, key=lambda x: (x.submit_time or 0.0, x.job_id))):
-        if not j.managed or (partition is not None and j.partition != partition):
+        if not j.managed or not j.in_partition(partition):
             continue
         if j.pending and not j.held:
             view.in_flight.append(j)

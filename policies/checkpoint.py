@@ -35,9 +35,10 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -45,7 +46,7 @@ from policies.base import PolicyError
 from policies.cluster import ClusterSpec
 from policies.encoding import EncodingError, ObsSpec
 
-__all__ = ["CheckpointError", "Checkpoint", "MLPNet", "load_checkpoint", "save_checkpoint", "resolve_paths", "FORMAT"]
+__all__ = ["FORMAT", "Checkpoint", "CheckpointError", "MLPNet", "load_checkpoint", "resolve_paths", "save_checkpoint"]
 
 FORMAT = "rlsched-policy"
 FORMAT_VERSION = 1
@@ -89,7 +90,9 @@ class MLPNet:
                 x = np.tanh(x) if self.activation == "tanh" else np.maximum(x, 0.0)
         return x
 
-    def act(self, obs: np.ndarray, mask: np.ndarray, deterministic: bool = True, rng: np.random.Generator | None = None) -> int:
+    def act(
+        self, obs: np.ndarray, mask: np.ndarray, deterministic: bool = True, rng: np.random.Generator | None = None
+    ) -> int:
         """Best valid action (argmax of masked logits; lowest index on ties), or a sample."""
         z = self.logits(obs).astype(np.float64)
         z = np.where(mask, z, -np.inf)
@@ -169,7 +172,9 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{jpath}: not an rlsched policy checkpoint (format={meta.get('format')!r})")
     if meta.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"{jpath}: unsupported format_version {meta.get('format_version')!r} (expected {FORMAT_VERSION})")
+        raise CheckpointError(
+            f"{jpath}: unsupported format_version {meta.get('format_version')!r} (expected {FORMAT_VERSION})"
+        )
     algo = _require(meta, "algo", str, jpath)
     if algo not in ALGOS:
         raise CheckpointError(f"{jpath}: unknown algo {algo!r}")
@@ -204,7 +209,8 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     got = _sha256(wpath)
     if got != want:
         raise CheckpointError(
-            f"{wpath}: sha256 {got[:16]}... does not match the metadata's {want[:16]}...; the weights are truncated or were modified"
+            f"{wpath}: sha256 {got[:16]}... does not match the metadata's {want[:16]}...; "
+            "the weights are truncated or were modified"
         )
     try:
         tensors = st_load(wpath.read_bytes())
@@ -218,7 +224,8 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
             raise CheckpointError(f"{wpath}: tensors {prefix}.weight / {prefix}.bias missing")
         if W.ndim != 2 or b.shape != (W.shape[0],) or W.shape[1] != n_in:
             raise CheckpointError(
-                f"{wpath}: layer {prefix} has shape {tuple(W.shape)} / {tuple(b.shape)}, expected (*, {n_in}) with matching bias"
+                f"{wpath}: layer {prefix} has shape {tuple(W.shape)} / {tuple(b.shape)}, "
+                f"expected (*, {n_in}) with matching bias"
             )
         if not (np.isfinite(W).all() and np.isfinite(b).all()):
             raise CheckpointError(f"{wpath}: layer {prefix} holds non-finite values")
@@ -281,7 +288,10 @@ def save_checkpoint(
         "weights_file": wpath.name,
         "weights_sha256": hashlib.sha256(data).hexdigest(),
     }
-    for target, payload in ((wpath, data), (jpath, (json.dumps(meta, indent=2, default=_json_default) + "\n").encode())):
+    for target, payload in (
+        (wpath, data),
+        (jpath, (json.dumps(meta, indent=2, default=_json_default) + "\n").encode()),
+    ):
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
         try:
             with os.fdopen(fd, "wb") as f:

@@ -30,7 +30,8 @@ ch     meaning (0 where the slot is free unless stated)
 8      queue length ``log1p(pending) / log1p(256)``, clipped, on every existing slot
 =====  =========================================================================
 
-Right half: ``K`` (default 6: every power-of-two demand of a 32-GPU cluster) candidates (see :meth:`Encoder.candidates`) times ``S``
+Right half: ``K`` (default 6: every power-of-two demand of a 32-GPU cluster)
+candidates (see :meth:`Encoder.candidates`) times ``S``
 placement options each. Channel ``k * S + s`` holds, on the free slots that
 option ``s`` of candidate ``k`` would take, the job's predicted normalised
 speed there, ``isolated(shape) / CS / best_isolated`` in ``(0, 1]`` (locality
@@ -66,8 +67,8 @@ help and would deadlock a trace whose jobs all arrived).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
 
 import numpy as np
 
@@ -77,7 +78,7 @@ from policies.placement import pack
 from policies.state import ClusterState, JobInfo
 from policies.workloads import get_workload
 
-__all__ = ["ObsSpec", "Encoded", "Encoder", "EncodingError", "apply_placement", "LEFT_CHANNELS", "CAND_FEATURES"]
+__all__ = ["CAND_FEATURES", "LEFT_CHANNELS", "Encoded", "Encoder", "EncodingError", "ObsSpec", "apply_placement"]
 
 LEFT_CHANNELS = 9
 CAND_FEATURES = 5
@@ -110,8 +111,8 @@ class ObsSpec:
     version: int = 2
 
     @classmethod
-    def for_cluster(cls, cluster: ClusterSpec, k: int = 6) -> "ObsSpec":
-        levels = min(4, int(math.floor(math.log2(cluster.num_nodes))) + 1)
+    def for_cluster(cls, cluster: ClusterSpec, k: int = 6) -> ObsSpec:
+        levels = min(4, math.floor(math.log2(cluster.num_nodes)) + 1)
         return cls(cluster.num_nodes, cluster.max_gpus_per_node, cluster.total_gpus, k, levels)
 
     @property
@@ -143,11 +144,15 @@ class ObsSpec:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ObsSpec":
+    def from_dict(cls, d: dict) -> ObsSpec:
         try:
             spec = cls(
-                int(d["num_nodes"]), int(d["gpus_per_node"]), int(d["total_gpus"]),
-                int(d["k"]), int(d["levels"]), int(d["version"]),
+                int(d["num_nodes"]),
+                int(d["gpus_per_node"]),
+                int(d["total_gpus"]),
+                int(d["k"]),
+                int(d["levels"]),
+                int(d["version"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise EncodingError(f"bad observation spec {d!r}: {exc}") from exc
@@ -160,7 +165,8 @@ class ObsSpec:
         other = ObsSpec.for_cluster(cluster, self.k)
         if self.version != other.version:
             raise EncodingError(
-                f"policy uses observation encoding version {self.version}, this rlsched encodes version {other.version}; retrain it"
+                f"policy uses observation encoding version {self.version}, "
+                f"this rlsched encodes version {other.version}; retrain it"
             )
         mine = (self.num_nodes, self.gpus_per_node, self.total_gpus, self.levels)
         theirs = (other.num_nodes, other.gpus_per_node, other.total_gpus, other.levels)
@@ -241,7 +247,7 @@ class Encoder:
         self._link = cluster.inter_bw_gbps * 1000.0
         self._caps = np.array(cluster.gpus_per_node, dtype=np.int64)
         self._logtot = math.log2(1 + cluster.total_gpus)
-        N, G = self.spec.num_nodes, self.spec.gpus_per_node
+        _N, G = self.spec.num_nodes, self.spec.gpus_per_node
         self._exists = (np.arange(G)[None, :] < self._caps[:, None]).astype(np.float32)  # [N, G]
 
     # ------------------------------------------------------------------ candidates
@@ -250,9 +256,15 @@ class Encoder:
         best: dict[int, JobInfo] = {}
         for j in pending:
             cur = best.get(j.gpu_demand)
-            if cur is None or (j.remaining_time, j.submit_time, j.job_id) < (cur.remaining_time, cur.submit_time, cur.job_id):
+            if cur is None or (j.remaining_time, j.submit_time, j.job_id) < (
+                cur.remaining_time,
+                cur.submit_time,
+                cur.job_id,
+            ):
                 best[j.gpu_demand] = j
-        reps = sorted(best.values(), key=lambda j: (j.remaining_time * j.gpu_demand, j.gpu_demand, j.submit_time, j.job_id))
+        reps = sorted(
+            best.values(), key=lambda j: (j.remaining_time * j.gpu_demand, j.gpu_demand, j.submit_time, j.job_id)
+        )
         return reps[: self.spec.k]
 
     def _options(self, job: JobInfo, free: np.ndarray, order: np.ndarray) -> list[Placement | None]:
@@ -348,7 +360,13 @@ class Encoder:
                     a, b = int(used[v]), min(int(used[v]) + c, G)
                     ch[v, a:b] = speed
             wait = min(math.log1p(max(state.time - job.submit_time, 0.0) / _HOUR) / _REM_NORM, 1.0)
-            cf = (_bw(job.model, self._link), _cc(job.model), _rem(job), math.log2(1 + job.gpu_demand) / self._logtot, wait)
+            cf = (
+                _bw(job.model, self._link),
+                _cc(job.model),
+                _rem(job),
+                math.log2(1 + job.gpu_demand) / self._logtot,
+                wait,
+            )
             for i, val in enumerate(cf):
                 right[base + CAND_FEATURES * k + i] = self._exists * val
         any_place = bool(mask[:-1].any())
@@ -373,7 +391,9 @@ def apply_placement(state: ClusterState, job_id: str, p: Placement, perf: Conten
     for v, c in p.alloc:
         free[v] -= c
     iso = perf.isolated_throughput(job.model, p.total_gpus, p.num_nodes)
-    new = JobInfo(**{**job.__dict__, "placement": p, "isolated_thp": iso, "achieved_thp": iso, "start_time": state.time})
+    new = JobInfo(
+        **{**job.__dict__, "placement": p, "isolated_thp": iso, "achieved_thp": iso, "start_time": state.time}
+    )
     running = list(state.running) + [new]
     if p.num_nodes > 1:
         by_node: dict[int, list[JobInfo]] = {}
@@ -387,11 +407,17 @@ def apply_placement(state: ClusterState, job_id: str, p: Placement, perf: Conten
             if j.job_id in touched:
                 key = (j.model, j.placement.total_gpus, j.placement.num_nodes)
                 neigh = {
-                    v: [(o.model, o.placement.total_gpus, o.placement.num_nodes) for o in by_node.get(v, []) if o.job_id != j.job_id]
+                    v: [
+                        (o.model, o.placement.total_gpus, o.placement.num_nodes)
+                        for o in by_node.get(v, [])
+                        if o.job_id != j.job_id
+                    ]
                     for v in j.placement.nodes
                 }
                 cs = perf.job_cs(key, j.placement.nodes, neigh)
-                iso_j = j.isolated_thp or perf.isolated_throughput(j.model, j.placement.total_gpus, j.placement.num_nodes)
+                iso_j = j.isolated_thp or perf.isolated_throughput(
+                    j.model, j.placement.total_gpus, j.placement.num_nodes
+                )
                 j = JobInfo(**{**j.__dict__, "isolated_thp": iso_j, "achieved_thp": iso_j / cs})
             out.append(j)
         running = out

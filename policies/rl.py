@@ -35,9 +35,9 @@ from policies.checkpoint import Checkpoint, CheckpointError, MLPNet, load_checkp
 from policies.cluster import ClusterSpec
 from policies.encoding import Encoder
 from policies.perf import ContentionModel
-from policies.state import ClusterState, Decision, JobInfo
+from policies.state import ClusterState, Decision
 
-__all__ = ["RLPolicy", "make_rl_policy", "RL_POLICY_NAMES", "shipped_checkpoint", "prior_net"]
+__all__ = ["RL_POLICY_NAMES", "RLPolicy", "make_rl_policy", "prior_net", "shipped_checkpoint"]
 
 RL_POLICY_NAMES = ("rl-base", "rl-hybrid", "rl-prior")
 
@@ -89,7 +89,8 @@ class RLPolicy(Policy):
         n_in = int(np.prod(encoder.spec.shape))
         if net.in_features != n_in or net.out_features != encoder.spec.n_actions:
             raise PolicyError(
-                f"network maps {net.in_features} -> {net.out_features} but the encoder needs {n_in} -> {encoder.spec.n_actions}"
+                f"network maps {net.in_features} -> {net.out_features} "
+                f"but the encoder needs {n_in} -> {encoder.spec.n_actions}"
             )
         self.net = net
         self.encoder = encoder
@@ -178,4 +179,6 @@ def make_rl_policy(
     ckpt.check_cluster(cluster)
     perf = perf or ContentionModel(cluster)
     enc = Encoder(cluster, perf, ckpt.spec)
-    return RLPolicy(ckpt.net, enc, hybrid=(mode == "rl-hybrid"), name=mode, deterministic=deterministic, seed=seed, checkpoint=ckpt)
+    return RLPolicy(
+        ckpt.net, enc, hybrid=(mode == "rl-hybrid"), name=mode, deterministic=deterministic, seed=seed, checkpoint=ckpt
+    )

@@ -6,8 +6,9 @@
 #   scripts/local-cluster.sh status [--dir DIR]
 #   scripts/local-cluster.sh down   [--dir DIR]
 #
-# What `up` does (idempotent: a second `up` with the cluster running only
-# reports its status):
+# What `up` does (idempotent: with the cluster running, a second `up` starts
+# only what is missing, e.g. a killed slurmd or agent; controller.toml is
+# rewritten from the options each time):
 #   * apt-get installs slurmctld, slurmd, slurm-client, munge and lua5.3 if
 #     missing (Debian 12 ships Slurm 22.05);
 #   * writes everything under DIR (default $RLSCHED_CLUSTER_DIR or
@@ -19,12 +20,15 @@
 #     port each), waits until every node is idle;
 #   * starts one `rlsched agent` per node (when the agent command exists) and
 #     `rlsched controller run` beside slurmctld.
+# Ports: slurmctld PORT, slurmd of nodeK PORT+K, its agent PORT+50+K, the
+# controller's Prometheus metrics PORT+100 (--metrics-port).
 # `down` stops exactly the processes whose pids it recorded under DIR/run.
 # Nothing here touches /etc/slurm or the system munged.
 set -euo pipefail
 
 cmd="${1:-}"
 [[ -n "$cmd" ]] && shift || true
+if [[ "$cmd" == "-h" || "$cmd" == "--help" ]]; then sed -n '2,26p' "$0"; exit 0; fi
 
 DIR="${RLSCHED_CLUSTER_DIR:-/tmp/rlsched-cluster}"
 NODES=4
@@ -53,7 +57,7 @@ while [[ $# -gt 0 ]]; do
     --metrics-port) METRICS_PORT="$2"; shift 2 ;;
     --no-controller) WITH_CONTROLLER=0; shift ;;
     --no-agents) WITH_AGENTS=0; shift ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
 done
@@ -68,16 +72,24 @@ export SLURM_CONF="$CONF"
 
 pid_alive() { [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
-stop_pidfile() {  # stop the one process whose pid we recorded
-  local f="$1" pid
-  [[ -f "$f" ]] || return 0
-  pid="$(cat "$f")"
-  if [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null; then
-    kill "$pid" 2>/dev/null || true
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$pid" 2>/dev/null && kill -9 "$pid" 2>/dev/null || true
-  fi
-  rm -f "$f"
+stop_pidfiles() {  # stop exactly the processes whose pids we recorded (TERM together, then KILL after 5 s)
+  local f pid pids=()
+  for f in "$@"; do
+    [[ -f "$f" ]] || continue
+    pid="$(cat "$f")"
+    if [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null; then
+      kill "$pid" 2>/dev/null || true
+      pids+=("$pid")
+    fi
+  done
+  for _ in $(seq 50); do
+    local alive=0
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [[ "$alive" -eq 0 ]] && break
+    sleep 0.1
+  done
+  for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && kill -9 "$pid" 2>/dev/null; done
+  rm -f "$@"
 }
 
 ensure_packages() {
@@ -200,6 +212,8 @@ export RLSCHED_CONTROLLER_CONFIG="$DIR/etc/controller.toml"
 export RLSCHED_AGENT="$(for i in $(seq 1 "$NODES"); do printf 'node%d=127.0.0.1:%d,' "$i" $((PORT + 50 + i)); done | sed 's/,$//')"
 export RLSCHED_AUTH="munge:$DIR/munge/munge.socket"
 export RLSCHED_STORE="$DIR/checkpoints"
+# the example jobs (scripts/examples/*.sbatch) find the repository here
+export RLSCHED_REPO="$REPO"
 EOF
   chmod 644 "$DIR/env.sh"
 }
@@ -269,16 +283,15 @@ status() {
     if pid_alive "$p"; then echo "$(basename "$p" .pid): running (pid $(cat "$p"))"; else echo "$(basename "$p" .pid): stopped"; fi
   done
   sinfo -N -o '%N %t %G' 2>/dev/null || echo "slurmctld not answering"
-  squeue -O 'JobID:7,UserName:10,Name:14,State:10,NumNodes:6,tres-per-job:14,ReasonList:20,Comment:40' 2>/dev/null || true
+  squeue -O 'JobID:7,UserName:10,Name:14,State:10,NumNodes:6,tres-per-job:14,tres-per-node:14,ReasonList:20,Comment:40' 2>/dev/null || true
 }
 
 down() {
   [[ -d "$RUN" ]] || { log "nothing running at $DIR"; return 0; }
-  stop_pidfile "$RUN/controller.pid"
-  for f in "$RUN"/agent-*.pid; do [[ -e "$f" ]] && stop_pidfile "$f"; done
-  for f in "$RUN"/slurmd-*.pid; do [[ -e "$f" ]] && stop_pidfile "$f"; done
-  stop_pidfile "$RUN/slurmctld.pid"
-  stop_pidfile "$RUN/munged.pid"
+  shopt -s nullglob
+  stop_pidfiles "$RUN/controller.pid" "$RUN"/agent-*.pid "$RUN"/slurmd-*.pid
+  stop_pidfiles "$RUN/slurmctld.pid"
+  stop_pidfiles "$RUN/munged.pid"
   log "stopped cluster at $DIR"
 }
 
@@ -287,12 +300,12 @@ case "$cmd" in
     [[ $EUID -eq 0 ]] || die "must run as root (it starts slurmd/slurmctld)"
     ensure_packages
     if pid_alive "$RUN/slurmctld.pid" 2>/dev/null && [[ -f "$CONF" ]]; then
-      log "cluster already running at $DIR"
+      log "cluster already running at $DIR: starting only what is missing"
     else
       write_config
-      start_munge
-      start_slurm
     fi
+    start_munge
+    start_slurm
     write_controller_config
     start_agents
     start_controller

@@ -200,7 +200,7 @@ def test_user() -> str:
 
 
 @pytest.fixture
-def cluster(slurm_cluster: SlurmTestCluster) -> SlurmTestCluster:
+def live_cluster(slurm_cluster: SlurmTestCluster) -> SlurmTestCluster:
     """The session cluster with an empty queue before and after the test."""
     slurm_cluster.cancel_all()
     yield slurm_cluster

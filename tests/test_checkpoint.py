@@ -36,8 +36,16 @@ LAYERS = ["mlp_extractor.policy_net.0", "mlp_extractor.policy_net.2", "action_ne
 def write_random_checkpoint(path: Path, cluster: ClusterSpec = C48, seed: int = 0, mode: str = "rl-base") -> Path:
     spec = ObsSpec.for_cluster(cluster)
     return save_checkpoint(
-        path, _tensors(spec, np.random.default_rng(seed)), algo="maskable-ppo", mode=mode, cluster=cluster, spec=spec,
-        layers=LAYERS, activation="tanh", reward={"kind": "progress", "w1": 0.4, "w2": 0.6}, training={"traces": ["x"]},
+        path,
+        _tensors(spec, np.random.default_rng(seed)),
+        algo="maskable-ppo",
+        mode=mode,
+        cluster=cluster,
+        spec=spec,
+        layers=LAYERS,
+        activation="tanh",
+        reward={"kind": "progress", "w1": 0.4, "w2": 0.6},
+        training={"traces": ["x"]},
     )
 
 
@@ -49,7 +57,9 @@ def test_round_trip(tmp_path):
     assert ck.spec == spec and ck.mode == "rl-base" and ck.cluster == C48
     t = _tensors(spec, np.random.default_rng(0))
     obs = np.random.default_rng(1).random(spec.shape, dtype=np.float32)
-    ref = np.tanh(np.tanh(obs.reshape(-1) @ t["mlp_extractor.policy_net.0.weight"].T) @ t["mlp_extractor.policy_net.2.weight"].T)
+    ref = np.tanh(
+        np.tanh(obs.reshape(-1) @ t["mlp_extractor.policy_net.0.weight"].T) @ t["mlp_extractor.policy_net.2.weight"].T
+    )
     ref = ref @ t["action_net.weight"].T
     np.testing.assert_allclose(ck.net.logits(obs), ref, rtol=1e-4, atol=1e-5)
     # both path spellings work

@@ -42,6 +42,7 @@ class FakeSlurm:
         self.fail: str | None = None  # method name that raises SlurmError
         self.next_id = 1
         self.delays: dict[int, int] = {}  # job id -> delay_s of its last release
+        self.per_node: dict[int, int | None] = {}  # job id -> TresPerNode of its last placement
 
     # -- user side
     def submit(self, gpus: int, comment: str = "", t: float = 1000.0, managed: bool = True, time_limit_s=None) -> int:
@@ -62,7 +63,13 @@ class FakeSlurm:
                 continue
             free = {n.name: n.gpus - n.gpus_used for n in self.node_list}
             need, split = j.gpus, {}
-            for name in j.required_nodes:
+            k = self.per_node.get(j.job_id)
+            if k:  # TresPerNode: exactly k on each pinned node
+                if any(free[name] < k for name in j.required_nodes):
+                    continue
+                split = {name: k for name in j.required_nodes}
+                need = 0
+            for name in (j.required_nodes if not k else []):
                 take = min(need, free[name])
                 if take <= 0:
                     break
@@ -99,10 +106,11 @@ class FakeSlurm:
         self._call("job", job_id)
         return self.job_list.get(job_id)
 
-    def place(self, job_id, nodes):
+    def place(self, job_id, nodes, gpus=None, per_node=None, tres_style="gres:gpu"):
         self._call("place", job_id, list(nodes))
-        self.job_list[job_id].required_nodes = list(nodes)
-        self.job_list[job_id].num_nodes = len(nodes)
+        j = self.job_list[job_id]
+        assert gpus is None or gpus == j.gpus
+        j.required_nodes, j.num_nodes, self.per_node[job_id] = list(nodes), len(nodes), per_node
 
     def release(self, job_id, delay_s=0):
         self._call("release", job_id)
@@ -173,6 +181,10 @@ def test_build_state_from_slurm_view():
     b = s.submit(4, "rlsched:model=GNN", time_limit_s=600)
     c = s.submit(2, "")  # default profile and runtime
     d = s.submit(64, "rlsched:model=LM")  # never fits a 32-GPU partition
+    e = s.submit(2, "rlsched:model=GNN")
+    s.job_list[e].partition = "debug,gpu"  # pending in several partitions: still ours
+    f = s.submit(2, "rlsched:model=GNN")
+    s.job_list[f].partition = "debug"  # another partition: not ours
     s.submit(1, managed=False)  # not ours
     s.place(a, ["node1", "node2"])
     s.job_list[a].priority = 5
@@ -190,8 +202,8 @@ def test_build_state_from_slurm_view():
     assert run.attained_service == pytest.approx(12 * 100.0)
     assert run.isolated_thp == pytest.approx(perf.isolated_throughput("MoE", 12, 2))
     assert 0 < run.done_samples <= 1000
-    assert [p.job_id for p in st.pending] == [str(b), str(c)]
-    pb, pc = st.pending
+    assert [p.job_id for p in st.pending] == [str(b), str(c), str(e)]
+    pb, pc, _ = st.pending
     assert pb.model == "GraphSage" and pb.total_samples == pytest.approx(600 * perf.best_isolated_throughput("GraphSage", 4))
     assert pc.model == "Transformer-XL" and pc.total_samples == pytest.approx(3600 * pc.best_thp)
     assert any(f"job {d}" in w and "64 GPUs" in w for w in v.warnings)
@@ -296,6 +308,16 @@ def _running(s: FakeSlurm, gpus: int, node: str) -> int:
     return jid
 
 
+def _held_info(ctl: Controller, s: FakeSlurm, jid: int):
+    """The JobInfo the controller would hand its policy for held job ``jid``."""
+    nodes, jobs = s.nodes(), s.jobs()
+    cluster = build_cluster(nodes, "gpu", 16.0, 5.0)
+    progress = {k: dict(v) for k, v in ctl.journal["progress"].items()}
+    v = build_state(ctl.clock(), cluster, nodes, jobs, ContentionModel(cluster), partition="gpu",
+                    default_model="MoE", default_runtime_s=60.0, progress=progress)
+    return next(j for j in v.state.pending if j.job_id == str(jid))
+
+
 def _request_preempt(tmp_path: Path, jid: int) -> None:
     d = tmp_path / "state" / "requests"
     d.mkdir(parents=True, exist_ok=True)
@@ -305,7 +327,11 @@ def _request_preempt(tmp_path: Path, jid: int) -> None:
 def test_preemption_checkpoints_then_requeues_held(tmp_path):
     s = FakeSlurm()
     jid = _running(s, 8, "node2")
-    agents = FakeAgents(step=40)
+    class Agents(FakeAgents):
+        def stats(self):
+            return {str(jid): {"step": 40, "total_steps": 100, "samples_per_s": 50.0}}
+
+    agents = Agents(step=40)
     ctl = _ctl(tmp_path, s, agents)
     _request_preempt(tmp_path, jid)
     rep = ctl.round()
@@ -314,7 +340,13 @@ def test_preemption_checkpoints_then_requeues_held(tmp_path):
     assert names.index("requeue_hold") > 0 and s.job_list[jid].held and s.job_list[jid].restarts == 1
     j = ctl.journal
     assert j["preempting"] == {} and j["progress"][str(jid)]["step"] == 40
+    assert j["progress"][str(jid)]["total_steps"] == 100
     assert ctl.metrics.value("rlsched_preemptions_total", outcome="ok") == 1
+    # while it waits, the policy sees 40 % of its work done and the GPU-seconds it had
+    agents.stats = lambda: {}
+    view_job = _held_info(ctl, s, jid)
+    assert view_job.done_samples == pytest.approx(0.4 * view_job.total_samples)
+    assert view_job.attained_service == pytest.approx(8 * 1000.0)
     # next round it is placed again like any held job, starting after the settle time
     assert [x for x, _ in ctl.round().placed] == [jid]
     assert s.delays[jid] == 5

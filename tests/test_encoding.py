@@ -50,7 +50,12 @@ def test_spec_mismatch_is_clear():
 
 def test_left_half_and_candidates():
     run = _job("r1", "MoE", 8, placement=Placement.of({0: 4, 1: 4}))
-    pend = [_job("a", "GraphSage", 4, 2.0), _job("b", "DLRM", 4, 1.0), _job("c", "FSDP", 1, 1.0), _job("d", "MoE", 32, 1.0)]
+    pend = [
+        _job("a", "GraphSage", 4, 2.0),
+        _job("b", "DLRM", 4, 1.0),
+        _job("c", "FSDP", 1, 1.0),
+        _job("d", "MoE", 32, 1.0),
+    ]
     enc = Encoder(C48, PERF).encode(_state([run], pend))
     obs = enc.obs
     assert obs.dtype == np.float32 and obs.shape == enc.spec.shape
@@ -63,7 +68,7 @@ def test_left_half_and_candidates():
     assert ids == ["c", "b", "d"]
     # 32 GPUs do not fit while r1 runs: no option for d; noop allowed as a job runs.
     S = enc.spec.options
-    assert not enc.mask[2 * S: 3 * S].any()
+    assert not enc.mask[2 * S : 3 * S].any()
     assert enc.mask[enc.spec.noop]
 
 
@@ -91,7 +96,11 @@ def test_decode_gives_fitting_placement_with_speed_channel():
 
 @settings(max_examples=60, deadline=None)
 @given(
-    st.lists(st.tuples(st.sampled_from(MODELS), st.sampled_from([1, 2, 4, 8, 16, 32]), st.floats(0.1, 10)), min_size=1, max_size=12),
+    st.lists(
+        st.tuples(st.sampled_from(MODELS), st.sampled_from([1, 2, 4, 8, 16, 32]), st.floats(0.1, 10)),
+        min_size=1,
+        max_size=12,
+    ),
     st.integers(0, 2**31 - 1),
 )
 def test_every_valid_action_fits(jobs, seed):

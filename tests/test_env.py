@@ -58,7 +58,7 @@ def test_sb3_check_env():
 
 def test_registered_id():
     env = gym.make(ENV_ID, traces=[_jobs(8)], cluster="4x8")
-    obs, info = env.reset(seed=1)
+    obs, _info = env.reset(seed=1)
     assert obs.shape == env.observation_space.shape
     env.close()
 
@@ -66,7 +66,7 @@ def test_registered_id():
 @pytest.mark.parametrize("reward", ["progress", "jct", "seed"])
 def test_episode_finishes_all_jobs(reward):
     env = PlacementEnv([_jobs(32)], C48, reward=reward, perf=PERF, shaping=False)
-    total, steps, _, info = _run(env, "random", 0)
+    total, _steps, _, info = _run(env, "random", 0)
     assert info["finished"] == 32 and env.sim.done
     assert np.isfinite(total)
     if reward == "progress":  # every job contributes its whole progress exactly once

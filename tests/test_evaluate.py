@@ -30,17 +30,20 @@ def test_run_evaluation_writes_tables_and_figures(tmp_path):
             write_trace(d / f"set{k}.csv", jobs)
     md = tmp_path / "RESULTS.md"
     md.write_text(f"# Results\n\nhand-written intro\n\n{BEGIN}\nold\n{END}\n\nhand-written outro\n")
-    res = run_evaluation(["srtf", "las", "rl-prior"], tmp_path / "traces", C, out=tmp_path / "out", results_md=md)
+    res = run_evaluation(
+        ["srtf", "las", "rl-prior", "p0=rl-prior"], tmp_path / "traces", C, out=tmp_path / "out", results_md=md
+    )
     assert list(res) == ["normal", "heavy"]
-    doc = json.loads((tmp_path / "out" / "results.json").read_text())
+    doc = json.loads((tmp_path / "out" / "rl_results.json").read_text())
     s = doc["results"]["normal"]["srtf"]["summary"]["avg_jct_s"]
     sets = [r["avg_jct_s"] for r in doc["results"]["normal"]["srtf"]["sets"]]
     assert s["mean"] == pytest.approx(np.mean(sets)) and len(sets) == 2
     text = md.read_text()
     assert "hand-written intro" in text and "hand-written outro" in text and "old" not in text
-    assert "| rl-prior |" in text and "### heavy" in text
+    assert "| rl-prior |" in text and "| p0 |" in text and "### heavy" in text
+    assert res["normal"]["p0"]["summary"] == res["normal"]["rl-prior"]["summary"]
     figs = {p.name for p in (tmp_path / "out" / "figures").iterdir()}
-    assert {"jct_cdf_normal.png", "cs_distribution_normal.png", "util_kde_normal.png"} <= figs
+    assert {"rl_jct_cdf_normal.png", "rl_cs_distribution_normal.png", "rl_util_kde_normal.png"} <= figs
 
 
 def test_missing_traces(tmp_path):

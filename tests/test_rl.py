@@ -30,9 +30,16 @@ def write_random_checkpoint(path, cluster=C48, seed=0):
         "action_net.bias": np.zeros(spec.n_actions, np.float32),
     }
     return save_checkpoint(
-        path, t, algo="maskable-ppo", mode="rl-base", cluster=cluster, spec=spec,
-        layers=["mlp_extractor.policy_net.0", "action_net"], activation="tanh",
-        reward={"kind": "progress", "w1": 0.4, "w2": 0.6}, training={},
+        path,
+        t,
+        algo="maskable-ppo",
+        mode="rl-base",
+        cluster=cluster,
+        spec=spec,
+        layers=["mlp_extractor.policy_net.0", "action_net"],
+        activation="tanh",
+        reward={"kind": "progress", "w1": 0.4, "w2": 0.6},
+        training={},
     )
 
 
@@ -101,7 +108,10 @@ def test_sampling_is_seeded(tmp_path):
     ck = write_random_checkpoint(tmp_path / "ck", seed=4)
     jobs = _jobs(24, 5)
     runs = [
-        [r.first_start for r in _run(make_rl_policy(f"rl-base:{ck}", C48, PERF, deterministic=False, seed=s), jobs).jobs]
+        [
+            r.first_start
+            for r in _run(make_rl_policy(f"rl-base:{ck}", C48, PERF, deterministic=False, seed=s), jobs).jobs
+        ]
         for s in (1, 1)
     ]
     assert runs[0] == runs[1]

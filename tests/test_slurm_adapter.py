@@ -20,6 +20,7 @@ from controller.slurm import (
     SlurmError,
     expand_hostlist,
     gpus_from_tres,
+    managed_gpus,
     parse_gres_count,
     parse_scontrol_jobs,
     parse_scontrol_nodes,
@@ -82,6 +83,7 @@ def test_scontrol_job_detail_matches_squeue():
         assert (a.state, a.gpus, a.nodes, a.gpus_per_node, a.priority, a.user_id) == (
             b.state, b.gpus, b.nodes, b.gpus_per_node, b.priority, b.user_id)
         assert a.managed == b.managed and a.comment == b.comment and a.time_limit_s == b.time_limit_s
+        assert a.admin_comment == b.admin_comment
 
 
 def test_scontrol_nodes():
@@ -181,3 +183,33 @@ def test_runner_passes_slurm_conf(tmp_path):
     assert json.loads(cli.run(["squeue", "--json"]))["conf"] == "/some/slurm.conf"
     assert cli.jobs() == []
     assert os.environ.get("SLURM_CONF") != "/some/slurm.conf"
+
+
+def test_managed_demand_survives_tres_rewrites():
+    """After a balanced placement the job has TresPerNode=gres:gpu:6 and no TresPerJob: the demand stays 12."""
+    doc = json.loads(_read("squeue_22.05.json"))
+    j = doc["jobs"][0]
+    j["tres_per_job"], j["tres_per_node"] = "", "gres:gpu:6"
+    j["job_state"], j["priority"], j["nodes"], j["gres_detail"] = "PENDING", 0, "", []
+    (job,) = [x for x in parse_squeue_json(json.dumps(doc)) if x.job_id == 1]
+    assert job.gpus == 12 and job.held and job.tres_style == "gres:gpu"
+    assert managed_gpus("rlsched:managed gpus=16") == 16 and managed_gpus("other") is None
+
+
+def test_place_expresses_balanced_and_total_requests(tmp_path):
+    d = _fake_bin(tmp_path, "scontrol", 'echo "$@" >> "$(dirname "$0")/calls"')
+    cli = SlurmCLI(bin_dir=str(d))
+    cli.place(7, ["node3", "node4"], 12, per_node=6)
+    cli.place(8, ["node1", "node2"], 12)
+    cli.place(9, ["n1"], 4, tres_style="gres/gpu")
+    cli.release(9, delay_s=5)
+    calls = (d / "calls").read_text().splitlines()
+    assert calls == [
+        "update JobId=7 ReqNodeList=node3,node4 NumNodes=2 TresPerJob= TresPerNode=gres:gpu:6",
+        "update JobId=8 ReqNodeList=node1,node2 NumNodes=2 TresPerNode= TresPerJob=gres:gpu:12",
+        "update JobId=9 ReqNodeList=n1 NumNodes=1 TresPerNode= TresPerJob=gres/gpu:4",
+        "update JobId=9 StartTime=now+5",
+        "release 9",
+    ]
+    with pytest.raises(ValueError, match="is not 12"):
+        cli.place(7, ["a", "b"], 12, per_node=5)

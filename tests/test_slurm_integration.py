@@ -36,7 +36,8 @@ def _state(cluster, jid: int) -> str:
 
 
 # --------------------------------------------------------------------------- placement
-def test_held_jobs_run_exactly_where_the_policy_placed_them(cluster, test_user, tmp_path):
+def test_held_jobs_run_exactly_where_the_policy_placed_them(live_cluster, test_user, tmp_path):
+    cluster = live_cluster
     ids = {}
     for gpus, model in ((8, "MoE"), (12, "LM"), (4, "GNN")):
         ids[gpus] = cluster.sbatch("echo ran on $SLURM_JOB_NODELIST; sleep 2", gpus,
@@ -69,7 +70,56 @@ def test_held_jobs_run_exactly_where_the_policy_placed_them(cluster, test_user, 
     assert ctl.round().ok
 
 
-def test_owner_cannot_release_or_repin_a_held_job(cluster, test_user):
+def test_balanced_and_unbalanced_splits_are_exact(live_cluster, tmp_path):
+    """Balanced plans become TresPerNode and start exactly as planned; unbalanced ones keep node set and total."""
+    cluster = live_cluster
+    a = cluster.sbatch("sleep 2", 12, comment="rlsched:model=LM")
+    b = cluster.sbatch("sleep 2", 6, comment="rlsched:model=GNN")
+    ctl = _controller(cluster, tmp_path, policy="fifo:spread")
+    rep = ctl.round()
+    plans = dict(rep.placed)
+    assert plans[a] == {"node1": 3, "node2": 3, "node3": 3, "node4": 3}, plans
+    assert plans[b] == {"node1": 2, "node2": 2, "node3": 1, "node4": 1}, plans  # unbalanced: TresPerJob
+    started = {}
+    for jid in (a, b):
+        cluster.wait(lambda jid=jid: _state(cluster, jid) == "RUNNING", 20, f"job {jid} to start")
+        started[jid] = cluster.job(jid).gpus_per_node
+    assert started[a] == plans[a]  # balanced: exact
+    # unbalanced: the node set and the total are exact, Slurm fills the nodes in order
+    assert set(started[b]) == set(plans[b]) and sum(started[b].values()) == 6, started[b]
+    ctl.round()
+    assert ctl.metrics.value("rlsched_placement_mismatch_total") == (started[b] != plans[b])
+    for jid in (a, b):
+        cluster.wait(lambda jid=jid: _state(cluster, jid) == "COMPLETED", 30, f"job {jid} to complete")
+    assert cluster.job(a).gpus == 12 and cluster.job(b).gpus == 6
+
+
+def test_rl_policy_places_jobs_on_real_slurm(live_cluster, tmp_path):
+    """The shipped RL policy (rl-hybrid, 4x8 checkpoint) drives the live cluster like any heuristic."""
+    cluster = live_cluster
+    rl = pytest.importorskip("policies.rl")
+    from policies.base import PolicyError
+    from policies.cluster import ClusterSpec
+
+    try:
+        rl.make_rl_policy("rl-hybrid", ClusterSpec.homogeneous(4, 8))
+    except PolicyError as exc:
+        pytest.skip(f"no usable rl-hybrid checkpoint for 4x8: {exc}")
+    ids = [cluster.sbatch("sleep 2", g, comment=f"rlsched:model={m}") for g, m in ((8, "MoE"), (12, "LM"), (2, "GNN"))]
+    ctl = _controller(cluster, tmp_path, policy="rl-hybrid")
+    rep = ctl.round()
+    assert rep.ok, rep.error
+    plans = dict(rep.placed)
+    assert sorted(plans) == sorted(ids)
+    for jid in ids:
+        cluster.wait(lambda jid=jid: _state(cluster, jid) == "COMPLETED", 30, f"job {jid} to complete",
+                     tick=ctl.round)
+        assert sum(plans[jid].values()) == cluster.job(jid).gpus
+    assert ctl.policy.name.startswith("rl-hybrid")
+
+
+def test_owner_cannot_release_or_repin_a_held_job(live_cluster, test_user):
+    cluster = live_cluster
     jid = cluster.sbatch("sleep 1", 4, comment="rlsched:model=MoE", user=test_user)
     for cmd in (["scontrol", "release", str(jid)],
                 ["scontrol", "update", f"JobId={jid}", "ReqNodeList=node2"],
@@ -101,7 +151,8 @@ def _starts(log: Path) -> int:
     return sum('"event": "start"' in line for line in text.splitlines())
 
 
-def test_killed_controller_loses_no_job_and_starts_none_twice(cluster, tmp_path):
+def test_killed_controller_loses_no_job_and_starts_none_twice(live_cluster, tmp_path):
+    cluster = live_cluster
     cfg = cluster.controller_config(tmp_path, policy="fifo", interval_s=0.5)
     script = 'echo "start $SLURM_JOB_ID restarts=${SLURM_RESTART_COUNT:-0}"; sleep 3'
     ids = [cluster.sbatch(script, 8, comment="rlsched:model=MoE") for _ in range(8)]  # 64 GPUs on 32: two waves
@@ -140,7 +191,8 @@ def test_killed_controller_loses_no_job_and_starts_none_twice(cluster, tmp_path)
     assert [e["policy"] for e in events if e.get("event") == "reload"] == ["las"]
 
 
-def test_slurmctld_outage_and_command_timeouts_do_not_stop_the_controller(cluster, tmp_path):
+def test_slurmctld_outage_and_command_timeouts_do_not_stop_the_controller(live_cluster, tmp_path):
+    cluster = live_cluster
     jid = cluster.sbatch("sleep 1", 2, comment="rlsched:model=GNN")
     ctl = _controller(cluster, tmp_path)
     ctl.slurm.timeout_s = 0.001  # every Slurm command times out
@@ -193,7 +245,8 @@ def _agent_step(ctl: Controller, jid: int) -> int:
     return int((ctl.preempter.stats().get(str(jid)) or {}).get("step") or 0)
 
 
-def test_killed_agent_does_not_lose_the_job(cluster, tmp_path):
+def test_killed_agent_does_not_lose_the_job(live_cluster, tmp_path):
+    cluster = live_cluster
     if not cluster.agents:
         pytest.skip("no `rlsched agent` command: node agents not available")
     ctl = _controller(cluster, tmp_path)
@@ -218,7 +271,8 @@ def test_killed_agent_does_not_lose_the_job(cluster, tmp_path):
     assert cluster.job(jid).restarts == 0
 
 
-def test_preemption_round_trip_resumes_and_finishes_exactly(cluster, tmp_path):
+def test_preemption_round_trip_resumes_and_finishes_exactly(live_cluster, tmp_path):
+    cluster = live_cluster
     if not cluster.agents:
         pytest.skip("no `rlsched agent` command: node agents not available")
     total = 80

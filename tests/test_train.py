@@ -37,8 +37,19 @@ def _episode_return(env: PlacementEnv, act) -> float:
 @pytest.mark.slow
 def test_training_beats_random(tmp_path):
     trace = _trace(1)
-    cfg = TrainConfig(cluster="2x4", reward="jct", gamma=1.0, timesteps=6000, n_envs=2, n_steps=128, batch_size=64,
-                      eval_freq=3000, seed=0, learning_rate=1e-3, prior_init=False)
+    cfg = TrainConfig(
+        cluster="2x4",
+        reward="jct",
+        gamma=1.0,
+        timesteps=6000,
+        n_envs=2,
+        n_steps=128,
+        batch_size=64,
+        eval_freq=3000,
+        seed=0,
+        learning_rate=1e-3,
+        prior_init=False,
+    )
     summary = train(cfg, [trace], [trace], tmp_path / "run", progress=False)
     assert summary["timesteps"] >= 6000
     ck = load_checkpoint(tmp_path / "run" / "best")

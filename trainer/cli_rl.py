@@ -38,11 +38,31 @@ def _w1(text: str) -> float:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train an RL placement policy with Stable-Baselines3")
-    p.add_argument("--algo", choices=("maskable-ppo", "ppo", "a2c", "dqn"), default="maskable-ppo", help="RL algorithm (default maskable-ppo)")
-    p.add_argument("--traces", required=True, action="append", help="training trace file or directory (searched recursively; repeatable)")
-    p.add_argument("--val-traces", action="append", default=None, help="validation traces for best-model selection (repeatable; default: none, last = best)")
+    p.add_argument(
+        "--algo",
+        choices=("maskable-ppo", "ppo", "a2c", "dqn"),
+        default="maskable-ppo",
+        help="RL algorithm (default maskable-ppo)",
+    )
+    p.add_argument(
+        "--traces",
+        required=True,
+        action="append",
+        help="training trace file or directory (searched recursively; repeatable)",
+    )
+    p.add_argument(
+        "--val-traces",
+        action="append",
+        default=None,
+        help="validation traces for best-model selection (repeatable; default: none, last = best)",
+    )
     p.add_argument("--cluster", default="4x8", help="cluster: NODESxGPUS or YAML/TOML file (default 4x8)")
-    p.add_argument("--reward", choices=("progress", "jct", "seed"), default="progress", help="progress (DL2, default), jct, or the seed's -W1*CS+W2*Util")
+    p.add_argument(
+        "--reward",
+        choices=("jct", "progress", "seed"),
+        default="jct",
+        help="jct (default: -jobs in system per round), progress (DL2), or the seed's -W1*CS+W2*Util",
+    )
     p.add_argument("--w1", type=_w1, default=0.4, help="W1 of the seed reward, W2 = 1 - W1 (default 0.4)")
     p.add_argument("--timesteps", type=_positive_int, default=50_000, help="environment steps (default 50000)")
     p.add_argument("--n-envs", type=_positive_int, default=2, help="vectorised environments (default 2)")
@@ -50,21 +70,50 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--net-arch", default="64,64", help="hidden layer sizes (default 64,64)")
     p.add_argument("--lr", type=float, default=3e-4, help="learning rate (default 3e-4)")
     p.add_argument("--ent-coef", type=float, default=0.01, help="entropy bonus (PPO/A2C, default 0.01)")
-    p.add_argument("--gamma", type=float, default=0.99, help="discount (default 0.99)")
+    p.add_argument("--gamma", type=float, default=1.0, help="discount (default 1.0; use 0.99 for progress / seed)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--no-prior-init", action="store_true", help="start from SB3's random output layer instead of the action prior")
+    p.add_argument(
+        "--no-prior-init", action="store_true", help="start from SB3's random output layer instead of the action prior"
+    )
+    p.add_argument(
+        "--prior-scale",
+        type=float,
+        default=1.0,
+        help="logit gap between consecutive actions of the prior init (default 1)",
+    )
     p.add_argument("--out", required=True, help="output directory (best.*, last.*, eval.csv, tb/)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/last")
-    p.add_argument("--export-shipped", action="store_true", help="also copy OUT/best to policies/checkpoints as rl-base/rl-hybrid")
+    p.add_argument(
+        "--export-shipped", action="store_true", help="also copy OUT/best to policies/checkpoints as rl-base/rl-hybrid"
+    )
     p.set_defaults(func=_cmd_train)
 
     e = sub.add_parser("evaluate", help="evaluate policies over trace sets; tables, figures, docs/RESULTS.md")
-    e.add_argument("--policies", default="srtf,srtf:spread,las,las:spread,greedy,rl-base,rl-hybrid", help="comma-separated policy names (default: %(default)s)")
-    e.add_argument("--traces", required=True, help="directory of trace sets: one sub-directory per mix (normal/, heavy/, ...) or trace files")
+    e.add_argument(
+        "--policies",
+        default="srtf,srtf:spread,las,las:spread,greedy,rl-prior,rl-base,rl-hybrid",
+        help="comma-separated policy names, each optionally ALIAS=NAME (default: %(default)s)",
+    )
+    e.add_argument(
+        "--traces",
+        required=True,
+        help="directory of trace sets: one sub-directory per mix (normal/, heavy/, ...) or trace files",
+    )
     e.add_argument("--cluster", default="4x8", help="cluster (default 4x8)")
-    e.add_argument("--branches", default=None, help="directory with the branch runs branch-A..branch-E (their last.json) or A.json..E.json, for the avg-JCT-vs-utilisation figure")
-    e.add_argument("--out", default="docs", help="where RESULTS.md-style outputs go: OUT/results.json, OUT/figures/ (default docs)")
-    e.add_argument("--results-md", default=None, help="write the Markdown results section to this file (e.g. docs/RESULTS.md)")
+    e.add_argument(
+        "--branches",
+        default=None,
+        help="directory with the branch runs branch-A..branch-E (their last.json) or A.json..E.json, "
+        "for the avg-JCT-vs-utilisation figure",
+    )
+    e.add_argument(
+        "--out",
+        default="docs",
+        help="where RESULTS.md-style outputs go: OUT/rl_results.json, OUT/figures/ (default docs)",
+    )
+    e.add_argument(
+        "--results-md", default=None, help="write the Markdown results section to this file (e.g. docs/RESULTS.md)"
+    )
     e.set_defaults(func=_cmd_evaluate)
 
 
@@ -81,9 +130,22 @@ def _cmd_train(args: argparse.Namespace) -> int:
     train_sets = [t for d in args.traces for t in load_trace_dir(d, cluster)]
     val_sets = [t for d in (args.val_traces or []) for t in load_trace_dir(d, cluster)]
     cfg = TrainConfig(
-        algo=args.algo, cluster=args.cluster, reward=args.reward, w1=args.w1, timesteps=args.timesteps,
-        n_envs=args.n_envs, seed=args.seed, net_arch=arch, learning_rate=args.lr, ent_coef=args.ent_coef,
-        gamma=args.gamma, eval_freq=args.eval_freq, prior_init=not args.no_prior_init, traces=list(args.traces), val_traces=list(args.val_traces or []),
+        algo=args.algo,
+        cluster=args.cluster,
+        reward=args.reward,
+        w1=args.w1,
+        timesteps=args.timesteps,
+        n_envs=args.n_envs,
+        seed=args.seed,
+        net_arch=arch,
+        learning_rate=args.lr,
+        ent_coef=args.ent_coef,
+        gamma=args.gamma,
+        eval_freq=args.eval_freq,
+        prior_init=not args.no_prior_init,
+        prior_scale=args.prior_scale,
+        traces=list(args.traces),
+        val_traces=list(args.val_traces or []),
     )
     summary = train(cfg, train_sets, val_sets, args.out, resume=args.resume)
     cmd = "rlsched " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[0].endswith("rlsched") else None

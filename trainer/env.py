@@ -28,14 +28,12 @@ that advances from ``t0`` to ``t1`` earns the integral over ``[t0, t1]``
   number of jobs whatever the policy; discounting makes progress *earlier*
   worth more, and a job needing 1 GPU earns as much per second as one needing
   32, so it pays to run many jobs at full speed soon (short, small and
-  uncontended first), which is what lowers average JCT. Holding GPUs idle
-  visibly loses reward in the very interval that follows, which makes credit
-  assignment easy. This is the reward of the shipped policies.
+  uncontended first), which is what lowers average JCT. But the discount
+  is per step, not per unit of time, which biases it (see docs/RL.md).
 * ``"jct"``: ``-(jobs in the system) / (jobs in the trace)`` per round. Its
   undiscounted sum is ``-sum(JCT) / (round_len * jobs)``: exactly the average
-  JCT, negated and scaled. (DL2's "normalised progress" reward sums to a
-  constant per job without discounting; this one rewards the same thing, jobs
-  finishing early, without depending on the discount.)
+  JCT, negated and scaled, so with ``gamma = 1`` the agent optimises exactly
+  the objective. This is the default and the reward of the shipped policies.
 
 With ``shaping`` (default for ``"progress"``) the reward also gets the
 potential-based term ``gamma * phi(s') - phi(s)`` (Ng et al., 1999: it leaves
@@ -52,8 +50,9 @@ An invalid action (only possible with algorithms that ignore
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -65,7 +64,7 @@ from policies.job import JobSpec
 from policies.perf import ContentionModel
 from trainer.simulator import SimConfig, Simulator
 
-__all__ = ["PlacementEnv", "ENV_ID", "REWARDS", "load_trace_dir", "register"]
+__all__ = ["ENV_ID", "REWARDS", "PlacementEnv", "load_trace_dir", "register"]
 
 ENV_ID = "rlsched/Placement-v0"
 REWARDS = ("progress", "jct", "seed")
@@ -102,13 +101,13 @@ class PlacementEnv(gym.Env):
     :param gamma: discount used by the shaping term.
     """
 
-    metadata = {"render_modes": []}
+    metadata: ClassVar[dict] = {"render_modes": []}
 
     def __init__(
         self,
         traces: Sequence[Sequence[JobSpec]],
         cluster: ClusterSpec | str = "4x8",
-        reward: str = "progress",
+        reward: str = "jct",
         w1: float = 0.4,
         round_len: float = 300.0,
         max_steps: int = 20_000,
@@ -167,7 +166,9 @@ class PlacementEnv(gym.Env):
         sim = self.sim
         assert sim is not None
         if self.reward_kind == "progress":
-            return sum(j.rate / j.spec.total_samples for j in sim.running.values() if sim.time >= j.t_ref) * self.round_len
+            return (
+                sum(j.rate / j.spec.total_samples for j in sim.running.values() if sim.time >= j.t_ref) * self.round_len
+            )
         if self.reward_kind == "jct":
             return -(len(sim.pending) + len(sim.running)) / len(sim.jobs)
         cs = float(np.mean([j.cs for j in sim.running.values()])) if sim.running else 1.0
@@ -213,7 +214,9 @@ class PlacementEnv(gym.Env):
     # ------------------------------------------------------------------ gym API
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
-        idx = int(options["trace"]) if options and "trace" in options else int(self.np_random.integers(len(self.traces)))
+        idx = (
+            int(options["trace"]) if options and "trace" in options else int(self.np_random.integers(len(self.traces)))
+        )
         self.trace_index = idx
         self.sim = self._sim_for(idx)
         self._steps = 0

@@ -4,7 +4,7 @@
 group (a sub-directory of ``--traces``, e.g. ``normal/``, ``heavy/``,
 ``poisson-90/``), with the full simulator, and writes:
 
-* ``OUT/results.json``: per group, per policy, per set: the scalar metrics of
+* ``OUT/rl_results.json``: per group, per policy, per set: the scalar metrics of
   :func:`trainer.metrics.summarize`; and per group and policy the mean and
   95% confidence half-width (Student t over sets) of average JCT, p90 JCT,
   utilisation and average CS;
@@ -19,7 +19,8 @@ group (a sub-directory of ``--traces``, e.g. ``normal/``, ``heavy/``,
   missing).
 
 Policy names are the heuristics of :func:`policies.heuristics.make_heuristic`
-and the RL names of :func:`policies.rl.make_rl_policy`.
+and the RL names of :func:`policies.rl.make_rl_policy`; ``ALIAS=NAME`` shows
+``NAME`` as ``ALIAS`` (e.g. ``rl-poisson=rl-base:/runs/poisson/best``).
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ import math
 import os
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -41,13 +43,18 @@ from policies.perf import ContentionModel
 from trainer.metrics import summarize
 from trainer.simulator import SimConfig, Simulator
 
-__all__ = ["make_policy", "mean_ci", "evaluate_group", "run_evaluation", "markdown_tables", "BEGIN", "END"]
+__all__ = ["BEGIN", "END", "evaluate_group", "make_policy", "markdown_tables", "mean_ci", "run_evaluation"]
 
 log = logging.getLogger(__name__)
 
 BEGIN = "<!-- BEGIN GENERATED -->"
 END = "<!-- END GENERATED -->"
-METRICS = (("avg_jct_s", "Avg JCT (h)", 1 / 3600.0), ("p90_jct_s", "p90 JCT (h)", 1 / 3600.0), ("avg_util", "Util (%)", 100.0), ("avg_cs", "Avg CS", 1.0))
+METRICS = (
+    ("avg_jct_s", "Avg JCT (h)", 1 / 3600.0),
+    ("p90_jct_s", "p90 JCT (h)", 1 / 3600.0),
+    ("avg_util", "Util (%)", 100.0),
+    ("avg_cs", "Avg CS", 1.0),
+)
 BRANCHES = {"A": 0.3, "B": 0.4, "C": 0.5, "D": 0.6, "E": 0.7}
 
 
@@ -95,7 +102,11 @@ def _groups(traces: Path) -> dict[str, list[Path]]:
 
 
 def evaluate_group(
-    policies: Mapping[str, Policy], files: Sequence[Path], cluster: ClusterSpec, perf: ContentionModel, keep_jobs: bool = False
+    policies: Mapping[str, Policy],
+    files: Sequence[Path],
+    cluster: ClusterSpec,
+    perf: ContentionModel,
+    keep_jobs: bool = False,
 ) -> dict[str, Any]:
     """Run each policy on each file; returns ``{policy: {"sets": [...], "summary": {...}, ...}}``."""
     from trainer.traces import load_trace
@@ -108,7 +119,19 @@ def evaluate_group(
             t0 = time.perf_counter()
             res = Simulator(cluster, jobs, pol, perf, SimConfig()).run()
             s = summarize(res)
-            row = {k: s[k] for k in ("avg_jct_s", "p90_jct_s", "avg_util", "avg_cs", "makespan_s", "finished", "jobs", "preemptions")}
+            row = {
+                k: s[k]
+                for k in (
+                    "avg_jct_s",
+                    "p90_jct_s",
+                    "avg_util",
+                    "avg_cs",
+                    "makespan_s",
+                    "finished",
+                    "jobs",
+                    "preemptions",
+                )
+            }
             row["trace"] = str(f)
             row["wall_s"] = time.perf_counter() - t0
             if isinstance(getattr(pol, "stats", None), dict):
@@ -127,7 +150,12 @@ def evaluate_group(
             out[name]["jobs_jct_s"] = jcts
             out[name]["jobs_avg_cs"] = cs
             out[name]["util_samples"] = util
-        log.info("  %-14s avg JCT %.2f h, util %.1f%%", name, summary["avg_jct_s"]["mean"] / 3600, 100 * summary["avg_util"]["mean"])
+        log.info(
+            "  %-14s avg JCT %.2f h, util %.1f%%",
+            name,
+            summary["avg_jct_s"]["mean"] / 3600,
+            100 * summary["avg_util"]["mean"],
+        )
     return out
 
 
@@ -138,7 +166,7 @@ def _plots(group: str, data: Mapping[str, Any], figdir: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     from trainer.metrics import cs_bucket_labels, cs_buckets
-    from trainer.report import plot_util_kde, plot_cs_distribution
+    from trainer.report import plot_cs_distribution, plot_util_kde
 
     paths = []
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -152,17 +180,21 @@ def _plots(group: str, data: Mapping[str, Any], figdir: Path) -> list[Path]:
     ax.set_title(f"CDF of JCT ({group} mix, all sets pooled, 4x8)")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    p = figdir / f"jct_cdf_{group}.png"
+    p = figdir / f"rl_jct_cdf_{group}.png"
     fig.savefig(p, dpi=120)
     plt.close(fig)
     paths.append(p)
     summaries = {
-        n: {"util_samples": d["util_samples"], "cs_bucket_labels": cs_bucket_labels(), "cs_buckets": cs_buckets(d["jobs_avg_cs"]),
-            "avg_cs": float(np.mean(d["jobs_avg_cs"]))}
+        n: {
+            "util_samples": d["util_samples"],
+            "cs_bucket_labels": cs_bucket_labels(),
+            "cs_buckets": cs_buckets(d["jobs_avg_cs"]),
+            "avg_cs": float(np.mean(d["jobs_avg_cs"])),
+        }
         for n, d in data.items()
     }
-    paths.append(plot_cs_distribution(summaries, figdir / f"cs_distribution_{group}.png", f"{group} mix, all sets"))
-    paths.append(plot_util_kde(summaries, figdir / f"util_kde_{group}.png", f"{group} mix, all sets"))
+    paths.append(plot_cs_distribution(summaries, figdir / f"rl_cs_distribution_{group}.png", f"{group} mix, all sets"))
+    paths.append(plot_util_kde(summaries, figdir / f"rl_util_kde_{group}.png", f"{group} mix, all sets"))
     return paths
 
 
@@ -173,8 +205,12 @@ def _branch_plot(results: Mapping[str, Any], branch_names: Sequence[str], figdir
     import matplotlib.pyplot as plt
 
     groups = list(results)
-    fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 4), squeeze=False)
-    for ax, g in zip(axes[0], groups):
+    ncol = min(4, len(groups))
+    nrow = math.ceil(len(groups) / ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(4.4 * ncol, 3.8 * nrow), squeeze=False)
+    for ax in axes.flat[len(groups) :]:
+        ax.axis("off")
+    for ax, g in zip(axes.flat, groups):
         for name, d in results[g].items():
             x = 100 * d["summary"]["avg_util"]["mean"]
             y = d["summary"]["avg_jct_s"]["mean"] / 3600
@@ -184,15 +220,17 @@ def _branch_plot(results: Mapping[str, Any], branch_names: Sequence[str], figdir
                 ax.scatter(x, y, color="red" if hyb else "lightcoral", marker="o", s=36, zorder=3)
                 ax.annotate(br, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
             else:
-                ax.scatter(x, y, marker="s", s=30, color="tab:blue" if not name.startswith("rl-") else "darkred", zorder=2)
+                ax.scatter(
+                    x, y, marker="s", s=30, color="tab:blue" if not name.startswith("rl-") else "darkred", zorder=2
+                )
                 ax.annotate(name, (x, y), fontsize=7, xytext=(3, -9), textcoords="offset points")
         ax.set_title(f"{g}")
         ax.set_xlabel("Utilisation (%)")
+        ax.set_ylabel("Average JCT (h)")
         ax.grid(alpha=0.3)
-    axes[0, 0].set_ylabel("Average JCT (h)")
     fig.suptitle("Avg JCT vs utilisation: RL-base (light red) and RL-hybrid (red) branches A-E, heuristics (blue)")
     fig.tight_layout()
-    p = figdir / "branches_jct_vs_util.png"
+    p = figdir / "rl_branches_jct_vs_util.png"
     fig.savefig(p, dpi=120)
     plt.close(fig)
     return p
@@ -250,7 +288,14 @@ def run_evaluation(
     """Evaluate and write results (see module docstring); returns the results dict."""
     cl = ClusterSpec.parse(cluster)
     perf = ContentionModel(cl)
-    pols: dict[str, Policy] = {n: make_policy(n, cl, perf) for n in policies}
+    pols: dict[str, Policy] = {}
+    for spec in policies:
+        alias, eq, name = spec.partition("=")
+        if not eq:
+            alias, name = spec, spec
+        pols[alias] = make_policy(name, cl, perf)
+        if eq:
+            pols[alias].name = alias
     branch_names: list[str] = []
     if branches:
         bdir = Path(branches)
@@ -282,10 +327,20 @@ def run_evaluation(
     figs = _plots(fig_group, {n: results[fig_group][n] for n in main}, figdir)
     if branch_names:
         figs.append(_branch_plot(results, branch_names, figdir))
-    slim = {g: {n: {k: v for k, v in d.items() if k in ("sets", "summary")} for n, d in data.items()} for g, data in results.items()}
-    meta = {"cluster": cl.describe(), "policies": list(pols), "traces": str(traces), "wall_s": time.perf_counter() - t0,
-            "figures": [str(f) for f in figs]}
-    _write_atomic(outdir / "results.json", json.dumps({"meta": meta, "results": slim}, indent=1, default=float) + "\n")
+    slim = {
+        g: {n: {k: v for k, v in d.items() if k in ("sets", "summary")} for n, d in data.items()}
+        for g, data in results.items()
+    }
+    meta = {
+        "cluster": cl.describe(),
+        "policies": list(pols),
+        "traces": str(traces),
+        "wall_s": time.perf_counter() - t0,
+        "figures": [str(f) for f in figs],
+    }
+    _write_atomic(
+        outdir / "rl_results.json", json.dumps({"meta": meta, "results": slim}, indent=1, default=float) + "\n"
+    )
     if results_md:
         md = Path(results_md)
         text = md.read_text() if md.is_file() else "# Results\n\n"
@@ -305,7 +360,10 @@ def run_evaluation(
 
 def _branch_table(results: Mapping[str, Any], names: Sequence[str]) -> str:
     groups = list(results)
-    lines = ["| Policy | " + " | ".join(f"{g} avg JCT (h) / util (%)" for g in groups) + " |", "|---|" + "---|" * len(groups)]
+    lines = [
+        "| Policy | " + " | ".join(f"{g} avg JCT (h) / util (%)" for g in groups) + " |",
+        "|---|" + "---|" * len(groups),
+    ]
     for n in names:
         cells = []
         for g in groups:

@@ -21,9 +21,10 @@ import json
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -36,7 +37,7 @@ from policies.rl import RLPolicy
 from trainer.env import PlacementEnv
 from trainer.simulator import SimConfig, Simulator
 
-__all__ = ["TrainConfig", "train", "export_tensors", "inference_net", "evaluate_net", "ALGOS"]
+__all__ = ["ALGOS", "TrainConfig", "evaluate_net", "export_tensors", "inference_net", "train"]
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ class TrainConfig:
 
     algo: str = "maskable-ppo"
     cluster: str = "4x8"
-    reward: str = "progress"
+    reward: str = "jct"
     w1: float = 0.4
     timesteps: int = 50_000
     n_envs: int = 2
@@ -59,12 +60,13 @@ class TrainConfig:
     n_steps: int = 512
     batch_size: int = 128
     n_epochs: int = 4
-    gamma: float = 0.99
+    gamma: float = 1.0
     ent_coef: float = 0.01
     eval_freq: int = 5_000
     round_len: float = 300.0
     k: int = 6
     prior_init: bool = True
+    prior_scale: float = 1.0
     traces: list[str] = field(default_factory=list)
     val_traces: list[str] = field(default_factory=list)
 
@@ -75,7 +77,9 @@ def _layer_names(algo: str, model) -> tuple[list[str], str]:
     if algo == "dqn":
         idx = sorted({int(k.split(".")[2]) for k in sd if k.startswith("q_net.q_net.") and k.endswith(".weight")})
         return [f"q_net.q_net.{i}" for i in idx], "relu"
-    idx = sorted({int(k.split(".")[2]) for k in sd if k.startswith("mlp_extractor.policy_net.") and k.endswith(".weight")})
+    idx = sorted(
+        {int(k.split(".")[2]) for k in sd if k.startswith("mlp_extractor.policy_net.") and k.endswith(".weight")}
+    )
     return [f"mlp_extractor.policy_net.{i}" for i in idx] + ["action_net"], "tanh"
 
 
@@ -127,21 +131,49 @@ def _make_model(cfg: TrainConfig, venv, tb: str | None):
     else:
         raise ValueError(f"unknown algo {cfg.algo!r}; choose from {', '.join(ALGOS)}")
     arch = list(cfg.net_arch)
-    common: dict[str, Any] = dict(learning_rate=cfg.learning_rate, gamma=cfg.gamma, seed=cfg.seed, verbose=0, tensorboard_log=tb, device="cpu")
+    common: dict[str, Any] = {
+        "learning_rate": cfg.learning_rate,
+        "gamma": cfg.gamma,
+        "seed": cfg.seed,
+        "verbose": 0,
+        "tensorboard_log": tb,
+        "device": "cpu",
+    }
     if cfg.algo in ("maskable-ppo", "ppo"):
         return Algo(
-            "MlpPolicy", venv, n_steps=cfg.n_steps, batch_size=cfg.batch_size, n_epochs=cfg.n_epochs,
-            ent_coef=cfg.ent_coef, policy_kwargs=dict(net_arch=dict(pi=arch, vf=arch), activation_fn=torch.nn.Tanh), **common,
+            "MlpPolicy",
+            venv,
+            n_steps=cfg.n_steps,
+            batch_size=cfg.batch_size,
+            n_epochs=cfg.n_epochs,
+            ent_coef=cfg.ent_coef,
+            policy_kwargs={"net_arch": {"pi": arch, "vf": arch}, "activation_fn": torch.nn.Tanh},
+            **common,
         )
     if cfg.algo == "a2c":
-        return Algo("MlpPolicy", venv, n_steps=16, ent_coef=cfg.ent_coef,
-                    policy_kwargs=dict(net_arch=dict(pi=arch, vf=arch), activation_fn=torch.nn.Tanh), **common)
-    return Algo("MlpPolicy", venv, buffer_size=50_000, learning_starts=1_000, batch_size=cfg.batch_size,
-                exploration_fraction=0.3, target_update_interval=1_000, policy_kwargs=dict(net_arch=arch), **common)
+        return Algo(
+            "MlpPolicy",
+            venv,
+            n_steps=16,
+            ent_coef=cfg.ent_coef,
+            policy_kwargs={"net_arch": {"pi": arch, "vf": arch}, "activation_fn": torch.nn.Tanh},
+            **common,
+        )
+    return Algo(
+        "MlpPolicy",
+        venv,
+        buffer_size=50_000,
+        learning_starts=1_000,
+        batch_size=cfg.batch_size,
+        exploration_fraction=0.3,
+        target_update_interval=1_000,
+        policy_kwargs={"net_arch": arch},
+        **common,
+    )
 
 
-def _init_prior(algo: str, model) -> None:
-    """Start from the action space's prior: output bias ``-index`` (zero output weights).
+def _init_prior(algo: str, model, scale: float = 1.0) -> None:
+    """Start from the action space's prior: output bias ``-scale * index``, output weights x 0.01.
 
     The initial deterministic policy is then ``rl-prior`` (lowest valid action:
     candidate 0 on the first option that fits; "nothing", the last index, least
@@ -153,17 +185,26 @@ def _init_prior(algo: str, model) -> None:
     head = model.policy.q_net.q_net[-1] if algo == "dqn" else model.policy.action_net
     with torch.no_grad():
         head.weight.mul_(0.01)
-        head.bias.copy_(-torch.arange(head.bias.numel(), dtype=head.bias.dtype))
+        head.bias.copy_(-scale * torch.arange(head.bias.numel(), dtype=head.bias.dtype))
     if algo == "dqn":
         model.policy.q_net_target.load_state_dict(model.policy.q_net.state_dict())
 
 
-def _save(path: Path, cfg: TrainConfig, model, cluster: ClusterSpec, env: PlacementEnv, extra: dict, mode: str = "rl-base") -> Path:
+def _save(
+    path: Path, cfg: TrainConfig, model, cluster: ClusterSpec, env: PlacementEnv, extra: dict, mode: str = "rl-base"
+) -> Path:
     layers, act = _layer_names(cfg.algo, model)
     training = {"config": asdict(cfg), "timesteps": int(model.num_timesteps), **extra}
     return save_checkpoint(
-        path, export_tensors(model), algo=cfg.algo, mode=mode, cluster=cluster, spec=env.spec_obs,
-        layers=layers, activation=act, reward={"kind": cfg.reward, "w1": cfg.w1, "w2": round(1.0 - cfg.w1, 6)},
+        path,
+        export_tensors(model),
+        algo=cfg.algo,
+        mode=mode,
+        cluster=cluster,
+        spec=env.spec_obs,
+        layers=layers,
+        activation=act,
+        reward={"kind": cfg.reward, "w1": cfg.w1, "w2": round(1.0 - cfg.w1, 6)},
         training=training,
     )
 
@@ -192,7 +233,16 @@ def train(
 
     def factory(i: int):
         def _f():
-            env = PlacementEnv(train_traces, cluster, reward=cfg.reward, w1=cfg.w1, round_len=cfg.round_len, perf=perf, k=cfg.k, gamma=cfg.gamma)
+            env = PlacementEnv(
+                train_traces,
+                cluster,
+                reward=cfg.reward,
+                w1=cfg.w1,
+                round_len=cfg.round_len,
+                perf=perf,
+                k=cfg.k,
+                gamma=cfg.gamma,
+            )
             env.reset(seed=cfg.seed * 1000 + i)
             return Monitor(env)
 
@@ -206,7 +256,7 @@ def train(
     venv = VecNormalize(base_venv, norm_obs=False, norm_reward=True, gamma=cfg.gamma)
     model = _make_model(cfg, venv, str(out / "tb"))
     if cfg.prior_init:
-        _init_prior(cfg.algo, model)
+        _init_prior(cfg.algo, model, cfg.prior_scale)
     start_steps = 0
     if resume:
         last = load_checkpoint(out / "last")
@@ -262,8 +312,13 @@ def train(
 
     remaining = max(cfg.timesteps - start_steps, 0)
     if remaining:
-        model.learn(total_timesteps=remaining, callback=EvalCallback(), reset_num_timesteps=not resume,
-                    tb_log_name=cfg.algo, progress_bar=False)
+        model.learn(
+            total_timesteps=remaining,
+            callback=EvalCallback(),
+            reset_num_timesteps=not resume,
+            tb_log_name=cfg.algo,
+            progress_bar=False,
+        )
     if eval_rows and eval_rows[-1]["timesteps"] == float(model.num_timesteps):
         final = eval_rows[-1]["val_avg_jct_s"]
     else:
@@ -283,7 +338,9 @@ def train(
     return summary
 
 
-def ship_checkpoint(best: str | Path, cluster: ClusterSpec, dest: str | Path | None = None, command: str | None = None) -> list[Path]:
+def ship_checkpoint(
+    best: str | Path, cluster: ClusterSpec, dest: str | Path | None = None, command: str | None = None
+) -> list[Path]:
     """Copy a trained checkpoint's policy network as ``rl-base-<shape>`` and ``rl-hybrid-<shape>``.
 
     Both get the same weights (the seed's two policies share one trained
@@ -310,9 +367,16 @@ def ship_checkpoint(best: str | Path, cluster: ClusterSpec, dest: str | Path | N
     for mode in ("rl-base", "rl-hybrid"):
         out.append(
             save_checkpoint(
-                dest / f"{mode}-{cluster.describe()}", tensors, algo=ck.meta["algo"], mode=mode, cluster=ck.cluster,
-                spec=ck.spec, layers=ck.meta["network"]["layers"], activation=ck.meta["network"]["activation"],
-                reward=ck.meta["reward"], training=training,
+                dest / f"{mode}-{cluster.describe()}",
+                tensors,
+                algo=ck.meta["algo"],
+                mode=mode,
+                cluster=ck.cluster,
+                spec=ck.spec,
+                layers=ck.meta["network"]["layers"],
+                activation=ck.meta["network"]["activation"],
+                reward=ck.meta["reward"],
+                training=training,
             )
         )
     return out
