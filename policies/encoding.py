@@ -251,21 +251,24 @@ class Encoder:
         self._exists = (np.arange(G)[None, :] < self._caps[:, None]).astype(np.float32)  # [N, G]
 
     # ------------------------------------------------------------------ candidates
+    @staticmethod
+    def srtf_key(j: JobInfo) -> tuple:
+        """Order inside a demand group: estimated remaining time, submit time, id."""
+        return (j.remaining_time, j.submit_time, j.job_id)
+
+    def rank_candidates(self, reps: Sequence[JobInfo]) -> list[JobInfo]:
+        """Order demand-group representatives by remaining GPU-time; keep the first ``K``."""
+        ranked = sorted(reps, key=lambda j: (j.remaining_time * j.gpu_demand, j.gpu_demand, j.submit_time, j.job_id))
+        return ranked[: self.spec.k]
+
     def candidates(self, pending: Sequence[JobInfo]) -> list[JobInfo]:
         """The ``<= K`` candidate jobs (see module docstring)."""
         best: dict[int, JobInfo] = {}
         for j in pending:
             cur = best.get(j.gpu_demand)
-            if cur is None or (j.remaining_time, j.submit_time, j.job_id) < (
-                cur.remaining_time,
-                cur.submit_time,
-                cur.job_id,
-            ):
+            if cur is None or self.srtf_key(j) < self.srtf_key(cur):
                 best[j.gpu_demand] = j
-        reps = sorted(
-            best.values(), key=lambda j: (j.remaining_time * j.gpu_demand, j.gpu_demand, j.submit_time, j.job_id)
-        )
-        return reps[: self.spec.k]
+        return self.rank_candidates(list(best.values()))
 
     def _options(self, job: JobInfo, free: np.ndarray, order: np.ndarray) -> list[Placement | None]:
         out: list[Placement | None] = []
@@ -303,7 +306,16 @@ class Encoder:
         return float(min(iso / cs / max(best, 1e-12), 1.0))
 
     # ------------------------------------------------------------------ encode
-    def encode(self, state: ClusterState) -> Encoded:
+    def encode(
+        self, state: ClusterState, candidates: Sequence[JobInfo] | None = None, queue_len: int | None = None
+    ) -> Encoded:
+        """Encode ``state``.
+
+        :param candidates: precomputed :meth:`candidates` of the pending jobs
+            (a caller taking several decisions per round maintains them
+            incrementally); computed from ``state.pending`` when ``None``.
+        :param queue_len: number of pending jobs; ``len(state.pending)`` when ``None``.
+        """
         spec = self.spec
         N, G = spec.num_nodes, spec.gpus_per_node
         if len(state.free_gpus) != N:
@@ -337,10 +349,11 @@ class Encoder:
                 if multi:
                     multi_load[v] += 1
                     multi_keys[v].append((j.model, p.total_gpus, p.num_nodes))
-        q = min(math.log1p(len(state.pending)) / _QUEUE_NORM, 1.0)
+        n_pending = len(state.pending) if queue_len is None else int(queue_len)
+        q = min(math.log1p(n_pending) / _QUEUE_NORM, 1.0)
         left[8] = self._exists * q
 
-        cands = self.candidates(state.pending)
+        cands = self.candidates(state.pending) if candidates is None else list(candidates)[: spec.k]
         order = np.lexsort((np.arange(N), free, multi_load))  # least loaded, best fit, index
         S = spec.options
         mask = np.zeros(spec.n_actions, dtype=bool)
@@ -374,18 +387,32 @@ class Encoder:
         return Encoded(obs, mask, cands, options, spec)
 
 
-def apply_placement(state: ClusterState, job_id: str, p: Placement, perf: ContentionModel) -> ClusterState:
+def apply_placement(
+    state: ClusterState,
+    job_id: str,
+    p: Placement,
+    perf: ContentionModel,
+    job: JobInfo | None = None,
+    drop_pending: bool = True,
+) -> ClusterState:
     """The state after starting pending job ``job_id`` on ``p`` (a new object; ``state`` is untouched).
 
     Updates free GPUs, moves the job to running with its isolated / achieved
     throughput, and recomputes the achieved throughput of multi-node
     neighbours whose contention changes. Used by the RL policies to take
     several decisions in one round.
+
+    :param job: the pending job, if the caller has it (saves a search).
+    :param drop_pending: remove the job from ``pending`` (O(pending)). A caller
+        that tracks pending jobs itself (and passes ``candidates`` /
+        ``queue_len`` to :meth:`Encoder.encode`) may skip it; the returned
+        state then still lists the job as pending.
     """
     free = np.asarray(state.free_gpus, dtype=np.int64).copy()
     if not p.fits(free):
         raise ValueError(f"placement {p} of job {job_id} does not fit free GPUs {free.tolist()}")
-    job = next((j for j in state.pending if j.job_id == job_id), None)
+    if job is None or job.job_id != job_id:
+        job = next((j for j in state.pending if j.job_id == job_id), None)
     if job is None:
         raise ValueError(f"job {job_id} is not pending")
     for v, c in p.alloc:
@@ -421,5 +448,5 @@ def apply_placement(state: ClusterState, job_id: str, p: Placement, perf: Conten
                 j = JobInfo(**{**j.__dict__, "isolated_thp": iso_j, "achieved_thp": iso_j / cs})
             out.append(j)
         running = out
-    pending = [j for j in state.pending if j.job_id != job_id]
+    pending = [j for j in state.pending if j.job_id != job_id] if drop_pending else state.pending
     return ClusterState(state.time, state.cluster, free, running, pending)

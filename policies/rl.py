@@ -121,15 +121,31 @@ class RLPolicy(Policy):
         return a, enc.decode(a)
 
     def schedule(self, state: ClusterState) -> Decision:
+        """All decisions of one round (see module docstring).
+
+        Pending jobs are grouped by demand and sorted once per round; after
+        each placement only the placed job's group changes, so a round of
+        ``m`` placements costs ``m`` encodings of the cluster, not ``m``
+        passes over the queue. The result equals re-encoding the full state
+        after each placement (tested).
+        """
         from policies.encoding import apply_placement
 
+        enc_ = self.encoder
         dec = Decision()
-        cur = state
         self.stats["rounds"] += 1
+        groups: dict[int, list] = {}
+        for j in sorted(state.pending, key=enc_.srtf_key):
+            groups.setdefault(j.gpu_demand, []).append(j)
+        head = dict.fromkeys(groups, 0)
+        left = len(state.pending)
+        placed: set[str] = set()
+        cur = state
         for _ in range(self.max_decisions):
-            if not cur.pending:
+            if left <= 0:
                 break
-            enc = self.encoder.encode(cur)
+            reps = [g[head[d]] for d, g in groups.items() if head[d] < len(g)]
+            enc = enc_.encode(cur, candidates=enc_.rank_candidates(reps), queue_len=left)
             if not enc.any_placement:
                 break
             a = self.net.act(enc.obs, enc.mask, self.deterministic, self._rng)
@@ -137,14 +153,21 @@ class RLPolicy(Policy):
             if choice is None:
                 self.stats["holds"] += 1
                 if self.hybrid and self._fallback is not None:
-                    extra = self._fallback.schedule(cur)
+                    rest = [j for j in state.pending if j.job_id not in placed]
+                    extra = self._fallback.schedule(
+                        ClusterState(cur.time, cur.cluster, cur.free_gpus, cur.running, rest)
+                    )
                     dec.place.extend(extra.place)
                     self.stats["fallback_placements"] += len(extra.place)
                 break
             self.stats["placements"] += 1
             job_id, p = choice
+            job = enc.candidates[a // enc.spec.options]
+            head[job.gpu_demand] += 1
+            left -= 1
+            placed.add(job_id)
             dec.place.append((job_id, p))
-            cur = apply_placement(cur, job_id, p, self.encoder.perf)
+            cur = apply_placement(cur, job_id, p, enc_.perf, job=job, drop_pending=False)
         return dec
 
 

@@ -133,3 +133,26 @@ def test_apply_placement_updates_neighbour_contention():
     assert [j.job_id for j in state.running] == ["r1"] and state.running[0].cs == 1.0  # input untouched
     with pytest.raises(ValueError):
         apply_placement(after, "a", Placement.of({2: 8}), PERF)
+
+
+def test_heterogeneous_cluster_episode():
+    """Nodes of different sizes: slots beyond a node's GPUs never exist nor get used."""
+    from policies.cluster import NodeSpec
+    from trainer.env import PlacementEnv
+    from trainer.generate import GeneratorConfig, generate_jobs
+
+    het = ClusterSpec((NodeSpec("a", 8), NodeSpec("b", 4), NodeSpec("c", 2)))
+    perf = ContentionModel(het)
+    jobs = generate_jobs(het, GeneratorConfig(num_jobs=20, seed=4, max_gpus=8, duration_s=900.0), perf)
+    env = PlacementEnv([jobs], het, perf=perf)
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (env.spec_obs.channels, 3, 16)
+    rng = np.random.default_rng(0)
+    while True:
+        exists = obs[0, :, :8]
+        assert exists.sum() == 14 and (obs[:, 1, 4:8] == 0).all() and (obs[:, 2, 2:8] == 0).all()
+        obs, _, term, trunc, _ = env.step(int(rng.choice(np.flatnonzero(env.action_masks()))))
+        env.sim.check_invariants()
+        if term or trunc:
+            break
+    assert env.sim.done

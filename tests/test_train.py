@@ -99,3 +99,18 @@ def test_cli_train_errors(tmp_path, capsys):
 
     assert main(["train", "--traces", str(tmp_path / "none"), "--out", str(tmp_path / "o")]) == 2
     assert "no such" in capsys.readouterr().err
+
+
+def test_cli_resume_without_run_and_bad_arch(tmp_path, capsys):
+    from rlsched.cli import main
+    from trainer.traces import write_trace
+
+    write_trace(tmp_path / "t.csv", _trace(5, 6))
+    rc = main(
+        ["train", "--traces", str(tmp_path / "t.csv"), "--cluster", "2x4", "--out", str(tmp_path / "o"), "--resume"]
+    )
+    assert rc == 2 and "nothing to resume" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--traces", str(tmp_path / "t.csv"), "--out", str(tmp_path / "o"), "--net-arch", "0"])
+    assert e.value.code == 2

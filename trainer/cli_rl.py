@@ -29,6 +29,16 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _arch(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return sizes
+
+
 def _w1(text: str) -> float:
     v = float(text)
     if not 0.0 <= v <= 1.0:
@@ -67,7 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timesteps", type=_positive_int, default=50_000, help="environment steps (default 50000)")
     p.add_argument("--n-envs", type=_positive_int, default=2, help="vectorised environments (default 2)")
     p.add_argument("--eval-freq", type=_positive_int, default=5_000, help="evaluate every N steps (default 5000)")
-    p.add_argument("--net-arch", default="64,64", help="hidden layer sizes (default 64,64)")
+    p.add_argument("--net-arch", type=_arch, default=(64, 64), help="hidden layer sizes, e.g. 64,64 (default 64,64)")
     p.add_argument("--lr", type=float, default=3e-4, help="learning rate (default 3e-4)")
     p.add_argument("--ent-coef", type=float, default=0.01, help="entropy bonus (PPO/A2C, default 0.01)")
     p.add_argument("--gamma", type=float, default=1.0, help="discount (default 1.0; use 0.99 for progress / seed)")
@@ -123,10 +133,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from trainer.train import TrainConfig, train
 
     cluster = ClusterSpec.parse(args.cluster)
-    try:
-        arch = tuple(int(x) for x in args.net_arch.split(","))
-    except ValueError:
-        raise SystemExit(f"rlsched train: error: --net-arch {args.net_arch!r}: expected comma-separated integers")
+    arch = args.net_arch
     train_sets = [t for d in args.traces for t in load_trace_dir(d, cluster)]
     val_sets = [t for d in (args.val_traces or []) for t in load_trace_dir(d, cluster)]
     cfg = TrainConfig(

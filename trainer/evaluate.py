@@ -132,7 +132,7 @@ def evaluate_group(
                     "preemptions",
                 )
             }
-            row["trace"] = str(f)
+            row["trace"] = f"{f.parent.name}/{f.name}"
             row["wall_s"] = time.perf_counter() - t0
             if isinstance(getattr(pol, "stats", None), dict):
                 row["policy_stats"] = dict(pol.stats)
@@ -339,7 +339,8 @@ def run_evaluation(
         "figures": [str(f) for f in figs],
     }
     _write_atomic(
-        outdir / "rl_results.json", json.dumps({"meta": meta, "results": slim}, indent=1, default=float) + "\n"
+        outdir / "rl_results.json",
+        json.dumps(_round6({"meta": meta, "results": slim}), separators=(",", ":"), default=float) + "\n",
     )
     if results_md:
         md = Path(results_md)
@@ -356,6 +357,17 @@ def run_evaluation(
             text = text.rstrip() + "\n\n" + gen + "\n"
         _write_atomic(md, text)
     return results
+
+
+def _round6(x: Any) -> Any:
+    """Floats to 6 significant digits (keeps the JSON small), recursively."""
+    if isinstance(x, float):
+        return float(f"{x:.6g}")
+    if isinstance(x, dict):
+        return {k: _round6(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_round6(v) for v in x]
+    return x
 
 
 def _branch_table(results: Mapping[str, Any], names: Sequence[str]) -> str:

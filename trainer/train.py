@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from policies.checkpoint import MLPNet, load_checkpoint, save_checkpoint
+from policies.checkpoint import CheckpointError, MLPNet, load_checkpoint, save_checkpoint
 from policies.cluster import ClusterSpec
 from policies.encoding import Encoder
 from policies.job import JobSpec
@@ -225,6 +225,8 @@ def train(
 
     torch.set_num_threads(1)
     out = Path(out)
+    if resume and not (out / "last.json").is_file():
+        raise CheckpointError(f"{out / 'last.json'}: nothing to resume (no previous run in {out})")
     out.mkdir(parents=True, exist_ok=True)
     cluster = ClusterSpec.parse(cfg.cluster)
     perf = ContentionModel(cluster)
@@ -261,7 +263,7 @@ def train(
     if resume:
         last = load_checkpoint(out / "last")
         if last.meta.get("algo") != cfg.algo:
-            raise ValueError(f"{out / 'last.json'}: was trained with {last.meta.get('algo')}, not {cfg.algo}")
+            raise CheckpointError(f"{out / 'last.json'}: was trained with {last.meta.get('algo')}, not {cfg.algo}")
         from safetensors.numpy import load_file
 
         sd = {k: torch.from_numpy(v.copy()) for k, v in load_file(str(last.weights_path)).items()}
