@@ -85,6 +85,7 @@ CAND_FEATURES = 5
 _HOUR = 3600.0
 _REM_NORM = math.log1p(64.0)
 _QUEUE_NORM = math.log1p(256.0)
+_MEMO_MAX = 65536  # entries of the encoder's option memo before it is cleared
 
 
 class EncodingError(ValueError):
@@ -249,6 +250,9 @@ class Encoder:
         self._logtot = math.log2(1 + cluster.total_gpus)
         _N, G = self.spec.num_nodes, self.spec.gpus_per_node
         self._exists = (np.arange(G)[None, :] < self._caps[:, None]).astype(np.float32)  # [N, G]
+        self._mf: dict[str, tuple[float, float]] = {}
+        self._opt_memo: dict[tuple[int, bytes], tuple[Placement | None, ...]] = {}
+        self._speed_memo: dict[tuple[str, int, int], float] = {}
 
     # ------------------------------------------------------------------ candidates
     @staticmethod
@@ -306,15 +310,194 @@ class Encoder:
         return float(min(iso / cs / max(best, 1e-12), 1.0))
 
     # ------------------------------------------------------------------ encode
+    def _model_feats(self, model: str) -> tuple[float, float]:
+        """Cached ``(_bw, _cc)`` of a model (pure functions of the model and the link)."""
+        v = self._mf.get(model)
+        if v is None:
+            v = self._mf[model] = (_bw(model, self._link), _cc(model))
+        return v
+
+    def _options_fast(
+        self, job: JobInfo, free: np.ndarray, order: np.ndarray, free_ord: np.ndarray, free_sum: int, key: bytes
+    ) -> list[Placement | None]:
+        """:meth:`_options` with the node scan vectorised and memoised (same placements; tested).
+
+        The options are a pure function of the demand, the free GPUs and the
+        node order (itself a function of free GPUs and multi-node load), so
+        they are memoised on ``(demand, key)`` with ``key`` the bytes of free
+        GPUs and multi-node load; the memo is bounded (cleared when full).
+        """
+        g = job.gpu_demand
+        hit = self._opt_memo.get((g, key))
+        if hit is not None:
+            return list(hit)
+        out: list[Placement | None] = []
+        for lvl in range(self.spec.levels):
+            n = 1 << lvl
+            per = math.ceil(g / n)
+            if n > g or (n - 1) * per >= g:
+                out.append(None)
+                continue
+            chosen = order[free_ord >= per][:n].tolist()
+            if len(chosen) < n:
+                out.append(None)
+                continue
+            alloc: list[tuple[int, int]] = []
+            left = g
+            for i in chosen:
+                take = min(per, left)
+                alloc.append((i, take))  # take > 0: (n - 1) * per < g
+                left -= take
+            alloc.sort()
+            out.append(Placement(tuple(alloc)))  # == Placement.of(dict(alloc)): sorted, positive, distinct nodes
+        out.append(pack(job, free) if g <= free_sum else None)
+        if len(self._opt_memo) >= _MEMO_MAX:
+            self._opt_memo.clear()
+        self._opt_memo[(g, key)] = tuple(out)
+        return out
+
+    def _speed(self, job: JobInfo, p: Placement, multi_keys: list[list[JobKey]]) -> float:
+        """:meth:`predicted_speed`, memoised for single-node placements (where CS is 1)."""
+        if len(p.alloc) > 1:
+            return self.predicted_speed(job, p, multi_keys)
+        k = (job.model, job.gpu_demand, p.total_gpus)
+        v = self._speed_memo.get(k)
+        if v is None:
+            v = self._speed_memo[k] = self.predicted_speed(job, p, multi_keys)
+        return v
+
     def encode(
-        self, state: ClusterState, candidates: Sequence[JobInfo] | None = None, queue_len: int | None = None
+        self,
+        state: ClusterState,
+        candidates: Sequence[JobInfo] | None = None,
+        queue_len: int | None = None,
+        cache: dict | None = None,
     ) -> Encoded:
-        """Encode ``state``.
+        """Encode ``state`` (the fast path; bit-identical to :meth:`encode_reference`, tested).
+
+        Same observation, mask, candidates and options as the straightforward
+        :meth:`encode_reference`, with the per-slot / per-channel numpy writes
+        batched into a few fancy-index assignments, per-model features cached
+        and the node scans of the balanced options vectorised.
 
         :param candidates: precomputed :meth:`candidates` of the pending jobs
             (a caller taking several decisions per round maintains them
             incrementally); computed from ``state.pending`` when ``None``.
         :param queue_len: number of pending jobs; ``len(state.pending)`` when ``None``.
+        :param cache: a dict the caller keeps for several encodings of states
+            whose :class:`JobInfo` objects are not mutated in between (one
+            scheduling round: :func:`apply_placement` makes new objects for the
+            jobs it changes); running jobs' left-half features are reused from
+            it by object identity. ``None``: no reuse.
+        """
+        spec = self.spec
+        N, G = spec.num_nodes, spec.gpus_per_node
+        if len(state.free_gpus) != N:
+            raise EncodingError(f"state has {len(state.free_gpus)} nodes, the encoder expects {N}")
+        obs = np.zeros(spec.shape, dtype=np.float32)
+        free = np.asarray(state.free_gpus, dtype=np.int64)
+        used = [0] * N
+        multi_load = [0] * N
+        multi_keys: list[list[JobKey]] = [[] for _ in range(N)]
+        exists = self._exists
+        obs[0, :, :G] = exists
+        sv: list[int] = []  # per occupied slot: node, column, index of its job's feature row
+        sg: list[int] = []
+        sj: list[int] = []
+        rows: list[tuple[float, ...]] = []
+        logtot = self._logtot
+        for j in sorted(state.running, key=lambda x: x.job_id):
+            p = j.placement
+            if p is None:
+                continue
+            alloc = p.alloc
+            multi = len(alloc) > 1
+            hit = cache.get(id(j)) if cache is not None else None
+            if hit is not None and hit[0] is j:
+                feats = hit[1]
+            else:
+                bw, cc = self._model_feats(j.model)
+                feats = (
+                    1.0,
+                    bw,
+                    cc,
+                    _rem(j),
+                    min(max(j.cs - 1.0, 0.0), 1.0),
+                    1.0 if multi else 0.0,
+                    math.log2(1 + j.gpu_demand) / logtot,
+                )
+                if cache is not None:
+                    cache[id(j)] = (j, feats)
+            r = len(rows)
+            rows.append(feats)
+            key = (j.model, p.total_gpus, len(alloc)) if multi else None
+            for v, c in alloc:
+                a = used[v]
+                b = min(a + c, G)
+                if b > a:
+                    sv.extend([v] * (b - a))
+                    sg.extend(range(a, b))
+                    sj.extend([r] * (b - a))
+                used[v] = a + c
+                if multi:
+                    multi_load[v] += 1
+                    multi_keys[v].append(key)  # type: ignore[arg-type]
+        if sv:
+            obs[1:8, sv, sg] = np.asarray(rows, dtype=np.float32)[sj].T
+        n_pending = len(state.pending) if queue_len is None else int(queue_len)
+        q = min(math.log1p(n_pending) / _QUEUE_NORM, 1.0)
+        obs[8, :, :G] = exists * q
+
+        cands = self.candidates(state.pending) if candidates is None else list(candidates)[: spec.k]
+        mload = np.asarray(multi_load, dtype=np.int64)
+        order = np.lexsort((np.arange(N), free, mload))  # least loaded, best fit, index
+        free_ord = free[order]
+        free_sum = int(free.sum())
+        okey = free.tobytes() + mload.tobytes()
+        S = spec.options
+        mask = np.zeros(spec.n_actions, dtype=bool)
+        options: list[list[Placement | None]] = []
+        base = spec.k * S
+        oc: list[int] = []  # option channel, node, column (right half) and speed per written cell
+        ov: list[int] = []
+        og: list[int] = []
+        ox: list[float] = []
+        cf: list[float] = []
+        for k, job in enumerate(cands):
+            opts = self._options_fast(job, free, order, free_ord, free_sum, okey)
+            options.append(opts)
+            for s, p in enumerate(opts):
+                if p is None:
+                    continue
+                mask[k * S + s] = True
+                speed = self._speed(job, p, multi_keys)
+                ch = k * S + s
+                for v, c in p.alloc:
+                    a = used[v]
+                    b = min(a + c, G)
+                    if b > a:
+                        oc.extend([ch] * (b - a))
+                        ov.extend([v] * (b - a))
+                        og.extend(range(G + a, G + b))
+                        ox.extend([speed] * (b - a))
+            wait = min(math.log1p(max(state.time - job.submit_time, 0.0) / _HOUR) / _REM_NORM, 1.0)
+            bw, cc = self._model_feats(job.model)
+            cf.extend((bw, cc, _rem(job), math.log2(1 + job.gpu_demand) / logtot, wait))
+        if oc:
+            obs[oc, ov, og] = np.asarray(ox, dtype=np.float32)
+        if cf:
+            vals = np.asarray(cf, dtype=np.float32)
+            obs[base : base + len(cf), :, G:] = exists[None, :, :] * vals[:, None, None]
+        any_place = bool(mask[:-1].any())
+        mask[spec.noop] = bool(state.running) or not any_place
+        return Encoded(obs, mask, cands, options, spec)
+
+    def encode_reference(
+        self, state: ClusterState, candidates: Sequence[JobInfo] | None = None, queue_len: int | None = None
+    ) -> Encoded:
+        """The straightforward encoder (the specification :meth:`encode` must match bit for bit).
+
+        Kept for the equivalence tests (``tests/test_encoding.py``); same parameters as :meth:`encode`.
         """
         spec = self.spec
         N, G = spec.num_nodes, spec.gpus_per_node

@@ -141,11 +141,12 @@ class RLPolicy(Policy):
         left = len(state.pending)
         placed: set[str] = set()
         cur = state
+        cache: dict = {}  # running jobs' encoded features, by object (apply_placement never mutates)
         for _ in range(self.max_decisions):
             if left <= 0:
                 break
             reps = [g[head[d]] for d, g in groups.items() if head[d] < len(g)]
-            enc = enc_.encode(cur, candidates=enc_.rank_candidates(reps), queue_len=left)
+            enc = enc_.encode(cur, candidates=enc_.rank_candidates(reps), queue_len=left, cache=cache)
             if not enc.any_placement:
                 break
             a = self.net.act(enc.obs, enc.mask, self.deterministic, self._rng)

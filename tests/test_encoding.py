@@ -156,3 +156,99 @@ def test_heterogeneous_cluster_episode():
         if term or trunc:
             break
     assert env.sim.done
+
+
+def _same(a, b) -> None:
+    """Two :class:`Encoded` are identical: bit-equal observations, equal masks, candidates and options."""
+    assert a.obs.dtype == b.obs.dtype and a.obs.shape == b.obs.shape
+    assert a.obs.tobytes() == b.obs.tobytes()
+    assert np.array_equal(a.mask, b.mask)
+    assert [j.job_id for j in a.candidates] == [j.job_id for j in b.candidates]
+    assert a.options == b.options
+
+
+def _het() -> ClusterSpec:
+    from policies.cluster import NodeSpec
+
+    return ClusterSpec((NodeSpec("a", 8), NodeSpec("b", 4), NodeSpec("c", 2), NodeSpec("d", 8)))
+
+
+_CLUSTERS = {"4x8": C48, "16x4": ClusterSpec.parse("16x4"), "het": _het()}
+_PERFS = {k: (PERF if c is C48 else ContentionModel(c)) for k, c in _CLUSTERS.items()}
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.sampled_from(sorted(_CLUSTERS)),
+    st.lists(
+        st.tuples(st.sampled_from(MODELS), st.sampled_from([1, 2, 3, 4, 6, 8, 16]), st.floats(0.01, 50)),
+        min_size=0,
+        max_size=10,
+    ),
+    st.lists(
+        st.tuples(st.sampled_from(MODELS), st.sampled_from([1, 2, 3, 4, 5, 8, 12, 16, 32]), st.floats(0.01, 50)),
+        min_size=0,
+        max_size=14,
+    ),
+    st.floats(0, 48 * 3600.0),
+    st.integers(0, 2**31 - 1),
+)
+def test_fast_encode_bit_identical_to_reference(cname, running, pending, now, seed):
+    """Property: Encoder.encode (batched writes, feature cache) == encode_reference, bit for bit.
+
+    Random clusters (homogeneous, many small nodes, heterogeneous), random
+    running jobs on random (also uneven multi-node) placements so contention
+    varies, random queues and clock; then a sequence of random valid actions
+    with the cache a scheduling round keeps, as in :meth:`RLPolicy.schedule`.
+    """
+    cluster, perf = _CLUSTERS[cname], _PERFS[cname]
+    rng = np.random.default_rng(seed)
+    enc_ = Encoder(cluster, perf)
+
+    def mk(jid, m, g, r):
+        best = perf.best_isolated_throughput(m, g)
+        tot = r * 3600 * best
+        return JobInfo(
+            jid, m, g, float(rng.uniform(0, now)), tot, done_samples=float(rng.uniform(0, tot)), best_thp=best
+        )
+
+    state = ClusterState(now, cluster, np.array(cluster.gpus_per_node), [], [])
+    # running jobs: random placements spread over random nodes, started through apply_placement (sets CS)
+    for i, (m, g, r) in enumerate(running):
+        free = np.asarray(state.free_gpus)
+        if g > int(free.sum()):
+            continue
+        alloc: dict[int, int] = {}
+        need = g
+        for v in rng.permutation(len(free)):
+            take = min(int(free[v]), need, int(rng.integers(1, need + 1)))
+            if take > 0:
+                alloc[int(v)] = take
+                need -= take
+            if need == 0:
+                break
+        if need:
+            continue
+        job = mk(f"r{i:02d}", m, g, r)
+        state = ClusterState(state.time, cluster, state.free_gpus, state.running, [job])
+        state = apply_placement(state, job.job_id, Placement.of(alloc), perf)
+    pend = [mk(f"p{i:02d}", m, g, r) for i, (m, g, r) in enumerate(pending) if g <= cluster.total_gpus]
+    state = ClusterState(now, cluster, state.free_gpus, state.running, pend)
+
+    _same(enc_.encode(state), enc_.encode_reference(state))
+    cache: dict = {}
+    cur = state
+    for _ in range(8):
+        fast = enc_.encode(cur, cache=cache)
+        ref = enc_.encode_reference(cur)
+        _same(fast, ref)
+        cands = enc_.candidates(cur.pending)
+        _same(
+            enc_.encode(cur, candidates=cands, queue_len=len(cur.pending) + 3, cache=cache),
+            enc_.encode_reference(cur, candidates=cands, queue_len=len(cur.pending) + 3),
+        )
+        valid = np.flatnonzero(fast.mask[:-1])
+        if valid.size == 0:
+            break
+        jid, p = fast.decode(int(rng.choice(valid)))
+        cur = apply_placement(cur, jid, p, perf)

@@ -134,13 +134,13 @@ def test_prior_places_every_job_once_and_never_holds():
 
 
 def _naive_schedule(pol: RLPolicy, state):
-    """Reference: re-encode the full state after every placement."""
+    """Reference: re-encode the full state after every placement, with the straightforward encoder."""
     from policies.encoding import apply_placement
     from policies.state import ClusterState, Decision
 
     dec, cur = Decision(), state
     while cur.pending:
-        enc = pol.encoder.encode(cur)
+        enc = pol.encoder.encode_reference(cur)
         if not enc.any_placement:
             break
         choice = enc.decode(pol.net.act(enc.obs, enc.mask))
@@ -159,7 +159,7 @@ def _naive_schedule(pol: RLPolicy, state):
 
 @pytest.mark.parametrize("seed", range(4))
 def test_incremental_round_equals_naive(tmp_path, seed):
-    """The grouped, incremental schedule() gives exactly the naive re-encoding result."""
+    """The grouped, incremental, cached schedule() gives exactly the naive re-encoding result."""
     import copy
 
     from policies.heuristics import make_heuristic
