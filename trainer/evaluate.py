@@ -28,8 +28,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -38,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from policies.base import Policy, PolicyError
+from policies.checkpoint import write_atomic
 from policies.cluster import ClusterSpec
 from policies.perf import ContentionModel
 from trainer.metrics import summarize
@@ -264,16 +263,7 @@ def markdown_tables(results: Mapping[str, Any], cluster: str) -> str:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, text.encode())
 
 
 def run_evaluation(
