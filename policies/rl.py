@@ -146,7 +146,7 @@ class RLPolicy(Policy):
             if left <= 0:
                 break
             reps = [g[head[d]] for d, g in groups.items() if head[d] < len(g)]
-            enc = enc_.encode(cur, candidates=enc_.rank_candidates(reps), queue_len=left, cache=cache)
+            enc = enc_.encode(cur, candidates=enc_.rank_candidates(reps, cur.time), queue_len=left, cache=cache)
             if not enc.any_placement:
                 break
             a = self.net.act(enc.obs, enc.mask, self.deterministic, self._rng)

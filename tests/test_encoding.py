@@ -252,3 +252,22 @@ def test_fast_encode_bit_identical_to_reference(cname, running, pending, now, se
             break
         jid, p = fast.decode(int(rng.choice(valid)))
         cur = apply_placement(cur, jid, p, perf)
+
+
+def test_candidate_order_ages_waiting_jobs():
+    """A large job that has waited long enough overtakes a newly arrived small one."""
+    from policies.encoding import AGING_S
+
+    small = _job("small", "FSDP", 1, 1.0)
+    big = _job("big", "MoE", 16, 1.0)
+    enc_ = Encoder(C48, PERF)
+    # Arrived together: plain remaining GPU-time order (1 GPU-h before 16 GPU-h).
+    assert [c.job_id for c in enc_.candidates([big, small], now=0.0)] == ["small", "big"]
+    # The big job waited 2 h, the small one just arrived: 16 * exp(-4) < 1.
+    small.submit_time = 2 * 3600.0
+    now = 2 * 3600.0
+    assert 16 * np.exp(-now / AGING_S) < 1.0
+    assert [c.job_id for c in enc_.candidates([big, small], now=now)] == ["big", "small"]
+    # encode() ages by the state's clock.
+    state = ClusterState(now, C48, np.array(C48.gpus_per_node), [], [small, big])
+    assert [c.job_id for c in enc_.encode(state).candidates] == ["big", "small"]
