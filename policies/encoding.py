@@ -84,7 +84,18 @@ from policies.placement import pack
 from policies.state import ClusterState, JobInfo
 from policies.workloads import get_workload
 
-__all__ = ["AGING_S", "CAND_FEATURES", "LEFT_CHANNELS", "Encoded", "Encoder", "EncodingError", "ObsSpec", "apply_placement"]
+__all__ = [
+    "AGING_S",
+    "CAND_FEATURES",
+    "LEFT_CHANNELS",
+    "Encoded",
+    "Encoder",
+    "EncodingError",
+    "ObsSpec",
+    "RoundEncoder",
+    "SparseObs",
+    "apply_placement",
+]
 
 LEFT_CHANNELS = 9
 CAND_FEATURES = 5
@@ -189,6 +200,66 @@ class ObsSpec:
 
 
 @dataclass
+class SparseObs:
+    """An observation in structured form (:meth:`Encoder.encode` with ``dense=False``).
+
+    :meth:`dense` rebuilds the float32 ``spec.shape`` tensor bit for bit
+    (tested); :meth:`policies.checkpoint.MLPNet.logits_sparse` evaluates a
+    network on it without building that tensor. Fields (``G`` = ``spec.gpus_per_node``):
+
+    :param queue: channel 8's value (queue length), broadcast over existing left-half slots
+        (channel 0 is the constant 1 over the same slots).
+    :param jobs: per running job with visible slots: ``(feats, spans)``, ``feats`` the 7
+        values of channels 1..7, ``spans`` ``((node, first column, end column), ...)`` in the left half.
+    :param opt_c: option channel of each written right-half cell; ``opt_v`` its node,
+        ``opt_g`` its column (``G..2G-1``), ``opt_x`` its value (predicted speed).
+    :param cand: candidate broadcast values; ``cand[i]`` fills channel ``K * S + i`` over
+        every existing right-half slot.
+    :param left: set by :class:`RoundEncoder` only: float64 ``[H]``, the running jobs'
+        first-layer contribution for one network's plan (channels 1..7), already summed;
+        ``jobs`` is then empty and :meth:`dense` is unavailable (use ``RoundEncoder.jobs()``).
+    """
+
+    queue: float
+    jobs: list[tuple[tuple[float, ...], tuple[tuple[int, int, int], ...]]]
+    opt_c: list[int]
+    opt_v: list[int]
+    opt_g: list[int]
+    opt_x: list[float]
+    cand: list[float]
+    left: np.ndarray | None = None
+
+    def dense(self, spec: ObsSpec, exists: np.ndarray) -> np.ndarray:
+        """The float32 ``spec.shape`` observation (same writes as :meth:`Encoder.encode`).
+
+        :param exists: float32 ``[N, G]`` slot-exists mask (``Encoder._exists``).
+        """
+        if self.left is not None:
+            raise ValueError("a RoundEncoder observation holds only the running jobs' summed contribution")
+        G = spec.gpus_per_node
+        obs = np.zeros(spec.shape, dtype=np.float32)
+        obs[0, :, :G] = exists
+        sv: list[int] = []
+        sg: list[int] = []
+        sj: list[int] = []
+        for r, (_f, spans) in enumerate(self.jobs):
+            for v, a, b in spans:
+                sv.extend([v] * (b - a))
+                sg.extend(range(a, b))
+                sj.extend([r] * (b - a))
+        if sv:
+            obs[1:8, sv, sg] = np.asarray([f for f, _s in self.jobs], dtype=np.float32)[sj].T
+        obs[8, :, :G] = exists * self.queue
+        if self.opt_c:
+            obs[self.opt_c, self.opt_v, self.opt_g] = np.asarray(self.opt_x, dtype=np.float32)
+        if self.cand:
+            base = spec.k * spec.options
+            vals = np.asarray(self.cand, dtype=np.float32)
+            obs[base : base + len(self.cand), :, G:] = exists[None, :, :] * vals[:, None, None]
+        return obs
+
+
+@dataclass
 class Encoded:
     """One encoded state: the observation, the valid-action mask and what the actions mean.
 
@@ -196,13 +267,30 @@ class Encoded:
     :param mask: bool ``[spec.n_actions]``.
     :param candidates: the ``<= K`` candidate jobs, in action order.
     :param options: ``options[k][s]``: placement of option ``s`` of candidate ``k`` or ``None``.
+    :param sparse: the observation in structured form (only from ``encode(..., dense=False)``,
+        whose ``obs`` is then ``None``).
     """
 
-    obs: np.ndarray
+    obs: np.ndarray | None
     mask: np.ndarray
     candidates: list[JobInfo]
     options: list[list[Placement | None]]
     spec: ObsSpec = field(repr=False, default=None)  # type: ignore[assignment]
+    sparse: SparseObs | None = field(repr=False, default=None)
+
+    def action_speeds(self) -> np.ndarray:
+        """float32 ``[K * S]``: predicted normalised speed of each placement action (0 if infeasible).
+
+        The maximum of option channel ``a`` over the cells (all cells of an
+        option hold the same value); read from ``obs`` or from ``sparse``.
+        """
+        ks = self.spec.k * self.spec.options
+        if self.obs is not None:
+            return self.obs[:ks, :, self.spec.gpus_per_node :].reshape(ks, -1).max(axis=1)  # right half only
+        out = np.zeros(ks, dtype=np.float32)
+        if self.sparse is not None and self.sparse.opt_c:
+            np.maximum.at(out, np.asarray(self.sparse.opt_c), np.asarray(self.sparse.opt_x, dtype=np.float32))
+        return out
 
     @property
     def any_placement(self) -> bool:
@@ -262,6 +350,7 @@ class Encoder:
         self._mf: dict[str, tuple[float, float]] = {}
         self._opt_memo: dict[tuple[int, bytes], tuple[Placement | None, ...]] = {}
         self._speed_memo: dict[tuple[str, int, int], float] = {}
+        self._multi_memo: dict[tuple, float] = {}
 
     # ------------------------------------------------------------------ candidates
     @staticmethod
@@ -370,99 +459,42 @@ class Encoder:
         return out
 
     def _speed(self, job: JobInfo, p: Placement, multi_keys: list[list[JobKey]]) -> float:
-        """:meth:`predicted_speed`, memoised for single-node placements (where CS is 1)."""
+        """:meth:`predicted_speed`, memoised (by value: single-node placements by shape, multi-node ones
+        by placement and the multi-node neighbours on its nodes, which is all the prediction reads)."""
         if len(p.alloc) > 1:
-            return self.predicted_speed(job, p, multi_keys)
+            mk = (job.model, job.gpu_demand, p.alloc, tuple(tuple(multi_keys[v]) for v, _c in p.alloc))
+            v = self._multi_memo.get(mk)
+            if v is None:
+                if len(self._multi_memo) >= _MEMO_MAX:
+                    self._multi_memo.clear()
+                v = self._multi_memo[mk] = self.predicted_speed(job, p, multi_keys)
+            return v
         k = (job.model, job.gpu_demand, p.total_gpus)
         v = self._speed_memo.get(k)
         if v is None:
             v = self._speed_memo[k] = self.predicted_speed(job, p, multi_keys)
         return v
 
-    def encode(
+    def _right_half(
         self,
-        state: ClusterState,
-        candidates: Sequence[JobInfo] | None = None,
-        queue_len: int | None = None,
-        cache: dict | None = None,
-    ) -> Encoded:
-        """Encode ``state`` (the fast path; bit-identical to :meth:`encode_reference`, tested).
+        now: float,
+        cands: Sequence[JobInfo],
+        free: np.ndarray,
+        mload: np.ndarray,
+        used: Sequence[int],
+        multi_keys: list[list[JobKey]],
+        any_running: bool,
+    ) -> tuple[np.ndarray, list[list[Placement | None]], list[int], list[int], list[int], list[float], list[float]]:
+        """Mask, options and right-half cells of :meth:`encode` (shared with :class:`RoundEncoder`).
 
-        Same observation, mask, candidates and options as the straightforward
-        :meth:`encode_reference`, with the per-slot / per-channel numpy writes
-        batched into a few fancy-index assignments, per-model features cached
-        and the node scans of the balanced options vectorised.
-
-        :param candidates: precomputed :meth:`candidates` of the pending jobs
-            (a caller taking several decisions per round maintains them
-            incrementally); computed from ``state.pending`` when ``None``.
-        :param queue_len: number of pending jobs; ``len(state.pending)`` when ``None``.
-        :param cache: a dict the caller keeps for several encodings of states
-            whose :class:`JobInfo` objects are not mutated in between (one
-            scheduling round: :func:`apply_placement` makes new objects for the
-            jobs it changes); running jobs' left-half features are reused from
-            it by object identity. ``None``: no reuse.
+        :param free: int64 ``[N]`` free GPUs; ``mload``: int64 ``[N]`` multi-node jobs per node;
+            ``used``: ``[N]`` GPUs taken by running jobs per node (left-half fill, may exceed ``G``);
+            ``multi_keys[v]``: multi-node jobs' keys on node ``v`` in job-id order.
+        :returns: ``(mask, options, opt_c, opt_v, opt_g, opt_x, cand)`` as in :class:`SparseObs`.
         """
         spec = self.spec
         N, G = spec.num_nodes, spec.gpus_per_node
-        if len(state.free_gpus) != N:
-            raise EncodingError(f"state has {len(state.free_gpus)} nodes, the encoder expects {N}")
-        obs = np.zeros(spec.shape, dtype=np.float32)
-        free = np.asarray(state.free_gpus, dtype=np.int64)
-        used = [0] * N
-        multi_load = [0] * N
-        multi_keys: list[list[JobKey]] = [[] for _ in range(N)]
-        exists = self._exists
-        obs[0, :, :G] = exists
-        sv: list[int] = []  # per occupied slot: node, column, index of its job's feature row
-        sg: list[int] = []
-        sj: list[int] = []
-        rows: list[tuple[float, ...]] = []
         logtot = self._logtot
-        for j in sorted(state.running, key=lambda x: x.job_id):
-            p = j.placement
-            if p is None:
-                continue
-            alloc = p.alloc
-            multi = len(alloc) > 1
-            hit = cache.get(id(j)) if cache is not None else None
-            if hit is not None and hit[0] is j:
-                feats = hit[1]
-            else:
-                bw, cc = self._model_feats(j.model)
-                feats = (
-                    1.0,
-                    bw,
-                    cc,
-                    _rem(j),
-                    min(max(j.cs - 1.0, 0.0), 1.0),
-                    1.0 if multi else 0.0,
-                    math.log2(1 + j.gpu_demand) / logtot,
-                )
-                if cache is not None:
-                    cache[id(j)] = (j, feats)
-            r = len(rows)
-            rows.append(feats)
-            key = (j.model, p.total_gpus, len(alloc)) if multi else None
-            for v, c in alloc:
-                a = used[v]
-                b = min(a + c, G)
-                if b > a:
-                    sv.extend([v] * (b - a))
-                    sg.extend(range(a, b))
-                    sj.extend([r] * (b - a))
-                used[v] = a + c
-                if multi:
-                    multi_load[v] += 1
-                    multi_keys[v].append(key)  # type: ignore[arg-type]
-        if sv:
-            obs[1:8, sv, sg] = np.asarray(rows, dtype=np.float32)[sj].T
-        n_pending = len(state.pending) if queue_len is None else int(queue_len)
-        q = min(math.log1p(n_pending) / _QUEUE_NORM, 1.0)
-        obs[8, :, :G] = exists * q
-
-        cands = self.candidates(state.pending, state.time) if candidates is None else list(candidates)[: spec.k]
-        mload = np.asarray(multi_load, dtype=np.int64)
         order = np.lexsort((np.arange(N), free, mload))  # least loaded, best fit, index
         free_ord = free[order]
         free_sum = int(free.sum())
@@ -493,16 +525,120 @@ class Encoder:
                         ov.extend([v] * (b - a))
                         og.extend(range(G + a, G + b))
                         ox.extend([speed] * (b - a))
-            wait = min(math.log1p(max(state.time - job.submit_time, 0.0) / _HOUR) / _REM_NORM, 1.0)
+            wait = min(math.log1p(max(now - job.submit_time, 0.0) / _HOUR) / _REM_NORM, 1.0)
             bw, cc = self._model_feats(job.model)
             cf.extend((bw, cc, _rem(job), math.log2(1 + job.gpu_demand) / logtot, wait))
+        any_place = bool(mask[:-1].any())
+        mask[spec.noop] = any_running or not any_place
+        return mask, options, oc, ov, og, ox, cf
+
+    def encode(
+        self,
+        state: ClusterState,
+        candidates: Sequence[JobInfo] | None = None,
+        queue_len: int | None = None,
+        cache: dict | None = None,
+        dense: bool = True,
+    ) -> Encoded:
+        """Encode ``state`` (the fast path; bit-identical to :meth:`encode_reference`, tested).
+
+        Same observation, mask, candidates and options as the straightforward
+        :meth:`encode_reference`, with the per-slot / per-channel numpy writes
+        batched into a few fancy-index assignments, per-model features cached
+        and the node scans of the balanced options vectorised.
+
+        :param candidates: precomputed :meth:`candidates` of the pending jobs
+            (a caller taking several decisions per round maintains them
+            incrementally); computed from ``state.pending`` when ``None``.
+        :param queue_len: number of pending jobs; ``len(state.pending)`` when ``None``.
+        :param cache: a dict the caller keeps for several encodings of states
+            whose :class:`JobInfo` objects are not mutated in between (one
+            scheduling round: :func:`apply_placement` makes new objects for the
+            jobs it changes); running jobs' left-half features are reused from
+            it by object identity. ``None``: no reuse.
+        :param dense: build ``obs``; with ``False`` the result's ``obs`` is ``None``
+            and ``sparse`` holds the same observation as a :class:`SparseObs`
+            (``sparse.dense(spec, self._exists)`` equals ``obs`` bit for bit; tested).
+        """
+        spec = self.spec
+        N, G = spec.num_nodes, spec.gpus_per_node
+        if len(state.free_gpus) != N:
+            raise EncodingError(f"state has {len(state.free_gpus)} nodes, the encoder expects {N}")
+        obs = np.zeros(spec.shape, dtype=np.float32) if dense else None
+        free = np.asarray(state.free_gpus, dtype=np.int64)
+        used = [0] * N
+        multi_load = [0] * N
+        multi_keys: list[list[JobKey]] = [[] for _ in range(N)]
+        exists = self._exists
+        if obs is not None:
+            obs[0, :, :G] = exists
+        jobs_sp: list[tuple[tuple[float, ...], tuple[tuple[int, int, int], ...]]] = []
+        sv: list[int] = []  # per occupied slot: node, column, index of its job's feature row
+        sg: list[int] = []
+        sj: list[int] = []
+        rows: list[tuple[float, ...]] = []
+        logtot = self._logtot
+        for j in sorted(state.running, key=lambda x: x.job_id):
+            p = j.placement
+            if p is None:
+                continue
+            alloc = p.alloc
+            multi = len(alloc) > 1
+            hit = cache.get(id(j)) if cache is not None else None
+            if hit is not None and hit[0] is j:
+                feats = hit[1]
+            else:
+                bw, cc = self._model_feats(j.model)
+                feats = (
+                    1.0,
+                    bw,
+                    cc,
+                    _rem(j),
+                    min(max(j.cs - 1.0, 0.0), 1.0),
+                    1.0 if multi else 0.0,
+                    math.log2(1 + j.gpu_demand) / logtot,
+                )
+                if cache is not None:
+                    cache[id(j)] = (j, feats)
+            r = len(rows)
+            rows.append(feats)
+            key = (j.model, p.total_gpus, len(alloc)) if multi else None
+            spans: list[tuple[int, int, int]] = []
+            for v, c in alloc:
+                a = used[v]
+                b = min(a + c, G)
+                if b > a:
+                    if obs is not None:
+                        sv.extend([v] * (b - a))
+                        sg.extend(range(a, b))
+                        sj.extend([r] * (b - a))
+                    else:
+                        spans.append((v, a, b))
+                used[v] = a + c
+                if multi:
+                    multi_load[v] += 1
+                    multi_keys[v].append(key)  # type: ignore[arg-type]
+            if spans:
+                jobs_sp.append((feats, tuple(spans)))
+        if sv:
+            obs[1:8, sv, sg] = np.asarray(rows, dtype=np.float32)[sj].T  # type: ignore[index]
+        n_pending = len(state.pending) if queue_len is None else int(queue_len)
+        q = min(math.log1p(n_pending) / _QUEUE_NORM, 1.0)
+        if obs is not None:
+            obs[8, :, :G] = exists * q
+
+        cands = self.candidates(state.pending, state.time) if candidates is None else list(candidates)[: spec.k]
+        mask, options, oc, ov, og, ox, cf = self._right_half(
+            state.time, cands, free, np.asarray(multi_load, dtype=np.int64), used, multi_keys, bool(state.running)
+        )
+        base = spec.k * spec.options
+        if obs is None:
+            return Encoded(None, mask, cands, options, spec, SparseObs(q, jobs_sp, oc, ov, og, ox, cf))
         if oc:
             obs[oc, ov, og] = np.asarray(ox, dtype=np.float32)
         if cf:
             vals = np.asarray(cf, dtype=np.float32)
             obs[base : base + len(cf), :, G:] = exists[None, :, :] * vals[:, None, None]
-        any_place = bool(mask[:-1].any())
-        mask[spec.noop] = bool(state.running) or not any_place
         return Encoded(obs, mask, cands, options, spec)
 
     def encode_reference(
@@ -646,3 +782,202 @@ def apply_placement(
         running = out
     pending = [j for j in state.pending if j.job_id != job_id] if drop_pending else state.pending
     return ClusterState(state.time, state.cluster, free, running, pending)
+
+
+class RoundEncoder:
+    """Incremental :meth:`Encoder.encode` (``dense=False``) over the placements of one round.
+
+    Built once from the round's state; :meth:`place` then applies a placement
+    exactly as :func:`apply_placement` does (same :class:`JobInfo` objects and
+    throughputs, ``running`` in the same order) but updates only what it
+    changes: free GPUs, per-node used GPUs, multi-node load and neighbour keys
+    of the placement's nodes, and, for the running jobs on those nodes (their
+    left-half columns may shift) and the multi-node jobs whose contention
+    changed (their slowdown feature), their features, slot spans and their
+    first-layer contribution ``plan.job(feats, spans)`` (float64 ``[H]``,
+    one row of a ``[jobs, H]`` matrix summed per encoding).
+    :meth:`encode` gives the same mask, candidates, options and right-half
+    cells as ``Encoder.encode(self.state(), ..., dense=False)`` and the
+    running jobs' summed contribution in ``SparseObs.left`` (tested), so a
+    round of ``m`` placements on a cluster with ``R`` running jobs costs
+    ``O(R + m * (jobs per node + K * S))`` Python steps instead of ``O(m * R)``.
+
+    :param enc: the encoder.
+    :param state: the round's initial state (not modified).
+    :param plan: the network's first-layer plan (:meth:`policies.checkpoint.MLPNet.sparse_plan`)
+        for ``enc.spec`` and ``enc._exists``.
+    """
+
+    def __init__(self, enc: Encoder, state: ClusterState, plan) -> None:
+        N = enc.spec.num_nodes
+        if len(state.free_gpus) != N:
+            raise EncodingError(f"state has {len(state.free_gpus)} nodes, the encoder expects {N}")
+        self.enc, self.plan = enc, plan
+        self.time, self.cluster = state.time, state.cluster
+        self.pending = state.pending
+        self.free = np.asarray(state.free_gpus, dtype=np.int64).copy()
+        self.used = [0] * N
+        self.mload = np.zeros(N, dtype=np.int64)
+        self.multi_keys: list[list[JobKey]] = [[] for _ in range(N)]  # job-id order (encode's)
+        self._multi_ids: list[list[str]] = [[] for _ in range(N)]
+        self._node_ids: list[list[str]] = [[] for _ in range(N)]  # running jobs per node, id order
+        self._node_c: list[dict[str, int]] = [{} for _ in range(N)]
+        self.running: list[JobInfo] = list(state.running)  # apply_placement's order
+        self._pos: dict[str, int] = {}
+        self._by_node: dict[int, list[int]] = {}  # multi-node jobs (running indices, running order)
+        self._feats: dict[str, tuple[float, ...]] = {}
+        self._spans: dict[str, tuple[tuple[int, int, int], ...]] = {}
+        self._row: dict[str, int] = {}
+        H = plan.const.shape[0]
+        self._contrib = np.zeros((max(16, 2 * len(self.running) + 8), H), dtype=np.float64)
+        self._n = 0
+        for i, j in enumerate(self.running):
+            self._pos[j.job_id] = i
+            p = j.placement
+            if p is not None and p.num_nodes > 1:
+                for v in p.nodes:
+                    self._by_node.setdefault(v, []).append(i)
+        for j in sorted(self.running, key=lambda x: x.job_id):
+            if j.placement is not None:
+                self._add_to_nodes(j)
+        offs = [self._offsets(v) for v in range(N)]
+        for j in self.running:
+            if j.placement is not None:
+                self._refresh(j, offs)
+
+    # ------------------------------------------------------------------ internals
+    def _add_to_nodes(self, j: JobInfo) -> None:
+        """Register running job ``j`` in the per-node structures (id order kept)."""
+        import bisect
+
+        p = j.placement
+        multi = p.num_nodes > 1
+        key = (j.model, p.total_gpus, p.num_nodes) if multi else None
+        for v, c in p.alloc:
+            ids = self._node_ids[v]
+            ids.insert(bisect.bisect_right(ids, j.job_id), j.job_id)
+            self._node_c[v][j.job_id] = c
+            self.used[v] += c
+            if multi:
+                self.mload[v] += 1
+                mids = self._multi_ids[v]
+                at = bisect.bisect_right(mids, j.job_id)
+                mids.insert(at, j.job_id)
+                self.multi_keys[v].insert(at, key)  # type: ignore[arg-type]
+
+    def _offsets(self, v: int) -> dict[str, int]:
+        """First left-half column of each running job on node ``v`` (before clipping to ``G``)."""
+        out: dict[str, int] = {}
+        a = 0
+        cs = self._node_c[v]
+        for jid in self._node_ids[v]:
+            out[jid] = a
+            a += cs[jid]
+        return out
+
+    def _refresh(self, j: JobInfo, offs) -> None:
+        """Recompute ``j``'s features, spans and contribution row; ``offs[v]``: :meth:`_offsets` of its nodes."""
+        G = self.enc.spec.gpus_per_node
+        p = j.placement
+        multi = p.num_nodes > 1
+        bw, cc = self.enc._model_feats(j.model)
+        feats = (
+            1.0,
+            bw,
+            cc,
+            _rem(j),
+            min(max(j.cs - 1.0, 0.0), 1.0),
+            1.0 if multi else 0.0,
+            math.log2(1 + j.gpu_demand) / self.enc._logtot,
+        )
+        spans = []
+        for v, c in p.alloc:
+            a = offs[v][j.job_id]
+            b = min(a + c, G)
+            if b > a:
+                spans.append((v, a, b))
+        spans_t = tuple(spans)
+        row = self._row.get(j.job_id)
+        if row is None:
+            if self._n == len(self._contrib):
+                self._contrib = np.concatenate([self._contrib, np.zeros_like(self._contrib)])
+            row = self._row[j.job_id] = self._n
+            self._n += 1
+        self._feats[j.job_id] = feats
+        self._spans[j.job_id] = spans_t
+        self._contrib[row] = self.plan.job(feats, spans_t) if spans_t else 0.0
+
+    # ------------------------------------------------------------------ API
+    def place(self, job: JobInfo, p: Placement, perf: ContentionModel) -> None:
+        """Start pending ``job`` on ``p`` (as :func:`apply_placement` with ``drop_pending=False``)."""
+        if not p.fits(self.free):
+            raise ValueError(f"placement {p} of job {job.job_id} does not fit free GPUs {self.free.tolist()}")
+        if job.job_id in self._pos:
+            raise ValueError(f"job {job.job_id} is already running")
+        for v, c in p.alloc:
+            self.free[v] -= c
+        iso = perf.isolated_throughput(job.model, p.total_gpus, p.num_nodes)
+        new = JobInfo(
+            **{**job.__dict__, "placement": p, "isolated_thp": iso, "achieved_thp": iso, "start_time": self.time}
+        )
+        idx = len(self.running)
+        self.running.append(new)
+        self._pos[new.job_id] = idx
+        self._add_to_nodes(new)
+        changed: set[str] = {new.job_id}
+        if p.num_nodes > 1:
+            by_node = self._by_node
+            for v in p.nodes:
+                by_node.setdefault(v, []).append(idx)
+            touched = sorted({i for v in p.nodes for i in by_node.get(v, [])})
+            run = self.running
+            for i in touched:
+                j = run[i]
+                jp = j.placement
+                key = (j.model, jp.total_gpus, jp.num_nodes)
+                neigh = {
+                    v: [
+                        (o.model, o.placement.total_gpus, o.placement.num_nodes)
+                        for o in (run[k] for k in by_node.get(v, []))
+                        if o.job_id != j.job_id
+                    ]
+                    for v in jp.nodes
+                }
+                cs = perf.job_cs(key, jp.nodes, neigh)
+                iso_j = j.isolated_thp or perf.isolated_throughput(j.model, jp.total_gpus, jp.num_nodes)
+                run[i] = JobInfo(**{**j.__dict__, "isolated_thp": iso_j, "achieved_thp": iso_j / cs})
+                changed.add(j.job_id)
+        for v in p.nodes:
+            changed.update(self._node_ids[v])
+        offs: dict[int, dict[str, int]] = {}
+        for jid in changed:
+            j = self.running[self._pos[jid]]
+            for v in j.placement.nodes:
+                if v not in offs:
+                    offs[v] = self._offsets(v)
+            self._refresh(j, offs)
+
+    def state(self, pending: list[JobInfo] | None = None) -> ClusterState:
+        """The current state (``pending``: the round's initial pending jobs unless given)."""
+        return ClusterState(self.time, self.cluster, self.free, self.running, self.pending if pending is None else pending)
+
+    def jobs(self) -> list[tuple[tuple[float, ...], tuple[tuple[int, int, int], ...]]]:
+        """``SparseObs.jobs`` of the current state (job-id order; for tests)."""
+        out = []
+        for jid in sorted(self._row):
+            if self._spans[jid]:
+                out.append((self._feats[jid], self._spans[jid]))
+        return out
+
+    def encode(self, candidates: Sequence[JobInfo], queue_len: int) -> Encoded:
+        """:meth:`Encoder.encode` of the current state with these ``candidates`` and queue length, ``dense=False``;
+        ``sparse.jobs`` is empty and ``sparse.left`` holds their summed contribution."""
+        enc = self.enc
+        spec = enc.spec
+        cands = list(candidates)[: spec.k]
+        q = min(math.log1p(int(queue_len)) / _QUEUE_NORM, 1.0)
+        mask, options, oc, ov, og, ox, cf = enc._right_half(
+            self.time, cands, self.free, self.mload, self.used, self.multi_keys, bool(self.running)
+        )
+        left = self._contrib[: self._n].sum(axis=0)
+        return Encoded(None, mask, cands, options, spec, SparseObs(q, [], oc, ov, og, ox, cf, left))

@@ -49,6 +49,7 @@ def test_training_beats_random(tmp_path):
         seed=0,
         learning_rate=1e-3,
         prior_init=False,
+        prior="bias",  # the network alone, from random init: learning, not a prior, must beat random
     )
     summary = train(cfg, [trace], [trace], tmp_path / "run", progress=False)
     assert summary["timesteps"] >= 6000

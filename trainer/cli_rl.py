@@ -91,6 +91,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=1.0,
         help="logit gap between consecutive actions of the prior init (default 1)",
     )
+    p.add_argument(
+        "--prior",
+        choices=("admission", "bias"),
+        default=None,
+        help="admission: logits = network + the admission prior (policies/prior.py; maskable-ppo only, its default); "
+        "bias: the network alone, output bias initialised to prefer lower actions (default for other algos)",
+    )
+    p.add_argument(
+        "--prior-theta",
+        type=float,
+        default=0.8,
+        help="admission prior: predicted normalised speed below which an option ranks after 'nothing' (default 0.8)",
+    )
     p.add_argument("--out", required=True, help="output directory (best.*, last.*, eval.csv, tb/)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/last")
     p.add_argument(
@@ -132,6 +145,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from trainer.env import load_trace_dir
     from trainer.train import TrainConfig, train
 
+    from policies.base import PolicyError
+
+    if args.prior == "admission" and args.algo != "maskable-ppo":
+        raise PolicyError(f"--prior admission needs --algo maskable-ppo (got {args.algo}); use --prior bias")
+    if not 0.0 <= args.prior_theta <= 1.0:
+        raise PolicyError(f"--prior-theta must be in [0, 1], got {args.prior_theta}")
     cluster = ClusterSpec.parse(args.cluster)
     arch = args.net_arch
     train_sets = [t for d in args.traces for t in load_trace_dir(d, cluster)]
@@ -151,6 +170,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         eval_freq=args.eval_freq,
         prior_init=not args.no_prior_init,
         prior_scale=args.prior_scale,
+        prior=args.prior,
+        prior_theta=args.prior_theta,
         traces=list(args.traces),
         val_traces=list(args.val_traces or []),
     )

@@ -33,6 +33,7 @@ from policies.cluster import ClusterSpec
 from policies.encoding import Encoder
 from policies.job import JobSpec
 from policies.perf import ContentionModel
+from policies.prior import AdmissionPrior
 from policies.rl import RLPolicy
 from trainer.env import PlacementEnv
 from trainer.simulator import SimConfig, Simulator
@@ -67,6 +68,11 @@ class TrainConfig:
     k: int = 6
     prior_init: bool = True
     prior_scale: float = 1.0
+    #: ``"admission"``: logits = network + :class:`policies.prior.AdmissionPrior` (maskable-ppo only);
+    #: ``"bias"``: no prior term, the output bias starts at ``-prior_scale * index``.
+    #: ``None``: ``"admission"`` for maskable-ppo, ``"bias"`` for the others.
+    prior: str | None = None
+    prior_theta: float = 0.8
     traces: list[str] = field(default_factory=list)
     val_traces: list[str] = field(default_factory=list)
 
@@ -88,6 +94,18 @@ def export_tensors(model) -> dict[str, np.ndarray]:
     return {k: v.detach().cpu().numpy().astype(np.float32) for k, v in model.policy.state_dict().items()}
 
 
+def admission_prior(cfg: TrainConfig) -> AdmissionPrior | None:
+    """The prior the run's policy adds to its logits (``None`` without one)."""
+    kind = cfg.prior or ("admission" if cfg.algo == "maskable-ppo" else "bias")
+    if kind == "admission":
+        if cfg.algo != "maskable-ppo":
+            raise ValueError(f"the admission prior needs --algo maskable-ppo (got {cfg.algo}); use --prior bias")
+        return AdmissionPrior(cfg.prior_theta, cfg.prior_scale)
+    if kind == "bias":
+        return None
+    raise ValueError(f"unknown prior {cfg.prior!r}; choose admission or bias")
+
+
 def inference_net(algo: str, model) -> MLPNet:
     """The numpy network :class:`RLPolicy` would run for ``model`` now."""
     layers, act = _layer_names(algo, model)
@@ -103,6 +121,7 @@ def evaluate_net(
     hybrid: bool = False,
     round_len: float = 300.0,
     k: int = 6,
+    prior: AdmissionPrior | None = None,
 ) -> list[float]:
     """Average JCT (s) of ``net`` as rl-base (or rl-hybrid) on each trace, via the full simulator."""
     from policies.encoding import ObsSpec
@@ -110,7 +129,7 @@ def evaluate_net(
     enc = Encoder(cluster, perf, ObsSpec.for_cluster(cluster, k))
     out = []
     for jobs in traces:
-        pol = RLPolicy(net, enc, hybrid=hybrid)
+        pol = RLPolicy(net, enc, hybrid=hybrid, prior=prior)
         res = Simulator(cluster, jobs, pol, perf, SimConfig(round_len=round_len)).run()
         out.append(float(np.mean([r.jct for r in res.jobs])))
     return out
@@ -139,6 +158,29 @@ def _make_model(cfg: TrainConfig, venv, tb: str | None):
         "tensorboard_log": tb,
         "device": "cpu",
     }
+    if admission_prior(cfg) is not None:
+        from trainer.prior_policy import MaskablePriorPolicy, PriorFlattenExtractor
+
+        spec = venv.get_attr("spec_obs", [0])[0]
+        return Algo(
+            MaskablePriorPolicy,
+            venv,
+            n_steps=cfg.n_steps,
+            batch_size=cfg.batch_size,
+            n_epochs=cfg.n_epochs,
+            ent_coef=cfg.ent_coef,
+            policy_kwargs={
+                "net_arch": {"pi": arch, "vf": arch},
+                "activation_fn": torch.nn.Tanh,
+                "features_extractor_class": PriorFlattenExtractor,
+                "features_extractor_kwargs": {
+                    "ks": spec.k * spec.options,
+                    "theta": cfg.prior_theta,
+                    "scale": cfg.prior_scale,
+                },
+            },
+            **common,
+        )
     if cfg.algo in ("maskable-ppo", "ppo"):
         return Algo(
             "MlpPolicy",
@@ -172,20 +214,25 @@ def _make_model(cfg: TrainConfig, venv, tb: str | None):
     )
 
 
-def _init_prior(algo: str, model, scale: float = 1.0) -> None:
-    """Start from the action space's prior: output bias ``-scale * index``, output weights x 0.01.
+def _init_prior(algo: str, model, scale: float = 1.0, admission: bool = False) -> None:
+    """Start from the prior: output weights x 0.01 and an output bias of 0 (``admission``: the
+    policy's prior term carries the preference) or ``-scale * index`` (``bias``).
 
-    The initial deterministic policy is then ``rl-prior`` (lowest valid action:
-    candidate 0 on the first option that fits; "nothing", the last index, least
-    preferred) and training refines it. Plain SB3 modules are edited in place
-    before learning starts.
+    The initial deterministic policy is then the prior's: ``rl-prior`` (with
+    the admission prior) or the lowest valid action (with the bias prior;
+    candidate 0 on the first option that fits, "nothing", the last index,
+    least preferred), and training refines it. Plain SB3 modules are edited in
+    place before learning starts.
     """
     import torch
 
     head = model.policy.q_net.q_net[-1] if algo == "dqn" else model.policy.action_net
     with torch.no_grad():
         head.weight.mul_(0.01)
-        head.bias.copy_(-scale * torch.arange(head.bias.numel(), dtype=head.bias.dtype))
+        if admission:  # the prior term carries the preference; the network starts near 0
+            head.bias.zero_()
+        else:
+            head.bias.copy_(-scale * torch.arange(head.bias.numel(), dtype=head.bias.dtype))
     if algo == "dqn":
         model.policy.q_net_target.load_state_dict(model.policy.q_net.state_dict())
 
@@ -206,6 +253,7 @@ def _save(
         activation=act,
         reward={"kind": cfg.reward, "w1": cfg.w1, "w2": round(1.0 - cfg.w1, 6)},
         training=training,
+        prior=admission_prior(cfg),
     )
 
 
@@ -256,9 +304,10 @@ def train(
     # Returns are O(100) (one unit per job); normalise rewards (not observations, so the
     # network sees exactly what the deployed encoder produces) to keep the critic trainable.
     venv = VecNormalize(base_venv, norm_obs=False, norm_reward=True, gamma=cfg.gamma)
+    prior = admission_prior(cfg)
     model = _make_model(cfg, venv, str(out / "tb"))
     if cfg.prior_init:
-        _init_prior(cfg.algo, model, cfg.prior_scale)
+        _init_prior(cfg.algo, model, cfg.prior_scale, admission=prior is not None)
     start_steps = 0
     if resume:
         last = load_checkpoint(out / "last")
@@ -285,7 +334,7 @@ def train(
         if not val_traces:
             return math.nan
         net = inference_net(cfg.algo, model)
-        jcts = evaluate_net(net, cluster, perf, val_traces, round_len=cfg.round_len, k=cfg.k)
+        jcts = evaluate_net(net, cluster, perf, val_traces, round_len=cfg.round_len, k=cfg.k, prior=prior)
         m = float(np.mean(jcts))
         row = {"timesteps": float(model.num_timesteps), "val_avg_jct_s": m, "wall_s": time.perf_counter() - t_start}
         eval_rows.append(row)
@@ -293,7 +342,8 @@ def train(
             w = csv.DictWriter(f, fieldnames=list(row))
             w.writeheader()
             w.writerows(eval_rows)
-        model.logger.record("eval/val_avg_jct_h", m / 3600.0)
+        if getattr(model, "_logger", None) is not None:  # not set up before learn() starts
+            model.logger.record("eval/val_avg_jct_h", m / 3600.0)
         if m < best:
             best = m
             _save(out / "best", cfg, model, cluster, probe, {"val_avg_jct_s": m})
@@ -313,6 +363,9 @@ def train(
             return True
 
     remaining = max(cfg.timesteps - start_steps, 0)
+    if not eval_rows and val_traces:
+        # the starting point (the prior) competes for "best" too: training never ships worse than it
+        do_eval()
     if remaining:
         model.learn(
             total_timesteps=remaining,
@@ -379,6 +432,7 @@ def ship_checkpoint(
                 activation=ck.meta["network"]["activation"],
                 reward=ck.meta["reward"],
                 training=training,
+                prior=ck.prior,
             )
         )
     return out
