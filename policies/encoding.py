@@ -484,12 +484,15 @@ class Encoder:
         used: Sequence[int],
         multi_keys: list[list[JobKey]],
         any_running: bool,
+        cf_memo: dict | None = None,
     ) -> tuple[np.ndarray, list[list[Placement | None]], list[int], list[int], list[int], list[float], list[float]]:
         """Mask, options and right-half cells of :meth:`encode` (shared with :class:`RoundEncoder`).
 
         :param free: int64 ``[N]`` free GPUs; ``mload``: int64 ``[N]`` multi-node jobs per node;
             ``used``: ``[N]`` GPUs taken by running jobs per node (left-half fill, may exceed ``G``);
             ``multi_keys[v]``: multi-node jobs' keys on node ``v`` in job-id order.
+        :param cf_memo: a dict kept by the caller for one time ``now`` (one round): candidates'
+            broadcast features by job id (they depend only on the job and ``now``).
         :returns: ``(mask, options, opt_c, opt_v, opt_g, opt_x, cand)`` as in :class:`SparseObs`.
         """
         spec = self.spec
@@ -525,9 +528,14 @@ class Encoder:
                         ov.extend([v] * (b - a))
                         og.extend(range(G + a, G + b))
                         ox.extend([speed] * (b - a))
-            wait = min(math.log1p(max(now - job.submit_time, 0.0) / _HOUR) / _REM_NORM, 1.0)
-            bw, cc = self._model_feats(job.model)
-            cf.extend((bw, cc, _rem(job), math.log2(1 + job.gpu_demand) / logtot, wait))
+            f = cf_memo.get(job.job_id) if cf_memo is not None else None
+            if f is None:
+                wait = min(math.log1p(max(now - job.submit_time, 0.0) / _HOUR) / _REM_NORM, 1.0)
+                bw, cc = self._model_feats(job.model)
+                f = (bw, cc, _rem(job), math.log2(1 + job.gpu_demand) / logtot, wait)
+                if cf_memo is not None:
+                    cf_memo[job.job_id] = f
+            cf.extend(f)
         any_place = bool(mask[:-1].any())
         mask[spec.noop] = any_running or not any_place
         return mask, options, oc, ov, og, ox, cf
@@ -828,6 +836,7 @@ class RoundEncoder:
         self._feats: dict[str, tuple[float, ...]] = {}
         self._spans: dict[str, tuple[tuple[int, int, int], ...]] = {}
         self._row: dict[str, int] = {}
+        self._cf: dict[str, tuple[float, ...]] = {}  # candidates' broadcast features (fixed within the round)
         H = plan.const.shape[0]
         self._contrib = np.zeros((max(16, 2 * len(self.running) + 8), H), dtype=np.float64)
         self._n = 0
@@ -875,21 +884,24 @@ class RoundEncoder:
             a += cs[jid]
         return out
 
-    def _refresh(self, j: JobInfo, offs) -> None:
-        """Recompute ``j``'s features, spans and contribution row; ``offs[v]``: :meth:`_offsets` of its nodes."""
+    def _refresh(self, j: JobInfo, offs, new_info: bool = True) -> None:
+        """Recompute ``j``'s features (unless ``new_info`` is false: only its columns moved), spans and
+        contribution row; ``offs[v]``: :meth:`_offsets` of its nodes."""
         G = self.enc.spec.gpus_per_node
         p = j.placement
         multi = p.num_nodes > 1
-        bw, cc = self.enc._model_feats(j.model)
-        feats = (
-            1.0,
-            bw,
-            cc,
-            _rem(j),
-            min(max(j.cs - 1.0, 0.0), 1.0),
-            1.0 if multi else 0.0,
-            math.log2(1 + j.gpu_demand) / self.enc._logtot,
-        )
+        feats = None if new_info else self._feats.get(j.job_id)
+        if feats is None:
+            bw, cc = self.enc._model_feats(j.model)
+            feats = (
+                1.0,
+                bw,
+                cc,
+                _rem(j),
+                min(max(j.cs - 1.0, 0.0), 1.0),
+                1.0 if multi else 0.0,
+                math.log2(1 + j.gpu_demand) / self.enc._logtot,
+            )
         spans = []
         for v, c in p.alloc:
             a = offs[v][j.job_id]
@@ -947,15 +959,17 @@ class RoundEncoder:
                 iso_j = j.isolated_thp or perf.isolated_throughput(j.model, jp.total_gpus, jp.num_nodes)
                 run[i] = JobInfo(**{**j.__dict__, "isolated_thp": iso_j, "achieved_thp": iso_j / cs})
                 changed.add(j.job_id)
+        moved: set[str] = set()  # jobs after the new one on its nodes: their columns shift
         for v in p.nodes:
-            changed.update(self._node_ids[v])
+            ids = self._node_ids[v]
+            moved.update(ids[ids.index(new.job_id) + 1 :])
         offs: dict[int, dict[str, int]] = {}
-        for jid in changed:
+        for jid in changed | moved:
             j = self.running[self._pos[jid]]
             for v in j.placement.nodes:
                 if v not in offs:
                     offs[v] = self._offsets(v)
-            self._refresh(j, offs)
+            self._refresh(j, offs, jid in changed)
 
     def state(self, pending: list[JobInfo] | None = None) -> ClusterState:
         """The current state (``pending``: the round's initial pending jobs unless given)."""
@@ -977,7 +991,7 @@ class RoundEncoder:
         cands = list(candidates)[: spec.k]
         q = min(math.log1p(int(queue_len)) / _QUEUE_NORM, 1.0)
         mask, options, oc, ov, og, ox, cf = enc._right_half(
-            self.time, cands, self.free, self.mload, self.used, self.multi_keys, bool(self.running)
+            self.time, cands, self.free, self.mload, self.used, self.multi_keys, bool(self.running), self._cf
         )
         left = self._contrib[: self._n].sum(axis=0)
         return Encoded(None, mask, cands, options, spec, SparseObs(q, [], oc, ov, og, ox, cf, left))
