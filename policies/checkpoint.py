@@ -180,7 +180,19 @@ class _SparsePlan:
         self.prefix = pre
         self.Wflat = Wt
         self.N, self.G2 = N, G2
+        self._ks = base
+        self._rprefix: np.ndarray | None = None
         self._jobs: dict[tuple, np.ndarray] = {}
+
+    def right_prefix(self) -> np.ndarray:
+        """float64 ``[K*S, N, G+1, H]``: option channels summed over right-half columns ``G .. G+g-1`` (lazy)."""
+        if self._rprefix is None:
+            G = self.G2 // 2
+            W = self.Wflat.reshape(-1, self.N, self.G2, self.Wflat.shape[1])
+            rp = np.zeros((self._ks, self.N, G + 1, W.shape[3]), dtype=np.float64)
+            np.cumsum(W[: self._ks, :, G:, :].astype(np.float64), axis=2, out=rp[:, :, 1:, :])
+            self._rprefix = rp
+        return self._rprefix
 
     def job(self, feats: tuple[float, ...], spans: tuple[tuple[int, int, int], ...]) -> np.ndarray:
         """Contribution ``[H]`` of one running job (channels 1..7 over its visible slots)."""
@@ -206,7 +218,12 @@ class _SparsePlan:
             h = h + sp.left
         elif sp.jobs:
             h = h + np.add.reduce([self.job(f, s) for f, s in sp.jobs])
-        if sp.opt_c:
+        if sp.opt_c and sp.opt_b is not None:  # column spans (RoundEncoder): prefix-sum differences
+            rp = self.right_prefix()
+            c, v = np.asarray(sp.opt_c), np.asarray(sp.opt_v)
+            rows = rp[c, v, np.asarray(sp.opt_b)] - rp[c, v, np.asarray(sp.opt_g)]
+            h = h + np.asarray(sp.opt_x, dtype=np.float32).astype(np.float64) @ rows
+        elif sp.opt_c:
             idx = (np.asarray(sp.opt_c) * self.N + np.asarray(sp.opt_v)) * self.G2 + np.asarray(sp.opt_g)
             h = h + np.asarray(sp.opt_x, dtype=np.float32).astype(np.float64) @ self.Wflat[idx].astype(np.float64)
         if sp.cand:

@@ -218,6 +218,9 @@ class SparseObs:
     :param left: set by :class:`RoundEncoder` only: float64 ``[H]``, the running jobs'
         first-layer contribution for one network's plan (channels 1..7), already summed;
         ``jobs`` is then empty and :meth:`dense` is unavailable (use ``RoundEncoder.jobs()``).
+    :param opt_b: set by :class:`RoundEncoder` only: the option entries are then column spans,
+        entry ``i`` writing ``opt_x[i]`` into channel ``opt_c[i]``, node ``opt_v[i]``, right-half
+        columns ``G + opt_g[i] .. G + opt_b[i] - 1``.
     """
 
     queue: float
@@ -228,6 +231,7 @@ class SparseObs:
     opt_x: list[float]
     cand: list[float]
     left: np.ndarray | None = None
+    opt_b: list[int] | None = None
 
     def dense(self, spec: ObsSpec, exists: np.ndarray) -> np.ndarray:
         """The float32 ``spec.shape`` observation (same writes as :meth:`Encoder.encode`).
@@ -358,12 +362,23 @@ class Encoder:
         """Order inside a demand group: estimated remaining time, submit time, id."""
         return (j.remaining_time, j.submit_time, j.job_id)
 
-    def rank_candidates(self, reps: Sequence[JobInfo], now: float = 0.0) -> list[JobInfo]:
-        """Order demand-group representatives by aged remaining GPU-time at time ``now`` (s); keep the first ``K``."""
+    def rank_candidates(self, reps: Sequence[JobInfo], now: float = 0.0, memo: dict | None = None) -> list[JobInfo]:
+        """Order demand-group representatives by aged remaining GPU-time at time ``now`` (s); keep the first ``K``.
+
+        :param memo: a dict the caller keeps for one ``now`` and unchanged pending jobs (one round):
+            sort keys by job id, computed once.
+        """
 
         def key(j: JobInfo) -> tuple:
+            if memo is not None:
+                k = memo.get(j.job_id)
+                if k is not None:
+                    return k
             age = math.exp(-max(now - j.submit_time, 0.0) / AGING_S)
-            return (j.remaining_time * j.gpu_demand * age, j.gpu_demand, j.submit_time, j.job_id)
+            k = (j.remaining_time * j.gpu_demand * age, j.gpu_demand, j.submit_time, j.job_id)
+            if memo is not None:
+                memo[j.job_id] = k
+            return k
 
         return sorted(reps, key=key)[: self.spec.k]
 
@@ -485,7 +500,8 @@ class Encoder:
         multi_keys: list[list[JobKey]],
         any_running: bool,
         cf_memo: dict | None = None,
-    ) -> tuple[np.ndarray, list[list[Placement | None]], list[int], list[int], list[int], list[float], list[float]]:
+        spans: bool = False,
+    ) -> tuple:
         """Mask, options and right-half cells of :meth:`encode` (shared with :class:`RoundEncoder`).
 
         :param free: int64 ``[N]`` free GPUs; ``mload``: int64 ``[N]`` multi-node jobs per node;
@@ -493,7 +509,9 @@ class Encoder:
             ``multi_keys[v]``: multi-node jobs' keys on node ``v`` in job-id order.
         :param cf_memo: a dict kept by the caller for one time ``now`` (one round): candidates'
             broadcast features by job id (they depend only on the job and ``now``).
-        :returns: ``(mask, options, opt_c, opt_v, opt_g, opt_x, cand)`` as in :class:`SparseObs`.
+        :param spans: option cells as column spans (``SparseObs.opt_b`` set) instead of single cells.
+        :returns: ``(mask, options, opt_c, opt_v, opt_g, opt_x, cand, opt_b)`` as in :class:`SparseObs`
+            (``opt_b`` ``None`` unless ``spans``).
         """
         spec = self.spec
         N, G = spec.num_nodes, spec.gpus_per_node
@@ -511,6 +529,7 @@ class Encoder:
         og: list[int] = []
         ox: list[float] = []
         cf: list[float] = []
+        ob: list[int] | None = [] if spans else None
         for k, job in enumerate(cands):
             opts = self._options_fast(job, free, order, free_ord, free_sum, okey)
             options.append(opts)
@@ -524,10 +543,17 @@ class Encoder:
                     a = used[v]
                     b = min(a + c, G)
                     if b > a:
-                        oc.extend([ch] * (b - a))
-                        ov.extend([v] * (b - a))
-                        og.extend(range(G + a, G + b))
-                        ox.extend([speed] * (b - a))
+                        if ob is not None:
+                            oc.append(ch)
+                            ov.append(v)
+                            og.append(a)
+                            ob.append(b)
+                            ox.append(speed)
+                        else:
+                            oc.extend([ch] * (b - a))
+                            ov.extend([v] * (b - a))
+                            og.extend(range(G + a, G + b))
+                            ox.extend([speed] * (b - a))
             f = cf_memo.get(job.job_id) if cf_memo is not None else None
             if f is None:
                 wait = min(math.log1p(max(now - job.submit_time, 0.0) / _HOUR) / _REM_NORM, 1.0)
@@ -538,7 +564,7 @@ class Encoder:
             cf.extend(f)
         any_place = bool(mask[:-1].any())
         mask[spec.noop] = any_running or not any_place
-        return mask, options, oc, ov, og, ox, cf
+        return mask, options, oc, ov, og, ox, cf, ob
 
     def encode(
         self,
@@ -636,7 +662,7 @@ class Encoder:
             obs[8, :, :G] = exists * q
 
         cands = self.candidates(state.pending, state.time) if candidates is None else list(candidates)[: spec.k]
-        mask, options, oc, ov, og, ox, cf = self._right_half(
+        mask, options, oc, ov, og, ox, cf, _ = self._right_half(
             state.time, cands, free, np.asarray(multi_load, dtype=np.int64), used, multi_keys, bool(state.running)
         )
         base = spec.k * spec.options
@@ -985,13 +1011,14 @@ class RoundEncoder:
 
     def encode(self, candidates: Sequence[JobInfo], queue_len: int) -> Encoded:
         """:meth:`Encoder.encode` of the current state with these ``candidates`` and queue length, ``dense=False``;
-        ``sparse.jobs`` is empty and ``sparse.left`` holds their summed contribution."""
+        ``sparse.jobs`` is empty, ``sparse.left`` holds their summed contribution and the option
+        cells are column spans (``sparse.opt_b`` set)."""
         enc = self.enc
         spec = enc.spec
         cands = list(candidates)[: spec.k]
         q = min(math.log1p(int(queue_len)) / _QUEUE_NORM, 1.0)
-        mask, options, oc, ov, og, ox, cf = enc._right_half(
-            self.time, cands, self.free, self.mload, self.used, self.multi_keys, bool(self.running), self._cf
+        mask, options, oc, ov, og, ox, cf, ob = enc._right_half(
+            self.time, cands, self.free, self.mload, self.used, self.multi_keys, bool(self.running), self._cf, True
         )
         left = self._contrib[: self._n].sum(axis=0)
-        return Encoded(None, mask, cands, options, spec, SparseObs(q, [], oc, ov, og, ox, cf, left))
+        return Encoded(None, mask, cands, options, spec, SparseObs(q, [], oc, ov, og, ox, cf, left, ob))

@@ -187,20 +187,19 @@ class RLPolicy(Policy):
         placed: set[str] = set()
         cur = state
         cache: dict = {}  # running jobs' encoded features, by object (apply_placement never mutates)
+        rank_memo: dict = {}  # candidates' aged sort keys (fixed within the round)
+        # incremental encoder state for the rest of the round, built at the first placement
+        # (a round that places nothing costs one plain encoding)
         inc: RoundEncoder | None = None
-        if self.fast and self.incremental:  # incremental encoder state for the whole round
-            if self._plan is None:
-                self._plan = self.net.sparse_plan(enc_.spec, enc_._exists)
-            inc = RoundEncoder(enc_, state, self._plan)
         for _ in range(self.max_decisions):
             if left <= 0:
                 break
             reps = [g[head[d]] for d, g in groups.items() if head[d] < len(g)]
-            cands = enc_.rank_candidates(reps, state.time)
+            cands = enc_.rank_candidates(reps, state.time, rank_memo)
             if inc is not None:
                 enc = inc.encode(cands, left)
             else:
-                enc = enc_.encode(cur, candidates=cands, queue_len=left, cache=cache, dense=True)
+                enc = enc_.encode(cur, candidates=cands, queue_len=left, cache=cache, dense=not self.fast)
             if not enc.any_placement:
                 break
             a = self._act(enc)
@@ -224,6 +223,10 @@ class RLPolicy(Policy):
             left -= 1
             placed.add(job_id)
             dec.place.append((job_id, p))
+            if inc is None and self.fast and self.incremental:
+                if self._plan is None:
+                    self._plan = self.net.sparse_plan(enc_.spec, enc_._exists)
+                inc = RoundEncoder(enc_, state, self._plan)
             if inc is not None:
                 inc.place(job, p, enc_.perf)
             else:
