@@ -473,6 +473,19 @@ class Encoder:
         self._opt_memo[(g, key)] = tuple(out)
         return out
 
+    def _job_feats(self, j: JobInfo, multi: bool) -> tuple[float, ...]:
+        """A running job's left-half values of channels 1..7 (see the module docstring)."""
+        bw, cc = self._model_feats(j.model)
+        return (
+            1.0,
+            bw,
+            cc,
+            _rem(j),
+            min(max(j.cs - 1.0, 0.0), 1.0),
+            1.0 if multi else 0.0,
+            math.log2(1 + j.gpu_demand) / self._logtot,
+        )
+
     def _speed(self, job: JobInfo, p: Placement, multi_keys: list[list[JobKey]]) -> float:
         """:meth:`predicted_speed`, memoised (by value: single-node placements by shape, multi-node ones
         by placement and the multi-node neighbours on its nodes, which is all the prediction reads)."""
@@ -523,7 +536,6 @@ class Encoder:
         S = spec.options
         mask = np.zeros(spec.n_actions, dtype=bool)
         options: list[list[Placement | None]] = []
-        base = spec.k * S
         oc: list[int] = []  # option channel, node, column (right half) and speed per written cell
         ov: list[int] = []
         og: list[int] = []
@@ -611,7 +623,6 @@ class Encoder:
         sg: list[int] = []
         sj: list[int] = []
         rows: list[tuple[float, ...]] = []
-        logtot = self._logtot
         for j in sorted(state.running, key=lambda x: x.job_id):
             p = j.placement
             if p is None:
@@ -622,16 +633,7 @@ class Encoder:
             if hit is not None and hit[0] is j:
                 feats = hit[1]
             else:
-                bw, cc = self._model_feats(j.model)
-                feats = (
-                    1.0,
-                    bw,
-                    cc,
-                    _rem(j),
-                    min(max(j.cs - 1.0, 0.0), 1.0),
-                    1.0 if multi else 0.0,
-                    math.log2(1 + j.gpu_demand) / logtot,
-                )
+                feats = self._job_feats(j, multi)
                 if cache is not None:
                     cache[id(j)] = (j, feats)
             r = len(rows)
@@ -918,16 +920,7 @@ class RoundEncoder:
         multi = p.num_nodes > 1
         feats = None if new_info else self._feats.get(j.job_id)
         if feats is None:
-            bw, cc = self.enc._model_feats(j.model)
-            feats = (
-                1.0,
-                bw,
-                cc,
-                _rem(j),
-                min(max(j.cs - 1.0, 0.0), 1.0),
-                1.0 if multi else 0.0,
-                math.log2(1 + j.gpu_demand) / self.enc._logtot,
-            )
+            feats = self.enc._job_feats(j, multi)
         spans = []
         for v, c in p.alloc:
             a = offs[v][j.job_id]

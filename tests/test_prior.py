@@ -67,7 +67,7 @@ def test_training_policy_matches_exported_inference(tmp_path):
 
     from trainer.prior_policy import MaskablePriorPolicy, PriorFlattenExtractor
 
-    trace, cfg = _tiny_run(tmp_path)
+    trace, _cfg = _tiny_run(tmp_path)
     ck = load_checkpoint(tmp_path / "run" / "last")
     assert ck.prior == AdmissionPrior(0.8, 1.0)
     assert json.loads(ck.json_path.read_text())["network"]["prior"]["kind"] == "admission"

@@ -141,11 +141,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from policies.base import PolicyError
     from policies.cluster import ClusterSpec
     from trainer.env import load_trace_dir
     from trainer.train import TrainConfig, train
-
-    from policies.base import PolicyError
 
     if args.prior == "admission" and args.algo != "maskable-ppo":
         raise PolicyError(f"--prior admission needs --algo maskable-ppo (got {args.algo}); use --prior bias")
