@@ -138,14 +138,7 @@ class MLPNet:
         self, obs: np.ndarray, mask: np.ndarray, deterministic: bool = True, rng: np.random.Generator | None = None
     ) -> int:
         """Best valid action (argmax of masked logits; lowest index on ties), or a sample."""
-        z = self.logits(obs).astype(np.float64)
-        z = np.where(mask, z, -np.inf)
-        if deterministic or rng is None:
-            return int(np.argmax(z))
-        z = z - z.max()
-        p = np.exp(z)
-        p /= p.sum()
-        return int(rng.choice(len(p), p=p))
+        return self.choose(self.logits(obs), mask, deterministic, rng)
 
 
 class _SparsePlan:
