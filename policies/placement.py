@@ -112,10 +112,20 @@ class ContentionAwarePlacement:
 
     i.e. the new job's normalised speed times its size, minus what its new
     neighbours lose. The highest score wins; ties go to fewer nodes.
+
+    :param min_efficiency: admission floor in ``[0, 1]``: the best placement is
+        returned only if its score per GPU (net effective GPUs gained per GPU
+        allocated) is at least this; otherwise ``None`` (the job waits).
+        ``0`` (default) admits every placement that fits. ``rl-hybrid``'s
+        safety rule uses a floor so that filling idle GPUs never buys
+        utilisation with heavy contention.
     """
 
-    def __init__(self, perf: ContentionModel) -> None:
+    def __init__(self, perf: ContentionModel, min_efficiency: float = 0.0) -> None:
+        if not 0.0 <= min_efficiency <= 1.0:
+            raise ValueError(f"min_efficiency must be in [0, 1], got {min_efficiency}")
         self.perf = perf
+        self.min_efficiency = float(min_efficiency)
 
     def __call__(self, job: JobInfo, free: np.ndarray, state: ClusterState) -> Placement | None:
         if job.gpu_demand > int(free.sum()):
@@ -134,6 +144,8 @@ class ContentionAwarePlacement:
             s = self.score(job, c, per_node)
             if s > best_score + 1e-9 or (abs(s - best_score) <= 1e-9 and best is not None and c.num_nodes < best.num_nodes):
                 best, best_score = c, s
+        if self.min_efficiency > 0.0 and best_score < self.min_efficiency * job.gpu_demand - 1e-9:
+            return None
         return best
 
     def _key(self, j: JobInfo, p: Placement) -> JobKey:

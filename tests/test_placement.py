@@ -163,3 +163,24 @@ def test_greedy_accepts_contention_when_no_alternative(perf: ContentionModel) ->
 def test_greedy_returns_none_when_full(perf: ContentionModel) -> None:
     state = ClusterState(0.0, C48, np.array([1, 1, 1, 0]), [], [])
     assert ContentionAwarePlacement(perf)(info("x", 4), state.free_gpus, state) is None
+
+
+def test_greedy_efficiency_floor(perf: ContentionModel) -> None:
+    """With a floor, the rule refuses a placement whose net effective GPUs per GPU is below it."""
+    running = [info("fsdp", 8, "FSDP", Placement.of({0: 4, 1: 4}), perf)]
+    cluster = ClusterSpec.parse("2x8")
+    cperf = ContentionModel(cluster)
+    free = free_after(running, cluster)
+    new = info("new", 8, "MoE", perf=cperf)
+    state = ClusterState(0.0, cluster, free, running, [new])
+    p = ContentionAwarePlacement(cperf)(new, free, state)
+    assert p is not None
+    eff = ContentionAwarePlacement(cperf).score(new, p, state.jobs_on_node()) / new.gpu_demand
+    assert 0.0 < eff < 1.0  # split next to FSDP: slower than alone on one node
+    assert ContentionAwarePlacement(cperf, min_efficiency=eff - 1e-3)(new, free, state) == p
+    assert ContentionAwarePlacement(cperf, min_efficiency=min(1.0, eff + 1e-3))(new, free, state) is None
+    # a single-node placement on an empty node is always admitted (efficiency 1)
+    empty = ClusterState(0.0, cluster, np.array([8, 8]), [], [new])
+    assert ContentionAwarePlacement(cperf, min_efficiency=1.0)(new, empty.free_gpus, empty) is not None
+    with pytest.raises(ValueError, match="min_efficiency"):
+        ContentionAwarePlacement(cperf, min_efficiency=1.5)

@@ -202,3 +202,35 @@ def test_incremental_round_equals_naive(tmp_path, seed):
             got = pol.schedule(st)
             want = _naive_schedule(pol, st)
             assert got.place == want.place
+
+
+@pytest.mark.parametrize("floor", [0.0, 0.6, 0.9])
+def test_hybrid_safety_rule_respects_floor(floor):
+    """Every safety-rule placement yields at least ``floor`` effective GPUs per GPU (perf model)."""
+    from policies.rl import HYBRID_FLOOR
+
+    spec = ObsSpec.for_cluster(C48)
+    pol = RLPolicy(_const_net(spec, spec.noop), Encoder(C48, PERF, spec), hybrid=True, hybrid_floor=floor)
+    assert RLPolicy(_const_net(spec, spec.noop), Encoder(C48, PERF, spec), hybrid=True)._fallback.placement.min_efficiency == HYBRID_FLOOR
+    rule = pol._fallback.placement
+    effs = []
+    inner = rule.__call__
+
+    def checked(job, free, state):
+        p = inner(job, free, state)
+        if p is not None:
+            effs.append(rule.score(job, p, state.jobs_on_node()) / job.gpu_demand)
+        return p
+
+    pol._fallback.placement = checked
+    jobs = _jobs(60, 3, "poisson")
+    res = _run(pol, jobs)
+    assert len(res.jobs) == len(jobs)  # everything still finishes (idle cluster: network must place)
+    assert pol.stats["fallback_placements"] > 0 and effs
+    assert min(effs) >= floor - 1e-9
+
+
+def test_hybrid_floor_checked():
+    spec = ObsSpec.for_cluster(C48)
+    with pytest.raises(PolicyError, match="min_efficiency"):
+        RLPolicy(_const_net(spec, spec.noop), Encoder(C48, PERF, spec), hybrid=True, hybrid_floor=-0.1)
