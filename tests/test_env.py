@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from policies.cluster import ClusterSpec
 from policies.job import JobSpec
 from policies.perf import ContentionModel
-from trainer.env import ENV_ID, PlacementEnv
+from trainer.env import ENV_ID, PlacementEnv, reference_jct
 from trainer.generate import GeneratorConfig, generate_jobs
 
 C48 = ClusterSpec.parse("4x8")
@@ -52,7 +52,7 @@ def test_gymnasium_check_env():
 def test_sb3_check_env():
     from stable_baselines3.common.env_checker import check_env
 
-    for reward in ("progress", "jct", "seed"):
+    for reward in ("progress", "jct", "jct-rel", "seed"):
         check_env(PlacementEnv([_jobs()], C48, reward=reward, perf=PERF), warn=False)
 
 
@@ -63,7 +63,7 @@ def test_registered_id():
     env.close()
 
 
-@pytest.mark.parametrize("reward", ["progress", "jct", "seed"])
+@pytest.mark.parametrize("reward", ["progress", "jct", "jct-rel", "seed"])
 def test_episode_finishes_all_jobs(reward):
     env = PlacementEnv([_jobs(32)], C48, reward=reward, perf=PERF, shaping=False)
     total, _steps, _, info = _run(env, "random", 0)
@@ -74,6 +74,18 @@ def test_episode_finishes_all_jobs(reward):
     if reward == "jct":  # undiscounted return = -sum(JCT) / (round_len * jobs)
         res = env.sim.result()
         assert total == pytest.approx(-sum(r.jct for r in res.jobs) / (300.0 * 32), rel=1e-6)
+    if reward == "jct-rel":  # undiscounted return = -avg JCT / reference avg JCT (greedy-np)
+        res = env.sim.result()
+        ref = reference_jct([_jobs(32)], C48, PERF)[0]
+        assert env.reference == [ref]
+        assert total == pytest.approx(-np.mean([r.jct for r in res.jobs]) / ref, rel=1e-6)
+
+
+def test_jct_rel_reference_checked():
+    with pytest.raises(ValueError, match="reference"):
+        PlacementEnv([_jobs(8)], C48, reward="jct-rel", perf=PERF, reference=[0.0])
+    with pytest.raises(ValueError, match="reference"):
+        PlacementEnv([_jobs(8)], C48, reward="jct-rel", perf=PERF, reference=[1.0, 2.0])
 
 
 def test_deterministic_replay():

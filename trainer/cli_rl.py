@@ -69,9 +69,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cluster", default="4x8", help="cluster: NODESxGPUS or YAML/TOML file (default 4x8)")
     p.add_argument(
         "--reward",
-        choices=("jct", "progress", "seed"),
-        default="jct",
-        help="jct (default: -jobs in system per round), progress (DL2), or the seed's -W1*CS+W2*Util",
+        choices=("jct-rel", "jct", "progress", "seed"),
+        default="jct-rel",
+        help="jct-rel (default: -jobs in system per round / the trace's greedy-np average JCT), "
+        "jct (unscaled), progress (DL2), or the seed's -W1*CS+W2*Util",
     )
     p.add_argument("--w1", type=_w1, default=0.4, help="W1 of the seed reward, W2 = 1 - W1 (default 0.4)")
     p.add_argument("--timesteps", type=_positive_int, default=50_000, help="environment steps (default 50000)")

@@ -5,8 +5,11 @@
 ``maskable-ppo`` (default; uses :meth:`PlacementEnv.action_masks`), ``ppo``,
 ``a2c`` or ``dqn`` with a small MLP, logs to TensorBoard (``OUT/tb``) and,
 every ``eval_freq`` steps, runs the current network as ``rl-base`` through the
-full simulator on the validation traces. The checkpoint with the lowest mean
-validation average JCT is kept as ``OUT/best``; the latest as ``OUT/last``
+full simulator on the validation traces. The checkpoint with the lowest
+*relative* validation JCT (mean over traces of its average JCT divided by a
+reference heuristic's, :func:`trainer.env.reference_jct`; so a 1 % gain on a
+3 h Poisson set counts as much as on a 60 h zero-arrival set) is kept as
+``OUT/best``; the latest as ``OUT/last``
 (both ``.safetensors`` + ``.json``, see :mod:`policies.checkpoint`).
 ``OUT/eval.csv`` lists every evaluation.
 
@@ -35,7 +38,7 @@ from policies.job import JobSpec
 from policies.perf import ContentionModel
 from policies.prior import AdmissionPrior
 from policies.rl import RLPolicy
-from trainer.env import PlacementEnv
+from trainer.env import PlacementEnv, reference_jct
 from trainer.simulator import SimConfig, Simulator
 
 __all__ = ["ALGOS", "TrainConfig", "evaluate_net", "export_tensors", "inference_net", "train"]
@@ -51,7 +54,7 @@ class TrainConfig:
 
     algo: str = "maskable-ppo"
     cluster: str = "4x8"
-    reward: str = "jct"
+    reward: str = "jct-rel"
     w1: float = 0.4
     timesteps: int = 50_000
     n_envs: int = 2
@@ -280,6 +283,10 @@ def train(
     perf = ContentionModel(cluster)
     if not train_traces:
         raise ValueError("no training traces")
+    t_ref = time.perf_counter()
+    train_ref = reference_jct(train_traces, cluster, perf, cfg.round_len) if cfg.reward == "jct-rel" else None
+    val_ref = reference_jct(val_traces, cluster, perf, cfg.round_len) if val_traces else []
+    log.info("reference JCTs (greedy-np) of %d traces in %.1f s", len(train_traces) + len(val_traces), time.perf_counter() - t_ref)
 
     def factory(i: int):
         def _f():
@@ -292,6 +299,7 @@ def train(
                 perf=perf,
                 k=cfg.k,
                 gamma=cfg.gamma,
+                reference=train_ref,
             )
             env.reset(seed=cfg.seed * 1000 + i)
             return Monitor(env)
@@ -326,7 +334,8 @@ def train(
     if resume and eval_csv.is_file():
         with eval_csv.open() as f:
             eval_rows = [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f)]
-    best = min((r["val_avg_jct_s"] for r in eval_rows), default=math.inf)
+    # rows written by an older version lack the relative score: they cannot compete
+    best = min((r.get("val_rel_jct", math.inf) for r in eval_rows), default=math.inf)
     t_start = time.perf_counter()
 
     def do_eval() -> float:
@@ -336,7 +345,13 @@ def train(
         net = inference_net(cfg.algo, model)
         jcts = evaluate_net(net, cluster, perf, val_traces, round_len=cfg.round_len, k=cfg.k, prior=prior)
         m = float(np.mean(jcts))
-        row = {"timesteps": float(model.num_timesteps), "val_avg_jct_s": m, "wall_s": time.perf_counter() - t_start}
+        rel = float(np.mean(np.asarray(jcts) / np.asarray(val_ref)))
+        row = {
+            "timesteps": float(model.num_timesteps),
+            "val_avg_jct_s": m,
+            "val_rel_jct": rel,
+            "wall_s": time.perf_counter() - t_start,
+        }
         eval_rows.append(row)
         with eval_csv.open("w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(row))
@@ -344,11 +359,14 @@ def train(
             w.writerows(eval_rows)
         if getattr(model, "_logger", None) is not None:  # not set up before learn() starts
             model.logger.record("eval/val_avg_jct_h", m / 3600.0)
-        if m < best:
-            best = m
-            _save(out / "best", cfg, model, cluster, probe, {"val_avg_jct_s": m})
-        log.info("eval at %d steps: val avg JCT %.2f h (best %.2f h)", model.num_timesteps, m / 3600, best / 3600)
-        return m
+            model.logger.record("eval/val_rel_jct", rel)
+        if rel < best:
+            best = rel
+            _save(out / "best", cfg, model, cluster, probe, {"val_avg_jct_s": m, "val_rel_jct": rel})
+        log.info(
+            "eval at %d steps: val avg JCT %.2f h, %.4f x greedy-np (best %.4f)", model.num_timesteps, m / 3600, rel, best
+        )
+        return rel
 
     class EvalCallback(BaseCallback):
         def __init__(self) -> None:
@@ -374,18 +392,20 @@ def train(
             tb_log_name=cfg.algo,
             progress_bar=False,
         )
-    if eval_rows and eval_rows[-1]["timesteps"] == float(model.num_timesteps):
-        final = eval_rows[-1]["val_avg_jct_s"]
-    else:
-        final = do_eval()
+    if not (eval_rows and eval_rows[-1]["timesteps"] == float(model.num_timesteps)):
+        do_eval()
+    final = eval_rows[-1] if eval_rows else {}
     _save(out / "last", cfg, model, cluster, probe, {})
     if not (out / "best.json").is_file():
-        _save(out / "best", cfg, model, cluster, probe, {"val_avg_jct_s": final})
+        _save(out / "best", cfg, model, cluster, probe, {k: v for k, v in final.items() if k.startswith("val_")})
+    best_row = min(eval_rows, key=lambda r: r.get("val_rel_jct", math.inf)) if eval_rows else {}
     summary = {
         "timesteps": int(model.num_timesteps),
         "wall_s": time.perf_counter() - t_start,
-        "best_val_avg_jct_s": best,
-        "final_val_avg_jct_s": final,
+        "best_val_rel_jct": best_row.get("val_rel_jct", math.nan),
+        "best_val_avg_jct_s": best_row.get("val_avg_jct_s", math.nan),
+        "final_val_rel_jct": final.get("val_rel_jct", math.nan),
+        "final_val_avg_jct_s": final.get("val_avg_jct_s", math.nan),
         "evals": eval_rows,
         "best": str(out / "best.json"),
     }
