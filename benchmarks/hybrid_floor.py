@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             h = out[g][f"floor={f:g}"]
             row.append(f"{h['avg_jct_h']:.2f} / {100 * h['util']:.1f} / {100 * (h['avg_jct_h'] / b['avg_jct_h'] - 1):+.1f} %")
         table.add_row(*row)
-    Console().print(table)
+    Console(width=max(Console().width, 150)).print(table)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     return 0 if np.isfinite([v["avg_jct_h"] for g in out.values() for v in g.values()]).all() else 1
