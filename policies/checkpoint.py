@@ -125,10 +125,10 @@ class MLPNet:
         z32: np.ndarray, mask: np.ndarray, deterministic: bool = True, rng: np.random.Generator | None = None
     ) -> int:
         """Best valid action of logits ``z32`` (argmax of masked logits; lowest index on ties), or a sample."""
+        if deterministic or rng is None:  # float32 -> float64 is exact: the same argmax without converting
+            return int(np.argmax(np.where(mask, z32, -np.inf)))
         z = z32.astype(np.float64)
         z = np.where(mask, z, -np.inf)
-        if deterministic or rng is None:
-            return int(np.argmax(z))
         z = z - z.max()
         p = np.exp(z)
         p /= p.sum()
@@ -175,6 +175,9 @@ class _SparsePlan:
         self.N, self.G2 = N, G2
         self._ks = base
         self._rprefix: np.ndarray | None = None
+        self._table: np.ndarray | None = None
+        self._cand_rows: list[int] = []
+        self._queue_row = -1
         self._jobs: dict[tuple, np.ndarray] = {}
 
     def right_prefix(self) -> np.ndarray:
@@ -186,6 +189,30 @@ class _SparsePlan:
             np.cumsum(W[: self._ks, :, G:, :].astype(np.float64), axis=2, out=rp[:, :, 1:, :])
             self._rprefix = rp
         return self._rprefix
+
+    def round_table(self) -> np.ndarray:
+        """float64 ``[K*S*N*(G+1) + 5K + 1, H]`` (lazy): :meth:`right_prefix` flattened (row
+        ``(c * N + v) * (G + 1) + g``), then the candidate rows ``cand``, then ``queue``."""
+        if self._table is None:
+            rp = self.right_prefix()
+            self._table = np.concatenate([rp.reshape(-1, rp.shape[-1]), self.cand, self.queue[None, :]])
+            n = rp.shape[0] * rp.shape[1] * rp.shape[2]
+            self._cand_rows = list(range(n, n + len(self.cand)))
+            self._queue_row = n + len(self.cand)
+        return self._table
+
+    def _first_layer_round(self, sp: SparseObs) -> np.ndarray:
+        """:meth:`first_layer` of a :class:`~policies.encoding.RoundEncoder` observation: the option
+        spans (prefix-sum differences), candidate values and queue value as one float32 coefficient
+        vector (the values the dense tensor holds) times the gathered rows of :meth:`round_table`."""
+        table = self.round_table()
+        n = len(sp.cand)
+        rows = sp.span_idx + self._cand_rows[:n]
+        rows.append(self._queue_row)
+        coef = sp.span_coef + sp.cand
+        coef.append(sp.queue)
+        h = np.array(coef, dtype=np.float32) @ table.take(rows, axis=0)
+        return self.const + sp.left + h
 
     def job(self, feats: tuple[float, ...], spans: tuple[tuple[int, int, int], ...]) -> np.ndarray:
         """Contribution ``[H]`` of one running job (channels 1..7 over its visible slots)."""
@@ -205,18 +232,15 @@ class _SparsePlan:
 
     def first_layer(self, sp: SparseObs) -> np.ndarray:
         """First-layer pre-activation (float64 ``[H]``) of the observation ``sp``."""
+        if sp.span_idx is not None:  # RoundEncoder: spans, candidates and queue in one gather + matvec
+            return self._first_layer_round(sp)
         q = float(np.float32(sp.queue))
         h = self.const + q * self.queue
         if sp.left is not None:  # running jobs already summed (policies.encoding.RoundEncoder)
             h = h + sp.left
         elif sp.jobs:
             h = h + np.add.reduce([self.job(f, s) for f, s in sp.jobs])
-        if sp.opt_c and sp.opt_b is not None:  # column spans (RoundEncoder): prefix-sum differences
-            rp = self.right_prefix()
-            c, v = np.asarray(sp.opt_c), np.asarray(sp.opt_v)
-            rows = rp[c, v, np.asarray(sp.opt_b)] - rp[c, v, np.asarray(sp.opt_g)]
-            h = h + np.asarray(sp.opt_x, dtype=np.float32).astype(np.float64) @ rows
-        elif sp.opt_c:
+        if sp.opt_c:
             idx = (np.asarray(sp.opt_c) * self.N + np.asarray(sp.opt_v)) * self.G2 + np.asarray(sp.opt_g)
             h = h + np.asarray(sp.opt_x, dtype=np.float32).astype(np.float64) @ self.Wflat[idx].astype(np.float64)
         if sp.cand:

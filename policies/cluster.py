@@ -192,9 +192,14 @@ class Placement:
 
     alloc: tuple[tuple[int, int], ...]
     total_gpus: int = field(init=False, compare=False)
+    #: node indices, in ``alloc`` order (derived, cached: read in every scheduling step)
+    nodes: tuple[int, ...] = field(init=False, compare=False, repr=False)
+    num_nodes: int = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "total_gpus", sum(c for _, c in self.alloc))
+        object.__setattr__(self, "nodes", tuple(n for n, _ in self.alloc))
+        object.__setattr__(self, "num_nodes", len(self.alloc))
 
     @classmethod
     def of(cls, mapping: Mapping[int, int] | Iterable[tuple[int, int]]) -> "Placement":
@@ -206,14 +211,6 @@ class Placement:
             if count:
                 merged[int(node)] = merged.get(int(node), 0) + int(count)
         return cls(tuple(sorted(merged.items())))
-
-    @property
-    def nodes(self) -> tuple[int, ...]:
-        return tuple(n for n, _ in self.alloc)
-
-    @property
-    def num_nodes(self) -> int:
-        return len(self.alloc)
 
     @property
     def max_per_node(self) -> int:

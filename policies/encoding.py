@@ -72,6 +72,7 @@ help and would deadlock a trace whose jobs all arrived).
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -79,7 +80,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from policies.cluster import ClusterSpec, Placement
-from policies.perf import ContentionModel, JobKey
+from policies.perf import MIN_RATIO, ContentionModel, JobKey
 from policies.placement import pack
 from policies.state import ClusterState, JobInfo
 from policies.workloads import get_workload
@@ -91,6 +92,7 @@ __all__ = [
     "Encoded",
     "Encoder",
     "EncodingError",
+    "NodeIndex",
     "ObsSpec",
     "RoundEncoder",
     "SparseObs",
@@ -218,9 +220,14 @@ class SparseObs:
     :param left: set by :class:`RoundEncoder` only: float64 ``[H]``, the running jobs'
         first-layer contribution for one network's plan (channels 1..7), already summed;
         ``jobs`` is then empty and :meth:`dense` is unavailable (use ``RoundEncoder.jobs()``).
-    :param opt_b: set by :class:`RoundEncoder` only: the option entries are then column spans,
-        entry ``i`` writing ``opt_x[i]`` into channel ``opt_c[i]``, node ``opt_v[i]``, right-half
-        columns ``G + opt_g[i] .. G + opt_b[i] - 1``.
+    :param span_idx: set by :class:`RoundEncoder` only (``opt_c``, ``opt_v``, ``opt_g``, ``opt_x``
+        are then empty): the option cells as column spans, in pairs. Span ``i`` writes value
+        ``x`` into channel ``c``, node ``v``, right-half columns ``G + a .. G + b - 1``; it is
+        stored as ``span_idx[2i] = (c * N + v) * (G + 1) + b`` and ``span_idx[2i + 1]`` (the
+        same with ``a``), row indices into the network plan's right-prefix table, with
+        ``span_coef[2i] = x`` and ``span_coef[2i + 1] = -x`` (:meth:`spans` decodes them).
+    :param speeds: set by :class:`RoundEncoder` only: ``[K * S]`` predicted speed of each
+        placement action (0 where infeasible), what :meth:`Encoded.action_speeds` returns.
     """
 
     queue: float
@@ -231,7 +238,26 @@ class SparseObs:
     opt_x: list[float]
     cand: list[float]
     left: np.ndarray | None = None
-    opt_b: list[int] | None = None
+    span_idx: list[int] | None = None
+    span_coef: list[float] | None = None
+    speeds: list[float] | None = None
+
+    def spans(self, spec: ObsSpec) -> list[tuple[int, int, int, int, float]]:
+        """``(channel, node, first column, end column, value)`` of each option span (right-half
+        columns counted from 0), decoded from ``span_idx`` / ``span_coef``."""
+        if self.span_idx is None or self.span_coef is None:
+            raise ValueError("only a RoundEncoder observation holds option spans")
+        N, G1 = spec.num_nodes, spec.gpus_per_node + 1
+        out = []
+        for i in range(0, len(self.span_idx), 2):
+            hi, lo = self.span_idx[i], self.span_idx[i + 1]
+            x, negx = self.span_coef[i], self.span_coef[i + 1]
+            if negx != -x:
+                raise ValueError(f"span {i // 2}: coefficients {x}, {negx} are not opposite")
+            cv, a = divmod(lo, G1)
+            c, v = divmod(cv, N)
+            out.append((c, v, a, hi - cv * G1, x))
+        return out
 
     def dense(self, spec: ObsSpec, exists: np.ndarray) -> np.ndarray:
         """The float32 ``spec.shape`` observation (same writes as :meth:`Encoder.encode`).
@@ -281,6 +307,8 @@ class Encoded:
     options: list[list[Placement | None]]
     spec: ObsSpec = field(repr=False, default=None)  # type: ignore[assignment]
     sparse: SparseObs | None = field(repr=False, default=None)
+    #: valid placement actions, when the encoder counted them (else derived from ``mask``)
+    n_valid: int | None = field(repr=False, default=None)
 
     def action_speeds(self) -> np.ndarray:
         """float32 ``[K * S]``: predicted normalised speed of each placement action (0 if infeasible).
@@ -289,6 +317,8 @@ class Encoded:
         option hold the same value); read from ``obs`` or from ``sparse``.
         """
         ks = self.spec.k * self.spec.options
+        if self.sparse is not None and self.sparse.speeds is not None:
+            return np.array(self.sparse.speeds, dtype=np.float32)
         if self.obs is not None:
             return self.obs[:ks, :, self.spec.gpus_per_node :].reshape(ks, -1).max(axis=1)  # right half only
         out = np.zeros(ks, dtype=np.float32)
@@ -298,6 +328,8 @@ class Encoded:
 
     @property
     def any_placement(self) -> bool:
+        if self.n_valid is not None:
+            return self.n_valid > 0
         return bool(self.mask[:-1].any())
 
     def decode(self, action: int) -> tuple[str, Placement] | None:
@@ -355,12 +387,19 @@ class Encoder:
         self._opt_memo: dict[tuple[int, bytes], tuple[Placement | None, ...]] = {}
         self._speed_memo: dict[tuple[str, int, int], float] = {}
         self._multi_memo: dict[tuple, float] = {}
+        self._small = max(cluster.gpus_per_node, default=0) < 32768  # free / load fit in an int16
+        self._placements: dict[tuple, Placement] = {}  # balanced placements by alloc (immutable, shared)
+        self._sigs: dict[tuple, int] = {}  # neighbour tuples -> ids (signature())
+        self._node_cs: dict[tuple, float] = {}  # node CS by (job key, neighbour signature)
 
     # ------------------------------------------------------------------ candidates
     @staticmethod
     def srtf_key(j: JobInfo) -> tuple:
-        """Order inside a demand group: estimated remaining time, submit time, id."""
-        return (j.remaining_time, j.submit_time, j.job_id)
+        """Order inside a demand group: estimated remaining time, submit time, id.
+
+        ``JobInfo.remaining_time`` written out (the same arithmetic, so the same floats): this
+        key sorts every pending job once per round."""
+        return (max(j.total_samples - j.done_samples, 0.0) / j.best_thp, j.submit_time, j.job_id)
 
     def rank_candidates(self, reps: Sequence[JobInfo], now: float = 0.0, memo: dict | None = None) -> list[JobInfo]:
         """Order demand-group representatives by aged remaining GPU-time at time ``now`` (s); keep the first ``K``.
@@ -369,18 +408,26 @@ class Encoder:
             sort keys by job id, computed once.
         """
 
+        rank_key = self.rank_key
+
         def key(j: JobInfo) -> tuple:
             if memo is not None:
                 k = memo.get(j.job_id)
                 if k is not None:
                     return k
-            age = math.exp(-max(now - j.submit_time, 0.0) / AGING_S)
-            k = (j.remaining_time * j.gpu_demand * age, j.gpu_demand, j.submit_time, j.job_id)
+            k = rank_key(j, now)
             if memo is not None:
                 memo[j.job_id] = k
             return k
 
         return sorted(reps, key=key)[: self.spec.k]
+
+    @staticmethod
+    def rank_key(j: JobInfo, now: float) -> tuple:
+        """Candidate order key at time ``now`` (s): aged remaining GPU-time, demand, submit time, id
+        (unique per job)."""
+        age = math.exp(-max(now - j.submit_time, 0.0) / AGING_S)
+        return (j.remaining_time * j.gpu_demand * age, j.gpu_demand, j.submit_time, j.job_id)
 
     def candidates(self, pending: Sequence[JobInfo], now: float = 0.0) -> list[JobInfo]:
         """The ``<= K`` candidate jobs at time ``now`` (s) (see module docstring)."""
@@ -512,19 +559,13 @@ class Encoder:
         used: Sequence[int],
         multi_keys: list[list[JobKey]],
         any_running: bool,
-        cf_memo: dict | None = None,
-        spans: bool = False,
     ) -> tuple:
-        """Mask, options and right-half cells of :meth:`encode` (shared with :class:`RoundEncoder`).
+        """Mask, options and right-half cells of :meth:`encode`.
 
         :param free: int64 ``[N]`` free GPUs; ``mload``: int64 ``[N]`` multi-node jobs per node;
             ``used``: ``[N]`` GPUs taken by running jobs per node (left-half fill, may exceed ``G``);
             ``multi_keys[v]``: multi-node jobs' keys on node ``v`` in job-id order.
-        :param cf_memo: a dict kept by the caller for one time ``now`` (one round): candidates'
-            broadcast features by job id (they depend only on the job and ``now``).
-        :param spans: option cells as column spans (``SparseObs.opt_b`` set) instead of single cells.
-        :returns: ``(mask, options, opt_c, opt_v, opt_g, opt_x, cand, opt_b)`` as in :class:`SparseObs`
-            (``opt_b`` ``None`` unless ``spans``).
+        :returns: ``(mask, options, opt_c, opt_v, opt_g, opt_x, cand)`` as in :class:`SparseObs`.
         """
         spec = self.spec
         N, G = spec.num_nodes, spec.gpus_per_node
@@ -532,7 +573,7 @@ class Encoder:
         order = np.lexsort((np.arange(N), free, mload))  # least loaded, best fit, index
         free_ord = free[order]
         free_sum = int(free.sum())
-        okey = free.tobytes() + mload.tobytes()
+        okey = self._okey(free, mload)
         S = spec.options
         mask = np.zeros(spec.n_actions, dtype=bool)
         options: list[list[Placement | None]] = []
@@ -541,7 +582,6 @@ class Encoder:
         og: list[int] = []
         ox: list[float] = []
         cf: list[float] = []
-        ob: list[int] | None = [] if spans else None
         for k, job in enumerate(cands):
             opts = self._options_fast(job, free, order, free_ord, free_sum, okey)
             options.append(opts)
@@ -555,28 +595,174 @@ class Encoder:
                     a = used[v]
                     b = min(a + c, G)
                     if b > a:
-                        if ob is not None:
-                            oc.append(ch)
-                            ov.append(v)
-                            og.append(a)
-                            ob.append(b)
-                            ox.append(speed)
-                        else:
-                            oc.extend([ch] * (b - a))
-                            ov.extend([v] * (b - a))
-                            og.extend(range(G + a, G + b))
-                            ox.extend([speed] * (b - a))
-            f = cf_memo.get(job.job_id) if cf_memo is not None else None
-            if f is None:
-                wait = min(math.log1p(max(now - job.submit_time, 0.0) / _HOUR) / _REM_NORM, 1.0)
-                bw, cc = self._model_feats(job.model)
-                f = (bw, cc, _rem(job), math.log2(1 + job.gpu_demand) / logtot, wait)
-                if cf_memo is not None:
-                    cf_memo[job.job_id] = f
-            cf.extend(f)
+                        oc.extend([ch] * (b - a))
+                        ov.extend([v] * (b - a))
+                        og.extend(range(G + a, G + b))
+                        ox.extend([speed] * (b - a))
+            wait = min(math.log1p(max(now - job.submit_time, 0.0) / _HOUR) / _REM_NORM, 1.0)
+            bw, cc = self._model_feats(job.model)
+            cf.extend((bw, cc, _rem(job), math.log2(1 + job.gpu_demand) / logtot, wait))
         any_place = bool(mask[:-1].any())
         mask[spec.noop] = any_running or not any_place
-        return mask, options, oc, ov, og, ox, cf, ob
+        return mask, options, oc, ov, og, ox, cf
+
+    def _cand_feats(self, job: JobInfo, now: float) -> tuple[float, ...]:
+        """A candidate's five broadcast values at time ``now`` (s) (see the module docstring)."""
+        wait = min(math.log1p(max(now - job.submit_time, 0.0) / _HOUR) / _REM_NORM, 1.0)
+        bw, cc = self._model_feats(job.model)
+        return (bw, cc, _rem(job), math.log2(1 + job.gpu_demand) / self._logtot, wait)
+
+    def _options_indexed(self, g: int, nix: NodeIndex) -> tuple[Placement | None, ...]:
+        """:meth:`_options_fast` of a ``g``-GPU job from a :class:`NodeIndex` (same placements; tested)."""
+        out: list[Placement | None] = []
+        for lvl in range(self.spec.levels):
+            n = 1 << lvl
+            per = -(-g // n)
+            if n > g or (n - 1) * per >= g:
+                out.append(None)
+                continue
+            chosen = nix.first_nodes(n, per)
+            if chosen is None:
+                out.append(None)
+                continue
+            alloc: list[tuple[int, int]] = []
+            left = g
+            for i in chosen:
+                take = min(per, left)
+                alloc.append((i, take))
+                left -= take
+            alloc.sort()
+            key = tuple(alloc)
+            pl = self._placements.get(key)
+            if pl is None:
+                if len(self._placements) >= _MEMO_MAX:
+                    self._placements.clear()
+                pl = self._placements[key] = Placement(key)
+            out.append(pl)
+        out.append(nix.pack(g))
+        return tuple(out)
+
+    def _speed_multi(self, job: JobInfo, p: Placement, multi_keys: Sequence[Sequence[JobKey]], sig: Sequence[int]) -> float:
+        """:meth:`predicted_speed` of a multi-node placement (the same floats).
+
+        Per-node CS (:meth:`~policies.perf.ContentionModel.node_cs`) is memoised by the job's key and
+        the node's neighbour signature ``sig[v]`` (an id of the tuple ``multi_keys[v]``; 0: none).
+        """
+        perf = self.perf
+        me = (job.model, p.total_gpus, p.num_nodes)
+        memo = self._node_cs
+        worst = 1.0
+        for v in p.nodes:
+            sid = sig[v]
+            if sid:
+                c = memo.get((me, sid))
+                if c is None:
+                    if len(memo) >= _MEMO_MAX:
+                        memo.clear()
+                    c = memo[(me, sid)] = perf.node_cs(me, multi_keys[v])
+                worst = max(worst, c)
+        cs = min(worst, 1.0 / MIN_RATIO)
+        iso = perf.isolated_throughput(job.model, p.total_gpus, p.num_nodes)
+        best = perf.best_isolated_throughput(job.model, job.gpu_demand)
+        return float(min(iso / cs / max(best, 1e-12), 1.0))
+
+    def signature(self, keys: Sequence[JobKey]) -> int:
+        """A small int naming the neighbour tuple ``keys`` (0 for none), stable for this encoder."""
+        if not keys:
+            return 0
+        t = tuple(keys)
+        sid = self._sigs.get(t)
+        if sid is None:
+            if len(self._sigs) >= _MEMO_MAX:  # ids restart; node-CS entries under old ids are dropped too
+                self._sigs.clear()
+                self._node_cs.clear()
+            sid = self._sigs[t] = len(self._sigs) + 1
+        return sid
+
+    def _right_half_round(
+        self,
+        now: float,
+        cands: Sequence[JobInfo],
+        free: np.ndarray,
+        mload: np.ndarray,
+        used: Sequence[int],
+        multi_keys: list[list[JobKey]],
+        any_running: bool,
+        cf_memo: dict,
+        nix: NodeIndex,
+        sig: Sequence[int],
+    ) -> tuple:
+        """:meth:`_right_half` for :class:`RoundEncoder`: the same mask, options, values and
+        candidate features, with the option cells as column spans and per-action speeds.
+
+        Options come from the options memo or, on a miss, from ``nix`` (no scan over all nodes).
+
+        :param cf_memo: a dict kept by the caller for one time ``now`` (one round): candidates'
+            broadcast features by job id (they depend only on the job and ``now``).
+        :param nix: the round's :class:`NodeIndex` (``free`` and ``mload`` in bucket form).
+        :param sig: :meth:`signature` of ``multi_keys[v]`` per node.
+        :returns: ``(mask, options, span_idx, span_coef, cand, speeds, n_valid)`` as in :class:`SparseObs`
+            and :class:`Encoded`.
+        """
+        spec = self.spec
+        N, G, S = spec.num_nodes, spec.gpus_per_node, spec.options
+        G1 = G + 1
+        okey = self._okey(free, mload)
+        memo = self._opt_memo
+        valid: list[int] = []
+        options: list[list[Placement | None]] = []
+        idx: list[int] = []  # span end / start rows, in pairs
+        coef: list[float] = []  # +value / -value
+        cf: list[float] = []
+        speeds = [0.0] * (spec.k * S)
+        single = self._speed_memo
+        for k, job in enumerate(cands):
+            g = job.gpu_demand
+            opts = memo.get((g, okey))
+            if opts is None:
+                opts = self._options_indexed(g, nix)
+                if len(memo) >= _MEMO_MAX:
+                    memo.clear()
+                memo[(g, okey)] = opts
+            options.append(list(opts))
+            sspeed = single.get((job.model, g, g))
+            for s, p in enumerate(opts):
+                if p is None:
+                    continue
+                ch = k * S + s
+                valid.append(ch)
+                alloc = p.alloc
+                if len(alloc) == 1:  # single node: speed by shape only (as _speed)
+                    speed = sspeed
+                    if speed is None:
+                        speed = sspeed = self._speed(job, p, multi_keys)
+                else:
+                    speed = self._speed_multi(job, p, multi_keys, sig)
+                for v, c in alloc:
+                    a = used[v]
+                    b = a + c
+                    if b > G:  # noqa: PLR1730 (cheaper than min() in this hot loop)
+                        b = G
+                    if b > a:
+                        base = (ch * N + v) * G1
+                        idx += (base + b, base + a)
+                        coef += (speed, -speed)
+                        speeds[ch] = speed
+            f = cf_memo.get(job.job_id)
+            if f is None:
+                f = cf_memo[job.job_id] = self._cand_feats(job, now)
+            cf.extend(f)
+        mask = np.zeros(spec.n_actions, dtype=bool)
+        if valid:
+            mask[valid] = True
+        mask[spec.noop] = any_running or not valid
+        return mask, options, idx, coef, cf, speeds, len(valid)
+
+    def _okey(self, free: np.ndarray, mload: np.ndarray) -> bytes:
+        """Options-memo key of free GPUs and multi-node load (compact: 4 bytes per node)."""
+        if self._small:
+            return free.astype(np.int16).tobytes() + mload.astype(np.int16).tobytes()
+        return free.tobytes() + mload.tobytes()
 
     def encode(
         self,
@@ -664,7 +850,7 @@ class Encoder:
             obs[8, :, :G] = exists * q
 
         cands = self.candidates(state.pending, state.time) if candidates is None else list(candidates)[: spec.k]
-        mask, options, oc, ov, og, ox, cf, _ = self._right_half(
+        mask, options, oc, ov, og, ox, cf = self._right_half(
             state.time, cands, free, np.asarray(multi_load, dtype=np.int64), used, multi_keys, bool(state.running)
         )
         base = spec.k * spec.options
@@ -820,6 +1006,101 @@ def apply_placement(
     return ClusterState(state.time, state.cluster, free, running, pending)
 
 
+class NodeIndex:
+    """Nodes bucketed by free GPUs (and by multi-node load and free GPUs), index-sorted.
+
+    Gives :meth:`Encoder._options_fast`'s balanced options and
+    :func:`policies.placement.pack`'s placement without sorting or scanning all
+    nodes: the cost depends on the GPUs per node and the jobs' node counts,
+    not on the cluster size. Updated in place as a round places jobs
+    (:meth:`update`); equal results are tested.
+
+    :param free: free GPUs per node; ``mload``: multi-node jobs per node.
+    """
+
+    def __init__(self, free: Sequence[int], mload: Sequence[int]) -> None:
+        self.free = [int(f) for f in free]
+        self.mload = [int(m) for m in mload]
+        self.fmax = max(self.free, default=0)
+        self.total = sum(self.free)
+        self._by_f: list[list[int]] = [[] for _ in range(self.fmax + 1)]
+        self._by_mf: dict[tuple[int, int], list[int]] = {}
+        self._loads: dict[int, int] = {}
+        for v, (f, m) in enumerate(zip(self.free, self.mload, strict=True)):
+            self._by_f[f].append(v)
+            self._by_mf.setdefault((m, f), []).append(v)
+            self._loads[m] = self._loads.get(m, 0) + 1
+
+    def update(self, v: int, free: int, mload: int) -> None:
+        """Node ``v`` now has ``free`` free GPUs (no more than before) and ``mload`` multi-node jobs."""
+        f0, m0 = self.free[v], self.mload[v]
+        if free > f0:
+            raise ValueError(f"node {v}: free GPUs may only shrink within a round ({f0} -> {free})")
+        if (f0, m0) == (free, mload):
+            return
+        b = self._by_f[f0]
+        del b[bisect.bisect_left(b, v)]
+        bisect.insort(self._by_f[free], v)
+        b = self._by_mf[(m0, f0)]
+        del b[bisect.bisect_left(b, v)]
+        bisect.insort(self._by_mf.setdefault((mload, free), []), v)
+        self._loads[m0] -= 1
+        if not self._loads[m0]:
+            del self._loads[m0]
+        self._loads[mload] = self._loads.get(mload, 0) + 1
+        self.free[v], self.mload[v] = free, mload
+        self.total += free - f0
+
+    def first_nodes(self, n: int, per: int) -> list[int] | None:
+        """The first ``n`` nodes with at least ``per`` free GPUs in the order (multi-node load,
+        free GPUs, index), or ``None`` if fewer exist."""
+        chosen: list[int] = []
+        by_mf = self._by_mf
+        for m in sorted(self._loads):
+            for f in range(per, self.fmax + 1):
+                b = by_mf.get((m, f))
+                if b:
+                    chosen.extend(b[: n - len(chosen)])
+                    if len(chosen) == n:
+                        return chosen
+        return None
+
+    def pack(self, g: int) -> Placement | None:
+        """:func:`policies.placement.pack` of a ``g``-GPU job on the current free GPUs."""
+        need = g
+        if need > self.total:
+            return None
+        by_f, fmax = self._by_f, self.fmax
+        taken: set[int] = set()  # nodes taken whole (their free GPUs are then 0)
+        alloc: dict[int, int] = {}
+        while need > 0:
+            n = -1
+            for f in range(need, fmax + 1):  # best fit: fewest free GPUs that cover the rest, lowest index
+                for v in by_f[f]:
+                    if v not in taken:
+                        n = v
+                        break
+                if n >= 0:
+                    break
+            if n >= 0:
+                take = need
+            else:  # most free GPUs, lowest index
+                take = 0
+                for f in range(fmax, 0, -1):
+                    for v in by_f[f]:
+                        if v not in taken:
+                            n, take = v, f
+                            break
+                    if n >= 0:
+                        break
+                if take <= 0:
+                    return None
+                taken.add(n)
+            alloc[n] = alloc.get(n, 0) + take
+            need -= take
+        return Placement.of(alloc)
+
+
 class RoundEncoder:
     """Incremental :meth:`Encoder.encode` (``dense=False``) over the placements of one round.
 
@@ -881,12 +1162,12 @@ class RoundEncoder:
         for j in self.running:
             if j.placement is not None:
                 self._refresh(j, offs)
+        self.nodes = NodeIndex(self.free.tolist(), self.mload.tolist())
+        self.sig = [enc.signature(k) for k in self.multi_keys]
 
     # ------------------------------------------------------------------ internals
     def _add_to_nodes(self, j: JobInfo) -> None:
         """Register running job ``j`` in the per-node structures (id order kept)."""
-        import bisect
-
         p = j.placement
         multi = p.num_nodes > 1
         key = (j.model, p.total_gpus, p.num_nodes) if multi else None
@@ -941,20 +1222,27 @@ class RoundEncoder:
     # ------------------------------------------------------------------ API
     def place(self, job: JobInfo, p: Placement, perf: ContentionModel) -> None:
         """Start pending ``job`` on ``p`` (as :func:`apply_placement` with ``drop_pending=False``)."""
-        if not p.fits(self.free):
-            raise ValueError(f"placement {p} of job {job.job_id} does not fit free GPUs {self.free.tolist()}")
+        free = self.free
+        N = len(free)
+        for v, c in p.alloc:
+            if not (0 <= v < N and c <= free[v]):
+                raise ValueError(f"placement {p} of job {job.job_id} does not fit free GPUs {free.tolist()}")
         if job.job_id in self._pos:
             raise ValueError(f"job {job.job_id} is already running")
         for v, c in p.alloc:
-            self.free[v] -= c
+            free[v] -= c
         iso = perf.isolated_throughput(job.model, p.total_gpus, p.num_nodes)
-        new = JobInfo(
-            **{**job.__dict__, "placement": p, "isolated_thp": iso, "achieved_thp": iso, "start_time": self.time}
-        )
+        new = object.__new__(JobInfo)  # == JobInfo(**{**job.__dict__, ...}) as apply_placement builds it
+        new.__dict__.update(job.__dict__)
+        new.placement, new.isolated_thp, new.achieved_thp, new.start_time = p, iso, iso, self.time
         idx = len(self.running)
         self.running.append(new)
         self._pos[new.job_id] = idx
         self._add_to_nodes(new)
+        for v in p.nodes:
+            self.nodes.update(v, int(free[v]), int(self.mload[v]))
+            if p.num_nodes > 1:
+                self.sig[v] = self.enc.signature(self.multi_keys[v])
         changed: set[str] = {new.job_id}
         if p.num_nodes > 1:
             by_node = self._by_node
@@ -1005,13 +1293,14 @@ class RoundEncoder:
     def encode(self, candidates: Sequence[JobInfo], queue_len: int) -> Encoded:
         """:meth:`Encoder.encode` of the current state with these ``candidates`` and queue length, ``dense=False``;
         ``sparse.jobs`` is empty, ``sparse.left`` holds their summed contribution and the option
-        cells are column spans (``sparse.opt_b`` set)."""
+        cells are column spans (``sparse.span_idx`` / ``span_coef`` set) with per-action ``sparse.speeds``."""
         enc = self.enc
         spec = enc.spec
         cands = list(candidates)[: spec.k]
         q = min(math.log1p(int(queue_len)) / _QUEUE_NORM, 1.0)
-        mask, options, oc, ov, og, ox, cf, ob = enc._right_half(
-            self.time, cands, self.free, self.mload, self.used, self.multi_keys, bool(self.running), self._cf, True
+        mask, options, idx, coef, cf, speeds, n_valid = enc._right_half_round(
+            self.time, cands, self.free, self.mload, self.used, self.multi_keys, bool(self.running), self._cf, self.nodes, self.sig
         )
         left = self._contrib[: self._n].sum(axis=0)
-        return Encoded(None, mask, cands, options, spec, SparseObs(q, [], oc, ov, og, ox, cf, left, ob))
+        sp = SparseObs(q, [], [], [], [], [], cf, left, idx, coef, speeds)
+        return Encoded(None, mask, cands, options, spec, sp, n_valid)

@@ -280,13 +280,27 @@ class ContentionModel:
         """CS of a job on ``my_nodes`` given the other jobs on each node (>= 1)."""
         if me[2] <= 1:
             return 1.0
+        return self._worst_node_cs(me, (neighbours_by_node.get(v, ()) for v in my_nodes))
+
+    def job_cs_indexed(self, me: JobKey, my_nodes: Iterable[int], neighbours: Sequence[Sequence[JobKey]]) -> float:
+        """:meth:`job_cs` with the neighbours as a per-node-index sequence (``neighbours[v]``)."""
+        if me[2] <= 1:
+            return 1.0
+        return self._worst_node_cs(me, (neighbours[v] for v in my_nodes))
+
+    def _worst_node_cs(self, me: JobKey, per_node: Iterable[Sequence[JobKey]]) -> float:
+        """Max over the job's nodes of ``1 + sum(pair CS - 1)`` over that node's other jobs, capped."""
         worst = 1.0
-        for v in my_nodes:
-            extra = 0.0
-            for other in neighbours_by_node.get(v, ()):
-                extra += self.pair_cs(me, other) - 1.0
-            worst = max(worst, 1.0 + extra)
+        for others in per_node:
+            worst = max(worst, self.node_cs(me, others))
         return min(worst, 1.0 / MIN_RATIO)
+
+    def node_cs(self, me: JobKey, others: Iterable[JobKey]) -> float:
+        """Uncapped CS of a job on one node shared with ``others``: ``1 + sum(pair CS - 1)``."""
+        extra = 0.0
+        for other in others:
+            extra += self.pair_cs(me, other) - 1.0
+        return 1.0 + extra
 
     # ------------------------------------------------------------------ reporting
     def fit_report(self) -> dict:

@@ -36,12 +36,28 @@ checks they agree.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
 __all__ = ["AdmissionPrior", "PriorError"]
+
+
+@functools.lru_cache(maxsize=64)
+def _logit_tables(scale: float, ks: int) -> tuple[np.ndarray, np.ndarray]:
+    """float32 ``[ks + 1]`` logits of :meth:`AdmissionPrior.logits` when every option is at or above
+    ``theta`` and when every option is below it (computed with the same float32 operations)."""
+    out = []
+    for below in (0.0, 1.0):
+        idx = np.arange(ks, dtype=np.float32)
+        rank = idx + (ks + 1) * np.full(ks, below, dtype=np.float32)
+        noop = np.full((1,), float(ks), dtype=np.float32)
+        t = (-scale * np.concatenate([rank, noop], axis=-1)).astype(np.float32)
+        t.flags.writeable = False
+        out.append(t)
+    return out[0], out[1]
 
 
 class PriorError(ValueError):
@@ -75,6 +91,11 @@ class AdmissionPrior:
         """
         speeds = np.asarray(speeds, dtype=np.float32)
         ks = speeds.shape[-1]
+        if speeds.ndim == 1:  # one state (inference): the two possible values of each logit, precomputed
+            fast, slow = _logit_tables(self.scale, ks)
+            out = fast.copy()
+            np.copyto(out[:ks], slow[:ks], where=speeds < self.theta)
+            return out
         idx = np.arange(ks, dtype=np.float32)
         rank = idx + (ks + 1) * (speeds < self.theta).astype(np.float32)
         noop = np.full(speeds.shape[:-1] + (1,), float(ks), dtype=np.float32)

@@ -31,6 +31,7 @@ rather than from learning.
 
 from __future__ import annotations
 
+import bisect
 from importlib import resources
 from pathlib import Path
 
@@ -210,15 +211,19 @@ class RLPolicy(Policy):
         placed: set[str] = set()
         cur = state
         cache: dict = {}  # running jobs' encoded features, by object (apply_placement never mutates)
-        rank_memo: dict = {}  # candidates' aged sort keys (fixed within the round)
+        # demand-group heads sorted by Encoder.rank_key (unique keys; fixed within the round): after a
+        # placement only the placed job's group changes, so its head is replaced by bisection
+        now, K = state.time, enc_.spec.k
+        ranked = sorted((enc_.rank_key(g[0], now), g[0]) for g in groups.values())
+        rkeys = [k for k, _j in ranked]
+        rjobs = [j for _k, j in ranked]
         # incremental encoder state for the rest of the round, built at the first placement
         # (a round that places nothing costs one plain encoding)
         inc: RoundEncoder | None = None
         for _ in range(self.max_decisions):
             if left <= 0:
                 break
-            reps = [g[head[d]] for d, g in groups.items() if head[d] < len(g)]
-            cands = enc_.rank_candidates(reps, state.time, rank_memo)
+            cands = rjobs[:K]
             if inc is not None:
                 enc = inc.encode(cands, left)
             else:
@@ -242,7 +247,16 @@ class RLPolicy(Policy):
             self.stats["placements"] += 1
             job_id, p = choice
             job = enc.candidates[a // enc.spec.options]
-            head[job.gpu_demand] += 1
+            d = job.gpu_demand
+            head[d] += 1
+            i = bisect.bisect_left(rkeys, enc_.rank_key(job, now))
+            del rkeys[i], rjobs[i]
+            if head[d] < len(groups[d]):
+                nxt = groups[d][head[d]]
+                k = enc_.rank_key(nxt, now)
+                i = bisect.bisect_left(rkeys, k)
+                rkeys.insert(i, k)
+                rjobs.insert(i, nxt)
             left -= 1
             placed.add(job_id)
             dec.place.append((job_id, p))

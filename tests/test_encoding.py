@@ -8,8 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies.cluster import ClusterSpec, Placement
-from policies.encoding import Encoder, EncodingError, ObsSpec, apply_placement
+from policies.encoding import Encoder, EncodingError, NodeIndex, ObsSpec, apply_placement
 from policies.perf import ContentionModel
+from policies.placement import pack
 from policies.state import ClusterState, JobInfo
 from policies.workloads import MODELS
 
@@ -271,3 +272,38 @@ def test_candidate_order_ages_waiting_jobs():
     # encode() ages by the state's clock.
     state = ClusterState(now, C48, np.array(C48.gpus_per_node), [], [small, big])
     assert [c.job_id for c in enc_.encode(state).candidates] == ["big", "small"]
+
+
+_ENC_BY_N: dict[int, Encoder] = {}
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 8), st.integers(0, 3)), min_size=1, max_size=40),
+    st.lists(st.tuples(st.integers(0, 39), st.integers(0, 8), st.integers(0, 2)), max_size=12),
+    st.sampled_from([1, 2, 3, 4, 5, 7, 8, 12, 16, 24, 32, 64]),
+)
+def test_node_index_matches_scans(nodes, updates, g):
+    """NodeIndex gives the same balanced options and packing as the numpy scans, also after updates."""
+    free = np.array([f for f, _m in nodes], dtype=np.int64)
+    mload = np.array([m for _f, m in nodes], dtype=np.int64)
+    N = len(nodes)
+    if N not in _ENC_BY_N:
+        cluster = ClusterSpec.parse(f"{N}x8")
+        _ENC_BY_N[N] = Encoder(cluster, ContentionModel(cluster))
+    enc_ = _ENC_BY_N[N]
+    nix = NodeIndex(free.tolist(), mload.tolist())
+    job = JobInfo("j", MODELS[0], g, 0.0, 1.0)
+    for step in range(len(updates) + 1):
+        order = np.lexsort((np.arange(N), free, mload))
+        want = enc_._options(job, free, order)
+        assert list(enc_._options_indexed(g, nix)) == want
+        assert nix.pack(g) == pack(job, free)
+        if step < len(updates):
+            v, take, extra = updates[step]
+            v %= N
+            new_free = max(int(free[v]) - take, 0)
+            free[v], mload[v] = new_free, mload[v] + extra
+            nix.update(v, new_free, int(mload[v]))
+    with pytest.raises(ValueError, match="only shrink"):
+        nix.update(0, int(free[0]) + 1, int(mload[0]))

@@ -173,7 +173,8 @@ def _check_round_encoder(net: MLPNet, enc_: Encoder, state: ClusterState, steps:
         r, g = ref.sparse, got.sparse
         G = enc_.spec.gpus_per_node
         cells = ([], [], [], [])  # RoundEncoder's column spans expanded to encode()'s cells
-        for c, v, a, b, x in zip(g.opt_c, g.opt_v, g.opt_g, g.opt_b, g.opt_x, strict=True):
+        assert (g.opt_c, g.opt_v, g.opt_g) == ([], [], [])
+        for c, v, a, b, x in g.spans(enc_.spec):
             assert 0 <= a < b <= G
             for col in range(a, b):
                 for lst, val in zip(cells, (c, v, G + col, x), strict=True):
