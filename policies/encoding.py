@@ -351,6 +351,22 @@ class Encoded:
         return self.candidates[k].job_id, p
 
 
+def _balanced_alloc(chosen: Sequence[int], g: int, per: int) -> tuple[tuple[int, int], ...]:
+    """``Placement.alloc`` of ``g`` GPUs, ``per`` on each chosen node in turn (the last fewer).
+
+    Callers guarantee ``(len(chosen) - 1) * per < g``, so every count is positive; the
+    result is sorted by node, as ``Placement.of`` would make it.
+    """
+    alloc: list[tuple[int, int]] = []
+    left = g
+    for i in chosen:
+        take = min(per, left)
+        alloc.append((i, take))
+        left -= take
+    alloc.sort()
+    return tuple(alloc)
+
+
 def _bw(model: str, link_mbps: float) -> float:
     return min(get_workload(model).bandwidth_mbps / link_mbps, 1.0)
 
@@ -506,14 +522,7 @@ class Encoder:
             if len(chosen) < n:
                 out.append(None)
                 continue
-            alloc: list[tuple[int, int]] = []
-            left = g
-            for i in chosen:
-                take = min(per, left)
-                alloc.append((i, take))  # take > 0: (n - 1) * per < g
-                left -= take
-            alloc.sort()
-            out.append(Placement(tuple(alloc)))  # == Placement.of(dict(alloc)): sorted, positive, distinct nodes
+            out.append(Placement(_balanced_alloc(chosen, g, per)))
         out.append(pack(job, free) if g <= free_sum else None)
         if len(self._opt_memo) >= _MEMO_MAX:
             self._opt_memo.clear()
@@ -625,14 +634,7 @@ class Encoder:
             if chosen is None:
                 out.append(None)
                 continue
-            alloc: list[tuple[int, int]] = []
-            left = g
-            for i in chosen:
-                take = min(per, left)
-                alloc.append((i, take))
-                left -= take
-            alloc.sort()
-            key = tuple(alloc)
+            key = _balanced_alloc(chosen, g, per)
             pl = self._placements.get(key)
             if pl is None:
                 if len(self._placements) >= _MEMO_MAX:
