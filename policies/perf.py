@@ -282,12 +282,6 @@ class ContentionModel:
             return 1.0
         return self._worst_node_cs(me, (neighbours_by_node.get(v, ()) for v in my_nodes))
 
-    def job_cs_indexed(self, me: JobKey, my_nodes: Iterable[int], neighbours: Sequence[Sequence[JobKey]]) -> float:
-        """:meth:`job_cs` with the neighbours as a per-node-index sequence (``neighbours[v]``)."""
-        if me[2] <= 1:
-            return 1.0
-        return self._worst_node_cs(me, (neighbours[v] for v in my_nodes))
-
     def _worst_node_cs(self, me: JobKey, per_node: Iterable[Sequence[JobKey]]) -> float:
         """Max over the job's nodes of ``1 + sum(pair CS - 1)`` over that node's other jobs, capped."""
         worst = 1.0

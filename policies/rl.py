@@ -250,6 +250,8 @@ class RLPolicy(Policy):
             d = job.gpu_demand
             head[d] += 1
             i = bisect.bisect_left(rkeys, enc_.rank_key(job, now))
+            if i >= len(rjobs) or rjobs[i] is not job:  # keys are unique and recomputed identically
+                raise RuntimeError(f"candidate ranking lost job {job.job_id}")
             del rkeys[i], rjobs[i]
             if head[d] < len(groups[d]):
                 nxt = groups[d][head[d]]
