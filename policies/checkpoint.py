@@ -95,11 +95,13 @@ class MLPNet:
     def _hidden(self, x: np.ndarray) -> np.ndarray:
         """Layers after the first, given the first layer's pre-activation ``x``."""
         last = len(self.layers) - 1
+        tanh = self.activation == "tanh"
         for i, (W, b) in enumerate(self.layers):
             if i > 0:
-                x = x @ W + b
+                x = np.dot(x, W)  # == x @ W + b, with one temporary fewer
+                x += b
             if i < last:
-                x = np.tanh(x) if self.activation == "tanh" else np.maximum(x, 0.0)
+                x = np.tanh(x) if tanh else np.maximum(x, 0.0)
         return x
 
     def sparse_plan(self, spec: ObsSpec, exists: np.ndarray) -> _SparsePlan:
@@ -177,6 +179,7 @@ class _SparsePlan:
         self._rprefix: np.ndarray | None = None
         self._table: np.ndarray | None = None
         self._cand_rows: list[int] = []
+        self._cand_pad: list[float] = []
         self._queue_row = -1
         self._jobs: dict[tuple, np.ndarray] = {}
 
@@ -198,6 +201,7 @@ class _SparsePlan:
             self._table = np.concatenate([rp.reshape(-1, rp.shape[-1]), self.cand, self.queue[None, :]])
             n = rp.shape[0] * rp.shape[1] * rp.shape[2]
             self._cand_rows = list(range(n, n + len(self.cand)))
+            self._cand_pad = [0.0] * len(self.cand)
             self._queue_row = n + len(self.cand)
         return self._table
 
@@ -206,13 +210,19 @@ class _SparsePlan:
         spans (prefix-sum differences), candidate values and queue value as one float32 coefficient
         vector (the values the dense tensor holds) times the gathered rows of :meth:`round_table`."""
         table = self.round_table()
-        n = len(sp.cand)
-        rows = sp.span_idx + self._cand_rows[:n]
-        rows.append(self._queue_row)
-        coef = sp.span_coef + sp.cand
-        coef.append(sp.queue)
-        h = np.array(coef, dtype=np.float32) @ table.take(rows, axis=0)
-        return self.const + sp.left + h
+        # candidate and queue rows are the table's last rows (a slice; absent candidates' values 0).
+        # Values rounded to float32 as the dense tensor holds them, converted in one call
+        # (np.array(list, float32) rounds the same but converts Python floats one by one).
+        cq = sp.cand + self._cand_pad[len(sp.cand) :]
+        cq.append(sp.queue)
+        ns = len(sp.span_coef)
+        x = np.array(sp.span_coef + cq).astype(np.float32).astype(np.float64)
+        h = np.dot(x[ns:], table[self._cand_rows[0] :])
+        if ns:
+            h += np.dot(x[:ns], table.take(sp.span_idx, axis=0))
+        h += self.const
+        h += sp.left
+        return h
 
     def job(self, feats: tuple[float, ...], spans: tuple[tuple[int, int, int], ...]) -> np.ndarray:
         """Contribution ``[H]`` of one running job (channels 1..7 over its visible slots)."""

@@ -304,11 +304,13 @@ class Encoded:
     obs: np.ndarray | None
     mask: np.ndarray
     candidates: list[JobInfo]
-    options: list[list[Placement | None]]
+    options: list[Sequence[Placement | None]]
     spec: ObsSpec = field(repr=False, default=None)  # type: ignore[assignment]
     sparse: SparseObs | None = field(repr=False, default=None)
     #: valid placement actions, when the encoder counted them (else derived from ``mask``)
     n_valid: int | None = field(repr=False, default=None)
+    #: the valid placement actions in increasing order (set by :class:`RoundEncoder`; else ``None``)
+    valid: list[int] | None = field(repr=False, default=None)
 
     def action_speeds(self) -> np.ndarray:
         """float32 ``[K * S]``: predicted normalised speed of each placement action (0 if infeasible).
@@ -318,7 +320,7 @@ class Encoded:
         """
         ks = self.spec.k * self.spec.options
         if self.sparse is not None and self.sparse.speeds is not None:
-            return np.array(self.sparse.speeds, dtype=np.float32)
+            return np.array(self.sparse.speeds).astype(np.float32)
         if self.obs is not None:
             return self.obs[:ks, :, self.spec.gpus_per_node :].reshape(ks, -1).max(axis=1)  # right half only
         out = np.zeros(ks, dtype=np.float32)
@@ -407,6 +409,8 @@ class Encoder:
         self._placements: dict[tuple, Placement] = {}  # balanced placements by alloc (immutable, shared)
         self._sigs: dict[tuple, int] = {}  # neighbour tuples -> ids (signature())
         self._node_cs: dict[tuple, float] = {}  # node CS by (job key, neighbour signature)
+        self._mspeed: dict[tuple, float] = {}  # multi-node option speeds (_speed_multi)
+        self._next_sid = 0
 
     # ------------------------------------------------------------------ candidates
     @staticmethod
@@ -647,11 +651,17 @@ class Encoder:
     def _speed_multi(self, job: JobInfo, p: Placement, multi_keys: Sequence[Sequence[JobKey]], sig: Sequence[int]) -> float:
         """:meth:`predicted_speed` of a multi-node placement (the same floats).
 
-        Per-node CS (:meth:`~policies.perf.ContentionModel.node_cs`) is memoised by the job's key and
-        the node's neighbour signature ``sig[v]`` (an id of the tuple ``multi_keys[v]``; 0: none).
+        The speed depends only on the job, the placement's shape and the set of neighbour signatures
+        ``sig[v]`` of its nodes (ids of the tuples ``multi_keys[v]``, 0: none; the worst node decides),
+        so it is memoised under that key. On a miss, per-node CS
+        (:meth:`~policies.perf.ContentionModel.node_cs`) is memoised by the job's key and the signature.
         """
+        key = (job.model, job.gpu_demand, p.total_gpus, p.num_nodes, frozenset(map(sig.__getitem__, p.nodes)))
+        v = self._mspeed.get(key)
+        if v is not None:
+            return v
         perf = self.perf
-        me = (job.model, p.total_gpus, p.num_nodes)
+        me = key[0], key[2], key[3]
         memo = self._node_cs
         worst = 1.0
         for v in p.nodes:
@@ -666,19 +676,27 @@ class Encoder:
         cs = min(worst, 1.0 / MIN_RATIO)
         iso = perf.isolated_throughput(job.model, p.total_gpus, p.num_nodes)
         best = perf.best_isolated_throughput(job.model, job.gpu_demand)
-        return float(min(iso / cs / max(best, 1e-12), 1.0))
+        if len(self._mspeed) >= _MEMO_MAX:
+            self._mspeed.clear()
+        v = self._mspeed[key] = float(min(iso / cs / max(best, 1e-12), 1.0))
+        return v
 
     def signature(self, keys: Sequence[JobKey]) -> int:
-        """A small int naming the neighbour tuple ``keys`` (0 for none), stable for this encoder."""
+        """A small int naming the neighbour tuple ``keys`` (0 for none), stable for this encoder.
+
+        Ids are never reused (a live :class:`RoundEncoder` may still hold ids of tuples the memo dropped).
+        """
         if not keys:
             return 0
         t = tuple(keys)
         sid = self._sigs.get(t)
         if sid is None:
-            if len(self._sigs) >= _MEMO_MAX:  # ids restart; node-CS entries under old ids are dropped too
+            if len(self._sigs) >= _MEMO_MAX:  # node-CS and speed entries under dropped ids go too
                 self._sigs.clear()
                 self._node_cs.clear()
-            sid = self._sigs[t] = len(self._sigs) + 1
+                self._mspeed.clear()
+            self._next_sid += 1
+            sid = self._sigs[t] = self._next_sid
         return sid
 
     def _right_half_round(
@@ -703,16 +721,17 @@ class Encoder:
             broadcast features by job id (they depend only on the job and ``now``).
         :param nix: the round's :class:`NodeIndex` (``free`` and ``mload`` in bucket form).
         :param sig: :meth:`signature` of ``multi_keys[v]`` per node.
-        :returns: ``(mask, options, span_idx, span_coef, cand, speeds, n_valid)`` as in :class:`SparseObs`
+        :returns: ``(mask, options, span_idx, span_coef, cand, speeds, valid)`` as in :class:`SparseObs`
             and :class:`Encoded`.
         """
         spec = self.spec
         N, G, S = spec.num_nodes, spec.gpus_per_node, spec.options
         G1 = G + 1
+        NG1 = N * G1
         okey = self._okey(free, mload)
         memo = self._opt_memo
         valid: list[int] = []
-        options: list[list[Placement | None]] = []
+        options: list[Sequence[Placement | None]] = []
         idx: list[int] = []  # span end / start rows, in pairs
         coef: list[float] = []  # +value / -value
         cf: list[float] = []
@@ -726,27 +745,39 @@ class Encoder:
                 if len(memo) >= _MEMO_MAX:
                     memo.clear()
                 memo[(g, okey)] = opts
-            options.append(list(opts))
+            options.append(opts)
             sspeed = single.get((job.model, g, g))
-            for s, p in enumerate(opts):
+            ch = k * S - 1
+            for p in opts:
+                ch += 1
                 if p is None:
                     continue
-                ch = k * S + s
                 valid.append(ch)
                 alloc = p.alloc
                 if len(alloc) == 1:  # single node: speed by shape only (as _speed)
                     speed = sspeed
                     if speed is None:
                         speed = sspeed = self._speed(job, p, multi_keys)
-                else:
-                    speed = self._speed_multi(job, p, multi_keys, sig)
-                for v, c in alloc:
+                    v, c = alloc[0]
                     a = used[v]
                     b = a + c
                     if b > G:  # noqa: PLR1730 (cheaper than min() in this hot loop)
                         b = G
                     if b > a:
-                        base = (ch * N + v) * G1
+                        base = ch * NG1 + v * G1
+                        idx += (base + b, base + a)
+                        coef += (speed, -speed)
+                        speeds[ch] = speed
+                    continue
+                speed = self._speed_multi(job, p, multi_keys, sig)
+                chb = ch * NG1
+                for v, c in alloc:
+                    a = used[v]
+                    b = a + c
+                    if b > G:  # noqa: PLR1730
+                        b = G
+                    if b > a:
+                        base = chb + v * G1
                         idx += (base + b, base + a)
                         coef += (speed, -speed)
                         speeds[ch] = speed
@@ -758,7 +789,7 @@ class Encoder:
         if valid:
             mask[valid] = True
         mask[spec.noop] = any_running or not valid
-        return mask, options, idx, coef, cf, speeds, len(valid)
+        return mask, options, idx, coef, cf, speeds, valid
 
     def _okey(self, free: np.ndarray, mload: np.ndarray) -> bytes:
         """Options-memo key of free GPUs and multi-node load (compact: 4 bytes per node)."""
@@ -1300,9 +1331,9 @@ class RoundEncoder:
         spec = enc.spec
         cands = list(candidates)[: spec.k]
         q = min(math.log1p(int(queue_len)) / _QUEUE_NORM, 1.0)
-        mask, options, idx, coef, cf, speeds, n_valid = enc._right_half_round(
+        mask, options, idx, coef, cf, speeds, valid = enc._right_half_round(
             self.time, cands, self.free, self.mload, self.used, self.multi_keys, bool(self.running), self._cf, self.nodes, self.sig
         )
-        left = self._contrib[: self._n].sum(axis=0)
+        left = np.add.reduce(self._contrib[: self._n], axis=0)  # == .sum(axis=0), without the wrapper
         sp = SparseObs(q, [], [], [], [], [], cf, left, idx, coef, speeds)
-        return Encoded(None, mask, cands, options, spec, sp, n_valid)
+        return Encoded(None, mask, cands, options, spec, sp, len(valid), valid)

@@ -37,6 +37,7 @@ checks they agree.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -58,6 +59,33 @@ def _logit_tables(scale: float, ks: int) -> tuple[np.ndarray, np.ndarray]:
         t.flags.writeable = False
         out.append(t)
     return out[0], out[1]
+
+
+@functools.lru_cache(maxsize=64)
+def _logit_lists(scale: float, ks: int) -> tuple[list[float], list[float]]:
+    """:func:`_logit_tables` as Python floats (exact: every float32 is a float64)."""
+    fast, slow = _logit_tables(scale, ks)
+    return fast.tolist(), slow.tolist()
+
+
+@functools.lru_cache(maxsize=64)
+def _f32_threshold(theta: float) -> float:
+    """The smallest float64 ``x`` with ``float32(x) >= float32(theta)``.
+
+    Rounding to float32 is monotonic, so ``float32(s) < float32(theta)`` (the
+    comparison :meth:`AdmissionPrior.logits` makes) holds exactly when ``s < x``;
+    found by bisection between the float32 below ``theta`` and ``theta``'s float32.
+    """
+    t32 = np.float32(theta)
+    lo, hi = float(np.nextafter(t32, np.float32(-np.inf))), float(t32)
+    while True:
+        mid = (lo + hi) / 2
+        if mid in (lo, hi):
+            return hi
+        if np.float32(mid) >= t32:
+            hi = mid
+        else:
+            lo = mid
 
 
 class PriorError(ValueError):
@@ -100,6 +128,28 @@ class AdmissionPrior:
         rank = idx + (ks + 1) * (speeds < self.theta).astype(np.float32)
         noop = np.full(speeds.shape[:-1] + (1,), float(ks), dtype=np.float32)
         return (-self.scale * np.concatenate([rank, noop], axis=-1)).astype(np.float32)
+
+    def masked_logits(self, speeds: Sequence[float], valid: Sequence[int], noop_valid: bool) -> np.ndarray:
+        """:meth:`logits` of one state with invalid actions set to ``-inf`` (inference's fast path).
+
+        Adding the result to float32 network logits gives exactly
+        ``where(mask, z + logits(speeds), -inf)``, without the array passes.
+
+        :param speeds: ``[K * S]`` option speeds (Python floats; compared after rounding to
+            float32, as :meth:`logits` does).
+        :param valid: indices of the valid placement actions.
+        :param noop_valid: whether "nothing" (the last action) is valid.
+        :returns: float32 ``[K * S + 1]``.
+        """
+        ks = len(speeds)
+        fast, slow = _logit_lists(self.scale, ks)
+        thr = _f32_threshold(self.theta)
+        out = [-np.inf] * (ks + 1)
+        for a in valid:
+            out[a] = fast[a] if speeds[a] >= thr else slow[a]
+        if noop_valid:
+            out[ks] = fast[ks]
+        return np.array(out).astype(np.float32)  # exact; faster than np.array(out, dtype=np.float32)
 
     def logits_torch(self, speeds):  # torch.Tensor [B, K*S] -> [B, K*S+1]
         """The same as :meth:`logits` for a torch tensor (training)."""

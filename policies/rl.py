@@ -183,6 +183,11 @@ class RLPolicy(Policy):
             if self._plan is None:
                 self._plan = self.net.sparse_plan(self.encoder.spec, self.encoder._exists)
             z = self.net.logits_sparse(enc.sparse, self._plan)
+            if self.prior is not None and self.deterministic and enc.valid is not None:
+                # prior and mask in one vector: the same float32 sums and argmax as below (tested)
+                add = self.prior.masked_logits(enc.sparse.speeds, enc.valid, bool(enc.mask[-1]))
+                add += z
+                return int(add.argmax())
         if self.prior is not None:
             z = z + self.prior.logits(enc.action_speeds())
         return self.net.choose(z, enc.mask, self.deterministic, self._rng)
@@ -246,11 +251,11 @@ class RLPolicy(Policy):
                 break
             self.stats["placements"] += 1
             job_id, p = choice
-            job = enc.candidates[a // enc.spec.options]
+            i = a // enc.spec.options  # candidates are rjobs[:K], in that order
+            job = enc.candidates[i]
             d = job.gpu_demand
             head[d] += 1
-            i = bisect.bisect_left(rkeys, enc_.rank_key(job, now))
-            if i >= len(rjobs) or rjobs[i] is not job:  # keys are unique and recomputed identically
+            if rjobs[i] is not job:
                 raise RuntimeError(f"candidate ranking lost job {job.job_id}")
             del rkeys[i], rjobs[i]
             if head[d] < len(groups[d]):

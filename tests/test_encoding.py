@@ -277,7 +277,7 @@ def test_candidate_order_ages_waiting_jobs():
 _ENC_BY_N: dict[int, Encoder] = {}
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     st.lists(st.tuples(st.integers(0, 8), st.integers(0, 3)), min_size=1, max_size=40),
     st.lists(st.tuples(st.integers(0, 39), st.integers(0, 8), st.integers(0, 2)), max_size=12),
@@ -299,6 +299,10 @@ def test_node_index_matches_scans(nodes, updates, g):
         want = enc_._options(job, free, order)
         assert list(enc_._options_indexed(g, nix)) == want
         assert nix.pack(g) == pack(job, free)
+        for g2 in (1, 3, 8, 2 * g):  # answers kept across updates (NodeIndex._forget) stay right
+            job2 = JobInfo("j2", MODELS[0], g2, 0.0, 1.0)
+            assert list(enc_._options_indexed(g2, nix)) == enc_._options(job2, free, order)
+            assert nix.pack(g2) == pack(job2, free)
         if step < len(updates):
             v, take, extra = updates[step]
             v %= N

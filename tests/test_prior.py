@@ -150,3 +150,28 @@ def test_admission_needs_maskable(tmp_path, capsys):
                "--cluster", "2x4", "--out", str(tmp_path / "o")])
     assert rc == 2 and "maskable-ppo" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.sampled_from([0.0, 0.3, 0.79999, 0.7999999821186066, 0.7999999821186067, 0.8, 0.80001, 1.0]), min_size=24, max_size=24)
+    | st.lists(st.floats(0.0, 1.0), min_size=24, max_size=24),
+    st.lists(st.booleans(), min_size=25, max_size=25),
+    st.sampled_from([0.0, 0.5, 0.6, 0.8, 1.0]),
+    st.sampled_from([0.5, 1.0, 3.0]),
+    st.lists(st.floats(-5.0, 5.0, width=32), min_size=25, max_size=25),
+)
+def test_masked_logits_equal_masked_sum(speeds, mask, theta, scale, z):
+    """Inference's fused path: ``z + masked_logits`` == ``where(mask, z + logits(speeds), -inf)``, bit for bit,
+    including speeds within a float32 rounding of theta."""
+    if not any(mask):
+        mask[-1] = True
+    prior = AdmissionPrior(theta=theta, scale=scale)
+    m = np.array(mask)
+    z32 = np.array(z, dtype=np.float32)
+    valid = np.flatnonzero(m[:-1]).tolist()
+    got = z32 + prior.masked_logits(speeds, valid, bool(m[-1]))
+    want = np.where(m, z32 + prior.logits(np.array(speeds, dtype=np.float32)), -np.inf)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, want)
+    assert int(np.argmax(got)) == int(np.argmax(want))

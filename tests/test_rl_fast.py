@@ -169,7 +169,8 @@ def _check_round_encoder(net: MLPNet, enc_: Encoder, state: ClusterState, steps:
         ref = enc_.encode(cur, candidates=cands, queue_len=q, dense=False)
         got = inc.encode(cands, q)
         assert np.array_equal(ref.mask, got.mask)
-        assert ref.options == got.options and ref.candidates == got.candidates
+        assert [list(o) for o in ref.options] == [list(o) for o in got.options] and ref.candidates == got.candidates
+        assert got.valid == np.flatnonzero(ref.mask[:-1]).tolist()
         r, g = ref.sparse, got.sparse
         G = enc_.spec.gpus_per_node
         cells = ([], [], [], [])  # RoundEncoder's column spans expanded to encode()'s cells
