@@ -149,7 +149,7 @@ class _SparsePlan:
     With ``W`` the first layer viewed as ``[C, N, 2G, H]`` (float64 copies):
     ``const`` = bias + channel 0 summed over existing left slots, ``queue``
     = channel 8 summed over them, ``cand[i]`` = channel ``K*S + i`` summed
-    over existing right slots, ``prefix[c, v, g]`` = channels 1..7 summed over
+    over existing right slots, ``prefix[v, g, c]`` = channels 1..7 summed over
     left columns ``< g`` of node ``v`` (span sums by one subtraction).
     Running jobs' contributions are memoised by value ``(feats, spans)``.
     """
@@ -172,7 +172,8 @@ class _SparsePlan:
         self.cand = np.einsum("vg,cvgh->ch", ex, W[base:, :, G:, :].astype(np.float64))
         pre = np.zeros((7, N, G + 1, H), dtype=np.float64)
         np.cumsum(left[1:8], axis=2, out=pre[:, :, 1:, :])
-        self.prefix = pre
+        self.prefix = np.ascontiguousarray(pre.transpose(1, 2, 0, 3))  # [N, G+1, 7, H]
+        self._prefix_rows = self.prefix.reshape(N * (G + 1), 7, H)  # row v * (G + 1) + g
         self.Wflat = Wt
         self.N, self.G2 = N, G2
         self._ks = base
@@ -229,12 +230,19 @@ class _SparsePlan:
         key = (feats, spans)
         v = self._jobs.get(key)
         if v is None:
-            pre = self.prefix
-            s = pre[:, spans[0][0], spans[0][2]] - pre[:, spans[0][0], spans[0][1]]
-            for n, a, b in spans[1:]:
-                s = s + (pre[:, n, b] - pre[:, n, a])
-            # float32 features, as the dense tensor holds them
-            v = np.asarray(feats, dtype=np.float32).astype(np.float64) @ s
+            # feats . sum over spans of (prefix[end] - prefix[start]), as one matrix-vector product over
+            # the gathered prefix rows, with the float32 features the dense tensor holds (negated for starts)
+            f = np.array(feats).astype(np.float32).astype(np.float64)
+            m = len(spans)
+            if m == 1:
+                (n, a, b), = spans
+                v = np.dot(f, self.prefix[n, b] - self.prefix[n, a])
+            else:
+                G1 = self.G2 // 2 + 1
+                rows = [n * G1 + b for n, _a, b in spans] + [n * G1 + a for n, a, _b in spans]
+                coef = np.concatenate([f] * m + [-f] * m)
+                X = self._prefix_rows.take(rows, axis=0)  # [2m, 7, H]
+                v = np.dot(coef, X.reshape(2 * m * 7, -1))
             if len(self._jobs) >= self._JOB_MEMO_MAX:
                 self._jobs.clear()
             self._jobs[key] = v

@@ -197,9 +197,11 @@ class Placement:
     num_nodes: int = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "total_gpus", sum(c for _, c in self.alloc))
-        object.__setattr__(self, "nodes", tuple(n for n, _ in self.alloc))
-        object.__setattr__(self, "num_nodes", len(self.alloc))
+        nodes, counts = zip(*self.alloc) if self.alloc else ((), ())
+        d = self.__dict__  # frozen: set the derived fields without the frozen __setattr__
+        d["total_gpus"] = sum(counts)
+        d["nodes"] = nodes
+        d["num_nodes"] = len(nodes)
 
     @classmethod
     def of(cls, mapping: Mapping[int, int] | Iterable[tuple[int, int]]) -> "Placement":

@@ -73,7 +73,11 @@ help and would deadlock a trace whose jobs all arrived).
 from __future__ import annotations
 
 import bisect
+import heapq
+import itertools
 import math
+import operator
+from array import array
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -108,6 +112,9 @@ _MEMO_MAX = 65536
 #: Aging time constant of the candidate order (s): a job's remaining GPU-time
 #: key is multiplied by ``exp(-wait / AGING_S)``.
 AGING_S = 1800.0  # entries of the encoder's option memo before it is cleared
+
+
+_SRTF_FIELDS = operator.attrgetter("total_samples", "done_samples", "best_thp", "submit_time", "job_id", "gpu_demand")
 
 
 class EncodingError(ValueError):
@@ -221,11 +228,12 @@ class SparseObs:
         first-layer contribution for one network's plan (channels 1..7), already summed;
         ``jobs`` is then empty and :meth:`dense` is unavailable (use ``RoundEncoder.jobs()``).
     :param span_idx: set by :class:`RoundEncoder` only (``opt_c``, ``opt_v``, ``opt_g``, ``opt_x``
-        are then empty): the option cells as column spans, in pairs. Span ``i`` writes value
-        ``x`` into channel ``c``, node ``v``, right-half columns ``G + a .. G + b - 1``; it is
-        stored as ``span_idx[2i] = (c * N + v) * (G + 1) + b`` and ``span_idx[2i + 1]`` (the
-        same with ``a``), row indices into the network plan's right-prefix table, with
-        ``span_coef[2i] = x`` and ``span_coef[2i + 1] = -x`` (:meth:`spans` decodes them).
+        are then empty): the option cells as column spans. Span ``i`` writes value ``x > 0``
+        into channel ``c``, node ``v``, right-half columns ``G + a .. G + b - 1``; it is stored
+        as the row ``(c * N + v) * (G + 1) + b`` of the network plan's right-prefix table with
+        coefficient ``x``, followed, if ``a > 0``, by the same row with ``a`` and coefficient
+        ``-x`` (the prefix row of column 0 is zero, so it is left out). ``span_coef`` holds
+        the coefficients (:meth:`spans` decodes them).
     :param speeds: set by :class:`RoundEncoder` only: ``[K * S]`` predicted speed of each
         placement action (0 where infeasible), what :meth:`Encoded.action_speeds` returns.
     """
@@ -248,15 +256,25 @@ class SparseObs:
         if self.span_idx is None or self.span_coef is None:
             raise ValueError("only a RoundEncoder observation holds option spans")
         N, G1 = spec.num_nodes, spec.gpus_per_node + 1
+        idx, coef = self.span_idx, self.span_coef
+        if len(idx) != len(coef):
+            raise ValueError(f"{len(idx)} span rows but {len(coef)} coefficients")
         out = []
-        for i in range(0, len(self.span_idx), 2):
-            hi, lo = self.span_idx[i], self.span_idx[i + 1]
-            x, negx = self.span_coef[i], self.span_coef[i + 1]
-            if negx != -x:
-                raise ValueError(f"span {i // 2}: coefficients {x}, {negx} are not opposite")
-            cv, a = divmod(lo, G1)
+        i = 0
+        while i < len(idx):
+            cv, b = divmod(idx[i], G1)
+            x = coef[i]
+            if not x > 0:
+                raise ValueError(f"span row {i}: value {x} is not positive")
+            a = 0
+            if i + 1 < len(idx) and coef[i + 1] < 0:  # a start row: same cells, value -x
+                cv2, a = divmod(idx[i + 1], G1)
+                if cv2 != cv or coef[i + 1] != -x or not 0 < a < b:
+                    raise ValueError(f"span rows {i}, {i + 1}: start does not match end")
+                i += 1
+            i += 1
             c, v = divmod(cv, N)
-            out.append((c, v, a, hi - cv * G1, x))
+            out.append((c, v, a, b, x))
         return out
 
     def dense(self, spec: ObsSpec, exists: np.ndarray) -> np.ndarray:
@@ -406,7 +424,8 @@ class Encoder:
         self._speed_memo: dict[tuple[str, int, int], float] = {}
         self._multi_memo: dict[tuple, float] = {}
         self._small = max(cluster.gpus_per_node, default=0) < 32768  # free / load fit in an int16
-        self._placements: dict[tuple, Placement] = {}  # balanced placements by alloc (immutable, shared)
+        self._placements: dict[tuple, Placement] = {}  # balanced placements (immutable, shared; _options_indexed)
+        self._levels: dict[int, list[tuple[int, int] | None]] = {}  # _options_indexed's levels by demand
         self._sigs: dict[tuple, int] = {}  # neighbour tuples -> ids (signature())
         self._node_cs: dict[tuple, float] = {}  # node CS by (job key, neighbour signature)
         self._mspeed: dict[tuple, float] = {}  # multi-node option speeds (_speed_multi)
@@ -420,6 +439,25 @@ class Encoder:
         ``JobInfo.remaining_time`` written out (the same arithmetic, so the same floats): this
         key sorts every pending job once per round."""
         return (max(j.total_samples - j.done_samples, 0.0) / j.best_thp, j.submit_time, j.job_id)
+
+    @staticmethod
+    def srtf_heaps(pending: Sequence[JobInfo]) -> dict[int, list[tuple]]:
+        """Pending jobs by demand, each group a :mod:`heapq` heap of ``(*srtf_key(j), j)``.
+
+        Popping a group gives its jobs in :meth:`srtf_key` order (keys are unique by job id), at
+        ``O(n)`` for the keys and heaps plus ``O(log n)`` per job taken, instead of a full sort.
+        """
+        groups: dict[int, list[tuple]] = {}
+        for (t, d, b, s, i, g), j in zip(map(_SRTF_FIELDS, pending), pending):
+            k = ((t - d if t > d else 0.0) / b, s, i, j)  # srtf_key's arithmetic (t - d > 0 iff t > d)
+            h = groups.get(g)
+            if h is None:
+                groups[g] = [k]
+            else:
+                h.append(k)
+        for h in groups.values():
+            heapq.heapify(h)
+        return groups
 
     def rank_candidates(self, reps: Sequence[JobInfo], now: float = 0.0, memo: dict | None = None) -> list[JobInfo]:
         """Order demand-group representatives by aged remaining GPU-time at time ``now`` (s); keep the first ``K``.
@@ -627,23 +665,35 @@ class Encoder:
 
     def _options_indexed(self, g: int, nix: NodeIndex) -> tuple[Placement | None, ...]:
         """:meth:`_options_fast` of a ``g``-GPU job from a :class:`NodeIndex` (same placements; tested)."""
+        levels = self._levels.get(g)
+        if levels is None:  # (nodes, GPUs per node) of each balanced level, None where it cannot exist
+            levels = []
+            for lvl in range(self.spec.levels):
+                n = 1 << lvl
+                per = -(-g // n)
+                levels.append(None if n > g or (n - 1) * per >= g else (n, per))
+            self._levels[g] = levels
         out: list[Placement | None] = []
-        for lvl in range(self.spec.levels):
-            n = 1 << lvl
-            per = -(-g // n)
-            if n > g or (n - 1) * per >= g:
-                out.append(None)
-                continue
-            chosen = nix.first_nodes(n, per)
+        interned = self._placements
+        for lv in levels:
+            chosen = None if lv is None else nix.first_nodes(*lv)
             if chosen is None:
                 out.append(None)
                 continue
-            key = _balanced_alloc(chosen, g, per)
-            pl = self._placements.get(key)
+            n, per = lv
+            # interning key: (node, g) for one node, else (g, per, node set as bytes, last node):
+            # cheaper to hash than the alloc; the last chosen node is the one that gets fewer GPUs
+            if n == 1:
+                key: tuple = ((chosen[0], g),)
+            elif n * per == g:
+                key = tuple(zip(sorted(chosen), itertools.repeat(per)))
+            else:
+                key = _balanced_alloc(chosen, g, per)
+            pl = interned.get(key)
             if pl is None:
-                if len(self._placements) >= _MEMO_MAX:
-                    self._placements.clear()
-                pl = self._placements[key] = Placement(key)
+                if len(interned) >= _MEMO_MAX:
+                    interned.clear()
+                pl = interned[key] = Placement(key)
             out.append(pl)
         out.append(nix.pack(g))
         return tuple(out)
@@ -711,6 +761,7 @@ class Encoder:
         cf_memo: dict,
         nix: NodeIndex,
         sig: Sequence[int],
+        pspeed: dict,
     ) -> tuple:
         """:meth:`_right_half` for :class:`RoundEncoder`: the same mask, options, values and
         candidate features, with the option cells as column spans and per-action speeds.
@@ -721,6 +772,8 @@ class Encoder:
             broadcast features by job id (they depend only on the job and ``now``).
         :param nix: the round's :class:`NodeIndex` (``free`` and ``mload`` in bucket form).
         :param sig: :meth:`signature` of ``multi_keys[v]`` per node.
+        :param pspeed: a dict the caller keeps while ``sig`` is unchanged: multi-node option speeds
+            by ``(id(placement), model, demand)`` (the placement is kept in the value and checked).
         :returns: ``(mask, options, span_idx, span_coef, cand, speeds, valid)`` as in :class:`SparseObs`
             and :class:`Encoded`.
         """
@@ -765,11 +818,21 @@ class Encoder:
                         b = G
                     if b > a:
                         base = ch * NG1 + v * G1
-                        idx += (base + b, base + a)
-                        coef += (speed, -speed)
+                        if a:
+                            idx += (base + b, base + a)
+                            coef += (speed, -speed)
+                        else:  # prefix row 0 is zero: the end row alone
+                            idx.append(base + b)
+                            coef.append(speed)
                         speeds[ch] = speed
                     continue
-                speed = self._speed_multi(job, p, multi_keys, sig)
+                pk = (id(p), job.model, g)
+                e = pspeed.get(pk)
+                if e is not None and e[0] is p:
+                    speed = e[1]
+                else:
+                    speed = self._speed_multi(job, p, multi_keys, sig)
+                    pspeed[pk] = (p, speed)
                 chb = ch * NG1
                 for v, c in alloc:
                     a = used[v]
@@ -778,8 +841,12 @@ class Encoder:
                         b = G
                     if b > a:
                         base = chb + v * G1
-                        idx += (base + b, base + a)
-                        coef += (speed, -speed)
+                        if a:
+                            idx += (base + b, base + a)
+                            coef += (speed, -speed)
+                        else:
+                            idx.append(base + b)
+                            coef.append(speed)
                         speeds[ch] = speed
             f = cf_memo.get(job.job_id)
             if f is None:
@@ -1063,6 +1130,10 @@ class NodeIndex:
             self._by_f[f].append(v)
             self._by_mf.setdefault((m, f), []).append(v)
             self._loads[m] = self._loads.get(m, 0) + 1
+        self._load_order = sorted(self._loads)  # the loads present, ascending
+        self._fs: dict[int, list[int]] = {}  # per load, the free counts of its non-empty buckets, ascending
+        for m, f in sorted(self._by_mf):
+            self._fs.setdefault(m, []).append(f)
 
     def update(self, v: int, free: int, mload: int) -> None:
         """Node ``v`` now has ``free`` free GPUs (no more than before) and ``mload`` multi-node jobs."""
@@ -1076,10 +1147,21 @@ class NodeIndex:
         bisect.insort(self._by_f[free], v)
         b = self._by_mf[(m0, f0)]
         del b[bisect.bisect_left(b, v)]
-        bisect.insort(self._by_mf.setdefault((mload, free), []), v)
+        if not b:
+            del self._by_mf[(m0, f0)]
+            self._fs[m0].remove(f0)
+        b = self._by_mf.get((mload, free))
+        if b is None:
+            self._by_mf[(mload, free)] = [v]
+            bisect.insort(self._fs.setdefault(mload, []), free)
+        else:
+            bisect.insort(b, v)
         self._loads[m0] -= 1
         if not self._loads[m0]:
             del self._loads[m0]
+            self._load_order.remove(m0)
+        if mload not in self._loads:
+            bisect.insort(self._load_order, mload)
         self._loads[mload] = self._loads.get(mload, 0) + 1
         self.free[v], self.mload[v] = free, mload
         self.total += free - f0
@@ -1089,13 +1171,13 @@ class NodeIndex:
         free GPUs, index), or ``None`` if fewer exist."""
         chosen: list[int] = []
         by_mf = self._by_mf
-        for m in sorted(self._loads):
-            for f in range(per, self.fmax + 1):
-                b = by_mf.get((m, f))
-                if b:
-                    chosen.extend(b[: n - len(chosen)])
-                    if len(chosen) == n:
-                        return chosen
+        fs_by_load = self._fs
+        for m in self._load_order:
+            fs = fs_by_load[m]
+            for f in fs[bisect.bisect_left(fs, per) :]:
+                chosen.extend(by_mf[(m, f)][: n - len(chosen)])
+                if len(chosen) == n:
+                    return chosen
         return None
 
     def pack(self, g: int) -> Placement | None:
@@ -1131,7 +1213,7 @@ class NodeIndex:
                 taken.add(n)
             alloc[n] = alloc.get(n, 0) + take
             need -= take
-        return Placement.of(alloc)
+        return Placement(tuple(sorted(alloc.items())))  # == Placement.of(alloc): nodes distinct, counts > 0
 
 
 class RoundEncoder:
@@ -1182,10 +1264,13 @@ class RoundEncoder:
         H = plan.const.shape[0]
         self._contrib = np.zeros((max(16, 2 * len(self.running) + 8), H), dtype=np.float64)
         self._n = 0
+        self._mkey: dict[int, JobKey] = {}  # multi-node jobs' keys by running index
+        self._ncs: dict[str, dict[int, float]] = {}  # per-node CS of multi-node jobs touched this round
         for i, j in enumerate(self.running):
             self._pos[j.job_id] = i
             p = j.placement
             if p is not None and p.num_nodes > 1:
+                self._mkey[i] = (j.model, p.total_gpus, p.num_nodes)
                 for v in p.nodes:
                     self._by_node.setdefault(v, []).append(i)
         for j in sorted(self.running, key=lambda x: x.job_id):
@@ -1197,6 +1282,7 @@ class RoundEncoder:
                 self._refresh(j, offs)
         self.nodes = NodeIndex(self.free.tolist(), self.mload.tolist())
         self.sig = [enc.signature(k) for k in self.multi_keys]
+        self._pspeed: dict[tuple, tuple[Placement, float]] = {}  # _right_half_round's, while sig holds
 
     # ------------------------------------------------------------------ internals
     def _add_to_nodes(self, j: JobInfo) -> None:
@@ -1228,20 +1314,24 @@ class RoundEncoder:
 
     def _refresh(self, j: JobInfo, offs, new_info: bool = True) -> None:
         """Recompute ``j``'s features (unless ``new_info`` is false: only its columns moved), spans and
-        contribution row; ``offs[v]``: :meth:`_offsets` of its nodes."""
+        contribution row; ``offs[v]``: :meth:`_offsets` of its nodes, or ``None``: its columns did not
+        move (spans kept; features recomputed)."""
         G = self.enc.spec.gpus_per_node
         p = j.placement
         multi = p.num_nodes > 1
         feats = None if new_info else self._feats.get(j.job_id)
         if feats is None:
             feats = self.enc._job_feats(j, multi)
-        spans = []
-        for v, c in p.alloc:
-            a = offs[v][j.job_id]
-            b = min(a + c, G)
-            if b > a:
-                spans.append((v, a, b))
-        spans_t = tuple(spans)
+        if offs is None:  # columns unchanged
+            spans_t = self._spans[j.job_id]
+        else:
+            spans = []
+            for v, c in p.alloc:
+                a = offs[v][j.job_id]
+                b = min(a + c, G)
+                if b > a:
+                    spans.append((v, a, b))
+            spans_t = tuple(spans)
         row = self._row.get(j.job_id)
         if row is None:
             if self._n == len(self._contrib):
@@ -1276,28 +1366,38 @@ class RoundEncoder:
             self.nodes.update(v, int(free[v]), int(self.mload[v]))
             if p.num_nodes > 1:
                 self.sig[v] = self.enc.signature(self.multi_keys[v])
+        if p.num_nodes > 1:
+            self._pspeed.clear()  # neighbour signatures changed
         changed: set[str] = {new.job_id}
         if p.num_nodes > 1:
             by_node = self._by_node
+            self._mkey[idx] = (new.model, p.total_gpus, p.num_nodes)
             for v in p.nodes:
                 by_node.setdefault(v, []).append(idx)
             touched = sorted({i for v in p.nodes for i in by_node.get(v, [])})
             run = self.running
+            ncs = self._ncs
+            pset = set(p.nodes)
             for i in touched:
                 j = run[i]
                 jp = j.placement
                 key = (j.model, jp.total_gpus, jp.num_nodes)
-                neigh = {
-                    v: [
-                        (o.model, o.placement.total_gpus, o.placement.num_nodes)
-                        for o in (run[k] for k in by_node.get(v, []))
-                        if o.job_id != j.job_id
-                    ]
-                    for v in jp.nodes
-                }
-                cs = perf.job_cs(key, jp.nodes, neigh)
+                # per-node CS (perf.job_cs's terms, same neighbour order); only this placement's
+                # nodes gained a neighbour, so a job seen before recomputes only those
+                per = ncs.get(j.job_id)
+                if per is None:
+                    per = ncs[j.job_id] = {}
+                    redo = jp.nodes
+                else:
+                    redo = [v for v in jp.nodes if v in pset]
+                for v in redo:
+                    per[v] = perf.node_cs(key, [self._mkey[k] for k in by_node.get(v, ()) if k != i])
+                cs = min(max(1.0, max(per.values(), default=1.0)), 1.0 / MIN_RATIO)  # == perf.job_cs (max is order-free)
                 iso_j = j.isolated_thp or perf.isolated_throughput(j.model, jp.total_gpus, jp.num_nodes)
-                run[i] = JobInfo(**{**j.__dict__, "isolated_thp": iso_j, "achieved_thp": iso_j / cs})
+                new_j = object.__new__(JobInfo)  # == JobInfo(**{**j.__dict__, ...})
+                new_j.__dict__.update(j.__dict__)
+                new_j.isolated_thp, new_j.achieved_thp = iso_j, iso_j / cs
+                run[i] = new_j
                 changed.add(j.job_id)
         moved: set[str] = set()  # jobs after the new one on its nodes: their columns shift
         for v in p.nodes:
@@ -1306,6 +1406,9 @@ class RoundEncoder:
         offs: dict[int, dict[str, int]] = {}
         for jid in changed | moved:
             j = self.running[self._pos[jid]]
+            if jid not in moved and jid != new.job_id:  # only its slowdown changed: same columns
+                self._refresh(j, None)
+                continue
             for v in j.placement.nodes:
                 if v not in offs:
                     offs[v] = self._offsets(v)
@@ -1332,7 +1435,17 @@ class RoundEncoder:
         cands = list(candidates)[: spec.k]
         q = min(math.log1p(int(queue_len)) / _QUEUE_NORM, 1.0)
         mask, options, idx, coef, cf, speeds, valid = enc._right_half_round(
-            self.time, cands, self.free, self.mload, self.used, self.multi_keys, bool(self.running), self._cf, self.nodes, self.sig
+            self.time,
+            cands,
+            self.free,
+            self.mload,
+            self.used,
+            self.multi_keys,
+            bool(self.running),
+            self._cf,
+            self.nodes,
+            self.sig,
+            self._pspeed,
         )
         left = np.add.reduce(self._contrib[: self._n], axis=0)  # == .sum(axis=0), without the wrapper
         sp = SparseObs(q, [], [], [], [], [], cf, left, idx, coef, speeds)

@@ -32,6 +32,7 @@ rather than from learning.
 from __future__ import annotations
 
 import bisect
+import heapq
 from importlib import resources
 from pathlib import Path
 
@@ -195,7 +196,7 @@ class RLPolicy(Policy):
     def schedule(self, state: ClusterState) -> Decision:
         """All decisions of one round (see module docstring).
 
-        Pending jobs are grouped by demand and sorted once per round; after
+        Pending jobs are grouped by demand into SRTF heaps once per round; after
         each placement only the placed job's group changes, so a round of
         ``m`` placements costs ``m`` encodings of the cluster, not ``m``
         passes over the queue. On the fast path the cluster side is encoded
@@ -208,10 +209,8 @@ class RLPolicy(Policy):
         enc_ = self.encoder
         dec = Decision()
         self.stats["rounds"] += 1
-        groups: dict[int, list] = {}
-        for j in sorted(state.pending, key=enc_.srtf_key):
-            groups.setdefault(j.gpu_demand, []).append(j)
-        head = dict.fromkeys(groups, 0)
+        # per demand, a heap of (Encoder.srtf_key..., job): each group's next job pops off in SRTF order
+        groups = enc_.srtf_heaps(state.pending)
         left = len(state.pending)
         placed: set[str] = set()
         cur = state
@@ -219,7 +218,7 @@ class RLPolicy(Policy):
         # demand-group heads sorted by Encoder.rank_key (unique keys; fixed within the round): after a
         # placement only the placed job's group changes, so its head is replaced by bisection
         now, K = state.time, enc_.spec.k
-        ranked = sorted((enc_.rank_key(g[0], now), g[0]) for g in groups.values())
+        ranked = sorted((enc_.rank_key(g[0][-1], now), g[0][-1]) for g in groups.values())
         rkeys = [k for k, _j in ranked]
         rjobs = [j for _k, j in ranked]
         # incremental encoder state for the rest of the round, built at the first placement
@@ -253,13 +252,12 @@ class RLPolicy(Policy):
             job_id, p = choice
             i = a // enc.spec.options  # candidates are rjobs[:K], in that order
             job = enc.candidates[i]
-            d = job.gpu_demand
-            head[d] += 1
-            if rjobs[i] is not job:
+            grp = groups[job.gpu_demand]
+            if rjobs[i] is not job or heapq.heappop(grp)[-1] is not job:
                 raise RuntimeError(f"candidate ranking lost job {job.job_id}")
             del rkeys[i], rjobs[i]
-            if head[d] < len(groups[d]):
-                nxt = groups[d][head[d]]
+            if grp:
+                nxt = grp[0][-1]
                 k = enc_.rank_key(nxt, now)
                 i = bisect.bisect_left(rkeys, k)
                 rkeys.insert(i, k)

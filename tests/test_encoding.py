@@ -311,3 +311,31 @@ def test_node_index_matches_scans(nodes, updates, g):
             nix.update(v, new_free, int(mload[v]))
     with pytest.raises(ValueError, match="only shrink"):
         nix.update(0, int(free[0]) + 1, int(mload[0]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([1, 2, 4, 8]),
+            st.sampled_from([0.0, 10.0, 100.0]),
+            st.floats(1.0, 1e4),
+            st.sampled_from([0.0, 5.0, 1e4, 2e4]),
+            st.sampled_from([1.0, 3.0, 7.5]),
+        ),
+        max_size=40,
+    )
+)
+def test_srtf_heaps_pop_in_srtf_order(rows):
+    """Encoder.srtf_heaps: popping each demand group gives its jobs sorted by Encoder.srtf_key (ties included)."""
+    import heapq
+
+    jobs = [
+        JobInfo(f"j{i:03d}", MODELS[0], g, sub, tot, done_samples=min(done, tot * 2), best_thp=thp)
+        for i, (g, sub, tot, done, thp) in enumerate(rows)
+    ]
+    heaps = Encoder.srtf_heaps(jobs)
+    assert sorted(heaps) == sorted({j.gpu_demand for j in jobs})
+    for g, h in heaps.items():
+        got = [heapq.heappop(h)[-1] for _ in range(len(h))]
+        assert got == sorted((j for j in jobs if j.gpu_demand == g), key=Encoder.srtf_key)
