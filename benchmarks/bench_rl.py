@@ -31,6 +31,11 @@ round places):
 * one training episode: a 256-job trace through ``PlacementEnv`` with the
   network choosing every action.
 
+Full (generation-2) garbage collections run between the measured rounds, as
+the controller runs them (``controller.daemon.idle_gc``): with the policies'
+memos the heap holds ~10^6 objects and an automatic full pass inside a round
+stalled it by ~0.2 s.
+
 Prints p50 / p99 / max in milliseconds and writes JSON with ``--json``.
 """
 
@@ -44,12 +49,14 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import argparse
 import copy
+import gc
 import itertools
 import json
 import time
 
 import numpy as np
 
+from controller.daemon import _NO_AUTO_FULL_GC, idle_gc
 from policies.base import Policy
 from policies.checkpoint import CheckpointError, MLPNet
 from policies.cluster import ClusterSpec
@@ -169,17 +176,24 @@ def bench_cluster(shape: str, jobs: int, repeats: int, shipped: bool) -> dict:
             one_pol.decide(st)
             base.schedule(st)
             hyb.schedule(st)
-        for st in states:
-            t0 = time.perf_counter()
-            one_pol.decide(st)
-            one.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            d = base.schedule(st)
-            rounds.append(time.perf_counter() - t0)
-            placed.append(len(d.place))
-            t0 = time.perf_counter()
-            hyb.schedule(st)
-            hrounds.append(time.perf_counter() - t0)
+        # full garbage collections between rounds, as the controller runs them (controller.daemon.run)
+        thresholds = gc.get_threshold()
+        gc.set_threshold(thresholds[0], thresholds[1], _NO_AUTO_FULL_GC)
+        try:
+            for st in states:
+                t0 = time.perf_counter()
+                one_pol.decide(st)
+                one.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                d = base.schedule(st)
+                rounds.append(time.perf_counter() - t0)
+                placed.append(len(d.place))
+                t0 = time.perf_counter()
+                hyb.schedule(st)
+                hrounds.append(time.perf_counter() - t0)
+                idle_gc(thresholds[2])
+        finally:
+            gc.set_threshold(*thresholds)
         out[path] = {
             "placements_per_round_mean": float(np.mean(placed)),
             "placements_per_round_max": int(np.max(placed)),

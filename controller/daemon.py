@@ -32,6 +32,7 @@ preempted jobs. Losing it loses no job: a released job is never released again
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -56,6 +57,20 @@ from policies.state import Decision
 __all__ = ["Controller", "make_policy", "Journal", "RoundReport"]
 
 log = logging.getLogger("controller.daemon")
+
+#: generation-2 threshold while the loop runs: no automatic full collection (see :func:`idle_gc`)
+_NO_AUTO_FULL_GC = 1 << 30
+
+
+def idle_gc(every: int) -> bool:
+    """Run a full garbage collection between rounds once ``every`` generation-1 collections have
+    happened since the last one (the interpreter's own rule, taken out of the rounds). Returns
+    whether it ran."""
+    if gc.get_count()[2] >= max(1, every):
+        gc.collect()
+        return True
+    return False
+
 
 _FINISHED = ("COMPLETED", "FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED")
 
@@ -562,12 +577,21 @@ class Controller:
         """
         log.info("controller started (pid %d, interval %.3g s, policy %s)", os.getpid(), self.cfg.controller.interval_s,
                  self.policy_name, extra={"event": "start"})
-        while not self._stop.is_set():
-            t = time.monotonic()
-            rep = self.round()
-            if self.rounds == 1 and self.policy is None and rep.error_kind == "policy":
-                raise PolicyError(rep.error or "policy could not be built")
-            if max_rounds is not None and self.rounds >= max_rounds:
-                break
-            self._stop.wait(max(0.0, self.cfg.controller.interval_s - (time.monotonic() - t)))
+        # Full (generation-2) garbage collections run between rounds, not inside one: with the RL
+        # policies' memos the heap holds ~10^6 objects and an automatic full pass stalled a 128x8
+        # round by ~0.2 s (benchmarks/bench_rl.py). Generations 0 and 1 stay automatic.
+        thresholds = gc.get_threshold()
+        gc.set_threshold(thresholds[0], thresholds[1], _NO_AUTO_FULL_GC)
+        try:
+            while not self._stop.is_set():
+                t = time.monotonic()
+                rep = self.round()
+                if self.rounds == 1 and self.policy is None and rep.error_kind == "policy":
+                    raise PolicyError(rep.error or "policy could not be built")
+                if max_rounds is not None and self.rounds >= max_rounds:
+                    break
+                idle_gc(thresholds[2])
+                self._stop.wait(max(0.0, self.cfg.controller.interval_s - (time.monotonic() - t)))
+        finally:
+            gc.set_threshold(*thresholds)
         log.info("controller stopped after %d rounds", self.rounds, extra={"event": "stop"})

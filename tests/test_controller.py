@@ -591,3 +591,38 @@ def test_status_and_preempt_commands(tmp_path, capsys):
     assert (tmp_path / "state" / "requests" / "preempt-17").exists()
     assert main(["controller", "preempt", "--state-dir", state, "x1"]) == 2
     assert main(["controller", "status", "--state-dir", str(tmp_path / "nowhere")]) == 2
+
+
+def test_full_gc_runs_between_rounds_only(tmp_path, monkeypatch):
+    """run() turns automatic generation-2 collections off inside rounds, collects in idle time once
+    the interpreter's own count is reached, and restores the thresholds when it stops."""
+    import gc
+
+    from controller import daemon
+
+    import logging
+
+    # an earlier CLI test may have left a handler on a closed stream
+    monkeypatch.setattr(logging.getLogger("controller"), "handlers", [])
+    s = FakeSlurm()
+    ctl = _ctl(tmp_path, s, interval_s=0.001)
+    before = gc.get_threshold()
+    seen = []
+    real_round = ctl.round
+
+    def spy_round():
+        seen.append(gc.get_threshold()[2])
+        # enough surviving container objects for more young collections than gen 2's count
+        keep = [[] for _ in range(2 * before[0] * before[1] * max(before[2], 1))]
+        del keep
+        return real_round()
+
+    ran = []
+    real_idle = daemon.idle_gc
+    monkeypatch.setattr(daemon, "idle_gc", lambda every: ran.append(real_idle(every)) or ran[-1])
+    monkeypatch.setattr(ctl, "round", spy_round)
+    ctl.run(max_rounds=4)
+    assert seen and all(t == daemon._NO_AUTO_FULL_GC for t in seen)
+    assert gc.get_threshold() == before
+    assert ran and any(ran)  # a full collection happened, between rounds
+    assert daemon.idle_gc(10**9) is False
