@@ -77,7 +77,6 @@ import heapq
 import itertools
 import math
 import operator
-from array import array
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -442,14 +441,15 @@ class Encoder:
 
     @staticmethod
     def srtf_heaps(pending: Sequence[JobInfo]) -> dict[int, list[tuple]]:
-        """Pending jobs by demand, each group a :mod:`heapq` heap of ``(*srtf_key(j), j)``.
+        """Pending jobs by demand, each group a :mod:`heapq` heap of ``(*srtf_key(j), position, j)``.
 
-        Popping a group gives its jobs in :meth:`srtf_key` order (keys are unique by job id), at
-        ``O(n)`` for the keys and heaps plus ``O(log n)`` per job taken, instead of a full sort.
+        Popping a group gives its jobs in :meth:`srtf_key` order (ties, which only duplicate ids
+        could make, in queue order, as a stable sort), at ``O(n)`` for the keys and heaps plus
+        ``O(log n)`` per job taken, instead of a full sort.
         """
         groups: dict[int, list[tuple]] = {}
-        for (t, d, b, s, i, g), j in zip(map(_SRTF_FIELDS, pending), pending):
-            k = ((t - d if t > d else 0.0) / b, s, i, j)  # srtf_key's arithmetic (t - d > 0 iff t > d)
+        for n, ((t, d, b, s, i, g), j) in enumerate(zip(map(_SRTF_FIELDS, pending), pending)):
+            k = ((t - d if t > d else 0.0) / b, s, i, n, j)  # srtf_key's arithmetic (t - d > 0 iff t > d)
             h = groups.get(g)
             if h is None:
                 groups[g] = [k]
@@ -681,9 +681,7 @@ class Encoder:
                 out.append(None)
                 continue
             n, per = lv
-            # interning key: (node, g) for one node, else (g, per, node set as bytes, last node):
-            # cheaper to hash than the alloc; the last chosen node is the one that gets fewer GPUs
-            if n == 1:
+            if n == 1:  # the alloc, built directly where every node gets `per` GPUs
                 key: tuple = ((chosen[0], g),)
             elif n * per == g:
                 key = tuple(zip(sorted(chosen), itertools.repeat(per)))

@@ -209,7 +209,7 @@ class RLPolicy(Policy):
         enc_ = self.encoder
         dec = Decision()
         self.stats["rounds"] += 1
-        # per demand, a heap of (Encoder.srtf_key..., job): each group's next job pops off in SRTF order
+        # per demand, a heap of (Encoder.srtf_key..., position, job): each group's next job pops off in SRTF order
         groups = enc_.srtf_heaps(state.pending)
         left = len(state.pending)
         placed: set[str] = set()

@@ -597,10 +597,9 @@ def test_full_gc_runs_between_rounds_only(tmp_path, monkeypatch):
     """run() turns automatic generation-2 collections off inside rounds, collects in idle time once
     the interpreter's own count is reached, and restores the thresholds when it stops."""
     import gc
+    import logging
 
     from controller import daemon
-
-    import logging
 
     # an earlier CLI test may have left a handler on a closed stream
     monkeypatch.setattr(logging.getLogger("controller"), "handlers", [])

@@ -339,3 +339,6 @@ def test_srtf_heaps_pop_in_srtf_order(rows):
     for g, h in heaps.items():
         got = [heapq.heappop(h)[-1] for _ in range(len(h))]
         assert got == sorted((j for j in jobs if j.gpu_demand == g), key=Encoder.srtf_key)
+    dup = jobs + [jobs[0]] if jobs else []  # a duplicated id never compares two JobInfos
+    for h in Encoder.srtf_heaps(dup).values():
+        assert len([heapq.heappop(h) for _ in range(len(h))]) >= 1
