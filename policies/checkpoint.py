@@ -208,8 +208,9 @@ class _SparsePlan:
 
     def _first_layer_round(self, sp: SparseObs) -> np.ndarray:
         """:meth:`first_layer` of a :class:`~policies.encoding.RoundEncoder` observation: the option
-        spans (prefix-sum differences), candidate values and queue value as one float32 coefficient
-        vector (the values the dense tensor holds) times the gathered rows of :meth:`round_table`."""
+        spans (prefix-sum rows, gathered) and the candidate and queue values (a slice of
+        :meth:`round_table`), each as a float32-rounded coefficient vector (the values the dense
+        tensor holds) times those rows."""
         table = self.round_table()
         # candidate and queue rows are the table's last rows (a slice; absent candidates' values 0).
         # Values rounded to float32 as the dense tensor holds them, converted in one call
@@ -250,7 +251,7 @@ class _SparsePlan:
 
     def first_layer(self, sp: SparseObs) -> np.ndarray:
         """First-layer pre-activation (float64 ``[H]``) of the observation ``sp``."""
-        if sp.span_idx is not None:  # RoundEncoder: spans, candidates and queue in one gather + matvec
+        if sp.span_idx is not None:  # RoundEncoder: spans, candidates and queue as two matrix-vector products
             return self._first_layer_round(sp)
         q = float(np.float32(sp.queue))
         h = self.const + q * self.queue
