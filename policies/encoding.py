@@ -54,6 +54,13 @@ untrained prior's average JCT on Poisson traces at 80-95 % load dropped from
 6.0-8.7 h to 3.2-7.1 h, at or below SRTF's (docs/RESULTS.md). Jobs that
 arrive together (equal waits) keep the plain GPU-time order.
 
+That is the ``"area"`` order (:attr:`ObsSpec.order`). The ``"fill"`` order
+(:meth:`Encoder.fill_order`, used by the shipped networks) adds a tail rule:
+once no small job waits, a job of more than half the cluster is put first,
+followed by the jobs that fit beside it and end no later, largest first.
+Smallest-area-first alone leaves such jobs for the end, where each runs
+beside an idle gap (docs/RESULTS.md).
+
 Options ``s = 0..L-1`` are *balanced* placements over ``n = 2^s`` nodes
 (``ceil(G_job / n)`` GPUs on each, the last fewer), nodes taken least
 network-loaded first (fewest multi-node jobs), then best fit (fewest free
@@ -90,7 +97,9 @@ from policies.workloads import get_workload
 
 __all__ = [
     "AGING_S",
+    "CANDIDATE_ORDERS",
     "CAND_FEATURES",
+    "FILL_SMALL",
     "LEFT_CHANNELS",
     "Encoded",
     "Encoder",
@@ -107,10 +116,18 @@ CAND_FEATURES = 5
 _HOUR = 3600.0
 _REM_NORM = math.log1p(64.0)
 _QUEUE_NORM = math.log1p(256.0)
-_MEMO_MAX = 65536
+_MEMO_MAX = 65536  # entries of the encoder's option memo before it is cleared
 #: Aging time constant of the candidate order (s): a job's remaining GPU-time
 #: key is multiplied by ``exp(-wait / AGING_S)``.
-AGING_S = 1800.0  # entries of the encoder's option memo before it is cleared
+AGING_S = 1800.0
+#: Candidate orders an :class:`ObsSpec` may name.
+CANDIDATE_ORDERS = ("area", "fill")
+#: ``"fill"`` order: the tail rule starts once no pending job needs at most this fraction of the cluster's GPUs.
+FILL_SMALL = 0.15
+
+
+def _neg_demand(j: JobInfo) -> int:
+    return -j.gpu_demand
 
 
 _SRTF_FIELDS = operator.attrgetter("total_samples", "done_samples", "best_thp", "submit_time", "job_id", "gpu_demand")
@@ -130,6 +147,9 @@ class ObsSpec:
     :param k: candidate jobs.
     :param levels: balanced options per candidate (``n = 1, 2, 4, ...`` nodes).
     :param version: encoding version; bumped on any change of meaning.
+    :param order: candidate order, ``"area"`` (least aged remaining GPU-time first) or
+        ``"fill"`` (the same, plus the tail rule of :meth:`Encoder.fill_order`). Checkpoints
+        written before this field existed use ``"area"``.
     """
 
     num_nodes: int
@@ -138,11 +158,16 @@ class ObsSpec:
     k: int = 6
     levels: int = 3
     version: int = 3
+    order: str = "area"
+
+    def __post_init__(self) -> None:
+        if self.order not in CANDIDATE_ORDERS:
+            raise EncodingError(f"unknown candidate order {self.order!r}; expected one of {', '.join(CANDIDATE_ORDERS)}")
 
     @classmethod
-    def for_cluster(cls, cluster: ClusterSpec, k: int = 6) -> ObsSpec:
+    def for_cluster(cls, cluster: ClusterSpec, k: int = 6, order: str = "area") -> ObsSpec:
         levels = min(4, math.floor(math.log2(cluster.num_nodes)) + 1)
-        return cls(cluster.num_nodes, cluster.max_gpus_per_node, cluster.total_gpus, k, levels)
+        return cls(cluster.num_nodes, cluster.max_gpus_per_node, cluster.total_gpus, k, levels, order=order)
 
     @property
     def options(self) -> int:
@@ -182,6 +207,7 @@ class ObsSpec:
                 int(d["k"]),
                 int(d["levels"]),
                 int(d["version"]),
+                str(d.get("order", "area")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise EncodingError(f"bad observation spec {d!r}: {exc}") from exc
@@ -487,14 +513,62 @@ class Encoder:
         age = math.exp(-max(now - j.submit_time, 0.0) / AGING_S)
         return (j.remaining_time * j.gpu_demand * age, j.gpu_demand, j.submit_time, j.job_id)
 
-    def candidates(self, pending: Sequence[JobInfo], now: float = 0.0) -> list[JobInfo]:
-        """The ``<= K`` candidate jobs at time ``now`` (s) (see module docstring)."""
+    def candidates(self, pending: Sequence[JobInfo], now: float = 0.0, free: int | None = None) -> list[JobInfo]:
+        """The ``<= K`` candidate jobs at time ``now`` (s) (see module docstring).
+
+        :param free: free GPUs of the cluster; needed by the ``"fill"`` order (:meth:`fill_order`).
+        """
         best: dict[int, JobInfo] = {}
         for j in pending:
             cur = best.get(j.gpu_demand)
             if cur is None or self.srtf_key(j) < self.srtf_key(cur):
                 best[j.gpu_demand] = j
+        if self.spec.order == "fill":
+            if free is None:
+                raise ValueError("the 'fill' candidate order needs the cluster's free GPU count")
+            reps = list(best.values())
+            memo: dict = {}
+            ranked = sorted(reps, key=lambda j: memo.setdefault(j.job_id, self.rank_key(j, now)))
+            return self.fill_order(ranked, free)
         return self.rank_candidates(list(best.values()), now)
+
+    def fill_order(self, ranked: Sequence[JobInfo], free: int) -> list[JobInfo]:
+        """The ``"fill"`` candidate order: ``<= K`` of ``ranked`` (demand-group heads in ``"area"`` order).
+
+        Smallest-GPU-area-first is the right order while small jobs wait, but on a
+        cluster of ``C`` GPUs it leaves the jobs of more than ``C / 2`` GPUs for the
+        end, where no two of them fit together and each runs beside an idle gap.
+        Once no pending job needs at most ``FILL_SMALL x C`` GPUs, this order puts
+        the first such large job (``C / 2 < demand < C``) ahead, followed by the
+        jobs of at most ``C / 2`` GPUs that fit in the ``free`` GPUs and whose
+        estimated remaining time is at most the large job's, largest first (a
+        best-fit filling of the large job's gap that ends with it), then the rest
+        in ``"area"`` order.
+        Jobs of exactly ``C`` GPUs leave no gap and keep their place. While any small
+        job waits, or no large job does, the order is ``"area"``.
+        """
+        K = self.spec.k
+        C = self.spec.total_gpus
+        half = C / 2
+        big = None
+        for j in ranked:
+            d = j.gpu_demand
+            if d <= FILL_SMALL * C:
+                return list(ranked[:K])
+            if big is None and half < d < C:
+                big = j
+        if big is None:
+            return list(ranked[:K])
+        tb = big.remaining_time
+        fit = sorted(
+            (j for j in ranked if j.gpu_demand <= half and j.gpu_demand <= free and j.remaining_time <= tb),
+            key=_neg_demand,
+        )
+        head = [big, *fit]
+        if len(head) < K:
+            taken = {id(j) for j in head}
+            head.extend(j for j in ranked if id(j) not in taken)
+        return head[:K]
 
     def _options(self, job: JobInfo, free: np.ndarray, order: np.ndarray) -> list[Placement | None]:
         out: list[Placement | None] = []
@@ -947,7 +1021,10 @@ class Encoder:
         if obs is not None:
             obs[8, :, :G] = exists * q
 
-        cands = self.candidates(state.pending, state.time) if candidates is None else list(candidates)[: spec.k]
+        if candidates is None:
+            cands = self.candidates(state.pending, state.time, state.total_free if spec.order == "fill" else None)
+        else:
+            cands = list(candidates)[: spec.k]
         mask, options, oc, ov, og, ox, cf = self._right_half(
             state.time, cands, free, np.asarray(multi_load, dtype=np.int64), used, multi_keys, bool(state.running)
         )
@@ -1005,7 +1082,10 @@ class Encoder:
         q = min(math.log1p(n_pending) / _QUEUE_NORM, 1.0)
         left[8] = self._exists * q
 
-        cands = self.candidates(state.pending, state.time) if candidates is None else list(candidates)[: spec.k]
+        if candidates is None:
+            cands = self.candidates(state.pending, state.time, state.total_free if spec.order == "fill" else None)
+        else:
+            cands = list(candidates)[: spec.k]
         order = np.lexsort((np.arange(N), free, multi_load))  # least loaded, best fit, index
         S = spec.options
         mask = np.zeros(spec.n_actions, dtype=bool)

@@ -41,7 +41,7 @@ import numpy as np
 from policies.base import Policy, PolicyError
 from policies.checkpoint import Checkpoint, CheckpointError, MLPNet, load_checkpoint
 from policies.cluster import ClusterSpec
-from policies.encoding import Encoder, RoundEncoder
+from policies.encoding import Encoder, ObsSpec, RoundEncoder
 from policies.perf import ContentionModel
 from policies.prior import AdmissionPrior
 from policies.state import ClusterState, Decision
@@ -224,10 +224,12 @@ class RLPolicy(Policy):
         # incremental encoder state for the rest of the round, built at the first placement
         # (a round that places nothing costs one plain encoding)
         inc: RoundEncoder | None = None
+        fill = enc_.spec.order == "fill"
+        free = state.total_free if fill else 0
         for _ in range(self.max_decisions):
             if left <= 0:
                 break
-            cands = rjobs[:K]
+            cands = enc_.fill_order(rjobs, free) if fill else rjobs[:K]
             if inc is not None:
                 enc = inc.encode(cands, left)
             else:
@@ -250,8 +252,11 @@ class RLPolicy(Policy):
                 break
             self.stats["placements"] += 1
             job_id, p = choice
-            i = a // enc.spec.options  # candidates are rjobs[:K], in that order
+            i = a // enc.spec.options  # candidates are rjobs[:K], in that order ("area")
             job = enc.candidates[i]
+            if fill:  # a reordered selection of rjobs
+                i = next((n for n, r in enumerate(rjobs) if r is job), -1)
+                free -= p.total_gpus
             grp = groups[job.gpu_demand]
             if rjobs[i] is not job or heapq.heappop(grp)[-1] is not job:
                 raise RuntimeError(f"candidate ranking lost job {job.job_id}")
@@ -294,7 +299,7 @@ def make_rl_policy(
     mode = mode.lower()
     if mode == "rl-prior" and not sep:
         perf = perf or ContentionModel(cluster)
-        enc = Encoder(cluster, perf)
+        enc = Encoder(cluster, perf, ObsSpec.for_cluster(cluster, order="fill"))  # the shipped networks' order
         return RLPolicy(zero_net(enc.spec), enc, name="rl-prior", prior=AdmissionPrior())
     if mode not in RL_POLICY_NAMES or mode == "rl-prior":
         raise PolicyError(

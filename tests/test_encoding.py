@@ -342,3 +342,53 @@ def test_srtf_heaps_pop_in_srtf_order(rows):
     dup = jobs + [jobs[0]] if jobs else []  # a duplicated id never compares two JobInfos
     for h in Encoder.srtf_heaps(dup).values():
         assert len([heapq.heappop(h) for _ in range(len(h))]) >= 1
+
+
+def _fill_enc() -> Encoder:
+    from policies.encoding import ObsSpec
+
+    return Encoder(C48, PERF, ObsSpec.for_cluster(C48, order="fill"))
+
+
+def test_fill_order_is_area_order_while_small_jobs_wait():
+    """"fill" equals "area" while a job of at most FILL_SMALL x C GPUs waits, or no job of C/2 < demand < C does."""
+    from policies.encoding import FILL_SMALL
+
+    area, fill = Encoder(C48, PERF), _fill_enc()
+    C = C48.total_gpus
+    small = max(1, int(FILL_SMALL * C))
+    jobs = [_job(f"j{g}", "FSDP", g, 1.0) for g in (small, 12, 17, 20, 24)]
+    assert [j.job_id for j in fill.candidates(jobs, 0.0, free=C)] == [j.job_id for j in area.candidates(jobs, 0.0)]
+    only_whole = [_job(f"j{g}", "FSDP", g, 1.0) for g in (small + 1, 8, 16, C)]  # no C/2 < demand < C
+    assert [j.job_id for j in fill.candidates(only_whole, 0.0, free=C)] == [
+        j.job_id for j in area.candidates(only_whole, 0.0)
+    ]
+
+
+def test_fill_order_pairs_a_large_job_with_jobs_filling_its_gap():
+    """Without small jobs: the first large job, then the fitting jobs of <= C/2 GPUs largest first, then the rest."""
+    fill = _fill_enc()
+    C = C48.total_gpus
+    assert C == 32
+    jobs = [_job(f"j{g}", "FSDP", g, 1.0) for g in (6, 9, 12, 15, 16, 17, 20, 30, 32)]
+    # idle cluster: the 17-GPU job, then every job of <= 16 GPUs, largest first (K = 6)
+    assert [j.gpu_demand for j in fill.candidates(jobs, 0.0, free=C)] == [17, 16, 15, 12, 9, 6]
+    # 15 GPUs free (the 17-GPU job runs): the 17-GPU head does not fit, the fitting fillers follow it
+    assert [j.gpu_demand for j in fill.candidates(jobs[:5] + jobs[6:], 0.0, free=15)] == [20, 15, 12, 9, 6, 16]
+    # encode() passes the state's free GPUs
+    state = ClusterState(0.0, C48, np.array([8, 7, 0, 0]), [], jobs)  # 15 free
+    assert [j.gpu_demand for j in fill.encode(state).candidates] == [17, 15, 12, 9, 6, 16]
+    with pytest.raises(ValueError, match="free GPU"):
+        fill.candidates(jobs, 0.0)
+
+
+def test_obs_spec_order_round_trips_and_defaults_to_area():
+    from policies.encoding import EncodingError, ObsSpec
+
+    spec = ObsSpec.for_cluster(C48, order="fill")
+    assert ObsSpec.from_dict(spec.to_dict()) == spec
+    old = spec.to_dict()
+    del old["order"]  # checkpoints written before the field existed
+    assert ObsSpec.from_dict(old).order == "area"
+    with pytest.raises(EncodingError, match="candidate order 'best'"):
+        ObsSpec.from_dict({**spec.to_dict(), "order": "best"})

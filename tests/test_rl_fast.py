@@ -372,3 +372,45 @@ def test_simulation_identical_shipped_checkpoint():
     dense.fast = False
     jobs = generate_jobs(cluster, GeneratorConfig(num_jobs=256, seed=4), perf)
     assert _sim_records(fast, cluster, jobs, perf) == _sim_records(dense, cluster, jobs, perf)
+
+
+_FILL_ENCS = {k: Encoder(c, _PERFS[k], ObsSpec.for_cluster(c, order="fill")) for k, c in _CLUSTERS.items() if k != "128x8"}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.sampled_from(["4x8", "16x4", "het"]),
+    _RUN,
+    st.lists(
+        st.tuples(st.sampled_from(MODELS), st.integers(1, 32), st.floats(0.01, 50)),
+        min_size=1,
+        max_size=30,
+    ),
+    st.floats(0, 48 * 3600.0),
+    st.integers(0, 2**31 - 1),
+    st.sampled_from([0.0, 0.5, 3.0]),
+    st.booleans(),
+)
+def test_fill_order_schedule_matches_step_by_step(cname, running, pending, now, seed, tilt, fast):
+    """Property ("fill" order): a round decides as encoding the whole state before every decision.
+
+    ``schedule`` keeps the ranked groups incrementally and re-applies :meth:`Encoder.fill_order`
+    with its running free-GPU count; the reference calls :meth:`RLPolicy.decide` (fresh
+    ``Encoder.candidates`` from the state) and applies each placement.
+    """
+    from policies.prior import AdmissionPrior
+
+    enc_ = _FILL_ENCS[cname]
+    net = random_net(enc_.spec, seed % 3, tilt)
+    state = _random_state(cname, running, pending, now, seed)
+    pol = RLPolicy(net, enc_, fast=fast, prior=AdmissionPrior())
+    got = pol.schedule(state).place
+    ref = RLPolicy(net, enc_, fast=False, prior=AdmissionPrior())
+    want, cur = [], state
+    while cur.pending:
+        _a, choice = ref.decide(cur)
+        if choice is None:
+            break
+        want.append(choice)
+        cur = apply_placement(cur, choice[0], choice[1], enc_.perf)
+    assert got == want

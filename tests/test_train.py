@@ -115,3 +115,31 @@ def test_cli_resume_without_run_and_bad_arch(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["train", "--traces", str(tmp_path / "t.csv"), "--out", str(tmp_path / "o"), "--net-arch", "0"])
     assert e.value.code == 2
+
+
+def test_init_from_checkpoint_and_its_errors(tmp_path):
+    """--init: the run starts from the checkpoint's network (its first evaluation scores that network
+    under the run's candidate order) and refuses a checkpoint of another algorithm or shape."""
+    from policies.checkpoint import CheckpointError
+    from trainer.train import evaluate_net
+
+    trace = _trace(4, 8)
+    src = TrainConfig(cluster="2x4", order="area", timesteps=256, n_envs=1, n_steps=128, batch_size=64, eval_freq=10_000)
+    train(src, [trace], [trace], tmp_path / "a", progress=False)
+    ck = load_checkpoint(tmp_path / "a" / "last")
+    assert ck.spec.order == "area"
+    cfg = TrainConfig(
+        cluster="2x4", order="fill", init=str(tmp_path / "a" / "last"), timesteps=128, n_envs=1, n_steps=128,
+        batch_size=64, eval_freq=10_000,
+    )
+    s = train(cfg, [trace], [trace], tmp_path / "f", progress=False)
+    want = evaluate_net(ck.net, CL, PERF, [trace], prior=ck.prior, order="fill")
+    assert s["evals"][0]["timesteps"] == 0 and s["evals"][0]["val_avg_jct_s"] == pytest.approx(want[0])
+    out = load_checkpoint(tmp_path / "f" / "best")
+    assert out.spec.order == "fill" and out.meta["training"]["config"]["init"] == str(tmp_path / "a" / "last")
+    with pytest.raises(CheckpointError, match="was trained with maskable-ppo, not ppo"):
+        train(TrainConfig(algo="ppo", cluster="2x4", init=cfg.init, timesteps=64, n_envs=1, n_steps=64, batch_size=32),
+              [trace], [], tmp_path / "p", progress=False)
+    with pytest.raises(CheckpointError, match="observation"):
+        train(TrainConfig(cluster="2x4", k=4, init=cfg.init, timesteps=64, n_envs=1, n_steps=64, batch_size=32),
+              [trace], [], tmp_path / "k", progress=False)

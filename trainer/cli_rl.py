@@ -105,6 +105,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=0.8,
         help="admission prior: predicted normalised speed below which an option ranks after 'nothing' (default 0.8)",
     )
+    p.add_argument(
+        "--order",
+        choices=("fill", "area"),
+        default="fill",
+        help="candidate order: area = least aged remaining GPU-time first; fill = the same plus a tail rule "
+        "that pairs a job of more than half the cluster with jobs filling its gap (policies/encoding.py; default fill)",
+    )
+    p.add_argument(
+        "--init",
+        metavar="CKPT",
+        help="start from this checkpoint's weights (same algorithm and observation shape) instead of the prior "
+        "initialisation; the step count starts at 0",
+    )
     p.add_argument("--out", required=True, help="output directory (best.*, last.*, eval.csv, tb/)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/last")
     p.add_argument(
@@ -172,6 +185,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         prior_scale=args.prior_scale,
         prior=args.prior,
         prior_theta=args.prior_theta,
+        order=args.order,
+        init=args.init,
         traces=list(args.traces),
         val_traces=list(args.val_traces or []),
     )

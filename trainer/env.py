@@ -124,6 +124,7 @@ class PlacementEnv(gym.Env):
     :param invalid_penalty: reward of an invalid action (treated as "nothing").
     :param perf: performance model (default :class:`ContentionModel` of ``cluster``).
     :param k: candidate jobs in the observation.
+    :param order: candidate order (:attr:`policies.encoding.ObsSpec.order`), ``"area"`` or ``"fill"``.
     :param shaping: add potential-based shaping (default: on for ``"progress"``).
     :param gamma: discount used by the shaping term.
     :param reference: ``"jct-rel"`` only: reference average JCT (s) per trace;
@@ -143,6 +144,7 @@ class PlacementEnv(gym.Env):
         invalid_penalty: float = -0.1,
         perf: ContentionModel | None = None,
         k: int = 6,
+        order: str = "area",
         shaping: bool | None = None,
         gamma: float = 0.99,
         reference: Sequence[float] | None = None,
@@ -156,7 +158,7 @@ class PlacementEnv(gym.Env):
             raise ValueError(f"w1 must be in [0, 1], got {w1}")
         self.cluster = ClusterSpec.parse(cluster)
         self.perf = perf or ContentionModel(self.cluster)
-        self.spec_obs = ObsSpec.for_cluster(self.cluster, k)
+        self.spec_obs = ObsSpec.for_cluster(self.cluster, k, order)
         self.encoder = Encoder(self.cluster, self.perf, self.spec_obs)
         self.traces = [list(t) for t in traces]
         self.reference: list[float] | None = None

@@ -69,6 +69,11 @@ class TrainConfig:
     eval_freq: int = 5_000
     round_len: float = 300.0
     k: int = 6
+    #: candidate order of the observation (:class:`policies.encoding.ObsSpec`): ``"fill"`` or ``"area"``
+    order: str = "fill"
+    #: start from this checkpoint's weights (same algorithm and observation shape; the candidate
+    #: order may differ) instead of the prior initialisation; step count and optimiser start fresh
+    init: str | None = None
     prior_init: bool = True
     prior_scale: float = 1.0
     #: ``"admission"``: logits = network + :class:`policies.prior.AdmissionPrior` (maskable-ppo only);
@@ -125,11 +130,12 @@ def evaluate_net(
     round_len: float = 300.0,
     k: int = 6,
     prior: AdmissionPrior | None = None,
+    order: str = "area",
 ) -> list[float]:
     """Average JCT (s) of ``net`` as rl-base (or rl-hybrid) on each trace, via the full simulator."""
     from policies.encoding import ObsSpec
 
-    enc = Encoder(cluster, perf, ObsSpec.for_cluster(cluster, k))
+    enc = Encoder(cluster, perf, ObsSpec.for_cluster(cluster, k, order))
     out = []
     for jobs in traces:
         pol = RLPolicy(net, enc, hybrid=hybrid, prior=prior)
@@ -298,6 +304,7 @@ def train(
                 round_len=cfg.round_len,
                 perf=perf,
                 k=cfg.k,
+                order=cfg.order,
                 gamma=cfg.gamma,
                 reference=train_ref,
             )
@@ -317,10 +324,29 @@ def train(
     if cfg.prior_init:
         _init_prior(cfg.algo, model, cfg.prior_scale, admission=prior is not None)
     start_steps = 0
+    if cfg.init and not resume:
+        src = load_checkpoint(cfg.init)
+        if src.meta.get("algo") != cfg.algo:
+            raise CheckpointError(f"--init {cfg.init}: was trained with {src.meta.get('algo')}, not {cfg.algo}")
+        if src.spec.shape != probe.spec_obs.shape or src.spec.n_actions != probe.spec_obs.n_actions:
+            raise CheckpointError(
+                f"--init {cfg.init}: observation {list(src.spec.shape)} / {src.spec.n_actions} actions, "
+                f"this run needs {list(probe.spec_obs.shape)} / {probe.spec_obs.n_actions}"
+            )
+        from safetensors.numpy import load_file
+
+        sd = {k: torch.from_numpy(v.copy()) for k, v in load_file(str(src.weights_path)).items()}
+        try:
+            model.policy.load_state_dict(sd)
+        except RuntimeError as e:
+            raise CheckpointError(f"--init {cfg.init}: weights do not fit this run's network ({e})") from None
+        log.info("initialised from %s (%s order, %s steps)", src.json_path, src.spec.order, src.meta["training"].get("timesteps"))
     if resume:
         last = load_checkpoint(out / "last")
         if last.meta.get("algo") != cfg.algo:
             raise CheckpointError(f"{out / 'last.json'}: was trained with {last.meta.get('algo')}, not {cfg.algo}")
+        if last.spec.order != cfg.order:
+            raise CheckpointError(f"{out / 'last.json'}: was trained with candidate order {last.spec.order!r}, not {cfg.order!r}")
         from safetensors.numpy import load_file
 
         sd = {k: torch.from_numpy(v.copy()) for k, v in load_file(str(last.weights_path)).items()}
@@ -343,7 +369,7 @@ def train(
         if not val_traces:
             return math.nan
         net = inference_net(cfg.algo, model)
-        jcts = evaluate_net(net, cluster, perf, val_traces, round_len=cfg.round_len, k=cfg.k, prior=prior)
+        jcts = evaluate_net(net, cluster, perf, val_traces, round_len=cfg.round_len, k=cfg.k, prior=prior, order=cfg.order)
         m = float(np.mean(jcts))
         rel = float(np.mean(np.asarray(jcts) / np.asarray(val_ref)))
         row = {
