@@ -41,7 +41,7 @@ import numpy as np
 from policies.base import Policy, PolicyError
 from policies.checkpoint import Checkpoint, CheckpointError, MLPNet, load_checkpoint
 from policies.cluster import ClusterSpec
-from policies.encoding import Encoder, ObsSpec, RoundEncoder
+from policies.encoding import FILL_SMALL, Encoder, ObsSpec, RoundEncoder
 from policies.perf import ContentionModel
 from policies.prior import AdmissionPrior
 from policies.state import ClusterState, Decision
@@ -226,10 +226,13 @@ class RLPolicy(Policy):
         inc: RoundEncoder | None = None
         fill = enc_.spec.order == "fill"
         free = state.total_free if fill else 0
+        # Encoder.fill_order equals rjobs[:K] while a small job waits: count the small groups left
+        lim = FILL_SMALL * enc_.spec.total_gpus
+        n_small = sum(1 for d in groups if d <= lim) if fill else 0
         for _ in range(self.max_decisions):
             if left <= 0:
                 break
-            cands = enc_.fill_order(rjobs, free) if fill else rjobs[:K]
+            cands = enc_.fill_order(rjobs, free) if fill and not n_small else rjobs[:K]
             if inc is not None:
                 enc = inc.encode(cands, left)
             else:
@@ -261,6 +264,8 @@ class RLPolicy(Policy):
             if rjobs[i] is not job or heapq.heappop(grp)[-1] is not job:
                 raise RuntimeError(f"candidate ranking lost job {job.job_id}")
             del rkeys[i], rjobs[i]
+            if fill and not grp and job.gpu_demand <= lim:
+                n_small -= 1
             if grp:
                 nxt = grp[0][-1]
                 k = enc_.rank_key(nxt, now)

@@ -390,8 +390,9 @@ _FILL_ENCS = {k: Encoder(c, _PERFS[k], ObsSpec.for_cluster(c, order="fill")) for
     st.integers(0, 2**31 - 1),
     st.sampled_from([0.0, 0.5, 3.0]),
     st.booleans(),
+    st.booleans(),
 )
-def test_fill_order_schedule_matches_step_by_step(cname, running, pending, now, seed, tilt, fast):
+def test_fill_order_schedule_matches_step_by_step(cname, running, pending, now, seed, tilt, fast, tail):
     """Property ("fill" order): a round decides as encoding the whole state before every decision.
 
     ``schedule`` keeps the ranked groups incrementally and re-applies :meth:`Encoder.fill_order`
@@ -400,7 +401,12 @@ def test_fill_order_schedule_matches_step_by_step(cname, running, pending, now, 
     """
     from policies.prior import AdmissionPrior
 
+    from policies.encoding import FILL_SMALL
+
     enc_ = _FILL_ENCS[cname]
+    if tail:  # no small job waits: the tail rule is on from the first decision
+        lo = int(FILL_SMALL * enc_.spec.total_gpus) + 1
+        pending = [(m, max(g, lo), r) for m, g, r in pending]
     net = random_net(enc_.spec, seed % 3, tilt)
     state = _random_state(cname, running, pending, now, seed)
     pol = RLPolicy(net, enc_, fast=fast, prior=AdmissionPrior())
