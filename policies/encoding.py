@@ -526,10 +526,7 @@ class Encoder:
         if self.spec.order == "fill":
             if free is None:
                 raise ValueError("the 'fill' candidate order needs the cluster's free GPU count")
-            reps = list(best.values())
-            memo: dict = {}
-            ranked = sorted(reps, key=lambda j: memo.setdefault(j.job_id, self.rank_key(j, now)))
-            return self.fill_order(ranked, free)
+            return self.fill_order(sorted(best.values(), key=lambda j: self.rank_key(j, now)), free)
         return self.rank_candidates(list(best.values()), now)
 
     def fill_order(self, ranked: Sequence[JobInfo], free: int) -> list[JobInfo]:

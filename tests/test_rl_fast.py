@@ -93,6 +93,11 @@ def _random_state(cname: str, running, pending, now: float, seed: int) -> Cluste
     return ClusterState(now, cluster, state.free_gpus, state.running, pend)
 
 
+def _queue(demands):
+    """1-30 pending jobs ``(model, demand, remaining hours)`` with demands drawn from ``demands``."""
+    return st.lists(st.tuples(st.sampled_from(MODELS), demands, st.floats(0.01, 50)), min_size=1, max_size=30)
+
+
 def _check_same_encoding(enc_: Encoder, dense, sparse) -> None:
     assert sparse.obs is None and sparse.sparse is not None
     obs = sparse.sparse.dense(enc_.spec, enc_._exists)
@@ -288,11 +293,7 @@ def test_sparse_logits_match_dense_128x8(running, pending, seed):
 @given(
     st.sampled_from(["4x8", "16x4", "het"]),
     _RUN,
-    st.lists(
-        st.tuples(st.sampled_from(MODELS), st.sampled_from([1, 2, 4, 8, 16]), st.floats(0.01, 50)),
-        min_size=1,
-        max_size=30,
-    ),
+    _queue(st.sampled_from([1, 2, 4, 8, 16])),
     st.floats(0, 48 * 3600.0),
     st.integers(0, 2**31 - 1),
     st.sampled_from([0.0, 0.5, 3.0]),
@@ -381,11 +382,7 @@ _FILL_ENCS = {k: Encoder(c, _PERFS[k], ObsSpec.for_cluster(c, order="fill")) for
 @given(
     st.sampled_from(["4x8", "16x4", "het"]),
     _RUN,
-    st.lists(
-        st.tuples(st.sampled_from(MODELS), st.integers(1, 32), st.floats(0.01, 50)),
-        min_size=1,
-        max_size=30,
-    ),
+    _queue(st.integers(1, 32)),
     st.floats(0, 48 * 3600.0),
     st.integers(0, 2**31 - 1),
     st.sampled_from([0.0, 0.5, 3.0]),
@@ -399,9 +396,8 @@ def test_fill_order_schedule_matches_step_by_step(cname, running, pending, now, 
     with its running free-GPU count; the reference calls :meth:`RLPolicy.decide` (fresh
     ``Encoder.candidates`` from the state) and applies each placement.
     """
-    from policies.prior import AdmissionPrior
-
     from policies.encoding import FILL_SMALL
+    from policies.prior import AdmissionPrior
 
     enc_ = _FILL_ENCS[cname]
     if tail:  # no small job waits: the tail rule is on from the first decision
