@@ -340,7 +340,7 @@ def train(
             model.policy.load_state_dict(sd)
         except RuntimeError as e:
             raise CheckpointError(f"--init {cfg.init}: weights do not fit this run's network ({e})") from None
-        log.info("initialised from %s (%s order, %s steps)", src.json_path, src.spec.order, src.meta["training"].get("timesteps"))
+        log.info("initialised from %s (%s order, %s steps)", src.json_path, src.spec.order, src.meta.get("training", {}).get("timesteps"))
     if resume:
         last = load_checkpoint(out / "last")
         if last.meta.get("algo") != cfg.algo:
