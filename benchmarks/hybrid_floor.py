@@ -1,6 +1,6 @@
 """rl-hybrid's safety-rule efficiency floor: utilisation and JCT against rl-base.
 
-Run: ``python benchmarks/hybrid_floor.py --traces /tmp/rl/traces/eval [--floors 0,0.5,0.6,0.7]
+Run: ``python benchmarks/hybrid_floor.py --traces /tmp/rl/traces/eval [--floors 0,0.5,0.6,0.7,0.8]
 [--groups uniform,jitter,...] [--checkpoint PATH]``. The trace groups are the
 evaluation groups of docs/RESULTS.md (one sub-directory per group).
 
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--traces", required=True, help="directory with one sub-directory of job sets per group")
     ap.add_argument("--groups", default=None, help="comma-separated groups (default: all)")
-    ap.add_argument("--floors", default="0,0.5,0.6,0.7", help="comma-separated floors in [0, 1]")
+    ap.add_argument("--floors", default="0,0.5,0.6,0.7,0.8", help="comma-separated floors in [0, 1]")
     ap.add_argument("--checkpoint", default=None, help="policy checkpoint (default: the shipped 4x8 one)")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args(argv)

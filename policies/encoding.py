@@ -529,8 +529,21 @@ class Encoder:
             return self.fill_order(sorted(best.values(), key=lambda j: self.rank_key(j, now)), free)
         return self.rank_candidates(list(best.values()), now)
 
-    def fill_order(self, ranked: Sequence[JobInfo], free: int) -> list[JobInfo]:
-        """The ``"fill"`` candidate order: ``<= K`` of ``ranked`` (demand-group heads in ``"area"`` order).
+    def queue_order(self, pending: Sequence[JobInfo], now: float, free: int) -> list[JobInfo]:
+        """Every pending job in candidate order at time ``now`` (s) with ``free`` free GPUs.
+
+        Not only the best job of each demand (:meth:`candidates`) and not cut to ``K``: jobs by
+        :meth:`rank_key`, and in the ``"fill"`` order's tail (no job of at most ``FILL_SMALL x C``
+        GPUs waits) rearranged by :meth:`fill_order`. rl-hybrid's safety rule walks this list.
+        """
+        ranked = sorted(pending, key=lambda j: self.rank_key(j, now))
+        if self.spec.order == "fill" and not any(j.gpu_demand <= FILL_SMALL * self.spec.total_gpus for j in ranked):
+            return self.fill_order(ranked, free, k=len(ranked))
+        return ranked
+
+    def fill_order(self, ranked: Sequence[JobInfo], free: int, k: int | None = None) -> list[JobInfo]:
+        """The ``"fill"`` candidate order: ``<= K`` (or ``<= k``) of ``ranked`` (jobs in ``"area"`` order;
+        the candidates use the demand-group heads).
 
         Smallest-GPU-area-first is the right order while small jobs wait, but on a
         cluster of ``C`` GPUs it leaves the jobs of more than ``C / 2`` GPUs for the
@@ -544,7 +557,7 @@ class Encoder:
         Jobs of exactly ``C`` GPUs leave no gap and keep their place. While any small
         job waits, or no large job does, the order is ``"area"``.
         """
-        K = self.spec.k
+        K = self.spec.k if k is None else k
         C = self.spec.total_gpus
         half = C / 2
         big = None

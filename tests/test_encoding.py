@@ -382,6 +382,27 @@ def test_fill_order_pairs_a_large_job_with_jobs_filling_its_gap():
         fill.candidates(jobs, 0.0)
 
 
+def test_queue_order_covers_the_whole_queue():
+    """Encoder.queue_order (rl-hybrid's safety rule): every pending job, not only the best of each
+    demand or the first K, in area order, or in fill order once no small job waits."""
+    area, fill = Encoder(C48, PERF), _fill_enc()
+    C = C48.total_gpus
+    # two jobs of each demand (the second 2x longer), 9 demands: 18 jobs > K
+    jobs = [_job(f"j{g}-{h}", "FSDP", g, h) for g in (6, 9, 12, 15, 16, 17, 20, 30, 32) for h in (1.0, 2.0)]
+    got = area.queue_order(jobs, 0.0, free=C)
+    assert sorted(j.job_id for j in got) == sorted(j.job_id for j in jobs)
+    area_key = [j.remaining_time * j.gpu_demand for j in got]  # no ageing at t = 0
+    assert area_key == sorted(area_key)
+    # fill order: the first large job (17 GPUs, 1 h), then the jobs of <= 16 GPUs that end with it
+    # (1 h), largest first, then the rest in area order
+    got = [j.job_id for j in fill.queue_order(jobs, 0.0, free=C)]
+    assert got[:6] == ["j17-1.0", "j16-1.0", "j15-1.0", "j12-1.0", "j9-1.0", "j6-1.0"]
+    assert got[6:] == [j.job_id for j in area.queue_order(jobs, 0.0, free=C) if j.job_id not in got[:6]]
+    # a small job waits: fill order is area order
+    small = [*jobs, _job("s", "FSDP", 2, 1.0)]
+    assert [j.job_id for j in fill.queue_order(small, 0.0, free=C)] == [j.job_id for j in area.queue_order(small, 0.0, free=C)]
+
+
 def test_obs_spec_order_round_trips_and_defaults_to_area():
     from policies.encoding import EncodingError, ObsSpec
 

@@ -136,7 +136,7 @@ def test_prior_places_every_job_once():
 def _naive_schedule(pol: RLPolicy, state):
     """Reference: re-encode the full state after every placement, with the straightforward encoder."""
     from policies.encoding import apply_placement
-    from policies.state import ClusterState, Decision
+    from policies.state import Decision
 
     dec, cur = Decision(), state
     while cur.pending:
@@ -146,15 +146,28 @@ def _naive_schedule(pol: RLPolicy, state):
         choice = enc.decode(pol.net.act(enc.obs, enc.mask))
         if choice is None:
             if pol.hybrid:
-                dec.place.extend(
-                    pol._fallback.schedule(
-                        ClusterState(cur.time, cur.cluster, cur.free_gpus, cur.running, cur.pending)
-                    ).place
-                )
+                dec.place.extend(_safety_rule_reference(pol, cur))
             break
         dec.place.append(choice)
         cur = apply_placement(cur, *choice, PERF)
     return dec
+
+
+def _safety_rule_reference(pol: RLPolicy, state) -> list:
+    """rl-hybrid's safety rule, spelled out: one pass over the whole queue in candidate order; a job
+    starts if it ends within the longest running job's remaining time and the rule places it, each
+    start applied to the state before the next job is tried."""
+    from policies.encoding import apply_placement
+
+    horizon = max((r.remaining_time for r in state.running), default=0.0)
+    out, cur = [], state
+    for j in pol.encoder.queue_order(state.pending, state.time, state.total_free):
+        if j.gpu_demand <= cur.total_free and j.remaining_time <= horizon:
+            p = pol._rule(j, cur.free_gpus, cur)
+            if p is not None:
+                out.append((j.job_id, p))
+                cur = apply_placement(cur, j.job_id, p, pol.encoder.perf)
+    return out
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -211,8 +224,8 @@ def test_hybrid_safety_rule_respects_floor(floor):
 
     spec = ObsSpec.for_cluster(C48)
     pol = RLPolicy(_const_net(spec, spec.noop), Encoder(C48, PERF, spec), hybrid=True, hybrid_floor=floor)
-    assert RLPolicy(_const_net(spec, spec.noop), Encoder(C48, PERF, spec), hybrid=True)._fallback.placement.min_efficiency == HYBRID_FLOOR
-    rule = pol._fallback.placement
+    assert RLPolicy(_const_net(spec, spec.noop), Encoder(C48, PERF, spec), hybrid=True)._rule.min_efficiency == HYBRID_FLOOR
+    rule = pol._rule
     effs = []
     inner = rule.__call__
 
@@ -222,7 +235,7 @@ def test_hybrid_safety_rule_respects_floor(floor):
             effs.append(rule.score(job, p, state.jobs_on_node()) / job.gpu_demand)
         return p
 
-    pol._fallback.placement = checked
+    pol._rule = checked
     jobs = _jobs(60, 3, "poisson")
     res = _run(pol, jobs)
     assert len(res.jobs) == len(jobs)  # everything still finishes (idle cluster: network must place)

@@ -385,16 +385,19 @@ _FILL_ENCS = {k: Encoder(c, _PERFS[k], ObsSpec.for_cluster(c, order="fill")) for
     _queue(st.integers(1, 32)),
     st.floats(0, 48 * 3600.0),
     st.integers(0, 2**31 - 1),
-    st.sampled_from([0.0, 0.5, 3.0]),
+    st.sampled_from([0.0, 0.5, 3.0, -3.0]),  # tilt < 0 favours the last action, "nothing": the safety rule acts
+    st.booleans(),
     st.booleans(),
     st.booleans(),
 )
-def test_fill_order_schedule_matches_step_by_step(cname, running, pending, now, seed, tilt, fast, tail):
+def test_fill_order_schedule_matches_step_by_step(cname, running, pending, now, seed, tilt, fast, tail, hybrid):
     """Property ("fill" order): a round decides as encoding the whole state before every decision.
 
     ``schedule`` keeps the ranked groups incrementally and re-applies :meth:`Encoder.fill_order`
     with its running free-GPU count; the reference calls :meth:`RLPolicy.decide` (fresh
-    ``Encoder.candidates`` from the state) and applies each placement.
+    ``Encoder.candidates`` from the state) and applies each placement. With ``hybrid``, once the
+    network chooses "nothing" the reference runs the safety rule as spelled out in
+    ``test_rl._safety_rule_reference``.
     """
     from policies.encoding import FILL_SMALL
     from policies.prior import AdmissionPrior
@@ -405,14 +408,53 @@ def test_fill_order_schedule_matches_step_by_step(cname, running, pending, now, 
         pending = [(m, max(g, lo), r) for m, g, r in pending]
     net = random_net(enc_.spec, seed % 3, tilt)
     state = _random_state(cname, running, pending, now, seed)
-    pol = RLPolicy(net, enc_, fast=fast, prior=AdmissionPrior())
+    pol = RLPolicy(net, enc_, fast=fast, prior=AdmissionPrior(), hybrid=hybrid)
     got = pol.schedule(state).place
-    ref = RLPolicy(net, enc_, fast=False, prior=AdmissionPrior())
+    want = _step_by_step(enc_, net, state, hybrid)
+    assert got == want
+    if hybrid:
+        assert pol.stats["fallback_placements"] == len(want) - pol.stats["placements"]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_fill_order_safety_rule_in_the_tail(fast):
+    """rl-hybrid in the fill order's tail (no small job waits) with a network that prefers "nothing":
+    the safety rule walks the whole queue in fill order (not area order), as the step-by-step reference."""
+    from policies.encoding import FILL_SMALL
+    from policies.prior import AdmissionPrior
+
+    enc_ = _FILL_ENCS["4x8"]
+    lo = int(FILL_SMALL * enc_.spec.total_gpus) + 1
+    rng = np.random.default_rng(0)
+    acted = 0
+    for t in range(60):
+        pend = [(str(rng.choice(MODELS)), int(rng.integers(lo, 33)), float(rng.uniform(0.1, 20))) for _ in range(rng.integers(1, 15))]
+        run = [(str(rng.choice(MODELS)), int(rng.choice([1, 2, 4, 8])), float(rng.uniform(0.1, 20))) for _ in range(rng.integers(0, 4))]
+        state = _random_state("4x8", run, pend, 0.0, t)
+        net = random_net(enc_.spec, t % 3, -3.0)
+        pol = RLPolicy(net, enc_, fast=fast, prior=AdmissionPrior(), hybrid=True)
+        assert pol.schedule(state).place == _step_by_step(enc_, net, state, True)
+        acted += pol.stats["fallback_placements"] > 0
+    assert acted >= 30  # the rule really acted in most rounds
+
+
+def _step_by_step(enc_: Encoder, net: MLPNet, state: ClusterState, hybrid: bool) -> list:
+    """Reference round: encode the whole state before every decision (:meth:`RLPolicy.decide`); for
+    rl-hybrid, once the network chooses "nothing", the safety rule as ``test_rl._safety_rule_reference``."""
+    from test_rl import _safety_rule_reference
+
+    from policies.prior import AdmissionPrior
+
+    ref = RLPolicy(net, enc_, fast=False, prior=AdmissionPrior(), hybrid=hybrid)
     want, cur = [], state
     while cur.pending:
+        if not enc_.encode(cur).any_placement:
+            break
         _a, choice = ref.decide(cur)
         if choice is None:
+            if hybrid:
+                want.extend(_safety_rule_reference(ref, cur))
             break
         want.append(choice)
         cur = apply_placement(cur, choice[0], choice[1], enc_.perf)
-    assert got == want
+    return want
