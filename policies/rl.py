@@ -247,8 +247,8 @@ class RLPolicy(Policy):
         inc: RoundEncoder | None = None
         fill = enc_.spec.order == "fill"
 
-        def _start(job: JobInfo, p: Placement) -> ClusterState:
-            """Record a start and apply it to the round's state; the new state for the safety rule."""
+        def _start(job: JobInfo, p: Placement) -> None:
+            """Record a start and apply it to the round's state."""
             nonlocal inc, cur
             dec.place.append((job.job_id, p))
             if inc is None and self.fast and self.incremental:
@@ -257,9 +257,16 @@ class RLPolicy(Policy):
                 inc = RoundEncoder(enc_, state, self._plan)
             if inc is not None:
                 inc.place(job, p, enc_.perf)
-                return inc.state()
-            cur = apply_placement(cur, job.job_id, p, enc_.perf, job=job, drop_pending=False)
-            return cur
+            else:
+                cur = apply_placement(cur, job.job_id, p, enc_.perf, job=job, drop_pending=False)
+
+        def _now() -> ClusterState:
+            """The round's state after the starts so far."""
+            return inc.state() if inc is not None else cur
+
+        def _start_now(job: JobInfo, p: Placement) -> ClusterState:
+            _start(job, p)
+            return _now()
 
         free = state.total_free
         # Encoder.fill_order equals rjobs[:K] while a small job waits: count the small groups left
@@ -281,9 +288,7 @@ class RLPolicy(Policy):
                 self.stats["holds"] += 1
                 if self._rule is not None:  # rl-hybrid: the safety rule places what it can
                     rest = [e[-1] for g in groups.values() for e in g]
-                    self.stats["fallback_placements"] += self._safety_fill(
-                        inc.state() if inc is not None else cur, rest, free, _start
-                    )
+                    self.stats["fallback_placements"] += self._safety_fill(_now(), rest, free, _start_now)
                 break
             self.stats["placements"] += 1
             p = choice[1]
