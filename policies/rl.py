@@ -61,7 +61,7 @@ RL_POLICY_NAMES = ("rl-base", "rl-hybrid", "rl-prior")
 #: ``rl-hybrid``'s safety rule starts a job only if the placement yields at least this
 #: many effective GPUs per GPU allocated (its own normalised speed minus its neighbours'
 #: loss, per GPU). Chosen on the validation traces, where 0.7 kept every group within
-#: 1 % of rl-base's average JCT (docs/RESULTS.md, "rl-hybrid's efficiency floor").
+#: 1 % of rl-base's average JCT (docs/RESULTS.md, "rl-hybrid's safety rule and its efficiency floor").
 HYBRID_FLOOR = 0.7
 
 
