@@ -18,7 +18,11 @@ the same architecture whose output bias is tilted to low action indices so
 that it places like the prior, i.e. long rounds) and a 128x8 cluster (a
 network of the same architecture with random weights: the shipped checkpoint
 is 4x8 only, and latency depends on the weights only through how many jobs a
-round places):
+round places). The random network picks candidates at random and so starts
+large jobs early, which fills the cluster in few placements; ``128x8-prior``
+tilts it like the 4x8 fallback, so it places like the admission prior (small
+jobs first), as a network trained from the prior does, and its rounds start
+several hundred jobs (fast path only):
 
 * one decision: ``RLPolicy.decide`` = encode (``policies.encoding.Encoder.encode``)
   + network (numpy MLP) + decode, on cluster states captured (evenly over time) from
@@ -133,7 +137,10 @@ def _pct(xs: list[float]) -> dict:
 PATHS = ("dense", "fast-reencode", "fast")
 
 
-def bench_cluster(shape: str, jobs: int, repeats: int, shipped: bool) -> dict:
+def bench_cluster(
+    shape: str, jobs: int, repeats: int, shipped: bool, tilt: float = 0.0, paths: tuple[str, ...] = PATHS
+) -> dict:
+    """Latency on ``shape``; ``tilt``: random weights whose output bias is ``-tilt * index`` (``shipped=False``)."""
     cluster = ClusterSpec.parse(shape)
     perf = ContentionModel(cluster)
     weights = "random (same architecture)"
@@ -147,9 +154,10 @@ def bench_cluster(shape: str, jobs: int, repeats: int, shipped: bool) -> dict:
             print(f"note: {exc}; using random weights tilted to low actions instead")
     if net is None:
         enc = Encoder(cluster, perf)
-        net = _random_net(enc.spec, tilt=3.0 if shipped else 0.0)
-        if shipped:
-            weights = "random, output bias -3 * index (places like the prior)"
+        tilt = 3.0 if shipped else tilt
+        net = _random_net(enc.spec, tilt=tilt)
+        if tilt:
+            weights = f"random, output bias -{tilt:g} * index (places like the prior)"
     states = _states(cluster, perf, jobs, repeats)
     # caches (options, speeds, per-job sums) are warmed on *other* states (another trace seed),
     # as in a long-running controller; measured states are each seen once per path
@@ -162,7 +170,7 @@ def bench_cluster(shape: str, jobs: int, repeats: int, shipped: bool) -> dict:
         "pending_mean": float(np.mean([len(s.pending) for s in states])),
         "running_mean": float(np.mean([len(s.running) for s in states])),
     }
-    for path in PATHS:
+    for path in paths:
         fast = path != "dense"
         # three independent policies (own encoder and network copy, so no memo is shared between
         # what is measured back to back on one state)
@@ -234,16 +242,19 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=200, help="states per cluster (default 200)")
     ap.add_argument("--json", default=None, help="also write results to this JSON file")
     ap.add_argument(
-        "--only", choices=("4x8", "128x8", "episode"), default=None, help="run one part only (default: all)"
+        "--only", choices=("4x8", "128x8", "128x8-prior", "episode"), default=None, help="run one part only (default: all)"
     )
     args = ap.parse_args()
     parts = {
         "4x8": lambda: bench_cluster("4x8", 256, args.repeats, shipped=True),
         "128x8": lambda: bench_cluster("128x8", 2048, args.repeats, shipped=False),
+        # a network that places like the admission prior (what a network trained from it does):
+        # rounds place many more jobs than the random network's; fast path only (dense takes seconds)
+        "128x8-prior": lambda: bench_cluster("128x8", 2048, args.repeats, shipped=False, tilt=3.0, paths=("fast",)),
         "episode": bench_episode,
     }
     out = {k: f() for k, f in parts.items() if args.only in (None, k)}
-    for k in ("4x8", "128x8"):
+    for k in ("4x8", "128x8", "128x8-prior"):
         if k not in out:
             continue
         r = out[k]
@@ -254,6 +265,8 @@ def main() -> None:
         )
         for key in ("decision", "round_rl_base", "round_rl_hybrid"):
             for path in PATHS:
+                if path not in r:
+                    continue
                 x = r[path][key]
                 print(
                     f"    {key:16s} {path:13s} p50 {x['p50_ms']:8.3f} ms  p99 {x['p99_ms']:8.3f} ms  "
