@@ -93,6 +93,7 @@ from policies.cluster import ClusterSpec, Placement
 from policies.perf import MIN_RATIO, ContentionModel, JobKey
 from policies.placement import pack
 from policies.state import ClusterState, JobInfo
+from policies.waves import plan_order
 from policies.workloads import get_workload
 
 __all__ = [
@@ -121,9 +122,13 @@ _MEMO_MAX = 65536  # entries of the encoder's option memo before it is cleared
 #: key is multiplied by ``exp(-wait / AGING_S)``.
 AGING_S = 1800.0
 #: Candidate orders an :class:`ObsSpec` may name.
-CANDIDATE_ORDERS = ("area", "fill")
+CANDIDATE_ORDERS = ("area", "fill", "plan")
 #: ``"fill"`` order: the tail rule starts once no pending job needs at most this fraction of the cluster's GPUs.
 FILL_SMALL = 0.15
+#: ``"plan"`` order: waves are planned only while the waiting jobs need at least this many times the cluster's GPUs ...
+PLAN_BACKLOG = 8.0
+#: ... and their estimated remaining times agree within this ratio (longest / shortest).
+PLAN_SPREAD = 1.25
 
 
 def _neg_demand(j: JobInfo) -> int:
@@ -455,6 +460,7 @@ class Encoder:
         self._node_cs: dict[tuple, float] = {}  # node CS by (job key, neighbour signature)
         self._mspeed: dict[tuple, float] = {}  # multi-node option speeds (_speed_multi)
         self._next_sid = 0
+        self._plan: tuple[float, list[int], dict[int, int]] | None = None  # plan_remaining's memo
 
     # ------------------------------------------------------------------ candidates
     @staticmethod
@@ -523,6 +529,13 @@ class Encoder:
             cur = best.get(j.gpu_demand)
             if cur is None or self.srtf_key(j) < self.srtf_key(cur):
                 best[j.gpu_demand] = j
+        if self.spec.order == "plan":
+            counts: dict[int, int] = {}
+            for j in pending:
+                counts[j.gpu_demand] = counts.get(j.gpu_demand, 0) + 1
+            if free is None:
+                raise ValueError("the 'plan' candidate order needs the cluster's free GPU count")
+            return self.plan_heads(sorted(best.values(), key=lambda j: self.rank_key(j, now)), counts, now, free, pending)
         if self.spec.order == "fill":
             if free is None:
                 raise ValueError("the 'fill' candidate order needs the cluster's free GPU count")
@@ -536,10 +549,85 @@ class Encoder:
         :meth:`rank_key`, and in the ``"fill"`` order's tail (no job of at most ``FILL_SMALL x C``
         GPUs waits) rearranged by :meth:`fill_order`. rl-hybrid's safety rule walks this list.
         """
+        if self.spec.order == "plan":
+            by_d: dict[int, list[JobInfo]] = {}
+            for j in sorted(pending, key=self.srtf_key, reverse=True):
+                by_d.setdefault(j.gpu_demand, []).append(j)
+            counts = {d: len(js) for d, js in by_d.items()}
+            order = self.plan_remaining(counts, now, pending)
+            if order is not None and any(d <= self.spec.gpus_per_node for d in counts):
+                return [by_d[d].pop() for d in order]
         ranked = sorted(pending, key=lambda j: self.rank_key(j, now))
-        if self.spec.order == "fill" and not any(j.gpu_demand <= FILL_SMALL * self.spec.total_gpus for j in ranked):
+        if self.spec.order != "area" and not any(j.gpu_demand <= FILL_SMALL * self.spec.total_gpus for j in ranked):
             return self.fill_order(ranked, free, k=len(ranked))
         return ranked
+
+    def plan_remaining(self, counts: dict[int, int], now: float, pending: Sequence[JobInfo]) -> list[int] | None:
+        """The ``"plan"`` order's demands still to start, one per waiting job
+        (:func:`policies.waves.plan_order`), or ``None`` where the order falls back to ``"fill"``.
+
+        A plan is made at the first call of a round and kept while ``now`` (s) is unchanged and no
+        demand has more waiting jobs than planned: a round's placements then only take jobs off it
+        (each from the first wave that holds its demand), so the waves stay those planned at the
+        round's start. Any other call replans from ``counts`` (waiting jobs per demand) and
+        ``pending`` (the waiting jobs; read only when replanning). Waves are planned only where they
+        model the queue: the waiting jobs need at least :data:`PLAN_BACKLOG` times the cluster's
+        GPUs and their estimated remaining times agree within :data:`PLAN_SPREAD` (longest /
+        shortest); otherwise the round uses the ``"fill"`` order.
+        """
+        memo = self._plan
+        if memo is not None and memo[0] == now and all(c <= memo[2].get(d, 0) for d, c in counts.items()):
+            if memo[1] is None:
+                return None
+            drop = {d: c - counts.get(d, 0) for d, c in memo[2].items()}
+            out = []
+            for d in memo[1]:
+                if drop[d] > 0:
+                    drop[d] -= 1
+                else:
+                    out.append(d)
+            return out
+        spec = self.spec
+        order = None
+        if sum(d * c for d, c in counts.items()) >= PLAN_BACKLOG * spec.total_gpus:
+            rem = [self.srtf_key(j)[0] for j in pending]
+            lo = min(rem, default=0.0)
+            if lo > 0.0 and max(rem) <= PLAN_SPREAD * lo:
+                C = spec.total_gpus
+                fit = {d: c for d, c in counts.items() if 0 < d <= C}  # larger jobs can never start: last
+                order = plan_order(fit, spec.num_nodes, spec.gpus_per_node)
+                order += [d for d in sorted(counts) if not 0 < d <= C for _ in range(counts[d])]
+        self._plan = (now, order, dict(counts))
+        return None if order is None else list(order)
+
+    def plan_heads(
+        self, heads: Sequence[JobInfo], counts: dict[int, int], now: float, free: int, pending: Sequence[JobInfo]
+    ) -> list[JobInfo]:
+        """The ``"plan"`` order's ``<= K`` candidates.
+
+        While a single-node job (at most ``G`` GPUs) waits and :meth:`plan_remaining` has a plan:
+        the demand-group heads ``heads`` in the order their demands first appear in the plan.
+        Otherwise the ``"fill"`` order (:meth:`fill_order`) of ``heads``, which must then be in
+        ``"area"`` order.
+
+        :param heads: one waiting job per demand (its SRTF head).
+        :param counts: waiting jobs per demand; ``free``: free GPUs of the cluster;
+            ``pending``: the waiting jobs (see :meth:`plan_remaining`).
+        """
+        G = self.spec.gpus_per_node
+        order = self.plan_remaining(counts, now, pending)
+        if order is None or not any(c and d <= G for d, c in counts.items()):
+            return self.fill_order(heads, free)
+        by_d = {j.gpu_demand: j for j in heads}
+        out: list[JobInfo] = []
+        K = self.spec.k
+        for d in order:
+            j = by_d.pop(d, None)
+            if j is not None:
+                out.append(j)
+                if len(out) == K:
+                    break
+        return out
 
     def fill_order(self, ranked: Sequence[JobInfo], free: int, k: int | None = None) -> list[JobInfo]:
         """The ``"fill"`` candidate order: ``<= K`` (or ``<= k``) of ``ranked`` (jobs in ``"area"`` order;
@@ -1032,7 +1120,7 @@ class Encoder:
             obs[8, :, :G] = exists * q
 
         if candidates is None:
-            cands = self.candidates(state.pending, state.time, state.total_free if spec.order == "fill" else None)
+            cands = self.candidates(state.pending, state.time, state.total_free if spec.order != "area" else None)
         else:
             cands = list(candidates)[: spec.k]
         mask, options, oc, ov, og, ox, cf = self._right_half(
@@ -1093,7 +1181,7 @@ class Encoder:
         left[8] = self._exists * q
 
         if candidates is None:
-            cands = self.candidates(state.pending, state.time, state.total_free if spec.order == "fill" else None)
+            cands = self.candidates(state.pending, state.time, state.total_free if spec.order != "area" else None)
         else:
             cands = list(candidates)[: spec.k]
         order = np.lexsort((np.arange(N), free, multi_load))  # least loaded, best fit, index

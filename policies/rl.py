@@ -246,6 +246,8 @@ class RLPolicy(Policy):
         # (a round that places nothing costs one plain encoding)
         inc: RoundEncoder | None = None
         fill = enc_.spec.order == "fill"
+        planned = enc_.spec.order == "plan"
+        counts = {d: len(g) for d, g in groups.items()} if planned else {}
 
         def _start(job: JobInfo, p: Placement) -> None:
             """Record a start and apply it to the round's state."""
@@ -275,7 +277,10 @@ class RLPolicy(Policy):
         for _ in range(self.max_decisions):
             if left <= 0:
                 break
-            cands = enc_.fill_order(rjobs, free) if fill and not n_small else rjobs[:K]
+            if planned:
+                cands = enc_.plan_heads(rjobs, counts, now, free, state.pending)
+            else:
+                cands = enc_.fill_order(rjobs, free) if fill and not n_small else rjobs[:K]
             if inc is not None:
                 enc = inc.encode(cands, left)
             else:
@@ -294,8 +299,10 @@ class RLPolicy(Policy):
             p = choice[1]
             i = a // enc.spec.options  # candidates are rjobs[:K], in that order ("area")
             job = enc.candidates[i]
-            if fill:  # a reordered selection of rjobs
+            if fill or planned:  # a reordered selection of rjobs
                 i = next((n for n, r in enumerate(rjobs) if r is job), -1)
+            if planned:
+                counts[job.gpu_demand] -= 1
             free -= p.total_gpus
             grp = groups[job.gpu_demand]
             if rjobs[i] is not job or heapq.heappop(grp)[-1] is not job:
@@ -332,7 +339,7 @@ def make_rl_policy(
     mode = mode.lower()
     if mode == "rl-prior" and not sep:
         perf = perf or ContentionModel(cluster)
-        enc = Encoder(cluster, perf, ObsSpec.for_cluster(cluster, order="fill"))  # the shipped networks' order
+        enc = Encoder(cluster, perf, ObsSpec.for_cluster(cluster, order="plan"))  # the shipped networks' order
         return RLPolicy(zero_net(enc.spec), enc, name="rl-prior", prior=AdmissionPrior())
     if mode not in RL_POLICY_NAMES or mode == "rl-prior":
         raise PolicyError(

@@ -403,6 +403,80 @@ def test_queue_order_covers_the_whole_queue():
     assert [j.job_id for j in fill.queue_order(small, 0.0, free=C)] == [j.job_id for j in area.queue_order(small, 0.0, free=C)]
 
 
+def _plan_enc() -> Encoder:
+    from policies.encoding import ObsSpec
+
+    return Encoder(C48, PERF, ObsSpec.for_cluster(C48, order="plan"))
+
+
+def _uniform_queue(reps: int = 8, rem_h: float = 1.0) -> list[JobInfo]:
+    """``reps`` jobs of every demand 1..32 (528 x reps GPUs: a long queue of equal-length jobs)."""
+    return [_job(f"j{g}-{r}", "FSDP", g, rem_h) for g in range(1, 33) for r in range(reps)]
+
+
+def test_plan_order_candidates_follow_the_waves():
+    """A long queue of equal-length jobs: the candidates are the demand heads in the order their
+    demands first appear in policies.waves.plan_order (the first wave: complements node by node)."""
+    from collections import Counter
+
+    from policies.waves import plan_order
+
+    enc = _plan_enc()
+    jobs = _uniform_queue()
+    order = plan_order(Counter(j.gpu_demand for j in jobs), 4, 8)
+    firsts = list(dict.fromkeys(order))[:6]
+    got = enc.candidates(jobs, 0.0, free=32)
+    assert [j.gpu_demand for j in got] == firsts
+    assert all(j.job_id.endswith("-0") for j in got)  # each demand's SRTF head (ties: id)
+    # the whole queue in plan order, each demand's jobs in SRTF order
+    q = enc.queue_order(jobs, 0.0, free=32)
+    assert [j.gpu_demand for j in q] == order and sorted(j.job_id for j in q) == sorted(j.job_id for j in jobs)
+    with pytest.raises(ValueError, match="free GPU"):
+        enc.candidates(jobs, 0.0)
+
+
+def test_plan_is_kept_within_a_round_and_remade_at_the_next():
+    """Placing jobs off the plan keeps the other waves (each job taken from the first wave holding its
+    demand); a later time or a demand with more jobs than planned replans."""
+    from collections import Counter
+
+    enc = _plan_enc()
+    jobs = _uniform_queue()
+    counts = Counter(j.gpu_demand for j in jobs)
+    plan = enc.plan_remaining(dict(counts), 0.0, jobs)
+    first = plan[0]
+    counts[first] -= 1
+    rest = plan[1:]
+    assert enc.plan_remaining(dict(counts), 0.0, jobs) == rest
+    from policies.waves import plan_order
+
+    assert enc.plan_remaining(dict(counts), 60.0, jobs) == plan_order(counts, 4, 8)  # new round: replanned
+    counts[first] += 2  # an arrival at the same time: more jobs than planned
+    assert enc.plan_remaining(dict(counts), 60.0, jobs) == plan_order(counts, 4, 8)
+
+
+def test_plan_order_falls_back_to_fill():
+    """Fill order where waves do not model the queue: a short queue, remaining times that differ
+    by more than PLAN_SPREAD, or no single-node job left (the fill order's tail rule then)."""
+    from policies.encoding import PLAN_BACKLOG, PLAN_SPREAD
+
+    fill = _fill_enc()
+
+    def same(jobs, free=32):  # a fresh encoder: its plan is kept for later calls at the same time
+        a = [j.job_id for j in _plan_enc().candidates(jobs, 0.0, free=free)]
+        b = [j.job_id for j in fill.candidates(jobs, 0.0, free=free)]
+        return a == b
+
+    long_q = _uniform_queue()
+    assert not same(long_q)  # the plan is on
+    short = [j for j in long_q if j.job_id.endswith("-0") and j.gpu_demand <= 15]  # 120 GPUs
+    assert sum(j.gpu_demand for j in short) < PLAN_BACKLOG * 32 and same(short)
+    mixed = [*long_q, _job("long", "FSDP", 3, 1.0 * PLAN_SPREAD * 1.01)]
+    assert same(mixed)
+    no_small = [j for j in long_q if j.gpu_demand > 8]
+    assert sum(j.gpu_demand for j in no_small) >= PLAN_BACKLOG * 32 and same(no_small)
+
+
 def test_obs_spec_order_round_trips_and_defaults_to_area():
     from policies.encoding import EncodingError, ObsSpec
 
@@ -411,5 +485,6 @@ def test_obs_spec_order_round_trips_and_defaults_to_area():
     old = spec.to_dict()
     del old["order"]  # checkpoints written before the field existed
     assert ObsSpec.from_dict(old).order == "area"
+    assert ObsSpec.from_dict(ObsSpec.for_cluster(C48, order="plan").to_dict()).order == "plan"
     with pytest.raises(EncodingError, match="candidate order 'best'"):
         ObsSpec.from_dict({**spec.to_dict(), "order": "best"})

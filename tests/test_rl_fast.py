@@ -11,6 +11,7 @@ policies place many jobs per round (as trained ones do) rather than holding.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -22,7 +23,7 @@ from policies.checkpoint import CheckpointError, MLPNet
 from policies.cluster import ClusterSpec, NodeSpec, Placement
 from policies.encoding import Encoder, ObsSpec, RoundEncoder, apply_placement
 from policies.perf import ContentionModel
-from policies.rl import RLPolicy, make_rl_policy, prior_net
+from policies.rl import RLPolicy, make_rl_policy, prior_net, zero_net
 from policies.state import ClusterState, JobInfo
 from policies.workloads import MODELS
 
@@ -414,6 +415,60 @@ def test_fill_order_schedule_matches_step_by_step(cname, running, pending, now, 
     assert got == want
     if hybrid:
         assert pol.stats["fallback_placements"] == len(want) - pol.stats["placements"]
+
+
+_PLAN_ENCS = {k: Encoder(c, _PERFS[k], ObsSpec.for_cluster(c, order="plan")) for k, c in _CLUSTERS.items() if k != "128x8"}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.sampled_from(["4x8", "16x4", "het"]),
+    _RUN,
+    _queue(st.integers(1, 32)),
+    st.floats(0, 48 * 3600.0),
+    st.integers(0, 2**31 - 1),
+    st.sampled_from([0.0, 0.5, 3.0, -3.0]),
+    st.booleans(),
+    st.booleans(),
+)
+def test_plan_order_schedule_matches_step_by_step(cname, running, pending, now, seed, tilt, fast, hybrid):
+    """Property ("plan" order, waves forced on: no backlog or spread condition): a round decides as
+    encoding the whole state before every decision; the plan made at the round's first decision is
+    kept by both (placements take jobs off it) and the fill order takes over once no single-node job waits."""
+    from unittest import mock
+
+    from policies.prior import AdmissionPrior
+
+    enc_ = _PLAN_ENCS[cname]
+    enc_._plan = None
+    net = random_net(enc_.spec, seed % 3, tilt)
+    state = _random_state(cname, running, pending, now, seed)
+    with mock.patch("policies.encoding.PLAN_BACKLOG", 0.0), mock.patch("policies.encoding.PLAN_SPREAD", float("inf")):
+        pol = RLPolicy(net, enc_, fast=fast, prior=AdmissionPrior(), hybrid=hybrid)
+        got = pol.schedule(state).place
+        enc_._plan = None  # the reference plans afresh from the same queue
+        want = _step_by_step(enc_, net, state, hybrid)
+    assert got == want
+
+
+def test_plan_order_round_starts_the_first_wave():
+    """The untrained prior in "plan" order on an idle 4x8 cluster with a long queue of 1-hour jobs of
+    every demand 1..32 starts exactly the first planned wave: single-node jobs in exact complements."""
+    from collections import Counter
+
+    from policies.prior import AdmissionPrior
+    from policies.waves import plan_waves
+
+    cluster, perf = _CLUSTERS["4x8"], _PERFS["4x8"]
+    enc_ = Encoder(cluster, perf, ObsSpec.for_cluster(cluster, order="plan"))
+    state = _random_state("4x8", [], [("FSDP", g, 1.0) for g in range(1, 33) for _ in range(8)], 0.0, 0)
+    state = ClusterState(0.0, cluster, state.free_gpus, [], [dataclasses.replace(j, done_samples=0.0) for j in state.pending])
+    wave = plan_waves(Counter(j.gpu_demand for j in state.pending), 4, 8)[0]
+    pol = RLPolicy(zero_net(enc_.spec), enc_, prior=AdmissionPrior())  # the prior decides
+    placed = pol.schedule(state).place
+    dem = {j.job_id: j.gpu_demand for j in state.pending}
+    assert sorted((dem[j] for j, _p in placed), reverse=True) == wave
+    assert all(p.num_nodes == 1 for _j, p in placed) and sum(dem[j] for j, _p in placed) == 32
 
 
 @pytest.mark.parametrize("fast", [True, False])
