@@ -59,7 +59,11 @@ That is the ``"area"`` order (:attr:`ObsSpec.order`). The ``"fill"`` order
 once no small job waits, a job of more than half the cluster is put first,
 followed by the jobs that fit beside it and end no later, largest first.
 Smallest-area-first alone leaves such jobs for the end, where each runs
-beside an idle gap (docs/RESULTS.md).
+beside an idle gap (docs/RESULTS.md). The ``"plan"`` order (the shipped
+networks' since 2026-11-21) puts the single-node jobs of a long batch of
+equal-length jobs in the waves of :mod:`policies.waves` (node-sized exact
+complements, most jobs first) and is the fill order otherwise
+(:meth:`Encoder.plan_remaining`, docs/RL.md).
 
 Options ``s = 0..L-1`` are *balanced* placements over ``n = 2^s`` nodes
 (``ceil(G_job / n)`` GPUs on each, the last fewer), nodes taken least
@@ -127,8 +131,10 @@ CANDIDATE_ORDERS = ("area", "fill", "plan")
 FILL_SMALL = 0.15
 #: ``"plan"`` order: waves are planned only while the waiting jobs need at least this many times the cluster's GPUs ...
 PLAN_BACKLOG = 8.0
-#: ... and their estimated remaining times agree within this ratio (longest / shortest).
+#: ... and their estimated remaining times agree within this ratio (longest / shortest) ...
 PLAN_SPREAD = 1.25
+#: ... and they were all submitted within this many seconds (a batch: waves have no ageing).
+PLAN_WAIT = AGING_S
 
 
 def _neg_demand(j: JobInfo) -> int:
@@ -460,7 +466,8 @@ class Encoder:
         self._node_cs: dict[tuple, float] = {}  # node CS by (job key, neighbour signature)
         self._mspeed: dict[tuple, float] = {}  # multi-node option speeds (_speed_multi)
         self._next_sid = 0
-        self._plan: tuple[float, list[int], dict[int, int]] | None = None  # plan_remaining's memo
+        # plan_remaining's memo: [time, plan (None: fill order), planned counts, last counts, last rest]
+        self._plan: list | None = None
 
     # ------------------------------------------------------------------ candidates
     @staticmethod
@@ -572,32 +579,37 @@ class Encoder:
         round's start. Any other call replans from ``counts`` (waiting jobs per demand) and
         ``pending`` (the waiting jobs; read only when replanning). Waves are planned only where they
         model the queue: the waiting jobs need at least :data:`PLAN_BACKLOG` times the cluster's
-        GPUs and their estimated remaining times agree within :data:`PLAN_SPREAD` (longest /
-        shortest); otherwise the round uses the ``"fill"`` order.
+        GPUs, their estimated remaining times agree within :data:`PLAN_SPREAD` (longest /
+        shortest) and they were submitted within :data:`PLAN_WAIT` of each other (waves ignore
+        waiting time, so under arrivals they could starve a job); otherwise the round uses the
+        ``"fill"`` order.
         """
         memo = self._plan
         if memo is not None and memo[0] == now and all(c <= memo[2].get(d, 0) for d, c in counts.items()):
             if memo[1] is None:
                 return None
-            drop = {d: c - counts.get(d, 0) for d, c in memo[2].items()}
-            out = []
-            for d in memo[1]:
-                if drop[d] > 0:
-                    drop[d] -= 1
-                else:
-                    out.append(d)
-            return out
+            last, rest = memo[3], memo[4]
+            if any(c > last.get(d, 0) for d, c in counts.items()):  # not a continuation of the last call
+                last, rest = memo[2], memo[1]
+            if counts != last:  # take the jobs started since off the front of the rest
+                rest = list(rest)
+                for d, c in last.items():
+                    for _ in range(c - counts.get(d, 0)):
+                        rest.remove(d)  # the first occurrence: the first wave holding d
+                memo[3], memo[4] = dict(counts), rest
+            return list(rest)
         spec = self.spec
         order = None
         if sum(d * c for d, c in counts.items()) >= PLAN_BACKLOG * spec.total_gpus:
             rem = [self.srtf_key(j)[0] for j in pending]
             lo = min(rem, default=0.0)
-            if lo > 0.0 and max(rem) <= PLAN_SPREAD * lo:
+            sub = [j.submit_time for j in pending]
+            if lo > 0.0 and max(rem) <= PLAN_SPREAD * lo and max(sub) - min(sub) <= PLAN_WAIT:
                 C = spec.total_gpus
                 fit = {d: c for d, c in counts.items() if 0 < d <= C}  # larger jobs can never start: last
                 order = plan_order(fit, spec.num_nodes, spec.gpus_per_node)
                 order += [d for d in sorted(counts) if not 0 < d <= C for _ in range(counts[d])]
-        self._plan = (now, order, dict(counts))
+        self._plan = [now, order, dict(counts), dict(counts), order]
         return None if order is None else list(order)
 
     def plan_heads(
@@ -621,7 +633,7 @@ class Encoder:
         by_d = {j.gpu_demand: j for j in heads}
         out: list[JobInfo] = []
         K = self.spec.k
-        for d in order:
+        for d in dict.fromkeys(order):  # demands in the order of their first appearance
             j = by_d.pop(d, None)
             if j is not None:
                 out.append(j)

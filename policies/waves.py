@@ -33,6 +33,7 @@ Pure functions of integers; no I/O.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping, Sequence
 
 __all__ = ["fits", "plan_order", "plan_waves"]
@@ -52,18 +53,15 @@ def fits(free: Sequence[int], demand: int) -> list[int] | None:
     if need > sum(f):
         return None
     while need > 0:
-        best = -1
-        for v, x in enumerate(f):
-            if x >= need and (best < 0 or x < f[best]):
-                best = v
-        if best >= 0:
-            f[best] -= need
+        most = max(f)
+        if most >= need:
+            x = min(x for x in f if x >= need)
+            f[f.index(x)] -= need  # index(): the lowest index holding x
             return f
-        most = max(range(len(f)), key=lambda v: (f[v], -v))
-        if f[most] <= 0:  # pragma: no cover - excluded by the sum check
+        if most <= 0:  # pragma: no cover - excluded by the sum check
             return None
-        need -= f[most]
-        f[most] = 0
+        need -= most
+        f[f.index(most)] = 0
     return f
 
 
@@ -83,39 +81,64 @@ def plan_waves(counts: Mapping[int, int], num_nodes: int, gpus_per_node: int) ->
         if not 1 <= d <= C or c < 0:
             raise ValueError(f"cannot plan {c} job(s) of {d} GPUs on {N} x {G} GPUs")
         (small if d <= G else big).extend([d] * c)
-    # 1. single-node jobs into node bins, first fit decreasing (fullest bin that fits)
+    # 1. single-node jobs into node bins, first fit decreasing: each job into the fullest bin it
+    #    fits (lowest index on ties); bins bucketed by GPUs used, so a job costs O(G), not O(bins)
     bins: list[list[int]] = []
     used: list[int] = []
+    by_used: list[list[int]] = [[] for _ in range(G + 1)]  # bin indices, ascending
     for d in sorted(small, reverse=True):
-        best = -1
-        for i, u in enumerate(used):
-            if u + d <= G and (best < 0 or u > used[best]):
-                best = i
-        if best < 0:
+        for u in range(G - d, 0, -1):
+            if by_used[u]:
+                i = by_used[u].pop(0)
+                bins[i].append(d)
+                used[i] = u + d
+                bisect.insort(by_used[u + d], i)
+                break
+        else:
+            by_used[d].append(len(bins))  # the largest index so far: stays sorted
             bins.append([d])
             used.append(d)
-        else:
-            bins[best].append(d)
-            used[best] += d
     order = sorted(range(len(bins)), key=lambda i: (-len(bins[i]), used[i], i))
     waves: list[list[int]] = []
     for s in range(0, len(order), N):
         waves.append(sorted((d for i in order[s : s + N] for d in bins[i]), reverse=True))
-    # 2. multi-node jobs into cluster waves, first fit decreasing with node room
+    # 2. multi-node jobs into cluster waves, first fit decreasing with node room: the wave left with
+    #    the fewest free GPUs (lowest index on ties); waves bucketed by free GPUs
     bw: list[list[int]] = []
     bfree: list[list[int]] = []
+    by_free: dict[int, list[int]] = {}  # free GPUs -> wave indices, ascending
+    levels: list[int] = []  # the keys of by_free, ascending
+
+    def _add(t: int, i: int) -> None:
+        b = by_free.get(t)
+        if b is None:
+            by_free[t] = [i]
+            bisect.insort(levels, t)
+        else:
+            bisect.insort(b, i)
+
     for d in sorted(big, reverse=True):
-        best, best_f = -1, None
-        for i, fr in enumerate(bfree):
-            f = fits(fr, d)
-            if f is not None and (best_f is None or sum(f) < sum(best_f)):
-                best, best_f = i, f
-        if best < 0:
+        placed = False
+        for t in levels[bisect.bisect_left(levels, d) :]:
+            for i in by_free[t]:
+                f = fits(bfree[i], d)
+                if f is not None:
+                    b = by_free[t]
+                    b.remove(i)
+                    if not b:
+                        del by_free[t]
+                        levels.remove(t)
+                    _add(t - d, i)
+                    bw[i].append(d)
+                    bfree[i] = f
+                    placed = True
+                    break
+            if placed:
+                break
+        if not placed:
+            _add(C - d, len(bw))
             bw.append([d])
             bfree.append(fits([G] * N, d))  # type: ignore[arg-type]
-        else:
-            bw[best].append(d)
-            bfree[best] = best_f  # type: ignore[assignment]
     waves.extend(bw)
     # 3. Smith's rule for equal-length waves: most jobs first, then fewest GPUs (stable)
     waves.sort(key=lambda w: (-len(w), sum(w)))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -457,8 +459,9 @@ def test_plan_is_kept_within_a_round_and_remade_at_the_next():
 
 def test_plan_order_falls_back_to_fill():
     """Fill order where waves do not model the queue: a short queue, remaining times that differ
-    by more than PLAN_SPREAD, or no single-node job left (the fill order's tail rule then)."""
-    from policies.encoding import PLAN_BACKLOG, PLAN_SPREAD
+    by more than PLAN_SPREAD, submit times further apart than PLAN_WAIT, or no single-node job left
+    (the fill order's tail rule then)."""
+    from policies.encoding import PLAN_BACKLOG, PLAN_SPREAD, PLAN_WAIT
 
     fill = _fill_enc()
 
@@ -473,6 +476,8 @@ def test_plan_order_falls_back_to_fill():
     assert sum(j.gpu_demand for j in short) < PLAN_BACKLOG * 32 and same(short)
     mixed = [*long_q, _job("long", "FSDP", 3, 1.0 * PLAN_SPREAD * 1.01)]
     assert same(mixed)
+    late = [*long_q, dataclasses.replace(long_q[0], job_id="late", submit_time=-PLAN_WAIT - 1.0)]  # arrivals
+    assert same(late)
     no_small = [j for j in long_q if j.gpu_demand > 8]
     assert sum(j.gpu_demand for j in no_small) >= PLAN_BACKLOG * 32 and same(no_small)
 

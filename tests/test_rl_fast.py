@@ -432,7 +432,7 @@ _PLAN_ENCS = {k: Encoder(c, _PERFS[k], ObsSpec.for_cluster(c, order="plan")) for
     st.booleans(),
 )
 def test_plan_order_schedule_matches_step_by_step(cname, running, pending, now, seed, tilt, fast, hybrid):
-    """Property ("plan" order, waves forced on: no backlog or spread condition): a round decides as
+    """Property ("plan" order, waves forced on: no backlog, spread or wait condition): a round decides as
     encoding the whole state before every decision; the plan made at the round's first decision is
     kept by both (placements take jobs off it) and the fill order takes over once no single-node job waits."""
     from unittest import mock
@@ -443,7 +443,12 @@ def test_plan_order_schedule_matches_step_by_step(cname, running, pending, now, 
     enc_._plan = None
     net = random_net(enc_.spec, seed % 3, tilt)
     state = _random_state(cname, running, pending, now, seed)
-    with mock.patch("policies.encoding.PLAN_BACKLOG", 0.0), mock.patch("policies.encoding.PLAN_SPREAD", float("inf")):
+    inf = float("inf")
+    with (
+        mock.patch("policies.encoding.PLAN_BACKLOG", 0.0),
+        mock.patch("policies.encoding.PLAN_SPREAD", inf),
+        mock.patch("policies.encoding.PLAN_WAIT", inf),
+    ):
         pol = RLPolicy(net, enc_, fast=fast, prior=AdmissionPrior(), hybrid=hybrid)
         got = pol.schedule(state).place
         enc_._plan = None  # the reference plans afresh from the same queue
