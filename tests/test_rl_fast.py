@@ -377,18 +377,23 @@ def test_simulation_identical_shipped_checkpoint():
 
 
 _FILL_ENCS = {k: Encoder(c, _PERFS[k], ObsSpec.for_cluster(c, order="fill")) for k, c in _CLUSTERS.items() if k != "128x8"}
-
-
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
+#: a round's inputs for the order properties: cluster, running jobs, queue, time, seed, output tilt
+#: (tilt < 0 favours the last action, "nothing": the safety rule acts), then two flags (fast path, ...)
+_ROUND = (
     st.sampled_from(["4x8", "16x4", "het"]),
     _RUN,
     _queue(st.integers(1, 32)),
     st.floats(0, 48 * 3600.0),
     st.integers(0, 2**31 - 1),
-    st.sampled_from([0.0, 0.5, 3.0, -3.0]),  # tilt < 0 favours the last action, "nothing": the safety rule acts
+    st.sampled_from([0.0, 0.5, 3.0, -3.0]),
     st.booleans(),
     st.booleans(),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    *_ROUND,
     st.booleans(),
 )
 def test_fill_order_schedule_matches_step_by_step(cname, running, pending, now, seed, tilt, fast, tail, hybrid):
@@ -421,16 +426,7 @@ _PLAN_ENCS = {k: Encoder(c, _PERFS[k], ObsSpec.for_cluster(c, order="plan")) for
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    st.sampled_from(["4x8", "16x4", "het"]),
-    _RUN,
-    _queue(st.integers(1, 32)),
-    st.floats(0, 48 * 3600.0),
-    st.integers(0, 2**31 - 1),
-    st.sampled_from([0.0, 0.5, 3.0, -3.0]),
-    st.booleans(),
-    st.booleans(),
-)
+@given(*_ROUND)
 def test_plan_order_schedule_matches_step_by_step(cname, running, pending, now, seed, tilt, fast, hybrid):
     """Property ("plan" order, waves forced on: no backlog, spread or wait condition): a round decides as
     encoding the whole state before every decision; the plan made at the round's first decision is
