@@ -466,7 +466,7 @@ class Encoder:
         self._node_cs: dict[tuple, float] = {}  # node CS by (job key, neighbour signature)
         self._mspeed: dict[tuple, float] = {}  # multi-node option speeds (_speed_multi)
         self._next_sid = 0
-        # plan_remaining's memo: [time, plan (None: fill order), planned counts, last counts, last rest]
+        # _plan_memo's memo: [time, plan (None: fill order), planned counts, positions by demand]
         self._plan: list | None = None
 
     # ------------------------------------------------------------------ candidates
@@ -584,20 +584,33 @@ class Encoder:
         waiting time, so under arrivals they could starve a job); otherwise the round uses the
         ``"fill"`` order.
         """
+        memo = self._plan_memo(counts, now, pending)
+        if memo is None:
+            return None
+        order, planned = memo[1], memo[2]
+        skip = {d: planned[d] - counts.get(d, 0) for d in planned}  # started: the first occurrences
+        rest = []
+        for d in order:
+            if skip[d]:
+                skip[d] -= 1
+            else:
+                rest.append(d)
+        return rest
+
+    def _plan_memo(self, counts: dict[int, int], now: float, pending: Sequence[JobInfo]) -> list | None:
+        """:meth:`plan_remaining`'s plan as ``[now, order, planned counts, positions]`` (``None``: the
+        ``"fill"`` order), ``positions[d]`` the indices of demand ``d`` in ``order``, ascending.
+
+        The rest of the plan depends only on ``counts``: the jobs started since the plan was made
+        are the first ``planned[d] - counts[d]`` occurrences of each demand ``d``, so a round's
+        calls cost ``O(demands)``, not ``O(jobs)``.
+        """
         memo = self._plan
-        if memo is not None and memo[0] == now and all(c <= memo[2].get(d, 0) for d, c in counts.items()):
-            if memo[1] is None:
-                return None
-            last, rest = memo[3], memo[4]
-            if any(c > last.get(d, 0) for d, c in counts.items()):  # not a continuation of the last call
-                last, rest = memo[2], memo[1]
-            if counts != last:  # take the jobs started since off the front of the rest
-                rest = list(rest)
-                for d, c in last.items():
-                    for _ in range(c - counts.get(d, 0)):
-                        rest.remove(d)  # the first occurrence: the first wave holding d
-                memo[3], memo[4] = dict(counts), rest
-            return list(rest)
+        if memo is not None and memo[0] == now:
+            planned = memo[2]
+            get = planned.get
+            if all(c <= get(d, 0) for d, c in counts.items()):
+                return None if memo[1] is None else memo
         spec = self.spec
         order = None
         if sum(d * c for d, c in counts.items()) >= PLAN_BACKLOG * spec.total_gpus:
@@ -609,8 +622,15 @@ class Encoder:
                 fit = {d: c for d, c in counts.items() if 0 < d <= C}  # larger jobs can never start: last
                 order = plan_order(fit, spec.num_nodes, spec.gpus_per_node)
                 order += [d for d in sorted(counts) if not 0 < d <= C for _ in range(counts[d])]
-        self._plan = [now, order, dict(counts), dict(counts), order]
-        return None if order is None else list(order)
+        pos: dict[int, list[int]] = {}
+        for n, d in enumerate(order or ()):
+            q = pos.get(d)
+            if q is None:
+                pos[d] = [n]
+            else:
+                q.append(n)
+        self._plan = [now, order, dict(counts), pos]
+        return None if order is None else self._plan
 
     def plan_heads(
         self, heads: Sequence[JobInfo], counts: dict[int, int], now: float, free: int, pending: Sequence[JobInfo]
@@ -627,19 +647,13 @@ class Encoder:
             ``pending``: the waiting jobs (see :meth:`plan_remaining`).
         """
         G = self.spec.gpus_per_node
-        order = self.plan_remaining(counts, now, pending)
-        if order is None or not any(c and d <= G for d, c in counts.items()):
+        memo = self._plan_memo(counts, now, pending)
+        if memo is None or not any(c and d <= G for d, c in counts.items()):
             return self.fill_order(heads, free)
-        by_d = {j.gpu_demand: j for j in heads}
-        out: list[JobInfo] = []
-        K = self.spec.k
-        for d in dict.fromkeys(order):  # demands in the order of their first appearance
-            j = by_d.pop(d, None)
-            if j is not None:
-                out.append(j)
-                if len(out) == K:
-                    break
-        return out
+        planned, pos = memo[2], memo[3]
+        # a demand's first remaining occurrence: the one after the planned[d] - counts[d] started
+        first = sorted((pos[d][planned[d] - counts[d]], j) for j in heads if counts.get(d := j.gpu_demand))
+        return [j for _n, j in first[: self.spec.k]]
 
     def fill_order(self, ranked: Sequence[JobInfo], free: int, k: int | None = None) -> list[JobInfo]:
         """The ``"fill"`` candidate order: ``<= K`` (or ``<= k``) of ``ranked`` (jobs in ``"area"`` order;

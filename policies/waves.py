@@ -34,6 +34,7 @@ Pure functions of integers; no I/O.
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Mapping, Sequence
 
 __all__ = ["fits", "plan_order", "plan_waves"]
@@ -63,6 +64,14 @@ def fits(free: Sequence[int], demand: int) -> list[int] | None:
         need -= most
         f[f.index(most)] = 0
     return f
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _fits_t(free: tuple[int, ...], demand: int) -> tuple[int, ...] | None:
+    """:func:`fits` on a tuple, memoised: :func:`plan_waves` asks the same few questions (a wave's
+    free GPUs per node, a demand) in every replan."""
+    f = fits(free, demand)
+    return None if f is None else tuple(f)
 
 
 def plan_waves(counts: Mapping[int, int], num_nodes: int, gpus_per_node: int) -> list[list[int]]:
@@ -105,7 +114,7 @@ def plan_waves(counts: Mapping[int, int], num_nodes: int, gpus_per_node: int) ->
     # 2. multi-node jobs into cluster waves, first fit decreasing with node room: the wave left with
     #    the fewest free GPUs (lowest index on ties); waves bucketed by free GPUs
     bw: list[list[int]] = []
-    bfree: list[list[int]] = []
+    bfree: list[tuple[int, ...]] = []
     by_free: dict[int, list[int]] = {}  # free GPUs -> wave indices, ascending
     levels: list[int] = []  # the keys of by_free, ascending
 
@@ -121,7 +130,7 @@ def plan_waves(counts: Mapping[int, int], num_nodes: int, gpus_per_node: int) ->
         placed = False
         for t in levels[bisect.bisect_left(levels, d) :]:
             for i in by_free[t]:
-                f = fits(bfree[i], d)
+                f = _fits_t(bfree[i], d)
                 if f is not None:
                     b = by_free[t]
                     b.remove(i)
@@ -138,7 +147,7 @@ def plan_waves(counts: Mapping[int, int], num_nodes: int, gpus_per_node: int) ->
         if not placed:
             _add(C - d, len(bw))
             bw.append([d])
-            bfree.append(fits([G] * N, d))  # type: ignore[arg-type]
+            bfree.append(_fits_t((G,) * N, d))  # type: ignore[arg-type]
     waves.extend(bw)
     # 3. Smith's rule for equal-length waves: most jobs first, then fewest GPUs (stable)
     waves.sort(key=lambda w: (-len(w), sum(w)))
