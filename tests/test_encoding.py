@@ -457,6 +457,32 @@ def test_plan_is_kept_within_a_round_and_remade_at_the_next():
     assert enc.plan_remaining(dict(counts), 60.0, jobs) == plan_order(counts, 4, 8)
 
 
+@settings(max_examples=40, deadline=None)
+@given(starts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=60))
+def test_plan_rest_within_a_round_equals_removing_each_start_from_the_plan(starts):
+    """Any sequence of starts within a round: the rest of the plan is the plan with each started job's
+    demand removed at its first occurrence, one start at a time, and the candidates are the demand
+    heads in the order their demands first appear in that rest (cut to K)."""
+    from collections import Counter
+
+    enc = _plan_enc()
+    jobs = _uniform_queue(reps=2)
+    counts = Counter(j.gpu_demand for j in jobs)
+    rest = enc.plan_remaining(dict(counts), 0.0, jobs)
+    heads = {}
+    for j in jobs:
+        heads.setdefault(j.gpu_demand, j)
+    for x in starts:
+        left = [d for d, c in counts.items() if c]
+        d = left[x % len(left)]  # any demand still waiting, not only the plan's next
+        counts[d] -= 1
+        rest.remove(d)
+        assert enc.plan_remaining(dict(counts), 0.0, jobs) == rest
+        got = enc.plan_heads([heads[d] for d in sorted(heads)], dict(counts), 0.0, 32, jobs)
+        if any(c and d <= 8 for d, c in counts.items()):
+            assert [j.gpu_demand for j in got] == list(dict.fromkeys(rest))[: enc.spec.k]
+
+
 def test_plan_order_falls_back_to_fill():
     """Fill order where waves do not model the queue: a short queue, remaining times that differ
     by more than PLAN_SPREAD, submit times further apart than PLAN_WAIT, or no single-node job left

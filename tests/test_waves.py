@@ -17,6 +17,12 @@ def test_fits_best_fit_then_most_free_nodes():
     assert fits([8, 3, 5, 8], 12) == [0, 3, 1, 8]  # a whole node (most free, lowest index), then best fit
     assert fits([8, 3, 5, 8], 25) is None
     assert fits([8, 8], 16) == [0, 0]
+    # the planner's memoised form answers the same on tuples, also when asked again
+    from policies.waves import _fits_t
+
+    for _ in range(2):
+        assert _fits_t((8, 3, 5, 8), 12) == (0, 3, 1, 8)
+        assert _fits_t((8, 3, 5, 8), 25) is None
 
 
 def test_single_node_jobs_pack_into_exact_complements_most_jobs_first():
