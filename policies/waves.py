@@ -66,10 +66,11 @@ def fits(free: Sequence[int], demand: int) -> list[int] | None:
     return f
 
 
-@functools.lru_cache(maxsize=1 << 16)
+@functools.lru_cache(maxsize=1 << 13)
 def _fits_t(free: tuple[int, ...], demand: int) -> tuple[int, ...] | None:
     """:func:`fits` on a tuple, memoised: :func:`plan_waves` asks the same few questions (a wave's
-    free GPUs per node, a demand) in every replan."""
+    free GPUs per node, a demand) in every replan. Bounded at 8,192 entries: about 18 MB at most
+    on 128 nodes, where a key and its answer are two 128-tuples."""
     f = fits(free, demand)
     return None if f is None else tuple(f)
 
