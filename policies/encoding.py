@@ -60,8 +60,9 @@ once no small job waits, a job of more than half the cluster is put first,
 followed by the jobs that fit beside it and end no later, largest first.
 Smallest-area-first alone leaves such jobs for the end, where each runs
 beside an idle gap (docs/RESULTS.md). The ``"plan"`` order (the shipped
-networks' since 2026-11-21) puts the single-node jobs of a long batch of
-equal-length jobs in the waves of :mod:`policies.waves` (node-sized exact
+networks' since 2026-11-21) puts the single-node jobs of a long queue of
+equal-length jobs (a batch, or under arrivals mostly demands that fill no
+node exactly) in the waves of :mod:`policies.waves` (node-sized exact
 complements, most jobs first) and is the fill order otherwise
 (:meth:`Encoder.plan_remaining`, docs/RL.md).
 
@@ -133,8 +134,12 @@ FILL_SMALL = 0.15
 PLAN_BACKLOG = 8.0
 #: ... and their estimated remaining times agree within this ratio (longest / shortest) ...
 PLAN_SPREAD = 1.25
-#: ... and they were all submitted within this many seconds (a batch: waves have no ageing).
+#: ... and they were all submitted within this many seconds (a batch: waves have no ageing), ...
 PLAN_WAIT = AGING_S
+#: ... or at least this share of the waiting GPU demand is in *odd* demands: demands that neither
+#: divide nor are multiples of a node's GPUs. Those fill no node exactly in any order, so only
+#: there is the packing gain of waves worth running them under arrivals, without ageing.
+PLAN_ODD = 0.5
 
 
 def _neg_demand(j: JobInfo) -> int:
@@ -580,9 +585,11 @@ class Encoder:
         ``pending`` (the waiting jobs; read only when replanning). Waves are planned only where they
         model the queue: the waiting jobs need at least :data:`PLAN_BACKLOG` times the cluster's
         GPUs, their estimated remaining times agree within :data:`PLAN_SPREAD` (longest /
-        shortest) and they were submitted within :data:`PLAN_WAIT` of each other (waves ignore
-        waiting time, so under arrivals they could starve a job); otherwise the round uses the
-        ``"fill"`` order.
+        shortest), and either they were submitted within :data:`PLAN_WAIT` of each other or at
+        least :data:`PLAN_ODD` of their GPU demand is in demands that neither divide nor are
+        multiples of a node's GPUs (waves ignore waiting time, so under arrivals they could starve
+        a job: they are used there only where the packing gain is large); otherwise the round uses
+        the ``"fill"`` order.
         """
         memo = self._plan_memo(counts, now, pending)
         if memo is None:
@@ -613,11 +620,15 @@ class Encoder:
                 return None if memo[1] is None else memo
         spec = self.spec
         order = None
-        if sum(d * c for d, c in counts.items()) >= PLAN_BACKLOG * spec.total_gpus:
+        G = spec.gpus_per_node
+        total = sum(d * c for d, c in counts.items())
+        if total >= PLAN_BACKLOG * spec.total_gpus:
             rem = [self.srtf_key(j)[0] for j in pending]
             lo = min(rem, default=0.0)
             sub = [j.submit_time for j in pending]
-            if lo > 0.0 and max(rem) <= PLAN_SPREAD * lo and max(sub) - min(sub) <= PLAN_WAIT:
+            batch = max(sub) - min(sub) <= PLAN_WAIT
+            odd = sum(d * c for d, c in counts.items() if d % G and G % d) >= PLAN_ODD * total
+            if lo > 0.0 and max(rem) <= PLAN_SPREAD * lo and (batch or odd):
                 C = spec.total_gpus
                 fit = {d: c for d, c in counts.items() if 0 < d <= C}  # larger jobs can never start: last
                 order = plan_order(fit, spec.num_nodes, spec.gpus_per_node)

@@ -485,9 +485,10 @@ def test_plan_rest_within_a_round_equals_removing_each_start_from_the_plan(start
 
 def test_plan_order_falls_back_to_fill():
     """Fill order where waves do not model the queue: a short queue, remaining times that differ
-    by more than PLAN_SPREAD, submit times further apart than PLAN_WAIT, or no single-node job left
-    (the fill order's tail rule then)."""
-    from policies.encoding import PLAN_BACKLOG, PLAN_SPREAD, PLAN_WAIT
+    by more than PLAN_SPREAD, submit times further apart than PLAN_WAIT while most of the demand
+    fills nodes exactly (less than PLAN_ODD in odd demands), or no single-node job left (the fill
+    order's tail rule then). Under arrivals, a queue of mostly odd demands keeps the plan."""
+    from policies.encoding import PLAN_BACKLOG, PLAN_ODD, PLAN_SPREAD, PLAN_WAIT
 
     fill = _fill_enc()
 
@@ -503,7 +504,18 @@ def test_plan_order_falls_back_to_fill():
     mixed = [*long_q, _job("long", "FSDP", 3, 1.0 * PLAN_SPREAD * 1.01)]
     assert same(mixed)
     late = [*long_q, dataclasses.replace(long_q[0], job_id="late", submit_time=-PLAN_WAIT - 1.0)]  # arrivals
-    assert same(late)
+    odd = sum(j.gpu_demand for j in late if j.gpu_demand % 8 and 8 % j.gpu_demand)
+    assert odd >= PLAN_ODD * sum(j.gpu_demand for j in late) and not same(late)  # 1..32 GPUs: mostly odd
+    aligned = [j for j in late if j.gpu_demand in (1, 2, 4, 8, 16, 24, 32)]  # each fills nodes exactly
+    assert sum(j.gpu_demand for j in aligned) >= PLAN_BACKLOG * 32 and same(aligned)
+    assert not same([j for j in aligned if j.job_id != "late"])  # the same queue as a batch: waves
+    # exactly PLAN_ODD (one half) of the GPUs in odd demands (3 and 5 GPUs) keeps the plan under
+    # arrivals; one more aligned job (4 GPUs) tips it to the fill order
+    assert PLAN_ODD == 0.5
+    half = [_job(f"h{g}-{r}", "FSDP", g, 1.0) for g, n in ((3, 18), (5, 18), (4, 36)) for r in range(n)]
+    half[-1] = dataclasses.replace(half[-1], submit_time=-PLAN_WAIT - 1.0)
+    assert not same(half)
+    assert same([*half, _job("h4-more", "FSDP", 4, 1.0)])
     no_small = [j for j in long_q if j.gpu_demand > 8]
     assert sum(j.gpu_demand for j in no_small) >= PLAN_BACKLOG * 32 and same(no_small)
 
