@@ -666,6 +666,22 @@ class Encoder:
         first = sorted((pos[d][planned[d] - counts[d]], j) for j in heads if counts.get(d := j.gpu_demand))
         return [j for _n, j in first[: self.spec.k]]
 
+    def plan_cursor(
+        self, heads: Sequence[JobInfo], counts: dict[int, int], now: float, pending: Sequence[JobInfo]
+    ) -> PlanCursor | None:
+        """A round's :meth:`plan_heads` kept up to date by placement (``None``: no plan this round).
+
+        Within a round ``now`` is fixed and ``counts`` only decrease, so the plan made (or kept) by
+        the first call stays valid for the whole round; the cursor keeps the demand-group heads
+        sorted by plan position and updates them by bisection after each start, instead of
+        re-validating the plan and re-sorting every head per decision. Same candidates as
+        :meth:`plan_heads` (tested).
+        """
+        memo = self._plan_memo(counts, now, pending)
+        if memo is None:
+            return None
+        return PlanCursor(memo[2], memo[3], heads, counts, self.spec.gpus_per_node, self.spec.k)
+
     def fill_order(self, ranked: Sequence[JobInfo], free: int, k: int | None = None) -> list[JobInfo]:
         """The ``"fill"`` candidate order: ``<= K`` (or ``<= k``) of ``ranked`` (jobs in ``"area"`` order;
         the candidates use the demand-group heads).
@@ -1427,6 +1443,59 @@ class NodeIndex:
             alloc[n] = alloc.get(n, 0) + take
             need -= take
         return Placement(tuple(sorted(alloc.items())))  # == Placement.of(alloc): nodes distinct, counts > 0
+
+
+class PlanCursor:
+    """The ``"plan"`` order's candidates during one round (:meth:`Encoder.plan_cursor`).
+
+    :param planned: waiting jobs per demand when the plan was made.
+    :param pos: per demand, its positions in the plan (ascending).
+    :param heads: one waiting job per demand (its SRTF head); ``counts``: waiting jobs per demand.
+    :param G: GPUs per node; ``k``: candidates per decision.
+    """
+
+    __slots__ = ("_G", "_jobs", "_k", "_keys", "_planned", "_pos", "counts", "n_single")
+
+    def __init__(
+        self,
+        planned: dict[int, int],
+        pos: dict[int, list[int]],
+        heads: Sequence[JobInfo],
+        counts: dict[int, int],
+        G: int,
+        k: int,
+    ) -> None:
+        self._planned, self._pos, self._G, self._k = planned, pos, G, k
+        self.counts = dict(counts)
+        first = sorted((pos[d][planned[d] - self.counts[d]], j) for j in heads if self.counts.get(d := j.gpu_demand))
+        self._keys = [n for n, _j in first]
+        self._jobs = [j for _n, j in first]
+        #: demands of at most G GPUs with jobs waiting (the plan's heads are the candidates while > 0)
+        self.n_single = sum(1 for d, c in self.counts.items() if c and d <= G)
+
+    def heads(self) -> list[JobInfo]:
+        """The ``<= K`` candidates in plan order (valid while :attr:`n_single` > 0)."""
+        return self._jobs[: self._k]
+
+    def started(self, job: JobInfo, nxt: JobInfo | None) -> None:
+        """``job`` (a head) was started; ``nxt`` is its demand group's new head (``None``: none left)."""
+        d = job.gpu_demand
+        c = self.counts[d]
+        key = self._pos[d][self._planned[d] - c]
+        i = bisect.bisect_left(self._keys, key)
+        if i >= len(self._jobs) or self._jobs[i] is not job:
+            raise RuntimeError(f"plan cursor lost job {job.job_id}")
+        del self._keys[i], self._jobs[i]
+        c -= 1
+        self.counts[d] = c
+        if c:
+            if nxt is not None:
+                key = self._pos[d][self._planned[d] - c]
+                i = bisect.bisect_left(self._keys, key)
+                self._keys.insert(i, key)
+                self._jobs.insert(i, nxt)
+        elif d <= self._G:
+            self.n_single -= 1
 
 
 class RoundEncoder:

@@ -247,7 +247,8 @@ class RLPolicy(Policy):
         inc: RoundEncoder | None = None
         fill = enc_.spec.order == "fill"
         planned = enc_.spec.order == "plan"
-        counts = {d: len(g) for d, g in groups.items()} if planned else {}
+        # "plan" order: the round's plan and its candidates, kept by placement (None: fill order all round)
+        cursor = enc_.plan_cursor(rjobs, {d: len(g) for d, g in groups.items()}, now, state.pending) if planned else None
 
         def _start(job: JobInfo, p: Placement) -> None:
             """Record a start and apply it to the round's state."""
@@ -277,8 +278,10 @@ class RLPolicy(Policy):
         for _ in range(self.max_decisions):
             if left <= 0:
                 break
-            if planned:
-                cands = enc_.plan_heads(rjobs, counts, now, free, state.pending)
+            if cursor is not None and cursor.n_single:
+                cands = cursor.heads()
+            elif planned:
+                cands = enc_.fill_order(rjobs, free)
             else:
                 cands = enc_.fill_order(rjobs, free) if fill and not n_small else rjobs[:K]
             if inc is not None:
@@ -301,8 +304,6 @@ class RLPolicy(Policy):
             job = enc.candidates[i]
             if fill or planned:  # a reordered selection of rjobs
                 i = next((n for n, r in enumerate(rjobs) if r is job), -1)
-            if planned:
-                counts[job.gpu_demand] -= 1
             free -= p.total_gpus
             grp = groups[job.gpu_demand]
             if rjobs[i] is not job or heapq.heappop(grp)[-1] is not job:
@@ -310,12 +311,14 @@ class RLPolicy(Policy):
             del rkeys[i], rjobs[i]
             if fill and not grp and job.gpu_demand <= lim:
                 n_small -= 1
-            if grp:
-                nxt = grp[0][-1]
+            nxt = grp[0][-1] if grp else None
+            if nxt is not None:
                 k = enc_.rank_key(nxt, now)
                 i = bisect.bisect_left(rkeys, k)
                 rkeys.insert(i, k)
                 rjobs.insert(i, nxt)
+            if cursor is not None:
+                cursor.started(job, nxt)
             left -= 1
             _start(job, p)
         return dec

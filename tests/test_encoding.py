@@ -470,17 +470,29 @@ def test_plan_rest_within_a_round_equals_removing_each_start_from_the_plan(start
     counts = Counter(j.gpu_demand for j in jobs)
     rest = enc.plan_remaining(dict(counts), 0.0, jobs)
     heads = {}
+    groups: dict[int, list] = {}  # the waiting jobs per demand; its first is the group's head
     for j in jobs:
         heads.setdefault(j.gpu_demand, j)
+        groups.setdefault(j.gpu_demand, []).append(j)
+    # the round's cursor (what RLPolicy.schedule uses) must give the same candidates as plan_heads
+    cursor = enc.plan_cursor([g[0] for _d, g in sorted(groups.items())], dict(counts), 0.0, jobs)
+    assert cursor is not None
     for x in starts:
         left = [d for d, c in counts.items() if c]
+        if not left:
+            break
         d = left[x % len(left)]  # any demand still waiting, not only the plan's next
         counts[d] -= 1
         rest.remove(d)
+        g = groups[d]
+        cursor.started(g.pop(0), g[0] if g else None)
+        assert cursor.counts == dict(counts)
+        assert cursor.n_single == sum(1 for e, c in counts.items() if c and e <= 8)
         assert enc.plan_remaining(dict(counts), 0.0, jobs) == rest
         got = enc.plan_heads([heads[d] for d in sorted(heads)], dict(counts), 0.0, 32, jobs)
         if any(c and d <= 8 for d, c in counts.items()):
             assert [j.gpu_demand for j in got] == list(dict.fromkeys(rest))[: enc.spec.k]
+            assert [j.gpu_demand for j in cursor.heads()] == [j.gpu_demand for j in got]
 
 
 def test_plan_order_falls_back_to_fill():
