@@ -32,6 +32,10 @@ several hundred jobs (fast path only):
 * one round: ``RLPolicy.schedule`` (all decisions of the round) for rl-base
   and rl-hybrid (whose greedy safety rule runs when the network stops while
   jobs still fit);
+* one round as the controller runs it (fast path, ``*_capped``): the same, stopped
+  after the controller's default ``max_placements_per_round`` (64) placements
+  (``Policy.place_limit``; the controller applies only that many per round, and the
+  placements are the first 64 of the unlimited round);
 * one training episode: a 256-job trace through ``PlacementEnv`` with the
   network choosing every action.
 
@@ -60,6 +64,7 @@ import time
 
 import numpy as np
 
+from controller.config import ControllerSection
 from controller.daemon import _NO_AUTO_FULL_GC, idle_gc
 from policies.base import Policy
 from policies.checkpoint import CheckpointError, MLPNet
@@ -72,6 +77,10 @@ from policies.state import ClusterState, Decision
 from trainer.env import PlacementEnv
 from trainer.generate import GeneratorConfig, generate_jobs
 from trainer.simulator import Simulator
+
+
+#: the controller's default ``max_placements_per_round``: its rounds stop there (``Policy.place_limit``)
+CAP = ControllerSection.max_placements_per_round
 
 
 class _Recorder(Policy):
@@ -179,11 +188,22 @@ def bench_cluster(
             for h in (False, False, True)
         )
         one_pol.incremental = base.incremental = hyb.incremental = path == "fast"
+        # fast path: the same rounds as the controller runs them, stopped at its placement cap
+        capped = []
+        if path == "fast":
+            capped = [
+                RLPolicy(copy.deepcopy(net), Encoder(cluster, perf, enc.spec), hybrid=h, prior=prior) for h in (False, True)
+            ]
+            for c in capped:
+                c.place_limit = CAP
         one, rounds, hrounds, placed = [], [], [], []
+        crounds: list[list[float]] = [[] for _ in capped]
         for st in warm:  # warm caches on other states
             one_pol.decide(st)
             base.schedule(st)
             hyb.schedule(st)
+            for c in capped:
+                c.schedule(st)
         # full garbage collections between rounds, as the controller runs them (controller.daemon.run)
         thresholds = gc.get_threshold()
         gc.set_threshold(thresholds[0], thresholds[1], _NO_AUTO_FULL_GC)
@@ -199,6 +219,10 @@ def bench_cluster(
                 t0 = time.perf_counter()
                 hyb.schedule(st)
                 hrounds.append(time.perf_counter() - t0)
+                for c, ts in zip(capped, crounds):
+                    t0 = time.perf_counter()
+                    c.schedule(st)
+                    ts.append(time.perf_counter() - t0)
                 idle_gc(thresholds[2])
         finally:
             gc.set_threshold(*thresholds)
@@ -209,6 +233,8 @@ def bench_cluster(
             "round_rl_base": _pct(rounds),
             "round_rl_hybrid": _pct(hrounds),
         }
+        for key, ts in zip(("round_rl_base_capped", "round_rl_hybrid_capped"), crounds):
+            out[path][key] = _pct(ts)
     return out
 
 
@@ -263,13 +289,13 @@ def main() -> None:
             f"running~{r['running_mean']:.0f}, rl-base places {r['fast']['placements_per_round_mean']:.1f}/round "
             f"(max {r['fast']['placements_per_round_max']})"
         )
-        for key in ("decision", "round_rl_base", "round_rl_hybrid"):
+        for key in ("decision", "round_rl_base", "round_rl_hybrid", "round_rl_base_capped", "round_rl_hybrid_capped"):
             for path in PATHS:
-                if path not in r:
+                if path not in r or key not in r[path]:
                     continue
                 x = r[path][key]
                 print(
-                    f"    {key:16s} {path:13s} p50 {x['p50_ms']:8.3f} ms  p99 {x['p99_ms']:8.3f} ms  "
+                    f"    {key:22s} {path:13s} p50 {x['p50_ms']:8.3f} ms  p99 {x['p99_ms']:8.3f} ms  "
                     f"max {x['max_ms']:8.3f} ms"
                 )
     e = out.get("episode")

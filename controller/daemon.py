@@ -312,6 +312,8 @@ class Controller:
             return
         dec = Decision()
         if st.pending:
+            # only the first max_placements_per_round placements are applied (_apply): let the policy stop there
+            self.policy.place_limit = self.cfg.controller.max_placements_per_round
             t1 = time.perf_counter()
             dec = self.policy.schedule(st)
             rep.decision_s = time.perf_counter() - t1

@@ -23,6 +23,14 @@ class Policy(ABC):
     #: Short name used in reports and on the command line.
     name: str = "policy"
 
+    #: At most this many placements per :meth:`schedule` call (``None``: no limit). A backend that
+    #: applies only the first ``n`` placements of a round (the controller's
+    #: ``max_placements_per_round``) sets it, so that a policy whose rounds are costly can stop there.
+    #: A policy that honours it returns exactly the first ``n`` placements of the decision it would
+    #: make without it (its preemptions unchanged); one that ignores it is still correct, because the
+    #: backend applies only the first ``n`` anyway.
+    place_limit: int | None = None
+
     @abstractmethod
     def schedule(self, state: ClusterState) -> Decision:
         """Return the jobs to preempt and the placements to apply this round."""

@@ -196,16 +196,20 @@ class RLPolicy(Policy):
             z = z + self.prior.logits(enc.action_speeds())
         return self.net.choose(z, enc.mask, self.deterministic, self._rng)
 
-    def _safety_fill(self, state: ClusterState, pending: list[JobInfo], free: int, place) -> int:
+    def _safety_fill(
+        self, state: ClusterState, pending: list[JobInfo], free: int, place, room: int | None = None
+    ) -> int:
         """rl-hybrid's safety rule: one pass over ``pending`` in the candidate order
         (:meth:`Encoder.queue_order`), starting every job that is estimated to end before the
         longest-running job already started (remaining isolated time, s) and that contention-aware
         placement (with the efficiency floor) can place in the current state.
-        ``place(job, placement)`` applies a start and returns the new state. Returns the number of
-        jobs started."""
+        ``place(job, placement)`` applies a start and returns the new state; ``room``: at most this
+        many starts (``None``: no limit). Returns the number of jobs started."""
         n = 0
         horizon = max((r.remaining_time for r in state.running), default=0.0)
         for job in self.encoder.queue_order(pending, state.time, free):
+            if room is not None and n >= room:
+                break
             if job.gpu_demand > free or job.remaining_time > horizon:
                 continue
             p = self._rule(job, state.free_gpus, state)
@@ -224,7 +228,9 @@ class RLPolicy(Policy):
         passes over the queue. On the fast path the cluster side is encoded
         incrementally too (:class:`~policies.encoding.RoundEncoder`: only the
         nodes and jobs a placement changes are re-encoded). The result equals
-        re-encoding the full state after each placement (tested).
+        re-encoding the full state after each placement (tested). With
+        :attr:`~policies.base.Policy.place_limit` set, the round stops after that many
+        placements: the first ones of the unlimited round (tested).
         """
         from policies.encoding import apply_placement
 
@@ -275,8 +281,9 @@ class RLPolicy(Policy):
         # Encoder.fill_order equals rjobs[:K] while a small job waits: count the small groups left
         lim = FILL_SMALL * enc_.spec.total_gpus
         n_small = sum(1 for d in groups if d <= lim) if fill else 0
+        limit = self.place_limit  # the backend applies at most this many placements: stop there
         for _ in range(self.max_decisions):
-            if left <= 0:
+            if left <= 0 or (limit is not None and len(dec.place) >= limit):
                 break
             if cursor is not None and cursor.n_single:
                 cands = cursor.heads()
@@ -296,7 +303,8 @@ class RLPolicy(Policy):
                 self.stats["holds"] += 1
                 if self._rule is not None:  # rl-hybrid: the safety rule places what it can
                     rest = [e[-1] for g in groups.values() for e in g]
-                    self.stats["fallback_placements"] += self._safety_fill(_now(), rest, free, _start_now)
+                    room = None if limit is None else limit - len(dec.place)
+                    self.stats["fallback_placements"] += self._safety_fill(_now(), rest, free, _start_now, room)
                 break
             self.stats["placements"] += 1
             p = choice[1]

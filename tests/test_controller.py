@@ -248,6 +248,21 @@ def test_round_places_held_jobs_and_slurm_runs_them(tmp_path):
     assert status["policy"] == "fifo" and status["last_round"]["queue"] == 1
 
 
+def test_rl_policy_stops_at_the_rounds_placement_cap(tmp_path):
+    """The controller applies at most max_placements_per_round placements per round and tells the policy,
+    so rl-base computes only those (its network placed 2 jobs, not 6), and the next round goes on."""
+    s = FakeSlurm()
+    ids = [s.submit(1, "rlsched:model=MoE") for _ in range(6)]
+    ctl = _ctl(tmp_path, s, policy="rl-base", max_placements_per_round=2)
+    rep = ctl.round()
+    assert rep.ok and len(rep.placed) == 2
+    assert ctl.policy.place_limit == 2 and ctl.policy.stats["placements"] == 2
+    s.schedule()
+    rep2 = ctl.round()
+    assert rep2.ok and len(rep2.placed) == 2 and not set(dict(rep.placed)) & set(dict(rep2.placed))
+    assert set(dict(rep.placed)) | set(dict(rep2.placed)) <= set(ids)
+
+
 def test_restarted_controller_never_releases_twice(tmp_path):
     s = FakeSlurm()
     a, b = s.submit(8), s.submit(8)

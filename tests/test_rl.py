@@ -247,3 +247,64 @@ def test_hybrid_floor_checked():
     spec = ObsSpec.for_cluster(C48)
     with pytest.raises(PolicyError, match="min_efficiency"):
         RLPolicy(_const_net(spec, spec.noop), Encoder(C48, PERF, spec), hybrid=True, hybrid_floor=-0.1)
+
+
+class _Keep:
+    """Wraps a policy in a simulation and keeps copies of the states it schedules (pending jobs only)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.states = inner, []
+        self.name, self.time_invariant = inner.name, False
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def schedule(self, state):
+        import copy
+
+        from policies.state import ClusterState
+
+        if state.pending:
+            self.states.append(ClusterState(state.time, state.cluster, state.free_gpus.copy(),
+                                            [copy.copy(j) for j in state.running], [copy.copy(j) for j in state.pending]))
+        return self.inner.schedule(state)
+
+
+def _holding_hybrid(cluster, perf):
+    """rl-hybrid with a network that prefers "nothing" whenever it is valid: the safety rule (floor 0)
+    makes every placement after a round's first."""
+    shipped = make_rl_policy("rl-hybrid", cluster, perf)
+    spec = shipped.encoder.spec
+    n_in = int(np.prod(spec.shape))
+    net = MLPNet([(np.zeros((spec.n_actions, n_in), np.float32), np.arange(spec.n_actions, dtype=np.float32))])
+    return RLPolicy(net, Encoder(cluster, perf, spec), hybrid=True, hybrid_floor=0.0)
+
+
+@pytest.mark.parametrize("name", ["rl-base", "rl-hybrid", "holding-hybrid"])
+def test_place_limit_returns_the_first_placements_of_the_unlimited_round(name):
+    """With place_limit = n a round is exactly the first n placements of the unlimited round, on every
+    state of a `uniform` simulation (network placements and rl-hybrid's safety-rule placements alike)."""
+    cluster = ClusterSpec.parse("4x8")
+    perf = ContentionModel(cluster)
+    jobs = generate_jobs(cluster, GeneratorConfig(num_jobs=64, demand="uniform", mix="heavy", seed=12), perf)
+
+    def make():
+        return _holding_hybrid(cluster, perf) if name == "holding-hybrid" else make_rl_policy(name, cluster, perf)
+
+    keep = _Keep(make())
+    Simulator(cluster, jobs, keep, perf, SimConfig()).run()
+    pol = make()
+    cuts = fallback = 0
+    for st in keep.states:
+        pol.place_limit = None
+        full = pol.schedule(st).place
+        for n in (1, 2, 3, 7):
+            cuts += len(full) > n
+            pol.place_limit = n
+            before = pol.stats["fallback_placements"]
+            got = pol.schedule(st).place
+            fallback += pol.stats["fallback_placements"] - before
+            assert [(j, p.alloc) for j, p in got] == [(j, p.alloc) for j, p in full[:n]]
+    assert cuts >= 3  # the limit did cut rounds short
+    if name == "holding-hybrid":
+        assert fallback > 0  # the safety rule's placements were cut too
