@@ -254,7 +254,7 @@ class RLPolicy(Policy):
         fill = enc_.spec.order == "fill"
         planned = enc_.spec.order == "plan"
         # "plan" order: the round's plan and its candidates, kept by placement (None: fill order all round)
-        cursor = enc_.plan_cursor(rjobs, {d: len(g) for d, g in groups.items()}, now, state.pending) if planned else None
+        cursor = enc_.plan_cursor(rjobs, {d: len(g) for d, g in groups.items()}, now, state.pending) if planned and left > 0 else None
 
         def _start(job: JobInfo, p: Placement) -> None:
             """Record a start and apply it to the round's state."""
