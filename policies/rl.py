@@ -23,7 +23,10 @@
   costs up to 72 % average JCT on mixed-duration job sets (docs/RESULTS.md).
 
 Inference is deterministic by default (argmax over the masked logits, lowest
-index on ties), so simulations replay exactly. Neither policy preempts.
+index on ties), so simulations replay exactly. Neither policy preempts. Both
+honour :attr:`policies.base.Policy.place_limit`: a round stops after that many
+placements (the controller's per-round cap), which are the first ones of the
+unlimited round.
 
 Names accepted by :func:`make_rl_policy`: ``rl-base``, ``rl-hybrid`` (the
 shipped checkpoint for the cluster's shape, from ``policies/checkpoints/``)
