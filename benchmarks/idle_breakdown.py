@@ -39,9 +39,10 @@ from policies.cluster import ClusterSpec
 from policies.perf import ContentionModel
 from policies.state import ClusterState, Decision
 from policies.waves import fits
+from trainer.env import load_trace_dir
 from trainer.evaluate import make_policy
 from trainer.simulator import SimConfig, Simulator
-from trainer.traces import load_trace
+from trainer.traces import TraceError
 
 CLASSES = ("held, single-node", "held, multi-node", "fragmented, single-node", "fragmented, multi-node", "drained")
 
@@ -115,7 +116,7 @@ def breakdown(policy: Policy, jobs, cluster: ClusterSpec, perf: ContentionModel)
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--traces", required=True, help="a directory of job sets (*.csv / *.json)")
+    ap.add_argument("--traces", required=True, help="a job set, or a directory of them (searched recursively)")
     ap.add_argument("--policies", default="srtf,rl-base,rl-hybrid", help="comma-separated policy names")
     ap.add_argument("--sets", type=int, default=None, help="only the first N job sets")
     ap.add_argument("--cluster", default="4x8")
@@ -123,18 +124,17 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     cluster = ClusterSpec.parse(args.cluster)
     perf = ContentionModel(cluster)
-    root = Path(args.traces)
-    files = sorted(p for p in root.iterdir() if p.suffix in (".csv", ".json"))[: args.sets] if root.is_dir() else []
-    if not files:
-        print(f"error: no job sets (*.csv, *.json) in {args.traces}", file=sys.stderr)
+    try:
+        traces = load_trace_dir(args.traces, cluster)[: args.sets]
+    except TraceError as e:
+        print(f"error: --traces: {e}", file=sys.stderr)
         return 2
-    traces = [load_trace(f, cluster) for f in files]
     means: dict[str, dict[str, float]] = {}
     for name in [p.strip() for p in args.policies.split(",") if p.strip()]:
         rows = [breakdown(make_policy(name, cluster, perf), jobs, cluster, perf) for jobs in traces]
         keys = {k for r in rows for k in r}
         means[name] = {k: float(np.mean([r.get(k, 0.0) for r in rows])) for k in sorted(keys)}
-    table = Table(title=f"Idle GPU-h per job set ({len(files)} sets, {args.traces}, {cluster.describe()})")
+    table = Table(title=f"Idle GPU-h per job set ({len(traces)} sets, {args.traces}, {cluster.describe()})")
     for col in ("policy", "avg JCT h", "makespan h", *CLASSES, "idle total"):
         table.add_column(col, justify="left" if col == "policy" else "right")
     for name, m in means.items():

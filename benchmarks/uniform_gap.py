@@ -42,10 +42,11 @@ from policies.encoding import Encoder, ObsSpec
 from policies.perf import ContentionModel, JobKey, feasible_node_counts
 from policies.placement import pack
 from policies.state import ClusterState, Decision
+from trainer.env import load_trace_dir
 from trainer.evaluate import make_policy
 from trainer.metrics import summarize
 from trainer.simulator import SimConfig, Simulator
-from trainer.traces import load_trace
+from trainer.traces import TraceError
 
 MODELS = ("real", "no-contention", "no-locality-loss", "neutral")
 
@@ -122,7 +123,7 @@ def run(policy: Policy, traces: list, cluster: ClusterSpec, model: ContentionMod
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--traces", required=True, help="a directory of job sets (*.csv / *.json)")
+    ap.add_argument("--traces", required=True, help="a job set, or a directory of them (searched recursively)")
     ap.add_argument("--policies", default="rl-base,srtf,plan-greedy", help="comma-separated policy names")
     ap.add_argument("--models", default=",".join(MODELS), help=f"simulator models, from {', '.join(MODELS)}")
     ap.add_argument("--sets", type=int, default=None, help="only the first N job sets")
@@ -136,18 +137,17 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: --models: {e}", file=sys.stderr)
         return 2
-    root = Path(args.traces)
-    files = sorted(p for p in root.iterdir() if p.suffix in (".csv", ".json"))[: args.sets] if root.is_dir() else []
-    if not files:
-        print(f"error: no job sets (*.csv, *.json) in {args.traces}", file=sys.stderr)
+    try:
+        traces = load_trace_dir(args.traces, cluster)[: args.sets]
+    except TraceError as e:
+        print(f"error: --traces: {e}", file=sys.stderr)
         return 2
-    traces = [load_trace(f, cluster) for f in files]
     out: dict[str, dict[str, dict[str, float]]] = {}
     for name in [p.strip() for p in args.policies.split(",") if p.strip()]:
         for kind, model in models.items():
             pol = PlanGreedy(cluster, perf) if name == "plan-greedy" else make_policy(name, cluster, perf)
             out.setdefault(name, {})[kind] = run(pol, traces, cluster, model)
-    table = Table(title=f"Policies decide with the real model; the simulator runs each model ({len(files)} sets, {args.traces})")
+    table = Table(title=f"Policies decide with the real model; the simulator runs each model ({len(traces)} sets, {args.traces})")
     for col in ("policy", "simulator model", "avg JCT h", "p90 JCT h", "util %", "avg CS"):
         table.add_column(col, justify="left" if col in ("policy", "simulator model") else "right")
     for name, by in out.items():

@@ -70,4 +70,4 @@ def test_cli_prints_a_table_and_writes_json(tmp_path, capsys):
     assert ib.main(["--traces", str(empty)]) == 2
     assert ib.main(["--traces", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
-    assert "no job sets" in err and "missing" in err
+    assert "empty: no trace files" in err and "missing: no such trace file or directory" in err

@@ -105,4 +105,4 @@ def test_cli_prints_a_table_and_writes_json(tmp_path, capsys):
     assert ug.main(["--traces", str(sets), "--models", "real,ideal"]) == 2
     assert ug.main(["--traces", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
-    assert "unknown model 'ideal'" in err and "no job sets" in err
+    assert "unknown model 'ideal'" in err and "missing: no such trace file or directory" in err
