@@ -657,14 +657,10 @@ class Encoder:
         :param counts: waiting jobs per demand; ``free``: free GPUs of the cluster;
             ``pending``: the waiting jobs (see :meth:`plan_remaining`).
         """
-        G = self.spec.gpus_per_node
-        memo = self._plan_memo(counts, now, pending)
-        if memo is None or not any(c and d <= G for d, c in counts.items()):
+        cursor = self.plan_cursor(heads, counts, now, pending)
+        if cursor is None or not cursor.n_single:
             return self.fill_order(heads, free)
-        planned, pos = memo[2], memo[3]
-        # a demand's first remaining occurrence: the one after the planned[d] - counts[d] started
-        first = sorted((pos[d][planned[d] - counts[d]], j) for j in heads if counts.get(d := j.gpu_demand))
-        return [j for _n, j in first[: self.spec.k]]
+        return cursor.heads()
 
     def plan_cursor(
         self, heads: Sequence[JobInfo], counts: dict[int, int], now: float, pending: Sequence[JobInfo]
@@ -1467,6 +1463,7 @@ class PlanCursor:
     ) -> None:
         self._planned, self._pos, self._G, self._k = planned, pos, G, k
         self.counts = dict(counts)
+        # a demand's first remaining occurrence in the plan: the one after the planned[d] - counts[d] started
         first = sorted((pos[d][planned[d] - self.counts[d]], j) for j in heads if self.counts.get(d := j.gpu_demand))
         self._keys = [n for n, _j in first]
         self._jobs = [j for _n, j in first]
