@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +15,7 @@ from policies.perf import ContentionModel
 from policies.rl import make_rl_policy
 from trainer.env import PlacementEnv
 from trainer.generate import GeneratorConfig, generate_jobs
-from trainer.train import TrainConfig, ship_checkpoint, train
+from trainer.train import TrainConfig, ship_checkpoint, source_revision, traces_fingerprint, train
 
 CL = ClusterSpec.parse("2x4")
 PERF = ContentionModel(CL)
@@ -77,8 +79,39 @@ def test_resume_and_ship(tmp_path):
     assert [p.name for p in shipped] == ["rl-base-2x4.json", "rl-hybrid-2x4.json"]
     meta = json.loads(shipped[1].read_text())
     assert meta["mode"] == "rl-hybrid" and meta["training"]["command"] == "rlsched train ..."
+    # provenance carried to the shipped files: the traces' content and the code's revision
+    assert meta["training"]["traces_sha256"] == traces_fingerprint([trace])
+    assert meta["training"]["val_traces_sha256"] == traces_fingerprint([trace])
+    assert meta["training"]["source"] == source_revision()
     pol = make_rl_policy(f"rl-hybrid:{shipped[1]}", CL, PERF)
     assert pol.hybrid
+
+
+def test_traces_fingerprint():
+    a, b = _trace(1, 6), _trace(2, 6)
+    fa = traces_fingerprint([a, b])
+    assert len(fa) == 64 and fa == traces_fingerprint([list(a), list(b)])
+    assert fa != traces_fingerprint([b, a])  # order of the job sets counts
+    assert fa != traces_fingerprint([a + b])  # and how jobs are split into sets
+    changed = [dataclasses.replace(a[0], gpu_demand=a[0].gpu_demand + 1), *a[1:]]
+    assert fa != traces_fingerprint([changed, b])
+    moved = [dataclasses.replace(a[0], extra={"user": "x"}), *a[1:]]
+    assert fa == traces_fingerprint([moved, b])  # trace-only columns are not scheduling input
+
+
+def test_source_revision(tmp_path, monkeypatch):
+    import subprocess
+
+    import trainer.train
+
+    rev = source_revision()
+    root = Path(trainer.train.__file__).resolve().parents[1]
+    top = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], check=False, capture_output=True, text=True)
+    if top.returncode == 0:  # the code is a git checkout (CI clones one): its commit
+        assert rev is not None and rev["commit"] == top.stdout.strip() and isinstance(rev["dirty"], bool)
+    # no git on PATH: no revision, no error
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert source_revision() is None
 
 
 @pytest.mark.parametrize("algo", ["ppo", "a2c", "dqn"])

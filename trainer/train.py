@@ -20,9 +20,11 @@ a pickle) and step count and continues; optimiser moments restart from zero.
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import logging
 import math
+import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -246,6 +248,34 @@ def _init_prior(algo: str, model, scale: float = 1.0, admission: bool = False) -
         model.policy.q_net_target.load_state_dict(model.policy.q_net.state_dict())
 
 
+def traces_fingerprint(traces: Sequence[Sequence[JobSpec]]) -> str:
+    """SHA-256 (hex) of the job sets' scheduling fields, in order: equal for the same traces
+    however they are stored or named (``extra`` columns are not part of it)."""
+    h = hashlib.sha256()
+    for i, jobs in enumerate(traces):
+        h.update(f"set {i} {len(jobs)}\n".encode())
+        for j in jobs:
+            h.update(f"{j.job_id}\t{j.submit_time!r}\t{j.model}\t{j.gpu_demand}\t{j.total_samples!r}\n".encode())
+    return h.hexdigest()
+
+
+def source_revision() -> dict[str, Any] | None:
+    """The git commit of the code that runs, ``{"commit": sha, "dirty": bool}`` (``dirty``: tracked
+    files differ from it), or ``None`` when the code is not a git checkout or git is missing."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": sha, "dirty": bool(dirty)} if sha else None
+
+
 def _save(
     path: Path, cfg: TrainConfig, model, cluster: ClusterSpec, env: PlacementEnv, extra: dict, mode: str = "rl-base"
 ) -> Path:
@@ -293,6 +323,12 @@ def train(
     train_ref = reference_jct(train_traces, cluster, perf, cfg.round_len) if cfg.reward == "jct-rel" else None
     val_ref = reference_jct(val_traces, cluster, perf, cfg.round_len) if val_traces else []
     log.info("reference JCTs (greedy-np) of %d traces in %.1f s", len(train_traces) + len(val_traces), time.perf_counter() - t_ref)
+    # provenance in every checkpoint's metadata: the code's git revision and the traces' content
+    prov = {
+        "source": source_revision(),
+        "traces_sha256": traces_fingerprint(train_traces),
+        "val_traces_sha256": traces_fingerprint(val_traces) if val_traces else None,
+    }
 
     def factory(i: int):
         def _f():
@@ -388,7 +424,7 @@ def train(
             model.logger.record("eval/val_rel_jct", rel)
         if rel < best:
             best = rel
-            _save(out / "best", cfg, model, cluster, probe, {"val_avg_jct_s": m, "val_rel_jct": rel})
+            _save(out / "best", cfg, model, cluster, probe, {**prov, "val_avg_jct_s": m, "val_rel_jct": rel})
         log.info(
             "eval at %d steps: val avg JCT %.2f h, %.4f x greedy-np (best %.4f)", model.num_timesteps, m / 3600, rel, best
         )
@@ -403,7 +439,7 @@ def train(
             if self.num_timesteps >= self.next_eval:
                 self.next_eval += cfg.eval_freq
                 do_eval()
-                _save(out / "last", cfg, model, cluster, probe, {})
+                _save(out / "last", cfg, model, cluster, probe, prov)
             return True
 
     remaining = max(cfg.timesteps - start_steps, 0)
@@ -421,9 +457,9 @@ def train(
     if not (eval_rows and eval_rows[-1]["timesteps"] == float(model.num_timesteps)):
         do_eval()
     final = eval_rows[-1] if eval_rows else {}
-    _save(out / "last", cfg, model, cluster, probe, {})
+    _save(out / "last", cfg, model, cluster, probe, prov)
     if not (out / "best.json").is_file():
-        _save(out / "best", cfg, model, cluster, probe, {k: v for k, v in final.items() if k.startswith("val_")})
+        _save(out / "best", cfg, model, cluster, probe, {**prov, **{k: v for k, v in final.items() if k.startswith("val_")}})
     best_row = min(eval_rows, key=lambda r: r.get("val_rel_jct", math.inf)) if eval_rows else {}
     summary = {
         "timesteps": int(model.num_timesteps),
