@@ -108,10 +108,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--order",
         choices=("fill", "area", "plan"),
-        default="fill",
+        default="plan",
         help="candidate order: area = least aged remaining GPU-time first; fill = the same plus a tail rule "
         "that pairs a job of more than half the cluster with jobs filling its gap; plan = waves of a long queue of "
-        "equal-length jobs packed node by node (policies/waves.py), fill otherwise (policies/encoding.py; default fill)",
+        "equal-length jobs packed node by node (policies/waves.py), fill otherwise (policies/encoding.py; default plan, the shipped networks' order)",
     )
     p.add_argument(
         "--init",

@@ -71,8 +71,9 @@ class TrainConfig:
     eval_freq: int = 5_000
     round_len: float = 300.0
     k: int = 6
-    #: candidate order of the observation (:class:`policies.encoding.ObsSpec`): ``"fill"`` or ``"area"``
-    order: str = "fill"
+    #: candidate order of the observation (:class:`policies.encoding.ObsSpec`): ``"plan"`` (the
+    #: shipped networks'), ``"fill"`` or ``"area"``
+    order: str = "plan"
     #: start from this checkpoint's weights (same algorithm and observation shape; the candidate
     #: order may differ) instead of the prior initialisation; step count and optimiser start fresh
     init: str | None = None
