@@ -152,3 +152,36 @@ def test_wrong_cluster_shape(tmp_path):
     with pytest.raises(CheckpointError, match="trained for a 4x8"):
         ck.check_cluster(ClusterSpec.parse("8x8"))
     assert issubclass(CheckpointError, PolicyError)
+
+
+def test_cli_checkpoint_show(tmp_path, capsys):
+    """`rlsched checkpoint`: the shipped one by name, a file, JSON; exit 2 with one line when unusable."""
+    from rlsched.cli import main
+
+    assert main(["checkpoint", "rl-base"]) == 0
+    out = capsys.readouterr().out
+    assert "maskable-ppo" in out and "order plan" in out and "(verified)" in out and "dba8ae7" in out
+
+    write_random_checkpoint(tmp_path / "ck")
+    assert main(["checkpoint", str(tmp_path / "ck"), "--cluster", "4x8", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["cluster"] == "4x8" and info["fits_cluster"] == "4x8" and info["mode"] == "rl-base"
+    assert info["network"]["layers"][0] == [int(np.prod(ObsSpec.for_cluster(C48).shape)), 16]
+    assert info["training"]["source"] is None  # written without provenance: shown as not recorded
+    assert main(["checkpoint", str(tmp_path / "ck.json")]) == 0
+    assert "(not recorded)" in capsys.readouterr().out
+
+    # another cluster, tampered weights, a missing file, no shipped checkpoint: exit 2, one line naming the problem
+    assert main(["checkpoint", str(tmp_path / "ck"), "--cluster", "8x8"]) == 2
+    assert "4x8" in capsys.readouterr().err
+    w = tmp_path / "ck.safetensors"
+    data = bytearray(w.read_bytes())
+    data[-5] ^= 0xFF
+    w.write_bytes(bytes(data))
+    assert main(["checkpoint", str(tmp_path / "ck")]) == 2
+    err = capsys.readouterr().err
+    assert "modified" in err and err.count("\n") == 1
+    assert main(["checkpoint", str(tmp_path / "missing")]) == 2
+    assert "not found" in capsys.readouterr().err
+    assert main(["checkpoint", "rl-hybrid", "--cluster", "16x4"]) == 2
+    assert "no shipped rl-hybrid checkpoint" in capsys.readouterr().err

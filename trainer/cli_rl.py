@@ -154,6 +154,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     e.set_defaults(func=_cmd_evaluate)
 
+    c = sub.add_parser(
+        "checkpoint",
+        help="check a policy checkpoint and show what it holds (never unpickles; exit 2 if unusable)",
+        description="Load a checkpoint as the simulator and the controller would (metadata, sha256 of the "
+        "weights, layer shapes, finite values; nothing is unpickled) and show its cluster, observation spec, "
+        "network, reward and training provenance. With --cluster, also check that it fits that cluster.",
+    )
+    c.add_argument(
+        "checkpoint",
+        metavar="CKPT",
+        help="a checkpoint (PATH.json, PATH.safetensors or PATH without suffix), or rl-base / rl-hybrid "
+        "for the shipped one of --cluster's shape",
+    )
+    c.add_argument("--cluster", default=None, help="check that it fits this cluster (NODESxGPUS or a file)")
+    c.add_argument("--json", action="store_true", help="print the summary as JSON")
+    c.set_defaults(func=_cmd_checkpoint)
+
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from policies.base import PolicyError
@@ -214,4 +231,100 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         branches=args.branches,
         results_md=args.results_md,
     )
+    return 0
+
+
+def checkpoint_summary(ck) -> dict:
+    """What :func:`_cmd_checkpoint` shows of a loaded :class:`~policies.checkpoint.Checkpoint`."""
+    meta = ck.meta
+    tr = meta.get("training") or {}
+    cfg = tr.get("config") or {}
+    prior = ck.prior
+    return {
+        "checkpoint": str(ck.json_path),
+        "weights": str(ck.weights_path),
+        "weights_sha256": meta.get("weights_sha256"),
+        "project_version": meta.get("project_version"),
+        "algo": meta.get("algo"),
+        "mode": meta.get("mode"),
+        "cluster": ck.cluster.describe(),
+        "observation": {
+            "shape": list(ck.spec.shape),
+            "actions": ck.spec.n_actions,
+            "candidates": ck.spec.k,
+            "options": ck.spec.options,
+            "order": ck.spec.order,
+            "encoding_version": ck.spec.version,
+        },
+        "network": {
+            "layers": [[int(W.shape[0]), int(W.shape[1])] for W, _b in ck.net.layers],
+            "parameters": int(sum(W.size + b.size for W, b in ck.net.layers)),
+            "activation": ck.net.activation,
+            "prior": prior.to_dict() if prior is not None else None,
+        },
+        "reward": meta.get("reward"),
+        "training": {
+            "timesteps": tr.get("timesteps"),
+            "val_rel_jct": tr.get("val_rel_jct"),
+            "traces": cfg.get("traces"),
+            "init": cfg.get("init"),
+            "command": tr.get("command"),
+            "source": tr.get("source"),
+            "traces_sha256": tr.get("traces_sha256"),
+            "val_traces_sha256": tr.get("val_traces_sha256"),
+        },
+    }
+
+
+def _cmd_checkpoint(args: argparse.Namespace) -> int:
+    from policies.checkpoint import load_checkpoint
+    from policies.cluster import ClusterSpec
+    from policies.rl import RL_POLICY_NAMES, shipped_checkpoint
+
+    cluster = ClusterSpec.parse(args.cluster) if args.cluster else None
+    name = args.checkpoint
+    if name in RL_POLICY_NAMES and name != "rl-prior":
+        path = shipped_checkpoint(name, cluster or ClusterSpec.parse("4x8"))
+    else:
+        path = Path(name)
+    ck = load_checkpoint(path)
+    if cluster is not None:
+        ck.check_cluster(cluster)
+    info = checkpoint_summary(ck)
+    if cluster is not None:
+        info["fits_cluster"] = cluster.describe()
+    if args.json:
+        print(json.dumps(info, indent=2, default=str))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"{info['mode']} checkpoint: {info['checkpoint']}", show_header=False, title_justify="left")
+    t.add_column("field", style="bold")
+    t.add_column("value", overflow="fold")
+    ob, net, trn = info["observation"], info["network"], info["training"]
+    rew = info["reward"] or {}
+    src = trn["source"]
+    rows = [
+        ("algorithm", str(info["algo"])),
+        ("cluster", info["cluster"] + (f" (fits {info['fits_cluster']})" if cluster is not None else "")),
+        ("observation", (f"{ob['shape']}, {ob['actions']} actions ({ob['candidates']} candidates x {ob['options']} "
+                         f"options + nothing), order {ob['order']}, encoding v{ob['encoding_version']}")),
+        ("network", (f"{' -> '.join(str(a) for a, _b in net['layers'])} -> {net['layers'][-1][1]} "
+                     f"({net['activation']}, {net['parameters']:,} parameters)")),
+        ("admission prior", json.dumps(net["prior"]) if net["prior"] else "none"),
+        ("reward", f"{rew.get('kind')}" + (f" (W1 {rew.get('w1')}, W2 {rew.get('w2')})" if rew.get("kind") == "seed" else "")),
+        ("trained", f"{trn['timesteps']} steps" + (f", validation {trn['val_rel_jct']:.4f} x greedy-np"
+                                                   if isinstance(trn["val_rel_jct"], float) else "")),
+        ("initialised from", str(trn["init"] or "the prior")),
+        ("training traces", ", ".join(trn["traces"] or []) or "-"),
+        ("command", trn["command"] or "(not recorded)"),
+        ("code", f"{src['commit']}{' (uncommitted changes)' if src.get('dirty') else ''}" if src else "(not recorded)"),
+        ("traces sha256", trn["traces_sha256"] or "(not recorded)"),
+        ("weights sha256", f"{info['weights_sha256']} (verified)"),
+        ("rlsched version", str(info["project_version"])),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    Console(width=max(100, Console().width)).print(t)
     return 0
