@@ -109,6 +109,17 @@ def test_source_revision(tmp_path, monkeypatch):
     top = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], check=False, capture_output=True, text=True)
     if top.returncode == 0:  # the code is a git checkout (CI clones one): its commit
         assert rev is not None and rev["commit"] == top.stdout.strip() and isinstance(rev["dirty"], bool)
+    # an installed copy inside some other git repository: not this code's revision
+    other = tmp_path / "project"
+    (other / "venv" / "site" / "trainer").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(other)], check=True)
+    subprocess.run(
+        ["git", "-C", str(other), "-c", "user.name=t", "-c", "user.email=t@example.org", "commit", "-q", "--allow-empty",
+         "-m", "other"],
+        check=True,
+    )
+    monkeypatch.setattr(trainer.train, "__file__", str(other / "venv" / "site" / "trainer" / "train.py"))
+    assert source_revision() is None
     # no git on PATH: no revision, no error
     monkeypatch.setenv("PATH", str(tmp_path))
     assert source_revision() is None

@@ -262,9 +262,16 @@ def traces_fingerprint(traces: Sequence[Sequence[JobSpec]]) -> str:
 
 def source_revision() -> dict[str, Any] | None:
     """The git commit of the code that runs, ``{"commit": sha, "dirty": bool}`` (``dirty``: tracked
-    files differ from it), or ``None`` when the code is not a git checkout or git is missing."""
+    files differ from it), or ``None`` when the code is not the top of a git checkout (an installed
+    copy) or git is missing."""
     root = Path(__file__).resolve().parent.parent
     try:
+        # the checkout must be this code's own (not, say, a project repository around an installed copy)
+        top = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--show-toplevel"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        if not top or Path(top).resolve() != root:
+            return None
         sha = subprocess.run(
             ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
         ).stdout.strip()
