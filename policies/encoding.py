@@ -623,9 +623,11 @@ class Encoder:
         G = spec.gpus_per_node
         total = sum(d * c for d, c in counts.items())
         if total >= PLAN_BACKLOG * spec.total_gpus:
-            rem = [self.srtf_key(j)[0] for j in pending]
+            # srtf_key's remaining time and the submit times, read in one pass (same arithmetic and floats)
+            fields = list(map(_SRTF_FIELDS, pending))
+            rem = [(t - d if t > d else 0.0) / b for t, d, b, _s, _i, _g in fields]
             lo = min(rem, default=0.0)
-            sub = [j.submit_time for j in pending]
+            sub = [f[3] for f in fields]
             batch = max(sub) - min(sub) <= PLAN_WAIT
             odd = sum(d * c for d, c in counts.items() if d % G and G % d) >= PLAN_ODD * total
             if lo > 0.0 and max(rem) <= PLAN_SPREAD * lo and (batch or odd):
