@@ -185,3 +185,16 @@ def test_cli_checkpoint_show(tmp_path, capsys):
     assert "not found" in capsys.readouterr().err
     assert main(["checkpoint", "rl-hybrid", "--cluster", "16x4"]) == 2
     assert "no shipped rl-hybrid checkpoint" in capsys.readouterr().err
+
+
+def test_cli_output_to_a_closed_pipe_is_quiet():
+    """`rlsched checkpoint rl-base --json | head -1`: no traceback, exit 0 (rlsched.cli.main)."""
+    import subprocess
+    import sys
+
+    code = "import sys; from rlsched.cli import main; sys.exit(main(['checkpoint', 'rl-base', '--json']))"
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout.readline().strip() == b"{"
+    p.stdout.close()  # the reader goes away, as `head -1` does
+    err = p.stderr.read()
+    assert p.wait(timeout=60) == 0 and b"Traceback" not in err, err
