@@ -501,7 +501,7 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
             cand = self._latest(request.job_key, verify=False)
             if (cand is not None and cand.step >= step_at_signal
                     and (prev is None or (cand.step, cand.created) != (prev.step, prev.created))):
-                if self.store.verify(cand):
+                if self._verify(request.job_key, cand):
                     done = cand
                     break
             if exited:
@@ -535,6 +535,14 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
                else f"timed out after {timeout:.1f}s waiting for a checkpoint at step >= {step_at_signal}")
         good = self._latest(request.job_key, verify=True)
         return self._reply(rec, False, good, t0, exited, why)
+
+    def _verify(self, job_key: str, info: CheckpointInfo) -> bool:
+        """:meth:`CheckpointStore.verify`; a store out of reach counts as "not yet" (logged), not an RPC failure."""
+        try:
+            return self.store.verify(info)
+        except StoreError as exc:
+            emit("store_error", logging.WARNING, job_key=job_key, error=str(exc))
+            return False
 
     def _latest(self, job_key: str, verify: bool) -> CheckpointInfo | None:
         try:

@@ -20,6 +20,12 @@ it is valid only if the data's SHA-256 matches the manifest. So a crash at
 any point leaves either the previous state or a complete checkpoint: never a
 checkpoint that loads as valid with wrong bytes. Readers skip (and report)
 corrupt checkpoints and fall back to older valid ones.
+
+A store that cannot be read (NameNode down, network, permissions, I/O errors)
+is not an empty store: reads then raise :class:`StoreUnavailable` instead of
+reporting "no checkpoint" or "corrupt", so a job never restarts from step 0,
+falls back to an older checkpoint, or has a good checkpoint pruned because
+the store was briefly out of reach.
 """
 
 from __future__ import annotations
@@ -59,6 +65,10 @@ class CheckpointNotFound(StoreError, KeyError):
 
 class CheckpointCorrupt(StoreError):
     """A checkpoint's data does not match its manifest checksum/size."""
+
+
+class StoreUnavailable(StoreError):
+    """The store could not be read (network, permissions, I/O): nothing is known about its checkpoints."""
 
 
 def validate_job_key(job_key: str) -> str:
@@ -120,11 +130,13 @@ class CheckpointStore(ABC):
         """Durably write ``data`` to ``relpath`` via temp file + rename."""
 
     @abstractmethod
-    def _read(self, relpath: str) -> bytes: ...
+    def _read(self, relpath: str) -> bytes:
+        """The bytes of ``relpath``; :class:`FileNotFoundError` if it does not exist,
+        :class:`StoreUnavailable` if it cannot be read."""
 
     @abstractmethod
     def _listdir(self, relpath: str) -> list[str]:
-        """Names in a directory ([] if it does not exist)."""
+        """Names in a directory ([] if it does not exist; :class:`StoreUnavailable` if it cannot be listed)."""
 
     @abstractmethod
     def _delete(self, relpath: str) -> None: ...
@@ -156,7 +168,8 @@ class CheckpointStore(ABC):
     def list(self, job_key: str) -> list[CheckpointInfo]:
         """Committed checkpoints of ``job_key`` (manifest present and parseable), ascending step.
 
-        Data is not verified here; use :meth:`verify` / :meth:`latest`.
+        Data is not verified here; use :meth:`verify` / :meth:`latest`. Raises
+        :class:`StoreUnavailable` if the store cannot be read (never an empty or partial list).
         """
         validate_job_key(job_key)
         out: list[CheckpointInfo] = []
@@ -166,7 +179,11 @@ class CheckpointStore(ABC):
                 continue
             step = int(m.group(1))
             try:
-                meta = json.loads(self._read(f"{job_key}/{name}"))
+                raw = self._read(f"{job_key}/{name}")
+            except FileNotFoundError:  # pruned since the listing
+                continue
+            try:
+                meta = json.loads(raw)
                 info = CheckpointInfo(
                     job_key=job_key,
                     step=step,
@@ -177,7 +194,7 @@ class CheckpointStore(ABC):
                 )
                 if meta.get("step") != step or meta.get("job_key") != job_key:
                     raise ValueError("manifest names another job/step")
-            except (ValueError, KeyError, TypeError, StoreError, OSError) as exc:
+            except (ValueError, KeyError, TypeError) as exc:
                 log.warning("ignoring unreadable manifest %s/%s: %s", job_key, name, exc)
                 continue
             out.append(info)
@@ -190,14 +207,14 @@ class CheckpointStore(ABC):
     def _load_info(self, info: CheckpointInfo) -> bytes:
         try:
             blob = self._read(f"{info.job_key}/{_data_name(info.step)}")
-        except (OSError, StoreError) as exc:
-            raise CheckpointCorrupt(f"{info.uri}: data unreadable: {exc}") from None
+        except FileNotFoundError:  # the manifest is only written after its data: deleted or damaged since
+            raise CheckpointCorrupt(f"{info.uri}: data file missing") from None
         if len(blob) != info.size or hashlib.sha256(blob).hexdigest() != info.sha256:
             raise CheckpointCorrupt(f"{info.uri}: checksum/size mismatch (manifest size {info.size}, got {len(blob)})")
         return blob
 
     def verify(self, info: CheckpointInfo) -> bool:
-        """True if the checkpoint's data matches its manifest."""
+        """True if the checkpoint's data matches its manifest (:class:`StoreUnavailable` if it cannot be read)."""
         try:
             self._load_info(info)
             return True
@@ -216,7 +233,8 @@ class CheckpointStore(ABC):
         """Bytes of checkpoint ``step`` (default: newest valid one), verified.
 
         Raises CheckpointNotFound if there is none, CheckpointCorrupt if the
-        requested step exists but fails verification.
+        requested step exists but fails verification, StoreUnavailable if the
+        store cannot be read.
         """
         infos = self.list(job_key)
         if step is not None:
@@ -234,7 +252,8 @@ class CheckpointStore(ABC):
     def prune(self, job_key: str, keep: int = 2) -> list[int]:
         """Keep the newest ``keep`` valid checkpoints, delete everything older (and corrupt ones
         newer than those). Verifies newest-first and stops once ``keep`` valid ones are found, so it
-        reads about ``keep`` checkpoints, not all. Returns the deleted steps.
+        reads about ``keep`` checkpoints, not all. Returns the deleted steps. Deletes nothing it could
+        not read: :class:`StoreUnavailable` stops it.
         """
         if keep < 1:
             raise ValueError("keep must be >= 1")
@@ -291,13 +310,22 @@ class LocalFSStore(CheckpointStore):
             os.close(dfd)
 
     def _read(self, relpath: str) -> bytes:
-        return self._path(relpath).read_bytes()
+        p = self._path(relpath)
+        try:
+            return p.read_bytes()
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot read {p}: {exc}") from None
 
     def _listdir(self, relpath: str) -> list[str]:
+        p = self._path(relpath)
         try:
-            return os.listdir(self._path(relpath))
+            return os.listdir(p)
         except (FileNotFoundError, NotADirectoryError):
             return []
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot list {p}: {exc}") from None
 
     def _delete(self, relpath: str) -> None:
         self._path(relpath).unlink(missing_ok=True)
@@ -376,14 +404,18 @@ class WebHDFSStore(CheckpointStore):
         try:
             with self._client.read(self._p(relpath)) as r:
                 return r.read()
-        except Exception as exc:
-            raise StoreError(f"WebHDFS read of {self._p(relpath)} failed: {exc}") from None
+        except Exception as exc:  # hdfs raises HdfsError / requests errors
+            if _hdfs_missing(exc):
+                raise FileNotFoundError(self._p(relpath)) from None
+            raise StoreUnavailable(f"WebHDFS read of {self._p(relpath)} failed: {exc}") from None
 
     def _listdir(self, relpath: str) -> list[str]:
         try:
             return list(self._client.list(self._p(relpath)))
-        except Exception:
-            return []
+        except Exception as exc:  # hdfs raises HdfsError / requests errors
+            if _hdfs_missing(exc):
+                return []
+            raise StoreUnavailable(f"WebHDFS listing of {self._p(relpath)} failed: {exc}") from None
 
     def _delete(self, relpath: str) -> None:
         try:
@@ -394,6 +426,11 @@ class WebHDFSStore(CheckpointStore):
     def _uri(self, relpath: str) -> str:
         u = urlparse(self.url)
         return f"{u.scheme}://{u.netloc}{self._p(relpath)}"
+
+
+def _hdfs_missing(exc: BaseException) -> bool:
+    """Whether a WebHDFS error says the path does not exist (the NameNode's FileNotFoundException)."""
+    return getattr(exc, "exception", None) == "FileNotFoundException"
 
 
 def _current_user() -> str:

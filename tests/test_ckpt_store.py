@@ -33,6 +33,7 @@ from nodeagent.store import (
     CheckpointStore,
     LocalFSStore,
     StoreError,
+    StoreUnavailable,
     WebHDFSStore,
     open_store,
     validate_job_key,
@@ -291,6 +292,85 @@ def test_prune_keeps_newest_valid(store: CheckpointStore) -> None:
     assert [i.step for i in store.list("job-p")] == [2, 3]
     with pytest.raises(ValueError):
         store.prune("job-p", keep=0)
+
+
+# ------------------------------------------------- a store out of reach is not an empty store
+
+
+def _all_files(root: Path) -> dict[str, bytes]:
+    return {str(f.relative_to(root)): f.read_bytes() for f in sorted(root.rglob("*")) if f.is_file()}
+
+
+def _assert_reads_refuse(store: CheckpointStore, job: str) -> None:
+    """Every read of ``job`` raises StoreUnavailable: none answers "nothing there" or "corrupt"."""
+    for call in (lambda: store.list(job), lambda: store.latest(job), lambda: store.load(job),
+                 lambda: store.load(job, 2), lambda: store.prune(job, keep=1)):
+        with pytest.raises(StoreUnavailable):
+            call()
+
+
+def test_unreachable_webhdfs_raises_instead_of_looking_empty(tmp_path: Path) -> None:
+    """NameNode gone: listing, loading and pruning fail loudly. Before, the listing answered [] and a job
+    resumed from step 0; nothing on the server is deleted."""
+    pytest.importorskip("hdfs", reason="pip install 'rlsched[hdfs]' for the WebHDFS backend")
+    root = tmp_path / "hdfs"
+    root.mkdir()
+    # HTTP/1.0: no kept-alive connection outlives the server's shutdown
+    handler = type("H", (_FakeWebHDFS,), {"root": root, "protocol_version": "HTTP/1.0"})
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        store = WebHDFSStore(f"hdfs://127.0.0.1:{srv.server_port}/ckpt", timeout_s=2.0)
+        for step in (1, 2, 3):
+            store.save("job-u", step, f"step {step}".encode())
+        assert store.latest("job-u").step == 3  # type: ignore[union-attr]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    before = _all_files(root)
+    _assert_reads_refuse(store, "job-u")
+    with pytest.raises(StoreUnavailable):
+        store.jobs()
+    assert _all_files(root) == before
+
+
+def test_local_io_errors_raise_instead_of_looking_empty_or_corrupt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An I/O error (EIO, a stale NFS handle) while listing or reading is not "no checkpoint" or
+    "corrupt": reads raise StoreUnavailable and prune deletes nothing."""
+    store = LocalFSStore(tmp_path / "store")
+    for step in (1, 2, 3):
+        store.save("job-e", step, f"step {step}".encode())
+    before = _all_files(tmp_path / "store")
+    real_listdir, real_read = os.listdir, Path.read_bytes
+
+    def eio(*_a: object) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "listdir", eio)
+    _assert_reads_refuse(store, "job-e")
+    monkeypatch.setattr(os, "listdir", real_listdir)
+    # the newest checkpoint's data cannot be read for a moment: not corrupt, so not pruned, not skipped
+    monkeypatch.setattr(Path, "read_bytes", lambda p: eio() if p.name == "ckpt-000000000003.bin" else real_read(p))
+    for call in (lambda: store.latest("job-e"), lambda: store.load("job-e"), lambda: store.prune("job-e", keep=1)):
+        with pytest.raises(StoreUnavailable, match="Input/output error"):
+            call()
+    assert [i.step for i in store.list("job-e")] == [1, 2, 3]  # manifests still read
+    monkeypatch.setattr(Path, "read_bytes", real_read)
+    assert _all_files(tmp_path / "store") == before
+    assert store.load("job-e")[1] == b"step 3"
+    assert store.prune("job-e", keep=1) == [1, 2]
+
+
+def test_missing_data_behind_a_manifest_is_corrupt(store: CheckpointStore) -> None:
+    store.save("job-d", 1, b"one")
+    store.save("job-d", 2, b"two")
+    store._delete("job-d/ckpt-000000000002.bin")
+    with pytest.raises(CheckpointCorrupt, match="missing"):
+        store.load("job-d", 2)
+    assert store.load("job-d") == (store.latest("job-d"), b"one")
+    assert store.prune("job-d", keep=1) == [2]
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -21,7 +21,7 @@ from nodeagent.jobhelper import (
     resolve_agent_address,
 )
 from nodeagent.server import JobTracker, NodeAgentServer
-from nodeagent.store import LocalFSStore
+from nodeagent.store import LocalFSStore, StoreUnavailable
 
 # ---------------------------------------------------------------- convention
 
@@ -173,6 +173,20 @@ def test_reports_reach_agent_and_store_comes_from_agent(tmp_path: Path) -> None:
         assert (rec.state, rec.step, rec.model, rec.slurm_job_id, rec.last_checkpoint_step) == (
             "finished", 10, "DLRM", "31", 10)
         assert store.latest("job-r").step == 10  # type: ignore[union-attr]
+
+
+def test_resume_fails_loudly_when_the_store_cannot_be_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store out of reach must not look empty: resuming from step 0 would throw the job's progress away."""
+    LocalFSStore(tmp_path / "store").save("job-h", 5, b"not read")
+
+    def eio(*_a: object) -> None:
+        raise OSError(5, "Input/output error")
+
+    with _session(tmp_path) as s:
+        monkeypatch.setattr(os, "listdir", eio)
+        with pytest.raises(StoreUnavailable, match="cannot list"):
+            s.resume()
+        assert s.step == 0
 
 
 def test_save_then_resume_roundtrip(tmp_path: Path) -> None:
