@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from random_states import random_state
 
 from policies.cluster import ClusterSpec, Placement
 from policies.encoding import Encoder, EncodingError, NodeIndex, ObsSpec, apply_placement
@@ -205,38 +206,9 @@ def test_fast_encode_bit_identical_to_reference(cname, running, pending, now, se
     with the cache a scheduling round keeps, as in :meth:`RLPolicy.schedule`.
     """
     cluster, perf = _CLUSTERS[cname], _PERFS[cname]
-    rng = np.random.default_rng(seed)
     enc_ = Encoder(cluster, perf)
-
-    def mk(jid, m, g, r):
-        best = perf.best_isolated_throughput(m, g)
-        tot = r * 3600 * best
-        return JobInfo(
-            jid, m, g, float(rng.uniform(0, now)), tot, done_samples=float(rng.uniform(0, tot)), best_thp=best
-        )
-
-    state = ClusterState(now, cluster, np.array(cluster.gpus_per_node), [], [])
-    # running jobs: random placements spread over random nodes, started through apply_placement (sets CS)
-    for i, (m, g, r) in enumerate(running):
-        free = np.asarray(state.free_gpus)
-        if g > int(free.sum()):
-            continue
-        alloc: dict[int, int] = {}
-        need = g
-        for v in rng.permutation(len(free)):
-            take = min(int(free[v]), need, int(rng.integers(1, need + 1)))
-            if take > 0:
-                alloc[int(v)] = take
-                need -= take
-            if need == 0:
-                break
-        if need:
-            continue
-        job = mk(f"r{i:02d}", m, g, r)
-        state = ClusterState(state.time, cluster, state.free_gpus, state.running, [job])
-        state = apply_placement(state, job.job_id, Placement.of(alloc), perf)
-    pend = [mk(f"p{i:02d}", m, g, r) for i, (m, g, r) in enumerate(pending) if g <= cluster.total_gpus]
-    state = ClusterState(now, cluster, state.free_gpus, state.running, pend)
+    rng = np.random.default_rng(seed)
+    state = random_state(cluster, perf, running, pending, now, rng, id_width=2)
 
     _same(enc_.encode(state), enc_.encode_reference(state))
     cache: dict = {}

@@ -18,13 +18,14 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from random_states import random_state
 
 from policies.checkpoint import CheckpointError, MLPNet
-from policies.cluster import ClusterSpec, NodeSpec, Placement
+from policies.cluster import ClusterSpec, NodeSpec
 from policies.encoding import Encoder, ObsSpec, RoundEncoder, apply_placement
 from policies.perf import ContentionModel
 from policies.rl import RLPolicy, make_rl_policy, prior_net, zero_net
-from policies.state import ClusterState, JobInfo
+from policies.state import ClusterState
 from policies.workloads import MODELS
 
 _CLUSTERS = {
@@ -61,37 +62,7 @@ def _net(cname: str, seed: int, tilt: float, activation: str = "tanh") -> MLPNet
 
 def _random_state(cname: str, running, pending, now: float, seed: int) -> ClusterState:
     """Random running jobs on random (also uneven, multi-node) placements plus a random queue."""
-    cluster, perf = _CLUSTERS[cname], _PERFS[cname]
-    rng = np.random.default_rng(seed)
-
-    def mk(jid, m, g, r):
-        best = perf.best_isolated_throughput(m, g)
-        tot = r * 3600 * best
-        return JobInfo(
-            jid, m, g, float(rng.uniform(0, now)), tot, done_samples=float(rng.uniform(0, tot)), best_thp=best
-        )
-
-    state = ClusterState(now, cluster, np.array(cluster.gpus_per_node), [], [])
-    for i, (m, g, r) in enumerate(running):
-        free = np.asarray(state.free_gpus)
-        if g > int(free.sum()):
-            continue
-        alloc: dict[int, int] = {}
-        need = g
-        for v in rng.permutation(len(free)):
-            take = min(int(free[v]), need, int(rng.integers(1, need + 1)))
-            if take > 0:
-                alloc[int(v)] = take
-                need -= take
-            if need == 0:
-                break
-        if need:
-            continue
-        job = mk(f"r{i:03d}", m, g, r)
-        state = ClusterState(state.time, cluster, state.free_gpus, state.running, [job])
-        state = apply_placement(state, job.job_id, Placement.of(alloc), perf)
-    pend = [mk(f"p{i:03d}", m, g, r) for i, (m, g, r) in enumerate(pending) if g <= cluster.total_gpus]
-    return ClusterState(now, cluster, state.free_gpus, state.running, pend)
+    return random_state(_CLUSTERS[cname], _PERFS[cname], running, pending, now, seed)
 
 
 def _queue(demands):
