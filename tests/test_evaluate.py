@@ -30,10 +30,13 @@ def test_run_evaluation_writes_tables_and_figures(tmp_path):
             write_trace(d / f"set{k}.csv", jobs)
     md = tmp_path / "RESULTS.md"
     md.write_text(f"# Results\n\nhand-written intro\n\n{BEGIN}\nold\n{END}\n\nhand-written outro\n")
+    ticks: list[tuple[int, int]] = []
     res = run_evaluation(
-        ["srtf", "las", "rl-prior", "p0=rl-prior"], tmp_path / "traces", C, out=tmp_path / "out", results_md=md
+        ["srtf", "las", "rl-prior", "p0=rl-prior"], tmp_path / "traces", C, out=tmp_path / "out", results_md=md,
+        progress=lambda done, total: ticks.append((done, total)),
     )
     assert list(res) == ["normal", "heavy"]
+    assert ticks == [(k, 16) for k in range(1, 17)]  # 4 policies x 2 groups x 2 sets, one tick per run
     doc = json.loads((tmp_path / "out" / "rl_results.json").read_text())
     s = doc["results"]["normal"]["srtf"]["summary"]["avg_jct_s"]
     sets = [r["avg_jct_s"] for r in doc["results"]["normal"]["srtf"]["sets"]]

@@ -220,17 +220,41 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
     from trainer.evaluate import run_evaluation
 
     logging.getLogger("trainer").setLevel(logging.INFO)
-    run_evaluation(
-        policies=[p.strip() for p in args.policies.split(",") if p.strip()],
-        traces=args.traces,
-        cluster=args.cluster,
-        out=args.out,
-        branches=args.branches,
-        results_md=args.results_md,
-    )
+    err = Console(stderr=True)
+    with Progress(
+        TextColumn("[bold]evaluate"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("policy x job set runs"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,  # a terminal only: logs and pipes keep the per-group lines
+    ) as bar:
+        task = bar.add_task("evaluate", total=None)
+        run_evaluation(
+            policies=[p.strip() for p in args.policies.split(",") if p.strip()],
+            traces=args.traces,
+            cluster=args.cluster,
+            out=args.out,
+            branches=args.branches,
+            results_md=args.results_md,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
     return 0
 
 

@@ -29,7 +29,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -106,8 +106,12 @@ def evaluate_group(
     cluster: ClusterSpec,
     perf: ContentionModel,
     keep_jobs: bool = False,
+    on_set: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
-    """Run each policy on each file; returns ``{policy: {"sets": [...], "summary": {...}, ...}}``."""
+    """Run each policy on each file; returns ``{policy: {"sets": [...], "summary": {...}, ...}}``.
+
+    :param on_set: called after each (policy, job set) simulation, e.g. to advance a progress bar.
+    """
     from trainer.traces import load_trace
 
     out: dict[str, Any] = {}
@@ -136,6 +140,8 @@ def evaluate_group(
             if isinstance(getattr(pol, "stats", None), dict):
                 row["policy_stats"] = dict(pol.stats)
             sets.append(row)
+            if on_set is not None:
+                on_set()
             if keep_jobs:
                 jcts.extend(r.jct for r in res.jobs)
                 cs.extend(r.avg_cs for r in res.jobs)
@@ -274,8 +280,13 @@ def run_evaluation(
     branches: str | Path | None = None,
     results_md: str | Path | None = None,
     figure_group: str = "normal",
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
-    """Evaluate and write results (see module docstring); returns the results dict."""
+    """Evaluate and write results (see module docstring); returns the results dict.
+
+    :param progress: called as ``progress(done, total)`` after each simulation of one policy on one
+        job set (``total`` = policies x job sets over all groups), e.g. to drive a progress bar.
+    """
     cl = ClusterSpec.parse(cluster)
     perf = ContentionModel(cl)
     pols: dict[str, Policy] = {}
@@ -307,9 +318,18 @@ def run_evaluation(
     fig_group = figure_group if figure_group in groups else next(iter(groups))
     results: dict[str, Any] = {}
     t0 = time.perf_counter()
+    total = len(pols) * sum(len(files) for files in groups.values())
+    done = 0
+
+    def _tick() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total)
+
     for g, files in groups.items():
         log.info("group %s: %d traces", g, len(files))
-        results[g] = evaluate_group(pols, files, cl, perf, keep_jobs=(g == fig_group))
+        results[g] = evaluate_group(pols, files, cl, perf, keep_jobs=(g == fig_group), on_set=_tick)
     outdir = Path(out)
     figdir = outdir / "figures"
     figdir.mkdir(parents=True, exist_ok=True)
