@@ -57,7 +57,7 @@ def test_bad_parameters_are_clear(tmp_path):
 def _tiny_run(tmp_path, **kw):
     trace = generate_jobs(CL, GeneratorConfig(num_jobs=10, seed=4, max_gpus=8, duration_s=1800.0), PERF)
     cfg = TrainConfig(cluster="2x4", timesteps=256, n_envs=1, n_steps=128, batch_size=64, eval_freq=10_000, **kw)
-    train(cfg, [trace], [trace], tmp_path / "run", progress=False)
+    train(cfg, [trace], [trace], tmp_path / "run")
     return trace, cfg
 
 

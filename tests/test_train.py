@@ -53,7 +53,7 @@ def test_training_beats_random(tmp_path):
         prior_init=False,
         prior="bias",  # the network alone, from random init: learning, not a prior, must beat random
     )
-    summary = train(cfg, [trace], [trace], tmp_path / "run", progress=False)
+    summary = train(cfg, [trace], [trace], tmp_path / "run")
     assert summary["timesteps"] >= 6000
     ck = load_checkpoint(tmp_path / "run" / "best")
     env = PlacementEnv([trace], CL, reward="jct", perf=PERF)
@@ -70,11 +70,15 @@ def test_training_beats_random(tmp_path):
 def test_resume_and_ship(tmp_path):
     trace = _trace(2, 8)
     cfg = TrainConfig(cluster="2x4", timesteps=256, n_envs=1, n_steps=128, batch_size=64, eval_freq=10_000)
-    train(cfg, [trace], [trace], tmp_path / "run", progress=False)
+    ticks: list[tuple[int, int]] = []
+    train(cfg, [trace], [trace], tmp_path / "run", progress=lambda done, total: ticks.append((done, total)))
     first = load_checkpoint(tmp_path / "run" / "last").meta["training"]["timesteps"]
+    assert ticks[-1] == (first, 256) and [d for d, _t in ticks] == sorted(d for d, _t in ticks) and len(ticks) >= 3
     cfg.timesteps = 512
-    s = train(cfg, [trace], [trace], tmp_path / "run", resume=True, progress=False)
+    ticks.clear()
+    s = train(cfg, [trace], [trace], tmp_path / "run", resume=True, progress=lambda d, t: ticks.append((d, t)))
     assert s["timesteps"] >= 512 > first
+    assert ticks[0][0] > first and ticks[-1] == (s["timesteps"], 512)  # a resumed run counts on from where it was
     shipped = ship_checkpoint(tmp_path / "run" / "best", CL, dest=tmp_path / "ship", command="rlsched train ...")
     assert [p.name for p in shipped] == ["rl-base-2x4.json", "rl-hybrid-2x4.json"]
     meta = json.loads(shipped[1].read_text())
@@ -129,7 +133,7 @@ def test_source_revision(tmp_path, monkeypatch):
 def test_other_algos_export(tmp_path, algo):
     trace = _trace(3, 8)
     cfg = TrainConfig(algo=algo, cluster="2x4", timesteps=300, n_envs=1, n_steps=64, batch_size=32, eval_freq=10_000)
-    train(cfg, [trace], [trace], tmp_path / algo, progress=False)
+    train(cfg, [trace], [trace], tmp_path / algo)
     ck = load_checkpoint(tmp_path / algo / "best")
     assert ck.meta["algo"] == algo
     pol = make_rl_policy(f"rl-base:{ck.json_path}", CL, PERF)
@@ -169,21 +173,21 @@ def test_init_from_checkpoint_and_its_errors(tmp_path):
 
     trace = _trace(4, 8)
     src = TrainConfig(cluster="2x4", order="area", timesteps=256, n_envs=1, n_steps=128, batch_size=64, eval_freq=10_000)
-    train(src, [trace], [trace], tmp_path / "a", progress=False)
+    train(src, [trace], [trace], tmp_path / "a")
     ck = load_checkpoint(tmp_path / "a" / "last")
     assert ck.spec.order == "area"
     cfg = TrainConfig(
         cluster="2x4", order="fill", init=str(tmp_path / "a" / "last"), timesteps=128, n_envs=1, n_steps=128,
         batch_size=64, eval_freq=10_000,
     )
-    s = train(cfg, [trace], [trace], tmp_path / "f", progress=False)
+    s = train(cfg, [trace], [trace], tmp_path / "f")
     want = evaluate_net(ck.net, CL, PERF, [trace], prior=ck.prior, order="fill")
     assert s["evals"][0]["timesteps"] == 0 and s["evals"][0]["val_avg_jct_s"] == pytest.approx(want[0])
     out = load_checkpoint(tmp_path / "f" / "best")
     assert out.spec.order == "fill" and out.meta["training"]["config"]["init"] == str(tmp_path / "a" / "last")
     with pytest.raises(CheckpointError, match="was trained with maskable-ppo, not ppo"):
         train(TrainConfig(algo="ppo", cluster="2x4", init=cfg.init, timesteps=64, n_envs=1, n_steps=64, batch_size=32),
-              [trace], [], tmp_path / "p", progress=False)
+              [trace], [], tmp_path / "p")
     with pytest.raises(CheckpointError, match="observation"):
         train(TrainConfig(cluster="2x4", k=4, init=cfg.init, timesteps=64, n_envs=1, n_steps=64, batch_size=32),
-              [trace], [], tmp_path / "k", progress=False)
+              [trace], [], tmp_path / "k")

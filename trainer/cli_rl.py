@@ -13,10 +13,12 @@ runs every policy on every trace and writes the tables and figures (see
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import shlex
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 __all__ = ["register"]
@@ -208,7 +210,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         traces=list(args.traces),
         val_traces=list(args.val_traces or []),
     )
-    summary = train(cfg, train_sets, val_sets, args.out, resume=args.resume)
+    with _progress_bar("train", "steps") as update:
+        summary = train(cfg, train_sets, val_sets, args.out, resume=args.resume, progress=update)
     cmd = "rlsched " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[0].endswith("rlsched") else None
     if args.export_shipped:
         from trainer.train import ship_checkpoint
@@ -219,7 +222,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_evaluate(args: argparse.Namespace) -> int:
+@contextlib.contextmanager
+def _progress_bar(what: str, unit: str) -> Iterator[Callable[[int, int], None]]:
+    """A rich progress bar on stderr, shown on a terminal only (logs and pipes keep their log lines);
+    yields ``update(done, total)``."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -230,22 +236,27 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         TimeRemainingColumn,
     )
 
-    from trainer.evaluate import run_evaluation
-
-    logging.getLogger("trainer").setLevel(logging.INFO)
     err = Console(stderr=True)
     with Progress(
-        TextColumn("[bold]evaluate"),
+        TextColumn(f"[bold]{what}"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("policy x job set runs"),
+        TextColumn(unit),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
         console=err,
         transient=True,
-        disable=not err.is_terminal,  # a terminal only: logs and pipes keep the per-group lines
+        disable=not err.is_terminal,
     ) as bar:
-        task = bar.add_task("evaluate", total=None)
+        task = bar.add_task(what, total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from trainer.evaluate import run_evaluation
+
+    logging.getLogger("trainer").setLevel(logging.INFO)
+    with _progress_bar("evaluate", "policy x job set runs") as update:
         run_evaluation(
             policies=[p.strip() for p in args.policies.split(",") if p.strip()],
             traces=args.traces,
@@ -253,7 +264,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
             out=args.out,
             branches=args.branches,
             results_md=args.results_md,
-            progress=lambda done, total: bar.update(task, completed=done, total=total),
+            progress=update,
         )
     return 0
 

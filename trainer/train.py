@@ -26,7 +26,7 @@ import logging
 import math
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -310,9 +310,14 @@ def train(
     val_traces: Sequence[Sequence[JobSpec]],
     out: str | Path,
     resume: bool = False,
-    progress: bool = True,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict:
-    """Train, evaluate periodically, keep the best; returns a summary dict (also ``OUT/summary.json``)."""
+    """Train, evaluate periodically, keep the best; returns a summary dict (also ``OUT/summary.json``).
+
+    :param progress: called as ``progress(steps done, steps in all)`` every 64 environment steps or
+        so and once at the end (steps counted from 0, a resumed run starting where it left off), e.g.
+        to drive a progress bar.
+    """
     import torch
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.monitor import Monitor
@@ -442,8 +447,12 @@ def train(
         def __init__(self) -> None:
             super().__init__()
             self.next_eval = start_steps + cfg.eval_freq
+            self.shown = start_steps
 
         def _on_step(self) -> bool:
+            if progress is not None and self.num_timesteps - self.shown >= 64:
+                self.shown = self.num_timesteps
+                progress(self.num_timesteps, cfg.timesteps)
             if self.num_timesteps >= self.next_eval:
                 self.next_eval += cfg.eval_freq
                 do_eval()
@@ -462,6 +471,8 @@ def train(
             tb_log_name=cfg.algo,
             progress_bar=False,
         )
+    if progress is not None:
+        progress(int(model.num_timesteps), cfg.timesteps)
     if not (eval_rows and eval_rows[-1]["timesteps"] == float(model.num_timesteps)):
         do_eval()
     final = eval_rows[-1] if eval_rows else {}
