@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from policies.checkpoint import load_checkpoint
+from policies.checkpoint import CheckpointError, load_checkpoint
 from policies.cluster import ClusterSpec
 from policies.perf import ContentionModel
 from policies.rl import make_rl_policy
@@ -79,6 +79,17 @@ def test_resume_and_ship(tmp_path):
     s = train(cfg, [trace], [trace], tmp_path / "run", resume=True, progress=lambda d, t: ticks.append((d, t)))
     assert s["timesteps"] >= 512 > first
     assert ticks[0][0] > first and ticks[-1] == (s["timesteps"], 512)  # a resumed run counts on from where it was
+    # a new run into a directory that holds one: refused, unless asked to start over
+    before = (tmp_path / "run" / "last.json").read_bytes()
+    with pytest.raises(CheckpointError, match="already holds a training run"):
+        train(cfg, [trace], [trace], tmp_path / "run")
+    assert (tmp_path / "run" / "last.json").read_bytes() == before
+    cfg2 = dataclasses.replace(cfg, timesteps=128)
+    train(cfg2, [trace], [trace], tmp_path / "over", overwrite=True)  # nothing there yet: a plain run
+    (tmp_path / "over" / "summary.json").write_text("{}")  # a leftover of the run to be replaced
+    s2 = train(cfg2, [trace], [trace], tmp_path / "over", overwrite=True)
+    assert load_checkpoint(tmp_path / "over" / "last").meta["training"]["timesteps"] == s2["timesteps"] < 512
+    assert json.loads((tmp_path / "over" / "summary.json").read_text())["timesteps"] == s2["timesteps"]
     shipped = ship_checkpoint(tmp_path / "run" / "best", CL, dest=tmp_path / "ship", command="rlsched train ...")
     assert [p.name for p in shipped] == ["rl-base-2x4.json", "rl-hybrid-2x4.json"]
     meta = json.loads(shipped[1].read_text())

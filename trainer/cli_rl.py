@@ -122,7 +122,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "initialisation; the step count starts at 0",
     )
     p.add_argument("--out", required=True, help="output directory (best.*, last.*, eval.csv, tb/)")
-    p.add_argument("--resume", action="store_true", help="continue from OUT/last")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true", help="continue from OUT/last")
+    again.add_argument(
+        "--overwrite", action="store_true", help="start over in an OUT that holds a run (deletes its checkpoints)"
+    )
     p.add_argument(
         "--export-shipped", action="store_true", help="also copy OUT/best to policies/checkpoints as rl-base/rl-hybrid"
     )
@@ -211,7 +215,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
         val_traces=list(args.val_traces or []),
     )
     with _progress_bar("train", "steps") as update:
-        summary = train(cfg, train_sets, val_sets, args.out, resume=args.resume, progress=update)
+        summary = train(
+            cfg, train_sets, val_sets, args.out, resume=args.resume, overwrite=args.overwrite, progress=update
+        )
     cmd = "rlsched " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[0].endswith("rlsched") else None
     if args.export_shipped:
         from trainer.train import ship_checkpoint

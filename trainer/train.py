@@ -311,9 +311,13 @@ def train(
     out: str | Path,
     resume: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    overwrite: bool = False,
 ) -> dict:
     """Train, evaluate periodically, keep the best; returns a summary dict (also ``OUT/summary.json``).
 
+    :param resume: continue the run in ``out`` from its ``last`` checkpoint.
+    :param overwrite: start a new run in ``out`` even if it holds one (its checkpoints, evaluation
+        log and summary are removed first); without it, or ``resume``, an existing run is an error.
     :param progress: called as ``progress(steps done, steps in all)`` every 64 environment steps or
         so and once at the end (steps counted from 0, a resumed run starting where it left off), e.g.
         to drive a progress bar.
@@ -327,6 +331,16 @@ def train(
     out = Path(out)
     if resume and not (out / "last.json").is_file():
         raise CheckpointError(f"{out / 'last.json'}: nothing to resume (no previous run in {out})")
+    old = [out / f"{n}{x}" for n in ("best", "last") for x in (".json", ".safetensors")]
+    old += [out / "eval.csv", out / "summary.json"]
+    if not resume and any(f.exists() for f in old):
+        if not overwrite:
+            raise CheckpointError(
+                f"{out} already holds a training run: --resume continues it, --overwrite starts over (and "
+                "deletes its checkpoints), or choose another --out"
+            )
+        for f in old:
+            f.unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     cluster = ClusterSpec.parse(cfg.cluster)
     perf = ContentionModel(cluster)
