@@ -58,12 +58,16 @@ def test_generate_sets(tmp_path: Path, capsys) -> None:
     )
     assert rc == 0
     assert sorted(p.name for p in out.iterdir()) == [f"set{k}.parquet" for k in range(4)]
-    # Refuses to overwrite without --force, and leaves the directory as it was.
+    # Refuses to overwrite without --overwrite, and leaves the directory as it was.
     assert main(["trace", "generate", "--jobs", "5", "--sets", "1", "--out", str(out)]) == 2
-    assert "not empty" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "not empty" in err and "--overwrite" in err
     assert len(list(out.iterdir())) == 4
-    assert main(["trace", "generate", "--jobs", "5", "--sets", "2", "--out", str(out), "--force"]) == 0
+    assert main(["trace", "generate", "--jobs", "5", "--sets", "2", "--out", str(out), "--overwrite"]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["set0.csv", "set1.csv"]
+    # --force, the option's earlier name, still works
+    assert main(["trace", "generate", "--jobs", "5", "--sets", "3", "--out", str(out), "--force"]) == 0
+    assert len(list(out.iterdir())) == 3
 
 
 @pytest.mark.parametrize(

@@ -47,7 +47,7 @@ def _check_out_file(out: Path, force: bool) -> str | None:
     if out.is_dir():
         return f"{out}: is a directory (use --sets N to write job sets into a directory)"
     if out.exists() and not force:
-        return f"{out}: exists (use --force to replace it)"
+        return f"{out}: exists (use --overwrite to replace it)"
     for parent in out.resolve().parents:
         if parent.exists():
             if not parent.is_dir():
@@ -82,7 +82,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     try:
         cfg = cfg.resolved(cluster)
         if args.sets is None:
-            err = _check_out_file(out, args.force)
+            err = _check_out_file(out, args.overwrite)
             if err:
                 return _fail(args, err)
             jobs = generate_jobs(cluster, cfg)
@@ -94,7 +94,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                 return _fail(args, f"{out}: --sets writes a directory; give a directory path, not a file name")
             sets = generate_sets(cluster, cfg, args.sets)
             _make_parent(out)
-            paths = write_sets(out, sets, fmt=args.format, force=args.force)
+            paths = write_sets(out, sets, fmt=args.format, force=args.overwrite)
             print(f"wrote {len(paths)} job sets of {cfg.num_jobs} jobs to {out}/")
     except GeneratorError as exc:
         return _fail(args, str(exc))
@@ -159,7 +159,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     from trainer.traces import write_trace
 
     out = Path(args.out)
-    err = _check_out_file(out, args.force)
+    err = _check_out_file(out, args.overwrite)
     if err:
         return _fail(args, err)
     try:
@@ -220,7 +220,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--format", choices=("csv", "parquet", "json"), default="csv", help="file format with --sets (default csv)"
     )
     g.add_argument("--out", required=True, help="output .csv/.parquet/.json file, or a directory with --sets")
-    g.add_argument("--force", action="store_true", help="replace an existing output")
+    g.add_argument(
+        "--overwrite", "--force", dest="overwrite", action="store_true", help="replace an existing output"
+    )
     g.set_defaults(func=_cmd_generate)
 
     s = tsub.add_parser(
@@ -237,5 +239,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     _add_read_options(c)
     c.add_argument("--out", required=True, help="output .csv/.parquet/.json file")
-    c.add_argument("--force", action="store_true", help="replace an existing output")
+    c.add_argument(
+        "--overwrite", "--force", dest="overwrite", action="store_true", help="replace an existing output"
+    )
     c.set_defaults(func=_cmd_convert)

@@ -298,7 +298,7 @@ def write_sets(
     if directory.exists() and not directory.is_dir():
         raise GeneratorError(f"{directory}: exists and is not a directory")
     if directory.is_dir() and any(directory.iterdir()) and not force:
-        raise GeneratorError(f"{directory}: directory is not empty (use --force to replace it)")
+        raise GeneratorError(f"{directory}: directory is not empty (use --overwrite to replace it)")
     parent = directory.resolve().parent
     if not parent.is_dir():
         raise GeneratorError(f"{parent}: no such directory")
