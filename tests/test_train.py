@@ -154,6 +154,26 @@ def test_other_algos_export(tmp_path, algo):
     assert all(np.isfinite(r.jct) for r in res.jobs)
 
 
+def test_no_validation_traces(tmp_path, caplog):
+    """Without validation traces: a warning, best = last, and a summary in strict JSON (nulls, no NaN)."""
+    import json
+    import logging
+
+    trace = _trace(3, 8)
+    cfg = TrainConfig(algo="a2c", cluster="2x4", timesteps=200, n_envs=1, n_steps=32, eval_freq=10_000)
+    with caplog.at_level(logging.WARNING, logger="trainer.train"):
+        summary = train(cfg, [trace], [], tmp_path / "r")
+    assert any("no validation traces" in r.getMessage() for r in caplog.records)
+    text = (tmp_path / "r" / "summary.json").read_text()
+    assert "NaN" not in text
+    on_disk = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
+    for key in ("best_val_rel_jct", "best_val_avg_jct_s", "final_val_rel_jct", "final_val_avg_jct_s"):
+        assert summary[key] is None and on_disk[key] is None
+    assert on_disk["evals"] == [] and not (tmp_path / "r" / "eval.csv").exists()
+    best = (tmp_path / "r" / "best.safetensors").read_bytes()
+    assert best == (tmp_path / "r" / "last.safetensors").read_bytes()
+
+
 def test_cli_train_errors(tmp_path, capsys):
     from rlsched.cli import main
 

@@ -346,6 +346,8 @@ def train(
     perf = ContentionModel(cluster)
     if not train_traces:
         raise ValueError("no training traces")
+    if not val_traces:
+        log.warning("no validation traces: no periodic evaluation, and best = last (give --val-traces to select)")
     t_ref = time.perf_counter()
     train_ref = reference_jct(train_traces, cluster, perf, cfg.round_len) if cfg.reward == "jct-rel" else None
     val_ref = reference_jct(val_traces, cluster, perf, cfg.round_len) if val_traces else []
@@ -497,14 +499,15 @@ def train(
     summary = {
         "timesteps": int(model.num_timesteps),
         "wall_s": time.perf_counter() - t_start,
-        "best_val_rel_jct": best_row.get("val_rel_jct", math.nan),
-        "best_val_avg_jct_s": best_row.get("val_avg_jct_s", math.nan),
-        "final_val_rel_jct": final.get("val_rel_jct", math.nan),
-        "final_val_avg_jct_s": final.get("val_avg_jct_s", math.nan),
+        # null without validation traces (strict JSON has no NaN)
+        "best_val_rel_jct": best_row.get("val_rel_jct"),
+        "best_val_avg_jct_s": best_row.get("val_avg_jct_s"),
+        "final_val_rel_jct": final.get("val_rel_jct"),
+        "final_val_avg_jct_s": final.get("val_avg_jct_s"),
         "evals": eval_rows,
         "best": str(out / "best.json"),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str, allow_nan=False) + "\n")
     return summary
 
 
