@@ -30,13 +30,15 @@ def _load(args: argparse.Namespace):
     cfg = load_config(_config_path(args))
     c = cfg.controller
     if getattr(args, "policy", None):
-        c.policy = args.policy
+        cfg.overrides["policy"] = args.policy
     if getattr(args, "interval", None) is not None:
         if args.interval <= 0:
             raise ConfigError(f"--interval: must be > 0, got {args.interval:g}")
-        c.interval_s = args.interval
+        cfg.overrides["interval_s"] = args.interval
     if getattr(args, "state_dir", None):
-        c.state_dir = args.state_dir
+        cfg.overrides["state_dir"] = args.state_dir
+    for k, v in cfg.overrides.items():
+        setattr(c, k, v)
     if getattr(args, "metrics_port", None) is not None:
         cfg.metrics.port = args.metrics_port
     return cfg

@@ -88,6 +88,8 @@ class ControllerConfig:
     metrics: MetricsSection = field(default_factory=MetricsSection)
     agents: AgentsSection = field(default_factory=AgentsSection)
     path: str | None = None
+    #: ``[controller]`` values set on the command line (``--policy``...): a reload keeps them
+    overrides: dict[str, Any] = field(default_factory=dict)
 
     def agent_address(self, node: str, index: int) -> str | None:
         """Agent address of ``node`` (``index``: 0-based position in the cluster)."""
@@ -210,6 +212,8 @@ def load_config(path: str | Path | None) -> ControllerConfig:
         raise ConfigError(f"{p}: config file not found") from None
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start})") from None
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -72,6 +72,9 @@ def idle_gc(every: int) -> bool:
     return False
 
 
+#: longest wait before a job Slurm did not start is placed again (s)
+_MAX_BACKOFF_S = 3600.0
+
 _FINISHED = ("COMPLETED", "FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED")
 
 
@@ -91,14 +94,15 @@ def make_policy(name: str, cluster: ClusterSpec, perf: ContentionModel, checkpoi
 class Journal:
     """Small JSON file of facts Slurm does not keep; atomic writes, tolerant reads.
 
-    ``released``: job id -> {t, plan: {node index: gpus}, nodes}; ``preempting``:
+    ``released``: job id -> {t, plan_by_name: {node name: gpus}}; ``preempting``:
     job id -> {t, stage: "asked"|"checkpointed", step, uri}; ``progress``: job id
-    -> {step, total_steps, attained_service}.
+    -> {step, total_steps, attained_service}; ``backoff``: job id -> {n: times held
+    back, until: epoch s before which it is not placed again}.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.data: dict[str, dict[str, Any]] = {"released": {}, "preempting": {}, "progress": {}}
+        self.data: dict[str, dict[str, Any]] = {"released": {}, "preempting": {}, "progress": {}, "backoff": {}}
         try:
             raw = json.loads(path.read_text())
             for k in self.data:
@@ -224,12 +228,15 @@ class Controller:
         self._reload.clear()
         try:
             new = load_config(self.cfg.path) if self.cfg.path else self.cfg
-            name = new.controller.policy
+            name = self.cfg.overrides.get("policy", new.controller.policy)
             if self.cluster is not None and self.perf is not None:
                 pol = make_policy(name, self.cluster, self.perf, new.controller.policy_checkpoint)
                 self.policy = pol
                 self.metrics.set_policy(pol.name)
-            # keep Slurm/agent wiring; policy-related settings take effect
+            # keep Slurm/agent wiring and the command line's overrides; policy-related settings take effect
+            for k, v in self.cfg.overrides.items():
+                setattr(new.controller, k, v)
+            new.controller.state_dir = self.cfg.controller.state_dir  # the journal stays where it is
             self.cfg.controller = new.controller
             self.policy_name = name
             log.info("reloaded: policy %s", name, extra={"event": "reload", "policy": name})
@@ -240,11 +247,11 @@ class Controller:
     def round(self) -> RoundReport:
         """Read Slurm, decide, act. Never raises for Slurm/agent/policy failures."""
         t0 = time.perf_counter()
-        if self._reload.is_set():
-            self._do_reload()
         now = self.clock()
         rep = RoundReport(time=now, ok=True)
         try:
+            if self._reload.is_set():
+                self._do_reload()
             self._round(now, rep)
         except SlurmError as exc:
             rep.ok, rep.error, rep.error_kind = False, str(exc), "slurm"
@@ -265,8 +272,11 @@ class Controller:
 
     def _round(self, now: float, rep: RoundReport) -> None:
         c = self.cfg.controller
-        nodes = self.slurm.nodes()
+        # jobs before nodes: a released job that starts in between then shows as in flight (its GPUs
+        # reserved) while sinfo already counts them used, which errs towards fewer free GPUs; the
+        # other order would show it running while sinfo still had its GPUs free (double booking)
         jobs = self.slurm.jobs()
+        nodes = self.slurm.nodes()
         try:
             cluster = build_cluster(nodes, self.cfg.slurm.partition, c.intra_bw_gbps, c.inter_bw_gbps)
         except ValueError as exc:
@@ -278,6 +288,7 @@ class Controller:
         changed |= self._check_released(now, by_id, rep)
         if changed:
             jobs = self.slurm.jobs()
+            nodes = self.slurm.nodes()
         stats = self._stats = self.preempter.stats()
         stale = [sid for sid in self.journal["progress"] if sid not in by_id]
         for sid in stale:  # Slurm forgot the job (MinJobAge): so can we
@@ -289,16 +300,23 @@ class Controller:
             progress[sid] = dict(p)
         for sid, s in stats.items():
             progress.setdefault(sid, {}).update(s)
-        plans = {sid: {int(k): int(v) for k, v in r.get("plan", {}).items()} for sid, r in self.journal["released"].items()}
+        plans = {sid: r.get("plan_by_name") or {} for sid, r in self.journal["released"].items()}
+        skip = {sid: f"not started after {b['n']} release(s): not placed again before {time.ctime(b['until'])}"
+                for sid, b in self.journal["backoff"].items() if now < float(b.get("until", 0))}
         view = build_state(
             now, cluster, nodes, jobs, self.perf,
             partition=self.cfg.slurm.partition, default_model=c.default_model,
-            default_runtime_s=c.default_runtime_s, progress=progress, planned=plans,
+            default_runtime_s=c.default_runtime_s, progress=progress, planned=plans, skip=skip,
         )
         for w in view.warnings:  # each distinct warning once, not every round
             if w not in self._warned:
                 self._warned.add(w)
                 log.warning(w, extra={"event": "job_warning"})
+        for sid, why in view.waiting.items():  # normal (a dependency, --begin): said once, as info
+            w = f"job {sid} waits: {why}"
+            if w not in self._warned:
+                self._warned.add(w)
+                log.info(w, extra={"event": "job_waiting", "job": sid})
         if len(self._warned) > 10000:
             self._warned.clear()
         st = view.state
@@ -365,6 +383,9 @@ class Controller:
             log.info("not preempting job %s: started %.0f s ago (< min_run_s)", sid, now - job.start_time,
                      extra={"event": "preempt_skipped", "job": job.job_id})
             return False
+        if c.dry_run:
+            log.info("dry run: would preempt job %s", sid, extra={"event": "dry_run", "job": job.job_id})
+            return False
         self.journal["preempting"][sid] = {"t": now, "stage": "asked"}
         self.journal.save()
         out = self.preempter.checkpoint(job, c.preempt_timeout_s)
@@ -420,6 +441,8 @@ class Controller:
     def _finish_preemptions(self, by_id: dict[str, SlurmJob]) -> bool:
         """Complete preemptions a crashed/failed earlier round left half done."""
         changed = False
+        if self.cfg.controller.dry_run:
+            return False
         for sid, e in list(self.journal["preempting"].items()):
             j = by_id.get(sid) or self.slurm.job(int(sid))
             if j is None or j.state == "CANCELLED" or j.pending:
@@ -442,8 +465,14 @@ class Controller:
     def _check_released(self, now: float, by_id: dict[str, SlurmJob], rep: RoundReport) -> bool:
         """Verify started jobs against their plan; hold back released jobs that never started."""
         rel = self.journal["released"]
+        backoff = self.journal["backoff"]
         changed = False
         dirty = False
+        for sid in list(backoff):  # gone, or started at last
+            j = by_id.get(sid)
+            if j is None or not j.pending:
+                backoff.pop(sid)
+                dirty = True
         for sid, r in list(rel.items()):
             j = by_id.get(sid)
             if j is None or not (j.pending or j.state in ("RUNNING", "CONFIGURING")):
@@ -465,15 +494,23 @@ class Controller:
             if not j.in_partition(self.cfg.slurm.partition):
                 continue
             r = rel.setdefault(sid, {"t": now})
-            if now - float(r["t"]) > self.cfg.controller.start_grace_s:
+            grace = self.cfg.controller.start_grace_s
+            if now - float(r["t"]) > grace and not self.cfg.controller.dry_run:
                 try:
                     self.slurm.hold(j.job_id)
                     rel.pop(sid)
                     rep.held_back.append(j.job_id)
                     changed = True
+                    # placed again at once the first time (a node may have failed); if Slurm keeps
+                    # refusing it (resources it cannot give on those nodes, a limit...), wait longer
+                    # each time: grace x 2^(n-1) after the n-th hold-back, at most an hour
+                    b = backoff.setdefault(sid, {"n": 0})
+                    b["n"] = n = int(b.get("n", 0)) + 1
+                    b["until"] = now + (0.0 if n == 1 else min(grace * 2 ** (n - 1), _MAX_BACKOFF_S))
                     self.metrics.decisions.labels(action="hold_back").inc()
-                    log.warning("job %s released %.0f s ago but not started (%s): held again", sid, now - float(r["t"]),
-                                j.reason, extra={"event": "held_back", "job": j.job_id})
+                    log.warning("job %s released %.0f s ago but not started (%s): held again, placed again in %.0f s",
+                                sid, now - float(r["t"]), j.reason, b["until"] - now,
+                                extra={"event": "held_back", "job": j.job_id, "times": b["n"]})
                 except SlurmError as exc:  # it may have started meanwhile
                     log.info("hold of job %s failed: %s", sid, exc)
             dirty = True
@@ -520,7 +557,7 @@ class Controller:
                 counts = {g for _, g in p.alloc}
                 per_node = counts.pop() if len(counts) == 1 and p.num_nodes > 1 else None
                 self.slurm.place(sj.job_id, names, sj.gpus, per_node, sj.tres_style)
-                self.journal["released"][jid] = {"t": now, "plan": {str(n): g for n, g in p.alloc}, "plan_by_name": plan_by_name}
+                self.journal["released"][jid] = {"t": now, "plan_by_name": plan_by_name}
                 self.journal.save()
                 settle = int(round(self.cfg.controller.requeue_settle_s)) if sj.restarts > 0 else 0
                 self.slurm.release(sj.job_id, settle)
@@ -573,9 +610,10 @@ class Controller:
     def run(self, max_rounds: int | None = None) -> None:
         """Round after round until stopped (SIGTERM/SIGINT) or ``max_rounds``.
 
-        A policy that cannot be built at the first round (unknown name, missing
-        RL checkpoint) raises :class:`PolicyError`: better a failed start than
-        a daemon that never schedules.
+        A policy that cannot be built (unknown name, missing RL checkpoint) raises
+        :class:`PolicyError` as soon as a round gets as far as building it (the
+        first round that reaches Slurm): better a failed start than a daemon that
+        never schedules. Once built, a reload that fails keeps the old policy.
         """
         log.info("controller started (pid %d, interval %.3g s, policy %s)", os.getpid(), self.cfg.controller.interval_s,
                  self.policy_name, extra={"event": "start"})
@@ -588,7 +626,8 @@ class Controller:
             while not self._stop.is_set():
                 t = time.monotonic()
                 rep = self.round()
-                if self.rounds == 1 and self.policy is None and rep.error_kind == "policy":
+                if self.policy is None and rep.error_kind == "policy":
+                    # never built (Slurm may have been down at the first rounds): fail the start
                     raise PolicyError(rep.error or "policy could not be built")
                 if max_rounds is not None and self.rounds >= max_rounds:
                     break

@@ -10,8 +10,13 @@ Reading is split in two layers so that Slurm version changes stay local:
 * ``_num``, ``_state``, ``_str`` unwrap the few JSON encodings that changed
   between OpenAPI v0.0.38 (Slurm 22.05: plain ints, ``"RUNNING"``) and
   v0.0.39+ (23.x-25.x: ``{"set", "infinite", "number"}`` objects, state lists);
-* :func:`parse_squeue_json`, :func:`parse_sinfo_json`, :func:`parse_scontrol_jobs`
-  turn one command's output into :class:`SlurmJob` / :class:`SlurmNode`.
+* :func:`parse_squeue_json`, :func:`parse_sinfo_json` turn one command's
+  output into :class:`SlurmJob` / :class:`SlurmNode`.
+
+Jobs are read only from ``squeue --json``, never from ``scontrol show job``:
+that prints ``Key=Value`` pairs in which users' own fields (job name,
+comment, paths) may contain text such as `` JobState=PENDING``, and no
+parser can tell those apart from Slurm's fields.
 
 Tests feed them outputs captured from this machine's Slurm 22.05
 (``tests/data/slurm/``).
@@ -25,7 +30,7 @@ import os
 import re
 import subprocess
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 __all__ = [
     "SlurmError",
@@ -39,9 +44,9 @@ __all__ = [
     "parse_gres_count",
     "parse_squeue_json",
     "parse_sinfo_json",
-    "parse_scontrol_jobs",
     "parse_scontrol_nodes",
     "MANAGED_MARK",
+    "dependency_met",
 ]
 
 log = logging.getLogger(__name__)
@@ -114,6 +119,9 @@ class SlurmJob:
     start_time: float | None = None
     eligible_time: float | None = None
     restarts: int = 0
+    #: Slurm's dependency list (``afterok:12(unfulfilled),afterany:13(unfulfilled)``; "" for none).
+    #: Slurm does not re-evaluate it while the job is held: see :func:`dependency_met`.
+    dependency: str = ""
 
     tres_style: str = "gres:gpu"  # how this Slurm writes GPU TRES: "gres:gpu" (22.05) or "gres/gpu" (23+)
 
@@ -303,6 +311,7 @@ def _job_from_json(j: dict) -> SlurmJob:
         eligible_time=_time(j.get("eligible_time")),
         restarts=int(_num(j.get("restart_cnt")) or 0),
         tres_style=_tres_style(tres, _str(j.get("tres_per_node"))),
+        dependency="" if _str(j.get("dependency")) == "(null)" else _str(j.get("dependency")),
     )
 
 
@@ -326,7 +335,12 @@ def parse_sinfo_json(text: str) -> list[SlurmNode]:
     seen: dict[str, SlurmNode] = {}
     for n in raw:
         name = _str(n.get("name") or n.get("hostname"))
-        if not name or name in seen:
+        if not name:
+            continue
+        parts = tuple(str(p) for p in (n.get("partitions") or []))
+        if name in seen:  # listed once per partition (23.x+): merge the partitions
+            old = seen[name]
+            old.partitions = old.partitions + tuple(p for p in parts if p not in old.partitions)
             continue
         state_v = n.get("state")
         flags = tuple(str(f) for f in (n.get("state_flags") or []))
@@ -338,14 +352,18 @@ def parse_sinfo_json(text: str) -> list[SlurmNode]:
             gpus_used=parse_gres_count(_str(n.get("gres_used"))),
             state=_state(state_v).lower(),
             flags=flags,
-            partitions=tuple(str(p) for p in (n.get("partitions") or [])),
+            partitions=parts,
         )
     return list(seen.values())
 
 
 def _sinfo_entry_nodes(entry: dict) -> list[dict]:
-    # Slurm 24.x ``sinfo --json`` groups by partition; names come as a host list.
-    names = expand_hostlist(_str((entry.get("nodes") or {}).get("nodes", [""])[0] if isinstance((entry.get("nodes") or {}).get("nodes"), list) else ""))
+    """Slurm 24.x ``sinfo --json`` groups nodes by partition and state: ``nodes.nodes`` is a list of
+    host names (one per node; a host-list expression is expanded too)."""
+    raw = (entry.get("nodes") or {}).get("nodes") or []
+    if isinstance(raw, str):
+        raw = [raw]
+    names = [n for item in raw for n in expand_hostlist(_str(item))]
     gres = _str((entry.get("gres") or {}).get("total"))
     used = _str((entry.get("gres") or {}).get("used"))
     state = (entry.get("node") or {}).get("state")
@@ -372,64 +390,6 @@ _KV = re.compile(r"(\w[\w/:]*)=(.*?)(?=\s+\w[\w/:]*=|\s*$)")
 def _kv_line(line: str) -> dict[str, str]:
     """``Key=Value Key2=Value with spaces`` -> dict (values may contain spaces)."""
     return {m.group(1): m.group(2).strip() for m in _KV.finditer(line)}
-
-
-def parse_scontrol_jobs(text: str) -> list[SlurmJob]:
-    """Jobs from ``scontrol -d -o show job`` (one line per job).
-
-    The per-node detail (``Nodes=node1 CPU_IDs=0 Mem=0 GRES=gpu:8(IDX:0-7)``)
-    repeats keys, so lines are split at each ``Nodes=`` detail block first.
-    """
-    jobs: list[SlurmJob] = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line.startswith("JobId="):
-            continue
-        # split off detail blocks: " Nodes=X CPU_IDs=... GRES=..." (scontrol -d)
-        parts = re.split(r"\s+(?=Nodes=\S+ CPU_IDs=)", line)
-        kv = _kv_line(parts[0])
-        per_node: dict[str, int] = {}
-        for block in parts[1:]:
-            d = _kv_line(block)
-            for n in expand_hostlist(d.get("Nodes")):
-                per_node[n] = parse_gres_count(d.get("GRES", ""))
-        # the last detail block runs into the rest of the job's fields
-        if len(parts) > 1:
-            kv.update({k: v for k, v in _kv_line(parts[-1]).items() if k not in ("Nodes", "CPU_IDs", "Mem", "GRES")})
-        user = kv.get("UserId", "")
-        m = re.match(r"([^()]*)\((\d+)\)", user)
-        nodes = expand_hostlist(kv.get("NodeList"))
-        tl = kv.get("TimeLimit", "UNLIMITED")
-        prio = kv.get("Priority")
-        gpus = gpus_from_tres(kv.get("TresPerJob")) or sum(per_node.values())
-        if not gpus:
-            gpus = gpus_from_tres(kv.get("TresPerNode")) * max(len(nodes), int(kv.get("NumNodes", "1").split("-")[0] or 1))
-        # "AdminComment=rlsched:managed gpus=12": the space splits it into two keys
-        admin = kv.get("AdminComment", "") + (f" gpus={kv['gpus']}" if "gpus" in kv else "")
-        gpus = managed_gpus(admin) or gpus
-        jobs.append(
-            SlurmJob(
-                job_id=int(kv["JobId"]),
-                name=kv.get("JobName", ""),
-                user=m.group(1) if m else user,
-                user_id=int(m.group(2)) if m else -1,
-                state=kv.get("JobState", "").upper(),
-                reason=kv.get("Reason", ""),
-                priority=int(prio) if prio and prio.isdigit() else None,
-                partition=kv.get("Partition", ""),
-                gpus=gpus,
-                nodes=nodes,
-                gpus_per_node={n: per_node[n] for n in nodes if n in per_node},
-                required_nodes=expand_hostlist(kv.get("ReqNodeList")),
-                num_nodes=int(kv.get("NumNodes", "0").split("-")[0] or 0),
-                comment=kv.get("Comment", "") if kv.get("Comment") != "(null)" else "",
-                admin_comment=admin if kv.get("AdminComment") != "(null)" else "",
-                time_limit_s=parse_time_limit(tl),
-                restarts=int(kv.get("Restarts", "0") or 0),
-                tres_style=_tres_style(kv.get("TresPerJob"), kv.get("TresPerNode")),
-            )
-        )
-    return jobs
 
 
 def parse_time_limit(text: str) -> float | None:
@@ -469,6 +429,77 @@ def parse_scontrol_nodes(text: str) -> list[SlurmNode]:
             )
         )
     return out
+
+
+# --------------------------------------------------------------------------- dependencies
+#: Final job states (the job will not run again unless requeued).
+FINAL_STATES = frozenset(
+    ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED")
+)
+_DEP_ITEM = re.compile(r"(\w+)(?::([^()]*))?(?:\((\w+)\))?")
+
+
+def _one_dependency(kind: str, targets: str, status: str | None, job: SlurmJob, by_id: Mapping[int, SlurmJob]) -> bool | None:
+    if status == "failed":  # Slurm found it can never be satisfied
+        return False
+    if kind == "singleton":  # no other job of the same name and user may run
+        return not any(o.job_id != job.job_id and o.name == job.name and o.user_id == job.user_id and o.running
+                       for o in by_id.values())
+    if kind not in ("after", "afterany", "afterok", "afternotok"):
+        return None  # aftercorr, afterburstbuffer, expand: left to Slurm
+    met: bool | None = True
+    for t in targets.split(":"):
+        tid, _, delay = t.partition("+")
+        if not tid.isdigit():  # an array element (12_3, 12_*): left to Slurm
+            return None
+        o = by_id.get(int(tid))
+        if o is None:  # purged by Slurm: long finished
+            continue
+        if kind == "after":
+            ok = not o.pending
+        elif kind == "afterany":
+            ok = o.state in FINAL_STATES
+        elif kind == "afterok":
+            if o.state in FINAL_STATES and o.state != "COMPLETED":
+                return False
+            ok = o.state == "COMPLETED"
+        else:  # afternotok
+            if o.state == "COMPLETED":
+                return False
+            ok = o.state in FINAL_STATES
+        if not ok:
+            return False
+        if delay:  # "+minutes" after the target started / ended: Slurm keeps the clock
+            met = None
+    return met
+
+
+def dependency_met(job: SlurmJob, by_id: Mapping[int, SlurmJob]) -> bool | None:
+    """Whether a held job's ``--dependency`` is satisfied, judged from the other jobs' states.
+
+    Slurm does not re-evaluate the dependencies of a held job (22.05: a held job's list still
+    reads ``afterany:4(unfulfilled)`` long after job 4 ended), so the controller must, or it
+    would release jobs that cannot start. ``True``: no dependency or all met (``?``-lists: one);
+    ``False``: not yet, or never (``(failed)``); ``None``: cannot tell here (array elements,
+    ``+minutes`` delays, ``aftercorr``...): Slurm decides once the job is released.
+
+    :param by_id: every job squeue shows, by id (a target missing from it has been purged, i.e.
+        ended long ago, and counts as met).
+    """
+    dep = (job.dependency or "").strip()
+    if not dep or dep == "(null)":
+        return True
+    any_of = "?" in dep
+    results = []
+    for item in re.split(r"[,?]", dep):
+        m = _DEP_ITEM.fullmatch(item.strip())
+        if m is None:
+            return None
+        kind, targets, status = m.groups()
+        results.append(_one_dependency(kind, targets or "", status, job, by_id))
+    if any_of:
+        return True if True in results else (None if None in results else False)
+    return False if False in results else (None if None in results else True)
 
 
 # --------------------------------------------------------------------------- the adapter
@@ -525,16 +556,11 @@ class SlurmCLI:
         return self._parse(args, parse_squeue_json, self.run(args))
 
     def job(self, job_id: int) -> SlurmJob | None:
-        """One job via ``scontrol -d -o show job`` (``None`` once Slurm has purged it)."""
-        args = ["scontrol", "-d", "-o", "show", "job", str(job_id)]
-        try:
-            text = self.run(args)
-        except SlurmError as exc:
-            if "Invalid job id" in exc.message:
-                return None
-            raise
-        jobs = self._parse(args, parse_scontrol_jobs, text)
-        return jobs[0] if jobs else None
+        """One job, from :meth:`jobs` (``None`` once Slurm has purged it).
+
+        Not ``scontrol show job``: its ``Key=Value`` text cannot be parsed safely
+        (a user's comment or job name may hold `` JobState=...``)."""
+        return next((j for j in self.jobs() if j.job_id == int(job_id)), None)
 
     # ------------------------------------------------------------------ acting
     def place(self, job_id: int, nodes: Sequence[str], gpus: int, per_node: int | None = None,

@@ -26,7 +26,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from controller.slurm import SlurmJob, SlurmNode
+from controller.slurm import SlurmJob, SlurmNode, dependency_met
 from policies.cluster import ClusterSpec, NodeSpec, Placement
 from policies.perf import ContentionModel
 from policies.state import ClusterState, JobInfo
@@ -53,7 +53,8 @@ def parse_comment(comment: str | None) -> JobRequest:
     Bad values do not fail the job: they are reported in ``problem`` and the
     defaults apply.
     """
-    m = re.search(r"rlsched:(\S+)", comment or "")
+    # items are comma-separated; a space after a comma is allowed ("model=MoE, key=run-7")
+    m = re.search(r"rlsched:(\S+(?:,\s+[^\s,]+)*)", comment or "")
     if not m:
         return JobRequest()
     model: str | None = None
@@ -61,6 +62,7 @@ def parse_comment(comment: str | None) -> JobRequest:
     opts: list[tuple[str, str]] = []
     problems: list[str] = []
     for item in m.group(1).split(","):
+        item = item.strip()
         if not item:
             continue
         k, sep, v = item.partition("=")
@@ -113,12 +115,14 @@ class SlurmView:
     :param in_flight: released managed jobs that have not started yet
         (their GPUs are reserved in ``state.free_gpus``).
     :param warnings: per-job notes (bad comments, unplaceable demands).
+    :param waiting: held managed jobs left out of ``state`` this round -> why.
     """
 
     state: ClusterState
     jobs: dict[str, SlurmJob]
     in_flight: list[SlurmJob] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    waiting: dict[str, str] = field(default_factory=dict)
 
 
 def _reserve(free: np.ndarray, idx: Sequence[int], gpus: int, planned: Mapping[int, int] | None) -> None:
@@ -145,18 +149,30 @@ def build_state(
     default_model: str,
     default_runtime_s: float,
     progress: Mapping[str, Mapping] | None = None,
-    planned: Mapping[str, Mapping[int, int]] | None = None,
+    planned: Mapping[str, Mapping[str, int]] | None = None,
+    skip: Mapping[str, str] | None = None,
 ) -> SlurmView:
     """Assemble the ClusterState for one round.
 
     :param progress: Slurm job id -> agent stats (``step``, ``total_steps``,
         ``samples_per_s``, ``isolated_samples_per_s``, ``cs``), or stored
         progress of a preempted job (``step``/``total_steps``).
-    :param planned: Slurm job id -> node index -> GPUs the controller asked
-        for when it released the job (to reserve GPUs of in-flight jobs).
+    :param planned: Slurm job id -> node name -> GPUs the controller asked
+        for when it released the job (to reserve GPUs of in-flight jobs; by
+        name, so a change of the node set cannot shift it onto other nodes).
+    :param skip: Slurm job id -> why: held jobs kept out of the policy's queue
+        this round (the daemon's back-off for jobs Slurm did not start).
+
+    Held jobs that Slurm would not start yet are kept out of the queue too (listed in
+    ``SlurmView.waiting``): an unmet ``--dependency`` (:func:`~controller.slurm.dependency_met`;
+    Slurm does not re-evaluate it while the job is held) and a ``--begin`` time still in the
+    future (a job that never ran: after a requeue the begin time is Slurm's own delay, which
+    the controller overrides on release).
     """
     progress = progress or {}
     planned = planned or {}
+    skip = skip or {}
+    all_by_id = {j.job_id: j for j in jobs}
     index = {n.name: i for i, n in enumerate(cluster.nodes)}
     by_name = {n.name: n for n in nodes}
     free = np.zeros(cluster.num_nodes, dtype=np.int64)
@@ -179,10 +195,20 @@ def build_state(
         if j.pending and not j.held:
             view.in_flight.append(j)
             idx = [index[n] for n in j.required_nodes if n in index]
-            _reserve(free, idx, j.gpus, planned.get(str(j.job_id)))
+            plan = {index[n]: int(c) for n, c in (planned.get(str(j.job_id)) or {}).items() if n in index}
+            _reserve(free, idx, j.gpus, plan)
             continue
         if not (j.pending or j.state == "RUNNING"):
             continue
+        if j.pending:
+            why = skip.get(str(j.job_id))
+            if why is None and dependency_met(j, all_by_id) is False:
+                why = f"dependency {j.dependency} not met"
+            if why is None and j.restarts == 0 and j.eligible_time is not None and j.eligible_time > now:
+                why = f"begin time {j.eligible_time:.0f} not reached"
+            if why is not None:
+                view.waiting[str(j.job_id)] = why
+                continue
         req = parse_comment(j.comment)
         if req.problem:
             view.warnings.append(f"job {j.job_id}: comment {j.comment!r}: {req.problem}; using defaults")

@@ -13,11 +13,15 @@ On submit, a job of the managed partition that asks for GPUs with --gpus=N:
   * keeps the user's comment, where the workload is declared:
       sbatch --gpus=8 --comment "rlsched:model=MoE,samples=200000" job.sh
     (no model -> the controller's default profile).
---gres=gpu:N (GPUs per node) is refused in the managed partition: the
-controller decides the per-node split, so ask for the total with --gpus=N.
+--gres=gpu:N, --gpus-per-node, --gpus-per-task and --gpus-per-socket are
+refused in the managed partition: the controller decides the per-node split,
+so ask for the total with --gpus=N.
 
 On modify, a non-admin cannot, for a managed job that has not started yet,
-release it or change its priority, node list, node count or GPU request.
+release it or change its priority, node list, node count, GPU request or
+partition; nor give GPUs to a pending job of the managed partition that was
+submitted without them, nor move a pending GPU job into that partition (either
+would let Slurm start a GPU job the controller never placed: submit it anew).
 Admins (root, SlurmUser: the controller) can. Users may still cancel.
 ]]
 
@@ -44,6 +48,20 @@ local function gpus_from_tres(tres)
    return total
 end
 
+-- GPU requests other than --gpus=N (tres_per_job): per node (--gres=gpu:N,
+-- --gpus-per-node), per task, per socket
+local SPLIT_FIELDS = { "tres_per_node", "tres_per_task", "tres_per_socket" }
+local ALL_FIELDS = { "tres_per_job", "tres_per_node", "tres_per_task", "tres_per_socket" }
+
+-- the first of `fields` in which `t` asks for GPUs, or nil
+local function gpu_field(t, fields)
+   for _, f in ipairs(fields) do
+      local n = gpus_from_tres(t[f])
+      if n ~= nil and n > 0 then return f end
+   end
+   return nil
+end
+
 local function default_partition(part_list)
    for name, part in pairs(part_list) do
       if part.flag_default ~= nil and part.flag_default ~= 0 then return name end
@@ -67,10 +85,10 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
    if not is_managed_partition(job_desc.partition, part_list) then
       return slurm.SUCCESS
    end
-   local per_node = gpus_from_tres(job_desc.tres_per_node)
-   if per_node ~= nil and per_node > 0 then
+   if gpu_field(job_desc, SPLIT_FIELDS) ~= nil then
       slurm.log_user("rlsched: in this partition ask for the total number of GPUs with --gpus=N "
-         .. "(the scheduler chooses the nodes); --gres=gpu:N is not accepted")
+         .. "(the scheduler chooses the nodes); --gres=gpu:N, --gpus-per-node, --gpus-per-task "
+         .. "and --gpus-per-socket are not accepted")
       return slurm.ERROR
    end
    local gpus = gpus_from_tres(job_desc.tres_per_job)
@@ -92,22 +110,36 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
    if ADMIN_UIDS[modify_uid] then
       return slurm.SUCCESS
    end
-   local ac = job_rec.admin_comment
-   if ac == nil or string.find(ac, MARK, 1, true) == nil then
-      return slurm.SUCCESS
-   end
    -- once the job runs, placement fields no longer matter to us
    if job_rec.job_state ~= nil and job_rec.job_state ~= JOB_PENDING then
       return slurm.SUCCESS
    end
    local what = nil
+   local ac = job_rec.admin_comment
+   if ac == nil or string.find(ac, MARK, 1, true) == nil then
+      -- not ours: it must not become a GPU job of the managed partition behind the controller's back
+      local part = changed(job_desc.partition) and job_desc.partition or job_rec.partition
+      if is_managed_partition(part, part_list) then
+         if gpu_field(job_desc, ALL_FIELDS) ~= nil then
+            what = "add GPUs to job " .. job_rec.job_id .. " of the managed partition"
+         elseif changed(job_desc.partition) and gpu_field(job_rec, ALL_FIELDS) ~= nil then
+            what = "move GPU job " .. job_rec.job_id .. " into the managed partition"
+         end
+      end
+      if what ~= nil then
+         slurm.log_info("rlsched: refused uid %d: cannot %s (submit a new job with --gpus=N)", modify_uid, what)
+         return slurm.ESLURM_ACCESS_DENIED or slurm.ERROR
+      end
+      return slurm.SUCCESS
+   end
    if changed(job_desc.priority) then
       what = "release it or change the priority"
    elseif changed(job_desc.req_nodes) then
       what = "change the node list"
    elseif changed(job_desc.min_nodes) or changed(job_desc.max_nodes) then
       what = "change the node count"
-   elseif changed(job_desc.tres_per_job) or changed(job_desc.tres_per_node) then
+   elseif changed(job_desc.tres_per_job) or changed(job_desc.tres_per_node)
+      or changed(job_desc.tres_per_task) or changed(job_desc.tres_per_socket) then
       what = "change the GPU request"
    elseif changed(job_desc.partition) then
       what = "change the partition"

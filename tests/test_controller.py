@@ -289,6 +289,154 @@ def test_released_job_that_never_starts_is_held_again(tmp_path):
     assert ("hold", a) in s.calls and [c for c in s.calls if c[0] == "release"] == [("release", a)] * 2
 
 
+def test_a_job_slurm_keeps_refusing_is_placed_again_less_and_less_often(tmp_path):
+    """Held back once: placed again at once. Held back again and again (Slurm will not start it on
+    any nodes, e.g. a CPU or memory request they cannot meet): waits grace x 2^(n-1), at most an
+    hour, instead of blocking GPUs by a place / hold-back loop; the wait is in the journal."""
+
+    class Refusing(FakeSlurm):
+        refuse = True
+
+        def schedule(self, now=2000.0):
+            if not self.refuse:
+                super().schedule(now)
+
+    s = Refusing()
+    a = s.submit(8)
+    t, grace = 1000.0, 30.0
+    releases, holds = [], 0
+    for _ in range(40):  # 40 rounds, 10 s apart
+        rep = _ctl(tmp_path, s, now=t, start_grace_s=grace).round()
+        assert rep.ok, rep.error
+        s.schedule()
+        holds += len(rep.held_back)
+        if rep.placed:
+            releases.append(t)
+        t += 10.0
+    # the first hold-back after 40 s (> grace), placed again at once; then waits of 2 x 30 s and 4 x 30 s
+    assert np.diff(releases).tolist()[:3] == [40.0, 40.0 + 60.0, 40.0 + 120.0], releases
+    journal = tmp_path / "state" / "journal.json"
+    b = json.loads(journal.read_text())["backoff"][str(a)]
+    assert b["n"] == holds >= 3 and b["until"] - t <= 3600.0
+    # once it runs, the back-off is forgotten
+    s.refuse = False
+    while not s.job_list[a].running:
+        _ctl(tmp_path, s, now=t, start_grace_s=grace).round()
+        s.schedule()
+        t += 600.0
+    assert _ctl(tmp_path, s, now=t, start_grace_s=grace).round().ok
+    assert json.loads(journal.read_text())["backoff"] == {}
+
+
+def test_dependencies_and_begin_times_keep_jobs_out_of_the_queue(tmp_path):
+    s = FakeSlurm()
+    first = s.submit(4)
+    ok_after = s.submit(4)
+    s.job_list[ok_after].dependency = f"afterok:{first}(unfulfilled)"
+    any_after = s.submit(4)
+    s.job_list[any_after].dependency = f"afterany:{first}(unfulfilled)?afterok:999(unfulfilled)"
+    failed = s.submit(4)
+    s.job_list[failed].dependency = f"afterok:{first}(failed)"
+    later = s.submit(4)
+    s.job_list[later].eligible_time = 5000.0  # --begin in the future
+    requeued = s.submit(4)
+    s.job_list[requeued].eligible_time, s.job_list[requeued].restarts = 5000.0, 1  # Slurm's requeue delay
+    ctl = _ctl(tmp_path, s)
+    rep = ctl.round()
+    # first runs; any_after's "?" list is met through job 999, long purged; requeued's begin time is Slurm's
+    assert sorted(j for j, _ in rep.placed) == sorted([first, any_after, requeued])
+    s.schedule()
+    s.finish(first)
+    rep = ctl.round()
+    assert [j for j, _ in rep.placed] == [ok_after]  # failed never; later not before 5000 s
+    assert not s.job_list[failed].required_nodes and not s.job_list[later].required_nodes
+    s.schedule()
+    assert [j for j, _ in _ctl(tmp_path, s, now=6000.0).round().placed] == [later]
+
+
+@pytest.mark.parametrize("dep, states, met", [
+    ("", {}, True),
+    ("afterok:1(unfulfilled)", {1: "RUNNING"}, False),
+    ("afterok:1(unfulfilled)", {1: "COMPLETED"}, True),
+    ("afterok:1(unfulfilled)", {1: "FAILED"}, False),
+    ("afterok:1(unfulfilled)", {}, True),  # purged: long gone
+    ("afternotok:1(unfulfilled)", {1: "FAILED"}, True),
+    ("afternotok:1(unfulfilled)", {1: "COMPLETED"}, False),
+    ("afterany:1(unfulfilled),afterany:2(unfulfilled)", {1: "COMPLETED", 2: "RUNNING"}, False),
+    ("afterany:1(unfulfilled)?afterany:2(unfulfilled)", {1: "COMPLETED", 2: "RUNNING"}, True),
+    ("afterany:1:2(unfulfilled)", {1: "CANCELLED", 2: "TIMEOUT"}, True),
+    ("after:1(unfulfilled)", {1: "PENDING"}, False),
+    ("after:1(unfulfilled)", {1: "RUNNING"}, True),
+    ("after:1+5(unfulfilled)", {1: "RUNNING"}, None),  # Slurm keeps that clock
+    ("afterok:1_3(unfulfilled)", {}, None),  # array element: left to Slurm
+    ("aftercorr:1(unfulfilled)", {}, None),
+    ("afterok:1(failed)", {1: "FAILED"}, False),
+    ("singleton(unfulfilled)", {1: "RUNNING"}, False),
+    ("singleton(unfulfilled)", {1: "COMPLETED"}, True),
+])
+def test_dependency_met(dep, states, met):
+    from controller.slurm import dependency_met
+
+    def job(jid, state, dependency=""):
+        return SlurmJob(job_id=jid, name="train", user="alice", user_id=1001, state=state, reason="",
+                        priority=1, partition="gpu", gpus=1, nodes=["node1"] if state == "RUNNING" else [],
+                        dependency=dependency)
+
+    me = job(10, "PENDING", dep)
+    by_id = {jid: job(jid, st) for jid, st in states.items()} | {10: me}
+    assert dependency_met(me, by_id) is met
+
+
+def test_dry_run_changes_nothing(tmp_path):
+    """dry_run: decisions are logged; no placement, preemption, hold-back or requeue reaches Slurm."""
+    s = FakeSlurm()
+    long = s.submit(8, "rlsched:model=MoE,samples=1e12")
+    _ctl(tmp_path, s, policy="srtf").round()
+    s.schedule(now=1000.0)
+    s.submit(8, "rlsched:model=MoE,samples=10")  # short: SRTF would preempt the long one
+    s.job_list[long].restarts = 0
+    pending_release = s.submit(8)
+    s.place(pending_release, ["node2"])
+    s.release(pending_release)  # released, never started: would be held back
+    agents = FakeAgents()
+    before = len(s.calls)
+    ctl = _ctl(tmp_path, s, agents=agents, now=9000.0, policy="srtf", dry_run=True, start_grace_s=10.0)
+    for _ in range(3):
+        rep = ctl.round()
+        assert rep.ok and rep.placed == [] and rep.preempted == [] and rep.held_back == []
+    acting = {"place", "release", "hold", "unplace", "requeue_hold"}
+    assert [c for c in s.calls[before:] if c[0] in acting] == [] and agents.asked == []
+    assert s.job_list[long].state == "RUNNING"
+
+
+def test_in_flight_plans_follow_node_names_when_the_node_set_changes(tmp_path):
+    """A released job's planned GPUs are reserved on the nodes named in the journal, even after the
+    partition's node set changed (node indices shift): never on the wrong node, never an IndexError."""
+    s = FakeSlurm()
+    a = s.submit(8)
+    rep = _ctl(tmp_path, s).round()
+    ((jid, plan),) = rep.placed
+    assert jid == a and plan == {"node1": 8}
+    # before Slurm starts it, a node0 joins the partition: node1 is now index 1
+    s.node_list.insert(0, SlurmNode("node0", 8, 0, "idle", (), ("gpu",)))
+    b = s.submit(8)
+    rep = _ctl(tmp_path, s).round()
+    assert rep.ok, rep.error
+    ((jid, plan),) = rep.placed
+    assert jid == b and "node1" not in plan
+    # and node1 leaving the partition does not break the round
+    s.node_list = [n for n in s.node_list if n.name != "node1"]
+    assert _ctl(tmp_path, s).round().ok
+
+
+def test_round_reads_the_queue_before_the_nodes(tmp_path):
+    s = FakeSlurm()
+    s.submit(4)
+    _ctl(tmp_path, s).round()
+    reads = [c[0] for c in s.calls if c[0] in ("jobs", "nodes")]
+    assert reads[:2] == ["jobs", "nodes"]
+
+
 def test_slurm_failure_is_reported_and_next_round_recovers(tmp_path):
     s = FakeSlurm()
     s.submit(4)
@@ -430,6 +578,30 @@ def test_sighup_reload_switches_policy_and_survives_bad_config(tmp_path):
     cfgfile.write_text(f'[controller]\npolicy = "bogus"\nstate_dir = "{state}"\n')
     ctl.request_reload()
     assert ctl.round().ok and ctl.policy.name == "las"
+    # a file that is not UTF-8 is a failed reload too, not a crash of the loop
+    cfgfile.write_bytes(b'[controller]\npolicy = "fifo\xff"\n')
+    ctl.request_reload()
+    assert ctl.round().ok and ctl.policy.name == "las"
+
+
+def test_reload_keeps_command_line_overrides(tmp_path):
+    """`controller run --policy greedy --interval 1`: a SIGHUP re-reads the file but keeps both."""
+    import argparse
+
+    from controller.cli import _load
+
+    cfgfile = tmp_path / "c.toml"
+    cfgfile.write_text(f'[controller]\npolicy = "fifo"\ninterval_s = 5\nstate_dir = "{tmp_path / "st"}"\n'
+                       '[agents]\nenabled = false\n')
+    args = argparse.Namespace(config=str(cfgfile), policy="greedy", interval=1.0, state_dir=None, metrics_port=None)
+    ctl = Controller(_load(args), slurm=FakeSlurm(), preempter=NoAgents())
+    ctl.round()
+    assert (ctl.policy.name, ctl.cfg.controller.interval_s) == ("greedy", 1.0)
+    cfgfile.write_text(cfgfile.read_text().replace("interval_s = 5", "interval_s = 7\nmin_run_s = 9"))
+    ctl.request_reload()
+    assert ctl.round().ok
+    c = ctl.cfg.controller
+    assert (ctl.policy.name, c.interval_s, c.min_run_s) == ("greedy", 1.0, 9.0)  # the file's other values apply
 
 
 # --------------------------------------------------------------------------- config
@@ -588,6 +760,15 @@ def test_unbuildable_policy_fails_the_start(tmp_path, capsys):
     assert main(["controller", "run", "--config", str(f)]) == 2
     err = capsys.readouterr().err
     assert err.splitlines()[-1].startswith("rlsched controller: error:") and "none." in err.splitlines()[-1]
+    # Slurm unreachable at the first rounds (boot order): the start still fails once Slurm answers
+    (bindir / "sinfo").rename(bindir / "sinfo.ok")
+    (bindir / "sinfo").write_text(f"#!/bin/sh\nif [ -e {tmp_path}/up ]; then exec {bindir}/sinfo.ok; fi\n"
+                                  f"touch {tmp_path}/up; echo 'Unable to contact slurm controller' >&2; exit 1\n")
+    (bindir / "sinfo").chmod(0o755)
+    f.write_text(f.read_text().replace("[controller]", "[controller]\ninterval_s = 0.05"))
+    assert main(["controller", "run", "--config", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "Unable to contact" in err and err.splitlines()[-1].startswith("rlsched controller: error:")
 
 
 def test_status_and_preempt_commands(tmp_path, capsys):

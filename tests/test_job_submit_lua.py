@@ -91,8 +91,13 @@ def test_submit_holds_gpu_jobs_of_the_managed_partition():
         {"kind": "submit", "uid": 1001, "desc": {"priority": NO_VAL}},  # no GPUs: Slurm schedules it
         {"kind": "submit", "uid": 1001, "desc": {"tres_per_job": "gres:gpu:2", "partition": "cpu", "priority": NO_VAL}},
         {"kind": "submit", "uid": 1001, "desc": {"tres_per_node": "gres:gpu:2", "priority": NO_VAL}},
+        # --gpus-per-task / --gpus-per-socket would escape the hold just as well: refused too
+        {"kind": "submit", "uid": 1001, "desc": {"tres_per_task": "gres:gpu:1", "num_tasks": 8, "priority": NO_VAL}},
+        {"kind": "submit", "uid": 1001, "desc": {"tres_per_socket": "gres:gpu:4", "priority": NO_VAL}},
+        {"kind": "submit", "uid": 1001, "desc": {"tres_per_task": "gres:gpu:1", "partition": "cpu", "priority": NO_VAL}},
     ])
-    assert [x["rc"] for x in r] == [0, 0, 0, 0, 0, -1]
+    assert [x["rc"] for x in r] == [0, 0, 0, 0, 0, -1, -1, -1, 0]
+    assert "--gpus-per-task" in r[6]["msg"]
     assert [x["priority"] for x in r[:3]] == [0, 0, 0]
     assert [x["admin_comment"] for x in r[:3]] == ["rlsched:managed gpus=12", "rlsched:managed gpus=4", "rlsched:managed gpus=2"]
     assert r[3]["priority"] == NO_VAL and "admin_comment" not in r[3]
@@ -111,8 +116,9 @@ def test_named_managed_partition():
     assert r[0]["priority"] == NO_VAL  # the default partition is not the managed one
 
 
-def _modify(desc: dict, uid: int = 1001, state: int = 0, ac: str = "rlsched:managed gpus=4") -> dict:
-    return {"kind": "modify", "uid": uid, "desc": desc, "rec": {"admin_comment": ac, "job_state": state, "job_id": 7}}
+def _modify(desc: dict, uid: int = 1001, state: int = 0, ac: str = "rlsched:managed gpus=4", **rec) -> dict:
+    return {"kind": "modify", "uid": uid, "desc": desc,
+            "rec": {"admin_comment": ac, "job_state": state, "job_id": 7, **rec}}
 
 
 def test_modify_rules():
@@ -131,3 +137,24 @@ def test_modify_rules():
     ]
     r = run_cases(cases)
     assert [x["rc"] for x in r] == [2002, 2002, 2002, 2002, 2002, 2002, 0, 0, 0, 0]
+
+
+def test_unmanaged_jobs_cannot_become_gpu_jobs_of_the_managed_partition():
+    """A job the controller does not manage (no GPUs at submission, or another partition) must not gain
+    GPUs in the managed partition by a later update: Slurm would start it unplaced."""
+    untouched = {"priority": NO_VAL, "min_nodes": NO_VAL, "max_nodes": NO_VAL}
+    cases = [
+        _modify({**untouched, "tres_per_job": "gres:gpu:8"}, ac="", partition="gpu"),
+        _modify({**untouched, "tres_per_node": "gres:gpu:2"}, ac="", partition="gpu"),
+        _modify({**untouched, "tres_per_task": "gres:gpu:1"}, ac="", partition="gpu"),
+        _modify({**untouched, "partition": "gpu"}, ac="", partition="cpu", tres_per_job="gres:gpu:2"),
+        _modify({**untouched, "partition": "gpu"}, ac="", partition="cpu", tres_per_task="gres:gpu:1"),
+        # allowed: no GPUs involved, another partition, an admin, a running job
+        _modify({**untouched, "partition": "gpu"}, ac="", partition="cpu"),
+        _modify({**untouched, "tres_per_job": "gres:gpu:8"}, ac="", partition="cpu"),
+        _modify({**untouched, "partition": "cpu"}, ac="", partition="gpu", tres_per_job="gres:gpu:2"),
+        _modify({**untouched, "tres_per_job": "gres:gpu:8"}, ac="", partition="gpu", uid=0),
+        _modify({**untouched, "tres_per_job": "gres:gpu:8"}, ac="", partition="gpu", state=1),
+    ]
+    r = run_cases(cases, managed_partition="gpu")
+    assert [x["rc"] for x in r] == [2002] * 5 + [0] * 5

@@ -22,11 +22,9 @@ from controller.slurm import (
     gpus_from_tres,
     managed_gpus,
     parse_gres_count,
-    parse_scontrol_jobs,
     parse_scontrol_nodes,
     parse_sinfo_json,
     parse_squeue_json,
-    parse_time_limit,
 )
 
 DATA = Path(__file__).parent / "data" / "slurm"
@@ -74,16 +72,37 @@ def test_sinfo_json_nodes():
     assert nodes["node1"].partitions == ("gpu",)
 
 
-def test_scontrol_job_detail_matches_squeue():
-    by_ctl = {j.job_id: j for j in parse_scontrol_jobs(_read("scontrol_show_job_22.05.txt"))}
-    by_sq = {j.job_id: j for j in parse_squeue_json(_read("squeue_22.05.json"))}
-    assert sorted(by_ctl) == sorted(by_sq)
-    for jid, a in by_ctl.items():
-        b = by_sq[jid]
-        assert (a.state, a.gpus, a.nodes, a.gpus_per_node, a.priority, a.user_id) == (
-            b.state, b.gpus, b.nodes, b.gpus_per_node, b.priority, b.user_id)
-        assert a.managed == b.managed and a.comment == b.comment and a.time_limit_s == b.time_limit_s
-        assert a.admin_comment == b.admin_comment
+def test_job_is_read_from_squeue_json_so_a_comment_cannot_forge_fields(tmp_path):
+    """SlurmCLI.job() reads squeue --json: a user's comment or job name holding " JobState=PENDING
+    Priority=0 NodeList=node9" stays text (scontrol's Key=Value lines could not be parsed safely)."""
+    doc = json.loads(_read("squeue_22.05.json"))
+    forged = " JobState=PENDING Priority=0 NodeList=node9 AdminComment=x"
+    doc["jobs"][0]["comment"] = "rlsched:model=MoE" + forged
+    doc["jobs"][0]["name"] = "train" + forged
+    (tmp_path / "q.json").write_text(json.dumps(doc))
+    d = _fake_bin(tmp_path, "squeue", f'cat "{tmp_path / "q.json"}"')
+    cli = SlurmCLI(bin_dir=str(d))
+    j = cli.job(1)
+    assert (j.state, j.priority, j.nodes, j.managed) == ("RUNNING", 4294901759, ["node1", "node2"], True)
+    assert j.comment.endswith(forged) and j.name.endswith(forged)
+    assert cli.job(999) is None
+
+
+def test_sinfo_json_24_groups_nodes_by_partition():
+    """Slurm 24.x: {"sinfo": [...]} entries per partition and state; nodes.nodes lists every host; a node
+    in two partitions keeps both."""
+
+    def entry(part, names, state, used="gpu:0"):
+        return {"node": {"state": state}, "nodes": {"nodes": names, "total": len(names)},
+                "gres": {"total": "gpu:8", "used": used}, "partition": {"name": part}}
+
+    doc = {"sinfo": [entry("debug", ["node1", "node2"], ["IDLE"]),
+                     entry("gpu", ["node1", "node2", "node3"], ["IDLE"]),
+                     entry("gpu", ["node[4-5]"], ["MIXED", "DRAIN"], "gpu:3")], "errors": []}
+    nodes = {n.name: n for n in parse_sinfo_json(json.dumps(doc))}
+    assert sorted(nodes) == ["node1", "node2", "node3", "node4", "node5"]
+    assert nodes["node1"].partitions == ("debug", "gpu") and nodes["node3"].partitions == ("gpu",)
+    assert nodes["node4"].gpus_used == 3 and nodes["node4"].state == "mixed" and not nodes["node4"].usable
 
 
 def test_scontrol_nodes():
@@ -136,13 +155,6 @@ def test_tres_and_gres_counts():
     assert parse_gres_count("gpu:8(IDX:0-7)") == 8
     assert parse_gres_count("gpu:a100:4(S:0-1),mps:200") == 4
     assert parse_gres_count("(null)") == 0
-
-
-def test_time_limit():
-    assert parse_time_limit("UNLIMITED") is None
-    assert parse_time_limit("00:30:00") == 1800
-    assert parse_time_limit("1-02:00:00") == 93600
-    assert parse_time_limit("45:00") == 2700
 
 
 def test_bad_outputs_are_value_errors():

@@ -70,6 +70,27 @@ def test_held_jobs_run_exactly_where_the_policy_placed_them(live_cluster, test_u
     assert ctl.round().ok
 
 
+def test_dependencies_and_begin_times_are_kept(live_cluster, test_user, tmp_path):
+    """A held job's --dependency is not re-evaluated by Slurm while it is held: the controller judges
+    it and places the job only once it is met; a --begin time in the future is honoured too."""
+    cluster = live_cluster
+    first = cluster.sbatch("sleep 3", 2, user=test_user)
+    after = cluster.sbatch("true", 2, user=test_user, extra=[f"--dependency=afterok:{first}"])
+    later = cluster.sbatch("true", 2, user=test_user, extra=["--begin=now+3600"])
+    ctl = _controller(cluster, tmp_path, policy="fifo")
+    rep = ctl.round()
+    assert rep.ok, rep.error
+    assert [j for j, _ in rep.placed] == [first]
+    assert cluster.job(after).dependency == f"afterok:{first}(unfulfilled)"
+    # rounds go on: the dependent job is placed once the first one has completed (Slurm would still
+    # show "(unfulfilled)" for it while held), and then runs
+    cluster.wait(lambda: _state(cluster, after) == "COMPLETED", 30, "dependent job to run", tick=ctl.round)
+    j = cluster.job(later)
+    assert j.held and j.state == "PENDING", j
+    rep = ctl.round()
+    assert rep.ok and later not in [x for x, _ in rep.placed]
+
+
 def test_balanced_and_unbalanced_splits_are_exact(live_cluster, tmp_path):
     """Balanced plans become TresPerNode and start exactly as planned; unbalanced ones keep node set and total."""
     cluster = live_cluster
@@ -138,6 +159,36 @@ def test_owner_cannot_release_or_repin_a_held_job(live_cluster, test_user):
     assert p.returncode != 0 and "--gpus=N" in p.stderr
     cluster.run(["scancel", str(jid)], user=test_user)
     cluster.wait(lambda: _state(cluster, jid) == "CANCELLED", 10, "cancel")
+
+
+def test_gpu_jobs_cannot_escape_the_hold(live_cluster, test_user):
+    """Every way a user could get GPUs in the managed partition without the controller placing the job
+    is refused by job_submit.lua (real slurmctld): GPUs per task / node / socket at submission, GPUs
+    added to a pending CPU job, a pending GPU job moved in from another partition."""
+    cluster = live_cluster
+    for opts in (["-n", "2", "--gpus-per-task=1"], ["--gpus-per-node=1"], ["--gpus-per-socket=1", "--sockets-per-node=1"]):
+        p = cluster.run(["sbatch", *opts, "-o", "/dev/null", "--wrap", "true"], user=test_user, check=False)
+        assert p.returncode != 0 and "--gpus=N" in p.stderr, (opts, p.stderr)
+    # a held CPU job of the managed partition (not ours) cannot be given GPUs
+    p = cluster.run(["sbatch", "--parsable", "--hold", "-o", "/dev/null", "--wrap", "sleep 30"], user=test_user)
+    cpu_job = int(p.stdout.strip().split(";")[0])
+    p = cluster.run(["scontrol", "update", f"JobId={cpu_job}", "TresPerJob=gres:gpu:8"], user=test_user, check=False)
+    assert p.returncode != 0 and "Access/permission denied" in p.stderr
+    assert cluster.job(cpu_job).gpus == 0 and not cluster.job(cpu_job).managed
+    # a GPU job of another partition cannot be moved into the managed one
+    cluster.run(["scontrol", "create", "PartitionName=other", "Nodes=node4", "Default=NO", "State=UP"])
+    try:
+        p = cluster.run(["sbatch", "--parsable", "-p", "other", "--hold", "--gpus=1", "-o", "/dev/null",
+                         "--wrap", "sleep 30"], user=test_user)
+        other = int(p.stdout.strip().split(";")[0])
+        assert not cluster.job(other).managed  # not the managed partition: Slurm's business
+        p = cluster.run(["scontrol", "update", f"JobId={other}", "Partition=gpu"], user=test_user, check=False)
+        assert p.returncode != 0 and "Access/permission denied" in p.stderr
+        assert cluster.job(other).partition == "other"
+        cluster.run(["scancel", str(other)])
+    finally:
+        cluster.run(["scontrol", "delete", "PartitionName=other"], check=False)
+    cluster.run(["scancel", str(cpu_job)])
 
 
 # --------------------------------------------------------------------------- crash-only
