@@ -383,6 +383,10 @@ class Controller:
             log.info("not preempting job %s: started %.0f s ago (< min_run_s)", sid, now - job.start_time,
                      extra={"event": "preempt_skipped", "job": job.job_id})
             return False
+        if not job.requeue:  # requeuehold would fail after the checkpoint: the job would just end
+            log.info("not preempting job %s: submitted with --no-requeue", sid,
+                     extra={"event": "preempt_skipped", "job": job.job_id})
+            return False
         if c.dry_run:
             log.info("dry run: would preempt job %s", sid, extra={"event": "dry_run", "job": job.job_id})
             return False

@@ -83,7 +83,8 @@ class SlurmNode:
 
     @property
     def usable(self) -> bool:
-        bad = {"down", "drain", "drained", "draining", "fail", "failing", "future", "unknown", "not_responding"}
+        bad = {"down", "drain", "drained", "draining", "fail", "failing", "future", "unknown", "not_responding",
+               "maint", "reserved", "reboot_requested", "reboot_issued", "inval", "invalid", "invalid_reg"}
         return self.state not in bad and not (bad & {f.lower() for f in self.flags})
 
 
@@ -122,6 +123,8 @@ class SlurmJob:
     #: Slurm's dependency list (``afterok:12(unfulfilled),afterany:13(unfulfilled)``; "" for none).
     #: Slurm does not re-evaluate it while the job is held: see :func:`dependency_met`.
     dependency: str = ""
+    #: whether Slurm may requeue it (``sbatch --no-requeue``: no; preempting it would end it)
+    requeue: bool = True
 
     tres_style: str = "gres:gpu"  # how this Slurm writes GPU TRES: "gres:gpu" (22.05) or "gres/gpu" (23+)
 
@@ -312,6 +315,7 @@ def _job_from_json(j: dict) -> SlurmJob:
         restarts=int(_num(j.get("restart_cnt")) or 0),
         tres_style=_tres_style(tres, _str(j.get("tres_per_node"))),
         dependency="" if _str(j.get("dependency")) == "(null)" else _str(j.get("dependency")),
+        requeue=j.get("requeue") is not False,
     )
 
 

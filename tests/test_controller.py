@@ -515,6 +515,24 @@ def test_preemption_checkpoints_then_requeues_held(tmp_path):
     assert s.delays[jid] == 5
 
 
+def test_no_requeue_jobs_and_unusable_nodes_are_left_alone(tmp_path):
+    """A job submitted with --no-requeue is never preempted (requeuehold would fail after its
+    checkpoint and the job would just end); nodes in maintenance or awaiting a reboot get nothing."""
+    s = FakeSlurm()
+    jid = _running(s, 8, "node2")
+    s.job_list[jid].requeue = False
+    agents = FakeAgents()
+    ctl = _ctl(tmp_path, s, agents)
+    _request_preempt(tmp_path, jid)
+    rep = ctl.round()
+    assert rep.ok and rep.preempted == [] and agents.asked == [] and s.job_list[jid].running
+    s.node_list[0].flags = ("MAINT",)
+    s.node_list[2].state = "reboot_requested"
+    a, b = s.submit(8), s.submit(8)  # node2 runs the job: only node4 is usable and free
+    rep = ctl.round()
+    assert rep.placed == [(a, {"node4": 8})] and s.job_list[b].held
+
+
 def test_unreachable_agent_never_loses_the_job(tmp_path):
     s = FakeSlurm()
     jid = _running(s, 8, "node1")
@@ -667,7 +685,8 @@ def test_cli_run_once_against_dead_slurm_fails_cleanly(tmp_path, capsys):
 # --------------------------------------------------------------------------- agents / metrics / logs
 def test_agent_preempter_with_unreachable_and_not_found_agents():
     class Client:
-        def __init__(self, addr):
+        def __init__(self, addr, node):
+            assert {"h:1": "node1", "h:2": "node2"}[addr] == node  # credentials are bound to the agent's node
             self.addr = addr
 
         def job_stats(self):
