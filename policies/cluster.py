@@ -10,6 +10,7 @@ places an 8-GPU job on nodes 0 and 2 with 4 GPUs each.
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -55,8 +56,14 @@ class ClusterSpec:
         for n in self.nodes:
             if not isinstance(n.gpus, int) or n.gpus < 1:
                 raise ClusterSpecError(f"node {n.name!r}: gpus must be a positive integer, got {n.gpus!r}")
-        if self.intra_bw_gbps <= 0 or self.inter_bw_gbps <= 0:
-            raise ClusterSpecError("bandwidths must be positive")
+        for name in ("intra_bw_gbps", "inter_bw_gbps"):
+            bw = getattr(self, name)
+            try:
+                ok = not isinstance(bw, bool) and math.isfinite(bw) and bw > 0
+            except TypeError:
+                ok = False
+            if not ok:
+                raise ClusterSpecError(f"bandwidths must be positive and finite: {name} = {bw!r} (GB/s)")
 
     # ------------------------------------------------------------------ factories
     @classmethod
@@ -130,8 +137,10 @@ class ClusterSpec:
         for k in ("intra_bw_gbps", "inter_bw_gbps"):
             if k in doc:
                 try:
+                    if isinstance(doc[k], bool):  # YAML/TOML true is not the number 1
+                        raise TypeError
                     kw[k] = float(doc[k])
-                except (TypeError, ValueError):
+                except (TypeError, ValueError, OverflowError):
                     raise ClusterSpecError(f"{path}: {k}: expected a number, got {doc[k]!r}") from None
         try:
             return cls(tuple(nodes), **kw)

@@ -79,6 +79,9 @@ def test_generate_sets(tmp_path: Path, capsys) -> None:
         (["--arrival", "poisson", "--load", "-1"], "load"),
         (["--seed", "-3"], "seed"),
         (["--cluster", "4by8"], "cluster"),
+        # each weight finite, the sum not: numpy's "probabilities contain NaN" traceback before
+        (["--mix", "1e308:1e308:1e308:1:1:1"], "with a finite sum"),
+        (["--mix", "inf:1:1:1:1:1"], "finite"),
     ],
 )
 def test_generate_bad_options_write_nothing(tmp_path: Path, capsys, extra: list[str], words: str) -> None:
@@ -104,6 +107,46 @@ def test_generate_bad_out(tmp_path: Path, capsys) -> None:
     assert sorted(p.name for p in (tmp_path / "c" / "sets").iterdir()) == ["set0.csv", "set1.csv"]
 
 
+@pytest.mark.parametrize("bw", ["intra_bw_gbps = nan", "inter_bw_gbps = inf", "inter_bw_gbps = -inf"])
+def test_generate_non_finite_bandwidth_exits_2(tmp_path: Path, capsys, bw: str) -> None:
+    cluster = tmp_path / "c.toml"
+    cluster.write_text(f"{bw}\n[[nodes]]\ngpus = 4\ncount = 2\n")
+    out = tmp_path / "g.csv"
+    argv = ["trace", "generate", "--jobs", "4", "--cluster", str(cluster), "--max-gpus", "4", "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(cluster) in err and f"bandwidths must be positive and finite: {bw}" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.toml"]
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["generate", "--jobs", "3", "--sets", "2", "--out", "."], "is the current directory or contains it"),
+        (["generate", "--jobs", "3", "--sets", "2", "--out", ".", "--overwrite"], "is the current directory"),
+        (["generate", "--jobs", "3", "--sets", "2", "--out", "..", "--overwrite"], "is the current directory"),
+        (["generate", "--jobs", "3", "--out", "."], "output must be a file name ending in .csv"),
+        (["convert", "t.csv", "--out", "."], "output must be a file name ending in .csv, .parquet, .pq or .json"),
+        (["convert", "t.csv", "--out", "..", "--overwrite"], "output must be a file name"),
+    ],
+)
+def test_out_dot_is_refused(tmp_path: Path, monkeypatch, capsys, argv: list[str], words: str) -> None:
+    """``--out .`` once gave "PosixPath('.') has an empty name"; with --overwrite it must not replace the cwd."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "t.csv").write_text("job_id,submit_time,model,gpu_demand,total_samples\na,0,MoE,8,10\n")
+    monkeypatch.chdir(work)
+    assert main(["trace", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err, err
+    assert "--sets" not in err or argv[0] == "generate"  # convert has no --sets option to suggest
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]
+    assert sorted(p.name for p in work.iterdir()) == ["t.csv"]
+
+
+_BAD_UTF8_CSV = b"job_id,submit_time,model,gpu_demand,total_samples\na,0,GNN,2,1000\n\xff,0,IMG,2,1000\n"
+
+
 @pytest.mark.parametrize(
     "name, text, where",
     [
@@ -122,18 +165,48 @@ def test_generate_bad_out(tmp_path: Path, capsys) -> None:
         ("t.csv", "job_id,submit_time,gpu_demand,total_samples\na,0,8,10\n", "row 1, field 'model'"),
         ("t.csv", "", "empty file"),
         ("p.csv", PHILLY_SLICE + "2017-10-09 06:13:36,x,1,1,vcA\n", "row 5, field 'duration'"),
+        ("t.csv", _BAD_UTF8_CSV, "not UTF-8 text: byte 0xff at line 3"),
+        ("p.csv", PHILLY_SLICE.encode() + b"\xff,1,1,1,vc\n", "not UTF-8 text: byte 0xff at line 5"),
+        ("t.json", b'{"a\xff": {"model": "GNN", "gpu_demand": 2, "total_samples_to_train": 1}}', "not UTF-8 text"),
+        # A ragged row was accepted, and convert wrote a nameless column or crashed.
+        (
+            "t.csv",
+            "job_id,submit_time,model,gpu_demand,total_samples,user\na,0,GNN,2,1000,alice\nb,0,IMG,2,1000,bob,oops\n",
+            "row 3: expected 6 fields as in the header, got 7",
+        ),
+        # after a blank line, rows are still file lines
+        (
+            "t.csv",
+            "job_id,submit_time,model,gpu_demand,total_samples\na,0,GNN,2,1\n\nb,0,X,2,1\n",
+            "row 4, field 'model'",
+        ),
+        (
+            "t.json",
+            '{"a": {"model": "GNN", "gpu_demand": 2, "total_samples_to_train": 1}, '
+            '"a": {"model": "IMG", "gpu_demand": 4, "total_samples_to_train": 1}}',
+            "row a, field 'job_id': duplicate job id 'a'",
+        ),
+        ("t.json", '{"a": {"model": "GNN", "gpu_demand": true, "total_samples_to_train": 1}}', "field 'gpu_demand'"),
     ],
 )
-def test_bad_trace_exits_2_and_writes_nothing(tmp_path: Path, capsys, name: str, text: str, where: str) -> None:
+def test_bad_trace_exits_2_and_writes_nothing(
+    tmp_path: Path, capsys, name: str, text: str | bytes, where: str
+) -> None:
     path = tmp_path / name
-    path.write_text(text)
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
     assert main(["trace", "stats", str(path)]) == 2
     err = capsys.readouterr().err
-    assert str(path) in err and where in err
+    assert str(path) in err and where in err and err.count("\n") == 1, err
     out = tmp_path / "out.parquet"
     assert main(["trace", "convert", str(path), "--out", str(out)]) == 2
-    assert str(path) in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert str(path) in err and where in err and err.count("\n") == 1, err
     assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+    # An existing output is left as it was, even with --overwrite.
+    out.write_text("mine")
+    assert main(["trace", "convert", str(path), "--out", str(out), "--overwrite"]) == 2
+    assert out.read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([name, "out.parquet"])
 
 
 def test_convert_philly_slice(tmp_path: Path, capsys) -> None:

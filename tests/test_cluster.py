@@ -108,6 +108,19 @@ def test_toml_file(tmp_path: Path) -> None:
         (".yaml", "nodes:\n  - {gpus: true}\n", r"nodes\[0\]\.gpus: expected a positive integer"),
         (".yaml", "inter_bw_gbps: fast\nnodes:\n  - {gpus: 8}\n", "inter_bw_gbps: expected a number"),
         (".yaml", "inter_bw_gbps: 0\nnodes:\n  - {gpus: 8}\n", "bandwidths must be positive"),
+        # Non-finite bandwidths would give NaN throughputs (and a crash) in the simulator.
+        (".toml", "intra_bw_gbps = nan\n[[nodes]]\ngpus = 4\n", "positive and finite: intra_bw_gbps = nan"),
+        (".toml", "inter_bw_gbps = inf\n[[nodes]]\ngpus = 4\n", "inter_bw_gbps = inf"),
+        (".toml", "inter_bw_gbps = -inf\n[[nodes]]\ngpus = 4\n", "inter_bw_gbps = -inf"),
+        (".yaml", "intra_bw_gbps: .nan\nnodes:\n  - {gpus: 8}\n", "intra_bw_gbps = nan"),
+        (".yaml", "inter_bw_gbps: .inf\nnodes:\n  - {gpus: 8}\n", "inter_bw_gbps = inf"),
+        (".yaml", "inter_bw_gbps: nan\nnodes:\n  - {gpus: 8}\n", "inter_bw_gbps = nan"),  # the string "nan"
+        (".yaml", "inter_bw_gbps: 1e999\nnodes:\n  - {gpus: 8}\n", "inter_bw_gbps = inf"),
+        pytest.param(
+            ".yaml", "inter_bw_gbps: 1%s\nnodes:\n  - {gpus: 8}\n" % ("0" * 400), "inter_bw_gbps: expected a number",
+            id="yaml-huge-int",
+        ),
+        (".yaml", "inter_bw_gbps: true\nnodes:\n  - {gpus: 8}\n", "inter_bw_gbps: expected a number, got True"),
     ],
 )
 def test_bad_files(tmp_path: Path, suffix: str, text: str, match: str) -> None:
@@ -117,6 +130,14 @@ def test_bad_files(tmp_path: Path, suffix: str, text: str, match: str) -> None:
         ClusterSpec.parse(f)
     # Every file error names the file.
     assert str(f) in str(err.value)
+
+
+@pytest.mark.parametrize("field", ["intra_bw_gbps", "inter_bw_gbps"])
+@pytest.mark.parametrize("bw", [float("nan"), float("inf"), -float("inf"), 0.0, -1.0, "5", None, True])
+def test_bad_bandwidth_direct(field: str, bw: object) -> None:
+    with pytest.raises(ClusterSpecError) as err:
+        ClusterSpec((NodeSpec("n", 8),), **{field: bw})
+    assert f"bandwidths must be positive and finite: {field} = {bw!r}" in str(err.value)
 
 
 def test_duplicate_names_direct() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -13,8 +14,9 @@ from hypothesis import strategies as st
 from policies.cluster import ClusterSpec
 from policies.job import JobSpec
 from policies.perf import ContentionModel
-from trainer.env import ENV_ID, PlacementEnv, reference_jct
+from trainer.env import ENV_ID, PlacementEnv, load_trace_dir, reference_jct
 from trainer.generate import GeneratorConfig, generate_jobs
+from trainer.traces import TRACE_SUFFIXES, TraceError, write_trace
 
 C48 = ClusterSpec.parse("4x8")
 PERF = ContentionModel(C48)
@@ -129,3 +131,29 @@ def test_first_valid_beats_random():
     first = _run(env, "first", 0)[0]
     rand = np.mean([_run(env, "random", 0, s)[0] for s in range(3)])
     assert first > rand
+
+
+def _key(jobs):
+    return [(j.job_id, j.submit_time, j.model, j.gpu_demand, j.total_samples) for j in jobs]
+
+
+def test_load_trace_dir_reads_every_trace_suffix(tmp_path: Path):
+    """The directory loader takes every suffix load_trace reads (``.pq`` was skipped)."""
+    sets = [_jobs(6, seed=k) for k in range(len(TRACE_SUFFIXES))]
+    assert ".pq" in TRACE_SUFFIXES
+    for k, suffix in enumerate(TRACE_SUFFIXES):
+        sub = tmp_path / "sub" if k % 2 else tmp_path  # searched recursively
+        sub.mkdir(exist_ok=True)
+        write_trace(sub / f"set{k}{suffix.upper() if k == 1 else suffix}", sets[k])  # suffixes case-insensitive
+    (tmp_path / "README.md").write_text("not a trace")
+    got = load_trace_dir(tmp_path, C48)
+    assert sorted(map(_key, got)) == sorted(map(_key, sets))
+    assert _key(load_trace_dir(tmp_path / "sub" / f"set1{TRACE_SUFFIXES[1].upper()}", C48)[0]) == _key(sets[1])
+
+
+def test_load_trace_dir_empty_names_the_suffixes(tmp_path: Path):
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(TraceError) as ei:
+        load_trace_dir(tmp_path, C48)
+    assert str(tmp_path) in str(ei.value) and "no trace files" in str(ei.value)
+    assert all(f"*{s}" in str(ei.value) for s in TRACE_SUFFIXES)

@@ -49,6 +49,36 @@ def test_parse_mix() -> None:
             parse_mix(bad)
 
 
+@pytest.mark.parametrize(
+    "mix, words",
+    [
+        # Each weight is finite, but the sum overflows to inf and every probability would be 0.
+        ("1e308:1e308:1e308:1:1:1", "with a finite sum"),
+        ("1e308:1e308:0:0:0:0", "with a finite sum"),
+        ("inf:1:1:1:1:1", "finite"),
+        ("nan:1:1:1:1:1", "finite"),
+        ("1e999:1:1:1:1:1", "finite"),
+        ((1, 1, 1, 1, 1, float("nan")), "finite"),
+        ((True, 1, 1, 1, 1, 1), "weights must be numbers"),
+        ((1, 1, 1, 1, 1, "x"), "weights must be numbers"),
+        ((1, 1, 1, 1, 1, None), "weights must be numbers"),
+        ((10**400, 1, 1, 1, 1, 1), "finite"),
+        ({"GNN": 1, "ResNet": 1}, "not one of the measured models"),
+        ({"GNN": "x"}, "weights must be numbers"),
+    ],
+)
+def test_parse_mix_rejects(mix, words: str) -> None:
+    with pytest.raises(GeneratorError, match=words):
+        parse_mix(mix)
+    with pytest.raises(GeneratorError, match=words):
+        GeneratorConfig(mix=mix).resolved(CLUSTER)
+
+
+def test_parse_mix_tiny_and_large_weights() -> None:
+    assert parse_mix("1e300:1e300:0:0:0:0") == pytest.approx([0.5, 0.5, 0, 0, 0, 0])
+    assert parse_mix("1e-300:0:0:0:0:3e-300") == pytest.approx([0.25, 0, 0, 0, 0, 0.75])
+
+
 def test_deterministic_for_a_seed(perf: ContentionModel) -> None:
     cfg = GeneratorConfig(mix="heavy", arrival="poisson", jitter=0.1, seed=42)
     a = generate_jobs(CLUSTER, cfg, perf)
@@ -176,6 +206,38 @@ def test_write_sets(tmp_path: Path, perf: ContentionModel, fmt: str) -> None:
     write_sets(out, sets[:1], fmt, force=True)
     assert [p.name for p in out.iterdir()] == [f"set0.{fmt}"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sets"]
+
+
+@pytest.mark.parametrize("rel", [".", "..", "sub/..", "sub/../..", "/"])
+@pytest.mark.parametrize("force", [False, True])
+def test_write_sets_refuses_cwd_and_ancestors(
+    tmp_path: Path, perf: ContentionModel, monkeypatch, rel: str, force: bool
+) -> None:
+    """Writing into "." once failed with "PosixPath('.') has an empty name"; replacing it would remove the cwd."""
+    work = tmp_path / "work"
+    (work / "sub").mkdir(parents=True)
+    (work / "keep.txt").write_text("mine")
+    monkeypatch.chdir(work)
+    sets = generate_sets(CLUSTER, GeneratorConfig(num_jobs=4), 2, perf)
+    words = "file-system root" if rel == "/" else "is the current directory or contains it"
+    with pytest.raises(GeneratorError, match=words) as ei:
+        write_sets(rel, sets, force=force)
+    assert str(ei.value).startswith(f"{rel}: ")
+    assert (work / "keep.txt").read_text() == "mine"
+    assert sorted(p.name for p in work.iterdir()) == ["keep.txt", "sub"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]
+
+
+def test_write_sets_relative_paths(tmp_path: Path, perf: ContentionModel, monkeypatch) -> None:
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "a" / "b")
+    sets = generate_sets(CLUSTER, GeneratorConfig(num_jobs=4), 2, perf)
+    paths = write_sets("../sets", sets)  # a sibling of the cwd is fine
+    assert paths == [tmp_path / "a" / "sets" / "set0.csv", tmp_path / "a" / "sets" / "set1.csv"]
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["b", "sets"]
+    paths = write_sets("x/../new", sets)
+    assert sorted(p.name for p in (tmp_path / "a" / "b" / "new").iterdir()) == ["set0.csv", "set1.csv"]
+    assert _key(load_trace(paths[1], CLUSTER)) == _key(sets[1])
 
 
 def test_write_sets_failure_leaves_nothing(tmp_path: Path, perf: ContentionModel, monkeypatch) -> None:

@@ -143,6 +143,24 @@ def test_bad_rows(tmp_path: Path, rows: str, row: int, field: str | None, words:
         assert f"field {field!r}" in msg
 
 
+@pytest.mark.parametrize(
+    "data, line",
+    [
+        (b"timestamp,duration,num_gpus,gpu_time,cl\xfcster\n2017-10-09 07:01:55,5,1,5,a\n", 1),
+        (HEADER.encode() + b"2017-10-09 07:01:55,5,1,5,a\n2017-10-09 07:01:55,5,1,5,\xff\n", 3),
+        (HEADER.encode() + b"2017-10-09 07:01:55,5,1,5,a\n" * 5000 + b"2017-10-09 07:01:55,5,1,5,\x80\n", 5002),
+    ],
+    ids=["header", "row", "past_first_block"],
+)
+def test_not_utf8(tmp_path: Path, data: bytes, line: int) -> None:
+    path = tmp_path / "philly.csv"
+    path.write_bytes(data)
+    with pytest.raises(TraceError) as ei:
+        read_philly(path, CLUSTER)
+    msg = str(ei.value)
+    assert msg.startswith(f"{path}: not UTF-8 text: byte 0x") and f"at line {line} " in msg, msg
+
+
 def test_missing_column_and_empty(tmp_path: Path) -> None:
     path = tmp_path / "philly.csv"
     path.write_text("timestamp,num_gpus,cluster\n2017-10-09 07:01:55,1,a\n")

@@ -14,7 +14,14 @@ from policies.cluster import ClusterSpec
 from policies.job import JobSpec
 from policies.perf import ContentionModel
 from policies.workloads import MODELS
-from trainer.traces import TraceError, load_trace, read_canonical, read_deepshare_json, write_trace
+from trainer.traces import (
+    TRACE_SUFFIXES,
+    TraceError,
+    load_trace,
+    read_canonical,
+    read_deepshare_json,
+    write_trace,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 DEEPSHARE = REPO / "data" / "traces" / "deepshare"
@@ -39,7 +46,7 @@ def _jobs_strategy():
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(jobs=_jobs_strategy(), suffix=st.sampled_from([".csv", ".parquet", ".json"]))
+@given(jobs=_jobs_strategy(), suffix=st.sampled_from(TRACE_SUFFIXES))
 def test_round_trip_every_format(tmp_path: Path, jobs: list[JobSpec], suffix: str) -> None:
     path = tmp_path / f"t{suffix}"
     write_trace(path, jobs)
@@ -49,11 +56,11 @@ def test_round_trip_every_format(tmp_path: Path, jobs: list[JobSpec], suffix: st
 
 
 def test_round_trip_keeps_extra_columns(tmp_path: Path) -> None:
-    jobs = [JobSpec("a", 0.0, "MoE", 8, 1000.0, {"user": "u1"}), JobSpec("b", 5.0, "DLRM", 2, 10.0, {"user": "u2"})]
-    for suffix in (".csv", ".parquet"):
+    jobs = [JobSpec("a", 0.0, "MoE", 8, 1000.0, {"user": "u1"}), JobSpec("b", 5.0, "DLRM", 2, 10.0, {"user": "Zoë"})]
+    for suffix in (".csv", ".parquet", ".pq"):
         write_trace(tmp_path / f"x{suffix}", jobs)
         back = read_canonical(tmp_path / f"x{suffix}", CLUSTER)
-        assert [j.extra["user"] for j in back] == ["u1", "u2"]
+        assert [j.extra["user"] for j in back] == ["u1", "Zoë"]  # CSV is written as UTF-8 whatever the locale
 
 
 def test_aliases_and_duration_column(tmp_path: Path, perf: ContentionModel) -> None:
@@ -122,6 +129,15 @@ def _where(exc: TraceError, path: Path, row: int | str | None, field: str | None
         ("zero_samples", HEADER + "a,0,MoE,8,0\n", 2, "total_samples", "positive"),
         ("duplicate_id", HEADER + GOOD + GOOD + GOOD.replace("a,", "c,"), 3, "job_id", "duplicate job id"),
         ("empty_id", HEADER + ",0,MoE,8,1000\n", 2, "job_id", "empty job id"),
+        ("extra_field", HEADER + GOOD + "b,0,MoE,8,1000,oops\n", 3, None, "expected 5 fields as in the header, got 6"),
+        ("missing_field", HEADER + GOOD + "b,0,MoE,8\n", 3, None, "expected 5 fields as in the header, got 4"),
+        ("extra_field_extra_column", HEADER[:-1] + ",user\na,0,MoE,8,1,u\nb,0,MoE,8,1,u,x\n", 3, None, "got 7"),
+        ("duplicate_column", HEADER[:-1] + ",model\na,0,MoE,8,1,LM\n", 1, "model", "column appears twice"),
+        ("empty_samples", HEADER + "a,0,MoE,8,\n", 2, "total_samples", "expected a number, got ''"),
+        ("empty_work", HEADER[:-1] + ",duration\na,0,MoE,8,,\n", 2, "total_samples", "got neither"),
+        ("nan_samples_with_duration", HEADER[:-1] + ",duration\na,0,MoE,8,nan,60\n", 2, "total_samples", "finite"),
+        ("empty_model", HEADER + "a,0,,8,1000\n", 2, "model", "empty model name"),
+        ("huge_demand", HEADER + "a,0,MoE,1e400,1000\n", 2, "gpu_demand", "finite"),
     ],
 )
 def test_bad_canonical_csv(tmp_path: Path, name: str, text: str, row: int, field: str, words: str) -> None:
@@ -131,6 +147,55 @@ def test_bad_canonical_csv(tmp_path: Path, name: str, text: str, row: int, field
         load_trace(path, CLUSTER)
     assert words in str(ei.value)
     _where(ei.value, path, row, field)
+
+
+@pytest.mark.parametrize(
+    "text, row, field",
+    [
+        # Blank lines still count: the bad model is on line 5.
+        (HEADER + GOOD + "\n" + "b,0,IMG,2,1000\n" + "c,0,ResNet,2,1000\n", 5, "model"),
+        (HEADER + GOOD + "\n\n" + GOOD, 5, "job_id"),  # the duplicate, after two blank lines
+        ("\n" + HEADER + GOOD + "b,0,MoE,8\n", 4, None),  # a blank line before the header
+        # A quoted field spanning two lines: the next row starts on line 4; a row is named by its first line.
+        (HEADER[:-1] + ',note\na,0,MoE,8,1,"two\nlines"\nb,0,ResNet,8,1,x\n', 4, "model"),
+        (HEADER[:-1] + ',note\na,0,MoE,8,1,x\nb,0,ResNet,8,1,"two\nlines"\n', 3, "model"),
+    ],
+    ids=["after_blank_line", "duplicate_after_blank_lines", "blank_before_header", "after_multiline", "multiline"],
+)
+def test_csv_rows_are_file_lines(tmp_path: Path, text: str, row: int, field: str | None) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text(text)
+    with pytest.raises(TraceError) as ei:
+        load_trace(path, CLUSTER)
+    _where(ei.value, path, row, field)
+
+
+def test_blank_lines_are_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text("\n" + HEADER + "\n" + GOOD + "\n\n" + GOOD.replace("a,", "b,") + "\n")
+    assert [j.job_id for j in load_trace(path, CLUSTER)] == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    "name, data, line",
+    [
+        ("t.csv", (HEADER + GOOD).encode() + b"\xff,0,IMG,2,1000\n", 3),
+        ("t.csv", HEADER.encode() + GOOD.encode() * 3000 + b"b,0,caf\xe9,2,1000\n", 3002),  # past the first block
+        ("t.csv", b"job_id,submit_time,model,gpu_demand,total_samples,\xff\n" + GOOD.encode(), 1),  # in the header
+        ("t.json", b'{"a": {"model": "GNN", "gpu_demand": 2, "total_samples_to_train": 1},\n "b\xff": {}}', 2),
+        ("t", b'{"a\xff": {"model": "GNN", "gpu_demand": 2, "total_samples_to_train": 1}}', 1),  # no suffix: JSON
+        ("p.csv", b"timestamp,duration,num_gpus,gpu_time,cluster\n2017-10-09 07:01:55,1,1,1,vc\n\xfe,1,1,1,vc\n", 3),
+    ],
+    ids=["csv", "csv_past_first_block", "csv_header", "json", "json_no_suffix", "philly"],
+)
+def test_not_utf8(tmp_path: Path, name: str, data: bytes, line: int) -> None:
+    path = tmp_path / name
+    path.write_bytes(data)
+    with pytest.raises(TraceError) as ei:
+        load_trace(path, CLUSTER)
+    msg = str(ei.value)
+    assert msg.startswith(f"{path}: not UTF-8 text: byte 0x") and f"at line {line} " in msg, msg
+    assert "\n" not in msg
 
 
 def test_duplicate_names_the_second_occurrence(tmp_path: Path) -> None:
@@ -177,6 +242,51 @@ def test_bad_parquet_rows_named(tmp_path: Path) -> None:
     _where(ei.value, path, 1, "submit_time")
 
 
+_PQ_GOOD = {"job_id": "a", "submit_time": 0.0, "model": "MoE", "gpu_demand": 8, "total_samples": 10.0}
+
+
+@pytest.mark.parametrize(
+    "bad, row, field, words",
+    [
+        ({"job_id": None}, 2, "job_id", "empty job id"),  # a null id is no id, not the id "None"
+        ({"job_id": " "}, 2, "job_id", "empty job id"),
+        ({"job_id": "a"}, 2, "job_id", "duplicate job id 'a'"),
+        ({"total_samples": float("nan")}, 2, "total_samples", "expected a finite number, got nan"),
+        ({"total_samples": None}, 2, "total_samples", "expected a number, got None"),
+        ({"model": None}, 2, "model", "empty model name"),
+        ({"submit_time": float("inf")}, 2, "submit_time", "finite"),
+    ],
+)
+def test_bad_parquet_values(tmp_path: Path, bad: dict, row: int, field: str, words: str) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [dict(_PQ_GOOD), {**_PQ_GOOD, "job_id": "b", **bad}]
+    path = tmp_path / "bad.pq"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    with pytest.raises(TraceError) as ei:
+        load_trace(path, CLUSTER)
+    assert words in str(ei.value)
+    _where(ei.value, path, row, field)
+
+
+def test_parquet_null_samples_fall_back_to_duration(tmp_path: Path, perf: ContentionModel) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{**_PQ_GOOD, "duration": None}, {**_PQ_GOOD, "job_id": "b", "total_samples": None, "duration": 60.0}]
+    path = tmp_path / "mixed.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    a, b = load_trace(path, CLUSTER, perf)
+    assert a.total_samples == 10.0
+    assert b.total_samples == pytest.approx(60 * perf.best_isolated_throughput("MoE", 8))
+    rows[1]["total_samples"] = float("nan")  # NaN is a bad value, not a missing one
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    with pytest.raises(TraceError) as ei:
+        load_trace(path, CLUSTER, perf)
+    _where(ei.value, path, 2, "total_samples")
+
+
 def test_not_parquet(tmp_path: Path) -> None:
     path = tmp_path / "x.parquet"
     path.write_text("hello")
@@ -206,6 +316,42 @@ def test_bad_deepshare_json(tmp_path: Path, doc: dict, row: str, field: str) -> 
     with pytest.raises(TraceError) as ei:
         load_trace(path, CLUSTER)
     _where(ei.value, path, row, field)
+
+
+_JOB = '"model": "GNN", "gpu_demand": 2, "total_samples_to_train": 1000'
+
+
+@pytest.mark.parametrize(
+    "text, row, field, words",
+    [
+        # json.loads alone would keep only the second "a" (and the second gpu_demand).
+        ("{\"a\": {%s}, \"b\": {%s}, \"a\": {%s}}" % (_JOB, _JOB, _JOB), "a", "job_id", "duplicate job id 'a'"),
+        ('{"a": {%s, "gpu_demand": 4}}' % _JOB, "a", "gpu_demand", "field appears twice"),
+        ('{"a": {"model": "GNN", "gpu_demand": 2, "total_samples_to_train": NaN}}', "a", "total_samples", "finite"),
+        ('{"a": {"model": "GNN", "gpu_demand": 2, "total_samples_to_train": null}}', "a", "total_samples", "got None"),
+        ('{"a": {"model": "GNN", "gpu_demand": true, "total_samples_to_train": 1}}', "a", "gpu_demand", "got True"),
+        ('{"a": {"model": "GNN", "gpu_demand": 2, "total_samples_to_train": false}}', "a", "total_samples", "number"),
+        ('{"a": {%s, "submit_time": true}}' % _JOB, "a", "submit_time", "expected a number, got True"),
+        ('{"a": {"model": "GNN", "gpu_demand": 1%s, "total_samples_to_train": 1}}' % ("0" * 400), "a", "gpu_demand",
+         "expected a finite number, got 1000"),
+        ('{"a": {"model": null, "gpu_demand": 2, "total_samples_to_train": 1}}', "a", "model", "empty model name"),
+    ],
+    ids=["dup_id", "dup_field", "nan", "null", "true_demand", "false_samples", "true_submit", "huge_int", "null_model"],
+)
+def test_bad_deepshare_json_text(tmp_path: Path, text: str, row: str, field: str, words: str) -> None:
+    path = tmp_path / "set.json"
+    path.write_text(text)
+    with pytest.raises(TraceError) as ei:
+        load_trace(path, CLUSTER)
+    assert words in str(ei.value)
+    assert len(str(ei.value)) < 200  # a 400-digit number is shortened
+    _where(ei.value, path, row, field)
+
+
+def test_deepshare_json_with_bom(tmp_path: Path) -> None:
+    path = tmp_path / "set.json"
+    path.write_bytes(b"\xef\xbb\xbf" + ("{\"a\": {%s}}" % _JOB).encode())
+    assert [j.job_id for j in load_trace(path, CLUSTER)] == ["a"]
 
 
 @pytest.mark.parametrize(

@@ -26,14 +26,14 @@ from trainer.generate import (
     DEMAND_DISTRIBUTIONS,
     GeneratorConfig,
     GeneratorError,
+    check_sets_directory,
     generate_jobs,
     generate_sets,
     write_sets,
 )
+from trainer.traces import TRACE_SUFFIXES
 
 __all__ = ["register"]
-
-_FILE_SUFFIXES = (".csv", ".parquet", ".pq", ".json")
 
 
 def _fail(args: argparse.Namespace, msg: str) -> int:
@@ -41,9 +41,11 @@ def _fail(args: argparse.Namespace, msg: str) -> int:
     return 2
 
 
-def _check_out_file(out: Path, force: bool) -> str | None:
-    if out.suffix.lower() not in _FILE_SUFFIXES:
-        return f"{out}: output must end in .csv, .parquet or .json (or use --sets N for a directory)"
+def _check_out_file(out: Path, force: bool, sets_hint: bool = False) -> str | None:
+    if out.suffix.lower() not in TRACE_SUFFIXES:
+        hint = " (or use --sets N for a directory)" if sets_hint else ""
+        endings = f"{', '.join(TRACE_SUFFIXES[:-1])} or {TRACE_SUFFIXES[-1]}"
+        return f"{out}: output must be a file name ending in {endings}{hint}"
     if out.is_dir():
         return f"{out}: is a directory (use --sets N to write job sets into a directory)"
     if out.exists() and not force:
@@ -82,7 +84,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     try:
         cfg = cfg.resolved(cluster)
         if args.sets is None:
-            err = _check_out_file(out, args.overwrite)
+            err = _check_out_file(out, args.overwrite, sets_hint=True)
             if err:
                 return _fail(args, err)
             jobs = generate_jobs(cluster, cfg)
@@ -90,8 +92,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             write_trace(out, jobs)
             print(f"wrote {len(jobs)} jobs to {out}")
         else:
-            if out.suffix.lower() in _FILE_SUFFIXES:
+            if out.suffix.lower() in TRACE_SUFFIXES:
                 return _fail(args, f"{out}: --sets writes a directory; give a directory path, not a file name")
+            check_sets_directory(out, args.overwrite)  # before the (possibly long) generation
             sets = generate_sets(cluster, cfg, args.sets)
             _make_parent(out)
             paths = write_sets(out, sets, fmt=args.format, force=args.overwrite)

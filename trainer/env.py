@@ -98,17 +98,20 @@ def reference_jct(
 
 
 def load_trace_dir(path: str | Path, cluster: ClusterSpec) -> list[list[JobSpec]]:
-    """All traces under ``path`` (a trace file or a directory searched recursively), sorted by path."""
-    from trainer.traces import TraceError, load_trace
+    """All traces under ``path`` (a trace file or a directory searched recursively), sorted by path.
+
+    In a directory, every file whose suffix is in :data:`trainer.traces.TRACE_SUFFIXES` is a trace.
+    """
+    from trainer.traces import TRACE_SUFFIXES, TraceError, load_trace
 
     p = Path(path)
     if p.is_file():
         return [load_trace(p, cluster)]
     if not p.is_dir():
         raise TraceError(p, "no such trace file or directory")
-    files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in (".json", ".csv", ".parquet"))
+    files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in TRACE_SUFFIXES)
     if not files:
-        raise TraceError(p, "no trace files (*.json, *.csv, *.parquet) in this directory")
+        raise TraceError(p, f"no trace files ({', '.join('*' + s for s in TRACE_SUFFIXES)}) in this directory")
     return [load_trace(f, cluster) for f in files]
 
 

@@ -61,7 +61,7 @@ import numpy as np
 from policies.cluster import ClusterSpec
 from policies.job import JobSpec
 from policies.perf import ContentionModel
-from policies.workloads import MODELS, canonical_model
+from policies.workloads import MODELS, UnknownModelError, canonical_model
 
 __all__ = [
     "DEMAND_DISTRIBUTIONS",
@@ -69,6 +69,7 @@ __all__ = [
     "GeneratorConfig",
     "GeneratorError",
     "arrival_rate",
+    "check_sets_directory",
     "demand_values",
     "generate_jobs",
     "generate_sets",
@@ -116,18 +117,35 @@ def parse_mix(mix: str | Sequence[float] | Mapping[str, float]) -> np.ndarray:
     elif isinstance(mix, Mapping):
         weights = [0.0] * len(MODELS)
         for name, w in mix.items():
-            m = canonical_model(name)
+            try:
+                m = canonical_model(name)
+            except UnknownModelError:
+                m = None
             if m not in MODELS:
                 raise GeneratorError(f"mix: {name!r} is not one of the measured models {', '.join(MODELS)}")
-            weights[MODELS.index(m)] += float(w)
+            weights[MODELS.index(m)] += _weight(mix, w)
     else:
-        weights = [float(w) for w in mix]
+        weights = [_weight(mix, w) for w in mix]
         if len(weights) != len(MODELS):
             raise GeneratorError(f"mix needs {len(MODELS)} weights ({':'.join(MODELS)}), got {len(weights)}")
     w = np.asarray(weights, dtype=float)
-    if not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
-        raise GeneratorError(f"bad mix {mix!r}: weights must be finite, >= 0, and not all 0")
-    return w / w.sum()
+    with np.errstate(over="ignore"):
+        total = float(w.sum())
+    # The sum must be finite too: 1e308:1e308:1e308:1:1:1 would turn every probability into 0.
+    if not np.all(np.isfinite(w)) or np.any(w < 0) or not (0 < total < math.inf):
+        raise GeneratorError(f"bad mix {mix!r}: weights must be finite, >= 0, not all 0, with a finite sum")
+    return w / total
+
+
+def _weight(mix: object, w: object) -> float:
+    if isinstance(w, bool):
+        raise GeneratorError(f"bad mix {mix!r}: weights must be numbers")
+    try:
+        return float(w)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise GeneratorError(f"bad mix {mix!r}: weights must be numbers") from None
+    except OverflowError:
+        raise GeneratorError("bad mix: weights must be finite, >= 0, not all 0, with a finite sum") from None
 
 
 @dataclass(frozen=True)
@@ -280,6 +298,31 @@ def generate_sets(
     return out
 
 
+def check_sets_directory(directory: str | Path, force: bool = False) -> Path:
+    """Raise :class:`GeneratorError` if :func:`write_sets` may not write ``directory``; return its absolute path.
+
+    Refused: a file, a non-empty directory without ``force``, and the
+    file-system root, the current directory or one of its ancestors (``.``,
+    ``..``), which replacing would pull away from under the caller.
+    """
+    given = Path(directory)
+    # The absolute path: "." and ".." have no name to build the temporary siblings from.
+    absolute = Path(os.path.abspath(given))
+    if absolute.parent == absolute:
+        raise GeneratorError(f"{given}: cannot write job sets to the file-system root; name a new directory")
+    cwd = Path.cwd().resolve()
+    real = absolute.resolve()
+    if real == cwd or real in cwd.parents:
+        raise GeneratorError(
+            f"{given}: is the current directory or contains it; name a new directory, e.g. {given / 'sets'}"
+        )
+    if absolute.exists() and not absolute.is_dir():
+        raise GeneratorError(f"{given}: exists and is not a directory")
+    if absolute.is_dir() and any(absolute.iterdir()) and not force:
+        raise GeneratorError(f"{given}: directory is not empty (use --overwrite to replace it)")
+    return absolute
+
+
 def write_sets(
     directory: str | Path, sets: Sequence[Sequence[JobSpec]], fmt: str = "csv", force: bool = False
 ) -> list[Path]:
@@ -287,18 +330,15 @@ def write_sets(
 
     Everything is written into a temporary sibling directory that is renamed
     into place at the end, so an error leaves no partial directory. An existing
-    non-empty ``directory`` is an error unless ``force`` (then it is replaced).
-    Returns the written paths.
+    non-empty ``directory`` is an error unless ``force`` (then it is replaced);
+    see :func:`check_sets_directory` for the other refusals. Returns the
+    written paths, absolute.
     """
     from trainer.traces import write_trace
 
     if fmt not in ("csv", "parquet", "json"):
         raise GeneratorError(f"format {fmt!r}: expected csv, parquet or json")
-    directory = Path(directory)
-    if directory.exists() and not directory.is_dir():
-        raise GeneratorError(f"{directory}: exists and is not a directory")
-    if directory.is_dir() and any(directory.iterdir()) and not force:
-        raise GeneratorError(f"{directory}: directory is not empty (use --overwrite to replace it)")
+    directory = check_sets_directory(directory, force)
     parent = directory.resolve().parent
     if not parent.is_dir():
         raise GeneratorError(f"{parent}: no such directory")

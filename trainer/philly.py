@@ -50,7 +50,7 @@ from policies.job import JobSpec
 from policies.perf import ContentionModel
 from policies.workloads import MODELS
 from trainer.generate import GeneratorError, parse_mix
-from trainer.traces import TraceError
+from trainer.traces import TraceError, not_utf8_error
 
 __all__ = ["PHILLY_COLUMNS", "read_philly"]
 
@@ -162,22 +162,22 @@ def read_philly(
         f = path.open(newline="", encoding="utf-8-sig")
     except OSError as exc:
         raise TraceError(path, f"cannot open: {exc.strerror}") from exc
-    with f:
-        reader = csv.reader(f)
-        try:
-            header = next(reader)
-        except StopIteration:
-            raise TraceError(path, "empty file: no header and no jobs") from None
-        except csv.Error as exc:
-            raise TraceError(path, f"not CSV: {exc}", 1) from None
-        header = [h.strip() for h in header]
-        for c in PHILLY_COLUMNS:
-            if c not in header:
-                raise TraceError(path, f"missing column (header has: {', '.join(header)})", 1, c)
-        try:
+    reader = csv.reader(f)
+    try:
+        with f:
+            try:
+                header = next(reader)
+            except StopIteration:
+                raise TraceError(path, "empty file: no header and no jobs") from None
+            header = [h.strip() for h in header]
+            for c in PHILLY_COLUMNS:
+                if c not in header:
+                    raise TraceError(path, f"missing column (header has: {', '.join(header)})", 1, c)
             rows = list(reader)
-        except csv.Error as exc:
-            raise TraceError(path, f"not CSV: {exc}", reader.line_num) from None
+    except UnicodeDecodeError:
+        raise not_utf8_error(path) from None
+    except csv.Error as exc:
+        raise TraceError(path, f"not CSV: {exc}", reader.line_num) from None
     width = len(header)
     # Line numbers as a person counts them (header = line 1); blank lines skipped.
     keep = [(i + 2, r) for i, r in enumerate(rows) if r]

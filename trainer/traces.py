@@ -11,11 +11,14 @@ cluster). Other columns (user, vc, ...) are kept in ``JobSpec.extra``.
 
 Readers: canonical CSV / Parquet, DeepShare's JSON job sets, the Philly CSV
 (:mod:`trainer.philly`). :func:`load_trace` picks one by file content.
-Every reader reports a bad row as ``TraceError`` naming file, row and field.
+Every reader reports a bad row as ``TraceError`` naming file, row and field;
+text files must be UTF-8, CSV rows must have as many fields as the header and
+job ids must be unique (also as JSON keys).
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
 import json
 import math
@@ -30,6 +33,9 @@ from policies.workloads import UnknownModelError, canonical_model
 __all__ = [
     "TraceError",
     "CANONICAL_COLUMNS",
+    "PARQUET_SUFFIXES",
+    "TRACE_SUFFIXES",
+    "not_utf8_error",
     "load_trace",
     "read_canonical",
     "read_deepshare_json",
@@ -38,6 +44,12 @@ __all__ = [
 ]
 
 CANONICAL_COLUMNS = ("job_id", "submit_time", "model", "gpu_demand", "total_samples")
+
+#: File suffixes (lower case) read as Parquet by :func:`read_canonical` and written so by :func:`write_trace`.
+PARQUET_SUFFIXES = (".parquet", ".pq")
+#: Every trace file suffix (lower case) :func:`load_trace` reads and :func:`write_trace` writes. Code that
+#: collects the traces of a directory should use this list rather than a copy.
+TRACE_SUFFIXES = (".csv", *PARQUET_SUFFIXES, ".json")
 
 
 class TraceError(ValueError):
@@ -53,27 +65,59 @@ class TraceError(ValueError):
         self.path, self.row, self.column = str(path), row, column
 
 
+def not_utf8_error(path: str | Path, raw: bytes | None = None) -> TraceError:
+    """The :class:`TraceError` for a file that is not UTF-8 text, naming the line of its first bad byte.
+
+    ``raw`` is the file's content if the caller has it; otherwise the file is read again (error path only).
+    """
+    try:
+        if raw is None:
+            raw = Path(path).read_bytes()
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        bad = f"byte 0x{raw[exc.start]:02x} at line {line} (byte offset {exc.start})"
+        return TraceError(path, f"not UTF-8 text: {bad}; save it as UTF-8")
+    except OSError:
+        pass
+    return TraceError(path, "not UTF-8 text; save it as UTF-8")
+
+
+def _show(value: Any) -> str:
+    """``repr(value)``, shortened for messages (a JSON number may have hundreds of digits)."""
+    r = repr(value)
+    return r if len(r) <= 40 else f"{r[:24]}... ({len(r)} characters)"
+
+
+def _blank(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
 def _num(path: Path, row: int | str, col: str, value: Any, *, integer: bool = False, positive: bool = False) -> float:
     try:
-        if value is None or (isinstance(value, str) and not value.strip()):
+        if _blank(value) or isinstance(value, bool):  # JSON true is not the number 1
             raise ValueError
         x = float(value)
     except (TypeError, ValueError):
-        raise TraceError(path, f"expected a number, got {value!r}", row, col) from None
+        raise TraceError(path, f"expected a number, got {_show(value)}", row, col) from None
+    except OverflowError:  # an integer beyond the float range, e.g. JSON 1e400 written out
+        raise TraceError(path, f"expected a finite number, got {_show(value)}", row, col) from None
     if not math.isfinite(x):
-        raise TraceError(path, f"expected a finite number, got {value!r}", row, col)
+        raise TraceError(path, f"expected a finite number, got {_show(value)}", row, col)
     if x < 0:
-        raise TraceError(path, f"must not be negative, got {value!r}", row, col)
+        raise TraceError(path, f"must not be negative, got {_show(value)}", row, col)
     if positive and x <= 0:
-        raise TraceError(path, f"must be positive, got {value!r}", row, col)
+        raise TraceError(path, f"must be positive, got {_show(value)}", row, col)
     if integer:
         if x != int(x):
-            raise TraceError(path, f"expected an integer, got {value!r}", row, col)
+            raise TraceError(path, f"expected an integer, got {_show(value)}", row, col)
         return int(x)
     return x
 
 
 def _model(path: Path, row: int | str, value: Any) -> str:
+    if _blank(value):
+        raise TraceError(path, "empty model name", row, "model")
     try:
         return canonical_model(str(value))
     except UnknownModelError as exc:
@@ -92,7 +136,10 @@ def _job_from_row(
         missing.append("total_samples (or duration)")
     if missing:
         raise TraceError(path, f"missing column(s): {', '.join(missing)}", rownum)
-    job_id = str(rec["job_id"]).strip()
+    raw_id = rec["job_id"]
+    # A Parquet null (or a float column's NaN) is no id, not the id "None" / "nan".
+    missing_id = raw_id is None or (isinstance(raw_id, float) and math.isnan(raw_id))
+    job_id = "" if missing_id else str(raw_id).strip()
     if not job_id:
         raise TraceError(path, "empty job id", rownum, "job_id")
     submit = _num(path, rownum, "submit_time", rec["submit_time"])
@@ -103,10 +150,15 @@ def _job_from_row(
             path, f"gpu_demand {demand} is larger than the cluster ({cluster.total_gpus} GPUs)", rownum, "gpu_demand"
         )
     ts = rec.get("total_samples")
-    if ts is not None and not (isinstance(ts, str) and not ts.strip()) and not (isinstance(ts, float) and math.isnan(ts)):
+    # Fall back to duration only where total_samples is absent or empty (NaN is a bad total_samples).
+    if not _blank(ts) or "duration" not in rec:
         samples = _num(path, rownum, "total_samples", ts, positive=True)
     else:
-        duration = _num(path, rownum, "duration", rec.get("duration"), positive=True)
+        if "total_samples" in rec and _blank(rec["duration"]):
+            raise TraceError(
+                path, "expected a number in total_samples or duration, got neither", rownum, "total_samples"
+            )
+        duration = _num(path, rownum, "duration", rec["duration"], positive=True)
         if perf is None:
             raise TraceError(path, "a 'duration' column needs the target cluster to convert to samples", rownum, "duration")
         samples = duration * perf.best_isolated_throughput(model, demand)
@@ -136,36 +188,64 @@ def read_canonical(path: str | Path, cluster: ClusterSpec | None = None, perf: C
     if cluster is not None and perf is None:
         perf = ContentionModel(cluster)
     rows: list[tuple[int, dict[str, Any]]]
-    if path.suffix.lower() in (".parquet", ".pq"):
+    if path.suffix.lower() in PARQUET_SUFFIXES:
         import pyarrow.parquet as pq
 
         try:
             table = pq.read_table(path)
         except Exception as exc:  # noqa: BLE001
             raise TraceError(path, f"cannot read Parquet: {exc}") from exc
+        _check_header(path, table.column_names)
         rows = list(enumerate(table.to_pylist(), start=1))
-        cols = table.column_names
     else:
-        try:
-            f = path.open(newline="", encoding="utf-8-sig")
-        except OSError as exc:
-            raise TraceError(path, f"cannot open: {exc.strerror}") from exc
-        with f:
-            reader = csv.DictReader(f)
-            cols = reader.fieldnames or []
-            data = list(reader)
-        # Row numbers as a person counts lines in the file (header = line 1).
-        rows = list(enumerate(data, start=2))
-    _check_header(path, cols)
+        rows = _read_csv_rows(path)
     jobs = [_job_from_row(path, n, rec, cluster, perf) for n, rec in rows]
     validate_jobs(path, jobs, [n for n, _ in rows])
     return jobs
 
 
-def _check_header(path: Path, cols: Sequence[str]) -> None:
-    """Raise for missing columns, naming the header row (1) and the first missing field."""
+def _read_csv_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """The data rows of a canonical CSV as ``(line, {column: text})``, blank lines skipped.
+
+    ``line`` is the row's first line in the file as a person counts them (the
+    header is on line 1 unless blank lines precede it). A row with more or
+    fewer fields than the header is an error.
+    """
+    try:
+        f = path.open(newline="", encoding="utf-8-sig")
+    except OSError as exc:
+        raise TraceError(path, f"cannot open: {exc.strerror}") from exc
+    rows: list[tuple[int, dict[str, Any]]] = []
+    reader = csv.reader(f)
+    try:
+        with f:
+            cols: list[str] = []
+            for cols in reader:  # the header: the first row that is not blank
+                if cols:
+                    break
+            _check_header(path, cols, reader.line_num)
+            width, last = len(cols), reader.line_num
+            for rec in reader:
+                first, last = last + 1, reader.line_num
+                if not rec:
+                    continue
+                if len(rec) != width:
+                    raise TraceError(path, f"expected {width} fields as in the header, got {len(rec)}", first)
+                rows.append((first, dict(zip(cols, rec))))
+    except UnicodeDecodeError:
+        raise not_utf8_error(path) from None
+    except csv.Error as exc:
+        raise TraceError(path, f"not CSV: {exc}", reader.line_num) from None
+    return rows
+
+
+def _check_header(path: Path, cols: Sequence[str], row: int = 1) -> None:
+    """Raise for missing or repeated columns, naming the header row and the first such field."""
     if not cols:
         raise TraceError(path, "empty file: no header and no jobs")
+    if len(set(cols)) != len(cols):
+        dup = next(c for i, c in enumerate(cols) if c in cols[:i])
+        raise TraceError(path, "column appears twice in the header", row, dup)
     needed = ["job_id", "submit_time", "model", "gpu_demand"]
     missing = [c for c in needed if c not in cols]
     if "total_samples" not in cols and "duration" not in cols:
@@ -174,26 +254,57 @@ def _check_header(path: Path, cols: Sequence[str]) -> None:
         more = f" (also missing: {', '.join(missing[1:])})" if len(missing) > 1 else ""
         hint = " (or 'duration')" if missing[0] == "total_samples" else ""
         raise TraceError(
-            path, f"missing column{hint}{more}; header has: {', '.join(cols)}", 1, missing[0]
+            path, f"missing column{hint}{more}; header has: {', '.join(cols)}", row, missing[0]
         )
+
+
+class _JsonObject(dict):
+    """A JSON object that remembers the keys it repeats (``json.loads`` keeps only the last value)."""
+
+    __slots__ = ("repeated",)
+
+    def __init__(self, pairs: list[tuple[str, Any]]):
+        super().__init__(pairs)
+        self.repeated: list[str] = []
+        if len(self) != len(pairs):
+            seen: set[str] = set()
+            for k, _ in pairs:
+                if k in seen:
+                    self.repeated.append(k)
+                seen.add(k)
 
 
 def read_deepshare_json(path: str | Path, cluster: ClusterSpec | None = None, **_: Any) -> list[JobSpec]:
     """Read DeepShare's job-set JSON: ``{"id": {model, gpu_demand, total_samples_to_train}}``.
 
-    All jobs are submitted at time 0, as in DeepShare.
+    All jobs are submitted at time 0, as in DeepShare. A job id or a field
+    given twice is an error (plain ``json.loads`` would keep the last one).
     """
     path = Path(path)
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise TraceError(path, f"cannot open: {exc.strerror}") from exc
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise not_utf8_error(path, raw) from None
+    try:
+        doc = json.loads(text, object_pairs_hook=_JsonObject)
+    except json.JSONDecodeError as exc:
         raise TraceError(path, f"not a readable JSON job set: {exc}") from exc
+    except RecursionError:
+        raise TraceError(path, "not a readable JSON job set: nested too deeply") from None
     if not isinstance(doc, dict):
         raise TraceError(path, "expected a JSON object mapping job ids to jobs")
+    if doc.repeated:
+        raise TraceError(path, f"duplicate job id {doc.repeated[0]!r}", doc.repeated[0], "job_id")
     jobs = []
     for jid, props in doc.items():
         if not isinstance(props, dict):
             raise TraceError(path, "expected an object", jid)
+        if props.repeated:
+            raise TraceError(path, "field appears twice in this job", jid, props.repeated[0])
         for k in ("model", "gpu_demand", "total_samples_to_train"):
             if k not in props:
                 raise TraceError(path, "missing field", jid, k)
@@ -223,15 +334,19 @@ def load_trace(
     if path.is_dir():
         raise TraceError(path, "is a directory, expected a trace file")
     suffix = path.suffix.lower()
-    if suffix == ".json" or (suffix == "" and path.read_bytes()[:1] == b"{"):
+    if suffix in ("", ".csv"):
+        # Sniff the first line as bytes: decoding (and its errors) is the reader's job.
+        try:
+            with path.open("rb") as f:
+                head = f.readline().removeprefix(codecs.BOM_UTF8)
+        except OSError as exc:
+            raise TraceError(path, f"cannot open: {exc.strerror}") from exc
+    if suffix == ".json" or (suffix == "" and head[:1] == b"{"):
         return read_deepshare_json(path, cluster)
-    if suffix == ".csv":
-        with path.open(encoding="utf-8-sig") as f:
-            header = f.readline()
-        if header.startswith("timestamp,") and "num_gpus" in header:
-            from trainer.philly import read_philly
+    if suffix == ".csv" and head.startswith(b"timestamp,") and b"num_gpus" in head:
+        from trainer.philly import read_philly
 
-            return read_philly(path, cluster, perf=perf, **philly_options)
+        return read_philly(path, cluster, perf=perf, **philly_options)
     return read_canonical(path, cluster, perf)
 
 
@@ -265,13 +380,13 @@ def write_trace(path: str | Path, jobs: Sequence[JobSpec]) -> None:
                 for j in jobs
             }
             tmp.write_text(json.dumps(doc))
-        elif path.suffix.lower() in (".parquet", ".pq"):
+        elif path.suffix.lower() in PARQUET_SUFFIXES:
             import pyarrow as pa
             import pyarrow.parquet as pq
 
             pq.write_table(pa.Table.from_pylist(rows), tmp)
         else:
-            with tmp.open("w", newline="") as f:
+            with tmp.open("w", newline="", encoding="utf-8") as f:
                 w = csv.DictWriter(f, fieldnames=list(CANONICAL_COLUMNS) + extra_cols)
                 w.writeheader()
                 w.writerows(rows)
