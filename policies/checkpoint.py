@@ -25,7 +25,17 @@ Metadata fields (all required unless marked)::
 
 :func:`load_checkpoint` checks everything (files present, JSON well formed,
 hash, tensor shapes chaining from the observation size to the action count)
-and raises :class:`CheckpointError` naming the file and the problem.
+and raises :class:`CheckpointError` naming the file and the problem. Field
+types are checked, not coerced: integers must be JSON integers (not ``8.9``,
+not ``true``), numbers finite (``json`` accepts ``NaN`` / ``Infinity``); the
+observation spec must make sense (``k >= 1``, ``1 <= levels <= 4``, ...;
+:class:`~policies.encoding.ObsSpec`); the prior's scale is at most
+:data:`policies.prior.MAX_SCALE`; the inference layers are float32 and their
+outputs provably stay far below float32's limit for every observation (so the
+logits can never become ``inf`` / NaN while scheduling). The ``training``
+section is free-form except for the fields code reads (``timesteps``,
+``config``, ``source``, ``config.traces``). :meth:`Checkpoint.check_cluster`
+compares the cluster with the training cluster node by node.
 """
 
 from __future__ import annotations
@@ -54,6 +64,10 @@ FORMAT_VERSION = 1
 ALGOS = ("maskable-ppo", "ppo", "a2c", "dqn")
 MODES = ("rl-base", "rl-hybrid")
 _MAX_JSON = 1 << 20
+#: Largest accepted bound on a layer's pre-activation over all observations (every observation
+#: value is in [0, 1]): float32's max is ~3.4e38, so the logits stay finite with room for the
+#: admission prior (at most ``2e6 * K * S``, :data:`policies.prior.MAX_SCALE`) to be added.
+_MAX_PREACT = 1e38
 
 
 class CheckpointError(PolicyError):
@@ -288,8 +302,11 @@ class Checkpoint:
         return AdmissionPrior.from_dict(self.meta["network"].get("prior"))
 
     def check_cluster(self, cluster: ClusterSpec) -> None:
+        """Raise :class:`CheckpointError` unless ``cluster`` has the training cluster's shape:
+        the observation spec's (nodes, largest node, total GPUs, levels) and the GPU count of
+        every node, in node order (heterogeneous clusters: ``[8, 4, 4]`` is not ``[8, 6, 2]``)."""
         try:
-            self.spec.check_cluster(cluster)
+            self.spec.check_cluster(cluster, layout=self.cluster.gpus_per_node)
         except EncodingError as exc:
             raise CheckpointError(f"{self.json_path}: {exc}") from exc
 
@@ -339,7 +356,8 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         raise CheckpointError(f"{jpath}: metadata must be a JSON object")
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{jpath}: not an rlsched policy checkpoint (format={meta.get('format')!r})")
-    if meta.get("format_version") != FORMAT_VERSION:
+    fv = meta.get("format_version")
+    if isinstance(fv, bool) or not isinstance(fv, int) or fv != FORMAT_VERSION:  # not True, not 1.0
         raise CheckpointError(
             f"{jpath}: unsupported format_version {meta.get('format_version')!r} (expected {FORMAT_VERSION})"
         )
@@ -351,13 +369,14 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         raise CheckpointError(f"{jpath}: unknown mode {mode!r}; expected one of {', '.join(MODES)}")
     _require(meta, "project_version", str, jpath)
     _require(meta, "reward", dict, jpath)
-    _require(meta, "training", dict, jpath)
+    _check_training(_require(meta, "training", dict, jpath), jpath)
+    cluster = _cluster_from_dict(_require(meta, "cluster", dict, jpath), jpath)
+    spec_meta = _require(meta, "obs_spec", dict, jpath)
     try:
-        cluster = _cluster_from_dict(_require(meta, "cluster", dict, jpath))
-        spec = ObsSpec.from_dict(_require(meta, "obs_spec", dict, jpath))
+        spec = ObsSpec.from_dict(spec_meta)
         spec.check_cluster(cluster)
     except (EncodingError, ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{jpath}: bad cluster / obs_spec metadata: {exc}") from exc
+        raise CheckpointError(f"{jpath}: bad obs_spec metadata: {exc}") from exc
     net_meta = _require(meta, "network", dict, jpath)
     if net_meta.get("kind") != "mlp":
         raise CheckpointError(f"{jpath}: network kind {net_meta.get('kind')!r} is not supported (expected 'mlp')")
@@ -385,7 +404,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     except (SafetensorError, ValueError, OSError) as exc:
         raise CheckpointError(f"{wpath}: not a readable safetensors file: {exc}") from exc
     weights = []
-    n_in = int(np.prod(spec.shape))
+    n_in = math.prod(spec.shape)  # exact (np.prod would wrap around for absurd fields)
     for i, prefix in enumerate(layers):
         W, b = tensors.get(prefix + ".weight"), tensors.get(prefix + ".bias")
         if W is None or b is None:
@@ -395,12 +414,28 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
                 f"{wpath}: layer {prefix} has shape {tuple(W.shape)} / {tuple(b.shape)}, "
                 f"expected (*, {n_in}) with matching bias"
             )
+        if W.dtype != np.float32 or b.dtype != np.float32:  # save_checkpoint writes float32 only
+            raise CheckpointError(f"{wpath}: layer {prefix} is {W.dtype} / {b.dtype}, expected float32")
         if not (np.isfinite(W).all() and np.isfinite(b).all()):
             raise CheckpointError(f"{wpath}: layer {prefix} holds non-finite values")
         weights.append((W, b))
         n_in = W.shape[0]
     if n_in != spec.n_actions:
         raise CheckpointError(f"{wpath}: network outputs {n_in} values but the action space has {spec.n_actions}")
+    # Finite weights can still overflow float32 (e.g. 1e37 x 64 hidden units): bound every layer's
+    # pre-activation over all inputs in [-1, 1] (observations are in [0, 1]; tanh keeps hidden
+    # values in [-1, 1], relu keeps the bound), in float64, so that a checkpoint whose logits could
+    # become inf / NaN is refused here rather than mid-simulation.
+    bound = np.ones(math.prod(spec.shape), dtype=np.float64)
+    for i, ((W, b), prefix) in enumerate(zip(weights, layers)):
+        pre = np.abs(W.astype(np.float64)) @ bound + np.abs(b.astype(np.float64))
+        worst = float(pre.max())
+        if not worst <= _MAX_PREACT:
+            raise CheckpointError(
+                f"{wpath}: layer {prefix} can output values of magnitude {worst:.3g}, above the {_MAX_PREACT:g} "
+                "that keeps float32 logits finite with margin; the weights are corrupt or were modified"
+            )
+        bound = np.minimum(pre, 1.0) if activation == "tanh" and i < len(weights) - 1 else pre
     try:
         AdmissionPrior.from_dict(net_meta.get("prior"))
     except PriorError as exc:
@@ -408,11 +443,70 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     return Checkpoint(meta, MLPNet(weights, activation), spec, cluster, jpath, wpath)
 
 
-def _cluster_from_dict(d: Mapping) -> ClusterSpec:
-    from policies.cluster import NodeSpec
+def _is_int(v: Any) -> bool:
+    """A JSON integer: not a bool (``True == 1``), not a float (``8.9`` or ``8.0``)."""
+    return isinstance(v, int) and not isinstance(v, bool)
 
-    nodes = tuple(NodeSpec(str(n["name"]), int(n["gpus"])) for n in d["nodes"])
-    return ClusterSpec(nodes, float(d.get("intra_bw_gbps", 16.0)), float(d.get("inter_bw_gbps", 5.0)))
+
+def _is_number(v: Any) -> bool:
+    """A finite JSON number (``json.loads`` accepts ``NaN`` / ``Infinity``), not a bool."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an int beyond float range
+        return False
+
+
+def _cluster_from_dict(d: Mapping, where: Path) -> ClusterSpec:
+    """The training cluster of the metadata, every field type-checked (no ``int(8.9)`` truncation,
+    no ``NaN`` bandwidths): :class:`CheckpointError` naming the field otherwise."""
+    from policies.cluster import ClusterSpecError, NodeSpec
+
+    nodes = d.get("nodes")
+    if not isinstance(nodes, list) or not nodes:
+        raise CheckpointError(f"{where}: metadata field 'cluster.nodes' must be a non-empty list, got {nodes!r}")
+    specs = []
+    for i, n in enumerate(nodes):
+        if not isinstance(n, dict):
+            raise CheckpointError(f"{where}: metadata field 'cluster.nodes[{i}]' must be an object, got {n!r}")
+        name, gpus = n.get("name"), n.get("gpus")
+        if not isinstance(name, str) or not name:
+            raise CheckpointError(f"{where}: metadata field 'cluster.nodes[{i}].name' must be a non-empty string, got {name!r}")
+        if not _is_int(gpus) or gpus < 1:
+            raise CheckpointError(f"{where}: metadata field 'cluster.nodes[{i}].gpus' must be a positive integer, got {gpus!r}")
+        specs.append(NodeSpec(name, gpus))
+    bw = {}
+    for key, default in (("intra_bw_gbps", 16.0), ("inter_bw_gbps", 5.0)):
+        v = d.get(key, default)
+        if not _is_number(v) or v <= 0:
+            raise CheckpointError(f"{where}: metadata field 'cluster.{key}' must be a finite number > 0, got {v!r}")
+        bw[key] = float(v)
+    try:
+        return ClusterSpec(tuple(specs), **bw)
+    except ClusterSpecError as exc:
+        raise CheckpointError(f"{where}: bad cluster metadata: {exc}") from exc
+
+
+def _check_training(tr: Mapping, where: Path) -> None:
+    """The parts of the free-form ``training`` section that code reads with a fixed type
+    (``rlsched checkpoint``'s summary, ``rlsched train --resume``): ``timesteps`` a non-negative
+    integer, ``config`` and ``source`` objects (or null), ``config.traces`` / ``config.val_traces``
+    lists of strings (or null). Anything else in it is kept as is."""
+    ts = tr.get("timesteps")
+    if ts is not None and (not _is_int(ts) or ts < 0):
+        raise CheckpointError(f"{where}: metadata field 'training.timesteps' must be a non-negative integer, got {ts!r}")
+    for key in ("config", "source"):
+        v = tr.get(key)
+        if v is not None and not isinstance(v, dict):
+            raise CheckpointError(f"{where}: metadata field 'training.{key}' must be an object or null, got {v!r}")
+    cfg = tr.get("config") or {}
+    for key in ("traces", "val_traces"):
+        v = cfg.get(key)
+        if v is not None and not (isinstance(v, list) and all(isinstance(x, str) for x in v)):
+            raise CheckpointError(
+                f"{where}: metadata field 'training.config.{key}' must be a list of paths (strings) or null, got {v!r}"
+            )
 
 
 def save_checkpoint(

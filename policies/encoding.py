@@ -107,6 +107,7 @@ __all__ = [
     "CAND_FEATURES",
     "FILL_SMALL",
     "LEFT_CHANNELS",
+    "MAX_LEVELS",
     "Encoded",
     "Encoder",
     "EncodingError",
@@ -115,6 +116,7 @@ __all__ = [
     "RoundEncoder",
     "SparseObs",
     "apply_placement",
+    "describe_layout",
 ]
 
 LEFT_CHANNELS = 9
@@ -128,6 +130,9 @@ _MEMO_MAX = 65536  # entries of the encoder's option memo before it is cleared
 AGING_S = 1800.0
 #: Candidate orders an :class:`ObsSpec` may name.
 CANDIDATE_ORDERS = ("area", "fill", "plan")
+#: Most balanced placement levels (``n = 1, 2, 4, 8`` nodes): :meth:`ObsSpec.for_cluster` uses
+#: ``min(MAX_LEVELS, floor(log2 N) + 1)``.
+MAX_LEVELS = 4
 #: ``"fill"`` order: the tail rule starts once no pending job needs at most this fraction of the cluster's GPUs.
 FILL_SMALL = 0.15
 #: ``"plan"`` order: waves are planned only while the waiting jobs need at least this many times the cluster's GPUs ...
@@ -153,6 +158,28 @@ class EncodingError(ValueError):
     """The encoder's spec does not fit the cluster it is used on."""
 
 
+def describe_layout(gpus: Sequence[int]) -> str:
+    """A node layout (GPUs of each node, in node order) as runs ``COUNTxGPUS`` joined by ``+``.
+
+    ``[8, 8, 8, 8]`` -> ``"4x8"`` (what :meth:`ClusterSpec.describe` says of a homogeneous
+    cluster); ``[8, 4, 4]`` -> ``"1x8+2x4"``; ``[4, 8, 4]`` -> ``"1x4+1x8+1x4"`` (order matters:
+    the observation has one row per node).
+    """
+    return "+".join(f"{len(list(run))}x{g}" for g, run in itertools.groupby(gpus))
+
+
+def _spec_int(name: str, v: object, lo: int, hi: int | None = None) -> int:
+    """``v`` as an ``int`` in ``[lo, hi]``; :class:`EncodingError` for bools, non-integral or
+    non-numeric values (``8.9`` is not silently truncated to 8) and values out of range."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise EncodingError(f"observation spec field {name!r} must be an integer, got {v!r}")
+    v = int(v)
+    if v < lo or (hi is not None and v > hi):
+        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise EncodingError(f"observation spec field {name!r} must be {rng}, got {v}")
+    return v
+
+
 @dataclass(frozen=True)
 class ObsSpec:
     """Static shape of observations and actions for one cluster shape.
@@ -166,6 +193,11 @@ class ObsSpec:
     :param order: candidate order, ``"area"`` (least aged remaining GPU-time first) or
         ``"fill"`` (the same, plus the tail rule of :meth:`Encoder.fill_order`). Checkpoints
         written before this field existed use ``"area"``.
+
+    Construction validates every field (:class:`EncodingError`): integers (not bools,
+    not ``8.9``), ``N, G, k, version >= 1``, ``1 <= levels <= MAX_LEVELS``, and
+    ``G + N - 1 <= total_gpus <= N * G`` (every node has 1..G GPUs). ``k = 0`` would leave
+    the policy only "nothing" to choose, so it could never start a job.
     """
 
     num_nodes: int
@@ -177,12 +209,27 @@ class ObsSpec:
     order: str = "area"
 
     def __post_init__(self) -> None:
-        if self.order not in CANDIDATE_ORDERS:
+        for name, lo, hi in (
+            ("num_nodes", 1, None),
+            ("gpus_per_node", 1, None),
+            ("total_gpus", 1, None),
+            ("k", 1, None),
+            ("levels", 1, MAX_LEVELS),
+            ("version", 1, None),
+        ):
+            object.__setattr__(self, name, _spec_int(name, getattr(self, name), lo, hi))
+        N, G, T = self.num_nodes, self.gpus_per_node, self.total_gpus
+        if not G + N - 1 <= T <= N * G:
+            raise EncodingError(
+                f"observation spec total_gpus {T} is impossible for {N} nodes of at most {G} GPUs "
+                f"(expected {G + N - 1}..{N * G})"
+            )
+        if not isinstance(self.order, str) or self.order not in CANDIDATE_ORDERS:
             raise EncodingError(f"unknown candidate order {self.order!r}; expected one of {', '.join(CANDIDATE_ORDERS)}")
 
     @classmethod
     def for_cluster(cls, cluster: ClusterSpec, k: int = 6, order: str = "area") -> ObsSpec:
-        levels = min(4, math.floor(math.log2(cluster.num_nodes)) + 1)
+        levels = min(MAX_LEVELS, math.floor(math.log2(cluster.num_nodes)) + 1)
         return cls(cluster.num_nodes, cluster.max_gpus_per_node, cluster.total_gpus, k, levels, order=order)
 
     @property
@@ -215,24 +262,44 @@ class ObsSpec:
 
     @classmethod
     def from_dict(cls, d: dict) -> ObsSpec:
-        try:
-            spec = cls(
-                int(d["num_nodes"]),
-                int(d["gpus_per_node"]),
-                int(d["total_gpus"]),
-                int(d["k"]),
-                int(d["levels"]),
-                int(d["version"]),
-                str(d.get("order", "area")),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise EncodingError(f"bad observation spec {d!r}: {exc}") from exc
-        if "shape" in d and list(d["shape"]) != list(spec.shape):
+        """The spec of :meth:`to_dict`'s output; every field validated (see the class), and the
+        redundant ``shape`` / ``n_actions``, when present, must agree with the fields."""
+        if not isinstance(d, dict):
+            raise EncodingError(f"observation spec must be a JSON object, got {d!r}")
+        missing = [f for f in ("num_nodes", "gpus_per_node", "total_gpus", "k", "levels", "version") if f not in d]
+        if missing:
+            raise EncodingError(f"bad observation spec {d!r}: missing {', '.join(missing)}")
+        order = d.get("order", "area")
+        if not isinstance(order, str):
+            raise EncodingError(f"observation spec field 'order' must be a string, got {order!r}")
+        spec = cls(d["num_nodes"], d["gpus_per_node"], d["total_gpus"], d["k"], d["levels"], d["version"], order)
+        if "shape" in d and (not isinstance(d["shape"], list) or d["shape"] != list(spec.shape)):
             raise EncodingError(f"observation spec shape {d['shape']} disagrees with its fields {list(spec.shape)}")
+        if "n_actions" in d and (isinstance(d["n_actions"], bool) or d["n_actions"] != spec.n_actions):
+            raise EncodingError(
+                f"observation spec n_actions {d['n_actions']!r} disagrees with its fields ({spec.n_actions})"
+            )
         return spec
 
-    def check_cluster(self, cluster: ClusterSpec) -> None:
-        """Raise :class:`EncodingError` unless this spec was made for ``cluster``'s shape."""
+    def describe(self) -> str:
+        """``"a 4x8 cluster (4 nodes, 32 GPUs)"`` when the total is ``N x G`` (homogeneous), else
+        ``"a heterogeneous cluster of 3 nodes, at most 8 GPUs each (16 GPUs)"``: the spec alone does
+        not know a heterogeneous cluster's layout (see :meth:`check_cluster`)."""
+        N, G, T = self.num_nodes, self.gpus_per_node, self.total_gpus
+        if T == N * G:
+            return _describe_cluster((G,) * N)
+        return f"a heterogeneous cluster of {N} nodes, at most {G} GPUs each ({T} GPUs)"
+
+    def check_cluster(self, cluster: ClusterSpec, layout: Sequence[int] | None = None) -> None:
+        """Raise :class:`EncodingError` unless this spec was made for ``cluster``'s shape.
+
+        :param layout: GPUs of each node of the cluster the spec was made for (a checkpoint's
+            training cluster, ``ClusterSpec.gpus_per_node``). The spec itself holds only ``N``,
+            the largest node and the total, which heterogeneous clusters can share with a
+            different layout (``[8, 4, 4]`` and ``[8, 6, 2]``) although the observation's
+            slot-exists channel, and so what the network was trained on, differs. With
+            ``layout`` the GPU counts must match node by node too.
+        """
         other = ObsSpec.for_cluster(cluster, self.k)
         if self.version != other.version:
             raise EncodingError(
@@ -241,12 +308,21 @@ class ObsSpec:
             )
         mine = (self.num_nodes, self.gpus_per_node, self.total_gpus, self.levels)
         theirs = (other.num_nodes, other.gpus_per_node, other.total_gpus, other.levels)
-        if mine != theirs:
+        got = tuple(cluster.gpus_per_node)
+        want = None if layout is None else tuple(int(g) for g in layout)
+        if mine != theirs or (want is not None and want != got):
+            trained = self.describe() if want is None else _describe_cluster(want)
             raise EncodingError(
-                f"policy was trained for a {self.num_nodes}x{self.gpus_per_node} cluster "
-                f"({self.total_gpus} GPUs) but the cluster is {cluster.describe()} "
-                f"({cluster.num_nodes} nodes, {cluster.total_gpus} GPUs); train or pick a checkpoint for this shape"
+                f"policy was trained for {trained} but the cluster is {_describe_cluster(got)}; "
+                "train or pick a checkpoint for this shape"
             )
+
+
+def _describe_cluster(gpus: Sequence[int]) -> str:
+    """``"a 4x8 cluster (4 nodes, 32 GPUs)"``, ``"a 1x8+2x4 cluster (3 nodes, 16 GPUs)"``, ``"an 8x8 ..."``."""
+    text = describe_layout(gpus)
+    article = "an" if text.startswith(("8", "11x", "18x")) else "a"  # "an eight", "an eleven", "an eighteen"
+    return f"{article} {text} cluster ({len(gpus)} nodes, {sum(gpus)} GPUs)"
 
 
 @dataclass

@@ -37,13 +37,23 @@ checks they agree.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["AdmissionPrior", "PriorError"]
+__all__ = ["MAX_SCALE", "AdmissionPrior", "PriorError"]
+
+#: Largest accepted :attr:`AdmissionPrior.scale`. Prior logits are ``-scale * rank`` with
+#: ``0 <= rank <= 2 * K * S`` (a slow option ranks ``K * S + 1`` after its index), so with
+#: ``scale <= 1e6`` every prior logit is at most ``2e6 * K * S`` in magnitude: finite in float32
+#: (max ~3.4e38) for any action space that fits in memory (``K * S < 1e32``), and far from
+#: overflowing when added to a network's logits. A larger scale (``1e300``, or ``Infinity``,
+#: which Python's ``json`` accepts) overflows float32 to ``-inf`` on every action, and the
+#: masked argmax then picks an invalid action. Trained priors use scale 1.
+MAX_SCALE = 1e6
 
 
 @functools.lru_cache(maxsize=64)
@@ -104,10 +114,23 @@ class AdmissionPrior:
     scale: float = 1.0
 
     def __post_init__(self) -> None:
+        for name in ("theta", "scale"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+                raise PriorError(f"prior {name} must be a number, got {v!r}")
+            try:
+                f = float(v)  # OverflowError for an int beyond float range (JSON allows 1000...0)
+            except OverflowError:
+                f = math.inf
+            if not math.isfinite(f):
+                raise PriorError(f"prior {name} must be finite, got {v!r}")
+            object.__setattr__(self, name, f)
         if not 0.0 <= self.theta <= 1.0:
             raise PriorError(f"prior theta must be in [0, 1], got {self.theta}")
-        if not self.scale > 0.0:
-            raise PriorError(f"prior scale must be > 0, got {self.scale}")
+        if not 0.0 < self.scale <= MAX_SCALE:
+            raise PriorError(
+                f"prior scale must be in (0, {MAX_SCALE:g}] so that its float32 logits stay finite, got {self.scale}"
+            )
 
     # ------------------------------------------------------------------ formula
     def logits(self, speeds: np.ndarray) -> np.ndarray:
@@ -180,7 +203,11 @@ class AdmissionPrior:
             return None
         if not isinstance(d, dict) or d.get("kind") != "admission":
             raise PriorError(f"unknown action prior {d!r} (expected kind 'admission')")
-        try:
-            return cls(float(d["theta"]), float(d["scale"]))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise PriorError(f"bad action prior {d!r}: {exc}") from exc
+        missing = [k for k in ("theta", "scale") if k not in d]
+        if missing:
+            raise PriorError(f"bad action prior {d!r}: missing {', '.join(missing)}")
+        extra = sorted(set(d) - {"kind", "theta", "scale"})
+        if extra:
+            raise PriorError(f"bad action prior {d!r}: unknown field(s) {', '.join(map(str, extra))}")
+        # numbers only (no "0.8" strings, no bools), finite and in range: checked by __post_init__
+        return cls(d["theta"], d["scale"])

@@ -173,8 +173,12 @@ class RLPolicy(Policy):
     def decide(self, state: ClusterState) -> tuple[int, tuple[str, object] | None]:
         """One network decision: ``(action, (job_id, placement) or None)``."""
         enc = self.encoder.encode(state, dense=not self.fast)
-        a = self._act(enc)
-        return a, enc.decode(a)
+        try:
+            a = self._act(enc)
+            return a, enc.decode(a)
+        except ValueError as exc:
+            self._raise_if_bad_logits(enc, exc)
+            raise
 
     def _act(self, enc) -> int:
         """The action for an :class:`~policies.encoding.Encoded` (sparse when ``fast``).
@@ -198,6 +202,42 @@ class RLPolicy(Policy):
         if self.prior is not None:
             z = z + self.prior.logits(enc.action_speeds())
         return self.net.choose(z, enc.mask, self.deterministic, self._rng)
+
+    def _raise_if_bad_logits(self, enc, exc: ValueError) -> None:
+        """After choosing or decoding an action failed with ``exc``: raise a clear error if the
+        logits are to blame; return (the caller re-raises ``exc``) otherwise.
+
+        Called only after a failure, so the per-decision path pays nothing for it (a ``try``
+        costs nothing in Python 3.11 until something raises). A valid encoding always has a
+        valid action, so an invalid choice means the logits gave no valid action a usable
+        value: NaN, or ``-inf`` on every valid action (float32 overflow of the network or its
+        prior; :func:`~policies.checkpoint.load_checkpoint` refuses the checkpoints known to do
+        that, this is defence in depth). That is the checkpoint's problem: a
+        :class:`CheckpointError` naming it (a :class:`PolicyError` for a network without one).
+        """
+        try:
+            if enc.obs is not None:
+                z = self.net.logits(enc.obs)
+            else:
+                if self._plan is None:
+                    self._plan = self.net.sparse_plan(self.encoder.spec, self.encoder._exists)
+                z = self.net.logits_sparse(enc.sparse, self._plan)
+            if self.prior is not None:
+                z = z + self.prior.logits(enc.action_speeds())
+            mask = np.asarray(enc.mask, dtype=bool)
+            broken = bool(np.isnan(z).any()) or not bool(np.isfinite(z[mask]).any())
+        except Exception:  # noqa: BLE001 - diagnosis only: the caller re-raises the original error
+            return
+        if not broken:
+            return
+        what = "network + admission prior" if self.prior is not None else "network"
+        msg = (
+            f"the {what} logits are NaN, or -inf on every valid action (float32 overflow: weights or "
+            f"prior scale far too large), so {self.name} cannot choose an action ({exc})"
+        )
+        if self.checkpoint is not None:
+            raise CheckpointError(f"{self.checkpoint.json_path}: {msg}; the checkpoint is unusable") from exc
+        raise PolicyError(f"{self.name}: {msg}") from exc
 
     def _safety_fill(
         self, state: ClusterState, pending: list[JobInfo], free: int, place, room: int | None = None
@@ -300,8 +340,12 @@ class RLPolicy(Policy):
                 enc = enc_.encode(cur, candidates=cands, queue_len=left, cache=cache, dense=not self.fast)
             if not enc.any_placement:
                 break
-            a = self._act(enc)
-            choice = enc.decode(a)
+            try:
+                a = self._act(enc)
+                choice = enc.decode(a)
+            except ValueError as exc:  # no usable logits (a broken checkpoint): a clear error, not a crash
+                self._raise_if_bad_logits(enc, exc)
+                raise
             if choice is None:
                 self.stats["holds"] += 1
                 if self._rule is not None:  # rl-hybrid: the safety rule places what it can

@@ -198,3 +198,205 @@ def test_cli_output_to_a_closed_pipe_is_quiet():
     p.stdout.close()  # the reader goes away, as `head -1` does
     err = p.stderr.read()
     assert p.wait(timeout=60) == 0 and b"Traceback" not in err, err
+
+
+# ---------------------------------------------------------------- tampered fields: refused at load, naming the field
+def _with_prior(path: Path) -> Path:
+    """A valid checkpoint with the admission prior (as the shipped ones have)."""
+    from policies.prior import AdmissionPrior
+
+    spec = ObsSpec.for_cluster(C48)
+    return save_checkpoint(
+        path, _tensors(spec, np.random.default_rng(0)), algo="maskable-ppo", mode="rl-base", cluster=C48, spec=spec,
+        layers=LAYERS, activation="tanh", reward={"kind": "jct-rel"}, training={"timesteps": 10}, prior=AdmissionPrior(),
+    )
+
+
+def _set(*keys_value):
+    """An edit setting ``meta[k1][k2]... = value`` (``keys_value`` = keys then the value)."""
+    *keys, value = keys_value
+
+    def edit(m):
+        for k in keys[:-1]:
+            m = m[k]
+        m[keys[-1]] = value
+
+    return edit
+
+
+def _obs(**kw):
+    """An edit replacing obs_spec fields, with ``shape`` / ``n_actions`` dropped (so only the fields are judged)."""
+
+    def edit(m):
+        m["obs_spec"].update(kw)
+        m["obs_spec"].pop("shape")
+        m["obs_spec"].pop("n_actions")
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    "edit, msg",
+    [
+        # bug 1: a prior whose float32 logits overflow (simulate crashed "action 0 is not valid")
+        (_set("network", "prior", "scale", 1e300), r"network\.prior: prior scale must be in \(0, 1e\+06\] so that its float32 logits stay finite"),
+        (_set("network", "prior", "scale", float("inf")), r"network\.prior: prior scale must be finite"),
+        (_set("network", "prior", "scale", -1.0), r"network\.prior: prior scale"),
+        (_set("network", "prior", "theta", float("nan")), r"network\.prior: prior theta must be finite"),
+        (_set("network", "prior", "theta", "0.8"), r"network\.prior: prior theta must be a number"),
+        (_set("network", "prior", "scale", True), r"network\.prior: prior scale must be a number"),
+        (_set("network", "prior", "bonus", 1.0), r"network\.prior: .*unknown field\(s\) bonus"),
+        # bug 3: observation spec nonsense (k = 0 idled simulate for 10,000 rounds)
+        (_obs(k=0), r"obs_spec.*'k' must be >= 1, got 0"),
+        (_obs(levels=0), r"obs_spec.*'levels' must be in \[1, 4\], got 0"),
+        (_obs(levels=-3), r"obs_spec.*'levels'"),
+        (_obs(num_nodes=0), r"obs_spec.*'num_nodes' must be >= 1"),
+        (_obs(gpus_per_node=8.9), r"obs_spec.*'gpus_per_node' must be an integer, got 8\.9"),
+        (_obs(k=6.0), r"obs_spec.*'k' must be an integer, got 6\.0"),
+        (_obs(total_gpus=True), r"obs_spec.*'total_gpus' must be an integer, got True"),
+        (_obs(total_gpus=64), r"obs_spec.*total_gpus 64 is impossible"),
+        (_obs(version="3"), r"obs_spec.*'version' must be an integer"),
+        (_obs(order=1), r"obs_spec.*'order' must be a string"),
+        (_set("obs_spec", "n_actions", 26), r"obs_spec.*n_actions 26 disagrees"),
+        (_set("obs_spec", "shape", "big"), r"obs_spec.*shape big disagrees"),
+        # bug 4: non-integral / bool integers in the cluster, non-finite bandwidths, format_version True
+        (lambda m: [n.update(gpus=8.9) for n in m["cluster"]["nodes"]], r"'cluster\.nodes\[0\]\.gpus' must be a positive integer, got 8\.9"),
+        (_set("cluster", "nodes", 2, "gpus", True), r"'cluster\.nodes\[2\]\.gpus' must be a positive integer, got True"),
+        (_set("cluster", "nodes", 1, "gpus", "8"), r"'cluster\.nodes\[1\]\.gpus'"),
+        (_set("cluster", "nodes", 0, "name", 7), r"'cluster\.nodes\[0\]\.name' must be a non-empty string"),
+        (_set("cluster", "nodes", []), r"'cluster\.nodes' must be a non-empty list"),
+        (_set("cluster", "inter_bw_gbps", float("nan")), r"'cluster\.inter_bw_gbps' must be a finite number > 0, got nan"),
+        (_set("cluster", "intra_bw_gbps", "16"), r"'cluster\.intra_bw_gbps' must be a finite number > 0"),
+        (_set("cluster", "intra_bw_gbps", float("inf")), r"'cluster\.intra_bw_gbps'"),
+        (_set("format_version", True), r"unsupported format_version True"),
+        (_set("format_version", 1.0), r"unsupported format_version 1\.0"),
+        # training fields that code reads with a fixed type (rlsched checkpoint's summary crashed on these)
+        (_set("training", "timesteps", 8.9), r"'training\.timesteps' must be a non-negative integer, got 8\.9"),
+        (_set("training", "config", "x"), r"'training\.config' must be an object or null"),
+        (_set("training", "source", "abc"), r"'training\.source' must be an object or null"),
+        (_set("training", "config", {"traces": [1, 2]}), r"'training\.config\.traces' must be a list of paths"),
+    ],
+)
+def test_tampered_metadata_is_refused_at_load(tmp_path, edit, msg):
+    j = _with_prior(tmp_path / "ck")
+    assert load_checkpoint(j).prior is not None  # the untouched checkpoint loads
+    meta = json.loads(j.read_text())
+    edit(meta)
+    j.write_text(json.dumps(meta))  # json writes NaN / Infinity as Python's json.loads accepts them
+    with pytest.raises(CheckpointError, match=msg) as ei:
+        load_checkpoint(j)
+    assert str(j) in str(ei.value)
+
+
+def test_infinite_prior_scale_is_refused_before_simulating(tmp_path, capsys):
+    """The reviewer's repro end to end: `rlsched simulate` with a prior scale of 1e300 exits 2 at load
+    with one line naming the field, instead of crashing mid-run with a ValueError."""
+    from policies.perf import ContentionModel
+    from rlsched.cli import main
+    from trainer.generate import GeneratorConfig, generate_jobs
+    from trainer.traces import write_trace
+
+    j = _with_prior(tmp_path / "ck")
+    meta = json.loads(j.read_text())
+    meta["network"]["prior"]["scale"] = 1e300
+    j.write_text(json.dumps(meta))
+    write_trace(tmp_path / "t.csv", generate_jobs(C48, GeneratorConfig(num_jobs=8, seed=1), ContentionModel(C48)))
+    rc = main(["simulate", "--trace", str(tmp_path / "t.csv"), "--cluster", "4x8", "--policy", f"rl-base:{j}",
+               "--out", str(tmp_path / "sim"), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "network.prior: prior scale must be in (0, 1e+06]" in err and "Traceback" not in err
+    assert not (tmp_path / "sim" / "summary.json").exists()
+
+
+def _rewrite_weights(j: Path, change) -> None:
+    """Apply ``change`` to the tensors, rewrite the weights and re-sign them (a tamperer who updates the hash)."""
+    import hashlib
+
+    from safetensors.numpy import load, save
+
+    w = j.with_suffix(".safetensors")
+    t = change(dict(load(w.read_bytes())))
+    data = save(t)
+    w.write_bytes(data)
+    meta = json.loads(j.read_text())
+    meta["weights_sha256"] = hashlib.sha256(data).hexdigest()
+    j.write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize(
+    "change, msg",
+    [
+        (lambda t: {**t, "action_net.bias": np.zeros(25, np.int64)}, r"layer action_net is float32 / int64, expected float32"),
+        (lambda t: {**t, "action_net.bias": t["action_net.bias"].astype(np.float16)}, r"float32 / float16"),
+        # finite, but 1e37 x 16 hidden units overflows float32 logits (the reviewer's x1e38 weights)
+        (lambda t: {**t, "action_net.weight": np.full_like(t["action_net.weight"], 1e37)}, r"layer action_net can output values of magnitude 1\.6e\+38"),
+        (lambda t: {**t, "mlp_extractor.policy_net.0.bias": np.full(16, 3e38, np.float32)}, r"layer mlp_extractor\.policy_net\.0 can output"),
+    ],
+)
+def test_tampered_weights_with_a_matching_hash_are_refused(tmp_path, change, msg):
+    j = _with_prior(tmp_path / "ck")
+    _rewrite_weights(j, change)
+    with pytest.raises(CheckpointError, match=msg):
+        load_checkpoint(j)
+
+
+def test_large_but_safe_weights_load(tmp_path):
+    """The overflow bound is not a magnitude cap on single weights: tanh bounds hidden values, so a huge
+    first-layer weight is fine as long as the logits stay bounded."""
+    j = _with_prior(tmp_path / "ck")
+    _rewrite_weights(j, lambda t: {**t, "mlp_extractor.policy_net.0.weight": t["mlp_extractor.policy_net.0.weight"] * 1e30})
+    assert np.isfinite(load_checkpoint(j).net.logits(np.ones(ObsSpec.for_cluster(C48).shape, np.float32))).all()
+
+
+# ---------------------------------------------------------------- heterogeneous clusters: the layout must match
+def _het(*gpus: int) -> ClusterSpec:
+    from policies.cluster import NodeSpec
+
+    return ClusterSpec(tuple(NodeSpec(f"n{i}", g) for i, g in enumerate(gpus)))
+
+
+def test_heterogeneous_checkpoint_needs_the_same_node_layout(tmp_path):
+    """[8, 4, 4] and [8, 6, 2] share nodes, largest node, total and levels, which was all that was compared:
+    the checkpoint was accepted although its slot-exists channel differs. Now the per-node GPU counts, in
+    node order, must match, and the message describes both layouts (it called them "3x8")."""
+    from rlsched.cli import main
+
+    j = write_random_checkpoint(tmp_path / "ck", cluster=_het(8, 4, 4))
+    ck = load_checkpoint(j)
+    ck.check_cluster(_het(8, 4, 4))  # same layout, other node names: fine
+    with pytest.raises(CheckpointError) as ei:
+        ck.check_cluster(_het(8, 6, 2))
+    err = str(ei.value)
+    assert "trained for a 1x8+2x4 cluster (3 nodes, 16 GPUs)" in err and "is a 1x8+1x6+1x2 cluster" in err
+    assert "3x8" not in err and str(j) in err
+    with pytest.raises(CheckpointError, match=r"is a 1x4\+1x8\+1x4 cluster"):  # node order matters too
+        ck.check_cluster(_het(4, 8, 4))
+    with pytest.raises(CheckpointError, match=r"trained for a 1x8\+2x4 cluster .* is a 4x8 cluster"):
+        ck.check_cluster(C48)
+    # the CLI: exit 2 with that one line (the reviewer's `rlsched checkpoint het844 --cluster c862.yaml`)
+    (tmp_path / "c862.yaml").write_text("nodes:\n  - {gpus: 8}\n  - {gpus: 6}\n  - {gpus: 2}\n")
+    assert main(["checkpoint", str(j), "--cluster", str(tmp_path / "c862.yaml"), "--json"]) == 2
+    # and a policy refuses it
+    from policies.rl import make_rl_policy
+
+    with pytest.raises(CheckpointError, match="1x8\\+1x6\\+1x2"):
+        make_rl_policy(f"rl-base:{j}", _het(8, 6, 2))
+    make_rl_policy(f"rl-base:{j}", _het(8, 4, 4))
+
+
+def test_out_of_float_range_integers_are_refused_not_crashing(tmp_path):
+    """JSON integers beyond float range (``math.isfinite`` raises OverflowError on them) are refused cleanly."""
+    j = _with_prior(tmp_path / "ck")
+    text = j.read_text()
+    huge = "1" + "0" * 400
+    for field, value in (('"scale": 1.0', f'"scale": {huge}'), ('"inter_bw_gbps": 5.0', f'"inter_bw_gbps": {huge}')):
+        assert field in text
+        j.write_text(text.replace(field, value))
+        with pytest.raises(CheckpointError, match="finite"):
+            load_checkpoint(j)
+    meta = json.loads(text)
+    meta["obs_spec"] = [1]
+    j.write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError) as ei:
+        load_checkpoint(j)
+    assert str(ei.value) == f"{j}: metadata field 'obs_spec' has type list"  # the path once, the field named

@@ -515,3 +515,67 @@ def test_obs_spec_order_round_trips_and_defaults_to_area():
     assert ObsSpec.from_dict(ObsSpec.for_cluster(C48, order="plan").to_dict()).order == "plan"
     with pytest.raises(EncodingError, match="candidate order 'best'"):
         ObsSpec.from_dict({**spec.to_dict(), "order": "best"})
+
+
+@pytest.mark.parametrize(
+    "kw, msg",
+    [
+        ({"k": 0}, r"'k' must be >= 1, got 0"),
+        ({"k": -1}, r"'k' must be >= 1"),
+        ({"levels": 0}, r"'levels' must be in \[1, 4\], got 0"),
+        ({"levels": 5}, r"'levels' must be in \[1, 4\], got 5"),
+        ({"num_nodes": 0}, r"'num_nodes' must be >= 1"),
+        ({"gpus_per_node": 0}, r"'gpus_per_node' must be >= 1"),
+        ({"version": 0}, r"'version' must be >= 1"),
+        ({"k": True}, r"'k' must be an integer, got True"),
+        ({"gpus_per_node": 8.9}, r"'gpus_per_node' must be an integer, got 8\.9"),
+        ({"num_nodes": 4.0}, r"'num_nodes' must be an integer, got 4\.0"),
+        ({"levels": "3"}, r"'levels' must be an integer"),
+        ({"total_gpus": 33}, r"total_gpus 33 is impossible for 4 nodes of at most 8 GPUs \(expected 11\.\.32\)"),
+        ({"total_gpus": 10}, r"total_gpus 10 is impossible"),
+        ({"order": None}, r"unknown candidate order None|'order' must be a string, got None"),
+    ],
+)
+def test_obs_spec_rejects_nonsense(kw, msg):
+    """k = 0 used to be accepted (simulate then idled for 10,000 rounds: only "nothing" to choose)."""
+    with pytest.raises(EncodingError, match=msg):
+        ObsSpec(**{"num_nodes": 4, "gpus_per_node": 8, "total_gpus": 32, **kw})
+    d = {**ObsSpec.for_cluster(C48).to_dict(), **kw}
+    del d["shape"], d["n_actions"]
+    with pytest.raises(EncodingError, match=msg):
+        ObsSpec.from_dict(d)
+
+
+def test_obs_spec_from_dict_checks_its_redundant_fields():
+    d = ObsSpec.for_cluster(C48).to_dict()
+    assert ObsSpec.from_dict(d) == ObsSpec.for_cluster(C48)
+    assert type(ObsSpec(np.int64(4), 8, 32).num_nodes) is int  # numpy integers are integers, stored as int
+    with pytest.raises(EncodingError, match="n_actions 24 disagrees"):
+        ObsSpec.from_dict({**d, "n_actions": 24})
+    with pytest.raises(EncodingError, match="shape"):
+        ObsSpec.from_dict({**d, "shape": [54, 4, 17]})
+    with pytest.raises(EncodingError, match="missing k"):
+        ObsSpec.from_dict({x: v for x, v in d.items() if x != "k"})
+    with pytest.raises(EncodingError, match="JSON object"):
+        ObsSpec.from_dict([1, 2])
+
+
+def test_heterogeneous_layout_is_checked_and_described():
+    from policies.cluster import NodeSpec
+    from policies.encoding import describe_layout
+
+    def het(*gpus):
+        return ClusterSpec(tuple(NodeSpec(f"n{i}", g) for i, g in enumerate(gpus)))
+
+    assert describe_layout([8, 8, 8, 8]) == "4x8" == C48.describe()
+    assert describe_layout([8, 4, 4]) == "1x8+2x4" and describe_layout([4, 8, 4]) == "1x4+1x8+1x4"
+    spec = ObsSpec.for_cluster(het(8, 4, 4))
+    spec.check_cluster(het(8, 6, 2))  # the spec alone cannot tell (same N, G, total, levels) ...
+    with pytest.raises(EncodingError, match=r"trained for a 1x8\+2x4 cluster \(3 nodes, 16 GPUs\) but the cluster is a 1x8\+1x6\+1x2"):
+        spec.check_cluster(het(8, 6, 2), layout=(8, 4, 4))  # ... the training layout can
+    spec.check_cluster(het(8, 4, 4), layout=(8, 4, 4))
+    # without a layout, a heterogeneous spec is not called "3x8"
+    with pytest.raises(EncodingError, match=r"trained for a heterogeneous cluster of 3 nodes, at most 8 GPUs each \(16 GPUs\) but the cluster is a 4x8"):
+        spec.check_cluster(C48)
+    with pytest.raises(EncodingError, match=r"trained for a 4x8 cluster \(4 nodes, 32 GPUs\) but the cluster is an 8x8 cluster"):
+        ObsSpec.for_cluster(C48).check_cluster(ClusterSpec.parse("8x8"))

@@ -175,3 +175,37 @@ def test_masked_logits_equal_masked_sum(speeds, mask, theta, scale, z):
     assert got.dtype == np.float32
     np.testing.assert_array_equal(got, want)
     assert int(np.argmax(got)) == int(np.argmax(want))
+
+
+def test_scale_is_bounded_so_logits_stay_finite_in_float32():
+    """A scale of 1e300 or Infinity (json.loads accepts it) made every prior logit -inf in float32 and the
+    masked argmax picked an invalid action; the scale must now be finite and at most MAX_SCALE (1e6), which
+    keeps every logit finite for any realistic action space, in numpy and torch alike."""
+    from policies.prior import MAX_SCALE
+
+    for bad, msg in ((1e300, r"\(0, 1e\+06\]"), (MAX_SCALE * 1.0001, "scale must be in"), (float("inf"), "finite"),
+                     (float("nan"), "finite"), (-1.0, "scale must be in"), (True, "number"), ("1", "number")):
+        with pytest.raises(PriorError, match=msg):
+            AdmissionPrior(0.8, bad)
+    for bad in (float("nan"), float("inf"), -0.1, True, "0.8", None):
+        with pytest.raises(PriorError, match="theta"):
+            AdmissionPrior(bad, 1.0)
+    top = AdmissionPrior(0.8, MAX_SCALE)
+    for ks in (24, 4096):  # 4x8's K*S, and a far larger action space
+        slow = np.zeros(ks, np.float32)  # all options slow: the largest ranks (up to 2*ks)
+        z = top.logits(slow)
+        assert z.dtype == np.float32 and np.isfinite(z).all() and z.min() == np.float32(-MAX_SCALE * 2 * ks)
+        assert np.isfinite(top.logits_torch(torch.from_numpy(slow)[None]).numpy()).all()
+        assert np.isfinite(top.masked_logits(slow.tolist(), list(range(ks)), True)).all()
+    assert AdmissionPrior(1, 2) == AdmissionPrior(1.0, 2.0)  # JSON integers are numbers too
+
+
+def test_from_dict_is_strict():
+    ok = {"kind": "admission", "theta": 0.8, "scale": 1.0}
+    assert AdmissionPrior.from_dict(ok) == AdmissionPrior()
+    for edit, msg in (({"scale": 1e300}, "scale"), ({"theta": "0.8"}, "theta must be a number"),
+                      ({"scale": None}, "scale must be a number"), ({"extra": 1}, r"unknown field\(s\) extra")):
+        with pytest.raises(PriorError, match=msg):
+            AdmissionPrior.from_dict({**ok, **edit})
+    with pytest.raises(PriorError, match="missing scale"):
+        AdmissionPrior.from_dict({"kind": "admission", "theta": 0.8})

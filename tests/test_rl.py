@@ -308,3 +308,69 @@ def test_place_limit_returns_the_first_placements_of_the_unlimited_round(name):
     assert cuts >= 3  # the limit did cut rounds short
     if name == "holding-hybrid":
         assert fallback > 0  # the safety rule's placements were cut too
+
+
+# ---------------------------------------------------------------- unusable logits: a clear error, not a crash
+def _idle_with_one_16_gpu_job():
+    """An idle 4x8 cluster and one 16-GPU job: action 0 (candidate 0 on one node) is invalid,
+    and so is "nothing" (idle cluster), so argmax over all--inf logits (index 0) is invalid."""
+    from policies.state import ClusterState, JobInfo
+
+    best = PERF.best_isolated_throughput("MoE", 16)
+    job = JobInfo("big", "MoE", 16, 0.0, total_samples=3600 * best, best_thp=best)
+    return ClusterState(0.0, C48, np.array(C48.gpus_per_node), [], [job])
+
+
+def _inf_net(spec: ObsSpec, value: float = -np.inf) -> MLPNet:
+    """Finite hidden layer, output bias ``value`` on every action (what float32 overflow gives)."""
+    n_in = int(np.prod(spec.shape))
+    out = np.full(spec.n_actions, value, np.float32)
+    return MLPNet([(np.zeros((4, n_in), np.float32), np.zeros(4, np.float32)), (np.zeros((spec.n_actions, 4), np.float32), out)])
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # sampling: -inf - -inf
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("with_prior", [True, False])
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_unusable_logits_raise_policy_error_not_value_error(fast, with_prior, deterministic):
+    """All -inf logits (the reviewer's prior scale 1e300) used to crash the round with
+    ``ValueError: action 0 is not valid in this state``; now a PolicyError says why, on every path
+    (dense / sparse, with / without the prior's fused path, argmax / sampling, decide / schedule)."""
+    from policies.prior import AdmissionPrior
+
+    spec = ObsSpec.for_cluster(C48)
+    state = _idle_with_one_16_gpu_job()
+    pol = RLPolicy(_inf_net(spec), Encoder(C48, PERF, spec), fast=fast, deterministic=deterministic,
+                   prior=AdmissionPrior() if with_prior else None)
+    enc = pol.encoder.encode(state, dense=not fast)
+    assert not enc.mask[0] and not enc.mask[-1] and enc.mask.any()  # the trap: argmax of all -inf is index 0
+    for call in (pol.decide, pol.schedule):
+        with pytest.raises(PolicyError, match="cannot choose an action") as ei:
+            call(state)
+        assert type(ei.value) is PolicyError and "-inf on every valid action" in str(ei.value)
+        assert isinstance(ei.value.__cause__, ValueError)
+
+
+def test_unusable_logits_name_the_checkpoint(tmp_path):
+    """With a checkpoint (here one whose network is replaced after loading, as no loadable
+    checkpoint can overflow any more), the error is a CheckpointError naming its file."""
+    from policies.checkpoint import load_checkpoint
+
+    ck = load_checkpoint(write_random_checkpoint(tmp_path / "ck"))
+    pol = make_rl_policy(f"rl-base:{tmp_path / 'ck'}", C48, PERF)
+    net = _inf_net(ck.spec)
+    net.layers[-1][1][0] = np.nan  # NaN on the (masked) action 0, -inf on the rest
+    pol.net, pol._plan = net, None
+    with pytest.raises(CheckpointError, match=r"ck\.json: .*NaN.*the checkpoint is unusable"):
+        pol.schedule(_idle_with_one_16_gpu_job())
+
+
+def test_other_errors_pass_through_unchanged():
+    """Only a logits problem is rewritten: an invalid action from anything else keeps its own error."""
+    spec = ObsSpec.for_cluster(C48)
+    pol = RLPolicy(_const_net(spec, 0), Encoder(C48, PERF, spec))
+    state = _idle_with_one_16_gpu_job()
+    pol._act = lambda enc: 0  # a bug elsewhere choosing an invalid action, with fine logits
+    with pytest.raises(ValueError, match="action 0 is not valid") as ei:
+        pol.decide(state)
+    assert not isinstance(ei.value, PolicyError)
