@@ -149,3 +149,40 @@ def test_default_trace_is_found_from_any_directory(tmp_path, monkeypatch):
     assert main(["simulate", "--policy", "fifo", "--out", "o", "--quiet"]) == 0
     doc = json.loads((tmp_path / "o" / "summary.json").read_text())
     assert doc["trace"] == str(TRACE0.resolve()) and doc["jobs"] == 256
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**32), "x"])
+def test_bad_seed_is_refused(tmp_path, capsys, seed):
+    with pytest.raises(SystemExit) as exc:
+        main(["simulate", "--trace", str(TRACE0), "--out", str(tmp_path / "o"), "--seed", seed, "--quiet"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --seed" in err and "Traceback" not in err
+    assert ("[0, 2**32 - 1]" if seed != "x" else "expected an integer") in err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("out", [".", "..", "sub/..", ""])
+def test_out_that_is_the_working_directory_or_above_is_refused(tmp_path, monkeypatch, capsys, out):
+    """`--out .` (was: ValueError, empty name) would replace the directory the shell is in: refused, nothing moved."""
+    here = tmp_path / "here"
+    (here / "sub").mkdir(parents=True)
+    (here / "keep").write_text("mine")
+    monkeypatch.chdir(here)
+    rc = main(["simulate", "--trace", str(TRACE0), "--policy", "fifo", "--out", out, "--overwrite", "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "is the current directory or one of its parents" in err
+    assert len(err.strip().splitlines()) == 1
+    assert (here / "keep").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["here"] and sorted(p.name for p in here.iterdir()) == [
+        "keep",
+        "sub",
+    ]
+
+
+def test_out_with_dot_dot_is_normalised(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a").mkdir()
+    assert main(["simulate", "--trace", str(TRACE0), "--policy", "fifo", "--out", "a/b/..", "--quiet"]) == 0
+    assert (tmp_path / "a" / "summary.json").is_file() and not (tmp_path / "a" / "b").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]

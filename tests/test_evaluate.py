@@ -52,3 +52,67 @@ def test_run_evaluation_writes_tables_and_figures(tmp_path):
 def test_missing_traces(tmp_path):
     with pytest.raises(FileNotFoundError):
         run_evaluation(["srtf"], tmp_path / "nope", C, out=tmp_path / "out")
+
+
+def _write_sets(d, names):
+    d.mkdir(parents=True, exist_ok=True)
+    for k, name in enumerate(names):
+        jobs = generate_jobs(C, GeneratorConfig(num_jobs=6, seed=k, max_gpus=8, duration_s=900.0))
+        write_trace(d / name, jobs)
+
+
+def _no_simulation(monkeypatch):
+    import trainer.evaluate
+
+    def boom(*a, **k):
+        raise AssertionError("a simulation ran before the options were checked")
+
+    monkeypatch.setattr(trainer.evaluate, "Simulator", boom)
+
+
+def test_empty_policy_list_is_refused(tmp_path, monkeypatch, capsys):
+    from rlsched.cli import main
+    from trainer.evaluate import EvaluationError
+
+    _write_sets(tmp_path / "traces", ["set0.csv"])
+    _no_simulation(monkeypatch)
+    with pytest.raises(EvaluationError, match="no policies"):
+        run_evaluation([], tmp_path / "traces", C, out=tmp_path / "out")
+    for arg in (",", " , ,", ""):
+        rc = main(["evaluate", "--policies", arg, "--traces", str(tmp_path / "traces"), "--cluster", "2x4",
+                   "--out", str(tmp_path / "out"), "--results-md", str(tmp_path / "out" / "R.md")])
+        err = capsys.readouterr().err
+        assert rc == 2 and "--policies" in err and "names no policy" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_unusable_outputs_are_refused_before_any_simulation(tmp_path, monkeypatch, capsys):
+    from rlsched.cli import main
+
+    _write_sets(tmp_path / "traces", ["set0.csv"])
+    _no_simulation(monkeypatch)
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    with_figures_file = tmp_path / "o2"
+    with_figures_file.mkdir()
+    (with_figures_file / "figures").write_text("x")
+    cases = [
+        (["--out", str(afile)], f"--out {afile} exists and is not a directory"),
+        (["--out", str(afile / "sub")], f"{afile} is not a directory"),
+        (["--out", str(with_figures_file)], "figures exists and is not a directory"),
+        (["--out", str(tmp_path / "o3"), "--results-md", str(tmp_path)], "--results-md"),
+        (["--out", str(tmp_path / "o3"), "--results-md", str(afile / "R.md")], f"{afile} is not a directory"),
+    ]
+    for extra, needle in cases:
+        rc = main(["evaluate", "--policies", "srtf", "--traces", str(tmp_path / "traces"), "--cluster", "2x4", *extra])
+        err = capsys.readouterr().err
+        assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+    assert afile.read_text() == "mine" and not (tmp_path / "o3").exists()
+
+
+def test_pq_trace_files_are_evaluated(tmp_path):
+    """A trace directory's .pq files count, as trainer.traces.load_trace reads them."""
+    _write_sets(tmp_path / "traces" / "normal", ["set0.pq", "set1.parquet", "set2.csv"])
+    res = run_evaluation(["srtf"], tmp_path / "traces", C, out=tmp_path / "out")
+    names = [r["trace"] for r in res["normal"]["srtf"]["sets"]]
+    assert names == ["normal/set0.pq", "normal/set1.parquet", "normal/set2.csv"]

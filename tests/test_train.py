@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -222,3 +223,294 @@ def test_init_from_checkpoint_and_its_errors(tmp_path):
     with pytest.raises(CheckpointError, match="observation"):
         train(TrainConfig(cluster="2x4", k=4, init=cfg.init, timesteps=64, n_envs=1, n_steps=64, batch_size=32),
               [trace], [], tmp_path / "k")
+
+
+# ---------------------------------------------------------------------- refusals before any work
+def _tiny_cfg(**kw) -> TrainConfig:
+    base = dict(cluster="2x4", timesteps=64, n_envs=1, n_steps=64, batch_size=32, eval_freq=10_000)
+    return TrainConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """One finished tiny run (validation traces, so eval.csv exists) and its trace file; tests copy it."""
+    from trainer.traces import write_trace
+
+    d = tmp_path_factory.mktemp("tiny")
+    trace = _trace(6, 6)
+    write_trace(d / "t.csv", trace)
+    train(_tiny_cfg(), [trace], [trace], d / "run")
+    return d / "run", d / "t.csv", trace
+
+
+def _copy_run(tiny_run, dest: Path) -> Path:
+    import shutil
+
+    shutil.copytree(tiny_run[0], dest)
+    return dest
+
+
+def _snapshot(run: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+
+
+def _one_line_error(capsys, *needles: str) -> str:
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    for n in needles:
+        assert n in err, err
+    return err
+
+
+@pytest.mark.parametrize(
+    "option, value, needle",
+    [
+        ("--seed", "-1", "[0, 2**32 - 1]"),
+        ("--seed", str(2**32), "[0, 2**32 - 1]"),
+        ("--lr", "nan", "positive number"),
+        ("--lr", "-1", "positive number"),
+        ("--ent-coef", "nan", "number >= 0"),
+        ("--prior-scale", "inf", "positive number"),
+        ("--prior-scale", "0", "positive number"),
+        ("--gamma", "5", "in [0, 1]"),
+        ("--prior-theta", "nan", "in [0, 1]"),
+    ],
+)
+def test_cli_train_refuses_bad_numbers(tmp_path, capsys, option, value, needle):
+    from rlsched.cli import main
+
+    (tmp_path / "t.csv").write_text("job_id,submit_time,model,gpu_demand,total_samples\na,0,GNN,2,1000\n")
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--traces", str(tmp_path / "t.csv"), "--cluster", "2x4", "--out", str(tmp_path / "o"),
+              option, value])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}: " in err and needle in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        ({"learning_rate": math.nan}, "--lr must be a finite number > 0"),
+        ({"learning_rate": -1.0}, "--lr must be a finite number > 0"),
+        ({"ent_coef": math.nan}, "--ent-coef must be a finite number >= 0"),
+        ({"gamma": 5.0}, "--gamma must be a discount in [0, 1]"),
+        ({"prior_scale": math.inf}, "--prior-scale must be a finite number > 0"),
+        ({"prior_scale": 0.0}, "--prior-scale must be a finite number > 0"),
+        ({"prior_theta": 1.5}, "--prior-theta must be in [0, 1]"),
+        ({"seed": -1}, "--seed must be an integer in [0, 2**32 - 1]"),
+        ({"net_arch": (64, 0)}, "--net-arch must be one or more positive layer sizes"),
+        ({"n_steps": 0}, "n_steps must be a positive integer"),
+        ({"algo": "sac"}, "--algo must be one of"),
+        ({"order": "random"}, "--order must be one of"),
+        ({"algo": "ppo", "prior": "admission"}, "--prior admission needs --algo maskable-ppo"),
+    ],
+)
+def test_check_config_names_the_bad_option(change, needle):
+    from trainer.train import TrainConfigError, check_config
+
+    with pytest.raises(TrainConfigError) as e:
+        check_config(_tiny_cfg(**change))
+    assert needle in str(e.value)
+    assert check_config(_tiny_cfg()) == CL  # the defaults pass and give the parsed cluster
+
+
+def test_refused_overwrite_keeps_the_previous_run(tmp_path, tiny_run, capsys):
+    """--overwrite deletes the previous run only after the new one is checked, built and its weights loaded."""
+    from rlsched.cli import main
+    from trainer.train import TrainConfigError
+
+    run = _copy_run(tiny_run, tmp_path / "run")
+    before = _snapshot(run)
+    assert {"best.json", "last.json", "eval.csv", "summary.json"} <= set(before)
+    trace = tiny_run[2]
+    base = ["train", "--traces", str(tiny_run[1]), "--cluster", "2x4", "--timesteps", "64", "--n-envs", "1",
+            "--out", str(run), "--overwrite"]
+    # the reviewer's cases: a bad prior scale (argparse) and a mistyped --init (was: exit 2 but the run gone)
+    with pytest.raises(SystemExit):
+        main([*base, "--prior-scale", "0"])
+    capsys.readouterr()
+    assert _snapshot(run) == before
+    assert main([*base, "--init", str(tmp_path / "nosuch")]) == 2
+    _one_line_error(capsys, "nosuch.json", "not found")
+    assert _snapshot(run) == before
+    # an --init checkpoint of another network shape: refused up front, naming --net-arch
+    assert main([*base, "--init", str(run / "last"), "--net-arch", "32"]) == 2
+    _one_line_error(capsys, "hidden layers 64,64", "--net-arch is 32")
+    assert _snapshot(run) == before
+    # library callers: the same checks, the same guarantee
+    with pytest.raises(TrainConfigError, match="--prior-scale"):
+        train(_tiny_cfg(prior_scale=0.0), [trace], [trace], run, overwrite=True)
+    with pytest.raises(CheckpointError, match="nosuch.json: checkpoint metadata not found"):
+        train(_tiny_cfg(init=str(tmp_path / "nosuch")), [trace], [trace], run, overwrite=True)
+    assert _snapshot(run) == before
+    # --init from the run being overwritten works: its weights are loaded before its files go
+    s = train(_tiny_cfg(init=str(run / "last")), [trace], [trace], run, overwrite=True)
+    assert s["evals"][0]["timesteps"] == 0
+    assert load_checkpoint(run / "last").meta["training"]["config"]["init"] == str(run / "last")
+
+
+def test_out_that_is_a_file_is_refused(tmp_path, capsys):
+    from rlsched.cli import main
+    from trainer.traces import write_trace
+    from trainer.train import TrainConfigError
+
+    write_trace(tmp_path / "t.csv", _trace(5, 6))
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    for out, needle in ((afile, "exists and is not a directory"), (afile / "sub", f"{afile} is not a directory")):
+        rc = main(["train", "--traces", str(tmp_path / "t.csv"), "--cluster", "2x4", "--timesteps", "64",
+                   "--out", str(out)])
+        assert rc == 2
+        _one_line_error(capsys, needle)
+    assert afile.read_text() == "mine"
+    with pytest.raises(TrainConfigError, match="not a directory"):
+        train(_tiny_cfg(), [_trace(5, 6)], [], afile)
+
+
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        ({"net_arch": (32,)}, "--net-arch 64,64, not 32"),
+        ({"cluster": "4x8"}, "--cluster 2x4, not 4x8"),
+        ({"reward": "jct"}, "--reward jct-rel, not jct"),
+        ({"prior": "bias"}, "--prior admission, not bias"),
+        ({"prior_theta": 0.5}, "--prior-theta 0.8, not 0.5"),
+        ({"prior_scale": 2.0}, "--prior-scale 1.0, not 2.0"),
+        ({"algo": "ppo", "prior": "bias"}, "--algo maskable-ppo, not ppo"),
+        ({"order": "area"}, "--order plan, not area"),
+        ({"k": 4}, "k (candidates) 6, not 4"),
+    ],
+)
+def test_resume_refuses_other_settings(tmp_path, tiny_run, change, needle):
+    run = _copy_run(tiny_run, tmp_path / "run")
+    before = _snapshot(run)
+    trace = tiny_run[2]
+    with pytest.raises(CheckpointError) as e:
+        train(_tiny_cfg(timesteps=128, **change), [trace], [trace], run, resume=True)
+    assert needle in str(e.value) and "--resume continues a run with its own settings" in str(e.value)
+    assert _snapshot(run) == before
+
+
+def test_resume_refuses_other_bandwidth_and_seed_w1(tmp_path, tiny_run):
+    trace = tiny_run[2]
+    run = _copy_run(tiny_run, tmp_path / "run")
+    toml = tmp_path / "c.toml"
+    toml.write_text("inter_bw_gbps = 10\n[[nodes]]\ngpus = 4\ncount = 2\n")
+    with pytest.raises(CheckpointError, match="inter_bw_gbps 5.0, not 10.0"):
+        train(_tiny_cfg(cluster=str(toml), timesteps=128), [trace], [trace], run, resume=True)
+    # W1 is part of the run only for the seed reward
+    seed_run = tmp_path / "seed"
+    train(_tiny_cfg(reward="seed", w1=0.4, gamma=0.99), [trace], [], seed_run)
+    with pytest.raises(CheckpointError, match="--w1 0.4, not 0.3"):
+        train(_tiny_cfg(reward="seed", w1=0.3, gamma=0.99, timesteps=128), [trace], [], seed_run, resume=True)
+    # what may change on a resume (learning rate, discount): accepted
+    s = train(_tiny_cfg(reward="seed", w1=0.4, gamma=0.9, learning_rate=1e-4, timesteps=128), [trace], [], seed_run,
+              resume=True)
+    assert s["timesteps"] == 128
+
+
+def test_cli_resume_with_other_net_arch_is_one_line(tmp_path, tiny_run, capsys):
+    from rlsched.cli import main
+
+    run = _copy_run(tiny_run, tmp_path / "run")
+    before = _snapshot(run)
+    rc = main(["train", "--traces", str(tiny_run[1]), "--cluster", "2x4", "--timesteps", "1100", "--n-envs", "1",
+               "--net-arch", "32", "--out", str(run), "--resume"])
+    assert rc == 2
+    _one_line_error(capsys, "--net-arch 64,64, not 32")
+    assert _snapshot(run) == before
+
+
+def test_damaged_eval_log_is_refused_and_writes_are_atomic(tmp_path, tiny_run, monkeypatch, capsys):
+    """eval.csv / summary.json are replaced atomically; a damaged eval.csv (from a crash of an older version)
+    stops --resume with one line instead of float('')."""
+    import csv
+
+    import trainer.train as tt
+    from rlsched.cli import main
+
+    trace = tiny_run[2]
+    run = _copy_run(tiny_run, tmp_path / "run")
+    before = _snapshot(run)
+    # a crash while the evaluation log is written leaves the old log whole (it was truncated in place before)
+    def boom(self, rows):
+        raise RuntimeError("disk full")
+
+    with monkeypatch.context() as m:
+        m.setattr(csv.DictWriter, "writerows", boom)
+        with pytest.raises(RuntimeError, match="disk full"):
+            train(_tiny_cfg(timesteps=128), [trace], [trace], run, resume=True)
+    assert (run / "eval.csv").read_bytes() == before["eval.csv"]
+    assert not [p.name for p in run.iterdir() if p.name.startswith(".")]
+    # the log and the summary go through the temp-file + rename helper
+    written: list[str] = []
+    real = tt.write_atomic
+    monkeypatch.setattr(tt, "write_atomic", lambda path, data: (written.append(Path(path).name), real(path, data)))
+    s = train(_tiny_cfg(timesteps=128), [trace], [trace], run, resume=True)
+    monkeypatch.undo()
+    assert "eval.csv" in written and "summary.json" in written
+    assert len(s["evals"]) == len(list(csv.DictReader((run / "eval.csv").open()))) >= 2
+    # a half-written log: refused naming the file, nothing changed
+    text = (run / "eval.csv").read_text()
+    (run / "eval.csv").write_text(text[: text.rindex("\n", 0, len(text) - 1) + 5])
+    damaged = _snapshot(run)
+    with pytest.raises(CheckpointError, match="eval.csv: cannot read the run's evaluation log"):
+        train(_tiny_cfg(timesteps=256), [trace], [trace], run, resume=True)
+    rc = main(["train", "--traces", str(tiny_run[1]), "--val-traces", str(tiny_run[1]), "--cluster", "2x4",
+               "--timesteps", "256", "--n-envs", "1", "--out", str(run), "--resume"])
+    assert rc == 2
+    _one_line_error(capsys, "eval.csv", "repair or delete it")
+    assert _snapshot(run) == damaged
+
+
+def test_timesteps_round_up_to_whole_rollouts(tmp_path, caplog):
+    import logging
+
+    from trainer.train import rollout_steps
+
+    cfg = _tiny_cfg(algo="ppo", prior="bias", timesteps=100, n_steps=32, n_envs=2)
+    assert rollout_steps(cfg) == 64
+    ticks: list[tuple[int, int]] = []
+    with caplog.at_level(logging.INFO, logger="trainer.train"):
+        s = train(cfg, [_trace(7, 6)], [], tmp_path / "r", progress=lambda d, t: ticks.append((d, t)))
+    assert s["timesteps"] == 128 and ticks[-1] == (128, 128)
+    assert any("whole rollouts of 64 steps, so it stops at 128" in r.getMessage() for r in caplog.records)
+
+
+def test_checkpoint_summary_marks_malformed_training_metadata(tmp_path, tiny_run, capsys):
+    """`rlsched checkpoint` on free-form `training` metadata of unexpected types: shown as (malformed)."""
+    import copy
+
+    from rlsched.cli import main
+    from trainer.cli_rl import MALFORMED, checkpoint_summary
+
+    ck = load_checkpoint(tiny_run[0] / "last")
+    good = checkpoint_summary(ck)["training"]
+    assert good["timesteps"] == 64 and good["traces"] == [] and good["traces_sha256"] == traces_fingerprint(
+        [tiny_run[2]]
+    )
+    # the reviewer's cases (config / source a string, traces of ints), and more, on the loaded metadata
+    bad = copy.copy(ck)
+    bad.meta = copy.deepcopy(ck.meta)
+    bad.meta["training"].update(config="x", source="abc", timesteps="many", val_rel_jct="low", command=["rlsched"])
+    info = checkpoint_summary(bad)["training"]
+    for key in ("traces", "init", "source", "timesteps", "val_rel_jct", "command"):
+        assert info[key] == MALFORMED, key
+    bad.meta["training"]["config"] = {"traces": [1, 2], "init": 7}
+    bad.meta["training"]["source"] = {"commit": 5}
+    info = checkpoint_summary(bad)["training"]
+    assert info["traces"] == info["init"] == info["source"] == MALFORMED
+    # on disk, fields that loading keeps as they are: the table and --json show them, exit 0
+    meta = json.loads((tiny_run[0] / "last.json").read_text())
+    meta["training"].update(command=["rlsched", "train"], traces_sha256=3, source={"commit": 5, "dirty": "yes"})
+    meta["training"]["config"]["init"] = 7
+    (tmp_path / "ck.json").write_text(json.dumps(meta))
+    (tmp_path / meta["weights_file"]).write_bytes((tiny_run[0] / meta["weights_file"]).read_bytes())
+    assert main(["checkpoint", str(tmp_path / "ck"), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)["training"]
+    assert shown["command"] == shown["traces_sha256"] == shown["source"] == shown["init"] == MALFORMED
+    assert main(["checkpoint", str(tmp_path / "ck")]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.count(MALFORMED) == 4 and "64 steps" in captured.out and captured.err == ""

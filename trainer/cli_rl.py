@@ -20,6 +20,9 @@ import shlex
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
+
+from trainer.cli_sim import non_negative_float, positive_float, seed_int
 
 __all__ = ["register"]
 
@@ -41,11 +44,21 @@ def _arch(text: str) -> tuple[int, ...]:
     return sizes
 
 
-def _w1(text: str) -> float:
-    v = float(text)
-    if not 0.0 <= v <= 1.0:
-        raise argparse.ArgumentTypeError(f"W1 must be in [0, 1], got {text}")
+def _unit(text: str) -> float:
+    """argparse type: a number in [0, 1]."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0.0 <= v <= 1.0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
     return v
+
+
+def _fail(command: str, exc: BaseException) -> int:
+    """One line on stderr and exit status 2, as ``rlsched.cli`` does for the shared user errors."""
+    print(f"rlsched {command}: error: {exc}", file=sys.stderr)
+    return 2
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -76,21 +89,30 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="jct-rel (default: -jobs in system per round / the trace's greedy-np average JCT), "
         "jct (unscaled), progress (DL2), or the seed's -W1*CS+W2*Util",
     )
-    p.add_argument("--w1", type=_w1, default=0.4, help="W1 of the seed reward, W2 = 1 - W1 (default 0.4)")
-    p.add_argument("--timesteps", type=_positive_int, default=50_000, help="environment steps (default 50000)")
+    p.add_argument("--w1", type=_unit, default=0.4, help="W1 of the seed reward, W2 = 1 - W1 (default 0.4)")
+    p.add_argument(
+        "--timesteps",
+        type=_positive_int,
+        default=50_000,
+        help="environment steps, rounded up to whole rollouts (default 50000)",
+    )
     p.add_argument("--n-envs", type=_positive_int, default=2, help="vectorised environments (default 2)")
     p.add_argument("--eval-freq", type=_positive_int, default=5_000, help="evaluate every N steps (default 5000)")
     p.add_argument("--net-arch", type=_arch, default=(64, 64), help="hidden layer sizes, e.g. 64,64 (default 64,64)")
-    p.add_argument("--lr", type=float, default=3e-4, help="learning rate (default 3e-4)")
-    p.add_argument("--ent-coef", type=float, default=0.01, help="entropy bonus (PPO/A2C, default 0.01)")
-    p.add_argument("--gamma", type=float, default=1.0, help="discount (default 1.0; use 0.99 for progress / seed)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--lr", type=positive_float, default=3e-4, help="learning rate, > 0 (default 3e-4)")
+    p.add_argument(
+        "--ent-coef", type=non_negative_float, default=0.01, help="entropy bonus, >= 0 (PPO/A2C, default 0.01)"
+    )
+    p.add_argument(
+        "--gamma", type=_unit, default=1.0, help="discount in [0, 1] (default 1.0; use 0.99 for progress / seed)"
+    )
+    p.add_argument("--seed", type=seed_int, default=0, help="random seed in [0, 2**32 - 1] (default 0)")
     p.add_argument(
         "--no-prior-init", action="store_true", help="start from SB3's random output layer instead of the action prior"
     )
     p.add_argument(
         "--prior-scale",
-        type=float,
+        type=positive_float,
         default=1.0,
         help="logit gap between consecutive actions of the prior init (default 1)",
     )
@@ -103,7 +125,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--prior-theta",
-        type=float,
+        type=_unit,
         default=0.8,
         help="admission prior: predicted normalised speed below which an option ranks after 'nothing' (default 0.8)",
     )
@@ -179,19 +201,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from policies.base import PolicyError
-    from policies.cluster import ClusterSpec
-    from trainer.env import load_trace_dir
-    from trainer.train import TrainConfig, train
+    from policies.prior import PriorError
+    from trainer.train import TrainConfigError
 
-    if args.prior == "admission" and args.algo != "maskable-ppo":
-        raise PolicyError(f"--prior admission needs --algo maskable-ppo (got {args.algo}); use --prior bias")
-    if not 0.0 <= args.prior_theta <= 1.0:
-        raise PolicyError(f"--prior-theta must be in [0, 1], got {args.prior_theta}")
-    cluster = ClusterSpec.parse(args.cluster)
-    arch = args.net_arch
-    train_sets = [t for d in args.traces for t in load_trace_dir(d, cluster)]
-    val_sets = [t for d in (args.val_traces or []) for t in load_trace_dir(d, cluster)]
+    try:
+        return _train(args)
+    except (TrainConfigError, PriorError) as exc:
+        return _fail("train", exc)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from trainer.env import load_trace_dir
+    from trainer.train import TrainConfig, check_run, train
+
     cfg = TrainConfig(
         algo=args.algo,
         cluster=args.cluster,
@@ -200,7 +222,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         timesteps=args.timesteps,
         n_envs=args.n_envs,
         seed=args.seed,
-        net_arch=arch,
+        net_arch=args.net_arch,
         learning_rate=args.lr,
         ent_coef=args.ent_coef,
         gamma=args.gamma,
@@ -214,6 +236,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
         traces=list(args.traces),
         val_traces=list(args.val_traces or []),
     )
+    # options, --out, --init and the run to resume, before the traces are even read (train() checks again)
+    cluster = check_run(cfg, args.out, resume=args.resume, overwrite=args.overwrite).cluster
+    train_sets = [t for d in args.traces for t in load_trace_dir(d, cluster)]
+    val_sets = [t for d in (args.val_traces or []) for t in load_trace_dir(d, cluster)]
     with _progress_bar("train", "steps") as update:
         summary = train(
             cfg, train_sets, val_sets, args.out, resume=args.resume, overwrite=args.overwrite, progress=update
@@ -259,27 +285,54 @@ def _progress_bar(what: str, unit: str) -> Iterator[Callable[[int, int], None]]:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from trainer.evaluate import run_evaluation
+    from trainer.evaluate import EvaluationError, run_evaluation
 
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if not policies:
+        return _fail("evaluate", f"--policies {args.policies!r} names no policy; expected e.g. srtf,las,rl-base")
     logging.getLogger("trainer").setLevel(logging.INFO)
-    with _progress_bar("evaluate", "policy x job set runs") as update:
-        run_evaluation(
-            policies=[p.strip() for p in args.policies.split(",") if p.strip()],
-            traces=args.traces,
-            cluster=args.cluster,
-            out=args.out,
-            branches=args.branches,
-            results_md=args.results_md,
-            progress=update,
-        )
+    try:
+        with _progress_bar("evaluate", "policy x job set runs") as update:
+            run_evaluation(
+                policies=policies,
+                traces=args.traces,
+                cluster=args.cluster,
+                out=args.out,
+                branches=args.branches,
+                results_md=args.results_md,
+                progress=update,
+            )
+    except EvaluationError as exc:
+        return _fail("evaluate", exc)
     return 0
+
+
+#: shown for a free-form ``training`` metadata field of an unexpected type
+MALFORMED = "(malformed)"
+
+
+def _field(value: Any, ok: Callable[[Any], bool]) -> Any:
+    """``value`` if it is absent (``None``) or passes ``ok``, else :data:`MALFORMED`."""
+    return value if value is None or ok(value) else MALFORMED
+
+
+def _is_str_list(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+def _is_source(v: Any) -> bool:
+    return isinstance(v, dict) and isinstance(v.get("commit"), str) and isinstance(v.get("dirty", False), bool)
 
 
 def checkpoint_summary(ck) -> dict:
     """What :func:`_cmd_checkpoint` shows of a loaded :class:`~policies.checkpoint.Checkpoint`."""
     meta = ck.meta
-    tr = meta.get("training") or {}
-    cfg = tr.get("config") or {}
+    # "training" is free-form provenance (load_checkpoint only requires an object): type-check what is shown
+    tr = meta.get("training")
+    tr = tr if isinstance(tr, dict) else {}
+    cfg = tr.get("config")
+    cfg_ok = cfg is None or isinstance(cfg, dict)
+    cfg = cfg if isinstance(cfg, dict) else {}
     prior = ck.prior
     return {
         "checkpoint": str(ck.json_path),
@@ -305,14 +358,16 @@ def checkpoint_summary(ck) -> dict:
         },
         "reward": meta.get("reward"),
         "training": {
-            "timesteps": tr.get("timesteps"),
-            "val_rel_jct": tr.get("val_rel_jct"),
-            "traces": cfg.get("traces"),
-            "init": cfg.get("init"),
-            "command": tr.get("command"),
-            "source": tr.get("source"),
-            "traces_sha256": tr.get("traces_sha256"),
-            "val_traces_sha256": tr.get("val_traces_sha256"),
+            "timesteps": _field(tr.get("timesteps"), lambda v: isinstance(v, int) and not isinstance(v, bool)),
+            "val_rel_jct": _field(
+                tr.get("val_rel_jct"), lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+            ),
+            "traces": _field(cfg.get("traces"), _is_str_list) if cfg_ok else MALFORMED,
+            "init": _field(cfg.get("init"), lambda v: isinstance(v, str)) if cfg_ok else MALFORMED,
+            "command": _field(tr.get("command"), lambda v: isinstance(v, str)),
+            "source": _field(tr.get("source"), _is_source),
+            "traces_sha256": _field(tr.get("traces_sha256"), lambda v: isinstance(v, str)),
+            "val_traces_sha256": _field(tr.get("val_traces_sha256"), lambda v: isinstance(v, str)),
         },
     }
 
@@ -346,6 +401,17 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
     ob, net, trn = info["observation"], info["network"], info["training"]
     rew = info["reward"] or {}
     src = trn["source"]
+    if src is None:
+        code = "(not recorded)"
+    elif src == MALFORMED:
+        code = MALFORMED
+    else:
+        code = f"{src['commit']}{' (uncommitted changes)' if src.get('dirty') else ''}"
+    steps = trn["timesteps"]
+    trained = "(not recorded)" if steps is None else MALFORMED if steps == MALFORMED else f"{steps} steps"
+    if isinstance(trn["val_rel_jct"], (int, float)):
+        trained += f", validation {trn['val_rel_jct']:.4f} x greedy-np"
+    traces = trn["traces"]
     rows = [
         ("algorithm", str(info["algo"])),
         ("cluster", info["cluster"] + (f" (fits {info['fits_cluster']})" if cluster is not None else "")),
@@ -355,12 +421,11 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
                      f"({net['activation']}, {net['parameters']:,} parameters)")),
         ("admission prior", json.dumps(net["prior"]) if net["prior"] else "none"),
         ("reward", f"{rew.get('kind')}" + (f" (W1 {rew.get('w1')}, W2 {rew.get('w2')})" if rew.get("kind") == "seed" else "")),
-        ("trained", f"{trn['timesteps']} steps" + (f", validation {trn['val_rel_jct']:.4f} x greedy-np"
-                                                   if isinstance(trn["val_rel_jct"], float) else "")),
+        ("trained", trained),
         ("initialised from", str(trn["init"] or "the prior")),
-        ("training traces", ", ".join(trn["traces"] or []) or "-"),
+        ("training traces", traces if traces == MALFORMED else ", ".join(traces or []) or "-"),
         ("command", trn["command"] or "(not recorded)"),
-        ("code", f"{src['commit']}{' (uncommitted changes)' if src.get('dirty') else ''}" if src else "(not recorded)"),
+        ("code", code),
         ("traces sha256", trn["traces_sha256"] or "(not recorded)"),
         ("weights sha256", f"{info['weights_sha256']} (verified)"),
         ("rlsched version", str(info["project_version"])),

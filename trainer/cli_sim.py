@@ -39,7 +39,15 @@ from typing import Any
 
 from policies.base import Policy, PolicyError
 
-__all__ = ["register", "run_simulate", "build_policy", "OutputDirError"]
+__all__ = [
+    "register",
+    "run_simulate",
+    "build_policy",
+    "OutputDirError",
+    "seed_int",
+    "positive_float",
+    "non_negative_float",
+]
 
 DEFAULT_TRACE = "data/traces/deepshare/simulate/trace0.json"
 DEFAULT_POLICIES = "fifo,srtf,las,greedy"
@@ -49,7 +57,8 @@ class OutputDirError(ValueError):
     """``--out`` cannot be used (exists and is not empty, or is a file)."""
 
 
-def _positive(text: str) -> float:
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
     try:
         v = float(text)
     except ValueError:
@@ -59,13 +68,29 @@ def _positive(text: str) -> float:
     return v
 
 
-def _non_negative(text: str) -> float:
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite number >= 0."""
     try:
         v = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not math.isfinite(v) or v < 0:
         raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
+    return v
+
+
+#: seeds go to numpy's legacy seeding too (Stable-Baselines3), which takes 32-bit values
+MAX_SEED = 2**32 - 1
+
+
+def seed_int(text: str) -> int:
+    """argparse type of ``--seed``: an integer in [0, 2**32 - 1] (shared by ``simulate`` and ``train``)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 0 <= v <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, 2**32 - 1], got {text!r}")
     return v
 
 
@@ -92,18 +117,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cluster", default="4x8", help="NODESxGPUS or a YAML/TOML cluster file (default: %(default)s)")
     p.add_argument("--out", required=True, help="output directory (must not exist or be empty, see --overwrite)")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists and is not empty")
-    p.add_argument("--round", type=_positive, default=300.0, help="scheduling round length in seconds (default: %(default)s)")
+    p.add_argument("--round", type=positive_float, default=300.0, help="scheduling round length in seconds (default: %(default)s)")
     p.add_argument(
         "--no-event-trigger",
         action="store_true",
         help="schedule only at round boundaries, not also right after arrivals and completions",
     )
-    p.add_argument("--restart-overhead", type=_non_negative, default=30.0, help="seconds without progress each time a preempted job restarts (default: %(default)s)")
-    p.add_argument("--noise-cv", type=_non_negative, default=0.0, help="coefficient of variation of a per-job speed factor, 0 = off (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the speed noise (default: %(default)s)")
+    p.add_argument("--restart-overhead", type=non_negative_float, default=30.0, help="seconds without progress each time a preempted job restarts (default: %(default)s)")
+    p.add_argument("--noise-cv", type=non_negative_float, default=0.0, help="coefficient of variation of a per-job speed factor, 0 = off (default: %(default)s)")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the speed noise, in [0, 2**32 - 1] (default: %(default)s)")
     p.add_argument(
         "--metrics-interval",
-        type=_positive,
+        type=positive_float,
         default=None,
         help="minimum seconds between fragmentation/CS samples (default: the round length)",
     )
@@ -143,6 +168,15 @@ def _file_stem(name: str) -> str:
 
 
 def _check_out(out: Path, overwrite: bool) -> None:
+    # --out is replaced as a whole (renamed away, then deleted): never the working directory or one
+    # that holds it (the shell would be left in a deleted directory, or it would be deleted with it)
+    here = Path.cwd().resolve()
+    target = out.resolve()
+    if target == here or target in here.parents:
+        raise OutputDirError(
+            f"--out {out} is the current directory or one of its parents; simulate replaces --out as a whole, "
+            "so name a directory below it (e.g. --out sim)"
+        )
     if out.exists():
         if not out.is_dir():
             raise OutputDirError(f"--out {out} exists and is not a directory")
@@ -185,7 +219,7 @@ def _run(args: argparse.Namespace) -> int:
     from trainer.traces import load_trace
 
     # 1. Validate everything before running anything.
-    out = Path(args.out)
+    out = Path(os.path.normpath(args.out))  # "a/b/.." -> "a": out.name is the directory's own name
     _check_out(out, args.overwrite)
     cluster = ClusterSpec.parse(args.cluster)
     perf = ContentionModel(cluster)

@@ -41,8 +41,18 @@ from policies.cluster import ClusterSpec
 from policies.perf import ContentionModel
 from trainer.metrics import summarize
 from trainer.simulator import SimConfig, Simulator
+from trainer.traces import TRACE_SUFFIXES
 
-__all__ = ["BEGIN", "END", "evaluate_group", "make_policy", "markdown_tables", "mean_ci", "run_evaluation"]
+__all__ = [
+    "BEGIN",
+    "END",
+    "EvaluationError",
+    "evaluate_group",
+    "make_policy",
+    "markdown_tables",
+    "mean_ci",
+    "run_evaluation",
+]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +65,10 @@ METRICS = (
     ("avg_cs", "Avg CS", 1.0),
 )
 BRANCHES = {"A": 0.3, "B": 0.4, "C": 0.5, "D": 0.6, "E": 0.7}
+
+
+class EvaluationError(ValueError):
+    """Evaluation options that cannot be used: no policies, or an output that cannot be written."""
 
 
 def make_policy(name: str, cluster: ClusterSpec, perf: ContentionModel) -> Policy:
@@ -81,7 +95,7 @@ def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float]
 
 
 def _groups(traces: Path) -> dict[str, list[Path]]:
-    exts = (".json", ".csv", ".parquet")
+    exts = TRACE_SUFFIXES  # every suffix trainer.traces.load_trace reads (.pq too)
     if traces.is_file():
         return {traces.stem: [traces]}
     if not traces.is_dir():
@@ -95,7 +109,7 @@ def _groups(traces: Path) -> dict[str, list[Path]]:
         if files:
             out[d.name] = files
     if not out:
-        raise FileNotFoundError(f"{traces}: no trace files (*.json, *.csv, *.parquet)")
+        raise FileNotFoundError(f"{traces}: no trace files ({', '.join('*' + x for x in exts)})")
     order = ["normal", "heavy", "medium", "low"]
     return dict(sorted(out.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), kv[0])))
 
@@ -272,6 +286,38 @@ def _write_atomic(path: Path, text: str) -> None:
     write_atomic(path, text.encode())
 
 
+def _first_existing(path: Path) -> Path:
+    """``path`` or its nearest ancestor that exists."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _check_outputs(outdir: Path, results_md: Path | None) -> None:
+    """Refuse outputs that could only fail after all the simulations: an ``out`` (or its ``figures/``) that is
+    a file, a results file that is a directory, or a parent that is a file."""
+    for d in (outdir, outdir / "figures"):
+        anc = _first_existing(d)
+        if anc.is_dir():
+            continue
+        if anc == outdir:
+            raise EvaluationError(f"--out {outdir} exists and is not a directory")
+        if anc == d:
+            raise EvaluationError(f"--out {outdir}: {d} exists and is not a directory")
+        raise EvaluationError(f"--out {outdir}: {anc} is not a directory")
+    if results_md is not None:
+        if results_md.is_dir():
+            raise EvaluationError(f"--results-md {results_md} is a directory")
+        if results_md.is_file():  # its hand-written text is kept: it must be readable
+            try:
+                results_md.read_text()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise EvaluationError(f"--results-md {results_md}: cannot read it ({exc})") from None
+        anc = _first_existing(results_md.parent)
+        if not anc.is_dir():
+            raise EvaluationError(f"--results-md {results_md}: {anc} is not a directory")
+
+
 def run_evaluation(
     policies: Sequence[str],
     traces: str | Path,
@@ -287,6 +333,9 @@ def run_evaluation(
     :param progress: called as ``progress(done, total)`` after each simulation of one policy on one
         job set (``total`` = policies x job sets over all groups), e.g. to drive a progress bar.
     """
+    if not policies:
+        raise EvaluationError("no policies to evaluate (e.g. srtf,las,rl-base)")
+    _check_outputs(Path(out), Path(results_md) if results_md else None)
     cl = ClusterSpec.parse(cluster)
     perf = ContentionModel(cl)
     pols: dict[str, Policy] = {}

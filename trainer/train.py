@@ -15,12 +15,25 @@ reference heuristic's, :func:`trainer.env.reference_jct`; so a 1 % gain on a
 
 Resuming (``resume=True``) reloads ``OUT/last``'s weights (safetensors, never
 a pickle) and step count and continues; optimiser moments restart from zero.
+The settings that define the run (algorithm, reward and W1, prior, network
+shape, cluster, candidate order and ``k``) must be the run's own.
+
+Everything is checked before any work (:func:`check_run`: the options, ``--out``,
+the ``--init`` checkpoint, the run to resume and its evaluation log); an
+``overwrite`` deletes the previous run only once the new one is built and its
+starting weights are loaded. ``eval.csv`` and ``summary.json`` are replaced
+atomically (temp file + rename), like the checkpoints.
+
+Stable-Baselines3 trains in whole rollouts, so the step count is rounded up to a
+multiple of :func:`rollout_steps` (``n_steps x n_envs`` for the on-policy
+algorithms); the summary reports the steps done.
 """
 
 from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import logging
 import math
@@ -33,21 +46,43 @@ from typing import Any
 
 import numpy as np
 
-from policies.checkpoint import CheckpointError, MLPNet, load_checkpoint, save_checkpoint
+from policies.checkpoint import Checkpoint, CheckpointError, MLPNet, load_checkpoint, save_checkpoint, write_atomic
 from policies.cluster import ClusterSpec
-from policies.encoding import Encoder
+from policies.encoding import CANDIDATE_ORDERS, Encoder, ObsSpec
 from policies.job import JobSpec
 from policies.perf import ContentionModel
-from policies.prior import AdmissionPrior
+from policies.prior import AdmissionPrior, PriorError
 from policies.rl import RLPolicy
-from trainer.env import PlacementEnv, reference_jct
+from trainer.env import REWARDS, PlacementEnv, reference_jct
 from trainer.simulator import SimConfig, Simulator
 
-__all__ = ["ALGOS", "TrainConfig", "evaluate_net", "export_tensors", "inference_net", "train"]
+__all__ = [
+    "ALGOS",
+    "RunPlan",
+    "TrainConfig",
+    "TrainConfigError",
+    "check_config",
+    "check_run",
+    "evaluate_net",
+    "export_tensors",
+    "inference_net",
+    "rollout_steps",
+    "train",
+]
 
 log = logging.getLogger(__name__)
 
 ALGOS = ("maskable-ppo", "ppo", "a2c", "dqn")
+#: A2C's rollout length (steps per environment per update)
+A2C_N_STEPS = 16
+#: DQN's ``train_freq`` (SB3's default: an update every 4 steps per environment)
+DQN_TRAIN_FREQ = 4
+#: seeds also go to numpy's legacy seeding (``np.random.seed``), which takes 32-bit values
+MAX_SEED = 2**32 - 1
+
+
+class TrainConfigError(ValueError):
+    """Training options that cannot be used: a bad hyper-parameter, an ``--out`` that is a file, no traces."""
 
 
 @dataclass
@@ -115,6 +150,263 @@ def admission_prior(cfg: TrainConfig) -> AdmissionPrior | None:
     if kind == "bias":
         return None
     raise ValueError(f"unknown prior {cfg.prior!r}; choose admission or bias")
+
+
+# ---------------------------------------------------------------------- validation
+#: the command-line option of a :class:`TrainConfig` field, for messages
+_FLAGS = {
+    "algo": "--algo",
+    "reward": "--reward",
+    "w1": "--w1",
+    "timesteps": "--timesteps",
+    "n_envs": "--n-envs",
+    "seed": "--seed",
+    "net_arch": "--net-arch",
+    "learning_rate": "--lr",
+    "gamma": "--gamma",
+    "ent_coef": "--ent-coef",
+    "eval_freq": "--eval-freq",
+    "order": "--order",
+    "init": "--init",
+    "prior": "--prior",
+    "prior_scale": "--prior-scale",
+    "prior_theta": "--prior-theta",
+}
+
+
+def _flag(name: str) -> str:
+    return _FLAGS.get(name, name)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _is_real(v: Any) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def check_config(cfg: TrainConfig) -> ClusterSpec:
+    """Validate every option of ``cfg`` (nothing is run); returns the parsed cluster.
+
+    :raises TrainConfigError: naming the first bad option (its command-line flag where it has one).
+    :raises ClusterSpecError: for a bad ``cfg.cluster``.
+    """
+
+    def bad(name: str, want: str) -> TrainConfigError:
+        return TrainConfigError(f"{_flag(name)} must be {want}, got {getattr(cfg, name)!r}")
+
+    if cfg.algo not in ALGOS:
+        raise bad("algo", f"one of {', '.join(ALGOS)}")
+    if cfg.reward not in REWARDS:
+        raise bad("reward", f"one of {', '.join(REWARDS)}")
+    if cfg.order not in CANDIDATE_ORDERS:
+        raise bad("order", f"one of {', '.join(CANDIDATE_ORDERS)}")
+    if cfg.prior not in (None, "admission", "bias"):
+        raise bad("prior", "admission or bias")
+    for name in ("timesteps", "n_envs", "eval_freq", "n_steps", "batch_size", "n_epochs", "k"):
+        if not _is_int(getattr(cfg, name)) or getattr(cfg, name) < 1:
+            raise bad(name, "a positive integer")
+    if not _is_int(cfg.seed) or not 0 <= cfg.seed <= MAX_SEED:
+        raise bad("seed", "an integer in [0, 2**32 - 1]")
+    arch = cfg.net_arch
+    if not isinstance(arch, (tuple, list)) or not arch or not all(_is_int(x) and x >= 1 for x in arch):
+        raise bad("net_arch", "one or more positive layer sizes")
+    if not _is_real(cfg.learning_rate) or cfg.learning_rate <= 0:
+        raise bad("learning_rate", "a finite number > 0")
+    if not _is_real(cfg.ent_coef) or cfg.ent_coef < 0:
+        raise bad("ent_coef", "a finite number >= 0")
+    if not _is_real(cfg.gamma) or not 0.0 <= cfg.gamma <= 1.0:
+        raise bad("gamma", "a discount in [0, 1]")
+    if not _is_real(cfg.w1) or not 0.0 <= cfg.w1 <= 1.0:
+        raise bad("w1", "in [0, 1]")
+    if not _is_real(cfg.round_len) or cfg.round_len <= 0:
+        raise bad("round_len", "a finite number > 0")
+    if not _is_real(cfg.prior_theta) or not 0.0 <= cfg.prior_theta <= 1.0:
+        raise bad("prior_theta", "in [0, 1]")
+    if not _is_real(cfg.prior_scale) or cfg.prior_scale <= 0:
+        raise bad("prior_scale", "a finite number > 0")
+    if cfg.init is not None and (not isinstance(cfg.init, (str, Path)) or not str(cfg.init)):
+        raise bad("init", "a checkpoint path")
+    if cfg.prior == "admission" and cfg.algo != "maskable-ppo":
+        raise TrainConfigError(f"--prior admission needs --algo maskable-ppo (got {cfg.algo}); use --prior bias")
+    try:
+        admission_prior(cfg)
+    except (PriorError, ValueError) as exc:  # the checks above leave nothing for these; kept as a net
+        raise TrainConfigError(f"bad prior settings: {exc}") from None
+    return ClusterSpec.parse(cfg.cluster)
+
+
+def rollout_steps(cfg: TrainConfig) -> int:
+    """Environment steps of one SB3 rollout: ``learn`` runs whole rollouts, so a run's step count is rounded up
+    to a multiple of this (counted from its start; ``n_steps x n_envs`` for the on-policy algorithms)."""
+    per_env = {"maskable-ppo": cfg.n_steps, "ppo": cfg.n_steps, "a2c": A2C_N_STEPS, "dqn": DQN_TRAIN_FREQ}[cfg.algo]
+    return per_env * cfg.n_envs
+
+
+def _hidden_sizes(ck: Checkpoint) -> tuple[int, ...]:
+    """Hidden layer sizes of a checkpoint's policy network (``MLPNet`` keeps ``W`` as ``(in, out)``)."""
+    return tuple(int(W.shape[1]) for W, _b in ck.net.layers[:-1])
+
+
+def _arch_text(sizes: Sequence[int]) -> str:
+    return ",".join(str(int(x)) for x in sizes) or "(no hidden layers)"
+
+
+def _cluster_text(c: ClusterSpec) -> str:
+    return c.describe() if c.is_homogeneous else f"nodes of {','.join(str(n.gpus) for n in c.nodes)} GPUs"
+
+
+def _check_out_dir(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise TrainConfigError(f"--out {out} exists and is not a directory")
+    anc = out.parent
+    while not anc.exists() and anc != anc.parent:
+        anc = anc.parent
+    if anc.exists() and not anc.is_dir():
+        raise TrainConfigError(f"--out {out}: {anc} is not a directory")
+
+
+def _check_resume(last: Checkpoint, cfg: TrainConfig, cluster: ClusterSpec, spec: ObsSpec) -> None:
+    """Refuse to continue ``last`` with settings that define another run."""
+
+    def differs(setting: str, ours: Any, theirs: Any) -> CheckpointError:
+        return CheckpointError(
+            f"{last.json_path}: the run was trained with {setting} {theirs}, not {ours}; --resume continues a run "
+            "with its own settings (drop the option, or start a new run with --overwrite or another --out)"
+        )
+
+    if last.meta.get("algo") != cfg.algo:
+        raise differs("--algo", cfg.algo, last.meta.get("algo"))
+    if [n.gpus for n in last.cluster.nodes] != [n.gpus for n in cluster.nodes]:
+        raise differs("--cluster", _cluster_text(cluster), _cluster_text(last.cluster))
+    for bw in ("intra_bw_gbps", "inter_bw_gbps"):
+        if getattr(last.cluster, bw) != getattr(cluster, bw):
+            raise differs(f"a --cluster with {bw}", getattr(cluster, bw), getattr(last.cluster, bw))
+    last.check_cluster(cluster)  # the observation encoding's version
+    if last.spec.order != spec.order:
+        raise differs("--order", spec.order, last.spec.order)
+    if last.spec.k != spec.k:
+        raise differs("k (candidates)", spec.k, last.spec.k)
+    if _hidden_sizes(last) != tuple(cfg.net_arch):
+        raise differs("--net-arch", _arch_text(cfg.net_arch), _arch_text(_hidden_sizes(last)))
+    rew = last.meta.get("reward") or {}
+    if rew.get("kind") != cfg.reward:
+        raise differs("--reward", cfg.reward, rew.get("kind"))
+    if cfg.reward == "seed" and rew.get("w1") != cfg.w1:
+        raise differs("--w1", cfg.w1, rew.get("w1"))
+    theirs, ours = last.prior, admission_prior(cfg)
+    if (theirs is None) != (ours is None):
+        kind = {True: "bias", False: "admission"}
+        raise differs("--prior", kind[ours is None], kind[theirs is None])
+    if theirs is not None and ours is not None:
+        if theirs.theta != ours.theta:
+            raise differs("--prior-theta", ours.theta, theirs.theta)
+        if theirs.scale != ours.scale:
+            raise differs("--prior-scale", ours.scale, theirs.scale)
+
+
+def _read_eval_log(path: Path) -> list[dict[str, float]]:
+    """``eval.csv`` of a run to resume; a damaged one is an error (not a traceback half-way through)."""
+    if not path.is_file():
+        return []
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            # an empty cell: a column that an older version's rows lack (e.g. val_rel_jct)
+            rows = [{k: float(v) for k, v in r.items() if v != ""} for r in csv.DictReader(f)]
+        if any("timesteps" not in r for r in rows):  # (missing or extra cells fail float() above)
+            raise ValueError("a row has no timesteps")
+    except (OSError, UnicodeDecodeError, csv.Error, ValueError, TypeError) as exc:
+        raise CheckpointError(
+            f"{path}: cannot read the run's evaluation log ({exc}); repair or delete it to resume"
+        ) from None
+    return rows
+
+
+@dataclass
+class RunPlan:
+    """What :func:`check_run` found: the parsed cluster and what the run starts from."""
+
+    cluster: ClusterSpec
+    spec: ObsSpec
+    init: Checkpoint | None = None
+    last: Checkpoint | None = None
+    start_steps: int = 0
+    eval_rows: list[dict[str, float]] = field(default_factory=list)
+
+
+def check_run(cfg: TrainConfig, out: str | Path, resume: bool = False, overwrite: bool = False) -> RunPlan:
+    """Everything :func:`train` checks before doing any work or deleting anything: the options
+    (:func:`check_config`), ``out`` (a directory; a run there only with ``resume`` or ``overwrite``), the
+    ``init`` checkpoint (algorithm, cluster, observation and network shape) and, with ``resume``, the run's
+    ``last`` checkpoint (the same settings, :func:`_check_resume`) and its evaluation log. Reads only.
+
+    :raises TrainConfigError: bad options or ``out``.
+    :raises CheckpointError: an unusable ``init`` checkpoint or run to resume.
+    """
+    cluster = check_config(cfg)
+    out = Path(out)
+    _check_out_dir(out)
+    spec = ObsSpec.for_cluster(cluster, cfg.k, cfg.order)
+    plan = RunPlan(cluster, spec)
+    if resume:
+        if not (out / "last.json").is_file():
+            raise CheckpointError(f"{out / 'last.json'}: nothing to resume (no previous run in {out})")
+    elif any(f.exists() for f in _run_files(out)) and not overwrite:
+        raise CheckpointError(
+            f"{out} already holds a training run: --resume continues it, --overwrite starts over (and "
+            "deletes its checkpoints), or choose another --out"
+        )
+    if cfg.init and not resume:
+        src = plan.init = load_checkpoint(cfg.init)
+        if src.meta.get("algo") != cfg.algo:
+            raise CheckpointError(f"--init {cfg.init}: was trained with {src.meta.get('algo')}, not {cfg.algo}")
+        if src.spec.shape != spec.shape or src.spec.n_actions != spec.n_actions:
+            raise CheckpointError(
+                f"--init {cfg.init}: observation {list(src.spec.shape)} / {src.spec.n_actions} actions, "
+                f"this run needs {list(spec.shape)} / {spec.n_actions}"
+            )
+        try:
+            src.check_cluster(cluster)
+        except CheckpointError as exc:
+            raise CheckpointError(f"--init {exc}") from None
+        if _hidden_sizes(src) != tuple(cfg.net_arch):
+            raise CheckpointError(
+                f"--init {cfg.init}: network has hidden layers {_arch_text(_hidden_sizes(src))}, "
+                f"this run's --net-arch is {_arch_text(cfg.net_arch)}"
+            )
+    if resume:
+        last = plan.last = load_checkpoint(out / "last")
+        _check_resume(last, cfg, cluster, spec)
+        steps = last.meta["training"].get("timesteps", 0)
+        if not _is_int(steps) or steps < 0:
+            raise CheckpointError(f"{last.json_path}: training.timesteps {steps!r} is not a step count")
+        plan.start_steps = int(steps)
+        plan.eval_rows = _read_eval_log(out / "eval.csv")
+    return plan
+
+
+def _run_files(out: Path) -> list[Path]:
+    """The files of a run in ``out`` that a new run replaces (``tb/`` logs are kept)."""
+    return [out / f"{n}{x}" for n in ("best", "last") for x in (".json", ".safetensors")] + [
+        out / "eval.csv",
+        out / "summary.json",
+    ]
+
+
+def _load_weights(model, ck: Checkpoint, what: str) -> None:
+    """Load ``ck``'s tensors into the SB3 model; a mismatch is a :class:`CheckpointError`, not a torch traceback."""
+    import torch
+    from safetensors.numpy import load_file
+
+    sd = {k: torch.from_numpy(v.copy()) for k, v in load_file(str(ck.weights_path)).items()}
+    try:
+        model.policy.load_state_dict(sd)
+    except RuntimeError as e:
+        detail = " ".join(str(e).split())  # torch's message spans lines: keep the error to one
+        if len(detail) > 300:
+            detail = detail[:300] + " ..."
+        raise CheckpointError(f"{what}: weights do not fit this run's network ({detail})") from None
 
 
 def inference_net(algo: str, model) -> MLPNet:
@@ -317,35 +609,37 @@ def train(
 
     :param resume: continue the run in ``out`` from its ``last`` checkpoint.
     :param overwrite: start a new run in ``out`` even if it holds one (its checkpoints, evaluation
-        log and summary are removed first); without it, or ``resume``, an existing run is an error.
+        log and summary are removed once the new run is built and its starting weights are loaded);
+        without it, or ``resume``, an existing run is an error.
     :param progress: called as ``progress(steps done, steps in all)`` every 64 environment steps or
-        so and once at the end (steps counted from 0, a resumed run starting where it left off), e.g.
-        to drive a progress bar.
+        so and once at the end (steps counted from 0, a resumed run starting where it left off; "in
+        all" is ``cfg.timesteps`` rounded up to whole rollouts, :func:`rollout_steps`), e.g. to drive a
+        progress bar.
+    :raises TrainConfigError, CheckpointError: from :func:`check_run`, before any work.
     """
     import torch
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.monitor import Monitor
     from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
-    torch.set_num_threads(1)
     out = Path(out)
-    if resume and not (out / "last.json").is_file():
-        raise CheckpointError(f"{out / 'last.json'}: nothing to resume (no previous run in {out})")
-    old = [out / f"{n}{x}" for n in ("best", "last") for x in (".json", ".safetensors")]
-    old += [out / "eval.csv", out / "summary.json"]
-    if not resume and any(f.exists() for f in old):
-        if not overwrite:
-            raise CheckpointError(
-                f"{out} already holds a training run: --resume continues it, --overwrite starts over (and "
-                "deletes its checkpoints), or choose another --out"
-            )
-        for f in old:
-            f.unlink(missing_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
-    cluster = ClusterSpec.parse(cfg.cluster)
-    perf = ContentionModel(cluster)
+    # 1. check everything (options, --out, --init, the run to resume) before any work
+    plan = check_run(cfg, out, resume=resume, overwrite=overwrite)
     if not train_traces:
-        raise ValueError("no training traces")
+        raise TrainConfigError("no training traces")
+    cluster = plan.cluster
+    start_steps = plan.start_steps
+    remaining = max(cfg.timesteps - start_steps, 0)
+    chunk = rollout_steps(cfg)
+    planned = start_steps + -(-remaining // chunk) * chunk
+    if planned != max(cfg.timesteps, start_steps):
+        log.info(
+            "--timesteps %d: training runs whole rollouts of %d steps, so it stops at %d", cfg.timesteps, chunk, planned
+        )
+
+    # 2. build the run (nothing written yet)
+    torch.set_num_threads(1)
+    perf = ContentionModel(cluster)
     if not val_traces:
         log.warning("no validation traces: no periodic evaluation, and best = last (give --val-traces to select)")
     t_ref = time.perf_counter()
@@ -388,43 +682,22 @@ def train(
     model = _make_model(cfg, venv, str(out / "tb"))
     if cfg.prior_init:
         _init_prior(cfg.algo, model, cfg.prior_scale, admission=prior is not None)
-    start_steps = 0
-    if cfg.init and not resume:
-        src = load_checkpoint(cfg.init)
-        if src.meta.get("algo") != cfg.algo:
-            raise CheckpointError(f"--init {cfg.init}: was trained with {src.meta.get('algo')}, not {cfg.algo}")
-        if src.spec.shape != probe.spec_obs.shape or src.spec.n_actions != probe.spec_obs.n_actions:
-            raise CheckpointError(
-                f"--init {cfg.init}: observation {list(src.spec.shape)} / {src.spec.n_actions} actions, "
-                f"this run needs {list(probe.spec_obs.shape)} / {probe.spec_obs.n_actions}"
-            )
-        from safetensors.numpy import load_file
-
-        sd = {k: torch.from_numpy(v.copy()) for k, v in load_file(str(src.weights_path)).items()}
-        try:
-            model.policy.load_state_dict(sd)
-        except RuntimeError as e:
-            raise CheckpointError(f"--init {cfg.init}: weights do not fit this run's network ({e})") from None
-        log.info("initialised from %s (%s order, %s steps)", src.json_path, src.spec.order, src.meta.get("training", {}).get("timesteps"))
-    if resume:
-        last = load_checkpoint(out / "last")
-        if last.meta.get("algo") != cfg.algo:
-            raise CheckpointError(f"{out / 'last.json'}: was trained with {last.meta.get('algo')}, not {cfg.algo}")
-        if last.spec.order != cfg.order:
-            raise CheckpointError(f"{out / 'last.json'}: was trained with candidate order {last.spec.order!r}, not {cfg.order!r}")
-        from safetensors.numpy import load_file
-
-        sd = {k: torch.from_numpy(v.copy()) for k, v in load_file(str(last.weights_path)).items()}
-        model.policy.load_state_dict(sd)
-        start_steps = int(last.meta["training"].get("timesteps", 0))
+    if plan.init is not None:
+        src = plan.init
+        _load_weights(model, src, f"--init {cfg.init}")
+        log.info("initialised from %s (%s order, %s steps)", src.json_path, src.spec.order, src.meta["training"].get("timesteps"))
+    if plan.last is not None:
+        _load_weights(model, plan.last, f"{plan.last.json_path} (--resume)")
         model.num_timesteps = start_steps
-        log.info("resumed from %s at %d steps", last.json_path, start_steps)
+        log.info("resumed from %s at %d steps", plan.last.json_path, start_steps)
 
-    eval_rows: list[dict] = []
+    # 3. only now replace the previous run (--overwrite), then train
+    if not resume:
+        for f in _run_files(out):
+            f.unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    eval_rows: list[dict] = list(plan.eval_rows)
     eval_csv = out / "eval.csv"
-    if resume and eval_csv.is_file():
-        with eval_csv.open() as f:
-            eval_rows = [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f)]
     # rows written by an older version lack the relative score: they cannot compete
     best = min((r.get("val_rel_jct", math.inf) for r in eval_rows), default=math.inf)
     t_start = time.perf_counter()
@@ -444,10 +717,11 @@ def train(
             "wall_s": time.perf_counter() - t_start,
         }
         eval_rows.append(row)
-        with eval_csv.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(row))
-            w.writeheader()
-            w.writerows(eval_rows)
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=list(row))
+        w.writeheader()
+        w.writerows(eval_rows)
+        write_atomic(eval_csv, buf.getvalue().encode())  # a crash never leaves half a log for --resume
         if getattr(model, "_logger", None) is not None:  # not set up before learn() starts
             model.logger.record("eval/val_avg_jct_h", m / 3600.0)
             model.logger.record("eval/val_rel_jct", rel)
@@ -468,14 +742,13 @@ def train(
         def _on_step(self) -> bool:
             if progress is not None and self.num_timesteps - self.shown >= 64:
                 self.shown = self.num_timesteps
-                progress(self.num_timesteps, cfg.timesteps)
+                progress(self.num_timesteps, planned)
             if self.num_timesteps >= self.next_eval:
                 self.next_eval += cfg.eval_freq
                 do_eval()
                 _save(out / "last", cfg, model, cluster, probe, prov)
             return True
 
-    remaining = max(cfg.timesteps - start_steps, 0)
     if not eval_rows and val_traces:
         # the starting point (the prior) competes for "best" too: training never ships worse than it
         do_eval()
@@ -488,7 +761,7 @@ def train(
             progress_bar=False,
         )
     if progress is not None:
-        progress(int(model.num_timesteps), cfg.timesteps)
+        progress(int(model.num_timesteps), planned)
     if not (eval_rows and eval_rows[-1]["timesteps"] == float(model.num_timesteps)):
         do_eval()
     final = eval_rows[-1] if eval_rows else {}
@@ -507,7 +780,7 @@ def train(
         "evals": eval_rows,
         "best": str(out / "best.json"),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str, allow_nan=False) + "\n")
+    write_atomic(out / "summary.json", (json.dumps(summary, indent=2, default=str, allow_nan=False) + "\n").encode())
     return summary
 
 
