@@ -324,7 +324,7 @@ class Controller:
         self.metrics.queue.set(len(st.pending))
         self.metrics.running.set(len(st.running))
         self.metrics.free_gpus.set(st.total_free)
-        forced = self._admin_requests(view)
+        forced, taken = self._admin_requests(view)
         victims = self._cs_victims(view, stats, now)
         if not st.pending and not victims and not forced:
             return
@@ -344,25 +344,27 @@ class Controller:
             log.info("decision: place %s preempt %s", [(j, str(p)) for j, p in dec.place], dec.preempt,
                      extra={"event": "decision", "decision_s": round(rep.decision_s, 6)})
         self._apply(now, view, dec, rep)
+        for f in taken:  # consumed only once acted on: a round that fails before keeps the request
+            f.unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ preemption
-    def _admin_requests(self, view: SlurmView) -> list[str]:
-        """Preemptions an operator asked for (``rlsched controller preempt JOBID``)."""
+    def _admin_requests(self, view: SlurmView) -> tuple[list[str], list[Path]]:
+        """Preemptions an operator asked for (``rlsched controller preempt JOBID``): the job ids, and
+        their request files, which the caller removes once the round has acted on them (requests
+        for jobs that are not running are dropped here)."""
         d = self.state_dir / "requests"
-        out = []
+        out, taken = [], []
         for f in sorted(d.glob("preempt-*")) if d.is_dir() else []:
             sid = f.name[len("preempt-"):]
-            try:
-                f.unlink()
-            except OSError:
-                continue
             if any(j.job_id == sid for j in view.state.running):
                 out.append(sid)
+                taken.append(f)
                 log.info("operator asked to preempt job %s", sid, extra={"event": "preempt_request", "job": sid})
             else:
+                f.unlink(missing_ok=True)
                 log.warning("preempt request for job %s ignored: not a running managed job", sid,
                             extra={"event": "preempt_request_ignored", "job": sid})
-        return out
+        return out, taken
 
     def _cs_victims(self, view: SlurmView, stats: dict[str, dict], now: float) -> list[str]:
         thr = self.cfg.controller.cs_preempt_threshold

@@ -533,6 +533,27 @@ def test_no_requeue_jobs_and_unusable_nodes_are_left_alone(tmp_path):
     assert rep.placed == [(a, {"node4": 8})] and s.job_list[b].held
 
 
+def test_operator_request_survives_a_round_that_fails(tmp_path):
+    """`controller preempt N` is consumed only by a round that acted on it."""
+    s = FakeSlurm()
+    jid = _running(s, 8, "node2")
+    agents = FakeAgents()
+    ctl = _ctl(tmp_path, s, agents)
+    ctl.round()
+    s.submit(4)  # something for the policy to decide on
+    _request_preempt(tmp_path, jid)
+
+    def broken(state):
+        raise PolicyError("policy broke")
+
+    real, ctl.policy.schedule = ctl.policy.schedule, broken
+    assert not ctl.round().ok and agents.asked == []
+    assert (tmp_path / "state" / "requests" / f"preempt-{jid}").exists()
+    ctl.policy.schedule = real
+    assert ctl.round().preempted == [jid] and agents.asked == [jid]
+    assert not (tmp_path / "state" / "requests" / f"preempt-{jid}").exists()
+
+
 def test_unreachable_agent_never_loses_the_job(tmp_path):
     s = FakeSlurm()
     jid = _running(s, 8, "node1")
