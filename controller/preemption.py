@@ -72,11 +72,12 @@ class AgentPreempter:
     """Preemption and stats via the node agents (one per node).
 
     :param addresses: node name -> ``host:port`` of its agent.
-    :param client_factory: ``(address) -> AgentClient``-like object with
-        ``job_stats()`` and ``preempt(job_key, slurm_job_id, timeout_s)``.
+    :param client_factory: ``(address, node) -> AgentClient``-like object with
+        ``job_stats()`` and ``preempt(job_key, slurm_job_id, timeout_s)``; ``node`` is the
+        node name its credentials are bound to (the agent refuses those for another node).
     """
 
-    def __init__(self, addresses: dict[str, str], client_factory: Callable[[str], Any]) -> None:
+    def __init__(self, addresses: dict[str, str], client_factory: Callable[[str, str], Any]) -> None:
         self.addresses = dict(addresses)
         self._factory = client_factory
         self._clients: dict[str, Any] = {}
@@ -91,7 +92,7 @@ class AgentPreempter:
             return None
         c = self._clients.get(node)
         if c is None:
-            c = self._clients[node] = self._factory(addr)
+            c = self._clients[node] = self._factory(addr, node)
         return c
 
     def _node_stats(self, node: str) -> list[dict]:
@@ -193,4 +194,4 @@ def make_preempter(addresses: dict[str, str], auth_spec: str, timeout_s: float) 
         log.warning("node agent client not available (%s): running without agents", exc)
         return NoAgents()
     auth = make_authenticator(auth_spec)
-    return AgentPreempter(addresses, lambda addr: AgentClient(addr, auth, timeout=timeout_s))
+    return AgentPreempter(addresses, lambda addr, node: AgentClient(addr, auth, timeout=timeout_s, node=node))

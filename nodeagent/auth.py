@@ -5,11 +5,16 @@ Every RPC carries one metadata header, :data:`AUTH_HEADER`, whose value is
 
 * the full gRPC method name (``/rlsched.agent.v1.NodeAgent/Preempt``),
 * the SHA-256 of the request message serialised deterministically,
+* the name of the node whose agent it is for (``a``, the agent's ``--node``),
 * a wall-clock timestamp (seconds) and a random nonce,
 
 so a captured token cannot be replayed for another request, another method,
-or after :attr:`Authenticator.max_skew_s` seconds, and not at all twice
-within that window (a per-process nonce cache rejects repeats).
+to another node's agent, or after :attr:`Authenticator.max_skew_s` seconds,
+and not at all twice within that window (a per-process nonce cache rejects
+repeats). The agent verifies with ``node=<its own name>``: a token for another
+node, or one bound to no node (``a`` empty or missing, e.g. from a client older
+than this check), is refused -- except for ``Health`` (``unbound_ok``), which
+changes nothing and tells a client the agent's node name.
 
 Two schemes:
 
@@ -31,6 +36,7 @@ import base64
 import hashlib
 import hmac
 import json
+import math
 import os
 import pwd
 import re
@@ -75,10 +81,12 @@ def request_digest(request_bytes: bytes) -> str:
     return hashlib.sha256(request_bytes).hexdigest()
 
 
-def _binding_payload(method: str, request_bytes: bytes, ts: float | None = None, nonce: str | None = None) -> bytes:
+def _binding_payload(method: str, request_bytes: bytes, ts: float | None = None, nonce: str | None = None,
+                     node: str = "") -> bytes:
     body = {
         "m": method,
         "h": request_digest(request_bytes),
+        "a": node,
         "t": round(time.time() if ts is None else ts, 3),
         "n": nonce or secrets.token_hex(12),
     }
@@ -112,10 +120,11 @@ class _NonceCache:
 class Authenticator(ABC):
     """Signs outgoing RPCs and verifies incoming ones.
 
-    ``sign(method, request_bytes)`` returns the full header value
-    (``"<scheme> <token>"``); ``verify(method, request_bytes, header)``
-    returns the caller's :class:`Identity` or raises :class:`AuthError`.
-    ``is_privileged(identity)`` decides who may call Preempt.
+    ``sign(method, request_bytes, node=...)`` returns the full header value
+    (``"<scheme> <token>"``) for the agent of ``node``;
+    ``verify(method, request_bytes, header, node=...)`` returns the caller's
+    :class:`Identity` or raises :class:`AuthError`. ``is_privileged(identity)``
+    decides who may call Preempt.
     """
 
     scheme: str = ""
@@ -132,10 +141,17 @@ class Authenticator(ABC):
     def _open_token(self, token: str) -> tuple[bytes, Identity]:
         """Return (payload, identity) or raise AuthError."""
 
-    def sign(self, method: str, request_bytes: bytes) -> str:
-        return f"{self.scheme} {self._make_token(_binding_payload(method, request_bytes))}"
+    def sign(self, method: str, request_bytes: bytes, node: str = "") -> str:
+        """Header value for one call to the agent of ``node`` ("" = bound to no node: Health only)."""
+        return f"{self.scheme} {self._make_token(_binding_payload(method, request_bytes, node=node))}"
 
-    def verify(self, method: str, request_bytes: bytes, header: str | None) -> Identity:
+    def verify(self, method: str, request_bytes: bytes, header: str | None, *, node: str | None = None,
+               unbound_ok: bool = False) -> Identity:
+        """The caller's identity; AuthError unless the token is for this ``method``, body and ``node``.
+
+        ``node``: the verifying agent's node name; the token must name it (``None``: no node check,
+        for library use only). ``unbound_ok``: also accept a token bound to no node.
+        """
         if not header:
             raise AuthError(f"missing {AUTH_HEADER} metadata")
         scheme, _, token = header.strip().partition(" ")
@@ -145,12 +161,21 @@ class Authenticator(ABC):
         try:
             body = json.loads(payload)
             m, h, t, n = body["m"], body["h"], float(body["t"]), str(body["n"])
-        except (ValueError, KeyError, TypeError) as exc:
+            a = body.get("a", "")
+            if not math.isfinite(t):  # NaN would pass the skew check below
+                raise ValueError(f"timestamp {t} is not finite")
+            if not isinstance(a, str):
+                raise TypeError(f"node must be a string, not {type(a).__name__}")
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise AuthError(f"malformed auth payload: {exc}") from None
         if m != method:
             raise AuthError(f"token was issued for {m!r}, not {method!r}")
         if not hmac.compare_digest(str(h), request_digest(request_bytes)):
             raise AuthError("token does not match the request body")
+        if node is not None and a != node and not (unbound_ok and a == ""):
+            if a == "":
+                raise AuthError(f"token is not bound to a node (this is node {node!r}; client too old?)")
+            raise AuthError(f"token was issued for node {a!r}, not {node!r}")
         now = time.time()
         if abs(now - t) > self.max_skew_s:
             raise AuthError(f"token timestamp is {now - t:+.0f}s off (limit {self.max_skew_s:.0f}s)")

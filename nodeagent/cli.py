@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shutil
 import signal
 import sys
 import threading
@@ -39,7 +40,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--auth", default="munge", help="munge | munge:SOCKET | sharedkey:/path/key (default munge)")
     p.add_argument("--allow-uid", type=int, action="append", default=[],
                    help="extra UID allowed to call Preempt (root and SlurmUser always are)")
-    p.add_argument("--slurm-conf", default="/etc/slurm/slurm.conf", help="read SlurmUser from here (munge auth)")
+    p.add_argument("--slurm-conf", default="/etc/slurm/slurm.conf",
+                   help="slurm.conf: SlurmUser (munge auth) and the cluster squeue asks (if the file exists)")
+    p.add_argument("--squeue", default="squeue",
+                   help="squeue binary used to check that a reporting user owns the Slurm job (default: from PATH)")
+    p.add_argument("--job-cgroups", choices=("auto", "required", "ignore"), default="auto",
+                   help="require reporting processes to be in their Slurm job's cgroup: auto = once job cgroups "
+                        "are seen on this machine (default)")
     p.add_argument("--profile-steps", type=int, default=20,
                    help="steps in a job's isolated-throughput profiling window")
     p.add_argument("--profile-skip-steps", type=int, default=10,
@@ -66,7 +73,8 @@ def _json_logging() -> None:
 
 def run_agent(args: argparse.Namespace) -> int:
     from nodeagent.auth import AuthError, MungeAuthenticator, make_authenticator
-    from nodeagent.server import JobTracker, NodeAgentServer
+    from nodeagent.server import JobTracker, NodeAgentServer, emit
+    from nodeagent.slurmjob import SlurmJobs
     from nodeagent.store import StoreError, open_store
 
     _json_logging()
@@ -80,13 +88,19 @@ def run_agent(args: argparse.Namespace) -> int:
         store = open_store(args.store)
         tracker = JobTracker(window_s=args.window_s, profile_steps=args.profile_steps,
                              profile_skip_steps=args.profile_skip_steps)
-        server = NodeAgentServer(args.node, args.listen, auth, store, tracker, max_workers=args.max_workers)
+        slurm = SlurmJobs(squeue=args.squeue, slurm_conf=args.slurm_conf,
+                          require_cgroup={"auto": None, "required": True, "ignore": False}[args.job_cgroups])
+        server = NodeAgentServer(args.node, args.listen, auth, store, tracker, max_workers=args.max_workers,
+                                 slurm=slurm)
     except (AuthError, StoreError, OSError, RuntimeError) as exc:
         return _fail("agent", f"cannot start agent: {exc}")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     server.start()
+    if shutil.which(args.squeue) is None:  # only privileged callers' reports can be accepted then
+        emit("slurm_lookup_unavailable", logging.WARNING, squeue=args.squeue,
+             message="squeue not found: reports of unprivileged users will be refused")
     print(f"rlsched agent {args.node} listening on {server.address}", file=sys.stderr, flush=True)
     stop.wait()
     server.stop(grace=2.0)

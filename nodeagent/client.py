@@ -2,7 +2,7 @@
 
 Stable API (the controller depends on it)::
 
-    c = AgentClient("127.0.0.1:50051", make_authenticator("munge"), timeout=10.0)
+    c = AgentClient("127.0.0.1:50051", make_authenticator("munge"), timeout=10.0, node="node1")
     c.health()      -> {"node", "version", "uptime_s", "num_jobs", "store_url", "auth_scheme"}
     c.job_stats()   -> [{"job_key", "slurm_job_id", "model", "step", "total_steps",
                          "samples_per_s", "isolated_samples_per_s" (None if unknown),
@@ -12,6 +12,14 @@ Stable API (the controller depends on it)::
     c.preempt(job_key, slurm_job_id, timeout_s=60)
                     -> {"ok", "checkpoint_step" (None if none), "checkpoint_uri", "message",
                         "process_exited", "wait_s"}
+
+``node`` is the Slurm node name the agent serves (its ``--node``): every
+credential names it, and an agent refuses credentials made for another node
+(so a captured one cannot be replayed to another node's agent). Without
+``node`` the client asks the agent's Health (the one RPC that accepts a
+credential bound to no node) once and uses the name it answers: fine for a job
+talking to its own node's agent; callers that know the node (the controller)
+should pass it, so that a wrong address cannot redirect their credentials.
 
 Units: throughput in samples/s, times in seconds. Every call raises
 :class:`AgentError` (with ``.code``, the gRPC status name such as
@@ -23,6 +31,7 @@ the protocol but no durable checkpoint appeared in time.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import grpc
@@ -73,20 +82,36 @@ class AgentClient:
     """Authenticated, synchronous client for one node agent at ``address`` ("host:port").
 
     ``timeout`` is the default per-RPC deadline in seconds (Preempt uses
-    ``timeout_s + timeout``). Thread-safe; close() or use as a context manager.
+    ``timeout_s + timeout``). ``node``: the agent's node name, which every
+    credential is bound to (None: learnt from the agent's Health on the first
+    call that needs it). Thread-safe; close() or use as a context manager.
     """
 
-    def __init__(self, address: str, auth: Authenticator, timeout: float = 10.0) -> None:
+    def __init__(self, address: str, auth: Authenticator, timeout: float = 10.0, node: str | None = None) -> None:
         self.address = address
         self.auth = auth
         self.timeout = timeout
+        self.node = node
+        self._node_lock = threading.Lock()
         self._channel = grpc.insecure_channel(address)
         self._stub = pb_grpc.NodeAgentStub(self._channel)
 
     # ---------------------------------------------------------------- plumbing
+    def _target_node(self) -> str:
+        """The node name to bind credentials to (asks Health once if it was not given)."""
+        if self.node is None:
+            with self._node_lock:
+                if self.node is None:
+                    node = self._call("Health", pb.HealthRequest()).node
+                    if not node:
+                        raise AgentError("Health", "UNKNOWN", f"agent at {self.address} did not name its node")
+                    self.node = node
+        return self.node
+
     def _call(self, name: str, request: Any, timeout: float | None = None) -> Any:
         method = SERVICE + name
-        header = self.auth.sign(method, request.SerializeToString(deterministic=True))
+        node = (self.node or "") if name == "Health" else self._target_node()
+        header = self.auth.sign(method, request.SerializeToString(deterministic=True), node=node)
         try:
             return getattr(self._stub, name)(
                 request, timeout=self.timeout if timeout is None else timeout, metadata=((AUTH_HEADER, header),)

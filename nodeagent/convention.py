@@ -18,7 +18,8 @@ from __future__ import annotations
 import re
 
 PREFIX = "rlsched:"
-_KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+# fullmatch, not match: "$" also matches before a trailing newline
+_KEY_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 
 
 class CommentError(ValueError):
@@ -52,7 +53,7 @@ def parse_comment(comment: str | None) -> dict[str, str] | None:
                 raise ValueError
         except ValueError:
             raise CommentError(f"samples must be a positive integer in {comment!r}") from None
-    if "key" in out and not _KEY_RE.match(out["key"]):
+    if "key" in out and not _KEY_RE.fullmatch(out["key"]):
         raise CommentError(f"key must match [A-Za-z0-9._-]{{1,128}} in {comment!r}")
     return out
 

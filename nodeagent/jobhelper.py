@@ -28,7 +28,12 @@ What the session does:
   initialised) rank 0 saves ``state_fn()`` at the completed step, every rank
   sends a final report and the process exits with :data:`EXIT_PREEMPTED` (75,
   EX_TEMPFAIL; use ``RequeueExitHold=75`` in slurm.conf so Slurm requeues the
-  job held, for the controller to re-place).
+  job held, for the controller to re-place). Every rank calls ``state_fn()``
+  or none does (it may be collective); it is skipped when a checkpoint at that
+  step was just written.
+* **after the session**: SIGUSR2 is restored to the script's own handler, or
+  *ignored* if it had none (SIG_DFL would let a late preemption kill the
+  post-training work). Ignored signals are inherited by child processes.
 * **finish**: after ``total_steps`` steps a final checkpoint is saved (so a
   requeue after completion does not redo work) and a final report sent.
 
@@ -78,21 +83,49 @@ def resolve_agent_address(spec: str | None, node: str | None) -> str | None:
         return None
     if "=" not in spec:
         return spec
-    table = dict(part.split("=", 1) for part in spec.split(",") if "=" in part)
-    if node and node in table:
-        return table[node].strip()
-    if "*" in table:
-        return table["*"].strip()
-    raise ValueError(f"RLSCHED_AGENT={spec!r} has no entry for node {node!r}")
+    table: dict[str, str] = {}
+    for part in spec.split(","):
+        k, sep, v = part.partition("=")
+        if sep:  # "node1=a:1, node2=b:2": spaces around names and addresses are not part of them
+            table[k.strip()] = v.strip()
+    node = node.strip() if node else node
+    addr = table.get(node) if node else None
+    if addr is None:
+        addr = table.get("*")
+    if addr is None:
+        raise ValueError(f"RLSCHED_AGENT={spec!r} has no entry for node {node!r}")
+    if not addr:
+        raise ValueError(f"RLSCHED_AGENT={spec!r} has an empty address for node {node!r}")
+    return addr
+
+
+#: Where a field of ``scontrol show job`` output begins: whitespace, then a capitalised ``Name=``
+#: (JobId=, StdErr=, CPUs/Task=, ...), not right after a comma: rlsched comments are
+#: "model=MoE, key=x", whose lower-case keys after ", " belong to the Comment value.
+_SCONTROL_FIELD = re.compile(r"(?<![,\s])\s+(?=[A-Z][A-Za-z0-9_/:]*=)")
+
+
+def scontrol_field(text: str, name: str) -> str | None:
+    """Value of field ``name`` in ``scontrol [-o] show job`` output (the first job), spaces included.
+
+    A value runs up to the next field (see :data:`_SCONTROL_FIELD`), so ``Comment=rlsched:model=MoE,
+    key=moe-run-7 StdOut=...`` gives ``rlsched:model=MoE, key=moe-run-7``.
+    """
+    for token in _SCONTROL_FIELD.split(text.strip().split("\n\n")[0].strip()):
+        k, sep, v = token.partition("=")
+        if sep and k == name:
+            return v.strip()
+    return None
 
 
 def _comment_from_slurm(job_id: str) -> str | None:
     try:
-        r = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=5)
+        r = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    m = re.search(r"\bComment=(\S+)", r.stdout)
-    return m.group(1) if r.returncode == 0 and m else None
+    if r.returncode != 0:
+        return None
+    return scontrol_field(r.stdout.splitlines()[0] if r.stdout.strip() else "", "Comment")
 
 
 def comm_fraction_from_events(events: list[Any], wall_us: float) -> float:
@@ -163,7 +196,7 @@ class _Reporter(threading.Thread):
             self.failed += 1
             if time.monotonic() - self._last_err > 60:
                 self._last_err = time.monotonic()
-                log.warning("rlsched agent unreachable (%s); training continues", exc)
+                log.warning("rlsched progress report not accepted (%s); training continues", exc)
             return False
 
     def run(self) -> None:
@@ -250,8 +283,13 @@ class JobSession:
             fields, comment = {}, None
         job_key = kw.pop("job_key", None) or env.get("RLSCHED_JOB_KEY") or job_key_for(slurm_job_id, comment)
         kw.setdefault("model", fields.get("model", ""))
-        agent = kw.pop("agent_address", None) or resolve_agent_address(env.get("RLSCHED_AGENT"),
-                                                                      env.get("SLURMD_NODENAME"))
+        agent = kw.pop("agent_address", None)
+        if not agent:
+            try:
+                agent = resolve_agent_address(env.get("RLSCHED_AGENT"), env.get("SLURMD_NODENAME"))
+            except ValueError as exc:  # a misconfigured RLSCHED_AGENT must not kill the training job
+                log.warning("%s; progress reporting disabled", exc)
+                agent = None
         auth = kw.pop("auth", None)
         if auth is None and agent is not None:
             from nodeagent.auth import make_authenticator
@@ -273,7 +311,8 @@ class JobSession:
             self._reporter = _Reporter(self._client)
             self._reporter.start()
         if self.install_signal and threading.current_thread() is threading.main_thread():
-            self._prev_handler = signal.signal(signal.SIGUSR2, self._on_signal)
+            prev = signal.signal(signal.SIGUSR2, self._on_signal)
+            self._prev_handler = signal.SIG_DFL if prev is None else prev  # None: set outside Python
         self._t0 = time.monotonic()
         return self
 
@@ -283,7 +322,11 @@ class JobSession:
         if self._client is not None:
             self._client.close()
         if self._prev_handler is not None:
-            signal.signal(signal.SIGUSR2, self._prev_handler)
+            # SIG_DFL would let a late SIGUSR2 (a Preempt racing with the end of training) kill the
+            # process during whatever it does after the session (evaluation, export): Slurm would record
+            # FAILED. So a default disposition becomes "ignore"; a handler of the script's own is restored.
+            prev = self._prev_handler
+            signal.signal(signal.SIGUSR2, signal.SIG_IGN if prev == signal.SIG_DFL else prev)
             self._prev_handler = None
 
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -318,15 +361,29 @@ class JobSession:
         except ImportError:
             return None
 
+    @staticmethod
+    def _env_rank_world() -> tuple[int, int]:
+        """(rank, world size) from torchrun's RANK/WORLD_SIZE, else srun's SLURM_PROCID/SLURM_NTASKS."""
+        env = os.environ
+        for rank_var, world_var in (("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS")):
+            if env.get(rank_var, "").strip():
+                try:
+                    rank = max(0, int(env[rank_var]))
+                    world = int(env.get(world_var, "") or 0)
+                except ValueError:
+                    continue
+                return rank, max(world, rank + 1)  # never rank >= world (the agent would refuse every report)
+        return 0, 1
+
     @property
     def rank(self) -> int:
         d = self._dist()
-        return d.get_rank() if d else int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) or 0)
+        return d.get_rank() if d else self._env_rank_world()[0]
 
     @property
     def world_size(self) -> int:
         d = self._dist()
-        return d.get_world_size() if d else 1
+        return d.get_world_size() if d else self._env_rank_world()[1]
 
     def should_stop(self) -> bool:
         """True if any rank got SIGUSR2 (collective: every rank must call it at the same step)."""
@@ -356,13 +413,17 @@ class JobSession:
         return info.step, state
 
     def save(self, step: int, state: dict) -> CheckpointInfo | None:
-        """Checkpoint ``state`` (tensors / plain containers) at ``step``; rank 0 writes, others no-op.
+        """Checkpoint ``state`` (tensors / plain containers) at ``step``; rank 0 writes, others only record
+        the step (all ranks call it together, so all decide alike whether to call ``state_fn`` again).
 
         Older checkpoints beyond the newest ``keep_checkpoints`` valid ones are deleted (0: keep all).
         """
         import torch
 
         if self.rank != 0:
+            # every rank records the step: the skip decisions below (preemption, final save) must be the
+            # same on all ranks, as state_fn() may be collective (e.g. gathering a sharded state dict)
+            self.checkpoint_step = int(step)
             return None
         buf = io.BytesIO()
         torch.save(state, buf)

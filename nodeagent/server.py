@@ -29,6 +29,7 @@ import json
 import logging
 import math
 import os
+import re
 import signal
 import threading
 import time
@@ -40,15 +41,18 @@ from typing import Any, Callable
 import grpc
 
 from nodeagent.auth import AUTH_HEADER, Authenticator, AuthError, Identity
-from nodeagent.store import CheckpointInfo, CheckpointStore, StoreError, validate_job_key
+from nodeagent.slurmjob import SlurmJobInfo, SlurmJobs, SlurmUnavailable
+from nodeagent.store import CheckpointInfo, CheckpointStore, validate_job_key
 from proto import rlsched_agent_pb2 as pb
 from proto import rlsched_agent_pb2_grpc as pb_grpc
 
 log = logging.getLogger("nodeagent")
 
 SERVICE = "/rlsched.agent.v1.NodeAgent/"
-VERSION = "1"
+VERSION = "2"  # 2: credentials are bound to the agent's node name (nodeagent.auth)
 _STATES = ("running", "preempted", "finished")
+_SLURM_ID_RE = re.compile(r"[A-Za-z0-9_]{1,64}")
+_DEFAULT_KEY_RE = re.compile(r"slurm-([0-9]+(?:_[0-9]+)?)")  # job_key_for's default: slurm-<SLURM_JOB_ID>
 
 
 def emit(event: str, level: int = logging.INFO, **fields: Any) -> None:
@@ -64,6 +68,25 @@ def pid_alive(pid: int) -> bool:
         return st.rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+def proc_start_time(pid: int) -> int | None:
+    """Start time of ``pid`` (clock ticks after boot, /proc/<pid>/stat field 22); None if gone or a zombie.
+
+    (pid, start time) names one process: a pid reused by a later process has another start time.
+    """
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return None if fields[0] == "Z" else int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def same_process(pid: int, start: int | None) -> bool:
+    """True if ``pid`` is alive and (when ``start`` is known) still the process that had that start time."""
+    now = proc_start_time(pid)
+    return now is not None and (start is None or now == start)
 
 
 def _proc_uid(pid: int) -> int | None:
@@ -107,8 +130,10 @@ class JobRecord:
     world_size: int = 1
     last_checkpoint_step: int = -1
     pids: dict[int, int] = field(default_factory=dict)  # pid -> rank
-    final_pids: set[int] = field(default_factory=set)  # pids that sent their final report
+    pid_start: dict[int, int | None] = field(default_factory=dict)  # pid -> its start time (pid reuse)
+    final_pids: dict[int, int | None] = field(default_factory=dict)  # pids (-> start) that sent their final report
     reporter_pid: int = 0  # the pid whose samples feed the throughput window
+    run_new: bool = True  # the next reporter sample starts a run: it sets `step` (max() only within a run)
     window: deque = field(default_factory=lambda: deque(maxlen=4096))
     run_first: _Sample | None = None
     run_start_step: int | None = None
@@ -120,12 +145,41 @@ class JobRecord:
     comm_fraction: float = -1.0
     state: str = "running"
     first_seen: float = 0.0
-    owner_uid: int = -1  # uid of the first (authenticated) reporter; -1: unknown
+    owner_uid: int = -1  # uid owning the key: the Slurm job's owner (verified), or a privileged reporter's; -1: unknown
+    slurm_numeric_id: str = ""  # numeric Slurm job id (what job cgroups are named after), "" if unknown
     last_report: float = 0.0
     ended_at: float = 0.0
 
     def active(self) -> bool:
         return self.state in ("running", "preempting")
+
+
+@dataclass
+class KeyOwner:
+    """Who a job key belongs to after its record was forgotten: kept until its Slurm job is gone."""
+
+    slurm_job_id: str
+    owner_uid: int
+    slurm_numeric_id: str = ""
+    next_check: float = 0.0
+
+
+@dataclass(frozen=True)
+class KeyClaim:
+    """Snapshot of who holds a job key: from a record (``active`` or not) or a :class:`KeyOwner`."""
+
+    slurm_job_id: str
+    owner_uid: int
+    active: bool
+    slurm_numeric_id: str
+
+
+class KeyInUse(Exception):
+    """A report for a job key that an active record of another Slurm job holds."""
+
+
+class NotKeyOwner(Exception):
+    """A report for a job key whose record belongs to another uid."""
 
 
 class JobTracker:
@@ -139,6 +193,7 @@ class JobTracker:
         stale_s: float = 60.0,
         keep_ended_s: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
+        max_key_owners: int = 10_000,
     ) -> None:
         self.window_s = window_s
         self.profile_steps = profile_steps
@@ -147,30 +202,60 @@ class JobTracker:
         self.keep_ended_s = keep_ended_s
         self.clock = clock
         self.jobs: dict[str, JobRecord] = {}
+        #: owners of job keys whose records were forgotten (see :class:`KeyOwner`)
+        self.key_owners: dict[str, KeyOwner] = {}
+        self.max_key_owners = max_key_owners
         self.lock = threading.RLock()
 
     # ------------------------------------------------------------- reports
     def owner_of(self, job_key: str) -> int | None:
-        """UID that owns an active record for ``job_key`` (None if none / unknown)."""
+        """UID that owns ``job_key`` (a record, active or not, or a remembered owner); None if none / unknown."""
+        c = self.claim(job_key)
+        return c.owner_uid if c is not None and c.owner_uid >= 0 else None
+
+    def claim(self, job_key: str) -> KeyClaim | None:
+        """Who holds ``job_key`` now (None: nobody)."""
         with self.lock:
             rec = self.jobs.get(job_key)
-            return rec.owner_uid if rec is not None and rec.active() and rec.owner_uid >= 0 else None
+            if rec is not None:
+                return KeyClaim(rec.slurm_job_id, rec.owner_uid, rec.active(), rec.slurm_numeric_id)
+            o = self.key_owners.get(job_key)
+            return KeyClaim(o.slurm_job_id, o.owner_uid, False, o.slurm_numeric_id) if o is not None else None
 
-    def report(self, r: pb.ProgressReport, uid: int = -1) -> JobRecord:
-        """Apply one (validated, authorised) report from ``uid``; returns the updated record."""
+    def report(self, r: pb.ProgressReport, uid: int = -1, *, pid_start: int | None = None,
+               slurm_numeric_id: str = "", enforce_owner: bool = False) -> JobRecord:
+        """Apply one (validated, authorised) report from ``uid``; returns the updated record.
+
+        Raises :class:`KeyInUse` if an active record of another Slurm job holds the key, and (with
+        ``enforce_owner``) :class:`NotKeyOwner` if the key's record of this Slurm job belongs to another
+        uid. ``pid_start``: the reporting pid's start time as checked by the caller.
+        """
         now = self.clock()
         with self.lock:
             rec = self.jobs.get(r.job_key)
-            if rec is None or (rec.slurm_job_id != r.slurm_job_id and not rec.active()):
-                rec = JobRecord(job_key=r.job_key, slurm_job_id=r.slurm_job_id, first_seen=now, owner_uid=uid)
+            if rec is not None and rec.slurm_job_id != r.slurm_job_id:
+                if rec.active():
+                    raise KeyInUse(f"job key {r.job_key!r} is in use by slurm job {rec.slurm_job_id}; "
+                                   f"slurm job {r.slurm_job_id} must use another job key")
+                rec = None  # the key's previous Slurm job ended: a new job takes it over
+            if rec is not None and enforce_owner and rec.owner_uid >= 0 and rec.owner_uid != uid:
+                raise NotKeyOwner(f"job {r.job_key!r} belongs to uid {rec.owner_uid}, not {uid}")
+            if rec is None:
+                rec = JobRecord(job_key=r.job_key, slurm_job_id=r.slurm_job_id, first_seen=now, owner_uid=uid,
+                                slurm_numeric_id=slurm_numeric_id)
                 self.jobs[r.job_key] = rec
+                self.key_owners.pop(r.job_key, None)
             if rec.owner_uid < 0:
                 rec.owner_uid = uid
-            if r.pid > 0 and r.pid in rec.final_pids:
+            if slurm_numeric_id and not rec.slurm_numeric_id:
+                rec.slurm_numeric_id = slurm_numeric_id
+            start = pid_start if pid_start is not None or r.pid <= 0 else proc_start_time(r.pid)
+            if r.pid > 0 and r.pid in rec.final_pids and rec.final_pids[r.pid] == start:
                 return rec  # a stale report that overtook this process's final one
+            # a pid registered before this report: a rank of the run we already know (not a new run)
+            known = r.pid > 0 and r.pid in rec.pids and rec.pid_start.get(r.pid) == start
             if r.pid > 0 and r.final:
-                rec.final_pids.add(r.pid)
-            rec.slurm_job_id = r.slurm_job_id or rec.slurm_job_id
+                rec.final_pids[r.pid] = start
             rec.model = r.model or rec.model
             rec.total_steps = r.total_steps or rec.total_steps
             rec.world_size = max(1, r.world_size)
@@ -182,6 +267,7 @@ class JobTracker:
             rec.last_report = now
             if r.pid > 0 and not r.final:
                 rec.pids[r.pid] = r.rank
+                rec.pid_start[r.pid] = start
             # The throughput window follows one process (lowest rank reporting on this node).
             if r.pid > 0 and (rec.reporter_pid == 0 or not pid_alive(rec.reporter_pid)
                               or r.rank < rec.pids.get(rec.reporter_pid, 1 << 30)):
@@ -193,17 +279,21 @@ class JobTracker:
                 if rec.window and (s.samples < rec.window[-1].samples or s.elapsed < rec.window[-1].elapsed):
                     self._new_run(rec)  # the process restarted
                 rec.window.append(s)
-                rec.step = max(rec.step, r.step) if rec.state != "finished" else r.step
+                # a new run (restart, requeue) may resume from an older checkpoint: its step is the
+                # job's step, not the highest step an earlier run reached
+                rec.step = r.step if rec.run_new else max(rec.step, r.step)
+                rec.run_new = False
                 self._profile(rec, s)
             if r.state == "finished" or (r.final and r.state != "preempted"):
                 rec.state, rec.ended_at = "finished", now
             elif r.state == "preempted":
                 rec.state, rec.ended_at = "preempted", now
-            elif rec.state in ("exited", "finished", "preempted"):
-                rec.state = "running"  # resumed under the same key
+            elif rec.state in ("exited", "finished", "preempted") and not known:
+                rec.state = "running"  # resumed under the same key (a late report of a known rank is not)
             return rec
 
     def _new_run(self, rec: JobRecord) -> None:
+        rec.run_new = True
         rec.window.clear()
         rec.run_first = None
         rec.run_start_step = None
@@ -286,14 +376,21 @@ class JobTracker:
         now = self.clock()
         with self.lock:
             for key, rec in list(self.jobs.items()):
-                for pid in [p for p in rec.pids if not pid_alive(p)]:
+                for pid in [p for p in rec.pids if not same_process(p, rec.pid_start.get(p))]:
                     del rec.pids[pid]
-                rec.final_pids = {p for p in rec.final_pids if pid_alive(p)}  # pids may be reused later
+                    rec.pid_start.pop(pid, None)
+                # pids may be reused later
+                rec.final_pids = {p: t for p, t in rec.final_pids.items() if same_process(p, t)}
                 if rec.active() and rec.state != "preempting" and not rec.pids and now - rec.last_report > 2.0:
                     rec.state, rec.ended_at = "exited", now
                     emit("job_exited", job_key=key, step=rec.step)
                 if not rec.active() and rec.ended_at and now - rec.ended_at > self.keep_ended_s:
                     del self.jobs[key]
+                    if rec.owner_uid >= 0:  # the key stays its owner's until its Slurm job is gone
+                        self.key_owners[key] = KeyOwner(rec.slurm_job_id, rec.owner_uid, rec.slurm_numeric_id,
+                                                        next_check=0.0)
+            while len(self.key_owners) > self.max_key_owners:
+                self.key_owners.pop(next(iter(self.key_owners)))
 
     def running_count(self) -> int:
         with self.lock:
@@ -322,6 +419,8 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
         tracker: JobTracker | None = None,
         poll_s: float = 0.2,
         max_preempt_timeout_s: float = 3600.0,
+        slurm: SlurmJobs | None = None,
+        key_owner_recheck_s: float = 600.0,
     ) -> None:
         self.node = node
         self.auth = auth
@@ -329,13 +428,19 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
         self.tracker = tracker or JobTracker()
         self.poll_s = poll_s
         self.max_preempt_timeout_s = max_preempt_timeout_s
+        #: what Slurm / the kernel say about jobs and processes (tests pass a fake lookup)
+        self.slurm = slurm or SlurmJobs()
+        self.key_owner_recheck_s = key_owner_recheck_s
         self.started = time.monotonic()
 
     # ------------------------------------------------------------ plumbing
     def _authorize(self, name: str, request: Any, context: grpc.ServicerContext, privileged: bool) -> Identity:
         header = dict(context.invocation_metadata() or ()).get(AUTH_HEADER)
         try:
-            ident = self.auth.verify(SERVICE + name, request.SerializeToString(deterministic=True), header)
+            # bound to this node: a credential captured on its way to another node's agent is refused here;
+            # Health alone also takes unbound ones (it changes nothing; clients learn the node name from it)
+            ident = self.auth.verify(SERVICE + name, request.SerializeToString(deterministic=True), header,
+                                     node=self.node, unbound_ok=name == "Health")
         except AuthError as exc:
             emit("auth_refused", logging.WARNING, method=name, peer=context.peer(), reason=str(exc))
             raise _RpcAbort(grpc.StatusCode.UNAUTHENTICATED, f"authentication failed: {exc}") from None
@@ -377,13 +482,16 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
         def go() -> pb.ProgressAck:
             ident = self._authorize("ReportProgress", request, context, privileged=False)
             self._validate_report(request)
-            owner = self.tracker.owner_of(request.job_key)
-            if owner is not None and owner != ident.uid and not self.auth.is_privileged(ident):
-                raise _RpcAbort(grpc.StatusCode.PERMISSION_DENIED,
-                                f"job {request.job_key!r} belongs to uid {owner}, not {ident.uid}")
-            if request.pid > 0:
-                self._check_pid(request, ident)
-            rec = self.tracker.report(request, ident.uid)
+            privileged = self.auth.is_privileged(ident)
+            numeric_id = self._check_key(request, ident, privileged)
+            start = self._check_pid(request, ident, privileged, numeric_id) if request.pid > 0 else None
+            try:
+                rec = self.tracker.report(request, ident.uid, pid_start=start, slurm_numeric_id=numeric_id,
+                                          enforce_owner=not privileged)
+            except KeyInUse as exc:
+                raise _RpcAbort(grpc.StatusCode.FAILED_PRECONDITION, f"{exc} (node {self.node})") from None
+            except NotKeyOwner as exc:
+                raise _RpcAbort(grpc.StatusCode.PERMISSION_DENIED, str(exc)) from None
             if request.final or request.state in ("preempted", "finished"):
                 emit("job_" + (request.state or "final"), job_key=rec.job_key, slurm_job_id=rec.slurm_job_id,
                      step=request.step, checkpoint_step=request.checkpoint_step)
@@ -415,7 +523,7 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
     @staticmethod
     def _validate_report(r: pb.ProgressReport) -> None:
         validate_job_key(r.job_key)
-        if not r.slurm_job_id or len(r.slurm_job_id) > 64 or not r.slurm_job_id.replace("_", "").isalnum():
+        if not _SLURM_ID_RE.fullmatch(r.slurm_job_id):
             raise ValueError(f"invalid slurm_job_id {r.slurm_job_id!r}")
         for name in ("step", "total_steps", "samples"):
             if getattr(r, name) < 0:
@@ -437,20 +545,120 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
         if len(r.model) > 128:
             raise ValueError("model name too long")
 
-    def _check_pid(self, r: pb.ProgressReport, ident: Identity) -> None:
-        """Only let a caller register a pid it owns that belongs to the reported Slurm job."""
-        if not pid_alive(r.pid):
+    def _slurm_job(self, slurm_job_id: str, fresh: bool = False) -> SlurmJobInfo | None:
+        try:
+            return self.slurm.job(slurm_job_id, fresh=fresh)
+        except SlurmUnavailable as exc:
+            # fail closed: a report we cannot verify could give a job's key (and its SIGUSR2) to another user
+            raise _RpcAbort(grpc.StatusCode.UNAVAILABLE,
+                            f"cannot verify slurm job {slurm_job_id} with Slurm on node {self.node} ({exc}); "
+                            "report refused, retry later") from None
+
+    def _check_key(self, r: pb.ProgressReport, ident: Identity, privileged: bool) -> str:
+        """May ``ident`` report on job key ``r.job_key`` for Slurm job ``r.slurm_job_id``?
+
+        Raises _RpcAbort if not; returns the Slurm job's numeric id ("" if unknown). Nothing the
+        caller controls is trusted for an unprivileged caller: the Slurm job must be the caller's
+        according to slurmctld, and a key stays with its owner while the owner's Slurm job exists.
+        """
+        key, sid = r.job_key, r.slurm_job_id
+        held = self.tracker.claim(key)
+        if held is not None and held.active and held.slurm_job_id != sid:
+            raise _RpcAbort(grpc.StatusCode.FAILED_PRECONDITION,
+                            f"job key {key!r} is in use by slurm job {held.slurm_job_id} on node {self.node}; "
+                            f"slurm job {sid} must use another job key (comment key=... or RLSCHED_JOB_KEY)")
+        if held is not None and held.slurm_job_id == sid and held.owner_uid >= 0:
+            if held.owner_uid != ident.uid and not privileged:
+                raise _RpcAbort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"job {key!r} belongs to uid {held.owner_uid}, not {ident.uid}")
+            if held.owner_uid == ident.uid and (held.slurm_numeric_id or privileged):
+                return held.slurm_numeric_id  # verified when the record was made
+        if privileged:  # root, SlurmUser, --allow-uid: trusted, Slurm is not asked
+            return sid if sid.isdigit() else ""
+        if held is not None and held.slurm_job_id != sid and held.owner_uid not in (-1, ident.uid):
+            old = self._slurm_job(held.slurm_job_id, fresh=True)
+            if old is not None and not old.gone:
+                raise _RpcAbort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"job key {key!r} belongs to slurm job {held.slurm_job_id} of uid {held.owner_uid} "
+                                f"({old.state}), not to uid {ident.uid}")
+        m = _DEFAULT_KEY_RE.fullmatch(key)
+        if m and m.group(1) != sid:  # another job's default key: only while that job is gone or also yours
+            other = self._slurm_job(m.group(1))
+            if other is not None and not other.gone and other.uid != ident.uid:
+                raise _RpcAbort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"job key {key!r} is the default key of slurm job {m.group(1)} of uid {other.uid}")
+        info = self._slurm_job(sid)
+        if info is None:
+            raise _RpcAbort(grpc.StatusCode.PERMISSION_DENIED, f"slurm job {sid} does not exist (Slurm does not know it)")
+        if info.uid != ident.uid:
+            raise _RpcAbort(grpc.StatusCode.PERMISSION_DENIED,
+                            f"slurm job {sid} belongs to uid {info.uid}, not {ident.uid}")
+        return info.job_id
+
+    def _check_pid(self, r: pb.ProgressReport, ident: Identity, privileged: bool, numeric_id: str) -> int:
+        """Only let a caller register a pid it owns that belongs to the reported Slurm job; returns its start time."""
+        start = proc_start_time(r.pid)
+        if start is None:
             raise ValueError(f"pid {r.pid} is not a running process on node {self.node}")
         owner = _proc_uid(r.pid)
-        if not self.auth.is_privileged(ident) and owner != ident.uid:
+        if not privileged and owner != ident.uid:
             raise _RpcAbort(grpc.StatusCode.PERMISSION_DENIED,
                             f"uid {ident.uid} may not register pid {r.pid} (owned by uid {owner})")
+        jobs = self.slurm.pid_job_ids(r.pid)
+        if jobs is None:
+            raise ValueError(f"pid {r.pid} is not a running process on node {self.node}")
+        if jobs and numeric_id and numeric_id not in jobs:
+            raise _RpcAbort(grpc.StatusCode.PERMISSION_DENIED,
+                            f"pid {r.pid} is in the cgroup of slurm job {','.join(sorted(jobs))}, not {r.slurm_job_id}")
+        if not jobs and not privileged and self.slurm.require_cgroup():
+            raise _RpcAbort(grpc.StatusCode.PERMISSION_DENIED,
+                            f"pid {r.pid} is in no Slurm job cgroup on node {self.node}")
+        # the environment is the caller's to set: a consistency check only, never the proof
         env_job = _proc_env(r.pid, "SLURM_JOB_ID")
         if isinstance(env_job, str) and env_job != r.slurm_job_id:
             raise _RpcAbort(grpc.StatusCode.PERMISSION_DENIED,
                             f"pid {r.pid} belongs to slurm job {env_job}, not {r.slurm_job_id}")
-        if env_job is None and not self.auth.is_privileged(ident):
+        if env_job is None and not privileged:
             raise _RpcAbort(grpc.StatusCode.PERMISSION_DENIED, f"pid {r.pid} is not part of a Slurm job")
+        if proc_start_time(r.pid) != start:
+            raise ValueError(f"pid {r.pid} exited while it was being checked")
+        return start
+
+    def _signal_targets(self, rec: JobRecord) -> tuple[list[int], list[int]]:
+        """(live registered pids, those that may be signalled). Call with the tracker lock held.
+
+        A pid may be signalled only if it is still the process that registered (start time: no
+        reused pid), is in this job's cgroup where it is in one, and the job is running/preempting
+        (a finished job may still be running its own post-processing).
+        """
+        live = [p for p in rec.pids if same_process(p, rec.pid_start.get(p))]
+        if not rec.active():
+            return live, []
+        ok = []
+        for p in live:
+            jobs = self.slurm.pid_job_ids(p) if rec.slurm_numeric_id else None
+            if jobs and rec.slurm_numeric_id not in jobs:
+                continue
+            ok.append(p)
+        return live, ok
+
+    def expire_key_owners(self, max_checks: int = 4) -> None:
+        """Forget remembered key owners whose Slurm job is gone (a few per call; the reaper calls this)."""
+        now = time.monotonic()
+        with self.tracker.lock:
+            due = [(k, o) for k, o in self.tracker.key_owners.items() if o.next_check <= now][:max_checks]
+        for key, o in due:
+            try:
+                info = self.slurm.job(o.slurm_job_id, fresh=True)
+                gone = info is None or info.gone
+            except SlurmUnavailable:
+                gone = False
+            with self.tracker.lock:
+                if self.tracker.key_owners.get(key) is o:
+                    if gone:
+                        del self.tracker.key_owners[key]
+                    else:
+                        o.next_check = now + self.key_owner_recheck_s
 
     def _preempt(self, request: pb.PreemptRequest, context: grpc.ServicerContext) -> pb.PreemptResponse:
         self._authorize("Preempt", request, context, privileged=True)
@@ -469,29 +677,51 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
                     f"job {request.job_key!r} on node {self.node} is slurm job {rec.slurm_job_id}, "
                     f"not {request.slurm_job_id}",
                 )
-            pids = [p for p in rec.pids if pid_alive(p)]
+            live, pids = self._signal_targets(rec)
             step_at_signal = rec.step
             prev_state = rec.state
             if pids:
                 rec.state = "preempting"
+        # what the record goes back to if no checkpoint comes (a concurrent Preempt's state is not a state to keep)
+        restore = prev_state if prev_state != "preempting" else "running"
+        try:
+            return self._preempt_run(request, context, rec, live, pids, step_at_signal, prev_state, restore,
+                                     timeout, t0)
+        finally:  # whatever failed (the store, a signal), the record never stays "preempting"
+            with self.tracker.lock:
+                if rec.state == "preempting" and pids:
+                    rec.state = restore
+
+    def _preempt_run(self, request: pb.PreemptRequest, context: grpc.ServicerContext, rec: JobRecord,
+                     live: list[int], pids: list[int], step_at_signal: int, prev_state: str, restore: str,
+                     timeout: float, t0: float) -> pb.PreemptResponse:
         prev = self._latest(request.job_key, verify=False)
         emit("preempt_start", job_key=request.job_key, slurm_job_id=rec.slurm_job_id, pids=pids,
-             step=step_at_signal, prev_checkpoint=prev.step if prev else None)
+             step=step_at_signal, prev_checkpoint=prev.step if prev else None, state=prev_state)
         if not pids:
             good = self._latest(request.job_key, verify=True)
-            ok = good is not None and good.step >= step_at_signal
-            return self._reply(rec, ok, good, t0, True,
-                               f"job {request.job_key} has no live process on node {self.node} (state {prev_state}); "
-                               + ("latest checkpoint covers its progress" if ok
-                                  else "no checkpoint covers its progress"))
+            covered = good is not None and good.step >= step_at_signal
+            if prev_state == "finished" and live:
+                # done training, but its processes still run (evaluation, export): not ours to stop
+                return self._reply(rec, False, good, t0, False,
+                                   f"job {request.job_key} on node {self.node} has finished training and its "
+                                   "processes are still running: not signalled, not preemptible")
+            if not rec.active():
+                why = f"job {request.job_key} on node {self.node} is {prev_state}: not signalled"
+            elif live:
+                why = (f"job {request.job_key}'s live processes on node {self.node} are outside slurm job "
+                       f"{rec.slurm_job_id}'s cgroup: not signalled")
+            else:
+                why = f"job {request.job_key} has no live process on node {self.node} (state {prev_state})"
+            return self._reply(rec, covered, good, t0, not live,
+                               why + "; " + ("latest checkpoint covers its progress" if covered
+                                             else "no checkpoint covers its progress"))
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGUSR2)
             except ProcessLookupError:
                 pass
             except PermissionError as exc:
-                with self.tracker.lock:
-                    rec.state = prev_state
                 raise _RpcAbort(grpc.StatusCode.FAILED_PRECONDITION, f"cannot signal pid {pid}: {exc}") from None
         deadline = t0 + timeout
         done: CheckpointInfo | None = None
@@ -530,25 +760,28 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
                                   else "process still running"))
         with self.tracker.lock:
             if rec.state == "preempting":
-                rec.state = "exited" if exited else prev_state
+                rec.state = "exited" if exited else restore
+                if exited:
+                    rec.ended_at = self.tracker.clock()
         why = ("process exited without writing a new checkpoint" if exited
                else f"timed out after {timeout:.1f}s waiting for a checkpoint at step >= {step_at_signal}")
         good = self._latest(request.job_key, verify=True)
         return self._reply(rec, False, good, t0, exited, why)
 
     def _verify(self, job_key: str, info: CheckpointInfo) -> bool:
-        """:meth:`CheckpointStore.verify`; a store out of reach counts as "not yet" (logged), not an RPC failure."""
+        """:meth:`CheckpointStore.verify`; a store out of reach (or holding something that is not a
+        checkpoint) counts as "not yet" (logged), not an RPC failure."""
         try:
             return self.store.verify(info)
-        except StoreError as exc:
-            emit("store_error", logging.WARNING, job_key=job_key, error=str(exc))
+        except Exception as exc:  # StoreError, or whatever a job-controlled store directory provokes
+            emit("store_error", logging.WARNING, job_key=job_key, error=f"{type(exc).__name__}: {exc}")
             return False
 
     def _latest(self, job_key: str, verify: bool) -> CheckpointInfo | None:
         try:
             return self.store.latest(job_key, verify=verify)
-        except StoreError as exc:
-            emit("store_error", logging.WARNING, job_key=job_key, error=str(exc))
+        except Exception as exc:  # StoreError, or whatever a job-controlled store directory provokes
+            emit("store_error", logging.WARNING, job_key=job_key, error=f"{type(exc).__name__}: {exc}")
             return None
 
     def _reply(self, rec: JobRecord, ok: bool, info: CheckpointInfo | None, t0: float, exited: bool,
@@ -581,8 +814,9 @@ class NodeAgentServer:
         tracker: JobTracker | None = None,
         max_workers: int = 16,
         reap_interval_s: float = 1.0,
+        slurm: SlurmJobs | None = None,
     ) -> None:
-        self.servicer = NodeAgentServicer(node, auth, store, tracker)
+        self.servicer = NodeAgentServicer(node, auth, store, tracker, slurm=slurm)
         self.tracker = self.servicer.tracker
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="agent-rpc"),
@@ -603,6 +837,7 @@ class NodeAgentServer:
         while not self._stop.wait(interval):
             try:
                 self.tracker.reap()
+                self.servicer.expire_key_owners()
             except Exception:
                 log.exception("reaper failed")
 

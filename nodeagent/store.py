@@ -30,26 +30,37 @@ the store was briefly out of reach.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import logging
+import math
 import os
 import re
+import stat
+import sys
 import time
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import BinaryIO, Union
+from typing import BinaryIO, Iterator, Union
 from urllib.parse import urlparse
 
 log = logging.getLogger(__name__)
 
 Data = Union[bytes, bytearray, memoryview, BinaryIO, str, os.PathLike]
 
-_KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
-_NAME_RE = re.compile(r"^ckpt-(\d{12})\.json$")
+# fullmatch: "$" would also match before a trailing newline ("abc\n")
+_KEY_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+_NAME_RE = re.compile(r"ckpt-([0-9]{12})\.json")
+_SHA_RE = re.compile(r"[0-9a-f]{64}")
 _CHUNK = 1 << 20
+#: A manifest is a few hundred bytes; anything bigger is not one of ours (and is not read).
+MAX_MANIFEST_BYTES = 64 << 10
+#: Largest checkpoint size a manifest may claim (1 PiB): beyond it the manifest is malformed.
+MAX_CHECKPOINT_BYTES = 1 << 50
 
 
 class StoreError(Exception):
@@ -73,7 +84,7 @@ class StoreUnavailable(StoreError):
 
 def validate_job_key(job_key: str) -> str:
     """Return ``job_key`` if it is a safe path component, else raise ValueError."""
-    if not isinstance(job_key, str) or not _KEY_RE.match(job_key):
+    if not isinstance(job_key, str) or not _KEY_RE.fullmatch(job_key):
         raise ValueError(
             f"invalid job key {job_key!r}: need 1-128 chars of [A-Za-z0-9._-], not starting with '.' or '-'"
         )
@@ -109,6 +120,27 @@ def _manifest_name(step: int) -> str:
     return f"ckpt-{step:012d}.json"
 
 
+def _parse_manifest(raw: bytes, job_key: str, step: int, uri: str) -> CheckpointInfo:
+    """A manifest's CheckpointInfo; ValueError/KeyError/TypeError if it is malformed.
+
+    Strict about types and ranges: a size that is not a plain integer in [0, MAX_CHECKPOINT_BYTES],
+    a non-finite ``created`` or a sha256 that is not 64 hex digits makes it unparseable.
+    """
+    meta = json.loads(raw)
+    if not isinstance(meta, dict):
+        raise ValueError("manifest is not a JSON object")
+    sha, size, created = meta["sha256"], meta["size"], meta["created"]
+    if not isinstance(sha, str) or not _SHA_RE.fullmatch(sha):
+        raise ValueError(f"bad sha256 {sha!r}")
+    if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_CHECKPOINT_BYTES:
+        raise ValueError(f"bad size {size!r}")
+    if not isinstance(created, (int, float)) or isinstance(created, bool) or not math.isfinite(created):
+        raise ValueError(f"bad created {created!r}")
+    if meta.get("step") != step or meta.get("job_key") != job_key:
+        raise ValueError("manifest names another job/step")
+    return CheckpointInfo(job_key=job_key, step=step, sha256=sha, size=size, created=float(created), uri=uri)
+
+
 def _as_bytes(data: Data) -> bytes:
     if isinstance(data, (bytes, bytearray, memoryview)):
         return bytes(data)
@@ -130,9 +162,21 @@ class CheckpointStore(ABC):
         """Durably write ``data`` to ``relpath`` via temp file + rename."""
 
     @abstractmethod
-    def _read(self, relpath: str) -> bytes:
+    def _read(self, relpath: str, max_size: int | None = None) -> bytes:
         """The bytes of ``relpath``; :class:`FileNotFoundError` if it does not exist,
-        :class:`StoreUnavailable` if it cannot be read."""
+        :class:`StoreUnavailable` if it cannot be read, :class:`CheckpointCorrupt` if it is not a
+        regular file or holds more than ``max_size`` bytes (then it is not read)."""
+
+    def _sha256(self, relpath: str, size: int) -> str:
+        """Hex SHA-256 of ``relpath``, which the manifest says holds ``size`` bytes.
+
+        :class:`CheckpointCorrupt` if it is not a regular file or its size differs (checked before
+        reading where the backend can); backends override this to hash in chunks.
+        """
+        blob = self._read(relpath, max_size=size)
+        if len(blob) != size:
+            raise CheckpointCorrupt(f"{self._uri(relpath)}: size {len(blob)}, manifest says {size}")
+        return hashlib.sha256(blob).hexdigest()
 
     @abstractmethod
     def _listdir(self, relpath: str) -> list[str]:
@@ -174,27 +218,20 @@ class CheckpointStore(ABC):
         validate_job_key(job_key)
         out: list[CheckpointInfo] = []
         for name in self._listdir(job_key):
-            m = _NAME_RE.match(name)
+            m = _NAME_RE.fullmatch(name)
             if not m:
                 continue
             step = int(m.group(1))
             try:
-                raw = self._read(f"{job_key}/{name}")
+                raw = self._read(f"{job_key}/{name}", max_size=MAX_MANIFEST_BYTES)
             except FileNotFoundError:  # pruned since the listing
                 continue
+            except CheckpointCorrupt as exc:  # a FIFO, a symlink, a huge file: not a manifest
+                log.warning("ignoring unreadable manifest %s/%s: %s", job_key, name, exc)
+                continue
             try:
-                meta = json.loads(raw)
-                info = CheckpointInfo(
-                    job_key=job_key,
-                    step=step,
-                    sha256=str(meta["sha256"]),
-                    size=int(meta["size"]),
-                    created=float(meta["created"]),
-                    uri=self._uri(f"{job_key}/{_data_name(step)}"),
-                )
-                if meta.get("step") != step or meta.get("job_key") != job_key:
-                    raise ValueError("manifest names another job/step")
-            except (ValueError, KeyError, TypeError) as exc:
+                info = _parse_manifest(raw, job_key, step, self._uri(f"{job_key}/{_data_name(step)}"))
+            except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
                 log.warning("ignoring unreadable manifest %s/%s: %s", job_key, name, exc)
                 continue
             out.append(info)
@@ -202,11 +239,11 @@ class CheckpointStore(ABC):
 
     def jobs(self) -> list[str]:
         """Job keys that have a directory in the store."""
-        return sorted(n for n in self._listdir("") if _KEY_RE.match(n))
+        return sorted(n for n in self._listdir("") if _KEY_RE.fullmatch(n))
 
     def _load_info(self, info: CheckpointInfo) -> bytes:
         try:
-            blob = self._read(f"{info.job_key}/{_data_name(info.step)}")
+            blob = self._read(f"{info.job_key}/{_data_name(info.step)}", max_size=info.size)
         except FileNotFoundError:  # the manifest is only written after its data: deleted or damaged since
             raise CheckpointCorrupt(f"{info.uri}: data file missing") from None
         if len(blob) != info.size or hashlib.sha256(blob).hexdigest() != info.sha256:
@@ -214,9 +251,18 @@ class CheckpointStore(ABC):
         return blob
 
     def verify(self, info: CheckpointInfo) -> bool:
-        """True if the checkpoint's data matches its manifest (:class:`StoreUnavailable` if it cannot be read)."""
+        """True if the checkpoint's data matches its manifest (:class:`StoreUnavailable` if it cannot be read).
+
+        Hashes the data in chunks without holding it in memory; a data file that is not a regular file
+        (a FIFO, a symlink, a device) or whose size differs from the manifest's is corrupt and not read.
+        """
         try:
-            self._load_info(info)
+            try:
+                digest = self._sha256(f"{info.job_key}/{_data_name(info.step)}", info.size)
+            except FileNotFoundError:
+                raise CheckpointCorrupt(f"{info.uri}: data file missing") from None
+            if digest != info.sha256:
+                raise CheckpointCorrupt(f"{info.uri}: checksum mismatch")
             return True
         except CheckpointCorrupt as exc:
             log.warning("corrupt checkpoint: %s", exc)
@@ -309,23 +355,107 @@ class LocalFSStore(CheckpointStore):
         finally:
             os.close(dfd)
 
-    def _read(self, relpath: str) -> bytes:
+    # Reads run in the (root) agent on paths below the store root that jobs control. So they follow
+    # no symlink below the root (O_NOFOLLOW on every component), open without blocking (a FIFO),
+    # accept only regular files and compare the size before reading anything.
+    def _open_below_root(self, relpath: str, directory: bool = False) -> int:
+        """fd of ``relpath`` opened component by component from the root without following symlinks."""
+        parts = [x for x in relpath.split("/") if x]
+        if any(x in (".", "..") for x in parts):
+            raise ValueError(f"bad store path {relpath!r}")
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for i, part in enumerate(parts):
+                last = i == len(parts) - 1
+                flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+                if not last or directory:
+                    flags |= os.O_DIRECTORY
+                nfd = os.open(part, flags, dir_fd=fd)
+                os.close(fd)
+                fd = nfd
+            return fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _open_regular(self, relpath: str, max_size: int | None) -> tuple[int, int]:
+        """(fd, size) of a regular file at ``relpath``, blocking mode restored; see :meth:`_read`."""
         p = self._path(relpath)
         try:
-            return p.read_bytes()
+            fd = self._open_below_root(relpath)
         except FileNotFoundError:
             raise
         except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+                raise CheckpointCorrupt(f"{p}: a symlink or not a regular file below the store root") from None
             raise StoreUnavailable(f"cannot read {p}: {exc}") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise CheckpointCorrupt(f"{p}: not a regular file (mode {stat.filemode(st.st_mode)})")
+            if max_size is not None and st.st_size > max_size:
+                raise CheckpointCorrupt(f"{p}: {st.st_size} bytes, more than the {max_size} expected")
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+            return fd, st.st_size
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _chunks(self, fd: int, relpath: str, limit: int) -> Iterator[bytes]:
+        """The file's bytes in chunks; CheckpointCorrupt once it yields more than ``limit`` bytes."""
+        total = 0
+        while True:
+            try:
+                b = os.read(fd, _CHUNK)
+            except OSError as exc:
+                raise StoreUnavailable(f"cannot read {self._path(relpath)}: {exc}") from None
+            if not b:
+                return
+            total += len(b)
+            if total > limit:  # it grew since fstat
+                raise CheckpointCorrupt(f"{self._path(relpath)}: more than the {limit} bytes expected")
+            yield b
+
+    def _read(self, relpath: str, max_size: int | None = None) -> bytes:
+        fd, _ = self._open_regular(relpath, max_size)
+        try:
+            return b"".join(self._chunks(fd, relpath, max_size if max_size is not None else sys.maxsize))
+        finally:
+            os.close(fd)
+
+    def _sha256(self, relpath: str, size: int) -> str:
+        fd, actual = self._open_regular(relpath, size)
+        try:
+            if actual != size:
+                raise CheckpointCorrupt(f"{self._path(relpath)}: size {actual}, manifest says {size}")
+            h = hashlib.sha256()
+            n = 0
+            for b in self._chunks(fd, relpath, size):
+                h.update(b)
+                n += len(b)
+            if n != size:
+                raise CheckpointCorrupt(f"{self._path(relpath)}: read {n} bytes, manifest says {size}")
+            return h.hexdigest()
+        finally:
+            os.close(fd)
 
     def _listdir(self, relpath: str) -> list[str]:
         p = self._path(relpath)
         try:
-            return os.listdir(p)
+            fd = self._open_below_root(relpath, directory=True)
         except (FileNotFoundError, NotADirectoryError):
             return []
         except OSError as exc:
+            if exc.errno == errno.ELOOP:  # a symlinked job directory is not a store directory
+                log.warning("ignoring %s: a symlink below the store root", p)
+                return []
             raise StoreUnavailable(f"cannot list {p}: {exc}") from None
+        try:
+            return os.listdir(fd)
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot list {p}: {exc}") from None
+        finally:
+            os.close(fd)
 
     def _delete(self, relpath: str) -> None:
         self._path(relpath).unlink(missing_ok=True)
@@ -400,14 +530,39 @@ class WebHDFSStore(CheckpointStore):
                 pass
             raise StoreError(f"WebHDFS write of {final} failed: {exc}") from None
 
-    def _read(self, relpath: str) -> bytes:
+    def _read(self, relpath: str, max_size: int | None = None) -> bytes:
         try:
-            with self._client.read(self._p(relpath)) as r:
-                return r.read()
+            kw = {} if max_size is None else {"length": max_size + 1}  # never more than one byte too many
+            with self._client.read(self._p(relpath), **kw) as r:
+                data = r.read()
+            if max_size is not None and len(data) > max_size:
+                raise CheckpointCorrupt(f"{self._uri(relpath)}: more than the {max_size} bytes expected")
+            return data
+        except CheckpointCorrupt:
+            raise
         except Exception as exc:  # hdfs raises HdfsError / requests errors
             if _hdfs_missing(exc):
                 raise FileNotFoundError(self._p(relpath)) from None
             raise StoreUnavailable(f"WebHDFS read of {self._p(relpath)} failed: {exc}") from None
+
+    def _sha256(self, relpath: str, size: int) -> str:
+        h = hashlib.sha256()
+        n = 0
+        try:
+            with self._client.read(self._p(relpath), length=size + 1, chunk_size=_CHUNK) as chunks:
+                for b in chunks:
+                    n += len(b)
+                    if n > size:
+                        break
+                    h.update(b)
+        except Exception as exc:  # hdfs raises HdfsError / requests errors
+            if _hdfs_missing(exc):
+                raise FileNotFoundError(self._p(relpath)) from None
+            raise StoreUnavailable(f"WebHDFS read of {self._p(relpath)} failed: {exc}") from None
+        if n != size:
+            raise CheckpointCorrupt(f"{self._uri(relpath)}: {'more than' if n > size else 'only'} {min(n, size)} "
+                                    f"bytes, manifest says {size}")
+        return h.hexdigest()
 
     def _listdir(self, relpath: str) -> list[str]:
         try:

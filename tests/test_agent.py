@@ -23,10 +23,11 @@ from typing import Iterator
 import grpc
 import pytest
 
-from nodeagent.auth import AUTH_HEADER, SharedKeyAuthenticator
+from nodeagent.auth import AUTH_HEADER, Identity, SharedKeyAuthenticator
 from nodeagent.client import AgentClient, AgentError
 from nodeagent.jobhelper import EXIT_PREEMPTED
-from nodeagent.server import JobTracker, NodeAgentServer
+from nodeagent.server import JobTracker, NodeAgentServer, proc_start_time
+from nodeagent.slurmjob import SlurmJobInfo, SlurmJobs, SlurmUnavailable
 from nodeagent.store import LocalFSStore
 from proto import rlsched_agent_pb2 as pb
 from proto import rlsched_agent_pb2_grpc as pbg
@@ -53,6 +54,25 @@ def agent(tmp_path: Path, key: Path) -> Iterator[NodeAgentServer]:
 def client(agent: NodeAgentServer, key: Path) -> Iterator[AgentClient]:
     with AgentClient(agent.address, SharedKeyAuthenticator(key), timeout=10) as c:
         yield c
+
+
+class FakeSlurm:
+    """Stands in for slurmctld (a SlurmJobs lookup): job id -> owner uid or (uid, state); counts calls."""
+
+    def __init__(self, jobs: dict[str, object] | None = None) -> None:
+        self.jobs = dict(jobs or {})
+        self.calls: list[str] = []
+        self.down = False
+
+    def __call__(self, sid: str) -> SlurmJobInfo | None:
+        self.calls.append(sid)
+        if self.down:
+            raise SlurmUnavailable("slurm_load_jobs error: Unable to contact slurm controller (connect failure)")
+        j = self.jobs.get(sid)
+        if j is None:
+            return None
+        uid, state = j if isinstance(j, tuple) else (j, "RUNNING")
+        return SlurmJobInfo(job_id=sid.split("_")[0], uid=int(uid), state=str(state))
 
 
 def _report(**kw: object) -> pb.ProgressReport:
@@ -103,6 +123,7 @@ def test_unprivileged_key_owner_cannot_preempt(agent: NodeAgentServer, client: A
     k = SharedKeyAuthenticator.generate(tmp_path / "user.key")
     os.chown(k, 65534, 65534)
     agent.servicer.auth = SharedKeyAuthenticator(k)  # now every verified caller is uid 65534
+    agent.servicer.slurm = SlurmJobs(FakeSlurm({"101": 65534}), require_cgroup=False)  # Slurm job 101 is nobody's
     with AgentClient(agent.address, SharedKeyAuthenticator(k)) as c:
         c.report_progress(_report(pid=0))  # reporting on its own job is allowed
         with pytest.raises(AgentError) as e:
@@ -480,3 +501,520 @@ def test_preempt_right_after_resume_accepts_existing_checkpoint(
             p.wait()
     assert p.returncode == EXIT_PREEMPTED, err[-1500:]
     assert r["ok"] and r["checkpoint_step"] == 50 and r["process_exited"], r
+
+
+# ----------------------------------------------------------- runs, restarts and late reports
+
+
+def _sleeper(**env: str) -> subprocess.Popen:
+    """A process that dies of SIGUSR2 (default action), so a test can tell whether it was signalled."""
+    return subprocess.Popen(["sleep", "300"], env={"PATH": "/usr/bin:/bin", **env},
+                            preexec_fn=lambda: signal.signal(signal.SIGUSR2, signal.SIG_DFL))
+
+
+def _stop(*procs: subprocess.Popen) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+def test_new_run_resets_step_to_the_resumed_step() -> None:
+    """Within a run the step only grows; a new run (restart/requeue from an older checkpoint) sets it."""
+    clock = _Clock()
+    tr = JobTracker(clock=clock)
+    a, b = _sleeper(), _sleeper()
+    try:
+        tr.report(_report(job_key="r", step=250, total_steps=1000, samples=2000, elapsed_s=5.0, pid=a.pid))
+        tr.report(_report(job_key="r", step=240, total_steps=1000, samples=2000, elapsed_s=5.0, pid=a.pid))
+        assert tr.jobs["r"].step == 250, "an overtaken report of the same run does not lower the step"
+        _stop(a)
+        clock.t += 5
+        tr.reap()
+        assert tr.jobs["r"].state == "exited"
+        tr.report(_report(job_key="r", step=200, total_steps=1000, samples=0, elapsed_s=0.1, pid=b.pid))
+        assert (tr.jobs["r"].step, tr.jobs["r"].state) == (200, "running")
+        tr.report(_report(job_key="r", step=210, total_steps=1000, samples=80, elapsed_s=0.5, pid=b.pid))
+        assert tr.jobs["r"].step == 210
+    finally:
+        _stop(a, b)
+    # reports without a pid: the job's clock going backwards is a new run
+    tr.report(_report(job_key="np", step=300, samples=900, elapsed_s=9.0, pid=0, total_steps=1000))
+    tr.report(_report(job_key="np", step=120, samples=10, elapsed_s=0.2, pid=0, total_steps=1000))
+    assert tr.jobs["np"].step == 120
+
+
+def test_late_report_of_a_known_rank_does_not_revive_an_ended_job() -> None:
+    tr = JobTracker()
+    r0, r1, r2 = _sleeper(), _sleeper(), _sleeper()
+    try:
+        for pid, rank in ((r0.pid, 0), (r1.pid, 1)):
+            tr.report(_report(job_key="l", step=10, pid=pid, rank=rank, world_size=2))
+        tr.report(_report(job_key="l", step=12, pid=r0.pid, rank=0, world_size=2, state="preempted", final=True))
+        assert tr.jobs["l"].state == "preempted"
+        tr.report(_report(job_key="l", step=12, pid=r1.pid, rank=1, world_size=2))  # queued before its final one
+        assert tr.jobs["l"].state == "preempted", "a late report of a rank of the ended run"
+        tr.report(_report(job_key="l", step=12, pid=r1.pid, rank=1, world_size=2, state="preempted", final=True))
+        tr.report(_report(job_key="l", step=12, pid=r2.pid, rank=0, world_size=2))  # a new process: resumed
+        assert tr.jobs["l"].state == "running"
+        tr.report(_report(job_key="l", step=20, pid=r2.pid, rank=0, world_size=2, state="finished", final=True))
+        tr.report(_report(job_key="l", step=20, pid=r1.pid, rank=1, world_size=2))  # r1 already sent its final
+        assert tr.jobs["l"].state == "finished"
+    finally:
+        _stop(r0, r1, r2)
+
+
+_JOB = """
+import sys, time
+import torch
+from nodeagent.jobhelper import JobSession
+total, sleep, every, post = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+with JobSession.from_env(model="MLP", total_steps=total, report_every=1, min_report_interval_s=0.0,
+                         ckpt_every=every, profile_steps=0) as s:
+    start, state = s.resume()
+    print("start", start, flush=True)
+    w = state["w"] if state else torch.zeros(1)
+    for step in s.steps(start, state_fn=lambda: {"w": w.clone()}, samples_per_step=8):
+        w += 1
+        time.sleep(sleep)
+print("trained", flush=True)
+time.sleep(post)  # post-processing (evaluation, export)
+print("post done", flush=True)
+"""
+
+
+def _job(env: dict[str, str], total: int, sleep: float, every: int, post: float = 0.0) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", _JOB, str(total), str(sleep), str(every), str(post)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _until(pred: object, limit_s: float = 60.0, what: str = "condition") -> object:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        v = pred()  # type: ignore[operator]
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_preempt_after_restart_from_an_older_checkpoint(agent: NodeAgentServer, client: AgentClient, key: Path,
+                                                       tmp_path: Path) -> None:
+    """Run 1 checkpoints every 50 steps and dies at ~step 120; run 2 resumes at 100. Preempting run 2 must
+    wait for a checkpoint at run 2's step, not at the step run 1 had reached."""
+    env = _job_env(agent, key, tmp_path / "store", "rs", "606")
+    p1 = _job(env, 1000, 0.005, 50)
+    p2 = None
+    try:
+        _until(lambda: [s for s in client.job_stats() if s["step"] >= 120], what="run 1 at step 120")
+        p1.kill()
+        p1.wait()
+        store = LocalFSStore(tmp_path / "store")
+        assert store.latest("rs").step < 120  # type: ignore[union-attr]
+        p2 = _job(env, 1000, 0.05, 0)
+        _until(lambda: [s for s in client.job_stats() if s["pids"] == [p2.pid]], what="run 2 to register")
+        (st,) = client.job_stats("rs")
+        resumed = int(p2.stdout.readline().split()[1])  # type: ignore[union-attr]
+        assert resumed == store.latest("rs").step and st["step"] < 120, st  # type: ignore[union-attr]
+        r = client.preempt("rs", "606", timeout_s=30)
+        out, err = p2.communicate(timeout=30)
+    finally:
+        _stop(p1, *([p2] if p2 else []))
+    assert r["ok"] and r["process_exited"], r
+    assert p2.returncode == EXIT_PREEMPTED, err[-1500:]
+    assert resumed <= r["checkpoint_step"] < 120
+
+
+def test_finished_job_doing_post_processing_is_not_signalled(agent: NodeAgentServer, client: AgentClient, key: Path,
+                                                             tmp_path: Path) -> None:
+    p = _job(_job_env(agent, key, tmp_path / "store", "post", "301"), 30, 0.005, 0, post=3.0)
+    try:
+        _until(lambda: [s for s in client.job_stats(include_finished=True) if s["state"] == "finished"],
+               what="the job to finish training")
+        r = client.preempt("post", "301", timeout_s=10)
+        out, err = p.communicate(timeout=30)
+    finally:
+        _stop(p)
+    assert r["ok"] is False and r["process_exited"] is False and "finished training" in r["message"], r
+    assert r["checkpoint_step"] == 30
+    assert p.returncode == 0 and "post done" in out, (out, err[-1500:])
+    assert client.job_stats("post", include_finished=True)[0]["state"] == "finished"
+
+
+# -------------------------------------------------- who may report on a job key (Slurm is asked)
+
+
+class _UidAuth(SharedKeyAuthenticator):
+    """Test double for MUNGE: the credential names the caller's uid (tests of the agent's authorisation)."""
+
+    def __init__(self, key: Path, uid: int = 0) -> None:
+        super().__init__(key)
+        self.uid = uid
+
+    def _make_token(self, payload: bytes) -> str:
+        return f"{self.uid}~" + super()._make_token(payload)
+
+    def _open_token(self, token: str) -> tuple[bytes, Identity]:
+        uid, _, rest = token.partition("~")
+        payload, _ = super()._open_token(rest)
+        return payload, Identity(int(uid), int(uid), self.scheme)
+
+
+@pytest.fixture
+def users(tmp_path: Path, key: Path) -> Iterator[tuple[NodeAgentServer, FakeSlurm, object]]:
+    """An agent whose callers can be any uid, with a fake slurmctld; yields (server, slurm, client(uid))."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run processes as other users")
+    slurm = FakeSlurm()
+    clients: list[AgentClient] = []
+    with NodeAgentServer("node-a", "127.0.0.1:0", _UidAuth(key), LocalFSStore(tmp_path / "store"),
+                         JobTracker(), reap_interval_s=0.2,
+                         slurm=SlurmJobs(slurm, require_cgroup=False, failure_ttl_s=0.0)) as srv:
+        def client(uid: int) -> AgentClient:
+            c = AgentClient(srv.address, _UidAuth(key, uid), timeout=10)
+            clients.append(c)
+            return c
+
+        yield srv, slurm, client
+        for c in clients:
+            c.close()
+
+
+def _user_proc(uid: int, sid: str) -> subprocess.Popen:
+    """A process of ``uid`` whose environment says it is part of Slurm job ``sid`` (anyone can say so)."""
+    def drop() -> None:
+        signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+        os.setgid(uid)
+        os.setuid(uid)
+
+    return subprocess.Popen(["sleep", "300"], env={"SLURM_JOB_ID": sid, "PATH": "/usr/bin:/bin"}, preexec_fn=drop)
+
+
+def test_job_key_squatting_is_refused(users: tuple) -> None:
+    srv, slurm, client = users
+    slurm.jobs.update({"101": 33, "303": 65534})
+    victim, squat, squat303 = _user_proc(33, "101"), _user_proc(65534, "101"), _user_proc(65534, "303")
+    try:
+        # nobody sets SLURM_JOB_ID=101 itself and reports first: Slurm says job 101 is uid 33's
+        with pytest.raises(AgentError) as e:
+            client(65534).report_progress(_report(job_key="slurm-101", slurm_job_id="101", pid=squat.pid))
+        assert e.value.code == "PERMISSION_DENIED" and "slurm job 101 belongs to uid 33, not 65534" in e.value.details
+        # nobody's own job 303 claims job 101's default key
+        with pytest.raises(AgentError) as e:
+            client(65534).report_progress(_report(job_key="slurm-101", slurm_job_id="303", pid=squat303.pid))
+        assert e.value.code == "PERMISSION_DENIED" and "default key of slurm job 101" in e.value.details
+        assert srv.tracker.jobs == {}
+        # the real job registers; nobody can neither report on it nor register a process into it
+        client(33).report_progress(_report(job_key="slurm-101", slurm_job_id="101", pid=victim.pid))
+        with pytest.raises(AgentError) as e:
+            client(65534).report_progress(_report(job_key="slurm-101", slurm_job_id="101", pid=0))
+        assert e.value.code == "PERMISSION_DENIED" and "belongs to uid 33" in e.value.details
+        with pytest.raises(AgentError) as e:  # uid 33 registering nobody's process
+            client(33).report_progress(_report(job_key="slurm-101", slurm_job_id="101", pid=squat.pid))
+        assert e.value.code == "PERMISSION_DENIED" and "owned by uid 65534" in e.value.details
+        (st,) = client(0).job_stats()
+        assert st["pids"] == [victim.pid] and st["slurm_job_id"] == "101"
+        r = client(0).preempt("slurm-101", "101", timeout_s=5)
+        assert r["process_exited"] and victim.wait(timeout=10) == -signal.SIGUSR2
+        assert squat.poll() is None and squat303.poll() is None, "only the real job's process is signalled"
+    finally:
+        _stop(victim, squat, squat303)
+
+
+def test_ended_jobs_key_stays_its_owners_until_slurm_forgets_the_job(users: tuple) -> None:
+    srv, slurm, client = users
+    slurm.jobs.update({"101": 33, "303": 65534, "404": 33})
+    victim, squat = _user_proc(33, "101"), _user_proc(65534, "303")
+    try:
+        client(33).report_progress(_report(job_key="moe-7", slurm_job_id="101", pid=victim.pid))
+        client(33).report_progress(_report(job_key="moe-7", slurm_job_id="101", pid=victim.pid, state="preempted",
+                                           final=True))
+        slurm.jobs["101"] = (33, "SPECIAL_EXIT")  # requeued held (exit 75): it runs again later
+
+        def squat_report() -> AgentError:
+            with pytest.raises(AgentError) as e:
+                client(65534).report_progress(_report(job_key="moe-7", slurm_job_id="303", pid=squat.pid))
+            return e.value
+
+        err = squat_report()
+        assert err.code == "PERMISSION_DENIED" and "belongs to slurm job 101 of uid 33" in err.details
+        srv.tracker.keep_ended_s = 0.0  # the record is forgotten; its key's owner is not
+        _until(lambda: "moe-7" not in srv.tracker.jobs, 10, "the record to be forgotten")
+        assert srv.tracker.key_owners["moe-7"].owner_uid == 33
+        assert squat_report().code == "PERMISSION_DENIED"
+        slurm.down = True  # cannot tell whether job 101 is gone: refuse
+        err = squat_report()
+        assert err.code == "UNAVAILABLE" and "cannot verify slurm job 101" in err.details
+        slurm.down = False
+        slurm.jobs["101"] = (33, "COMPLETED")
+        client(65534).report_progress(_report(job_key="moe-7", slurm_job_id="303", pid=squat.pid))
+        (st,) = client(0).job_stats("moe-7")
+        assert st["slurm_job_id"] == "303" and st["pids"] == [squat.pid]
+        assert srv.tracker.jobs["moe-7"].owner_uid == 65534 and "moe-7" not in srv.tracker.key_owners
+    finally:
+        _stop(victim, squat)
+
+
+def test_unreachable_slurm_refuses_unverifiable_reports(users: tuple) -> None:
+    """Fail closed: a report that cannot be verified is refused; a job verified earlier keeps reporting."""
+    srv, slurm, client = users
+    slurm.jobs.update({"101": 33, "202": 33})
+    a, b = _user_proc(33, "101"), _user_proc(33, "202")
+    try:
+        client(33).report_progress(_report(job_key="ok-job", slurm_job_id="101", pid=a.pid))
+        slurm.down = True
+        asked = len(slurm.calls)
+        client(33).report_progress(_report(job_key="ok-job", slurm_job_id="101", pid=a.pid, step=20))
+        assert len(slurm.calls) == asked and srv.tracker.jobs["ok-job"].step == 20, "no need to ask again"
+        with pytest.raises(AgentError) as e:
+            client(33).report_progress(_report(job_key="new-job", slurm_job_id="202", pid=b.pid))
+        assert e.value.code == "UNAVAILABLE" and "Unable to contact slurm controller" in e.value.details
+        assert "new-job" not in srv.tracker.jobs
+        slurm.down = False
+        client(33).report_progress(_report(job_key="new-job", slurm_job_id="202", pid=b.pid))
+        with pytest.raises(AgentError) as e:
+            client(33).report_progress(_report(job_key="gone-job", slurm_job_id="999", pid=0))
+        assert e.value.code == "PERMISSION_DENIED" and "slurm job 999 does not exist" in e.value.details
+    finally:
+        _stop(a, b)
+
+
+def test_process_must_be_in_the_jobs_cgroup(users: tuple, tmp_path: Path) -> None:
+    srv, slurm, client = users
+    slurm.jobs.update({"101": 33})
+    proc = tmp_path / "proc"
+    srv.servicer.slurm = SlurmJobs(slurm, require_cgroup=True, proc=str(proc), failure_ttl_s=0.0)
+    a, b = _user_proc(33, "101"), _user_proc(33, "101")
+
+    def cgroup(pid: int, path: str) -> None:
+        (proc / str(pid)).mkdir(parents=True, exist_ok=True)
+        (proc / str(pid) / "cgroup").write_text(f"0::{path}\n")
+
+    try:
+        cgroup(a.pid, "/system.slice/slurmstepd.scope/job_999/step_0/user/task_0")
+        with pytest.raises(AgentError) as e:
+            client(33).report_progress(_report(job_key="cg", slurm_job_id="101", pid=a.pid))
+        assert e.value.code == "PERMISSION_DENIED" and "cgroup of slurm job 999, not 101" in e.value.details
+        cgroup(a.pid, "/system.slice/slurmstepd.scope/job_101/step_0/user/task_0")
+        cgroup(b.pid, "/user.slice/user-33.slice/session-4.scope")
+        with pytest.raises(AgentError) as e:
+            client(33).report_progress(_report(job_key="cg", slurm_job_id="101", pid=b.pid))
+        assert e.value.code == "PERMISSION_DENIED" and "in no Slurm job cgroup" in e.value.details
+        client(33).report_progress(_report(job_key="cg", slurm_job_id="101", pid=a.pid))
+        # the registered pid left the job (or the pid now names another job's process): not signalled
+        cgroup(a.pid, "/system.slice/slurmstepd.scope/job_555/step_0/user/task_0")
+        r = client(0).preempt("cg", "101", timeout_s=2)
+        assert r["ok"] is False and "not signalled" in r["message"] and a.poll() is None
+    finally:
+        _stop(a, b)
+
+
+def test_two_slurm_jobs_cannot_share_a_job_key(agent: NodeAgentServer, client: AgentClient) -> None:
+    a, b = _sleeper(SLURM_JOB_ID="101"), _sleeper(SLURM_JOB_ID="202")
+    try:
+        client.report_progress(_report(job_key="shared", slurm_job_id="101", pid=a.pid))
+        with pytest.raises(AgentError) as e:
+            client.report_progress(_report(job_key="shared", slurm_job_id="202", pid=b.pid))
+        assert e.value.code == "FAILED_PRECONDITION"
+        assert "in use by slurm job 101" in e.value.details and "another job key" in e.value.details
+        (st,) = client.job_stats()
+        assert st["slurm_job_id"] == "101" and st["pids"] == [a.pid]
+        with pytest.raises(AgentError) as e2:
+            client.preempt("shared", "202", timeout_s=2)
+        assert e2.value.code == "NOT_FOUND"
+        r = client.preempt("shared", "101", timeout_s=5)
+        assert r["process_exited"] and a.wait(timeout=10) == -signal.SIGUSR2
+        assert b.poll() is None, "the other Slurm job was not signalled"
+        # job 101 has ended: the key is free for job 202 (same owner)
+        _until(lambda: client.job_stats("shared", include_finished=True)[0]["state"] != "running", 10, "101 ended")
+        client.report_progress(_report(job_key="shared", slurm_job_id="202", pid=b.pid))
+        assert client.job_stats("shared")[0]["slurm_job_id"] == "202"
+    finally:
+        _stop(a, b)
+
+
+def test_reused_pid_is_not_signalled(agent: NodeAgentServer, client: AgentClient) -> None:
+    p = _sleeper()
+    try:
+        client.report_progress(_report(job_key="reuse", pid=p.pid))
+        rec = agent.tracker.jobs["reuse"]
+        assert rec.pid_start[p.pid] == proc_start_time(p.pid)
+        with agent.tracker.lock:
+            rec.pid_start[p.pid] = (proc_start_time(p.pid) or 0) - 1  # as if the registered process had exited
+        r = client.preempt("reuse", "101", timeout_s=2)
+        assert r["ok"] is False and p.poll() is None, "a process that never registered got SIGUSR2"
+        _until(lambda: not agent.tracker.jobs["reuse"].pids, 5, "the reaper to drop the stale pid")
+    finally:
+        _stop(p)
+
+
+# ----------------------------------------------- a job-controlled store cannot block or wedge the agent
+
+
+def _forge_ckpt(store: Path, key: str, step: int, size: object = 1) -> Path:
+    d = store / key
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"ckpt-{step:012d}.json").write_text(json.dumps(
+        {"job_key": key, "step": step, "sha256": "0" * 64, "size": size, "created": 1.0}).replace("Infinity", "1e999"))
+    return d / f"ckpt-{step:012d}.bin"
+
+
+def _ignoring_sigusr2() -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGUSR2, signal.SIG_IGN); "
+                          "print('ready', flush=True); time.sleep(60)"], stdout=subprocess.PIPE)
+    assert p.stdout is not None and p.stdout.readline().strip() == b"ready"
+    return p
+
+
+def test_fifo_in_the_store_does_not_block_preempt(agent: NodeAgentServer, client: AgentClient,
+                                                  tmp_path: Path) -> None:
+    p = _ignoring_sigusr2()
+    try:
+        client.report_progress(_report(job_key="evil", pid=p.pid))
+        os.mkfifo(_forge_ckpt(tmp_path / "store", "evil", 999))
+        (tmp_path / "store" / "evil" / "ckpt-000000000998.bin").unlink(missing_ok=True)
+        _forge_ckpt(tmp_path / "store", "evil", 998).symlink_to("/dev/zero")
+        t0 = time.monotonic()
+        r = client.preempt("evil", "101", timeout_s=2)
+        assert time.monotonic() - t0 < 8, "Preempt must honour its timeout"
+        assert r["ok"] is False and "timed out" in r["message"]
+        assert client.job_stats("evil")[0]["state"] == "running"
+    finally:
+        _stop(p)
+
+
+def test_preempt_never_leaves_a_job_preempting(agent: NodeAgentServer, client: AgentClient, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    p = _ignoring_sigusr2()
+    try:
+        client.report_progress(_report(job_key="j", pid=p.pid))
+        _forge_ckpt(tmp_path / "store", "j", 1, size=float("inf")).write_bytes(b"x")  # "size": 1e999
+        r = client.preempt("j", "101", timeout_s=1)
+        assert r["ok"] is False and client.job_stats("j")[0]["state"] == "running"
+        # a store failing in a way nobody foresaw: logged, the wait goes on, the state is restored
+        monkeypatch.setattr(agent.servicer.store, "latest", lambda *a, **k: 1 / 0)
+        r = client.preempt("j", "101", timeout_s=1)
+        assert r["ok"] is False and client.job_stats("j")[0]["state"] == "running"
+        monkeypatch.undo()
+
+        def refuse(pid: int, sig: int) -> None:
+            raise PermissionError(1, "Operation not permitted")
+
+        monkeypatch.setattr(os, "kill", refuse)
+        with pytest.raises(AgentError) as e:
+            client.preempt("j", "101", timeout_s=1)
+        assert e.value.code == "FAILED_PRECONDITION"
+        assert client.job_stats("j")[0]["state"] == "running"
+    finally:
+        monkeypatch.undo()
+        _stop(p)
+
+
+# ------------------------------------------------------------------- the real Slurm lookup
+
+
+def test_squeue_lookup_parses_and_fails_closed(tmp_path: Path) -> None:
+    from nodeagent.slurmjob import squeue_lookup
+
+    fake = tmp_path / "squeue"
+    seen = tmp_path / "argv"
+    fake.write_text(f"""#!/bin/sh
+echo "$SLURM_CONF $*" >> {seen}
+case "$*" in
+  *--jobs=101\\ *) echo "101|33|RUNNING" ;;
+  *--jobs=77_3\\ *) echo "80|33|PENDING" ;;
+  *--jobs=102\\ *) echo "102|33|COMPLETED" ;;
+  *--jobs=404\\ *) echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1 ;;
+  *--jobs=405\\ *) ;;
+  *--jobs=500\\ *) echo "slurm_load_jobs error: Unable to contact slurm controller (connect failure)" >&2; exit 1 ;;
+  *--jobs=501\\ *) echo "garbage" ;;
+  *--jobs=600\\ *) sleep 10 ;;
+esac
+""")
+    fake.chmod(0o755)
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=x\n")
+
+    def look(sid: str, **kw: object) -> object:
+        return squeue_lookup(sid, squeue=str(fake), slurm_conf=str(conf), **kw)  # type: ignore[arg-type]
+
+    assert look("101") == SlurmJobInfo("101", 33, "RUNNING")
+    assert f"{conf} --noheader --jobs=101 --states=all --format=%A|%U|%T" in seen.read_text()
+    assert look("77_3") == SlurmJobInfo("80", 33, "PENDING")  # an array task: its own numeric id
+    assert look("102").gone and not SlurmJobInfo("1", 1, "SPECIAL_EXIT").gone  # type: ignore[union-attr]
+    assert look("404") is None and look("405") is None  # Slurm does not know the job (any more)
+    n = len(seen.read_text().splitlines())
+    assert look("local") is None and len(seen.read_text().splitlines()) == n, "not a job id: Slurm is not asked"
+    with pytest.raises(SlurmUnavailable, match="Unable to contact slurm controller"):
+        look("500")
+    with pytest.raises(SlurmUnavailable, match="unexpected"):
+        look("501")
+    with pytest.raises(SlurmUnavailable, match="cannot run"):
+        look("600", timeout_s=0.5)
+    with pytest.raises(SlurmUnavailable, match="cannot run"):
+        squeue_lookup("101", squeue=str(tmp_path / "missing"))
+
+
+def test_slurm_lookups_are_cached() -> None:
+    slurm = FakeSlurm({"101": 33, "102": (33, "COMPLETED")})
+    clock = _Clock()
+    jobs = SlurmJobs(slurm, cache_ttl_s=300, failure_ttl_s=2, clock=clock)
+    assert jobs.job("101") == jobs.job("101") == SlurmJobInfo("101", 33, "RUNNING")
+    assert slurm.calls == ["101"]
+    jobs.job("101", fresh=True)
+    jobs.job("102")
+    jobs.job("102")  # an ended job is asked again (it may be requeued, or purged)
+    assert slurm.calls == ["101", "101", "102", "102"]
+    slurm.down = True
+    for _ in range(3):  # a burst of reports while slurmctld is down starts one squeue, not three
+        with pytest.raises(SlurmUnavailable):
+            jobs.job("303")
+    assert slurm.calls.count("303") == 1
+    slurm.down = False
+    clock.t += 3
+    assert jobs.job("303") is None and slurm.calls.count("303") == 2
+
+
+def test_job_cgroups_from_proc_and_cgroupfs(tmp_path: Path) -> None:
+    from nodeagent.slurmjob import proc_job_ids, slurm_cgroups_in_use
+
+    proc = tmp_path / "proc"
+    (proc / "7").mkdir(parents=True)
+    (proc / "7" / "cgroup").write_text("0::/system.slice/slurmstepd.scope/job_101/step_batch/user/task_0\n")
+    (proc / "8").mkdir()
+    (proc / "8" / "cgroup").write_text("4:memory:/slurm/uid_1000/job_77/step_0/task_0\n3:cpuset:/\n0::/\n")
+    (proc / "9").mkdir()
+    (proc / "9" / "cgroup").write_text("0::/user.slice/user-1000.slice/job_like_name\n")
+    assert proc_job_ids(7, str(proc)) == {"101"} and proc_job_ids(8, str(proc)) == {"77"}
+    assert proc_job_ids(9, str(proc)) == set() and proc_job_ids(10, str(proc)) is None
+    cg = tmp_path / "cg"
+    (cg / "system.slice" / "slurmstepd.scope").mkdir(parents=True)
+    assert not slurm_cgroups_in_use(str(cg)), "slurmd's scope alone: no job is in a cgroup yet"
+    jobs = SlurmJobs(FakeSlurm(), cgroup_fs=str(cg))
+    assert not jobs.require_cgroup()
+    (cg / "system.slice" / "slurmstepd.scope" / "job_5").mkdir()
+    assert slurm_cgroups_in_use(str(cg)) and jobs.require_cgroup()
+    v1 = tmp_path / "v1"
+    (v1 / "freezer" / "slurm" / "uid_0" / "job_3").mkdir(parents=True)
+    assert slurm_cgroups_in_use(str(v1))
+
+
+def test_remembered_key_owners_expire_when_slurm_forgets_the_job(tmp_path: Path, key: Path) -> None:
+    from nodeagent.server import KeyOwner, NodeAgentServicer
+
+    slurm = FakeSlurm({"101": (33, "SPECIAL_EXIT"), "102": (34, "COMPLETED")})
+    sv = NodeAgentServicer("n", SharedKeyAuthenticator(key), LocalFSStore(tmp_path / "s"),
+                           slurm=SlurmJobs(slurm, failure_ttl_s=0.0))
+    sv.tracker.key_owners.update({"held": KeyOwner("101", 33), "done": KeyOwner("102", 34),
+                                  "purged": KeyOwner("103", 35), "unknown": KeyOwner("104", 36)})
+    slurm.down = False
+    sv.expire_key_owners(max_checks=3)  # held, done, purged
+    assert set(sv.tracker.key_owners) == {"held", "unknown"}
+    assert sv.tracker.key_owners["held"].next_check > time.monotonic(), "rechecked later, not every second"
+    slurm.down = True  # Slurm cannot tell: the owner is kept
+    sv.expire_key_owners()
+    assert set(sv.tracker.key_owners) == {"held", "unknown"}
+    slurm.down = False
+    sv.tracker.key_owners["unknown"].next_check = 0.0
+    sv.expire_key_owners()
+    assert set(sv.tracker.key_owners) == {"held"}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import tempfile
@@ -25,9 +26,11 @@ from nodeagent.auth import (
     MungeAuthenticator,
     SharedKeyAuthenticator,
     make_authenticator,
+    request_digest,
 )
 from nodeagent.client import AgentClient, AgentError
 from nodeagent.server import NodeAgentServer
+from nodeagent.slurmjob import SlurmJobInfo, SlurmJobs
 from nodeagent.store import LocalFSStore
 
 M = "/rlsched.agent.v1.NodeAgent/Preempt"
@@ -68,6 +71,63 @@ def test_sharedkey_rejects_tampering_and_replay(key: Path, tmp_path: Path) -> No
     for bad in (None, "", "hmac-sha256", "munge MUNGE:xyz", "hmac-sha256 !!!.zz"):
         with pytest.raises(AuthError):
             a.verify(M, b"body", bad)
+
+
+def test_token_is_bound_to_the_target_node(key: Path) -> None:
+    """A credential names the node whose agent it is for; another node's agent refuses it (replay)."""
+    a = SharedKeyAuthenticator(key)
+    h = a.sign(M, b"body", node="node1")
+    with pytest.raises(AuthError, match="issued for node 'node1', not 'node2'"):
+        a.verify(M, b"body", h, node="node2")
+    assert a.verify(M, b"body", h, node="node1").uid == key.stat().st_uid
+    # bound to no node: only where the verifier allows it (Health)
+    with pytest.raises(AuthError, match="not bound to a node"):
+        a.verify(M, b"body", a.sign(M, b"body"), node="node1")
+    assert a.verify(M, b"body", a.sign(M, b"body"), node="node1", unbound_ok=True)
+    with pytest.raises(AuthError, match="issued for node"):  # unbound_ok does not accept another node's
+        a.verify(M, b"body", a.sign(M, b"body", node="node2"), node="node1", unbound_ok=True)
+    # a token from a client older than node binding (no "a" in the payload)
+    import json
+
+    old = json.dumps({"m": M, "h": request_digest(b"body"), "t": time.time(), "n": "abc"}).encode()
+    with pytest.raises(AuthError, match="not bound to a node"):
+        a.verify(M, b"body", f"{a.scheme} {a._make_token(old)}", node="node1")
+    nan = json.dumps({"m": M, "h": request_digest(b"body"), "t": float("nan"), "n": "x", "a": "node1"}).encode()
+    with pytest.raises(AuthError, match="not finite"):  # NaN would never be "too far off"
+        a.verify(M, b"body", f"{a.scheme} {a._make_token(nan)}", node="node1")
+
+
+def test_captured_credential_cannot_be_replayed_to_another_node(key: Path, tmp_path: Path) -> None:
+    """Two agents trusting the same key (as all nodes trust the MUNGE key): a Preempt credential on its
+    way to node-a is refused by node-b; clients bind to the node they are given or learn it from Health."""
+    from proto import rlsched_agent_pb2 as pb
+    from proto import rlsched_agent_pb2_grpc as pbg
+
+    with NodeAgentServer("node-a", "127.0.0.1:0", SharedKeyAuthenticator(key), LocalFSStore(tmp_path / "s")) as na, \
+            NodeAgentServer("node-b", "127.0.0.1:0", SharedKeyAuthenticator(key), LocalFSStore(tmp_path / "s")) as nb:
+        req = pb.PreemptRequest(job_key="job-x", slurm_job_id="7", timeout_s=1)
+        header = SharedKeyAuthenticator(key).sign(M, req.SerializeToString(deterministic=True), node="node-a")
+
+        def call(srv: NodeAgentServer) -> grpc.StatusCode:
+            with grpc.insecure_channel(srv.address) as ch:
+                try:
+                    pbg.NodeAgentStub(ch).Preempt(req, timeout=5, metadata=((AUTH_HEADER, header),))
+                except grpc.RpcError as e:
+                    return e.code()
+            return grpc.StatusCode.OK
+
+        assert call(nb) == grpc.StatusCode.UNAUTHENTICATED, "replayed to another node"
+        assert call(na) == grpc.StatusCode.NOT_FOUND, "authenticated where it was meant for (no such job)"
+        assert call(na) == grpc.StatusCode.UNAUTHENTICATED, "and only once"
+        with AgentClient(nb.address, SharedKeyAuthenticator(key), timeout=5) as c:
+            assert c.job_stats() == [] and c.node == "node-b"  # learnt from Health
+        with AgentClient(nb.address, SharedKeyAuthenticator(key), timeout=5, node="node-a") as c:
+            with pytest.raises(AgentError) as e:
+                c.job_stats()  # wrong address for node-a: refused, not served by node-b
+            assert e.value.code == "UNAUTHENTICATED" and "node 'node-a', not 'node-b'" in e.value.details
+            with pytest.raises(AgentError) as e:
+                c.health()  # bound to node-a as well
+            assert e.value.code == "UNAUTHENTICATED"
 
 
 def test_sharedkey_rejects_stale_timestamp(key: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -212,7 +272,8 @@ def test_munge_unreachable_daemon_is_clear_error(tmp_path: Path) -> None:
 def test_munge_end_to_end_grpc(munge_socket: str, tmp_path: Path) -> None:
     """Agent with MUNGE auth: root may preempt (NOT_FOUND: no such job), nobody is refused."""
     srv_auth = MungeAuthenticator(socket=munge_socket, slurm_conf="/nonexistent")
-    with NodeAgentServer("n1", "127.0.0.1:0", srv_auth, LocalFSStore(tmp_path / "s")) as srv:
+    slurm = SlurmJobs(lambda sid: SlurmJobInfo(sid, 65534, "RUNNING"), require_cgroup=False)  # every job is nobody's
+    with NodeAgentServer("n1", "127.0.0.1:0", srv_auth, LocalFSStore(tmp_path / "s"), slurm=slurm) as srv:
         root = AgentClient(srv.address, MungeAuthenticator(socket=munge_socket), timeout=10)
         assert root.health()["auth_scheme"] == "munge"
         with pytest.raises(AgentError) as e:
@@ -243,3 +304,75 @@ def test_munge_end_to_end_grpc(munge_socket: str, tmp_path: Path) -> None:
         ch.close()
         root.close()
         nobody.close()
+
+
+def test_munge_token_bound_to_node(munge_socket: str) -> None:
+    a = MungeAuthenticator(socket=munge_socket, slurm_conf="/nonexistent")
+    with pytest.raises(AuthError, match="issued for node 'node1', not 'node2'"):
+        a.verify(M, b"req", a.sign(M, b"req", node="node1"), node="node2")
+    assert a.verify(M, b"req", a.sign(M, b"req", node="node2"), node="node2").uid == 0
+
+
+def _as_user(user: str, sid: str) -> subprocess.Popen:
+    """A process of ``user`` that claims, in its environment, to be part of Slurm job ``sid``."""
+    import pwd
+
+    pw = pwd.getpwnam(user)
+
+    def drop() -> None:
+        os.setgid(pw.pw_gid)
+        os.setuid(pw.pw_uid)
+
+    return subprocess.Popen(["sleep", "300"], env={"SLURM_JOB_ID": sid, "PATH": "/usr/bin:/bin"}, preexec_fn=drop)
+
+
+def _user_munge(tmp_path: Path, user: str) -> str:
+    w = tmp_path / f"munge-as-{user}"
+    w.write_text(f'#!/bin/sh\nexec runuser -u {user} -- munge "$@"\n')
+    w.chmod(0o755)
+    return str(w)
+
+
+def test_munge_job_key_cannot_be_squatted_by_another_user(munge_socket: str, tmp_path: Path) -> None:
+    """nobody sets SLURM_JOB_ID=101 in its own process and reports job 101's key first: Slurm says job 101 is
+    www-data's, so nobody is refused, the real job registers, and Preempt signals only the real job."""
+    from nodeagent.client import AgentClient
+    from proto import rlsched_agent_pb2 as pb
+
+    try:
+        import pwd
+
+        www = pwd.getpwnam("www-data").pw_uid
+    except KeyError:
+        pytest.skip("no www-data user")
+    slurm = SlurmJobs(lambda sid: SlurmJobInfo(sid, www, "RUNNING") if sid == "101" else None, require_cgroup=False)
+    srv_auth = MungeAuthenticator(socket=munge_socket, slurm_conf="/nonexistent")
+    victim, squat = _as_user("www-data", "101"), _as_user("nobody", "101")
+
+    def rep(pid: int) -> pb.ProgressReport:
+        return pb.ProgressReport(job_key="slurm-101", slurm_job_id="101", step=10, total_steps=100, samples=80,
+                                 elapsed_s=1.0, checkpoint_step=-1, comm_fraction=-1, world_size=1, pid=pid)
+
+    try:
+        with NodeAgentServer("n1", "127.0.0.1:0", srv_auth, LocalFSStore(tmp_path / "s"), slurm=slurm) as srv:
+            def client(user: str | None) -> AgentClient:
+                bin_ = _user_munge(tmp_path, user) if user else "munge"
+                return AgentClient(srv.address, MungeAuthenticator(socket=munge_socket, munge_bin=bin_), timeout=10)
+
+            with client("nobody") as c, pytest.raises(AgentError) as e:
+                c.report_progress(rep(squat.pid))
+            assert e.value.code == "PERMISSION_DENIED" and f"slurm job 101 belongs to uid {www}" in e.value.details
+            with client("www-data") as c:
+                assert c.report_progress(rep(victim.pid))["accepted"]
+            with client(None) as root:
+                (st,) = root.job_stats()
+                assert st["pids"] == [victim.pid]
+                r = root.preempt("slurm-101", "101", timeout_s=5)
+            assert r["ok"] is False and r["process_exited"]  # sleep dies of SIGUSR2 without a checkpoint
+            assert victim.wait(timeout=10) == -signal.SIGUSR2
+            assert squat.poll() is None, "the squatter's process was never signalled"
+    finally:
+        for p in (victim, squat):
+            if p.poll() is None:
+                p.kill()
+                p.wait()

@@ -233,7 +233,7 @@ def test_overwrite_same_step(store: CheckpointStore) -> None:
     assert store.load("job-o")[1] == b"second"
 
 
-@pytest.mark.parametrize("bad", ["", ".hidden", "../escape", "a/b", "x" * 129, "sp ace", "-dash"])
+@pytest.mark.parametrize("bad", ["", ".hidden", "../escape", "a/b", "x" * 129, "sp ace", "-dash", "abc\n", "a\nb"])
 def test_invalid_job_keys_rejected(store: CheckpointStore, bad: str) -> None:
     with pytest.raises(ValueError, match="invalid job key"):
         store.save(bad, 1, b"x")
@@ -273,6 +273,23 @@ def test_garbage_manifest_and_orphans_ignored(store: CheckpointStore) -> None:
     store._write_atomic("job-g/notes.txt", b"unrelated")
     assert [i.step for i in store.list("job-g")] == [3]
     assert store.load("job-g")[1] == b"valid"
+
+
+@pytest.mark.parametrize("meta", [
+    {"size": float("inf")}, {"size": 1e999}, {"size": 1.5}, {"size": -1}, {"size": True}, {"size": 1 << 60},
+    {"size": "5"}, {"created": float("nan")}, {"created": "yesterday"}, {"sha256": "0"}, {"sha256": 5},
+])
+def test_malformed_manifest_numbers_are_unparseable(store: CheckpointStore, meta: dict) -> None:
+    """Non-finite, huge, fractional or mistyped fields make a manifest unreadable (skipped), never an
+    exception other than the store's own out of list()/latest() (size 1e999 raised OverflowError)."""
+    store.save("job-n", 1, b"valid")
+    good = json.loads(store._read("job-n/ckpt-000000000001.json"))
+    bad = {**good, "step": 2, **meta}
+    raw = json.dumps(bad).replace("Infinity", "1e999") if meta == {"size": 1e999} else json.dumps(bad)
+    store._write_atomic("job-n/ckpt-000000000002.json", raw.encode())
+    store._write_atomic("job-n/ckpt-000000000002.bin", b"valid")
+    assert [i.step for i in store.list("job-n")] == [1]
+    assert store.latest("job-n").step == 1  # type: ignore[union-attr]
 
 
 def test_manifest_for_other_step_rejected(store: CheckpointStore) -> None:
@@ -343,7 +360,7 @@ def test_local_io_errors_raise_instead_of_looking_empty_or_corrupt(
     for step in (1, 2, 3):
         store.save("job-e", step, f"step {step}".encode())
     before = _all_files(tmp_path / "store")
-    real_listdir, real_read = os.listdir, Path.read_bytes
+    real_listdir, real_read = os.listdir, os.read
 
     def eio(*_a: object) -> None:
         raise OSError(5, "Input/output error")
@@ -352,12 +369,17 @@ def test_local_io_errors_raise_instead_of_looking_empty_or_corrupt(
     _assert_reads_refuse(store, "job-e")
     monkeypatch.setattr(os, "listdir", real_listdir)
     # the newest checkpoint's data cannot be read for a moment: not corrupt, so not pruned, not skipped
-    monkeypatch.setattr(Path, "read_bytes", lambda p: eio() if p.name == "ckpt-000000000003.bin" else real_read(p))
+    def read(fd: int, n: int) -> bytes:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("ckpt-000000000003.bin"):
+            eio()
+        return real_read(fd, n)
+
+    monkeypatch.setattr(os, "read", read)
     for call in (lambda: store.latest("job-e"), lambda: store.load("job-e"), lambda: store.prune("job-e", keep=1)):
         with pytest.raises(StoreUnavailable, match="Input/output error"):
             call()
     assert [i.step for i in store.list("job-e")] == [1, 2, 3]  # manifests still read
-    monkeypatch.setattr(Path, "read_bytes", real_read)
+    monkeypatch.setattr(os, "read", real_read)
     assert _all_files(tmp_path / "store") == before
     assert store.load("job-e")[1] == b"step 3"
     assert store.prune("job-e", keep=1) == [1, 2]
@@ -450,6 +472,80 @@ def test_kill_while_overwriting_same_step_is_detected(tmp_path: Path) -> None:
     with pytest.raises(CheckpointCorrupt):
         s.load("crash", 2)
     assert s.load("crash") == (s.latest("crash"), b"one")
+
+
+# ------------------------------------------- what a job puts in its store directory (read by root)
+
+
+def _in_thread(fn: object, timeout: float = 10.0) -> object:
+    """fn() in a thread; fails the test if it does not return in ``timeout`` s (a blocking read)."""
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["v"] = fn()  # type: ignore[operator]
+        except BaseException as exc:  # noqa: BLE001
+            out["e"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), "the store blocked"
+    if "e" in out:
+        raise out["e"]
+    return out["v"]
+
+
+def _forge(store: LocalFSStore, key: str, step: int, size: int = 1) -> Path:
+    """A manifest for ``step`` (data left to the caller); returns the data path."""
+    d = store.root / key
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"ckpt-{step:012d}.json").write_text(json.dumps(
+        {"job_key": key, "step": step, "sha256": "0" * 64, "size": size, "created": 1.0}))
+    return d / f"ckpt-{step:012d}.bin"
+
+
+def test_fifo_or_device_named_like_a_checkpoint_is_corrupt_not_read(tmp_path: Path) -> None:
+    store = LocalFSStore(tmp_path / "store")
+    store.save("evil", 1, b"valid")
+    os.mkfifo(_forge(store, "evil", 2))  # opening it for reading would block forever
+    _forge(store, "evil", 3).symlink_to("/dev/zero")  # reading it would never end
+    big = _forge(store, "evil", 4, size=3)
+    big.write_bytes(b"x" * (8 << 20))  # bigger than its manifest says: not read at all
+    assert _in_thread(lambda: store.latest("evil")).step == 1  # type: ignore[attr-defined]
+    for step in (2, 3, 4):
+        info = next(i for i in store.list("evil") if i.step == step)
+        assert _in_thread(lambda: store.verify(info)) is False
+        with pytest.raises(CheckpointCorrupt):
+            _in_thread(lambda: store.load("evil", step))
+    assert _in_thread(lambda: store.load("evil"))[1] == b"valid"  # type: ignore[index]
+
+
+def test_fifo_symlinked_or_huge_manifest_is_skipped(tmp_path: Path) -> None:
+    store = LocalFSStore(tmp_path / "store")
+    store.save("evil", 1, b"valid")
+    d = store.root / "evil"
+    os.mkfifo(d / "ckpt-000000000002.json")
+    (d / "ckpt-000000000003.json").symlink_to("/dev/zero")
+    (d / "ckpt-000000000004.json").write_bytes(b" " * (1 << 20))
+    assert [i.step for i in _in_thread(lambda: store.list("evil"))] == [1]  # type: ignore[attr-defined]
+
+
+def test_symlinks_below_the_store_root_are_not_followed(tmp_path: Path) -> None:
+    """The agent (root) reads job-controlled paths: a symlinked job directory or data file is not followed."""
+    store = LocalFSStore(tmp_path / "store")
+    store.save("victim", 1, b"someone else's")
+    (store.root / "evil").symlink_to(store.root / "victim")
+    assert store.list("evil") == [] and store.latest("evil") is None
+    store.save("evil2", 1, b"mine")
+    data = store.root / "evil2" / "ckpt-000000000001.bin"
+    target = tmp_path / "elsewhere.bin"
+    target.write_bytes(b"mine")
+    data.unlink()
+    data.symlink_to(target)
+    assert store.latest("evil2") is None
+    with pytest.raises(CheckpointCorrupt, match="symlink"):
+        store.load("evil2", 1)
 
 
 # --------------------------------------------------------------- open_store

@@ -17,11 +17,22 @@ from nodeagent.convention import CommentError, job_key_for, parse_comment
 from nodeagent.jobhelper import (
     EXIT_PREEMPTED,
     JobSession,
+    _comment_from_slurm,
     comm_fraction_from_events,
     resolve_agent_address,
+    scontrol_field,
 )
 from nodeagent.server import JobTracker, NodeAgentServer
 from nodeagent.store import LocalFSStore, StoreUnavailable
+
+
+@pytest.fixture(autouse=True)
+def _keep_sigusr2() -> object:
+    """Sessions leave SIGUSR2 ignored after them; ignored signals are inherited by child processes,
+    so restore this process's disposition for the tests that follow (some expect SIGUSR2 to kill)."""
+    before = signal.getsignal(signal.SIGUSR2)
+    yield
+    signal.signal(signal.SIGUSR2, before)
 
 # ---------------------------------------------------------------- convention
 
@@ -53,6 +64,51 @@ def test_resolve_agent_address() -> None:
     assert resolve_agent_address(table + ",*=127.0.0.1:7000", "n9") == "127.0.0.1:7000"
     with pytest.raises(ValueError, match="no entry for node 'n9'"):
         resolve_agent_address(table, "n9")
+    # spaces after the commas / around '=' (as people write lists) are not part of names or addresses
+    spaced = "n1=127.0.0.1:7001, n2 = 127.0.0.1:7002 , * =127.0.0.1:7000"
+    assert resolve_agent_address(spaced, "n2") == "127.0.0.1:7002"
+    assert resolve_agent_address(spaced, "n9") == "127.0.0.1:7000"
+    with pytest.raises(ValueError, match="empty address"):
+        resolve_agent_address("n1=", "n1")
+
+
+def test_bad_agent_table_disables_reporting_instead_of_killing_the_job(tmp_path: Path) -> None:
+    env = {"SLURM_JOB_ID": "1", "RLSCHED_JOB_KEY": "k", "SLURMD_NODENAME": "node2", "RLSCHED_STORE": str(tmp_path),
+           "RLSCHED_AGENT": "node1=10.0.0.1:50051, node2=10.0.0.2:50051"}
+    assert JobSession.from_env(env, total_steps=1).agent_address == "10.0.0.2:50051"
+    env["RLSCHED_AGENT"] = "node1=10.0.0.1:50051"  # no entry for node2: warn, train without reporting
+    s = JobSession.from_env(env, total_steps=1)
+    assert s.agent_address is None and s.job_key == "k"
+
+
+_SCONTROL_LINE = ("JobId=123 JobName=my job UserId=alice(1000) GroupId=alice(1000) Priority=1 "
+                  "Comment=rlsched:model=MoE, key=moe-run-7 StdErr=/x/err StdOut=/x/out CPUs/Task=1")
+
+
+def test_scontrol_comment_with_spaces() -> None:
+    assert scontrol_field(_SCONTROL_LINE, "Comment") == "rlsched:model=MoE, key=moe-run-7"
+    assert scontrol_field(_SCONTROL_LINE, "JobName") == "my job"
+    assert scontrol_field(_SCONTROL_LINE, "StdOut") == "/x/out" and scontrol_field(_SCONTROL_LINE, "CPUs/Task") == "1"
+    assert scontrol_field("JobId=5 Comment=(null) StdErr=/e", "Comment") == "(null)"
+    assert scontrol_field("JobId=5 StdErr=/e", "Comment") is None
+    # the multi-line form (no -o): fields on indented lines
+    multi = "JobId=123 JobName=j\n   UserId=a(1) GroupId=a(1)\n   Comment=rlsched:model=LM,  samples=10\n   StdErr=/e\n"
+    assert scontrol_field(multi, "Comment") == "rlsched:model=LM,  samples=10"
+
+
+def test_comment_from_scontrol_keeps_key_after_a_space(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fake = bindir / "scontrol"
+    fake.write_text(f"#!/bin/sh\necho '{_SCONTROL_LINE}'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    assert _comment_from_slurm("123") == "rlsched:model=MoE, key=moe-run-7"
+    s = JobSession.from_env({"SLURM_JOB_ID": "123", "RLSCHED_AGENT": "none", "RLSCHED_STORE": str(tmp_path)},
+                            total_steps=1)
+    assert (s.job_key, s.model) == ("moe-run-7", "MoE")
+    fake.write_text("#!/bin/sh\necho 'slurm_load_jobs error: Invalid job id specified' >&2\nexit 1\n")
+    assert _comment_from_slurm("123") is None
 
 
 def test_from_env(tmp_path: Path) -> None:
@@ -135,10 +191,146 @@ def test_stop_request_checkpoints_and_exits_75_then_resumes(tmp_path: Path) -> N
 
 
 def test_signal_handler_restored(tmp_path: Path) -> None:
-    before = signal.getsignal(signal.SIGUSR2)
+    def mine(signum: int, frame: object) -> None:
+        pass
+
+    signal.signal(signal.SIGUSR2, mine)
     with _session(tmp_path):
-        assert signal.getsignal(signal.SIGUSR2) != before
-    assert signal.getsignal(signal.SIGUSR2) == before
+        assert signal.getsignal(signal.SIGUSR2) not in (mine, signal.SIG_DFL, signal.SIG_IGN)
+    assert signal.getsignal(signal.SIGUSR2) is mine, "the script's own handler comes back"
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    with _session(tmp_path):
+        pass
+    assert signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN
+
+
+def test_sigusr2_after_the_session_does_not_kill_the_process(tmp_path: Path) -> None:
+    """A Preempt racing with the end of training must not kill the post-training work (Slurm: FAILED)."""
+    signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+    with _session(tmp_path, total_steps=3) as s:
+        list(s.steps(0, state_fn=lambda: _state(s.step), samples_per_step=1))
+    assert signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN
+    os.kill(os.getpid(), signal.SIGUSR2)  # with SIG_DFL this would end the test run
+    script = ("import os, signal, sys\n"
+              "from nodeagent.jobhelper import JobSession\n"
+              f"with JobSession('job-p', '9', {str(tmp_path / 'store2')!r}, None, None, total_steps=2) as s:\n"
+              "    list(s.steps(0, state_fn=lambda: {}, samples_per_step=1))\n"
+              "os.kill(os.getpid(), signal.SIGUSR2)\n"
+              "print('post-processing done', flush=True)\n")
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                       preexec_fn=lambda: signal.signal(signal.SIGUSR2, signal.SIG_DFL))
+    assert r.returncode == 0 and "post-processing done" in r.stdout, r.stderr[-1500:]
+
+
+def test_preempt_at_a_periodic_checkpoint_step_is_decided_alike_on_every_rank(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """state_fn may be collective: a rank other than 0 must skip it exactly when rank 0 does.
+
+    Here: rank 1 of 2 (srun env), periodic checkpoint at step 5, stop requested during step 4. Rank 0 has
+    just saved at 5 and does not call state_fn again; rank 1 must not either (it would wait forever in a
+    collective rank 0 never joins)."""
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    calls: list[int] = []
+
+    def state_fn() -> dict:
+        calls.append(s.step)
+        return _state(s.step)
+
+    with pytest.raises(SystemExit) as e, _session(tmp_path, ckpt_every=5, install_signal=False) as s:
+        for step in s.steps(0, state_fn=state_fn, samples_per_step=1):
+            if step == 4:
+                s.request_stop()
+    assert e.value.code == EXIT_PREEMPTED
+    assert calls == [5], "state_fn once, for the periodic checkpoint; not again at the preemption"
+    assert s.checkpoint_step == 5
+    assert LocalFSStore(tmp_path / "store").list("job-h") == [], "only rank 0 writes"
+
+
+_COLLECTIVE_RANK = """
+import datetime, os, sys
+import torch, torch.distributed as dist
+from nodeagent.jobhelper import JobSession
+rank = int(sys.argv[1])
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
+dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=20))
+w = torch.zeros(4)
+def state_fn():  # like FSDP's full state dict: gathering it is a collective on all ranks
+    t = w.clone(); dist.all_reduce(t); return {"w": t}
+s = JobSession("coll-job", "local", sys.argv[3], None, None, total_steps=20, ckpt_every=5, profile_steps=0,
+               install_signal=False)
+with s:
+    start, _ = s.resume()
+    try:
+        for step in s.steps(start, state_fn, samples_per_step=2):
+            w += 1
+            if step == 4 and rank == 1:
+                s.request_stop()  # SIGUSR2 reaches rank 1 just before the periodic checkpoint at step 5
+    except SystemExit as e:
+        print(f"exit {e.code} checkpoint_step={s.checkpoint_step}", flush=True)
+        raise
+"""
+
+
+@pytest.mark.slow
+def test_collective_state_fn_two_gloo_ranks_preempted_at_a_checkpoint_step(tmp_path: Path) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = str(sk.getsockname()[1])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RLSCHED_", "RANK", "WORLD_SIZE"))}
+    procs = [subprocess.Popen([sys.executable, "-c", _COLLECTIVE_RANK, str(r), port, str(tmp_path / "store")],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=90)[0])
+        except subprocess.TimeoutExpired:
+            p.kill()
+            outs.append(p.communicate()[0] + "\n<<hung>>")
+    assert [p.returncode for p in procs] == [EXIT_PREEMPTED, EXIT_PREEMPTED], [o[-1500:] for o in outs]
+    assert all("exit 75 checkpoint_step=5" in o for o in outs), outs
+    assert [i.step for i in LocalFSStore(tmp_path / "store").list("coll-job")] == [5]
+
+
+def test_rank_and_world_size_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(var, raising=False)
+    s = _session(tmp_path)
+    assert (s.rank, s.world_size) == (0, 1)
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    assert (s.rank, s.world_size) == (1, 2)
+    monkeypatch.setenv("RANK", "3")  # torchrun inside one srun task: its own pair wins
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert (s.rank, s.world_size) == (3, 4)
+    monkeypatch.delenv("WORLD_SIZE")
+    assert (s.rank, s.world_size) == (3, 4), "never rank >= world size"
+    m = s._report_msg(0, 0)
+    assert (m.rank, m.world_size) == (3, 4)
+
+
+def test_second_task_reports_are_accepted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Task 1 of an srun -n 2 job without torch.distributed: its reports must validate."""
+    for var in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    monkeypatch.setenv("SLURM_JOB_ID", "77")  # the agent reads it from this process's environment
+    key = SharedKeyAuthenticator.generate(tmp_path / "k")
+    with NodeAgentServer("n1", "127.0.0.1:0", SharedKeyAuthenticator(key), LocalFSStore(tmp_path / "st"),
+                         JobTracker()) as srv:
+        s = JobSession("k9", "77", str(tmp_path / "st"), srv.address, SharedKeyAuthenticator(key), total_steps=10)
+        with s:
+            assert s._reporter is not None and s._reporter.send_now(s._report_msg(0, 0))
+        rec = srv.tracker.jobs["k9"]
+        assert rec.world_size == 2 and rec.pids == {os.getpid(): 1}
 
 
 def test_resume_refuses_pickled_objects(tmp_path: Path) -> None:
