@@ -141,7 +141,8 @@ class AgentPreempter:
         key = self._keys.get(sid) or default_job_key(sid, job.comment)
         last_err = "no agent for its nodes"
         reached = False
-        for node in job.nodes:  # the batch host first: that is where rank 0 runs
+        nodes = sorted(job.nodes, key=lambda n: n != job.batch_host)  # the batch host first: rank 0 runs there
+        for node in nodes:
             c = self._client(node)
             if c is None:
                 continue

@@ -125,6 +125,8 @@ class SlurmJob:
     dependency: str = ""
     #: whether Slurm may requeue it (``sbatch --no-requeue``: no; preempting it would end it)
     requeue: bool = True
+    #: node running the batch script (rank 0 of the usual launchers); "" if not running
+    batch_host: str = ""
 
     tres_style: str = "gres:gpu"  # how this Slurm writes GPU TRES: "gres:gpu" (22.05) or "gres/gpu" (23+)
 
@@ -316,6 +318,7 @@ def _job_from_json(j: dict) -> SlurmJob:
         tres_style=_tres_style(tres, _str(j.get("tres_per_node"))),
         dependency="" if _str(j.get("dependency")) == "(null)" else _str(j.get("dependency")),
         requeue=j.get("requeue") is not False,
+        batch_host=_str(j.get("batch_host")),
     )
 
 

@@ -730,6 +730,17 @@ def test_agent_preempter_with_unreachable_and_not_found_agents():
     assert out.ok and out.checkpoint_step == 5
     alone = AgentPreempter({"node1": "h:1"}, Client).checkpoint(job, 5.0)
     assert not alone.ok and alone.reached_agent
+    # the batch host (rank 0) is asked first, whatever the node order
+    asked = []
+
+    class Recording(Client):
+        def preempt(self, key, sid, timeout_s):
+            asked.append(self.addr)
+            return super().preempt(key, sid, timeout_s)
+
+    job.batch_host = "node2"
+    assert AgentPreempter({"node1": "h:1", "node2": "h:2"}, Recording).checkpoint(job, 5.0).ok
+    assert asked == ["h:2"]
 
 
 def _free_port() -> int:
