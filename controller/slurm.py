@@ -44,7 +44,6 @@ __all__ = [
     "parse_gres_count",
     "parse_squeue_json",
     "parse_sinfo_json",
-    "parse_scontrol_nodes",
     "MANAGED_MARK",
     "dependency_met",
 ]
@@ -389,53 +388,6 @@ def _load_json(text: str, what: str) -> dict:
     if errs:
         raise ValueError(f"{what}: Slurm reported errors: {errs}")
     return doc
-
-
-_KV = re.compile(r"(\w[\w/:]*)=(.*?)(?=\s+\w[\w/:]*=|\s*$)")
-
-
-def _kv_line(line: str) -> dict[str, str]:
-    """``Key=Value Key2=Value with spaces`` -> dict (values may contain spaces)."""
-    return {m.group(1): m.group(2).strip() for m in _KV.finditer(line)}
-
-
-def parse_time_limit(text: str) -> float | None:
-    """``[D-]HH:MM:SS`` / ``MM:SS`` / ``UNLIMITED`` -> seconds (``None`` for unlimited)."""
-    text = (text or "").strip()
-    if not text or text.upper() in ("UNLIMITED", "INFINITE", "N/A", "PARTITION_LIMIT"):
-        return None
-    days = 0
-    if "-" in text:
-        d, text = text.split("-", 1)
-        days = int(d)
-    fields = [int(x) for x in text.split(":")]
-    while len(fields) < 3:
-        fields.insert(0, 0)
-    h, mi, s = fields[-3:]
-    return float(days * 86400 + h * 3600 + mi * 60 + s)
-
-
-def parse_scontrol_nodes(text: str) -> list[SlurmNode]:
-    """Nodes from ``scontrol -o show node`` (one line per node)."""
-    out = []
-    for line in text.splitlines():
-        if not line.startswith("NodeName="):
-            continue
-        kv = _kv_line(line)
-        state = kv.get("State", "").lower().split("+")
-        alloc = kv.get("AllocTRES", "")
-        m = re.search(r"gres/gpu=(\d+)", alloc)
-        out.append(
-            SlurmNode(
-                name=kv["NodeName"],
-                gpus=parse_gres_count(kv.get("Gres")),
-                gpus_used=int(m.group(1)) if m else 0,
-                state=state[0],
-                flags=tuple(state[1:]),
-                partitions=tuple(p for p in kv.get("Partitions", "").split(",") if p),
-            )
-        )
-    return out
 
 
 # --------------------------------------------------------------------------- dependencies

@@ -22,7 +22,6 @@ from controller.slurm import (
     gpus_from_tres,
     managed_gpus,
     parse_gres_count,
-    parse_scontrol_nodes,
     parse_sinfo_json,
     parse_squeue_json,
 )
@@ -103,13 +102,6 @@ def test_sinfo_json_24_groups_nodes_by_partition():
     assert sorted(nodes) == ["node1", "node2", "node3", "node4", "node5"]
     assert nodes["node1"].partitions == ("debug", "gpu") and nodes["node3"].partitions == ("gpu",)
     assert nodes["node4"].gpus_used == 3 and nodes["node4"].state == "mixed" and not nodes["node4"].usable
-
-
-def test_scontrol_nodes():
-    nodes = parse_scontrol_nodes(_read("scontrol_show_node_22.05.txt"))
-    assert [n.name for n in nodes] == ["node1", "node2", "node3", "node4"]
-    assert all(n.gpus == 8 and n.partitions == ("gpu",) for n in nodes)
-    assert nodes[2].state == "idle"
 
 
 def test_newer_json_encodings_are_unwrapped():
