@@ -97,7 +97,7 @@ import numpy as np
 from policies.cluster import ClusterSpec, Placement
 from policies.perf import MIN_RATIO, ContentionModel, JobKey
 from policies.placement import pack
-from policies.state import ClusterState, JobInfo
+from policies.state import TIME_KEY_DECIMALS, ClusterState, JobInfo, time_key
 from policies.waves import plan_order
 from policies.workloads import get_workload
 
@@ -555,9 +555,9 @@ class Encoder:
     def srtf_key(j: JobInfo) -> tuple:
         """Order inside a demand group: estimated remaining time, submit time, id.
 
-        ``JobInfo.remaining_time`` written out (the same arithmetic, so the same floats): this
-        key sorts every pending job once per round."""
-        return (max(j.total_samples - j.done_samples, 0.0) / j.best_thp, j.submit_time, j.job_id)
+        ``JobInfo.remaining_time`` written out (the same arithmetic, so the same floats), as a
+        :func:`~policies.state.time_key`: this key sorts every pending job once per round."""
+        return (round(max(j.total_samples - j.done_samples, 0.0) / j.best_thp, TIME_KEY_DECIMALS), j.submit_time, j.job_id)
 
     @staticmethod
     def srtf_heaps(pending: Sequence[JobInfo]) -> dict[int, list[tuple]]:
@@ -569,7 +569,7 @@ class Encoder:
         """
         groups: dict[int, list[tuple]] = {}
         for n, ((t, d, b, s, i, g), j) in enumerate(zip(map(_SRTF_FIELDS, pending), pending)):
-            k = ((t - d if t > d else 0.0) / b, s, i, n, j)  # srtf_key's arithmetic (t - d > 0 iff t > d)
+            k = (round((t - d if t > d else 0.0) / b, TIME_KEY_DECIMALS), s, i, n, j)  # srtf_key's (t - d > 0 iff t > d)
             h = groups.get(g)
             if h is None:
                 groups[g] = [k]
@@ -605,7 +605,7 @@ class Encoder:
         """Candidate order key at time ``now`` (s): aged remaining GPU-time, demand, submit time, id
         (unique per job)."""
         age = math.exp(-max(now - j.submit_time, 0.0) / AGING_S)
-        return (j.remaining_time * j.gpu_demand * age, j.gpu_demand, j.submit_time, j.job_id)
+        return (time_key(j.remaining_time) * j.gpu_demand * age, j.gpu_demand, j.submit_time, j.job_id)
 
     def candidates(self, pending: Sequence[JobInfo], now: float = 0.0, free: int | None = None) -> list[JobInfo]:
         """The ``<= K`` candidate jobs at time ``now`` (s) (see module docstring).
@@ -784,9 +784,9 @@ class Encoder:
                 big = j
         if big is None:
             return list(ranked[:K])
-        tb = big.remaining_time
+        tb = time_key(big.remaining_time)
         fit = sorted(
-            (j for j in ranked if j.gpu_demand <= half and j.gpu_demand <= free and j.remaining_time <= tb),
+            (j for j in ranked if j.gpu_demand <= half and j.gpu_demand <= free and time_key(j.remaining_time) <= tb),
             key=_neg_demand,
         )
         head = [big, *fit]

@@ -1,6 +1,8 @@
 """Hand-made policies: a scheduling order plus a placement rule.
 
-Orders (lower key runs first; ties broken by submit time, then job id):
+Orders (lower key runs first; ties broken by submit time, then job id; estimated times
+are compared as :func:`~policies.state.time_key`, i.e. to the millisecond, so that float
+rounding does not break ties):
 
 * ``fifo``: submit time. Strict: the head of the queue blocks those behind.
 * ``sjf``: estimated total isolated run time (non-preemptive).
@@ -20,6 +22,7 @@ Names on the command line: ``fifo``, ``sjf``, ``srtf``, ``las``, ``greedy``
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
@@ -29,7 +32,7 @@ from policies.base import Policy, PolicyError
 from policies.cluster import Placement
 from policies.perf import ContentionModel
 from policies.placement import PLACEMENT_RULES, PlacementRule
-from policies.state import ClusterState, Decision, JobInfo
+from policies.state import ClusterState, Decision, JobInfo, time_key
 
 __all__ = ["OrderedPolicy", "ORDERS", "LAS_THRESHOLDS", "make_heuristic", "HEURISTIC_NAMES"]
 
@@ -42,11 +45,11 @@ def _fifo(j: JobInfo) -> tuple:
 
 
 def _sjf(j: JobInfo) -> tuple:
-    return (j.total_time, j.submit_time, j.job_id)
+    return (time_key(j.total_time), j.submit_time, j.job_id)
 
 
 def _srtf(j: JobInfo) -> tuple:
-    return (j.remaining_time, j.submit_time, j.job_id)
+    return (time_key(j.remaining_time), j.submit_time, j.job_id)
 
 
 def _las(j: JobInfo) -> tuple:
@@ -107,14 +110,18 @@ class OrderedPolicy(Policy):
                 reverse=True,
             )
         can_preempt = bool(victims)
+        # A rule that weighs co-located jobs (greedy) must see this round's starts and preemptions
+        # too: `cur` is the state with them (only running jobs' placements matter to it).
+        aware = getattr(self.placement, "uses_running", False)
+        cur = state
         for key, job in pending:
             if free_total <= 0 and not can_preempt:
                 break  # nothing fits and nothing can be freed: the rest would be skipped
             # No rule can place more GPUs than are free: skip the call.
-            p = self.placement(job, free, state) if job.gpu_demand <= free_total else None
+            p = self.placement(job, free, cur) if job.gpu_demand <= free_total else None
             if p is None and can_preempt:
                 if victims and self._lower(victims[0][0][0], key[0]):
-                    p, chosen = self._with_preemption(job, key, free, state, victims)
+                    p, chosen = self._with_preemption(job, key, free, cur, victims)
                     if p is not None:
                         for v in chosen:
                             dec.preempt.append(v.job_id)
@@ -122,6 +129,9 @@ class OrderedPolicy(Policy):
                             for n, c in v.placement.alloc:  # type: ignore[union-attr]
                                 free[n] += c
                             free_total += v.gpu_demand
+                        if aware:
+                            gone = {id(v) for v in chosen}
+                            cur = dataclasses.replace(cur, running=[r for r in cur.running if id(r) not in gone])
                 else:
                     # Pending keys only grow from here and the lowest-priority
                     # victim is not clearly lower than this job: no later job
@@ -135,6 +145,8 @@ class OrderedPolicy(Policy):
                 free[n] -= c
             free_total -= job.gpu_demand
             dec.place.append((job.job_id, p))
+            if aware:
+                cur = dataclasses.replace(cur, running=[*cur.running, dataclasses.replace(job, placement=p)])
         return dec
 
     def _lower(self, victim_key: float, job_key: float) -> bool:

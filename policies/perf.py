@@ -47,7 +47,7 @@ from typing import Iterable, Mapping, Protocol, Sequence
 import numpy as np
 
 from policies.cluster import ClusterSpec, Placement
-from policies.workloads import MODELS, canonical_model, get_workload
+from policies.workloads import canonical_model, get_workload
 
 __all__ = [
     "PerformanceModel",

@@ -121,6 +121,10 @@ class ContentionAwarePlacement:
         utilisation with heavy contention.
     """
 
+    #: it reads the running jobs of the state it is given (a policy placing several jobs in one
+    #: round must hand it the state with the round's earlier starts)
+    uses_running = True
+
     def __init__(self, perf: ContentionModel, min_efficiency: float = 0.0) -> None:
         if not 0.0 <= min_efficiency <= 1.0:
             raise ValueError(f"min_efficiency must be in [0, 1], got {min_efficiency}")

@@ -16,7 +16,20 @@ import numpy as np
 
 from policies.cluster import ClusterSpec, Placement
 
-__all__ = ["JobInfo", "ClusterState", "Decision"]
+__all__ = ["JobInfo", "ClusterState", "Decision", "time_key", "TIME_KEY_DECIMALS"]
+
+#: Decimals (of a second) that time-based ordering keys are rounded to, see :func:`time_key`.
+TIME_KEY_DECIMALS = 3
+
+
+def time_key(seconds: float) -> float:
+    """An estimated time (s) as an ordering key: rounded to :data:`TIME_KEY_DECIMALS` decimals.
+
+    Jobs of equal length get estimates that differ only by float rounding
+    (``total_samples / best_thp`` is 3600.0 for one model and demand, 3599.9999999999995 for
+    another), and unrounded that noise, not the tie-break that follows (submit time, then
+    job id), would decide their order."""
+    return round(seconds, TIME_KEY_DECIMALS)
 
 
 @dataclass

@@ -14,7 +14,7 @@ from policies.cluster import ClusterSpec, Placement
 from policies.encoding import Encoder, EncodingError, NodeIndex, ObsSpec, apply_placement
 from policies.perf import ContentionModel
 from policies.placement import pack
-from policies.state import ClusterState, JobInfo
+from policies.state import ClusterState, JobInfo, time_key
 from policies.workloads import MODELS
 
 C48 = ClusterSpec.parse("4x8")
@@ -365,7 +365,7 @@ def test_queue_order_covers_the_whole_queue():
     jobs = [_job(f"j{g}-{h}", "FSDP", g, h) for g in (6, 9, 12, 15, 16, 17, 20, 30, 32) for h in (1.0, 2.0)]
     got = area.queue_order(jobs, 0.0, free=C)
     assert sorted(j.job_id for j in got) == sorted(j.job_id for j in jobs)
-    area_key = [j.remaining_time * j.gpu_demand for j in got]  # no ageing at t = 0
+    area_key = [time_key(j.remaining_time) * j.gpu_demand for j in got]  # no ageing at t = 0
     assert area_key == sorted(area_key)
     # fill order: the first large job (17 GPUs, 1 h), then the jobs of <= 16 GPUs that end with it
     # (1 h), largest first, then the rest in area order

@@ -145,6 +145,36 @@ def test_srtf_least_remaining_first(perf) -> None:
     assert placed(pol.schedule(state(C18, [], pend))) == ["a"]
 
 
+def test_equal_times_tie_by_submit_time_not_float_rounding(perf) -> None:
+    """Two 1-hour jobs whose estimates differ only by float rounding (3600.0 vs 3599.9999999999995,
+    as total_samples / best_thp gives for different models and demands): the earlier one first,
+    as documented, for SRTF and SJF alike."""
+    early, late = job("early", 8, submit=10.0, total=3600.0), job("late", 8, submit=20.0, total=3599.9999999999995)
+    for name in ("srtf", "sjf", "greedy"):
+        pol = make_heuristic(name, perf)
+        assert [j.job_id for j in sorted([late, early], key=pol.order)] == ["early", "late"], name
+        assert placed(pol.schedule(state(C18, [], [late, early]))) == ["early"], name
+
+
+def test_greedy_sees_the_jobs_it_placed_earlier_in_the_round() -> None:
+    """All four jobs start in one round on an idle 4x8 cluster: the 4-GPU MoE job must not be put
+    beside the 12-GPU FSDP job placed a moment before (the rule used to see only the jobs running
+    before the round, so it judged those nodes free of multi-node neighbours)."""
+    c48 = ClusterSpec.parse("4x8")
+    perf48 = ContentionModel(c48)
+
+    def one_hour(jid, model, gpus, submit):
+        best = perf48.best_isolated_throughput(model, gpus)
+        return JobInfo(jid, model, gpus, submit, 3600.0 * best, best_thp=best)
+
+    pend = [one_hour("a", "FSDP", 12, 0.0), one_hour("b", "MoE", 6, 1.0), one_hour("c", "MoE", 6, 2.0),
+            one_hour("d", "MoE", 4, 3.0)]
+    dec = make_heuristic("greedy", perf48).schedule(ClusterState(0.0, c48, np.full(4, 8), [], pend))
+    where = {jid: set(p.nodes) for jid, p in dec.place}
+    assert set(where) == {"a", "b", "c", "d"}
+    assert len(where["d"]) == 2 and not where["d"] & where["a"], dec.place
+
+
 # ---------------------------------------------------------------------- LAS
 def test_las_favours_least_attained_service(perf) -> None:
     pol = make_heuristic("las", perf)
@@ -175,12 +205,17 @@ def reference_schedule(pol: OrderedPolicy, st_: ClusterState) -> Decision:
     dec = Decision()
     free = st_.free_gpus.astype(np.int64).copy()
     pending = sorted(st_.pending, key=pol.order)
+    running = list(st_.running)  # with this round's starts and preemptions (what greedy looks at)
+
+    def now() -> ClusterState:
+        return ClusterState(st_.time, st_.cluster, st_.free_gpus, running, st_.pending)
+
     victims = []
     if pol.preemptive:
         victims = sorted((j for j in st_.running if j.start_time is None or st_.time - j.start_time >= pol.min_run),
                          key=pol.order, reverse=True)
     for jb in pending:
-        p = pol.placement(jb, free, st_)
+        p = pol.placement(jb, free, now())
         if p is None and pol.preemptive and victims:
             key = pol.order(jb)
             trial, chosen = free.copy(), []
@@ -190,12 +225,13 @@ def reference_schedule(pol: OrderedPolicy, st_: ClusterState) -> Decision:
                 for n, c in v.placement.alloc:
                     trial[n] += c
                 chosen.append(v)
-                p = pol.placement(jb, trial, st_)
+                p = pol.placement(jb, trial, now())
                 if p is not None:
                     used = set(p.nodes)
                     for x in [x for x in chosen if used & set(x.placement.nodes)]:
                         dec.preempt.append(x.job_id)
                         victims.remove(x)
+                        running.remove(x)
                         for n, c in x.placement.alloc:
                             free[n] += c
                     break
@@ -206,6 +242,7 @@ def reference_schedule(pol: OrderedPolicy, st_: ClusterState) -> Decision:
         for n, c in p.alloc:
             free[n] -= c
         dec.place.append((jb.job_id, p))
+        running.append(JobInfo(**{**jb.__dict__, "placement": p}))
     return dec
 
 

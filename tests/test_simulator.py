@@ -356,6 +356,9 @@ def test_stepping_api() -> None:
         sim.start("b", Placement.of({0: 3}))
     with pytest.raises(SimulationError, match="does not fit"):
         sim.start("b", Placement.of({1: 2}))  # no node 1
+    with pytest.raises(SimulationError, match="repeats a node"):  # not via Placement.of: 1 + 1 on node 0
+        sim.start("b", Placement(((0, 1), (0, 1))))
+    assert sim.state().free_gpus.tolist() == [2]  # nothing was taken
     sim.preempt("a")
     assert sim.state().free_gpus.tolist() == [4]
     sim.apply(Decision(place=[("a", Placement.of({0: 2})), ("b", Placement.of({0: 2}))]))

@@ -379,6 +379,8 @@ class Simulator:
             raise SimulationError(f"job {job_id} is already running")
         if p.total_gpus != j.spec.gpu_demand:
             raise SimulationError(f"job {job_id}: placement {p} has {p.total_gpus} GPUs, demand is {j.spec.gpu_demand}")
+        if len(set(p.nodes)) != p.num_nodes or any(c <= 0 for _n, c in p.alloc):
+            raise SimulationError(f"job {job_id}: placement {p} repeats a node or has an empty one (build it with Placement.of)")
         for n, c in p.alloc:
             if n < 0 or n >= len(self.free) or c > self.free[n]:
                 raise SimulationError(f"job {job_id}: placement {p} does not fit free GPUs {self.free.tolist()}")
