@@ -112,15 +112,63 @@ def cmd_preempt(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    """Validate the file, then build its policy the way the daemon does (``make_policy``).
+
+    A heuristic needs nothing else. An RL policy needs the live partition's
+    shape, which only Slurm knows: with ``--cluster`` it is built for that
+    shape; without, for the shape its checkpoint was trained on (the shipped
+    4x8 one when no checkpoint is named). So an unknown name or a checkpoint
+    that is missing or does not load fails here, exit 2 with one line, instead
+    of at the daemon's first round.
+    """
     cfg = load_config(args.path)
+    from controller.daemon import make_policy
+    from policies.base import PolicyError
+    from policies.cluster import ClusterSpec
     from policies.perf import ContentionModel
 
-    if not cfg.controller.policy.lower().startswith("rl"):
-        from policies.heuristics import make_heuristic
+    c = cfg.controller
+    name = c.policy.strip()
+    rl = name.lower().startswith("rl")
+    key = "controller.policy"
+    shape = ""
+    try:
+        if args.cluster:
+            cluster = ClusterSpec.parse(args.cluster)
+            shape = f"; built for {cluster.describe()}"
+        else:
+            cluster = ClusterSpec.parse(_RL_DEFAULT_SHAPE)  # heuristics work on any shape
+            ckpt = _named_checkpoint(name, c.policy_checkpoint) if rl else None
+            if ckpt is not None:
+                from policies.checkpoint import load_checkpoint
 
-        make_heuristic(cfg.controller.policy, ContentionModel())
-    print(f"{args.path}: OK (policy {cfg.controller.policy}, interval {cfg.controller.interval_s:g} s)")
+                if ":" not in name:
+                    key = "controller.policy_checkpoint"
+                cluster = load_checkpoint(ckpt).cluster
+                shape = f"; trained on {cluster.describe()}: the partition must have that shape"
+            elif rl and name.lower() != "rl-prior":
+                shape = f"; checked with the shipped {_RL_DEFAULT_SHAPE} checkpoint: other shapes need their own"
+        key = "controller.policy"
+        make_policy(name, cluster, ContentionModel(cluster), c.policy_checkpoint)
+    except PolicyError as exc:
+        raise PolicyError(f"{args.path}: {key}: {exc}") from None
+    print(f"{args.path}: OK (policy {c.policy}, interval {c.interval_s:g} s{shape})")
     return 0
+
+
+#: cluster shape of the shipped RL checkpoints (policies/checkpoints/rl-*-4x8.*)
+_RL_DEFAULT_SHAPE = "4x8"
+
+
+def _named_checkpoint(policy: str, policy_checkpoint: str | None) -> str | None:
+    """The checkpoint an RL policy name uses, as ``policies.rl.make_rl_policy`` picks it
+    (``NAME:/path`` first, then ``policy_checkpoint``); None: the shipped one for the shape."""
+    mode, sep, path = policy.partition(":")
+    if mode.strip().lower() == "rl-prior" and not sep:
+        return None
+    if sep:
+        return path or None
+    return policy_checkpoint or None
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -144,7 +192,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--config")
     q.add_argument("--state-dir")
     q.set_defaults(func=cmd_preempt)
-    c = csub.add_parser("check-config", help="validate a controller config file")
+    c = csub.add_parser("check-config", help="validate a controller config file and build its policy")
     c.add_argument("path")
+    c.add_argument("--cluster", metavar="NODESxGPUS",
+                   help="build the policy for this cluster shape (e.g. 4x8, or a cluster file); default: "
+                        "the RL checkpoint's training shape (shipped checkpoints: 4x8)")
     c.set_defaults(func=cmd_check)
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])

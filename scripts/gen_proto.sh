@@ -7,7 +7,8 @@
 # works without putting proto/ on sys.path.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python -m grpc_tools.protoc -I proto \
+source scripts/python-env.sh   # PY: ${PYTHON:-python3}, or .venv on an externally managed Python
+"$PY" -m grpc_tools.protoc -I proto \
     --python_out=proto --pyi_out=proto --grpc_python_out=proto \
     proto/rlsched_agent.proto
 sed -i 's/^import rlsched_agent_pb2 as /from . import rlsched_agent_pb2 as /' proto/rlsched_agent_pb2_grpc.py

@@ -22,13 +22,20 @@
 #     `rlsched controller run` beside slurmctld.
 # Ports: slurmctld PORT, slurmd of nodeK PORT+K, its agent PORT+50+K, the
 # controller's Prometheus metrics PORT+100 (--metrics-port).
-# `down` stops exactly the processes whose pids it recorded under DIR/run.
-# Nothing here touches /etc/slurm or the system munged.
+# `up` checks controller.toml (`rlsched controller check-config`) before it
+# starts anything; if `up` fails it says why and where the logs are, and stops
+# what it started (a cluster that was already running is left as it was).
+# `down` cancels the cluster's jobs (waits up to 30 s for them to end), then
+# stops exactly the processes whose pids it recorded under DIR/run, and kills
+# any slurmstepd (with its job's processes) still working for DIR.
+# DIR is made absolute; it must not contain whitespace or characters that
+# slurm.conf cannot take unquoted. Nothing here touches /etc/slurm or the
+# system munged.
 set -euo pipefail
 
 cmd="${1:-}"
 [[ -n "$cmd" ]] && shift || true
-if [[ "$cmd" == "-h" || "$cmd" == "--help" ]]; then sed -n '2,26p' "$0"; exit 0; fi
+if [[ "$cmd" == "-h" || "$cmd" == "--help" ]]; then sed -n '2,33p' "$0"; exit 0; fi
 
 DIR="${RLSCHED_CLUSTER_DIR:-/tmp/rlsched-cluster}"
 NODES=4
@@ -40,8 +47,11 @@ WITH_CONTROLLER=1
 WITH_AGENTS=1
 PARTITION="gpu"
 CPUS=32
+REAL_MEMORY=64000   # MB per node (nothing enforces it: TaskPlugin=task/none)
 METRICS_PORT=""
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# rlsched's Python environment (activates REPO/.venv when setup.sh made one, see there)
+source "$REPO/scripts/python-env.sh"
 
 die() { echo "local-cluster: error: $*" >&2; exit 2; }
 log() { echo "local-cluster: $*" >&2; }
@@ -57,7 +67,7 @@ while [[ $# -gt 0 ]]; do
     --metrics-port) METRICS_PORT="$2"; shift 2 ;;
     --no-controller) WITH_CONTROLLER=0; shift ;;
     --no-agents) WITH_AGENTS=0; shift ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
 done
@@ -65,30 +75,49 @@ done
 [[ "$GPUS" =~ ^[1-9][0-9]*$ ]] || die "--gpus must be a positive integer, got '$GPUS'"
 [[ "$PORT" =~ ^[1-9][0-9]*$ ]] || die "--port must be a port number, got '$PORT'"
 [[ -n "$METRICS_PORT" ]] || METRICS_PORT=$((PORT + 100))
+[[ -n "$DIR" ]] || die "--dir must not be empty"
+# Daemons chdir to / (and slurm.conf takes absolute paths): make DIR absolute.
+DIR="$(realpath -m -- "$DIR")"
+# DIR goes unquoted into slurm.conf, gres.conf (File=...[0-7]) and munged's
+# options: refuse what they cannot take, before anything is written.
+if [[ "$DIR" =~ [[:space:]] ]]; then
+  die "--dir must not contain whitespace (it goes unquoted into slurm.conf): '$DIR'"
+fi
+[[ "$DIR" =~ ^[A-Za-z0-9._/+@-]+$ ]] \
+  || die "--dir may contain only letters, digits and . _ / + @ - (it goes unquoted into slurm.conf): '$DIR'"
 
 CONF="$DIR/etc/slurm.conf"
 RUN="$DIR/run"
 export SLURM_CONF="$CONF"
 
-pid_alive() { [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# A process is alive when ps sees it and it is not a zombie. (Not `kill -0`:
+# for a non-root `status` it fails with EPERM on root's daemons.)
+alive() {
+  local st
+  [[ "$1" =~ ^[0-9]+$ ]] || return 1
+  st="$(ps -o stat= -p "$1" 2>/dev/null)" || return 1
+  st="${st//[[:space:]]/}"
+  [[ -n "$st" && "$st" != Z* ]]
+}
+pid_alive() { [[ -f "$1" ]] && alive "$(cat "$1" 2>/dev/null)"; }
 
 stop_pidfiles() {  # stop exactly the processes whose pids we recorded (TERM together, then KILL after 5 s)
   local f pid pids=()
   for f in "$@"; do
     [[ -f "$f" ]] || continue
     pid="$(cat "$f")"
-    if [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null; then
+    if alive "$pid"; then
       kill "$pid" 2>/dev/null || true
       pids+=("$pid")
     fi
   done
   for _ in $(seq 50); do
     local alive=0
-    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    for pid in "${pids[@]}"; do alive "$pid" && alive=1; done
     [[ "$alive" -eq 0 ]] && break
     sleep 0.1
   done
-  for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && kill -9 "$pid" 2>/dev/null; done
+  for pid in "${pids[@]}"; do alive "$pid" && { kill -9 "$pid" 2>/dev/null || true; }; done
   rm -f "$@"
 }
 
@@ -99,7 +128,9 @@ ensure_packages() {
   command -v sbatch >/dev/null || missing+=(slurm-client)
   command -v munged >/dev/null || missing+=(munge)
   # slurmctld's job_submit/lua plugin needs liblua5.3 at run time
-  ldconfig -p 2>/dev/null | grep -q 'liblua5\.3\.so\.0 ' || missing+=(liblua5.3-0)
+  # (grep reads all of ldconfig's output: `grep -q` would exit at the first match and,
+  # under pipefail, a large cache's SIGPIPE in ldconfig would count as "missing")
+  ldconfig -p 2>/dev/null | grep 'liblua5\.3\.so\.0 ' >/dev/null || missing+=(liblua5.3-0)
   if [[ ${#missing[@]} -gt 0 ]]; then
     [[ $EUID -eq 0 ]] || die "missing ${missing[*]} and not root: install them (apt-get install slurm-wlm munge liblua5.3-0)"
     log "installing ${missing[*]} from Debian"
@@ -142,7 +173,10 @@ write_config() {
     echo "SchedulerType=sched/backfill"
     echo "SchedulerParameters=sched_interval=2,defer_batch"
     echo "SelectType=select/cons_tres"
-    echo "SelectTypeParameters=CR_Core"
+    # as in slurm_conf/slurm.conf.fragment: memory is consumable, and a job that
+    # asks for none gets DefMemPerCPU per CPU (not the whole node), so jobs share nodes
+    echo "SelectTypeParameters=CR_Core_Memory"
+    echo "DefMemPerCPU=$((REAL_MEMORY / CPUS))"
     echo "GresTypes=gpu"
     echo "ReturnToService=2"
     echo "JobRequeue=1"
@@ -157,7 +191,7 @@ write_config() {
     echo "JobAcctGatherType=jobacct_gather/none"
     echo "JobCompType=jobcomp/none"
     for i in $(seq 1 "$NODES"); do
-      echo "NodeName=node$i NodeHostname=$host NodeAddr=127.0.0.1 Port=$((PORT + i)) CPUs=$CPUS RealMemory=64000 Gres=gpu:$GPUS State=UNKNOWN"
+      echo "NodeName=node$i NodeHostname=$host NodeAddr=127.0.0.1 Port=$((PORT + i)) CPUs=$CPUS RealMemory=$REAL_MEMORY Gres=gpu:$GPUS State=UNKNOWN"
     done
     echo "PartitionName=$PARTITION Nodes=$nodelist Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO"
   } >"$CONF.tmp"
@@ -215,6 +249,9 @@ export RLSCHED_STORE="$DIR/checkpoints"
 # the example jobs (scripts/examples/*.sbatch) find the repository here
 export RLSCHED_REPO="$REPO"
 EOF
+  if [[ "${VIRTUAL_ENV:-}" == "$RLSCHED_VENV" ]]; then  # rlsched lives in the repository's virtualenv
+    echo "export PATH=\"$RLSCHED_VENV/bin:\$PATH\"" >>"$DIR/env.sh"
+  fi
   chmod 644 "$DIR/env.sh"
 }
 
@@ -237,12 +274,13 @@ start_slurm() {
   log "waiting for $NODES idle nodes"
   for _ in $(seq 120); do
     local n
+    # slurmctld may not answer yet: a failing sinfo is "not yet", never the end of the script
     n="$(sinfo -h -N -o '%N %t' 2>/dev/null | awk '$2 ~ /^(idle|mix|alloc)/' | wc -l)" || n=0
     [[ "$n" -ge "$NODES" ]] && return 0
     # nodes left DOWN from an earlier run come back via ReturnToService=2; nudge them
-    sinfo -h -N -o '%N %t' 2>/dev/null | awk '$2 ~ /down|drain/ {print $1}' | while read -r nd; do
+    { sinfo -h -N -o '%N %t' 2>/dev/null | awk '$2 ~ /down|drain/ {print $1}' | while read -r nd; do
       scontrol update NodeName="$nd" State=RESUME 2>/dev/null || true
-    done
+    done; } || true
     sleep 0.5
   done
   die "nodes did not come up idle (see $DIR/log/)"
@@ -250,6 +288,14 @@ start_slurm() {
 
 have_rlsched_cmd() {  # have_rlsched_cmd agent -> true when `rlsched agent` exists
   command -v rlsched >/dev/null && rlsched "$1" --help >/dev/null 2>&1
+}
+
+check_controller_config() {  # before anything starts: a bad policy (name, checkpoint, shape) stops `up` here
+  [[ "$WITH_CONTROLLER" -eq 1 ]] || return 0
+  have_rlsched_cmd controller || die "'rlsched controller' not available (bash $REPO/scripts/setup.sh installs it)"
+  local out
+  out="$(rlsched controller check-config --cluster "${NODES}x${GPUS}" "$DIR/etc/controller.toml" 2>&1)" \
+    || die "bad controller config: ${out##*error: }"
 }
 
 start_agents() {
@@ -270,9 +316,20 @@ start_agents() {
 start_controller() {
   [[ "$WITH_CONTROLLER" -eq 1 ]] || return 0
   pid_alive "$RUN/controller.pid" && return 0
-  have_rlsched_cmd controller || die "'rlsched controller' not available (pip install -e $REPO)"
-  nohup rlsched controller run --config "$DIR/etc/controller.toml" >>"$DIR/log/controller.out" 2>&1 &
+  local out="$DIR/log/controller.out" from
+  from="$(stat -c %s "$out" 2>/dev/null || echo 0)"
+  nohup rlsched controller run --config "$DIR/etc/controller.toml" >>"$out" 2>&1 &
   echo $! >"$RUN/controller.pid"
+  # it builds the policy at its first round: wait for that round (or its death), 30 s at most
+  local status="$DIR/controller/status.json" t0; t0="$(date +%s)"
+  for _ in $(seq 300); do
+    if ! pid_alive "$RUN/controller.pid"; then
+      die "the controller exited at start-up: $(tail -c +"$((from + 1))" "$out" | grep -v '^\s*$' | tail -n 1) (see $out)"
+    fi
+    [[ -f "$status" && "$(stat -c %Y "$status" 2>/dev/null || echo 0)" -ge "$t0" ]] && return 0
+    sleep 0.1
+  done
+  log "the controller has not finished a round after 30 s; it keeps running (see $out)"
 }
 
 status() {
@@ -286,13 +343,82 @@ status() {
   squeue -O 'JobID:7,UserName:10,Name:14,State:10,NumNodes:6,tres-per-job:14,tres-per-node:14,ReasonList:20,Comment:40' 2>/dev/null || true
 }
 
+cancel_jobs() {  # scancel every job of this cluster, wait (30 s at most) until squeue shows none
+  pid_alive "$RUN/slurmctld.pid" || return 0
+  local ids
+  ids="$(squeue -h -o '%A' 2>/dev/null | sort -u | tr '\n' ' ')" || return 0
+  [[ -n "${ids// /}" ]] || return 0
+  log "cancelling jobs: $ids"
+  # shellcheck disable=SC2086
+  scancel $ids 2>/dev/null || true
+  for _ in $(seq 150); do
+    ids="$(squeue -h -o '%A' 2>/dev/null)" || return 0
+    [[ -z "$ids" ]] && return 0
+    sleep 0.2
+  done
+  log "jobs still listed after 30 s: $(echo $ids); their processes are killed below"
+}
+
+stepd_pids() {  # slurmstepd processes working for this cluster: their cwd or an open file is under DIR
+  local p link
+  for p in $(pgrep -x slurmstepd 2>/dev/null || true); do
+    alive "$p" || continue
+    for link in "/proc/$p/cwd" "/proc/$p"/fd/*; do
+      case "$(readlink "$link" 2>/dev/null)" in
+        "$DIR"/*|"$DIR") echo "$p"; break ;;
+      esac
+    done
+  done
+}
+
+kill_stray_steps() {  # SIGKILL leftover slurmstepd of DIR and everything in their sessions (the job's processes)
+  local p sid pids=() q
+  for p in $(stepd_pids); do
+    sid="$(ps -o sid= -p "$p" 2>/dev/null | tr -d '[:space:]')" || sid=""
+    pids+=("$p")
+    if [[ "$sid" =~ ^[0-9]+$ && "$sid" -gt 1 ]]; then
+      for q in $(ps -e -o pid=,sid= | awk -v s="$sid" '$2 == s {print $1}'); do pids+=("$q"); done
+    fi
+  done
+  [[ ${#pids[@]} -gt 0 ]] || return 0
+  mapfile -t pids < <(printf '%s\n' "${pids[@]}" | sort -un)
+  log "killing leftover job steps of $DIR: ${pids[*]}"
+  kill -9 "${pids[@]}" 2>/dev/null || true
+  for _ in $(seq 50); do
+    local left=0
+    for p in "${pids[@]}"; do alive "$p" && left=1; done
+    [[ "$left" -eq 0 ]] && return 0
+    sleep 0.1
+  done
+  log "still running after SIGKILL: ${pids[*]}"
+}
+
 down() {
   [[ -d "$RUN" ]] || { log "nothing running at $DIR"; return 0; }
   shopt -s nullglob
-  stop_pidfiles "$RUN/controller.pid" "$RUN"/agent-*.pid "$RUN"/slurmd-*.pid
+  # nothing may place or requeue jobs while they are cancelled
+  stop_pidfiles "$RUN/controller.pid" "$RUN"/agent-*.pid
+  cancel_jobs
+  stop_pidfiles "$RUN"/slurmd-*.pid
+  kill_stray_steps
   stop_pidfiles "$RUN/slurmctld.pid"
   stop_pidfiles "$RUN/munged.pid"
   log "stopped cluster at $DIR"
+}
+
+on_up_exit() {  # EXIT trap of `up`: on failure say so, and stop what this `up` started
+  local rc=$1
+  trap - EXIT
+  [[ "$rc" -eq 0 ]] && return 0
+  log "up failed (exit status $rc); logs are in $DIR/log/"
+  if [[ "$UP_FRESH" -eq 1 ]]; then
+    log "stopping what it started"
+    set +e
+    down
+  else
+    log "the cluster that was already running is left as it is: '$0 down --dir $DIR' stops it"
+  fi
+  exit "$rc"
 }
 
 case "$cmd" in
@@ -300,15 +426,20 @@ case "$cmd" in
     [[ $EUID -eq 0 ]] || die "must run as root (it starts slurmd/slurmctld)"
     ensure_packages
     if pid_alive "$RUN/slurmctld.pid" 2>/dev/null && [[ -f "$CONF" ]]; then
+      UP_FRESH=0
       log "cluster already running at $DIR: starting only what is missing"
     else
+      UP_FRESH=1
       write_config
     fi
+    trap 'on_up_exit $?' EXIT
+    write_controller_config
+    check_controller_config
     start_munge
     start_slurm
-    write_controller_config
     start_agents
     start_controller
+    trap - EXIT
     log "up: source $DIR/env.sh, then sbatch --gpus=N --comment rlsched:model=MoE,samples=... your_job.sh"
     ;;
   down) down ;;

@@ -5,8 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --no-slurm
+# the environment setup.sh installed into (REPO/.venv on an externally managed system Python)
+source scripts/python-env.sh
 out=${1:-out/quickstart}
-rlsched simulate \
+"$PY" -m rlsched.cli simulate \
   --trace data/traces/deepshare/simulate/trace0.json \
   --cluster 4x8 \
   --policy fifo,srtf,las,greedy,rl-base,rl-hybrid \

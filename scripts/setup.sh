@@ -2,6 +2,14 @@
 # Install rlsched and everything it needs on a fresh Debian 12 machine.
 #   bash scripts/setup.sh           # Python package + Slurm/MUNGE from Debian (when root)
 #   bash scripts/setup.sh --no-slurm  # Python package only
+#
+# Python: ${PYTHON:-python3} and its pip, or the active virtualenv. An
+# externally managed system Python (PEP 668, e.g. Debian's /usr/bin/python3,
+# where `pip install` is refused) gets a virtualenv of its own in .venv here
+# instead (python3-venv is installed from Debian when root); scripts/test.sh,
+# quickstart.sh and local-cluster.sh then use .venv by themselves
+# (scripts/python-env.sh), and `source .venv/bin/activate` puts rlsched on
+# your shell's PATH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,22 +21,58 @@ for a in "$@"; do
   esac
 done
 
+apt_updated=0
+apt_install() {  # apt_install PKG...: from Debian, quietly (root only)
+  export DEBIAN_FRONTEND=noninteractive
+  if [ "$apt_updated" = 0 ]; then apt-get update -qq; apt_updated=1; fi
+  apt-get install -y -qq "$@" >/dev/null
+}
+
 if [ "$want_slurm" = 1 ]; then
   if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null || ! command -v lua5.3 >/dev/null; then
     if [ "$(id -u)" = 0 ]; then
       echo "==> installing Slurm, MUNGE and Lua from Debian"
-      export DEBIAN_FRONTEND=noninteractive
-      apt-get update -qq
-      apt-get install -y -qq slurm-wlm munge lua5.3 >/dev/null
+      apt_install slurm-wlm munge lua5.3
     else
       echo "setup.sh: not root: skipping the Slurm/MUNGE install (the live-cluster tests will be skipped)" >&2
     fi
   fi
 fi
 
-PY=${PYTHON:-python3}
-echo "==> installing Python packages"
-# The CPU build of PyTorch; any other spec pulls GBs of CUDA wheels.
+# sets PY (and activates .venv when it exists and is the environment to use)
+source scripts/python-env.sh
+
+if py_needs_repo_venv && ! { [ -x "$RLSCHED_VENV/bin/python" ] && "$RLSCHED_VENV/bin/python" -c '' 2>/dev/null; }; then
+  # PEP 668: this Python refuses `pip install` outside a virtualenv: make one for rlsched
+  if ! { command -v "$PY" >/dev/null && "$PY" -c 'import ensurepip, venv' 2>/dev/null; }; then
+    if [ "$(id -u)" = 0 ]; then
+      echo "==> installing python3, python3-venv and python3-pip from Debian"
+      apt_install python3 python3-venv python3-pip
+    else
+      echo "setup.sh: $PY is an externally managed Python (PEP 668) without the venv module:" \
+           "install python3-venv (apt-get install python3-venv), or activate a virtualenv and run this again" >&2
+      exit 2
+    fi
+  fi
+  echo "==> $PY is externally managed (PEP 668): creating a virtualenv for rlsched in .venv"
+  "$PY" -m venv --clear "$RLSCHED_VENV"
+  py_activate_repo_venv
+fi
+if ! "$PY" -m pip --version >/dev/null 2>&1; then
+  echo "setup.sh: $PY has no pip: install it (Debian: apt-get install python3-pip), or activate a virtualenv" >&2
+  exit 2
+fi
+
+echo "==> installing Python packages into $("$PY" -c 'import sys; print(sys.prefix)')"
+# torch==2.13.0 is whatever build the package indexes offer: the CPU-only
+# build where a local CPU wheel is provided (this project's CI machines have
+# torch-2.13.0+cpu in pip's find-links), otherwise PyPI's default build, which
+# pulls GBs of CUDA libraries. For the CPU build from PyTorch's own index:
+#   PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu bash scripts/setup.sh
 "$PY" -m pip install -q --disable-pip-version-check "torch==2.13.0"
 "$PY" -m pip install -q --disable-pip-version-check -e ".[test,hdfs]"
 echo "==> rlsched $("$PY" -c 'import rlsched; print(rlsched.__version__)') installed"
+if [ "${VIRTUAL_ENV:-}" = "$RLSCHED_VENV" ]; then
+  echo "==> rlsched is in $RLSCHED_VENV: scripts/*.sh use it by themselves;" \
+       "'source .venv/bin/activate' puts rlsched on your shell's PATH"
+fi

@@ -3,7 +3,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit $?
-python3 -m pytest -q "$@"
+# the environment setup.sh installed into (REPO/.venv on an externally managed system Python)
+source scripts/python-env.sh
+"$PY" -m pytest -q "$@"
 rc=$?
 # pytest exits 5 when it collected no tests: that is a failure of the suite, say so.
 if [ "$rc" = 5 ]; then

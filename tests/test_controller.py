@@ -872,3 +872,54 @@ def test_full_gc_runs_between_rounds_only(tmp_path, monkeypatch):
     assert gc.get_threshold() == before
     assert ran and any(ran)  # a full collection happened, between rounds
     assert daemon.idle_gc(10**9) is False
+
+
+# --------------------------------------------------------------------------- check-config builds the policy
+def _check_config(tmp_path, capsys, controller_toml: str, *extra: str) -> tuple[int, str, str]:
+    from rlsched.cli import main
+
+    f = tmp_path / "check.toml"
+    f.write_text("[controller]\n" + controller_toml)
+    rc = main(["controller", "check-config", *extra, str(f)])
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+@pytest.mark.parametrize(
+    "toml,needle",
+    [
+        ('policy = "rl-hybird"\n', "controller.policy: unknown RL policy 'rl-hybird'"),
+        ('policy = "gredy"\n', "controller.policy: unknown policy 'gredy'"),
+        ('policy = "rl-hybrid"\npolicy_checkpoint = "{tmp}/missing.safetensors"\n',
+         "controller.policy_checkpoint: {tmp}/missing.json: checkpoint metadata not found"),
+        ('policy = "rl-base:{tmp}/none.json"\n', "controller.policy: {tmp}/none.json: checkpoint metadata not found"),
+    ],
+)
+def test_check_config_fails_on_a_policy_the_daemon_could_not_build(tmp_path, capsys, toml, needle):
+    """`check-config` builds the policy as `run` does: a bad name or checkpoint is exit 2 and one line
+    naming the file and key, not an error at the daemon's first round."""
+    pytest.importorskip("policies.rl")
+    rc, out, err = _check_config(tmp_path, capsys, toml.format(tmp=tmp_path))
+    assert rc == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("rlsched controller: error: ") and str(tmp_path / "check.toml") in err
+    assert needle.format(tmp=tmp_path) in err
+
+
+def test_check_config_builds_rl_policies_for_the_checkpoint_or_the_given_shape(tmp_path, capsys):
+    pytest.importorskip("policies.rl")
+    shipped = REPO / "policies" / "checkpoints" / "rl-base-4x8.json"
+    rc, out, err = _check_config(tmp_path, capsys, 'policy = "rl-hybrid"\n')
+    assert (rc, err) == (0, "") and "OK (policy rl-hybrid" in out and "shipped 4x8" in out
+    rc, out, err = _check_config(tmp_path, capsys, f'policy = "rl-base"\npolicy_checkpoint = "{shipped}"\n')
+    assert (rc, err) == (0, "") and "trained on 4x8" in out
+    rc, out, err = _check_config(tmp_path, capsys, f'policy = "rl-hybrid:{shipped}"\n')
+    assert (rc, err) == (0, "") and "trained on 4x8" in out
+    rc, out, err = _check_config(tmp_path, capsys, 'policy = "rl-prior"\n', "--cluster", "2x8")
+    assert (rc, err) == (0, "") and "built for 2x8" in out
+    # --cluster: the live partition's shape; no shipped checkpoint for 2x8
+    rc, out, err = _check_config(tmp_path, capsys, 'policy = "rl-hybrid"\n', "--cluster", "2x8")
+    assert rc == 2 and "no shipped rl-hybrid checkpoint for a 2x8 cluster" in err and err.count("\n") == 1
+    rc, out, err = _check_config(tmp_path, capsys, 'policy = "greedy:spread"\n', "--cluster", "2x8")
+    assert (rc, err) == (0, "")
+    rc, out, err = _check_config(tmp_path, capsys, 'policy = "greedy"\n', "--cluster", "4y8")
+    assert rc == 2 and "bad cluster spec '4y8'" in err
