@@ -97,7 +97,7 @@ import numpy as np
 from policies.cluster import ClusterSpec, Placement
 from policies.perf import MIN_RATIO, ContentionModel, JobKey
 from policies.placement import pack
-from policies.state import TIME_KEY_DECIMALS, ClusterState, JobInfo, time_key
+from policies.state import TIME_KEY_SCALE, ClusterState, JobInfo, time_key
 from policies.waves import plan_order
 from policies.workloads import get_workload
 
@@ -151,6 +151,7 @@ def _neg_demand(j: JobInfo) -> int:
     return -j.gpu_demand
 
 
+_floor = math.floor
 _SRTF_FIELDS = operator.attrgetter("total_samples", "done_samples", "best_thp", "submit_time", "job_id", "gpu_demand")
 
 
@@ -557,7 +558,8 @@ class Encoder:
 
         ``JobInfo.remaining_time`` written out (the same arithmetic, so the same floats), as a
         :func:`~policies.state.time_key`: this key sorts every pending job once per round."""
-        return (round(max(j.total_samples - j.done_samples, 0.0) / j.best_thp, TIME_KEY_DECIMALS), j.submit_time, j.job_id)
+        t = max(j.total_samples - j.done_samples, 0.0) / j.best_thp
+        return (_floor(t * TIME_KEY_SCALE + 0.5) / TIME_KEY_SCALE, j.submit_time, j.job_id)
 
     @staticmethod
     def srtf_heaps(pending: Sequence[JobInfo]) -> dict[int, list[tuple]]:
@@ -569,7 +571,8 @@ class Encoder:
         """
         groups: dict[int, list[tuple]] = {}
         for n, ((t, d, b, s, i, g), j) in enumerate(zip(map(_SRTF_FIELDS, pending), pending)):
-            k = (round((t - d if t > d else 0.0) / b, TIME_KEY_DECIMALS), s, i, n, j)  # srtf_key's (t - d > 0 iff t > d)
+            # srtf_key's arithmetic (t - d > 0 iff t > d), time_key inlined
+            k = (_floor((t - d if t > d else 0.0) / b * TIME_KEY_SCALE + 0.5) / TIME_KEY_SCALE, s, i, n, j)
             h = groups.get(g)
             if h is None:
                 groups[g] = [k]
@@ -613,10 +616,13 @@ class Encoder:
         :param free: free GPUs of the cluster; needed by the ``"fill"`` order (:meth:`fill_order`).
         """
         best: dict[int, JobInfo] = {}
+        best_key: dict[int, tuple] = {}
+        srtf_key = self.srtf_key
         for j in pending:
-            cur = best.get(j.gpu_demand)
-            if cur is None or self.srtf_key(j) < self.srtf_key(cur):
-                best[j.gpu_demand] = j
+            k = srtf_key(j)
+            cur = best_key.get(j.gpu_demand)
+            if cur is None or k < cur:
+                best[j.gpu_demand], best_key[j.gpu_demand] = j, k
         if self.spec.order == "plan":
             counts: dict[int, int] = {}
             for j in pending:

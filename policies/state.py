@@ -9,6 +9,7 @@ Units: times in seconds, work in samples, service in GPU-seconds.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -16,10 +17,13 @@ import numpy as np
 
 from policies.cluster import ClusterSpec, Placement
 
-__all__ = ["JobInfo", "ClusterState", "Decision", "time_key", "TIME_KEY_DECIMALS"]
+__all__ = ["JobInfo", "ClusterState", "Decision", "time_key", "TIME_KEY_DECIMALS", "TIME_KEY_SCALE"]
 
 #: Decimals (of a second) that time-based ordering keys are rounded to, see :func:`time_key`.
 TIME_KEY_DECIMALS = 3
+#: ``10 ** TIME_KEY_DECIMALS``: ``floor(t * TIME_KEY_SCALE + 0.5) / TIME_KEY_SCALE`` is :func:`time_key`
+#: written out (hot loops inline it; 3x cheaper than ``round(t, 3)``)
+TIME_KEY_SCALE = 10.0**TIME_KEY_DECIMALS
 
 
 def time_key(seconds: float) -> float:
@@ -29,7 +33,7 @@ def time_key(seconds: float) -> float:
     (``total_samples / best_thp`` is 3600.0 for one model and demand, 3599.9999999999995 for
     another), and unrounded that noise, not the tie-break that follows (submit time, then
     job id), would decide their order."""
-    return round(seconds, TIME_KEY_DECIMALS)
+    return math.floor(seconds * TIME_KEY_SCALE + 0.5) / TIME_KEY_SCALE
 
 
 @dataclass
