@@ -192,7 +192,7 @@ def test_stop_request_checkpoints_and_exits_75_then_resumes(tmp_path: Path) -> N
 
 def test_signal_handler_restored(tmp_path: Path) -> None:
     def mine(signum: int, frame: object) -> None:
-        pass
+        """The job script's own SIGUSR2 handler (never called here)."""
 
     signal.signal(signal.SIGUSR2, mine)
     with _session(tmp_path):
@@ -200,7 +200,7 @@ def test_signal_handler_restored(tmp_path: Path) -> None:
     assert signal.getsignal(signal.SIGUSR2) is mine, "the script's own handler comes back"
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     with _session(tmp_path):
-        pass
+        assert signal.getsignal(signal.SIGUSR2) not in (signal.SIG_DFL, signal.SIG_IGN)  # the session's handler
     assert signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN
 
 

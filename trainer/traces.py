@@ -78,8 +78,8 @@ def not_utf8_error(path: str | Path, raw: bytes | None = None) -> TraceError:
         line = raw.count(b"\n", 0, exc.start) + 1
         bad = f"byte 0x{raw[exc.start]:02x} at line {line} (byte offset {exc.start})"
         return TraceError(path, f"not UTF-8 text: {bad}; save it as UTF-8")
-    except OSError:
-        pass
+    except OSError:  # cannot re-read it to locate the bad byte: the message without the position
+        return TraceError(path, "not UTF-8 text; save it as UTF-8")
     return TraceError(path, "not UTF-8 text; save it as UTF-8")
 
 
