@@ -21,6 +21,7 @@ __all__ = [
     "pack",
     "spread",
     "ContentionAwarePlacement",
+    "FloorPacking",
     "balanced_candidates",
     "PLACEMENT_RULES",
 ]
@@ -183,6 +184,44 @@ class ContentionAwarePlacement:
                 iso_o = perf.isolated_throughput(o.model, o.placement.total_gpus, o.placement.num_nodes)
                 loss += o.gpu_demand * iso_o * (1.0 / cs_b - 1.0 / cs_a) / max(o.best_thp, 1e-12)
         return gain - loss
+
+
+class FloorPacking:
+    """Packing placement (:func:`pack`) that keeps single-node jobs whole, with an optional floor.
+
+    A job of at most one node's GPUs goes to the node with the fewest free GPUs
+    that holds it (lowest index on ties) and waits (``None``) if no node does; a
+    larger job is placed by :func:`pack`. This is how the ``"plan"`` candidate
+    order packs (:mod:`policies.waves`), and it is ``rl-hybrid``'s safety rule.
+
+    :param perf: performance model, for the floor's score.
+    :param min_efficiency: admission floor in ``[0, 1]``: the packing placement
+        is returned only if it yields at least this many effective GPUs per GPU
+        allocated (:meth:`ContentionAwarePlacement.score`: the job's normalised
+        speed times its size minus what its new neighbours lose). ``0``
+        (default): every placement that fits.
+    """
+
+    uses_running = True  # the floor reads the running jobs (see ContentionAwarePlacement)
+
+    def __init__(self, perf: ContentionModel, min_efficiency: float = 0.0) -> None:
+        self._scorer = ContentionAwarePlacement(perf, min_efficiency)
+        self.perf = perf
+        self.min_efficiency = self._scorer.min_efficiency
+
+    def __call__(self, job: JobInfo, free: np.ndarray, state: ClusterState) -> Placement | None:
+        if job.gpu_demand <= self.perf.cluster.max_gpus_per_node and int(free.max(initial=0)) < job.gpu_demand:
+            return None  # a single-node job is never split
+        p = pack(job, free)
+        if p is None or self.min_efficiency <= 0.0:
+            return p
+        if self.score(job, p, state.jobs_on_node()) < self.min_efficiency * job.gpu_demand - 1e-9:
+            return None
+        return p
+
+    def score(self, job: JobInfo, cand: Placement, per_node: list[list[JobInfo]]) -> float:
+        """Net effective GPUs that ``cand`` adds (:meth:`ContentionAwarePlacement.score`)."""
+        return self._scorer.score(job, cand, per_node)
 
 
 PLACEMENT_RULES: dict[str, Callable[..., PlacementRule]] = {

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from policies.cluster import ClusterSpec, Placement
 from policies.perf import ContentionModel
-from policies.placement import ContentionAwarePlacement, balanced_candidates, pack, spread
+from policies.placement import ContentionAwarePlacement, FloorPacking, balanced_candidates, pack, spread
 from policies.state import ClusterState, JobInfo
 
 C48 = ClusterSpec.parse("4x8")
@@ -184,3 +184,55 @@ def test_greedy_efficiency_floor(perf: ContentionModel) -> None:
     assert ContentionAwarePlacement(cperf, min_efficiency=1.0)(new, empty.free_gpus, empty) is not None
     with pytest.raises(ValueError, match="min_efficiency"):
         ContentionAwarePlacement(cperf, min_efficiency=1.5)
+
+
+# ---------------------------------------------------------------------- floor packing (rl-hybrid's rule)
+def test_floor_packing_keeps_single_node_jobs_whole(perf: ContentionModel) -> None:
+    """A job of at most one node's GPUs goes whole to the best-fitting node, or waits; pack would split it."""
+    state = ClusterState(0.0, C48, np.array([3, 3, 2, 0]), [], [])
+    job = info("x", 4)
+    assert pack(job, state.free_gpus) is not None and pack(job, state.free_gpus).num_nodes == 2
+    assert FloorPacking(perf)(job, state.free_gpus, state) is None
+    state = ClusterState(0.0, C48, np.array([5, 8, 4, 6]), [], [])
+    assert FloorPacking(perf)(job, state.free_gpus, state) == Placement.of({2: 4})  # best fit
+    # larger jobs: exactly pack's placement
+    big = info("big", 20)
+    assert FloorPacking(perf)(big, state.free_gpus, state) == pack(big, state.free_gpus)
+    assert FloorPacking(perf)(info("huge", 24), state.free_gpus, state) is None  # 23 free
+    assert state.free_gpus.tolist() == [5, 8, 4, 6]  # never mutated
+
+
+def test_floor_packing_floor(perf: ContentionModel) -> None:
+    """With a floor it refuses the packing placement whose net effective GPUs per GPU is below it."""
+    running = [info("fsdp", 8, "FSDP", Placement.of({0: 4, 1: 4}), perf)]
+    cluster = ClusterSpec.parse("3x8")
+    cperf = ContentionModel(cluster)
+    free = free_after(running, cluster)
+    new = info("new", 12, "MoE", perf=cperf)
+    state = ClusterState(0.0, cluster, free, running, [new])
+    p = FloorPacking(cperf)(new, free, state)
+    assert p == Placement.of({2: 8, 0: 4})  # the free node, then beside FSDP
+    eff = FloorPacking(cperf).score(new, p, state.jobs_on_node()) / new.gpu_demand
+    assert eff == ContentionAwarePlacement(cperf).score(new, p, state.jobs_on_node()) / new.gpu_demand
+    assert 0.0 < eff < 1.0
+    assert FloorPacking(cperf, min_efficiency=eff - 1e-3)(new, free, state) == p
+    assert FloorPacking(cperf, min_efficiency=min(1.0, eff + 1e-3))(new, free, state) is None
+    with pytest.raises(ValueError, match="min_efficiency"):
+        FloorPacking(cperf, min_efficiency=-0.1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 8), min_size=4, max_size=4), st.integers(1, 32))
+def test_floor_packing_properties(free, gpus) -> None:
+    """Valid whenever it places: the demand exactly, within the free GPUs, one node for small jobs."""
+    perf = ContentionModel(C48)
+    f = np.array(free, dtype=np.int64)
+    state = ClusterState(0.0, C48, f.copy(), [], [])
+    p = FloorPacking(perf)(info("j", gpus), f, state)
+    if p is None:
+        assert gpus > int(f.sum()) or (gpus <= 8 and int(f.max()) < gpus)
+        return
+    assert p.total_gpus == gpus
+    assert all(c <= f[n] for n, c in p.alloc)
+    if gpus <= 8:
+        assert p.num_nodes == 1

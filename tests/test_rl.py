@@ -217,14 +217,18 @@ def test_incremental_round_equals_naive(tmp_path, seed):
             assert got.place == want.place
 
 
+@pytest.mark.parametrize("rule_name", ["packing", "contention-aware"])
 @pytest.mark.parametrize("floor", [0.0, 0.6, 0.9])
-def test_hybrid_safety_rule_respects_floor(floor):
+def test_hybrid_safety_rule_respects_floor(floor, rule_name):
     """Every safety-rule placement yields at least ``floor`` effective GPUs per GPU (perf model)."""
+    from policies.placement import ContentionAwarePlacement, FloorPacking
     from policies.rl import HYBRID_FLOOR
 
     spec = ObsSpec.for_cluster(C48)
-    pol = RLPolicy(_const_net(spec, spec.noop), Encoder(C48, PERF, spec), hybrid=True, hybrid_floor=floor)
-    assert RLPolicy(_const_net(spec, spec.noop), Encoder(C48, PERF, spec), hybrid=True)._rule.min_efficiency == HYBRID_FLOOR
+    pol = RLPolicy(_const_net(spec, spec.noop), Encoder(C48, PERF, spec), hybrid=True, hybrid_floor=floor, hybrid_rule=rule_name)
+    default = RLPolicy(_const_net(spec, spec.noop), Encoder(C48, PERF, spec), hybrid=True)._rule
+    assert isinstance(default, FloorPacking) and default.min_efficiency == HYBRID_FLOOR
+    assert isinstance(pol._rule, FloorPacking if rule_name == "packing" else ContentionAwarePlacement)
     rule = pol._rule
     effs = []
     inner = rule.__call__
@@ -247,6 +251,29 @@ def test_hybrid_floor_checked():
     spec = ObsSpec.for_cluster(C48)
     with pytest.raises(PolicyError, match="min_efficiency"):
         RLPolicy(_const_net(spec, spec.noop), Encoder(C48, PERF, spec), hybrid=True, hybrid_floor=-0.1)
+    with pytest.raises(PolicyError, match="safety rule 'best'.*packing, contention-aware"):
+        RLPolicy(_const_net(spec, spec.noop), Encoder(C48, PERF, spec), hybrid=True, hybrid_rule="best")
+
+
+def test_hybrid_rule_fills_within_the_horizon_and_packs():
+    """The safety rule's starts: each job ends (by its estimate) before the longest-running job
+    already started, single-node jobs are never split, and every start fits the GPUs left."""
+    spec = ObsSpec.for_cluster(C48)
+    pol = RLPolicy(_const_net(spec, spec.noop), Encoder(C48, PERF, spec), hybrid=True)
+    seen = []
+    inner = pol._safety_fill
+
+    def spy(state, pending, free, place, room=None):
+        horizon = max((r.remaining_time for r in state.running), default=0.0)
+        def checked_place(job, p):
+            seen.append((job.remaining_time <= horizon, job.gpu_demand > 8 or p.num_nodes == 1))
+            return place(job, p)
+        return inner(state, pending, free, checked_place, room)
+
+    pol._safety_fill = spy
+    res = _run(pol, _jobs(60, 4, "zero"))
+    assert len(res.jobs) == 60 and seen and pol.stats["fallback_placements"] == len(seen)
+    assert all(a and b for a, b in seen)
 
 
 class _Keep:

@@ -1,0 +1,49 @@
+"""benchmarks/hybrid_floor.py: rl-hybrid's safety-rule variants against rl-base, on real simulations."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+
+from policies.cluster import ClusterSpec
+from policies.perf import ContentionModel
+from trainer.generate import GeneratorConfig, generate_jobs
+from trainer.traces import write_trace
+
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "hybrid_floor.py"
+_spec = importlib.util.spec_from_file_location("hybrid_floor", _PATH)
+hf = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(hf)
+
+C48 = ClusterSpec.parse("4x8")
+
+
+def test_cli_compares_rules_and_floors(tmp_path, capsys):
+    perf = ContentionModel(C48)
+    for g, demand in (("uniform", "uniform"), ("pow2", "pow2")):
+        d = tmp_path / "groups" / g
+        d.mkdir(parents=True)
+        for s in range(2):
+            cfg = GeneratorConfig(num_jobs=24, demand=demand, seed=s)
+            write_trace(d / f"set{s}.csv", generate_jobs(C48, cfg, perf))
+    out = tmp_path / "hf.json"
+    args = ["--traces", str(tmp_path / "groups"), "--floors", "0,0.7", "--rules", "packing,contention-aware"]
+    assert hf.main(args + ["--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "over the 2 groups" in text and "packing 0.7" in text and "contention-aware 0" in text
+    got = json.loads(out.read_text())
+    assert set(got) == {"uniform", "pow2"}
+    want = {"rl-base", "packing 0", "packing 0.7", "contention-aware 0", "contention-aware 0.7"}
+    assert all(set(v) == want for v in got.values())
+    assert all(np.isfinite(m["avg_jct_h"]) and 0 < m["util"] <= 1 for v in got.values() for m in v.values())
+    # bad input: one line, exit 2
+    assert hf.main(args[:2] + ["--rules", "best"]) == 2
+    assert hf.main(args[:2] + ["--floors", "0,x"]) == 2
+    assert hf.main(args[:2] + ["--floors", "1.5"]) == 2
+    assert hf.main(args[:2] + ["--groups", "nope"]) == 2
+    assert hf.main(["--traces", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert "missing: no such trace directory" in err and "safety rule 'best'" in err and "--floors '0,x'" in err and "min_efficiency" in err and "nope" in err
