@@ -599,14 +599,15 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
         """Only let a caller register a pid it owns that belongs to the reported Slurm job; returns its start time."""
         start = proc_start_time(r.pid)
         if start is None:
-            raise ValueError(f"pid {r.pid} is not a running process on node {self.node}")
+            why = "has exited (zombie)" if os.path.exists(f"/proc/{r.pid}") else "does not exist"
+            raise ValueError(f"pid {r.pid} is not a running process on node {self.node}: it {why}")
         owner = _proc_uid(r.pid)
         if not privileged and owner != ident.uid:
             raise _RpcAbort(grpc.StatusCode.PERMISSION_DENIED,
                             f"uid {ident.uid} may not register pid {r.pid} (owned by uid {owner})")
         jobs = self.slurm.pid_job_ids(r.pid)
         if jobs is None:
-            raise ValueError(f"pid {r.pid} is not a running process on node {self.node}")
+            raise ValueError(f"pid {r.pid} is not a running process on node {self.node}: its cgroup file is unreadable")
         if jobs and numeric_id and numeric_id not in jobs:
             raise _RpcAbort(grpc.StatusCode.PERMISSION_DENIED,
                             f"pid {r.pid} is in the cgroup of slurm job {','.join(sorted(jobs))}, not {r.slurm_job_id}")

@@ -255,8 +255,9 @@ import datetime, os, sys
 import torch, torch.distributed as dist
 from nodeagent.jobhelper import JobSession
 rank = int(sys.argv[1])
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
-dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=20))
+# file rendezvous: no port to pick in advance (a free port found by the test could be taken before rank 0 binds it)
+dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=rank, world_size=2,
+                        timeout=datetime.timedelta(seconds=60))
 w = torch.zeros(4)
 def state_fn():  # like FSDP's full state dict: gathering it is a collective on all ranks
     t = w.clone(); dist.all_reduce(t); return {"w": t}
@@ -277,20 +278,17 @@ with s:
 
 @pytest.mark.slow
 def test_collective_state_fn_two_gloo_ranks_preempted_at_a_checkpoint_step(tmp_path: Path) -> None:
-    import socket
     import subprocess
     import sys
 
-    with socket.socket() as sk:
-        sk.bind(("127.0.0.1", 0))
-        port = str(sk.getsockname()[1])
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RLSCHED_", "RANK", "WORLD_SIZE"))}
-    procs = [subprocess.Popen([sys.executable, "-c", _COLLECTIVE_RANK, str(r), port, str(tmp_path / "store")],
+    rdv = str(tmp_path / "rendezvous")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RLSCHED_", "RANK", "WORLD_SIZE", "MASTER_"))}
+    procs = [subprocess.Popen([sys.executable, "-c", _COLLECTIVE_RANK, str(r), rdv, str(tmp_path / "store")],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
     outs = []
     for p in procs:
         try:
-            outs.append(p.communicate(timeout=90)[0])
+            outs.append(p.communicate(timeout=150)[0])
         except subprocess.TimeoutExpired:
             p.kill()
             outs.append(p.communicate()[0] + "\n<<hung>>")
