@@ -49,21 +49,30 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    names = args.groups.split(",") if args.groups else list(groups)
+    names = [g.strip() for g in args.groups.split(",") if g.strip()] if args.groups else list(groups)
     missing = [g for g in names if g not in groups]
-    if missing:
-        print(f"error: {args.traces}: no trace group(s) {', '.join(missing)}", file=sys.stderr)
+    if missing or not names:
+        print(f"error: {args.traces}: no trace group(s) {', '.join(missing) or '(none given)'}", file=sys.stderr)
         return 2
     try:
-        floors = [float(f) for f in args.floors.split(",")]
+        # "+ 0.0" folds -0 into 0; dict.fromkeys drops repeats, keeping the order given
+        floors = list(dict.fromkeys(float(f) + 0.0 for f in args.floors.split(",") if f.strip()))
     except ValueError:
         print(f"error: --floors {args.floors!r}: expected comma-separated numbers", file=sys.stderr)
         return 2
-    rules = [r.strip() for r in args.rules.split(",") if r.strip()]
+    rules = list(dict.fromkeys(r.strip() for r in args.rules.split(",") if r.strip()))
+    if not floors or not rules:
+        print(f"error: --{'floors' if not floors else 'rules'} is empty", file=sys.stderr)
+        return 2
+    if args.json:
+        parent = Path(args.json).resolve().parent
+        if not parent.is_dir():
+            print(f"error: --json {args.json}: directory {parent} does not exist", file=sys.stderr)
+            return 2
     ck = args.checkpoint
-    base = make_rl_policy(f"rl-base:{ck}" if ck else "rl-base", cl, perf)
     variants: dict[str, tuple[str, float]] = {f"{r} {f:g}": (r, f) for r in rules for f in floors}
     try:
+        base = make_rl_policy(f"rl-base:{ck}" if ck else "rl-base", cl, perf)
         for key, (r, f) in variants.items():
             RLPolicy(base.net, base.encoder, hybrid=True, prior=base.prior, hybrid_floor=f, hybrid_rule=r)
     except PolicyError as e:
@@ -79,7 +88,11 @@ def main(argv: list[str] | None = None) -> int:
             pols[key] = RLPolicy(
                 base.net, base.encoder, hybrid=True, prior=base.prior, hybrid_floor=f, hybrid_rule=r, name=f"rl-hybrid({key})"
             )
-        res = evaluate_group(pols, groups[g], cl, perf)
+        try:
+            res = evaluate_group(pols, groups[g], cl, perf)
+        except (OSError, ValueError) as e:  # a trace that does not load (TraceError is a ValueError)
+            print(f"error: group {g}: {e}", file=sys.stderr)
+            return 2
         s = {k: v["summary"] for k, v in res.items()}
         out[g] = {k: {"avg_jct_h": v["avg_jct_s"]["mean"] / 3600, "util": v["avg_util"]["mean"]} for k, v in s.items()}
         b = out[g]["rl-base"]

@@ -40,7 +40,7 @@ from policies.base import Policy
 from policies.cluster import ClusterSpec
 from policies.encoding import Encoder, ObsSpec
 from policies.perf import ContentionModel, JobKey, feasible_node_counts
-from policies.placement import pack
+from policies.placement import FloorPacking
 from policies.state import ClusterState, Decision
 from trainer.env import load_trace_dir
 from trainer.evaluate import make_policy
@@ -85,7 +85,8 @@ class PlanGreedy(Policy):
 
     A job of at most one node's GPUs goes to the node with the fewest free GPUs that
     holds it (lowest index on ties) and waits if no node does; a larger job is placed
-    by :func:`policies.placement.pack`. Never holds a job that fits.
+    by :func:`policies.placement.pack` (:class:`policies.placement.FloorPacking`
+    without a floor, rl-hybrid's safety-rule placement). Never holds a job that fits.
     """
 
     name = "plan-greedy"
@@ -93,15 +94,13 @@ class PlanGreedy(Policy):
 
     def __init__(self, cluster: ClusterSpec, perf: ContentionModel) -> None:
         self.encoder = Encoder(cluster, perf, ObsSpec.for_cluster(cluster, order="plan"))
-        self.G = self.encoder.spec.gpus_per_node
+        self.rule = FloorPacking(perf)  # rl-hybrid's safety-rule placement, without a floor
 
     def schedule(self, state: ClusterState) -> Decision:
         free = state.free_gpus.astype(np.int64).copy()
         dec = Decision()
         for job in self.encoder.queue_order(state.pending, state.time, int(free.sum())):
-            if job.gpu_demand <= self.G and int(free.max()) < job.gpu_demand:
-                continue  # a single-node job is never split
-            p = pack(job, free)
+            p = self.rule(job, free, state)  # a single-node job whole on the best-fitting node, else pack
             if p is None:
                 continue
             for v, c in p.alloc:

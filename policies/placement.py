@@ -189,9 +189,10 @@ class ContentionAwarePlacement:
 class FloorPacking:
     """Packing placement (:func:`pack`) that keeps single-node jobs whole, with an optional floor.
 
-    A job of at most one node's GPUs goes to the node with the fewest free GPUs
-    that holds it (lowest index on ties) and waits (``None``) if no node does; a
-    larger job is placed by :func:`pack`. This is how the ``"plan"`` candidate
+    A job of at most the largest node's GPUs (``state.cluster.max_gpus_per_node``;
+    on a homogeneous cluster: one node's) goes to the node with the fewest free
+    GPUs that holds it (lowest index on ties) and waits (``None``) if no node
+    does; a larger job is placed by :func:`pack`. This is how the ``"plan"`` candidate
     order packs (:mod:`policies.waves`), and it is ``rl-hybrid``'s safety rule.
 
     :param perf: performance model, for the floor's score.
@@ -210,7 +211,7 @@ class FloorPacking:
         self.min_efficiency = self._scorer.min_efficiency
 
     def __call__(self, job: JobInfo, free: np.ndarray, state: ClusterState) -> Placement | None:
-        if job.gpu_demand <= self.perf.cluster.max_gpus_per_node and int(free.max(initial=0)) < job.gpu_demand:
+        if job.gpu_demand <= state.cluster.max_gpus_per_node and int(free.max(initial=0)) < job.gpu_demand:
             return None  # a single-node job is never split
         p = pack(job, free)
         if p is None or self.min_efficiency <= 0.0:

@@ -122,8 +122,9 @@ class RLPolicy(Policy):
         with ``hybrid``.
     :param hybrid_rule: the safety rule's placement: ``"packing"`` (default,
         :class:`~policies.placement.FloorPacking`) or ``"contention-aware"``
-        (:class:`~policies.placement.ContentionAwarePlacement`, the rule shipped
-        before; kept for comparison, ``benchmarks/hybrid_floor.py``).
+        (:class:`~policies.placement.ContentionAwarePlacement`; with
+        ``hybrid_floor=0.7`` it is the rule shipped before, kept for comparison,
+        ``benchmarks/hybrid_floor.py``). Checked even without ``hybrid``.
     """
 
     time_invariant = False
@@ -169,10 +170,10 @@ class RLPolicy(Policy):
         self.stats = {"rounds": 0, "placements": 0, "holds": 0, "fallback_placements": 0}
         #: rl-hybrid's safety rule: packing placement with an optional efficiency floor
         self._rule: FloorPacking | ContentionAwarePlacement | None = None
+        rules = {"packing": FloorPacking, "contention-aware": ContentionAwarePlacement}
+        if hybrid_rule not in rules:
+            raise PolicyError(f"rl-hybrid safety rule {hybrid_rule!r}: expected one of {', '.join(rules)}")
         if hybrid:
-            rules = {"packing": FloorPacking, "contention-aware": ContentionAwarePlacement}
-            if hybrid_rule not in rules:
-                raise PolicyError(f"rl-hybrid safety rule {hybrid_rule!r}: expected one of {', '.join(rules)}")
             try:
                 self._rule = rules[hybrid_rule](encoder.perf, min_efficiency=hybrid_floor)
             except ValueError as e:
@@ -255,10 +256,10 @@ class RLPolicy(Policy):
         self, state: ClusterState, pending: list[JobInfo], free: int, place, room: int | None = None
     ) -> int:
         """rl-hybrid's safety rule: one pass over ``pending`` in the candidate order
-        (:meth:`Encoder.queue_order`), starting every job that is estimated to end before the
-        longest-running job already started (remaining isolated time, s) and that the rule
-        (:class:`~policies.placement.FloorPacking`, with the efficiency floor) can place in the
-        current state.
+        (:meth:`Encoder.queue_order`), starting every job that is estimated to end no later than
+        the longest-running job already started (remaining isolated time, s) and that the rule
+        (``hybrid_rule``: :class:`~policies.placement.FloorPacking` by default, with the
+        efficiency floor) can place in the current state.
         ``place(job, placement)`` applies a start and returns the new state; ``room``: at most this
         many starts (``None``: no limit). Returns the number of jobs started."""
         n = 0

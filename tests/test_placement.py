@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.cluster import ClusterSpec, Placement
+from policies.cluster import ClusterSpec, NodeSpec, Placement
 from policies.perf import ContentionModel
 from policies.placement import ContentionAwarePlacement, FloorPacking, balanced_candidates, pack, spread
 from policies.state import ClusterState, JobInfo
@@ -221,18 +221,27 @@ def test_floor_packing_floor(perf: ContentionModel) -> None:
         FloorPacking(cperf, min_efficiency=-0.1)
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(0, 8), min_size=4, max_size=4), st.integers(1, 32))
-def test_floor_packing_properties(free, gpus) -> None:
-    """Valid whenever it places: the demand exactly, within the free GPUs, one node for small jobs."""
-    perf = ContentionModel(C48)
-    f = np.array(free, dtype=np.int64)
-    state = ClusterState(0.0, C48, f.copy(), [], [])
+MIXED = ClusterSpec((NodeSpec("a", 8), NodeSpec("b", 4), NodeSpec("c", 4), NodeSpec("d", 6)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data(), st.sampled_from([C48, MIXED]), st.sampled_from([np.int64, np.int32, np.int16]))
+def test_floor_packing_properties(data, cluster, dtype) -> None:
+    """Valid whenever it places: the demand exactly, within the free GPUs, one node for a job of
+    at most the largest node's GPUs (homogeneous and mixed clusters, any integer dtype)."""
+    cap = cluster.gpus_per_node
+    free = [data.draw(st.integers(0, c)) for c in cap]
+    gpus = data.draw(st.integers(1, cluster.total_gpus))
+    perf = ContentionModel(cluster)
+    f = np.array(free, dtype=dtype)
+    state = ClusterState(0.0, cluster, f.copy(), [], [])
     p = FloorPacking(perf)(info("j", gpus), f, state)
+    assert f.tolist() == free  # never mutated
+    single = gpus <= cluster.max_gpus_per_node
     if p is None:
-        assert gpus > int(f.sum()) or (gpus <= 8 and int(f.max()) < gpus)
+        assert gpus > sum(free) or (single and max(free) < gpus)
         return
     assert p.total_gpus == gpus
-    assert all(c <= f[n] for n, c in p.alloc)
-    if gpus <= 8:
-        assert p.num_nodes == 1
+    assert all(c <= free[n] for n, c in p.alloc)
+    if single:
+        assert p.num_nodes == 1 and free[p.nodes[0]] == min(x for x in free if x >= gpus)  # best fit
