@@ -508,8 +508,10 @@ def test_preempt_right_after_resume_accepts_existing_checkpoint(
 
 def _sleeper(**env: str) -> subprocess.Popen:
     """A process that dies of SIGUSR2 (default action), so a test can tell whether it was signalled."""
-    return subprocess.Popen(["sleep", "300"], env={"PATH": "/usr/bin:/bin", **env},
-                            preexec_fn=lambda: signal.signal(signal.SIGUSR2, signal.SIG_DFL))
+    # env resets SIGUSR2 and execs sleep (same pid). No preexec_fn: Python code in a child forked
+    # while the in-process gRPC server's threads run can crash it before exec (seen under load:
+    # the "sleeper" was a zombie by the time the test registered it)
+    return subprocess.Popen(["env", "--default-signal=USR2", "sleep", "300"], env={"PATH": "/usr/bin:/bin", **env})
 
 
 def _stop(*procs: subprocess.Popen) -> None:
@@ -682,12 +684,9 @@ def users(tmp_path: Path, key: Path) -> Iterator[tuple[NodeAgentServer, FakeSlur
 
 def _user_proc(uid: int, sid: str) -> subprocess.Popen:
     """A process of ``uid`` whose environment says it is part of Slurm job ``sid`` (anyone can say so)."""
-    def drop() -> None:
-        signal.signal(signal.SIGUSR2, signal.SIG_DFL)
-        os.setgid(uid)
-        os.setuid(uid)
-
-    return subprocess.Popen(["sleep", "300"], env={"SLURM_JOB_ID": sid, "PATH": "/usr/bin:/bin"}, preexec_fn=drop)
+    # user/group/extra_groups are applied by the C fork helper: no Python code runs in the child
+    return subprocess.Popen(["env", "--default-signal=USR2", "sleep", "300"], env={"SLURM_JOB_ID": sid, "PATH": "/usr/bin:/bin"},
+                            user=uid, group=uid, extra_groups=[])
 
 
 def test_job_key_squatting_is_refused(users: tuple) -> None:

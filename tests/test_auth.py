@@ -319,11 +319,9 @@ def _as_user(user: str, sid: str) -> subprocess.Popen:
 
     pw = pwd.getpwnam(user)
 
-    def drop() -> None:
-        os.setgid(pw.pw_gid)
-        os.setuid(pw.pw_uid)
-
-    return subprocess.Popen(["sleep", "300"], env={"SLURM_JOB_ID": sid, "PATH": "/usr/bin:/bin"}, preexec_fn=drop)
+    # applied by the C fork helper (no Python code in a child forked beside gRPC threads)
+    return subprocess.Popen(["sleep", "300"], env={"SLURM_JOB_ID": sid, "PATH": "/usr/bin:/bin"},
+                            user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
 
 
 def _user_munge(tmp_path: Path, user: str) -> str:

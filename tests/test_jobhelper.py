@@ -220,8 +220,8 @@ def test_sigusr2_after_the_session_does_not_kill_the_process(tmp_path: Path) -> 
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                       preexec_fn=lambda: signal.signal(signal.SIGUSR2, signal.SIG_DFL))
+    r = subprocess.run(["env", "--default-signal=USR2", sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=120)
     assert r.returncode == 0 and "post-processing done" in r.stdout, r.stderr[-1500:]
 
 
