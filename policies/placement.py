@@ -192,8 +192,9 @@ class FloorPacking:
     A job of at most the largest node's GPUs (``state.cluster.max_gpus_per_node``;
     on a homogeneous cluster: one node's) goes to the node with the fewest free
     GPUs that holds it (lowest index on ties) and waits (``None``) if no node
-    does; a larger job is placed by :func:`pack`. This is how the ``"plan"`` candidate
-    order packs (:mod:`policies.waves`), and it is ``rl-hybrid``'s safety rule.
+    does; a larger job is placed by :func:`pack`. It is ``rl-hybrid``'s safety-rule
+    placement, and ``plan-greedy``'s (``benchmarks/uniform_gap.py``: the ``"plan"``
+    candidate order without a network).
 
     :param perf: performance model, for the floor's score.
     :param min_efficiency: admission floor in ``[0, 1]``: the packing placement
