@@ -1,0 +1,127 @@
+"""Why RL lags SRTF on `pow2` Poisson arrivals: holding or candidate order? And stronger aging.
+
+Run: ``python benchmarks/poisson_order.py --traces /tmp/rl/traces/eval --groups poisson-90,poisson-95
+[--aging 1800,300] [--json FILE]`` (about 2 minutes for the two groups).
+
+For each group it runs, on every job set:
+
+* ``srtf`` and ``greedy`` (contention-aware greedy in SRTF order; for the equal 1-hour
+  jobs of these sets that is arrival order);
+* ``rl-base`` (shipped network) and ``rl-base theta=0`` (the same network with an
+  admission prior that never ranks "nothing" above a placement, i.e. never holds);
+* ``plan-greedy aging=A`` for each ``--aging`` value ``A`` (s): the candidate order
+  without a network or holding (``benchmarks/uniform_gap.py``), with
+  :data:`policies.encoding.AGING_S` set to ``A`` while it runs. Aging multiplies the
+  candidate key by ``exp(-wait / A)``; on zero-arrival sets every job has waited
+  equally and the order does not change.
+
+Prints mean avg / p90 JCT (h) and utilisation (%) per group and policy. An
+explanation, not a timed benchmark; docs/RESULTS.md quotes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+import policies.encoding as encoding
+from policies.base import Policy, PolicyError
+from policies.cluster import ClusterSpec
+from policies.perf import ContentionModel
+from policies.rl import RLPolicy, make_rl_policy
+from trainer.evaluate import _groups, make_policy
+from trainer.metrics import summarize
+from trainer.simulator import SimConfig, Simulator
+from trainer.traces import load_trace
+
+_UG = Path(__file__).resolve().with_name("uniform_gap.py")
+_spec = importlib.util.spec_from_file_location("uniform_gap", _UG)
+uniform_gap = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(uniform_gap)
+
+
+def run(policy: Policy, files: list[Path], cluster: ClusterSpec, perf: ContentionModel) -> dict[str, float]:
+    """Means over the job sets ``files`` of avg / p90 JCT (h) and utilisation (%)."""
+    rows = []
+    for f in files:
+        policy.reset()
+        s = summarize(Simulator(cluster, load_trace(f, cluster), policy, perf, SimConfig()).run())
+        rows.append((s["avg_jct_s"] / 3600, s["p90_jct_s"] / 3600, 100 * s["avg_util"]))
+    a = np.mean(rows, axis=0)
+    return {"avg_jct_h": float(a[0]), "p90_jct_h": float(a[1]), "util_pct": float(a[2])}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--traces", required=True, help="directory with one sub-directory of job sets per group")
+    ap.add_argument("--groups", default="poisson-90,poisson-95", help="comma-separated groups")
+    ap.add_argument("--aging", default="1800,300", help="comma-separated AGING_S values (s, > 0) for plan-greedy")
+    ap.add_argument("--json", default=None, help="write the results here")
+    args = ap.parse_args(argv)
+    cl = ClusterSpec.parse("4x8")
+    perf = ContentionModel(cl)
+    try:
+        groups = _groups(Path(args.traces))
+        agings = [float(a) for a in args.aging.split(",") if a.strip()]
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not agings or not all(np.isfinite(a) and a > 0 for a in agings):
+        print(f"error: --aging {args.aging!r}: expected positive numbers of seconds", file=sys.stderr)
+        return 2
+    names = [g.strip() for g in args.groups.split(",") if g.strip()]
+    missing = [g for g in names if g not in groups]
+    if missing or not names:
+        print(f"error: {args.traces}: no trace group(s) {', '.join(missing) or '(none given)'}", file=sys.stderr)
+        return 2
+    try:
+        base = make_rl_policy("rl-base", cl, perf)
+    except PolicyError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    never_holds = RLPolicy(base.net, base.encoder, prior=dataclasses.replace(base.prior, theta=0.0), name="rl-base theta=0")
+    out: dict = {}
+    table = Table(title="pow2 Poisson: avg JCT h / p90 JCT h / util % (mean over job sets)")
+    table.add_column("policy")
+    for g in names:
+        table.add_column(g)
+    rows: dict[str, list[str]] = {}
+    saved = encoding.AGING_S
+    try:
+        for g in names:
+            res = {
+                "srtf": run(make_policy("srtf", cl, perf), groups[g], cl, perf),
+                "greedy": run(make_policy("greedy", cl, perf), groups[g], cl, perf),
+                "rl-base": run(base, groups[g], cl, perf),
+                "rl-base theta=0": run(never_holds, groups[g], cl, perf),
+            }
+            for a in agings:
+                encoding.AGING_S = a
+                res[f"plan-greedy aging={a:g}"] = run(uniform_gap.PlanGreedy(cl, perf), groups[g], cl, perf)
+                encoding.AGING_S = saved
+            out[g] = res
+            for k, v in res.items():
+                rows.setdefault(k, []).append(f"{v['avg_jct_h']:.2f} / {v['p90_jct_h']:.2f} / {v['util_pct']:.1f}")
+    except (OSError, ValueError) as e:  # a trace that does not load (TraceError is a ValueError)
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        encoding.AGING_S = saved
+    for k, cells in rows.items():
+        table.add_row(k, *cells)
+    Console(width=max(Console().width, 120)).print(table)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
