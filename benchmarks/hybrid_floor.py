@@ -30,7 +30,7 @@ from policies.base import PolicyError
 from policies.cluster import ClusterSpec
 from policies.perf import ContentionModel
 from policies.rl import RLPolicy, make_rl_policy
-from trainer.evaluate import _groups, evaluate_group
+from trainer.evaluate import evaluate_group, select_groups
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,14 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     cl = ClusterSpec.parse("4x8")
     perf = ContentionModel(cl)
     try:
-        groups = _groups(Path(args.traces))
+        groups, names = select_groups(args.traces, args.groups)
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
-    names = [g.strip() for g in args.groups.split(",") if g.strip()] if args.groups else list(groups)
-    missing = [g for g in names if g not in groups]
-    if missing or not names:
-        print(f"error: {args.traces}: no trace group(s) {', '.join(missing) or '(none given)'}", file=sys.stderr)
         return 2
     try:
         # "+ 0.0" folds -0 into 0; dict.fromkeys drops repeats, keeping the order given

@@ -37,7 +37,7 @@ from policies.base import Policy, PolicyError
 from policies.cluster import ClusterSpec
 from policies.perf import ContentionModel
 from policies.rl import RLPolicy, make_rl_policy
-from trainer.evaluate import _groups, make_policy
+from trainer.evaluate import make_policy, select_groups
 from trainer.metrics import summarize
 from trainer.simulator import SimConfig, Simulator
 from trainer.traces import load_trace
@@ -69,18 +69,13 @@ def main(argv: list[str] | None = None) -> int:
     cl = ClusterSpec.parse("4x8")
     perf = ContentionModel(cl)
     try:
-        groups = _groups(Path(args.traces))
+        groups, names = select_groups(args.traces, args.groups or ",")
         agings = [float(a) for a in args.aging.split(",") if a.strip()]
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if not agings or not all(np.isfinite(a) and a > 0 for a in agings):
         print(f"error: --aging {args.aging!r}: expected positive numbers of seconds", file=sys.stderr)
-        return 2
-    names = [g.strip() for g in args.groups.split(",") if g.strip()]
-    missing = [g for g in names if g not in groups]
-    if missing or not names:
-        print(f"error: {args.traces}: no trace group(s) {', '.join(missing) or '(none given)'}", file=sys.stderr)
         return 2
     try:
         base = make_rl_policy("rl-base", cl, perf)

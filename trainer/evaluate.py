@@ -114,6 +114,18 @@ def _groups(traces: Path) -> dict[str, list[Path]]:
     return dict(sorted(out.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), kv[0])))
 
 
+def select_groups(traces: str | Path, names: str | None) -> tuple[dict[str, list[Path]], list[str]]:
+    """The trace groups under ``traces`` and the ones named in ``names`` (comma-separated; ``None`` or
+    empty: all), for the benchmarks. Raises :class:`FileNotFoundError` for a missing directory and
+    :class:`ValueError` naming unknown groups (one-line messages)."""
+    groups = _groups(Path(traces))
+    chosen = [g.strip() for g in names.split(",") if g.strip()] if names else list(groups)
+    missing = [g for g in chosen if g not in groups]
+    if missing or not chosen:
+        raise ValueError(f"{traces}: no trace group(s) {', '.join(missing) or '(none given)'}")
+    return groups, chosen
+
+
 def evaluate_group(
     policies: Mapping[str, Policy],
     files: Sequence[Path],
