@@ -69,13 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     cl = ClusterSpec.parse("4x8")
     perf = ContentionModel(cl)
     try:
+        agings = [float(a) for a in args.aging.split(",") if a.strip()]  # the options first, then the traces
+        if not agings or not all(np.isfinite(a) and a > 0 for a in agings):
+            raise ValueError(f"--aging {args.aging!r}: expected positive numbers of seconds")
         groups, names = select_groups(args.traces, args.groups or ",")
-        agings = [float(a) for a in args.aging.split(",") if a.strip()]
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
-    if not agings or not all(np.isfinite(a) and a > 0 for a in agings):
-        print(f"error: --aging {args.aging!r}: expected positive numbers of seconds", file=sys.stderr)
         return 2
     try:
         base = make_rl_policy("rl-base", cl, perf)
