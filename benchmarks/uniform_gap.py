@@ -38,7 +38,7 @@ from rich.table import Table
 
 from policies.base import Policy
 from policies.cluster import ClusterSpec
-from policies.encoding import Encoder, ObsSpec
+from policies.encoding import AGING_S, Encoder, ObsSpec
 from policies.perf import ContentionModel, JobKey, feasible_node_counts
 from policies.placement import FloorPacking
 from policies.state import ClusterState, Decision
@@ -92,8 +92,8 @@ class PlanGreedy(Policy):
     name = "plan-greedy"
     time_invariant = False
 
-    def __init__(self, cluster: ClusterSpec, perf: ContentionModel) -> None:
-        self.encoder = Encoder(cluster, perf, ObsSpec.for_cluster(cluster, order="plan"))
+    def __init__(self, cluster: ClusterSpec, perf: ContentionModel, aging_s: float = AGING_S) -> None:
+        self.encoder = Encoder(cluster, perf, ObsSpec.for_cluster(cluster, order="plan", aging_s=aging_s))
         self.rule = FloorPacking(perf)  # rl-hybrid's safety-rule placement, without a floor
 
     def schedule(self, state: ClusterState) -> Decision:

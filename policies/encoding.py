@@ -45,7 +45,8 @@ Candidates: pending jobs are grouped by GPU demand; each group is represented
 by its job with the shortest estimated remaining time (SRTF key, ties by
 submit time then id); groups are ordered by the representative's *aged*
 remaining GPU-time, ``remaining time x demand x exp(-wait / AGING_S)``
-(``AGING_S`` = 0.5 h, ``wait`` = time since submission), and the first ``K``
+(``AGING_S`` = :attr:`ObsSpec.aging_s`, 300 s by default; ``wait`` = time since
+submission), and the first ``K``
 are the candidates. So candidate 0 is what a "shortest remaining GPU-area
 first, with aging" rule would run, and every SRTF head of a demand class is
 visible. Without aging (encoding version 2) a large job could be overtaken
@@ -104,6 +105,7 @@ from policies.workloads import get_workload
 __all__ = [
     "AGING_S",
     "CANDIDATE_ORDERS",
+    "LEGACY_AGING_S",
     "CAND_FEATURES",
     "FILL_SMALL",
     "LEFT_CHANNELS",
@@ -125,9 +127,12 @@ _HOUR = 3600.0
 _REM_NORM = math.log1p(64.0)
 _QUEUE_NORM = math.log1p(256.0)
 _MEMO_MAX = 65536  # entries of the encoder's option memo before it is cleared
-#: Aging time constant of the candidate order (s): a job's remaining GPU-time
-#: key is multiplied by ``exp(-wait / AGING_S)``.
-AGING_S = 1800.0
+#: Default aging time constant of the candidate order (s; :attr:`ObsSpec.aging_s`): a job's
+#: remaining GPU-time key is multiplied by ``exp(-wait / aging_s)``. Chosen on Poisson validation
+#: traces (docs/RESULTS.md, "Aging of the candidate order").
+AGING_S = 300.0
+#: The aging of checkpoints written before :attr:`ObsSpec.aging_s` existed (their training order).
+LEGACY_AGING_S = 1800.0
 #: Candidate orders an :class:`ObsSpec` may name.
 CANDIDATE_ORDERS = ("area", "fill", "plan")
 #: Most balanced placement levels (``n = 1, 2, 4, 8`` nodes): :meth:`ObsSpec.for_cluster` uses
@@ -140,7 +145,7 @@ PLAN_BACKLOG = 8.0
 #: ... and their estimated remaining times agree within this ratio (longest / shortest) ...
 PLAN_SPREAD = 1.25
 #: ... and they were all submitted within this many seconds (a batch: waves have no ageing), ...
-PLAN_WAIT = AGING_S
+PLAN_WAIT = 1800.0
 #: ... or at least this share of the waiting GPU demand is in *odd* demands: demands that neither
 #: divide nor are multiples of a node's GPUs. Those fill no node exactly in any order, so only
 #: there is the packing gain of waves worth running them under arrivals, without ageing.
@@ -194,6 +199,10 @@ class ObsSpec:
     :param order: candidate order, ``"area"`` (least aged remaining GPU-time first) or
         ``"fill"`` (the same, plus the tail rule of :meth:`Encoder.fill_order`). Checkpoints
         written before this field existed use ``"area"``.
+    :param aging_s: aging time constant of the candidate order (s, finite, > 0): a job's
+        remaining GPU-time key is multiplied by ``exp(-wait / aging_s)``. It changes nothing
+        when every job has waited equally (all submitted together). Checkpoints written before
+        this field existed use :data:`LEGACY_AGING_S` (1800 s).
 
     Construction validates every field (:class:`EncodingError`): integers (not bools,
     not ``8.9``), ``N, G, k, version >= 1``, ``1 <= levels <= MAX_LEVELS``, and
@@ -208,6 +217,7 @@ class ObsSpec:
     levels: int = 3
     version: int = 3
     order: str = "area"
+    aging_s: float = AGING_S
 
     def __post_init__(self) -> None:
         for name, lo, hi in (
@@ -227,11 +237,15 @@ class ObsSpec:
             )
         if not isinstance(self.order, str) or self.order not in CANDIDATE_ORDERS:
             raise EncodingError(f"unknown candidate order {self.order!r}; expected one of {', '.join(CANDIDATE_ORDERS)}")
+        a = self.aging_s
+        if isinstance(a, bool) or not isinstance(a, (int, float, np.integer, np.floating)) or not (0 < float(a) < math.inf):
+            raise EncodingError(f"observation spec aging_s must be a finite number of seconds > 0, got {a!r}")
+        object.__setattr__(self, "aging_s", float(a))
 
     @classmethod
-    def for_cluster(cls, cluster: ClusterSpec, k: int = 6, order: str = "area") -> ObsSpec:
+    def for_cluster(cls, cluster: ClusterSpec, k: int = 6, order: str = "area", aging_s: float = AGING_S) -> ObsSpec:
         levels = min(MAX_LEVELS, math.floor(math.log2(cluster.num_nodes)) + 1)
-        return cls(cluster.num_nodes, cluster.max_gpus_per_node, cluster.total_gpus, k, levels, order=order)
+        return cls(cluster.num_nodes, cluster.max_gpus_per_node, cluster.total_gpus, k, levels, order=order, aging_s=aging_s)
 
     @property
     def options(self) -> int:
@@ -273,7 +287,10 @@ class ObsSpec:
         order = d.get("order", "area")
         if not isinstance(order, str):
             raise EncodingError(f"observation spec field 'order' must be a string, got {order!r}")
-        spec = cls(d["num_nodes"], d["gpus_per_node"], d["total_gpus"], d["k"], d["levels"], d["version"], order)
+        spec = cls(
+            d["num_nodes"], d["gpus_per_node"], d["total_gpus"], d["k"], d["levels"], d["version"], order,
+            d.get("aging_s", LEGACY_AGING_S),
+        )
         if "shape" in d and (not isinstance(d["shape"], list) or d["shape"] != list(spec.shape)):
             raise EncodingError(f"observation spec shape {d['shape']} disagrees with its fields {list(spec.shape)}")
         if "n_actions" in d and (isinstance(d["n_actions"], bool) or d["n_actions"] != spec.n_actions):
@@ -603,11 +620,10 @@ class Encoder:
 
         return sorted(reps, key=key)[: self.spec.k]
 
-    @staticmethod
-    def rank_key(j: JobInfo, now: float) -> tuple:
-        """Candidate order key at time ``now`` (s): aged remaining GPU-time, demand, submit time, id
-        (unique per job)."""
-        age = math.exp(-max(now - j.submit_time, 0.0) / AGING_S)
+    def rank_key(self, j: JobInfo, now: float) -> tuple:
+        """Candidate order key at time ``now`` (s): remaining GPU-time aged by the spec's
+        :attr:`~ObsSpec.aging_s`, demand, submit time, id (unique per job)."""
+        age = math.exp(-max(now - j.submit_time, 0.0) / self.spec.aging_s)
         return (time_key(j.remaining_time) * j.gpu_demand * age, j.gpu_demand, j.submit_time, j.job_id)
 
     def candidates(self, pending: Sequence[JobInfo], now: float = 0.0, free: int | None = None) -> list[JobInfo]:

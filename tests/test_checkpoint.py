@@ -66,6 +66,29 @@ def test_round_trip(tmp_path):
     assert load_checkpoint(tmp_path / "ck.safetensors").spec == spec
     meta = json.loads(j.read_text())
     assert meta["reward"]["w2"] == 0.6 and meta["project_version"] and len(meta["weights_sha256"]) == 64
+    assert meta["obs_spec"]["aging_s"] == spec.aging_s
+
+
+def test_checkpoint_without_aging_runs_with_its_training_aging(tmp_path):
+    """Checkpoints written before ObsSpec.aging_s existed were trained with 1800 s and load so."""
+    from policies.encoding import LEGACY_AGING_S
+
+    j = write_random_checkpoint(tmp_path / "ck")
+    meta = json.loads(j.read_text())
+    del meta["obs_spec"]["aging_s"]
+    j.write_text(json.dumps(meta))
+    assert load_checkpoint(j).spec.aging_s == LEGACY_AGING_S
+
+
+def test_shipped_checkpoints_run_with_the_validated_aging():
+    """The shipped network was trained with 1800 s and is shipped with 300 s (docs/RL.md)."""
+    from policies.encoding import AGING_S
+    from policies.rl import make_rl_policy
+
+    for mode in ("rl-base", "rl-hybrid"):
+        pol = make_rl_policy(mode, C48)
+        assert pol.encoder.spec.aging_s == AGING_S == 300.0
+        assert pol.checkpoint.meta["training"]["config"].get("aging_s", 1800.0) == 1800.0
 
 
 def test_masked_argmax_respects_mask(tmp_path):
@@ -257,6 +280,9 @@ def _obs(**kw):
         (_obs(total_gpus=64), r"obs_spec.*total_gpus 64 is impossible"),
         (_obs(version="3"), r"obs_spec.*'version' must be an integer"),
         (_obs(order=1), r"obs_spec.*'order' must be a string"),
+        (_obs(aging_s=0), r"obs_spec.*aging_s must be a finite number of seconds > 0, got 0"),
+        (_obs(aging_s=float("inf")), r"obs_spec.*aging_s must be a finite number of seconds > 0, got inf"),
+        (_obs(aging_s="300"), r"obs_spec.*aging_s must be a finite number of seconds > 0, got '300'"),
         (_set("obs_spec", "n_actions", 26), r"obs_spec.*n_actions 26 disagrees"),
         (_set("obs_spec", "shape", "big"), r"obs_spec.*shape big disagrees"),
         # bug 4: non-integral / bool integers in the cluster, non-finite bandwidths, format_version True

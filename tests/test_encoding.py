@@ -233,6 +233,7 @@ def test_candidate_order_ages_waiting_jobs():
     """A large job that has waited long enough overtakes a newly arrived small one."""
     from policies.encoding import AGING_S
 
+    assert ObsSpec.for_cluster(C48).aging_s == AGING_S
     small = _job("small", "FSDP", 1, 1.0)
     big = _job("big", "MoE", 16, 1.0)
     enc_ = Encoder(C48, PERF)
@@ -246,6 +247,26 @@ def test_candidate_order_ages_waiting_jobs():
     # encode() ages by the state's clock.
     state = ClusterState(now, C48, np.array(C48.gpus_per_node), [], [small, big])
     assert [c.job_id for c in enc_.encode(state).candidates] == ["big", "small"]
+
+
+def test_candidate_aging_is_the_specs():
+    """The aging constant comes from the spec (a checkpoint's), not from a module global: the same
+    two jobs are ordered differently under 300 s and 1800 s, and jobs that waited equally never are."""
+    from policies.encoding import LEGACY_AGING_S
+    from policies.state import time_key
+
+    small = _job("small", "FSDP", 1, 1.0)
+    big = _job("big", "MoE", 16, 1.0)
+    small.submit_time = 3600.0  # big waited 1 h longer: 16 * exp(-3600 / 300) < 1 < 16 * exp(-3600 / 1800)
+    order = {}
+    for a in (300.0, LEGACY_AGING_S):
+        enc_ = Encoder(C48, PERF, ObsSpec.for_cluster(C48, aging_s=a))
+        order[a] = [c.job_id for c in enc_.candidates([big, small], now=3600.0)]
+        assert enc_.rank_key(big, 3600.0)[0] == pytest.approx(16 * np.exp(-3600.0 / a) * time_key(big.remaining_time))
+        # submitted together: the plain GPU-time order whatever the aging
+        together = [dataclasses.replace(big, submit_time=3600.0), small]
+        assert [c.job_id for c in enc_.candidates(together, now=7200.0)] == ["small", "big"]
+    assert order == {300.0: ["big", "small"], LEGACY_AGING_S: ["small", "big"]}
 
 
 _ENC_BY_N: dict[int, Encoder] = {}
@@ -517,6 +538,19 @@ def test_obs_spec_order_round_trips_and_defaults_to_area():
         ObsSpec.from_dict({**spec.to_dict(), "order": "best"})
 
 
+def test_obs_spec_aging_round_trips_and_defaults_to_legacy():
+    from policies.encoding import AGING_S, LEGACY_AGING_S
+
+    spec = ObsSpec.for_cluster(C48, order="plan", aging_s=600)
+    assert spec.aging_s == 600.0 and type(spec.aging_s) is float
+    assert ObsSpec.from_dict(spec.to_dict()) == spec
+    assert ObsSpec.from_dict(ObsSpec.for_cluster(C48).to_dict()).aging_s == AGING_S
+    old = spec.to_dict()
+    del old["aging_s"]  # checkpoints written before the field existed were trained with 1800 s
+    assert ObsSpec.from_dict(old).aging_s == LEGACY_AGING_S == 1800.0
+    assert spec != ObsSpec.for_cluster(C48, order="plan", aging_s=1800)
+
+
 @pytest.mark.parametrize(
     "kw, msg",
     [
@@ -534,6 +568,13 @@ def test_obs_spec_order_round_trips_and_defaults_to_area():
         ({"total_gpus": 33}, r"total_gpus 33 is impossible for 4 nodes of at most 8 GPUs \(expected 11\.\.32\)"),
         ({"total_gpus": 10}, r"total_gpus 10 is impossible"),
         ({"order": None}, r"unknown candidate order None|'order' must be a string, got None"),
+        ({"aging_s": 0}, r"aging_s must be a finite number of seconds > 0, got 0"),
+        ({"aging_s": -300.0}, r"aging_s must be a finite number of seconds > 0, got -300\.0"),
+        ({"aging_s": float("nan")}, r"aging_s must be a finite number of seconds > 0, got nan"),
+        ({"aging_s": float("inf")}, r"aging_s must be a finite number of seconds > 0, got inf"),
+        ({"aging_s": "300"}, r"aging_s must be a finite number of seconds > 0, got '300'"),
+        ({"aging_s": True}, r"aging_s must be a finite number of seconds > 0, got True"),
+        ({"aging_s": None}, r"aging_s must be a finite number of seconds > 0, got None"),
     ],
 )
 def test_obs_spec_rejects_nonsense(kw, msg):

@@ -101,6 +101,13 @@ def test_resume_and_ship(tmp_path):
     assert meta["training"]["source"] == source_revision()
     pol = make_rl_policy(f"rl-hybrid:{shipped[1]}", CL, PERF)
     assert pol.hybrid
+    assert pol.encoder.spec.aging_s == meta["training"]["config"]["aging_s"] == cfg.aging_s
+    # shipped to run with another candidate-order aging: the same weights, the trained value kept in the config
+    again = ship_checkpoint(tmp_path / "run" / "best", CL, dest=tmp_path / "ship2", aging_s=1234.0)
+    meta2 = json.loads(again[0].read_text())
+    assert meta2["obs_spec"]["aging_s"] == 1234.0 and meta2["training"]["config"]["aging_s"] == cfg.aging_s
+    assert meta2["weights_sha256"] == json.loads(shipped[0].read_text())["weights_sha256"]
+    assert make_rl_policy(f"rl-base:{again[0]}", CL, PERF).encoder.spec.aging_s == 1234.0
 
 
 def test_traces_fingerprint():
@@ -274,6 +281,8 @@ def _one_line_error(capsys, *needles: str) -> str:
         ("--prior-scale", "0", "positive number"),
         ("--gamma", "5", "in [0, 1]"),
         ("--prior-theta", "nan", "in [0, 1]"),
+        ("--aging", "0", "positive number"),
+        ("--aging", "inf", "positive number"),
     ],
 )
 def test_cli_train_refuses_bad_numbers(tmp_path, capsys, option, value, needle):
@@ -304,6 +313,8 @@ def test_cli_train_refuses_bad_numbers(tmp_path, capsys, option, value, needle):
         ({"n_steps": 0}, "n_steps must be a positive integer"),
         ({"algo": "sac"}, "--algo must be one of"),
         ({"order": "random"}, "--order must be one of"),
+        ({"aging_s": 0.0}, "--aging must be a finite number of seconds > 0"),
+        ({"aging_s": math.inf}, "--aging must be a finite number of seconds > 0"),
         ({"algo": "ppo", "prior": "admission"}, "--prior admission needs --algo maskable-ppo"),
     ],
 )
@@ -381,6 +392,7 @@ def test_out_that_is_a_file_is_refused(tmp_path, capsys):
         ({"algo": "ppo", "prior": "bias"}, "--algo maskable-ppo, not ppo"),
         ({"order": "area"}, "--order plan, not area"),
         ({"k": 4}, "k (candidates) 6, not 4"),
+        ({"aging_s": 1800.0}, "--aging 300 s, not 1800 s"),
     ],
 )
 def test_resume_refuses_other_settings(tmp_path, tiny_run, change, needle):

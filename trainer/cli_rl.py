@@ -62,6 +62,8 @@ def _fail(command: str, exc: BaseException) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from policies.encoding import AGING_S
+
     p = sub.add_parser("train", help="train an RL placement policy with Stable-Baselines3")
     p.add_argument(
         "--algo",
@@ -136,6 +138,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="candidate order: area = least aged remaining GPU-time first; fill = the same plus a tail rule "
         "that pairs a job of more than half the cluster with jobs filling its gap; plan = waves of a long queue of "
         "equal-length jobs packed node by node (policies/waves.py), fill otherwise (policies/encoding.py; default plan, the shipped networks' order)",
+    )
+    p.add_argument(
+        "--aging",
+        type=positive_float,
+        default=AGING_S,
+        metavar="SECONDS",
+        help=f"aging time constant of the candidate order: a job's remaining GPU-time key is multiplied by "
+        f"exp(-wait / SECONDS) (default {AGING_S:g}; the shipped networks were trained with 1800 and run with "
+        f"{AGING_S:g}, docs/RL.md)",
     )
     p.add_argument(
         "--init",
@@ -232,6 +243,7 @@ def _train(args: argparse.Namespace) -> int:
         prior=args.prior,
         prior_theta=args.prior_theta,
         order=args.order,
+        aging_s=args.aging,
         init=args.init,
         traces=list(args.traces),
         val_traces=list(args.val_traces or []),
@@ -348,6 +360,7 @@ def checkpoint_summary(ck) -> dict:
             "candidates": ck.spec.k,
             "options": ck.spec.options,
             "order": ck.spec.order,
+            "aging_s": ck.spec.aging_s,
             "encoding_version": ck.spec.version,
         },
         "network": {
@@ -416,7 +429,7 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
         ("algorithm", str(info["algo"])),
         ("cluster", info["cluster"] + (f" (fits {info['fits_cluster']})" if cluster is not None else "")),
         ("observation", (f"{ob['shape']}, {ob['actions']} actions ({ob['candidates']} candidates x {ob['options']} "
-                         f"options + nothing), order {ob['order']}, encoding v{ob['encoding_version']}")),
+                         f"options + nothing), order {ob['order']} (aging {ob['aging_s']:g} s), encoding v{ob['encoding_version']}")),
         ("network", (f"{' -> '.join(str(a) for a, _b in net['layers'])} -> {net['layers'][-1][1]} "
                      f"({net['activation']}, {net['parameters']:,} parameters)")),
         ("admission prior", json.dumps(net["prior"]) if net["prior"] else "none"),

@@ -68,7 +68,7 @@ import numpy as np
 from gymnasium import spaces
 
 from policies.cluster import ClusterSpec
-from policies.encoding import Encoded, Encoder, ObsSpec
+from policies.encoding import AGING_S, Encoded, Encoder, ObsSpec
 from policies.job import JobSpec
 from policies.perf import ContentionModel
 from trainer.simulator import SimConfig, Simulator
@@ -127,7 +127,8 @@ class PlacementEnv(gym.Env):
     :param invalid_penalty: reward of an invalid action (treated as "nothing").
     :param perf: performance model (default :class:`ContentionModel` of ``cluster``).
     :param k: candidate jobs in the observation.
-    :param order: candidate order (:attr:`policies.encoding.ObsSpec.order`), ``"area"`` or ``"fill"``.
+    :param order: candidate order (:attr:`policies.encoding.ObsSpec.order`), ``"area"``, ``"fill"`` or ``"plan"``.
+    :param aging_s: aging time constant of the candidate order (s; :attr:`policies.encoding.ObsSpec.aging_s`).
     :param shaping: add potential-based shaping (default: on for ``"progress"``).
     :param gamma: discount used by the shaping term.
     :param reference: ``"jct-rel"`` only: reference average JCT (s) per trace;
@@ -148,6 +149,7 @@ class PlacementEnv(gym.Env):
         perf: ContentionModel | None = None,
         k: int = 6,
         order: str = "area",
+        aging_s: float = AGING_S,
         shaping: bool | None = None,
         gamma: float = 0.99,
         reference: Sequence[float] | None = None,
@@ -161,7 +163,7 @@ class PlacementEnv(gym.Env):
             raise ValueError(f"w1 must be in [0, 1], got {w1}")
         self.cluster = ClusterSpec.parse(cluster)
         self.perf = perf or ContentionModel(self.cluster)
-        self.spec_obs = ObsSpec.for_cluster(self.cluster, k, order)
+        self.spec_obs = ObsSpec.for_cluster(self.cluster, k, order, aging_s)
         self.encoder = Encoder(self.cluster, self.perf, self.spec_obs)
         self.traces = [list(t) for t in traces]
         self.reference: list[float] | None = None

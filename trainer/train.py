@@ -40,7 +40,7 @@ import math
 import subprocess
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,7 @@ import numpy as np
 
 from policies.checkpoint import Checkpoint, CheckpointError, MLPNet, load_checkpoint, save_checkpoint, write_atomic
 from policies.cluster import ClusterSpec
-from policies.encoding import CANDIDATE_ORDERS, Encoder, ObsSpec
+from policies.encoding import AGING_S, CANDIDATE_ORDERS, Encoder, ObsSpec
 from policies.job import JobSpec
 from policies.perf import ContentionModel
 from policies.prior import AdmissionPrior, PriorError
@@ -109,6 +109,8 @@ class TrainConfig:
     #: candidate order of the observation (:class:`policies.encoding.ObsSpec`): ``"plan"`` (the
     #: shipped networks'), ``"fill"`` or ``"area"``
     order: str = "plan"
+    #: aging time constant of the candidate order (s; :attr:`policies.encoding.ObsSpec.aging_s`)
+    aging_s: float = AGING_S
     #: start from this checkpoint's weights (same algorithm and observation shape; the candidate
     #: order may differ) instead of the prior initialisation; step count and optimiser start fresh
     init: str | None = None
@@ -167,6 +169,7 @@ _FLAGS = {
     "ent_coef": "--ent-coef",
     "eval_freq": "--eval-freq",
     "order": "--order",
+    "aging_s": "--aging",
     "init": "--init",
     "prior": "--prior",
     "prior_scale": "--prior-scale",
@@ -202,6 +205,8 @@ def check_config(cfg: TrainConfig) -> ClusterSpec:
         raise bad("reward", f"one of {', '.join(REWARDS)}")
     if cfg.order not in CANDIDATE_ORDERS:
         raise bad("order", f"one of {', '.join(CANDIDATE_ORDERS)}")
+    if not _is_real(cfg.aging_s) or cfg.aging_s <= 0:
+        raise bad("aging_s", "a finite number of seconds > 0")
     if cfg.prior not in (None, "admission", "bias"):
         raise bad("prior", "admission or bias")
     for name in ("timesteps", "n_envs", "eval_freq", "n_steps", "batch_size", "n_epochs", "k"):
@@ -286,6 +291,8 @@ def _check_resume(last: Checkpoint, cfg: TrainConfig, cluster: ClusterSpec, spec
     last.check_cluster(cluster)  # the observation encoding's version
     if last.spec.order != spec.order:
         raise differs("--order", spec.order, last.spec.order)
+    if last.spec.aging_s != spec.aging_s:
+        raise differs("--aging", f"{spec.aging_s:g} s", f"{last.spec.aging_s:g} s")
     if last.spec.k != spec.k:
         raise differs("k (candidates)", spec.k, last.spec.k)
     if _hidden_sizes(last) != tuple(cfg.net_arch):
@@ -347,7 +354,7 @@ def check_run(cfg: TrainConfig, out: str | Path, resume: bool = False, overwrite
     cluster = check_config(cfg)
     out = Path(out)
     _check_out_dir(out)
-    spec = ObsSpec.for_cluster(cluster, cfg.k, cfg.order)
+    spec = ObsSpec.for_cluster(cluster, cfg.k, cfg.order, cfg.aging_s)
     plan = RunPlan(cluster, spec)
     if resume:
         if not (out / "last.json").is_file():
@@ -426,11 +433,12 @@ def evaluate_net(
     k: int = 6,
     prior: AdmissionPrior | None = None,
     order: str = "area",
+    aging_s: float = AGING_S,
 ) -> list[float]:
     """Average JCT (s) of ``net`` as rl-base (or rl-hybrid) on each trace, via the full simulator."""
     from policies.encoding import ObsSpec
 
-    enc = Encoder(cluster, perf, ObsSpec.for_cluster(cluster, k, order))
+    enc = Encoder(cluster, perf, ObsSpec.for_cluster(cluster, k, order, aging_s))
     out = []
     for jobs in traces:
         pol = RLPolicy(net, enc, hybrid=hybrid, prior=prior)
@@ -664,6 +672,7 @@ def train(
                 perf=perf,
                 k=cfg.k,
                 order=cfg.order,
+                aging_s=cfg.aging_s,
                 gamma=cfg.gamma,
                 reference=train_ref,
             )
@@ -707,7 +716,7 @@ def train(
         if not val_traces:
             return math.nan
         net = inference_net(cfg.algo, model)
-        jcts = evaluate_net(net, cluster, perf, val_traces, round_len=cfg.round_len, k=cfg.k, prior=prior, order=cfg.order)
+        jcts = evaluate_net(net, cluster, perf, val_traces, round_len=cfg.round_len, k=cfg.k, prior=prior, order=cfg.order, aging_s=cfg.aging_s)
         m = float(np.mean(jcts))
         rel = float(np.mean(np.asarray(jcts) / np.asarray(val_ref)))
         row = {
@@ -785,7 +794,11 @@ def train(
 
 
 def ship_checkpoint(
-    best: str | Path, cluster: ClusterSpec, dest: str | Path | None = None, command: str | None = None
+    best: str | Path,
+    cluster: ClusterSpec,
+    dest: str | Path | None = None,
+    command: str | None = None,
+    aging_s: float | None = None,
 ) -> list[Path]:
     """Copy a trained checkpoint's policy network as ``rl-base-<shape>`` and ``rl-hybrid-<shape>``.
 
@@ -795,6 +808,9 @@ def ship_checkpoint(
 
     :param dest: target directory (default: the ``policies/checkpoints`` package directory).
     :param command: the command that produced it, recorded in the metadata.
+    :param aging_s: run the shipped policies with this candidate-order aging (s;
+        :attr:`~policies.encoding.ObsSpec.aging_s`) instead of the one it was trained with. The
+        weights are unchanged; the trained value stays in ``training.config``.
     """
     from importlib import resources
 
@@ -809,6 +825,7 @@ def ship_checkpoint(
     training = dict(ck.meta["training"])
     if command:
         training["command"] = command
+    spec = ck.spec if aging_s is None else replace(ck.spec, aging_s=aging_s)
     out = []
     for mode in ("rl-base", "rl-hybrid"):
         out.append(
@@ -818,7 +835,7 @@ def ship_checkpoint(
                 algo=ck.meta["algo"],
                 mode=mode,
                 cluster=ck.cluster,
-                spec=ck.spec,
+                spec=spec,
                 layers=ck.meta["network"]["layers"],
                 activation=ck.meta["network"]["activation"],
                 reward=ck.meta["reward"],
