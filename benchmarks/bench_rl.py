@@ -78,7 +78,6 @@ from trainer.env import PlacementEnv
 from trainer.generate import GeneratorConfig, generate_jobs
 from trainer.simulator import Simulator
 
-
 #: the controller's default ``max_placements_per_round``: its rounds stop there (``Policy.place_limit``)
 CAP = ControllerSection.max_placements_per_round
 

@@ -15,7 +15,7 @@ from policies.heuristics import make_heuristic
 from policies.job import JobSpec
 from policies.perf import ContentionModel
 from trainer import metrics
-from trainer.simulator import JobRecord, SimConfig, Simulator, SimResult
+from trainer.simulator import JobRecord, SimConfig, SimResult, Simulator
 from trainer.traces import load_trace, write_trace
 
 
