@@ -375,7 +375,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     try:
         spec = ObsSpec.from_dict(spec_meta)
         spec.check_cluster(cluster)
-    except (EncodingError, ValueError, KeyError, TypeError) as exc:
+    except (EncodingError, ValueError, KeyError, TypeError, OverflowError) as exc:
         raise CheckpointError(f"{jpath}: bad obs_spec metadata: {exc}") from exc
     net_meta = _require(meta, "network", dict, jpath)
     if net_meta.get("kind") != "mlp":

@@ -45,8 +45,9 @@ Candidates: pending jobs are grouped by GPU demand; each group is represented
 by its job with the shortest estimated remaining time (SRTF key, ties by
 submit time then id); groups are ordered by the representative's *aged*
 remaining GPU-time, ``remaining time x demand x exp(-wait / AGING_S)``
-(``AGING_S`` = :attr:`ObsSpec.aging_s`, 300 s by default; ``wait`` = time since
-submission), and the first ``K``
+(``aging_s`` = :attr:`ObsSpec.aging_s`: 300 s, :data:`AGING_S`, for new specs and the
+shipped checkpoints; 1800 s, :data:`LEGACY_AGING_S`, for checkpoints written before the
+field existed; ``wait`` = time since submission), and the first ``K``
 are the candidates. So candidate 0 is what a "shortest remaining GPU-area
 first, with aging" rule would run, and every SRTF head of a demand class is
 visible. Without aging (encoding version 2) a large job could be overtaken
@@ -128,8 +129,8 @@ _REM_NORM = math.log1p(64.0)
 _QUEUE_NORM = math.log1p(256.0)
 _MEMO_MAX = 65536  # entries of the encoder's option memo before it is cleared
 #: Default aging time constant of the candidate order (s; :attr:`ObsSpec.aging_s`): a job's
-#: remaining GPU-time key is multiplied by ``exp(-wait / aging_s)``. Chosen on Poisson validation
-#: traces (docs/RESULTS.md, "Aging of the candidate order").
+#: remaining GPU-time key is multiplied by ``exp(-wait / aging_s)``. Chosen on Poisson traces
+#: disjoint from training and evaluation (docs/RL.md, "Stronger aging, 300 s").
 AGING_S = 300.0
 #: The aging of checkpoints written before :attr:`ObsSpec.aging_s` existed (their training order).
 LEGACY_AGING_S = 1800.0
@@ -238,8 +239,13 @@ class ObsSpec:
         if not isinstance(self.order, str) or self.order not in CANDIDATE_ORDERS:
             raise EncodingError(f"unknown candidate order {self.order!r}; expected one of {', '.join(CANDIDATE_ORDERS)}")
         a = self.aging_s
-        if isinstance(a, bool) or not isinstance(a, (int, float, np.integer, np.floating)) or not (0 < float(a) < math.inf):
-            raise EncodingError(f"observation spec aging_s must be a finite number of seconds > 0, got {a!r}")
+        try:  # float() of an int beyond float range raises OverflowError
+            ok = not isinstance(a, bool) and isinstance(a, (int, float, np.integer, np.floating)) and 0 < float(a) < math.inf
+        except OverflowError:
+            ok = False
+        if not ok:
+            text = repr(a) if len(repr(a)) <= 40 else repr(a)[:37] + "..."
+            raise EncodingError(f"observation spec aging_s must be a finite number of seconds > 0, got {text}")
         object.__setattr__(self, "aging_s", float(a))
 
     @classmethod

@@ -88,7 +88,7 @@ def test_shipped_checkpoints_run_with_the_validated_aging():
     for mode in ("rl-base", "rl-hybrid"):
         pol = make_rl_policy(mode, C48)
         assert pol.encoder.spec.aging_s == AGING_S == 300.0
-        assert pol.checkpoint.meta["training"]["config"].get("aging_s", 1800.0) == 1800.0
+        assert pol.checkpoint.meta["training"]["config"]["aging_s"] == 1800.0  # what it was trained with
 
 
 def test_masked_argmax_respects_mask(tmp_path):
@@ -283,6 +283,7 @@ def _obs(**kw):
         (_obs(aging_s=0), r"obs_spec.*aging_s must be a finite number of seconds > 0, got 0"),
         (_obs(aging_s=float("inf")), r"obs_spec.*aging_s must be a finite number of seconds > 0, got inf"),
         (_obs(aging_s="300"), r"obs_spec.*aging_s must be a finite number of seconds > 0, got '300'"),
+        (_obs(aging_s=10**400), r"obs_spec.*aging_s must be a finite number of seconds > 0, got 10000"),
         (_set("obs_spec", "n_actions", 26), r"obs_spec.*n_actions 26 disagrees"),
         (_set("obs_spec", "shape", "big"), r"obs_spec.*shape big disagrees"),
         # bug 4: non-integral / bool integers in the cluster, non-finite bandwidths, format_version True

@@ -36,6 +36,9 @@ def test_cli_compares_policies_and_agings(tmp_path, capsys):
     assert set(got) == want
     assert all(np.isfinite(v["avg_jct_h"]) and v["avg_jct_h"] > 0 and v["p90_jct_h"] > 0 and 0 < v["util_pct"] <= 100
                for v in got.values())
+    # the aging reaches both policies: on these arrivals the stronger one reorders the queue
+    for pol in ("rl-base", "plan-greedy"):
+        assert got[f"{pol} aging=1800"] != got[f"{pol} aging=60"], pol
     for extra, msg in ((["--aging", "0"], "positive"), (["--aging", "x"], "could not convert"),
                        (["--groups", "nope"], "nope")):
         assert po.main(["--traces", str(tmp_path / "g")] + extra) == 2

@@ -315,6 +315,7 @@ def test_cli_train_refuses_bad_numbers(tmp_path, capsys, option, value, needle):
         ({"order": "random"}, "--order must be one of"),
         ({"aging_s": 0.0}, "--aging must be a finite number of seconds > 0"),
         ({"aging_s": math.inf}, "--aging must be a finite number of seconds > 0"),
+        ({"aging_s": 10**400}, "--aging must be a finite number of seconds > 0"),  # beyond float range: no OverflowError
         ({"algo": "ppo", "prior": "admission"}, "--prior admission needs --algo maskable-ppo"),
     ],
 )
@@ -403,6 +404,62 @@ def test_resume_refuses_other_settings(tmp_path, tiny_run, change, needle):
         train(_tiny_cfg(timesteps=128, **change), [trace], [trace], run, resume=True)
     assert needle in str(e.value) and "--resume continues a run with its own settings" in str(e.value)
     assert _snapshot(run) == before
+
+
+def test_resume_of_a_run_from_before_aging_names_the_value_to_pass(tmp_path, tiny_run):
+    """A run written before --aging existed was trained with 1800 s; resuming it with today's default
+    (300 s) is refused with the value to pass, not "drop the option"."""
+    run = _copy_run(tiny_run, tmp_path / "run")
+    meta = json.loads((run / "last.json").read_text())
+    del meta["obs_spec"]["aging_s"]
+    (run / "last.json").write_text(json.dumps(meta))
+    trace = tiny_run[2]
+    with pytest.raises(CheckpointError, match=r"--aging 1800 s, not 300 s; .*\(pass --aging 1800, or start a new run"):
+        train(_tiny_cfg(timesteps=128), [trace], [trace], run, resume=True)
+    train(_tiny_cfg(timesteps=128, aging_s=1800.0), [trace], [trace], run, resume=True)  # the named value resumes
+    assert load_checkpoint(run / "last").spec.aging_s == 1800.0
+
+
+def test_training_and_validation_use_the_runs_aging(tmp_path, monkeypatch):
+    """--aging reaches the training environments, the validation encoder and the checkpoints."""
+    import trainer.train as tt
+
+    seen: dict[str, list[float]] = {"env": [], "eval": []}
+    env_init, eval_net = tt.PlacementEnv.__init__, tt.evaluate_net
+
+    def spy_env(self, *a, **kw):
+        env_init(self, *a, **kw)
+        seen["env"].append(self.spec_obs.aging_s)
+
+    def spy_eval(*a, **kw):
+        seen["eval"].append(kw["aging_s"])
+        return eval_net(*a, **kw)
+
+    monkeypatch.setattr(tt.PlacementEnv, "__init__", spy_env)
+    monkeypatch.setattr(tt, "evaluate_net", spy_eval)
+    trace = _trace(6, 6)
+    train(_tiny_cfg(aging_s=1234.0), [trace], [trace], tmp_path / "run")
+    assert seen["env"] and set(seen["env"]) == {1234.0}
+    assert seen["eval"] and set(seen["eval"]) == {1234.0}
+    for name in ("best", "last"):
+        ck = load_checkpoint(tmp_path / "run" / name)
+        assert ck.spec.aging_s == 1234.0 and ck.meta["training"]["config"]["aging_s"] == 1234.0
+
+
+def test_cli_train_passes_aging(tmp_path, monkeypatch):
+    import trainer.train as tt
+    from rlsched.cli import main
+
+    got = {}
+
+    def fake_train(cfg, *a, **kw):
+        got["aging_s"] = cfg.aging_s
+        return {"timesteps": 0}
+
+    monkeypatch.setattr(tt, "train", fake_train)
+    (tmp_path / "t.csv").write_text("job_id,submit_time,model,gpu_demand,total_samples\na,0,GNN,2,1000\n")
+    main(["train", "--traces", str(tmp_path / "t.csv"), "--cluster", "2x4", "--out", str(tmp_path / "o"), "--aging", "900"])
+    assert got == {"aging_s": 900.0}
 
 
 def test_resume_refuses_other_bandwidth_and_seed_w1(tmp_path, tiny_run):

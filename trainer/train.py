@@ -48,7 +48,7 @@ import numpy as np
 
 from policies.checkpoint import Checkpoint, CheckpointError, MLPNet, load_checkpoint, save_checkpoint, write_atomic
 from policies.cluster import ClusterSpec
-from policies.encoding import AGING_S, CANDIDATE_ORDERS, Encoder, ObsSpec
+from policies.encoding import AGING_S, CANDIDATE_ORDERS, LEGACY_AGING_S, Encoder, ObsSpec
 from policies.job import JobSpec
 from policies.perf import ContentionModel
 from policies.prior import AdmissionPrior, PriorError
@@ -186,7 +186,13 @@ def _is_int(v: Any) -> bool:
 
 
 def _is_real(v: Any) -> bool:
-    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and math.isfinite(v)
+    """A finite int or float (not a bool); ``False`` also for an int too large for a float."""
+    if not isinstance(v, (int, float, np.integer, np.floating)) or isinstance(v, bool):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an int beyond float range
+        return False
 
 
 def check_config(cfg: TrainConfig) -> ClusterSpec:
@@ -275,10 +281,10 @@ def _check_out_dir(out: Path) -> None:
 def _check_resume(last: Checkpoint, cfg: TrainConfig, cluster: ClusterSpec, spec: ObsSpec) -> None:
     """Refuse to continue ``last`` with settings that define another run."""
 
-    def differs(setting: str, ours: Any, theirs: Any) -> CheckpointError:
+    def differs(setting: str, ours: Any, theirs: Any, fix: str = "drop the option") -> CheckpointError:
         return CheckpointError(
             f"{last.json_path}: the run was trained with {setting} {theirs}, not {ours}; --resume continues a run "
-            "with its own settings (drop the option, or start a new run with --overwrite or another --out)"
+            f"with its own settings ({fix}, or start a new run with --overwrite or another --out)"
         )
 
     if last.meta.get("algo") != cfg.algo:
@@ -292,7 +298,8 @@ def _check_resume(last: Checkpoint, cfg: TrainConfig, cluster: ClusterSpec, spec
     if last.spec.order != spec.order:
         raise differs("--order", spec.order, last.spec.order)
     if last.spec.aging_s != spec.aging_s:
-        raise differs("--aging", f"{spec.aging_s:g} s", f"{last.spec.aging_s:g} s")
+        # runs from before --aging existed were trained with 1800 s, not today's default: name the value to pass
+        raise differs("--aging", f"{spec.aging_s:g} s", f"{last.spec.aging_s:g} s", f"pass --aging {last.spec.aging_s:g}")
     if last.spec.k != spec.k:
         raise differs("k (candidates)", spec.k, last.spec.k)
     if _hidden_sizes(last) != tuple(cfg.net_arch):
@@ -825,6 +832,9 @@ def ship_checkpoint(
     training = dict(ck.meta["training"])
     if command:
         training["command"] = command
+    if isinstance(training.get("config"), dict) and "aging_s" not in training["config"]:
+        # trained before --aging existed, so with the legacy 1800 s: record it (the spec may differ when re-shipped)
+        training["config"] = {**training["config"], "aging_s": LEGACY_AGING_S}
     spec = ck.spec if aging_s is None else replace(ck.spec, aging_s=aging_s)
     out = []
     for mode in ("rl-base", "rl-hybrid"):
