@@ -817,7 +817,8 @@ def ship_checkpoint(
     :param command: the command that produced it, recorded in the metadata.
     :param aging_s: run the shipped policies with this candidate-order aging (s;
         :attr:`~policies.encoding.ObsSpec.aging_s`) instead of the one it was trained with. The
-        weights are unchanged; the trained value stays in ``training.config``.
+        weights are unchanged; the trained value stays in ``training.config`` (``aging_s``;
+        written in as :data:`~policies.encoding.LEGACY_AGING_S` for a run from before the option).
     """
     from importlib import resources
 
