@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
+from bench_loader import load_benchmark
 
 from policies.cluster import ClusterSpec
 from policies.perf import ContentionModel
 from trainer.generate import GeneratorConfig, generate_jobs
 from trainer.traces import write_trace
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "hybrid_floor.py"
-_spec = importlib.util.spec_from_file_location("hybrid_floor", _PATH)
-hf = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(hf)
+hf = load_benchmark("hybrid_floor")
 
 C48 = ClusterSpec.parse("4x8")
 

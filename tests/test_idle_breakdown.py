@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
+from bench_loader import load_benchmark
 
 from policies.cluster import ClusterSpec
 from policies.perf import ContentionModel
@@ -15,10 +13,7 @@ from trainer.generate import GeneratorConfig, generate_jobs
 from trainer.simulator import SimConfig, Simulator
 from trainer.traces import write_trace
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "idle_breakdown.py"
-_spec = importlib.util.spec_from_file_location("idle_breakdown", _PATH)
-ib = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ib)
+ib = load_benchmark("idle_breakdown")
 
 C48 = ClusterSpec.parse("4x8")
 

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
-from pathlib import Path
 
 import pytest
+from bench_loader import load_benchmark
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "uniform_bound.py"
-_spec = importlib.util.spec_from_file_location("uniform_bound", _PATH)
-ub = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ub)
+ub = load_benchmark("uniform_bound")
 
 
 def test_bins_first_fit_in_rule_order():

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
+from bench_loader import load_benchmark
 
 from policies.cluster import ClusterSpec
 from policies.perf import ContentionModel, feasible_node_counts
@@ -16,10 +15,7 @@ from trainer.generate import GeneratorConfig, generate_jobs
 from trainer.simulator import SimConfig, Simulator
 from trainer.traces import write_trace
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "uniform_gap.py"
-_spec = importlib.util.spec_from_file_location("uniform_gap", _PATH)
-ug = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ug)
+ug = load_benchmark("uniform_gap")
 
 C48 = ClusterSpec.parse("4x8")
 MULTI = [("MoE", 12, 2), ("FSDP", 16, 2), ("DLRM", 10, 2)]
