@@ -44,7 +44,7 @@ the existing right-half slots. ``C = max(9, K * S + 5 K)``.
 Candidates: pending jobs are grouped by GPU demand; each group is represented
 by its job with the shortest estimated remaining time (SRTF key, ties by
 submit time then id); groups are ordered by the representative's *aged*
-remaining GPU-time, ``remaining time x demand x exp(-wait / AGING_S)``
+remaining GPU-time, ``remaining time x demand x exp(-wait / aging_s)``
 (``aging_s`` = :attr:`ObsSpec.aging_s`: 300 s, :data:`AGING_S`, for new specs and the
 shipped checkpoints; 1800 s, :data:`LEGACY_AGING_S`, for checkpoints written before the
 field existed; ``wait`` = time since submission), and the first ``K``
