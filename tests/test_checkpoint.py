@@ -184,6 +184,8 @@ def test_cli_checkpoint_show(tmp_path, capsys):
     assert main(["checkpoint", "rl-base"]) == 0
     out = capsys.readouterr().out
     assert "maskable-ppo" in out and "order plan" in out and "(verified)" in out and "dba8ae7" in out
+    # re-shipped with another aging (table borders and line wraps removed: independent of the terminal width)
+    assert "(aging 300 s; trained with 1800 s)" in " ".join(out.replace("\u2502", " ").split())
 
     write_random_checkpoint(tmp_path / "ck")
     assert main(["checkpoint", str(tmp_path / "ck"), "--cluster", "4x8", "--json"]) == 0
@@ -191,6 +193,7 @@ def test_cli_checkpoint_show(tmp_path, capsys):
     assert info["cluster"] == "4x8" and info["fits_cluster"] == "4x8" and info["mode"] == "rl-base"
     assert info["network"]["layers"][0] == [int(np.prod(ObsSpec.for_cluster(C48).shape)), 16]
     assert info["training"]["source"] is None  # written without provenance: shown as not recorded
+    assert info["observation"]["aging_s"] == 300.0 and info["observation"]["trained_aging_s"] is None
     assert main(["checkpoint", str(tmp_path / "ck.json")]) == 0
     assert "(not recorded)" in capsys.readouterr().out
 

@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import shlex
 import sys
 from collections.abc import Callable, Iterator
@@ -346,6 +347,11 @@ def checkpoint_summary(ck) -> dict:
     cfg_ok = cfg is None or isinstance(cfg, dict)
     cfg = cfg if isinstance(cfg, dict) else {}
     prior = ck.prior
+    # the aging the network was trained with, when the file records another one to run with (re-shipped)
+    ta = cfg.get("aging_s")
+    trained_aging = None
+    if isinstance(ta, (int, float)) and not isinstance(ta, bool) and math.isfinite(ta) and ta != ck.spec.aging_s:
+        trained_aging = float(ta)
     return {
         "checkpoint": str(ck.json_path),
         "weights": str(ck.weights_path),
@@ -361,6 +367,7 @@ def checkpoint_summary(ck) -> dict:
             "options": ck.spec.options,
             "order": ck.spec.order,
             "aging_s": ck.spec.aging_s,
+            "trained_aging_s": trained_aging,
             "encoding_version": ck.spec.version,
         },
         "network": {
@@ -429,7 +436,9 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
         ("algorithm", str(info["algo"])),
         ("cluster", info["cluster"] + (f" (fits {info['fits_cluster']})" if cluster is not None else "")),
         ("observation", (f"{ob['shape']}, {ob['actions']} actions ({ob['candidates']} candidates x {ob['options']} "
-                         f"options + nothing), order {ob['order']} (aging {ob['aging_s']:g} s), encoding v{ob['encoding_version']}")),
+                         f"options + nothing), order {ob['order']} (aging {ob['aging_s']:g} s"
+                         + (f"; trained with {ob['trained_aging_s']:g} s" if ob["trained_aging_s"] is not None else "")
+                         + f"), encoding v{ob['encoding_version']}")),
         ("network", (f"{' -> '.join(str(a) for a, _b in net['layers'])} -> {net['layers'][-1][1]} "
                      f"({net['activation']}, {net['parameters']:,} parameters)")),
         ("admission prior", json.dumps(net["prior"]) if net["prior"] else "none"),
