@@ -34,6 +34,17 @@ def free_after(running: list[JobInfo], cluster: ClusterSpec = C48) -> np.ndarray
     return free
 
 
+def beside_fsdp(shape: str, demand: int, perf: ContentionModel):
+    """An FSDP job on 4 + 4 GPUs of nodes 0 and 1 of a ``shape`` cluster and a waiting
+    ``demand``-GPU MoE job: ``(cluster, its perf model, free GPUs, state, the waiting job)``."""
+    running = [info("fsdp", 8, "FSDP", Placement.of({0: 4, 1: 4}), perf)]
+    cluster = ClusterSpec.parse(shape)
+    cperf = ContentionModel(cluster)
+    free = free_after(running, cluster)
+    new = info("new", demand, "MoE", perf=cperf)
+    return cluster, cperf, free, ClusterState(0.0, cluster, free, running, [new]), new
+
+
 # ---------------------------------------------------------------------- pack
 def test_pack_best_fit_single_node() -> None:
     # Nodes with >= 4 free: 0 (8), 2 (4), 3 (6): the fullest that fits is 2.
@@ -167,12 +178,7 @@ def test_greedy_returns_none_when_full(perf: ContentionModel) -> None:
 
 def test_greedy_efficiency_floor(perf: ContentionModel) -> None:
     """With a floor, the rule refuses a placement whose net effective GPUs per GPU is below it."""
-    running = [info("fsdp", 8, "FSDP", Placement.of({0: 4, 1: 4}), perf)]
-    cluster = ClusterSpec.parse("2x8")
-    cperf = ContentionModel(cluster)
-    free = free_after(running, cluster)
-    new = info("new", 8, "MoE", perf=cperf)
-    state = ClusterState(0.0, cluster, free, running, [new])
+    cluster, cperf, free, state, new = beside_fsdp("2x8", 8, perf)
     p = ContentionAwarePlacement(cperf)(new, free, state)
     assert p is not None
     eff = ContentionAwarePlacement(cperf).score(new, p, state.jobs_on_node()) / new.gpu_demand
@@ -204,12 +210,7 @@ def test_floor_packing_keeps_single_node_jobs_whole(perf: ContentionModel) -> No
 
 def test_floor_packing_floor(perf: ContentionModel) -> None:
     """With a floor it refuses the packing placement whose net effective GPUs per GPU is below it."""
-    running = [info("fsdp", 8, "FSDP", Placement.of({0: 4, 1: 4}), perf)]
-    cluster = ClusterSpec.parse("3x8")
-    cperf = ContentionModel(cluster)
-    free = free_after(running, cluster)
-    new = info("new", 12, "MoE", perf=cperf)
-    state = ClusterState(0.0, cluster, free, running, [new])
+    _cluster, cperf, free, state, new = beside_fsdp("3x8", 12, perf)
     p = FloorPacking(cperf)(new, free, state)
     assert p == Placement.of({2: 8, 0: 4})  # the free node, then beside FSDP
     eff = FloorPacking(cperf).score(new, p, state.jobs_on_node()) / new.gpu_demand
