@@ -582,17 +582,26 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
                                 f"job key {key!r} belongs to slurm job {held.slurm_job_id} of uid {held.owner_uid} "
                                 f"({old.state}), not to uid {ident.uid}")
         m = _DEFAULT_KEY_RE.fullmatch(key)
+        other_unknown = False
         if m and m.group(1) != sid:  # another job's default key: only while that job is gone or also yours
             other = self._slurm_job(m.group(1))
             if other is not None and not other.gone and other.uid != ident.uid:
                 raise _RpcAbort(grpc.StatusCode.PERMISSION_DENIED,
                                 f"job key {key!r} is the default key of slurm job {m.group(1)} of uid {other.uid}")
+            other_unknown = other is None
         info = self._slurm_job(sid)
         if info is None:
             raise _RpcAbort(grpc.StatusCode.PERMISSION_DENIED, f"slurm job {sid} does not exist (Slurm does not know it)")
         if info.uid != ident.uid:
             raise _RpcAbort(grpc.StatusCode.PERMISSION_DENIED,
                             f"slurm job {sid} belongs to uid {info.uid}, not {ident.uid}")
+        if other_unknown and m and info.job_id.isdigit() and int(m.group(1).split("_")[0]) > int(info.job_id):
+            # Slurm numbers jobs in submission order: a job it does not know with a larger id than the
+            # caller's own (existing) job has not been submitted yet; taking its key now would keep the
+            # key (and its checkpoints) from that job when it starts
+            raise _RpcAbort(grpc.StatusCode.PERMISSION_DENIED,
+                            f"job key {key!r} is the default key of slurm job {m.group(1)}, which has not been "
+                            f"submitted yet (your job is {info.job_id})")
         return info.job_id
 
     def _check_pid(self, r: pb.ProgressReport, ident: Identity, privileged: bool, numeric_id: str) -> int:

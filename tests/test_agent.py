@@ -720,6 +720,35 @@ def test_job_key_squatting_is_refused(users: tuple) -> None:
         _stop(victim, squat, squat303)
 
 
+def test_default_key_of_a_job_not_yet_submitted_is_refused(users: tuple) -> None:
+    """Job ids are sequential: a user cannot take ``slurm-N`` of a job N that has yet to be submitted (it would
+    keep the key, its profile and its checkpoints from job N's owner); a purged earlier job's key stays usable."""
+    srv, slurm, client = users
+    slurm.jobs.update({"600": 65534})
+    squat = _user_proc(65534, "600")
+    victim = None
+    try:
+        for n in (601, 605, 10_000):
+            with pytest.raises(AgentError) as e:
+                client(65534).report_progress(_report(job_key=f"slurm-{n}", slurm_job_id="600", pid=squat.pid))
+            assert e.value.code == "PERMISSION_DENIED" and f"slurm job {n}, which has not been submitted yet" \
+                in e.value.details, e.value.details
+        with pytest.raises(AgentError) as e:  # an array task's key: its array's id counts
+            client(65534).report_progress(_report(job_key="slurm-700_3", slurm_job_id="600", pid=squat.pid))
+        assert e.value.code == "PERMISSION_DENIED" and "not been submitted yet" in e.value.details
+        assert srv.tracker.jobs == {}
+        # job 601 (another user's) starts and registers its default key
+        slurm.jobs["601"] = 33
+        victim = _user_proc(33, "601")
+        client(33).report_progress(_report(job_key="slurm-601", slurm_job_id="601", pid=victim.pid))
+        assert srv.tracker.jobs["slurm-601"].owner_uid == 33
+        # the key of an earlier job Slurm has forgotten (a chain of jobs resuming one checkpoint) still works
+        client(65534).report_progress(_report(job_key="slurm-42", slurm_job_id="600", pid=squat.pid))
+        assert srv.tracker.jobs["slurm-42"].owner_uid == 65534
+    finally:
+        _stop(squat, *(p for p in (victim,) if p is not None))
+
+
 def test_ended_jobs_key_stays_its_owners_until_slurm_forgets_the_job(users: tuple) -> None:
     srv, slurm, client = users
     slurm.jobs.update({"101": 33, "303": 65534, "404": 33})
