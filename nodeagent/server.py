@@ -705,11 +705,11 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
     def _preempt_run(self, request: pb.PreemptRequest, context: grpc.ServicerContext, rec: JobRecord,
                      live: list[int], pids: list[int], step_at_signal: int, prev_state: str, restore: str,
                      timeout: float, t0: float) -> pb.PreemptResponse:
-        prev = self._latest(request.job_key, verify=False)
+        prev = self._latest(rec, verify=False)
         emit("preempt_start", job_key=request.job_key, slurm_job_id=rec.slurm_job_id, pids=pids,
              step=step_at_signal, prev_checkpoint=prev.step if prev else None, state=prev_state)
         if not pids:
-            good = self._latest(request.job_key, verify=True)
+            good = self._latest(rec, verify=True)
             covered = good is not None and good.step >= step_at_signal
             if prev_state == "finished" and live:
                 # done training, but its processes still run (evaluation, export): not ours to stop
@@ -738,17 +738,17 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
         exited = False
         while time.monotonic() < deadline and context.is_active():
             exited = not any(pid_alive(p) for p in pids)
-            cand = self._latest(request.job_key, verify=False)
+            cand = self._latest(rec, verify=False)
             if (cand is not None and cand.step >= step_at_signal
                     and (prev is None or (cand.step, cand.created) != (prev.step, prev.created))):
-                if self._verify(request.job_key, cand):
+                if self._verify(rec, cand):
                     done = cand
                     break
             if exited:
                 # one more look: the checkpoint may have landed just before exit
                 # (an older checkpoint is fine if the job had made no progress past it, e.g. it was
                 # preempted right after resuming)
-                cand = self._latest(request.job_key, verify=True)
+                cand = self._latest(rec, verify=True)
                 if cand is not None and cand.step >= step_at_signal:
                     done = cand
                 break
@@ -775,23 +775,28 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
                     rec.ended_at = self.tracker.clock()
         why = ("process exited without writing a new checkpoint" if exited
                else f"timed out after {timeout:.1f}s waiting for a checkpoint at step >= {step_at_signal}")
-        good = self._latest(request.job_key, verify=True)
+        good = self._latest(rec, verify=True)
         return self._reply(rec, False, good, t0, exited, why)
 
-    def _verify(self, job_key: str, info: CheckpointInfo) -> bool:
+    def _job_store(self, rec: JobRecord) -> CheckpointStore:
+        """The store as ``rec``'s job may use it: only its owner's directory and files count (a directory
+        another user created under the job's key holds no checkpoint of this job)."""
+        return self.store.for_owner(rec.owner_uid if rec.owner_uid >= 0 else None)
+
+    def _verify(self, rec: JobRecord, info: CheckpointInfo) -> bool:
         """:meth:`CheckpointStore.verify`; a store out of reach (or holding something that is not a
-        checkpoint) counts as "not yet" (logged), not an RPC failure."""
+        checkpoint of the job's owner) counts as "not yet" (logged), not an RPC failure."""
         try:
-            return self.store.verify(info)
+            return self._job_store(rec).verify(info)
         except Exception as exc:  # StoreError, or whatever a job-controlled store directory provokes
-            emit("store_error", logging.WARNING, job_key=job_key, error=f"{type(exc).__name__}: {exc}")
+            emit("store_error", logging.WARNING, job_key=rec.job_key, error=f"{type(exc).__name__}: {exc}")
             return False
 
-    def _latest(self, job_key: str, verify: bool) -> CheckpointInfo | None:
+    def _latest(self, rec: JobRecord, verify: bool) -> CheckpointInfo | None:
         try:
-            return self.store.latest(job_key, verify=verify)
+            return self._job_store(rec).latest(rec.job_key, verify=verify)
         except Exception as exc:  # StoreError, or whatever a job-controlled store directory provokes
-            emit("store_error", logging.WARNING, job_key=job_key, error=f"{type(exc).__name__}: {exc}")
+            emit("store_error", logging.WARNING, job_key=rec.job_key, error=f"{type(exc).__name__}: {exc}")
             return None
 
     def _reply(self, rec: JobRecord, ok: bool, info: CheckpointInfo | None, t0: float, exited: bool,

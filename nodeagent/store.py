@@ -30,6 +30,7 @@ the store was briefly out of reach.
 
 from __future__ import annotations
 
+import copy
 import errno
 import fcntl
 import hashlib
@@ -80,6 +81,13 @@ class CheckpointCorrupt(StoreError):
 
 class StoreUnavailable(StoreError):
     """The store could not be read (network, permissions, I/O): nothing is known about its checkpoints."""
+
+
+class StoreNotOwner(StoreError):
+    """A job's store directory (or a file in it) belongs to another user: it is neither read nor written.
+
+    In a shared store anyone may create ``<root>/<job_key>/``; a directory created by another user
+    before the job ran could hand the job planted checkpoints, or let that user replace its files."""
 
 
 def validate_job_key(job_key: str) -> str:
@@ -155,6 +163,11 @@ class CheckpointStore(ABC):
     """Abstract checkpoint store. Implementations provide the five primitives below."""
 
     url: str
+
+    def for_owner(self, uid: int | None) -> CheckpointStore:
+        """This store, reading and writing only job directories and files that belong to ``uid``
+        (``None``: any owner). The base store has no owners to check and returns itself."""
+        return self
 
     # -- primitives -------------------------------------------------------
     @abstractmethod
@@ -320,15 +333,36 @@ class CheckpointStore(ABC):
 
 
 class LocalFSStore(CheckpointStore):
-    """Checkpoints in a local or shared (NFS/Lustre/...) directory."""
+    """Checkpoints in a local or shared (NFS/Lustre/...) directory.
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    :param owner_uid: only job directories (``<root>/<job_key>``) and files owned by this uid are read
+        or written (:class:`StoreNotOwner` otherwise). Default: the caller's effective uid, except for
+        root, which checks no owner unless asked (the agent asks per job, :meth:`for_owner`).
+    """
+
+    def __init__(self, root: str | os.PathLike[str], owner_uid: int | None | str = "auto") -> None:
         self.root = Path(root).resolve()
         self.url = str(self.root)
+        if owner_uid == "auto":
+            owner_uid = os.geteuid() or None
+        self.owner_uid: int | None = owner_uid  # type: ignore[assignment]
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot create checkpoint store directory {self.root}: {exc}") from None
+
+    def for_owner(self, uid: int | None) -> LocalFSStore:
+        view = copy.copy(self)
+        view.owner_uid = uid
+        return view
+
+    def _check_owner(self, st: os.stat_result, relpath: str) -> None:
+        """Raise :class:`StoreNotOwner` if ``st`` (of ``relpath``) is not the expected owner's."""
+        if self.owner_uid is not None and st.st_uid != self.owner_uid:
+            raise StoreNotOwner(
+                f"{self._path(relpath)} belongs to uid {st.st_uid}, not to uid {self.owner_uid} (the job's owner): "
+                "another user created it, so it is neither read nor written; remove it or use another job key"
+            )
 
     def _path(self, relpath: str) -> Path:
         return self.root / relpath if relpath else self.root
@@ -336,6 +370,11 @@ class LocalFSStore(CheckpointStore):
     def _write_atomic(self, relpath: str, data: bytes) -> None:
         final = self._path(relpath)
         final.parent.mkdir(parents=True, exist_ok=True)
+        if self.owner_uid is not None and final.parent != self.root:
+            st = os.lstat(final.parent)
+            if stat.S_ISLNK(st.st_mode):
+                raise StoreError(f"{final.parent}: a symlink below the store root, not a job directory")
+            self._check_owner(st, str(Path(relpath).parent))
         tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex}"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -373,6 +412,8 @@ class LocalFSStore(CheckpointStore):
                 nfd = os.open(part, flags, dir_fd=fd)
                 os.close(fd)
                 fd = nfd
+                if self.owner_uid is not None:  # the job directory and its files: the job owner's only
+                    self._check_owner(os.fstat(fd), "/".join(parts[: i + 1]))
             return fd
         except BaseException:
             os.close(fd)

@@ -749,6 +749,25 @@ def test_default_key_of_a_job_not_yet_submitted_is_refused(users: tuple) -> None
         _stop(squat, *(p for p in (victim,) if p is not None))
 
 
+def test_preempt_ignores_checkpoints_another_user_planted_under_the_jobs_key(users: tuple) -> None:
+    """In a shared store anyone may create the job's directory first: its files are not the job's checkpoint."""
+    srv, slurm, client = users
+    slurm.jobs.update({"101": 33})
+    store_root = Path(srv.servicer.store.url)
+    LocalFSStore(store_root, owner_uid=None).save("slurm-101", 999_999, b"planted")
+    for p in (store_root / "slurm-101", *(store_root / "slurm-101").iterdir()):
+        os.chown(p, 65534, 65534)
+    victim = _user_proc(33, "101")
+    try:
+        client(33).report_progress(_report(job_key="slurm-101", slurm_job_id="101", pid=victim.pid))
+        r = client(0).preempt("slurm-101", "101", timeout_s=5)
+        assert victim.wait(timeout=10) == -signal.SIGUSR2  # it exits without writing a checkpoint
+        assert r["ok"] is False and r["checkpoint_step"] is None and r["checkpoint_uri"] == "", r
+        assert r["message"] == "process exited without writing a new checkpoint", r
+    finally:
+        _stop(victim)
+
+
 def test_ended_jobs_key_stays_its_owners_until_slurm_forgets_the_job(users: tuple) -> None:
     srv, slurm, client = users
     slurm.jobs.update({"101": 33, "303": 65534, "404": 33})

@@ -33,6 +33,7 @@ from nodeagent.store import (
     CheckpointStore,
     LocalFSStore,
     StoreError,
+    StoreNotOwner,
     StoreUnavailable,
     WebHDFSStore,
     open_store,
@@ -571,3 +572,43 @@ def test_local_store_unusable_dir(tmp_path: Path) -> None:
     f.write_text("x")
     with pytest.raises(StoreError, match="cannot create"):
         LocalFSStore(f / "sub")
+
+
+# ------------------------------------------------------- who owns a job's directory (a shared 1777 store)
+def _chown_tree(path: Path, uid: int) -> None:
+    os.chown(path, uid, uid)
+    for p in path.iterdir():
+        os.chown(p, uid, uid)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give files to another uid")
+def test_a_job_directory_planted_by_another_user_is_neither_read_nor_written(tmp_path: Path) -> None:
+    """Anyone may create ``<root>/<key>/`` in a shared store before the job runs: the job (and the agent acting
+    for it) must not resume from, verify or write into a directory or file of another uid."""
+    LocalFSStore(tmp_path).save("slurm-601", 999_999, b"planted")
+    _chown_tree(tmp_path / "slurm-601", 65534)  # created by uid 65534, job 601 is uid 33's
+    victim = LocalFSStore(tmp_path, owner_uid=33)
+    for call in (lambda: victim.load("slurm-601"), lambda: victim.list("slurm-601"),
+                 lambda: victim.latest("slurm-601"), lambda: victim.save("slurm-601", 1, b"mine")):
+        with pytest.raises(StoreNotOwner, match=r"slurm-601 belongs to uid 65534, not to uid 33"):
+            call()
+    assert not any(p.name.startswith("ckpt-000000000001") for p in (tmp_path / "slurm-601").iterdir())
+    # the directory's owner (and root's store, which checks no owner) read it; for_owner() is a view
+    assert LocalFSStore(tmp_path, owner_uid=65534).load("slurm-601")[1] == b"planted"
+    assert victim.for_owner(65534).latest("slurm-601").step == 999_999 and victim.owner_uid == 33
+    assert LocalFSStore(tmp_path, owner_uid=None).load("slurm-601")[1] == b"planted"
+    # a file of another uid inside the owner's own directory is refused too
+    own = LocalFSStore(tmp_path, owner_uid=33)
+    os.mkdir(tmp_path / "k2")
+    os.chown(tmp_path / "k2", 33, 33)
+    LocalFSStore(tmp_path, owner_uid=None).save("k2", 5, b"x")  # written by root
+    os.chown(tmp_path / "k2", 33, 33)
+    with pytest.raises(StoreNotOwner, match=r"k2/ckpt-000000000005.json belongs to uid 0"):
+        own.list("k2")
+
+
+def test_store_owner_defaults_to_the_caller_except_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1234)
+    assert LocalFSStore(tmp_path).owner_uid == 1234 and open_store(str(tmp_path)).owner_uid == 1234
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert LocalFSStore(tmp_path).owner_uid is None  # root (the agent) checks per job, with for_owner()
