@@ -24,6 +24,7 @@ Units: seconds, GB/s. Unknown keys are errors (typos must not pass silently).
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -117,7 +118,13 @@ def _check(where: str, key: str, value: Any, typ: Any) -> Any:
     if t.startswith("float"):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}.{key}: expected a number, got {value!r}")
-        return float(value)
+        try:
+            v = float(value)
+        except OverflowError:  # an integer beyond float range
+            v = math.inf
+        if not math.isfinite(v):  # TOML has nan and inf; no setting means either
+            raise ConfigError(f"{where}.{key}: expected a finite number, got {value!r}")
+        return v
     if t.startswith("int"):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{where}.{key}: expected an integer, got {value!r}")

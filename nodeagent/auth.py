@@ -166,8 +166,8 @@ class Authenticator(ABC):
                 raise ValueError(f"timestamp {t} is not finite")
             if not isinstance(a, str):
                 raise TypeError(f"node must be a string, not {type(a).__name__}")
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise AuthError(f"malformed auth payload: {exc}") from None
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError) as exc:
+            raise AuthError(f"malformed auth payload: {type(exc).__name__}: {exc}") from None
         if m != method:
             raise AuthError(f"token was issued for {m!r}, not {method!r}")
         if not hmac.compare_digest(str(h), request_digest(request_bytes)):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import shutil
 import signal
 import sys
@@ -31,6 +32,32 @@ def _listen(value: str) -> str:
     return value
 
 
+def _int_at_least(lo: int):
+    """argparse type: an integer >= ``lo``."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {lo}, got {text!r}")
+        return v
+
+    return parse
+
+
+def _seconds(text: str) -> float:
+    """argparse type: a finite number of seconds > 0."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(v) or v <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return v
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("agent", help="run the rlsched node agent (gRPC, profiling, checkpoint preemption)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -47,12 +74,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--job-cgroups", choices=("auto", "required", "ignore"), default="auto",
                    help="require reporting processes to be in their Slurm job's cgroup: auto = once job cgroups "
                         "are seen on this machine (default)")
-    p.add_argument("--profile-steps", type=int, default=20,
+    p.add_argument("--profile-steps", type=_int_at_least(1), default=20,
                    help="steps in a job's isolated-throughput profiling window")
-    p.add_argument("--profile-skip-steps", type=int, default=10,
+    p.add_argument("--profile-skip-steps", type=_int_at_least(0), default=10,
                    help="steps of each run to skip (start-up, warm-up) before the profiling window")
-    p.add_argument("--window-s", type=float, default=30.0, help="seconds of reports for achieved throughput")
-    p.add_argument("--max-workers", type=int, default=16, help="gRPC worker threads")
+    p.add_argument("--window-s", type=_seconds, default=30.0, help="seconds of reports for achieved throughput")
+    p.add_argument("--max-workers", type=_int_at_least(1), default=16, help="gRPC worker threads")
     p.set_defaults(func=run_agent)
 
     k = sub.add_parser("agent-keygen", help="create a shared key file (mode 0600) for --auth sharedkey:PATH")
@@ -92,7 +119,7 @@ def run_agent(args: argparse.Namespace) -> int:
                           require_cgroup={"auto": None, "required": True, "ignore": False}[args.job_cgroups])
         server = NodeAgentServer(args.node, args.listen, auth, store, tracker, max_workers=args.max_workers,
                                  slurm=slurm)
-    except (AuthError, StoreError, OSError, RuntimeError) as exc:
+    except (AuthError, StoreError, OSError, RuntimeError, ValueError) as exc:  # ValueError: a bad --auth spec
         return _fail("agent", f"cannot start agent: {exc}")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

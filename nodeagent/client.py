@@ -31,6 +31,7 @@ the protocol but no durable checkpoint appeared in time.
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any
 
@@ -147,6 +148,10 @@ class AgentClient:
         return [jobstat_to_dict(s) for s in r.jobs]
 
     def preempt(self, job_key: str, slurm_job_id: str, timeout_s: float = 60) -> dict[str, Any]:
+        """Ask the agent to checkpoint and stop ``job_key``, waiting up to ``timeout_s`` (s, finite and > 0;
+        the agent caps it) for the checkpoint; the RPC's own deadline is that plus the client timeout."""
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < math.inf:
+            raise ValueError(f"preempt timeout_s must be a finite number of seconds > 0, got {timeout_s!r}")
         req = pb.PreemptRequest(job_key=job_key, slurm_job_id=str(slurm_job_id), timeout_s=float(timeout_s))
         r = self._call("Preempt", req, timeout=float(timeout_s) + self.timeout)
         return {

@@ -402,6 +402,13 @@ class JobSession:
         """(step, state) of the newest valid checkpoint, or (0, None)."""
         import torch
 
+        clean = getattr(self.store, "clean_temp", None)  # temp files of earlier runs killed mid-save
+        if clean is not None and self.rank == 0:
+            try:
+                if n := clean(self.job_key):
+                    log.info("removed %d temp file(s) that crashed saves of job %s left", n, self.job_key)
+            except Exception as exc:  # housekeeping only; load() below reports a store that cannot be read
+                log.warning("cleaning leftover temp files failed: %s", exc)
         try:
             info, blob = self.store.load(self.job_key)
         except CheckpointNotFound:
@@ -490,25 +497,30 @@ class JobSession:
         prof = None
         prof_t0 = 0.0
         prof_from = start + self.profile_warmup
-        while step < self.total_steps:
-            if self.should_stop():
-                self._preempt_exit(step, state_fn)
-            if self.profile_steps > 0 and step == prof_from and prof is None:
-                prof = self._start_profiler()
-                prof_t0 = time.perf_counter()
-            yield step
-            step += 1
-            self._samples += samples_per_step
-            self.step = step
-            if prof is not None and step == prof_from + self.profile_steps:
-                self._finish_profiler(prof, time.perf_counter() - prof_t0)
-                prof = None
-            if self.ckpt_every and step % self.ckpt_every == 0 and step < self.total_steps:
-                self.save(step, state_fn())
-            if step % self.report_every == 0:
-                self.report(step, self._samples)
-        if prof is not None:
-            self._finish_profiler(prof, time.perf_counter() - prof_t0)
+        try:
+            while step < self.total_steps:
+                if self.should_stop():
+                    self._preempt_exit(step, state_fn)
+                if self.profile_steps > 0 and step == prof_from and prof is None:
+                    prof = self._start_profiler()
+                    prof_t0 = time.perf_counter()
+                yield step
+                step += 1
+                self._samples += samples_per_step
+                self.step = step
+                if prof is not None and step == prof_from + self.profile_steps:
+                    prof, p = None, prof
+                    self._finish_profiler(p, time.perf_counter() - prof_t0)
+                if self.ckpt_every and step % self.ckpt_every == 0 and step < self.total_steps:
+                    self.save(step, state_fn())
+                if step % self.report_every == 0:
+                    self.report(step, self._samples)
+            if prof is not None:
+                prof, p = None, prof
+                self._finish_profiler(p, time.perf_counter() - prof_t0)
+        finally:
+            if prof is not None:  # the loop ended inside the profiled steps (an error, a break, preemption)
+                self._stop_profiler(prof)
         if self.save_final and self.checkpoint_step != step:
             self.save(step, state_fn())
         self._barrier()
@@ -541,6 +553,14 @@ class JobSession:
         except Exception as exc:
             log.warning("torch.profiler unavailable: %s", exc)
             return None
+
+    @staticmethod
+    def _stop_profiler(prof: Any) -> None:
+        """Stop a profiler whose steps did not complete, measuring nothing (the process goes on unprofiled)."""
+        try:
+            prof.__exit__(None, None, None)
+        except Exception as exc:
+            log.warning("stopping the profiler failed: %s", exc)
 
     def _finish_profiler(self, prof: Any, wall_s: float) -> None:
         try:

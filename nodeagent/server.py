@@ -182,6 +182,10 @@ class NotKeyOwner(Exception):
     """A report for a job key whose record belongs to another uid."""
 
 
+class TooManyKeys(Exception):
+    """A report that would give an unprivileged uid more than ``max_keys_per_uid`` job keys on the node."""
+
+
 class JobTracker:
     """Thread-safe registry of jobs on this node, fed by progress reports."""
 
@@ -194,6 +198,7 @@ class JobTracker:
         keep_ended_s: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
         max_key_owners: int = 10_000,
+        max_keys_per_uid: int = 256,
     ) -> None:
         self.window_s = window_s
         self.profile_steps = profile_steps
@@ -205,6 +210,9 @@ class JobTracker:
         #: owners of job keys whose records were forgotten (see :class:`KeyOwner`)
         self.key_owners: dict[str, KeyOwner] = {}
         self.max_key_owners = max_key_owners
+        #: records (job keys) one unprivileged uid may hold on this node: a job uses one key for all its
+        #: ranks, so this only stops a user from flooding the agent (JobStats size, the reaper's time)
+        self.max_keys_per_uid = max_keys_per_uid
         self.lock = threading.RLock()
 
     # ------------------------------------------------------------- reports
@@ -241,6 +249,9 @@ class JobTracker:
             if rec is not None and enforce_owner and rec.owner_uid >= 0 and rec.owner_uid != uid:
                 raise NotKeyOwner(f"job {r.job_key!r} belongs to uid {rec.owner_uid}, not {uid}")
             if rec is None:
+                if enforce_owner and sum(1 for o in self.jobs.values() if o.owner_uid == uid) >= self.max_keys_per_uid:
+                    raise TooManyKeys(f"uid {uid} already holds {self.max_keys_per_uid} job keys on this node; "
+                                      f"job key {r.job_key!r} refused (a job needs one key for all its ranks)")
                 rec = JobRecord(job_key=r.job_key, slurm_job_id=r.slurm_job_id, first_seen=now, owner_uid=uid,
                                 slurm_numeric_id=slurm_numeric_id)
                 self.jobs[r.job_key] = rec
@@ -492,6 +503,8 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
                 raise _RpcAbort(grpc.StatusCode.FAILED_PRECONDITION, f"{exc} (node {self.node})") from None
             except NotKeyOwner as exc:
                 raise _RpcAbort(grpc.StatusCode.PERMISSION_DENIED, str(exc)) from None
+            except TooManyKeys as exc:
+                raise _RpcAbort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{exc} (node {self.node})") from None
             if request.final or request.state in ("preempted", "finished"):
                 emit("job_" + (request.state or "final"), job_key=rec.job_key, slurm_job_id=rec.slurm_job_id,
                      step=request.step, checkpoint_step=request.checkpoint_step)

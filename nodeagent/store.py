@@ -56,6 +56,7 @@ Data = Union[bytes, bytearray, memoryview, BinaryIO, str, os.PathLike]
 # fullmatch: "$" would also match before a trailing newline ("abc\n")
 _KEY_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 _NAME_RE = re.compile(r"ckpt-([0-9]{12})\.json")
+_TMP_RE = re.compile(r"\.ckpt-[0-9]{12}\.(?:bin|json)\.tmp-[0-9a-f]{32}")  # _write_atomic's temp names
 _SHA_RE = re.compile(r"[0-9a-f]{64}")
 _CHUNK = 1 << 20
 #: A manifest is a few hundred bytes; anything bigger is not one of ours (and is not read).
@@ -505,14 +506,35 @@ class LocalFSStore(CheckpointStore):
         return self._path(relpath).as_uri()
 
     def clean_temp(self, job_key: str, older_than_s: float = 3600.0) -> int:
-        """Remove leftover temp files of crashed writers; returns how many."""
-        d = self._path(validate_job_key(job_key))
+        """Remove the temp files crashed writers left in ``job_key``'s directory, older than
+        ``older_than_s`` seconds; returns how many. Like the reads, it follows no symlink and touches
+        nothing in a directory of another owner (:class:`StoreNotOwner`)."""
+        validate_job_key(job_key)
+        try:
+            fd = self._open_below_root(job_key, directory=True)
+        except (FileNotFoundError, NotADirectoryError):
+            return 0
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return 0  # a symlinked job directory is not a store directory
+            raise StoreUnavailable(f"cannot list {self._path(job_key)}: {exc}") from None
         n = 0
         now = time.time()
-        for p in d.glob(".ckpt-*.tmp-*") if d.is_dir() else []:
-            if now - p.stat().st_mtime > older_than_s:
-                p.unlink(missing_ok=True)
-                n += 1
+        try:
+            for name in os.listdir(fd):
+                if not _TMP_RE.fullmatch(name):
+                    continue
+                try:
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    if stat.S_ISREG(st.st_mode) and now - st.st_mtime > older_than_s:
+                        os.unlink(name, dir_fd=fd)
+                        n += 1
+                except FileNotFoundError:  # another cleaner was first
+                    continue
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot clean {self._path(job_key)}: {exc}") from None
+        finally:
+            os.close(fd)
         return n
 
 

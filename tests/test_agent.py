@@ -461,6 +461,20 @@ def test_agent_cli_bad_key_is_one_line_error(tmp_path: Path) -> None:
     assert "chmod 600" in r.stderr
 
 
+@pytest.mark.parametrize("extra,needle", [
+    (["--auth", "bogus"], "rlsched agent: error: cannot start agent: unknown auth spec 'bogus'"),
+    (["--max-workers", "0"], "--max-workers: must be an integer >= 1, got '0'"),
+    (["--window-s", "nan"], "--window-s: must be a finite number of seconds > 0, got 'nan'"),
+    (["--profile-steps", "-5"], "--profile-steps: must be an integer >= 1, got '-5'"),
+    (["--profile-skip-steps", "x"], "--profile-skip-steps: expected an integer, got 'x'"),
+])
+def test_agent_cli_bad_options_are_one_line_errors(tmp_path: Path, extra: list[str], needle: str) -> None:
+    r = subprocess.run([sys.executable, "-m", "rlsched.cli", "agent", "--node", "n", "--store", str(tmp_path),
+                        *extra], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert needle in r.stderr.strip().splitlines()[-1], r.stderr
+
+
 def test_preempt_right_after_resume_accepts_existing_checkpoint(
     agent: NodeAgentServer, client: AgentClient, key: Path, tmp_path: Path
 ) -> None:
@@ -1065,3 +1079,32 @@ def test_remembered_key_owners_expire_when_slurm_forgets_the_job(tmp_path: Path,
     sv.tracker.key_owners["unknown"].next_check = 0.0
     sv.expire_key_owners()
     assert set(sv.tracker.key_owners) == {"held"}
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), True, "5"])
+def test_client_refuses_a_preempt_timeout_the_agent_would_read_differently(client: AgentClient, bad: object) -> None:
+    """The agent reads timeout_s <= 0 as its 60 s default while the client's deadline would be timeout_s + its
+    timeout: the caller would see DEADLINE_EXCEEDED while the job checkpoints. Refused before anything is sent."""
+    with pytest.raises(ValueError, match="preempt timeout_s must be a finite number of seconds > 0"):
+        client.preempt("job-1", "101", timeout_s=bad)  # type: ignore[arg-type]
+
+
+def test_one_user_cannot_flood_the_agent_with_job_keys(users: tuple) -> None:
+    """Keys per unprivileged uid are capped (RESOURCE_EXHAUSTED): otherwise one process could register under
+    tens of thousands of keys, making JobStats replies exceed gRPC's 4 MB and the reaper hold the lock."""
+    srv, slurm, client = users
+    slurm.jobs.update({"101": 33, "202": 65534})
+    srv.tracker.max_keys_per_uid = 5
+    p33, p65534 = _user_proc(33, "101"), _user_proc(65534, "202")
+    try:
+        for i in range(5):
+            client(33).report_progress(_report(job_key=f"k{i}", slurm_job_id="101", pid=p33.pid))
+        with pytest.raises(AgentError) as e:
+            client(33).report_progress(_report(job_key="k5", slurm_job_id="101", pid=p33.pid))
+        assert e.value.code == "RESOURCE_EXHAUSTED" and "uid 33 already holds 5 job keys" in e.value.details
+        client(33).report_progress(_report(job_key="k4", slurm_job_id="101", pid=p33.pid, step=20))  # its own: fine
+        client(65534).report_progress(_report(job_key="n0", slurm_job_id="202", pid=p65534.pid))  # others: fine
+        client(0).report_progress(_report(job_key="root-k", slurm_job_id="101", pid=0))  # privileged: no cap
+        assert len(srv.tracker.jobs) == 7
+    finally:
+        _stop(p33, p65534)

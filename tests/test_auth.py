@@ -374,3 +374,17 @@ def test_munge_job_key_cannot_be_squatted_by_another_user(munge_socket: str, tmp
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+@pytest.mark.parametrize("payload,needle", [
+    (b'{"m": "M", "h": "x", "t": 1' + b"0" * 400 + b', "n": "a"}', "OverflowError"),
+    (b"[" * 100_000 + b"]" * 100_000, "RecursionError"),
+])
+def test_authenticated_but_malformed_payload_is_refused_not_an_internal_error(key: Path, payload: bytes,
+                                                                              needle: str) -> None:
+    """A caller holding a valid credential (with munge: any user) may sign any payload: a timestamp beyond
+    float range or deeply nested JSON is an AuthError (UNAUTHENTICATED), not an uncaught exception."""
+    a = SharedKeyAuthenticator(key)
+    header = f"{a.scheme} {a._make_token(payload)}"
+    with pytest.raises(AuthError, match=f"malformed auth payload: {needle}"):
+        a.verify(M, b"body", header)

@@ -660,6 +660,11 @@ def test_example_config_is_valid():
         ("[agents]\naddresses = { node1 = 'nohost' }\n", "agents.addresses.node1: expected HOST:PORT"),
         ("[controller]\ndefault_model = 'Llama'\n", "controller.default_model: unknown model"),
         ("[controller]\ncs_preempt_threshold = 0.5\n", "controller.cs_preempt_threshold"),
+        ("[controller]\npreempt_timeout_s = nan\n", "controller.preempt_timeout_s: expected a finite number"),
+        ("[controller]\nmin_run_s = nan\n", "controller.min_run_s: expected a finite number"),
+        ("[controller]\ninterval_s = inf\n", "controller.interval_s: expected a finite number"),
+        ("[agents]\ntimeout_s = -inf\n", "agents.timeout_s: expected a finite number"),
+        ("[controller]\nmin_run_s = " + "9" * 400 + "\n", "controller.min_run_s: expected a finite number"),
         ("[controller\n", "not valid TOML"),
     ],
 )

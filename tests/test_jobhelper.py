@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import pickle
 import signal
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -169,6 +171,28 @@ def test_fresh_run_to_completion_saves_final(tmp_path: Path) -> None:
     info, blob = LocalFSStore(tmp_path / "store").load("job-h")
     assert info.step == 20
     assert torch.load(io.BytesIO(blob), weights_only=True)["w"].tolist() == [20.0] * 3
+
+
+@pytest.mark.parametrize("end", ["error", "break", "preempted"])
+def test_profiler_is_stopped_when_the_loop_ends_inside_the_profiled_steps(tmp_path: Path, end: str) -> None:
+    """An error, a break or a preemption during the profiled steps must not leave torch's profiler
+    recording every later op of the process (evaluation, export, the next session)."""
+    from torch.autograd import _profiler_enabled
+
+    with pytest.raises((RuntimeError, SystemExit)) if end != "break" else contextlib.nullcontext(), \
+            _session(tmp_path, profile_warmup=1, profile_steps=10, install_signal=False) as s:
+        for step in s.steps(0, state_fn=lambda: _state(s.step), samples_per_step=1):
+            if step == 3:
+                assert _profiler_enabled(), "profiling runs at step 3 (steps 1-10)"
+                if end == "error":
+                    raise RuntimeError("a training step failed")
+                if end == "break":
+                    break
+                s.request_stop()
+    assert not _profiler_enabled()
+    with _session(tmp_path, total_steps=8, profile_warmup=1, profile_steps=3) as s2:  # the next session profiles
+        list(s2.steps(0, state_fn=lambda: _state(s2.step), samples_per_step=1))
+    assert 0.0 <= s2.comm_fraction <= 1.0 and not _profiler_enabled()
 
 
 def test_stop_request_checkpoints_and_exits_75_then_resumes(tmp_path: Path) -> None:
@@ -397,3 +421,24 @@ def test_sbatch_example_follows_the_contract() -> None:
     assert directives["gpus"] == "2"
     assert parse_comment(directives["comment"]) == {"model": "MoE", "samples": "64000"}
     assert "requeue" in directives
+
+
+def test_resume_removes_what_saves_killed_an_hour_ago_left(tmp_path: Path) -> None:
+    """A writer killed mid-save leaves a checkpoint-sized temp file; the next run's resume() removes those
+    older than an hour (no writer of this key can still be at work) and nothing else."""
+    st = LocalFSStore(tmp_path / "store")
+    buf = io.BytesIO()
+    torch.save(_state(4), buf)
+    st.save("job-h", 4, buf.getvalue())
+    d = tmp_path / "store" / "job-h"
+    old, fresh = d / f".ckpt-000000000006.bin.tmp-{'a' * 32}", d / f".ckpt-000000000006.json.tmp-{'b' * 32}"
+    other = d / ".ckpt-notours.tmp-x"
+    for p in (old, fresh, other):
+        p.write_bytes(b"partial")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    os.utime(other, (time.time() - 7200, time.time() - 7200))
+    with _session(tmp_path) as s:
+        start, state = s.resume()
+        assert start == 4 and state["w"].tolist() == [4.0] * 3
+    assert not old.exists() and fresh.exists() and other.exists()
+    assert [i.step for i in st.list("job-h")] == [4]
