@@ -13,9 +13,11 @@ On submit, a job of the managed partition that asks for GPUs with --gpus=N:
   * keeps the user's comment, where the workload is declared:
       sbatch --gpus=8 --comment "rlsched:model=MoE,samples=200000" job.sh
     (no model -> the controller's default profile).
---gres=gpu:N, --gpus-per-node, --gpus-per-task and --gpus-per-socket are
+--gres=gpu[:N], --gpus-per-node, --gpus-per-task and --gpus-per-socket are
 refused in the managed partition: the controller decides the per-node split,
-so ask for the total with --gpus=N.
+so ask for the total with --gpus=N. Job arrays, heterogeneous jobs and --hold
+are refused for GPU jobs there too (one placement is one job; every GPU job is
+held until placed, and a user cannot release it).
 
 On modify, a non-admin cannot, for a managed job that has not started yet,
 release it or change its priority, node list, node count, GPU request or
@@ -36,13 +38,14 @@ local MARK = "rlsched:managed"
 local JOB_PENDING = slurm.JOB_PENDING or 0
 
 local function gpus_from_tres(tres)
-   -- "gres:gpu:4" (22.05), "gres/gpu:4" (23.x+), "gres:gpu:a100:4" -> 4
+   -- "gres:gpu:4" (22.05), "gres/gpu:4" (23.x+), "gres:gpu:a100:4" -> 4; a GPU entry without a
+   -- count ("gres:gpu" from --gres=gpu, "gres:gpu:a100") is one GPU, as Slurm reads it
    if tres == nil or tres == "" then return nil end
    local total = nil
    for entry in string.gmatch(tres, "[^,]+") do
-      if string.find(entry, "gpu", 1, true) then
-         local n = tonumber(string.match(entry, ":(%d+)$"))
-         if n ~= nil then total = (total or 0) + n end
+      local rest = string.match(entry, "^gres[:/]gpu(.*)$") or string.match(entry, "^gpu(.*)$")
+      if rest ~= nil and (rest == "" or string.sub(rest, 1, 1) == ":") then
+         total = (total or 0) + (tonumber(string.match(rest, ":(%d+)$")) or 1)
       end
    end
    return total
@@ -94,6 +97,21 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
    local gpus = gpus_from_tres(job_desc.tres_per_job)
    if gpus == nil or gpus < 1 then
       return slurm.SUCCESS -- not a GPU job: Slurm schedules it as usual
+   end
+   -- the controller places one job on one node list: arrays and heterogeneous jobs would run
+   -- several jobs (tasks, components) on one placement, or never run
+   local refuse = nil
+   if job_desc.array_inx ~= nil and job_desc.array_inx ~= "" then
+      refuse = "job arrays of GPU jobs are not accepted in this partition: submit the tasks as separate jobs"
+   elseif job_desc.het_job_offset ~= nil and job_desc.het_job_offset ~= slurm.NO_VAL then
+      refuse = "heterogeneous GPU jobs are not accepted in this partition: submit the components as separate jobs"
+   elseif job_desc.priority == 0 then
+      refuse = "--hold is not accepted for GPU jobs in this partition (every GPU job waits until the "
+         .. "scheduler places it); to start it later use --begin or --dependency"
+   end
+   if refuse ~= nil then
+      slurm.log_user("rlsched: " .. refuse)
+      return slurm.ERROR
    end
    job_desc.priority = 0
    job_desc.admin_comment = string.format("%s gpus=%d", MARK, gpus)

@@ -158,3 +158,35 @@ def test_unmanaged_jobs_cannot_become_gpu_jobs_of_the_managed_partition():
     ]
     r = run_cases(cases, managed_partition="gpu")
     assert [x["rc"] for x in r] == [2002] * 5 + [0] * 5
+
+
+def test_gpu_requests_without_a_count_arrays_het_jobs_and_hold_are_refused():
+    """--gres=gpu (no count: one GPU per node for Slurm) must not pass as "no GPUs" and run unplaced; a GPU
+    job array or heterogeneous job would run several jobs on one placement (or never run); --hold could
+    never be released by its owner. Checked against real slurmctld in tests/test_slurm_integration.py."""
+    r = run_cases([
+        {"kind": "submit", "uid": 1001, "desc": {"tres_per_node": "gres:gpu", "priority": NO_VAL}},
+        {"kind": "submit", "uid": 1001, "desc": {"tres_per_node": "gres/gpu:a100", "priority": NO_VAL}},
+        {"kind": "submit", "uid": 1001, "desc": {"tres_per_job": "gres:gpu:2", "array_inx": "0-3", "priority": NO_VAL,
+                                                 "het_job_offset": NO_VAL}},
+        {"kind": "submit", "uid": 1001, "desc": {"tres_per_job": "gres:gpu:1", "het_job_offset": 0, "priority": NO_VAL}},
+        {"kind": "submit", "uid": 1001, "desc": {"tres_per_job": "gres:gpu:2", "het_job_offset": 1, "priority": NO_VAL}},
+        {"kind": "submit", "uid": 1001, "desc": {"tres_per_job": "gres:gpu:1", "priority": 0, "het_job_offset": NO_VAL}},
+        # still accepted: arrays, het jobs and holds without GPUs; a GPU job with none of them; "gpuX" is no GPU
+        {"kind": "submit", "uid": 1001, "desc": {"array_inx": "0-3", "priority": 0, "het_job_offset": 0}},
+        {"kind": "submit", "uid": 1001, "desc": {"tres_per_job": "gres:gpu:2", "array_inx": "", "priority": NO_VAL,
+                                                 "het_job_offset": NO_VAL}},
+        {"kind": "submit", "uid": 1001, "desc": {"tres_per_node": "gres:gpux:2", "priority": NO_VAL}},
+        {"kind": "submit", "uid": 1001, "desc": {"tres_per_job": "gres:gpu:2", "array_inx": "0-3", "partition": "cpu",
+                                                 "priority": NO_VAL}},
+    ])
+    assert [x["rc"] for x in r] == [-1] * 6 + [0] * 4, r
+    assert "--gpus=N" in r[0]["msg"] and "--gpus=N" in r[1]["msg"]
+    assert "job arrays of GPU jobs are not accepted" in r[2]["msg"]
+    assert "heterogeneous GPU jobs are not accepted" in r[3]["msg"] and "heterogeneous" in r[4]["msg"]
+    assert "--hold is not accepted" in r[5]["msg"] and "--begin" in r[5]["msg"]
+    assert r[7]["priority"] == 0 and r[7]["admin_comment"] == "rlsched:managed gpus=2"
+    # a pending CPU job of the managed partition cannot be given GPUs with a count-less --gres=gpu either
+    untouched = {"priority": NO_VAL, "min_nodes": NO_VAL, "max_nodes": NO_VAL}
+    r = run_cases([_modify({**untouched, "tres_per_node": "gres:gpu"}, ac="", partition="gpu")], managed_partition="gpu")
+    assert r[0]["rc"] == 2002

@@ -166,14 +166,22 @@ def test_gpu_jobs_cannot_escape_the_hold(live_cluster, test_user):
     is refused by job_submit.lua (real slurmctld): GPUs per task / node / socket at submission, GPUs
     added to a pending CPU job, a pending GPU job moved in from another partition."""
     cluster = live_cluster
-    for opts in (["-n", "2", "--gpus-per-task=1"], ["--gpus-per-node=1"], ["--gpus-per-socket=1", "--sockets-per-node=1"]):
+    for opts in (["-n", "2", "--gpus-per-task=1"], ["--gpus-per-node=1"], ["--gpus-per-socket=1", "--sockets-per-node=1"],
+                 ["--gres=gpu"]):  # no count: one GPU per node for Slurm
         p = cluster.run(["sbatch", *opts, "-o", "/dev/null", "--wrap", "true"], user=test_user, check=False)
         assert p.returncode != 0 and "--gpus=N" in p.stderr, (opts, p.stderr)
+    # one placement is one job: GPU job arrays and heterogeneous GPU jobs are refused; so is --hold (never releasable)
+    for opts, needle in ((["--array=0-3", "--gpus=2"], "job arrays of GPU jobs"),
+                         (["--gpus=1", "-o", "/dev/null", "--wrap", "true", ":", "--gpus=2"], "heterogeneous GPU jobs"),
+                         (["--hold", "--gpus=1"], "--hold is not accepted")):
+        p = cluster.run(["sbatch", *opts, "-o", "/dev/null", "--wrap", "true"], user=test_user, check=False)
+        assert p.returncode != 0 and needle in p.stderr, (opts, p.stderr)
     # a held CPU job of the managed partition (not ours) cannot be given GPUs
     p = cluster.run(["sbatch", "--parsable", "--hold", "-o", "/dev/null", "--wrap", "sleep 30"], user=test_user)
     cpu_job = int(p.stdout.strip().split(";")[0])
-    p = cluster.run(["scontrol", "update", f"JobId={cpu_job}", "TresPerJob=gres:gpu:8"], user=test_user, check=False)
-    assert p.returncode != 0 and "Access/permission denied" in p.stderr
+    for upd in ("TresPerJob=gres:gpu:8", "Gres=gpu"):
+        p = cluster.run(["scontrol", "update", f"JobId={cpu_job}", upd], user=test_user, check=False)
+        assert p.returncode != 0 and "Access/permission denied" in p.stderr, (upd, p.stderr)
     assert cluster.job(cpu_job).gpus == 0 and not cluster.job(cpu_job).managed
     # a GPU job of another partition cannot be moved into the managed one
     cluster.run(["scontrol", "create", "PartitionName=other", "Nodes=node4", "Default=NO", "State=UP"])
