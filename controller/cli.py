@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -32,8 +33,8 @@ def _load(args: argparse.Namespace):
     if getattr(args, "policy", None):
         cfg.overrides["policy"] = args.policy
     if getattr(args, "interval", None) is not None:
-        if args.interval <= 0:
-            raise ConfigError(f"--interval: must be > 0, got {args.interval:g}")
+        if not math.isfinite(args.interval) or args.interval <= 0:
+            raise ConfigError(f"--interval: must be a finite number > 0, got {args.interval:g}")
         cfg.overrides["interval_s"] = args.interval
     if getattr(args, "state_dir", None):
         cfg.overrides["state_dir"] = args.state_dir
@@ -49,19 +50,33 @@ def cmd_run(args: argparse.Namespace) -> int:
     from controller.metrics import setup_logging
 
     cfg = _load(args)
-    setup_logging(cfg.controller.log_file)
-    ctl = Controller(cfg)
-    # a bad heuristic name stops the start-up here; RL policies need the
-    # cluster's shape, so Controller.run() checks them at its first round
-    if not cfg.controller.policy.lower().startswith("rl"):
-        from policies.heuristics import make_heuristic
-        from policies.perf import ContentionModel
+    try:
+        setup_logging(cfg.controller.log_file)
+    except OSError as exc:
+        raise ConfigError(f"controller.log_file {cfg.controller.log_file}: cannot open it: {exc}") from None
+    try:
+        ctl = Controller(cfg)
+    except OSError as exc:
+        raise ConfigError(f"controller.state_dir {cfg.controller.state_dir}: {exc}") from None
+    ctl.lock_state_dir()
+    try:
+        # a bad heuristic name stops the start-up here; RL policies need the
+        # cluster's shape, so Controller.run() checks them at its first round
+        if not cfg.controller.policy.lower().startswith("rl"):
+            from policies.heuristics import make_heuristic
+            from policies.perf import ContentionModel
 
-        make_heuristic(cfg.controller.policy, ContentionModel())
-    ctl.metrics.serve(cfg.metrics.port, cfg.metrics.address)
-    ctl.install_signals()
-    ctl.run(max_rounds=1 if args.once else None)
-    return 0 if (ctl.last is None or ctl.last.ok or not args.once) else 1
+            make_heuristic(cfg.controller.policy, ContentionModel())
+        try:
+            ctl.metrics.serve(cfg.metrics.port, cfg.metrics.address)
+        except OSError as exc:  # port in use, an address that does not resolve
+            raise ConfigError(f"metrics.port {cfg.metrics.port} / metrics.address {cfg.metrics.address!r}: "
+                              f"cannot serve Prometheus metrics there: {exc}") from None
+        ctl.install_signals()
+        ctl.run(max_rounds=1 if args.once else None)
+        return 0 if (ctl.last is None or ctl.last.ok or not args.once) else 1
+    finally:
+        ctl.unlock_state_dir()
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -32,9 +32,11 @@ preempted jobs. Losing it loses no job: a released job is never released again
 
 from __future__ import annotations
 
+import fcntl
 import gc
 import json
 import logging
+import math
 import os
 import signal
 import tempfile
@@ -105,13 +107,37 @@ class Journal:
         self.data: dict[str, dict[str, Any]] = {"released": {}, "preempting": {}, "progress": {}, "backoff": {}}
         try:
             raw = json.loads(path.read_text())
+            if not isinstance(raw, dict):
+                raise ValueError(f"expected a JSON object, got {type(raw).__name__}")
             for k in self.data:
                 if isinstance(raw.get(k), dict):
-                    self.data[k] = raw[k]
+                    self.data[k] = self._valid_entries(k, raw[k])
         except FileNotFoundError:
             pass
         except (OSError, ValueError) as exc:
             log.warning("journal %s unreadable (%s): starting from Slurm state only", path, exc)
+
+    #: numeric fields an entry may carry (all optional but ``released``'s ``t``)
+    _NUMBERS = ("t", "until", "n", "step", "total_steps", "attained_service")
+
+    def _valid_entries(self, section: str, entries: dict) -> dict[str, Any]:
+        """``entries`` without those a round could not use (a hand-edited or damaged journal must not
+        stop the controller every round): each a dict under a job id, its numbers finite, ``released``
+        entries with a time ``t`` and a ``plan_by_name`` of node -> GPUs if any. Dropped ones are logged."""
+        out: dict[str, Any] = {}
+        for sid, e in entries.items():
+            ok = isinstance(e, dict) and str(sid).isdigit()
+            ok = ok and all(isinstance(e[f], (int, float)) and not isinstance(e[f], bool) and math.isfinite(e[f])
+                            for f in self._NUMBERS if f in e)
+            if ok and section == "released":
+                plan = e.get("plan_by_name", {})
+                ok = "t" in e and isinstance(plan, dict) and all(
+                    isinstance(g, int) and not isinstance(g, bool) for g in plan.values())
+            if ok:
+                out[str(sid)] = e
+            else:
+                log.warning("journal %s: dropping malformed %s entry for job %r: %r", self.path, section, sid, e)
+        return out
 
     def __getitem__(self, k: str) -> dict[str, Any]:
         return self.data[k]
@@ -455,7 +481,16 @@ class Controller:
                 self.journal["preempting"].pop(sid, None)
                 self.journal.save()
                 continue
-            if e.get("stage") == "checkpointed" or j.state in _FINISHED:
+            if e.get("stage") != "checkpointed" and j.state in _FINISHED:
+                # asked, but no checkpoint was confirmed and the job has ended on its own (a job the agent
+                # checkpointed exits 75 and RequeueExitHold=75 requeues it held: pending, above). Requeuing
+                # would run a COMPLETED or FAILED job again
+                log.info("job %s ended (%s) while its preemption was unconfirmed: not requeued", sid, j.state,
+                         extra={"event": "preempt_dropped", "job": j.job_id})
+                self.journal["preempting"].pop(sid, None)
+                self.journal.save()
+                continue
+            if e.get("stage") == "checkpointed":
                 log.info("finishing preemption of job %s (state %s)", sid, j.state, extra={"event": "preempt_resume", "job": j.job_id})
                 try:
                     self._requeue(j)
@@ -612,6 +647,29 @@ class Controller:
         signal.signal(signal.SIGHUP, lambda *_: self.request_reload())
         signal.signal(signal.SIGTERM, lambda *_: self.stop())
         signal.signal(signal.SIGINT, lambda *_: self.stop())
+
+    def lock_state_dir(self) -> None:
+        """Hold an exclusive lock on ``state_dir/controller.lock`` while this process lives (released when it
+        exits, crash included): a second controller on the same state dir (a manual ``run --once`` beside the
+        service) would place and release the same held jobs. :class:`ConfigError` if another one holds it."""
+        path = self.state_dir / "controller.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            other = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise ConfigError(f"controller.state_dir {self.state_dir}: in use by another running controller "
+                              f"(pid {other}); stop it first, or give this one another state_dir") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def unlock_state_dir(self) -> None:
+        """Release :meth:`lock_state_dir`'s lock (a no-op without one)."""
+        fd, self._lock_fd = getattr(self, "_lock_fd", None), None
+        if fd is not None:
+            os.close(fd)
 
     def run(self, max_rounds: int | None = None) -> None:
         """Round after round until stopped (SIGTERM/SIGINT) or ``max_rounds``.

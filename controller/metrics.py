@@ -82,14 +82,14 @@ class JsonFormatter(logging.Formatter):
 def setup_logging(log_file: str | None, level: int = logging.INFO) -> None:
     """Send the controller's logs as JSON lines to stderr and, optionally, ``log_file``."""
     root = logging.getLogger("controller")
+    handlers: list[logging.Handler] = [logging.StreamHandler()]
+    if log_file:  # opened first: a log file that cannot be opened (OSError) leaves logging as it was
+        handlers.append(logging.FileHandler(log_file))
     root.setLevel(level)
     root.propagate = False
     for h in list(root.handlers):
         root.removeHandler(h)
         h.close()
-    handlers: list[logging.Handler] = [logging.StreamHandler()]
-    if log_file:
-        handlers.append(logging.FileHandler(log_file))
     for h in handlers:
         h.setFormatter(JsonFormatter())
         root.addHandler(h)

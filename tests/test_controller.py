@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from controller.config import ConfigError, load_config, parse_config
-from controller.daemon import Controller, make_policy
+from controller.daemon import Controller, Journal, make_policy
 from controller.metrics import JsonFormatter
 from controller.preemption import AgentPreempter, NoAgents, PreemptOutcome
 from controller.slurm import SlurmError, SlurmJob, SlurmNode
@@ -580,6 +580,24 @@ def test_crash_between_checkpoint_and_requeue_is_finished_on_restart(tmp_path):
     assert [x for x, _ in rep.placed] == [jid]  # and it is placed again in the same round
 
 
+@pytest.mark.parametrize("end", ["COMPLETED", "FAILED", "TIMEOUT"])
+def test_crash_while_asking_the_agent_never_reruns_a_job_that_ended_on_its_own(tmp_path, end):
+    """Stage "asked": the controller died during the agent call, and the job then ended by itself (no checkpoint
+    was confirmed; a checkpointed job exits 75 and RequeueExitHold requeues it). A restart must not requeue
+    a COMPLETED (or failed) job: Slurm would run it again."""
+    s = FakeSlurm()
+    jid = _running(s, 8, "node1")
+    ctl = _ctl(tmp_path, s, FakeAgents())
+    ctl.journal["preempting"][str(jid)] = {"t": 1.0, "stage": "asked"}
+    ctl.journal.save()
+    s.finish(jid, end)
+    ctl2 = _ctl(tmp_path, s, FakeAgents())
+    rep = ctl2.round()
+    assert rep.ok and rep.placed == []
+    assert ("requeue_hold", jid) not in s.calls and s.job_list[jid].state == end
+    assert ctl2.journal["preempting"] == {}
+
+
 def test_policy_preemption_respects_free_gpus_of_failed_victims(tmp_path):
     """A placement that needs a victim's GPUs is dropped when the victim could not be preempted."""
     s = FakeSlurm(nodes=1, gpus=8)
@@ -684,6 +702,12 @@ def test_cli_bad_config_exits_2_with_message(tmp_path, capsys):
     assert main(["controller", "run", "--config", str(f), "--once"]) == 2
     err = capsys.readouterr().err
     assert "controller.interval_s: must be > 0" in err and err.count("\n") == 1
+    for bad in ("nan", "inf", "-1"):
+        ok = tmp_path / "ok.toml"
+        ok.write_text("")
+        assert main(["controller", "run", "--config", str(ok), "--once", "--interval", bad]) == 2
+        err = capsys.readouterr().err
+        assert "--interval: must be a finite number > 0" in err and err.count("\n") == 1, err
     assert main(["controller", "check-config", str(REPO / "slurm_conf" / "controller.toml.example")]) == 0
     assert main(["controller", "run", "--config", str(tmp_path / "missing.toml")]) == 2
     assert "config file not found" in capsys.readouterr().err
@@ -928,3 +952,93 @@ def test_check_config_builds_rl_policies_for_the_checkpoint_or_the_given_shape(t
     assert (rc, err) == (0, "")
     rc, out, err = _check_config(tmp_path, capsys, 'policy = "greedy"\n', "--cluster", "4y8")
     assert rc == 2 and "bad cluster spec '4y8'" in err
+
+
+@pytest.mark.parametrize("text", ["[]", '"x"', "{", '{"released": {"5": {"plan_by_name": {"node1": 8}}}}',
+                                  '{"released": {"5": {"t": "soon"}}, "backoff": {"5": {"until": NaN}}}',
+                                  '{"released": {"5": [1]}, "preempting": {"x": {"stage": "asked"}}}',
+                                  '{"released": {"5": {"t": 1.0, "plan_by_name": {"node1": "8"}}}}'])
+def test_a_malformed_journal_never_stops_the_controller(tmp_path, text, caplog, monkeypatch):
+    """The journal is rebuilt from Slurm when it cannot be used: a damaged or hand-edited file (wrong shape,
+    entries without their time, non-numbers) is dropped entry by entry, with a warning, not a crash."""
+    # another test may have run `rlsched controller run` in-process, which stops "controller" logs propagating
+    monkeypatch.setattr(logging.getLogger("controller"), "propagate", True)
+    s = FakeSlurm()
+    jid = s.submit(8)
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "journal.json").write_text(text)
+    ctl = _ctl(tmp_path, s)
+    for _ in range(2):
+        rep = ctl.round()
+        assert rep.ok, rep.error
+    assert [x for x, _ in rep.placed] == [] and s.job_list[jid].required_nodes  # placed in round 1
+    assert "journal" in caplog.text
+
+
+def test_journal_keeps_well_formed_entries(tmp_path):
+    path = tmp_path / "journal.json"
+    path.write_text(json.dumps({"released": {"5": {"t": 1.0, "plan_by_name": {"node1": 8}}, "6": {"t": "x"}},
+                                "backoff": {"7": {"n": 2, "until": 5.0}}}))
+    j = Journal(path)
+    assert j["released"] == {"5": {"t": 1.0, "plan_by_name": {"node1": 8}}}
+    assert j["backoff"] == {"7": {"n": 2, "until": 5.0}} and j["preempting"] == {} and j["progress"] == {}
+
+
+@pytest.fixture
+def controller_logging():
+    """`rlsched controller run` in-process points the "controller" logger at the (captured) stderr: restore it."""
+    lg = logging.getLogger("controller")
+    saved = (list(lg.handlers), lg.propagate, lg.level)
+    yield
+    for h in list(lg.handlers):
+        if h not in saved[0]:
+            lg.removeHandler(h)
+            h.close()
+    lg.handlers[:] = saved[0]
+    lg.propagate, lg.level = saved[1], saved[2]
+
+
+def test_two_controllers_cannot_share_a_state_dir(tmp_path, capsys, controller_logging):
+    """A manual `controller run --once` beside the running service would place and release the same held jobs:
+    the state dir is locked while a controller runs (flock: released when its process dies, crash included)."""
+    import os
+
+    from rlsched.cli import main
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f"[controller]\nstate_dir = {str(tmp_path / 'state')!r}\npolicy = 'greedy'\n[metrics]\nport = 0\n")
+    first = Controller(load_config(cfg), slurm=FakeSlurm())
+    first.lock_state_dir()
+    assert main(["controller", "run", "--config", str(cfg), "--once"]) == 2
+    err = capsys.readouterr().err
+    assert f"controller.state_dir {tmp_path / 'state'}: in use by another running controller (pid {os.getpid()})" in err
+    assert err.count("\n") == 1
+    first.unlock_state_dir()  # the first one exits: the state dir is free again
+    second = Controller(load_config(cfg), slurm=FakeSlurm())
+    second.lock_state_dir()
+    assert (tmp_path / "state" / "controller.lock").read_text() == f"{os.getpid()}\n"
+    second.unlock_state_dir()
+
+
+def test_start_up_errors_name_the_setting(tmp_path, capsys, controller_logging):
+    import socket
+
+    from rlsched.cli import main
+
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    try:
+        for extra, needle in ((f"[metrics]\nport = {port}\naddress = '127.0.0.1'\n", f"metrics.port {port}"),
+                              ("[metrics]\nport = 9\naddress = 'no-such-host.invalid'\n", "metrics.address 'no-such-host.invalid'"),
+                              (f"[controller]\nlog_file = {str(tmp_path / 'missing' / 'x.log')!r}\n", "controller.log_file")):
+            cfg = tmp_path / "c.toml"
+            body = f"[controller]\nstate_dir = {str(tmp_path / 'st')!r}\npolicy = 'greedy'\n"
+            cfg.write_text(body.replace("[controller]\n", extra + "[controller]\n", 1) if extra.startswith("[metrics]")
+                           else extra.rstrip("\n") + f"\nstate_dir = {str(tmp_path / 'st')!r}\npolicy = 'greedy'\n")
+            assert main(["controller", "run", "--config", str(cfg), "--once"]) == 2, extra
+            err = capsys.readouterr().err
+            assert needle in err and "Traceback" not in err and err.count("\n") == 1, err
+    finally:
+        busy.close()
