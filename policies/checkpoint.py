@@ -352,6 +352,8 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         meta = json.loads(jpath.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{jpath}: metadata is not valid JSON: {exc}") from exc
+    except (RecursionError, ValueError) as exc:  # nested too deep; an integer of more than 4300 digits
+        raise CheckpointError(f"{jpath}: metadata is not usable JSON: {type(exc).__name__}: {exc}") from None
     if not isinstance(meta, dict):
         raise CheckpointError(f"{jpath}: metadata must be a JSON object")
     if meta.get("format") != FORMAT:
@@ -393,7 +395,10 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     if not wpath.is_file():
         raise CheckpointError(f"{wpath}: checkpoint weights not found")
     want = _require(meta, "weights_sha256", str, jpath).lower()
-    got = _sha256(wpath)
+    try:
+        got = _sha256(wpath)
+    except OSError as exc:
+        raise CheckpointError(f"{wpath}: cannot read the checkpoint weights: {exc}") from None
     if got != want:
         raise CheckpointError(
             f"{wpath}: sha256 {got[:16]}... does not match the metadata's {want[:16]}...; "
@@ -401,7 +406,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         )
     try:
         tensors = st_load(wpath.read_bytes())
-    except (SafetensorError, ValueError, OSError) as exc:
+    except (SafetensorError, ValueError, OSError, KeyError, TypeError) as exc:  # KeyError: a dtype numpy lacks (BF16)
         raise CheckpointError(f"{wpath}: not a readable safetensors file: {exc}") from exc
     weights = []
     n_in = math.prod(spec.shape)  # exact (np.prod would wrap around for absurd fields)
@@ -409,10 +414,10 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         W, b = tensors.get(prefix + ".weight"), tensors.get(prefix + ".bias")
         if W is None or b is None:
             raise CheckpointError(f"{wpath}: tensors {prefix}.weight / {prefix}.bias missing")
-        if W.ndim != 2 or b.shape != (W.shape[0],) or W.shape[1] != n_in:
+        if W.ndim != 2 or b.shape != (W.shape[0],) or W.shape[1] != n_in or W.shape[0] == 0:
             raise CheckpointError(
                 f"{wpath}: layer {prefix} has shape {tuple(W.shape)} / {tuple(b.shape)}, "
-                f"expected (*, {n_in}) with matching bias"
+                f"expected (*, {n_in}) with matching bias and at least one output"
             )
         if W.dtype != np.float32 or b.dtype != np.float32:  # save_checkpoint writes float32 only
             raise CheckpointError(f"{wpath}: layer {prefix} is {W.dtype} / {b.dtype}, expected float32")

@@ -70,14 +70,17 @@ def main(argv: list[str] | None = None) -> int:
     except _user_errors() as exc:
         print(f"rlsched {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"rlsched {args.command}: interrupted", file=sys.stderr)
-        return 130
     except BrokenPipeError:
         # the reader closed stdout early (`rlsched ... | head`): not the command's failure; send the rest
         # of the output (and the interpreter's final flush) to /dev/null instead of a traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as exc:  # a file the user named that cannot be written or read (permissions, a full disk)
+        print(f"rlsched {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"rlsched {args.command}: interrupted", file=sys.stderr)
+        return 130
     return int(rc or 0)
 
 

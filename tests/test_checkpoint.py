@@ -430,3 +430,61 @@ def test_out_of_float_range_integers_are_refused_not_crashing(tmp_path):
     with pytest.raises(CheckpointError) as ei:
         load_checkpoint(j)
     assert str(ei.value) == f"{j}: metadata field 'obs_spec' has type list"  # the path once, the field named
+
+
+def _raw_safetensors(tensors: dict[str, tuple[str, list[int], bytes]]) -> bytes:
+    """A safetensors file written by hand (dtypes numpy cannot hold, such as BF16): name -> (dtype, shape, bytes)."""
+    import struct
+
+    header, off, body = {}, 0, b""
+    for name, (dtype, shape, data) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + len(data)]}
+        off += len(data)
+        body += data
+    h = json.dumps(header).encode()
+    return struct.pack("<Q", len(h)) + h + body
+
+
+def test_tampered_files_of_other_kinds_are_refused_not_crashing(tmp_path):
+    """Found by a review: a BF16 tensor (numpy has no such dtype), a layer with no outputs, metadata nested too
+    deep or holding an integer of more than 4300 digits each crashed loading with a traceback."""
+    import hashlib
+
+    j = _with_prior(tmp_path / "ck")
+    w = j.with_suffix(".safetensors")
+    good_meta, good_w = j.read_text(), w.read_bytes()
+
+    def sign(data: bytes) -> None:
+        w.write_bytes(data)
+        meta = json.loads(good_meta)
+        meta["weights_sha256"] = hashlib.sha256(data).hexdigest()
+        j.write_text(json.dumps(meta))
+
+    sign(_raw_safetensors({"action_net.bias": ("BF16", [25], b"\0" * 50)}))
+    with pytest.raises(CheckpointError, match="not a readable safetensors file"):
+        load_checkpoint(j)
+    w.write_bytes(good_w)
+    j.write_text(good_meta)
+    _rewrite_weights(j, lambda t: {**t, "mlp_extractor.policy_net.0.weight": np.zeros((0, t["mlp_extractor.policy_net.0.weight"].shape[1]), np.float32),
+                                   "mlp_extractor.policy_net.0.bias": np.zeros(0, np.float32)})
+    with pytest.raises(CheckpointError, match="at least one output"):
+        load_checkpoint(j)
+    for text in ("[" * 100_000 + "]" * 100_000, good_meta.replace('"format_version": 1', '"format_version": ' + "9" * 5000)):
+        j.write_text(text)
+        with pytest.raises(CheckpointError, match="metadata is not usable JSON"):
+            load_checkpoint(j)
+
+
+def test_cli_checkpoint_summary_survives_out_of_range_numbers(tmp_path, capsys):
+    from rlsched.cli import main
+
+    j = _with_prior(tmp_path / "ck")
+    meta = json.loads(j.read_text())
+    meta["training"].setdefault("config", {})
+    meta["training"]["val_rel_jct"] = 10**400
+    meta["training"]["config"]["aging_s"] = 10**400
+    j.write_text(json.dumps(meta))
+    assert main(["checkpoint", str(j)]) == 0
+    assert main(["checkpoint", str(j), "--json"]) == 0
+    out = capsys.readouterr().out
+    assert "validation" not in out.split("{", 1)[0] and '"trained_aging_s": null' in out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -186,3 +187,50 @@ def test_out_with_dot_dot_is_normalised(tmp_path, monkeypatch):
     assert main(["simulate", "--trace", str(TRACE0), "--policy", "fifo", "--out", "a/b/..", "--quiet"]) == 0
     assert (tmp_path / "a" / "summary.json").is_file() and not (tmp_path / "a" / "b").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
+
+
+def test_outputs_that_cannot_be_written_are_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    """A directory the user cannot write in (permissions, read-only mount) is found by a probe before anything
+    runs, for every command that writes results; the error names the flag and the directory."""
+    import tempfile
+
+    from trainer import outputs
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real = tempfile.mkstemp
+
+    def mkstemp(*a, dir=None, **kw):  # noqa: A002 - tempfile's name
+        if dir is not None and Path(dir) == locked:
+            raise PermissionError(13, "Permission denied")
+        return real(*a, dir=dir, **kw)
+
+    monkeypatch.setattr(outputs.tempfile, "mkstemp", mkstemp)
+    assert outputs.unwritable(locked / "a" / "b") == f"cannot write in {locked} (Permission denied)"
+    assert outputs.unwritable(tmp_path / "ok" / "b") is None
+    (tmp_path / "file").write_text("x")
+    assert outputs.unwritable(tmp_path / "file" / "b") == f"{tmp_path / 'file'} is not a directory"
+    out = locked / "sim"
+    cases = [
+        (["simulate", "--trace", str(TRACE0), "--policy", "fifo", "--out", str(out)], f"--out {out}: cannot write in"),
+        (["trace", "generate", "--jobs", "4", "--out", str(locked / "t.csv")], "cannot write in"),
+        (["trace", "generate", "--jobs", "4", "--sets", "2", "--out", str(locked / "sets")], "cannot write in"),
+        (["evaluate", "--policies", "fifo", "--traces", str(TRACE0.parent), "--out", str(out)], f"--out {out}: cannot write"),
+        (["train", "--traces", str(TRACE0.parent), "--timesteps", "64", "--out", str(out)], f"--out {out}: cannot write"),
+    ]
+    for argv, needle in cases:
+        rc = main(argv)
+        err = capsys.readouterr().err
+        assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, (argv, err)
+        assert list(locked.iterdir()) == [], argv
+
+
+def test_overwrite_never_deletes_the_trace_it_reads(tmp_path, capsys):
+    out = tmp_path / "runs"
+    out.mkdir()
+    trace = out / TRACE0.name
+    shutil.copy(TRACE0, trace)
+    rc = main(["simulate", "--trace", str(trace), "--policy", "fifo", "--out", str(out), "--overwrite"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "is inside --out" in err and len(err.strip().splitlines()) == 1, err
+    assert trace.exists()

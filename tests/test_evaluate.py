@@ -103,6 +103,12 @@ def test_unusable_outputs_are_refused_before_any_simulation(tmp_path, monkeypatc
         (["--out", str(tmp_path / "o3"), "--results-md", str(tmp_path)], "--results-md"),
         (["--out", str(tmp_path / "o3"), "--results-md", str(afile / "R.md")], f"{afile} is not a directory"),
     ]
+    # markers the generated tables could not be put between (the file and rl_results.json stay as they were)
+    for name, text, found in (("swapped.md", f"x\n{END}\ny\n{BEGIN}\n", "found 1 and 1, in the wrong order"),
+                              ("twice.md", f"{BEGIN}\n{END}\n{BEGIN}\n", "found 2 and 1"),
+                              ("half.md", f"{BEGIN}\nhand-written\n", "found 1 and 0")):
+        (tmp_path / name).write_text(text)
+        cases.append((["--out", str(tmp_path / "o3"), "--results-md", str(tmp_path / name)], found))
     for extra, needle in cases:
         rc = main(["evaluate", "--policies", "srtf", "--traces", str(tmp_path / "traces"), "--cluster", "2x4", *extra])
         err = capsys.readouterr().err

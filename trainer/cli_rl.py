@@ -337,6 +337,18 @@ def _is_source(v: Any) -> bool:
     return isinstance(v, dict) and isinstance(v.get("commit"), str) and isinstance(v.get("dirty", False), bool)
 
 
+def _finite(v: object) -> float | None:
+    """``v`` as a finite float if it is a number (not a bool) that is one, else ``None`` (a hand-edited
+    file may hold an integer beyond float range)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
+
+
 def checkpoint_summary(ck) -> dict:
     """What :func:`_cmd_checkpoint` shows of a loaded :class:`~policies.checkpoint.Checkpoint`."""
     meta = ck.meta
@@ -348,10 +360,8 @@ def checkpoint_summary(ck) -> dict:
     cfg = cfg if isinstance(cfg, dict) else {}
     prior = ck.prior
     # the aging the network was trained with, when the file records another one to run with (re-shipped)
-    ta = cfg.get("aging_s")
-    trained_aging = None
-    if isinstance(ta, (int, float)) and not isinstance(ta, bool) and math.isfinite(ta) and ta != ck.spec.aging_s:
-        trained_aging = float(ta)
+    ta = _finite(cfg.get("aging_s"))
+    trained_aging = ta if ta is not None and ta != ck.spec.aging_s else None
     return {
         "checkpoint": str(ck.json_path),
         "weights": str(ck.weights_path),
@@ -380,7 +390,7 @@ def checkpoint_summary(ck) -> dict:
         "training": {
             "timesteps": _field(tr.get("timesteps"), lambda v: isinstance(v, int) and not isinstance(v, bool)),
             "val_rel_jct": _field(
-                tr.get("val_rel_jct"), lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+                tr.get("val_rel_jct"), lambda v: _finite(v) is not None
             ),
             "traces": _field(cfg.get("traces"), _is_str_list) if cfg_ok else MALFORMED,
             "init": _field(cfg.get("init"), lambda v: isinstance(v, str)) if cfg_ok else MALFORMED,

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from policies.base import Policy, PolicyError
+from trainer.outputs import unwritable
 
 __all__ = [
     "register",
@@ -182,11 +183,9 @@ def _check_out(out: Path, overwrite: bool) -> None:
             raise OutputDirError(f"--out {out} exists and is not a directory")
         if any(out.iterdir()) and not overwrite:
             raise OutputDirError(f"--out {out} exists and is not empty (use --overwrite to replace it)")
-    anc = out.parent
-    while not anc.exists():
-        anc = anc.parent
-    if not anc.is_dir():
-        raise OutputDirError(f"--out {out}: {anc} is not a directory")
+    why = unwritable(out)
+    if why is not None:
+        raise OutputDirError(f"--out {out}: {why}")
 
 
 def _json_safe(x: Any) -> Any:
@@ -234,6 +233,9 @@ def _run(args: argparse.Namespace) -> int:
         repo_copy = Path(__file__).resolve().parents[1] / DEFAULT_TRACE
         if repo_copy.exists():
             trace_path = repo_copy
+    if args.overwrite and out.exists() and out.resolve() in trace_path.resolve().parents:
+        raise OutputDirError(f"--trace {args.trace} is inside --out {out}, which --overwrite would delete; "
+                             "move the trace or choose another --out")
     jobs = load_trace(trace_path, cluster, perf)
     cfg = SimConfig(
         round_len=args.round,

@@ -31,6 +31,7 @@ from trainer.generate import (
     generate_sets,
     write_sets,
 )
+from trainer.outputs import unwritable
 from trainer.traces import TRACE_SUFFIXES
 
 __all__ = ["register"]
@@ -50,12 +51,8 @@ def _check_out_file(out: Path, force: bool, sets_hint: bool = False) -> str | No
         return f"{out}: is a directory (use --sets N to write job sets into a directory)"
     if out.exists() and not force:
         return f"{out}: exists (use --overwrite to replace it)"
-    for parent in out.resolve().parents:
-        if parent.exists():
-            if not parent.is_dir():
-                return f"{parent}: is not a directory"
-            break
-    return None
+    why = unwritable(out.parent)
+    return None if why is None else f"{out}: {why}"
 
 
 def _make_parent(out: Path) -> None:

@@ -40,6 +40,7 @@ from policies.checkpoint import write_atomic
 from policies.cluster import ClusterSpec
 from policies.perf import ContentionModel
 from trainer.metrics import summarize
+from trainer.outputs import unwritable
 from trainer.simulator import SimConfig, Simulator
 from trainer.traces import TRACE_SUFFIXES
 
@@ -322,12 +323,21 @@ def _check_outputs(outdir: Path, results_md: Path | None) -> None:
             raise EvaluationError(f"--results-md {results_md} is a directory")
         if results_md.is_file():  # its hand-written text is kept: it must be readable
             try:
-                results_md.read_text()
+                text = results_md.read_text()
             except (OSError, UnicodeDecodeError) as exc:
                 raise EvaluationError(f"--results-md {results_md}: cannot read it ({exc})") from None
-        anc = _first_existing(results_md.parent)
-        if not anc.is_dir():
-            raise EvaluationError(f"--results-md {results_md}: {anc} is not a directory")
+            # the generated part replaces the text between the markers: they must be there once, in order
+            b, e = text.count(BEGIN), text.count(END)
+            if (b or e) and not (b == e == 1 and text.index(BEGIN) < text.index(END)):
+                raise EvaluationError(
+                    f"--results-md {results_md}: expected one {BEGIN!r} line followed by one {END!r} line "
+                    f"(found {b} and {e}{', in the wrong order' if b == e == 1 else ''}); fix the file or remove both")
+        why = unwritable(results_md.parent)
+        if why is not None:
+            raise EvaluationError(f"--results-md {results_md}: {why}")
+    why = unwritable(outdir)
+    if why is not None:
+        raise EvaluationError(f"--out {outdir}: {why}")
 
 
 def run_evaluation(

@@ -62,6 +62,7 @@ from policies.cluster import ClusterSpec
 from policies.job import JobSpec
 from policies.perf import ContentionModel
 from policies.workloads import MODELS, UnknownModelError, canonical_model
+from trainer.outputs import unwritable
 
 __all__ = [
     "DEMAND_DISTRIBUTIONS",
@@ -320,6 +321,9 @@ def check_sets_directory(directory: str | Path, force: bool = False) -> Path:
         raise GeneratorError(f"{given}: exists and is not a directory")
     if absolute.is_dir() and any(absolute.iterdir()) and not force:
         raise GeneratorError(f"{given}: directory is not empty (use --overwrite to replace it)")
+    why = unwritable(absolute.parent)  # the sets are written beside it, then renamed into place
+    if why is not None:
+        raise GeneratorError(f"{given}: {why}")
     return absolute
 
 

@@ -54,6 +54,7 @@ from policies.perf import ContentionModel
 from policies.prior import AdmissionPrior, PriorError
 from policies.rl import RLPolicy
 from trainer.env import REWARDS, PlacementEnv, reference_jct
+from trainer.outputs import unwritable
 from trainer.simulator import SimConfig, Simulator
 
 __all__ = [
@@ -271,11 +272,9 @@ def _cluster_text(c: ClusterSpec) -> str:
 def _check_out_dir(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise TrainConfigError(f"--out {out} exists and is not a directory")
-    anc = out.parent
-    while not anc.exists() and anc != anc.parent:
-        anc = anc.parent
-    if anc.exists() and not anc.is_dir():
-        raise TrainConfigError(f"--out {out}: {anc} is not a directory")
+    why = unwritable(out)
+    if why is not None:
+        raise TrainConfigError(f"--out {out}: {why}")
 
 
 def _check_resume(last: Checkpoint, cfg: TrainConfig, cluster: ClusterSpec, spec: ObsSpec) -> None:
