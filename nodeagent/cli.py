@@ -32,6 +32,7 @@ def _listen(value: str) -> str:
     return value
 
 
+# Like trainer.cli_sim's argparse types, kept here so that a node agent never imports the trainer package.
 def _int_at_least(lo: int):
     """argparse type: an integer >= ``lo``."""
 
