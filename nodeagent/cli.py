@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import shutil
 import signal
 import sys
 import threading
+
+from rlsched.argtypes import int_at_least, positive_float
 
 
 def _fail(cmd: str, msg: str) -> int:
@@ -30,33 +31,6 @@ def _listen(value: str) -> str:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
         raise argparse.ArgumentTypeError(f"--listen must be HOST:PORT, got {value!r}")
     return value
-
-
-# Like trainer.cli_sim's argparse types, kept here so that a node agent never imports the trainer package.
-def _int_at_least(lo: int):
-    """argparse type: an integer >= ``lo``."""
-
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if v < lo:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {lo}, got {text!r}")
-        return v
-
-    return parse
-
-
-def _seconds(text: str) -> float:
-    """argparse type: a finite number of seconds > 0."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not math.isfinite(v) or v <= 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
-    return v
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -75,12 +49,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--job-cgroups", choices=("auto", "required", "ignore"), default="auto",
                    help="require reporting processes to be in their Slurm job's cgroup: auto = once job cgroups "
                         "are seen on this machine (default)")
-    p.add_argument("--profile-steps", type=_int_at_least(1), default=20,
+    p.add_argument("--profile-steps", type=int_at_least(1), default=20,
                    help="steps in a job's isolated-throughput profiling window")
-    p.add_argument("--profile-skip-steps", type=_int_at_least(0), default=10,
+    p.add_argument("--profile-skip-steps", type=int_at_least(0), default=10,
                    help="steps of each run to skip (start-up, warm-up) before the profiling window")
-    p.add_argument("--window-s", type=_seconds, default=30.0, help="seconds of reports for achieved throughput")
-    p.add_argument("--max-workers", type=_int_at_least(1), default=16, help="gRPC worker threads")
+    p.add_argument("--window-s", type=positive_float, default=30.0, help="seconds of reports for achieved throughput")
+    p.add_argument("--max-workers", type=int_at_least(1), default=16, help="gRPC worker threads")
     p.set_defaults(func=run_agent)
 
     k = sub.add_parser("agent-keygen", help="create a shared key file (mode 0600) for --auth sharedkey:PATH")

@@ -464,7 +464,7 @@ def test_agent_cli_bad_key_is_one_line_error(tmp_path: Path) -> None:
 @pytest.mark.parametrize("extra,needle", [
     (["--auth", "bogus"], "rlsched agent: error: cannot start agent: unknown auth spec 'bogus'"),
     (["--max-workers", "0"], "--max-workers: must be an integer >= 1, got '0'"),
-    (["--window-s", "nan"], "--window-s: must be a finite number of seconds > 0, got 'nan'"),
+    (["--window-s", "nan"], "--window-s: must be a positive number, got 'nan'"),
     (["--profile-steps", "-5"], "--profile-steps: must be an integer >= 1, got '-5'"),
     (["--profile-skip-steps", "x"], "--profile-skip-steps: expected an integer, got 'x'"),
 ])

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from policies.base import Policy, PolicyError
+from rlsched.argtypes import non_negative_float, positive_float
 from trainer.outputs import unwritable
 
 __all__ = [
@@ -56,28 +57,6 @@ DEFAULT_POLICIES = "fifo,srtf,las,greedy"
 
 class OutputDirError(ValueError):
     """``--out`` cannot be used (exists and is not empty, or is a file)."""
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a finite number > 0."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(v) or v <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    return v
-
-
-def non_negative_float(text: str) -> float:
-    """argparse type: a finite number >= 0."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(v) or v < 0:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
-    return v
 
 
 #: seeds go to numpy's legacy seeding too (Stable-Baselines3), which takes 32-bit values
