@@ -40,7 +40,7 @@ from policies.checkpoint import write_atomic
 from policies.cluster import ClusterSpec
 from policies.perf import ContentionModel
 from trainer.metrics import summarize
-from trainer.outputs import unwritable
+from trainer.outputs import nearest_existing, unwritable
 from trainer.simulator import SimConfig, Simulator
 from trainer.traces import TRACE_SUFFIXES
 
@@ -299,18 +299,11 @@ def _write_atomic(path: Path, text: str) -> None:
     write_atomic(path, text.encode())
 
 
-def _first_existing(path: Path) -> Path:
-    """``path`` or its nearest ancestor that exists."""
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
-
-
 def _check_outputs(outdir: Path, results_md: Path | None) -> None:
     """Refuse outputs that could only fail after all the simulations: an ``out`` (or its ``figures/``) that is
     a file, a results file that is a directory, or a parent that is a file."""
     for d in (outdir, outdir / "figures"):
-        anc = _first_existing(d)
+        anc = nearest_existing(d)
         if anc.is_dir():
             continue
         if anc == outdir:
