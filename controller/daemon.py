@@ -594,6 +594,7 @@ class Controller:
             if self.cfg.controller.dry_run:
                 log.info("dry run: would place job %s on %s", jid, plan_by_name, extra={"event": "dry_run"})
                 continue
+            releasing = False
             try:
                 counts = {g for _, g in p.alloc}
                 per_node = counts.pop() if len(counts) == 1 and p.num_nodes > 1 else None
@@ -601,9 +602,19 @@ class Controller:
                 self.journal["released"][jid] = {"t": now, "plan_by_name": plan_by_name}
                 self.journal.save()
                 settle = int(round(self.cfg.controller.requeue_settle_s)) if sj.restarts > 0 else 0
+                releasing = True
                 self.slurm.release(sj.job_id, settle)
             except SlurmError as exc:
                 self.metrics.slurm_errors.inc()
+                if releasing and exc.timed_out:
+                    # slurmctld may have released it after all: keep its GPUs (and its journal entry, which
+                    # reserves them in later rounds while it is pending and unheld) so this round places
+                    # nothing else there; the next round sees it held (a candidate again) or released
+                    log.warning("releasing job %s timed out (%s): its GPUs stay reserved until Slurm shows "
+                                "whether it was released", jid, exc, extra={"event": "release_timeout", "job": sj.job_id})
+                    for n, g in p.alloc:
+                        free[n] -= g
+                    continue
                 self.journal["released"].pop(jid, None)
                 self.journal.save()
                 log.error("placing job %s failed: %s", jid, exc, extra={"event": "place_failed", "job": sj.job_id})

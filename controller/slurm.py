@@ -63,10 +63,12 @@ PENDING_STATES = ("PENDING", "SPECIAL_EXIT", "REQUEUE_HOLD", "REQUEUED")
 class SlurmError(RuntimeError):
     """A Slurm command failed, timed out or printed something unexpected."""
 
-    def __init__(self, cmd: Sequence[str], message: str) -> None:
+    def __init__(self, cmd: Sequence[str], message: str, *, timed_out: bool = False) -> None:
         super().__init__(f"{' '.join(cmd)}: {message}")
         self.cmd = list(cmd)
         self.message = message
+        #: the command ran past its time limit: slurmctld may still have carried it out
+        self.timed_out = timed_out
 
 
 @dataclass
@@ -144,6 +146,15 @@ class SlurmJob:
     @property
     def held(self) -> bool:
         return self.pending and self.priority == 0
+
+    @property
+    def admin_held(self) -> bool:
+        """Held by an operator's ``scontrol hold`` (reason ``JobHeldAdmin``): rlsched leaves it alone.
+
+        Every hold rlsched relies on is a user hold (``JobHeldUser``): job_submit.lua's
+        priority 0, :meth:`SlurmCLI.hold` (``scontrol uhold``), ``scontrol requeuehold`` and
+        ``RequeueExitHold`` (all checked on slurmctld 22.05)."""
+        return self.held and self.reason == "JobHeldAdmin"
 
     @property
     def running(self) -> bool:
@@ -490,7 +501,7 @@ class SlurmCLI:
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout_s, env=env, check=False)
         except subprocess.TimeoutExpired:
-            raise SlurmError(cmd, f"timed out after {self.timeout_s:g} s") from None
+            raise SlurmError(cmd, f"timed out after {self.timeout_s:g} s", timed_out=True) from None
         except OSError as exc:
             raise SlurmError(cmd, f"cannot run: {exc.strerror or exc}") from None
         if proc.returncode != 0:
@@ -553,7 +564,13 @@ class SlurmCLI:
         self.run(["scontrol", "release", str(job_id)])
 
     def hold(self, job_id: int) -> None:
-        self.run(["scontrol", "hold", str(job_id)])
+        """Hold a pending job again, as a *user* hold (``uhold``, reason ``JobHeldUser``).
+
+        Not ``scontrol hold``: run by the controller (an operator) that would be an admin
+        hold, which rlsched reads as "an administrator wants this job left alone"
+        (:attr:`SlurmJob.admin_held`). The owner still cannot release it: job_submit.lua's
+        ``slurm_job_modify`` refuses priority changes of managed jobs."""
+        self.run(["scontrol", "uhold", str(job_id)])
 
     def unplace(self, job_id: int) -> None:
         """Clear a held job's node pin (it goes back to the pool)."""

@@ -167,7 +167,8 @@ def build_state(
     ``SlurmView.waiting``): an unmet ``--dependency`` (:func:`~controller.slurm.dependency_met`;
     Slurm does not re-evaluate it while the job is held) and a ``--begin`` time still in the
     future (a job that never ran: after a requeue the begin time is Slurm's own delay, which
-    the controller overrides on release).
+    the controller overrides on release). So is a job an operator held with ``scontrol hold``
+    (:attr:`~controller.slurm.SlurmJob.admin_held`).
     """
     progress = progress or {}
     planned = planned or {}
@@ -202,6 +203,9 @@ def build_state(
             continue
         if j.pending:
             why = skip.get(str(j.job_id))
+            if j.admin_held:
+                why = (f"held by an administrator (scontrol hold); 'scontrol uhold {j.job_id}' "
+                       "hands it back to rlsched")
             if why is None and dependency_met(j, all_by_id) is False:
                 why = f"dependency {j.dependency} not met"
             if why is None and j.restarts == 0 and j.eligible_time is not None and j.eligible_time > now:

@@ -123,8 +123,8 @@ class FakeSlurm:
         self._call("hold", job_id)
         j = self.job_list[job_id]
         if j.state != "PENDING":
-            raise SlurmError(["scontrol", "hold"], "Job is no longer pending execution")
-        j.priority = 0
+            raise SlurmError(["scontrol", "uhold"], "Job is no longer pending execution")
+        j.priority, j.reason = 0, "JobHeldUser"
 
     def unplace(self, job_id):
         self._call("unplace", job_id)
@@ -459,6 +459,61 @@ def test_failed_release_is_retried_next_round(tmp_path):
     rep = ctl.round()
     assert rep.ok and rep.placed == [] and s.job_list[a].held
     s.fail = None
+    assert [j for j, _ in ctl.round().placed] == [a]
+
+
+class _SlowRelease(FakeSlurm):
+    """``scontrol release`` times out; ``acted``: slurmctld released the job all the same."""
+
+    def __init__(self, acted: bool, **kw) -> None:
+        super().__init__(**kw)
+        self.acted = acted
+        self.slow = True
+
+    def release(self, job_id, delay_s=0):
+        if not self.slow:
+            return super().release(job_id, delay_s)
+        if self.acted:
+            super().release(job_id, delay_s)
+        else:
+            self._call("release", job_id)
+        raise SlurmError(["scontrol", "release", str(job_id)], "timed out after 20 s", timed_out=True)
+
+
+@pytest.mark.parametrize("acted", [True, False])
+def test_release_that_times_out_keeps_its_gpus_this_round(tmp_path, acted):
+    """A timed-out release may have happened: its GPUs are not given to another job in the same
+    round (that was a double booking when Slurm had acted), and the next round goes on from what
+    Slurm shows: the job started, or it is still held and placed again."""
+    s = _SlowRelease(acted, nodes=1, gpus=8)
+    a, b = s.submit(8), s.submit(8)
+    ctl = _ctl(tmp_path, s)
+    rep = ctl.round()
+    assert rep.ok and rep.placed == [] and [c for c in s.calls if c[0] == "place"] == [("place", a, ["node1"])]
+    assert str(a) in ctl.journal["released"]
+    s.slow = False
+    s.schedule()
+    rep = ctl.round()
+    if acted:
+        assert s.job_list[a].state == "RUNNING" and rep.placed == [] and s.job_list[b].held
+    else:
+        assert [j for j, _ in rep.placed] == [a] and s.job_list[b].held
+    assert ctl.metrics.value("rlsched_slurm_errors_total") == 1
+
+
+def test_job_held_by_an_operator_is_left_alone(tmp_path, caplog, monkeypatch):
+    """``scontrol hold`` by an operator (JobHeldAdmin) means "leave it": rlsched places it only
+    after ``scontrol uhold`` gives it back; its own holds are user holds."""
+    s = FakeSlurm()
+    a = s.submit(4)
+    s.job_list[a].reason = "JobHeldAdmin"
+    ctl = _ctl(tmp_path, s)
+    monkeypatch.setattr(logging.getLogger("controller"), "propagate", True)  # see the malformed-journal test
+    with caplog.at_level(logging.INFO, logger="controller"):
+        rep = ctl.round()
+    assert rep.ok and rep.placed == [] and not [c for c in s.calls if c[0] == "place"]
+    assert f"scontrol uhold {a}" in caplog.text
+    s.job_list[a].reason = "JobHeldUser"
     assert [j for j, _ in ctl.round().placed] == [a]
 
 

@@ -161,6 +161,26 @@ def test_owner_cannot_release_or_repin_a_held_job(live_cluster, test_user):
     cluster.wait(lambda: _state(cluster, jid) == "CANCELLED", 10, "cancel")
 
 
+def test_operator_hold_is_left_alone_until_uhold_hands_it_back(live_cluster, test_user, tmp_path):
+    """An operator's ``scontrol hold`` (JobHeldAdmin) keeps a job out of rlsched's hands; ``scontrol
+    uhold`` gives it back (JobHeldUser, which the owner still cannot release), and it is placed."""
+    cluster = live_cluster
+    jid = cluster.sbatch("sleep 1", 2, comment="rlsched:model=GNN", user=test_user)
+    cluster.run(["scontrol", "hold", str(jid)])
+    assert cluster.job(jid).admin_held
+    ctl = _controller(cluster, tmp_path, policy="fifo")
+    rep = ctl.round()
+    assert rep.ok and rep.placed == [], rep
+    cluster.run(["scontrol", "uhold", str(jid)])
+    j = cluster.job(jid)
+    assert j.held and not j.admin_held and j.reason == "JobHeldUser"
+    p = cluster.run(["scontrol", "release", str(jid)], user=test_user, check=False)
+    assert p.returncode != 0 and "Access/permission denied" in p.stderr
+    rep = ctl.round()
+    assert [x for x, _ in rep.placed] == [jid], rep
+    cluster.wait(lambda: _state(cluster, jid) == "COMPLETED", 30, f"job {jid} to complete", tick=ctl.round)
+
+
 def test_gpu_jobs_cannot_escape_the_hold(live_cluster, test_user):
     """Every way a user could get GPUs in the managed partition without the controller placing the job
     is refused by job_submit.lua (real slurmctld): GPUs per task / node / socket at submission, GPUs
