@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 
-from rlsched.argtypes import int_at_least, positive_float
+from rlsched.argtypes import int_at_least, non_negative_float, positive_float
 
 
 def _fail(cmd: str, msg: str) -> int:
@@ -28,7 +28,7 @@ def _fail(cmd: str, msg: str) -> int:
 
 def _listen(value: str) -> str:
     host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+    if not sep or not host or not (port.isascii() and port.isdigit() and len(port) <= 5) or int(port) > 65535:
         raise argparse.ArgumentTypeError(f"--listen must be HOST:PORT, got {value!r}")
     return value
 
@@ -55,6 +55,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="steps of each run to skip (start-up, warm-up) before the profiling window")
     p.add_argument("--window-s", type=positive_float, default=30.0, help="seconds of reports for achieved throughput")
     p.add_argument("--max-workers", type=int_at_least(1), default=16, help="gRPC worker threads")
+    p.add_argument("--lookups-in-flight-per-uid", type=int_at_least(1), default=4,
+                   help="squeue lookups (of jobs not cached) one unprivileged uid may have running at once; "
+                        "more are refused at once with RESOURCE_EXHAUSTED (default 4)")
+    p.add_argument("--lookups-in-flight", type=int_at_least(1), default=None,
+                   help="such lookups of all unprivileged uids together (default: half of --max-workers, so "
+                        "the controller's calls always find a free worker)")
+    p.add_argument("--lookup-rate-per-uid", type=positive_float, default=2.0,
+                   help="squeue lookups per second one unprivileged uid may cause, after its burst (default 2)")
+    p.add_argument("--lookup-burst-per-uid", type=int_at_least(1), default=20,
+                   help="squeue lookups one unprivileged uid may cause at once before its rate applies (default 20)")
+    p.add_argument("--unknown-job-ttl-s", type=non_negative_float, default=10.0,
+                   help="seconds a uid's lookup of a job Slurm does not know is remembered (0: not; default 10)")
     p.set_defaults(func=run_agent)
 
     k = sub.add_parser("agent-keygen", help="create a shared key file (mode 0600) for --auth sharedkey:PATH")
@@ -91,7 +103,11 @@ def run_agent(args: argparse.Namespace) -> int:
         tracker = JobTracker(window_s=args.window_s, profile_steps=args.profile_steps,
                              profile_skip_steps=args.profile_skip_steps)
         slurm = SlurmJobs(squeue=args.squeue, slurm_conf=args.slurm_conf,
-                          require_cgroup={"auto": None, "required": True, "ignore": False}[args.job_cgroups])
+                          require_cgroup={"auto": None, "required": True, "ignore": False}[args.job_cgroups],
+                          max_lookups_per_uid=args.lookups_in_flight_per_uid,
+                          lookup_rate_per_s=args.lookup_rate_per_uid, lookup_burst=args.lookup_burst_per_uid,
+                          missing_ttl_s=args.unknown_job_ttl_s,
+                          max_lookups_total=args.lookups_in_flight or max(1, args.max_workers // 2))
         server = NodeAgentServer(args.node, args.listen, auth, store, tracker, max_workers=args.max_workers,
                                  slurm=slurm)
     except (AuthError, StoreError, OSError, RuntimeError, ValueError) as exc:  # ValueError: a bad --auth spec

@@ -41,7 +41,7 @@ from typing import Any, Callable
 import grpc
 
 from nodeagent.auth import AUTH_HEADER, Authenticator, AuthError, Identity
-from nodeagent.slurmjob import SlurmJobInfo, SlurmJobs, SlurmUnavailable
+from nodeagent.slurmjob import LookupLimited, SlurmJobInfo, SlurmJobs, SlurmUnavailable
 from nodeagent.store import CheckpointInfo, CheckpointStore, validate_job_key
 from proto import rlsched_agent_pb2 as pb
 from proto import rlsched_agent_pb2_grpc as pb_grpc
@@ -558,9 +558,20 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
         if len(r.model) > 128:
             raise ValueError("model name too long")
 
-    def _slurm_job(self, slurm_job_id: str, fresh: bool = False) -> SlurmJobInfo | None:
+    def _slurm_job(self, slurm_job_id: str, uid: int, fresh: bool = False) -> SlurmJobInfo | None:
+        """Ask Slurm (or its cache) about a job for unprivileged caller ``uid``, whose limits it counts against.
+
+        RESOURCE_EXHAUSTED at once if ``uid`` is over its limits (:class:`LookupLimited`), UNAVAILABLE if
+        Slurm cannot be asked.
+        """
         try:
-            return self.slurm.job(slurm_job_id, fresh=fresh)
+            return self.slurm.job(slurm_job_id, fresh=fresh, uid=uid)
+        except LookupLimited as exc:
+            # one user naming many jobs must not keep the agent's worker threads busy in squeue
+            emit("slurm_lookup_limited", logging.WARNING, uid=exc.uid, slurm_job_id=slurm_job_id, reason=str(exc))
+            raise _RpcAbort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            f"cannot verify slurm job {slurm_job_id} now: {exc}; report refused, retry later "
+                            f"(node {self.node})") from None
         except SlurmUnavailable as exc:
             # fail closed: a report we cannot verify could give a job's key (and its SIGUSR2) to another user
             raise _RpcAbort(grpc.StatusCode.UNAVAILABLE,
@@ -589,7 +600,7 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
         if privileged:  # root, SlurmUser, --allow-uid: trusted, Slurm is not asked
             return sid if sid.isdigit() else ""
         if held is not None and held.slurm_job_id != sid and held.owner_uid not in (-1, ident.uid):
-            old = self._slurm_job(held.slurm_job_id, fresh=True)
+            old = self._slurm_job(held.slurm_job_id, ident.uid, fresh=True)
             if old is not None and not old.gone:
                 raise _RpcAbort(grpc.StatusCode.PERMISSION_DENIED,
                                 f"job key {key!r} belongs to slurm job {held.slurm_job_id} of uid {held.owner_uid} "
@@ -597,12 +608,12 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
         m = _DEFAULT_KEY_RE.fullmatch(key)
         other_unknown = False
         if m and m.group(1) != sid:  # another job's default key: only while that job is gone or also yours
-            other = self._slurm_job(m.group(1))
+            other = self._slurm_job(m.group(1), ident.uid)
             if other is not None and not other.gone and other.uid != ident.uid:
                 raise _RpcAbort(grpc.StatusCode.PERMISSION_DENIED,
                                 f"job key {key!r} is the default key of slurm job {m.group(1)} of uid {other.uid}")
             other_unknown = other is None
-        info = self._slurm_job(sid)
+        info = self._slurm_job(sid, ident.uid)
         if info is None:
             raise _RpcAbort(grpc.StatusCode.PERMISSION_DENIED, f"slurm job {sid} does not exist (Slurm does not know it)")
         if info.uid != ident.uid:
