@@ -19,9 +19,20 @@ from typing import Iterable, Mapping
 
 __all__ = ["ClusterSpecError", "NodeSpec", "ClusterSpec", "Placement"]
 
+#: Keys a cluster file may hold at its top level and in each ``nodes`` entry (anything else is a typo).
+FILE_KEYS = ("nodes", "intra_bw_gbps", "inter_bw_gbps")
+NODE_KEYS = ("name", "gpus", "count")
+
 
 class ClusterSpecError(ValueError):
     """Raised for a malformed cluster specification."""
+
+
+def _check_keys(path: Path, where: str, doc: Mapping, known: tuple[str, ...]) -> None:
+    """Raise for the first key of ``doc`` not in ``known`` (a misspelt key would otherwise be ignored)."""
+    for key in doc:
+        if key not in known:
+            raise ClusterSpecError(f"{path}: {where}unknown key {key!r} (accepted: {', '.join(known)})")
 
 
 @dataclass(frozen=True)
@@ -85,6 +96,8 @@ class ClusterSpec:
             name = "node1"
             gpus = 8
             count = 4        # optional: expands to node1..node4 when name is a prefix
+
+        Any other key (e.g. a misspelt ``gpu_per_node``) is an error naming it.
         """
         if isinstance(spec, ClusterSpec):
             return spec
@@ -114,12 +127,16 @@ class ClusterSpec:
                 doc = yaml.safe_load(raw)
         except Exception as exc:  # noqa: BLE001 - report any parser error uniformly
             raise ClusterSpecError(f"{path}: cannot parse cluster file: {exc}") from exc
+        if isinstance(doc, Mapping):
+            _check_keys(path, "", doc, FILE_KEYS)  # first: "node:" is a typo, not a missing "nodes"
         if not isinstance(doc, Mapping) or "nodes" not in doc:
             raise ClusterSpecError(f"{path}: expected a mapping with a 'nodes' list")
         if not isinstance(doc["nodes"], list):
             raise ClusterSpecError(f"{path}: 'nodes' must be a list of node entries")
         nodes: list[NodeSpec] = []
         for i, entry in enumerate(doc["nodes"]):
+            if isinstance(entry, Mapping):
+                _check_keys(path, f"nodes[{i}]: ", entry, NODE_KEYS)
             if not isinstance(entry, Mapping) or "gpus" not in entry:
                 raise ClusterSpecError(f"{path}: nodes[{i}]: each node needs 'gpus' (and optionally 'name', 'count')")
             gpus = entry["gpus"]

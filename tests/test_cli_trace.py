@@ -233,3 +233,88 @@ def test_trace_without_action_is_usage_error(capsys) -> None:
     with pytest.raises(SystemExit) as ei:
         main(["trace"])
     assert ei.value.code == 2
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        # each wrote inf (or gave a ZeroDivisionError traceback), and every later read refused the file
+        (["--duration", "1e306"], "job 1: total_samples overflows the float range (inf); lower duration_s (1e+306)"),
+        (["--arrival", "poisson", "--load", "2e-305"], "submit_time overflows the float range (inf); raise load"),
+        (["--arrival", "poisson", "--load", "5e-324"], "mean gap between arrivals beyond the float range"),
+    ],
+)
+@pytest.mark.parametrize("sets", [[], ["--sets", "2"]])
+def test_generate_overflow_exits_2_and_writes_nothing(
+    tmp_path: Path, capsys, extra: list[str], words: str, sets: list[str]
+) -> None:
+    out = tmp_path / "new" / ("sets" if sets else "x.csv")
+    assert main(["trace", "generate", "--out", str(out), *sets, *extra]) == 2
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("action", ["stats", "convert"])
+@pytest.mark.parametrize("option", ["--gpu-scale", "--time-scale"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-2", "x"])
+def test_philly_scales_must_be_finite_and_positive(
+    tmp_path: Path, capsys, action: str, option: str, value: str
+) -> None:
+    """--gpu-scale nan passed the `must be positive` check and ended in a traceback."""
+    src = tmp_path / "philly.csv"
+    src.write_text(PHILLY_SLICE)
+    argv = ["trace", action, str(src), f"{option}={value}"]
+    if action == "convert":
+        argv += ["--out", str(tmp_path / "o.csv")]
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    expected = "expected a number" if value == "x" else "must be a positive number"
+    assert f"error: argument {option}: {expected}, got {value!r}" in err
+    assert [p.name for p in tmp_path.iterdir()] == ["philly.csv"]
+
+
+@pytest.mark.parametrize("name", ["t.csv", "t.parquet", "t.json"])
+@pytest.mark.parametrize(
+    "extra, flags",
+    [
+        (["--limit", "2"], "--limit applies"),
+        (["--sample", "0.5", "--limit", "2"], "--sample and --limit apply"),
+        (["--seed", "1", "--vc", "a", "--window-h", "0:1"], "--seed, --vc and --window-h apply"),
+        (
+            ["--gpu-scale", "2", "--time-scale", "0.5", "--mix", "heavy", "--oversize", "drop"],
+            "--mix, --gpu-scale, --time-scale and --oversize apply",
+        ),
+    ],
+)
+def test_philly_options_on_another_trace_are_refused(
+    tmp_path: Path, capsys, name: str, extra: list[str], flags: str
+) -> None:
+    """--limit / --sample were silently ignored for a canonical trace (stats counted every job)."""
+    from policies.job import JobSpec
+    from trainer.traces import write_trace
+
+    src = tmp_path / name
+    write_trace(src, [JobSpec(str(i), float(i), "MoE", 8, 1000.0) for i in range(5)])
+    kind = "DeepShare JSON" if name.endswith(".json") else "canonical CSV/Parquet"
+    for action in (["stats"], ["convert", "--out", str(tmp_path / "o.csv")]):
+        assert main(["trace", action[0], str(src), *extra, *action[1:]]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{src} is a {kind} trace; {flags} only to Philly CSV input" in err, err
+    assert [p.name for p in tmp_path.iterdir()] == [name]
+    assert main(["trace", "stats", str(src), "--json"]) == 0  # without them it is read as before
+    assert json.loads(capsys.readouterr().out)["jobs"] == 5
+
+
+def test_limit_and_sample_still_apply_to_philly(tmp_path: Path, capsys) -> None:
+    src = tmp_path / "philly.csv"
+    src.write_text(PHILLY_SLICE)
+    assert main(["trace", "stats", str(src), "--limit", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["jobs"] == 1
+    assert main(["trace", "stats", str(src), "--sample", "1", "--seed", "0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["jobs"] == 3
+    with pytest.raises(SystemExit):
+        main(["trace", "stats", str(src), "--limit", "0"])
+    assert "argument --limit: expected a positive integer, got '0'" in capsys.readouterr().err

@@ -184,3 +184,39 @@ def test_placement_negative() -> None:
 def test_empty_placement() -> None:
     p = Placement.of({})
     assert p.total_gpus == 0 and p.num_nodes == 0 and p.max_per_node == 0
+
+
+TOP = "nodes, intra_bw_gbps, inter_bw_gbps"
+
+
+@pytest.mark.parametrize(
+    "suffix, text, where, key, accepted",
+    [
+        # a misspelt key was silently ignored: gpu_per_node here, gpu in a node
+        (".yaml", "gpu_per_node: 8\nnodes:\n  - {gpus: 8}\n", "", "gpu_per_node", TOP),
+        (".yaml", "inter_bw: 12\nnodes:\n  - {gpus: 8}\n", "", "inter_bw", TOP),
+        (".yaml", "node:\n  - {gpus: 8}\n", "", "node", TOP),
+        (".yaml", "nodes:\n  - {gpus: 8}\n  - {gpus: 4, cnt: 2}\n", "nodes[1]: ", "cnt", "name, gpus, count"),
+        (".yaml", "nodes:\n  - {gpu: 8}\n", "nodes[0]: ", "gpu", "name, gpus, count"),
+        (".toml", "intra_bw = 16\n[[nodes]]\ngpus = 4\n", "", "intra_bw", TOP),
+        (".toml", "[[nodes]]\ngpus = 4\ncount = 2\nprefix = \"gpu\"\n", "nodes[0]: ", "prefix", "name, gpus, count"),
+    ],
+)
+def test_unknown_keys_are_refused(tmp_path: Path, suffix: str, text: str, where: str, key: str, accepted: str) -> None:
+    f = tmp_path / f"c{suffix}"
+    f.write_text(text)
+    with pytest.raises(ClusterSpecError) as err:
+        ClusterSpec.parse(f)
+    assert str(err.value) == f"{f}: {where}unknown key {key!r} (accepted: {accepted})"
+
+
+def test_unknown_key_is_a_one_line_cli_error(tmp_path: Path, capsys) -> None:
+    from rlsched.cli import main
+
+    f = tmp_path / "c.yaml"
+    f.write_text("gpu_per_node: 8\nnodes:\n  - {gpus: 8, count: 4}\n")
+    out = tmp_path / "o"
+    assert main(["simulate", "--cluster", str(f), "--policy", "fifo", "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{f}: unknown key 'gpu_per_node'" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -122,3 +123,70 @@ def test_pq_trace_files_are_evaluated(tmp_path):
     res = run_evaluation(["srtf"], tmp_path / "traces", C, out=tmp_path / "out")
     names = [r["trace"] for r in res["normal"]["srtf"]["sets"]]
     assert names == ["normal/set0.pq", "normal/set1.parquet", "normal/set2.csv"]
+
+
+def test_bad_trace_in_a_later_group_is_refused_before_any_simulation(tmp_path, monkeypatch, capsys):
+    """Every file of every group is read before the first simulation: a bad trace in the last group is
+    reported at once (it used to come only after the groups before it had been evaluated)."""
+    from rlsched.cli import main
+    from trainer.traces import TraceError
+
+    _write_sets(tmp_path / "traces" / "normal", ["set0.csv", "set1.csv"])
+    _write_sets(tmp_path / "traces" / "zz", ["set0.csv"])
+    bad = tmp_path / "traces" / "zz" / "set1.csv"
+    bad.write_text("job_id,submit_time,model,gpu_demand,total_samples\nj0,0,MoE,64,1000\n")
+    _no_simulation(monkeypatch)
+    with pytest.raises(TraceError, match="larger than the cluster"):
+        run_evaluation(["srtf"], tmp_path / "traces", C, out=tmp_path / "out")
+    rc = main(["evaluate", "--policies", "srtf,las", "--traces", str(tmp_path / "traces"), "--cluster", "2x4",
+               "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{bad}, row 2, field 'gpu_demand'" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "policies, needle",
+    [
+        ("srtf,srtf", "'srtf' is given twice (entries 1 and 2)"),
+        (" srtf , las, srtf", "'srtf' is given twice (entries 1 and 3)"),
+        ("a=srtf,a=las", "'a' is given twice (entries 1 and 2)"),
+        ("srtf,,las", "entry 2 of 3 is empty"),
+        ("srtf,las,", "entry 3 of 3 is empty"),
+        (",srtf", "entry 1 of 2 is empty"),
+        ("srtf, ,las", "entry 2 of 3 is empty"),
+        ("=srtf", "entry 1 '=srtf' has an empty alias"),
+        ("srtf,a=", "entry 2 'a=' has an empty policy name"),
+    ],
+)
+def test_repeated_or_empty_policy_entries_are_refused(tmp_path, monkeypatch, capsys, policies, needle):
+    from rlsched.cli import main
+    from trainer.evaluate import EvaluationError
+
+    _write_sets(tmp_path / "traces", ["set0.csv"])
+    _no_simulation(monkeypatch)
+    rc = main(["evaluate", "--policies", policies, "--traces", str(tmp_path / "traces"), "--cluster", "2x4",
+               "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--policies" in err and needle in err and len(err.strip().splitlines()) == 1, err
+    with pytest.raises(EvaluationError, match=re.escape(needle)):  # library callers: the same check
+        run_evaluation([p.strip() for p in policies.split(",")], tmp_path / "traces", C, out=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_figure_titles_name_the_cluster_evaluated(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    titles: list[str] = []
+    set_title = matplotlib.axes.Axes.set_title
+
+    def spy(self, label, *a, **k):
+        titles.append(label)
+        return set_title(self, label, *a, **k)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_title", spy)
+    _write_sets(tmp_path / "traces" / "normal", ["set0.csv"])
+    run_evaluation(["srtf"], tmp_path / "traces", C, out=tmp_path / "out")
+    cdf = [t for t in titles if t.startswith("CDF of JCT")]
+    assert cdf == ["CDF of JCT (normal mix, all sets pooled, 2x4)"]
+    assert len(titles) == 3 and all("2x4" in t and "4x8" not in t for t in titles), titles

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -148,6 +149,28 @@ def test_default_cap_follows_small_cluster() -> None:
 def test_bad_config(kw: dict) -> None:
     with pytest.raises(GeneratorError):
         GeneratorConfig(**kw).resolved(CLUSTER)
+
+
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        # each was written as inf (or a ZeroDivisionError traceback), which no trace reader accepts
+        ({"duration_s": 1e306}, "total_samples overflows the float range (inf); lower duration_s (1e+306)"),
+        ({"duration_s": 1.7e308, "jitter": 0.5}, "duration overflows the float range (inf); lower duration_s"),
+        ({"arrival": "poisson", "load": 2e-305}, "submit_time overflows the float range (inf); raise load (2e-305)"),
+        ({"arrival": "poisson", "load": 5e-324}, "mean gap between arrivals beyond the float range"),
+        ({"arrival": "poisson", "load": 1e-306}, "mean gap between arrivals beyond the float range"),
+    ],
+)
+def test_overflow_is_refused(perf: ContentionModel, kw: dict, words: str) -> None:
+    with pytest.raises(GeneratorError, match=re.escape(words)):
+        generate_jobs(CLUSTER, GeneratorConfig(**kw), perf)
+
+
+def test_largest_finite_values_are_written(tmp_path: Path, perf: ContentionModel) -> None:
+    jobs = generate_jobs(CLUSTER, GeneratorConfig(duration_s=1e300, arrival="poisson", load=1.0), perf)
+    trainer.traces.write_trace(tmp_path / "t.csv", jobs)
+    assert _key(load_trace(tmp_path / "t.csv", CLUSTER)) == _key(jobs)
 
 
 def test_about_one_hour_isolated(perf: ContentionModel) -> None:

@@ -110,6 +110,28 @@ def test_absurd_gpu_count_is_clipped_not_wrapped(tmp_path: Path) -> None:
         read_philly(path, CLUSTER, oversize="error")
 
 
+@pytest.mark.parametrize("name", ["gpu_scale", "time_scale"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 0.0, -1.0])
+def test_scales_must_be_finite_and_positive(small: Path, name: str, value: float) -> None:
+    """NaN passed the old `> 0` check's negation (a traceback later); inf gave inf demands and times."""
+    with pytest.raises(ValueError, match=f"^{name} must be a finite number > 0, got {value!r}$"):
+        read_philly(small, CLUSTER, **{name: value})
+
+
+def test_time_scale_overflow_is_refused(tmp_path: Path) -> None:
+    """Durations stay priceable but the submit times overflow: it wrote submit_time inf before."""
+    path = tmp_path / "p.csv"
+    path.write_text(HEADER + "2017-10-09 07:01:55,1,1,1,a\n2017-10-19 07:01:55,1,1,1,a\n")
+    assert len(read_philly(path, CLUSTER, time_scale=1e300)) == 2
+    with pytest.raises(TraceError) as ei:
+        read_philly(path, CLUSTER, time_scale=1e303)
+    assert str(ei.value) == (
+        f"{path}, row 3, field 'timestamp': submit time overflows the float range with time_scale 1e+303"
+    )
+    with pytest.raises(TraceError, match="field 'duration': too large to price as samples with time_scale 1e\\+307"):
+        read_philly(path, CLUSTER, time_scale=1e307)
+
+
 def test_needs_cluster(small: Path) -> None:
     with pytest.raises(TraceError, match="needs the target cluster"):
         read_philly(small, None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from trainer.traces import (
     load_trace,
     read_canonical,
     read_deepshare_json,
+    trace_format,
     write_trace,
 )
 
@@ -95,6 +97,7 @@ def test_load_trace_dispatches_philly(tmp_path: Path) -> None:
     p.write_text("timestamp,duration,num_gpus,gpu_time,cluster\n2017-10-09 07:01:55,66.0,1,66.0,vc1\n")
     jobs = load_trace(p, CLUSTER, seed=3)
     assert len(jobs) == 1 and jobs[0].extra["vc"] == "vc1"
+    assert trace_format(p) == "philly"
 
 
 # --------------------------------------------------------------------- bad input
@@ -377,3 +380,104 @@ def test_write_trace_failure_leaves_nothing(tmp_path: Path) -> None:
     with pytest.raises(ValueError):  # pyarrow.ArrowInvalid
         write_trace(tmp_path / "out.parquet", bad)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("suffix", TRACE_SUFFIXES)
+@pytest.mark.parametrize(
+    "field, value, need",
+    [
+        ("total_samples", float("inf"), "a finite number > 0"),  # e.g. a huge duration times a throughput
+        ("total_samples", float("nan"), "a finite number > 0"),
+        ("total_samples", 0.0, "a finite number > 0"),
+        ("submit_time", float("inf"), "a finite number >= 0"),  # e.g. a huge time_scale
+        ("submit_time", -1.0, "a finite number >= 0"),
+        ("gpu_demand", 0, "an integer >= 1"),
+    ],
+)
+def test_write_trace_refuses_numbers_no_reader_accepts(
+    tmp_path: Path, suffix: str, field: str, value: float, need: str
+) -> None:
+    """`trace generate` once wrote inf, which every later read refused."""
+    good = JobSpec("a", 0.0, "MoE", 8, 1000.0)
+    bad = replace(good, job_id="b", **{field: value})
+    out = tmp_path / f"t{suffix}"
+    with pytest.raises(TraceError) as ei:
+        write_trace(out, [good, bad])
+    assert str(ei.value) == f"{out}: not written: job 'b' has {field} {value!r}; a trace needs {need}"
+    assert list(tmp_path.iterdir()) == []
+    out.write_text("mine")  # an existing file is left as it was
+    with pytest.raises(TraceError):
+        write_trace(out, [bad])
+    assert out.read_text() == "mine" and list(tmp_path.iterdir()) == [out]
+
+
+def test_write_trace_uses_its_own_temporary_file(tmp_path: Path) -> None:
+    """The temporary file was always `.NAME.tmp`: a second writer's temporary file was overwritten and deleted."""
+    other = tmp_path / ".t.csv.tmp"
+    other.write_text("another writer's half-written trace")
+    jobs = [JobSpec("a", 0.0, "MoE", 8, 1000.0)]
+    write_trace(tmp_path / "t.csv", jobs)
+    assert other.read_text() == "another writer's half-written trace"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".t.csv.tmp", "t.csv"]
+    assert read_canonical(tmp_path / "t.csv") == jobs
+
+
+def test_concurrent_writers_to_one_target(tmp_path: Path) -> None:
+    import threading
+
+    out = tmp_path / "t.parquet"
+    sets = [[JobSpec(f"w{w}-{i}", float(i), "MoE", 8, 1000.0 + w) for i in range(200)] for w in range(6)]
+    errors: list[BaseException] = []
+
+    def write(jobs: list[JobSpec]) -> None:
+        try:
+            for _ in range(5):
+                write_trace(out, jobs)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(jobs,)) for jobs in sets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert read_canonical(out) in sets  # one writer's whole trace, never a mix or a torn file
+    assert [p.name for p in tmp_path.iterdir()] == ["t.parquet"]
+
+
+def test_write_trace_file_mode_follows_umask(tmp_path: Path) -> None:
+    import os
+
+    old = os.umask(0o022)
+    try:
+        for suffix in TRACE_SUFFIXES:
+            write_trace(tmp_path / f"t{suffix}", [JobSpec("a", 0.0, "MoE", 8, 1000.0)])
+            assert (tmp_path / f"t{suffix}").stat().st_mode & 0o777 == 0o644  # not mkstemp's 0600
+    finally:
+        os.umask(old)
+
+
+def test_write_trace_interrupted_leaves_nothing(tmp_path: Path, monkeypatch) -> None:
+    import csv
+
+    def boom(self, rows):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(csv.DictWriter, "writerows", boom)
+    (tmp_path / "t.csv").write_text("mine")
+    with pytest.raises(KeyboardInterrupt):
+        write_trace(tmp_path / "t.csv", [JobSpec("a", 0.0, "MoE", 8, 1000.0)])
+    assert [p.name for p in tmp_path.iterdir()] == ["t.csv"] and (tmp_path / "t.csv").read_text() == "mine"
+
+
+@pytest.mark.parametrize("suffix", TRACE_SUFFIXES)
+def test_philly_options_on_another_trace_are_refused(tmp_path: Path, suffix: str) -> None:
+    """load_trace(path, limit=3) ignored limit for a canonical trace and returned every job."""
+    path = tmp_path / f"t{suffix}"
+    write_trace(path, [JobSpec(str(i), float(i), "MoE", 8, 1000.0) for i in range(5)])
+    with pytest.raises(TraceError) as ei:
+        load_trace(path, CLUSTER, limit=3, sample=0.5)
+    kind = "DeepShare JSON" if suffix == ".json" else "canonical CSV/Parquet"
+    assert str(ei.value) == f"{path}: is a {kind} trace; options limit, sample apply only to a Philly CSV"
+    assert trace_format(path) == ("deepshare" if suffix == ".json" else "canonical")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,15 @@ from policies.perf import ContentionModel
 from policies.rl import make_rl_policy
 from trainer.env import PlacementEnv
 from trainer.generate import GeneratorConfig, generate_jobs
-from trainer.train import TrainConfig, ship_checkpoint, source_revision, traces_fingerprint, train
+from trainer.train import (
+    TrainConfig,
+    _model_tensor_shapes,
+    _stored_tensor_shapes,
+    ship_checkpoint,
+    source_revision,
+    traces_fingerprint,
+    train,
+)
 
 CL = ClusterSpec.parse("2x4")
 PERF = ContentionModel(CL)
@@ -155,6 +164,8 @@ def test_other_algos_export(tmp_path, algo):
     train(cfg, [trace], [trace], tmp_path / algo)
     ck = load_checkpoint(tmp_path / algo / "best")
     assert ck.meta["algo"] == algo
+    # what check_run expects of an --init checkpoint is what this algorithm's SB3 model saves
+    assert _stored_tensor_shapes(ck.weights_path) == _model_tensor_shapes(cfg, ck.spec)
     pol = make_rl_policy(f"rl-base:{ck.json_path}", CL, PERF)
     from trainer.simulator import Simulator
 
@@ -361,6 +372,68 @@ def test_refused_overwrite_keeps_the_previous_run(tmp_path, tiny_run, capsys):
     s = train(_tiny_cfg(init=str(run / "last")), [trace], [trace], run, overwrite=True)
     assert s["evals"][0]["timesteps"] == 0
     assert load_checkpoint(run / "last").meta["training"]["config"]["init"] == str(run / "last")
+
+
+def _no_model(monkeypatch) -> None:
+    """Make building the model (and the reference JCTs before it) fail: a check must come before them."""
+    import trainer.train as tt
+
+    def boom(*a, **k):
+        raise AssertionError("the run was built before its --init checkpoint was checked")
+
+    monkeypatch.setattr(tt, "_make_model", boom)
+    monkeypatch.setattr(tt, "reference_jct", boom)
+
+
+def test_init_from_a_shipped_checkpoint_is_refused_up_front(tmp_path, tiny_run, monkeypatch, capsys):
+    """A shipped checkpoint keeps only the policy layers: --init names that in check_run, before the traces
+    are read or the model is built (it used to fail in load_state_dict, after both)."""
+    from rlsched.cli import main
+    from trainer.train import check_run
+
+    _no_model(monkeypatch)
+    shipped = ship_checkpoint(tiny_run[0] / "best", CL, dest=tmp_path / "ship")[0]
+    needle = "holds only the policy network, as a shipped checkpoint does"
+    with pytest.raises(CheckpointError, match="lack mlp_extractor.value_net.0.weight and 5 more") as e:
+        check_run(_tiny_cfg(init=str(shipped)), tmp_path / "o")
+    assert needle in str(e.value)
+    with pytest.raises(CheckpointError, match=needle):
+        train(_tiny_cfg(init=str(shipped)), [tiny_run[2]], [tiny_run[2]], tmp_path / "o")
+    rc = main(["train", "--traces", str(tiny_run[1]), "--cluster", "2x4", "--out", str(tmp_path / "o"),
+               "--init", str(shipped)])
+    assert rc == 2
+    _one_line_error(capsys, f"--init {shipped}", needle)
+    assert not (tmp_path / "o").exists()
+
+
+def test_init_tensors_of_another_network_are_refused_up_front(tmp_path, tiny_run, monkeypatch):
+    """Every tensor of the --init weights must be one of this run's network, of its shape."""
+    from safetensors.numpy import load_file
+
+    from policies.checkpoint import save_checkpoint
+    from trainer.train import check_run
+
+    _no_model(monkeypatch)
+    ck = load_checkpoint(tiny_run[0] / "last")
+    tensors = load_file(str(ck.weights_path))
+
+    def resave(name: str, changed: dict) -> str:
+        meta = ck.meta
+        return str(save_checkpoint(
+            tmp_path / name, {**tensors, **changed}, algo=meta["algo"], mode=meta["mode"], cluster=ck.cluster,
+            spec=ck.spec, layers=meta["network"]["layers"], activation=meta["network"]["activation"],
+            reward=meta["reward"], training=meta["training"], prior=ck.prior,
+        ))
+
+    cases = [
+        (resave("wide", {"value_net.weight": np.zeros((1, 3), np.float32)}),
+         "tensor value_net.weight has shape [1, 3], this run's network needs [1, 64]"),
+        (resave("extra", {"extra.weight": np.zeros(2, np.float32)}), "the weights hold extra.weight"),
+    ]
+    for init, needle in cases:
+        with pytest.raises(CheckpointError, match=re.escape(needle)):
+            check_run(_tiny_cfg(init=init), tmp_path / "o")
+    check_run(_tiny_cfg(init=str(ck.json_path)), tmp_path / "o")  # the run's own checkpoint fits
 
 
 def test_out_that_is_a_file_is_refused(tmp_path, capsys):

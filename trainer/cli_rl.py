@@ -23,16 +23,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from rlsched.argtypes import positive_int as _positive_int
 from trainer.cli_sim import non_negative_float, positive_float, seed_int
 
 __all__ = ["register"]
-
-
-def _positive_int(text: str) -> int:
-    v = int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
-    return v
 
 
 def _arch(text: str) -> tuple[int, ...]:
@@ -152,8 +146,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--init",
         metavar="CKPT",
-        help="start from this checkpoint's weights (same algorithm and observation shape) instead of the prior "
-        "initialisation; the step count starts at 0",
+        help="start from this checkpoint's weights (a training run's OUT/best or OUT/last, not a shipped one; same "
+        "algorithm and observation shape) instead of the prior initialisation; the step count starts at 0",
     )
     p.add_argument("--out", required=True, help="output directory (best.*, last.*, eval.csv, tb/)")
     again = p.add_mutually_exclusive_group()
@@ -170,7 +164,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument(
         "--policies",
         default="srtf,srtf:spread,las,las:spread,greedy,rl-prior,rl-base,rl-hybrid",
-        help="comma-separated policy names, each optionally ALIAS=NAME (default: %(default)s)",
+        help="comma-separated policy names, each optionally ALIAS=NAME and each (shown name) once "
+        "(default: %(default)s)",
     )
     e.add_argument(
         "--traces",
@@ -300,8 +295,9 @@ def _progress_bar(what: str, unit: str) -> Iterator[Callable[[int, int], None]]:
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from trainer.evaluate import EvaluationError, run_evaluation
 
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    if not policies:
+    # empty entries are kept: run_evaluation refuses them (and repeated names), naming the entry
+    policies = [p.strip() for p in args.policies.split(",")]
+    if not any(policies):
         return _fail("evaluate", f"--policies {args.policies!r} names no policy; expected e.g. srtf,las,rl-base")
     logging.getLogger("trainer").setLevel(logging.INFO)
     try:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from policies.base import Policy, PolicyError
-from rlsched.argtypes import non_negative_float, positive_float
+from rlsched.argtypes import float_at_least, non_negative_float, positive_float
 from trainer.outputs import unwritable
 
 __all__ = [
@@ -58,6 +58,12 @@ DEFAULT_POLICIES = "fifo,srtf,las,greedy"
 class OutputDirError(ValueError):
     """``--out`` cannot be used (exists and is not empty, or is a file)."""
 
+
+#: Shortest ``--round`` (s). The run keeps one utilisation sample per round over the whole makespan
+#: (``summary.json``'s ``util_samples``) and an RL policy is asked every round, so both grow as
+#: makespan / round: 0.0001 s took 19 GB for a 4-hour trace. Trace times and the costs that matter are
+#: seconds or more (restart overhead 30 s, the controller's interval 5 s, jobs of minutes to hours).
+MIN_ROUND_S = 1.0
 
 #: seeds go to numpy's legacy seeding too (Stable-Baselines3), which takes 32-bit values
 MAX_SEED = 2**32 - 1
@@ -97,7 +103,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cluster", default="4x8", help="NODESxGPUS or a YAML/TOML cluster file (default: %(default)s)")
     p.add_argument("--out", required=True, help="output directory (must not exist or be empty, see --overwrite)")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists and is not empty")
-    p.add_argument("--round", type=positive_float, default=300.0, help="scheduling round length in seconds (default: %(default)s)")
+    p.add_argument(
+        "--round",
+        type=float_at_least(MIN_ROUND_S),
+        default=300.0,
+        help=f"scheduling round length in seconds, >= {MIN_ROUND_S:g} (default: %(default)s)",
+    )
     p.add_argument(
         "--no-event-trigger",
         action="store_true",

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from policies.cluster import ClusterSpec
+from rlsched.argtypes import positive_float, positive_int
 from trainer.generate import (
     DEMAND_DISTRIBUTIONS,
     GeneratorConfig,
@@ -101,42 +102,66 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The Philly-only read options: keyword of :func:`trainer.philly.read_philly` -> the flag that sets it.
+#: Their argparse default is None ("not given"); read_philly's own defaults are the documented ones.
+_PHILLY_FLAGS = {
+    "seed": "--seed",
+    "mix": "--mix",
+    "gpu_scale": "--gpu-scale",
+    "time_scale": "--time-scale",
+    "virtual_clusters": "--vc",
+    "window": "--window-h",
+    "sample": "--sample",
+    "limit": "--limit",
+    "oversize": "--oversize",
+}
+
+
+def _window(text: str) -> tuple[float, float]:
+    """``--window-h START:END`` (hours) as seconds."""
+    try:
+        a, b = (float(x) * 3600.0 for x in text.split(":"))
+    except ValueError:
+        raise GeneratorError(f"--window-h {text!r}: expected START:END in hours, e.g. 0:24") from None
+    if not 0 <= a < b:
+        raise GeneratorError(f"--window-h {text!r}: need 0 <= START < END")
+    return a, b
+
+
 def _philly_options(args: argparse.Namespace) -> dict[str, Any]:
-    if args.gpu_scale <= 0 or args.time_scale <= 0:
-        raise GeneratorError("--gpu-scale and --time-scale must be positive")
-    if args.seed < 0:
+    """The Philly-only options given on the command line, checked, as :func:`read_philly` keywords."""
+    if args.seed is not None and args.seed < 0:
         raise GeneratorError(f"--seed must be >= 0, got {args.seed}")
-    if not 0 < args.sample <= 1:
+    if args.sample is not None and not 0 < args.sample <= 1:
         raise GeneratorError(f"--sample must be in (0, 1], got {args.sample}")
-    if args.limit is not None and args.limit < 1:
-        raise GeneratorError(f"--limit must be >= 1, got {args.limit}")
-    window = None
-    if args.window_h:
-        try:
-            a, b = (float(x) * 3600.0 for x in args.window_h.split(":"))
-        except ValueError:
-            raise GeneratorError(f"--window-h {args.window_h!r}: expected START:END in hours, e.g. 0:24") from None
-        if not 0 <= a < b:
-            raise GeneratorError(f"--window-h {args.window_h!r}: need 0 <= START < END")
-        window = (a, b)
-    return {
+    opts = {
         "seed": args.seed,
         "mix": args.mix,
         "gpu_scale": args.gpu_scale,
         "time_scale": args.time_scale,
-        "virtual_clusters": args.vc or None,
-        "window": window,
+        "virtual_clusters": args.vc,
+        "window": None if args.window_h is None else _window(args.window_h),
         "sample": args.sample,
         "limit": args.limit,
         "oversize": args.oversize,
     }
+    return {k: v for k, v in opts.items() if v is not None}
 
 
 def _load(args: argparse.Namespace):
-    from trainer.traces import load_trace
+    """The cluster and the trace's jobs; Philly-only options on another trace are an error, not ignored."""
+    from trainer.traces import TRACE_FORMATS, load_trace, trace_format
 
     cluster = ClusterSpec.parse(args.cluster)
     opts = _philly_options(args)
+    fmt = trace_format(args.trace)  # before the read: a Philly CSV may take a while
+    if opts and fmt != "philly":
+        flags = [_PHILLY_FLAGS[k] for k in opts]
+        named = flags[0] if len(flags) == 1 else f"{', '.join(flags[:-1])} and {flags[-1]}"
+        raise GeneratorError(
+            f"{args.trace} is a {TRACE_FORMATS[fmt]} trace; {named} "
+            f"{'applies' if len(flags) == 1 else 'apply'} only to Philly CSV input"
+        )
     return cluster, load_trace(args.trace, cluster, **opts)
 
 
@@ -175,18 +200,18 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 def _add_read_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("trace", help="trace file: canonical .csv/.parquet, DeepShare .json, or the Philly CSV")
     p.add_argument("--cluster", default="4x8", help="target cluster: NODESxGPUS or a YAML/TOML file (default 4x8)")
-    g = p.add_argument_group("Philly CSV only (see docs/TRACES.md)")
-    g.add_argument("--seed", type=int, default=0, help="seed of the per-row model draw (default 0)")
-    g.add_argument("--mix", default="normal", help="model mix: normal|heavy|medium|low or 6 weights a:b:c:d:e:f")
-    g.add_argument("--gpu-scale", type=float, default=1.0, help="factor on num_gpus before clipping to the cluster")
-    g.add_argument("--time-scale", type=float, default=1.0, help="factor on submit times and durations")
+    g = p.add_argument_group("Philly CSV only (an error with another trace; see docs/TRACES.md)")
+    g.add_argument("--seed", type=int, help="seed of the per-row model draw (default 0)")
+    g.add_argument("--mix", help="model mix: normal|heavy|medium|low or 6 weights a:b:c:d:e:f (default normal)")
+    g.add_argument(
+        "--gpu-scale", type=positive_float, help="factor on num_gpus before clipping to the cluster (default 1)"
+    )
+    g.add_argument("--time-scale", type=positive_float, help="factor on submit times and durations (default 1)")
     g.add_argument("--vc", action="append", help="keep only this virtual cluster id (repeatable)")
     g.add_argument("--window-h", metavar="START:END", help="keep jobs submitted START..END hours after the first")
-    g.add_argument("--sample", type=float, default=1.0, help="keep each job with this probability (seeded)")
-    g.add_argument("--limit", type=int, default=None, help="keep the first N jobs by submit time")
-    g.add_argument(
-        "--oversize", choices=("clip", "drop", "error"), default="clip", help="demands above the cluster (default clip)"
-    )
+    g.add_argument("--sample", type=float, help="keep each job with this probability, in (0, 1] (seeded; default 1)")
+    g.add_argument("--limit", type=positive_int, help="keep the first N jobs by submit time")
+    g.add_argument("--oversize", choices=("clip", "drop", "error"), help="demands above the cluster (default clip)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

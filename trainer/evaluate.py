@@ -20,7 +20,12 @@ group (a sub-directory of ``--traces``, e.g. ``normal/``, ``heavy/``,
 
 Policy names are the heuristics of :func:`policies.heuristics.make_heuristic`
 and the RL names of :func:`policies.rl.make_rl_policy`; ``ALIAS=NAME`` shows
-``NAME`` as ``ALIAS`` (e.g. ``rl-poisson=rl-base:/runs/poisson/best``).
+``NAME`` as ``ALIAS`` (e.g. ``rl-poisson=rl-base:/runs/poisson/best``). Each shown
+name may appear once, and no entry may be empty (:func:`policy_specs`).
+
+Everything is checked before the first simulation: the policies, the outputs and
+every trace file of every group (all are read up front, :func:`load_job_sets`), so a
+bad file in the last group is reported at once, not after the groups before it ran.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import numpy as np
 from policies.base import Policy, PolicyError
 from policies.checkpoint import write_atomic
 from policies.cluster import ClusterSpec
+from policies.job import JobSpec
 from policies.perf import ContentionModel
 from trainer.metrics import summarize
 from trainer.outputs import nearest_existing, unwritable
@@ -49,9 +55,11 @@ __all__ = [
     "END",
     "EvaluationError",
     "evaluate_group",
+    "load_job_sets",
     "make_policy",
     "markdown_tables",
     "mean_ci",
+    "policy_specs",
     "run_evaluation",
 ]
 
@@ -69,7 +77,8 @@ BRANCHES = {"A": 0.3, "B": 0.4, "C": 0.5, "D": 0.6, "E": 0.7}
 
 
 class EvaluationError(ValueError):
-    """Evaluation options that cannot be used: no policies, or an output that cannot be written."""
+    """Evaluation options that cannot be used: no policies, an empty or repeated policy entry, or an output
+    that cannot be written."""
 
 
 def make_policy(name: str, cluster: ClusterSpec, perf: ContentionModel) -> Policy:
@@ -81,6 +90,38 @@ def make_policy(name: str, cluster: ClusterSpec, perf: ContentionModel) -> Polic
     from policies.heuristics import make_heuristic
 
     return make_heuristic(name, perf)
+
+
+def policy_specs(policies: Sequence[str]) -> dict[str, str]:
+    """``{shown name: policy name}`` of the ``--policies`` entries, in order: ``NAME`` (shown as itself) or
+    ``ALIAS=NAME`` (blanks around either are ignored).
+
+    :raises EvaluationError: naming the first empty entry (``srtf,,las``, a comma at an end), entry with an
+        empty alias or name (``=srtf``, ``a=``) or shown name given twice (``srtf,srtf``, ``a=srtf,a=las``).
+    """
+    specs: dict[str, str] = {}
+    entry_of: dict[str, int] = {}
+    listed = ",".join(p.strip() for p in policies)
+    for i, entry in enumerate(policies, start=1):
+        alias, eq, name = (part.strip() for part in entry.partition("="))
+        if not eq:
+            name = alias
+        if not entry.strip():
+            raise EvaluationError(
+                f"--policies {listed!r}: entry {i} of {len(policies)} is empty (remove the extra comma)"
+            )
+        if not alias or not name:
+            empty = "alias" if not alias else "policy name"
+            raise EvaluationError(
+                f"--policies: entry {i} {entry.strip()!r} has an empty {empty}; expected NAME or ALIAS=NAME"
+            )
+        if alias in specs:
+            raise EvaluationError(
+                f"--policies: {alias!r} is given twice (entries {entry_of[alias]} and {i}); list each policy once "
+                "(ALIAS=NAME shows one under another name)"
+            )
+        specs[alias], entry_of[alias] = name, i
+    return specs
 
 
 def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
@@ -127,6 +168,16 @@ def select_groups(traces: str | Path, names: str | None) -> tuple[dict[str, list
     return groups, chosen
 
 
+def load_job_sets(files: Sequence[Path], cluster: ClusterSpec, perf: ContentionModel) -> list[list[JobSpec]]:
+    """The job set of each file, read and checked for ``cluster`` by :func:`trainer.traces.load_trace`.
+
+    :raises TraceError: for the first unusable file, naming it (and its row and field).
+    """
+    from trainer.traces import load_trace
+
+    return [load_trace(f, cluster, perf) for f in files]
+
+
 def evaluate_group(
     policies: Mapping[str, Policy],
     files: Sequence[Path],
@@ -134,20 +185,20 @@ def evaluate_group(
     perf: ContentionModel,
     keep_jobs: bool = False,
     on_set: Callable[[], None] | None = None,
+    jobs: Sequence[Sequence[JobSpec]] | None = None,
 ) -> dict[str, Any]:
     """Run each policy on each file; returns ``{policy: {"sets": [...], "summary": {...}, ...}}``.
 
     :param on_set: called after each (policy, job set) simulation, e.g. to advance a progress bar.
+    :param jobs: the job sets of ``files``, already read (:func:`load_job_sets`); default: read them here.
     """
-    from trainer.traces import load_trace
-
     out: dict[str, Any] = {}
-    traces = [load_trace(f, cluster) for f in files]
+    traces = list(jobs) if jobs is not None else load_job_sets(files, cluster, perf)
     for name, pol in policies.items():
         sets, jcts, cs, util = [], [], [], []
-        for f, jobs in zip(files, traces):
+        for f, job_set in zip(files, traces, strict=True):
             t0 = time.perf_counter()
-            res = Simulator(cluster, jobs, pol, perf, SimConfig()).run()
+            res = Simulator(cluster, job_set, pol, perf, SimConfig()).run()
             s = summarize(res)
             row = {
                 k: s[k]
@@ -191,7 +242,9 @@ def evaluate_group(
     return out
 
 
-def _plots(group: str, data: Mapping[str, Any], figdir: Path) -> list[Path]:
+def _plots(group: str, data: Mapping[str, Any], figdir: Path, cluster: str) -> list[Path]:
+    """The JCT CDF, CS distribution and utilisation KDE of one group; ``cluster`` (its description, e.g.
+    ``4x8``) goes into every title."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -209,7 +262,7 @@ def _plots(group: str, data: Mapping[str, Any], figdir: Path) -> list[Path]:
     ax.set_xlabel("JCT (hours)")
     ax.set_ylabel("CDF")
     ax.grid(alpha=0.3)
-    ax.set_title(f"CDF of JCT ({group} mix, all sets pooled, 4x8)")
+    ax.set_title(f"CDF of JCT ({group} mix, all sets pooled, {cluster})")
     ax.legend(fontsize=8)
     fig.tight_layout()
     p = figdir / f"rl_jct_cdf_{group}.png"
@@ -225,8 +278,9 @@ def _plots(group: str, data: Mapping[str, Any], figdir: Path) -> list[Path]:
         }
         for n, d in data.items()
     }
-    paths.append(plot_cs_distribution(summaries, figdir / f"rl_cs_distribution_{group}.png", f"{group} mix, all sets"))
-    paths.append(plot_util_kde(summaries, figdir / f"rl_util_kde_{group}.png", f"{group} mix, all sets"))
+    subtitle = f"{group} mix, all sets, {cluster}"
+    paths.append(plot_cs_distribution(summaries, figdir / f"rl_cs_distribution_{group}.png", subtitle))
+    paths.append(plot_util_kde(summaries, figdir / f"rl_util_kde_{group}.png", subtitle))
     return paths
 
 
@@ -350,16 +404,14 @@ def run_evaluation(
     """
     if not policies:
         raise EvaluationError("no policies to evaluate (e.g. srtf,las,rl-base)")
+    specs = policy_specs(policies)
     _check_outputs(Path(out), Path(results_md) if results_md else None)
     cl = ClusterSpec.parse(cluster)
     perf = ContentionModel(cl)
     pols: dict[str, Policy] = {}
-    for spec in policies:
-        alias, eq, name = spec.partition("=")
-        if not eq:
-            alias, name = spec, spec
+    for alias, name in specs.items():
         pols[alias] = make_policy(name, cl, perf)
-        if eq:
+        if alias != name:
             pols[alias].name = alias
     branch_names: list[str] = []
     if branches:
@@ -375,10 +427,14 @@ def run_evaluation(
                 )
             for mode in ("rl-base", "rl-hybrid"):
                 nm = f"{mode}@{br}"
+                if nm in pols:
+                    raise EvaluationError(f"--policies: {nm!r} is also the name of a --branches policy; rename it")
                 pols[nm] = make_policy(f"{mode}:{ck}", cl, perf)
                 pols[nm].name = nm
                 branch_names.append(nm)
     groups = _groups(Path(traces))
+    # every file of every group is read and checked before the first (long) simulation
+    job_sets = {g: load_job_sets(files, cl, perf) for g, files in groups.items()}
     fig_group = figure_group if figure_group in groups else next(iter(groups))
     results: dict[str, Any] = {}
     t0 = time.perf_counter()
@@ -393,12 +449,14 @@ def run_evaluation(
 
     for g, files in groups.items():
         log.info("group %s: %d traces", g, len(files))
-        results[g] = evaluate_group(pols, files, cl, perf, keep_jobs=(g == fig_group), on_set=_tick)
+        results[g] = evaluate_group(
+            pols, files, cl, perf, keep_jobs=(g == fig_group), on_set=_tick, jobs=job_sets.pop(g)
+        )
     outdir = Path(out)
     figdir = outdir / "figures"
     figdir.mkdir(parents=True, exist_ok=True)
     main = [n for n in pols if n not in branch_names]
-    figs = _plots(fig_group, {n: results[fig_group][n] for n in main}, figdir)
+    figs = _plots(fig_group, {n: results[fig_group][n] for n in main}, figdir, cl.describe())
     if branch_names:
         figs.append(_branch_plot(results, branch_names, figdir))
     slim = {

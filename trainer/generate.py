@@ -206,6 +206,13 @@ class GeneratorConfig:
         parse_mix(self.mix)
         out = replace(self, max_gpus=cap)
         demand_values(out)  # raises if the range holds no value
+        if out.arrival == "poisson":
+            rate = _arrival_rate(out, cluster)
+            if not (rate > 0 and math.isfinite(1.0 / rate)):
+                raise GeneratorError(
+                    f"load {self.load:g} with duration_s {self.duration_s:g} puts the mean gap between arrivals "
+                    "beyond the float range; raise load or lower duration_s"
+                )
         return out
 
 
@@ -225,9 +232,21 @@ def demand_values(cfg: GeneratorConfig) -> np.ndarray:
 
 def arrival_rate(cfg: GeneratorConfig, cluster: ClusterSpec) -> float:
     """Poisson arrival rate (jobs / s) giving offered load ``cfg.load`` on ``cluster``."""
-    cfg = cfg.resolved(cluster)
+    return _arrival_rate(cfg.resolved(cluster), cluster)
+
+
+def _arrival_rate(cfg: GeneratorConfig, cluster: ClusterSpec) -> float:
+    """:func:`arrival_rate` of an already resolved ``cfg``."""
     mean_gpus = float(demand_values(cfg).mean())
     return cfg.load * cluster.total_gpus / (mean_gpus * cfg.duration_s)
+
+
+def _check_finite(name: str, values: np.ndarray, hint: str) -> None:
+    """Raise :class:`GeneratorError` if one of the drawn ``values`` overflowed: no trace reader accepts ``inf``."""
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:
+        i = int(bad[0])
+        raise GeneratorError(f"job {i}: {name} overflows the float range ({values[i]}); {hint}")
 
 
 def _models(rng: np.random.Generator, probs: np.ndarray, n: int, exact: bool) -> np.ndarray:
@@ -263,23 +282,27 @@ def generate_jobs(
     model_idx = _models(rng, parse_mix(cfg.mix), n, cfg.exact_mix)
     demands = rng.choice(demand_values(cfg), size=n)
     factors = rng.uniform(1 - cfg.jitter, 1 + cfg.jitter, size=n) if cfg.jitter > 0 else np.ones(n)
-    durations = cfg.duration_s * factors
-    if cfg.arrival == "poisson":
-        gaps = rng.exponential(1.0 / arrival_rate(cfg, cluster), size=n - 1)
-        submit = np.concatenate([[0.0], np.cumsum(gaps)])
-    else:
-        submit = np.zeros(n)
-    thp = {}
-    jobs = []
-    for i in range(n):
-        model = MODELS[int(model_idx[i])]
-        g = int(demands[i])
-        key = (model, g)
+    models = [MODELS[int(m)] for m in model_idx]
+    gpus = [int(g) for g in demands]
+    thp: dict[tuple[str, int], float] = {}
+    for key in zip(models, gpus):
         if key not in thp:
-            thp[key] = perf.best_isolated_throughput(model, g)
-        d = float(durations[i])
-        jobs.append(JobSpec(f"{id_prefix}{i}", float(submit[i]), model, g, d * thp[key], {"duration": d}))
-    return jobs
+            thp[key] = perf.best_isolated_throughput(*key)
+    with np.errstate(over="ignore"):  # an overflow to inf is reported just below
+        durations = cfg.duration_s * factors
+        samples = durations * np.array([thp[key] for key in zip(models, gpus)])
+        if cfg.arrival == "poisson":
+            gaps = rng.exponential(1.0 / _arrival_rate(cfg, cluster), size=n - 1)
+            submit = np.concatenate([[0.0], np.cumsum(gaps)])
+        else:
+            submit = np.zeros(n)
+    _check_finite("duration", durations, f"lower duration_s ({cfg.duration_s:g})")
+    _check_finite("total_samples", samples, f"lower duration_s ({cfg.duration_s:g})")
+    _check_finite("submit_time", submit, f"raise load ({cfg.load:g}) or lower duration_s ({cfg.duration_s:g})")
+    return [
+        JobSpec(f"{id_prefix}{i}", t, m, g, w, {"duration": d})
+        for i, (t, m, g, w, d) in enumerate(zip(submit.tolist(), models, gpus, samples.tolist(), durations.tolist()))
+    ]
 
 
 def generate_sets(
@@ -338,7 +361,7 @@ def write_sets(
     see :func:`check_sets_directory` for the other refusals. Returns the
     written paths, absolute.
     """
-    from trainer.traces import write_trace
+    from trainer.traces import current_umask, write_trace
 
     if fmt not in ("csv", "parquet", "json"):
         raise GeneratorError(f"format {fmt!r}: expected csv, parquet or json")
@@ -354,7 +377,7 @@ def write_sets(
             name = f"set{k}.{fmt}"
             write_trace(tmp / name, jobs)
             names.append(name)
-        os.chmod(tmp, 0o755 & ~_umask())
+        os.chmod(tmp, 0o755 & ~current_umask())
         if directory.exists():
             old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
             directory.rename(old)
@@ -367,9 +390,3 @@ def write_sets(
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     return [directory / n for n in names]
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

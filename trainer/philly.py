@@ -40,6 +40,7 @@ value.
 from __future__ import annotations
 
 import csv
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -144,8 +145,9 @@ def read_philly(
         )
     if oversize not in ("clip", "drop", "error"):
         raise ValueError(f"oversize must be clip, drop or error, got {oversize!r}")
-    if not gpu_scale > 0 or not time_scale > 0:
-        raise ValueError("gpu_scale and time_scale must be positive")
+    for name, scale in (("gpu_scale", gpu_scale), ("time_scale", time_scale)):
+        if not (math.isfinite(scale) and scale > 0):  # NaN fails both; inf would give inf times or demands
+            raise ValueError(f"{name} must be a finite number > 0, got {scale!r}")
     if not 0 < sample <= 1:
         raise ValueError(f"sample must be in (0, 1], got {sample}")
     if seed < 0:
@@ -249,14 +251,22 @@ def read_philly(
     thp_table = np.zeros((len(MODELS), cap + 1))
     for m, g in set(zip(model_idx[idx].tolist(), demand[idx].tolist())):
         thp_table[m, g] = perf.best_isolated_throughput(MODELS[m], g)
-    d_iso = dur[idx] * time_scale
     with np.errstate(over="ignore"):  # overflow -> inf, reported just below
+        d_iso = dur[idx] * time_scale
         samples = d_iso * thp_table[model_idx[idx], demand[idx]]
     bad = np.flatnonzero(~np.isfinite(samples))
     if bad.size:
         i = int(idx[bad[0]])
-        raise TraceError(path, f"too large to price as samples: {dur_raw[i]!r}", int(lines[i]), "duration")
-    submit = (ts[idx] - ts[idx].min()).astype(np.float64) * time_scale
+        scaled = f" with time_scale {time_scale:g}" if time_scale != 1 else ""
+        raise TraceError(path, f"too large to price as samples{scaled}: {dur_raw[i]!r}", int(lines[i]), "duration")
+    with np.errstate(over="ignore"):
+        submit = (ts[idx] - ts[idx].min()).astype(np.float64) * time_scale
+    bad = np.flatnonzero(~np.isfinite(submit))
+    if bad.size:
+        i = int(idx[bad[0]])
+        raise TraceError(
+            path, f"submit time overflows the float range with time_scale {time_scale:g}", int(lines[i]), "timestamp"
+        )
 
     orig = gpus[idx].astype(np.int64).tolist()
     return [

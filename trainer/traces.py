@@ -20,10 +20,15 @@ from __future__ import annotations
 
 import codecs
 import csv
+import io
 import json
 import math
+import numbers
+import os
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Sequence
+from typing import IO, Any, Sequence
 
 from policies.cluster import ClusterSpec
 from policies.job import JobSpec
@@ -35,8 +40,11 @@ __all__ = [
     "CANONICAL_COLUMNS",
     "PARQUET_SUFFIXES",
     "TRACE_SUFFIXES",
+    "TRACE_FORMATS",
+    "current_umask",
     "not_utf8_error",
     "load_trace",
+    "trace_format",
     "read_canonical",
     "read_deepshare_json",
     "write_trace",
@@ -50,6 +58,8 @@ PARQUET_SUFFIXES = (".parquet", ".pq")
 #: Every trace file suffix (lower case) :func:`load_trace` reads and :func:`write_trace` writes. Code that
 #: collects the traces of a directory should use this list rather than a copy.
 TRACE_SUFFIXES = (".csv", *PARQUET_SUFFIXES, ".json")
+#: What :func:`trace_format` returns, and how messages name it.
+TRACE_FORMATS = {"canonical": "canonical CSV/Parquet", "deepshare": "DeepShare JSON", "philly": "Philly CSV"}
 
 
 class TraceError(ValueError):
@@ -320,13 +330,11 @@ def read_deepshare_json(path: str | Path, cluster: ClusterSpec | None = None, **
     return jobs
 
 
-def load_trace(
-    path: str | Path, cluster: ClusterSpec | None = None, perf: ContentionModel | None = None, **philly_options: Any
-) -> list[JobSpec]:
-    """Load any supported trace, choosing the reader by extension and header.
+def trace_format(path: str | Path) -> str:
+    """Which reader :func:`load_trace` uses for ``path``: a key of :data:`TRACE_FORMATS`.
 
-    ``philly_options`` (seed, mix, gpu_scale, ...) go to
-    :func:`trainer.philly.read_philly` when the file is a Philly CSV.
+    By extension and, for ``.csv`` and no extension, the first line.
+    :raises TraceError: the file does not exist, is a directory or cannot be opened.
     """
     path = Path(path)
     if not path.exists():
@@ -334,6 +342,7 @@ def load_trace(
     if path.is_dir():
         raise TraceError(path, "is a directory, expected a trace file")
     suffix = path.suffix.lower()
+    head = b""
     if suffix in ("", ".csv"):
         # Sniff the first line as bytes: decoding (and its errors) is the reader's job.
         try:
@@ -342,18 +351,95 @@ def load_trace(
         except OSError as exc:
             raise TraceError(path, f"cannot open: {exc.strerror}") from exc
     if suffix == ".json" or (suffix == "" and head[:1] == b"{"):
-        return read_deepshare_json(path, cluster)
+        return "deepshare"
     if suffix == ".csv" and head.startswith(b"timestamp,") and b"num_gpus" in head:
+        return "philly"
+    return "canonical"
+
+
+def load_trace(
+    path: str | Path, cluster: ClusterSpec | None = None, perf: ContentionModel | None = None, **philly_options: Any
+) -> list[JobSpec]:
+    """Load any supported trace, choosing the reader with :func:`trace_format`.
+
+    ``philly_options`` (seed, mix, gpu_scale, ...) go to
+    :func:`trainer.philly.read_philly`; they are an error for any other trace
+    (rather than silently ignored: ``limit=100`` would not limit it).
+    """
+    path = Path(path)
+    fmt = trace_format(path)
+    if fmt == "philly":
         from trainer.philly import read_philly
 
         return read_philly(path, cluster, perf=perf, **philly_options)
+    if philly_options:
+        raise TraceError(
+            path, f"is a {TRACE_FORMATS[fmt]} trace; options {', '.join(philly_options)} apply only to a Philly CSV"
+        )
+    if fmt == "deepshare":
+        return read_deepshare_json(path, cluster)
     return read_canonical(path, cluster, perf)
 
 
+def current_umask() -> int:
+    """The process's umask (read by setting it and putting it back)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+#: What :func:`write_trace` checks (every reader checks it too): field, rule for a finite number, wording.
+_WRITE_RULES: tuple[tuple[str, Callable[[float], bool], str], ...] = (
+    ("submit_time", lambda v: v >= 0, "a finite number >= 0"),
+    ("gpu_demand", lambda v: v >= 1 and v == int(v), "an integer >= 1"),
+    ("total_samples", lambda v: v > 0, "a finite number > 0"),
+)
+
+
+def _unwritable_number(jobs: Sequence[JobSpec]) -> str | None:
+    """Why ``jobs`` cannot be written as a trace the readers accept again (e.g. an overflow to ``inf``), or None."""
+    for j in jobs:
+        for name, rule, need in _WRITE_RULES:
+            v = getattr(j, name)
+            finite = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+            if not (finite and rule(v)):
+                return f"job {j.job_id!r} has {name} {_show(v)}; a trace needs {need}"
+    return None
+
+
 def write_trace(path: str | Path, jobs: Sequence[JobSpec]) -> None:
-    """Write a trace atomically (temp file + rename): canonical CSV or Parquet by
-    suffix, or DeepShare JSON for ``.json`` (``extra`` is not kept there)."""
+    """Write a trace atomically: canonical CSV or Parquet by suffix, or DeepShare JSON for
+    ``.json`` (``extra`` is not kept there).
+
+    The jobs are checked first (:class:`TraceError` for a number no reader
+    accepts, e.g. ``inf``; nothing is written). The file is written to a
+    unique temporary file beside ``path`` (so concurrent writers never share
+    one), then renamed over ``path``; on any error the temporary file is removed.
+    """
     path = Path(path)
+    why = _unwritable_number(jobs)
+    if why is not None:
+        raise TraceError(path, f"not written: {why}")
+    suffix = path.suffix.lower()
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(tmp_name)
+    try:
+        os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes it 0600; give it a normal file's mode
+        with os.fdopen(fd, "wb") as f:
+            if suffix == ".json":
+                _write_json(f, jobs)
+            elif suffix in PARQUET_SUFFIXES:
+                _write_parquet(f, jobs)
+            else:
+                _write_csv(f, jobs)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _rows(jobs: Sequence[JobSpec]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The canonical rows of ``jobs`` and the (sorted) ``extra`` columns they add."""
     extra_cols = sorted({k for j in jobs for k in j.extra})
     rows = [
         {
@@ -366,31 +452,36 @@ def write_trace(path: str | Path, jobs: Sequence[JobSpec]) -> None:
         }
         for j in jobs
     ]
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        if path.suffix.lower() == ".json":
-            # DeepShare's job-set format, plus submit_time (read back by read_deepshare_json).
-            doc = {
-                j.job_id: {
-                    "model": j.model,
-                    "gpu_demand": j.gpu_demand,
-                    "total_samples_to_train": j.total_samples,
-                    "submit_time": j.submit_time,
-                }
-                for j in jobs
-            }
-            tmp.write_text(json.dumps(doc))
-        elif path.suffix.lower() in PARQUET_SUFFIXES:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
+    return rows, extra_cols
 
-            pq.write_table(pa.Table.from_pylist(rows), tmp)
-        else:
-            with tmp.open("w", newline="", encoding="utf-8") as f:
-                w = csv.DictWriter(f, fieldnames=list(CANONICAL_COLUMNS) + extra_cols)
-                w.writeheader()
-                w.writerows(rows)
-        tmp.replace(path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+
+def _write_json(f: IO[bytes], jobs: Sequence[JobSpec]) -> None:
+    """DeepShare's job-set format, plus submit_time (read back by :func:`read_deepshare_json`)."""
+    doc = {
+        j.job_id: {
+            "model": j.model,
+            "gpu_demand": j.gpu_demand,
+            "total_samples_to_train": j.total_samples,
+            "submit_time": j.submit_time,
+        }
+        for j in jobs
+    }
+    f.write(json.dumps(doc).encode("utf-8"))
+
+
+def _write_parquet(f: IO[bytes], jobs: Sequence[JobSpec]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows, _ = _rows(jobs)
+    pq.write_table(pa.Table.from_pylist(rows), f)
+
+
+def _write_csv(f: IO[bytes], jobs: Sequence[JobSpec]) -> None:
+    rows, extra_cols = _rows(jobs)
+    text = io.TextIOWrapper(f, encoding="utf-8", newline="")
+    w = csv.DictWriter(text, fieldnames=list(CANONICAL_COLUMNS) + extra_cols)
+    w.writeheader()
+    w.writerows(rows)
+    text.flush()
+    text.detach()  # ``f`` is closed by the caller

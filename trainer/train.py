@@ -269,6 +269,68 @@ def _cluster_text(c: ClusterSpec) -> str:
     return c.describe() if c.is_homogeneous else f"nodes of {','.join(str(n.gpus) for n in c.nodes)} GPUs"
 
 
+def _model_tensor_shapes(cfg: TrainConfig, spec: ObsSpec) -> dict[str, tuple[int, ...]]:
+    """Name and shape of every tensor of the SB3 policy :func:`_make_model` builds for ``cfg`` (its
+    ``state_dict``, which :func:`_load_weights` fills), derived without building it: MLPs of ``cfg.net_arch``
+    (``Linear`` and activation modules alternate; a ``Linear`` weight is ``(out, in)``) for the policy and
+    the value (the on-policy algorithms) or for the Q-network and its target copy (DQN)."""
+    hidden = [math.prod(spec.shape), *(int(x) for x in cfg.net_arch)]
+
+    def mlp(prefix: str, sizes: Sequence[int]) -> dict[str, tuple[int, ...]]:
+        out: dict[str, tuple[int, ...]] = {}
+        for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:])):
+            out[f"{prefix}.{2 * i}.weight"], out[f"{prefix}.{2 * i}.bias"] = (n_out, n_in), (n_out,)
+        return out
+
+    if cfg.algo == "dqn":
+        q = [*hidden, spec.n_actions]
+        return {**mlp("q_net.q_net", q), **mlp("q_net_target.q_net", q)}
+    return {
+        **mlp("mlp_extractor.policy_net", hidden),
+        **mlp("mlp_extractor.value_net", hidden),
+        "action_net.weight": (spec.n_actions, hidden[-1]),
+        "action_net.bias": (spec.n_actions,),
+        "value_net.weight": (1, hidden[-1]),
+        "value_net.bias": (1,),
+    }
+
+
+def _stored_tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Name and shape of every tensor of a safetensors file, from its header (no tensor is read)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="np") as f:
+        return {k: tuple(int(n) for n in f.get_slice(k).get_shape()) for k in f.keys()}
+
+
+def _check_init_tensors(src: Checkpoint, cfg: TrainConfig, spec: ObsSpec) -> None:
+    """Refuse an ``--init`` checkpoint whose weights are not exactly the tensors of this run's network (names
+    and shapes), which :func:`_load_weights` would find only once the model is built. A shipped checkpoint
+    (``policies/checkpoints``) keeps only the policy layers: no value network (no DQN target network)."""
+    want, have = _model_tensor_shapes(cfg, spec), _stored_tensor_shapes(src.weights_path)
+    missing = [k for k in want if k not in have]
+    if missing:
+        policy = {f"{p}.{x}" for p in src.meta["network"]["layers"] for x in ("weight", "bias")}
+        hint = (
+            "; it holds only the policy network, as a shipped checkpoint does: start from a training run's "
+            "OUT/best or OUT/last"
+            if set(have) == policy
+            else ""
+        )
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise CheckpointError(f"--init {cfg.init}: the weights lack {missing[0]}{more} of this run's network{hint}")
+    extra = [k for k in have if k not in want]
+    if extra:
+        raise CheckpointError(
+            f"--init {cfg.init}: the weights hold {extra[0]}, which this run's network does not have"
+        )
+    for k, shape in want.items():
+        if have[k] != shape:
+            raise CheckpointError(
+                f"--init {cfg.init}: tensor {k} has shape {list(have[k])}, this run's network needs {list(shape)}"
+            )
+
+
 def _check_out_dir(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise TrainConfigError(f"--out {out} exists and is not a directory")
@@ -351,7 +413,8 @@ class RunPlan:
 def check_run(cfg: TrainConfig, out: str | Path, resume: bool = False, overwrite: bool = False) -> RunPlan:
     """Everything :func:`train` checks before doing any work or deleting anything: the options
     (:func:`check_config`), ``out`` (a directory; a run there only with ``resume`` or ``overwrite``), the
-    ``init`` checkpoint (algorithm, cluster, observation and network shape) and, with ``resume``, the run's
+    ``init`` checkpoint (algorithm, cluster, observation and network shape, every tensor the run's model
+    loads: :func:`_check_init_tensors`) and, with ``resume``, the run's
     ``last`` checkpoint (the same settings, :func:`_check_resume`) and its evaluation log. Reads only.
 
     :raises TrainConfigError: bad options or ``out``.
@@ -388,6 +451,7 @@ def check_run(cfg: TrainConfig, out: str | Path, resume: bool = False, overwrite
                 f"--init {cfg.init}: network has hidden layers {_arch_text(_hidden_sizes(src))}, "
                 f"this run's --net-arch is {_arch_text(cfg.net_arch)}"
             )
+        _check_init_tensors(src, cfg, spec)  # e.g. a shipped checkpoint (no value network)
     if resume:
         last = plan.last = load_checkpoint(out / "last")
         _check_resume(last, cfg, cluster, spec)
@@ -699,7 +763,7 @@ def train(
         _init_prior(cfg.algo, model, cfg.prior_scale, admission=prior is not None)
     if plan.init is not None:
         src = plan.init
-        _load_weights(model, src, f"--init {cfg.init}")
+        _load_weights(model, src, f"--init {cfg.init}")  # check_run compared the tensors; a safety net
         log.info("initialised from %s (%s order, %s steps)", src.json_path, src.spec.order, src.meta["training"].get("timesteps"))
     if plan.last is not None:
         _load_weights(model, plan.last, f"{plan.last.json_path} (--resume)")
