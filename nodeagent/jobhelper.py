@@ -49,6 +49,7 @@ Environment (all optional except where noted):
 
 from __future__ import annotations
 
+import atexit
 import io
 import logging
 import os
@@ -209,6 +210,21 @@ class _Reporter(threading.Thread):
     def close(self) -> None:
         self.offer(None)
         self.join(timeout=self.timeout + 1)
+
+
+def _destroy_process_group() -> None:
+    """atexit hook of a preempted distributed job: destroy torch's default process group while the
+    interpreter is still whole. A process that exits with the group alive can abort while it is torn
+    down (gloo's worker threads: "terminate called without an active exception", SIGABRT), and then
+    exits -6 instead of 75, which Slurm would not requeue as held (``RequeueExitHold=75``); seen in
+    this project's two-rank gloo test, and pytorch/pytorch#190489. A no-op if the job destroyed it."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception as exc:  # noqa: BLE001 -- exiting anyway: say why, keep the exit code
+        log.warning("destroying the process group at exit failed: %s", exc)
 
 
 class JobSession:
@@ -541,6 +557,8 @@ class JobSession:
         log.warning("preempted at step %d: checkpoint %s saved in %.2fs; exiting with %d",
                     step, info.uri if info else "(already saved)", time.monotonic() - t, EXIT_PREEMPTED)
         self.report(step, self._samples, state="preempted", final=True)
+        if self._dist() is not None:
+            atexit.register(_destroy_process_group)
         raise SystemExit(EXIT_PREEMPTED)
 
     def _start_profiler(self) -> Any:

@@ -442,3 +442,34 @@ def test_resume_removes_what_saves_killed_an_hour_ago_left(tmp_path: Path) -> No
         assert start == 4 and state["w"].tolist() == [4.0] * 3
     assert not old.exists() and fresh.exists() and other.exists()
     assert [i.step for i in st.list("job-h")] == [4]
+
+
+_ATEXIT_RANK = r"""
+import atexit, datetime, sys
+import torch, torch.distributed as dist
+# registered before the session's hook, so it runs after it (atexit is last in, first out)
+atexit.register(lambda: print(f"group alive at exit: {dist.is_initialized()}", flush=True))
+from nodeagent.jobhelper import JobSession
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1,
+                        timeout=datetime.timedelta(seconds=60))
+s = JobSession("exit-job", "local", sys.argv[2], None, None, total_steps=20, ckpt_every=0, profile_steps=0,
+               install_signal=False)
+with s:
+    for step in s.steps(0, lambda: {"w": torch.zeros(2)}, samples_per_step=1):
+        if step == 3:
+            s.request_stop()
+"""
+
+
+@pytest.mark.slow
+def test_preempted_distributed_job_destroys_its_process_group_before_exiting(tmp_path: Path) -> None:
+    """A process that exits with its gloo group alive can abort in interpreter teardown (exit -6, not 75,
+    so Slurm would not requeue it held); the helper destroys the group in an atexit hook."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RLSCHED_", "RANK", "WORLD_SIZE", "MASTER_"))}
+    p = subprocess.run([sys.executable, "-c", _ATEXIT_RANK, str(tmp_path / "rdv"), str(tmp_path / "store")],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == EXIT_PREEMPTED, p.stdout + p.stderr
+    assert "group alive at exit: False" in p.stdout, p.stdout + p.stderr
