@@ -12,6 +12,8 @@ import argparse
 import json
 import math
 import os
+import re
+import sys
 import time
 from pathlib import Path
 
@@ -79,11 +81,49 @@ def cmd_run(args: argparse.Namespace) -> int:
         ctl.unlock_state_dir()
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (another user's counts: signal 0 is refused, not unknown)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _status_pid(state_dir: Path) -> int | None:
+    """The pid a controller wrote to ``status.json`` (None: no file, or none in it)."""
+    try:
+        pid = json.loads((state_dir / "status.json").read_text()).get("pid")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return pid if isinstance(pid, int) and not isinstance(pid, bool) else None
+
+
+def running_controller(state_dir: Path) -> int | None:
+    """Pid of a live controller on ``state_dir``, from the pid its lock file (``controller.lock``, see
+    :meth:`~controller.daemon.Controller.lock_state_dir`) or ``status.json`` names; None when neither
+    names a live process. Reading only: taking the lock to test it could fail a controller starting then."""
+    try:
+        text = (state_dir / "controller.lock").read_text().strip()
+    except OSError:
+        text = ""
+    for pid in (int(text) if text.isdigit() else None, _status_pid(state_dir)):
+        if pid is not None and pid_alive(pid):
+            return pid
+    return None
+
+
+def _state_dir(args: argparse.Namespace) -> Path:
+    """``--state-dir``, else the config's ``controller.state_dir``."""
+    return Path(args.state_dir) if args.state_dir else Path(load_config(_config_path(args)).controller.state_dir)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
-    if args.state_dir:
-        state_dir = Path(args.state_dir)
-    else:
-        state_dir = Path(load_config(_config_path(args)).controller.state_dir)
+    state_dir = _state_dir(args)
     f = state_dir / "status.json"
     try:
         doc = json.loads(f.read_text())
@@ -98,9 +138,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     con = Console()
     age = time.time() - float(doc.get("time", 0))
     lr = doc.get("last_round", {})
+    pid = doc.get("pid")
+    gone = isinstance(pid, int) and not pid_alive(pid)
     con.print(
         f"policy [bold]{doc.get('policy')}[/], {doc.get('rounds')} rounds, last {age:.0f} s ago "
-        f"(pid {doc.get('pid')}); queue {lr.get('queue')}, running {lr.get('running')}"
+        f"(pid {pid}{', [red]not running[/]' if gone else ''}); queue {lr.get('queue')}, running {lr.get('running')}"
         + (f"; [red]error: {lr.get('error')}[/]" if lr.get("error") else "")
     )
     t = Table(title="recent actions")
@@ -113,21 +155,57 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_request_owner(state_dir: Path) -> None:
+    """:class:`ConfigError` unless this process's effective user owns ``state_dir`` (the controller's user):
+    the controller deletes each request once done, which it cannot do with files another user (root)
+    made in a folder that user made."""
+    from controller.daemon import user_name
+
+    try:
+        owner = state_dir.stat().st_uid
+    except FileNotFoundError:
+        raise ConfigError(f"{state_dir}: no such state dir (the controller makes it when it starts; "
+                          "is this its controller.state_dir?)") from None
+    if owner != os.geteuid():
+        name = user_name(owner)
+        raise ConfigError(f"{state_dir} belongs to {name}, the controller's user, not {user_name(os.geteuid())}: "
+                          f"run this as {name} (runuser -u {name} -- rlsched controller preempt ...), so that "
+                          "the controller can remove the request once it has acted on it")
+
+
 def cmd_preempt(args: argparse.Namespace) -> int:
-    """Ask the running controller to checkpoint-and-requeue jobs (next round)."""
-    state_dir = Path(args.state_dir) if args.state_dir else Path(load_config(_config_path(args)).controller.state_dir)
+    """Ask the running controller to checkpoint-and-requeue jobs (next round). All ids are checked before
+    anything is written; the caller must be the state dir's owner; no live controller: a warning."""
+    bad = [j for j in args.job_ids if not re.fullmatch(r"[0-9]+", j)]
+    if bad:
+        raise ConfigError(f"job ids must be numbers, got {', '.join(map(repr, bad))}; nothing requested")
+    ids = list(dict.fromkeys(str(int(j)) for j in args.job_ids))
+    state_dir = _state_dir(args)
+    _check_request_owner(state_dir)
     d = state_dir / "requests"
-    d.mkdir(parents=True, exist_ok=True)
-    for j in args.job_ids:
-        if not j.isdigit():
-            raise ConfigError(f"job id must be a number, got {j!r}")
-        (d / f"preempt-{j}").write_text("")
+    written: list[Path] = []
+    try:
+        d.mkdir(exist_ok=True)  # a controller started before it made the folder itself
+        for j in ids:
+            f = d / f"preempt-{j}"
+            f.write_text("")
+            written.append(f)
+    except OSError as exc:
+        for f in written:
+            f.unlink(missing_ok=True)
+        raise ConfigError(f"{d}: cannot write a request: {exc.strerror or exc}; nothing requested") from None
+    for j in ids:
         print(f"preemption of job {j} requested (applied at the controller's next round)")
+    if running_controller(state_dir) is None:
+        print(f"rlsched controller: warning: no controller seems to be running on {state_dir} (no live pid in "
+              "controller.lock or status.json): the request waits until one starts", file=sys.stderr)
     return 0
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """Validate the file, then build its policy the way the daemon does (``make_policy``).
+    """Validate the file, then build its agent authenticator (``[agents] auth``, as the daemon does with
+    ``make_auth``: an unknown spec or an unusable key file is exit 2 here, where the daemon would run
+    without agents) and its policy (``make_policy``).
 
     A heuristic needs nothing else. An RL policy needs the live partition's
     shape, which only Slurm knows: with ``--cluster`` it is built for that
@@ -137,6 +215,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     of at the daemon's first round.
     """
     cfg = load_config(args.path)
+    if cfg.agents.enabled:  # the daemon builds it at its first round and, if that fails, runs without agents
+        from controller.preemption import make_auth
+
+        try:
+            make_auth(cfg.agents.auth)
+        except ConfigError as exc:
+            raise ConfigError(f"{args.path}: {exc}") from None
     from controller.daemon import make_policy
     from policies.base import PolicyError
     from policies.cluster import ClusterSpec

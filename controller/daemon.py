@@ -38,7 +38,9 @@ import json
 import logging
 import math
 import os
+import pwd
 import signal
+import stat
 import tempfile
 import threading
 import time
@@ -50,7 +52,7 @@ from controller.config import ConfigError, ControllerConfig, load_config
 from controller.metrics import Metrics
 from controller.preemption import NoAgents, Preempter, make_preempter
 from controller.slurm import SlurmCLI, SlurmError, SlurmJob
-from controller.state import SlurmView, build_cluster, build_state
+from controller.state import SlurmView, build_cluster, build_state, natural_key
 from policies.base import Policy, PolicyError
 from policies.cluster import ClusterSpec
 from policies.perf import ContentionModel
@@ -77,6 +79,9 @@ def idle_gc(every: int) -> bool:
 #: longest wait before a job Slurm did not start is placed again (s)
 _MAX_BACKOFF_S = 3600.0
 
+#: what Slurm says when the caller may not change a job (not an operator, or job_submit.lua's ADMIN_UIDS)
+_DENIED = "Access/permission denied"
+
 _FINISHED = ("COMPLETED", "FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED")
 
 
@@ -91,6 +96,37 @@ def make_policy(name: str, cluster: ClusterSpec, perf: ContentionModel, checkpoi
     from policies.heuristics import make_heuristic
 
     return make_heuristic(name, perf)
+
+
+def user_name(uid: int) -> str:
+    """The login name of ``uid`` (the number when it has none)."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def unremovable(f: Path) -> str | None:
+    """Why this process could not delete ``f`` (None: it can): its folder is not writable and searchable
+    by this process's effective user, or is sticky and neither it nor ``f`` belongs to that user."""
+    d = f.parent
+    try:
+        sd, sf = d.stat(), f.lstat()
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    euid = os.geteuid()
+    me = user_name(euid)
+    if not os.access(d, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids):
+        return f"its folder {d} belongs to {user_name(sd.st_uid)} (mode {stat.S_IMODE(sd.st_mode):04o}), not writable by {me}"
+    if sd.st_mode & stat.S_ISVTX and euid not in (0, sd.st_uid, sf.st_uid):
+        return f"it belongs to {user_name(sf.st_uid)} and its folder {d} is sticky"
+    return None
+
+
+def _names(names: list[str], most: int = 8) -> str:
+    """``a, b, c`` (the first ``most``, then how many more)."""
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(names[:most]) + more
 
 
 class Journal:
@@ -192,6 +228,9 @@ class Controller:
         self.metrics = metrics or Metrics()
         self.state_dir = Path(cfg.controller.state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        # made here, by the controller's user: a folder `controller preempt` made would be the caller's
+        # (root's), and the controller could not remove the requests in it
+        self.requests_dir.mkdir(exist_ok=True)
         self.journal = Journal(self.state_dir / "journal.json")
         self.cluster: ClusterSpec | None = None
         self.perf: ContentionModel | None = None
@@ -205,6 +244,30 @@ class Controller:
         self._forced: set[str] = set()
         self._stats: dict[str, dict[str, Any]] = {}
         self._warned: set[str] = set()
+        self._stuck_requests: set[tuple[str, int]] = set()  # (name, inode) of requests it could not remove
+
+    @property
+    def requests_dir(self) -> Path:
+        """Where ``rlsched controller preempt`` drops its request files (``state_dir/requests``)."""
+        return self.state_dir / "requests"
+
+    def _warn_once(self, msg: str, event: str, level: int = logging.WARNING, key: str | None = None) -> None:
+        """Log ``msg`` the first time only (``_warned``: not every round); ``key``: what makes it the same
+        message (default: its text)."""
+        key = key or msg
+        if key not in self._warned:
+            self._warned.add(key)
+            log.log(level, msg, extra={"event": event})
+
+    def _slurm_hint(self, exc: SlurmError) -> None:
+        """After Slurm refused a change with "Access/permission denied", say once what to fix."""
+        if _DENIED in str(exc):
+            me = user_name(os.geteuid())
+            self._warn_once(
+                f"Slurm refuses the controller's changes ({_DENIED}): run the controller as the SlurmUser of "
+                f"slurm.conf, or make its user {me} a Slurm operator (sacctmgr modify user {me} set "
+                f"adminlevel=Operator); unless it runs as root, its uid must also be in job_submit.lua's ADMIN_UIDS",
+                "slurm_permission", logging.ERROR)
 
     # ------------------------------------------------------------------ setup
     @property
@@ -238,10 +301,30 @@ class Controller:
                 self._preempter.close()  # type: ignore[attr-defined]
                 self._preempter = None
             self.cluster = cluster
+            self._check_agent_addresses(cluster)
         assert self.perf is not None
         self.policy = make_policy(self.policy_name, cluster, self.perf, self.cfg.controller.policy_checkpoint)
         self.metrics.set_policy(self.policy.name)
         log.info("policy: %s", self.policy.name, extra={"event": "policy", "policy": self.policy.name})
+
+    def _check_agent_addresses(self, cluster: ClusterSpec) -> None:
+        """Warn (once) about ``[agents] addresses`` keys that name no node of the partition, and about
+        nodes no agent address reaches (their jobs get no measured stats and cannot be checkpointed)."""
+        a = self.cfg.agents
+        if not a.enabled:
+            return
+        names = [n.name for n in cluster.nodes]
+        where = f"partition {self.cfg.slurm.partition}" if self.cfg.slurm.partition else "the cluster"
+        unknown = sorted(set(a.addresses) - set(names), key=natural_key)
+        if unknown:
+            self._warn_once(f"[agents] addresses: {_names(unknown)} not a Slurm node of {where} "
+                            f"(nodes: {_names(names)}): no agent is asked there; use the node names sinfo shows",
+                            "agent_address_unknown")
+        missing = [n for i, n in enumerate(names) if not self.cfg.agent_address(n, i)]
+        if missing:
+            self._warn_once(f"no agent address for node(s) {_names(missing)} ([agents] addresses or port_base): "
+                            "their jobs get no measured stats and cannot be checkpointed for preemption",
+                            "agent_address_missing")
 
     def request_reload(self) -> None:
         """Re-read the config file and rebuild the policy before the next round (SIGHUP)."""
@@ -283,6 +366,7 @@ class Controller:
             rep.ok, rep.error, rep.error_kind = False, str(exc), "slurm"
             self.metrics.slurm_errors.inc()
             log.error("round failed: %s", exc, extra={"event": "slurm_error"})
+            self._slurm_hint(exc)
         except PolicyError as exc:
             rep.ok, rep.error, rep.error_kind = False, str(exc), "policy"
             log.error("policy error: %s", exc, extra={"event": "policy_error"})
@@ -371,26 +455,76 @@ class Controller:
                      extra={"event": "decision", "decision_s": round(rep.decision_s, 6)})
         self._apply(now, view, dec, rep)
         for f in taken:  # consumed only once acted on: a round that fails before keeps the request
-            f.unlink(missing_ok=True)
+            self._remove_request(f)
 
     # ------------------------------------------------------------------ preemption
     def _admin_requests(self, view: SlurmView) -> tuple[list[str], list[Path]]:
         """Preemptions an operator asked for (``rlsched controller preempt JOBID``): the job ids, and
         their request files, which the caller removes once the round has acted on them (requests
-        for jobs that are not running are dropped here)."""
-        d = self.state_dir / "requests"
+        for jobs that are not running are dropped here). A request this process could not remove
+        (written by another user, e.g. root) is logged once and skipped: acted on, it would stay and
+        preempt its job again at every later start."""
+        d = self.requests_dir
+        try:
+            names = sorted(e.name for e in os.scandir(d) if e.name.startswith("preempt-"))
+        except FileNotFoundError:
+            return [], []
+        except OSError as exc:
+            self._warn_once(f"cannot read preempt requests in {d}: {exc.strerror or exc}; remove the folder "
+                            f"(the controller makes it again when it starts)", "preempt_request_unreadable")
+            return [], []
         out, taken = [], []
-        for f in sorted(d.glob("preempt-*")) if d.is_dir() else []:
-            sid = f.name[len("preempt-"):]
+        for name in names:
+            f = d / name
+            sid = name[len("preempt-"):]
+            if self._stuck(f):  # said when removing it failed
+                continue
+            why = unremovable(f)
+            if why is not None:
+                self._skip_request(f, why)
+                continue
             if any(j.job_id == sid for j in view.state.running):
                 out.append(sid)
                 taken.append(f)
                 log.info("operator asked to preempt job %s", sid, extra={"event": "preempt_request", "job": sid})
-            else:
-                f.unlink(missing_ok=True)
+            elif self._remove_request(f):
                 log.warning("preempt request for job %s ignored: not a running managed job", sid,
                             extra={"event": "preempt_request_ignored", "job": sid})
         return out, taken
+
+    def _stuck(self, f: Path) -> bool:
+        """Whether removing this very file (name and inode) failed before: skip it without trying again."""
+        try:
+            ino = f.lstat().st_ino
+        except OSError:
+            return False
+        return (f.name, ino) in self._stuck_requests
+
+    def _remove_request(self, f: Path) -> bool:
+        """Delete a request file; False (logged once, remembered) if that fails."""
+        ino = 0
+        try:
+            ino = f.lstat().st_ino
+            f.unlink()
+        except FileNotFoundError:
+            return True
+        except OSError as exc:
+            self._stuck_requests.add((f.name, ino))
+            self._skip_request(f, exc.strerror or str(exc))
+            return False
+        return True
+
+    def _skip_request(self, f: Path, why: str) -> None:
+        """Say once that request ``f`` cannot be used, why, and how operators avoid it."""
+        try:
+            owner = user_name(f.lstat().st_uid)
+        except OSError:
+            owner = "?"
+        me = user_name(os.geteuid())
+        self._warn_once(f"preempt request {f} (owned by {owner}) skipped: the controller (user {me}) cannot remove "
+                        f"it: {why}. Remove it by hand (a folder {f.parent} that is not {me}'s too), and run "
+                        f"`rlsched controller preempt` as the controller's user (runuser -u {me} -- rlsched "
+                        f"controller preempt JOBID)", "preempt_request_stuck", logging.ERROR, key=f"request {f}")
 
     def _cs_victims(self, view: SlurmView, stats: dict[str, dict], now: float) -> list[str]:
         thr = self.cfg.controller.cs_preempt_threshold
@@ -497,6 +631,7 @@ class Controller:
                     changed = True
                 except SlurmError as exc:
                     log.error("requeue of job %s failed: %s", sid, exc, extra={"event": "requeue_failed"})
+                    self._slurm_hint(exc)
             else:  # asked, job still running: the answer was lost; the policy may ask again
                 self.journal["preempting"].pop(sid, None)
                 self.journal.save()
@@ -554,6 +689,7 @@ class Controller:
                                 extra={"event": "held_back", "job": j.job_id, "times": b["n"]})
                 except SlurmError as exc:  # it may have started meanwhile
                     log.info("hold of job %s failed: %s", sid, exc)
+                    self._slurm_hint(exc)
             dirty = True
         if dirty:
             self.journal.save()
@@ -578,6 +714,7 @@ class Controller:
             except SlurmError as exc:
                 self.metrics.slurm_errors.inc()
                 log.error("preemption of job %s failed: %s", jid, exc, extra={"event": "preempt_failed"})
+                self._slurm_hint(exc)
         pending = {j.job_id for j in view.state.pending}
         for jid, p in dec.place[: self.cfg.controller.max_placements_per_round]:
             sj = view.jobs.get(jid)
@@ -618,6 +755,7 @@ class Controller:
                 self.journal["released"].pop(jid, None)
                 self.journal.save()
                 log.error("placing job %s failed: %s", jid, exc, extra={"event": "place_failed", "job": sj.job_id})
+                self._slurm_hint(exc)
                 continue
             for n, g in p.alloc:
                 free[n] -= g

@@ -27,9 +27,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
+from controller.config import ConfigError
 from controller.slurm import SlurmJob
 
-__all__ = ["PreemptOutcome", "Preempter", "NoAgents", "AgentPreempter", "make_preempter"]
+__all__ = ["PreemptOutcome", "Preempter", "NoAgents", "AgentPreempter", "make_auth", "make_preempter"]
 
 log = logging.getLogger(__name__)
 
@@ -184,15 +185,26 @@ def default_job_key(slurm_job_id: str, comment: str | None) -> str:
         return f"slurm-{slurm_job_id}"
 
 
+def make_auth(auth_spec: str) -> Any:
+    """The node-agent authenticator of ``[agents] auth`` (``nodeagent.auth.make_authenticator``): the daemon
+    signs its agent calls with it, and ``check-config`` builds it the same way. :class:`ConfigError` naming
+    the key for an unknown spec or an unusable key file (missing, readable by others, too short)."""
+    from nodeagent.auth import AuthError, make_authenticator
+
+    try:
+        return make_authenticator(auth_spec)
+    except (ValueError, AuthError, OSError) as exc:
+        raise ConfigError(f"agents.auth: {exc}") from None
+
+
 def make_preempter(addresses: dict[str, str], auth_spec: str, timeout_s: float) -> Preempter:
     """An :class:`AgentPreempter` when the agent package and addresses exist, else :class:`NoAgents`."""
     if not addresses:
         return NoAgents()
     try:
-        from nodeagent.auth import make_authenticator
         from nodeagent.client import AgentClient
     except ImportError as exc:
         log.warning("node agent client not available (%s): running without agents", exc)
         return NoAgents()
-    auth = make_authenticator(auth_spec)
+    auth = make_auth(auth_spec)
     return AgentPreempter(addresses, lambda addr, node: AgentClient(addr, auth, timeout=timeout_s, node=node))

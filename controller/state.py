@@ -26,13 +26,13 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from controller.slurm import SlurmJob, SlurmNode, dependency_met
+from controller.slurm import MANAGED_MARK, SlurmJob, SlurmNode, dependency_met
 from policies.cluster import ClusterSpec, NodeSpec, Placement
 from policies.perf import ContentionModel
 from policies.state import ClusterState, JobInfo
 from policies.workloads import UnknownModelError, canonical_model
 
-__all__ = ["JobRequest", "parse_comment", "natural_key", "build_cluster", "SlurmView", "build_state"]
+__all__ = ["JobRequest", "parse_comment", "natural_key", "build_cluster", "SlurmView", "build_state", "partition_warning"]
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ class SlurmView:
     :param jobs: policy job id -> Slurm job, for every job in ``state``.
     :param in_flight: released managed jobs that have not started yet
         (their GPUs are reserved in ``state.free_gpus``).
-    :param warnings: per-job notes (bad comments, unplaceable demands).
+    :param warnings: per-job notes (bad comments, unplaceable demands, :func:`partition_warning`).
     :param waiting: held managed jobs left out of ``state`` this round -> why.
     """
 
@@ -136,6 +136,26 @@ def _reserve(free: np.ndarray, idx: Sequence[int], gpus: int, planned: Mapping[i
         take = min(need, max(int(free[n]), 0))
         free[n] -= take
         need -= take
+
+
+def partition_warning(j: SlurmJob, partition: str | None) -> str | None:
+    """Why a pending job the controller leaves alone for its partition or its missing mark needs an
+    operator (None: nothing to say): a job job_submit.lua marked and held in another partition than the
+    controller's stays held for ever; an unmarked job asking for GPUs in the controller's partition is
+    scheduled by Slurm itself beside the controller's placements (job_submit.lua not in use?)."""
+    if not j.pending:
+        return None
+    if j.managed and j.held and not j.in_partition(partition):
+        return (f"job {j.job_id}: marked by job_submit.lua but held in partition {j.partition}, not the controller's "
+                f"[slurm] partition {partition}: it stays held. Make MANAGED_PARTITION in job_submit.lua and "
+                f"[slurm] partition in the controller's config name the same partition (a job already held "
+                f"elsewhere: scontrol update JobId={j.job_id} Partition={partition}, or cancel it)")
+    if not j.managed and j.gpus > 0 and j.in_partition(partition):
+        return (f"job {j.job_id}: asks for {j.gpus} GPU(s) in partition {j.partition} but is not marked by "
+                f"job_submit.lua (no '{MANAGED_MARK}' in its admin comment): Slurm schedules it itself, on GPUs "
+                f"the controller places jobs on. Is job_submit.lua next to slurm.conf, with JobSubmitPlugins=lua "
+                f"and MANAGED_PARTITION naming this partition? (jobs submitted before it was in use are not marked)")
+    return None
 
 
 def build_state(
@@ -192,6 +212,9 @@ def build_state(
     # arrival order, so break ties with a microsecond offset per position.
     for rank, j in enumerate(sorted(jobs, key=lambda x: (x.submit_time or 0.0, x.job_id))):
         if not j.managed or not j.in_partition(partition):
+            w = partition_warning(j, partition)
+            if w is not None:
+                view.warnings.append(w)
             continue
         if j.pending and not j.held:
             view.in_flight.append(j)

@@ -1097,3 +1097,267 @@ def test_start_up_errors_name_the_setting(tmp_path, capsys, controller_logging):
             assert needle in err and "Traceback" not in err and err.count("\n") == 1, err
     finally:
         busy.close()
+
+
+# --------------------------------------------------------------------------- operator mistakes said once, never a failed round
+@pytest.fixture
+def controller_logs(monkeypatch, caplog):
+    """The "controller" loggers' records (an in-process `controller run` may have stopped them propagating,
+    and left a handler on a stream pytest has closed since)."""
+    monkeypatch.setattr(logging.getLogger("controller"), "propagate", True)
+    monkeypatch.setattr(logging.getLogger("controller"), "handlers", [])
+    with caplog.at_level(logging.INFO, logger="controller"):
+        yield caplog
+
+
+def _nobody() -> tuple[int, int]:
+    import os
+    import pwd
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root (to act as another user)")
+    try:
+        pw = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no user 'nobody'")
+    return pw.pw_uid, pw.pw_gid
+
+
+def test_controller_makes_its_requests_folder(tmp_path):
+    """`controller preempt` run as root made `requests/` root's when the controller had not made it first."""
+    _ctl(tmp_path, FakeSlurm())
+    assert (tmp_path / "state" / "requests").is_dir()
+
+
+def test_a_request_the_controller_cannot_remove_is_skipped_not_a_failed_round():
+    """The controller runs as `slurm`; a request root left in a root-owned `requests/` cannot be deleted:
+    logged once, naming the file, and skipped (acted on, it would preempt its job at every start), and
+    the rounds go on. Reproduced for real: a forked child runs the rounds as `nobody`."""
+    import os
+    import shutil
+    import tempfile
+
+    uid, gid = _nobody()
+    base = Path(tempfile.mkdtemp(prefix="rlsched-req-"))
+    try:
+        os.chmod(base, 0o755)
+        state = base / "state"
+        state.mkdir()
+        os.chown(state, uid, gid)  # the controller's state dir (systemd's StateDirectory)
+        (state / "requests").mkdir(mode=0o755)  # made by `controller preempt` as root: root's
+        s = FakeSlurm()
+        jid = _running(s, 8, "node2")
+        (state / "requests" / f"preempt-{jid}").write_text("")
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child: the controller, as nobody
+            code = 1
+            try:
+                os.close(r)
+                os.setgroups([])
+                os.setgid(gid)
+                os.setuid(uid)
+                msgs: list[str] = []
+                h = logging.Handler(logging.WARNING)
+                h.emit = lambda rec: msgs.append(rec.getMessage())  # type: ignore[method-assign]
+                logging.getLogger("controller").addHandler(h)
+                cfg = parse_config({"slurm": {"partition": "gpu"}, "agents": {"enabled": False},
+                                    "controller": {"state_dir": str(state), "policy": "fifo", "min_run_s": 0.0}})
+                agents = FakeAgents()
+                ctl = Controller(cfg, slurm=s, preempter=agents, clock=lambda: 2000.0)
+                reps = [ctl.round() for _ in range(3)]
+                out = {"ok": [x.ok for x in reps], "errors": [x.error for x in reps], "asked": agents.asked,
+                       "msgs": msgs}
+                os.write(w, json.dumps(out).encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(w)
+        with os.fdopen(r) as f:
+            doc = json.loads(f.read() or "{}")
+        assert os.waitpid(pid, 0)[1] == 0 and doc
+        assert doc["ok"] == [True, True, True], doc["errors"]
+        assert doc["asked"] == []  # skipped: not preempted
+        stuck = [m for m in doc["msgs"] if f"preempt-{jid}" in m]
+        assert len(stuck) == 1, doc["msgs"]
+        assert "owned by root" in stuck[0] and "runuser -u nobody -- rlsched controller preempt" in stuck[0]
+        assert (state / "requests" / f"preempt-{jid}").exists()
+    finally:
+        shutil.rmtree(base)
+
+
+def test_a_request_whose_removal_fails_is_acted_on_once(tmp_path, monkeypatch, controller_logs):
+    """Removal failing only after the preemption (a read-only file system, a race): the round still
+    succeeds, and the leftover file does not preempt the job again when it runs again."""
+    s = FakeSlurm()
+    jid = _running(s, 8, "node2")
+    agents = FakeAgents()
+    ctl = _ctl(tmp_path, s, agents)
+    _request_preempt(tmp_path, jid)
+    real = Path.unlink
+
+    def unlink(self, missing_ok=False):
+        if self.name.startswith("preempt-"):
+            raise PermissionError(13, "Permission denied")
+        return real(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+    rep = ctl.round()
+    assert rep.ok and rep.preempted == [jid] and agents.asked == [jid]
+    for _ in range(3):  # placed again, runs again: the stale request is not acted on again
+        assert ctl.round().ok
+        s.schedule()
+    assert s.job_list[jid].running and agents.asked == [jid]
+    stuck = [r for r in controller_logs.records if getattr(r, "event", "") == "preempt_request_stuck"]
+    assert len(stuck) == 1 and "Permission denied" in stuck[0].getMessage()
+
+
+def test_preempt_checks_every_id_before_writing_anything(tmp_path, capsys, controller_logs):
+    from rlsched.cli import main
+
+    _ctl(tmp_path, FakeSlurm()).round()
+    state = str(tmp_path / "state")
+    assert main(["controller", "preempt", "--state-dir", state, "12", "abc", "13"]) == 2
+    err = capsys.readouterr().err
+    assert "'abc'" in err and err.count("\n") == 1
+    assert list((tmp_path / "state" / "requests").iterdir()) == []
+    assert main(["controller", "preempt", "--state-dir", str(tmp_path / "nowhere"), "12"]) == 2
+    assert "no such state dir" in capsys.readouterr().err and not (tmp_path / "nowhere").exists()
+
+
+def _dead_pid() -> int:
+    import subprocess
+
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+def test_preempt_warns_when_no_controller_runs(tmp_path, capsys, controller_logs):
+    """The request then waits for a controller: said on stderr, still exit 0."""
+    import os
+
+    from rlsched.cli import main
+
+    _ctl(tmp_path, FakeSlurm()).round()  # status.json with this (live) pid
+    state = tmp_path / "state"
+    assert main(["controller", "preempt", "--state-dir", str(state), "12"]) == 0
+    assert capsys.readouterr().err == ""
+    doc = json.loads((state / "status.json").read_text())
+    doc["pid"] = _dead_pid()
+    (state / "status.json").write_text(json.dumps(doc))
+    assert main(["controller", "preempt", "--state-dir", str(state), "13"]) == 0
+    cap = capsys.readouterr()
+    assert "preemption of job 13 requested" in cap.out
+    assert "warning: no controller seems to be running" in cap.err and cap.err.count("\n") == 1
+    (state / "controller.lock").write_text(f"{os.getpid()}\n")  # a live controller holds the lock
+    assert main(["controller", "preempt", "--state-dir", str(state), "14"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_preempt_refuses_a_caller_who_does_not_own_the_state_dir(tmp_path, capsys, controller_logs):
+    """Root's request files in the `slurm` user's state dir could not be removed by the controller."""
+    import os
+
+    from rlsched.cli import main
+
+    uid, gid = _nobody()
+    _ctl(tmp_path, FakeSlurm()).round()
+    state = tmp_path / "state"
+    os.chown(state, uid, gid)
+    assert main(["controller", "preempt", "--state-dir", str(state), "12"]) == 2
+    err = capsys.readouterr().err
+    assert "belongs to nobody" in err and "runuser -u nobody -- rlsched controller preempt" in err
+    assert err.count("\n") == 1 and list((state / "requests").iterdir()) == []
+
+
+def test_status_says_when_the_controller_is_not_running(tmp_path, capsys, controller_logs):
+    from rlsched.cli import main
+
+    _ctl(tmp_path, FakeSlurm()).round()
+    state = tmp_path / "state"
+    assert main(["controller", "status", "--state-dir", str(state)]) == 0
+    out = capsys.readouterr().out
+    assert "not running" not in out
+    doc = json.loads((state / "status.json").read_text())
+    dead = doc["pid"] = _dead_pid()
+    (state / "status.json").write_text(json.dumps(doc))
+    assert main(["controller", "status", "--state-dir", str(state)]) == 0
+    assert f"(pid {dead}, not running)" in capsys.readouterr().out
+
+
+def test_jobs_left_alone_for_their_partition_or_missing_mark_are_warned_about_once(tmp_path, controller_logs):
+    """A marked job held in another partition stays held for ever; an unmarked GPU job in the partition means
+    job_submit.lua is not in use: both are said once per job, naming what to change."""
+    s = FakeSlurm()
+    other = s.submit(4)
+    s.job_list[other].partition = "debug"
+    unmarked = s.submit(2, managed=False)
+    cpu = s.submit(0, managed=False)  # a CPU job: nothing to say
+    released = s.submit(2)
+    s.job_list[released].partition, s.job_list[released].priority = "debug", 1  # not held: Slurm's business
+    ctl = _ctl(tmp_path, s)
+    for _ in range(2):
+        assert ctl.round().ok
+    msgs = [r.getMessage() for r in controller_logs.records if getattr(r, "event", "") == "job_warning"]
+    mine = [m for m in msgs if m.startswith(f"job {other}:")]
+    assert len(mine) == 1 and "partition debug" in mine[0] and "[slurm] partition gpu" in mine[0]
+    assert "MANAGED_PARTITION" in mine[0]
+    mine = [m for m in msgs if m.startswith(f"job {unmarked}:")]
+    assert len(mine) == 1 and "not marked by job_submit.lua" in mine[0] and "JobSubmitPlugins=lua" in mine[0]
+    assert not [m for m in msgs if m.startswith((f"job {cpu}:", f"job {released}:"))]
+    assert s.job_list[other].held  # still left alone
+
+
+@pytest.mark.parametrize("auth,needle", [("bogus", "agents.auth: unknown auth spec 'bogus'"),
+                                         ("sharedkey:/nonexistent/key", "agents.auth: shared key file /nonexistent/key does not exist")])
+def test_check_config_builds_the_agent_auth(tmp_path, capsys, auth, needle):
+    """The daemon would log one error and run without agents: check-config fails instead."""
+    from rlsched.cli import main
+
+    f = tmp_path / "c.toml"
+    f.write_text(f"[agents]\nauth = {auth!r}\n")
+    assert main(["controller", "check-config", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(f) in err and needle in err
+    f.write_text(f"[agents]\nenabled = false\nauth = {auth!r}\n")  # not used
+    assert main(["controller", "check-config", str(f)]) == 0
+    key = tmp_path / "agent.key"
+    key.write_text("k" * 32)
+    key.chmod(0o644)
+    f.write_text(f"[agents]\nauth = 'sharedkey:{key}'\n")
+    assert main(["controller", "check-config", str(f)]) == 2
+    assert "chmod 600" in capsys.readouterr().err
+    key.chmod(0o600)
+    assert main(["controller", "check-config", str(f)]) == 0
+
+
+def test_agent_addresses_that_match_no_node_are_warned_about_once(tmp_path, controller_logs):
+    cfg = parse_config({"slurm": {"partition": "gpu"},
+                        "controller": {"state_dir": str(tmp_path / "state"), "policy": "fifo"},
+                        "agents": {"addresses": {"gpu09": "h:1", "node1": "h:2", "node2": "h:3"}}})
+    ctl = Controller(cfg, slurm=FakeSlurm(), preempter=NoAgents(), clock=lambda: 2000.0)
+    for _ in range(2):
+        assert ctl.round().ok
+    recs = [r.getMessage() for r in controller_logs.records if getattr(r, "event", "").startswith("agent_address")]
+    assert len(recs) == 2, recs
+    assert "gpu09 not a Slurm node of partition gpu" in recs[0] and "node1, node2, node3, node4" in recs[0]
+    assert "no agent address for node(s) node3, node4" in recs[1]
+
+
+def test_permission_denied_gets_a_hint_once(tmp_path, controller_logs):
+    """A controller that is no Slurm operator fails every placement: the error each time, the fix once."""
+    s = FakeSlurm()
+    jid = s.submit(4)
+
+    def place(job_id, nodes, gpus=None, per_node=None, tres_style="gres:gpu"):
+        raise SlurmError(["scontrol", "update", f"JobId={job_id}"], f"exit status 1: Access/permission denied for job {job_id}")
+
+    s.place = place  # type: ignore[method-assign]
+    ctl = _ctl(tmp_path, s)
+    for _ in range(3):
+        assert ctl.round().placed == []
+    failed = [r for r in controller_logs.records if getattr(r, "event", "") == "place_failed"]
+    hints = [r.getMessage() for r in controller_logs.records if getattr(r, "event", "") == "slurm_permission"]
+    assert len(failed) == 3 and f"placing job {jid} failed" in failed[0].getMessage()
+    assert len(hints) == 1 and "adminlevel=Operator" in hints[0] and "SlurmUser" in hints[0]
