@@ -22,9 +22,12 @@
 #     `rlsched controller run` beside slurmctld.
 # Ports: slurmctld PORT, slurmd of nodeK PORT+K, its agent PORT+50+K, the
 # controller's Prometheus metrics PORT+100 (--metrics-port).
-# `up` checks controller.toml (`rlsched controller check-config`) before it
-# starts anything; if `up` fails it says why and where the logs are, and stops
-# what it started (a cluster that was already running is left as it was).
+# `up` checks that those ports are free (except those of its daemons already
+# running) and controller.toml (`rlsched controller check-config`) before it
+# starts anything. It waits 90 s at most for the nodes, and stops waiting as soon
+# as slurmctld or a slurmd has died (showing the end of its log). If `up` fails
+# it says why and where the logs are, and stops what it started (a cluster that
+# was already running is left as it was). `up` and `down` need root.
 # `down` cancels the cluster's jobs (waits up to 30 s for them to end), then
 # stops exactly the processes whose pids it recorded under DIR/run, and kills
 # any slurmstepd (with its job's processes) still working for DIR.
@@ -33,9 +36,10 @@
 # system munged.
 set -euo pipefail
 
+usage() { sed -n '2,/^set -euo pipefail/{/^set -euo pipefail/!p}' "$0"; }  # the comment above
 cmd="${1:-}"
 [[ -n "$cmd" ]] && shift || true
-if [[ "$cmd" == "-h" || "$cmd" == "--help" ]]; then sed -n '2,33p' "$0"; exit 0; fi
+if [[ "$cmd" == "-h" || "$cmd" == "--help" ]]; then usage; exit 0; fi
 
 DIR="${RLSCHED_CLUSTER_DIR:-/tmp/rlsched-cluster}"
 NODES=4
@@ -58,23 +62,34 @@ log() { echo "local-cluster: $*" >&2; }
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --nodes) NODES="$2"; shift 2 ;;
-    --gpus) GPUS="$2"; shift 2 ;;
-    --dir) DIR="$2"; shift 2 ;;
-    --port) PORT="$2"; shift 2 ;;
-    --policy) POLICY="$2"; shift 2 ;;
-    --interval) INTERVAL="$2"; shift 2 ;;
-    --metrics-port) METRICS_PORT="$2"; shift 2 ;;
+    --nodes|--gpus|--dir|--port|--policy|--interval|--metrics-port)
+      # a missing value, or the next option taken for one ("--nodes --gpus 4"), is an error of its own
+      [[ $# -ge 2 && "$2" != --* ]] || die "$1 needs a value (see --help)"
+      case "$1" in
+        --nodes) NODES="$2" ;;
+        --gpus) GPUS="$2" ;;
+        --dir) DIR="$2" ;;
+        --port) PORT="$2" ;;
+        --policy) POLICY="$2" ;;
+        --interval) INTERVAL="$2" ;;
+        --metrics-port) METRICS_PORT="$2" ;;
+      esac
+      shift 2 ;;
     --no-controller) WITH_CONTROLLER=0; shift ;;
     --no-agents) WITH_AGENTS=0; shift ;;
-    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+    -h|--help) usage; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
 done
-[[ "$NODES" =~ ^[1-9][0-9]*$ ]] || die "--nodes must be a positive integer, got '$NODES'"
-[[ "$GPUS" =~ ^[1-9][0-9]*$ ]] || die "--gpus must be a positive integer, got '$GPUS'"
-[[ "$PORT" =~ ^[1-9][0-9]*$ ]] || die "--port must be a port number, got '$PORT'"
-[[ -n "$METRICS_PORT" ]] || METRICS_PORT=$((PORT + 100))
+[[ "$NODES" =~ ^[1-9][0-9]{0,3}$ ]] || die "--nodes must be a positive integer (at most 9999), got '$NODES'"
+[[ "$GPUS" =~ ^[1-9][0-9]{0,3}$ ]] || die "--gpus must be a positive integer (at most 9999), got '$GPUS'"
+[[ "$PORT" =~ ^[1-9][0-9]{0,4}$ && "$PORT" -le 65535 ]] || die "--port must be a port number, got '$PORT'"
+if [[ -n "$METRICS_PORT" ]]; then
+  [[ "$METRICS_PORT" =~ ^[1-9][0-9]{0,4}$ && "$METRICS_PORT" -le 65535 ]] \
+    || die "--metrics-port must be a port number, got '$METRICS_PORT'"
+else
+  METRICS_PORT=$((PORT + 100))
+fi
 [[ -n "$DIR" ]] || die "--dir must not be empty"
 # Daemons chdir to / (and slurm.conf takes absolute paths): make DIR absolute.
 DIR="$(realpath -m -- "$DIR")"
@@ -256,38 +271,153 @@ EOF
 }
 
 start_munge() {
-  pid_alive "$RUN/munged.pid" && return 0
-  # The socket lives in its own dir so users (sbatch) can reach it.
-  munged --force --key-file="$DIR/munge/munge.key" --socket="$DIR/munge/munge.socket" \
-    --pid-file="$RUN/munged.pid" --log-file="$DIR/log/munged.log" --seed-file="$DIR/munge/seed" \
-    2>>"$DIR/log/munged.log" || die "munged failed to start (see $DIR/log/munged.log)"
+  if ! pid_alive "$RUN/munged.pid"; then
+    munged --force --key-file="$DIR/munge/munge.key" --socket="$DIR/munge/munge.socket" \
+      --pid-file="$RUN/munged.pid" --log-file="$DIR/log/munged.log" --seed-file="$DIR/munge/seed" \
+      2>>"$DIR/log/munged.log" || die "munged failed to start (see $DIR/log/munged.log)"
+  fi
+  # The socket lives in its own dir so users (sbatch) can reach it. Always, also when munged was
+  # already running: write_config (a re-run `up` after slurmctld died) has just made the dir 0700.
   chmod 755 "$DIR/munge"
 }
 
+UP_TIMEOUT=90   # s: how long `up` waits for every node to be idle
+SLURM_CMD_TIMEOUT=5   # s per sinfo/squeue/scontrol call (with slurmctld down, sinfo retries for ~10 s)
+
+log_tail() {  # log_tail FILE FROM: the last lines FILE got after byte FROM, to stderr
+  local f="$1" from="$2" lines
+  lines="$(tail -c +"$((from + 1))" "$f" 2>/dev/null | grep -v '^[[:space:]]*$' | tail -n 5)" || lines=""
+  if [[ -n "$lines" ]]; then
+    log "last lines of $f:"
+    sed 's/^/    /' <<<"$lines" >&2
+  else
+    log "$f: nothing written since the start"
+  fi
+}
+
+# daemon_check PIDFILE NAME LOG FROM: die, with the end of its log, once the daemon is gone: its
+# pid (written by the daemon after it forked) is dead, or it logged a fatal error, or it has written
+# no pid after 10 s. (Stale pid files are removed before a daemon is started.)
+daemon_check() {
+  local pidfile="$1" name="$2" f="$3" from="$4" pid="" why=""
+  if [[ -f "$pidfile" ]]; then pid="$(cat "$pidfile" 2>/dev/null)" || pid=""; fi
+  pid="${pid//[[:space:]]/}"
+  if [[ -n "$pid" ]] && ! alive "$pid"; then
+    why="exited"
+  elif tail -c +"$((from + 1))" "$f" 2>/dev/null | grep 'fatal:' >/dev/null; then
+    why="failed"
+  elif [[ -z "$pid" && $((SECONDS - SLURM_T0)) -ge 10 ]]; then
+    why="wrote no pid file ($pidfile) in 10 s"
+  fi
+  [[ -z "$why" ]] && return 0
+  log_tail "$f" "$from"
+  die "$name $why during start-up (see $f)"
+}
+
 start_slurm() {
+  local i n nd states from=()
+  from[0]="$(stat -c %s "$DIR/log/slurmctld.log" 2>/dev/null || echo 0)"
+  for i in $(seq 1 "$NODES"); do from[i]="$(stat -c %s "$DIR/log/slurmd-node$i.log" 2>/dev/null || echo 0)"; done
+  SLURM_T0=$SECONDS
   if ! pid_alive "$RUN/slurmctld.pid"; then
+    rm -f "$RUN/slurmctld.pid"  # a dead pid in it would read as "slurmctld exited" below
     slurmctld -f "$CONF" || die "slurmctld failed (see $DIR/log/slurmctld.log)"
   fi
   for i in $(seq 1 "$NODES"); do
-    pid_alive "$RUN/slurmd-node$i.pid" || slurmd -f "$CONF" -N "node$i" || die "slurmd node$i failed (see $DIR/log/slurmd-node$i.log)"
+    pid_alive "$RUN/slurmd-node$i.pid" && continue
+    rm -f "$RUN/slurmd-node$i.pid"
+    slurmd -f "$CONF" -N "node$i" || die "slurmd node$i failed (see $DIR/log/slurmd-node$i.log)"
   done
-  log "waiting for $NODES idle nodes"
-  for _ in $(seq 120); do
-    local n
-    # slurmctld may not answer yet: a failing sinfo is "not yet", never the end of the script
-    n="$(sinfo -h -N -o '%N %t' 2>/dev/null | awk '$2 ~ /^(idle|mix|alloc)/' | wc -l)" || n=0
+  log "waiting for $NODES idle nodes (${UP_TIMEOUT} s at most)"
+  local deadline=$((SECONDS + UP_TIMEOUT))
+  while :; do
+    daemon_check "$RUN/slurmctld.pid" slurmctld "$DIR/log/slurmctld.log" "${from[0]}"
+    for i in $(seq 1 "$NODES"); do
+      daemon_check "$RUN/slurmd-node$i.pid" "slurmd of node$i" "$DIR/log/slurmd-node$i.log" "${from[i]}"
+    done
+    # slurmctld may not answer yet: a failing or timed-out sinfo is "not yet", never the end of the script
+    states="$(timeout "$SLURM_CMD_TIMEOUT" sinfo -h -N -o '%N %t' 2>/dev/null)" || states=""
+    n="$(awk '$2 ~ /^(idle|mix|alloc)/' <<<"$states" | wc -l)"
     [[ "$n" -ge "$NODES" ]] && return 0
     # nodes left DOWN from an earlier run come back via ReturnToService=2; nudge them
-    { sinfo -h -N -o '%N %t' 2>/dev/null | awk '$2 ~ /down|drain/ {print $1}' | while read -r nd; do
-      scontrol update NodeName="$nd" State=RESUME 2>/dev/null || true
-    done; } || true
+    for nd in $(awk '$2 ~ /down|drain/ {print $1}' <<<"$states"); do
+      timeout "$SLURM_CMD_TIMEOUT" scontrol update NodeName="$nd" State=RESUME >/dev/null 2>&1 || true
+    done
+    [[ "$SECONDS" -lt "$deadline" ]] \
+      || die "nodes did not come up idle in ${UP_TIMEOUT} s ($n of $NODES idle; see $DIR/log/)"
     sleep 0.5
   done
-  die "nodes did not come up idle (see $DIR/log/)"
 }
 
 have_rlsched_cmd() {  # have_rlsched_cmd agent -> true when `rlsched agent` exists
   command -v rlsched >/dev/null && rlsched "$1" --help >/dev/null 2>&1
+}
+
+HAVE_AGENT_CMD=""
+have_agent_cmd() {  # `rlsched agent` exists (asked once: it starts Python)
+  if [[ -z "$HAVE_AGENT_CMD" ]]; then
+    if have_rlsched_cmd agent; then HAVE_AGENT_CMD=1; else HAVE_AGENT_CMD=0; fi
+  fi
+  [[ "$HAVE_AGENT_CMD" -eq 1 ]]
+}
+
+# port_in_use PORT: true when a TCP socket listens on PORT (prints "NAME (pid N)" when ss can tell).
+# ss (iproute2) when it is there, else a test bind as slurmctld does it (all addresses,
+# SO_REUSEADDR), else a connection attempt to 127.0.0.1.
+port_in_use() {
+  local p="$1" out rc=0
+  if command -v ss >/dev/null 2>&1 && out="$(ss -Hltnp "sport = :$p" 2>/dev/null)"; then
+    [[ -n "$out" ]] || return 1
+    sed -n 's/.*users:(("\([^"]*\)",pid=\([0-9]*\).*/\1 (pid \2)/p' <<<"$out" | head -n 1
+    return 0
+  fi
+  "${PY:-python3}" - "$p" 2>/dev/null <<'EOF' || rc=$?
+import errno, socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    s.bind(("", int(sys.argv[1])))
+except OSError as e:
+    sys.exit(0 if e.errno == errno.EADDRINUSE else 3)
+sys.exit(1)
+EOF
+  [[ "$rc" -eq 0 || "$rc" -eq 1 ]] && return "$rc"
+  timeout 2 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1"' _ "$p" 2>/dev/null
+}
+
+# Every port the cluster uses and who listens on it: PORT_OWNER[port] = "what|pid file".
+declare -A PORT_OWNER=()
+add_port() {  # add_port PORT WHAT PIDFILE
+  [[ -z "${PORT_OWNER[$1]:-}" ]] \
+    || die "port $1 would be used by both the ${PORT_OWNER[$1]%%|*} and the $2 (see Ports in --help)"
+  PORT_OWNER[$1]="$2|$3"
+}
+plan_ports() {  # before anything is written: ports in range, no two daemons on one port
+  local i last=$((PORT + NODES))
+  [[ "$WITH_AGENTS" -eq 1 ]] && last=$((PORT + 50 + NODES))
+  [[ "$last" -le 65535 ]] || die "--port $PORT with --nodes $NODES needs ports up to $last, above 65535"
+  if [[ "$WITH_CONTROLLER" -eq 1 && "$METRICS_PORT" -gt 65535 ]]; then
+    die "--port $PORT puts the controller's metrics on port $METRICS_PORT, above 65535: give --metrics-port"
+  fi
+  add_port "$PORT" "slurmctld" "$RUN/slurmctld.pid"
+  for i in $(seq 1 "$NODES"); do add_port "$((PORT + i))" "slurmd of node$i" "$RUN/slurmd-node$i.pid"; done
+  if [[ "$WITH_AGENTS" -eq 1 ]]; then
+    for i in $(seq 1 "$NODES"); do add_port "$((PORT + 50 + i))" "agent of node$i" "$RUN/agent-node$i.pid"; done
+  fi
+  if [[ "$WITH_CONTROLLER" -eq 1 ]]; then add_port "$METRICS_PORT" "controller's metrics" "$RUN/controller.pid"; fi
+}
+
+check_ports() {  # before anything starts: the ports of the daemons `up` is going to start are free
+  local p what pidfile who
+  for p in $(printf '%s\n' "${!PORT_OWNER[@]}" | sort -n); do
+    what="${PORT_OWNER[$p]%%|*}"
+    pidfile="${PORT_OWNER[$p]#*|}"
+    pid_alive "$pidfile" && continue  # already running: the port is its own
+    if [[ "$what" == agent* ]] && ! have_agent_cmd; then continue; fi  # no agents without the command
+    if who="$(port_in_use "$p")"; then
+      die "port $p (for the $what) is already in use${who:+ by $who}: stop that, or choose other ports with --port"
+    fi
+  done
 }
 
 check_controller_config() {  # before anything starts: a bad policy (name, checkpoint, shape) stops `up` here
@@ -300,7 +430,7 @@ check_controller_config() {  # before anything starts: a bad policy (name, check
 
 start_agents() {
   [[ "$WITH_AGENTS" -eq 1 ]] || return 0
-  if ! have_rlsched_cmd agent; then
+  if ! have_agent_cmd; then
     log "no 'rlsched agent' command: node agents not started (preemption falls back to plain requeue)"
     return 0
   fi
@@ -339,8 +469,11 @@ status() {
     [[ -f "$p" ]] || continue
     if pid_alive "$p"; then echo "$(basename "$p" .pid): running (pid $(cat "$p"))"; else echo "$(basename "$p" .pid): stopped"; fi
   done
-  sinfo -N -o '%N %t %G' 2>/dev/null || echo "slurmctld not answering"
-  squeue -O 'JobID:7,UserName:10,Name:14,State:10,NumNodes:6,tres-per-job:14,tres-per-node:14,ReasonList:20,Comment:40' 2>/dev/null || true
+  pid_alive "$RUN/slurmctld.pid" || { echo "slurmctld not running"; return 0; }  # (sinfo would retry ~10 s)
+  timeout "$SLURM_CMD_TIMEOUT" sinfo -N -o '%N %t %G' 2>/dev/null || { echo "slurmctld not answering"; return 0; }
+  timeout "$SLURM_CMD_TIMEOUT" squeue \
+    -O 'JobID:7,UserName:10,Name:14,State:10,NumNodes:6,tres-per-job:14,tres-per-node:14,ReasonList:20,Comment:40' \
+    2>/dev/null || true
 }
 
 cancel_jobs() {  # scancel every job of this cluster, wait (30 s at most) until squeue shows none
@@ -395,6 +528,7 @@ kill_stray_steps() {  # SIGKILL leftover slurmstepd of DIR and everything in the
 
 down() {
   [[ -d "$RUN" ]] || { log "nothing running at $DIR"; return 0; }
+  [[ $EUID -eq 0 ]] || die "down needs root (it stops the cluster's root-owned daemons)"
   shopt -s nullglob
   # nothing may place or requeue jobs while they are cancelled
   stop_pidfiles "$RUN/controller.pid" "$RUN"/agent-*.pid
@@ -423,13 +557,18 @@ on_up_exit() {  # EXIT trap of `up`: on failure say so, and stop what this `up` 
 
 case "$cmd" in
   up)
-    [[ $EUID -eq 0 ]] || die "must run as root (it starts slurmd/slurmctld)"
+    plan_ports
+    [[ $EUID -eq 0 ]] || die "up needs root (it starts slurmctld, slurmd and munged)"
+    check_ports  # before anything is installed, written or started
     ensure_packages
     if pid_alive "$RUN/slurmctld.pid" 2>/dev/null && [[ -f "$CONF" ]]; then
       UP_FRESH=0
-      log "cluster already running at $DIR: starting only what is missing"
     else
       UP_FRESH=1
+    fi
+    if [[ "$UP_FRESH" -eq 0 ]]; then
+      log "cluster already running at $DIR: starting only what is missing"
+    else
       write_config
     fi
     trap 'on_up_exit $?' EXIT

@@ -7,7 +7,7 @@
 # externally managed system Python (PEP 668, e.g. Debian's /usr/bin/python3,
 # where `pip install` is refused) gets a virtualenv of its own in .venv here
 # instead (python3-venv is installed from Debian when root); scripts/test.sh,
-# quickstart.sh and local-cluster.sh then use .venv by themselves
+# quickstart.sh, rl_traces.sh and local-cluster.sh then use .venv by themselves
 # (scripts/python-env.sh), and `source .venv/bin/activate` puts rlsched on
 # your shell's PATH.
 set -euo pipefail

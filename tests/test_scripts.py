@@ -14,6 +14,8 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
 import tomllib
 from pathlib import Path
 
@@ -132,6 +134,94 @@ def test_local_cluster_status_sees_processes_it_may_not_signal():
     assert p.stdout.split() == ["one", "self", "gone", "bad"], p.stderr
 
 
+def _as_nobody(cmd: str) -> str:
+    """``cmd`` run as an unprivileged user: nobody when we are root, else ourselves. (`up` checks its
+    options before it checks for root: as a user, a script that failed to refuse them would still
+    start nothing.)"""
+    if os.geteuid() != 0:
+        return cmd
+    if shutil.which("runuser") is None:
+        pytest.skip("runuser (util-linux) missing")
+    return f"runuser -u nobody -- bash -c {shlex.quote(cmd)}"
+
+
+@pytest.mark.parametrize("opt", ["--nodes", "--gpus", "--dir", "--port", "--policy", "--interval", "--metrics-port"])
+def test_local_cluster_options_need_a_value(opt, tmp_path):
+    d = shlex.quote(str(tmp_path / "lc"))
+    for args in (f"--dir {d} {opt}", f"--dir {d} {opt} --no-agents"):  # missing, or the next option taken for it
+        p = _bash(_as_nobody(f"bash {shlex.quote(str(LC))} up {args}"))
+        assert p.returncode == 2 and p.stderr.strip() == f"local-cluster: error: {opt} needs a value (see --help)", p.stderr
+    assert not (tmp_path / "lc").exists()
+
+
+def test_local_cluster_refuses_ports_that_clash_or_overflow(tmp_path):
+    up = f"bash {shlex.quote(str(LC))} up --dir {shlex.quote(str(tmp_path / 'lc'))}"
+    p = _bash(_as_nobody(f"{up} --nodes 60 --port 7600"))
+    assert p.returncode == 2 and "port 7651 would be used by both the slurmd of node51 and the agent of node1" in p.stderr
+    p = _bash(_as_nobody(f"{up} --port 65500 --no-agents --no-controller --nodes 40"))
+    assert p.returncode == 2 and "needs ports up to 65540, above 65535" in p.stderr, p.stderr
+    assert not (tmp_path / "lc").exists()
+
+
+def test_local_cluster_down_needs_root():
+    d = Path(tempfile.mkdtemp(prefix="lc-down-", dir="/tmp"))  # readable by nobody (tmp_path is not)
+    try:
+        d.chmod(0o755)
+        (d / "run").mkdir(mode=0o755)
+        (d / "run" / "slurmctld.pid").write_text("999999999\n")  # a dead pid: nothing to signal
+        t0 = time.monotonic()
+        p = _bash(_as_nobody(f"bash {shlex.quote(str(LC))} down --dir {shlex.quote(str(d))}"))
+        assert p.returncode == 2 and "down needs root" in p.stderr, p.stderr
+        assert time.monotonic() - t0 < 20 and (d / "run" / "slurmctld.pid").exists()
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _port_in_use(port: int, shadow: str = "", py: str = sys.executable) -> bool:
+    """scripts/local-cluster.sh's port_in_use; ``shadow`` defines functions that hide its tools."""
+    p = _bash(f"source <(sed -n '/^port_in_use()/,/^}}/p' {shlex.quote(str(LC))}); {shadow}\n"
+              f"PY={shlex.quote(py)}; port_in_use {port}")
+    assert p.returncode in (0, 1), p.stderr
+    return p.returncode == 0
+
+
+def test_local_cluster_port_check_with_and_without_ss():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        backends = {"bind test": "ss() { return 1; }", "/dev/tcp": "ss() { return 1; }"}
+        if shutil.which("ss"):
+            backends["ss"] = ""
+        for name, shadow in backends.items():
+            py = "/nonexistent/python" if name == "/dev/tcp" else sys.executable
+            assert _port_in_use(port, shadow, py), name
+    for name, shadow in backends.items():
+        py = "/nonexistent/python" if name == "/dev/tcp" else sys.executable
+        assert not _port_in_use(port, shadow, py), name
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="`up` needs root")
+def test_local_cluster_up_refuses_a_busy_port_before_doing_anything(tmp_path):
+    import socket
+
+    d = tmp_path / "lc"
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("0.0.0.0", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        try:
+            p = _bash(f"bash {shlex.quote(str(LC))} up --dir {shlex.quote(str(d))} --port {port} --nodes 1 "
+                      "--no-controller --no-agents")
+        finally:  # had it started anything, stop it
+            _bash(f"bash {shlex.quote(str(LC))} down --dir {shlex.quote(str(d))}")
+    assert p.returncode == 2 and f"port {port} (for the slurmctld) is already in use" in p.stderr, p.stderr
+    assert not d.exists()
+
+
 # --------------------------------------------------------------------------- slurm_conf/
 def _conf_lines(path: Path) -> dict[str, str]:
     out = {}
@@ -179,6 +269,88 @@ def test_systemd_units_run_the_documented_install_and_require_a_store():
     p = subprocess.run(["sh", "-c", pre], env={**env, "RLSCHED_STORE": "/shared/ckpt"}, capture_output=True,
                        check=False)
     assert p.returncode == 0
+
+
+# --------------------------------------------------------------------------- scripts/quickstart.sh
+QS = SCRIPTS / "quickstart.sh"
+
+
+def test_quickstart_usage_and_bad_arguments(tmp_path):
+    p = _bash(f"bash {shlex.quote(str(QS))} --help", cwd=tmp_path)
+    assert p.returncode == 0 and "quickstart.sh DIR" in p.stdout
+    for args in ("--bogus", "a b", "''"):
+        p = _bash(f"bash {shlex.quote(str(QS))} {args}", cwd=tmp_path)
+        assert p.returncode == 2 and p.stderr.startswith("quickstart.sh: error: "), (args, p.stderr)
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_quickstart_refuses_a_foreign_directory_resolved_from_the_callers_cwd(tmp_path):
+    """A relative DIR is the caller's; a non-empty DIR that no simulate run wrote is never replaced."""
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me\n")
+    (tmp_path / "afile").write_text("x\n")
+    for arg, why in (("mine", "is not the output of an earlier quickstart/simulate run"),
+                     ("afile", "exists and is not a directory"),
+                     (".", "is the current directory or one of its parents")):
+        p = _bash(f"bash {shlex.quote(str(QS))} {arg}", cwd=tmp_path)
+        assert p.returncode == 2 and why in p.stderr and str((tmp_path / arg).resolve()) in p.stderr, p.stderr
+        assert "==>" not in p.stdout  # refused before setup.sh ran
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me\n"
+
+
+def test_quickstart_recognises_a_previous_simulate_output(tmp_path):
+    def is_output(d: Path) -> bool:
+        p = _bash(f"source <(sed -n '/^is_simulate_output()/,/^}}/p' {shlex.quote(str(QS))}); "
+                  f"is_simulate_output {shlex.quote(str(d))}")
+        return p.returncode == 0
+
+    d = tmp_path / "run"
+    d.mkdir()
+    assert not is_output(d)
+    # what trainer/cli_sim.py writes
+    (d / "summary.json").write_text('{"policies": ["fifo"], "files": {"fifo": "jobs_fifo.parquet"}, "summaries": {}}')
+    (d / "jobs_fifo.parquet").write_bytes(b"PAR1")
+    (d / "jct_cdf.png").write_bytes(b"png")
+    assert is_output(d)
+    (d / "notes.txt").write_text("mine\n")  # anything else: not replaced
+    assert not is_output(d)
+    (d / "notes.txt").unlink()
+    (d / "summary.json").write_text('{"something": "else"}')
+    assert not is_output(d)
+
+
+# --------------------------------------------------------------------------- scripts/rl_traces.sh
+RT = SCRIPTS / "rl_traces.sh"
+
+
+def test_rl_traces_usage_and_bad_arguments(tmp_path):
+    p = _bash(f"bash {shlex.quote(str(RT))} --help", cwd=tmp_path)
+    assert p.returncode == 0 and p.stdout.startswith("usage: ")
+    for args in ("", "--out", "-x", "a b", "''"):
+        p = _bash(f"bash {shlex.quote(str(RT))} {args}", cwd=tmp_path)
+        assert p.returncode == 2 and "rl_traces.sh: error: " in p.stderr, (args, p.stderr)
+    assert sorted(os.listdir(tmp_path)) == []  # no directory named after an option
+
+
+def test_rl_traces_runs_rlsched_of_the_repo_venv_and_quotes_outdir(tmp_path):
+    """Like the other scripts it uses python-env.sh: with an externally managed python3, REPO/.venv."""
+    repo = _fake_repo(tmp_path, venv=True)
+    shutil.copy(RT, repo / "scripts")
+    calls = tmp_path / "calls"
+    py = repo / ".venv" / "bin" / "python"
+    py.write_text(f'#!/bin/sh\nprintf "%s|" "$@" >>{shlex.quote(str(calls))}\necho >>{shlex.quote(str(calls))}\n')
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    env.update(PYTHON=str(_fake_python(tmp_path, True)), PATH="/usr/bin:/bin")
+    out = tmp_path / "out dir"
+    (out / "train" / "old").mkdir(parents=True)
+    p = _bash(f"bash {shlex.quote(str(repo / 'scripts' / 'rl_traces.sh'))} 'out dir'", env=env, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    lines = calls.read_text().splitlines()
+    assert lines[0] == "-c|import rlsched|"
+    gens = [ln.split("|") for ln in lines[1:]]
+    assert gens and all(g[:4] == ["-m", "rlsched.cli", "trace", "generate"] for g in gens)
+    assert "--mix|normal|--sets|3|--seed|101|--out|out dir/train/normal|" in lines[1]
+    assert not (out / "train" / "old").exists()  # OUTDIR/train replaced
 
 
 # --------------------------------------------------------------------------- README.md
