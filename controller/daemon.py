@@ -698,6 +698,7 @@ class Controller:
     def _apply(self, now: float, view: SlurmView, dec: Decision, rep: RoundReport) -> None:
         assert self.cluster is not None
         free = view.state.free_gpus.astype(int).copy()
+        usable = [True] * len(free) if view.state.usable is None else [bool(u) for u in view.state.usable]
         running = {j.job_id: j for j in view.state.running}
         for jid in dec.preempt:
             info = running.get(jid)
@@ -710,7 +711,8 @@ class Controller:
                     rep.preempted.append(sj.job_id)
                     assert info.placement is not None
                     for n, g in info.placement.alloc:
-                        free[n] += g
+                        if usable[n]:  # GPUs on a drained/down node free nothing
+                            free[n] += g
             except SlurmError as exc:
                 self.metrics.slurm_errors.inc()
                 log.error("preemption of job %s failed: %s", jid, exc, extra={"event": "preempt_failed"})
@@ -721,7 +723,7 @@ class Controller:
             if sj is None or jid not in pending:
                 log.warning("policy placed %s, which is not a held job", jid)
                 continue
-            if p.total_gpus != sj.gpus or not p.fits(free):
+            if p.total_gpus != sj.gpus or not p.fits(free) or not all(usable[n] for n in p.nodes):
                 log.warning("rejected placement %s for job %s (%d GPUs; free %s)", p, jid, sj.gpus, free.tolist(),
                             extra={"event": "placement_rejected", "job": sj.job_id})
                 self.metrics.decisions.labels(action="rejected").inc()

@@ -197,9 +197,11 @@ def build_state(
     index = {n.name: i for i, n in enumerate(cluster.nodes)}
     by_name = {n.name: n for n in nodes}
     free = np.zeros(cluster.num_nodes, dtype=np.int64)
+    usable = np.zeros(cluster.num_nodes, dtype=bool)  # drained/down/missing: policies place nothing there
     for i, spec in enumerate(cluster.nodes):
         n = by_name.get(spec.name)
         if n is not None and n.usable:
+            usable[i] = True
             free[i] = max(spec.gpus - n.gpus_used, 0)
 
     view = SlurmView(state=None, jobs={})  # type: ignore[arg-type]
@@ -302,5 +304,6 @@ def build_state(
             assert info.placement is not None
             neigh = {n: [k for jid, k in keys_on_node.get(n, []) if jid != info.job_id] for n in info.placement.nodes}
             info.achieved_thp = info.isolated_thp / perf.job_cs(key, info.placement.nodes, neigh)
-    view.state = ClusterState(time=now, cluster=cluster, free_gpus=np.maximum(free, 0), running=running, pending=pending)
+    view.state = ClusterState(time=now, cluster=cluster, free_gpus=np.maximum(free, 0), running=running, pending=pending,
+                              usable=usable)
     return view

@@ -26,9 +26,11 @@ class Policy(ABC):
     #: At most this many placements per :meth:`schedule` call (``None``: no limit). A backend that
     #: applies only the first ``n`` placements of a round (the controller's
     #: ``max_placements_per_round``) sets it, so that a policy whose rounds are costly can stop there.
-    #: A policy that honours it returns exactly the first ``n`` placements of the decision it would
-    #: make without it (its preemptions unchanged); one that ignores it is still correct, because the
-    #: backend applies only the first ``n`` anyway.
+    #: A policy that honours it (the heuristics and the RL policies do) returns exactly the first
+    #: ``n`` placements of the decision it would make without it, and only the preemptions those
+    #: ``n`` need: a preemption made for a later placement would stop a job for nothing. One that
+    #: ignores it still places correctly, because the backend applies only the first ``n``, but
+    #: the backend applies all of its preemptions.
     place_limit: int | None = None
 
     @abstractmethod

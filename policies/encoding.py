@@ -571,8 +571,30 @@ class Encoder:
         self._node_cs: dict[tuple, float] = {}  # node CS by (job key, neighbour signature)
         self._mspeed: dict[tuple, float] = {}  # multi-node option speeds (_speed_multi)
         self._next_sid = 0
-        # _plan_memo's memo: [time, plan (None: fill order), planned counts, positions by demand]
+        # _plan_memo's memo: [time, plan (None: fill order), planned counts, positions by demand]; kept
+        # only while a round is open (begin_round / end_round)
         self._plan: list | None = None
+        self._in_round = False
+
+    # ------------------------------------------------------------------ rounds
+    def begin_round(self) -> None:
+        """Start a scheduling round: the ``"plan"`` order's plan made by the round's first call
+        (:meth:`plan_remaining`) is kept for its later calls, until :meth:`end_round` or the next
+        :meth:`begin_round`.
+
+        A round is one state and the placements taken from it (one :meth:`RLPolicy.schedule
+        <policies.rl.RLPolicy.schedule>` call; in :class:`trainer.env.PlacementEnv`, the steps
+        between two advances of time): its calls see the same time and queue, less the jobs
+        started. Outside a round every call plans afresh, so the encoder is a pure function of
+        its arguments there. O(1).
+        """
+        self._plan = None
+        self._in_round = True
+
+    def end_round(self) -> None:
+        """End the round (:meth:`begin_round`) and forget its plan. O(1)."""
+        self._plan = None
+        self._in_round = False
 
     # ------------------------------------------------------------------ candidates
     @staticmethod
@@ -682,11 +704,12 @@ class Encoder:
         """The ``"plan"`` order's demands still to start, one per waiting job
         (:func:`policies.waves.plan_order`), or ``None`` where the order falls back to ``"fill"``.
 
-        A plan is made at the first call of a round and kept while ``now`` (s) is unchanged and no
-        demand has more waiting jobs than planned: a round's placements then only take jobs off it
-        (each from the first wave that holds its demand), so the waves stay those planned at the
-        round's start. Any other call replans from ``counts`` (waiting jobs per demand) and
-        ``pending`` (the waiting jobs; read only when replanning). Waves are planned only where they
+        Inside a round (:meth:`begin_round`) a plan is made at the round's first call and kept for
+        its later calls while ``now`` (s) is unchanged and no demand has more waiting jobs than
+        planned: a round's placements then only take jobs off it (each from the first wave that
+        holds its demand), so the waves stay those planned at the round's start. Any other call,
+        and every call outside a round, plans from ``counts`` (waiting jobs per demand) and
+        ``pending`` (the waiting jobs; read only when planning). Waves are planned only where they
         model the queue: the waiting jobs need at least :data:`PLAN_BACKLOG` times the cluster's
         GPUs, their estimated remaining times agree within :data:`PLAN_SPREAD` (longest /
         shortest), and either they were submitted within :data:`PLAN_WAIT` of each other or at
@@ -714,10 +737,11 @@ class Encoder:
 
         The rest of the plan depends only on ``counts``: the jobs started since the plan was made
         are the first ``planned[d] - counts[d]`` occurrences of each demand ``d``, so a round's
-        calls cost ``O(demands)``, not ``O(jobs)``.
+        calls cost ``O(demands)``, not ``O(jobs)``. The memo is kept only inside a round
+        (:meth:`begin_round`): another queue at the same time is another round.
         """
         memo = self._plan
-        if memo is not None and memo[0] == now:
+        if memo is not None and memo[0] == now:  # only set inside a round
             planned = memo[2]
             get = planned.get
             if all(c <= get(d, 0) for d, c in counts.items()):
@@ -746,8 +770,10 @@ class Encoder:
                 pos[d] = [n]
             else:
                 q.append(n)
-        self._plan = [now, order, dict(counts), pos]
-        return None if order is None else self._plan
+        memo = [now, order, dict(counts), pos]
+        if self._in_round:
+            self._plan = memo
+        return None if order is None else memo
 
     def plan_heads(
         self, heads: Sequence[JobInfo], counts: dict[int, int], now: float, free: int, pending: Sequence[JobInfo]
@@ -1434,7 +1460,7 @@ def apply_placement(
             out.append(j)
         running = out
     pending = [j for j in state.pending if j.job_id != job_id] if drop_pending else state.pending
-    return ClusterState(state.time, state.cluster, free, running, pending)
+    return ClusterState(state.time, state.cluster, free, running, pending, state.usable)
 
 
 class NodeIndex:
@@ -1632,6 +1658,7 @@ class RoundEncoder:
         self.enc, self.plan = enc, plan
         self.time, self.cluster = state.time, state.cluster
         self.pending = state.pending
+        self.usable = state.usable
         self.free = np.asarray(state.free_gpus, dtype=np.int64).copy()
         self.used = [0] * N
         self.mload = np.zeros(N, dtype=np.int64)
@@ -1801,7 +1828,9 @@ class RoundEncoder:
 
     def state(self, pending: list[JobInfo] | None = None) -> ClusterState:
         """The current state (``pending``: the round's initial pending jobs unless given)."""
-        return ClusterState(self.time, self.cluster, self.free, self.running, self.pending if pending is None else pending)
+        return ClusterState(
+            self.time, self.cluster, self.free, self.running, self.pending if pending is None else pending, self.usable
+        )
 
     def jobs(self) -> list[tuple[tuple[float, ...], tuple[tuple[int, int, int], ...]]]:
         """``SparseObs.jobs`` of the current state (job-id order; for tests)."""

@@ -68,7 +68,10 @@ class OrderedPolicy(Policy):
     :param strict: stop at the first pending job that does not fit (FIFO
         semantics). Otherwise later jobs may backfill around it.
     :param preemptive: a pending job that does not fit may preempt running
-        jobs of strictly lower priority (worst first) if that makes it fit.
+        jobs of strictly lower priority (worst first) if that makes it fit;
+        only as many as the placement needs, node by node (see
+        :meth:`_with_preemption`). GPUs a victim holds on an unusable node
+        (:attr:`~policies.state.ClusterState.usable`) are not counted as freed.
     :param min_run: a running job is not preempted before it has run this
         many seconds since its last start (avoids thrashing).
     :param preempt_margin: for numeric keys (SRTF), a victim's key must exceed
@@ -90,10 +93,20 @@ class OrderedPolicy(Policy):
         return not self.preemptive
 
     def schedule(self, state: ClusterState) -> Decision:
+        """One round: pending jobs in ``order``, each placed (after preempting, if allowed) or skipped.
+
+        With :attr:`~policies.base.Policy.place_limit` set the round stops after that many
+        placements: the first ones of the unlimited round, with only the preemptions they need.
+        """
         dec = Decision()
+        # free_gpus is 0 on unusable nodes (ClusterState), so no rule places there
         free = state.free_gpus.astype(np.int64).copy()
         free_total = int(free.sum())
+        usable = state.usable  # None: every node
         order = self.order
+        limit = self.place_limit
+        if limit is not None and limit <= 0:
+            return dec
         # Keys are computed once per job and round (they are the hot path on
         # long queues); sorting (key, job) pairs by key is the same stable sort
         # as sorting jobs by ``order``.
@@ -104,7 +117,9 @@ class OrderedPolicy(Policy):
                 (
                     (order(j), j)
                     for j in state.running
-                    if j.start_time is None or state.time - j.start_time >= self.min_run
+                    if (j.start_time is None or state.time - j.start_time >= self.min_run)
+                    # a job only on unusable nodes frees nothing a placement may use
+                    and (usable is None or any(usable[n] for n in j.placement.nodes))  # type: ignore[union-attr]
                 ),
                 key=_first,
                 reverse=True,
@@ -127,8 +142,9 @@ class OrderedPolicy(Policy):
                             dec.preempt.append(v.job_id)
                             victims[:] = [kv for kv in victims if kv[1] is not v]
                             for n, c in v.placement.alloc:  # type: ignore[union-attr]
-                                free[n] += c
-                            free_total += v.gpu_demand
+                                if usable is None or usable[n]:
+                                    free[n] += c
+                                    free_total += c
                         if aware:
                             gone = {id(v) for v in chosen}
                             cur = dataclasses.replace(cur, running=[r for r in cur.running if id(r) not in gone])
@@ -145,6 +161,8 @@ class OrderedPolicy(Policy):
                 free[n] -= c
             free_total -= job.gpu_demand
             dec.place.append((job.job_id, p))
+            if limit is not None and len(dec.place) >= limit:
+                break  # the backend applies no more: later placements (and their preemptions) are dropped
             if aware:
                 cur = dataclasses.replace(cur, running=[*cur.running, dataclasses.replace(job, placement=p)])
         return dec
@@ -169,30 +187,61 @@ class OrderedPolicy(Policy):
     ) -> tuple[Placement | None, list[JobInfo]]:
         """Free the lowest-priority victims one by one until ``job`` fits.
 
+        Once the placement rule finds a placement ``p`` in the GPUs freed so far, only the
+        victims ``p`` needs are kept: going through the freed victims lowest priority first,
+        a victim is kept if it holds GPUs on a node of ``p`` that still lacks some (``p``'s
+        GPUs there minus those free before and those freed by the victims kept so far). A
+        node that already had enough free GPUs, or that the victims kept before cover, costs
+        no preemption. GPUs on unusable nodes (:attr:`ClusterState.usable`) are never counted.
+
         :param key: ``self.order(job)``.
         :param victims: ``(key, job)`` pairs, lowest priority first.
-        :returns: the placement and the victims it really needs (those on
-            nodes it uses), or ``(None, [])``.
+        :returns: the placement and the victims it needs, or ``(None, [])``.
         """
+        usable = state.usable
         trial = free.copy()
         chosen: list[JobInfo] = []
         for vkey, v in victims:
             if not self._lower(vkey[0], key[0]):  # only clearly lower priority
                 break
             for n, c in v.placement.alloc:  # type: ignore[union-attr]
-                trial[n] += c
+                if usable is None or usable[n]:
+                    trial[n] += c
             chosen.append(v)
             p = self.placement(job, trial, state)
             if p is not None:
-                # Drop victims whose GPUs the placement does not use.
-                used = set(p.nodes)
-                needed = [x for x in chosen if used & set(x.placement.nodes)]  # type: ignore[union-attr]
-                return p, needed
+                return p, _needed_victims(p, free, chosen)
         return None, []
 
 
 def _first(pair: tuple) -> tuple:
     return pair[0]
+
+
+def _needed_victims(p: Placement, free: np.ndarray, chosen: list[JobInfo]) -> list[JobInfo]:
+    """The victims of ``chosen`` (lowest priority first) that ``p`` needs: each one, in that order,
+    that holds GPUs on a node where ``p`` still lacks some after ``free`` and the victims kept
+    before it. ``p`` fits ``free`` plus the GPUs of all of ``chosen``, so it fits ``free`` plus
+    those of the kept ones (a node still short at the end would have kept every victim on it).
+    ``p`` never uses an unusable node (``free`` and the freed GPUs are 0 there), so GPUs a victim
+    holds on one never count."""
+    short = {n: c - int(free[n]) for n, c in p.alloc if c > free[n]}  # GPUs still missing per node
+    needed: list[JobInfo] = []
+    for v in chosen:
+        if not short:
+            break
+        hit = False
+        for n, c in v.placement.alloc:  # type: ignore[union-attr]
+            s = short.get(n)
+            if s is not None:
+                hit = True
+                if s > c:
+                    short[n] = s - c
+                else:
+                    del short[n]
+        if hit:
+            needed.append(v)
+    return needed
 
 
 def make_heuristic(name: str, perf: ContentionModel) -> OrderedPolicy:

@@ -13,11 +13,18 @@ nodes spends, per sample and GPU, a compute time ``a`` plus communication::
 bandwidth (5 / 16 on the seed's testbed) makes a single-node job's
 communication cheaper; ``c`` prices every extra node a job spans (latency,
 hops, stragglers). ``a, b, c >= 0`` are fitted per model by non-negative
-least squares on relative error to DeepShare's measured table, so a job can
-never get faster by spreading over more nodes. Where the table has the exact
-``(model, G, n)`` the measured number is used; elsewhere the parametric value
-is scaled by the model's median measured/parametric ratio at the same ``G``
-(if any) so the two agree where they meet.
+least squares on relative error to DeepShare's measured table, so in the
+parametric part a job never gets faster by spreading over more nodes. Where
+the table has the exact ``(model, G, n)`` the measured number is used, and
+some measured values do grow with the node count at a fixed ``G`` (GraphSage,
+MobileNetV3 at ``G = 8``; ``docs/PERFORMANCE_MODEL.md``, "Limits"), so over
+measured shapes spreading can be faster. Elsewhere the parametric value is
+scaled by the model's median measured/parametric ratio at the same ``G`` (if
+any) so the two agree where they meet.
+
+A model registered (:func:`policies.workloads.register_workload`) after a
+:class:`ContentionModel` was built is unknown to it: pricing it raises
+:class:`~policies.workloads.UnknownModelError` saying so (build a new model).
 
 **Contention.** Only jobs spanning several nodes use the node's network link,
 so only they slow each other (the seed's rule). Job ``A`` sharing node ``v``
@@ -47,7 +54,7 @@ from typing import Iterable, Mapping, Protocol, Sequence
 import numpy as np
 
 from policies.cluster import ClusterSpec, Placement
-from policies.workloads import canonical_model, get_workload
+from policies.workloads import UnknownModelError, canonical_model, get_workload
 
 __all__ = [
     "PerformanceModel",
@@ -206,8 +213,21 @@ class ContentionModel:
                 self.kappa[m] = float(np.median(list(self.kappa.values()))) if self.kappa else 1.0
 
     # ------------------------------------------------------------------ pieces
+    def _unfitted(self, model: str) -> UnknownModelError:
+        """The error for a known model this instance has no parameters for (registered after it was built)."""
+        return UnknownModelError(
+            f"model {model!r} was registered after this ContentionModel was built, so it has no "
+            "parameters for it; register workloads before building the ContentionModel (or build a new one)"
+        )
+
+    def _params(self, model: str) -> tuple[float, float, float]:
+        p = self.params.get(model)
+        if p is None:
+            raise self._unfitted(model)
+        return p
+
     def _parametric(self, model: str, gpus: int, nodes: int) -> float:
-        a, b, c = self.params[model]
+        a, b, c = self._params(model)
         tau = a + b * _u(gpus, nodes, self.eta) + c * max(nodes - 1, 0)
         return gpus / tau
 
@@ -216,7 +236,7 @@ class ContentionModel:
         m, g, n = key
         if n <= 1:
             return 0.0
-        a, b, c = self.params[m]
+        a, b, c = self._params(m)
         comm = b * _u(g, n, self.eta) + c * (n - 1)
         return comm / (a + comm)
 
@@ -264,7 +284,10 @@ class ContentionModel:
                 if r is not None:
                     v = 1.0 / max(r, MIN_RATIO)
                 else:
-                    v = 1.0 + self.kappa[ca[0]] * self._chi(ca) * self._beta(cb)
+                    kappa = self.kappa.get(ca[0])
+                    if kappa is None:
+                        raise self._unfitted(ca[0])
+                    v = 1.0 + kappa * self._chi(ca) * self._beta(cb)
             self._pair_cache[key] = v
         return v
 

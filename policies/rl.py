@@ -182,6 +182,7 @@ class RLPolicy(Policy):
     def reset(self) -> None:
         self._rng = np.random.default_rng(self.seed)
         self.stats = {k: 0 for k in self.stats}
+        self.encoder.end_round()  # forget any round's plan
 
     def decide(self, state: ClusterState) -> tuple[int, tuple[str, object] | None]:
         """One network decision: ``(action, (job_id, placement) or None)``."""
@@ -288,7 +289,20 @@ class RLPolicy(Policy):
         re-encoding the full state after each placement (tested). With
         :attr:`~policies.base.Policy.place_limit` set, the round stops after that many
         placements: the first ones of the unlimited round (tested).
+
+        The call is one encoder round (:meth:`Encoder.begin_round
+        <policies.encoding.Encoder.begin_round>`): the ``"plan"`` order's plan is made from this
+        state and kept for this call's decisions only, so a call depends on its state alone.
         """
+        enc_ = self.encoder
+        enc_.begin_round()
+        try:
+            return self._schedule(state)
+        finally:
+            enc_.end_round()
+
+    def _schedule(self, state: ClusterState) -> Decision:
+        """:meth:`schedule` inside its encoder round."""
         from policies.encoding import apply_placement
 
         enc_ = self.encoder

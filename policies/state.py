@@ -19,6 +19,8 @@ from policies.cluster import ClusterSpec, Placement
 
 __all__ = ["JobInfo", "ClusterState", "Decision", "time_key", "TIME_KEY_DECIMALS", "TIME_KEY_SCALE"]
 
+_isfinite = math.isfinite
+
 #: Decimals (of a second) that time-based ordering keys are rounded to, see :func:`time_key`.
 TIME_KEY_DECIMALS = 3
 #: ``10 ** TIME_KEY_DECIMALS``: ``floor(t * TIME_KEY_SCALE + 0.5) / TIME_KEY_SCALE`` is :func:`time_key`
@@ -56,6 +58,14 @@ class JobInfo:
     :param preemptions: times it has been preempted.
     :param extra: backend-specific fields (Slurm job id, user, ...). Elastic
         and multi-resource demands will live here first.
+
+    Construction checks the fields policies compute with (:class:`ValueError` naming the job
+    and the field): ``gpu_demand`` an integer >= 1 (not a bool, not ``2.5``); ``submit_time``,
+    ``total_samples``, ``done_samples``, ``attained_service``, ``isolated_thp``,
+    ``achieved_thp`` and ``start_time`` (when set) finite numbers; ``best_thp`` finite and
+    > 0. A NaN or infinite value would otherwise surface later as an opaque error (or a
+    silently wrong order) inside a policy. Fields assigned after construction are not
+    re-checked.
     """
 
     job_id: str
@@ -72,6 +82,29 @@ class JobInfo:
     start_time: float | None = None
     preemptions: int = 0
     extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # one expression on the common path (every value finite, demand a plain int);
+        # the details only when it fails
+        st = self.start_time
+        try:
+            ok = (
+                self.gpu_demand.__class__ is int
+                and self.gpu_demand >= 1
+                and _isfinite(self.submit_time)
+                and _isfinite(self.total_samples)
+                and _isfinite(self.done_samples)
+                and _isfinite(self.attained_service)
+                and _isfinite(self.isolated_thp)
+                and _isfinite(self.achieved_thp)
+                and _isfinite(self.best_thp)
+                and self.best_thp > 0
+                and (st is None or _isfinite(st))
+            )
+        except TypeError:  # a non-number
+            ok = False
+        if not ok:
+            _check_job_fields(self)
 
     @property
     def remaining_samples(self) -> float:
@@ -99,6 +132,33 @@ class JobInfo:
         return self.placement is not None
 
 
+_FINITE_FIELDS = (
+    "submit_time", "total_samples", "done_samples", "attained_service", "isolated_thp", "achieved_thp", "best_thp",
+)
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating))
+
+
+def _check_job_fields(j: JobInfo) -> None:
+    """Raise :class:`ValueError` naming ``j`` and its first bad field (see :class:`JobInfo`)."""
+    g = j.gpu_demand
+    if isinstance(g, bool) or not isinstance(g, (int, np.integer)):
+        raise ValueError(f"job {j.job_id!r}: gpu_demand must be an integer, got {g!r}")
+    if g < 1:
+        raise ValueError(f"job {j.job_id!r}: gpu_demand must be >= 1, got {g!r}")
+    for name in _FINITE_FIELDS:
+        v = getattr(j, name)
+        if not _is_number(v) or not math.isfinite(v):
+            raise ValueError(f"job {j.job_id!r}: {name} must be a finite number, got {v!r}")
+    if not j.best_thp > 0:
+        raise ValueError(f"job {j.job_id!r}: best_thp must be > 0, got {j.best_thp!r}")
+    st = j.start_time
+    if st is not None and (not _is_number(st) or not math.isfinite(st)):
+        raise ValueError(f"job {j.job_id!r}: start_time must be a finite number or None, got {st!r}")
+
+
 @dataclass
 class ClusterState:
     """Snapshot handed to a policy each scheduling round.
@@ -108,6 +168,13 @@ class ClusterState:
     :param free_gpus: int array ``[num_nodes]``, free GPUs per node.
     :param running: running jobs (with placements).
     :param pending: waiting jobs in arrival order.
+    :param usable: optional bool array ``[num_nodes]``: ``usable[i]`` is ``False`` for a node
+        policies must not place on (drained, draining, down, ...). ``None`` (the default)
+        means every node is usable; the simulator never sets it. On an unusable node
+        ``free_gpus`` is 0 (construction zeroes it if the backend did not, on a copy), so
+        no policy places a job there, and preemptive policies do not count the GPUs a
+        victim would free there: preempting a job on a draining node frees nothing
+        (jobs still running there stay in ``running``).
     """
 
     time: float
@@ -115,6 +182,23 @@ class ClusterState:
     free_gpus: np.ndarray
     running: Sequence[JobInfo]
     pending: Sequence[JobInfo]
+    usable: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.usable is not None:
+            self._normalise_usable()
+
+    def _normalise_usable(self) -> None:
+        u = np.asarray(self.usable)
+        if u.dtype != np.bool_ or u.shape != (len(self.free_gpus),):
+            raise ValueError(
+                f"ClusterState.usable must be a bool array of shape ({len(self.free_gpus)},) (one per node), "
+                f"got {u.dtype} {u.shape}"
+            )
+        self.usable = u
+        free = np.asarray(self.free_gpus)
+        if (free[~u] != 0).any():
+            self.free_gpus = np.where(u, free, 0).astype(free.dtype, copy=False)
 
     @property
     def total_free(self) -> int:
@@ -140,8 +224,12 @@ class Decision:
 
     ``preempt`` is applied first (those jobs return to the queue with their
     progress checkpointed), then ``place`` in order. Each placement must fit
-    the free GPUs left after the earlier entries; backends reject (and log)
-    any that do not.
+    the free GPUs left after the earlier entries (GPUs freed on an unusable node,
+    :attr:`ClusterState.usable`, do not count). The simulator
+    (:meth:`trainer.simulator.Simulator.apply`) checks the whole decision first and
+    raises :class:`~trainer.simulator.SimulationError` without applying any of it if
+    an entry is invalid; the Slurm controller skips (and logs) each entry it cannot
+    apply and applies the rest.
     """
 
     place: list[tuple[str, Placement]] = field(default_factory=list)

@@ -8,6 +8,8 @@ throughputs. Other models can be registered with :func:`register_workload`.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 __all__ = [
@@ -104,10 +106,45 @@ def known_models() -> list[str]:
     return list(_REGISTRY)
 
 
+def _finite(v: object) -> bool:
+    try:
+        return not isinstance(v, bool) and isinstance(v, numbers.Real) and math.isfinite(v)
+    except (TypeError, OverflowError):
+        return False
+
+
 def register_workload(profile: WorkloadProfile, aliases: tuple[str, ...] = ()) -> None:
-    """Add a model the performance model can price (needs ``per_gpu_throughput``)."""
-    if profile.per_gpu_throughput is None or profile.per_gpu_throughput <= 0:
-        raise ValueError(f"{profile.name}: a registered workload needs a positive per_gpu_throughput")
+    """Add a model the performance model can price.
+
+    Every field is checked (:class:`ValueError` naming the model and the field):
+    ``name`` a non-empty string; ``bandwidth_mbps`` (MB/s) and ``comm_comp`` finite numbers
+    >= 0 (a negative or NaN one gave negative throughputs, a contention sensitivity below 1 or
+    NaN); ``per_gpu_throughput`` (samples/s) a finite number > 0 (required: the model has no
+    measurements); ``pattern`` a string; ``family_index`` an integer >= 0; ``aliases`` non-empty
+    strings.
+
+    A :class:`~policies.perf.ContentionModel` prices the models registered when it was built:
+    register before building one (one built before raises a clear error for the new model).
+    """
+    name = profile.name
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"register_workload: name must be a non-empty string, got {name!r}")
+    for field_name, v in (("bandwidth_mbps", profile.bandwidth_mbps), ("comm_comp", profile.comm_comp)):
+        if not _finite(v) or v < 0:
+            raise ValueError(f"workload {name!r}: {field_name} must be a finite number >= 0, got {v!r}")
+    thp = profile.per_gpu_throughput
+    if not _finite(thp) or thp <= 0:  # type: ignore[operator]
+        raise ValueError(
+            f"workload {name!r}: per_gpu_throughput must be a finite number > 0 (samples/s of one GPU), got {thp!r}"
+        )
+    if not isinstance(profile.pattern, str):
+        raise ValueError(f"workload {name!r}: pattern must be a string, got {profile.pattern!r}")
+    fi = profile.family_index
+    if isinstance(fi, bool) or not isinstance(fi, numbers.Integral) or fi < 0:
+        raise ValueError(f"workload {name!r}: family_index must be an integer >= 0, got {fi!r}")
+    for a in aliases:
+        if not isinstance(a, str) or not a.strip():
+            raise ValueError(f"workload {name!r}: aliases must be non-empty strings, got {a!r}")
     idx = profile.family_index or len(_REGISTRY)
     _REGISTRY[profile.name] = WorkloadProfile(
         profile.name, profile.bandwidth_mbps, profile.comm_comp, profile.pattern, profile.per_gpu_throughput, idx

@@ -1361,3 +1361,30 @@ def test_permission_denied_gets_a_hint_once(tmp_path, controller_logs):
     hints = [r.getMessage() for r in controller_logs.records if getattr(r, "event", "") == "slurm_permission"]
     assert len(failed) == 3 and f"placing job {jid} failed" in failed[0].getMessage()
     assert len(hints) == 1 and "adminlevel=Operator" in hints[0] and "SlurmUser" in hints[0]
+
+
+def test_drained_node_is_never_a_target_not_even_after_a_preemption():
+    """A drained node's GPUs count as free for nothing: build_state marks it unusable, so a preemptive
+    heuristic preempts the job on the usable node rather than the one on the draining node (whose GPUs
+    Slurm would not give to the new job), and the new job is planned on the usable node."""
+    from controller.slurm import MANAGED_MARK
+    from policies.heuristics import make_heuristic
+
+    nodes = [SlurmNode("node1", 8, 8, "mixed", flags=("DRAIN",), partitions=("gpu",)),
+             SlurmNode("node2", 8, 8, "allocated", partitions=("gpu",))]
+    cl = build_cluster(nodes, "gpu", 16.0, 5.0)
+    perf = ContentionModel(cl)
+
+    def job(i, state, nodes_, samples, submit):
+        return SlurmJob(job_id=i, name=f"j{i}", user="u", user_id=1, state=state, reason="",
+                        priority=0 if state == "PENDING" else 1, partition="gpu", gpus=8, nodes=nodes_,
+                        gpus_per_node={n: 8 for n in nodes_}, comment=f"rlsched:model=MoE,samples={samples}",
+                        admin_comment=MANAGED_MARK, submit_time=submit, start_time=1000.0 if nodes_ else None)
+
+    jobs = [job(1, "RUNNING", ["node1"], "1e10", 0.0), job(2, "RUNNING", ["node2"], "1e9", 0.0),
+            job(3, "PENDING", [], "1e3", 50000.0)]
+    view = build_state(100000.0, cl, nodes, jobs, perf, partition="gpu", default_model="MoE", default_runtime_s=3600)
+    assert view.state.usable.tolist() == [False, True]
+    dec = make_heuristic("srtf", perf).schedule(view.state)
+    assert dec.preempt == ["2"]
+    assert [(jid, [cl.nodes[n].name for n in p.nodes]) for jid, p in dec.place] == [("3", ["node2"])]

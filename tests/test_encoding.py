@@ -229,6 +229,32 @@ def test_fast_encode_bit_identical_to_reference(cname, running, pending, now, se
         cur = apply_placement(cur, jid, p, perf)
 
 
+def test_unusable_nodes_get_no_option_and_keep_apply_placement_consistent():
+    """A node marked unusable (ClusterState.usable) with GPUs reported free: no option of any candidate uses
+    it, encode / encode_reference / the RoundEncoder agree, and apply_placement keeps the mask."""
+    from policies.encoding import RoundEncoder
+    from policies.rl import zero_net
+
+    rng = np.random.default_rng(3)
+    state = random_state(C48, PERF, [("MoE", 4, 2.0), ("FSDP", 8, 1.0)],
+                         [(m, g, 1.0) for m in ("MoE", "DLRM") for g in (1, 2, 4, 8, 12)], 3600.0, rng)
+    usable = np.array([True, False, True, False])
+    st_ = dataclasses.replace(state, usable=usable)
+    assert st_.free_gpus[~usable].sum() == 0 and st_.free_gpus[usable].tolist() == state.free_gpus[usable].tolist()
+    enc_ = Encoder(C48, PERF)
+    got = enc_.encode(st_)
+    _same(got, enc_.encode_reference(st_))
+    opts = [p for o in got.options for p in o if p is not None]
+    assert opts and all(usable[v] for p in opts for v in p.nodes)
+    jid, p = got.decode(int(np.flatnonzero(got.mask[:-1])[0]))
+    nxt = apply_placement(st_, jid, p, PERF)
+    assert nxt.usable is usable or np.array_equal(nxt.usable, usable)
+    rnd = RoundEncoder(enc_, st_, zero_net(enc_.spec).sparse_plan(enc_.spec, enc_._exists))
+    assert np.array_equal(rnd.state().usable, usable)
+    sparse = rnd.encode(got.candidates, len(st_.pending))
+    assert np.array_equal(sparse.mask, got.mask)
+
+
 def test_candidate_order_ages_waiting_jobs():
     """A large job that has waited long enough overtakes a newly arrived small one."""
     from policies.encoding import AGING_S
@@ -430,23 +456,79 @@ def test_plan_order_candidates_follow_the_waves():
 
 
 def test_plan_is_kept_within_a_round_and_remade_at_the_next():
-    """Placing jobs off the plan keeps the other waves (each job taken from the first wave holding its
-    demand); a later time or a demand with more jobs than planned replans."""
+    """Inside a round (Encoder.begin_round) placing jobs off the plan keeps the other waves (each job
+    taken from the first wave holding its demand); a later time, a demand with more jobs than planned,
+    a new round or no round at all replans."""
     from collections import Counter
+
+    from policies.waves import plan_order
 
     enc = _plan_enc()
     jobs = _uniform_queue()
     counts = Counter(j.gpu_demand for j in jobs)
+    enc.begin_round()
     plan = enc.plan_remaining(dict(counts), 0.0, jobs)
     first = plan[0]
     counts[first] -= 1
     rest = plan[1:]
+    assert rest != plan_order(counts, 4, 8)  # (so that the checks below tell kept from replanned)
     assert enc.plan_remaining(dict(counts), 0.0, jobs) == rest
-    from policies.waves import plan_order
-
-    assert enc.plan_remaining(dict(counts), 60.0, jobs) == plan_order(counts, 4, 8)  # new round: replanned
+    enc.end_round()
+    assert enc.plan_remaining(dict(counts), 0.0, jobs) == plan_order(counts, 4, 8)  # no round: planned afresh
+    enc.begin_round()
+    assert enc.plan_remaining(dict(Counter(j.gpu_demand for j in jobs)), 0.0, jobs) == plan
+    enc.begin_round()  # the next round at the same time, one job started: replanned from its queue
+    assert enc.plan_remaining(dict(counts), 0.0, jobs) == plan_order(counts, 4, 8)
+    assert enc.plan_remaining(dict(counts), 60.0, jobs) == plan_order(counts, 4, 8)  # a later time: replanned
     counts[first] += 2  # an arrival at the same time: more jobs than planned
     assert enc.plan_remaining(dict(counts), 60.0, jobs) == plan_order(counts, 4, 8)
+
+
+def test_encoder_is_pure_outside_a_round_and_across_rounds():
+    """The plan memo never leaks from one queue to another at the same time (the reviewer's case: after
+    encoding a long uniform batch, a shorter queue whose remaining times differ too much for waves got
+    the batch's plan): candidates and observations equal a fresh encoder's, outside a round and in a
+    new round; RLPolicy.reset forgets any plan."""
+    import copy
+
+    from policies.prior import AdmissionPrior
+    from policies.rl import RLPolicy, zero_net
+
+    perf = ContentionModel(C48)
+
+    def mk(jid, d, hours):
+        b = perf.best_isolated_throughput("MoE", d)
+        return JobInfo(jid, "MoE", d, 0.0, hours * 3600 * b, best_thp=b)
+
+    a = [mk(f"a{d}_{i}", d, 1.0) for d in (1, 3, 5, 7) for i in range(40)]  # waves apply
+    b = [mk(f"b{d}_{i}", d, 1.0 + 9.0 * i / 9) for d in (1, 3, 5, 7) for i in range(10)]  # waves must not
+    now = 600.0
+    sa = ClusterState(now, C48, np.array(C48.gpus_per_node), [], a)
+    sb = ClusterState(now, C48, np.array(C48.gpus_per_node), [], b)
+    spec = ObsSpec.for_cluster(C48, order="plan")
+    fresh = Encoder(C48, perf, spec)
+    want = [j.job_id for j in fresh.candidates(sb.pending, now, sb.total_free)]
+    want_enc = Encoder(C48, perf, spec).encode(sb)
+    for in_round in (False, True):
+        warm = Encoder(C48, perf, spec)
+        if in_round:
+            warm.begin_round()
+        warm.candidates(sa.pending, now, sa.total_free)
+        if in_round:
+            warm.begin_round()  # the next round: another queue at the same time
+        assert [j.job_id for j in warm.candidates(sb.pending, now, sb.total_free)] == want
+        got = warm.encode(sb)
+        assert np.array_equal(got.obs, want_enc.obs) and np.array_equal(got.mask, want_enc.mask)
+    # a policy's rounds: B after A decides as B alone
+    pol = RLPolicy(zero_net(spec), Encoder(C48, perf, spec), prior=AdmissionPrior(), name="prior")
+    alone = copy.deepcopy(pol).schedule(sb)
+    pol.schedule(sa)
+    assert pol.encoder._plan is None  # the round's plan is gone with the round
+    assert pol.schedule(sb) == alone
+    pol.encoder.begin_round()
+    pol.encoder.candidates(sa.pending, now, sa.total_free)
+    pol.reset()
+    assert pol.encoder._plan is None and pol.schedule(sb) == alone
 
 
 @settings(max_examples=40, deadline=None)
@@ -460,6 +542,7 @@ def test_plan_rest_within_a_round_equals_removing_each_start_from_the_plan(start
     enc = _plan_enc()
     jobs = _uniform_queue(reps=2)
     counts = Counter(j.gpu_demand for j in jobs)
+    enc.begin_round()
     rest = enc.plan_remaining(dict(counts), 0.0, jobs)
     heads = {}
     groups: dict[int, list] = {}  # the waiting jobs per demand; its first is the group's head

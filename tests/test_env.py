@@ -90,6 +90,44 @@ def test_jct_rel_reference_checked():
         PlacementEnv([_jobs(8)], C48, reward="jct-rel", perf=PERF, reference=[1.0, 2.0])
 
 
+def test_empty_traces_are_rejected_with_a_clear_error():
+    """An empty trace used to crash reset() with IndexError (an empty event heap popped at t = inf)."""
+    with pytest.raises(ValueError, match=r"trace 0 \(0-based\) has no jobs"):
+        PlacementEnv([[]], C48, perf=PERF)
+    with pytest.raises(ValueError, match=r"trace 1 \(0-based\) has no jobs \(2 empty traces\)"):
+        PlacementEnv([_jobs(4), [], []], C48, perf=PERF)
+
+
+def _uniform_batch() -> list[JobSpec]:
+    """Equal-length jobs of every demand 1..32, all at t = 0: the "plan" order's waves."""
+    out = []
+    for d in range(1, 33):
+        b = PERF.best_isolated_throughput("FSDP", d)
+        out += [JobSpec(f"u{d}-{i}", 0.0, "FSDP", d, 3600.0 * b * (1 + 0.001 * i)) for i in range(4)]
+    return out
+
+
+@pytest.mark.parametrize("jobs", [_uniform_batch(), _jobs(40, seed=3, arrival="poisson")], ids=["batch", "poisson"])
+def test_env_rounds_match_the_policy_rounds(jobs):
+    """The env driven by a policy's own choices gives the simulator's results with that policy: the
+    env's encoder rounds (a new one after every advance of time) are RLPolicy.schedule's, so the
+    "plan" order's plan is made and kept exactly as in the simulator."""
+    from policies.rl import make_rl_policy
+    from trainer.simulator import SimConfig, Simulator
+
+    pol = make_rl_policy("rl-prior", C48, PERF)
+    want = Simulator(C48, jobs, pol, PERF, SimConfig()).run()
+    env = PlacementEnv([jobs], C48, perf=PERF, order="plan", k=pol.encoder.spec.k, aging_s=pol.encoder.spec.aging_s)
+    env.reset(seed=0)
+    done = False
+    while not done:
+        a = pol._act(env._enc) if env._enc is not None else env.spec_obs.noop
+        *_, term, trunc, _info = env.step(a)
+        done = term or trunc
+    got = {j.spec.job_id: (j.first_start, j.finish) for j in env.sim.jobs}
+    assert got == {r.job_id: (r.first_start, r.finish_time) for r in want.jobs}
+
+
 def test_deterministic_replay():
     a = _run(PlacementEnv([_jobs(seed=1), _jobs(seed=2)], C48, perf=PERF), "random", seed=7, rng_seed=3)
     b = _run(PlacementEnv([_jobs(seed=1), _jobs(seed=2)], C48, perf=PERF), "random", seed=7, rng_seed=3)

@@ -138,6 +138,76 @@ def test_srtf_preempts_worst_victim_and_only_what_it_needs(perf) -> None:
     assert dec.place == [("s", Placement.of({0: 4}))]
 
 
+def test_preemption_only_covers_each_nodes_deficit(perf) -> None:
+    """The reviewer's case: J (10 GPUs) needs 2 GPUs on node 0, which has 3 free, and 8 on node 1,
+    which has none. Only V2 (node 1) must go; V1 (lowest priority, node 0) was preempted too."""
+    v1 = job("V1", 1, total=1e6, placement=Placement.of({0: 1}), start=0.0)  # lowest priority
+    v2 = job("V2", 8, total=5e5, placement=Placement.of({1: 8}), start=0.0)
+    x = job("X", 4, total=1e2, placement=Placement.of({0: 4}), start=0.0)  # short: never a victim
+    st_ = ClusterState(1000.0, C28, np.array([3, 0]), [v1, v2, x], [job("J", 10, total=3600.0)])
+    for name in ("srtf", "greedy"):
+        dec = make_heuristic(name, perf).schedule(st_)
+        assert dec.preempt == ["V2"], name
+        assert dec.place == [("J", Placement.of({0: 2, 1: 8}))], name
+
+
+def test_preemption_takes_lowest_priority_first_up_to_the_deficit(perf) -> None:
+    """Several victims on the short node: the lowest-priority ones until the deficit is covered, not more."""
+    run = [
+        job("a", 2, total=1e6, placement=Placement.of({0: 2}), start=0.0),  # lowest priority
+        job("b", 2, total=9e5, placement=Placement.of({0: 2}), start=0.0),
+        job("c", 4, total=8e5, placement=Placement.of({0: 4}), start=0.0),
+    ]
+    dec = make_heuristic("srtf", perf).schedule(state(C18, run, [job("s", 4, total=10.0)]))
+    assert dec.preempt == ["a", "b"] and dec.place == [("s", Placement.of({0: 4}))]
+
+
+@pytest.mark.parametrize("name", ["srtf", "las", "greedy", "srtf:spread"])
+def test_preemption_never_uses_unusable_nodes(perf, name) -> None:
+    """A draining node (usable False, free GPUs 0) still runs a long job: preempting it frees nothing
+    a placement may use, so the short job preempts the job on the usable node, or waits."""
+    drained = job("on-drained", 8, total=1e7, placement=Placement.of({0: 8}), start=0.0, attained=1e6)
+    other = job("other", 8, total=1e6, placement=Placement.of({1: 8}), start=0.0, attained=1e5)
+    short = job("short", 8, submit=900.0, total=10.0)
+    usable = np.array([False, True])
+    dec = make_heuristic(name, perf).schedule(ClusterState(1000.0, C28, np.array([0, 0]), [drained, other], [short], usable))
+    assert dec.preempt == ["other"] and dec.place == [("short", Placement.of({1: 8}))]
+    # nothing preemptible on the usable node: nothing happens (no placement on the drained node)
+    other = job("other", 8, total=5.0, placement=Placement.of({1: 8}), start=950.0)
+    dec = make_heuristic(name, perf).schedule(ClusterState(1000.0, C28, np.array([0, 0]), [drained, other], [short], usable))
+    assert dec == Decision()
+    # free GPUs reported on an unusable node are not used either
+    dec = make_heuristic(name, perf).schedule(ClusterState(1000.0, C28, np.array([8, 0]), [other], [short], usable))
+    assert dec == Decision()
+
+
+def test_victim_on_usable_and_unusable_nodes_frees_only_its_usable_gpus(perf) -> None:
+    """A 16-GPU victim over a drained node and a usable one frees 8 usable GPUs: enough for an 8-GPU job,
+    not for a 12-GPU one."""
+    usable = np.array([False, True])
+    wide = job("wide", 16, total=1e7, placement=Placement.of({0: 8, 1: 8}), start=0.0)
+    for gpus, fits in ((8, True), (12, False)):
+        st_ = ClusterState(1000.0, C28, np.array([0, 0]), [wide], [job("s", gpus, total=10.0)], usable)
+        dec = make_heuristic("srtf", perf).schedule(st_)
+        assert dec == (Decision([("s", Placement.of({1: 8}))], ["wide"]) if fits else Decision())
+
+
+def test_place_limit_drops_the_preemptions_of_later_placements(perf) -> None:
+    """With place_limit = 1 the round is the unlimited round's first placement and only the
+    preemptions it needs: the second job's victim keeps running."""
+    run = [job("long", 8, total=1e6, placement=Placement.of({1: 8}), start=0.0)]
+    pend = [job("a", 8, total=10.0), job("b", 8, total=20.0)]
+    pol = make_heuristic("srtf", perf)
+    full = pol.schedule(state(C28, run, pend))
+    assert full == Decision([("a", Placement.of({0: 8})), ("b", Placement.of({1: 8}))], ["long"])
+    pol.place_limit = 1
+    assert pol.schedule(state(C28, run, pend)) == Decision([("a", Placement.of({0: 8}))], [])
+    pol.place_limit = 0
+    assert pol.schedule(state(C28, run, pend)) == Decision()
+    pol.place_limit = 2
+    assert pol.schedule(state(C28, run, pend)) == full
+
+
 def test_srtf_least_remaining_first(perf) -> None:
     pend = [job("c", 8, total=300.0), job("a", 8, total=100.0), job("b", 8, total=200.0)]
     pol = make_heuristic("srtf", perf)
@@ -201,20 +271,33 @@ def test_las_preempts_across_queues_only(perf) -> None:
 # ---------------------------------------------------------------------- equivalence with a reference
 def reference_schedule(pol: OrderedPolicy, st_: ClusterState) -> Decision:
     """The straightforward algorithm (no shortcuts): the optimised
-    OrderedPolicy.schedule must return exactly this."""
+    OrderedPolicy.schedule must return exactly this. A job that does not fit frees the
+    lowest-priority victims one by one until it does, then preempts only those the placement
+    needs: lowest priority first, a victim on a node that still lacks GPUs. GPUs on unusable
+    nodes count for nothing; the round stops after place_limit placements."""
     dec = Decision()
-    free = st_.free_gpus.astype(np.int64).copy()
+    n_nodes = st_.cluster.num_nodes
+    usable = np.ones(n_nodes, dtype=bool) if st_.usable is None else st_.usable
+    free = np.where(usable, st_.free_gpus, 0).astype(np.int64)
     pending = sorted(st_.pending, key=pol.order)
     running = list(st_.running)  # with this round's starts and preemptions (what greedy looks at)
 
     def now() -> ClusterState:
-        return ClusterState(st_.time, st_.cluster, st_.free_gpus, running, st_.pending)
+        return ClusterState(st_.time, st_.cluster, st_.free_gpus, running, st_.pending, st_.usable)
+
+    def gain(v: JobInfo, arr: np.ndarray) -> None:
+        for n, c in v.placement.alloc:
+            if usable[n]:
+                arr[n] += c
 
     victims = []
     if pol.preemptive:
-        victims = sorted((j for j in st_.running if j.start_time is None or st_.time - j.start_time >= pol.min_run),
+        victims = sorted((j for j in st_.running if (j.start_time is None or st_.time - j.start_time >= pol.min_run)
+                          and any(usable[n] for n in j.placement.nodes)),
                          key=pol.order, reverse=True)
     for jb in pending:
+        if pol.place_limit is not None and len(dec.place) >= pol.place_limit:
+            break
         p = pol.placement(jb, free, now())
         if p is None and pol.preemptive and victims:
             key = pol.order(jb)
@@ -222,23 +305,27 @@ def reference_schedule(pol: OrderedPolicy, st_: ClusterState) -> Decision:
             for v in victims:
                 if not pol._lower(pol.order(v)[0], key[0]):
                     break
-                for n, c in v.placement.alloc:
-                    trial[n] += c
+                gain(v, trial)
                 chosen.append(v)
                 p = pol.placement(jb, trial, now())
                 if p is not None:
-                    used = set(p.nodes)
-                    for x in [x for x in chosen if used & set(x.placement.nodes)]:
+                    have, kept = free.copy(), []
+                    for x in chosen:
+                        short = {n for n, c in p.alloc if have[n] < c}
+                        if short & set(x.placement.nodes):
+                            kept.append(x)
+                            gain(x, have)
+                    for x in kept:
                         dec.preempt.append(x.job_id)
                         victims.remove(x)
                         running.remove(x)
-                        for n, c in x.placement.alloc:
-                            free[n] += c
+                        gain(x, free)
                     break
         if p is None:
             if pol.strict:
                 break
             continue
+        assert all(usable[n] for n in p.nodes)
         for n, c in p.alloc:
             free[n] -= c
         dec.place.append((jb.job_id, p))
@@ -272,7 +359,10 @@ def random_states(draw) -> ClusterState:
         for i in range(draw(st.integers(0, 10)))
     ]
     pending = [j for j in pending if j.gpu_demand <= cluster.total_gpus]
-    return ClusterState(1000.0, cluster, free, running, pending)
+    usable = None
+    if draw(st.booleans()):  # some nodes drained or down (their free GPUs zeroed by ClusterState)
+        usable = np.array([draw(st.booleans()) for _ in range(cluster.num_nodes)], dtype=bool)
+    return ClusterState(1000.0, cluster, free, running, pending, usable)
 
 
 @pytest.mark.parametrize("name", ["fifo", "sjf", "srtf", "las", "greedy", "srtf:spread", "las:spread", "las-np", "sjf:greedy"])
@@ -281,21 +371,69 @@ def random_states(draw) -> ClusterState:
 def test_schedule_matches_reference(perf, name, st_) -> None:
     pol = make_heuristic(name, perf)
     assert pol.schedule(st_) == reference_schedule(pol, st_)
+    for limit in (0, 1, 2):
+        pol.place_limit = limit
+        assert pol.schedule(st_) == reference_schedule(pol, st_)
 
 
 @settings(max_examples=60, deadline=None)
 @given(st_=random_states())
 def test_decisions_are_applicable(perf, st_) -> None:
     """Preempt first, then place in order: every placement fits what is free then."""
+    usable = np.ones(st_.cluster.num_nodes, dtype=bool) if st_.usable is None else st_.usable
     for name in ("srtf", "las", "greedy", "fifo:spread"):
         dec = make_heuristic(name, perf).schedule(st_)
-        free = st_.free_gpus.copy()
+        free = np.where(usable, st_.free_gpus, 0)  # an unusable node's GPUs never count
         by_id = {j.job_id: j for j in list(st_.running) + list(st_.pending)}
         for jid in dec.preempt:
             for n, c in by_id[jid].placement.alloc:
-                free[n] += c
+                free[n] += c if usable[n] else 0
         for jid, p in dec.place:
             assert p.total_gpus == by_id[jid].gpu_demand and p.fits(free)
             for n, c in p.alloc:
                 free[n] -= c
         assert len(set(placed(dec))) == len(dec.place)
+
+
+# ---------------------------------------------------------------------- bad job fields, usable mask
+@pytest.mark.parametrize(
+    "kw, msg",
+    [
+        ({"done_samples": float("nan")}, r"job 'x': done_samples must be a finite number, got nan"),
+        ({"total_samples": float("inf")}, r"job 'x': total_samples must be a finite number, got inf"),
+        ({"submit_time": float("nan")}, r"job 'x': submit_time must be a finite number, got nan"),
+        ({"attained_service": float("nan")}, r"job 'x': attained_service must be a finite number"),
+        ({"best_thp": 0.0}, r"job 'x': best_thp must be > 0, got 0.0"),
+        ({"best_thp": float("nan")}, r"job 'x': best_thp must be a finite number"),
+        ({"gpu_demand": 2.5}, r"job 'x': gpu_demand must be an integer, got 2.5"),
+        ({"gpu_demand": True}, r"job 'x': gpu_demand must be an integer, got True"),
+        ({"gpu_demand": 0}, r"job 'x': gpu_demand must be >= 1, got 0"),
+        ({"start_time": float("nan")}, r"job 'x': start_time must be a finite number or None, got nan"),
+        ({"done_samples": "5"}, r"job 'x': done_samples must be a finite number, got '5'"),
+    ],
+)
+def test_job_info_rejects_bad_fields(kw, msg) -> None:
+    """A NaN done_samples in a ClusterState made SRTF (and the encoder) fail with an opaque
+    'cannot convert float NaN to integer'; the job and field are now named where the job is built."""
+    base = {"job_id": "x", "model": "MoE", "gpu_demand": 4, "submit_time": 0.0, "total_samples": 100.0}
+    with pytest.raises(ValueError, match=msg):
+        JobInfo(**{**base, **kw})
+
+
+def test_job_info_accepts_numpy_numbers() -> None:
+    j = JobInfo("x", "MoE", np.int64(4), np.float64(1.0), np.float32(100.0), done_samples=np.float64(1.0))
+    assert j.remaining_samples == pytest.approx(99.0)
+
+
+def test_cluster_state_usable_mask() -> None:
+    """usable: None means every node; a mask zeroes the free GPUs of unusable nodes (on a copy) and must
+    be one bool per node."""
+    free = np.array([8, 8])
+    st_ = ClusterState(0.0, C28, free, [], [])
+    assert st_.usable is None and st_.total_free == 16
+    st_ = ClusterState(0.0, C28, free, [], [], np.array([False, True]))
+    assert st_.free_gpus.tolist() == [0, 8] and st_.total_free == 8 and free.tolist() == [8, 8]
+    for bad in (np.array([True]), np.array([1, 0]), [True, False, True]):
+        with pytest.raises(ValueError, match=r"usable must be a bool array of shape \(2,\)"):
+            ClusterState(0.0, C28, free, [], [], bad)
+    assert ClusterState(0.0, C28, free, [], [], [True, False]).free_gpus.tolist() == [8, 0]

@@ -314,3 +314,73 @@ def test_estimate_eta_adaptdl_data() -> None:
     assert all(0.0 < v < 1.0 for v in est.values())
     # The figure quoted in docs/PERFORMANCE_MODEL.md.
     assert f"{est['all']:.3f}" in DOCS.read_text()
+
+
+# ---------------------------------------------------------------------- registered workloads
+@pytest.fixture()
+def registry(monkeypatch):
+    """The workload registry, restored after the test."""
+    from policies import workloads
+
+    monkeypatch.setattr(workloads, "_REGISTRY", dict(workloads._REGISTRY))
+    monkeypatch.setattr(workloads, "_ALIASES", dict(workloads._ALIASES))
+    return workloads
+
+
+@pytest.mark.parametrize(
+    "field, value, msg",
+    [
+        ("bandwidth_mbps", -100.0, r"workload 'New': bandwidth_mbps must be a finite number >= 0, got -100.0"),
+        ("bandwidth_mbps", float("nan"), r"bandwidth_mbps must be a finite number >= 0, got nan"),
+        ("bandwidth_mbps", float("inf"), r"bandwidth_mbps must be a finite number >= 0, got inf"),
+        ("bandwidth_mbps", "900", r"bandwidth_mbps must be a finite number >= 0, got '900'"),
+        ("comm_comp", -1.0, r"workload 'New': comm_comp must be a finite number >= 0, got -1.0"),
+        ("comm_comp", float("nan"), r"comm_comp must be a finite number >= 0, got nan"),
+        ("comm_comp", True, r"comm_comp must be a finite number >= 0, got True"),
+        ("per_gpu_throughput", None, r"per_gpu_throughput must be a finite number > 0"),
+        ("per_gpu_throughput", 0.0, r"per_gpu_throughput must be a finite number > 0"),
+        ("per_gpu_throughput", float("nan"), r"per_gpu_throughput must be a finite number > 0 .*got nan"),
+        ("per_gpu_throughput", float("inf"), r"per_gpu_throughput must be a finite number > 0 .*got inf"),
+        ("family_index", -1, r"family_index must be an integer >= 0, got -1"),
+        ("family_index", 1.5, r"family_index must be an integer >= 0, got 1.5"),
+        ("pattern", None, r"pattern must be a string"),
+        ("name", "", r"name must be a non-empty string"),
+    ],
+)
+def test_register_workload_validates_every_field(registry, field, value, msg) -> None:
+    """A negative or NaN bandwidth / comm ratio gave negative throughputs, CS < 1 or NaN; now a clear error,
+    and nothing is registered."""
+    import dataclasses
+
+    good = registry.WorkloadProfile("New", 500.0, 2.0, per_gpu_throughput=100.0)
+    registry.register_workload(dataclasses.replace(good, name="Fine"))  # the base profile is valid
+    before = registry.known_models()
+    with pytest.raises(ValueError, match=msg):
+        registry.register_workload(dataclasses.replace(good, **{field: value}))
+    assert registry.known_models() == before
+    with pytest.raises(ValueError, match=r"aliases must be non-empty strings"):
+        registry.register_workload(good, aliases=("",))
+
+
+def test_registered_workload_is_priced_sensibly(registry) -> None:
+    registry.register_workload(registry.WorkloadProfile("New", 500.0, 2.0, per_gpu_throughput=100.0), aliases=("nw",))
+    m = ContentionModel(ClusterSpec.parse("4x8"))
+    assert m.isolated_throughput("nw", 1, 1) == pytest.approx(100.0)
+    assert 0 < m.isolated_throughput("New", 8, 2) < 800.0
+    assert m.pair_cs(("New", 8, 2), ("MoE", 8, 2)) >= 1.0
+
+
+def test_model_registered_after_the_contention_model_gives_a_clear_error(registry) -> None:
+    """It used to raise a bare KeyError('Late') from the parameter table."""
+    from policies.workloads import UnknownModelError
+
+    m = ContentionModel(ClusterSpec.parse("4x8"))
+    registry.register_workload(registry.WorkloadProfile("Late", 500.0, 2.0, per_gpu_throughput=100.0))
+    for call in (
+        lambda: m.isolated_throughput("Late", 4, 1),
+        lambda: m.best_isolated_throughput("Late", 8),
+        lambda: m.pair_cs(("Late", 8, 2), ("MoE", 8, 2)),
+    ):
+        with pytest.raises(UnknownModelError, match=r"model 'Late' was registered after this ContentionModel was built"):
+            call()
+    assert ContentionModel(ClusterSpec.parse("4x8")).isolated_throughput("Late", 1, 1) == pytest.approx(100.0)

@@ -139,17 +139,21 @@ def _naive_schedule(pol: RLPolicy, state):
     from policies.state import Decision
 
     dec, cur = Decision(), state
-    while cur.pending:
-        enc = pol.encoder.encode_reference(cur)
-        if not enc.any_placement:
-            break
-        choice = enc.decode(pol.net.act(enc.obs, enc.mask))
-        if choice is None:
-            if pol.hybrid:
-                dec.place.extend(_safety_rule_reference(pol, cur))
-            break
-        dec.place.append(choice)
-        cur = apply_placement(cur, *choice, PERF)
+    pol.encoder.begin_round()  # one round: the "plan" order's plan is made at its first encoding and kept
+    try:
+        while cur.pending:
+            enc = pol.encoder.encode_reference(cur)
+            if not enc.any_placement:
+                break
+            choice = enc.decode(pol.net.act(enc.obs, enc.mask))
+            if choice is None:
+                if pol.hybrid:
+                    dec.place.extend(_safety_rule_reference(pol, cur))
+                break
+            dec.place.append(choice)
+            cur = apply_placement(cur, *choice, PERF)
+    finally:
+        pol.encoder.end_round()
     return dec
 
 
@@ -360,6 +364,38 @@ def test_place_limit_returns_the_first_placements_of_the_unlimited_round(name):
     assert cuts >= 3  # the limit did cut rounds short
     if name == "holding-hybrid":
         assert fallback > 0  # the safety rule's placements were cut too
+
+
+@pytest.mark.parametrize("name", ["rl-base", "rl-hybrid", "rl-prior", "holding-hybrid"])
+def test_rl_policies_never_place_on_unusable_nodes(name):
+    """On every state of a simulation, with nodes 0 and 2 marked unusable (ClusterState.usable) although
+    their GPUs are reported free: no placement touches them, and the network placements fit the usable
+    nodes' free GPUs."""
+    import dataclasses
+
+    cluster = ClusterSpec.parse("4x8")
+    perf = ContentionModel(cluster)
+    jobs = generate_jobs(cluster, GeneratorConfig(num_jobs=48, demand="uniform", mix="heavy", seed=5), perf)
+
+    def make():
+        return _holding_hybrid(cluster, perf) if name == "holding-hybrid" else make_rl_policy(name, cluster, perf)
+
+    keep = _Keep(make())
+    Simulator(cluster, jobs, keep, perf, SimConfig()).run()
+    pol = make()
+    usable = np.array([False, True, False, True])
+    placed = 0
+    for st in keep.states:
+        st = dataclasses.replace(st, usable=usable)
+        free = st.free_gpus.copy()
+        assert free[~usable].sum() == 0
+        for _jid, p in pol.schedule(st).place:
+            assert all(usable[v] for v in p.nodes), p
+            assert p.fits(free)
+            for v, c in p.alloc:
+                free[v] -= c
+            placed += 1
+    assert placed > 0
 
 
 # ---------------------------------------------------------------- unusable logits: a clear error, not a crash

@@ -407,7 +407,6 @@ def test_plan_order_schedule_matches_step_by_step(cname, running, pending, now, 
     from policies.prior import AdmissionPrior
 
     enc_ = _PLAN_ENCS[cname]
-    enc_._plan = None
     net = random_net(enc_.spec, seed % 3, tilt)
     state = _random_state(cname, running, pending, now, seed)
     inf = float("inf")
@@ -418,7 +417,6 @@ def test_plan_order_schedule_matches_step_by_step(cname, running, pending, now, 
     ):
         pol = RLPolicy(net, enc_, fast=fast, prior=AdmissionPrior(), hybrid=hybrid)
         got = pol.schedule(state).place
-        enc_._plan = None  # the reference plans afresh from the same queue
         want = _step_by_step(enc_, net, state, hybrid)
     assert got == want
 
@@ -474,14 +472,18 @@ def _step_by_step(enc_: Encoder, net: MLPNet, state: ClusterState, hybrid: bool)
 
     ref = RLPolicy(net, enc_, fast=False, prior=AdmissionPrior(), hybrid=hybrid)
     want, cur = [], state
-    while cur.pending:
-        if not enc_.encode(cur).any_placement:
-            break
-        _a, choice = ref.decide(cur)
-        if choice is None:
-            if hybrid:
-                want.extend(_safety_rule_reference(ref, cur))
-            break
-        want.append(choice)
-        cur = apply_placement(cur, choice[0], choice[1], enc_.perf)
+    enc_.begin_round()  # one round: the "plan" order's plan is made at its first decision and kept
+    try:
+        while cur.pending:
+            if not enc_.encode(cur).any_placement:
+                break
+            _a, choice = ref.decide(cur)
+            if choice is None:
+                if hybrid:
+                    want.extend(_safety_rule_reference(ref, cur))
+                break
+            want.append(choice)
+            cur = apply_placement(cur, choice[0], choice[1], enc_.perf)
+    finally:
+        enc_.end_round()
     return want

@@ -377,10 +377,62 @@ def test_bad_traces() -> None:
         Simulator(cluster, [job(perf, "a", 0, 1, 1), job(perf, "a", 0, 1, 1)], None, perf)
     with pytest.raises(SimulationError, match="exceeds the cluster's 4 GPUs"):
         Simulator(cluster, [JobSpec("big", 0, "MoE", 8, 10.0)], None, perf)
-    with pytest.raises(SimulationError, match="invalid demand"):
+    with pytest.raises(SimulationError, match=r"job 'neg': total_samples must be > 0, got -1.0"):
         Simulator(cluster, [JobSpec("neg", 0, "MoE", 1, -1.0)], None, perf)
     with pytest.raises(ValueError, match="round_len"):
         Simulator(cluster, [], None, perf, SimConfig(round_len=0))
+
+
+nan, inf = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(
+    "submit, demand, samples, model, msg",
+    [
+        (nan, 4, 1000.0, "MoE", r"job 'a': submit_time must be a finite number, got nan"),  # ran forever
+        (inf, 4, 1000.0, "MoE", r"job 'a': submit_time must be a finite number, got inf"),  # IndexError
+        (-1.0, 4, 1000.0, "MoE", r"job 'a': submit_time must be >= 0, got -1.0"),
+        (0.0, 4, nan, "MoE", r"job 'a': total_samples must be a finite number, got nan"),  # ValueError
+        (0.0, 4, inf, "MoE", r"job 'a': total_samples must be a finite number, got inf"),  # OverflowError
+        (0.0, 4, 0.0, "MoE", r"job 'a': total_samples must be > 0, got 0.0"),
+        (0.0, 4, "1000", "MoE", r"job 'a': total_samples must be a finite number, got '1000'"),
+        (0.0, 2.5, 1000.0, "MoE", r"job 'a': gpu_demand must be an integer, got 2.5"),  # TypeError
+        (0.0, 4.0, 1000.0, "MoE", r"job 'a': gpu_demand must be an integer, got 4.0"),
+        (0.0, True, 1000.0, "MoE", r"job 'a': gpu_demand must be an integer, got True"),
+        (0.0, 0, 1000.0, "MoE", r"job 'a': gpu_demand must be >= 1, got 0"),
+        (0.0, 4, 1000.0, "Foo", r"job 'a': unknown model 'Foo'"),
+    ],
+)
+def test_bad_job_fields_are_rejected_naming_job_and_field(submit, demand, samples, model, msg) -> None:
+    """Non-finite or non-integer job fields are rejected up front with the job and the field named,
+    for every policy, instead of looping forever or failing deep inside the model."""
+    cluster = ClusterSpec.parse("4x8")
+    perf = perf_for(cluster)
+    jobs = [JobSpec("a", submit, model, demand, samples), JobSpec("b", 0.0, "MoE", 4, 1000.0)]
+    with pytest.raises(SimulationError, match=msg):
+        Simulator(cluster, jobs, make_heuristic("fifo", perf), perf, SimConfig(check_invariants=True)).run()
+
+
+def test_numpy_job_fields_are_accepted() -> None:
+    cluster = ClusterSpec.parse("1x4")
+    perf = perf_for(cluster)
+    jobs = [JobSpec("a", np.float64(0.0), "MoE", np.int64(2), np.float32(1000.0))]
+    res = Simulator(cluster, jobs, make_heuristic("fifo", perf), perf).run()
+    assert res.jobs[0].done_samples == pytest.approx(1000.0)
+
+
+def test_empty_trace_and_advance_past_the_last_event() -> None:
+    """No event left (an empty trace, or every job done): advance_to_next_event says so, not IndexError."""
+    cluster = ClusterSpec.parse("1x4")
+    perf = perf_for(cluster)
+    sim = Simulator(cluster, [], None, perf)
+    assert sim.advance_to_next_event() is False and sim.time == 0.0
+    assert sim.advance_to_next_event(until=600.0) is False and sim.time == 600.0
+    assert Simulator(cluster, [], make_heuristic("fifo", perf), perf).run().jobs == []
+    sim = Simulator(cluster, [job(perf, "a", 0, 1, 1)], make_heuristic("fifo", perf), perf)
+    sim.run()
+    t = sim.time
+    assert sim.advance_to_next_event() is False and sim.time == t
 
 
 class _Lazy(Policy):
@@ -396,6 +448,73 @@ def test_stuck_policy_raises() -> None:
     sim = Simulator(cluster, [job(perf, "a", 0, 1, 10)], _Lazy(), perf, SimConfig(max_idle_rounds=5))
     with pytest.raises(SimulationError, match="placed nothing for 5 rounds"):
         sim.run()
+
+
+def _snapshot(sim: Simulator) -> tuple:
+    return (sim.free.tolist(), sorted(sim.running), [j.spec.job_id for j in sim.pending], sim.preemptions, sim.decisions)
+
+
+@pytest.mark.parametrize(
+    "dec, msg",
+    [
+        # the second placement does not fit: the first and the preemption used to be applied already
+        (Decision([("b", Placement.of({0: 4})), ("c", Placement.of({0: 8}))], ["a"]), r"job c: placement .* does not fit"),
+        (Decision([("b", Placement.of({1: 4}))], []), r"job b: placement .* does not fit"),  # no node 1
+        (Decision([("b", Placement.of({0: 2}))], ["a"]), r"job b: placement .* has 2 GPUs, demand is 4"),
+        (Decision([("b", Placement.of({0: 4})), ("b", Placement.of({0: 4}))], ["a"]), r"places job 'b' twice"),
+        (Decision([("zz", Placement.of({0: 4}))], ["a"]), r"places job 'zz', which is not in the trace"),
+        (Decision([("b", Placement.of({0: 4}))], ["a", "a"]), r"preempts job 'a' twice"),
+        (Decision([("b", Placement.of({0: 4}))], ["b"]), r"preempts job 'b', which is not running"),
+        (Decision([("a", Placement.of({0: 4}))], []), r"job a: already running"),
+        (Decision([("late", Placement.of({0: 4}))], ["a"]), r"job late: not pending"),
+        (Decision([("b", Placement(((0, 4), (0, 0))))], ["a"]), r"repeats a node or has an empty one"),
+    ],
+)
+def test_apply_is_all_or_nothing(dec, msg) -> None:
+    """An invalid entry anywhere in a decision raises before any of it is applied (Decision's contract)."""
+    cluster = ClusterSpec.parse("1x8")
+    perf = perf_for(cluster)
+    jobs = [job(perf, "a", 0, 8, 100.0), job(perf, "b", 0, 4, 100.0), job(perf, "c", 0, 8, 100.0),
+            job(perf, "late", 50, 4, 100.0)]
+    sim = Simulator(cluster, jobs, None, perf, SimConfig(check_invariants=True))
+    sim.reset_state()
+    sim.advance_to_next_event()
+    sim.apply(Decision([("a", Placement.of({0: 8}))]))
+    before = _snapshot(sim)
+    with pytest.raises(SimulationError, match=msg):
+        sim.apply(dec)
+    assert _snapshot(sim) == before
+    sim.check_invariants()
+    # a valid decision (preempt, then place into the freed GPUs) still applies
+    assert sim.apply(Decision([("b", Placement.of({0: 4}))], ["a"])) == 1
+    assert sim.free.tolist() == [4] and sorted(j.spec.job_id for j in sim.running.values()) == ["b"]
+
+
+def test_preempt_and_restart_in_one_decision() -> None:
+    """Preempting a job and placing it again in the same decision (a migration) is valid."""
+    cluster = ClusterSpec.parse("2x4")
+    perf = perf_for(cluster)
+    sim = Simulator(cluster, [job(perf, "a", 0, 4, 100.0)], None, perf, SimConfig(check_invariants=True))
+    sim.reset_state()
+    sim.advance_to_next_event()
+    sim.apply(Decision([("a", Placement.of({0: 4}))]))
+    assert sim.apply(Decision([("a", Placement.of({1: 4}))], ["a"])) == 1
+    assert sim.by_id["a"].info.placement == Placement.of({1: 4}) and sim.preemptions == 1
+
+
+def test_short_job_is_not_completed_early_by_a_nearby_event() -> None:
+    """A job of a few ms whose end falls 30 us after an arrival at t = 50000 s: the completion window
+    used to be 1e-9 * t = 50 us, so it completed at the arrival, 0.7 % of its work short (an invariant
+    failure on a legal trace). The window is now relative to the job's own duration too."""
+    cluster = ClusterSpec.parse("4x8")
+    perf = perf_for(cluster)
+    r = perf.isolated_throughput("GraphSage", 1, 1)
+    t_fin = 50000.0 + 1000.0 / r
+    jobs = [JobSpec("B", 50000.0, "GraphSage", 1, 1000.0), JobSpec("C", t_fin - 3e-5, "MoE", 1, 1000.0)]
+    res = Simulator(cluster, jobs, make_heuristic("fifo", perf), perf, SimConfig(check_invariants=True)).run()
+    b = next(x for x in res.jobs if x.job_id == "B")
+    assert b.done_samples == 1000.0 and b.finish_time == pytest.approx(t_fin, abs=1e-9)
+    assert b.jct == pytest.approx(1000.0 / r, rel=1e-6)
 
 
 def test_invariant_checker_catches_over_allocation() -> None:

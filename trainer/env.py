@@ -7,7 +7,8 @@ for the observation and the ``Discrete(K * S + 1)`` action):
   move, and the agent is asked again (several jobs per round);
 * "nothing" ends the round: the simulator advances to the next arrival /
   completion or the next round boundary (``round_len`` s), whichever comes
-  first. While no placement is valid the environment keeps advancing on its
+  first, and the next decision starts a new round (also for the encoder: the
+  ``"plan"`` order replans, as :meth:`policies.rl.RLPolicy.schedule` does each round). While no placement is valid the environment keeps advancing on its
   own (no decision to make), so an episode is about
   ``jobs + events + useful rounds`` steps long.
 
@@ -157,6 +158,13 @@ class PlacementEnv(gym.Env):
         super().__init__()
         if not traces:
             raise ValueError("PlacementEnv needs at least one trace")
+        empty = [i for i, t in enumerate(traces) if len(t) == 0]
+        if empty:
+            raise ValueError(
+                f"PlacementEnv: trace {empty[0]} (0-based) has no jobs"
+                + (f" ({len(empty)} empty traces)" if len(empty) > 1 else "")
+                + "; an episode needs at least one job"
+            )
         if reward not in REWARDS:
             raise ValueError(f"reward {reward!r}: expected one of {', '.join(REWARDS)}")
         if not 0.0 <= w1 <= 1.0:
@@ -233,6 +241,9 @@ class PlacementEnv(gym.Env):
             self._next_round = (math.floor(sim.time / self.round_len + 1e-12) + 1) * self.round_len
         elif not sim.advance_to_next_event(until=self._next_round):
             self._next_round += self.round_len
+        # the simulator would schedule a new round here: the encoder's round (its plan) starts anew,
+        # as it does in RLPolicy.schedule
+        self.encoder.begin_round()
         return rate * (sim.time - t0) / self.round_len
 
     def _settle(self) -> float:
@@ -268,6 +279,7 @@ class PlacementEnv(gym.Env):
         self.sim = self._sim_for(idx)
         self._steps = 0
         self._next_round = self.round_len
+        self.encoder.begin_round()  # a new episode: no plan from the last one
         self.sim.advance_to_next_event()
         self._next_round = (math.floor(self.sim.time / self.round_len + 1e-12) + 1) * self.round_len
         self._settle()

@@ -210,6 +210,26 @@ class RunningView(Sequence[JobInfo]):
         return f"RunningView({self._refresh()!r})"
 
 
+def _check_spec(j: JobSpec, total_gpus: int) -> None:
+    """Raise :class:`SimulationError` naming the job and field unless ``j`` can be simulated:
+    ``gpu_demand`` an integer (not a bool, not ``2.5``) in ``[1, total_gpus]``, ``total_samples``
+    a finite number > 0, ``submit_time`` a finite number >= 0. (A NaN submit time made the event
+    loop spin forever, an infinite one crash it; a NaN or infinite amount of work failed deep
+    inside the performance model.)"""
+    g = j.gpu_demand
+    if isinstance(g, bool) or not isinstance(g, (int, np.integer)):
+        raise SimulationError(f"job {j.job_id!r}: gpu_demand must be an integer, got {g!r}")
+    if g < 1:
+        raise SimulationError(f"job {j.job_id!r}: gpu_demand must be >= 1, got {g!r}")
+    if g > total_gpus:
+        raise SimulationError(f"job {j.job_id!r}: gpu_demand {g} exceeds the cluster's {total_gpus} GPUs")
+    for name, v, positive in (("total_samples", j.total_samples, True), ("submit_time", j.submit_time, False)):
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v):
+            raise SimulationError(f"job {j.job_id!r}: {name} must be a finite number, got {v!r}")
+        if (v <= 0) if positive else (v < 0):
+            raise SimulationError(f"job {j.job_id!r}: {name} must be {'> 0' if positive else '>= 0'}, got {v!r}")
+
+
 class Simulator:
     """Run one policy over one trace on one cluster.
 
@@ -220,6 +240,10 @@ class Simulator:
     :param config: knobs, see :class:`SimConfig`.
     :param on_round: optional callback ``(sim) -> None`` after each scheduling
         round (used by the Gymnasium environment and progress bars).
+
+    Every job of the trace is checked first (:class:`SimulationError` naming the job and the
+    field): unique ids, an integer demand within the cluster, finite positive work, a finite
+    submit time >= 0 and a known model.
     """
 
     def __init__(
@@ -242,12 +266,7 @@ class Simulator:
             if j.job_id in ids:
                 raise SimulationError(f"duplicate job id {j.job_id!r} in trace")
             ids.add(j.job_id)
-            if j.gpu_demand > total_gpus:
-                raise SimulationError(
-                    f"job {j.job_id}: gpu_demand {j.gpu_demand} exceeds the cluster's {total_gpus} GPUs"
-                )
-            if j.gpu_demand < 1 or j.total_samples <= 0 or j.submit_time < 0:
-                raise SimulationError(f"job {j.job_id}: invalid demand, work or submit time")
+            _check_spec(j, total_gpus)
         order = sorted(range(len(jobs)), key=lambda i: (jobs[i].submit_time, i))
         rng = np.random.default_rng(self.cfg.seed)
         if self.cfg.noise_cv > 0:
@@ -258,7 +277,10 @@ class Simulator:
         self.jobs: list[_Job] = []
         for rank, i in enumerate(order):
             spec = jobs[i]
-            best = self.perf.best_isolated_throughput(spec.model, spec.gpu_demand)
+            try:
+                best = self.perf.best_isolated_throughput(spec.model, spec.gpu_demand)
+            except KeyError as exc:  # an unknown model (UnknownModelError): name the job
+                raise SimulationError(f"job {spec.job_id!r}: {exc}") from exc
             self.jobs.append(_Job(spec, rank, float(noise[i]), best))
         self.by_id = {j.spec.job_id: j for j in self.jobs}
         self.reset_state()
@@ -455,8 +477,58 @@ class Simulator:
         j.finish = self.time
         self.finished += 1
 
+    def check_decision(self, dec: Decision) -> None:
+        """Raise :class:`SimulationError` unless all of ``dec`` can be applied now, changing nothing.
+
+        Every preempted job must be running (once); every placed job must exist, be pending
+        (or preempted by ``dec``) and be placed once, on a placement of its demand built by
+        ``Placement.of`` (valid nodes, no empty or repeated node) that fits the free GPUs left
+        after the preemptions and the placements before it.
+        """
+        free = self.free.copy()
+        gone: set[str] = set()
+        for jid in dec.preempt:
+            j = self.by_id.get(jid)
+            if j is None or j.info.placement is None:
+                raise SimulationError(f"decision preempts job {jid!r}, which is not running")
+            if jid in gone:
+                raise SimulationError(f"decision preempts job {jid!r} twice")
+            gone.add(jid)
+            for n, c in j.info.placement.alloc:
+                free[n] += c
+        placed: set[str] = set()
+        n_nodes = len(free)
+        for jid, p in dec.place:
+            j = self.by_id.get(jid)
+            if j is None:
+                raise SimulationError(f"decision places job {jid!r}, which is not in the trace")
+            if jid in placed:
+                raise SimulationError(f"decision places job {jid!r} twice")
+            placed.add(jid)
+            if j.info.placement is not None and jid not in gone:
+                raise SimulationError(f"job {jid}: already running")
+            # pending = arrived (jobs are indexed in arrival order), not running, not finished (O(1))
+            if j.info.placement is None and (j.idx >= self.next_arrival or not math.isnan(j.finish)):
+                raise SimulationError(f"job {jid}: not pending (it has not arrived or has finished)")
+            if p.total_gpus != j.spec.gpu_demand:
+                raise SimulationError(f"job {jid}: placement {p} has {p.total_gpus} GPUs, demand is {j.spec.gpu_demand}")
+            if len(set(p.nodes)) != p.num_nodes or any(c <= 0 for _n, c in p.alloc):
+                raise SimulationError(f"job {jid}: placement {p} repeats a node or has an empty one (build it with Placement.of)")
+            for n, c in p.alloc:
+                if n < 0 or n >= n_nodes or c > free[n]:
+                    raise SimulationError(
+                        f"job {jid}: placement {p} does not fit free GPUs {free.tolist()} "
+                        "(after the decision's preemptions and earlier placements)"
+                    )
+            for n, c in p.alloc:
+                free[n] -= c
+
     def apply(self, dec: Decision) -> int:
-        """Apply a decision; returns the number of jobs started."""
+        """Apply a decision (preemptions, then placements in order); returns the number of jobs started.
+
+        All or nothing: the whole decision is checked first (:meth:`check_decision`), so an invalid
+        entry raises :class:`SimulationError` before any of it is applied."""
+        self.check_decision(dec)
         for jid in dec.preempt:
             self.preempt(jid)
         started = 0
@@ -487,18 +559,25 @@ class Simulator:
         t_arr = self.jobs[self.next_arrival].spec.submit_time if self.next_arrival < len(self.jobs) else math.inf
         t_cmp = self._next_completion()
         t = min(t_arr, t_cmp)
-        if t > until:
+        if t > until or t == math.inf:  # nothing before `until` (or nothing at all: no job left)
             if until < math.inf:
                 self.time = max(self.time, until)
             return False
         self.time = max(self.time, t)
-        # completions at t (within rounding)
+        # Completions at t, within rounding: a job completes now if its completion time is within
+        # _EPS of now relative to both the clock and the job's own duration at its rate
+        # (total_samples / rate), so it is never cut short by more than _EPS of its work; a bound
+        # on the clock alone (1e-9 * t) could end a job of a few ms a sizeable part of its work early.
+        heap, jobs = self.heap, self.jobs
         while True:
             tc = self._next_completion()
-            if tc > self.time + _EPS * max(1.0, self.time):
+            if tc == math.inf:
                 break
-            _, _, idx, _ = heapq.heappop(self.heap)
-            self._complete(self.jobs[idx])
+            j = jobs[heap[0][2]]  # _next_completion left the live entry on top
+            if tc - self.time > _EPS * min(max(1.0, self.time), j.spec.total_samples / j.rate):
+                break
+            heapq.heappop(heap)
+            self._complete(j)
         while self.next_arrival < len(self.jobs) and self.jobs[self.next_arrival].spec.submit_time <= self.time:
             self.pending.append(self.jobs[self.next_arrival])
             self.next_arrival += 1
