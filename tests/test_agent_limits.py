@@ -15,8 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_agent import _UidAuth  # the MUNGE test double (credential names the uid)
 
-from nodeagent.auth import Identity, SharedKeyAuthenticator
+from nodeagent.auth import SharedKeyAuthenticator
 from nodeagent.client import AgentClient, AgentError
 from nodeagent.server import JobTracker, NodeAgentServer
 from nodeagent.slurmjob import LookupLimited, SlurmJobInfo, SlurmJobs, SlurmUnavailable
@@ -201,22 +202,6 @@ def test_bad_limits_are_refused(kw: dict) -> None:
 
 
 # --------------------------------------------------------------- over gRPC
-
-
-class _UidAuth(SharedKeyAuthenticator):
-    """Test double for MUNGE: the credential names the caller's uid."""
-
-    def __init__(self, key: Path, uid: int = 0) -> None:
-        super().__init__(key)
-        self.uid = uid
-
-    def _make_token(self, payload: bytes) -> str:
-        return f"{self.uid}~" + super()._make_token(payload)
-
-    def _open_token(self, token: str) -> tuple[bytes, Identity]:
-        uid, _, rest = token.partition("~")
-        payload, _ = super()._open_token(rest)
-        return payload, Identity(int(uid), int(uid), self.scheme)
 
 
 def _report(key: str, sid: str) -> pb.ProgressReport:

@@ -230,6 +230,18 @@ def _check_spec(j: JobSpec, total_gpus: int) -> None:
             raise SimulationError(f"job {j.job_id!r}: {name} must be {'> 0' if positive else '>= 0'}, got {v!r}")
 
 
+def _check_placement(job_id: str, demand: int, p: Placement, free: np.ndarray, context: str = "") -> None:
+    """Raise :class:`SimulationError` unless ``p`` gives job ``job_id`` exactly ``demand`` GPUs on distinct
+    nodes of the cluster, each within its ``free`` GPUs (``context`` is appended to the "does not fit" text)."""
+    if p.total_gpus != demand:
+        raise SimulationError(f"job {job_id}: placement {p} has {p.total_gpus} GPUs, demand is {demand}")
+    if len(set(p.nodes)) != p.num_nodes or any(c <= 0 for _n, c in p.alloc):
+        raise SimulationError(f"job {job_id}: placement {p} repeats a node or has an empty one (build it with Placement.of)")
+    for n, c in p.alloc:
+        if n < 0 or n >= len(free) or c > free[n]:
+            raise SimulationError(f"job {job_id}: placement {p} does not fit free GPUs {free.tolist()}{context}")
+
+
 class Simulator:
     """Run one policy over one trace on one cluster.
 
@@ -399,13 +411,7 @@ class Simulator:
         j = self.by_id[job_id]
         if j.info.placement is not None:
             raise SimulationError(f"job {job_id} is already running")
-        if p.total_gpus != j.spec.gpu_demand:
-            raise SimulationError(f"job {job_id}: placement {p} has {p.total_gpus} GPUs, demand is {j.spec.gpu_demand}")
-        if len(set(p.nodes)) != p.num_nodes or any(c <= 0 for _n, c in p.alloc):
-            raise SimulationError(f"job {job_id}: placement {p} repeats a node or has an empty one (build it with Placement.of)")
-        for n, c in p.alloc:
-            if n < 0 or n >= len(self.free) or c > self.free[n]:
-                raise SimulationError(f"job {job_id}: placement {p} does not fit free GPUs {self.free.tolist()}")
+        _check_placement(job_id, j.spec.gpu_demand, p, self.free)
         for n, c in p.alloc:
             self.free[n] -= c
         self.pending.remove(j)
@@ -497,7 +503,6 @@ class Simulator:
             for n, c in j.info.placement.alloc:
                 free[n] += c
         placed: set[str] = set()
-        n_nodes = len(free)
         for jid, p in dec.place:
             j = self.by_id.get(jid)
             if j is None:
@@ -510,16 +515,8 @@ class Simulator:
             # pending = arrived (jobs are indexed in arrival order), not running, not finished (O(1))
             if j.info.placement is None and (j.idx >= self.next_arrival or not math.isnan(j.finish)):
                 raise SimulationError(f"job {jid}: not pending (it has not arrived or has finished)")
-            if p.total_gpus != j.spec.gpu_demand:
-                raise SimulationError(f"job {jid}: placement {p} has {p.total_gpus} GPUs, demand is {j.spec.gpu_demand}")
-            if len(set(p.nodes)) != p.num_nodes or any(c <= 0 for _n, c in p.alloc):
-                raise SimulationError(f"job {jid}: placement {p} repeats a node or has an empty one (build it with Placement.of)")
-            for n, c in p.alloc:
-                if n < 0 or n >= n_nodes or c > free[n]:
-                    raise SimulationError(
-                        f"job {jid}: placement {p} does not fit free GPUs {free.tolist()} "
-                        "(after the decision's preemptions and earlier placements)"
-                    )
+            _check_placement(jid, j.spec.gpu_demand, p, free,
+                             " (after the decision's preemptions and earlier placements)")
             for n, c in p.alloc:
                 free[n] -= c
 
