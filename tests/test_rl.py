@@ -336,22 +336,28 @@ def _holding_hybrid(cluster, perf):
     return RLPolicy(net, Encoder(cluster, perf, spec), hybrid=True, hybrid_floor=0.0)
 
 
-@pytest.mark.parametrize("name", ["rl-base", "rl-hybrid", "holding-hybrid"])
-def test_place_limit_returns_the_first_placements_of_the_unlimited_round(name):
-    """With place_limit = n a round is exactly the first n placements of the unlimited round, on every
-    state of a `uniform` simulation (network placements and rl-hybrid's safety-rule placements alike)."""
+def _simulated_states(name: str, num_jobs: int, seed: int):
+    """The states a 4x8 simulation of a heavy `uniform` trace showed policy ``name`` (the policy ``name``
+    or the holding rl-hybrid), and a fresh policy of the same kind to replay them on."""
     cluster = ClusterSpec.parse("4x8")
     perf = ContentionModel(cluster)
-    jobs = generate_jobs(cluster, GeneratorConfig(num_jobs=64, demand="uniform", mix="heavy", seed=12), perf)
+    jobs = generate_jobs(cluster, GeneratorConfig(num_jobs=num_jobs, demand="uniform", mix="heavy", seed=seed), perf)
 
     def make():
         return _holding_hybrid(cluster, perf) if name == "holding-hybrid" else make_rl_policy(name, cluster, perf)
 
     keep = _Keep(make())
     Simulator(cluster, jobs, keep, perf, SimConfig()).run()
-    pol = make()
+    return keep.states, make()
+
+
+@pytest.mark.parametrize("name", ["rl-base", "rl-hybrid", "holding-hybrid"])
+def test_place_limit_returns_the_first_placements_of_the_unlimited_round(name):
+    """With place_limit = n a round is exactly the first n placements of the unlimited round, on every
+    state of a `uniform` simulation (network placements and rl-hybrid's safety-rule placements alike)."""
+    states, pol = _simulated_states(name, num_jobs=64, seed=12)
     cuts = fallback = 0
-    for st in keep.states:
+    for st in states:
         pol.place_limit = None
         full = pol.schedule(st).place
         for n in (1, 2, 3, 7):
@@ -373,19 +379,10 @@ def test_rl_policies_never_place_on_unusable_nodes(name):
     nodes' free GPUs."""
     import dataclasses
 
-    cluster = ClusterSpec.parse("4x8")
-    perf = ContentionModel(cluster)
-    jobs = generate_jobs(cluster, GeneratorConfig(num_jobs=48, demand="uniform", mix="heavy", seed=5), perf)
-
-    def make():
-        return _holding_hybrid(cluster, perf) if name == "holding-hybrid" else make_rl_policy(name, cluster, perf)
-
-    keep = _Keep(make())
-    Simulator(cluster, jobs, keep, perf, SimConfig()).run()
-    pol = make()
+    states, pol = _simulated_states(name, num_jobs=48, seed=5)
     usable = np.array([False, True, False, True])
     placed = 0
-    for st in keep.states:
+    for st in states:
         st = dataclasses.replace(st, usable=usable)
         free = st.free_gpus.copy()
         assert free[~usable].sum() == 0
