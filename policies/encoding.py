@@ -761,7 +761,7 @@ class Encoder:
             if lo > 0.0 and max(rem) <= PLAN_SPREAD * lo and (batch or odd):
                 C = spec.total_gpus
                 fit = {d: c for d, c in counts.items() if 0 < d <= C}  # larger jobs can never start: last
-                order = plan_order(fit, spec.num_nodes, spec.gpus_per_node)
+                order = plan_order(fit, spec.num_nodes, spec.gpus_per_node, self.cluster.gpus_per_node)
                 order += [d for d in sorted(counts) if not 0 < d <= C for _ in range(counts[d])]
         pos: dict[int, list[int]] = {}
         for n, d in enumerate(order or ()):

@@ -16,7 +16,9 @@ Smith's rule, from the waiting jobs' GPU demands alone:
 1. *single-node jobs* (demand at most ``G``, the GPUs of a node) are packed
    into node-sized bins first fit decreasing (each job into the fullest bin
    it fits), bins sorted by job count (most first) then GPUs, and every
-   ``N`` consecutive bins form one wave (one node each);
+   ``N`` consecutive bins form one wave (one node each; on a heterogeneous
+   cluster bins have their node's size and a wave takes as many bins of a
+   size as there are nodes of it);
 2. *multi-node jobs* (demand above ``G``) are packed first fit decreasing
    into cluster-sized waves, a job joining the wave it leaves with the
    fewest free GPUs where :func:`fits` finds node room for it;
@@ -75,43 +77,73 @@ def _fits_t(free: tuple[int, ...], demand: int) -> tuple[int, ...] | None:
     return None if f is None else tuple(f)
 
 
-def plan_waves(counts: Mapping[int, int], num_nodes: int, gpus_per_node: int) -> list[list[int]]:
+def plan_waves(
+    counts: Mapping[int, int], num_nodes: int, gpus_per_node: int, node_gpus: Sequence[int] | None = None
+) -> list[list[int]]:
     """Waves of GPU demands (each a list, largest first) in the order they should run.
 
-    :param counts: waiting jobs per GPU demand (``{demand: count}``); demands above
-        ``num_nodes * gpus_per_node`` are not allowed.
-    :returns: lists of demands whose multiset union is ``counts``.
-    :raises ValueError: a demand outside ``1 .. num_nodes * gpus_per_node`` or a negative count.
+    :param counts: waiting jobs per GPU demand (``{demand: count}``); demands above the
+        cluster's GPUs are not allowed.
+    :param num_nodes: ``N``; ``gpus_per_node``: ``G``, the largest node's GPUs.
+    :param node_gpus: GPUs of each node, ``[N]`` (a heterogeneous cluster); default ``G`` each.
+        Single-node bins then have their node's size: a new bin gets the node size (at least its
+        first job's demand) that then needs the fewest waves (its bins / its nodes, rounded up;
+        the smallest size on ties), and each wave takes at most as many bins of a size as the
+        cluster has nodes of that size.
+    :returns: lists of demands whose multiset union is ``counts``; each wave fits the idle
+        cluster, single-node jobs one node each.
+    :raises ValueError: a demand outside ``1 .. total GPUs``, a negative count, or ``node_gpus``
+        that does not have ``N`` entries in ``1 .. G`` with ``G`` among them.
     """
     N, G = num_nodes, gpus_per_node
-    C = N * G
+    caps = tuple(node_gpus) if node_gpus is not None else (G,) * N
+    if len(caps) != N or not caps or max(caps) != G or min(caps) < 1:
+        raise ValueError(f"cannot plan on nodes of {list(caps)} GPUs: expected {N} nodes of 1 .. {G} GPUs, the largest {G}")
+    C = sum(caps)
+    nodes_of: dict[int, int] = {}  # node size -> nodes of that size
+    for c in caps:
+        nodes_of[c] = nodes_of.get(c, 0) + 1
+    sizes = sorted(nodes_of)
     small: list[int] = []
     big: list[int] = []
     for d, c in counts.items():
         if not 1 <= d <= C or c < 0:
-            raise ValueError(f"cannot plan {c} job(s) of {d} GPUs on {N} x {G} GPUs")
+            raise ValueError(f"cannot plan {c} job(s) of {d} GPUs on {_describe(caps)}")
         (small if d <= G else big).extend([d] * c)
     # 1. single-node jobs into node bins, first fit decreasing: each job into the fullest bin it
-    #    fits (lowest index on ties); bins bucketed by GPUs used, so a job costs O(G), not O(bins)
+    #    fits (least room left; lowest index on ties); bins bucketed by room left, so a job costs
+    #    O(G), not O(bins)
     bins: list[list[int]] = []
     used: list[int] = []
-    by_used: list[list[int]] = [[] for _ in range(G + 1)]  # bin indices, ascending
+    size: list[int] = []  # each bin's node size
+    opened = dict.fromkeys(sizes, 0)  # bins per node size
+    by_room: list[list[int]] = [[] for _ in range(G + 1)]  # bin indices, ascending
     for d in sorted(small, reverse=True):
-        for u in range(G - d, 0, -1):
-            if by_used[u]:
-                i = by_used[u].pop(0)
+        for r in range(d, G):
+            if by_room[r]:
+                i = by_room[r].pop(0)
                 bins[i].append(d)
-                used[i] = u + d
-                bisect.insort(by_used[u + d], i)
+                used[i] += d
+                bisect.insort(by_room[r - d], i)
                 break
         else:
-            by_used[d].append(len(bins))  # the largest index so far: stays sorted
+            # a new bin: the smallest node size that holds d and needs no more waves than a larger one
+            fit = [c for c in sizes if c >= d]
+            c = min(fit, key=lambda c: (-(-(opened[c] + 1) // nodes_of[c]), c))
+            opened[c] += 1
+            if c > d:
+                by_room[c - d].append(len(bins))  # the largest index so far: stays sorted
             bins.append([d])
             used.append(d)
+            size.append(c)
     order = sorted(range(len(bins)), key=lambda i: (-len(bins[i]), used[i], i))
+    by_size: dict[int, list[int]] = {c: [] for c in sizes}
+    for i in order:
+        by_size[size[i]].append(i)
     waves: list[list[int]] = []
-    for s in range(0, len(order), N):
-        waves.append(sorted((d for i in order[s : s + N] for d in bins[i]), reverse=True))
+    for s in range(max((-(-len(b) // nodes_of[c]) for c, b in by_size.items()), default=0)):
+        chunk = [i for c in sizes for i in by_size[c][s * nodes_of[c] : (s + 1) * nodes_of[c]]]
+        waves.append(sorted((d for i in chunk for d in bins[i]), reverse=True))
     # 2. multi-node jobs into cluster waves, first fit decreasing with node room: the wave left with
     #    the fewest free GPUs (lowest index on ties); waves bucketed by free GPUs
     bw: list[list[int]] = []
@@ -148,13 +180,22 @@ def plan_waves(counts: Mapping[int, int], num_nodes: int, gpus_per_node: int) ->
         if not placed:
             _add(C - d, len(bw))
             bw.append([d])
-            bfree.append(_fits_t((G,) * N, d))  # type: ignore[arg-type]
+            bfree.append(_fits_t(caps, d))  # type: ignore[arg-type]
     waves.extend(bw)
     # 3. Smith's rule for equal-length waves: most jobs first, then fewest GPUs (stable)
     waves.sort(key=lambda w: (-len(w), sum(w)))
     return waves
 
 
-def plan_order(counts: Mapping[int, int], num_nodes: int, gpus_per_node: int) -> list[int]:
+def _describe(caps: Sequence[int]) -> str:
+    """``"4 x 8 GPUs"`` for a homogeneous cluster, ``"nodes of [8, 8, 4] GPUs"`` otherwise."""
+    if len(set(caps)) == 1:
+        return f"{len(caps)} x {caps[0]} GPUs"
+    return f"nodes of {list(caps)} GPUs"
+
+
+def plan_order(
+    counts: Mapping[int, int], num_nodes: int, gpus_per_node: int, node_gpus: Sequence[int] | None = None
+) -> list[int]:
     """:func:`plan_waves` flattened: one demand per waiting job, in the order to start them."""
-    return [d for w in plan_waves(counts, num_nodes, gpus_per_node) for d in w]
+    return [d for w in plan_waves(counts, num_nodes, gpus_per_node, node_gpus) for d in w]

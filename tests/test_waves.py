@@ -80,3 +80,66 @@ def test_plan_is_a_partition_into_placeable_waves_in_smiths_order(nodes, gpus, d
     keys = [(-len(w), sum(w)) for w in waves]
     assert keys == sorted(keys)
     assert plan_order(counts, nodes, gpus) == [d for w in waves for d in w]
+
+
+def _placeable_on(wave: list[int], caps: list[int]) -> bool:
+    """The wave fits idle nodes of ``caps`` GPUs: single-node jobs (at most the largest node) on
+    one node each, found by exhaustive search; multi-node jobs after them by :func:`fits`."""
+    G = max(caps)
+    single = sorted((d for d in wave if d <= G), reverse=True)
+    multi = [d for d in wave if d > G]
+
+    def place(k: int, free: list[int]) -> bool:
+        if k == len(single):
+            for d in multi:
+                f = fits(free, d)
+                if f is None:
+                    return False
+                free = f
+            return True
+        tried = set()
+        for v, x in enumerate(free):
+            if x >= single[k] and x not in tried:
+                tried.add(x)
+                free[v] -= single[k]
+                ok = place(k + 1, free)
+                free[v] += single[k]
+                if ok:
+                    return True
+        return False
+
+    return place(0, list(caps))
+
+
+def test_heterogeneous_waves_use_each_nodes_size():
+    """2 x 8 + 2 x 4 GPUs: 4-GPU jobs go to the 4-GPU nodes' bins, and a wave never plans more
+    than the cluster holds (a 4 x 8 plan would put 40 GPUs of jobs in its first wave)."""
+    caps = [8, 8, 4, 4]
+    waves = plan_waves({8: 4, 4: 2}, 4, 8, caps)
+    assert waves == [[8, 8, 4, 4], [8, 8]]
+    assert plan_waves({8: 4, 4: 2}, 4, 8) == [[8, 8, 8, 4, 4], [8]]  # as if all nodes had 8: 40 GPUs
+
+
+@pytest.mark.parametrize("caps", [[8, 8, 4], [4, 4], [8, 9], [0, 8]])
+def test_node_sizes_must_match_the_cluster(caps):
+    with pytest.raises(ValueError, match="cannot plan on nodes of"):
+        plan_waves({1: 1}, 2, 8, caps)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from([1, 2, 3, 4, 6, 8]), min_size=1, max_size=5), st.data())
+def test_heterogeneous_plan_is_a_partition_into_placeable_waves(caps, data):
+    """Property: on any node sizes the waves hold exactly the waiting jobs, each fits the idle
+    cluster (single-node jobs on one node each) and waves come most jobs first; a homogeneous
+    ``node_gpus`` plans as the default."""
+    N, G, C = len(caps), max(caps), sum(caps)
+    demands = data.draw(st.lists(st.integers(1, C), max_size=40))
+    counts = Counter(demands)
+    waves = plan_waves(counts, N, G, caps)
+    assert Counter(d for w in waves for d in w) == counts
+    assert all(w and w == sorted(w, reverse=True) for w in waves)
+    assert all(_placeable_on(w, caps) for w in waves)
+    keys = [(-len(w), sum(w)) for w in waves]
+    assert keys == sorted(keys)
+    assert plan_order(counts, N, G, caps) == [d for w in waves for d in w]
+    assert plan_waves(counts, N, G, [G] * N) == plan_waves(counts, N, G)
