@@ -22,8 +22,9 @@ from typing import Iterator
 
 import grpc
 import pytest
+from agent_helpers import ClientFor, serve_agent, uid_agent
 
-from nodeagent.auth import AUTH_HEADER, Identity, SharedKeyAuthenticator
+from nodeagent.auth import AUTH_HEADER, SharedKeyAuthenticator
 from nodeagent.client import AgentClient, AgentError
 from nodeagent.jobhelper import EXIT_PREEMPTED
 from nodeagent.server import JobTracker, NodeAgentServer, proc_start_time
@@ -45,8 +46,7 @@ def key(tmp_path: Path) -> Path:
 @pytest.fixture
 def agent(tmp_path: Path, key: Path) -> Iterator[NodeAgentServer]:
     tracker = JobTracker(profile_steps=10, profile_skip_steps=10)
-    with NodeAgentServer("node-a", "127.0.0.1:0", SharedKeyAuthenticator(key), LocalFSStore(tmp_path / "store"),
-                         tracker, reap_interval_s=0.2) as srv:
+    with serve_agent(tmp_path, SharedKeyAuthenticator(key), tracker, reap_interval_s=0.2) as srv:
         yield srv
 
 
@@ -660,40 +660,15 @@ def test_finished_job_doing_post_processing_is_not_signalled(agent: NodeAgentSer
 # -------------------------------------------------- who may report on a job key (Slurm is asked)
 
 
-class _UidAuth(SharedKeyAuthenticator):
-    """Test double for MUNGE: the credential names the caller's uid (tests of the agent's authorisation)."""
-
-    def __init__(self, key: Path, uid: int = 0) -> None:
-        super().__init__(key)
-        self.uid = uid
-
-    def _make_token(self, payload: bytes) -> str:
-        return f"{self.uid}~" + super()._make_token(payload)
-
-    def _open_token(self, token: str) -> tuple[bytes, Identity]:
-        uid, _, rest = token.partition("~")
-        payload, _ = super()._open_token(rest)
-        return payload, Identity(int(uid), int(uid), self.scheme)
-
-
 @pytest.fixture
-def users(tmp_path: Path, key: Path) -> Iterator[tuple[NodeAgentServer, FakeSlurm, object]]:
+def users(tmp_path: Path, key: Path) -> Iterator[tuple[NodeAgentServer, FakeSlurm, ClientFor]]:
     """An agent whose callers can be any uid, with a fake slurmctld; yields (server, slurm, client(uid))."""
     if os.geteuid() != 0:
         pytest.skip("needs root to run processes as other users")
     slurm = FakeSlurm()
-    clients: list[AgentClient] = []
-    with NodeAgentServer("node-a", "127.0.0.1:0", _UidAuth(key), LocalFSStore(tmp_path / "store"),
-                         JobTracker(), reap_interval_s=0.2,
-                         slurm=SlurmJobs(slurm, require_cgroup=False, failure_ttl_s=0.0)) as srv:
-        def client(uid: int) -> AgentClient:
-            c = AgentClient(srv.address, _UidAuth(key, uid), timeout=10)
-            clients.append(c)
-            return c
-
+    with uid_agent(tmp_path, key, SlurmJobs(slurm, require_cgroup=False, failure_ttl_s=0.0),
+                   reap_interval_s=0.2) as (srv, client):
         yield srv, slurm, client
-        for c in clients:
-            c.close()
 
 
 def _user_proc(uid: int, sid: str) -> subprocess.Popen:

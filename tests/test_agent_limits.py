@@ -15,13 +15,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_agent import _UidAuth  # the MUNGE test double (credential names the uid)
+from agent_helpers import NODE, ClientFor, uid_agent
 
 from nodeagent.auth import SharedKeyAuthenticator
-from nodeagent.client import AgentClient, AgentError
-from nodeagent.server import JobTracker, NodeAgentServer
+from nodeagent.client import AgentError
+from nodeagent.server import NodeAgentServer
 from nodeagent.slurmjob import LookupLimited, SlurmJobInfo, SlurmJobs, SlurmUnavailable
-from nodeagent.store import LocalFSStore
 from proto import rlsched_agent_pb2 as pb
 
 REPO = Path(__file__).resolve().parents[1]
@@ -211,25 +210,16 @@ def _report(key: str, sid: str) -> pb.ProgressReport:
 
 
 @pytest.fixture
-def limited(tmp_path: Path) -> Iterator[tuple[NodeAgentServer, BlockingSlurm, object]]:
+def limited(tmp_path: Path) -> Iterator[tuple[NodeAgentServer, BlockingSlurm, ClientFor]]:
     """An agent allowing one lookup in flight per uid, with a blocking fake slurmctld; yields (srv, slurm, client)."""
     key = SharedKeyAuthenticator.generate(tmp_path / "agent.key")
     slurm = BlockingSlurm({"101": 1000, "102": 1000, "201": 2000}, blocking={"101"})
-    clients: list[AgentClient] = []
-    with NodeAgentServer("node-a", "127.0.0.1:0", _UidAuth(key), LocalFSStore(tmp_path / "store"), JobTracker(),
-                         max_workers=4, slurm=SlurmJobs(slurm, require_cgroup=False,
-                                                        max_lookups_per_uid=1)) as srv:
-        def client(uid: int) -> AgentClient:
-            c = AgentClient(srv.address, _UidAuth(key, uid), timeout=WAIT_S, node="node-a")
-            clients.append(c)
-            return c
-
+    with uid_agent(tmp_path, key, SlurmJobs(slurm, require_cgroup=False, max_lookups_per_uid=1),
+                   client_timeout=WAIT_S, client_node=NODE, max_workers=4) as (srv, client):
         try:
             yield srv, slurm, client
         finally:
-            slurm.release.set()
-            for c in clients:
-                c.close()
+            slurm.release.set()  # before the clients close and the server stops
 
 
 def test_flooding_reports_get_resource_exhausted_while_others_report(limited: tuple) -> None:
