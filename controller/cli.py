@@ -17,7 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from controller.config import ConfigError, load_config
+from controller.config import MAX_INTERVAL_S, ConfigError, load_config
+from rlsched.argtypes import float_in_range, port_or_zero
 
 DEFAULT_CONFIG = "/etc/rlsched/controller.toml"
 
@@ -277,9 +278,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     r = csub.add_parser("run", help="run the controller (foreground)")
     r.add_argument("--config", help=f"TOML config (default $RLSCHED_CONTROLLER_CONFIG or {DEFAULT_CONFIG})")
     r.add_argument("--policy", help="override controller.policy")
-    r.add_argument("--interval", type=float, help="override controller.interval_s (seconds)")
+    r.add_argument("--interval", type=float_in_range(0.0, MAX_INTERVAL_S, lo_open=True),
+                   help=f"override controller.interval_s (seconds, in (0, {MAX_INTERVAL_S:g}])")
     r.add_argument("--state-dir", help="override controller.state_dir")
-    r.add_argument("--metrics-port", type=int, help="override metrics.port (0: off)")
+    r.add_argument("--metrics-port", type=port_or_zero, help="override metrics.port (1..65535; 0: off)")
     r.add_argument("--once", action="store_true", help="run one round and exit (status 1 if it failed)")
     r.set_defaults(func=cmd_run)
     s = csub.add_parser("status", help="what the running controller did last")

@@ -155,6 +155,11 @@ def _build(where: str, cls: type, raw: Any):
     return cls(**kw)
 
 
+#: Longest round interval (a day): the daemon waits with ``Event.wait``, which raises ``OverflowError``
+#: past ``threading.TIMEOUT_MAX``; a round a day is no scheduler anyway.
+MAX_INTERVAL_S = 86400.0
+
+
 def _validate(cfg: ControllerConfig, where: str) -> None:
     c, s, m, a = cfg.controller, cfg.slurm, cfg.metrics, cfg.agents
     positive = [
@@ -170,6 +175,8 @@ def _validate(cfg: ControllerConfig, where: str) -> None:
     for key, v in positive:
         if v <= 0:
             raise ConfigError(f"{where}{key}: must be > 0, got {v:g}")
+    if c.interval_s > MAX_INTERVAL_S:
+        raise ConfigError(f"{where}controller.interval_s: must be at most {MAX_INTERVAL_S:g} s (a day), got {c.interval_s:g}")
     if c.requeue_settle_s < 0 or c.requeue_settle_s >= c.start_grace_s:
         raise ConfigError(f"{where}controller.requeue_settle_s: must be >= 0 and < start_grace_s ({c.start_grace_s:g}), got {c.requeue_settle_s:g}")
     if c.min_run_s < 0:

@@ -17,7 +17,10 @@ import signal
 import sys
 import threading
 
-from rlsched.argtypes import int_at_least, non_negative_float, positive_float
+from rlsched.argtypes import int_at_least, int_in_range, non_negative_float, positive_float
+
+#: Largest uid: uid_t is 32 bits and (uid_t)-1 = 2**32 - 1 means "no uid" (setreuid, chown).
+MAX_UID = 2**32 - 2
 
 
 def _fail(cmd: str, msg: str) -> int:
@@ -40,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--listen", type=_listen, default="127.0.0.1:50051", help="HOST:PORT to serve gRPC on")
     p.add_argument("--store", required=True, help="checkpoint store: DIR, file:///DIR or hdfs://NAMENODE:PORT/PATH")
     p.add_argument("--auth", default="munge", help="munge | munge:SOCKET | sharedkey:/path/key (default munge)")
-    p.add_argument("--allow-uid", type=int, action="append", default=[],
+    p.add_argument("--allow-uid", type=int_in_range(0, MAX_UID), action="append", default=[],
                    help="extra UID allowed to call Preempt (root and SlurmUser always are)")
     p.add_argument("--slurm-conf", default="/etc/slurm/slurm.conf",
                    help="slurm.conf: SlurmUser (munge auth) and the cluster squeue asks (if the file exists)")

@@ -13,7 +13,17 @@ import argparse
 import math
 from collections.abc import Callable
 
-__all__ = ["float_at_least", "int_at_least", "non_negative_float", "positive_float", "positive_int"]
+__all__ = [
+    "float_at_least",
+    "float_in_range",
+    "int_at_least",
+    "int_in_range",
+    "non_negative_float",
+    "non_negative_int",
+    "port_or_zero",
+    "positive_float",
+    "positive_int",
+]
 
 
 def _number(text: str) -> float:
@@ -61,6 +71,22 @@ def float_at_least(lo: float) -> Callable[[str], float]:
     return parse
 
 
+def float_in_range(lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False) -> Callable[[str], float]:
+    """The type of a finite number option in [lo, hi]; ``lo_open`` / ``hi_open`` exclude that end."""
+    interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+
+    def parse(text: str) -> float:
+        v = _number(text)
+        above = lo < v if lo_open else lo <= v
+        below = v < hi if hi_open else v <= hi
+        if not (math.isfinite(v) and above and below):
+            raise argparse.ArgumentTypeError(f"must be a number in {interval}, got {text!r}")
+        return v
+
+    parse.__name__ = f"number in {interval}"
+    return parse
+
+
 def positive_int(text: str) -> int:
     """An integer >= 1."""
     v = _integer(text, "a positive integer")
@@ -80,3 +106,32 @@ def int_at_least(lo: int) -> Callable[[str], int]:
 
     parse.__name__ = f"integer >= {lo}"
     return parse
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0 (a count that may be zero, a seed)."""
+    v = _integer(text, "a non-negative integer")
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return v
+
+
+def int_in_range(lo: int, hi: int) -> Callable[[str], int]:
+    """The type of an integer option in [lo, hi]."""
+
+    def parse(text: str) -> int:
+        v = _integer(text, "an integer")
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"must be an integer in [{lo}, {hi}], got {text!r}")
+        return v
+
+    parse.__name__ = f"integer in [{lo}, {hi}]"
+    return parse
+
+
+def port_or_zero(text: str) -> int:
+    """A TCP port in [1, 65535], or 0 (for options where 0 means "off")."""
+    v = _integer(text, "a port number")
+    if not 0 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port in [1, 65535] or 0 (off), got {text!r}")
+    return v

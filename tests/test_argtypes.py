@@ -11,7 +11,17 @@ from collections.abc import Iterator
 
 import pytest
 
-from rlsched.argtypes import float_at_least, int_at_least, non_negative_float, positive_float, positive_int
+from rlsched.argtypes import (
+    float_at_least,
+    float_in_range,
+    int_at_least,
+    int_in_range,
+    non_negative_float,
+    non_negative_int,
+    port_or_zero,
+    positive_float,
+    positive_int,
+)
 from rlsched.cli import build_parser, main
 
 #: Values every type should answer with a value or ArgumentTypeError, never another exception.
@@ -51,6 +61,25 @@ def test_every_cli_type_raises_argument_type_error() -> None:
         (["train", "--n-envs", "0"], "argument --n-envs: expected a positive integer, got '0'"),
         (["agent", "--node", "n", "--store", "s", "--listen", "h:²"], "argument --listen: --listen must be HOST:PORT"),
         (["trace", "stats", "t.csv", "--limit", "1e3"], "argument --limit: expected a positive integer, got '1e3'"),
+        (
+            ["trace", "generate", "--out", "t.csv", "--jobs", "x"],
+            "argument --jobs: expected a positive integer, got 'x'",
+        ),
+        (
+            ["trace", "generate", "--out", "t.csv", "--seed", "-1"],
+            "argument --seed: expected a non-negative integer, got '-1'",
+        ),
+        (["trace", "stats", "t.csv", "--sample", "2"], "argument --sample: must be a number in (0, 1], got '2'"),
+        (["controller", "run", "--interval", "0"], "argument --interval: must be a number in (0, 86400], got '0'"),
+        (
+            ["controller", "run", "--metrics-port", "70000"],
+            "argument --metrics-port: must be a port in [1, 65535] or 0 (off), got '70000'",
+        ),
+        (
+            ["agent", "--node", "n", "--store", "s", "--allow-uid", "-1"],
+            "argument --allow-uid: must be an integer in [0, 4294967294], got '-1'",
+        ),
+        (["train", "--gamma", "1.5"], "argument --gamma: must be a number in [0, 1], got '1.5'"),
     ],
 )
 def test_usage_errors_name_the_option_and_what_it_expects(
@@ -100,3 +129,74 @@ def test_existing_messages_kept() -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="^must be a number >= 0, got '-1'$"):
         non_negative_float("-1")
     assert non_negative_float("0") == 0.0
+
+
+def test_bounds_that_mean_something_are_accepted() -> None:
+    """A seed of 0, metrics port 0 (off), uid 0 (root) and the largest port stay valid."""
+    parser = build_parser()
+    gen = parser.parse_args(["trace", "generate", "--out", "t.csv", "--seed", "0", "--jitter", "0", "--sets", "1"])
+    assert (gen.seed, gen.jitter, gen.sets) == (0, 0.0, 1)
+    run = parser.parse_args(["controller", "run", "--metrics-port", "0", "--interval", "86400"])
+    assert (run.metrics_port, run.interval) == (0, 86400.0)
+    assert parser.parse_args(["controller", "run", "--metrics-port", "65535"]).metrics_port == 65535
+    agent = parser.parse_args(["agent", "--node", "n", "--store", "s", "--allow-uid", "0", "--allow-uid", "4294967294"])
+    assert agent.allow_uid == [0, 2**32 - 2]
+    assert parser.parse_args(["trace", "stats", "t.csv", "--sample", "1"]).sample == 1.0
+
+
+@pytest.mark.parametrize("text, value", [("0", 0), ("7", 7), (" 3 ", 3), (str(2**70), 2**70)])
+def test_non_negative_int(text: str, value: int) -> None:
+    assert non_negative_int(text) == value
+
+
+@pytest.mark.parametrize("text", ["-1", "1e5", "2.0", "x", "", "nan"])
+def test_non_negative_int_refuses(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match=f"^expected a non-negative integer, got {text!r}$"):
+        non_negative_int(text)
+
+
+def test_int_in_range() -> None:
+    small = int_in_range(-2, 5)
+    assert small("-2") == -2 and small("5") == 5 and small.__name__ == "integer in [-2, 5]"
+    for text in ("-3", "6", str(10**30)):
+        with pytest.raises(argparse.ArgumentTypeError, match=rf"^must be an integer in \[-2, 5\], got {text!r}$"):
+            small(text)
+    with pytest.raises(argparse.ArgumentTypeError, match="^expected an integer, got '1.0'$"):
+        small("1.0")
+
+
+def test_port_or_zero() -> None:
+    assert port_or_zero("0") == 0 and port_or_zero("1") == 1 and port_or_zero("65535") == 65535
+    for text in ("-1", "65536", "99999999"):
+        with pytest.raises(argparse.ArgumentTypeError) as exc:
+            port_or_zero(text)
+        assert str(exc.value) == f"must be a port in [1, 65535] or 0 (off), got {text!r}"
+    with pytest.raises(argparse.ArgumentTypeError, match="^expected a port number, got 'http'$"):
+        port_or_zero("http")
+
+
+@pytest.mark.parametrize(
+    "lo_open, hi_open, interval, inside, outside",
+    [
+        (False, False, "[0, 1]", ["0", "0.5", "1"], ["-0.1", "1.01"]),
+        (True, False, "(0, 1]", ["1e-300", "1"], ["0", "-0", "1.5"]),
+        (False, True, "[0, 1)", ["0", "0.999"], ["1", "-1e-9"]),
+        (True, True, "(0, 1)", ["0.5"], ["0", "1"]),
+    ],
+)
+def test_float_in_range(lo_open: bool, hi_open: bool, interval: str, inside: list[str], outside: list[str]) -> None:
+    unit = float_in_range(0.0, 1.0, lo_open=lo_open, hi_open=hi_open)
+    assert unit.__name__ == f"number in {interval}"
+    for text in inside:
+        assert unit(text) == float(text)
+    for text in [*outside, "nan", "inf", "-inf", "1e999"]:
+        with pytest.raises(argparse.ArgumentTypeError) as exc:
+            unit(text)
+        assert str(exc.value) == f"must be a number in {interval}, got {text!r}"
+    with pytest.raises(argparse.ArgumentTypeError, match="^expected a number, got 'half'$"):
+        unit("half")
+
+
+def test_float_in_range_formats_its_bounds() -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match=r"^must be a number in \(0, 86400\], got '86401'$"):
+        float_in_range(0.0, 86400.0, lo_open=True)("86401")

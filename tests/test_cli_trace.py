@@ -75,9 +75,6 @@ def test_generate_sets(tmp_path: Path, capsys) -> None:
     [
         (["--max-gpus", "64"], "larger than cluster"),
         (["--mix", "mostly-moe"], "bad mix"),
-        (["--jobs", "0"], "num_jobs"),
-        (["--arrival", "poisson", "--load", "-1"], "load"),
-        (["--seed", "-3"], "seed"),
         (["--cluster", "4by8"], "cluster"),
         # each weight finite, the sum not: numpy's "probabilities contain NaN" traceback before
         (["--mix", "1e308:1e308:1e308:1:1:1"], "with a finite sum"),
@@ -90,6 +87,43 @@ def test_generate_bad_options_write_nothing(tmp_path: Path, capsys, extra: list[
     err = capsys.readouterr().err
     assert words in err and err.count("\n") == 1
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        # were argparse's "invalid int value: '1e3'", or accepted by argparse and refused later
+        (["--jobs", "0"], "argument --jobs: expected a positive integer, got '0'"),
+        (["--jobs", "1e3"], "argument --jobs: expected a positive integer, got '1e3'"),
+        (["--min-gpus", "-1"], "argument --min-gpus: expected a positive integer, got '-1'"),
+        (["--max-gpus", "0"], "argument --max-gpus: expected a positive integer, got '0'"),
+        (["--sets", "0"], "argument --sets: expected a positive integer, got '0'"),
+        (["--seed", "-3"], "argument --seed: expected a non-negative integer, got '-3'"),
+        (["--seed", "x"], "argument --seed: expected a non-negative integer, got 'x'"),
+        (["--arrival", "poisson", "--load", "-1"], "argument --load: must be a positive number, got '-1'"),
+        (["--load", "nan"], "argument --load: must be a positive number, got 'nan'"),
+        (["--duration", "inf"], "argument --duration: must be a positive number, got 'inf'"),
+        (["--duration", "0"], "argument --duration: must be a positive number, got '0'"),
+        (["--jitter", "1"], "argument --jitter: must be a number in [0, 1), got '1'"),
+        (["--jitter", "-0.1"], "argument --jitter: must be a number in [0, 1), got '-0.1'"),
+    ],
+)
+def test_generate_bad_numbers_are_usage_errors(tmp_path: Path, capsys, extra: list[str], message: str) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["trace", "generate", "--out", str(tmp_path / "x.csv"), *extra])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == f"rlsched trace generate: error: {message}", err
+    assert "invalid" not in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_generate_seed_zero_and_bounds_still_accepted(tmp_path: Path) -> None:
+    out = tmp_path / "x.csv"
+    argv = ["--jobs", "1", "--seed", "0", "--jitter", "0", "--min-gpus", "1", "--max-gpus", "1", "--sets", "1"]
+    assert main(["trace", "generate", *argv, "--out", str(tmp_path / "sets")]) == 0
+    assert main(["trace", "generate", "--jobs", "2", "--seed", str(2**70), "--out", str(out)]) == 0  # any seed >= 0
+    assert len(load_trace(out, CLUSTER)) == 2
 
 
 def test_generate_bad_out(tmp_path: Path, capsys) -> None:
@@ -224,7 +258,6 @@ def test_convert_philly_slice(tmp_path: Path, capsys) -> None:
     assert main(["trace", "stats", str(src), "--window-h", "0:0.5", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["jobs"] == 2
     assert main(["trace", "stats", str(src), "--window-h", "5"]) == 2
-    assert main(["trace", "stats", str(src), "--sample", "0"]) == 2
     assert main(["trace", "stats", str(src), "--oversize", "error"]) == 2
     assert "row 4, field 'num_gpus'" in capsys.readouterr().err
 
@@ -318,3 +351,11 @@ def test_limit_and_sample_still_apply_to_philly(tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit):
         main(["trace", "stats", str(src), "--limit", "0"])
     assert "argument --limit: expected a positive integer, got '0'" in capsys.readouterr().err
+    for value in ("0", "1.5", "nan"):
+        with pytest.raises(SystemExit):
+            main(["trace", "stats", str(src), "--sample", value])
+        assert f"argument --sample: must be a number in (0, 1], got {value!r}" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["trace", "convert", str(src), "--seed", "-1", "--out", str(tmp_path / "o.csv")])
+    assert "argument --seed: expected a non-negative integer, got '-1'" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["philly.csv"]

@@ -726,6 +726,7 @@ def test_example_config_is_valid():
     "text,needle",
     [
         ("[controller]\ninterval_s = -1\n", "controller.interval_s: must be > 0"),
+        ("[controller]\ninterval_s = 1e300\n", "controller.interval_s: must be at most 86400 s"),
         ("[controller]\ninterval_s = 'fast'\n", "controller.interval_s: expected a number"),
         ("[controller]\npolcy = 'fifo'\n", "controller.polcy: unknown key"),
         ("[slurmm]\n", "[slurmm]: unknown section"),
@@ -757,12 +758,25 @@ def test_cli_bad_config_exits_2_with_message(tmp_path, capsys):
     assert main(["controller", "run", "--config", str(f), "--once"]) == 2
     err = capsys.readouterr().err
     assert "controller.interval_s: must be > 0" in err and err.count("\n") == 1
-    for bad in ("nan", "inf", "-1"):
-        ok = tmp_path / "ok.toml"
-        ok.write_text("")
-        assert main(["controller", "run", "--config", str(ok), "--once", "--interval", bad]) == 2
+    ok = tmp_path / "ok.toml"
+    ok.write_text("")
+    for option, bad, expected in [
+        ("--interval", "nan", "must be a number in (0, 86400]"),
+        ("--interval", "inf", "must be a number in (0, 86400]"),
+        ("--interval", "-1", "must be a number in (0, 86400]"),
+        ("--interval", "0", "must be a number in (0, 86400]"),
+        ("--interval", "1e300", "must be a number in (0, 86400]"),  # was an OverflowError in Event.wait
+        ("--interval", "x", "expected a number"),
+        ("--metrics-port", "-1", "must be a port in [1, 65535] or 0 (off)"),  # was: metrics silently off
+        ("--metrics-port", "65536", "must be a port in [1, 65535] or 0 (off)"),
+        ("--metrics-port", "9810.5", "expected a port number"),
+    ]:
+        with pytest.raises(SystemExit) as ei:
+            main(["controller", "run", "--config", str(ok), "--once", option, bad])
+        assert ei.value.code == 2
         err = capsys.readouterr().err
-        assert "--interval: must be a finite number > 0" in err and err.count("\n") == 1, err
+        assert err.splitlines()[-1] == f"rlsched controller run: error: argument {option}: {expected}, got {bad!r}"
+        assert "invalid" not in err and "Traceback" not in err
     assert main(["controller", "check-config", str(REPO / "slurm_conf" / "controller.toml.example")]) == 0
     assert main(["controller", "run", "--config", str(tmp_path / "missing.toml")]) == 2
     assert "config file not found" in capsys.readouterr().err

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from rlsched.argtypes import float_in_range
 from rlsched.argtypes import positive_int as _positive_int
 from trainer.cli_sim import non_negative_float, positive_float, seed_int
 
@@ -39,15 +40,8 @@ def _arch(text: str) -> tuple[int, ...]:
     return sizes
 
 
-def _unit(text: str) -> float:
-    """argparse type: a number in [0, 1]."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0.0 <= v <= 1.0:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
-    return v
+#: argparse type: a number in [0, 1]
+_unit = float_in_range(0.0, 1.0)
 
 
 def _fail(command: str, exc: BaseException) -> int:

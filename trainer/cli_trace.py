@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from policies.cluster import ClusterSpec
-from rlsched.argtypes import positive_float, positive_int
+from rlsched.argtypes import float_in_range, non_negative_int, positive_float, positive_int
 from trainer.generate import (
     DEMAND_DISTRIBUTIONS,
     GeneratorConfig,
@@ -201,7 +201,7 @@ def _add_read_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("trace", help="trace file: canonical .csv/.parquet, DeepShare .json, or the Philly CSV")
     p.add_argument("--cluster", default="4x8", help="target cluster: NODESxGPUS or a YAML/TOML file (default 4x8)")
     g = p.add_argument_group("Philly CSV only (an error with another trace; see docs/TRACES.md)")
-    g.add_argument("--seed", type=int, help="seed of the per-row model draw (default 0)")
+    g.add_argument("--seed", type=non_negative_int, help="seed of the per-row model draw, >= 0 (default 0)")
     g.add_argument("--mix", help="model mix: normal|heavy|medium|low or 6 weights a:b:c:d:e:f (default normal)")
     g.add_argument(
         "--gpu-scale", type=positive_float, help="factor on num_gpus before clipping to the cluster (default 1)"
@@ -209,7 +209,11 @@ def _add_read_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--time-scale", type=positive_float, help="factor on submit times and durations (default 1)")
     g.add_argument("--vc", action="append", help="keep only this virtual cluster id (repeatable)")
     g.add_argument("--window-h", metavar="START:END", help="keep jobs submitted START..END hours after the first")
-    g.add_argument("--sample", type=float, help="keep each job with this probability, in (0, 1] (seeded; default 1)")
+    g.add_argument(
+        "--sample",
+        type=float_in_range(0.0, 1.0, lo_open=True),
+        help="keep each job with this probability, in (0, 1] (seeded; default 1)",
+    )
     g.add_argument("--limit", type=positive_int, help="keep the first N jobs by submit time")
     g.add_argument("--oversize", choices=("clip", "drop", "error"), help="demands above the cluster (default clip)")
 
@@ -227,20 +231,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument(
         "--mix", default="normal", help="normal|heavy|medium|low or 6 weights GNN:IMG:DLRM:LM:FSDP:MoE (default normal)"
     )
-    g.add_argument("--jobs", type=int, default=256, help="jobs per set (default 256)")
-    g.add_argument("--max-gpus", type=int, default=None, help="largest GPU demand (default min(32, cluster GPUs))")
-    g.add_argument("--min-gpus", type=int, default=1, help="smallest GPU demand (default 1)")
+    g.add_argument("--jobs", type=positive_int, default=256, help="jobs per set, >= 1 (default 256)")
+    g.add_argument(
+        "--max-gpus", type=positive_int, default=None, help="largest GPU demand (default min(32, cluster GPUs))"
+    )
+    g.add_argument("--min-gpus", type=positive_int, default=1, help="smallest GPU demand, >= 1 (default 1)")
     g.add_argument("--demand", choices=DEMAND_DISTRIBUTIONS, default="pow2", help="demand distribution (default pow2)")
-    g.add_argument("--duration", type=float, default=3600.0, help="isolated run time per job, s (default 3600)")
-    g.add_argument("--jitter", type=float, default=0.0, help="relative jitter on the duration, in [0, 1) (default 0)")
+    g.add_argument(
+        "--duration", type=positive_float, default=3600.0, help="isolated run time per job, s, > 0 (default 3600)"
+    )
+    g.add_argument(
+        "--jitter",
+        type=float_in_range(0.0, 1.0, hi_open=True),
+        default=0.0,
+        help="relative jitter on the duration, in [0, 1) (default 0)",
+    )
     g.add_argument("--cluster", default="4x8", help="target cluster: NODESxGPUS or a YAML/TOML file (default 4x8)")
     g.add_argument(
         "--arrival", choices=("zero", "poisson"), default="zero", help="all at t=0 or Poisson (default zero)"
     )
-    g.add_argument("--load", type=float, default=0.9, help="offered load for Poisson arrivals (default 0.9)")
+    g.add_argument(
+        "--load", type=positive_float, default=0.9, help="offered load for Poisson arrivals, > 0 (default 0.9)"
+    )
     g.add_argument("--exact-mix", action="store_true", help="apportion models exactly instead of i.i.d. draws")
-    g.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    g.add_argument("--sets", type=int, default=None, help="write N sets set0..set{N-1} into the --out directory")
+    g.add_argument("--seed", type=non_negative_int, default=0, help="random seed, >= 0 (default 0)")
+    g.add_argument(
+        "--sets", type=positive_int, default=None, help="write N >= 1 sets set0..set{N-1} into the --out directory"
+    )
     g.add_argument(
         "--format", choices=("csv", "parquet", "json"), default="csv", help="file format with --sets (default csv)"
     )
