@@ -195,3 +195,19 @@ def test_load_trace_dir_empty_names_the_suffixes(tmp_path: Path):
         load_trace_dir(tmp_path, C48)
     assert str(tmp_path) in str(ei.value) and "no trace files" in str(ei.value)
     assert all(f"*{s}" in str(ei.value) for s in TRACE_SUFFIXES)
+
+
+@pytest.mark.parametrize("bad", [-1, 2, 1.7, 1.0, True, np.bool_(False), "0", None])
+def test_reset_trace_option_must_be_an_index_in_range(bad):
+    """options={"trace": t} used to take -1 (info["trace"] == -1), 1.7 (as 1), True (as 1) and raise a bare
+    IndexError out of range."""
+    env = PlacementEnv([_jobs(4), _jobs(4, seed=1)], C48, perf=PERF)
+    with pytest.raises(ValueError, match=r"'trace'.*integer index in \[0, 1\] \(2 traces\)"):
+        env.reset(seed=0, options={"trace": bad})
+
+
+def test_reset_trace_option_picks_the_trace():
+    env = PlacementEnv([_jobs(4), _jobs(4, seed=1)], C48, perf=PERF)
+    for t in (1, np.int64(0), 0):
+        _, info = env.reset(seed=0, options={"trace": t})
+        assert info["trace"] == int(t) and type(info["trace"]) is int

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -103,7 +104,18 @@ def test_unusable_outputs_are_refused_before_any_simulation(tmp_path, monkeypatc
         (["--out", str(with_figures_file)], "figures exists and is not a directory"),
         (["--out", str(tmp_path / "o3"), "--results-md", str(tmp_path)], "--results-md"),
         (["--out", str(tmp_path / "o3"), "--results-md", str(afile / "R.md")], f"{afile} is not a directory"),
+        # a results file that the run itself would make a directory, or another output (all failed only after
+        # the simulations: "[Errno 21] Is a directory")
+        (["--out", str(tmp_path / "o3"), "--results-md", str(tmp_path / "o3")], "is the --out directory"),
+        (["--out", str(tmp_path / "o3" / "a"), "--results-md", str(tmp_path / "o3")], "is a directory --out"),
+        (["--out", str(tmp_path / "o3"), "--results-md", str(tmp_path / "o3" / "figures")], "figures directory"),
+        (["--out", str(tmp_path / "o3"), "--results-md", str(tmp_path / "o3" / "rl_results.json")],
+         "also an output of --out"),
+        (["--out", str(with_figures_file / "x"), "--results-md", str(with_figures_file / "x")], "the --out directory"),
     ]
+    with_results_dir = tmp_path / "o4"
+    (with_results_dir / "rl_results.json").mkdir(parents=True)
+    cases.append((["--out", str(with_results_dir)], "rl_results.json exists and is not a file"))
     # markers the generated tables could not be put between (the file and rl_results.json stay as they were)
     for name, text, found in (("swapped.md", f"x\n{END}\ny\n{BEGIN}\n", "found 1 and 1, in the wrong order"),
                               ("twice.md", f"{BEGIN}\n{END}\n{BEGIN}\n", "found 2 and 1"),
@@ -115,6 +127,143 @@ def test_unusable_outputs_are_refused_before_any_simulation(tmp_path, monkeypatc
         err = capsys.readouterr().err
         assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, err
     assert afile.read_text() == "mine" and not (tmp_path / "o3").exists()
+
+
+def _evaluate(tmp_path, policies, **kw):
+    return run_evaluation(policies, tmp_path / "traces", C, out=tmp_path / "out", results_md=tmp_path / "R.md", **kw)
+
+
+def _snapshot(tmp_path):
+    """Every file under tmp_path/out and R.md: {relative path: bytes} (hidden temporary files included)."""
+    files = [*(tmp_path / "out").rglob("*"), tmp_path / "R.md", *tmp_path.glob(".R.md*")]
+    return {str(f.relative_to(tmp_path)): f.read_bytes() for f in files if f.is_file()}
+
+
+@pytest.mark.parametrize("error", [RuntimeError("plotting failed"), KeyboardInterrupt()])
+def test_a_failure_after_the_simulations_leaves_the_previous_outputs(tmp_path, monkeypatch, error):
+    """The outputs are written as a set: a plot that fails (or Ctrl-C) after the first figure was saved used to
+    leave that new figure beside the old results and the old figures."""
+    import trainer.report
+
+    _write_sets(tmp_path / "traces" / "normal", ["set0.csv", "set1.csv"])
+    _evaluate(tmp_path, ["srtf", "las"])
+    (tmp_path / "out" / "figures" / "architecture.png").write_bytes(b"not evaluate's")
+    before = _snapshot(tmp_path)
+
+    def fail(*a, **k):
+        raise error
+
+    monkeypatch.setattr(trainer.report, "plot_cs_distribution", fail)  # after the JCT CDF was saved
+    with pytest.raises(type(error)):
+        _evaluate(tmp_path, ["srtf"])  # other policies: a different JCT CDF
+    assert _snapshot(tmp_path) == before
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["figures", "rl_results.json"]  # no temporaries
+
+
+def test_a_failed_rename_is_undone(tmp_path, monkeypatch):
+    """An error while moving the outputs into place puts the previous ones back."""
+    import os
+
+    _write_sets(tmp_path / "traces" / "normal", ["set0.csv"])
+    _evaluate(tmp_path, ["srtf", "las"])
+    before = _snapshot(tmp_path)
+    replace = os.replace
+
+    def flaky(src, dst):
+        if str(dst).endswith("R.md"):  # the last rename: every other output was already moved
+            raise OSError("disk gone")
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", flaky)
+    with pytest.raises(OSError, match="disk gone"):
+        _evaluate(tmp_path, ["srtf"])
+    monkeypatch.undo()
+    assert _snapshot(tmp_path) == before
+
+
+def test_stale_figures_of_an_earlier_run_are_removed_and_others_kept(tmp_path):
+    """Evaluate's figures are replaced as a set: those of an earlier run's figure group (and branch plot) go,
+    files that are not evaluate's stay (docs/figures/architecture.png)."""
+    _write_sets(tmp_path / "traces" / "normal", ["set0.csv"])
+    _write_sets(tmp_path / "traces" / "heavy", ["set0.csv"])
+    _evaluate(tmp_path, ["srtf"], figure_group="heavy")
+    figdir = tmp_path / "out" / "figures"
+    others = ["architecture.png", "rl_notes.png", "rl_jct_cdf_heavy.svg"]
+    for name in others:
+        (figdir / name).write_text("mine")
+    (figdir / "rl_branches_jct_vs_util.png").write_text("an old branch plot")
+    assert {"rl_jct_cdf_heavy.png", "rl_util_kde_heavy.png"} <= {p.name for p in figdir.iterdir()}
+    _evaluate(tmp_path, ["srtf"])
+    new = ["rl_cs_distribution_normal.png", "rl_jct_cdf_normal.png", "rl_util_kde_normal.png"]
+    assert sorted(p.name for p in figdir.iterdir()) == sorted(new + others)
+    assert all((figdir / name).read_text() == "mine" for name in others)
+    meta = json.loads((tmp_path / "out" / "rl_results.json").read_text())["meta"]
+    assert sorted(Path(f).name for f in meta["figures"]) == new
+
+
+def _checkpoint(path, kind="seed", w1=0.4, seed=0):
+    """A small valid 2x4 checkpoint with random weights and the given reward."""
+    from policies.checkpoint import save_checkpoint
+    from policies.encoding import ObsSpec
+
+    spec = ObsSpec.for_cluster(C)
+    rng = np.random.default_rng(seed)
+    n_in = int(np.prod(spec.shape))
+    t = {
+        "h.weight": rng.normal(size=(8, n_in)).astype(np.float32) * 0.05,
+        "h.bias": np.zeros(8, np.float32),
+        "out.weight": rng.normal(size=(spec.n_actions, 8)).astype(np.float32),
+        "out.bias": np.zeros(spec.n_actions, np.float32),
+    }
+    return save_checkpoint(
+        path, t, algo="maskable-ppo", mode="rl-base", cluster=C, spec=spec, layers=["h", "out"],
+        activation="tanh", reward={"kind": kind, "w1": w1, "w2": round(1 - w1, 6)}, training={},
+    )
+
+
+def test_branch_checkpoints_must_be_the_seed_reward_with_the_branch_w1(tmp_path, monkeypatch, capsys):
+    from rlsched.cli import main
+    from trainer.evaluate import BRANCHES, EvaluationError
+
+    _write_sets(tmp_path / "traces" / "normal", ["set0.csv"])
+    for i, (br, w1) in enumerate(BRANCHES.items()):
+        _checkpoint(tmp_path / "ok" / f"{br}.json", w1=w1, seed=i)
+        _checkpoint(tmp_path / "jct" / f"branch-{br}" / "last.json", kind="jct-rel", w1=0.4, seed=i)
+        _checkpoint(tmp_path / "w1" / f"{br}.json", w1=w1 if br != "C" else 0.4, seed=i)
+    res = run_evaluation(["srtf"], tmp_path / "traces", C, out=tmp_path / "out", branches=tmp_path / "ok")
+    assert list(res["normal"]) == ["srtf", *(f"{m}@{b}" for b in BRANCHES for m in ("rl-base", "rl-hybrid"))]
+    _no_simulation(monkeypatch)
+    cases = [
+        ("jct", tmp_path / "jct" / "branch-A" / "last.json", "reward 'jct-rel', W1 0.4; branch A is reward 'seed', W1 0.3"),
+        ("w1", tmp_path / "w1" / "C.json", "reward 'seed', W1 0.4; branch C is reward 'seed', W1 0.5"),
+    ]
+    for d, bad, needle in cases:
+        with pytest.raises(EvaluationError, match=re.escape(f"--branches: {bad} is not a branch")):
+            run_evaluation(["srtf"], tmp_path / "traces", C, out=tmp_path / "o2", branches=tmp_path / d)
+        rc = main(["evaluate", "--policies", "srtf", "--traces", str(tmp_path / "traces"), "--cluster", "2x4",
+                   "--out", str(tmp_path / "o2"), "--branches", str(tmp_path / d)])
+        err = capsys.readouterr().err
+        assert rc == 2 and str(bad) in err and needle in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "o2").exists()
+
+
+def test_an_equals_sign_in_a_checkpoint_path_is_not_an_alias(tmp_path):
+    from trainer.evaluate import policy_specs
+
+    specs = policy_specs(["rl-base:sweep/lr=1e-4/best", "x=rl-base:a/b=c", "a=srtf", "srtf:spread", "p=las:spread"])
+    assert specs == {
+        "rl-base:sweep/lr=1e-4/best": "rl-base:sweep/lr=1e-4/best",
+        "x": "rl-base:a/b=c",
+        "a": "srtf",
+        "srtf:spread": "srtf:spread",
+        "p": "las:spread",
+    }
+    _write_sets(tmp_path / "traces" / "normal", ["set0.csv"])
+    _checkpoint(tmp_path / "sweep" / "lr=1e-4" / "best")
+    ck = f"rl-base:{tmp_path}/sweep/lr=1e-4/best"
+    res = run_evaluation([ck, f"r={ck}"], tmp_path / "traces", C, out=tmp_path / "out")
+    assert list(res["normal"]) == [ck, "r"]
+    assert res["normal"][ck]["summary"] == res["normal"]["r"]["summary"]
 
 
 def test_pq_trace_files_are_evaluated(tmp_path):

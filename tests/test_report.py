@@ -104,3 +104,14 @@ def test_comparison_table_transposed(runs):
     text = console.export_text()
     assert "…" not in text  # fits 80 columns without truncation
     assert "Avg JCT (h)" in text
+
+
+def test_a_failed_save_closes_its_figure(runs, tmp_path):
+    """A plot whose file cannot be written raises and leaves no open figure behind (pyplot keeps them all)."""
+    import matplotlib.pyplot as plt
+
+    results, summaries = runs
+    plt.close("all")
+    with pytest.raises(OSError):
+        report.plot_util_kde(summaries, tmp_path / "missing" / "util_kde.png")
+    assert plt.get_fignums() == []

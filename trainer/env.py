@@ -119,7 +119,8 @@ def load_trace_dir(path: str | Path, cluster: ClusterSpec) -> list[list[JobSpec]
 class PlacementEnv(gym.Env):
     """Scheduling decisions on a simulated cluster.
 
-    :param traces: job sets; each episode draws one uniformly (seeded by ``reset``).
+    :param traces: job sets; each episode draws one uniformly (seeded by ``reset``), or plays the one of
+        ``reset(options={"trace": i})`` (an integer, ``0 <= i < len(traces)``; anything else is a ValueError).
     :param cluster: cluster spec or ``"4x8"``.
     :param reward: ``"progress"``, ``"jct"``, ``"jct-rel"`` or ``"seed"``.
     :param w1: weight of CS in the seed reward (``W2 = 1 - w1``).
@@ -272,9 +273,17 @@ class PlacementEnv(gym.Env):
     # ------------------------------------------------------------------ gym API
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
-        idx = (
-            int(options["trace"]) if options and "trace" in options else int(self.np_random.integers(len(self.traces)))
-        )
+        if options and "trace" in options:
+            idx = options["trace"]
+            n = len(self.traces)
+            if isinstance(idx, (bool, np.bool_)) or not isinstance(idx, (int, np.integer)) or not 0 <= idx < n:
+                raise ValueError(
+                    f"reset(options={{'trace': {idx!r}}}): the trace option must be an integer index "
+                    f"in [0, {n - 1}] ({n} trace{'s' if n != 1 else ''})"
+                )
+            idx = int(idx)
+        else:
+            idx = int(self.np_random.integers(len(self.traces)))
         self.trace_index = idx
         self.sim = self._sim_for(idx)
         self._steps = 0

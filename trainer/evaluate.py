@@ -18,10 +18,21 @@ group (a sub-directory of ``--traces``, e.g. ``normal/``, ``heavy/``,
   (the hand-written text around them is kept; the markers are appended if
   missing).
 
+The outputs are written as a set, after every simulation: all are first written
+to a temporary directory inside ``OUT`` (the Markdown file beside itself), then
+renamed into place; an error or an interrupt before that (a failed plot, Ctrl-C)
+leaves the previous outputs as they were. The figures of ``OUT/figures/`` that
+match :data:`FIGURE_PATTERNS` are evaluate's own: each run replaces all of them,
+so the figures of an earlier run's other groups do not linger; every other file
+there (``docs/figures/architecture.png``) is left alone.
+
 Policy names are the heuristics of :func:`policies.heuristics.make_heuristic`
 and the RL names of :func:`policies.rl.make_rl_policy`; ``ALIAS=NAME`` shows
-``NAME`` as ``ALIAS`` (e.g. ``rl-poisson=rl-base:/runs/poisson/best``). Each shown
-name may appear once, and no entry may be empty (:func:`policy_specs`).
+``NAME`` as ``ALIAS`` (e.g. ``rl-poisson=rl-base:/runs/poisson/best``); an ``=``
+after a ``:`` or ``/`` is part of the name (``rl-base:sweep/lr=1e-4/best``). Each
+shown name may appear once, and no entry may be empty (:func:`policy_specs`).
+With ``branches``, each branch checkpoint must have been trained with the seed
+reward and that branch's W1 (:data:`BRANCHES`).
 
 Everything is checked before the first simulation: the policies, the outputs and
 every trace file of every group (all are read up front, :func:`load_job_sets`), so a
@@ -30,9 +41,13 @@ bad file in the last group is reported at once, not after the groups before it r
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
 import math
+import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -41,7 +56,6 @@ from typing import Any
 import numpy as np
 
 from policies.base import Policy, PolicyError
-from policies.checkpoint import write_atomic
 from policies.cluster import ClusterSpec
 from policies.job import JobSpec
 from policies.perf import ContentionModel
@@ -73,7 +87,10 @@ METRICS = (
     ("avg_util", "Util (%)", 100.0),
     ("avg_cs", "Avg CS", 1.0),
 )
+#: branch -> W1 of the seed reward its checkpoint was trained with (``rlsched train --reward seed --w1 W1``)
 BRANCHES = {"A": 0.3, "B": 0.4, "C": 0.5, "D": 0.6, "E": 0.7}
+#: evaluate's own files in ``OUT/figures/`` (:func:`fnmatch.fnmatchcase` patterns; ``*`` is a group name)
+FIGURE_PATTERNS = ("rl_jct_cdf_*.png", "rl_cs_distribution_*.png", "rl_util_kde_*.png", "rl_branches_jct_vs_util.png")
 
 
 class EvaluationError(ValueError):
@@ -94,7 +111,8 @@ def make_policy(name: str, cluster: ClusterSpec, perf: ContentionModel) -> Polic
 
 def policy_specs(policies: Sequence[str]) -> dict[str, str]:
     """``{shown name: policy name}`` of the ``--policies`` entries, in order: ``NAME`` (shown as itself) or
-    ``ALIAS=NAME`` (blanks around either are ignored).
+    ``ALIAS=NAME`` (blanks around either are ignored). An entry is ``ALIAS=NAME`` only where the text before
+    its first ``=`` holds no ``:`` or ``/``: ``rl-base:sweep/lr=1e-4/best`` is a name (a checkpoint path).
 
     :raises EvaluationError: naming the first empty entry (``srtf,,las``, a comma at an end), entry with an
         empty alias or name (``=srtf``, ``a=``) or shown name given twice (``srtf,srtf``, ``a=srtf,a=las``).
@@ -104,8 +122,8 @@ def policy_specs(policies: Sequence[str]) -> dict[str, str]:
     listed = ",".join(p.strip() for p in policies)
     for i, entry in enumerate(policies, start=1):
         alias, eq, name = (part.strip() for part in entry.partition("="))
-        if not eq:
-            name = alias
+        if not eq or ":" in alias or "/" in alias:  # NAME, or a NAME whose checkpoint path holds an '='
+            alias = name = entry.strip()
         if not entry.strip():
             raise EvaluationError(
                 f"--policies {listed!r}: entry {i} of {len(policies)} is empty (remove the extra comma)"
@@ -266,8 +284,10 @@ def _plots(group: str, data: Mapping[str, Any], figdir: Path, cluster: str) -> l
     ax.legend(fontsize=8)
     fig.tight_layout()
     p = figdir / f"rl_jct_cdf_{group}.png"
-    fig.savefig(p, dpi=120)
-    plt.close(fig)
+    try:
+        fig.savefig(p, dpi=120)
+    finally:
+        plt.close(fig)
     paths.append(p)
     summaries = {
         n: {
@@ -317,8 +337,10 @@ def _branch_plot(results: Mapping[str, Any], branch_names: Sequence[str], figdir
     fig.suptitle("Avg JCT vs utilisation: RL-base (light red) and RL-hybrid (red) branches A-E, heuristics (blue)")
     fig.tight_layout()
     p = figdir / "rl_branches_jct_vs_util.png"
-    fig.savefig(p, dpi=120)
-    plt.close(fig)
+    try:
+        fig.savefig(p, dpi=120)
+    finally:
+        plt.close(fig)
     return p
 
 
@@ -349,13 +371,10 @@ def markdown_tables(results: Mapping[str, Any], cluster: str) -> str:
     return "\n".join(lines)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    write_atomic(path, text.encode())
-
-
 def _check_outputs(outdir: Path, results_md: Path | None) -> None:
     """Refuse outputs that could only fail after all the simulations: an ``out`` (or its ``figures/``) that is
-    a file, a results file that is a directory, or a parent that is a file."""
+    a file, an ``out/rl_results.json`` that is not a file, a results file that is a directory (or will be one:
+    ``out``, a parent of it, ``out/figures``) or one of the other outputs, or a parent that is a file."""
     for d in (outdir, outdir / "figures"):
         anc = nearest_existing(d)
         if anc.is_dir():
@@ -365,9 +384,22 @@ def _check_outputs(outdir: Path, results_md: Path | None) -> None:
         if anc == d:
             raise EvaluationError(f"--out {outdir}: {d} exists and is not a directory")
         raise EvaluationError(f"--out {outdir}: {anc} is not a directory")
+    rj = outdir / "rl_results.json"
+    if (rj.exists() or rj.is_symlink()) and not rj.is_file():
+        raise EvaluationError(f"--out {outdir}: {rj} exists and is not a file")
     if results_md is not None:
         if results_md.is_dir():
             raise EvaluationError(f"--results-md {results_md} is a directory")
+        md, out = results_md.resolve(), outdir.resolve()
+        if md == out or md in out.parents:
+            what = "the --out directory" if md == out else f"a directory --out {outdir} is in"
+            raise EvaluationError(f"--results-md {results_md} is {what}; give a file (e.g. {results_md}/RESULTS.md)")
+        if md == out / "figures":
+            raise EvaluationError(f"--results-md {results_md} is the figures directory of --out {outdir}; give a file")
+        if md == out / "rl_results.json" or (md.parent == out / "figures" and _own_figure(md.name)):
+            raise EvaluationError(
+                f"--results-md {results_md} is also an output of --out {outdir}; give another file"
+            )
         if results_md.is_file():  # its hand-written text is kept: it must be readable
             try:
                 text = results_md.read_text()
@@ -416,7 +448,7 @@ def run_evaluation(
     branch_names: list[str] = []
     if branches:
         bdir = Path(branches)
-        for br in BRANCHES:
+        for br, w1 in BRANCHES.items():
             ck = bdir / f"{br}.json"
             if not ck.is_file():
                 ck = bdir / f"branch-{br}" / "last.json"
@@ -432,6 +464,7 @@ def run_evaluation(
                 pols[nm] = make_policy(f"{mode}:{ck}", cl, perf)
                 pols[nm].name = nm
                 branch_names.append(nm)
+            _check_branch(getattr(pols[nm], "checkpoint", None), br, w1, ck)
     groups = _groups(Path(traces))
     # every file of every group is read and checked before the first (long) simulation
     job_sets = {g: load_job_sets(files, cl, perf) for g, files in groups.items()}
@@ -454,28 +487,14 @@ def run_evaluation(
         )
     outdir = Path(out)
     figdir = outdir / "figures"
-    figdir.mkdir(parents=True, exist_ok=True)
+    md = Path(results_md) if results_md else None
     main = [n for n in pols if n not in branch_names]
-    figs = _plots(fig_group, {n: results[fig_group][n] for n in main}, figdir, cl.describe())
-    if branch_names:
-        figs.append(_branch_plot(results, branch_names, figdir))
     slim = {
         g: {n: {k: v for k, v in d.items() if k in ("sets", "summary")} for n, d in data.items()}
         for g, data in results.items()
     }
-    meta = {
-        "cluster": cl.describe(),
-        "policies": list(pols),
-        "traces": str(traces),
-        "wall_s": time.perf_counter() - t0,
-        "figures": [str(f) for f in figs],
-    }
-    _write_atomic(
-        outdir / "rl_results.json",
-        json.dumps(_round6({"meta": meta, "results": slim}), separators=(",", ":"), default=float) + "\n",
-    )
-    if results_md:
-        md = Path(results_md)
+    md_text = None
+    if md is not None:
         text = md.read_text() if md.is_file() else "# Results\n\n"
         gen = f"{BEGIN}\n\n" + markdown_tables({g: {n: slim[g][n] for n in main} for g in slim}, cl.describe())
         if branch_names:
@@ -484,11 +503,119 @@ def run_evaluation(
         if BEGIN in text and END in text:
             pre, rest = text.split(BEGIN, 1)
             _, post = rest.split(END, 1)
-            text = pre + gen + post
+            md_text = pre + gen + post
         else:
-            text = text.rstrip() + "\n\n" + gen + "\n"
-        _write_atomic(md, text)
+            md_text = text.rstrip() + "\n\n" + gen + "\n"
+    # everything is written to a temporary directory inside OUT (the Markdown file beside itself), then
+    # renamed into place by _commit: an error or interrupt before that leaves the previous outputs intact
+    created = _make_dirs(figdir) + (_make_dirs(md.parent) if md is not None else [])
+    stage: Path | None = None
+    md_tmp: Path | None = None
+    try:
+        stage = Path(tempfile.mkdtemp(dir=outdir, prefix=".evaluate.tmp-"))
+        staged = stage / "figures"
+        staged.mkdir()
+        figs = _plots(fig_group, {n: results[fig_group][n] for n in main}, staged, cl.describe())
+        if branch_names:
+            figs.append(_branch_plot(results, branch_names, staged))
+        meta = {
+            "cluster": cl.describe(),
+            "policies": list(pols),
+            "traces": str(traces),
+            "wall_s": time.perf_counter() - t0,
+            "figures": [str(figdir / f.name) for f in figs],
+        }
+        _write_text(
+            stage / "rl_results.json",
+            json.dumps(_round6({"meta": meta, "results": slim}), separators=(",", ":"), default=float) + "\n",
+        )
+        if md is not None and md_text is not None:
+            fd, tmp = tempfile.mkstemp(dir=md.parent, prefix=f".{md.name}.tmp-")
+            os.close(fd)
+            md_tmp = Path(tmp)
+            _write_text(md_tmp, md_text)
+        _commit(stage, figdir, [f.name for f in figs], outdir / "rl_results.json", md_tmp, md)
+        md_tmp = None
+        created = []
+    finally:
+        if md_tmp is not None:
+            md_tmp.unlink(missing_ok=True)
+        if stage is not None:
+            shutil.rmtree(stage, ignore_errors=True)
+        for d in reversed(created):  # after an error: the directories this run made, if empty
+            try:
+                d.rmdir()
+            except OSError:
+                pass
     return results
+
+
+def _own_figure(name: str) -> bool:
+    """Whether ``name`` is one of evaluate's own figures (:data:`FIGURE_PATTERNS`)."""
+    return any(fnmatch.fnmatchcase(name, pat) for pat in FIGURE_PATTERNS)
+
+
+def _check_branch(ckpt: Any, branch: str, w1: float, path: Path) -> None:
+    """Refuse a branch checkpoint not trained with the seed reward and the branch's W1 (:data:`BRANCHES`)."""
+    reward = ckpt.meta.get("reward") if ckpt is not None else None
+    reward = reward if isinstance(reward, dict) else {}
+    kind, got = reward.get("kind"), reward.get("w1")
+    number = isinstance(got, (int, float)) and not isinstance(got, bool)
+    if kind != "seed" or not number or not math.isclose(got, w1, rel_tol=0.0, abs_tol=1e-9):
+        raise EvaluationError(
+            f"--branches: {path} is not a branch {branch} checkpoint: it was trained with reward {kind!r}, "
+            f"W1 {got!r}; branch {branch} is reward 'seed', W1 {w1} (rlsched train --reward seed --w1 {w1})"
+        )
+
+
+def _make_dirs(path: Path) -> list[Path]:
+    """Create ``path`` and its missing parents; returns the directories created, outermost first."""
+    missing = [p for p in (path, *path.parents) if not p.exists()][::-1]
+    path.mkdir(parents=True, exist_ok=True)
+    return missing
+
+
+def _write_text(path: Path, text: str) -> None:
+    with path.open("w", encoding="utf-8") as f:
+        f.write(text)
+    os.chmod(path, 0o644)
+
+
+def _commit(stage: Path, figdir: Path, figures: Sequence[str], results: Path, md_tmp: Path | None,
+            md: Path | None) -> None:
+    """Rename the outputs staged in ``stage`` (``figures/``, ``rl_results.json``) and ``md_tmp`` into place.
+
+    Evaluate's previous figures in ``figdir`` (:data:`FIGURE_PATTERNS`) and ``results`` are first moved into
+    ``stage/previous`` (deleted with ``stage``), so the figures are replaced as a set; renaming ``md_tmp``
+    over ``md`` comes last. Only renames within one directory tree (and one beside ``md``): on an error
+    every rename done is undone, leaving the previous outputs in place.
+    """
+    prev = stage / "previous"
+    prev.mkdir()
+    done: list[tuple[Path, Path]] = []
+
+    def move(src: Path, dst: Path) -> None:
+        os.replace(src, dst)
+        done.append((src, dst))
+
+    try:
+        for f in sorted(figdir.iterdir()):
+            if _own_figure(f.name) and not f.is_dir():
+                move(f, prev / f.name)
+        for name in figures:
+            move(stage / "figures" / name, figdir / name)
+        if results.is_file():
+            move(results, prev / results.name)
+        move(stage / results.name, results)
+        if md_tmp is not None and md is not None:
+            os.replace(md_tmp, md)
+    except BaseException:
+        for src, dst in reversed(done):
+            try:
+                os.replace(dst, src)
+            except OSError as exc:
+                log.error("could not restore %s from %s: %s", src, dst, exc)
+        raise
 
 
 def _round6(x: Any) -> Any:

@@ -172,9 +172,11 @@ def plot_cs_distribution(summaries: Mapping[str, Mapping], path: str | Path, sub
 
 def _save(fig, path: str | Path) -> Path:
     path = Path(path)
-    fig.tight_layout()
-    fig.savefig(path, dpi=_DPI)
-    plt.close(fig)
+    try:
+        fig.tight_layout()
+        fig.savefig(path, dpi=_DPI)
+    finally:  # a failed save must not leak the figure (pyplot keeps every open one)
+        plt.close(fig)
     return path
 
 
