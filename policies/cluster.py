@@ -93,10 +93,11 @@ class ClusterSpec:
             intra_bw_gbps = 16
             inter_bw_gbps = 5
             [[nodes]]
-            name = "node1"
+            name = "node"
             gpus = 8
-            count = 4        # optional: expands to node1..node4 when name is a prefix
+            count = 4        # optional: node1..node4 (with count > 1, name is a prefix)
 
+        Nodes without a name are numbered on from the nodes before them (``node1``, ``node2``, ...).
         Any other key (e.g. a misspelt ``gpu_per_node``) is an error naming it.
         """
         if isinstance(spec, ClusterSpec):
@@ -143,13 +144,16 @@ class ClusterSpec:
             if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
                 raise ClusterSpecError(f"{path}: nodes[{i}].gpus: expected a positive integer, got {gpus!r}")
             count = entry.get("count", 1)
-            if not isinstance(count, int) or count < 1:
+            if not isinstance(count, int) or isinstance(count, bool) or count < 1:
                 raise ClusterSpecError(f"{path}: nodes[{i}].count: expected a positive integer, got {count!r}")
-            name = str(entry.get("name", f"node{len(nodes) + 1}"))
-            if count == 1:
-                nodes.append(NodeSpec(name, gpus))
-            else:
-                nodes.extend(NodeSpec(f"{name}{k + 1}", gpus) for k in range(count))
+            if "name" in entry:  # with count > 1 a prefix: NAME1 .. NAMEcount
+                name = str(entry["name"])
+                if count == 1:
+                    nodes.append(NodeSpec(name, gpus))
+                else:
+                    nodes.extend(NodeSpec(f"{name}{k + 1}", gpus) for k in range(count))
+            else:  # unnamed nodes are numbered on from the nodes before them: node1, node2, ...
+                nodes.extend(NodeSpec(f"node{len(nodes) + 1}", gpus) for _ in range(count))
         kw = {}
         for k in ("intra_bw_gbps", "inter_bw_gbps"):
             if k in doc:

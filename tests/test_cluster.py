@@ -220,3 +220,16 @@ def test_unknown_key_is_a_one_line_cli_error(tmp_path: Path, capsys) -> None:
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{f}: unknown key 'gpu_per_node'" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml"]
+
+
+def test_unnamed_counted_nodes_are_numbered_on_and_bool_count_is_refused(tmp_path):
+    """Unnamed entries continue node1, node2, ... across entries (not node11, node12); a prefix
+    with count gives PREFIX1..PREFIXn; ``count: true`` is not the number 1."""
+    f = tmp_path / "c.yaml"
+    f.write_text("nodes:\n  - {gpus: 8, count: 2}\n  - {gpus: 4, count: 2}\n  - {name: gpu, gpus: 2, count: 2}\n")
+    spec = ClusterSpec.parse(f)
+    assert [n.name for n in spec.nodes] == ["node1", "node2", "node3", "node4", "gpu1", "gpu2"]
+    assert spec.gpus_per_node == (8, 8, 4, 4, 2, 2)
+    f.write_text("nodes:\n  - {gpus: 8, count: true}\n")
+    with pytest.raises(ClusterSpecError, match=r"nodes\[0\]\.count: expected a positive integer, got True"):
+        ClusterSpec.parse(f)
