@@ -13,12 +13,14 @@ Metadata fields (all required unless marked)::
     algo              maskable-ppo | ppo | a2c | dqn
     mode              default policy mode: rl-base | rl-hybrid
     cluster           ClusterSpec.to_dict() of the training cluster
-    obs_spec          ObsSpec.to_dict() (shape, K, levels, encoding version)
-    network           {"kind": "mlp", "layers": [prefix, ...], "activation": "tanh"|"relu"}
+    obs_spec          ObsSpec.to_dict() (shape, K, levels, encoding version, candidate
+                      order and aging_s: optional, default "area" / 1800)
+    network           {"kind": "mlp", "layers": [prefix, ...], "activation": "tanh"|"relu",
+                       "prior": {"kind": "admission", "theta": float, "scale": float} (optional)}
                       layer i computes act(x @ W_i.T + b_i) from tensors
                       "<prefix>.weight" / "<prefix>.bias"; the last has no activation
                       and outputs one logit (or Q-value) per action
-    reward            {"kind": "jct"|"seed", "w1": float, "w2": float}
+    reward            {"kind": "jct-rel"|"jct"|"progress"|"seed", "w1": float, "w2": float}
     training          free-form: traces, timesteps, seed, command, evaluation (optional content)
     weights_file      file name of the weights, relative to the JSON
     weights_sha256    hex sha256 of the weights file
@@ -44,6 +46,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -63,6 +66,15 @@ FORMAT = "rlsched-policy"
 FORMAT_VERSION = 1
 ALGOS = ("maskable-ppo", "ppo", "a2c", "dqn")
 MODES = ("rl-base", "rl-hybrid")
+#: Reward kinds a training run can record (:data:`trainer.env.REWARDS`; a test checks they agree).
+REWARD_KINDS = ("progress", "jct", "jct-rel", "seed")
+#: Accepted range of the candidate order's aging time constant (s; :attr:`ObsSpec.aging_s`, shipped
+#: 300, legacy 1800). ``exp(-wait / aging_s)`` is finite for any value > 0, but below a second every
+#: job that waited at all ages to a key of 0 (the order degenerates to demand, then submit time) and
+#: above 1e9 s (~32 years) no job ages: such a value is a typo or a tampered file, refused at load and
+#: never written.
+MIN_AGING_S = 1.0
+MAX_AGING_S = 1e9
 _MAX_JSON = 1 << 20
 #: Largest accepted bound on a layer's pre-activation over all observations (every observation
 #: value is in [0, 1]): float32's max is ~3.4e38, so the logits stay finite with room for the
@@ -321,12 +333,9 @@ def resolve_paths(path: str | Path) -> tuple[Path, Path | None]:
     return p, None
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+def _read_weights(path: Path) -> bytes:
+    """The weights file's bytes, read once: the bytes hashed are the bytes parsed."""
+    return path.read_bytes()
 
 
 def _require(meta: Mapping, key: str, typ: type | tuple, where: Path) -> Any:
@@ -338,19 +347,95 @@ def _require(meta: Mapping, key: str, typ: type | tuple, where: Path) -> Any:
     return v
 
 
+class _StaleWeights(CheckpointError):
+    """The weights named by the metadata are gone or do not match its hash: maybe a concurrent
+    :func:`save_checkpoint` replaced the checkpoint between reading the metadata and the weights."""
+
+    def __init__(self, message: str, raw: bytes) -> None:
+        super().__init__(message)
+        self.raw = raw  # the metadata bytes this attempt read
+
+
+#: Attempts of :func:`load_checkpoint` when a save replaces the checkpoint while it reads.
+_LOAD_TRIES = 3
+
+
 def load_checkpoint(path: str | Path) -> Checkpoint:
-    """Load and fully validate a checkpoint (see module docstring). Never unpickles."""
+    """Load and fully validate a checkpoint (see module docstring). Never unpickles.
+
+    A checkpoint that :func:`save_checkpoint` replaces while it is read loads as before or as
+    after the save, never as a mix: the weights are read once (the bytes hashed are the bytes
+    parsed), and when they are gone or do not match the metadata's hash while the metadata has
+    changed since it was read, it is read again.
+    """
+    jpath, _ = resolve_paths(path)
+    for attempt in range(_LOAD_TRIES):
+        try:
+            return _load(jpath)
+        except _StaleWeights as exc:
+            try:
+                changed = _read_json_bytes(jpath) != exc.raw
+            except CheckpointError:
+                changed = True  # replaced right now: another attempt reports what is there
+            if not changed or attempt == _LOAD_TRIES - 1:
+                raise CheckpointError(str(exc)) from None
+    raise AssertionError("unreachable")
+
+
+def _read_json_bytes(jpath: Path) -> bytes:
+    """The metadata file's bytes (at most :data:`_MAX_JSON`), or :class:`CheckpointError`."""
+    if not jpath.is_file():
+        raise CheckpointError(f"{jpath}: checkpoint metadata not found (expected NAME.json beside NAME.safetensors)")
+    try:
+        with jpath.open("rb") as f:
+            raw = f.read(_MAX_JSON + 1)
+    except OSError as exc:
+        raise CheckpointError(f"{jpath}: cannot read the checkpoint metadata: {exc}") from None
+    if len(raw) > _MAX_JSON:
+        raise CheckpointError(f"{jpath}: metadata is larger than {_MAX_JSON} bytes")
+    return raw
+
+
+def _weights_name_problem(wname: str) -> str | None:
+    """Why ``wname`` cannot be a ``weights_file``: it must be a bare file name, so that the weights lie in the
+    JSON's own directory (no ``../x``, no absolute path, no drive (``C:x``), no NUL); ``None`` if it can."""
+    if (
+        not wname
+        or wname in (".", "..")
+        or any(c in wname for c in ("/", "\\", ":", "\0"))
+        or Path(wname).name != wname
+    ):
+        return f"weights_file must be a plain file name in the metadata's directory, got {wname!r}"
+    return None
+
+
+def _range_problem(spec: ObsSpec, reward: Mapping) -> str | None:
+    """Metadata values of the right type but out of the range any rlsched run writes (``None``: all in range).
+    The candidate order (``obs_spec.order``) and the prior's ``theta`` / ``scale`` are range-checked where they
+    are built (:class:`ObsSpec`, :class:`AdmissionPrior`)."""
+    if not MIN_AGING_S <= spec.aging_s <= MAX_AGING_S:
+        return (
+            f"metadata field 'obs_spec.aging_s' must be in [{MIN_AGING_S:g}, {MAX_AGING_S:g}] seconds, "
+            f"got {spec.aging_s:g}"
+        )
+    kind = reward.get("kind")
+    if not isinstance(kind, str) or kind not in REWARD_KINDS:
+        return f"metadata field 'reward.kind' must be one of {', '.join(REWARD_KINDS)}, got {kind!r}"
+    for key in ("w1", "w2"):  # optional (w1 weighs the seed reward; w2 = 1 - w1)
+        if key in reward and not (_is_number(reward[key]) and 0 <= reward[key] <= 1):
+            return f"metadata field 'reward.{key}' must be a number in [0, 1], got {reward[key]!r}"
+    return None
+
+
+def _load(jpath: Path) -> Checkpoint:
+    """One attempt of :func:`load_checkpoint`; :class:`_StaleWeights` where a concurrent save may explain the error."""
     from safetensors import SafetensorError
     from safetensors.numpy import load as st_load
 
-    jpath, _ = resolve_paths(path)
-    if not jpath.is_file():
-        raise CheckpointError(f"{jpath}: checkpoint metadata not found (expected NAME.json beside NAME.safetensors)")
-    if jpath.stat().st_size > _MAX_JSON:
-        raise CheckpointError(f"{jpath}: metadata is larger than {_MAX_JSON} bytes")
+    raw = _read_json_bytes(jpath)
     try:
-        meta = json.loads(jpath.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        meta = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{jpath}: metadata is not valid JSON: {exc}") from exc
     except (RecursionError, ValueError) as exc:  # nested too deep; an integer of more than 4300 digits
         raise CheckpointError(f"{jpath}: metadata is not usable JSON: {type(exc).__name__}: {exc}") from None
@@ -370,7 +455,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     if mode not in MODES:
         raise CheckpointError(f"{jpath}: unknown mode {mode!r}; expected one of {', '.join(MODES)}")
     _require(meta, "project_version", str, jpath)
-    _require(meta, "reward", dict, jpath)
+    reward = _require(meta, "reward", dict, jpath)
     _check_training(_require(meta, "training", dict, jpath), jpath)
     cluster = _cluster_from_dict(_require(meta, "cluster", dict, jpath), jpath)
     spec_meta = _require(meta, "obs_spec", dict, jpath)
@@ -379,6 +464,9 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         spec.check_cluster(cluster)
     except (EncodingError, ValueError, KeyError, TypeError, OverflowError) as exc:
         raise CheckpointError(f"{jpath}: bad obs_spec metadata: {exc}") from exc
+    problem = _range_problem(spec, reward)
+    if problem:
+        raise CheckpointError(f"{jpath}: {problem}")
     net_meta = _require(meta, "network", dict, jpath)
     if net_meta.get("kind") != "mlp":
         raise CheckpointError(f"{jpath}: network kind {net_meta.get('kind')!r} is not supported (expected 'mlp')")
@@ -389,23 +477,28 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     if activation not in ("tanh", "relu"):
         raise CheckpointError(f"{jpath}: network.activation must be 'tanh' or 'relu', got {activation!r}")
     wname = _require(meta, "weights_file", str, jpath)
-    if "/" in wname or "\\" in wname or wname in ("", ".", ".."):
-        raise CheckpointError(f"{jpath}: weights_file must be a plain file name, got {wname!r}")
+    problem = _weights_name_problem(wname)
+    if problem:
+        raise CheckpointError(f"{jpath}: {problem}")
     wpath = jpath.with_name(wname)
-    if not wpath.is_file():
-        raise CheckpointError(f"{wpath}: checkpoint weights not found")
     want = _require(meta, "weights_sha256", str, jpath).lower()
+    if not wpath.is_file():
+        raise _StaleWeights(f"{wpath}: checkpoint weights not found", raw)
     try:
-        got = _sha256(wpath)
+        data = _read_weights(wpath)
+    except FileNotFoundError:
+        raise _StaleWeights(f"{wpath}: checkpoint weights not found", raw) from None
     except OSError as exc:
         raise CheckpointError(f"{wpath}: cannot read the checkpoint weights: {exc}") from None
+    got = hashlib.sha256(data).hexdigest()
     if got != want:
-        raise CheckpointError(
+        raise _StaleWeights(
             f"{wpath}: sha256 {got[:16]}... does not match the metadata's {want[:16]}...; "
-            "the weights are truncated or were modified"
+            "the weights are truncated or were modified",
+            raw,
         )
     try:
-        tensors = st_load(wpath.read_bytes())
+        tensors = st_load(data)
     except (SafetensorError, ValueError, OSError, KeyError, TypeError) as exc:  # KeyError: a dtype numpy lacks (BF16)
         raise CheckpointError(f"{wpath}: not a readable safetensors file: {exc}") from exc
     weights = []
@@ -528,10 +621,25 @@ def save_checkpoint(
     training: Mapping[str, Any],
     prior: AdmissionPrior | None = None,
 ) -> Path:
-    """Write ``NAME.safetensors`` + ``NAME.json`` atomically; returns the JSON path.
+    """Write ``NAME.safetensors`` + ``NAME.json``, replacing a previous checkpoint ``NAME`` in one atomic step;
+    returns the JSON path.
 
     ``tensors`` may hold more than the inference layers (e.g. the value head,
     used to resume training); only ``layers`` are read at inference.
+
+    The pair is consistent at every instant, whatever interrupts the save (Ctrl-C, SIGKILL, OOM, power
+    loss): the new weights are first written under a name no checkpoint uses yet,
+    ``NAME.<first 16 hex digits of their sha256>.safetensors``; replacing ``NAME.json`` with metadata
+    naming them is the commit (before it the previous checkpoint loads, intact; after it the new one).
+    Then the weights are written again as ``NAME.safetensors`` and ``NAME.json`` is replaced once more
+    to name that file (the same hash, so each state in between loads the same new checkpoint), and the
+    staged file is deleted: a completed save leaves the stable names. Every file is fsynced before
+    the rename that publishes it. An interrupted save leaves at most the staged weights and temp
+    files, which the next save of ``NAME`` deletes (:func:`_remove_leftovers`).
+
+    :raises ValueError: an unknown ``algo`` / ``mode``, or metadata out of the range
+        :func:`load_checkpoint` accepts (e.g. ``spec.aging_s`` outside
+        [:data:`MIN_AGING_S`, :data:`MAX_AGING_S`]); nothing is written then.
     """
     from safetensors.numpy import save as st_save
 
@@ -541,10 +649,15 @@ def save_checkpoint(
         raise ValueError(f"unknown algo {algo!r}")
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}")
+    problem = _range_problem(spec, reward)
+    if problem:
+        raise ValueError(problem)
     jpath, _ = resolve_paths(path)
     jpath.parent.mkdir(parents=True, exist_ok=True)
     wpath = jpath.with_suffix(".safetensors")
     data = st_save({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()})
+    sha = hashlib.sha256(data).hexdigest()
+    staged = jpath.with_name(f"{_stem(jpath)}.{sha[:16]}.safetensors")
     meta = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -563,28 +676,93 @@ def save_checkpoint(
         "reward": dict(reward),
         "training": dict(training),
         "weights_file": wpath.name,
-        "weights_sha256": hashlib.sha256(data).hexdigest(),
+        "weights_sha256": sha,
     }
-    for target, payload in (
-        (wpath, data),
-        (jpath, (json.dumps(meta, indent=2, default=_json_default) + "\n").encode()),
-    ):
-        write_atomic(target, payload)
+
+    def metadata(weights_file: str) -> bytes:
+        return (json.dumps({**meta, "weights_file": weights_file}, indent=2, default=_json_default) + "\n").encode()
+
+    final = metadata(wpath.name)  # serialised before any write: a value json cannot write fails here
+    write_atomic(staged, data)  # 1. the new weights, under a name the current NAME.json does not use
+    write_atomic(jpath, metadata(staged.name))  # 2. the commit: NAME.json now names them
+    write_atomic(wpath, data)  # 3. the same weights under the stable name (NAME.json still names the staged file)
+    write_atomic(jpath, final)  # 4. NAME.json names the stable file (same hash)
+    _remove_leftovers(jpath)  # 5. the staged file, and what interrupted saves left
     return jpath
 
 
+def _stem(jpath: Path) -> str:
+    """``NAME`` of ``NAME.json``."""
+    return jpath.name[: -len(".json")] if jpath.name.endswith(".json") else jpath.stem
+
+
+def _remove_leftovers(jpath: Path) -> None:
+    """Delete the files of checkpoint ``NAME`` (``jpath`` = ``NAME.json``) that its metadata does not name:
+    staged weights ``NAME.<16 hex>.safetensors`` and :func:`write_atomic`'s temp files of ``NAME.json``,
+    ``NAME.safetensors`` and staged weights, as an interrupted :func:`save_checkpoint` leaves them.
+
+    Only these exact name patterns: another checkpoint's files (``NAME.v2.safetensors``, or weights
+    that ``NAME.json`` names but another checkpoint owns) are never touched, nor is a staged-looking
+    file that is a checkpoint's own plain weights (``NAME.<16 hex>.json`` beside it). Best effort: a file
+    that cannot be deleted stays (it is harmless; the next save tries again).
+    """
+    name = re.escape(_stem(jpath))
+    staged = re.compile(name + r"\.([0-9a-f]{16})\.safetensors")
+    temp = re.compile(r"\." + name + r"\.(?:json|safetensors|([0-9a-f]{16})\.safetensors)\.[a-z0-9_]{8}")
+    try:
+        referenced = json.loads(jpath.read_bytes()).get("weights_file")
+    except (OSError, ValueError, AttributeError):
+        return  # no readable metadata: nothing can be told apart from its weights
+    try:
+        entries = list(os.scandir(jpath.parent))
+    except OSError:
+        return
+    for entry in entries:
+        m = staged.fullmatch(entry.name) or temp.fullmatch(entry.name)
+        if m is None or entry.name == referenced:
+            continue
+        if m.group(1) and jpath.with_name(f"{_stem(jpath)}.{m.group(1)}.json").exists():
+            continue  # the plain weights of a checkpoint named NAME.<16 hex>
+        try:
+            os.unlink(entry.path)
+        except OSError:
+            pass
+
+
 def write_atomic(path: Path, payload: bytes) -> None:
-    """Write ``payload`` to ``path`` via a temp file + rename: never half-written."""
+    """Write ``payload`` to ``path`` via a temp file + rename: never half-written.
+
+    The temp file is fsynced before the rename and the directory after it, so that once this
+    returns the new contents survive a crash or power loss (a rename can reach the disk before the
+    data it publishes otherwise, leaving an empty file).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (POSIX; a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _json_default(o: Any) -> Any:

@@ -287,6 +287,24 @@ def _obs(**kw):
         (_obs(aging_s=float("inf")), r"obs_spec.*aging_s must be a finite number of seconds > 0, got inf"),
         (_obs(aging_s="300"), r"obs_spec.*aging_s must be a finite number of seconds > 0, got '300'"),
         (_obs(aging_s=10**400), r"obs_spec.*aging_s must be a finite number of seconds > 0, got 10000"),
+        # in type but out of range: refused naming the field (1e-300 s was accepted, and ages every waiting job to 0)
+        (_obs(aging_s=1e-300), r"metadata field 'obs_spec\.aging_s' must be in \[1, 1e\+09\] seconds, got 1e-300"),
+        (_obs(aging_s=0.5), r"'obs_spec\.aging_s' must be in \[1, 1e\+09\] seconds, got 0\.5"),
+        (_obs(aging_s=2e9), r"'obs_spec\.aging_s' must be in \[1, 1e\+09\] seconds, got 2e\+09"),
+        (_obs(order="bogus"), r"obs_spec.*unknown candidate order 'bogus'; expected one of area, fill, plan"),
+        (_obs(order="FILL"), r"obs_spec.*unknown candidate order 'FILL'"),
+        (_set("network", "prior", "theta", 1.5), r"network\.prior: prior theta must be in \[0, 1\], got 1\.5"),
+        (_set("network", "prior", "theta", -0.1), r"network\.prior: prior theta must be in \[0, 1\]"),
+        (_set("network", "prior", "scale", 0.0), r"network\.prior: prior scale must be in \(0, 1e\+06\]"),
+        (_set("reward", "kind", "magic"),
+         r"metadata field 'reward\.kind' must be one of progress, jct, jct-rel, seed, got 'magic'"),
+        (_set("reward", "kind", 3), r"'reward\.kind' must be one of .*, got 3"),
+        (lambda m: m["reward"].pop("kind"), r"'reward\.kind' must be one of .*, got None"),
+        (_set("reward", "w1", 1.5), r"metadata field 'reward\.w1' must be a number in \[0, 1\], got 1\.5"),
+        (_set("reward", "w1", float("nan")), r"'reward\.w1' must be a number in \[0, 1\], got nan"),
+        (_set("reward", "w1", "0.4"), r"'reward\.w1' must be a number in \[0, 1\], got '0\.4'"),
+        (_set("reward", "w2", -0.1), r"'reward\.w2' must be a number in \[0, 1\], got -0\.1"),
+        (_set("reward", "w2", True), r"'reward\.w2' must be a number in \[0, 1\], got True"),
         (_set("obs_spec", "n_actions", 26), r"obs_spec.*n_actions 26 disagrees"),
         (_set("obs_spec", "shape", "big"), r"obs_spec.*shape big disagrees"),
         # bug 4: non-integral / bool integers in the cluster, non-finite bandwidths, format_version True
@@ -488,3 +506,310 @@ def test_cli_checkpoint_summary_survives_out_of_range_numbers(tmp_path, capsys):
     assert main(["checkpoint", str(j), "--json"]) == 0
     out = capsys.readouterr().out
     assert "validation" not in out.split("{", 1)[0] and '"trained_aging_s": null' in out
+
+
+# ---------------------------------------------------------------- range checks agree with what the code writes
+def test_aging_bounds_are_inclusive_and_never_written_out_of_range(tmp_path):
+    """The accepted aging range holds the shipped (300 s) and legacy (1800 s) values and its own bounds; save refuses
+    what load would refuse, before writing anything (a run could not resume from its own checkpoint otherwise)."""
+    from dataclasses import replace
+
+    from policies.checkpoint import MAX_AGING_S, MIN_AGING_S
+    from policies.encoding import AGING_S, LEGACY_AGING_S
+
+    spec = ObsSpec.for_cluster(C48)
+    for aging in (MIN_AGING_S, AGING_S, LEGACY_AGING_S, MAX_AGING_S):
+        j = save_checkpoint(
+            tmp_path / "ok", _tensors(spec, np.random.default_rng(0)), algo="maskable-ppo", mode="rl-base",
+            cluster=C48, spec=replace(spec, aging_s=aging), layers=LAYERS, activation="tanh", reward={"kind": "jct"},
+            training={},
+        )
+        assert load_checkpoint(j).spec.aging_s == aging
+    for aging, reward in ((1e-300, {"kind": "jct"}), (2e9, {"kind": "jct"}), (300.0, {"kind": "jct", "w1": 2.0})):
+        with pytest.raises(ValueError, match=r"'obs_spec\.aging_s' must be in|'reward\.w1'"):
+            save_checkpoint(
+                tmp_path / "bad", _tensors(spec, np.random.default_rng(0)), algo="maskable-ppo", mode="rl-base",
+                cluster=C48, spec=replace(spec, aging_s=aging), layers=LAYERS, activation="tanh", reward=reward,
+                training={},
+            )
+    assert not list(tmp_path.glob("bad*")) and not list(tmp_path.glob(".bad*"))
+
+
+def test_reward_kinds_are_the_trainers():
+    trainer_env = pytest.importorskip("trainer.env")
+    from policies.checkpoint import REWARD_KINDS
+
+    assert tuple(trainer_env.REWARDS) == REWARD_KINDS
+
+
+# ---------------------------------------------------------------- saving: the pair is replaced in one atomic step
+def _tensors_of(j: Path) -> dict[str, np.ndarray]:
+    """The tensors a checkpoint loads with (through load_checkpoint: verified against its hash)."""
+    from safetensors.numpy import load
+
+    ck = load_checkpoint(j)
+    return load(ck.weights_path.read_bytes())
+
+
+def _same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def _files(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir())
+
+
+#: save_checkpoint's writes, in order: (what, the file written)
+SAVE_WRITES = [
+    ("staged weights", "ck.{h}.safetensors"),
+    ("metadata commit", "ck.json"),
+    ("stable weights", "ck.safetensors"),
+    ("final metadata", "ck.json"),
+]
+
+
+def test_save_writes_staged_weights_then_commits_and_ends_with_stable_names(tmp_path, monkeypatch):
+    import hashlib
+
+    import policies.checkpoint as ckmod
+
+    write_random_checkpoint(tmp_path / "ck", seed=0)
+    written, fsynced = [], []
+    real, real_fsync = ckmod.write_atomic, ckmod.os.fsync
+    monkeypatch.setattr(ckmod, "write_atomic", lambda path, data: (written.append(Path(path).name), real(path, data)))
+    monkeypatch.setattr(ckmod.os, "fsync", lambda fd: (fsynced.append(fd), real_fsync(fd)))
+    j = write_random_checkpoint(tmp_path / "ck", seed=1)
+    monkeypatch.undo()
+    meta = json.loads(j.read_text())
+    h = hashlib.sha256((tmp_path / "ck.safetensors").read_bytes()).hexdigest()
+    assert written == [name.format(h=h[:16]) for _what, name in SAVE_WRITES]
+    assert meta["weights_file"] == "ck.safetensors" and meta["weights_sha256"] == h
+    assert _files(tmp_path) == ["ck.json", "ck.safetensors"]  # the staged copy is gone
+    assert len(fsynced) >= 2 * len(SAVE_WRITES)  # every file before its rename, the directory after it
+
+
+@pytest.mark.parametrize("step", range(len(SAVE_WRITES)), ids=[w for w, _ in SAVE_WRITES])
+def test_save_interrupted_in_any_write_leaves_a_consistent_checkpoint(tmp_path, monkeypatch, step):
+    """The reviewed defect: Ctrl-C between replacing NAME.safetensors and NAME.json left the new weights beside the
+    old metadata (old sha256), and every later load failed. A KeyboardInterrupt raised inside each write (the temp
+    file written, right before its rename) leaves the previous checkpoint intact before the commit and the new one
+    after it; never a mix, and no temp file."""
+    import policies.checkpoint as ckmod
+
+    j = write_random_checkpoint(tmp_path / "ck", seed=0)
+    old = _tensors_of(j)
+    new = _tensors(ObsSpec.for_cluster(C48), np.random.default_rng(1))
+    calls = []
+    real_replace = ckmod.os.replace
+
+    def replace(src, dst):
+        calls.append(Path(dst).name)
+        if len(calls) == step + 1:
+            raise KeyboardInterrupt
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(ckmod.os, "replace", replace)
+    with pytest.raises(KeyboardInterrupt):
+        write_random_checkpoint(tmp_path / "ck", seed=1)
+    monkeypatch.undo()
+    assert _same(_tensors_of(j), old if step <= 1 else new)  # the commit is the metadata's first rename
+    assert not [n for n in _files(tmp_path) if n.startswith(".")]  # the interrupted write removed its temp file
+    # the next save completes and removes what the interrupted one left (the staged weights)
+    write_random_checkpoint(tmp_path / "ck", seed=2)
+    assert _same(_tensors_of(j), _tensors(ObsSpec.for_cluster(C48), np.random.default_rng(2)))
+    assert _files(tmp_path) == ["ck.json", "ck.safetensors"]
+
+
+@pytest.mark.parametrize("step", range(len(SAVE_WRITES) + 1), ids=[w for w, _ in SAVE_WRITES] + ["cleanup"])
+def test_save_killed_in_any_step_leaves_a_consistent_checkpoint_and_the_next_save_cleans_up(
+    tmp_path, monkeypatch, step
+):
+    """A SIGKILL / OOM kill runs no cleanup: it leaves half a temp file of the write it interrupted (or, in the
+    last step, the staged weights). The checkpoint still loads (the previous one before the commit, the new one
+    after), and the next save deletes the leftovers."""
+    import policies.checkpoint as ckmod
+
+    j = write_random_checkpoint(tmp_path / "ck", seed=0)
+    old = _tensors_of(j)
+    new = _tensors(ObsSpec.for_cluster(C48), np.random.default_rng(1))
+    calls = []
+    real_write = ckmod.write_atomic
+
+    def killed(path, data):
+        calls.append(path)
+        if len(calls) == step + 1:
+            (path.parent / f".{path.name}.k1ll_3d0").write_bytes(data[: len(data) // 2])  # as mkstemp names it
+            raise KeyboardInterrupt  # stands for the kill: nothing after this runs
+        real_write(path, data)
+
+    monkeypatch.setattr(ckmod, "write_atomic", killed)
+    monkeypatch.setattr(ckmod, "_remove_leftovers", lambda jpath: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        write_random_checkpoint(tmp_path / "ck", seed=1)
+    monkeypatch.undo()
+    assert _same(_tensors_of(j), old if step <= 1 else new)  # killed in the commit's write: not committed
+    assert len(_files(tmp_path)) > 2  # leftovers: a temp file and / or the staged weights
+    write_random_checkpoint(tmp_path / "ck", seed=2)
+    assert _same(_tensors_of(j), _tensors(ObsSpec.for_cluster(C48), np.random.default_rng(2)))
+    assert _files(tmp_path) == ["ck.json", "ck.safetensors"]
+
+
+def test_a_checkpoint_left_naming_its_staged_weights_loads_and_is_resaved_with_stable_names(tmp_path):
+    """The state a save interrupted after its commit leaves: NAME.json names NAME.<hash>.safetensors, and
+    NAME.safetensors holds older weights. It loads (the new weights), and so does a run resumed from it."""
+    import shutil
+
+    j = write_random_checkpoint(tmp_path / "ck", seed=1)
+    meta = json.loads(j.read_text())
+    staged = f"ck.{meta['weights_sha256'][:16]}.safetensors"
+    shutil.copy(tmp_path / "ck.safetensors", tmp_path / staged)
+    write_random_checkpoint(tmp_path / "older", seed=0)
+    shutil.copy(tmp_path / "older.safetensors", tmp_path / "ck.safetensors")
+    j.write_text(json.dumps({**meta, "weights_file": staged}))
+    ck = load_checkpoint(j)
+    assert ck.weights_path.name == staged
+    assert _same(_tensors_of(j), _tensors(ObsSpec.for_cluster(C48), np.random.default_rng(1)))
+    write_random_checkpoint(tmp_path / "ck", seed=2)
+    assert not (tmp_path / staged).exists() and load_checkpoint(j).weights_path.name == "ck.safetensors"
+
+
+def test_checkpoints_with_the_plain_weights_name_load(tmp_path):
+    """Every checkpoint written before this change names NAME.safetensors (the shipped ones, users' runs): they
+    load, and a new save over one keeps that name."""
+    import hashlib
+
+    from safetensors.numpy import save
+
+    from rlsched import __version__
+
+    shipped = sorted((Path(__file__).parent.parent / "policies" / "checkpoints").glob("*.json"))
+    assert [p.name for p in shipped] == ["rl-base-4x8.json", "rl-hybrid-4x8.json"]
+    for p in shipped:
+        ck = load_checkpoint(p)
+        assert ck.meta["weights_file"] == p.with_suffix(".safetensors").name == ck.weights_path.name
+    # the layout written by hand, as the old save_checkpoint wrote it (weights, then metadata, no staged file)
+    spec = ObsSpec.for_cluster(C48)
+    data = save(_tensors(spec, np.random.default_rng(0)))
+    (tmp_path / "old.safetensors").write_bytes(data)
+    (tmp_path / "old.json").write_text(json.dumps({
+        "format": "rlsched-policy", "format_version": 1, "project_version": __version__, "algo": "ppo",
+        "mode": "rl-base", "cluster": C48.to_dict(), "obs_spec": spec.to_dict(),
+        "network": {"kind": "mlp", "layers": LAYERS, "activation": "tanh"}, "reward": {"kind": "jct"},
+        "training": {}, "weights_file": "old.safetensors", "weights_sha256": hashlib.sha256(data).hexdigest(),
+    }))
+    assert _same(_tensors_of(tmp_path / "old.json"), _tensors(spec, np.random.default_rng(0)))
+    write_random_checkpoint(tmp_path / "old", seed=1)
+    assert _files(tmp_path) == ["old.json", "old.safetensors"]
+    assert _same(_tensors_of(tmp_path / "old"), _tensors(spec, np.random.default_rng(1)))
+
+
+def test_shipping_keeps_the_stable_file_names(tmp_path):
+    """`rlsched train --export-shipped` (ship_checkpoint) replaces
+    policies/checkpoints/rl-*-<shape>.{json,safetensors} in place: the same names, nothing else left beside
+    them, also when shipped again over them."""
+    train = pytest.importorskip("trainer.train")
+    src = Path(__file__).parent.parent / "policies" / "checkpoints" / "rl-base-4x8"
+    for _ in range(2):
+        shipped = train.ship_checkpoint(src, C48, dest=tmp_path, command="test")
+        assert [p.name for p in shipped] == ["rl-base-4x8.json", "rl-hybrid-4x8.json"]
+        assert _files(tmp_path) == [
+            "rl-base-4x8.json", "rl-base-4x8.safetensors", "rl-hybrid-4x8.json", "rl-hybrid-4x8.safetensors"
+        ]
+        for p in shipped:
+            assert json.loads(p.read_text())["weights_file"] == p.with_suffix(".safetensors").name
+            load_checkpoint(p)
+
+
+def test_save_removes_only_its_own_leftovers(tmp_path):
+    """The next save of NAME deletes staged weights and temp files of NAME that its metadata does not name, and
+    nothing else: not another checkpoint's files (NAME.v2, a checkpoint literally named NAME.<16 hex>, weights
+    another JSON names), nor files of other patterns."""
+    import shutil
+
+    write_random_checkpoint(tmp_path / "ck", seed=0)
+    write_random_checkpoint(tmp_path / "ck.v2", seed=0)
+    write_random_checkpoint(tmp_path / "ck.fedcba9876543210", seed=0)  # plain weights that look staged
+    shutil.copy(tmp_path / "ck.json", tmp_path / "alias.json")  # names ck.safetensors
+    orphans = [
+        "ck.0123456789abcdef.safetensors",  # staged weights of an interrupted save
+        ".ck.json.abcd_123",  # temp files of killed writes (tempfile.mkstemp's names)
+        ".ck.safetensors.zzzz9999",
+        ".ck.0123456789abcdef.safetensors.a1b2c3d4",
+    ]
+    kept = [
+        "ck.0123456789ABCDEF.safetensors",  # not a name save_checkpoint writes
+        "ck.0123456789abcde.safetensors",
+        "ck.safetensors.bak",
+        "xck.0123456789abcdef.safetensors",
+        ".other.json.abcd_123",
+        ".ck.json.toolong123",
+        "notes.txt",
+    ]
+    for name in orphans + kept:
+        (tmp_path / name).write_bytes(b"x")
+    before = set(_files(tmp_path))
+    write_random_checkpoint(tmp_path / "ck", seed=1)
+    assert set(_files(tmp_path)) == before - set(orphans)
+    for name in ("ck.v2", "ck.fedcba9876543210", "ck"):
+        load_checkpoint(tmp_path / name)
+    # saving the alias writes alias.safetensors and leaves ck.safetensors (named by ck.json) alone
+    write_random_checkpoint(tmp_path / "alias", seed=3)
+    assert load_checkpoint(tmp_path / "ck").weights_path.name == "ck.safetensors"
+    assert load_checkpoint(tmp_path / "alias").weights_path.name == "alias.safetensors"
+
+
+def test_a_save_between_reading_the_metadata_and_the_weights_loads_the_new_checkpoint(tmp_path, monkeypatch):
+    """A reader (rlsched simulate on OUT/best while training) that read the metadata just before a save replaced
+    the checkpoint finds the weights it names changed or deleted: it reads the metadata again and loads the new
+    checkpoint instead of failing; an unchanged metadata with bad weights is still an error."""
+    import policies.checkpoint as ckmod
+
+    spec = ObsSpec.for_cluster(C48)
+    j = write_random_checkpoint(tmp_path / "ck", seed=0)
+    real_read = ckmod._read_weights
+    for seed, staged in ((1, False), (2, True)):
+        if staged:  # a checkpoint naming its staged weights, which the concurrent save deletes
+            meta = json.loads(j.read_text())
+            name = f"ck.{meta['weights_sha256'][:16]}.safetensors"
+            (tmp_path / name).write_bytes((tmp_path / "ck.safetensors").read_bytes())
+            j.write_text(json.dumps({**meta, "weights_file": name}))
+        calls = []
+
+        def read(path, seed=seed, calls=calls):
+            calls.append(path.name)
+            if len(calls) == 1:
+                write_random_checkpoint(tmp_path / "ck", seed=seed)  # the concurrent save
+            return real_read(path)
+
+        monkeypatch.setattr(ckmod, "_read_weights", read)
+        ck = load_checkpoint(j)
+        monkeypatch.undo()
+        assert len(calls) == 2 and ck.weights_path.name == "ck.safetensors"
+        t = _tensors(spec, np.random.default_rng(seed))
+        assert np.array_equal(ck.net.layers[-1][1], t["action_net.bias"])
+        assert np.array_equal(ck.net.layers[0][0], t["mlp_extractor.policy_net.0.weight"].T)
+    # without a concurrent save the error stands (and is a plain CheckpointError)
+    w = tmp_path / "ck.safetensors"
+    w.write_bytes(w.read_bytes()[:-3] + b"xyz")
+    with pytest.raises(CheckpointError, match="does not match") as ei:
+        load_checkpoint(j)
+    assert type(ei.value) is CheckpointError
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["../ck.safetensors", "/etc/passwd", "{abs}", "sub/ck.safetensors", "sub\\ck.safetensors", "C:ck.safetensors",
+     "..", ".", "", "ck.safetensors\0.txt"],
+)
+def test_weights_file_must_be_a_bare_name_in_the_metadatas_directory(tmp_path, name):
+    """No path traversal through the metadata: weights_file is a file name beside the JSON, never a path (not even
+    an absolute path to the checkpoint's own, valid weights)."""
+    j = write_random_checkpoint(tmp_path / "ck")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "ck.safetensors").write_bytes((tmp_path / "ck.safetensors").read_bytes())
+    meta = json.loads(j.read_text())
+    meta["weights_file"] = name.format(abs=tmp_path / "ck.safetensors")
+    j.write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="weights_file must be a plain file name") as ei:
+        load_checkpoint(j)
+    assert str(j) in str(ei.value)
