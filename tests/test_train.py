@@ -292,8 +292,9 @@ def _one_line_error(capsys, *needles: str) -> str:
         ("--prior-scale", "0", "positive number"),
         ("--gamma", "5", "in [0, 1]"),
         ("--prior-theta", "nan", "in [0, 1]"),
-        ("--aging", "0", "positive number"),
-        ("--aging", "inf", "positive number"),
+        ("--aging", "0", "a number in [1, 1e+09]"),
+        ("--aging", "inf", "a number in [1, 1e+09]"),
+        ("--aging", "0.5", "a number in [1, 1e+09]"),
     ],
 )
 def test_cli_train_refuses_bad_numbers(tmp_path, capsys, option, value, needle):
@@ -324,9 +325,10 @@ def test_cli_train_refuses_bad_numbers(tmp_path, capsys, option, value, needle):
         ({"n_steps": 0}, "n_steps must be a positive integer"),
         ({"algo": "sac"}, "--algo must be one of"),
         ({"order": "random"}, "--order must be one of"),
-        ({"aging_s": 0.0}, "--aging must be a finite number of seconds > 0"),
-        ({"aging_s": math.inf}, "--aging must be a finite number of seconds > 0"),
-        ({"aging_s": 10**400}, "--aging must be a finite number of seconds > 0"),  # beyond float range: no OverflowError
+        ({"aging_s": 0.0}, '--aging must be a number of seconds in [1, 1e+09] (what a checkpoint may hold)'),
+        ({"aging_s": math.inf}, '--aging must be a number of seconds in [1, 1e+09] (what a checkpoint may hold)'),
+        ({"aging_s": 10**400}, '--aging must be a number of seconds in [1, 1e+09] (what a checkpoint may hold)'),  # beyond float range: no OverflowError
+        ({"aging_s": 0.5}, '--aging must be a number of seconds in [1, 1e+09] (what a checkpoint may hold)'),
         ({"algo": "ppo", "prior": "admission"}, "--prior admission needs --algo maskable-ppo"),
     ],
 )
@@ -455,27 +457,29 @@ def test_out_that_is_a_file_is_refused(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    "change, needle",
+    "change, needle, fix",
     [
-        ({"net_arch": (32,)}, "--net-arch 64,64, not 32"),
-        ({"cluster": "4x8"}, "--cluster 2x4, not 4x8"),
-        ({"reward": "jct"}, "--reward jct-rel, not jct"),
-        ({"prior": "bias"}, "--prior admission, not bias"),
-        ({"prior_theta": 0.5}, "--prior-theta 0.8, not 0.5"),
-        ({"prior_scale": 2.0}, "--prior-scale 1.0, not 2.0"),
-        ({"algo": "ppo", "prior": "bias"}, "--algo maskable-ppo, not ppo"),
-        ({"order": "area"}, "--order plan, not area"),
-        ({"k": 4}, "k (candidates) 6, not 4"),
-        ({"aging_s": 1800.0}, "--aging 300 s, not 1800 s"),
+        ({"net_arch": (32,)}, "--net-arch 64,64, not 32", "pass --net-arch 64,64"),
+        ({"cluster": "4x8"}, "--cluster 2x4, not 4x8", "pass --cluster 2x4"),
+        ({"reward": "jct"}, "--reward jct-rel, not jct", "pass --reward jct-rel"),
+        ({"prior": "bias"}, "--prior admission, not bias", "pass --prior admission"),
+        ({"prior_theta": 0.5}, "--prior-theta 0.8, not 0.5", "pass --prior-theta 0.8"),
+        ({"prior_scale": 2.0}, "--prior-scale 1.0, not 2.0", "pass --prior-scale 1.0"),
+        ({"algo": "ppo", "prior": "bias"}, "--algo maskable-ppo, not ppo", "pass --algo maskable-ppo"),
+        ({"order": "area"}, "--order plan, not area", "pass --order plan"),
+        ({"k": 4}, "k (candidates) 6, not 4", "use k=6"),
+        ({"aging_s": 1800.0}, "--aging 300 s, not 1800 s", "pass --aging 300"),
+        ({"seed": 1}, "--seed 0, not 1", "pass --seed 0"),
     ],
 )
-def test_resume_refuses_other_settings(tmp_path, tiny_run, change, needle):
+def test_resume_refuses_other_settings(tmp_path, tiny_run, change, needle, fix):
     run = _copy_run(tiny_run, tmp_path / "run")
     before = _snapshot(run)
     trace = tiny_run[2]
     with pytest.raises(CheckpointError) as e:
         train(_tiny_cfg(timesteps=128, **change), [trace], [trace], run, resume=True)
     assert needle in str(e.value) and "--resume continues a run with its own settings" in str(e.value)
+    assert f"({fix}, or start a new run" in str(e.value) and "drop the option" not in str(e.value)
     assert _snapshot(run) == before
 
 
@@ -585,7 +589,7 @@ def test_damaged_eval_log_is_refused_and_writes_are_atomic(tmp_path, tiny_run, m
         with pytest.raises(RuntimeError, match="disk full"):
             train(_tiny_cfg(timesteps=128), [trace], [trace], run, resume=True)
     assert (run / "eval.csv").read_bytes() == before["eval.csv"]
-    assert not [p.name for p in run.iterdir() if p.name.startswith(".")]
+    assert not [p.name for p in run.iterdir() if p.name.startswith(".") and p.name != ".lock"]  # (the run's lock)
     # the log and the summary go through the temp-file + rename helper
     written: list[str] = []
     real = tt.write_atomic
@@ -656,3 +660,260 @@ def test_checkpoint_summary_marks_malformed_training_metadata(tmp_path, tiny_run
     assert main(["checkpoint", str(tmp_path / "ck")]) == 0
     captured = capsys.readouterr()
     assert captured.out.count(MALFORMED) == 4 and "64 steps" in captured.out and captured.err == ""
+
+
+# ---------------------------------------------------------------------- resume: best, log, seeds, lock
+def _eval_steps(run: Path) -> list[float]:
+    import csv
+
+    return [float(r["timesteps"]) for r in csv.DictReader((run / "eval.csv").open())]
+
+
+def test_resume_without_val_traces_saves_best_as_last(tmp_path):
+    """Without validation traces best = last at the end of every run, a resumed one too (it stayed the first
+    segment's network, which --export-shipped then shipped)."""
+    trace = _trace(6, 6)
+    run = tmp_path / "run"
+    train(_tiny_cfg(), [trace], [], run)
+    s = train(_tiny_cfg(timesteps=128), [trace], [], run, resume=True)
+    assert s["timesteps"] == 128
+    assert (run / "best.safetensors").read_bytes() == (run / "last.safetensors").read_bytes()
+    assert load_checkpoint(run / "best").meta["training"]["timesteps"] == 128
+
+
+def test_interrupted_evaluation_leaves_no_score_without_its_network(tmp_path, monkeypatch):
+    """An interrupt while a new best is saved: the log never holds a score whose network is gone, and the
+    resumed run's best is best.json's own score (it was the log's minimum, that phantom included)."""
+    import trainer.train as tt
+
+    trace = _trace(6, 6)
+    run = tmp_path / "run"
+    calls = [0]
+    phase = ["a"]
+
+    def fake_eval(net, cluster, perf, traces, **kw):  # phase a: every evaluation better; phase b: all worse
+        calls[0] += 1
+        return [5000.0 - 100 * calls[0] if phase[0] == "a" else 9000.0] * len(traces)
+
+    real_save, best_saves = tt._save, [0]
+
+    def save(path, *a, **kw):
+        if path.name == "best":
+            best_saves[0] += 1
+            if best_saves[0] == 3:  # the evaluation at step 128: Ctrl-C while its network is saved as best
+                raise KeyboardInterrupt
+        return real_save(path, *a, **kw)
+
+    monkeypatch.setattr(tt, "evaluate_net", fake_eval)
+    with monkeypatch.context() as m:
+        m.setattr(tt, "_save", save)
+        with pytest.raises(KeyboardInterrupt):
+            train(_tiny_cfg(timesteps=192, eval_freq=64), [trace], [trace], run)
+    best_json = load_checkpoint(run / "best").meta["training"]
+    assert best_json["timesteps"] == 64
+    assert max(_eval_steps(run)) <= load_checkpoint(run / "last").meta["training"]["timesteps"]
+    phase[0] = "b"
+    s = train(_tiny_cfg(timesteps=192, eval_freq=64), [trace], [trace], run, resume=True)
+    steps = _eval_steps(run)
+    assert steps == sorted(set(steps)) == [0.0, 64.0, 128.0, 192.0]  # one row per step
+    assert [r["timesteps"] for r in s["evals"]] == steps
+    best_meta = load_checkpoint(run / "best").meta["training"]
+    assert best_meta["timesteps"] == 64 and best_meta["val_rel_jct"] == best_json["val_rel_jct"]
+    assert s["best_val_rel_jct"] == best_meta["val_rel_jct"] == min(r["val_rel_jct"] for r in s["evals"])
+
+
+def test_resume_drops_log_rows_past_last_and_continues_wall_clock(tmp_path, tiny_run):
+    """Rows past last's steps (a segment whose checkpoint was never saved) and repeated steps are left out of
+    the resumed log (rewritten); the best score comes from best.json, not from the log; wall_s goes on."""
+    import csv
+
+    run = _copy_run(tiny_run, tmp_path / "run")
+    rows = list(csv.DictReader((run / "eval.csv").open()))
+    assert [float(r["timesteps"]) for r in rows] == [0.0, 64.0]
+    rows[-1]["wall_s"] = "1000000.0"
+    phantom = {**rows[-1], "timesteps": "128.0", "val_rel_jct": "0.01", "wall_s": "1000001.0"}
+    with (run / "eval.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows([rows[0], {**rows[1], "val_rel_jct": "0.02", "wall_s": "5.0"}, rows[1], phantom])
+    trace = tiny_run[2]
+    s = train(_tiny_cfg(timesteps=128), [trace], [trace], run, resume=True)
+    assert _eval_steps(run) == [0.0, 64.0, 128.0]
+    assert [r["timesteps"] for r in s["evals"]] == [0.0, 64.0, 128.0]
+    assert 0.01 not in [r["val_rel_jct"] for r in s["evals"]] and s["evals"][1]["wall_s"] == 1e6
+    assert s["evals"][2]["wall_s"] >= 1e6  # the clock of the log goes on from the resumed run's
+    assert s["best_val_rel_jct"] == load_checkpoint(run / "best").meta["training"]["val_rel_jct"] > 0.02
+
+
+def test_resumed_segment_is_seeded_from_seed_and_steps(tmp_path, monkeypatch):
+    """A resumed segment draws from (seed, steps done), not from the seed alone (it replayed the first
+    segment's episodes and exploration); the checkpoints and the summary record the segment's seed."""
+    import stable_baselines3.common.base_class as bc
+
+    import trainer.train as tt
+    from trainer.train import segment_seed
+
+    seeds: dict[str, list] = {"env": [], "model": []}
+    env_reset, model_seed = tt.PlacementEnv.reset, bc.set_random_seed
+
+    def spy_reset(self, *, seed=None, options=None):
+        if seed is not None:
+            seeds["env"].append(seed)
+        return env_reset(self, seed=seed, options=options)
+
+    monkeypatch.setattr(tt.PlacementEnv, "reset", spy_reset)
+    monkeypatch.setattr(bc, "set_random_seed", lambda s, **kw: (seeds["model"].append(s), model_seed(s, **kw)))
+    trace = _trace(6, 6)
+    run = tmp_path / "run"
+    first = train(_tiny_cfg(seed=7), [trace], [], run)
+    assert first["segment"] == {"start_timesteps": 0, "seed": 7} and seeds["model"] == [7]
+    fresh = {k: list(v) for k, v in seeds.items()}
+    for v in seeds.values():
+        v.clear()
+    s = train(_tiny_cfg(seed=7, timesteps=128), [trace], [], run, resume=True)
+    seg = segment_seed(7, 64)
+    assert seg != 7 and 0 <= seg < 2**32 and segment_seed(7, 0) == 7
+    assert seeds["model"] == [seg] and not set(seeds["env"]) & set(fresh["env"])
+    assert s["segment"] == {"start_timesteps": 64, "seed": seg}
+    assert load_checkpoint(run / "last").meta["training"]["segment"] == {"start_timesteps": 64, "seed": seg}
+
+
+def test_resumed_dqn_warms_up_again(tmp_path, monkeypatch):
+    """A resumed DQN starts with an empty replay buffer: it learns only after a new warm-up."""
+    import trainer.train as tt
+    from trainer.train import DQN_LEARNING_STARTS
+
+    models = []
+    make = tt._make_model
+    monkeypatch.setattr(tt, "_make_model", lambda *a, **kw: models.append(make(*a, **kw)) or models[-1])
+    trace = _trace(6, 6)
+    run = tmp_path / "run"
+    cfg = _tiny_cfg(algo="dqn", timesteps=DQN_LEARNING_STARTS + 4, batch_size=16)
+    train(cfg, [trace], [], run)
+    assert models[-1].learning_starts == DQN_LEARNING_STARTS and models[-1]._n_updates > 0
+    train(dataclasses.replace(cfg, timesteps=DQN_LEARNING_STARTS + 104), [trace], [], run, resume=True)
+    assert models[-1].learning_starts == 2 * DQN_LEARNING_STARTS + 4
+    assert models[-1]._n_updates == 0  # 100 steps into the new warm-up: no gradient step on a near-empty buffer
+
+
+def test_resume_refuses_other_validation_traces(tmp_path, tiny_run, capsys):
+    """The best score was measured on the run's validation set: another one (or none) is refused, naming
+    both fingerprints; the same content under another name resumes."""
+    from rlsched.cli import main
+    from trainer.traces import write_trace
+
+    run = _copy_run(tiny_run, tmp_path / "run")
+    before = _snapshot(run)
+    trace, other = tiny_run[2], _trace(9, 6)
+    theirs, ours = traces_fingerprint([trace]), traces_fingerprint([other])
+    with pytest.raises(CheckpointError) as e:
+        train(_tiny_cfg(timesteps=128), [trace], [other], run, resume=True)
+    assert theirs in str(e.value) and ours in str(e.value) and "pass the run's --val-traces" in str(e.value)
+    with pytest.raises(CheckpointError, match=f"validation traces .*sha256 {theirs}.*, not no validation traces"):
+        train(_tiny_cfg(timesteps=128), [trace], [], run, resume=True)
+    write_trace(tmp_path / "other.csv", other)
+    rc = main(["train", "--traces", str(tiny_run[1]), "--val-traces", str(tmp_path / "other.csv"), "--cluster", "2x4",
+               "--timesteps", "128", "--n-envs", "1", "--out", str(run), "--resume"])
+    assert rc == 2
+    _one_line_error(capsys, theirs, ours, str(tmp_path / "other.csv"))
+    assert _snapshot(run) == before
+    write_trace(tmp_path / "same.csv", trace)
+    assert train(_tiny_cfg(timesteps=128, val_traces=[str(tmp_path / "same.csv")]), [trace], [trace], run,
+                 resume=True)["timesteps"] == 128
+
+
+def test_tensorboard_evaluations_at_their_steps(tmp_path):
+    """Every evaluation (step 0, periodic, final; a resumed run's too) is in TensorBoard at its own step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    trace = _trace(6, 6)
+    run = tmp_path / "run"
+    train(_tiny_cfg(timesteps=192, eval_freq=100), [trace], [trace], run)
+    s = train(_tiny_cfg(timesteps=256, eval_freq=100), [trace], [trace], run, resume=True)
+    logs = [d for d in (run / "tb").iterdir() if d.is_dir()]
+    assert len(logs) == 1  # the resumed run logs on in the run's directory
+    ea = EventAccumulator(str(logs[0]))
+    ea.Reload()
+    want = [0, 100, 192, 256]
+    assert [int(r["timesteps"]) for r in s["evals"]] == want
+    rel = ea.Scalars("eval/val_rel_jct")
+    assert [e.step for e in rel] == want
+    assert [e.value for e in rel] == pytest.approx([r["val_rel_jct"] for r in s["evals"]])
+    assert [e.step for e in ea.Scalars("eval/val_avg_jct_h")] == want
+
+
+def test_run_stopped_after_its_first_evaluation_resumes(tmp_path):
+    """Stopped before its first periodic evaluation, a run has last (saved with the step-0 evaluation), so
+    --resume continues it (it had best.* and eval.csv only: refused both as a new run and as a resume)."""
+    trace = _trace(6, 6)
+    run = tmp_path / "run"
+
+    def stop(done, total):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(_tiny_cfg(timesteps=256), [trace], [trace], run, progress=stop)
+    assert load_checkpoint(run / "last").meta["training"]["timesteps"] == 0 and _eval_steps(run) == [0.0]
+    with pytest.raises(CheckpointError, match="already holds a training run"):
+        train(_tiny_cfg(timesteps=256), [trace], [trace], run)
+    s = train(_tiny_cfg(timesteps=128), [trace], [trace], run, resume=True)
+    assert s["timesteps"] == 128 and [r["timesteps"] for r in s["evals"]] == [0.0, 128.0]
+
+
+def test_resume_names_the_runs_value_and_refuses_init(tmp_path, tiny_run, capsys):
+    """A run trained with a non-default setting, resumed without the option: the message says what to pass
+    (not "drop the option"). --init with --resume is refused (it was ignored, yet recorded)."""
+    from rlsched.cli import main
+    from trainer.train import TrainConfigError, check_run
+
+    trace = tiny_run[2]
+    run = tmp_path / "run"
+    train(_tiny_cfg(order="area"), [trace], [], run)
+    base = ["train", "--traces", str(tiny_run[1]), "--cluster", "2x4", "--timesteps", "128", "--n-envs", "1",
+            "--out", str(run), "--resume"]
+    before = _snapshot(run)
+    assert main(base) == 2
+    err = _one_line_error(capsys, "--order area, not plan", "(pass --order area, or start a new run")
+    assert "drop the option" not in err
+    with pytest.raises(TrainConfigError, match="--init .* and --resume .*: give one of them"):
+        check_run(_tiny_cfg(order="area", init=str(tiny_run[0] / "last")), run, resume=True)
+    assert main([*base, "--order", "area", "--init", str(tiny_run[0] / "last")]) == 2
+    _one_line_error(capsys, "--init", "--resume", "give one of them")
+    assert _snapshot(run) == before
+
+
+def test_a_second_run_into_the_same_out_is_refused(tmp_path):
+    """A run holds OUT/.lock: another one into the same --out is refused before it writes anything."""
+    import fcntl
+    import os
+
+    from trainer.train import TrainConfigError
+
+    trace = _trace(6, 6)
+    run = tmp_path / "run"
+    train(_tiny_cfg(), [trace], [trace], run)
+    before = _snapshot(run)
+    fd = os.open(run / ".lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as the running training holds it
+        with pytest.raises(TrainConfigError, match="is in use by another training run"):
+            train(_tiny_cfg(timesteps=128), [trace], [trace], run, resume=True)
+        with pytest.raises(TrainConfigError, match="is in use by another training run"):
+            train(_tiny_cfg(), [trace], [trace], run, overwrite=True)
+        assert _snapshot(run) == before
+    finally:
+        os.close(fd)
+    assert train(_tiny_cfg(timesteps=128), [trace], [trace], run, resume=True)["timesteps"] == 128
+
+
+def test_failed_run_leaves_no_out_directory(tmp_path, monkeypatch):
+    """The lock creates --out; a run that fails before writing anything removes it again."""
+    import trainer.train as tt
+
+    def boom(*a, **k):
+        raise RuntimeError("no references")
+
+    monkeypatch.setattr(tt, "reference_jct", boom)
+    with pytest.raises(RuntimeError, match="no references"):
+        train(_tiny_cfg(), [_trace(6, 6)], [], tmp_path / "a" / "run")
+    assert not (tmp_path / "a").exists()

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from policies.checkpoint import MAX_AGING_S, MIN_AGING_S
 from rlsched.argtypes import float_in_range
 from rlsched.argtypes import positive_int as _positive_int
 from trainer.cli_sim import non_negative_float, positive_float, seed_int
@@ -130,22 +131,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--aging",
-        type=positive_float,
+        type=float_in_range(MIN_AGING_S, MAX_AGING_S),
         default=AGING_S,
         metavar="SECONDS",
         help=f"aging time constant of the candidate order: a job's remaining GPU-time key is multiplied by "
-        f"exp(-wait / SECONDS) (default {AGING_S:g}; the shipped networks were trained with 1800 and run with "
+        f"exp(-wait / SECONDS), {MIN_AGING_S:g} to {MAX_AGING_S:g} (default {AGING_S:g}; the shipped networks were trained with 1800 and run with "
         f"{AGING_S:g}, docs/RL.md)",
     )
     p.add_argument(
         "--init",
         metavar="CKPT",
         help="start from this checkpoint's weights (a training run's OUT/best or OUT/last, not a shipped one; same "
-        "algorithm and observation shape) instead of the prior initialisation; the step count starts at 0",
+        "algorithm and observation shape) instead of the prior initialisation; the step count starts at 0 (a new "
+        "run: not with --resume)",
     )
     p.add_argument("--out", required=True, help="output directory (best.*, last.*, eval.csv, tb/)")
     again = p.add_mutually_exclusive_group()
-    again.add_argument("--resume", action="store_true", help="continue from OUT/last")
+    again.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from OUT/last, with the run's own settings, --seed and --val-traces",
+    )
     again.add_argument(
         "--overwrite", action="store_true", help="start over in an OUT that holds a run (deletes its checkpoints)"
     )
@@ -158,8 +164,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument(
         "--policies",
         default="srtf,srtf:spread,las,las:spread,greedy,rl-prior,rl-base,rl-hybrid",
-        help="comma-separated policy names, each optionally ALIAS=NAME and each (shown name) once "
-        "(default: %(default)s)",
+        help="comma-separated policy names, each optionally ALIAS=NAME and each (shown name) once; an '=' after "
+        "':' or '/' belongs to the name (rl-base:sweep/lr=1e-4/best) (default: %(default)s)",
     )
     e.add_argument(
         "--traces",
@@ -171,7 +177,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--branches",
         default=None,
         help="directory with the branch runs branch-A..branch-E (their last.json) or A.json..E.json, "
-        "for the avg-JCT-vs-utilisation figure",
+        "for the avg-JCT-vs-utilisation figure; each trained with --reward seed and --w1 0.3/0.4/0.5/0.6/0.7 for A..E",
     )
     e.add_argument(
         "--out",

@@ -10,13 +10,21 @@ full simulator on the validation traces. The checkpoint with the lowest
 reference heuristic's, :func:`trainer.env.reference_jct`; so a 1 % gain on a
 3 h Poisson set counts as much as on a 60 h zero-arrival set) is kept as
 ``OUT/best``; the latest as ``OUT/last``
-(both ``.safetensors`` + ``.json``, see :mod:`policies.checkpoint`).
-``OUT/eval.csv`` lists every evaluation.
+(both ``.safetensors`` + ``.json``, see :mod:`policies.checkpoint`); without
+validation traces ``best`` is a copy of ``last`` at the end of every run.
+``OUT/eval.csv`` lists every evaluation, each logged only once its network is
+saved (``last`` first, then ``best`` if it is better), and TensorBoard gets them
+at their own steps. ``last`` is saved with the step-0 evaluation too.
 
 Resuming (``resume=True``) reloads ``OUT/last``'s weights (safetensors, never
-a pickle) and step count and continues; optimiser moments restart from zero.
-The settings that define the run (algorithm, reward and W1, prior, network
-shape, cluster, candidate order and ``k``) must be the run's own.
+a pickle) and step count and continues; optimiser moments (and a DQN's replay
+buffer: it warms up again) restart from zero. The settings that define the run
+(algorithm, reward and W1, prior, network shape, cluster, candidate order and
+``k``, seed, validation traces by content) must be the run's own. The resumed
+segment's random streams are seeded from the seed and the steps done
+(:func:`segment_seed`); the score to beat is ``best``'s own, and evaluations
+logged past ``last``'s steps (a run stopped before saving it) are dropped.
+A run holds ``OUT/.lock``: a second one into the same ``OUT`` is refused.
 
 Everything is checked before any work (:func:`check_run`: the options, ``--out``,
 the ``--init`` checkpoint, the run to resume and its evaluation log); an
@@ -31,22 +39,33 @@ algorithms); the summary reports the steps done.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import io
 import json
 import logging
 import math
+import os
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from policies.checkpoint import Checkpoint, CheckpointError, MLPNet, load_checkpoint, save_checkpoint, write_atomic
+from policies.checkpoint import (
+    MAX_AGING_S,
+    MIN_AGING_S,
+    Checkpoint,
+    CheckpointError,
+    MLPNet,
+    load_checkpoint,
+    save_checkpoint,
+    write_atomic,
+)
 from policies.cluster import ClusterSpec
 from policies.encoding import AGING_S, CANDIDATE_ORDERS, LEGACY_AGING_S, Encoder, ObsSpec
 from policies.job import JobSpec
@@ -78,6 +97,9 @@ ALGOS = ("maskable-ppo", "ppo", "a2c", "dqn")
 A2C_N_STEPS = 16
 #: DQN's ``train_freq`` (SB3's default: an update every 4 steps per environment)
 DQN_TRAIN_FREQ = 4
+#: DQN's warm-up: environment steps (of random actions, filling the replay buffer) before it learns;
+#: a resumed DQN run (whose replay buffer starts empty) warms up again
+DQN_LEARNING_STARTS = 1_000
 #: seeds also go to numpy's legacy seeding (``np.random.seed``), which takes 32-bit values
 MAX_SEED = 2**32 - 1
 
@@ -212,8 +234,8 @@ def check_config(cfg: TrainConfig) -> ClusterSpec:
         raise bad("reward", f"one of {', '.join(REWARDS)}")
     if cfg.order not in CANDIDATE_ORDERS:
         raise bad("order", f"one of {', '.join(CANDIDATE_ORDERS)}")
-    if not _is_real(cfg.aging_s) or cfg.aging_s <= 0:
-        raise bad("aging_s", "a finite number of seconds > 0")
+    if not _is_real(cfg.aging_s) or not MIN_AGING_S <= cfg.aging_s <= MAX_AGING_S:
+        raise bad("aging_s", f"a number of seconds in [{MIN_AGING_S:g}, {MAX_AGING_S:g}] (what a checkpoint may hold)")
     if cfg.prior not in (None, "admission", "bias"):
         raise bad("prior", "admission or bias")
     for name in ("timesteps", "n_envs", "eval_freq", "n_steps", "batch_size", "n_epochs", "k"):
@@ -340,9 +362,11 @@ def _check_out_dir(out: Path) -> None:
 
 
 def _check_resume(last: Checkpoint, cfg: TrainConfig, cluster: ClusterSpec, spec: ObsSpec) -> None:
-    """Refuse to continue ``last`` with settings that define another run."""
+    """Refuse to continue ``last`` with settings that define another run; the message names the value to
+    pass (the run's own), whichever side is the default."""
 
-    def differs(setting: str, ours: Any, theirs: Any, fix: str = "drop the option") -> CheckpointError:
+    def differs(setting: str, ours: Any, theirs: Any, fix: str | None = None) -> CheckpointError:
+        fix = fix or f"pass {setting} {theirs}"
         return CheckpointError(
             f"{last.json_path}: the run was trained with {setting} {theirs}, not {ours}; --resume continues a run "
             f"with its own settings ({fix}, or start a new run with --overwrite or another --out)"
@@ -351,10 +375,13 @@ def _check_resume(last: Checkpoint, cfg: TrainConfig, cluster: ClusterSpec, spec
     if last.meta.get("algo") != cfg.algo:
         raise differs("--algo", cfg.algo, last.meta.get("algo"))
     if [n.gpus for n in last.cluster.nodes] != [n.gpus for n in cluster.nodes]:
-        raise differs("--cluster", _cluster_text(cluster), _cluster_text(last.cluster))
+        fix = None if last.cluster.is_homogeneous else "pass a --cluster file with the run's nodes"
+        raise differs("--cluster", _cluster_text(cluster), _cluster_text(last.cluster), fix)
     for bw in ("intra_bw_gbps", "inter_bw_gbps"):
         if getattr(last.cluster, bw) != getattr(cluster, bw):
-            raise differs(f"a --cluster with {bw}", getattr(cluster, bw), getattr(last.cluster, bw))
+            theirs = getattr(last.cluster, bw)
+            fix = f"pass a --cluster with {bw} {theirs}"
+            raise differs(f"a --cluster with {bw}", getattr(cluster, bw), theirs, fix)
     last.check_cluster(cluster)  # the observation encoding's version
     if last.spec.order != spec.order:
         raise differs("--order", spec.order, last.spec.order)
@@ -362,7 +389,7 @@ def _check_resume(last: Checkpoint, cfg: TrainConfig, cluster: ClusterSpec, spec
         # runs from before --aging existed were trained with 1800 s, not today's default: name the value to pass
         raise differs("--aging", f"{spec.aging_s:g} s", f"{last.spec.aging_s:g} s", f"pass --aging {last.spec.aging_s:g}")
     if last.spec.k != spec.k:
-        raise differs("k (candidates)", spec.k, last.spec.k)
+        raise differs("k (candidates)", spec.k, last.spec.k, f"use k={last.spec.k}")
     if _hidden_sizes(last) != tuple(cfg.net_arch):
         raise differs("--net-arch", _arch_text(cfg.net_arch), _arch_text(_hidden_sizes(last)))
     rew = last.meta.get("reward") or {}
@@ -379,6 +406,48 @@ def _check_resume(last: Checkpoint, cfg: TrainConfig, cluster: ClusterSpec, spec
             raise differs("--prior-theta", ours.theta, theirs.theta)
         if theirs.scale != ours.scale:
             raise differs("--prior-scale", ours.scale, theirs.scale)
+    # the seed: a resumed segment draws from (seed, steps done), :func:`segment_seed`; a run from before the
+    # seed was recorded (or with a malformed one) is not checked
+    run_cfg = last.meta["training"].get("config")
+    run_seed = run_cfg.get("seed") if isinstance(run_cfg, dict) else None
+    if _is_int(run_seed) and run_seed != cfg.seed:
+        raise differs("--seed", cfg.seed, run_seed)
+
+
+def _check_resume_val_traces(last: Checkpoint, cfg: TrainConfig, val_traces: Sequence[Sequence[JobSpec]]) -> None:
+    """Refuse to continue ``last`` on another validation set (its best score was measured on the run's own):
+    compared by content (:func:`traces_fingerprint`, ``training.val_traces_sha256``; a run from before it
+    was recorded is not checked)."""
+    training = last.meta["training"]
+    if "val_traces_sha256" not in training:
+        return
+    theirs = training.get("val_traces_sha256")
+    ours = traces_fingerprint(val_traces) if val_traces else None
+    if theirs == ours:
+        return
+    run_cfg = training.get("config")
+    paths = run_cfg.get("val_traces") if isinstance(run_cfg, dict) else None
+    paths = paths if isinstance(paths, list) else []
+
+    def what(sha: str | None, names: Sequence[str]) -> str:
+        if sha is None:
+            return "no validation traces"
+        return f"validation traces {', '.join(str(n) for n in names) or '(unnamed)'} (sha256 {sha})"
+
+    fix = "pass the run's --val-traces" if theirs is not None else "drop --val-traces"
+    raise CheckpointError(
+        f"{last.json_path}: the run was trained with {what(theirs, paths)}, not {what(ours, cfg.val_traces)}; --resume "
+        f"continues a run with its own settings ({fix}, or start a new run with --overwrite or another --out)"
+    )
+
+
+def segment_seed(seed: int, start_steps: int) -> int:
+    """The seed of a run's segment that starts at ``start_steps``: ``seed`` itself for a new run, else one
+    drawn from both (``numpy.random.SeedSequence``), so a resumed segment plays other episodes (and other
+    exploration) than the run's start; in [0, 2**32 - 1] like ``--seed``."""
+    if start_steps == 0:
+        return int(seed)
+    return int(np.random.SeedSequence([int(seed), int(start_steps)]).generate_state(1, np.uint32)[0])
 
 
 def _read_eval_log(path: Path) -> list[dict[str, float]]:
@@ -398,6 +467,18 @@ def _read_eval_log(path: Path) -> list[dict[str, float]]:
     return rows
 
 
+def _rows_up_to(rows: list[dict[str, float]], steps: int) -> list[dict[str, float]]:
+    """The evaluation rows that belong to a run resumed from ``steps``: those of ``steps`` or fewer (a row
+    past ``last`` is from a segment whose checkpoint was never saved, e.g. an interrupt), one per step (the
+    later row of a repeated step: the one the checkpoints continue), in step order."""
+    by_step: dict[float, dict[str, float]] = {}
+    for r in rows:
+        if r["timesteps"] <= steps:
+            by_step.pop(r["timesteps"], None)
+            by_step[r["timesteps"]] = r
+    return sorted(by_step.values(), key=lambda r: r["timesteps"])
+
+
 @dataclass
 class RunPlan:
     """What :func:`check_run` found: the parsed cluster and what the run starts from."""
@@ -407,20 +488,31 @@ class RunPlan:
     init: Checkpoint | None = None
     last: Checkpoint | None = None
     start_steps: int = 0
+    #: the evaluation log of the run to resume, up to ``last``'s steps (:func:`_rows_up_to`)
     eval_rows: list[dict[str, float]] = field(default_factory=list)
+    #: rows of ``OUT/eval.csv`` that :attr:`eval_rows` leaves out (the resumed run rewrites the log)
+    dropped_rows: int = 0
+    #: the run's ``best`` checkpoint (resume; ``None`` if it has none)
+    best: Checkpoint | None = None
 
 
 def check_run(cfg: TrainConfig, out: str | Path, resume: bool = False, overwrite: bool = False) -> RunPlan:
     """Everything :func:`train` checks before doing any work or deleting anything: the options
     (:func:`check_config`), ``out`` (a directory; a run there only with ``resume`` or ``overwrite``), the
     ``init`` checkpoint (algorithm, cluster, observation and network shape, every tensor the run's model
-    loads: :func:`_check_init_tensors`) and, with ``resume``, the run's
-    ``last`` checkpoint (the same settings, :func:`_check_resume`) and its evaluation log. Reads only.
+    loads: :func:`_check_init_tensors`; not with ``resume``) and, with ``resume``, the run's
+    ``last`` checkpoint (the same settings, :func:`_check_resume`), its ``best`` checkpoint and its evaluation
+    log. Reads only. (The validation traces, which are not read yet, are compared in :func:`train`.)
 
     :raises TrainConfigError: bad options or ``out``.
     :raises CheckpointError: an unusable ``init`` checkpoint or run to resume.
     """
     cluster = check_config(cfg)
+    if resume and cfg.init:
+        raise TrainConfigError(
+            f"--init {cfg.init} starts a new run from a checkpoint's weights and --resume continues the run in "
+            f"{out} from its last checkpoint: give one of them"
+        )
     out = Path(out)
     _check_out_dir(out)
     spec = ObsSpec.for_cluster(cluster, cfg.k, cfg.order, cfg.aging_s)
@@ -433,7 +525,7 @@ def check_run(cfg: TrainConfig, out: str | Path, resume: bool = False, overwrite
             f"{out} already holds a training run: --resume continues it, --overwrite starts over (and "
             "deletes its checkpoints), or choose another --out"
         )
-    if cfg.init and not resume:
+    if cfg.init:
         src = plan.init = load_checkpoint(cfg.init)
         if src.meta.get("algo") != cfg.algo:
             raise CheckpointError(f"--init {cfg.init}: was trained with {src.meta.get('algo')}, not {cfg.algo}")
@@ -459,7 +551,18 @@ def check_run(cfg: TrainConfig, out: str | Path, resume: bool = False, overwrite
         if not _is_int(steps) or steps < 0:
             raise CheckpointError(f"{last.json_path}: training.timesteps {steps!r} is not a step count")
         plan.start_steps = int(steps)
-        plan.eval_rows = _read_eval_log(out / "eval.csv")
+        rows = _read_eval_log(out / "eval.csv")
+        plan.eval_rows = _rows_up_to(rows, plan.start_steps)
+        plan.dropped_rows = len(rows) - len(plan.eval_rows)
+        if (out / "best.json").is_file():
+            # its score is the one to beat (not the log's: a row may be of a network that was never saved)
+            try:
+                plan.best = load_checkpoint(out / "best")
+            except CheckpointError as exc:
+                raise CheckpointError(
+                    f"cannot resume: the run's best checkpoint does not load ({exc}); repair it, or delete "
+                    f"{out / 'best.json'} and {out / 'best.safetensors'} (the resumed run selects a new best)"
+                ) from None
     return plan
 
 
@@ -518,7 +621,10 @@ def evaluate_net(
 
 
 # ---------------------------------------------------------------------- training
-def _make_model(cfg: TrainConfig, venv, tb: str | None):
+def _make_model(cfg: TrainConfig, venv, tb: str | None, seed: int | None = None, start_steps: int = 0):
+    """The SB3 model of ``cfg`` on ``venv``, seeded with ``seed`` (default ``cfg.seed``; a resumed run
+    passes :func:`segment_seed`). A DQN resumed at ``start_steps`` warms its (new, empty) replay buffer up
+    again: learning starts :data:`DQN_LEARNING_STARTS` steps after ``start_steps``."""
     import torch
 
     if cfg.algo == "maskable-ppo":
@@ -535,7 +641,7 @@ def _make_model(cfg: TrainConfig, venv, tb: str | None):
     common: dict[str, Any] = {
         "learning_rate": cfg.learning_rate,
         "gamma": cfg.gamma,
-        "seed": cfg.seed,
+        "seed": cfg.seed if seed is None else seed,
         "verbose": 0,
         "tensorboard_log": tb,
         "device": "cpu",
@@ -587,7 +693,7 @@ def _make_model(cfg: TrainConfig, venv, tb: str | None):
         "MlpPolicy",
         venv,
         buffer_size=50_000,
-        learning_starts=1_000,
+        learning_starts=start_steps + DQN_LEARNING_STARTS,
         batch_size=cfg.batch_size,
         exploration_fraction=0.3,
         target_update_interval=1_000,
@@ -674,6 +780,46 @@ def _save(
     )
 
 
+#: the lock file a training run holds in its ``--out`` (:func:`_run_lock`)
+LOCK_NAME = ".lock"
+#: the columns of ``OUT/eval.csv``
+EVAL_COLUMNS = ("timesteps", "val_avg_jct_s", "val_rel_jct", "wall_s")
+
+
+@contextlib.contextmanager
+def _run_lock(out: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``OUT/.lock`` (creating ``out``) while a run works there: a second
+    ``train`` into the same ``out`` is refused instead of mixing its files with the first's. The lock file
+    stays (removing it would race with a run that opened it); a directory this call created is removed again
+    if the run left nothing else in it (it failed before writing)."""
+    import fcntl
+
+    created = [p for p in (out, *out.parents) if not p.exists()]
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise TrainConfigError(
+                f"--out {out} is in use by another training run (it holds the lock {path}); wait for it to finish "
+                "or choose another --out"
+            ) from None
+        try:
+            yield
+        finally:
+            if created and [p.name for p in out.iterdir()] == [LOCK_NAME]:
+                try:
+                    path.unlink()
+                    for d in created:  # out, then the parents this call made
+                        d.rmdir()
+                except OSError:
+                    pass
+    finally:
+        os.close(fd)
+
+
 def train(
     cfg: TrainConfig,
     train_traces: Sequence[Sequence[JobSpec]],
@@ -685,7 +831,11 @@ def train(
 ) -> dict:
     """Train, evaluate periodically, keep the best; returns a summary dict (also ``OUT/summary.json``).
 
-    :param resume: continue the run in ``out`` from its ``last`` checkpoint.
+    The run holds ``OUT/.lock`` (:func:`_run_lock`) while it works: a second run into ``out`` is refused.
+
+    :param resume: continue the run in ``out`` from its ``last`` checkpoint (with the run's own settings,
+        seed and validation traces; the resumed segment's random streams are seeded with
+        :func:`segment_seed`, so it plays other episodes than the run's first steps).
     :param overwrite: start a new run in ``out`` even if it holds one (its checkpoints, evaluation
         log and summary are removed once the new run is built and its starting weights are loaded);
         without it, or ``resume``, an existing run is an error.
@@ -693,20 +843,45 @@ def train(
         so and once at the end (steps counted from 0, a resumed run starting where it left off; "in
         all" is ``cfg.timesteps`` rounded up to whole rollouts, :func:`rollout_steps`), e.g. to drive a
         progress bar.
-    :raises TrainConfigError, CheckpointError: from :func:`check_run`, before any work.
+    :raises TrainConfigError, CheckpointError: from :func:`check_run` and the validation traces' check,
+        before any work; a :class:`TrainConfigError` if another run holds ``out``.
     """
-    import torch
-    from stable_baselines3.common.callbacks import BaseCallback
-    from stable_baselines3.common.monitor import Monitor
-    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
-
     out = Path(out)
-    # 1. check everything (options, --out, --init, the run to resume) before any work
+    # 1. check everything (options, --out, --init, the run to resume) before any work (or creating --out)
     plan = check_run(cfg, out, resume=resume, overwrite=overwrite)
     if not train_traces:
         raise TrainConfigError("no training traces")
+    if plan.last is not None:
+        _check_resume_val_traces(plan.last, cfg, val_traces)
+    with _run_lock(out):
+        # again under the lock: another run may have written to out since
+        plan = check_run(cfg, out, resume=resume, overwrite=overwrite)
+        if plan.last is not None:
+            _check_resume_val_traces(plan.last, cfg, val_traces)
+        return _train_locked(cfg, plan, train_traces, val_traces, out, resume, progress)
+
+
+def _train_locked(
+    cfg: TrainConfig,
+    plan: RunPlan,
+    train_traces: Sequence[Sequence[JobSpec]],
+    val_traces: Sequence[Sequence[JobSpec]],
+    out: Path,
+    resume: bool,
+    progress: Callable[[int, int], None] | None,
+) -> dict:
+    """:func:`train` once ``out`` is locked and ``plan`` checked."""
+    import torch
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.logger import TensorBoardOutputFormat
+    from stable_baselines3.common.monitor import Monitor
+    from stable_baselines3.common.utils import configure_logger
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
     cluster = plan.cluster
     start_steps = plan.start_steps
+    # a new run is seeded with --seed; a resumed segment with one drawn from it and the steps done
+    seed = segment_seed(cfg.seed, start_steps)
     remaining = max(cfg.timesteps - start_steps, 0)
     chunk = rollout_steps(cfg)
     planned = start_steps + -(-remaining // chunk) * chunk
@@ -724,11 +899,13 @@ def train(
     train_ref = reference_jct(train_traces, cluster, perf, cfg.round_len) if cfg.reward == "jct-rel" else None
     val_ref = reference_jct(val_traces, cluster, perf, cfg.round_len) if val_traces else []
     log.info("reference JCTs (greedy-np) of %d traces in %.1f s", len(train_traces) + len(val_traces), time.perf_counter() - t_ref)
-    # provenance in every checkpoint's metadata: the code's git revision and the traces' content
+    # provenance in every checkpoint's metadata: the code's git revision, the traces' content and the
+    # segment of the run that wrote it (where it started and its seed, segment_seed)
     prov = {
         "source": source_revision(),
         "traces_sha256": traces_fingerprint(train_traces),
         "val_traces_sha256": traces_fingerprint(val_traces) if val_traces else None,
+        "segment": {"start_timesteps": start_steps, "seed": seed},
     }
 
     def factory(i: int):
@@ -746,19 +923,19 @@ def train(
                 gamma=cfg.gamma,
                 reference=train_ref,
             )
-            env.reset(seed=cfg.seed * 1000 + i)
+            env.reset(seed=seed * 1000 + i)
             return Monitor(env)
 
         return _f
 
     base_venv = DummyVecEnv([factory(i) for i in range(cfg.n_envs)])
-    base_venv.seed(cfg.seed)
+    base_venv.seed(seed)
     probe = base_venv.envs[0].unwrapped
     # Returns are O(100) (one unit per job); normalise rewards (not observations, so the
     # network sees exactly what the deployed encoder produces) to keep the critic trainable.
     venv = VecNormalize(base_venv, norm_obs=False, norm_reward=True, gamma=cfg.gamma)
     prior = admission_prior(cfg)
-    model = _make_model(cfg, venv, str(out / "tb"))
+    model = _make_model(cfg, venv, str(out / "tb"), seed=seed, start_steps=start_steps)
     if cfg.prior_init:
         _init_prior(cfg.algo, model, cfg.prior_scale, admission=prior is not None)
     if plan.init is not None:
@@ -768,7 +945,7 @@ def train(
     if plan.last is not None:
         _load_weights(model, plan.last, f"{plan.last.json_path} (--resume)")
         model.num_timesteps = start_steps
-        log.info("resumed from %s at %d steps", plan.last.json_path, start_steps)
+        log.info("resumed from %s at %d steps (seed %d for this segment)", plan.last.json_path, start_steps, seed)
 
     # 3. only now replace the previous run (--overwrite), then train
     if not resume:
@@ -777,40 +954,62 @@ def train(
     out.mkdir(parents=True, exist_ok=True)
     eval_rows: list[dict] = list(plan.eval_rows)
     eval_csv = out / "eval.csv"
-    # rows written by an older version lack the relative score: they cannot compete
-    best = min((r.get("val_rel_jct", math.inf) for r in eval_rows), default=math.inf)
+    # the score to beat: the run's best checkpoint's own (a resumed run), not the log's
+    best_val = {
+        k: float(v)
+        for k, v in (plan.best.meta["training"] if plan.best is not None else {}).items()
+        if k in ("val_avg_jct_s", "val_rel_jct") and _is_real(v)
+    }
+    best = best_val.get("val_rel_jct", math.inf)
+    # the evaluation log's wall clock goes on from the resumed run's
+    wall0 = float(eval_rows[-1].get("wall_s", 0.0)) if eval_rows else 0.0
     t_start = time.perf_counter()
 
-    def do_eval() -> float:
+    def write_log() -> None:
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=list(EVAL_COLUMNS), extrasaction="ignore")
+        w.writeheader()
+        w.writerows(eval_rows)
+        write_atomic(eval_csv, buf.getvalue().encode())  # a crash never leaves half a log for --resume
+
+    if plan.dropped_rows:
+        log.warning(
+            "%s: %d evaluation(s) past %s's %d steps (a run stopped before saving it) left out of the log",
+            eval_csv, plan.dropped_rows, plan.last.json_path if plan.last else "last", start_steps,
+        )
+        write_log()
+    # TensorBoard: SB3's logger (configured as learn() would), whose writer also takes the evaluations,
+    # each at its own step (the SB3 logger's record() would stamp them at the next rollout's end)
+    logger = configure_logger(model.verbose, str(out / "tb"), cfg.algo, reset_num_timesteps=not resume)
+    model.set_logger(logger)
+    tb = next((f.writer for f in logger.output_formats if isinstance(f, TensorBoardOutputFormat)), None)
+
+    def save_and_evaluate(save_last: bool) -> None:
+        """Save ``last`` (``save_last``), then evaluate on the validation traces: a better network is saved
+        as ``best`` before its row is logged, so every score in the log is of a network that was saved."""
         nonlocal best
+        if save_last:
+            _save(out / "last", cfg, model, cluster, probe, prov)
         if not val_traces:
-            return math.nan
+            return
+        steps = int(model.num_timesteps)
         net = inference_net(cfg.algo, model)
         jcts = evaluate_net(net, cluster, perf, val_traces, round_len=cfg.round_len, k=cfg.k, prior=prior, order=cfg.order, aging_s=cfg.aging_s)
         m = float(np.mean(jcts))
         rel = float(np.mean(np.asarray(jcts) / np.asarray(val_ref)))
-        row = {
-            "timesteps": float(model.num_timesteps),
-            "val_avg_jct_s": m,
-            "val_rel_jct": rel,
-            "wall_s": time.perf_counter() - t_start,
-        }
-        eval_rows.append(row)
-        buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=list(row))
-        w.writeheader()
-        w.writerows(eval_rows)
-        write_atomic(eval_csv, buf.getvalue().encode())  # a crash never leaves half a log for --resume
-        if getattr(model, "_logger", None) is not None:  # not set up before learn() starts
-            model.logger.record("eval/val_avg_jct_h", m / 3600.0)
-            model.logger.record("eval/val_rel_jct", rel)
         if rel < best:
             best = rel
+            best_val.clear()
+            best_val.update(val_avg_jct_s=m, val_rel_jct=rel)
             _save(out / "best", cfg, model, cluster, probe, {**prov, "val_avg_jct_s": m, "val_rel_jct": rel})
-        log.info(
-            "eval at %d steps: val avg JCT %.2f h, %.4f x greedy-np (best %.4f)", model.num_timesteps, m / 3600, rel, best
-        )
-        return rel
+        wall = wall0 + time.perf_counter() - t_start
+        eval_rows.append({"timesteps": float(steps), "val_avg_jct_s": m, "val_rel_jct": rel, "wall_s": wall})
+        write_log()
+        if tb is not None:
+            tb.add_scalar("eval/val_avg_jct_h", m / 3600.0, global_step=steps)
+            tb.add_scalar("eval/val_rel_jct", rel, global_step=steps)
+            tb.flush()
+        log.info("eval at %d steps: val avg JCT %.2f h, %.4f x greedy-np (best %.4f)", steps, m / 3600, rel, best)
 
     class EvalCallback(BaseCallback):
         def __init__(self) -> None:
@@ -824,40 +1023,51 @@ def train(
                 progress(self.num_timesteps, planned)
             if self.num_timesteps >= self.next_eval:
                 self.next_eval += cfg.eval_freq
-                do_eval()
-                _save(out / "last", cfg, model, cluster, probe, prov)
+                save_and_evaluate(save_last=True)
             return True
 
-    if not eval_rows and val_traces:
-        # the starting point (the prior) competes for "best" too: training never ships worse than it
-        do_eval()
-    if remaining:
-        model.learn(
-            total_timesteps=remaining,
-            callback=EvalCallback(),
-            reset_num_timesteps=not resume,
-            tb_log_name=cfg.algo,
-            progress_bar=False,
-        )
-    if progress is not None:
-        progress(int(model.num_timesteps), planned)
-    if not (eval_rows and eval_rows[-1]["timesteps"] == float(model.num_timesteps)):
-        do_eval()
-    final = eval_rows[-1] if eval_rows else {}
-    _save(out / "last", cfg, model, cluster, probe, prov)
-    if not (out / "best.json").is_file():
-        _save(out / "best", cfg, model, cluster, probe, {**prov, **{k: v for k, v in final.items() if k.startswith("val_")}})
-    best_row = min(eval_rows, key=lambda r: r.get("val_rel_jct", math.inf)) if eval_rows else {}
+    try:
+        if val_traces and (not eval_rows or eval_rows[-1]["timesteps"] < start_steps):
+            # the starting point (the prior; or a resumed network whose evaluation was never logged, an
+            # interrupt right after saving it) competes for "best" too: training never ships worse than it.
+            # A new run saves it as "last" first, so a run stopped from here on can be resumed.
+            save_and_evaluate(save_last=plan.last is None)
+        if remaining:
+            model.learn(
+                total_timesteps=remaining,
+                callback=EvalCallback(),
+                reset_num_timesteps=not resume,
+                tb_log_name=cfg.algo,
+                progress_bar=False,
+            )
+        if progress is not None:
+            progress(int(model.num_timesteps), planned)
+        steps = int(model.num_timesteps)
+        _save(out / "last", cfg, model, cluster, probe, prov)
+        if val_traces and not (eval_rows and eval_rows[-1]["timesteps"] == float(steps)):
+            save_and_evaluate(save_last=False)
+        final = eval_rows[-1] if eval_rows else {}
+        if not val_traces or not (out / "best.json").is_file():
+            # without validation traces best = last, at the end of every run (a resumed one too)
+            scores: dict[str, float] = {}
+            if val_traces and final.get("timesteps") == float(steps):  # (the final network's own scores)
+                scores = {k: v for k, v in final.items() if k.startswith("val_")}
+            _save(out / "best", cfg, model, cluster, probe, {**prov, **scores})
+            best_val.clear()
+            best_val.update(scores)
+    finally:
+        logger.close()
     summary = {
-        "timesteps": int(model.num_timesteps),
+        "timesteps": steps,
         "wall_s": time.perf_counter() - t_start,
         # null without validation traces (strict JSON has no NaN)
-        "best_val_rel_jct": best_row.get("val_rel_jct"),
-        "best_val_avg_jct_s": best_row.get("val_avg_jct_s"),
+        "best_val_rel_jct": best_val.get("val_rel_jct"),
+        "best_val_avg_jct_s": best_val.get("val_avg_jct_s"),
         "final_val_rel_jct": final.get("val_rel_jct"),
         "final_val_avg_jct_s": final.get("val_avg_jct_s"),
         "evals": eval_rows,
         "best": str(out / "best.json"),
+        "segment": prov["segment"],
     }
     write_atomic(out / "summary.json", (json.dumps(summary, indent=2, default=str, allow_nan=False) + "\n").encode())
     return summary
