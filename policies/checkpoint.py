@@ -22,7 +22,9 @@ Metadata fields (all required unless marked)::
                       and outputs one logit (or Q-value) per action
     reward            {"kind": "jct-rel"|"jct"|"progress"|"seed", "w1": float, "w2": float}
     training          free-form: traces, timesteps, seed, command, evaluation (optional content)
-    weights_file      file name of the weights, relative to the JSON
+    weights_file      bare file name of the weights in the JSON's directory:
+                      NAME.safetensors (NAME.<16 hex>.safetensors after an
+                      interrupted save)
     weights_sha256    hex sha256 of the weights file
 
 :func:`load_checkpoint` checks everything (files present, JSON well formed,
@@ -31,13 +33,26 @@ and raises :class:`CheckpointError` naming the file and the problem. Field
 types are checked, not coerced: integers must be JSON integers (not ``8.9``,
 not ``true``), numbers finite (``json`` accepts ``NaN`` / ``Infinity``); the
 observation spec must make sense (``k >= 1``, ``1 <= levels <= 4``, ...;
-:class:`~policies.encoding.ObsSpec`); the prior's scale is at most
-:data:`policies.prior.MAX_SCALE`; the inference layers are float32 and their
-outputs provably stay far below float32's limit for every observation (so the
-logits can never become ``inf`` / NaN while scheduling). The ``training``
-section is free-form except for the fields code reads (``timesteps``,
-``config``, ``source``, ``config.traces``). :meth:`Checkpoint.check_cluster`
-compares the cluster with the training cluster node by node.
+:class:`~policies.encoding.ObsSpec`) and ``obs_spec.aging_s`` be in
+[:data:`MIN_AGING_S`, :data:`MAX_AGING_S`] = [1, 1e9] s; ``reward.kind`` is
+one of :data:`REWARD_KINDS` and ``reward.w1`` / ``w2`` (optional) are in
+[0, 1] (:func:`save_checkpoint` refuses the same values before writing); the
+``weights_file`` is a bare file name (no ``/``, ``\\``, ``:`` or NUL); the
+prior's scale is at most :data:`policies.prior.MAX_SCALE`; the inference
+layers are float32 and their outputs provably stay far below float32's limit
+for every observation (so the logits can never become ``inf`` / NaN while
+scheduling). The ``training`` section is free-form except for the fields code
+reads (``timesteps``, ``config``, ``source``, ``config.traces``).
+:meth:`Checkpoint.check_cluster` compares the cluster with the training
+cluster node by node.
+
+:func:`save_checkpoint` replaces the pair in one atomic step: the weights are
+first written as ``NAME.<first 16 hex digits of their sha256>.safetensors``,
+renaming a ``NAME.json`` that names them is the commit point, then the weights
+are written again as ``NAME.safetensors`` and ``NAME.json`` is renamed once
+more to name them (files and directory fsynced); an interrupted save leaves
+the old or the new checkpoint loadable, and the next save removes its
+leftovers (staged weights, temp files).
 """
 
 from __future__ import annotations
