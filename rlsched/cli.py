@@ -42,8 +42,20 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return tuple(errs)
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line, like the commands' own errors.
+
+    argparse prints the whole usage block before the error; here the error names the command,
+    the option and what is wrong, and points to ``--help`` (exit status 2, as argparse). The
+    subcommands' parsers are of this class too (argparse makes them with the parent's class).
+    """
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="rlsched",
         description="Learned, network-contention- and locality-aware GPU placement for Slurm.",
     )

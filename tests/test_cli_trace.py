@@ -113,7 +113,7 @@ def test_generate_bad_numbers_are_usage_errors(tmp_path: Path, capsys, extra: li
         main(["trace", "generate", "--out", str(tmp_path / "x.csv"), *extra])
     assert exc.value.code == 2
     err = capsys.readouterr().err
-    assert err.splitlines()[-1] == f"rlsched trace generate: error: {message}", err
+    assert err == f"rlsched trace generate: error: {message} (see 'rlsched trace generate --help')\n", err
     assert "invalid" not in err and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
 

@@ -775,7 +775,8 @@ def test_cli_bad_config_exits_2_with_message(tmp_path, capsys):
             main(["controller", "run", "--config", str(ok), "--once", option, bad])
         assert ei.value.code == 2
         err = capsys.readouterr().err
-        assert err.splitlines()[-1] == f"rlsched controller run: error: argument {option}: {expected}, got {bad!r}"
+        assert err == (f"rlsched controller run: error: argument {option}: {expected}, got {bad!r}"
+                       " (see 'rlsched controller run --help')\n")
         assert "invalid" not in err and "Traceback" not in err
     assert main(["controller", "check-config", str(REPO / "slurm_conf" / "controller.toml.example")]) == 0
     assert main(["controller", "run", "--config", str(tmp_path / "missing.toml")]) == 2
