@@ -141,6 +141,9 @@ class Journal:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.data: dict[str, dict[str, Any]] = {"released": {}, "preempting": {}, "progress": {}, "backoff": {}}
+        #: whether every release recorded before this start is known: the file was read and no
+        #: ``released`` entry dropped (False for a missing, unreadable or damaged journal)
+        self.intact = False
         try:
             raw = json.loads(path.read_text())
             if not isinstance(raw, dict):
@@ -148,6 +151,8 @@ class Journal:
             for k in self.data:
                 if isinstance(raw.get(k), dict):
                     self.data[k] = self._valid_entries(k, raw[k])
+            rel = raw.get("released")
+            self.intact = rel is None or (isinstance(rel, dict) and len(self.data["released"]) == len(rel))
         except FileNotFoundError:
             pass
         except (OSError, ValueError) as exc:
@@ -232,6 +237,9 @@ class Controller:
         # (root's), and the controller could not remove the requests in it
         self.requests_dir.mkdir(exist_ok=True)
         self.journal = Journal(self.state_dir / "journal.json")
+        # until the first round: adopt managed jobs pending without a hold as released by a controller
+        # before this one when the journal that would say so is missing or damaged (_check_released)
+        self._adopt_unreleased = not self.journal.intact
         self.cluster: ClusterSpec | None = None
         self.perf: ContentionModel | None = None
         self.policy: Policy | None = None
@@ -396,10 +404,13 @@ class Controller:
         by_id = {str(j.job_id): j for j in jobs}
         changed = self._finish_preemptions(by_id)
         changed |= self._check_released(now, by_id, rep)
+        self._adopt_unreleased = False  # adopted once, from the first queue read after the start
         if changed:
             jobs = self.slurm.jobs()
             nodes = self.slurm.nodes()
-        stats = self._stats = self.preempter.stats()
+        # stats only from the agents of each job's nodes (Slurm's view), not from any agent claiming it
+        job_nodes = {str(j.job_id): list(j.nodes) for j in jobs if j.state in ("RUNNING", "CONFIGURING")}
+        stats = self._stats = self.preempter.stats(job_nodes=job_nodes)
         stale = [sid for sid in self.journal["progress"] if sid not in by_id]
         for sid in stale:  # Slurm forgot the job (MinJobAge): so can we
             self.journal["progress"].pop(sid)
@@ -663,13 +674,37 @@ class Controller:
                                 extra={"event": "placement_mismatch", "job": j.job_id})
                 rel.pop(sid)
                 dirty = True
-        # released jobs still pending (also ones released before a crash)
+        # managed jobs pending without a hold: released by this controller and not started yet, or
+        # released by someone else (a job its owner requeued, one Slurm requeued after a node
+        # failure): the journal records every release before it is made, so a job it does not hold
+        # was not released here and is held again at once, before Slurm starts it where it likes
         for sid, j in by_id.items():
             if not j.managed or not j.pending or j.held:
                 continue
             if not j.in_partition(self.cfg.slurm.partition):
                 continue
-            r = rel.setdefault(sid, {"t": now})
+            if sid not in rel and self._adopt_unreleased:
+                # the journal was lost: such a job may have been released before the restart; give it
+                # the grace of a release made now (held back if it has not started by then)
+                rel[sid] = {"t": now}
+                dirty = True
+                continue
+            if sid not in rel:
+                if self.cfg.controller.dry_run:
+                    continue
+                try:
+                    self.slurm.hold(j.job_id)
+                    rep.held_back.append(j.job_id)
+                    changed = True
+                    self.metrics.decisions.labels(action="rehold").inc()
+                    log.warning("job %s is pending without a hold but was not released by rlsched (requeued by "
+                                "its owner or by Slurm?): held again", sid,
+                                extra={"event": "rehold", "job": j.job_id})
+                except SlurmError as exc:  # it may have started meanwhile
+                    log.info("hold of job %s failed: %s", sid, exc)
+                    self._slurm_hint(exc)
+                continue
+            r = rel[sid]
             grace = self.cfg.controller.start_grace_s
             if now - float(r["t"]) > grace and not self.cfg.controller.dry_run:
                 try:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
@@ -52,8 +53,12 @@ class PreemptOutcome:
 
 
 class Preempter(Protocol):
-    def stats(self) -> dict[str, dict[str, Any]]:
-        """Slurm job id -> latest agent stats for running jobs (may be empty)."""
+    def stats(self, job_nodes: Mapping[str, Sequence[str]] | None = None) -> dict[str, dict[str, Any]]:
+        """Slurm job id -> latest agent stats for running jobs (may be empty).
+
+        :param job_nodes: Slurm job id -> the nodes Slurm runs it on; when given, a job's stats
+            (and the job key preemption will use) are taken only from the agents of its nodes.
+        """
 
     def checkpoint(self, job: SlurmJob, timeout_s: float) -> PreemptOutcome:
         """Checkpoint-and-stop ``job``; never raises for agent failures."""
@@ -62,7 +67,7 @@ class Preempter(Protocol):
 class NoAgents:
     """No node agents: no measured stats; preemption cannot checkpoint."""
 
-    def stats(self) -> dict[str, dict[str, Any]]:
+    def stats(self, job_nodes: Mapping[str, Sequence[str]] | None = None) -> dict[str, dict[str, Any]]:
         return {}
 
     def checkpoint(self, job: SlurmJob, timeout_s: float) -> PreemptOutcome:
@@ -86,6 +91,7 @@ class AgentPreempter:
         self.unreachable: set[str] = set()
         self._retry_at: dict[str, float] = {}  # node -> monotonic time of the next stats try
         self._failures: dict[str, int] = {}
+        self._foreign: set[tuple[str, str]] = set()  # (node, job id) reports already logged as foreign
 
     def _client(self, node: str) -> Any | None:
         addr = self.addresses.get(node)
@@ -117,17 +123,22 @@ class AgentPreempter:
         self._retry_at.pop(node, None)
         return out
 
-    def stats(self) -> dict[str, dict[str, Any]]:
+    def stats(self, job_nodes: Mapping[str, Sequence[str]] | None = None) -> dict[str, dict[str, Any]]:
         nodes = list(self.addresses)
         if not nodes:
             return {}
         with ThreadPoolExecutor(max_workers=min(8, len(nodes))) as ex:
             results = list(ex.map(self._node_stats, nodes))
         out: dict[str, dict[str, Any]] = {}
-        for per in results:
+        for node, per in zip(nodes, results):
             for s in per:
                 sid = str(s.get("slurm_job_id") or "")
                 if not sid or s.get("state") not in (None, "", "running"):
+                    continue
+                if job_nodes is not None and node not in job_nodes.get(sid, ()):
+                    # not a job of that node (Slurm's view): a stale report, or whatever answers on
+                    # the agent's port claiming another node's job; never learn its key from there
+                    self._foreign_report(node, sid)
                     continue
                 if s.get("job_key"):
                     self._keys[sid] = str(s["job_key"])
@@ -136,6 +147,15 @@ class AgentPreempter:
                 if prev is None or (s.get("step") or 0) >= (prev.get("step") or 0):
                     out[sid] = s
         return out
+
+    def _foreign_report(self, node: str, sid: str) -> None:
+        """Log (once per node and job) a report for a job Slurm does not run on that node."""
+        if (node, sid) not in self._foreign:
+            if len(self._foreign) >= 10000:  # bounded: jobs come and go
+                self._foreign.clear()
+            self._foreign.add((node, sid))
+            log.warning("agent of %s reports job %s, which Slurm does not run there: ignored", node, sid,
+                        extra={"event": "agent_foreign_job", "node": node, "job": sid})
 
     def checkpoint(self, job: SlurmJob, timeout_s: float) -> PreemptOutcome:
         sid = str(job.job_id)

@@ -145,7 +145,7 @@ class FakeAgents:
         self.reachable, self.step, self.total = reachable, step, total
         self.asked: list[int] = []
 
-    def stats(self):
+    def stats(self, job_nodes=None):
         return {}
 
     def checkpoint(self, job, timeout_s):
@@ -546,7 +546,7 @@ def test_preemption_checkpoints_then_requeues_held(tmp_path):
     s = FakeSlurm()
     jid = _running(s, 8, "node2")
     class Agents(FakeAgents):
-        def stats(self):
+        def stats(self, job_nodes=None):
             return {str(jid): {"step": 40, "total_steps": 100, "samples_per_s": 50.0}}
 
     agents = Agents(step=40)
@@ -561,7 +561,7 @@ def test_preemption_checkpoints_then_requeues_held(tmp_path):
     assert j["progress"][str(jid)]["total_steps"] == 100
     assert ctl.metrics.value("rlsched_preemptions_total", outcome="ok") == 1
     # while it waits, the policy sees 40 % of its work done and the GPU-seconds it had
-    agents.stats = lambda: {}
+    agents.stats = lambda job_nodes=None: {}
     view_job = _held_info(ctl, s, jid)
     assert view_job.done_samples == pytest.approx(0.4 * view_job.total_samples)
     assert view_job.attained_service == pytest.approx(8 * 1000.0)
@@ -842,6 +842,37 @@ def test_agent_preempter_with_unreachable_and_not_found_agents():
     assert asked == ["h:2"]
 
 
+def test_agent_stats_are_taken_only_from_the_jobs_nodes(monkeypatch):
+    """A report of job 7 from the agent of a node Slurm does not run it on (a stale report, or a process
+    posing as that node's agent) is ignored, and its job key is not the one preemption uses."""
+    class Client:
+        def __init__(self, addr, node):
+            self.node = node
+
+        def job_stats(self):
+            if self.node == "node2":  # claims job 7, which runs on node1 only, under its own key
+                return [{"slurm_job_id": "7", "job_key": "forged", "step": 99, "state": "running"}]
+            return [{"slurm_job_id": "7", "job_key": "k7", "step": 5, "state": "running"}]
+
+        def preempt(self, key, sid, timeout_s):
+            return {"ok": key == "k7", "checkpoint_step": 5, "checkpoint_uri": "file:///c", "message": key}
+
+    p = AgentPreempter({"node1": "h:1", "node2": "h:2"}, Client)
+    import controller.preemption as cp
+
+    warned = []
+    monkeypatch.setattr(cp.log, "warning", lambda msg, *a, **kw: warned.append(msg % a))
+    stats = p.stats(job_nodes={"7": ["node1"]})
+    assert stats["7"]["step"] == 5 and stats["7"]["job_key"] == "k7"
+    assert warned == ["agent of node2 reports job 7, which Slurm does not run there: ignored"]
+    p.stats(job_nodes={"7": ["node1"]})
+    assert len(warned) == 1  # once per node and job
+    job = SlurmJob(7, "j", "u", 0, "RUNNING", "", 1, "gpu", 4, nodes=["node1"])
+    assert p.checkpoint(job, 5.0).message == "k7"
+    # without Slurm's view (job_nodes=None) every agent's report counts, the most advanced wins
+    assert AgentPreempter({"node1": "h:1", "node2": "h:2"}, Client).stats()["7"]["step"] == 99
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -870,7 +901,7 @@ def test_cs_threshold_preempts_measured_slow_jobs(tmp_path):
     slow, fine = _running(s, 8, "node1"), _running(s, 8, "node2")
 
     class Agents(FakeAgents):
-        def stats(self):
+        def stats(self, job_nodes=None):
             return {str(slow): {"cs": 1.8, "step": 10, "total_steps": 100}, str(fine): {"cs": 1.05}}
 
     agents = Agents()
@@ -1403,3 +1434,47 @@ def test_drained_node_is_never_a_target_not_even_after_a_preemption():
     dec = make_heuristic("srtf", perf).schedule(view.state)
     assert dec.preempt == ["2"]
     assert [(jid, [cl.nodes[n].name for n in p.nodes]) for jid, p in dec.place] == [("3", ["node2"])]
+
+
+def test_managed_job_pending_without_a_hold_it_did_not_release_is_held_again(tmp_path):
+    """A managed job pending without a hold that the journal never released (its owner requeued it, or
+    Slurm did after a node failure) is held again in the same round and then placed by the policy;
+    a job the controller released itself keeps its start grace."""
+    s = FakeSlurm()
+    a = s.submit(8)
+    ctl = _ctl(tmp_path, s, now=1000.0)
+    rep = ctl.round()  # the journal is new: nothing to adopt, a placed
+    assert [jid for jid, _ in rep.placed] == [a]
+    s.schedule()
+    assert s.job_list[a].running
+    _ctl(tmp_path, s, now=1005.0).round()  # sees it running: its release is done
+    # the owner requeues it (`scontrol requeue` keeps its priority: pending, no hold)
+    s.finish(a, "PENDING")
+    s.job_list[a].reason = "BeginTime"
+    assert s.job_list[a].pending and not s.job_list[a].held
+    ctl = _ctl(tmp_path, s, now=1010.0)
+    rep = ctl.round()
+    assert rep.held_back == [a] and ("hold", a) in s.calls
+    assert ctl.metrics.value("rlsched_decisions_total", action="rehold") == 1
+    assert [c for c in s.calls if c[0] == "release"] == [("release", a)] * 2  # placed again by rlsched
+    # released by rlsched and not started yet: not held again before its grace ends
+    rep = _ctl(tmp_path, s, now=1011.0).round()
+    assert rep.held_back == [] and [c for c in s.calls if c[0] == "hold"] == [("hold", a)]
+
+
+def test_damaged_journal_adopts_unheld_jobs_once(tmp_path):
+    """A journal with a damaged `released` entry may have lost a release: the first round adopts a
+    pending job without a hold (start grace), as with a missing journal; later rounds do not."""
+    s = FakeSlurm()
+    a = s.submit(8)
+    _ctl(tmp_path, s).round()  # released, not started
+    jf = tmp_path / "state" / "journal.json"
+    raw = json.loads(jf.read_text())
+    raw["released"]["999"] = {"t": "yesterday"}  # damaged entry: dropped, so the journal is not intact
+    raw["released"].pop(str(a))
+    jf.write_text(json.dumps(raw))
+    ctl = _ctl(tmp_path, s)
+    assert not ctl.journal.intact
+    rep = ctl.round()
+    assert rep.held_back == [] and str(a) in ctl.journal["released"]
+    assert [c for c in s.calls if c[0] == "release"] == [("release", a)]

@@ -1,8 +1,8 @@
 """slurm_conf/job_submit.lua, run by a real Lua 5.3 interpreter with a stub ``slurm`` table.
 
 slurmctld provides the ``slurm`` table (constants, logging) to the script; the
-stub below has the same names and values as Slurm 22.05's (NO_VAL, SUCCESS,
-ERROR, ESLURM_ACCESS_DENIED = 2002), so every branch is checked in
+stub below has the same names and values as Slurm 22.05's (NO_VAL, NO_VAL16,
+NO_VAL64, JOB_SHARED_*, SUCCESS, ERROR, ESLURM_ACCESS_DENIED = 2002), so every branch is checked in
 milliseconds. The same rules against real slurmctld are in
 tests/test_slurm_integration.py.
 """
@@ -24,7 +24,8 @@ SCRIPT = Path(__file__).resolve().parents[1] / "slurm_conf" / "job_submit.lua"
 pytestmark = pytest.mark.skipif(LUA is None, reason="lua5.3 interpreter not installed")
 
 STUB = r"""
-slurm = {SUCCESS = 0, ERROR = -1, NO_VAL = 4294967294, NO_VAL16 = 65534, ESLURM_ACCESS_DENIED = 2002,
+slurm = {SUCCESS = 0, ERROR = -1, NO_VAL = 4294967294, NO_VAL16 = 65534, NO_VAL64 = 18446744073709551614,
+         JOB_SHARED_NONE = 0, JOB_SHARED_OK = 1, JOB_SHARED_USER = 2, JOB_SHARED_MCS = 3, ESLURM_ACCESS_DENIED = 2002,
          log_info = function(...) end, log_user = function(fmt, ...) user_msg = string.format(fmt, ...) end}
 dofile(SCRIPT)
 local parts = {gpu = {flag_default = 1}, cpu = {flag_default = 0}}
@@ -87,7 +88,7 @@ def test_submit_holds_gpu_jobs_of_the_managed_partition():
     r = run_cases([
         {"kind": "submit", "uid": 1001, "desc": {"tres_per_job": "gres:gpu:12", "priority": NO_VAL}},
         {"kind": "submit", "uid": 1001, "desc": {"tres_per_job": "gres/gpu:4", "partition": "gpu", "priority": NO_VAL}},
-        {"kind": "submit", "uid": 1001, "desc": {"tres_per_job": "gres:gpu:a100:2,gres:mps:10", "priority": NO_VAL}},
+        {"kind": "submit", "uid": 1001, "desc": {"tres_per_job": "gres:gpu:a100:2,gres:nic:1", "priority": NO_VAL}},
         {"kind": "submit", "uid": 1001, "desc": {"priority": NO_VAL}},  # no GPUs: Slurm schedules it
         {"kind": "submit", "uid": 1001, "desc": {"tres_per_job": "gres:gpu:2", "partition": "cpu", "priority": NO_VAL}},
         {"kind": "submit", "uid": 1001, "desc": {"tres_per_node": "gres:gpu:2", "priority": NO_VAL}},
@@ -132,11 +133,12 @@ def test_modify_rules():
         _modify({**untouched, "partition": "cpu"}),
         _modify({**untouched, "comment": "rlsched:model=GNN"}),  # harmless: allowed
         _modify({**untouched, "priority": INFINITE}, uid=0),  # root / the controller
-        _modify({**untouched, "priority": INFINITE}, state=1),  # running: not ours to guard
+        # guarded in every state: a requeued managed job is pending again with its old priority
+        _modify({**untouched, "priority": INFINITE}, state=1),
         _modify({**untouched, "priority": INFINITE}, ac=""),  # not a managed job
     ]
     r = run_cases(cases)
-    assert [x["rc"] for x in r] == [2002, 2002, 2002, 2002, 2002, 2002, 0, 0, 0, 0]
+    assert [x["rc"] for x in r] == [2002, 2002, 2002, 2002, 2002, 2002, 0, 0, 2002, 0]
 
 
 def test_unmanaged_jobs_cannot_become_gpu_jobs_of_the_managed_partition():
@@ -149,15 +151,18 @@ def test_unmanaged_jobs_cannot_become_gpu_jobs_of_the_managed_partition():
         _modify({**untouched, "tres_per_task": "gres:gpu:1"}, ac="", partition="gpu"),
         _modify({**untouched, "partition": "gpu"}, ac="", partition="cpu", tres_per_job="gres:gpu:2"),
         _modify({**untouched, "partition": "gpu"}, ac="", partition="cpu", tres_per_task="gres:gpu:1"),
-        # allowed: no GPUs involved, another partition, an admin, a running job
+        # a CPU job may not move in either: it may be --exclusive (all GPUs of its node), which job_rec
+        # does not show in 22.05; nor may a job there gain GPUs in any state (Slurm refuses a running one too)
         _modify({**untouched, "partition": "gpu"}, ac="", partition="cpu"),
+        _modify({**untouched, "tres_per_job": "gres:gpu:8"}, ac="", partition="gpu", state=1),
+        # allowed: no GPUs involved, another partition, an admin
         _modify({**untouched, "tres_per_job": "gres:gpu:8"}, ac="", partition="cpu"),
         _modify({**untouched, "partition": "cpu"}, ac="", partition="gpu", tres_per_job="gres:gpu:2"),
         _modify({**untouched, "tres_per_job": "gres:gpu:8"}, ac="", partition="gpu", uid=0),
-        _modify({**untouched, "tres_per_job": "gres:gpu:8"}, ac="", partition="gpu", state=1),
+        _modify({**untouched, "partition": "gpu"}, ac="", partition="cpu", uid=0),
     ]
     r = run_cases(cases, managed_partition="gpu")
-    assert [x["rc"] for x in r] == [2002] * 5 + [0] * 5
+    assert [x["rc"] for x in r] == [2002] * 7 + [0] * 4
 
 
 def test_gpu_requests_without_a_count_arrays_het_jobs_and_hold_are_refused():
@@ -190,3 +195,142 @@ def test_gpu_requests_without_a_count_arrays_het_jobs_and_hold_are_refused():
     untouched = {"priority": NO_VAL, "min_nodes": NO_VAL, "max_nodes": NO_VAL}
     r = run_cases([_modify({**untouched, "tres_per_node": "gres:gpu"}, ac="", partition="gpu")], managed_partition="gpu")
     assert r[0]["rc"] == 2002
+
+
+# ----------------------------------------------------------------------------- allowlist
+NO_VAL16 = 65534
+NO_VAL64 = 18446744073709551614.0  # as slurmctld 22.05 pushes it: a double (2^64)
+
+# What slurmctld 22.05 passes job_modify for fields an `scontrol update` does not set (logged
+# field by field from a real slurmctld: tests/test_slurm_integration.py checks the same rules
+# there). Strings not set are nil; a cleared one (`ReqNodeList=`) is "".
+UNCHANGED_22_05 = {
+    "alloc_node": "localhost", "begin_time": 0, "bitflags": 503316480, "boards_per_node": 0,
+    "contiguous": NO_VAL16, "cores_per_socket": NO_VAL16, "cpu_freq_min": NO_VAL, "cpu_freq_max": NO_VAL,
+    "cpu_freq_gov": NO_VAL, "cpus_per_task": NO_VAL16, "delay_boot": NO_VAL, "end_time": 0, "group_id": NO_VAL,
+    "immediate": 0, "mail_type": NO_VAL16, "max_cpus": NO_VAL, "max_nodes": NO_VAL, "min_cpus": NO_VAL,
+    "min_nodes": NO_VAL, "nice": NO_VAL, "ntasks_per_board": 0, "ntasks_per_core": NO_VAL16,
+    "ntasks_per_gpu": NO_VAL16, "ntasks_per_node": NO_VAL16, "ntasks_per_socket": NO_VAL16,
+    "ntasks_per_tres": NO_VAL16, "num_tasks": NO_VAL, "het_job_offset": 0, "power_flags": 0,
+    "pn_min_cpus": NO_VAL16, "pn_min_memory": NO_VAL64, "pn_min_tmp_disk": NO_VAL, "priority": NO_VAL,
+    "reboot": NO_VAL16, "req_switch": NO_VAL, "requeue": NO_VAL16, "shared": NO_VAL16, "oversubscribe": NO_VAL16,
+    "site_factor": NO_VAL, "sockets_per_board": 0, "sockets_per_node": NO_VAL16, "threads_per_core": NO_VAL16,
+    "time_limit": NO_VAL, "time_min": NO_VAL, "user_id": 1001, "user_name": "rlschedtest", "wait4switch": NO_VAL,
+}
+NICE_OFFSET = 0x80000000
+ALLOWED = {"comment", "name", "time_limit", "dependency", "mail_type", "mail_user"}
+
+
+def _checked_fields() -> dict[str, str]:
+    """MODIFY_FIELDS of job_submit.lua: field -> kind."""
+    import re
+
+    return dict(re.findall(r'\{ "(\w+)", "([snz])" \}', SCRIPT.read_text()))
+
+
+def _upd(**fields) -> dict:
+    return {**UNCHANGED_22_05, **fields}
+
+
+def test_the_owner_may_change_only_allowlisted_fields_of_a_managed_job():
+    """`scontrol update Nice=1` released a held managed job (22.05: priority = MAX(0 + old - new nice, 2)),
+    and `ReqNodeList=` (cleared, ""), `ExcNodeList=`, `StartTime=now` re-pinned or freed a requeued one:
+    whatever is not on the allowlist is refused, in every job state, cleared values included."""
+    refused = [
+        _upd(nice=NICE_OFFSET + 1),  # scontrol update Nice=1
+        _upd(req_nodes=""),  # ReqNodeList= (clearing the controller's pin)
+        _upd(req_nodes="node4"),
+        _upd(exc_nodes="node1,node2,node3"),
+        _upd(exc_nodes=""),
+        _upd(begin_time=1795313323),  # StartTime=now / EligibleTime=now
+        _upd(features="a"), _upd(features=""), _upd(prefer="a"),
+        _upd(shared=0), _upd(shared=1),  # OverSubscribe=no / yes
+        _upd(partition="gpu"), _upd(qos="normal"), _upd(account=""), _upd(reservation=""), _upd(wckey=""),
+        _upd(licenses=""), _upd(contiguous=1), _upd(reboot=1), _upd(requeue=0), _upd(time_min=5),
+        _upd(num_tasks=2), _upd(pn_min_cpus=2), _upd(min_mem_per_node=100, pn_min_memory=100), _upd(site_factor=5),
+        _upd(tres_per_job=""), _upd(tres_per_node="gres:"),  # TresPerJob= / Gres=
+        _upd(array_inx="%1"), _upd(min_nodes=2, max_nodes=2),
+        _upd(comment="x", nice=NICE_OFFSET + 1),  # an allowed field does not carry a refused one
+    ]
+    allowed = [
+        _upd(), _upd(comment="rlsched:model=GNN,samples=10"), _upd(comment=""), _upd(name="foo"), _upd(time_limit=10),
+        _upd(dependency="afterok:1"), _upd(dependency=""), _upd(mail_type=2), _upd(mail_user="a@b"),
+        _upd(comment="x", name="y", time_limit=5, dependency="singleton", mail_type=2, mail_user="a@b"),
+    ]
+    cases = [_modify(d) for d in refused] + [_modify(d) for d in allowed]
+    cases += [_modify(_upd(nice=NICE_OFFSET + 1), state=1), _modify(_upd(req_nodes=""), state=3)]  # running, ...
+    cases += [_modify(d, uid=0) for d in refused]  # root / the controller: anything
+    r = run_cases(cases)
+    n, a = len(refused), len(allowed)
+    assert [x["rc"] for x in r[:n]] == [2002] * n, r[:n]
+    assert [x["rc"] for x in r[n:n + a]] == [0] * a
+    assert [x["rc"] for x in r[n + a:n + a + 2]] == [2002, 2002]
+    assert [x["rc"] for x in r[n + a + 2:]] == [0] * n
+
+
+def test_every_checked_field_outside_the_allowlist_is_refused():
+    """The allowlist is complete: each field job_modify can see, set to anything but its unchanged value, is
+    refused for a managed job unless it is one of the six harmless ones."""
+    fields = _checked_fields()
+    assert len(fields) > 80 and ALLOWED <= set(fields)
+    for must in ("nice", "priority", "req_nodes", "exc_nodes", "begin_time", "features", "shared", "partition",
+                 "min_nodes", "tres_per_job", "tres_per_node", "qos", "reservation", "account", "site_factor"):
+        assert must in fields and must not in ALLOWED, must
+    names = sorted(fields)
+    values = {"s": ["x", ""], "n": [1, 0], "z": [1]}
+    cases, expect = [], []
+    for f in names:
+        for v in values[fields[f]]:
+            cases.append(_modify(_upd(**{f: v})))
+            expect.append(0 if f in ALLOWED else 2002)
+    # unchanged values never count: NO_VAL, NO_VAL16, NO_VAL64, and 0 for the "z" fields
+    for f in names:
+        for v in ({"n": [NO_VAL, NO_VAL16, NO_VAL64], "z": [0, NO_VAL], "s": []}[fields[f]]):
+            cases.append(_modify(_upd(**{f: v})))
+            expect.append(0)
+    r = run_cases(cases)
+    got = [x["rc"] for x in r]
+    bad = [(c["desc"], e, g) for c, e, g in zip(cases, expect, got) if e != g]
+    assert not bad, bad[:5]
+
+
+def test_exclusive_and_gpu_sharing_and_user_pins_are_refused_at_submission():
+    """--exclusive gave a CPU job all 8 GPUs of its node (and a --gpus=4 job 8): refused in the managed
+    partition for every job (=user and =mcs too); mps/shard GRES likewise. A GPU job may not carry -w or
+    --exclude: the controller chooses its nodes."""
+    def sub(**desc):
+        return {"kind": "submit", "uid": 1001, "desc": {"priority": NO_VAL, "shared": NO_VAL16, **desc}}
+    r = run_cases([
+        sub(shared=0), sub(shared=2), sub(shared=3), sub(shared=0, tres_per_job="gres:gpu:4"),  # --exclusive[=user|mcs]
+        sub(shared=4),  # an exclusive kind newer than 22.05
+        sub(tres_per_node="gres:mps:50"), sub(tres_per_node="gres/shard:2"),
+        sub(tres_per_job="gres:gpu:2,gres:mps:10"),
+        sub(tres_per_job="gres:gpu:4", req_nodes="node4"), sub(tres_per_job="gres:gpu:4", exc_nodes="node1,node2"),
+        # accepted: unset / --oversubscribe; another partition; CPU jobs with a node list; an empty list
+        sub(), sub(shared=1, tres_per_job="gres:gpu:2"), sub(shared=0, partition="cpu"),
+        sub(shared=0, partition="cpu", tres_per_node="gres:mps:5"), sub(req_nodes="node4"), sub(exc_nodes="node1"),
+        sub(tres_per_job="gres:gpu:2", req_nodes="", exc_nodes=""),
+        {"kind": "submit", "uid": 1001, "desc": {"priority": NO_VAL, "tres_per_job": "gres:gpu:2"}},  # no shared field
+    ])
+    assert [x["rc"] for x in r] == [-1] * 10 + [0] * 8, r
+    assert all("--exclusive is not accepted" in x["msg"] for x in r[:5])
+    assert all("mps" in x["msg"] for x in r[5:8])
+    assert "-w/--nodelist" in r[8]["msg"] and "--exclude" in r[9]["msg"]
+    assert r[11]["priority"] == 0 and r[16]["priority"] == 0 and r[17]["priority"] == 0
+    assert r[14]["priority"] == NO_VAL  # a CPU job with -w: Slurm's business
+
+
+def test_unmanaged_jobs_cannot_become_exclusive_or_gain_gpu_sharing_in_the_managed_partition():
+    cases = [
+        _modify(_upd(shared=0), ac="", partition="gpu"),  # OverSubscribe=no: exclusive
+        _modify(_upd(shared=1), ac="", partition="gpu"),
+        _modify(_upd(tres_per_node="gres:mps:100"), ac="", partition="gpu"),
+        _modify(_upd(partition="gpu"), ac="", partition="cpu"),
+        # allowed: another partition, an admin, harmless changes, leaving the managed partition
+        _modify(_upd(shared=0), ac="", partition="cpu"),
+        _modify(_upd(shared=0), ac="", partition="gpu", uid=0),
+        _modify(_upd(req_nodes="", exc_nodes="node1", nice=NICE_OFFSET + 5), ac="", partition="gpu"),
+        _modify(_upd(partition="cpu"), ac="", partition="gpu"),
+    ]
+    r = run_cases(cases, managed_partition="gpu")
+    assert [x["rc"] for x in r] == [2002] * 4 + [0] * 4

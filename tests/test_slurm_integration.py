@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -213,6 +214,128 @@ def test_gpu_jobs_cannot_escape_the_hold(live_cluster, test_user):
         p = cluster.run(["scontrol", "update", f"JobId={other}", "Partition=gpu"], user=test_user, check=False)
         assert p.returncode != 0 and "Access/permission denied" in p.stderr
         assert cluster.job(other).partition == "other"
+        cluster.run(["scancel", str(other)])
+    finally:
+        cluster.run(["scontrol", "delete", "PartitionName=other"], check=False)
+    cluster.run(["scancel", str(cpu_job)])
+
+
+def _show(cluster, jid: int, key: str) -> str:
+    """One ``Key=Value`` of ``scontrol -o show job`` (our own test jobs: no user text imitates a key)."""
+    out = cluster.run(["scontrol", "-o", "show", "job", str(jid)]).stdout
+    m = re.search(rf"(?:^|\s){key}=(\S*)", out)
+    return m.group(1) if m else ""
+
+
+def _ctld_log(cluster) -> str:
+    return (cluster.dir / "log" / "slurmctld.log").read_text(errors="replace")
+
+
+def _denied(cluster, jid: int, upd: str, user: str) -> None:
+    p = cluster.run(["scontrol", "update", f"JobId={jid}", *upd.split()], user=user, check=False)
+    assert p.returncode != 0 and "Access/permission denied" in p.stderr, (upd, p.returncode, p.stderr)
+
+
+def test_owner_cannot_release_a_held_job_with_nice_or_any_field_off_the_allowlist(live_cluster, test_user):
+    """Adversarial review: ``scontrol update Nice=1`` by the owner released a held managed job (22.05 sets
+    the priority to MAX(0 + old nice - new nice, 2)) and it ran at once on the node pinned at submission
+    (-w node4). job_modify now lets the owner change only comment, name, time limit, dependency and mail
+    settings; everything else, cleared values (``ReqNodeList=``) included, is refused."""
+    cluster = live_cluster
+    jid = cluster.sbatch("sleep 1", 4, comment="rlsched:model=MoE", user=test_user)
+    cluster.run(["scontrol", "update", f"JobId={jid}", "ReqNodeList=node4"])  # a pin left by the controller (root)
+    for upd in ("Nice=1", "ReqNodeList=", "ReqNodeList=node2", "ExcNodeList=node1,node2,node3", "ExcNodeList=",
+                "StartTime=now", "EligibleTime=now", "Features=", "OverSubscribe=no", "QOS=normal", "Partition=gpu",
+                "TimeMin=1", "Requeue=0", "NumTasks=2", "Comment=rlsched:model=GNN Nice=1"):
+        _denied(cluster, jid, upd, test_user)
+    log = _ctld_log(cluster)
+    for field in ("nice", "req_nodes", "exc_nodes", "begin_time", "features", "shared", "qos", "partition"):
+        assert f"cannot change {field} of managed job {jid}" in log, field  # refused by job_submit.lua itself
+    # the harmless fields stay open to the owner, and none of them releases the job
+    for upd in ("Comment=rlsched:model=GNN,samples=10", "Name=renamed", "TimeLimit=10", "Dependency=",
+                "MailType=END", "MailUser=nobody@example.org"):
+        p = cluster.run(["scontrol", "update", f"JobId={jid}", upd], user=test_user, check=False)
+        assert p.returncode == 0, (upd, p.stderr)
+    time.sleep(2.5)  # > one Slurm scheduling interval
+    j = cluster.job(jid)
+    assert j.state == "PENDING" and j.held and j.reason == "JobHeldUser", j
+    assert j.required_nodes == ["node4"] and j.comment == "rlsched:model=GNN,samples=10" and j.name == "renamed"
+    assert _show(cluster, jid, "ExcNodeList") == "(null)"
+    # root (the controller) still does what placing needs
+    cluster.run(["scontrol", "update", f"JobId={jid}", "ReqNodeList=node2", "NumNodes=1"])
+    cluster.run(["scontrol", "update", f"JobId={jid}", "StartTime=now"])
+    assert cluster.job(jid).required_nodes == ["node2"]
+    # and a GPU job cannot carry a node list its user chose in the first place
+    for opts, needle in ((["-w", "node4"], "-w/--nodelist"), (["--exclude=node1,node2,node3"], "--exclude")):
+        p = cluster.run(["sbatch", "--gpus=4", *opts, "-o", "/dev/null", "--wrap", "true"], user=test_user, check=False)
+        assert p.returncode != 0 and needle in p.stderr and "the scheduler chooses the nodes" in p.stderr, (opts, p.stderr)
+
+
+def test_owner_cannot_repin_or_start_a_requeued_managed_job(live_cluster, test_user, tmp_path):
+    """Adversarial review: ``scontrol requeue`` of one's own running managed job does not pass job_modify;
+    the job came back pending (not held) with its old priority, and ``ReqNodeList= ExcNodeList=node1,node2,node3``
+    plus ``StartTime=now`` restarted it on node4 with no controller involved. Now every one of those updates
+    is refused (holding the requeued job again is the controller's part)."""
+    cluster = live_cluster
+    jid = cluster.sbatch("sleep 300", 2, comment="rlsched:model=GNN", user=test_user)
+    # placed as the controller does it (root): pin, then release
+    cluster.run(["scontrol", "update", f"JobId={jid}", "ReqNodeList=node1", "NumNodes=1"])
+    cluster.run(["scontrol", "release", str(jid)])
+    cluster.wait(lambda: _state(cluster, jid) == "RUNNING", 20, "the placed job to start")
+    assert cluster.job(jid).nodes == ["node1"]
+    _denied(cluster, jid, "Nice=1", test_user)  # running: guarded as well
+    ctl = _controller(cluster, tmp_path, policy="fifo")
+    assert ctl.round().ok  # a controller that has seen the running job (its first round adopts nothing later)
+    cluster.run(["scontrol", "requeue", str(jid)], user=test_user)
+    cluster.wait(lambda: _state(cluster, jid) == "PENDING", 20, "the requeued job to pend")
+    j = cluster.job(jid)
+    assert not j.held and j.restarts == 1, j  # Slurm keeps its priority: not held
+    for upd in ("ReqNodeList=", "ExcNodeList=node1,node2,node3", "ReqNodeList= ExcNodeList=node1,node2,node3",
+                "StartTime=now", "EligibleTime=now", "Nice=1", "Features=", "NumNodes=1", "TresPerJob=gres:gpu:8",
+                "Partition=gpu"):
+        _denied(cluster, jid, upd, test_user)
+    time.sleep(2.5)
+    j = cluster.job(jid)
+    assert j.state == "PENDING" and j.reason == "BeginTime" and j.required_nodes == ["node1"], j
+    assert _show(cluster, jid, "ExcNodeList") == "(null)"
+    # the controller never released this job (its journal says so): it holds it again at once, before
+    # its BeginTime lets Slurm start it on the old pin, and places it itself
+    rep = ctl.round()
+    assert rep.ok and jid in rep.held_back, rep
+    assert ctl.metrics.value("rlsched_decisions_total", action="rehold") == 1
+    assert jid in dict(rep.placed), rep  # the same round reads the queue again and places it
+    cluster.run(["scancel", str(jid)])
+
+
+def test_exclusive_jobs_and_exclusive_moves_are_refused_in_the_managed_partition(live_cluster, test_user):
+    """Adversarial review: ``sbatch --exclusive -w node2`` without GPUs ran at once with all 8 GPUs of node2
+    (SLURM_GPUS_ON_NODE=8), ``salloc --exclusive`` + ``srun --gres=gpu:8`` likewise, and a managed
+    ``--gpus=4 --exclusive`` job got 8. --exclusive (=user, =mcs too) is refused in the managed partition; a
+    job there cannot become exclusive later, nor can one from another partition move in."""
+    cluster = live_cluster
+    for cmd in (["sbatch", "--exclusive", "-w", "node2", "-o", "/dev/null", "--wrap", "true"],
+                ["sbatch", "--exclusive=user", "-o", "/dev/null", "--wrap", "true"],
+                ["sbatch", "--gpus=4", "--exclusive", "-o", "/dev/null", "--wrap", "true"],
+                ["salloc", "--exclusive", "-w", "node2", "true"]):
+        p = cluster.run(cmd, user=test_user, check=False)
+        assert p.returncode != 0 and "--exclusive is not accepted in this partition" in p.stderr, (cmd, p.stderr)
+    # without --exclusive a CPU allocation has no GPUs, and its steps cannot take any (steps skip job_submit)
+    p = cluster.run(["salloc", "-w", "node2", "srun", "--gres=gpu:8", "true"], user=test_user, check=False, timeout=60)
+    assert p.returncode != 0 and "Invalid generic resource" in p.stderr, p.stderr
+    # a pending CPU job of the managed partition cannot be made exclusive (OverSubscribe=no) afterwards
+    p = cluster.run(["sbatch", "--parsable", "--hold", "-o", "/dev/null", "--wrap", "sleep 30"], user=test_user)
+    cpu_job = int(p.stdout.strip().split(";")[0])
+    _denied(cluster, cpu_job, "OverSubscribe=no", test_user)
+    assert f"change OverSubscribe (--exclusive) of job {cpu_job}" in _ctld_log(cluster)
+    # nor can an exclusive job of another partition move in
+    cluster.run(["scontrol", "create", "PartitionName=other", "Nodes=node4", "Default=NO", "State=UP"])
+    try:
+        p = cluster.run(["sbatch", "--parsable", "-p", "other", "--hold", "--exclusive", "-o", "/dev/null",
+                         "--wrap", "sleep 30"], user=test_user)
+        other = int(p.stdout.strip().split(";")[0])
+        _denied(cluster, other, "Partition=gpu", test_user)
+        assert cluster.job(other).partition == "other"
+        assert f"move job {other} into the managed partition" in _ctld_log(cluster)
         cluster.run(["scancel", str(other)])
     finally:
         cluster.run(["scontrol", "delete", "PartitionName=other"], check=False)
