@@ -22,7 +22,7 @@ import logging
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -171,6 +171,7 @@ def build_state(
     progress: Mapping[str, Mapping] | None = None,
     planned: Mapping[str, Mapping[str, int]] | None = None,
     skip: Mapping[str, str] | None = None,
+    no_preempt: Collection[str] = (),
 ) -> SlurmView:
     """Assemble the ClusterState for one round.
 
@@ -182,6 +183,10 @@ def build_state(
         name, so a change of the node set cannot shift it onto other nodes).
     :param skip: Slurm job id -> why: held jobs kept out of the policy's queue
         this round (the daemon's back-off for jobs Slurm did not start).
+    :param no_preempt: Slurm job ids of running jobs the policy must not choose as victims
+        this round (the daemon's back-off for jobs whose preemption failed). Jobs submitted
+        with ``--no-requeue`` are never victims either: both get
+        :attr:`~policies.state.JobInfo.preemptible` ``False``.
 
     Held jobs that Slurm would not start yet are kept out of the queue too (listed in
     ``SlurmView.waiting``): an unmet ``--dependency`` (:func:`~controller.slurm.dependency_met`;
@@ -281,6 +286,8 @@ def build_state(
             alloc = {n: base + (1 if k < rem else 0) for k, n in enumerate(idx)}
         p = Placement.of(alloc)
         info.placement = p
+        # requeuehold would fail after the checkpoint (the job would just end), or preempting it just failed
+        info.preemptible = j.requeue and str(j.job_id) not in no_preempt
         info.start_time = j.start_time or now
         ran = max(now - info.start_time, 0.0)
         info.attained_service = float(prog.get("attained_service", 0.0)) + j.gpus * ran

@@ -73,7 +73,8 @@ class OrderedPolicy(Policy):
         :meth:`_with_preemption`). GPUs a victim holds on an unusable node
         (:attr:`~policies.state.ClusterState.usable`) are not counted as freed.
     :param min_run: a running job is not preempted before it has run this
-        many seconds since its last start (avoids thrashing).
+        many seconds since its last start (avoids thrashing). Jobs marked
+        :attr:`~policies.state.JobInfo.preemptible` ``False`` are never victims.
     :param preempt_margin: for numeric keys (SRTF), a victim's key must exceed
         the waiting job's by this factor; preempting for a near tie only buys
         a worse placement and a restart.
@@ -117,7 +118,8 @@ class OrderedPolicy(Policy):
                 (
                     (order(j), j)
                     for j in state.running
-                    if (j.start_time is None or state.time - j.start_time >= self.min_run)
+                    if j.preemptible
+                    and (j.start_time is None or state.time - j.start_time >= self.min_run)
                     # a job only on unusable nodes frees nothing a placement may use
                     and (usable is None or any(usable[n] for n in j.placement.nodes))  # type: ignore[union-attr]
                 ),

@@ -58,6 +58,9 @@ class JobInfo:
     :param preemptions: times it has been preempted.
     :param extra: backend-specific fields (Slurm job id, user, ...). Elastic
         and multi-resource demands will live here first.
+    :param preemptible: ``False``: preemptive policies must not choose this running job as
+        a victim (the Slurm controller sets it for ``--no-requeue`` jobs and for jobs whose
+        preemption just failed, e.g. their node agent is down; the simulator never does).
 
     Construction checks the fields policies compute with (:class:`ValueError` naming the job
     and the field): ``gpu_demand`` an integer >= 1 (not a bool, not ``2.5``); ``submit_time``,
@@ -82,6 +85,7 @@ class JobInfo:
     start_time: float | None = None
     preemptions: int = 0
     extra: dict = field(default_factory=dict)
+    preemptible: bool = True
 
     def __post_init__(self) -> None:
         # one expression on the common path (every value finite, demand a plain int);
