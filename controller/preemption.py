@@ -81,12 +81,22 @@ class AgentPreempter:
     :param client_factory: ``(address, node) -> AgentClient``-like object with
         ``job_stats()`` and ``preempt(job_key, slurm_job_id, timeout_s)``; ``node`` is the
         node name its credentials are bound to (the agent refuses those for another node).
+    :param probe_factory: the same for the quick ``health()`` asked before each ``Preempt``
+        (a client with a short deadline); ``None``: no probe.
+
+    :meth:`checkpoint` fails fast for a node whose agent is in the stats back-off
+    (unreachable, not due for a retry yet), and asks a quick ``health()`` before the long
+    ``Preempt``: a stopped (SIGSTOP) or wedged agent costs the probe's deadline, not
+    ``preempt_timeout_s`` + the client timeout, and is put in the back-off.
     """
 
-    def __init__(self, addresses: dict[str, str], client_factory: Callable[[str, str], Any]) -> None:
+    def __init__(self, addresses: dict[str, str], client_factory: Callable[[str, str], Any],
+                 probe_factory: Callable[[str, str], Any] | None = None) -> None:
         self.addresses = dict(addresses)
         self._factory = client_factory
+        self._probe_factory = probe_factory
         self._clients: dict[str, Any] = {}
+        self._probes: dict[str, Any] = {}
         self._keys: dict[str, str] = {}  # slurm job id -> job_key reported by the job
         self.unreachable: set[str] = set()
         self._retry_at: dict[str, float] = {}  # node -> monotonic time of the next stats try
@@ -110,11 +120,7 @@ class AgentPreempter:
         try:
             out = c.job_stats()
         except Exception as exc:  # noqa: BLE001 - any agent failure only loses stats
-            if node not in self.unreachable:
-                log.warning("agent of %s unreachable: %s", node, exc, extra={"event": "agent_unreachable", "node": node})
-            self.unreachable.add(node)
-            k = self._failures[node] = self._failures.get(node, 0) + 1
-            self._retry_at[node] = time.monotonic() + min(60.0, 2.0 ** k)
+            self._mark_unreachable(node, exc)
             return []
         if node in self.unreachable:
             log.info("agent of %s is back", node, extra={"event": "agent_back", "node": node})
@@ -122,6 +128,34 @@ class AgentPreempter:
         self._failures.pop(node, None)
         self._retry_at.pop(node, None)
         return out
+
+    def _mark_unreachable(self, node: str, exc: BaseException) -> None:
+        """Put ``node``'s agent in the back-off: stats skip it and :meth:`checkpoint` fails fast there
+        until the retry time (2 s doubling to 60 s)."""
+        if node not in self.unreachable:
+            log.warning("agent of %s unreachable: %s", node, exc, extra={"event": "agent_unreachable", "node": node})
+        self.unreachable.add(node)
+        k = self._failures[node] = self._failures.get(node, 0) + 1
+        self._retry_at[node] = time.monotonic() + min(60.0, 2.0 ** k)
+
+    def _not_ready(self, node: str) -> str | None:
+        """Why ``node``'s agent is not asked to preempt now (None: ask it): it is in the back-off, or
+        the quick health probe failed (which puts it there)."""
+        wait = self._retry_at.get(node, 0.0) - time.monotonic()
+        if node in self.unreachable and wait > 0:
+            return f"{node}: agent unreachable (retried in {wait:.0f} s)"
+        addr = self.addresses.get(node)
+        if self._probe_factory is None or addr is None:
+            return None
+        p = self._probes.get(node)
+        if p is None:
+            p = self._probes[node] = self._probe_factory(addr, node)
+        try:
+            p.health()
+        except Exception as exc:  # noqa: BLE001 - any failure: do not wait on a Preempt there
+            self._mark_unreachable(node, exc)
+            return f"{node}: health check failed: {exc}"
+        return None
 
     def stats(self, job_nodes: Mapping[str, Sequence[str]] | None = None) -> dict[str, dict[str, Any]]:
         nodes = list(self.addresses)
@@ -167,6 +201,10 @@ class AgentPreempter:
             c = self._client(node)
             if c is None:
                 continue
+            why = self._not_ready(node)
+            if why is not None:
+                last_err = why
+                continue
             try:
                 r = c.preempt(key, sid, timeout_s)
             except Exception as exc:  # noqa: BLE001
@@ -187,12 +225,13 @@ class AgentPreempter:
         return PreemptOutcome(False, reached, message=last_err)
 
     def close(self) -> None:
-        for c in self._clients.values():
+        for c in [*self._clients.values(), *self._probes.values()]:
             try:
                 c.close()
             except Exception:  # noqa: BLE001
                 pass
         self._clients.clear()
+        self._probes.clear()
 
 
 def default_job_key(slurm_job_id: str, comment: str | None) -> str:
@@ -217,8 +256,13 @@ def make_auth(auth_spec: str) -> Any:
         raise ConfigError(f"agents.auth: {exc}") from None
 
 
+#: deadline of the health probe before a Preempt (s; the agents' ``timeout_s`` when shorter)
+PROBE_TIMEOUT_S = 3.0
+
+
 def make_preempter(addresses: dict[str, str], auth_spec: str, timeout_s: float) -> Preempter:
-    """An :class:`AgentPreempter` when the agent package and addresses exist, else :class:`NoAgents`."""
+    """An :class:`AgentPreempter` when the agent package and addresses exist, else :class:`NoAgents`.
+    Its health probes use ``min(timeout_s, PROBE_TIMEOUT_S)``."""
     if not addresses:
         return NoAgents()
     try:
@@ -227,4 +271,6 @@ def make_preempter(addresses: dict[str, str], auth_spec: str, timeout_s: float) 
         log.warning("node agent client not available (%s): running without agents", exc)
         return NoAgents()
     auth = make_auth(auth_spec)
-    return AgentPreempter(addresses, lambda addr, node: AgentClient(addr, auth, timeout=timeout_s, node=node))
+    probe_s = min(timeout_s, PROBE_TIMEOUT_S)
+    return AgentPreempter(addresses, lambda addr, node: AgentClient(addr, auth, timeout=timeout_s, node=node),
+                          probe_factory=lambda addr, node: AgentClient(addr, auth, timeout=probe_s, node=node))
