@@ -10,7 +10,9 @@ Every ``interval_s`` seconds one :meth:`Controller.round`:
    and asks the policy for a :class:`~policies.state.Decision`;
 5. applies it: preemptions first (agent checkpoint -> ``scontrol requeuehold``),
    then placements (``scontrol update ReqNodeList=.. NumNodes=.. TresPer*=..``,
-   ``StartTime=now``, ``scontrol release``).
+   ``StartTime=now``, ``scontrol release``). A preemption that fails drops the
+   rest of the decision; the job is no victim for the policy for a while
+   (30 s doubling to 10 min) and the policy decides again at once without it.
 
 Placement in Slurm: jobs ask for a total (``--gpus=N``, recorded by
 job_submit.lua in the admin comment). The controller pins the node set and
@@ -27,7 +29,9 @@ Crash-only: all state is rebuilt from Slurm each round. The journal
 (``state_dir/journal.json``, written atomically) only remembers what Slurm
 cannot: planned splits of released jobs, preemptions in progress, progress of
 preempted jobs. Losing it loses no job: a released job is never released again
-(it is no longer held), and a held job is simply placed again.
+(it is no longer held), and a held job is simply placed again. A release or
+preemption is recorded before it is made; one the journal cannot record (full
+or unwritable state dir) is not made, while the rest of the round goes on.
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ from policies.cluster import ClusterSpec
 from policies.perf import ContentionModel
 from policies.state import Decision
 
-__all__ = ["Controller", "make_policy", "Journal", "RoundReport"]
+__all__ = ["Controller", "make_policy", "Journal", "RoundReport", "StateDirError", "atomic_write"]
 
 log = logging.getLogger("controller.daemon")
 
@@ -79,14 +83,23 @@ def idle_gc(every: int) -> bool:
 #: longest wait before a job Slurm did not start is placed again (s)
 _MAX_BACKOFF_S = 3600.0
 
+#: first wait (s) before a job whose preemption failed (its agent down, stuck, refusing) is offered to the
+#: policy as a victim again; doubled after each further failure, at most _MAX_PREEMPT_BACKOFF_S
+_PREEMPT_BACKOFF_S = 30.0
+_MAX_PREEMPT_BACKOFF_S = 600.0
+
 #: what Slurm says when the caller may not change a job (not an operator, or job_submit.lua's ADMIN_UIDS)
 _DENIED = "Access/permission denied"
 
 _FINISHED = ("COMPLETED", "FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED")
 
 
-def make_policy(name: str, cluster: ClusterSpec, perf: ContentionModel, checkpoint: str | None = None) -> Policy:
-    """A heuristic (``policies.heuristics``) or an RL policy (``rl-base``, ``rl-hybrid``)."""
+def make_policy(name: str, cluster: ClusterSpec, perf: ContentionModel, checkpoint: str | None = None,
+                min_run_s: float | None = None) -> Policy:
+    """A heuristic (``policies.heuristics``) or an RL policy (``rl-base``, ``rl-hybrid``).
+
+    :param min_run_s: the heuristics' ``min_run`` (``controller.min_run_s``: no job is chosen as
+        a victim before it has run that long); ``None``: the heuristic's own default."""
     if name.strip().lower().startswith("rl"):
         try:
             from policies.rl import make_rl_policy  # type: ignore[import-not-found]
@@ -95,7 +108,10 @@ def make_policy(name: str, cluster: ClusterSpec, perf: ContentionModel, checkpoi
         return make_rl_policy(name, cluster, perf, checkpoint=checkpoint)
     from policies.heuristics import make_heuristic
 
-    return make_heuristic(name, perf)
+    pol = make_heuristic(name, perf)
+    if min_run_s is not None:
+        pol.min_run = float(min_run_s)
+    return pol
 
 
 def user_name(uid: int) -> str:
@@ -127,6 +143,38 @@ def _names(names: list[str], most: int = 8) -> str:
     """``a, b, c`` (the first ``most``, then how many more)."""
     more = f" and {len(names) - most} more" if len(names) > most else ""
     return ", ".join(names[:most]) + more
+
+
+class StateDirError(OSError):
+    """A file in the state dir could not be written (full disk, read-only, a folder in its place);
+    the message names the file (``errno``: the cause's)."""
+
+    def __init__(self, path: Path, cause: OSError) -> None:
+        super().__init__(f"cannot write {path}: {cause.strerror or cause}")
+        self.errno = cause.errno
+
+
+def atomic_write(path: Path, text: str, prefix: str, fsync: bool = False) -> None:
+    """Replace ``path`` by ``text`` atomically (temp file in the same folder, then rename).
+    :class:`StateDirError` naming ``path`` if that fails; the temp file is removed then."""
+    tmp: str | None = None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=prefix)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as exc:
+        raise StateDirError(path, exc) from exc
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
 
 class Journal:
@@ -184,13 +232,13 @@ class Journal:
         return self.data[k]
 
     def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".journal.")
-        with os.fdopen(fd, "w") as f:
-            json.dump(self.data, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        """Write the file atomically and durably; :class:`StateDirError` naming it if that fails
+        (no temp file is left behind)."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StateDirError(self.path, exc) from exc
+        atomic_write(self.path, json.dumps(self.data), ".journal.", fsync=True)
 
 
 @dataclass
@@ -200,7 +248,7 @@ class RoundReport:
     time: float
     ok: bool
     error: str | None = None
-    error_kind: str | None = None  # "slurm" | "policy" | "internal"
+    error_kind: str | None = None  # "slurm" | "policy" | "state_dir" | "internal"
     placed: list[tuple[int, dict[str, int]]] = field(default_factory=list)
     preempted: list[int] = field(default_factory=list)
     held_back: list[int] = field(default_factory=list)
@@ -253,6 +301,18 @@ class Controller:
         self._stats: dict[str, dict[str, Any]] = {}
         self._warned: set[str] = set()
         self._stuck_requests: set[tuple[str, int]] = set()  # (name, inode) of requests it could not remove
+        # job id -> (failed preemptions in a row, clock time before which the policy may not choose it as a
+        # victim). In memory, not in the journal: it only saves futile attempts, and a restart that forgets
+        # it costs one attempt per job, which fails fast (agent back-off, health probe); keeping it out of
+        # the journal also keeps it working when the state dir is not writable
+        self._preempt_failed: dict[str, tuple[int, float]] = {}
+        # a round failed with a Slurm error (slurmctld down?): the next round that reads the queue gives
+        # released jobs their start grace again (Slurm could not start them meanwhile)
+        self._slurm_failed = False
+        self._state_error: str | None = None  # this round's first failed state-dir write (RoundReport.error)
+        self._deferred: set[str] = set()  # victims _apply left for later (time budget, after a failure)
+        self._preempt_budget_end = 0.0  # clock time after which this round starts no other preemption
+        self._unwritable: dict[str, str] = {}  # state-dir file -> its last write error (logged once until it works)
 
     @property
     def requests_dir(self) -> Path:
@@ -311,7 +371,8 @@ class Controller:
             self.cluster = cluster
             self._check_agent_addresses(cluster)
         assert self.perf is not None
-        self.policy = make_policy(self.policy_name, cluster, self.perf, self.cfg.controller.policy_checkpoint)
+        self.policy = make_policy(self.policy_name, cluster, self.perf, self.cfg.controller.policy_checkpoint,
+                                  min_run_s=self.cfg.controller.min_run_s)
         self.metrics.set_policy(self.policy.name)
         log.info("policy: %s", self.policy.name, extra={"event": "policy", "policy": self.policy.name})
 
@@ -347,7 +408,8 @@ class Controller:
             new = load_config(self.cfg.path) if self.cfg.path else self.cfg
             name = self.cfg.overrides.get("policy", new.controller.policy)
             if self.cluster is not None and self.perf is not None:
-                pol = make_policy(name, self.cluster, self.perf, new.controller.policy_checkpoint)
+                pol = make_policy(name, self.cluster, self.perf, new.controller.policy_checkpoint,
+                                  min_run_s=self.cfg.overrides.get("min_run_s", new.controller.min_run_s))
                 self.policy = pol
                 self.metrics.set_policy(pol.name)
             # keep Slurm/agent wiring and the command line's overrides; policy-related settings take effect
@@ -366,21 +428,29 @@ class Controller:
         t0 = time.perf_counter()
         now = self.clock()
         rep = RoundReport(time=now, ok=True)
+        self._state_error = None
         try:
             if self._reload.is_set():
                 self._do_reload()
             self._round(now, rep)
         except SlurmError as exc:
             rep.ok, rep.error, rep.error_kind = False, str(exc), "slurm"
+            self._slurm_failed = True
             self.metrics.slurm_errors.inc()
             log.error("round failed: %s", exc, extra={"event": "slurm_error"})
             self._slurm_hint(exc)
+        except StateDirError as exc:  # every journal write goes through _save(): not expected
+            self._write_failed("journal", exc)
+            rep.ok, rep.error, rep.error_kind = False, str(exc), "state_dir"
         except PolicyError as exc:
             rep.ok, rep.error, rep.error_kind = False, str(exc), "policy"
             log.error("policy error: %s", exc, extra={"event": "policy_error"})
         except Exception as exc:  # noqa: BLE001 - crash-only: log, keep the daemon alive
             rep.ok, rep.error, rep.error_kind = False, f"{type(exc).__name__}: {exc}", "internal"
             log.exception("round failed unexpectedly", extra={"event": "round_error"})
+        if rep.ok and self._state_error is not None:
+            # the round went on without what needs a journal write (releases, preemptions): say so
+            rep.ok, rep.error, rep.error_kind = False, self._state_error, "state_dir"
         self.rounds += 1
         self.metrics.rounds.labels(outcome="ok" if rep.ok else "error").inc()
         self.metrics.round_time.observe(time.perf_counter() - t0)
@@ -404,6 +474,7 @@ class Controller:
         by_id = {str(j.job_id): j for j in jobs}
         changed = self._finish_preemptions(by_id)
         changed |= self._check_released(now, by_id, rep)
+        self._slurm_failed = False  # the grace of in-flight releases was restarted (_check_released)
         self._adopt_unreleased = False  # adopted once, from the first queue read after the start
         if changed:
             jobs = self.slurm.jobs()
@@ -415,7 +486,32 @@ class Controller:
         for sid in stale:  # Slurm forgot the job (MinJobAge): so can we
             self.journal["progress"].pop(sid)
         if stale:
-            self.journal.save()
+            self._save()
+        for sid in [sid for sid in self._preempt_failed if sid not in job_nodes]:  # ended or requeued
+            del self._preempt_failed[sid]
+        # one preemption may take preempt_timeout_s + the agent client's timeout; once the round has spent
+        # that long on preemptions it starts no other (deferred to the next round, not failed): a round of
+        # several slow victims would otherwise hold up everything else (and status.json) for minutes
+        self._preempt_budget_end = self.clock() + c.preempt_timeout_s + self.cfg.agents.timeout_s
+        self._deferred = set()
+        if not self._decide(now, cluster, nodes, jobs, stats, rep, last=False):
+            return
+        # a preemption failed: the policy had counted that victim's GPUs as freed, so its decision was
+        # dropped (the rest of its preemptions too: they may have served the same placement). Decide again
+        # at once, without that victim (_preempt_failed), from a fresh read of Slurm (this round's
+        # preemptions included), so other held jobs get the free GPUs in this round
+        log.info("a preemption failed: deciding again without that victim", extra={"event": "replan"})
+        jobs = self.slurm.jobs()
+        nodes = self.slurm.nodes()
+        self._decide(self.clock(), cluster, nodes, jobs, stats, rep, last=True)
+
+    def _decide(self, now: float, cluster: ClusterSpec, nodes: list, jobs: list[SlurmJob], stats: dict[str, dict],
+                rep: RoundReport, last: bool) -> bool:
+        """Build the state, ask the policy, apply its decision and operator requests (:meth:`_apply`).
+        True when a preemption failed and the decision was dropped (the caller decides again; never
+        when ``last``)."""
+        c = self.cfg.controller
+        assert self.perf is not None and self.policy is not None
         progress: dict[str, dict[str, Any]] = {}
         for sid, p in self.journal["progress"].items():
             progress[sid] = dict(p)
@@ -424,10 +520,12 @@ class Controller:
         plans = {sid: r.get("plan_by_name") or {} for sid, r in self.journal["released"].items()}
         skip = {sid: f"not started after {b['n']} release(s): not placed again before {time.ctime(b['until'])}"
                 for sid, b in self.journal["backoff"].items() if now < float(b.get("until", 0))}
+        no_preempt = {sid for sid, (_, until) in self._preempt_failed.items() if now < until}
         view = build_state(
             now, cluster, nodes, jobs, self.perf,
             partition=self.cfg.slurm.partition, default_model=c.default_model,
             default_runtime_s=c.default_runtime_s, progress=progress, planned=plans, skip=skip,
+            no_preempt=no_preempt,
         )
         for w in view.warnings:  # each distinct warning once, not every round
             if w not in self._warned:
@@ -448,15 +546,17 @@ class Controller:
         forced, taken = self._admin_requests(view)
         victims = self._cs_victims(view, stats, now)
         if not st.pending and not victims and not forced:
-            return
+            return False
         dec = Decision()
-        if st.pending:
-            # only the first max_placements_per_round placements are applied (_apply): let the policy stop there
-            self.policy.place_limit = self.cfg.controller.max_placements_per_round
+        # only the first max_placements_per_round placements are applied (_apply): let the policy stop there
+        limit = c.max_placements_per_round - len(rep.placed)
+        if st.pending and limit > 0:
+            self.policy.place_limit = limit
             t1 = time.perf_counter()
             dec = self.policy.schedule(st)
-            rep.decision_s = time.perf_counter() - t1
-            self.metrics.latency.observe(rep.decision_s)
+            took = time.perf_counter() - t1
+            rep.decision_s += took
+            self.metrics.latency.observe(took)
         for sid in victims + forced:
             if sid not in dec.preempt:
                 dec.preempt.append(sid)
@@ -464,9 +564,11 @@ class Controller:
         if dec:
             log.info("decision: place %s preempt %s", [(j, str(p)) for j, p in dec.place], dec.preempt,
                      extra={"event": "decision", "decision_s": round(rep.decision_s, 6)})
-        self._apply(now, view, dec, rep)
-        for f in taken:  # consumed only once acted on: a round that fails before keeps the request
-            self._remove_request(f)
+        failed = self._apply(now, view, dec, rep, limit, last)
+        for f in taken:  # consumed only once acted on: a round that fails before (or defers it) keeps the request
+            if f.name[len("preempt-"):] not in self._deferred:
+                self._remove_request(f)
+        return failed
 
     # ------------------------------------------------------------------ preemption
     def _admin_requests(self, view: SlurmView) -> tuple[list[str], list[Path]]:
@@ -543,13 +645,17 @@ class Controller:
             return []
         out = []
         for j in view.state.running:
+            if not j.preemptible:  # --no-requeue, or its preemption failed a moment ago
+                continue
             cs = (stats.get(j.job_id) or {}).get("cs")
             if cs and cs > thr and j.start_time is not None and now - j.start_time >= self.cfg.controller.min_run_s:
                 out.append(j.job_id)
         return out
 
-    def _preempt(self, job: SlurmJob, now: float, force: bool = False) -> bool:
-        """Checkpoint (agent) then requeue held. True when the job is back in the queue."""
+    def _preempt(self, job: SlurmJob, now: float, force: bool = False) -> bool | None:
+        """Checkpoint (agent) then requeue held. True when the job is back in the queue, None when the
+        checkpoint failed (the job keeps running; it is no victim for the policy for a while), False
+        when it was not tried or the job finished meanwhile."""
         sid = str(job.job_id)
         c = self.cfg.controller
         if not force and job.start_time is not None and now - job.start_time < c.min_run_s:
@@ -563,33 +669,45 @@ class Controller:
         if c.dry_run:
             log.info("dry run: would preempt job %s", sid, extra={"event": "dry_run", "job": job.job_id})
             return False
-        self.journal["preempting"][sid] = {"t": now, "stage": "asked"}
-        self.journal.save()
+        # intent before action, as for releases: a restart must know the agent may have been asked
+        self.journal["preempting"][sid] = {"t": self.clock(), "stage": "asked"}
+        if not self._save():
+            self.journal["preempting"].pop(sid, None)
+            log.warning("not preempting job %s: the journal cannot record it", sid,
+                        extra={"event": "preempt_skipped", "job": job.job_id})
+            return False
         out = self.preempter.checkpoint(job, c.preempt_timeout_s)
+        t = self.clock()  # a checkpoint may take a while: times below are when it ended
         if not out.ok and not (c.preempt_without_agent and not out.reached_agent):
             self.journal["preempting"].pop(sid, None)
-            self.journal.save()
+            self._save()
             self.metrics.preemptions.labels(outcome="failed").inc()
-            log.warning("preemption of job %s failed, job keeps running: %s", sid, out.message,
-                        extra={"event": "preempt_failed", "job": job.job_id, "agent": out.reached_agent})
-            return False
+            n = self._preempt_failed.get(sid, (0, 0.0))[0] + 1
+            wait = min(_PREEMPT_BACKOFF_S * 2 ** (n - 1), _MAX_PREEMPT_BACKOFF_S)
+            self._preempt_failed[sid] = (n, t + wait)
+            log.warning("preemption of job %s failed, job keeps running (no victim for the policy for %.0f s): %s",
+                        sid, wait, out.message,
+                        extra={"event": "preempt_failed", "job": job.job_id, "agent": out.reached_agent, "times": n})
+            return None
+        self._preempt_failed.pop(sid, None)
         total_steps = (self._stats.get(sid) or {}).get("total_steps")
         if out.ok and total_steps and out.checkpoint_step is not None and out.checkpoint_step >= total_steps:
             # it finished all its steps meanwhile: nothing to resume, do not requeue
             self.journal["preempting"].pop(sid, None)
-            self.journal.save()
+            self._save()
             log.info("job %s finished (step %s of %s) before it could be preempted", sid, out.checkpoint_step, total_steps,
                      extra={"event": "preempt_too_late", "job": job.job_id})
             return False
-        self.journal["preempting"][sid] = {"t": now, "stage": "checkpointed", "step": out.checkpoint_step,
+        self.journal["preempting"][sid] = {"t": t, "stage": "checkpointed", "step": out.checkpoint_step,
                                            "uri": out.checkpoint_uri}
         prog = self.journal["progress"].setdefault(sid, {})
-        prog["attained_service"] = float(prog.get("attained_service", 0.0)) + job.gpus * max(now - (job.start_time or now), 0.0)
+        prog["attained_service"] = float(prog.get("attained_service", 0.0)) + job.gpus * max(t - (job.start_time or t), 0.0)
         if out.checkpoint_step is not None:
             prog["step"] = out.checkpoint_step
             if total_steps:  # lets the next rounds compute its done/remaining work while it waits
                 prog["total_steps"] = total_steps
-        self.journal.save()
+        # not recorded on disk: requeue anyway (the job is checkpointed and stopping; it is in memory)
+        self._save()
         self._requeue(job)
         log.info("preempted job %s (checkpoint step %s %s)", sid, out.checkpoint_step, out.checkpoint_uri,
                  extra={"event": "preempted", "job": job.job_id, "checkpoint_step": out.checkpoint_step})
@@ -607,7 +725,7 @@ class Controller:
                 raise  # retried next round (journal stage "checkpointed")
         self.journal["preempting"].pop(sid, None)
         self.journal["released"].pop(sid, None)
-        self.journal.save()
+        self._save()
         try:
             self.slurm.unplace(job.job_id)
         except SlurmError as exc:  # cosmetic: the next placement overwrites it
@@ -624,7 +742,7 @@ class Controller:
             j = by_id.get(sid) or self.slurm.job(int(sid))
             if j is None or j.state == "CANCELLED" or j.pending:
                 self.journal["preempting"].pop(sid, None)
-                self.journal.save()
+                self._save()
                 continue
             if e.get("stage") != "checkpointed" and j.state in _FINISHED:
                 # asked, but no checkpoint was confirmed and the job has ended on its own (a job the agent
@@ -633,7 +751,7 @@ class Controller:
                 log.info("job %s ended (%s) while its preemption was unconfirmed: not requeued", sid, j.state,
                          extra={"event": "preempt_dropped", "job": j.job_id})
                 self.journal["preempting"].pop(sid, None)
-                self.journal.save()
+                self._save()
                 continue
             if e.get("stage") == "checkpointed":
                 log.info("finishing preemption of job %s (state %s)", sid, j.state, extra={"event": "preempt_resume", "job": j.job_id})
@@ -645,7 +763,7 @@ class Controller:
                     self._slurm_hint(exc)
             else:  # asked, job still running: the answer was lost; the policy may ask again
                 self.journal["preempting"].pop(sid, None)
-                self.journal.save()
+                self._save()
         return changed
 
     # ------------------------------------------------------------------ placement
@@ -655,6 +773,17 @@ class Controller:
         backoff = self.journal["backoff"]
         changed = False
         dirty = False
+        if self._slurm_failed:
+            # the last round(s) could not reach Slurm (slurmctld down?): Slurm could not start released
+            # jobs meanwhile, so their start grace counts from now, not from their release
+            late = [sid for sid, r in rel.items()
+                    if float(r["t"]) < now and sid in by_id and by_id[sid].pending and not by_id[sid].held]
+            for sid in late:
+                rel[sid]["t"] = now
+            if late:
+                dirty = True
+                log.info("Slurm was unreachable: start grace of released job(s) %s restarts now", _names(late),
+                         extra={"event": "grace_restarted"})
         for sid in list(backoff):  # gone, or started at last
             j = by_id.get(sid)
             if j is None or not j.pending:
@@ -727,33 +856,56 @@ class Controller:
                     self._slurm_hint(exc)
             dirty = True
         if dirty:
-            self.journal.save()
+            self._save()
         return changed
 
-    def _apply(self, now: float, view: SlurmView, dec: Decision, rep: RoundReport) -> None:
+    def _apply(self, now: float, view: SlurmView, dec: Decision, rep: RoundReport, limit: int, last: bool) -> bool:
+        """Preemptions, then at most ``limit`` placements. After a failed preemption no other is made
+        (deferred to the next decision); unless ``last``, the placements are dropped too and True is
+        returned (the caller decides again), else those that still fit are made."""
         assert self.cluster is not None
+        c = self.cfg.controller
         free = view.state.free_gpus.astype(int).copy()
         usable = [True] * len(free) if view.state.usable is None else [bool(u) for u in view.state.usable]
         running = {j.job_id: j for j in view.state.running}
-        for jid in dec.preempt:
+        failed = False
+        for k, jid in enumerate(dec.preempt):
             info = running.get(jid)
             sj = view.jobs.get(jid)
             if info is None or sj is None:
                 log.warning("policy asked to preempt %s, which is not a running managed job", jid)
                 continue
+            if failed:
+                self._deferred.add(jid)
+                continue
+            if self.clock() >= self._preempt_budget_end:
+                self._deferred.add(jid)
+                log.warning("preemption of job %s deferred to the next round: this round spent its time on "
+                            "preemptions (preempt_timeout_s + agents.timeout_s)", jid,
+                            extra={"event": "preempt_deferred", "job": sj.job_id})
+                continue
+            self._deferred.discard(jid)  # tried now (it may have been deferred by the first decision)
             try:
-                if self._preempt(sj, now, force=jid in self._forced):
+                done = self._preempt(sj, now, force=jid in self._forced)
+                if done:
                     rep.preempted.append(sj.job_id)
                     assert info.placement is not None
                     for n, g in info.placement.alloc:
                         if usable[n]:  # GPUs on a drained/down node free nothing
                             free[n] += g
+                elif done is None:
+                    # its GPUs were counted as freed; the other victims may have been chosen for the same
+                    # placement: preempting them now could stop them for nothing
+                    failed = True
+                    if not last:
+                        self._deferred.update(dec.preempt[k + 1:])
+                        return True
             except SlurmError as exc:
                 self.metrics.slurm_errors.inc()
                 log.error("preemption of job %s failed: %s", jid, exc, extra={"event": "preempt_failed"})
                 self._slurm_hint(exc)
         pending = {j.job_id for j in view.state.pending}
-        for jid, p in dec.place[: self.cfg.controller.max_placements_per_round]:
+        for jid, p in dec.place[: max(limit, 0)]:
             sj = view.jobs.get(jid)
             if sj is None or jid not in pending:
                 log.warning("policy placed %s, which is not a held job", jid)
@@ -765,7 +917,7 @@ class Controller:
                 continue
             names = [self.cluster.nodes[n].name for n in p.nodes]
             plan_by_name = {self.cluster.nodes[n].name: g for n, g in p.alloc}
-            if self.cfg.controller.dry_run:
+            if c.dry_run:
                 log.info("dry run: would place job %s on %s", jid, plan_by_name, extra={"event": "dry_run"})
                 continue
             releasing = False
@@ -773,9 +925,18 @@ class Controller:
                 counts = {g for _, g in p.alloc}
                 per_node = counts.pop() if len(counts) == 1 and p.num_nodes > 1 else None
                 self.slurm.place(sj.job_id, names, sj.gpus, per_node, sj.tres_style)
-                self.journal["released"][jid] = {"t": now, "plan_by_name": plan_by_name}
-                self.journal.save()
-                settle = int(round(self.cfg.controller.requeue_settle_s)) if sj.restarts > 0 else 0
+                # intent before release: the journal records every release before it is made. That is what
+                # makes restarts safe: a job pending without a hold that the journal does not list was not
+                # released by rlsched and is held again (_check_released), and a crash right after the
+                # release cannot release it twice. So a release the journal cannot record is not made
+                # (the job stays held, placed again once the state dir is writable)
+                self.journal["released"][jid] = {"t": self.clock(), "plan_by_name": plan_by_name}
+                if not self._save():
+                    self.journal["released"].pop(jid, None)
+                    log.warning("not releasing job %s (nor any other this round): the journal cannot record it",
+                                jid, extra={"event": "place_skipped", "job": sj.job_id})
+                    break
+                settle = int(round(c.requeue_settle_s)) if sj.restarts > 0 else 0
                 releasing = True
                 self.slurm.release(sj.job_id, settle)
             except SlurmError as exc:
@@ -790,7 +951,7 @@ class Controller:
                         free[n] -= g
                     continue
                 self.journal["released"].pop(jid, None)
-                self.journal.save()
+                self._save()
                 log.error("placing job %s failed: %s", jid, exc, extra={"event": "place_failed", "job": sj.job_id})
                 self._slurm_hint(exc)
                 continue
@@ -800,6 +961,38 @@ class Controller:
             self.metrics.decisions.labels(action="place").inc()
             self._note("place", sj.job_id, plan_by_name)
             log.info("placed job %s on %s", jid, plan_by_name, extra={"event": "placed", "job": sj.job_id, "plan": plan_by_name})
+        return failed
+
+    # ------------------------------------------------------------------ state dir writes
+    def _save(self) -> bool:
+        """Write the journal; False (logged once, counted, the round's error) when the state dir cannot
+        take it. The journal in memory stays authoritative for this process either way."""
+        try:
+            self.journal.save()
+        except StateDirError as exc:
+            self._write_failed("journal", exc)
+            return False
+        self._write_ok("journal")
+        return True
+
+    def _write_failed(self, what: str, exc: StateDirError) -> None:
+        """Count a failed state-dir write; log it once (event ``state_dir_unwritable``) until that file
+        can be written again, and make it this round's error."""
+        self.metrics.state_dir_errors.inc()
+        msg = str(exc)
+        if what == "journal" and self._state_error is None:
+            self._state_error = f"state dir unwritable: {msg}"
+        if self._unwritable.get(what) != msg:
+            self._unwritable[what] = msg
+            effect = {"journal": "no job is released or preempted until it can be written (the rest of each round goes on)",
+                      "status": "status.json is stale",
+                      "lock": "the state dir is locked, but the lock file does not name this process"}[what]
+            log.error("state dir unwritable: %s: %s", msg, effect,
+                      extra={"event": "state_dir_unwritable", "file": what})
+
+    def _write_ok(self, what: str) -> None:
+        if self._unwritable.pop(what, None) is not None:
+            log.info("state dir: %s written again", what, extra={"event": "state_dir_writable", "file": what})
 
     # ------------------------------------------------------------------ status
     def _note(self, action: str, job_id: int, detail: dict) -> None:
@@ -814,19 +1007,18 @@ class Controller:
             "rounds": self.rounds,
             "interval_s": self.cfg.controller.interval_s,
             "cluster": self.cluster.to_dict() if self.cluster else None,
-            "last_round": {"ok": rep.ok, "error": rep.error, "queue": rep.queue, "running": rep.running,
-                           "placed": rep.placed, "preempted": rep.preempted, "held_back": rep.held_back,
-                           "decision_s": rep.decision_s},
+            "last_round": {"ok": rep.ok, "error": rep.error, "error_kind": rep.error_kind, "queue": rep.queue,
+                           "running": rep.running, "placed": rep.placed, "preempted": rep.preempted,
+                           "held_back": rep.held_back, "decision_s": rep.decision_s},
             "history": self.history[-20:],
             "metrics_port": self.metrics.port,
         }
         try:
-            fd, tmp = tempfile.mkstemp(dir=self.state_dir, prefix=".status.")
-            with os.fdopen(fd, "w") as f:
-                json.dump(doc, f, indent=1)
-            os.replace(tmp, self.state_dir / "status.json")
-        except OSError as exc:
-            log.warning("cannot write status: %s", exc)
+            atomic_write(self.state_dir / "status.json", json.dumps(doc, indent=1), ".status.")
+        except StateDirError as exc:
+            self._write_failed("status", exc)
+        else:
+            self._write_ok("status")
 
     # ------------------------------------------------------------------ loop
     def install_signals(self) -> None:
@@ -839,7 +1031,11 @@ class Controller:
         exits, crash included): a second controller on the same state dir (a manual ``run --once`` beside the
         service) would place and release the same held jobs. :class:`ConfigError` if another one holds it."""
         path = self.state_dir / "controller.lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:  # a folder in its place, a read-only or full state dir
+            raise ConfigError(f"controller.state_dir {self.state_dir}: cannot open its lock file {path}: "
+                              f"{exc.strerror or exc}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -847,9 +1043,18 @@ class Controller:
             os.close(fd)
             raise ConfigError(f"controller.state_dir {self.state_dir}: in use by another running controller "
                               f"(pid {other}); stop it first, or give this one another state_dir") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError as exc:
+            os.close(fd)
+            raise ConfigError(f"controller.state_dir {self.state_dir}: cannot lock {path}: {exc.strerror or exc}") from None
         self._lock_fd = fd
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError as exc:
+            # the lock is what keeps a second controller out, and it is held; the pid only tells
+            # `controller status`/`preempt` which process runs. Go on: rounds need no free space but
+            # for the journal, and say why it is missing
+            self._write_failed("lock", StateDirError(path, exc))
 
     def unlock_state_dir(self) -> None:
         """Release :meth:`lock_state_dir`'s lock (a no-op without one)."""

@@ -17,7 +17,7 @@ __all__ = ["Metrics", "JsonFormatter", "setup_logging"]
 
 
 class Metrics:
-    """Counters: rounds, decisions, preemptions, Slurm errors; gauges: queue, GPUs; latency histogram (s)."""
+    """Counters: rounds, decisions, preemptions, Slurm errors, state-dir write errors; gauges: queue, GPUs; latency histogram (s)."""
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
@@ -25,6 +25,9 @@ class Metrics:
         self.decisions = Counter("rlsched_decisions", "Actions applied", ["action"], registry=r)
         self.preemptions = Counter("rlsched_preemptions", "Preemptions", ["outcome"], registry=r)
         self.slurm_errors = Counter("rlsched_slurm_errors", "Slurm commands that failed or timed out", registry=r)
+        self.state_dir_errors = Counter(
+            "rlsched_state_dir_errors", "Writes to the state dir (journal, status.json, lock pid) that failed", registry=r
+        )
         self.placement_mismatch = Counter(
             "rlsched_placement_mismatch", "Jobs Slurm started with another per-node GPU split than planned", registry=r
         )

@@ -1478,3 +1478,374 @@ def test_damaged_journal_adopts_unheld_jobs_once(tmp_path):
     rep = ctl.round()
     assert rep.held_back == [] and str(a) in ctl.journal["released"]
     assert [c for c in s.calls if c[0] == "release"] == [("release", a)]
+
+
+# --------------------------------------------------------------------------- chaos review (real-cluster findings)
+class PartlyDeadAgents(FakeAgents):
+    """Agents that cannot checkpoint the jobs in ``dead`` (their node's agent is down)."""
+
+    def __init__(self, dead=(), **kw) -> None:
+        super().__init__(**kw)
+        self.dead = set(dead)
+
+    def checkpoint(self, job, timeout_s):
+        if job.job_id in self.dead:
+            self.asked.append(job.job_id)
+            return PreemptOutcome(False, False, message="node1: Preempt: UNAVAILABLE")
+        return super().checkpoint(job, timeout_s)
+
+
+def _blocked_victim_cluster(why: str):
+    """node1: a very long job V (SRTF's victim for a short 16-GPU job J); node2, node3: jobs nearly done
+    (no victims); node4 idle; held: J (16 GPUs, short) and K (8 GPUs, longer than J)."""
+    s = FakeSlurm()
+    v = _running(s, 8, "node1")
+    s.job_list[v].comment = "rlsched:model=MoE,samples=1e12"
+    for node in ("node2", "node3"):
+        s.job_list[_running(s, 8, node)].comment = "rlsched:model=MoE,samples=10"
+    j = s.submit(16, "rlsched:model=MoE,samples=1e5")
+    k = s.submit(8, "rlsched:model=MoE,samples=1e6")
+    if why == "no_requeue":
+        s.job_list[v].requeue = False
+    return s, v, j, k
+
+
+@pytest.mark.parametrize("why", ["agent_down", "no_requeue"])
+def test_a_victim_that_cannot_be_preempted_does_not_block_free_gpus(tmp_path, why):
+    """Chaos finding: SRTF chose V (agent dead) as the victim for J, counted V's GPUs as freed, the preemption
+    failed, J's placement was rejected, and the same decision came back every round while node4 sat idle
+    and K stayed held. Now the failed victim is no victim for the policy for 30 s (doubling, at most 10 min),
+    the round decides again at once without it, and K gets node4 in the same round. A --no-requeue job is
+    never offered to the policy as a victim at all."""
+    s, v, j, k = _blocked_victim_cluster(why)
+    agents = PartlyDeadAgents(dead=[v])
+    t = [2000.0]
+    ctl = _ctl(tmp_path, s, agents, policy="srtf")
+    ctl.clock = lambda: t[0]
+    rep = ctl.round()
+    assert rep.ok, rep.error
+    assert rep.preempted == [] and rep.placed == [(k, {"node4": 8})]
+    assert s.job_list[v].running and s.job_list[j].held
+    assert agents.asked == ([v] if why == "agent_down" else [])
+    s.schedule()
+    for _ in range(5):  # within the back-off: V is not chosen again, nothing is rejected
+        t[0] += 5.0
+        rep = ctl.round()
+        assert rep.ok and rep.preempted == [] and rep.placed == []
+    assert agents.asked == ([v] if why == "agent_down" else [])
+    assert ctl.metrics.value("rlsched_decisions_total", action="rejected") == 0  # its decision was dropped
+    if why == "no_requeue":
+        return
+    t[0] = 2031.0  # 30 s after the failure: tried once more, then left alone for 60 s
+    ctl.round()
+    assert agents.asked == [v, v]
+    t[0] = 2031.0 + 59.0
+    ctl.round()
+    assert agents.asked == [v, v]
+    t[0] = 2031.0 + 61.0
+    ctl.round()
+    assert agents.asked == [v, v, v]
+    assert ctl.metrics.value("rlsched_preemptions_total", outcome="failed") == 3
+
+
+def test_build_state_marks_no_requeue_and_failed_victims_not_preemptible():
+    s = FakeSlurm()
+    a, b, c = _running(s, 8, "node1"), _running(s, 8, "node2"), _running(s, 8, "node3")
+    s.job_list[a].requeue = False
+    nodes, jobs = s.nodes(), s.jobs()
+    cluster = build_cluster(nodes, "gpu", 16.0, 5.0)
+    v = build_state(2000.0, cluster, nodes, jobs, ContentionModel(cluster), partition="gpu", default_model="MoE",
+                    default_runtime_s=60.0, no_preempt={str(b)})
+    assert {r.job_id: r.preemptible for r in v.state.running} == {str(a): False, str(b): False, str(c): True}
+
+
+def test_agent_preempter_fails_fast_for_unreachable_or_stuck_agents():
+    """Chaos finding: a stopped (SIGSTOP) agent held the round for preempt_timeout_s + agents.timeout_s per
+    victim. Now an agent in the stats back-off is not asked at all, and every Preempt is preceded by a
+    quick health probe (short deadline): a failed probe puts the agent in the back-off."""
+    calls: list[tuple[str, str]] = []
+
+    class Client:
+        def __init__(self, addr, node):
+            self.node = node
+
+        def job_stats(self):
+            calls.append(("stats", self.node))
+            if self.node == "node1":
+                raise ConnectionError("UNAVAILABLE")
+            return []
+
+        def preempt(self, key, sid, timeout_s):
+            calls.append(("preempt", self.node))
+            return {"ok": True, "checkpoint_step": 5, "checkpoint_uri": "file:///c", "message": "ok"}
+
+    class Probe:
+        def __init__(self, addr, node):
+            self.node = node
+
+        def health(self):
+            calls.append(("health", self.node))
+            if self.node == "node2":  # stopped: the probe's short deadline passes
+                raise TimeoutError("Health: DEADLINE_EXCEEDED")
+            return {"node": self.node}
+
+    p = AgentPreempter({n: f"h:{i}" for i, n in enumerate(("node1", "node2", "node3"))}, Client, probe_factory=Probe)
+    p.stats()
+    assert p.unreachable == {"node1"}
+
+    def job(i, node):
+        return SlurmJob(i, "j", "u", 0, "RUNNING", "", 1, "gpu", 4, nodes=[node], batch_host=node)
+
+    calls.clear()
+    out = p.checkpoint(job(1, "node1"), 60.0)  # in the back-off: not even probed
+    assert not out.ok and not out.reached_agent and "unreachable" in out.message and calls == []
+    out = p.checkpoint(job(2, "node2"), 60.0)  # probe fails: no Preempt, and the agent is now in the back-off
+    assert not out.ok and not out.reached_agent and "DEADLINE_EXCEEDED" in out.message
+    assert calls == [("health", "node2")] and "node2" in p.unreachable
+    calls.clear()
+    assert not p.checkpoint(job(3, "node2"), 60.0).ok and calls == []  # fails fast now
+    assert p.checkpoint(job(4, "node3"), 60.0).ok and calls == [("health", "node3"), ("preempt", "node3")]
+
+
+def test_make_preempter_probes_with_a_short_deadline(monkeypatch):
+    import controller.preemption as cp
+    nodeagent_client = pytest.importorskip("nodeagent.client")
+
+    made: list[tuple[str, float]] = []
+
+    class Client:
+        def __init__(self, addr, auth, timeout, node):
+            made.append((node, timeout))
+
+    monkeypatch.setattr(nodeagent_client, "AgentClient", Client)
+    monkeypatch.setattr(cp, "make_auth", lambda spec: object())
+    for timeout_s, probe_s in ((10.0, cp.PROBE_TIMEOUT_S), (1.5, 1.5)):
+        made.clear()
+        p = cp.make_preempter({"node1": "h:1"}, "munge", timeout_s)
+        p._client("node1")
+        p._not_ready("node1")
+        assert made == [("node1", timeout_s), ("node1", probe_s)]
+
+
+def test_a_rounds_preemptions_stop_after_one_preemptions_worth_of_time(tmp_path):
+    """One round starts no other preemption once it has spent preempt_timeout_s + agents.timeout_s on them
+    (here 60 + 10 s; each checkpoint takes 40 s): the third victim is deferred, not failed, its operator
+    request is kept, and the next round preempts it."""
+    s = FakeSlurm()
+    ids = [_running(s, 8, f"node{i}") for i in (1, 2, 3)]
+    t = [2000.0]
+
+    class Slow(FakeAgents):
+        def checkpoint(self, job, timeout_s):
+            t[0] += 40.0
+            return super().checkpoint(job, timeout_s)
+
+    agents = Slow()
+    ctl = _ctl(tmp_path, s, agents, preempt_timeout_s=60.0)
+    ctl.clock = lambda: t[0]
+    for jid in ids:
+        _request_preempt(tmp_path, jid)
+    rep = ctl.round()
+    assert rep.ok and rep.preempted == ids[:2] and agents.asked == ids[:2] and s.job_list[ids[2]].running
+    assert ctl.metrics.value("rlsched_preemptions_total", outcome="failed") == 0
+    assert (tmp_path / "state" / "requests" / f"preempt-{ids[2]}").exists()
+    rep = ctl.round()
+    assert rep.preempted == [ids[2]]
+    assert not (tmp_path / "state" / "requests" / f"preempt-{ids[2]}").exists()
+
+
+def test_release_time_is_when_the_release_happened(tmp_path):
+    """Chaos finding: a release made after a slow preemption in the same round was recorded at the round's
+    start, so the job was held back almost at once ("released 26 s ago but not started"). Release and
+    checkpoint times are now taken when they happen."""
+    s = FakeSlurm(nodes=1)
+    v = _running(s, 8, "node1")
+    s.job_list[v].comment = "rlsched:model=MoE,samples=1e12"
+    k = s.submit(8, "rlsched:model=MoE,samples=1e3")
+    t = [2000.0]
+
+    class Slow(FakeAgents):
+        def checkpoint(self, job, timeout_s):
+            t[0] += 26.0
+            return super().checkpoint(job, timeout_s)
+
+    ctl = _ctl(tmp_path, s, Slow(), policy="srtf", start_grace_s=20.0)
+    ctl.clock = lambda: t[0]
+    rep = ctl.round()
+    assert rep.preempted == [v] and [x for x, _ in rep.placed] == [k]
+    assert ctl.journal["released"][str(k)]["t"] == 2026.0
+    # GPU-seconds until the checkpoint, not until the round started
+    assert ctl.journal["progress"][str(v)]["attained_service"] == 8 * (2026.0 - 1000.0)
+    t[0] = 2030.0  # 4 s after its release: not held back
+    assert ctl.round().held_back == []
+    t[0] = 2047.0  # 21 s after it
+    assert ctl.round().held_back == [k]
+
+
+def test_start_grace_restarts_after_slurm_was_unreachable(tmp_path):
+    """Chaos finding: after a 60 s slurmctld outage the first good round held back jobs released just
+    before it ("released 57 s ago but not started"): Slurm could not have started them. After failed
+    rounds, released jobs get their full grace again from the first round that reads the queue."""
+    s = FakeSlurm()
+    a = s.submit(8)
+    t = [1000.0]
+    ctl = _ctl(tmp_path, s, start_grace_s=30.0)
+    ctl.clock = lambda: t[0]
+    assert [x for x, _ in ctl.round().placed] == [a]
+    s.fail = "jobs"  # slurmctld down
+    for t[0] in (1010.0, 1020.0, 1030.0, 1040.0, 1050.0):
+        assert ctl.round().error_kind == "slurm"
+    s.fail = None
+    t[0] = 1057.0
+    rep = ctl.round()
+    assert rep.ok and rep.held_back == [] and ctl.journal["released"][str(a)]["t"] == 1057.0
+    t[0] = 1080.0  # 23 s later, Slurm up all along: still within its grace
+    assert ctl.round().held_back == []
+    t[0] = 1088.0  # 31 s after the first good round: held back
+    assert ctl.round().held_back == [a]
+
+
+def _tmp_files(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir() if p.name.startswith((".journal.", ".status.")))
+
+
+def test_journal_write_errors_name_the_file_and_leave_no_temp_files(tmp_path, monkeypatch):
+    import errno
+
+    from controller.daemon import StateDirError
+
+    d = tmp_path / "state"
+    (d / "journal.json").mkdir(parents=True)  # a folder in its place
+    j = Journal(d / "journal.json")
+    with pytest.raises(StateDirError, match=f"cannot write {d / 'journal.json'}: Is a directory"):
+        j.save()
+    assert _tmp_files(d) == []
+    (d / "journal.json").rmdir()
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("controller.daemon.os.fsync", full)
+    with pytest.raises(StateDirError, match="No space left on device") as exc:
+        j.save()
+    assert exc.value.errno == errno.ENOSPC and str(d / "journal.json") in str(exc.value)
+    assert _tmp_files(d) == [] and not (d / "journal.json").exists()
+
+
+def test_an_unwritable_state_dir_releases_nothing_but_the_round_goes_on(tmp_path, monkeypatch, controller_logs):
+    """Chaos finding: with a full state dir every round failed at journal.save() (a traceback each time),
+    status.json went stale showing no error and temp files piled up. Now: nothing is released or preempted
+    while the journal cannot record it (intent before release), the rest of the round goes on (a job that
+    never started is held back), the error names the file, is logged once as state_dir_unwritable, counted,
+    shown in status.json, and no temp file stays."""
+    import errno
+
+    s = FakeSlurm()
+    x = s.submit(8)
+    t = [1000.0]
+    ctl = _ctl(tmp_path, s, start_grace_s=30.0)
+    ctl.clock = lambda: t[0]
+    assert [j for j, _ in ctl.round().placed] == [x]  # released; Slurm never starts it
+    b = s.submit(8)
+    real_fsync = __import__("os").fsync
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("controller.daemon.os.fsync", full)  # the journal's writes fail; status.json's do not
+    journal = tmp_path / "state" / "journal.json"
+    for t[0] in (1040.0, 1043.0):
+        rep = ctl.round()
+        assert not rep.ok and rep.error_kind == "state_dir" and rep.placed == []
+        assert str(journal) in rep.error and "No space left on device" in rep.error
+        status = json.loads((tmp_path / "state" / "status.json").read_text())
+        assert status["last_round"]["error"] == rep.error and status["last_round"]["error_kind"] == "state_dir"
+    assert ("hold", x) in s.calls  # held back although the journal could not record it
+    assert [c for c in s.calls if c[0] == "release"] == [("release", x)]  # nothing released since
+    assert s.job_list[b].held and s.job_list[x].held
+    assert _tmp_files(tmp_path / "state") == []
+    assert ctl.metrics.value("rlsched_state_dir_errors_total") >= 2
+    events = [r for r in controller_logs.records if getattr(r, "event", "") == "state_dir_unwritable"]
+    assert len(events) == 1 and str(journal) in events[0].getMessage()
+    assert not [r for r in controller_logs.records if getattr(r, "event", "") == "round_error"]
+    monkeypatch.setattr("controller.daemon.os.fsync", real_fsync)  # space again
+    t[0] = 1046.0
+    rep = ctl.round()
+    assert rep.ok and {j for j, _ in rep.placed} == {x, b}
+    assert json.loads(journal.read_text())["released"].keys() == {str(x), str(b)}
+    assert [r for r in controller_logs.records if getattr(r, "event", "") == "state_dir_writable"]
+
+
+def test_status_write_errors_leave_no_temp_files(tmp_path, controller_logs):
+    s = FakeSlurm()
+    s.submit(4)
+    ctl = _ctl(tmp_path, s)
+    (tmp_path / "state" / "status.json").mkdir()
+    assert ctl.round().ok and ctl.round().ok  # the round itself is fine
+    assert _tmp_files(tmp_path / "state") == []
+    assert ctl.metrics.value("rlsched_state_dir_errors_total") == 2
+    events = [r.getMessage() for r in controller_logs.records if getattr(r, "event", "") == "state_dir_unwritable"]
+    assert len(events) == 1 and str(tmp_path / "state" / "status.json") in events[0]
+
+
+def test_a_lock_file_that_is_a_folder_is_named(tmp_path, capsys, controller_logging):
+    """Chaos finding: a controller.lock that is a folder gave a bare "[Errno 21] Is a directory"."""
+    from rlsched.cli import main
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f"[controller]\nstate_dir = {str(tmp_path / 'state')!r}\npolicy = 'greedy'\n[metrics]\nport = 0\n")
+    lock = tmp_path / "state" / "controller.lock"
+    lock.mkdir(parents=True)
+    assert main(["controller", "run", "--config", str(cfg), "--once"]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot open its lock file {lock}: Is a directory" in err and err.count("\n") == 1
+
+
+def test_a_lock_file_that_cannot_name_the_pid_still_locks(tmp_path, monkeypatch, controller_logs):
+    """Chaos finding: starting on a full disk exited with a bare "[Errno 28] No space left on device" (writing
+    the pid into controller.lock). The lock is what matters and it is held: the controller starts and says
+    which file it could not write."""
+    import errno
+
+    ctl = _ctl(tmp_path, FakeSlurm())
+    lock = tmp_path / "state" / "controller.lock"
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("controller.daemon.os.write", full)
+    ctl.lock_state_dir()
+    try:
+        events = [r.getMessage() for r in controller_logs.records if getattr(r, "event", "") == "state_dir_unwritable"]
+        assert len(events) == 1 and f"cannot write {lock}: No space left on device" in events[0]
+        assert ctl.metrics.value("rlsched_state_dir_errors_total") == 1
+    finally:
+        ctl.unlock_state_dir()
+
+
+@pytest.mark.parametrize("min_run_s, preempted", [(0.0, True), (200.0, False)])
+def test_min_run_s_reaches_the_heuristics(tmp_path, min_run_s, preempted):
+    """controller.min_run_s was never passed to the heuristics (OrderedPolicy.min_run stayed 300 s): with
+    min_run_s = 0, SRTF still preempted only jobs that had run 300 s."""
+    s = FakeSlurm(nodes=1)
+    v = _running(s, 8, "node1")  # started at 1000
+    s.job_list[v].comment = "rlsched:model=MoE,samples=1e12"
+    s.submit(8, "rlsched:model=MoE,samples=1e3")
+    ctl = _ctl(tmp_path, s, FakeAgents(), now=1100.0, policy="srtf", min_run_s=min_run_s)
+    rep = ctl.round()
+    assert ctl.policy.min_run == min_run_s
+    assert rep.preempted == ([v] if preempted else [])
+
+
+def test_reload_applies_min_run_s_to_the_policy(tmp_path):
+    cfgfile = tmp_path / "c.toml"
+    cfgfile.write_text(f"[controller]\nstate_dir = {str(tmp_path / 'state')!r}\npolicy = 'srtf'\nmin_run_s = 5\n")
+    s = FakeSlurm()
+    s.submit(4)
+    ctl = Controller(load_config(cfgfile), slurm=s, preempter=NoAgents())
+    ctl.round()
+    assert ctl.policy.min_run == 5.0
+    cfgfile.write_text(cfgfile.read_text().replace("min_run_s = 5", "min_run_s = 42"))
+    ctl.request_reload()
+    ctl.round()
+    assert ctl.policy.min_run == 42.0

@@ -473,6 +473,34 @@ def test_killed_agent_does_not_lose_the_job(live_cluster, tmp_path):
     assert cluster.job(jid).restarts == 0
 
 
+def test_stopped_agent_does_not_hold_up_the_round(live_cluster, tmp_path):
+    """Chaos finding: a stopped (SIGSTOP) agent held each round for preempt_timeout_s + agents.timeout_s per
+    victim. Now the round's stats call finds it unreachable (agents.timeout_s, 5 s here) and the preemption
+    fails fast: no Preempt waits on it; the job keeps running and is no victim for a while."""
+    cluster = live_cluster
+    if not cluster.agents:
+        pytest.skip("no `rlsched agent` command: node agents not available")
+    ctl = _controller(cluster, tmp_path)
+    jid = _train_job(cluster, steps=200, sleep=0.15)
+    cluster.wait(lambda: _state(cluster, jid) == "RUNNING", 30, "job to start", tick=ctl.round)
+    cluster.wait(lambda: _agent_step(ctl, jid) > 0, 60, "progress reports")
+    apid = cluster.pid(f"agent-{cluster.job(jid).nodes[0]}")
+    os.kill(apid, signal.SIGSTOP)
+    try:
+        reqs = Path(ctl.cfg.controller.state_dir) / "requests"
+        reqs.mkdir(parents=True, exist_ok=True)
+        (reqs / f"preempt-{jid}").write_text("")
+        t = time.monotonic()
+        rep = ctl.round()
+        took = time.monotonic() - t
+        assert rep.ok and rep.preempted == [], rep
+        assert took < ctl.cfg.agents.timeout_s + 5.0, took  # was >= preempt_timeout_s (60 s) + 5 s
+        assert ctl.metrics.value("rlsched_preemptions_total", outcome="failed") == 1
+        assert _state(cluster, jid) == "RUNNING"
+    finally:
+        os.kill(apid, signal.SIGCONT)
+
+
 def test_preemption_round_trip_resumes_and_finishes_exactly(live_cluster, tmp_path):
     cluster = live_cluster
     if not cluster.agents:
