@@ -1618,7 +1618,7 @@ def test_make_preempter_probes_with_a_short_deadline(monkeypatch):
             made.append((node, timeout))
 
     monkeypatch.setattr(nodeagent_client, "AgentClient", Client)
-    monkeypatch.setattr(cp, "make_auth", lambda spec: object())
+    monkeypatch.setattr(cp, "make_auth", lambda *spec: object())
     for timeout_s, probe_s in ((10.0, cp.PROBE_TIMEOUT_S), (1.5, 1.5)):
         made.clear()
         p = cp.make_preempter({"node1": "h:1"}, "munge", timeout_s)
