@@ -293,7 +293,7 @@ class Controller:
             if a:
                 addrs[n.name] = a
         try:
-            return make_preempter(addrs, self.cfg.agents.auth, self.cfg.agents.timeout_s)
+            return make_preempter(addrs, self.cfg.agents.auth, self.cfg.agents.timeout_s, self.cfg.slurm.conf)
         except Exception as exc:  # noqa: BLE001 - bad key etc.: run without agents, say why
             log.error("cannot set up agent access (%s): running without agents", exc, extra={"event": "agents_disabled"})
             return NoAgents()
@@ -566,12 +566,14 @@ class Controller:
         self.journal["preempting"][sid] = {"t": now, "stage": "asked"}
         self.journal.save()
         out = self.preempter.checkpoint(job, c.preempt_timeout_s)
-        if not out.ok and not (c.preempt_without_agent and not out.reached_agent):
+        # without an agent, requeue only if allowed and nothing posed as the agent (an unauthenticated reply)
+        if not out.ok and not (c.preempt_without_agent and not out.reached_agent and not out.unverified_reply):
             self.journal["preempting"].pop(sid, None)
             self.journal.save()
             self.metrics.preemptions.labels(outcome="failed").inc()
             log.warning("preemption of job %s failed, job keeps running: %s", sid, out.message,
-                        extra={"event": "preempt_failed", "job": job.job_id, "agent": out.reached_agent})
+                        extra={"event": "preempt_failed", "job": job.job_id, "agent": out.reached_agent,
+                               "unverified_reply": out.unverified_reply})
             return False
         total_steps = (self._stats.get(sid) or {}).get("total_steps")
         if out.ok and total_steps and out.checkpoint_step is not None and out.checkpoint_step >= total_steps:

@@ -14,6 +14,14 @@ checkpoint. When no agent answers, nothing is preempted (unless
 ``preempt_without_agent`` is set, then the job is requeued and restarts from
 whatever checkpoint it has): an agent that is down never loses a job.
 
+Agents' replies are authenticated (``nodeagent.client``: code
+``UNAUTHENTICATED_REPLY`` when a reply is not signed by the node's agent).
+Such a reply is never taken as a checkpoint, nor as stats: whatever answered
+on the agent's port is not the agent. It does not count as reaching an agent
+(``reached_agent``), and it also rules out ``preempt_without_agent``'s requeue
+(``unverified_reply``): something posing as the agent must not be able to
+get a job requeued without its checkpoint.
+
 :class:`AgentPreempter` talks to ``nodeagent.client.AgentClient``;
 :class:`NoAgents` is used when agents are disabled or the agent package is not
 installed.
@@ -31,6 +39,10 @@ from typing import Any, Callable, Protocol
 from controller.config import ConfigError
 from controller.slurm import SlurmJob
 
+#: ``AgentError.code`` (``nodeagent.client.UNAUTHENTICATED_REPLY``) of a reply not signed by the node's agent;
+#: spelt out here so that this module needs no agent package.
+UNAUTHENTICATED_REPLY = "UNAUTHENTICATED_REPLY"
+
 __all__ = ["PreemptOutcome", "Preempter", "NoAgents", "AgentPreempter", "make_auth", "make_preempter"]
 
 log = logging.getLogger(__name__)
@@ -41,8 +53,12 @@ class PreemptOutcome:
     """Result of asking a job to checkpoint and stop.
 
     :param ok: a durable checkpoint exists and the job may be requeued.
-    :param reached_agent: an agent answered (``False``: nobody to ask).
+    :param reached_agent: an agent answered (``False``: nobody to ask). A reply that is not
+        authenticated as the agent's is not an agent's answer.
     :param checkpoint_step: optimizer step of the checkpoint (``None``: none).
+    :param unverified_reply: something answered on an agent's port with a reply that is not
+        authenticated as that node's agent's (an impostor, or an agent older than the controller):
+        the job must not be requeued without a checkpoint either (``preempt_without_agent``).
     """
 
     ok: bool
@@ -50,6 +66,7 @@ class PreemptOutcome:
     checkpoint_step: int | None = None
     checkpoint_uri: str = ""
     message: str = ""
+    unverified_reply: bool = False
 
 
 class Preempter(Protocol):
@@ -92,6 +109,7 @@ class AgentPreempter:
         self._retry_at: dict[str, float] = {}  # node -> monotonic time of the next stats try
         self._failures: dict[str, int] = {}
         self._foreign: set[tuple[str, str]] = set()  # (node, job id) reports already logged as foreign
+        self.unverified: set[str] = set()  # nodes whose last stats reply was not authenticated as their agent's
 
     def _client(self, node: str) -> Any | None:
         addr = self.addresses.get(node)
@@ -110,7 +128,12 @@ class AgentPreempter:
         try:
             out = c.job_stats()
         except Exception as exc:  # noqa: BLE001 - any agent failure only loses stats
-            if node not in self.unreachable:
+            if getattr(exc, "code", "") == UNAUTHENTICATED_REPLY:
+                if node not in self.unverified:
+                    log.error("stats from the agent port of %s ignored: the reply is not from its agent: %s", node, exc,
+                              extra={"event": "agent_reply_unverified", "node": node, "rpc": "JobStats"})
+                self.unverified.add(node)
+            elif node not in self.unreachable:
                 log.warning("agent of %s unreachable: %s", node, exc, extra={"event": "agent_unreachable", "node": node})
             self.unreachable.add(node)
             k = self._failures[node] = self._failures.get(node, 0) + 1
@@ -119,6 +142,7 @@ class AgentPreempter:
         if node in self.unreachable:
             log.info("agent of %s is back", node, extra={"event": "agent_back", "node": node})
         self.unreachable.discard(node)
+        self.unverified.discard(node)
         self._failures.pop(node, None)
         self._retry_at.pop(node, None)
         return out
@@ -162,6 +186,7 @@ class AgentPreempter:
         key = self._keys.get(sid) or default_job_key(sid, job.comment)
         last_err = "no agent for its nodes"
         reached = False
+        unverified: list[str] = []  # errors of replies not authenticated as the node's agent's
         nodes = sorted(job.nodes, key=lambda n: n != job.batch_host)  # the batch host first: rank 0 runs there
         for node in nodes:
             c = self._client(node)
@@ -172,9 +197,15 @@ class AgentPreempter:
             except Exception as exc:  # noqa: BLE001
                 code = getattr(exc, "code", "")
                 last_err = f"{node}: {exc}"
-                if code == "NOT_FOUND":  # the job does not run on that node's agent
+                if code == UNAUTHENTICATED_REPLY:
+                    # whatever it says (ok=True, a checkpoint), it is not the agent: no checkpoint, no agent reached
+                    unverified.append(last_err)
+                    log.error("preemption of job %s: the reply on the agent port of %s is not from its agent, "
+                              "not taken as a checkpoint: %s", sid, node, exc,
+                              extra={"event": "agent_reply_unverified", "node": node, "job": job.job_id,
+                                     "rpc": "Preempt"})
+                elif code == "NOT_FOUND":  # the job does not run on that node's agent
                     reached = True
-                    continue
                 continue
             reached = True
             return PreemptOutcome(
@@ -184,6 +215,8 @@ class AgentPreempter:
                 checkpoint_uri=str(r.get("checkpoint_uri") or ""),
                 message=str(r.get("message") or ""),
             )
+        if unverified:
+            return PreemptOutcome(False, reached, message="; ".join(unverified), unverified_reply=True)
         return PreemptOutcome(False, reached, message=last_err)
 
     def close(self) -> None:
@@ -205,19 +238,23 @@ def default_job_key(slurm_job_id: str, comment: str | None) -> str:
         return f"slurm-{slurm_job_id}"
 
 
-def make_auth(auth_spec: str) -> Any:
+def make_auth(auth_spec: str, slurm_conf: str | None = None) -> Any:
     """The node-agent authenticator of ``[agents] auth`` (``nodeagent.auth.make_authenticator``): the daemon
     signs its agent calls with it, and ``check-config`` builds it the same way. :class:`ConfigError` naming
-    the key for an unknown spec or an unusable key file (missing, readable by others, too short)."""
+    the key for an unknown spec or an unusable key file (missing, readable by others, too short).
+    ``slurm_conf`` (``[slurm] conf``; munge only): where the SlurmUser is read, whose replies count as an
+    agent's like root's (None: ``$SLURM_CONF`` or ``/etc/slurm/slurm.conf``)."""
     from nodeagent.auth import AuthError, make_authenticator
 
+    kw = {"slurm_conf": slurm_conf} if slurm_conf and auth_spec.strip().startswith("munge") else {}
     try:
-        return make_authenticator(auth_spec)
+        return make_authenticator(auth_spec, **kw)
     except (ValueError, AuthError, OSError) as exc:
         raise ConfigError(f"agents.auth: {exc}") from None
 
 
-def make_preempter(addresses: dict[str, str], auth_spec: str, timeout_s: float) -> Preempter:
+def make_preempter(addresses: dict[str, str], auth_spec: str, timeout_s: float,
+                   slurm_conf: str | None = None) -> Preempter:
     """An :class:`AgentPreempter` when the agent package and addresses exist, else :class:`NoAgents`."""
     if not addresses:
         return NoAgents()
@@ -226,5 +263,5 @@ def make_preempter(addresses: dict[str, str], auth_spec: str, timeout_s: float) 
     except ImportError as exc:
         log.warning("node agent client not available (%s): running without agents", exc)
         return NoAgents()
-    auth = make_auth(auth_spec)
+    auth = make_auth(auth_spec, slurm_conf)
     return AgentPreempter(addresses, lambda addr, node: AgentClient(addr, auth, timeout=timeout_s, node=node))
