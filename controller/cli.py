@@ -220,7 +220,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         from controller.preemption import make_auth
 
         try:
-            make_auth(cfg.agents.auth)
+            make_auth(cfg.agents.auth, cfg.slurm.conf)
         except ConfigError as exc:
             raise ConfigError(f"{args.path}: {exc}") from None
     from controller.daemon import make_policy

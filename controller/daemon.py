@@ -353,7 +353,7 @@ class Controller:
             if a:
                 addrs[n.name] = a
         try:
-            return make_preempter(addrs, self.cfg.agents.auth, self.cfg.agents.timeout_s)
+            return make_preempter(addrs, self.cfg.agents.auth, self.cfg.agents.timeout_s, self.cfg.slurm.conf)
         except Exception as exc:  # noqa: BLE001 - bad key etc.: run without agents, say why
             log.error("cannot set up agent access (%s): running without agents", exc, extra={"event": "agents_disabled"})
             return NoAgents()
@@ -678,7 +678,8 @@ class Controller:
             return False
         out = self.preempter.checkpoint(job, c.preempt_timeout_s)
         t = self.clock()  # a checkpoint may take a while: times below are when it ended
-        if not out.ok and not (c.preempt_without_agent and not out.reached_agent):
+        # without an agent, requeue only if allowed and nothing posed as the agent (an unauthenticated reply)
+        if not out.ok and not (c.preempt_without_agent and not out.reached_agent and not out.unverified_reply):
             self.journal["preempting"].pop(sid, None)
             self._save()
             self.metrics.preemptions.labels(outcome="failed").inc()
@@ -687,7 +688,8 @@ class Controller:
             self._preempt_failed[sid] = (n, t + wait)
             log.warning("preemption of job %s failed, job keeps running (no victim for the policy for %.0f s): %s",
                         sid, wait, out.message,
-                        extra={"event": "preempt_failed", "job": job.job_id, "agent": out.reached_agent, "times": n})
+                        extra={"event": "preempt_failed", "job": job.job_id, "agent": out.reached_agent,
+                               "unverified_reply": out.unverified_reply, "times": n})
             return None
         self._preempt_failed.pop(sid, None)
         total_steps = (self._stats.get(sid) or {}).get("total_steps")

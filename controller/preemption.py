@@ -14,6 +14,14 @@ checkpoint. When no agent answers, nothing is preempted (unless
 ``preempt_without_agent`` is set, then the job is requeued and restarts from
 whatever checkpoint it has): an agent that is down never loses a job.
 
+Agents' replies are authenticated (``nodeagent.client``: code
+``UNAUTHENTICATED_REPLY`` when a reply is not signed by the node's agent).
+Such a reply is never taken as a checkpoint, nor as stats: whatever answered
+on the agent's port is not the agent. It does not count as reaching an agent
+(``reached_agent``), and it also rules out ``preempt_without_agent``'s requeue
+(``unverified_reply``): something posing as the agent must not be able to
+get a job requeued without its checkpoint.
+
 :class:`AgentPreempter` talks to ``nodeagent.client.AgentClient``;
 :class:`NoAgents` is used when agents are disabled or the agent package is not
 installed.
@@ -31,6 +39,10 @@ from typing import Any, Callable, Protocol
 from controller.config import ConfigError
 from controller.slurm import SlurmJob
 
+#: ``AgentError.code`` (``nodeagent.client.UNAUTHENTICATED_REPLY``) of a reply not signed by the node's agent;
+#: spelt out here so that this module needs no agent package.
+UNAUTHENTICATED_REPLY = "UNAUTHENTICATED_REPLY"
+
 __all__ = ["PreemptOutcome", "Preempter", "NoAgents", "AgentPreempter", "make_auth", "make_preempter"]
 
 log = logging.getLogger(__name__)
@@ -41,8 +53,12 @@ class PreemptOutcome:
     """Result of asking a job to checkpoint and stop.
 
     :param ok: a durable checkpoint exists and the job may be requeued.
-    :param reached_agent: an agent answered (``False``: nobody to ask).
+    :param reached_agent: an agent answered (``False``: nobody to ask). A reply that is not
+        authenticated as the agent's is not an agent's answer.
     :param checkpoint_step: optimizer step of the checkpoint (``None``: none).
+    :param unverified_reply: something answered on an agent's port with a reply that is not
+        authenticated as that node's agent's (an impostor, or an agent older than the controller):
+        the job must not be requeued without a checkpoint either (``preempt_without_agent``).
     """
 
     ok: bool
@@ -50,6 +66,7 @@ class PreemptOutcome:
     checkpoint_step: int | None = None
     checkpoint_uri: str = ""
     message: str = ""
+    unverified_reply: bool = False
 
 
 class Preempter(Protocol):
@@ -102,6 +119,7 @@ class AgentPreempter:
         self._retry_at: dict[str, float] = {}  # node -> monotonic time of the next stats try
         self._failures: dict[str, int] = {}
         self._foreign: set[tuple[str, str]] = set()  # (node, job id) reports already logged as foreign
+        self.unverified: set[str] = set()  # nodes whose last stats reply was not authenticated as their agent's
 
     def _client(self, node: str) -> Any | None:
         addr = self.addresses.get(node)
@@ -125,6 +143,7 @@ class AgentPreempter:
         if node in self.unreachable:
             log.info("agent of %s is back", node, extra={"event": "agent_back", "node": node})
         self.unreachable.discard(node)
+        self.unverified.discard(node)
         self._failures.pop(node, None)
         self._retry_at.pop(node, None)
         return out
@@ -132,7 +151,12 @@ class AgentPreempter:
     def _mark_unreachable(self, node: str, exc: BaseException) -> None:
         """Put ``node``'s agent in the back-off: stats skip it and :meth:`checkpoint` fails fast there
         until the retry time (2 s doubling to 60 s)."""
-        if node not in self.unreachable:
+        if getattr(exc, "code", "") == UNAUTHENTICATED_REPLY:
+            if node not in self.unverified:
+                log.error("stats from the agent port of %s ignored: the reply is not from its agent: %s", node, exc,
+                          extra={"event": "agent_reply_unverified", "node": node, "rpc": "JobStats"})
+            self.unverified.add(node)
+        elif node not in self.unreachable:
             log.warning("agent of %s unreachable: %s", node, exc, extra={"event": "agent_unreachable", "node": node})
         self.unreachable.add(node)
         k = self._failures[node] = self._failures.get(node, 0) + 1
@@ -141,6 +165,10 @@ class AgentPreempter:
     def _not_ready(self, node: str) -> str | None:
         """Why ``node``'s agent is not asked to preempt now (None: ask it): it is in the back-off, or
         the quick health probe failed (which puts it there)."""
+        if node in self.unverified:
+            # something not authenticated as the agent answers there: ask it, so that its reply is
+            # classified as unverified (no requeue without a checkpoint), never taken as "no agent"
+            return None
         wait = self._retry_at.get(node, 0.0) - time.monotonic()
         if node in self.unreachable and wait > 0:
             return f"{node}: agent unreachable (retried in {wait:.0f} s)"
@@ -153,6 +181,8 @@ class AgentPreempter:
         try:
             p.health()
         except Exception as exc:  # noqa: BLE001 - any failure: do not wait on a Preempt there
+            if getattr(exc, "code", "") == UNAUTHENTICATED_REPLY:
+                return None  # answered, but not as the agent: the Preempt's reply is classified (above)
             self._mark_unreachable(node, exc)
             return f"{node}: health check failed: {exc}"
         return None
@@ -196,6 +226,7 @@ class AgentPreempter:
         key = self._keys.get(sid) or default_job_key(sid, job.comment)
         last_err = "no agent for its nodes"
         reached = False
+        unverified: list[str] = []  # errors of replies not authenticated as the node's agent's
         nodes = sorted(job.nodes, key=lambda n: n != job.batch_host)  # the batch host first: rank 0 runs there
         for node in nodes:
             c = self._client(node)
@@ -210,9 +241,15 @@ class AgentPreempter:
             except Exception as exc:  # noqa: BLE001
                 code = getattr(exc, "code", "")
                 last_err = f"{node}: {exc}"
-                if code == "NOT_FOUND":  # the job does not run on that node's agent
+                if code == UNAUTHENTICATED_REPLY:
+                    # whatever it says (ok=True, a checkpoint), it is not the agent: no checkpoint, no agent reached
+                    unverified.append(last_err)
+                    log.error("preemption of job %s: the reply on the agent port of %s is not from its agent, "
+                              "not taken as a checkpoint: %s", sid, node, exc,
+                              extra={"event": "agent_reply_unverified", "node": node, "job": job.job_id,
+                                     "rpc": "Preempt"})
+                elif code == "NOT_FOUND":  # the job does not run on that node's agent
                     reached = True
-                    continue
                 continue
             reached = True
             return PreemptOutcome(
@@ -222,6 +259,8 @@ class AgentPreempter:
                 checkpoint_uri=str(r.get("checkpoint_uri") or ""),
                 message=str(r.get("message") or ""),
             )
+        if unverified:
+            return PreemptOutcome(False, reached, message="; ".join(unverified), unverified_reply=True)
         return PreemptOutcome(False, reached, message=last_err)
 
     def close(self) -> None:
@@ -244,14 +283,17 @@ def default_job_key(slurm_job_id: str, comment: str | None) -> str:
         return f"slurm-{slurm_job_id}"
 
 
-def make_auth(auth_spec: str) -> Any:
+def make_auth(auth_spec: str, slurm_conf: str | None = None) -> Any:
     """The node-agent authenticator of ``[agents] auth`` (``nodeagent.auth.make_authenticator``): the daemon
     signs its agent calls with it, and ``check-config`` builds it the same way. :class:`ConfigError` naming
-    the key for an unknown spec or an unusable key file (missing, readable by others, too short)."""
+    the key for an unknown spec or an unusable key file (missing, readable by others, too short).
+    ``slurm_conf`` (``[slurm] conf``; munge only): where the SlurmUser is read, whose replies count as an
+    agent's like root's (None: ``$SLURM_CONF`` or ``/etc/slurm/slurm.conf``)."""
     from nodeagent.auth import AuthError, make_authenticator
 
+    kw = {"slurm_conf": slurm_conf} if slurm_conf and auth_spec.strip().startswith("munge") else {}
     try:
-        return make_authenticator(auth_spec)
+        return make_authenticator(auth_spec, **kw)
     except (ValueError, AuthError, OSError) as exc:
         raise ConfigError(f"agents.auth: {exc}") from None
 
@@ -260,7 +302,8 @@ def make_auth(auth_spec: str) -> Any:
 PROBE_TIMEOUT_S = 3.0
 
 
-def make_preempter(addresses: dict[str, str], auth_spec: str, timeout_s: float) -> Preempter:
+def make_preempter(addresses: dict[str, str], auth_spec: str, timeout_s: float,
+                   slurm_conf: str | None = None) -> Preempter:
     """An :class:`AgentPreempter` when the agent package and addresses exist, else :class:`NoAgents`.
     Its health probes use ``min(timeout_s, PROBE_TIMEOUT_S)``."""
     if not addresses:
@@ -270,7 +313,7 @@ def make_preempter(addresses: dict[str, str], auth_spec: str, timeout_s: float) 
     except ImportError as exc:
         log.warning("node agent client not available (%s): running without agents", exc)
         return NoAgents()
-    auth = make_auth(auth_spec)
+    auth = make_auth(auth_spec, slurm_conf)
     probe_s = min(timeout_s, PROBE_TIMEOUT_S)
     return AgentPreempter(addresses, lambda addr, node: AgentClient(addr, auth, timeout=timeout_s, node=node),
                           probe_factory=lambda addr, node: AgentClient(addr, auth, timeout=probe_s, node=node))

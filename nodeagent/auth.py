@@ -16,6 +16,27 @@ node, or one bound to no node (``a`` empty or missing, e.g. from a client older
 than this check), is refused -- except for ``Health`` (``unbound_ok``), which
 changes nothing and tells a client the agent's node name.
 
+**Replies** are authenticated the same way (the controller's transport is
+plain gRPC, so whatever listens on an agent's port while the agent is down
+could otherwise answer in its name). The agent signs every successful reply
+(:meth:`Authenticator.sign_reply`) and sends the header value in the *trailing*
+metadata :data:`REPLY_AUTH_HEADER`; its payload binds
+
+* the method label ``<full method name>#reply`` (:data:`REPLY_SUFFIX`), so a
+  request token never passes as a reply token and vice versa,
+* the SHA-256 of the response message serialised deterministically,
+* the agent's own node name (never empty),
+* ``r``: the SHA-256 of the request's :data:`AUTH_HEADER` value, which names
+  the request's method, body, node, time and nonce: a reply captured for one
+  call cannot be passed off as the reply to another,
+* a timestamp and a nonce (same skew limit and replay cache as requests).
+
+:class:`~nodeagent.client.AgentClient` checks it with
+:meth:`Authenticator.verify_reply` and additionally requires the signer to be
+an agent (:meth:`Authenticator.is_agent_identity`: root or the SlurmUser, *not*
+the extra ``allowed_uids``, who may call Preempt but are not agents). Error
+statuses are not signed: a client never takes one as success.
+
 Two schemes:
 
 :class:`MungeAuthenticator`
@@ -23,11 +44,14 @@ Two schemes:
     with ``munge -s PAYLOAD``; the verifier decodes it with ``unmunge``, which
     yields the caller's UID/GID as vouched for by the local ``munged`` (all
     nodes share the MUNGE key). Privileged RPCs additionally require the UID to
-    be root, the SlurmUser, or one of the explicitly allowed UIDs.
+    be root, the SlurmUser, or one of the explicitly allowed UIDs; replies
+    require root or the SlurmUser.
 :class:`SharedKeyAuthenticator`
     HMAC-SHA256 with a key file that must be readable by its owner only
     (mode 0600 or stricter). Anyone who can read the key is trusted as the
-    key file's owner UID; meant for tests and hosts without ``munged``.
+    key file's owner UID (for replies too: a reply signed with the key counts
+    as the agent's, since only the key's owner or root can read it, as the
+    client itself did); meant for tests and hosts without ``munged``.
 """
 
 from __future__ import annotations
@@ -52,6 +76,10 @@ from pathlib import Path
 
 #: gRPC metadata key that carries the token (lower case, as gRPC requires).
 AUTH_HEADER = "x-rlsched-auth"
+#: gRPC *trailing* metadata key that carries the agent's token for its reply.
+REPLY_AUTH_HEADER = "x-rlsched-reply-auth"
+#: appended to the method name in a reply token's payload (``m``): request and reply tokens never mix.
+REPLY_SUFFIX = "#reply"
 
 
 class AuthError(Exception):
@@ -82,7 +110,8 @@ def request_digest(request_bytes: bytes) -> str:
 
 
 def _binding_payload(method: str, request_bytes: bytes, ts: float | None = None, nonce: str | None = None,
-                     node: str = "") -> bytes:
+                     node: str = "", reply_to: str | None = None) -> bytes:
+    """The JSON a token covers. ``reply_to`` (replies only): :func:`reply_binding` of the request answered."""
     body = {
         "m": method,
         "h": request_digest(request_bytes),
@@ -90,7 +119,15 @@ def _binding_payload(method: str, request_bytes: bytes, ts: float | None = None,
         "t": round(time.time() if ts is None else ts, 3),
         "n": nonce or secrets.token_hex(12),
     }
+    if reply_to is not None:
+        body["r"] = reply_to
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def reply_binding(request_header: str) -> str:
+    """What a reply token binds of its request: hex SHA-256 of the request's :data:`AUTH_HEADER` value
+    (which covers the request's method, body, node, timestamp and nonce)."""
+    return hashlib.sha256(request_header.encode()).hexdigest()
 
 
 class _NonceCache:
@@ -124,14 +161,22 @@ class Authenticator(ABC):
     (``"<scheme> <token>"``) for the agent of ``node``;
     ``verify(method, request_bytes, header, node=...)`` returns the caller's
     :class:`Identity` or raises :class:`AuthError`. ``is_privileged(identity)``
-    decides who may call Preempt.
+    decides who may call Preempt. Replies: the agent signs with
+    ``sign_reply(method, request_header, response_bytes, node=<its name>)``,
+    the client checks with ``verify_reply(...)`` and ``is_agent_identity``.
+
+    ``allowed_uids``: extra UIDs that may call Preempt. ``agent_uids``: the
+    UIDs whose replies are taken as an agent's: root and (munge) the SlurmUser;
+    the ``allowed_uids`` are never among them unless also listed here.
     """
 
     scheme: str = ""
 
-    def __init__(self, *, max_skew_s: float = 120.0, allowed_uids: set[int] | None = None) -> None:
+    def __init__(self, *, max_skew_s: float = 120.0, allowed_uids: set[int] | None = None,
+                 agent_uids: set[int] | None = None) -> None:
         self.max_skew_s = max_skew_s
         self.allowed_uids: set[int] = {0} | set(allowed_uids or ())
+        self.agent_uids: set[int] = {0} | set(agent_uids or ())
         self._nonces = _NonceCache(max_skew_s)
 
     @abstractmethod
@@ -151,9 +196,36 @@ class Authenticator(ABC):
 
         ``node``: the verifying agent's node name; the token must name it (``None``: no node check,
         for library use only). ``unbound_ok``: also accept a token bound to no node.
+        A reply token (one with ``r``, method ``...#reply``) is never a request token.
         """
+        return self._verify(method, request_bytes, header, node=node, unbound_ok=unbound_ok, reply_to=None)
+
+    def sign_reply(self, method: str, request_header: str, response_bytes: bytes, node: str) -> str:
+        """Header value (for :data:`REPLY_AUTH_HEADER`, trailing metadata) of the reply of the agent of
+        ``node`` to the request that carried ``request_header`` (its :data:`AUTH_HEADER` value) on
+        ``method`` (the full method name); ``response_bytes``: the response serialised deterministically."""
+        if not node:
+            raise AuthError("a reply must be bound to the agent's node name")
+        payload = _binding_payload(method + REPLY_SUFFIX, response_bytes, node=node,
+                                   reply_to=reply_binding(request_header))
+        return f"{self.scheme} {self._make_token(payload)}"
+
+    def verify_reply(self, method: str, request_header: str, response_bytes: bytes, header: str | None, *,
+                     node: str) -> Identity:
+        """The signer of a reply; AuthError unless ``header`` (the reply's :data:`REPLY_AUTH_HEADER`) is a
+        reply token for ``method``, this response, the agent of ``node`` (non-empty) and the request that
+        carried ``request_header``, fresh and not seen before. Whether the signer may speak for an agent is
+        :meth:`is_agent_identity`'s to say."""
+        if not node:
+            raise AuthError("cannot verify a reply without the node name of its agent")
+        return self._verify(method + REPLY_SUFFIX, response_bytes, header, node=node, unbound_ok=False,
+                            reply_to=reply_binding(request_header))
+
+    def _verify(self, method: str, request_bytes: bytes, header: str | None, *, node: str | None,
+                unbound_ok: bool, reply_to: str | None) -> Identity:
+        what = AUTH_HEADER if reply_to is None else f"{REPLY_AUTH_HEADER} (trailing)"
         if not header:
-            raise AuthError(f"missing {AUTH_HEADER} metadata")
+            raise AuthError(f"missing {what} metadata")
         scheme, _, token = header.strip().partition(" ")
         if scheme != self.scheme or not token:
             raise AuthError(f"expected auth scheme {self.scheme!r}, got {scheme!r}")
@@ -162,16 +234,26 @@ class Authenticator(ABC):
             body = json.loads(payload)
             m, h, t, n = body["m"], body["h"], float(body["t"]), str(body["n"])
             a = body.get("a", "")
+            r = body.get("r")
             if not math.isfinite(t):  # NaN would pass the skew check below
                 raise ValueError(f"timestamp {t} is not finite")
             if not isinstance(a, str):
                 raise TypeError(f"node must be a string, not {type(a).__name__}")
+            if r is not None and not isinstance(r, str):
+                raise TypeError(f"request binding must be a string, not {type(r).__name__}")
         except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError) as exc:
             raise AuthError(f"malformed auth payload: {type(exc).__name__}: {exc}") from None
         if m != method:
             raise AuthError(f"token was issued for {m!r}, not {method!r}")
+        if reply_to is None:
+            if r is not None or str(m).endswith(REPLY_SUFFIX):
+                raise AuthError("a reply token is not a request credential")
+        elif r is None:
+            raise AuthError("token is not a reply token (it names no request)")
+        elif not hmac.compare_digest(r, reply_to):
+            raise AuthError("reply token was issued for another request (replayed reply?)")
         if not hmac.compare_digest(str(h), request_digest(request_bytes)):
-            raise AuthError("token does not match the request body")
+            raise AuthError("token does not match the " + ("request" if reply_to is None else "response") + " body")
         if node is not None and a != node and not (unbound_ok and a == ""):
             if a == "":
                 raise AuthError(f"token is not bound to a node (this is node {node!r}; client too old?)")
@@ -184,7 +266,12 @@ class Authenticator(ABC):
         return ident
 
     def is_privileged(self, ident: Identity) -> bool:
+        """May call Preempt (and report on any job): root, the SlurmUser (munge) or an ``allowed_uids`` uid."""
         return ident.uid in self.allowed_uids
+
+    def is_agent_identity(self, ident: Identity) -> bool:
+        """May sign an agent's replies: root or the SlurmUser (munge), never a mere ``allowed_uids`` caller."""
+        return ident.uid in self.agent_uids
 
     def describe(self) -> str:
         return self.scheme
@@ -223,6 +310,9 @@ class SharedKeyAuthenticator(Authenticator):
             raise AuthError(f"shared key {self.key_path} is too short ({len(key)} bytes, need >= 16)")
         self._key = key
         self._owner = Identity(uid=st.st_uid, gid=st.st_gid, scheme=self.scheme)
+        # replies signed with this key come from its owner or root (mode 0600), and this process read the
+        # key itself: its owner is trusted as the agent, as root is (a non-root test or one-user set-up)
+        self.agent_uids.add(st.st_uid)
 
     @staticmethod
     def generate(path: str | os.PathLike[str]) -> Path:
@@ -295,7 +385,7 @@ class MungeAuthenticator(Authenticator):
         self,
         socket: str | None = None,
         *,
-        slurm_conf: str | os.PathLike[str] = "/etc/slurm/slurm.conf",
+        slurm_conf: str | os.PathLike[str] | None = None,
         munge_bin: str = "munge",
         unmunge_bin: str = "unmunge",
         timeout_s: float = 10.0,
@@ -306,9 +396,11 @@ class MungeAuthenticator(Authenticator):
         self.munge_bin = munge_bin
         self.unmunge_bin = unmunge_bin
         self.timeout_s = timeout_s
-        su = slurm_user_uid(slurm_conf)
+        # None: $SLURM_CONF (set in jobs, which verify their agent's replies too) or the default path
+        su = slurm_user_uid(slurm_conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
         if su is not None:
             self.allowed_uids.add(su)
+            self.agent_uids.add(su)
 
     def _sock_args(self) -> list[str]:
         return ["-S", self.socket] if self.socket else []

@@ -21,12 +21,21 @@ credential bound to no node) once and uses the name it answers: fine for a job
 talking to its own node's agent; callers that know the node (the controller)
 should pass it, so that a wrong address cannot redirect their credentials.
 
+Every reply is authenticated (``nodeagent.auth``): the agent signs it in the
+trailing metadata, bound to the method, the response, its node name and this
+call's own request credential; the client accepts it only if that verifies for
+``node`` and the signer is an agent (root or the SlurmUser: ``is_agent_identity``).
+Otherwise the call raises :class:`AgentError` with code
+:data:`UNAUTHENTICATED_REPLY`: whatever answered on the agent's port (the agent
+being down) is not that node's agent, or the agent is older than this client.
+
 Units: throughput in samples/s, times in seconds. Every call raises
 :class:`AgentError` (with ``.code``, the gRPC status name such as
 ``"NOT_FOUND"``, ``"UNAUTHENTICATED"``, ``"PERMISSION_DENIED"``,
-``"INVALID_ARGUMENT"``, ``"UNAVAILABLE"``, ``"DEADLINE_EXCEEDED"``) when the
-RPC fails. ``preempt`` returns ``ok=False`` (no exception) when the agent ran
-the protocol but no durable checkpoint appeared in time.
+``"INVALID_ARGUMENT"``, ``"UNAVAILABLE"``, ``"DEADLINE_EXCEEDED"``, or
+``"UNAUTHENTICATED_REPLY"``) when the RPC fails. ``preempt`` returns
+``ok=False`` (no exception) when the agent ran the protocol but no durable
+checkpoint appeared in time.
 """
 
 from __future__ import annotations
@@ -37,11 +46,13 @@ from typing import Any
 
 import grpc
 
-from nodeagent.auth import AUTH_HEADER, Authenticator
+from nodeagent.auth import AUTH_HEADER, REPLY_AUTH_HEADER, Authenticator, AuthError
 from proto import rlsched_agent_pb2 as pb
 from proto import rlsched_agent_pb2_grpc as pb_grpc
 
 SERVICE = "/rlsched.agent.v1.NodeAgent/"
+#: :attr:`AgentError.code` of a reply that is missing its credential or whose credential does not verify.
+UNAUTHENTICATED_REPLY = "UNAUTHENTICATED_REPLY"
 
 
 class AgentError(RuntimeError):
@@ -114,13 +125,33 @@ class AgentClient:
         node = (self.node or "") if name == "Health" else self._target_node()
         header = self.auth.sign(method, request.SerializeToString(deterministic=True), node=node)
         try:
-            return getattr(self._stub, name)(
+            response, call = getattr(self._stub, name).with_call(
                 request, timeout=self.timeout if timeout is None else timeout, metadata=((AUTH_HEADER, header),)
             )
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             details = exc.details() if hasattr(exc, "details") else str(exc)
             raise AgentError(name, code.name if code else "UNKNOWN", details or "") from None
+        # Health without a known node: the reply must be signed for the node it names (it is bound to it)
+        self._check_reply(name, method, header, response, call, node or getattr(response, "node", ""))
+        return response
+
+    def _check_reply(self, name: str, method: str, header: str, response: Any, call: Any, node: str) -> None:
+        """Raise AgentError(UNAUTHENTICATED_REPLY) unless the reply is signed by ``node``'s agent for this call."""
+        tokens = [v for k, v in call.trailing_metadata() or () if k == REPLY_AUTH_HEADER]
+        token = tokens[0] if len(tokens) == 1 and isinstance(tokens[0], str) else None  # exactly one, or none
+        try:
+            ident = self.auth.verify_reply(method, header, response.SerializeToString(deterministic=True), token,
+                                           node=node)
+        except AuthError as exc:
+            why = str(exc)
+        else:
+            if self.auth.is_agent_identity(ident):
+                return
+            why = f"signed by uid {ident.uid}, which is neither root nor the SlurmUser"
+        raise AgentError(name, UNAUTHENTICATED_REPLY,
+                         f"the reply from {self.address} is not from the agent of node {node or '?'} (or that agent "
+                         f"is older than this client and does not sign its replies): {why}")
 
     def close(self) -> None:
         self._channel.close()

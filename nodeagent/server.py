@@ -40,7 +40,7 @@ from typing import Any, Callable
 
 import grpc
 
-from nodeagent.auth import AUTH_HEADER, Authenticator, AuthError, Identity
+from nodeagent.auth import AUTH_HEADER, REPLY_AUTH_HEADER, Authenticator, AuthError, Identity
 from nodeagent.slurmjob import LookupLimited, SlurmJobInfo, SlurmJobs, SlurmUnavailable
 from nodeagent.store import CheckpointInfo, CheckpointStore, validate_job_key
 from proto import rlsched_agent_pb2 as pb
@@ -49,7 +49,7 @@ from proto import rlsched_agent_pb2_grpc as pb_grpc
 log = logging.getLogger("nodeagent")
 
 SERVICE = "/rlsched.agent.v1.NodeAgent/"
-VERSION = "2"  # 2: credentials are bound to the agent's node name (nodeagent.auth)
+VERSION = "3"  # 2: credentials are bound to the agent's node name; 3: replies are signed (nodeagent.auth)
 _STATES = ("running", "preempted", "finished")
 _SLURM_ID_RE = re.compile(r"[A-Za-z0-9_]{1,64}")
 _DEFAULT_KEY_RE = re.compile(r"slurm-([0-9]+(?:_[0-9]+)?)")  # job_key_for's default: slurm-<SLURM_JOB_ID>
@@ -461,9 +461,25 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
             raise _RpcAbort(grpc.StatusCode.PERMISSION_DENIED, f"uid {ident.uid} may not call {name}")
         return ident
 
+    def _sign_reply(self, name: str, response: Any, context: grpc.ServicerContext) -> None:
+        """Put the reply's credential in the trailing metadata (:data:`REPLY_AUTH_HEADER`): bound to the
+        method, the response, this node and the request's own credential (nodeagent.auth). Only replies
+        to authenticated requests get here (every handler authorises first)."""
+        header = dict(context.invocation_metadata() or ()).get(AUTH_HEADER) or ""
+        try:
+            token = self.auth.sign_reply(SERVICE + name, header, response.SerializeToString(deterministic=True),
+                                         node=self.node)
+        except AuthError as exc:  # e.g. munged unreachable: an unsigned reply would be refused anyway
+            emit("reply_sign_failed", logging.ERROR, method=name, reason=str(exc))
+            raise _RpcAbort(grpc.StatusCode.UNAVAILABLE,
+                            f"agent of node {self.node} cannot sign its reply: {exc}") from None
+        context.set_trailing_metadata(((REPLY_AUTH_HEADER, token),))
+
     def _run(self, name: str, request: Any, context: grpc.ServicerContext, fn: Callable[[], Any]) -> Any:
         try:
-            return fn()
+            response = fn()
+            self._sign_reply(name, response, context)
+            return response
         except _RpcAbort as exc:
             context.abort(exc.code, exc.msg)
         except ValueError as exc:

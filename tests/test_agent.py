@@ -22,10 +22,10 @@ from typing import Iterator
 
 import grpc
 import pytest
-from agent_helpers import ClientFor, serve_agent, uid_agent
+from agent_helpers import NODE, ClientFor, UidAuth, fake_agent, serve_agent, signed_by, uid_agent
 
-from nodeagent.auth import AUTH_HEADER, SharedKeyAuthenticator
-from nodeagent.client import AgentClient, AgentError
+from nodeagent.auth import AUTH_HEADER, REPLY_AUTH_HEADER, AuthError, SharedKeyAuthenticator
+from nodeagent.client import SERVICE, UNAUTHENTICATED_REPLY, AgentClient, AgentError
 from nodeagent.jobhelper import EXIT_PREEMPTED
 from nodeagent.server import JobTracker, NodeAgentServer, proc_start_time
 from nodeagent.slurmjob import SlurmJobInfo, SlurmJobs, SlurmUnavailable
@@ -116,6 +116,112 @@ def test_unauthenticated_and_bad_credentials_refused(agent: NodeAgentServer, cli
     assert client.job_stats()[0]["state"] == "running", "refused preempt must not touch the job"
 
 
+# ------------------------------------------------------------ reply authentication
+
+
+def _raw_call(stub: pbg.NodeAgentStub, auth: SharedKeyAuthenticator, name: str, req: object,
+              node: str = NODE) -> tuple[str, object, list[str]]:
+    """One call with a proper request credential: (its header, the response, the reply tokens in the trailer)."""
+    body = req.SerializeToString(deterministic=True)  # type: ignore[attr-defined]
+    header = auth.sign(SERVICE + name, body, node=node)
+    resp, call = getattr(stub, name).with_call(req, timeout=5, metadata=((AUTH_HEADER, header),))
+    return header, resp, [v for k, v in call.trailing_metadata() if k == REPLY_AUTH_HEADER]
+
+
+def test_replies_are_signed_for_this_request_response_and_node(agent: NodeAgentServer, key: Path) -> None:
+    """Every successful reply carries one credential in its trailing metadata: root's (the key's owner), for
+    that method's reply, that response, node-a and that very request; it is never a request credential."""
+    auth = SharedKeyAuthenticator(key)
+    with grpc.insecure_channel(agent.address) as ch:
+        stub = pbg.NodeAgentStub(ch)
+        for name, req in [("Health", pb.HealthRequest()), ("ReportProgress", _report(pid=0)),
+                          ("JobStats", pb.JobStatsRequest())]:
+            header, resp, (tok,) = _raw_call(stub, auth, name, req)
+            body = resp.SerializeToString(deterministic=True)
+            with pytest.raises(AuthError, match="another request"):
+                auth.verify_reply(SERVICE + name, header + "x", body, tok, node=NODE)
+            with pytest.raises(AuthError, match="issued for node 'node-a', not 'node-b'"):
+                auth.verify_reply(SERVICE + name, header, body, tok, node="node-b")
+            with pytest.raises(AuthError, match="response body"):
+                auth.verify_reply(SERVICE + name, header, body + b"\x08\x01", tok, node=NODE)
+            with pytest.raises(AuthError, match="issued for"):  # a reply token is no request credential
+                auth.verify(SERVICE + name, body, tok, node=NODE)
+            ident = auth.verify_reply(SERVICE + name, header, body, tok, node=NODE)
+            assert ident.uid == key.stat().st_uid and auth.is_agent_identity(ident) == (ident.uid == 0)
+            with pytest.raises(AuthError, match="replayed"):
+                auth.verify_reply(SERVICE + name, header, body, tok, node=NODE)
+        assert _raw_call(stub, auth, "JobStats", pb.JobStatsRequest())[1].jobs[0].job_key == "job-1"
+        # refusals are not signed: an agent signs nothing for a caller it could not authenticate
+        with pytest.raises(grpc.RpcError) as e:
+            stub.JobStats.with_call(pb.JobStatsRequest(), timeout=5, metadata=((AUTH_HEADER, "hmac-sha256 Zm9v.00"),))
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert not [v for k, v in e.value.trailing_metadata() or () if k == REPLY_AUTH_HEADER]
+
+
+def _other_key(tmp_path: Path) -> SharedKeyAuthenticator:
+    return SharedKeyAuthenticator(SharedKeyAuthenticator.generate(tmp_path / "other.key"))
+
+
+@pytest.mark.parametrize("how", ["no trailer", "garbage", "other key", "uid 1001", "request echoed",
+                                 "other node", "two trailers"])
+def test_client_refuses_replies_not_from_the_nodes_agent(key: Path, tmp_path: Path, how: str) -> None:
+    """A plain gRPC server on the agent's port (the agent down) answers everything -- a bogus job key and
+    progress, Preempt ok=True with a checkpoint that does not exist -- but cannot sign as node-a's agent:
+    every call is refused with UNAUTHENTICATED_REPLY, whether its reply carries no credential, garbage, one
+    made with another key, one signed properly by uid 1001 (a user the client even lets call Preempt, i.e.
+    an --allow-uid caller: still not an agent), the request's own credential sent back, one made for
+    another node, or two credentials."""
+    trailer = {
+        "no trailer": None,
+        "garbage": lambda m, h, r: "hmac-sha256 Zm9v.deadbeef",
+        "other key": signed_by(_other_key(tmp_path)),
+        "uid 1001": signed_by(UidAuth(key, 1001)),
+        "request echoed": lambda m, h, r: h,
+        "other node": signed_by(UidAuth(key, 0), node="node-b"),
+        # a genuine credential and another one: which is the agent's? refused, not "the first one wins"
+        "two trailers": lambda m, h, r: (signed_by(UidAuth(key, 0))(m, h, r), "hmac-sha256 Zm9v.deadbeef"),
+    }[how]
+    auth = UidAuth(key, 0)
+    auth.allowed_uids.add(1001)
+    with fake_agent(trailer) as (addr, fake), AgentClient(addr, auth, timeout=5, node=NODE) as c:
+        for call in (c.health, c.job_stats, lambda: c.preempt("bogus-key", "7", timeout_s=5),
+                     lambda: c.report_progress(_report(pid=0))):
+            with pytest.raises(AgentError) as e:
+                call()
+            assert e.value.code == UNAUTHENTICATED_REPLY
+            assert f"reply from {addr} is not from the agent of node node-a" in e.value.details
+        assert fake.calls == ["Health", "JobStats", "Preempt", "ReportProgress"], "it did answer"
+    if how == "uid 1001":
+        assert "signed by uid 1001, which is neither root nor the SlurmUser" in e.value.details
+    # the same fake signing as root (what only the real agent can) is taken: the refusals above are the check's
+    with fake_agent(signed_by(UidAuth(key, 0))) as (addr, fake), AgentClient(addr, auth, timeout=5, node=NODE) as c:
+        assert c.job_stats()[0]["job_key"] == "bogus-key" and c.preempt("bogus-key", "7", timeout_s=5)["ok"]
+
+
+def test_client_learning_the_node_refuses_a_health_reply_signed_for_another(key: Path) -> None:
+    """Without ``node``, the client takes the node name from Health, whose reply must be signed for it."""
+    with fake_agent(signed_by(UidAuth(key, 0), node="node-b")) as (addr, _), \
+            AgentClient(addr, UidAuth(key, 0), timeout=5) as c:
+        with pytest.raises(AgentError) as e:
+            c.job_stats()
+        assert e.value.code == UNAUTHENTICATED_REPLY and "node 'node-b', not 'node-a'" in e.value.details
+        assert c.node is None
+
+
+def test_captured_reply_cannot_answer_another_request(agent: NodeAgentServer, key: Path) -> None:
+    """A genuine reply of node-a's agent (credential and response, captured off the wire), replayed by whatever
+    answers the next call on that port, is refused: it was signed for another request."""
+    with grpc.insecure_channel(agent.address) as ch:
+        _, resp, (tok,) = _raw_call(pbg.NodeAgentStub(ch), SharedKeyAuthenticator(key), "JobStats",
+                                    pb.JobStatsRequest())
+    with fake_agent(lambda m, h, r: tok, replies={"JobStats": resp}) as (addr, fake), \
+            AgentClient(addr, SharedKeyAuthenticator(key), timeout=5, node=NODE) as c:
+        with pytest.raises(AgentError) as e:
+            c.job_stats()
+        assert e.value.code == UNAUTHENTICATED_REPLY and "issued for another request" in e.value.details
+        assert fake.calls == ["JobStats"]
+
+
 def test_unprivileged_key_owner_cannot_preempt(agent: NodeAgentServer, client: AgentClient, tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root to chown the key to nobody")
@@ -124,7 +230,8 @@ def test_unprivileged_key_owner_cannot_preempt(agent: NodeAgentServer, client: A
     os.chown(k, 65534, 65534)
     agent.servicer.auth = SharedKeyAuthenticator(k)  # now every verified caller is uid 65534
     agent.servicer.slurm = SlurmJobs(FakeSlurm({"101": 65534}), require_cgroup=False)  # Slurm job 101 is nobody's
-    with AgentClient(agent.address, SharedKeyAuthenticator(k)) as c:
+    # the agent now signs its replies as uid 65534 too: this client takes that uid's replies as the agent's
+    with AgentClient(agent.address, SharedKeyAuthenticator(k, agent_uids={65534})) as c:
         c.report_progress(_report(pid=0))  # reporting on its own job is allowed
         with pytest.raises(AgentError) as e:
             c.report_progress(_report(job_key="roots-job", pid=0))

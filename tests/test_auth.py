@@ -21,6 +21,7 @@ import pytest
 
 from nodeagent.auth import (
     AUTH_HEADER,
+    REPLY_SUFFIX,
     AuthError,
     Identity,
     MungeAuthenticator,
@@ -28,7 +29,7 @@ from nodeagent.auth import (
     make_authenticator,
     request_digest,
 )
-from nodeagent.client import AgentClient, AgentError
+from nodeagent.client import UNAUTHENTICATED_REPLY, AgentClient, AgentError
 from nodeagent.server import NodeAgentServer
 from nodeagent.slurmjob import SlurmJobInfo, SlurmJobs
 from nodeagent.store import LocalFSStore
@@ -170,6 +171,41 @@ def test_privilege_set(key: Path) -> None:
     a = SharedKeyAuthenticator(key, allowed_uids={1234})
     assert a.is_privileged(Identity(0, 0, "x")) and a.is_privileged(Identity(1234, 0, "x"))
     assert not a.is_privileged(Identity(1000, 1000, "x"))
+    # an extra Preempt caller is not an agent: only root (and the SlurmUser, munge) sign agents' replies
+    assert a.is_agent_identity(Identity(0, 0, "x")) and not a.is_agent_identity(Identity(1234, 0, "x"))
+    assert SharedKeyAuthenticator(key, agent_uids={1234}).is_agent_identity(Identity(1234, 0, "x"))
+
+
+def test_reply_tokens_bind_method_response_node_and_request(key: Path) -> None:
+    a = SharedKeyAuthenticator(key)
+    req = a.sign(M, b"req", node="node1")
+    rep = a.sign_reply(M, req, b"resp", node="node1")
+    for method, request, body, node, why in [
+        ("/rlsched.agent.v1.NodeAgent/Health", req, b"resp", "node1", "issued for"),
+        (M, a.sign(M, b"req", node="node1"), b"resp", "node1", "another request"),  # same call, signed again
+        (M, req, b"resp2", "node1", "response body"),
+        (M, req, b"resp", "node2", "issued for node 'node1', not 'node2'"),
+        (M, req, b"resp", "", "without the node name"),
+    ]:
+        with pytest.raises(AuthError, match=why):
+            a.verify_reply(method, request, body, rep, node=node)
+    with pytest.raises(AuthError, match="missing x-rlsched-reply-auth"):
+        a.verify_reply(M, req, b"resp", None, node="node1")
+    # request and reply tokens never stand in for each other, even with matching bodies
+    with pytest.raises(AuthError, match="issued for"):
+        a.verify(M, b"resp", rep, node="node1")
+    with pytest.raises(AuthError, match="issued for"):
+        a.verify_reply(M, req, b"req", req, node="node1")
+    forged_method = a.sign(M + REPLY_SUFFIX, b"resp", node="node1")  # a request token under the reply label
+    with pytest.raises(AuthError, match="names no request"):
+        a.verify_reply(M, req, b"resp", forged_method, node="node1")
+    with pytest.raises(AuthError, match="not a request credential"):
+        a.verify(M + REPLY_SUFFIX, b"resp", a.sign_reply(M, req, b"resp", node="node1"), node="node1")
+    with pytest.raises(AuthError, match="bound to the agent's node"):
+        a.sign_reply(M, req, b"resp", node="")
+    assert a.verify_reply(M, req, b"resp", rep, node="node1").uid == key.stat().st_uid
+    with pytest.raises(AuthError, match="replayed"):
+        a.verify_reply(M, req, b"resp", rep, node="node1")
 
 
 # -------------------------------------------------------------------- munge
@@ -304,6 +340,40 @@ def test_munge_end_to_end_grpc(munge_socket: str, tmp_path: Path) -> None:
         ch.close()
         root.close()
         nobody.close()
+
+
+def test_munge_replies_end_to_end(munge_socket: str, tmp_path: Path) -> None:
+    """MUNGE agent: its replies (signed by root, its uid) verify for every RPC; an agent -- or whatever listens
+    on its port -- signing as nobody is refused, even by a client that lets nobody call Preempt, unless nobody
+    is the SlurmUser (read from slurm.conf)."""
+    from proto import rlsched_agent_pb2 as pb
+
+    slurm = SlurmJobs(lambda sid: SlurmJobInfo(sid, 0, "RUNNING"), require_cgroup=False)
+    with NodeAgentServer("n1", "127.0.0.1:0", MungeAuthenticator(socket=munge_socket, slurm_conf="/nonexistent"),
+                         LocalFSStore(tmp_path / "s"), slurm=slurm) as srv, \
+            AgentClient(srv.address, MungeAuthenticator(socket=munge_socket, slurm_conf="/nonexistent"),
+                        timeout=10) as c:
+        assert c.health()["node"] == "n1" and c.node is None
+        c.report_progress(pb.ProgressReport(job_key="j", slurm_job_id="1", step=1, total_steps=2,
+                                            checkpoint_step=-1, comm_fraction=-1))
+        assert c.node == "n1" and [s["job_key"] for s in c.job_stats()] == ["j"]
+        with pytest.raises(AgentError) as e:
+            c.preempt("no-such-job", "1", timeout_s=1)
+        assert e.value.code == "NOT_FOUND"
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("SlurmUser=nobody\n")
+    nobody_agent = MungeAuthenticator(socket=munge_socket, munge_bin=_nobody_munge(tmp_path), slurm_conf="/nonexistent")
+    with NodeAgentServer("n1", "127.0.0.1:0", nobody_agent, LocalFSStore(tmp_path / "s2")) as srv:
+        for slurm_conf, allowed, ok in [("/nonexistent", {65534}, False), (str(conf), set(), True)]:
+            auth = MungeAuthenticator(socket=munge_socket, slurm_conf=slurm_conf, allowed_uids=allowed)
+            with AgentClient(srv.address, auth, timeout=10, node="n1") as c:
+                if ok:
+                    assert c.health()["node"] == "n1"
+                    continue
+                with pytest.raises(AgentError) as e:
+                    c.health()
+                assert e.value.code == UNAUTHENTICATED_REPLY
+                assert "signed by uid 65534, which is neither root nor the SlurmUser" in e.value.details
 
 
 def test_munge_token_bound_to_node(munge_socket: str) -> None:

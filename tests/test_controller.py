@@ -842,6 +842,60 @@ def test_agent_preempter_with_unreachable_and_not_found_agents():
     assert asked == ["h:2"]
 
 
+def test_agent_preempter_takes_nothing_from_a_fake_agent(tmp_path, controller_logs):
+    """The agent of node-a is down and a plain gRPC server sits on its port: it reports job 7 under a bogus key
+    with false progress and answers Preempt ok=True with a checkpoint that does not exist. Its replies carry no
+    credential, or one signed by a non-agent uid: the real AgentClient refuses them, so the preempter learns
+    no stats or key, and the preemption is not ok, reached no agent, and is flagged (no requeue either way)."""
+    from agent_helpers import UidAuth, fake_agent, signed_by
+
+    from nodeagent.auth import SharedKeyAuthenticator
+    from nodeagent.client import AgentClient
+
+    key = SharedKeyAuthenticator.generate(tmp_path / "agent.key")
+    job = SlurmJob(7, "j", "u", 0, "RUNNING", "", 1, "gpu", 4, nodes=["node-a"])
+    for trailer in (None, signed_by(UidAuth(key, 1001))):
+        controller_logs.clear()
+        with fake_agent(trailer) as (addr, fake):
+            p = AgentPreempter({"node-a": addr}, lambda a, n: AgentClient(a, UidAuth(key, 0), timeout=5, node=n))
+            assert p.stats({"7": ["node-a"]}) == {} and p.unverified == {"node-a"} and p._keys == {}
+            out = p.checkpoint(job, 5.0)
+            p.close()
+        assert fake.calls == ["JobStats", "Preempt"]
+        assert not out.ok and not out.reached_agent and out.unverified_reply and out.checkpoint_step is None
+        assert "node-a: Preempt: UNAUTHENTICATED_REPLY" in out.message
+        assert "not from the agent of node node-a" in out.message
+        unverified = [r for r in controller_logs.records if getattr(r, "event", None) == "agent_reply_unverified"]
+        assert [(r.levelname, r.rpc) for r in unverified] == [("ERROR", "JobStats"), ("ERROR", "Preempt")]
+    # control: the same fake signing as root (which only the agent can) would have been believed
+    with fake_agent(signed_by(UidAuth(key, 0))) as (addr, _):
+        p = AgentPreempter({"node-a": addr}, lambda a, n: AgentClient(a, UidAuth(key, 0), timeout=5, node=n))
+        assert p.checkpoint(job, 5.0).ok
+        p.close()
+
+
+def test_unverified_agent_reply_never_requeues_the_job(tmp_path):
+    """preempt_without_agent requeues a job whose agent is unreachable; not one where something answered in the
+    agent's name with a reply that is not the agent's (it must not get jobs requeued without a checkpoint)."""
+    class Impostor(FakeAgents):
+        def checkpoint(self, job, timeout_s):
+            self.asked.append(job.job_id)
+            return PreemptOutcome(False, False, message="node1: Preempt: UNAUTHENTICATED_REPLY: ...",
+                                  unverified_reply=True)
+
+    for agents, requeued in [(FakeAgents(reachable=False), True), (Impostor(), False)]:
+        s = FakeSlurm()
+        jid = _running(s, 8, "node1")
+        ctl = _ctl(tmp_path / type(agents).__name__, s, agents, preempt_without_agent=True)
+        _request_preempt(tmp_path / type(agents).__name__, jid)
+        rep = ctl.round()
+        assert agents.asked == [jid] and rep.ok
+        assert ("requeue_hold" in [c[0] for c in s.calls]) == requeued, type(agents).__name__
+        if not requeued:
+            assert rep.preempted == [] and s.job_list[jid].state == "RUNNING"
+            assert ctl.metrics.value("rlsched_preemptions_total", outcome="failed") == 1
+
+
 def test_agent_stats_are_taken_only_from_the_jobs_nodes(monkeypatch):
     """A report of job 7 from the agent of a node Slurm does not run it on (a stale report, or a process
     posing as that node's agent) is ignored, and its job key is not the one preemption uses."""
@@ -1849,3 +1903,35 @@ def test_reload_applies_min_run_s_to_the_policy(tmp_path):
     ctl.request_reload()
     ctl.round()
     assert ctl.policy.min_run == 42.0
+
+
+def test_probe_never_turns_an_unauthenticated_reply_into_no_agent():
+    """Merged with agent protocol 3: an agent port whose Health reply is not authenticated as the agent's is
+    still asked to Preempt, so the outcome is unverified_reply (no requeue without a checkpoint, even with
+    preempt_without_agent), not "no agent reached"; the same after its stats put it in the back-off."""
+    from controller.preemption import UNAUTHENTICATED_REPLY
+
+    class Forged(Exception):
+        code = UNAUTHENTICATED_REPLY
+
+    class Client:
+        def __init__(self, addr, node):
+            pass
+
+        def job_stats(self):
+            raise Forged("JobStats: reply not signed by node1's agent")
+
+        def preempt(self, key, sid, timeout_s):
+            raise Forged("Preempt: reply not signed by node1's agent")
+
+    class Probe(Client):
+        def health(self):
+            raise Forged("Health: reply not signed by node1's agent")
+
+    job = SlurmJob(1, "j", "u", 0, "RUNNING", "", 1, "gpu", 4, nodes=["node1"], batch_host="node1")
+    p = AgentPreempter({"node1": "h:1"}, Client, probe_factory=Probe)
+    out = p.checkpoint(job, 60.0)
+    assert not out.ok and out.unverified_reply and not out.reached_agent
+    p.stats()  # puts node1 in the back-off as unverified
+    out = p.checkpoint(job, 60.0)
+    assert not out.ok and out.unverified_reply
