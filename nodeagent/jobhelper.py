@@ -73,6 +73,7 @@ DEFAULT_AGENT = "127.0.0.1:50051"
 #: Profiler event names of collective communication (gloo:all_reduce, nccl:all_gather, c10d::allreduce_, ...).
 _COMM_RE = re.compile(r"^(gloo|nccl|mpi|ucc|xccl):|^c10d::|^record_param_comms$|^ncclKernel|^ncclDevKernel")
 _STOP_CHECK = "rlsched::stop_check"
+_UNSET = object()
 
 
 def resolve_agent_address(spec: str | None, node: str | None) -> str | None:
@@ -282,6 +283,7 @@ class JobSession:
         self.checkpoint_step = -1
         self.comm_fraction = -1.0
         self.preempted = False
+        self._ctl_group: Any = _UNSET
 
     # ------------------------------------------------------------ creation
     @classmethod
@@ -364,7 +366,9 @@ class JobSession:
                     log.warning("cannot ask the agent for its store URL: %s", exc)
             if url is None:
                 raise RuntimeError("no checkpoint store: set RLSCHED_STORE (or run next to an rlsched agent)")
-            self._store = open_store(url)
+            # owner check for root too (open_store alone checks none for root, as the agent needs): a root
+            # job must not resume a checkpoint another user planted under its job key in a shared store
+            self._store = open_store(url).for_owner(os.geteuid())
         return self._store
 
     # ----------------------------------------------------------- distributed
@@ -401,16 +405,30 @@ class JobSession:
         d = self._dist()
         return d.get_world_size() if d else self._env_rank_world()[1]
 
+    def _ctl(self) -> tuple[Any, Any]:
+        """(torch.distributed, group) for the helper's own small CPU collectives (stop vote, resume step,
+        barriers), or (None, None) when not distributed. ``group`` is None (the default group) if that group
+        handles CPU tensors; else (e.g. ``nccl``: backend config ``cuda:nccl``) a gloo side group, created
+        once, at the first of these collectives -- which every rank reaches in the same order, as
+        ``new_group`` requires."""
+        d = self._dist()
+        if d is None:
+            return None, None
+        if self._ctl_group is _UNSET:
+            cpu = "cpu:" in str(d.get_backend_config())
+            self._ctl_group = None if cpu else d.new_group(backend="gloo")
+        return d, self._ctl_group
+
     def should_stop(self) -> bool:
         """True if any rank got SIGUSR2 (collective: every rank must call it at the same step)."""
-        d = self._dist()
+        d, group = self._ctl()
         if d is None:
             return self._stop.is_set()
         import torch
 
         with torch.profiler.record_function(_STOP_CHECK):
             flag = torch.tensor([1 if self._stop.is_set() else 0], dtype=torch.int32)
-            d.all_reduce(flag, op=d.ReduceOp.MAX)
+            d.all_reduce(flag, op=d.ReduceOp.MAX, group=group)
         return bool(flag.item())
 
     # ------------------------------------------------------------- public
@@ -425,15 +443,70 @@ class JobSession:
                     log.info("removed %d temp file(s) that crashed saves of job %s left", n, self.job_key)
             except Exception as exc:  # housekeeping only; load() below reports a store that cannot be read
                 log.warning("cleaning leftover temp files failed: %s", exc)
-        try:
-            info, blob = self.store.load(self.job_key)
-        except CheckpointNotFound:
-            self.step = 0
-            return 0, None
+        d, group = self._ctl()
+        if d is None or d.get_world_size() == 1:
+            try:
+                info, blob = self.store.load(self.job_key)
+            except CheckpointNotFound:
+                self.step = 0
+                return 0, None
+        else:
+            info, blob = self._agreed_checkpoint(d, group)
+            if info is None:
+                self.step = 0
+                return 0, None
         state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
         self.step = self.checkpoint_step = info.step
         log.info("resumed job %s from step %d (%s)", self.job_key, info.step, info.uri)
         return info.step, state
+
+    def _agreed_checkpoint(self, d: Any, group: Any) -> tuple[CheckpointInfo | None, bytes]:
+        """Rank 0 picks the newest valid checkpoint and broadcasts its step and sha256; every other rank
+        loads exactly that one (its own store view may be stale or differ: resuming at different steps
+        would hang the job at its first collective). Then all ranks vote: if any failed, every rank raises
+        (a clear error, no hang)."""
+        import torch
+
+        err: BaseException | None = None
+        info: CheckpointInfo | None = None
+        blob = b""
+        msg = torch.zeros(33, dtype=torch.int64)  # [step (-1: none, -2: rank 0 failed), sha256 bytes]
+        if self.rank == 0:
+            try:
+                info, blob = self.store.load(self.job_key)
+                msg[0] = info.step
+                msg[1:] = torch.tensor(list(bytes.fromhex(info.sha256)), dtype=torch.int64)
+            except CheckpointNotFound:
+                msg[0] = -1
+            except Exception as exc:  # noqa: BLE001 -- re-raised after the others were told
+                err, msg[0] = exc, -2
+        d.broadcast(msg, src=0, group=group)
+        step = int(msg[0])
+        sha = bytes(int(b) for b in msg[1:]).hex()
+        if self.rank != 0 and step >= 0:
+            try:
+                info, blob = self.store.load(self.job_key, step=step)
+                if info.sha256 != sha:
+                    raise RuntimeError(f"its sha256 is {info.sha256[:12]}..., rank 0's is {sha[:12]}...")
+            except Exception as exc:  # noqa: BLE001 -- reported to every rank, then raised
+                err = RuntimeError(
+                    f"rank {self.rank} cannot load checkpoint step {step} (sha256 {sha[:12]}...) of job "
+                    f"{self.job_key!r} from store {self.store.url}, which rank 0 resumes from: {exc}. "
+                    "Every rank must see the same checkpoint store (a shared file system, not a node-local "
+                    "directory or a stale NFS cache)")
+                err.__cause__ = exc
+        ok = torch.tensor([0 if err is not None else 1], dtype=torch.int32)
+        d.all_reduce(ok, op=d.ReduceOp.MIN, group=group)
+        if err is not None:
+            log.error("%s", err)
+            raise err
+        if step == -2 or not int(ok):
+            raise RuntimeError(
+                f"cannot resume job {self.job_key!r}: "
+                + ("rank 0 could not read the checkpoint store" if step == -2 else
+                   f"another rank could not load checkpoint step {step} that rank 0 chose from {self.store.url}")
+                + " (see that rank's log)")
+        return (info, blob) if step >= 0 else (None, b"")
 
     def save(self, step: int, state: dict) -> CheckpointInfo | None:
         """Checkpoint ``state`` (tensors / plain containers) at ``step``; rank 0 writes, others only record
@@ -544,9 +617,9 @@ class JobSession:
 
     # ------------------------------------------------------------ internals
     def _barrier(self) -> None:
-        d = self._dist()
+        d, group = self._ctl()
         if d is not None:
-            d.barrier()
+            d.barrier(group=group)
 
     def _preempt_exit(self, step: int, state_fn: Callable[[], dict]) -> None:
         t = time.monotonic()

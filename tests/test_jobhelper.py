@@ -473,3 +473,103 @@ def test_preempted_distributed_job_destroys_its_process_group_before_exiting(tmp
                        env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == EXIT_PREEMPTED, p.stdout + p.stderr
     assert "group alive at exit: False" in p.stdout, p.stdout + p.stderr
+
+
+_SIDE_GROUP_RANK = """
+import datetime, sys
+import torch, torch.distributed as dist
+from nodeagent.jobhelper import JobSession
+rank, backend, rdv, store = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4 + int(sys.argv[1])]
+dist.init_process_group(backend, init_method="file://" + rdv, rank=rank, world_size=2,
+                        timeout=datetime.timedelta(seconds=60))
+s = JobSession("side-job", "local", store, None, None, total_steps=10, profile_steps=0, install_signal=False)
+with s:
+    try:
+        start, _ = s.resume()
+    except Exception as e:
+        print(f"resume failed: {e}", flush=True)
+        raise SystemExit(3)
+    print(f"start={start} side_group={s._ctl_group is not None}", flush=True)
+    try:
+        for step in s.steps(start, lambda: {"w": torch.zeros(1)}, samples_per_step=2):
+            if step == start + 2 and rank == 1:
+                s.request_stop()
+    except SystemExit as e:
+        print(f"exit {e.code} checkpoint_step={s.checkpoint_step}", flush=True)
+        raise
+"""
+
+
+def _two_ranks(tmp_path: Path, backend: str, store0: Path, store1: Path, timeout: float = 60) -> list[tuple[int, str]]:
+    import subprocess
+    import sys
+
+    rdv = str(tmp_path / f"rdv-{time.monotonic_ns()}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RLSCHED_", "RANK", "WORLD_SIZE", "MASTER_"))}
+    procs = [subprocess.Popen([sys.executable, "-c", _SIDE_GROUP_RANK, str(r), backend, rdv, str(store0), str(store1)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    res = []
+    for p in procs:
+        try:
+            res.append((p.wait(timeout=timeout), p.communicate()[0]))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            res.append((-9, p.communicate()[0] + "\n<<hung>>"))
+    return res
+
+
+@pytest.mark.slow
+def test_stop_vote_runs_on_a_gloo_side_group_when_the_default_group_has_no_cpu_backend(tmp_path: Path) -> None:
+    """``nccl`` registers a backend for cuda tensors only; the stop flag is a CPU tensor. "cuda:gloo" is the
+    CPU-only stand-in for it: without the side group, the vote raised "No backend type associated with
+    device type cpu" at step 0."""
+    store = tmp_path / "store"
+    res = _two_ranks(tmp_path, "cuda:gloo", store, store)
+    assert [rc for rc, _ in res] == [EXIT_PREEMPTED] * 2, [o[-1500:] for _, o in res]
+    assert all("start=0 side_group=True" in o and "exit 75 checkpoint_step=3" in o for _, o in res), res
+    res = _two_ranks(tmp_path, "gloo", store, store)  # resumes at 3; gloo handles CPU: no side group
+    assert [rc for rc, _ in res] == [EXIT_PREEMPTED] * 2, [o[-1500:] for _, o in res]
+    assert all("start=3 side_group=False" in o and "exit 75 checkpoint_step=6" in o for _, o in res), res
+
+
+@pytest.mark.slow
+def test_ranks_resume_the_step_rank_0_chose_or_all_fail_fast(tmp_path: Path) -> None:
+    """Rank 1's store view lacks the checkpoint rank 0 resumes from (node-local store, stale NFS cache):
+    resuming at different steps would hang the job; instead both ranks fail, naming step and store."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    LocalFSStore(a).save("side-job", 7, _ckpt_bytes({"w": torch.zeros(1)}))
+    LocalFSStore(b).save("side-job", 3, _ckpt_bytes({"w": torch.zeros(1)}))  # older: must not be picked either
+    t = time.monotonic()
+    res = _two_ranks(tmp_path, "gloo", a, b, timeout=90)
+    assert time.monotonic() - t < 60, "no hang"
+    assert [rc for rc, _ in res] == [3, 3], [o[-1500:] for _, o in res]
+    assert "another rank could not load checkpoint step 7" in res[0][1], res[0][1][-1500:]
+    assert "rank 1 cannot load checkpoint step 7" in res[1][1] and str(b) in res[1][1], res[1][1][-1500:]
+    LocalFSStore(b).save("side-job", 7, _ckpt_bytes({"w": torch.zeros(1)}))  # same bytes: same sha256
+    res = _two_ranks(tmp_path, "gloo", a, b)
+    assert all("start=7 " in o for _, o in res), [o[-1500:] for _, o in res]
+
+
+def _ckpt_bytes(state: dict) -> bytes:
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return buf.getvalue()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chown)")
+def test_root_job_does_not_resume_a_checkpoint_another_user_planted(tmp_path: Path) -> None:
+    """In a shared (1777) store another user can create ``slurm-4242/`` before root's job 4242 runs: the
+    helper must not load it (it would be torch.load-ed into root's job), but say whose it is."""
+    from nodeagent.store import StoreNotOwner
+
+    root = tmp_path / "store"
+    LocalFSStore(root, owner_uid=None).save("slurm-4242", 999, _ckpt_bytes({"w": torch.ones(1)}))
+    root.chmod(0o1777)
+    for dirpath, _dirs, files in os.walk(root / "slurm-4242"):
+        for name in [dirpath, *(os.path.join(dirpath, f) for f in files)]:
+            os.chown(name, 54321, 54321)
+    s = JobSession.from_env({"SLURM_JOB_ID": "4242", "RLSCHED_STORE": str(root), "RLSCHED_AGENT": "none",
+                             "RLSCHED_COMMENT": ""}, total_steps=5, install_signal=False)
+    with s, pytest.raises(StoreNotOwner, match="belongs to uid 54321, not to uid 0"):
+        s.resume()
+    assert s.checkpoint_step == -1
