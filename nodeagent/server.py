@@ -149,6 +149,9 @@ class JobRecord:
     slurm_numeric_id: str = ""  # numeric Slurm job id (what job cgroups are named after), "" if unknown
     last_report: float = 0.0
     ended_at: float = 0.0
+    #: step of the latest final "preempted" report (the job helper sends it only once its preemption
+    #: checkpoint at that step is durable on every rank); -1: none since the last Preempt signalled the job
+    preempted_step: int = -1
 
     def active(self) -> bool:
         return self.state in ("running", "preempting")
@@ -273,8 +276,6 @@ class JobTracker:
             rec.last_checkpoint_step = max(rec.last_checkpoint_step, r.checkpoint_step)
             if r.reference_samples_per_s > 0:
                 rec.reference = r.reference_samples_per_s
-            if r.comm_fraction >= 0:
-                rec.comm_fraction = r.comm_fraction
             rec.last_report = now
             if r.pid > 0 and not r.final:
                 rec.pids[r.pid] = r.rank
@@ -295,10 +296,16 @@ class JobTracker:
                 rec.step = r.step if rec.run_new else max(rec.step, r.step)
                 rec.run_new = False
                 self._profile(rec, s)
+                # only the reporter's (lowest local rank's) measurement: ranks measure different fractions,
+                # and taking whichever rank reported last made the value flip between them
+                if r.comm_fraction >= 0:
+                    rec.comm_fraction = r.comm_fraction
             if r.state == "finished" or (r.final and r.state != "preempted"):
                 rec.state, rec.ended_at = "finished", now
             elif r.state == "preempted":
                 rec.state, rec.ended_at = "preempted", now
+                if r.final:
+                    rec.preempted_step = max(rec.preempted_step, r.step)
             elif rec.state in ("exited", "finished", "preempted") and not known:
                 rec.state = "running"  # resumed under the same key (a late report of a known rank is not)
             return rec
@@ -732,6 +739,7 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
             prev_state = rec.state
             if pids:
                 rec.state = "preempting"
+                rec.preempted_step = -1  # only a "preempted" report answering this signal counts
         # what the record goes back to if no checkpoint comes (a concurrent Preempt's state is not a state to keep)
         restore = prev_state if prev_state != "preempting" else "running"
         try:
@@ -756,6 +764,15 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
                 return self._reply(rec, False, good, t0, False,
                                    f"job {request.job_key} on node {self.node} has finished training and its "
                                    "processes are still running: not signalled, not preemptible")
+            if not rec.active() and not live:
+                # the record is of a run that ended; a requeued / restarted run registers its pids only
+                # with its first report, so until then the record cannot tell "ended" from "restarting"
+                unsure = self._restarting(rec)
+                if unsure:
+                    return self._reply(rec, False, good, t0, False,
+                                       f"job {request.job_key} on node {self.node} has not registered with the "
+                                       f"agent yet (restarting?): its last run is {prev_state} but {unsure}; "
+                                       "not signalled, retry once it reports")
             if not rec.active():
                 why = f"job {request.job_key} on node {self.node} is {prev_state}: not signalled"
             elif live:
@@ -776,20 +793,28 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
         deadline = t0 + timeout
         done: CheckpointInfo | None = None
         exited = False
+        # A checkpoint counts only once the job says it was preempted at it: a final "preempted" report
+        # (the job helper sends it after its preemption checkpoint is durable on every rank, then exits
+        # with EXIT_PREEMPTED). Any checkpoint alone could be an older periodic one: the last reported
+        # step lags the real one, so "a checkpoint at >= the reported step" does not prove the
+        # preemption save worked (it may have failed, e.g. ENOSPC, and the processes crashed).
         while time.monotonic() < deadline and context.is_active():
             exited = not any(pid_alive(p) for p in pids)
-            cand = self._latest(rec, verify=False)
-            if (cand is not None and cand.step >= step_at_signal
-                    and (prev is None or (cand.step, cand.created) != (prev.step, prev.created))):
-                if self._verify(rec, cand):
+            with self.tracker.lock:
+                at = rec.preempted_step
+            if at >= 0:
+                cand = self._latest(rec, verify=False)
+                if cand is not None and cand.step >= max(at, step_at_signal) and self._verify(rec, cand):
                     done = cand
                     break
             if exited:
-                # one more look: the checkpoint may have landed just before exit
-                # (an older checkpoint is fine if the job had made no progress past it, e.g. it was
+                # one more look: the report and the checkpoint may have landed just before exit (an older
+                # checkpoint is fine if the job reports it made no progress past it, e.g. it was
                 # preempted right after resuming)
-                cand = self._latest(rec, verify=True)
-                if cand is not None and cand.step >= step_at_signal:
+                with self.tracker.lock:
+                    at = rec.preempted_step
+                cand = self._latest(rec, verify=True) if at >= 0 else None
+                if cand is not None and cand.step >= max(at, step_at_signal):
                     done = cand
                 break
             time.sleep(self.poll_s)
@@ -813,10 +838,42 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
                 rec.state = "exited" if exited else restore
                 if exited:
                     rec.ended_at = self.tracker.clock()
-        why = ("process exited without writing a new checkpoint" if exited
-               else f"timed out after {timeout:.1f}s waiting for a checkpoint at step >= {step_at_signal}")
+            at, last_step = rec.preempted_step, rec.step
         good = self._latest(rec, verify=True)
+        cur = self._latest(rec, verify=False)
+        new_ckpt = cur is not None and (prev is None or (cur.step, cur.created) != (prev.step, prev.created))
+        facts = (f"latest verified checkpoint: {'step ' + str(good.step) if good else 'none'}; "
+                 f"last reported step: {last_step}; step when signalled: {step_at_signal}")
+        if exited and at < 0:
+            why = ("process exited without writing a new checkpoint" if not new_ckpt
+                   else "process exited without reporting that it was preempted at a durable checkpoint")
+            why += (" (no final 'preempted' report, so not the job helper's preemption exit "
+                    "(status 75): it crashed or was killed; its exit status is not visible to the agent); "
+                    + facts)
+        elif exited:
+            why = (f"process reported preemption at step {at} and exited, but no verified checkpoint at step "
+                   f">= {max(at, step_at_signal)} is in the store; " + facts)
+        else:
+            why = (f"timed out after {timeout:.1f}s waiting for a checkpoint at step >= {step_at_signal} "
+                   "confirmed by a final 'preempted' report; " + facts)
         return self._reply(rec, False, good, t0, exited, why)
+
+    def _restarting(self, rec: JobRecord) -> str:
+        """Why ``rec``'s Slurm job may have a new run on this node that has not reported yet ("" if it
+        cannot: Slurm says the job ended, is not running, or does not know it)."""
+        if not rec.slurm_job_id.replace("_", "").isdigit():
+            return ""  # not a Slurm job ("local"): nothing to ask
+        try:
+            info = self.slurm.job(rec.slurm_job_id, fresh=True)
+        except SlurmUnavailable as exc:
+            return f"Slurm cannot say whether slurm job {rec.slurm_job_id} runs again ({exc})"
+        if info is None or info.gone:
+            return ""
+        state = info.state.split()[0].upper() if info.state else ""
+        if state in ("RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STOPPED", "RESIZING", "SIGNALING",
+                     "STAGE_OUT", ""):
+            return f"slurm job {rec.slurm_job_id} is {info.state or 'in an unknown state'}"
+        return ""  # PENDING, REQUEUED, ...: no run on this node now; the checkpoint is what it resumes from
 
     def _job_store(self, rec: JobRecord) -> CheckpointStore:
         """The store as ``rec``'s job may use it: only its owner's directory and files count (a directory
