@@ -508,11 +508,14 @@ class JobSession:
                 + " (see that rank's log)")
         return (info, blob) if step >= 0 else (None, b"")
 
-    def save(self, step: int, state: dict) -> CheckpointInfo | None:
+    def save(self, step: int, state: dict, *, prune: bool = True) -> CheckpointInfo | None:
         """Checkpoint ``state`` (tensors / plain containers) at ``step``; rank 0 writes, others only record
         the step (all ranks call it together, so all decide alike whether to call ``state_fn`` again).
 
-        Older checkpoints beyond the newest ``keep_checkpoints`` valid ones are deleted (0: keep all).
+        Older checkpoints beyond the newest ``keep_checkpoints`` valid ones are deleted (0: keep all),
+        unless ``prune`` is False: the preemption save leaves that to the resumed run's first save, as
+        pruning reads back and hashes the checkpoints it keeps, time the preempted job would spend
+        before it exits.
         """
         import torch
 
@@ -525,7 +528,7 @@ class JobSession:
         torch.save(state, buf)
         info = self.store.save(self.job_key, int(step), buf.getvalue())
         self.checkpoint_step = info.step
-        if self.keep_checkpoints:
+        if self.keep_checkpoints and prune:
             try:
                 self.store.prune(self.job_key, keep=self.keep_checkpoints)
             except Exception as exc:  # garbage collection must never fail a save
@@ -623,7 +626,7 @@ class JobSession:
 
     def _preempt_exit(self, step: int, state_fn: Callable[[], dict]) -> None:
         t = time.monotonic()
-        info = self.save(step, state_fn()) if self.checkpoint_step != step else None
+        info = self.save(step, state_fn(), prune=False) if self.checkpoint_step != step else None
         self._barrier()  # every rank waits until rank 0's checkpoint is durable
         self.checkpoint_step = step
         self.preempted = True

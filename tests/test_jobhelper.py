@@ -573,3 +573,18 @@ def test_root_job_does_not_resume_a_checkpoint_another_user_planted(tmp_path: Pa
     with s, pytest.raises(StoreNotOwner, match="belongs to uid 54321, not to uid 0"):
         s.resume()
     assert s.checkpoint_step == -1
+
+
+def test_the_preemption_save_leaves_pruning_to_the_resumed_run(tmp_path: Path) -> None:
+    """Pruning reads back the checkpoints it keeps: the preemption save skips it (the job exits sooner),
+    so three checkpoints stay until the resumed run's first save prunes to two again."""
+    with pytest.raises(SystemExit), _session(tmp_path, ckpt_every=3) as s:
+        for step in s.steps(0, state_fn=lambda: _state(s.step), samples_per_step=1):
+            if step == 7:
+                s.request_stop()
+    st = LocalFSStore(tmp_path / "store")
+    assert [i.step for i in st.list("job-h")] == [3, 6, 8]
+    with _session(tmp_path, ckpt_every=3, total_steps=10) as s2:
+        start, _ = s2.resume()
+        list(s2.steps(start, state_fn=lambda: _state(s2.step), samples_per_step=1))
+    assert [i.step for i in st.list("job-h")][-2:] == [9, 10] and len(st.list("job-h")) == 2
