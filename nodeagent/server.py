@@ -853,6 +853,9 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
         elif exited:
             why = (f"process reported preemption at step {at} and exited, but no verified checkpoint at step "
                    f">= {max(at, step_at_signal)} is in the store; " + facts)
+        elif not context.is_active():  # the caller went away (its deadline, a killed controller)
+            why = (f"the caller disconnected after {time.monotonic() - t0:.1f}s, before a checkpoint at step >= "
+                   f"{step_at_signal} was confirmed (the job was signalled and may still checkpoint); " + facts)
         else:
             why = (f"timed out after {timeout:.1f}s waiting for a checkpoint at step >= {step_at_signal} "
                    "confirmed by a final 'preempted' report; " + facts)

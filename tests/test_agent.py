@@ -1292,3 +1292,37 @@ def test_one_user_cannot_flood_the_agent_with_job_keys(users: tuple) -> None:
         assert len(srv.tracker.jobs) == 7
     finally:
         _stop(p33, p65534)
+
+
+def test_preempt_abandoned_by_its_caller_says_so(agent: NodeAgentServer, client: AgentClient, key: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A caller that goes away mid-Preempt (its deadline, a killed controller) ends the agent's wait; the
+    agent logs that the caller disconnected, not that it timed out after the full timeout."""
+    import subprocess
+    import sys
+
+    import nodeagent.server as srv_mod
+
+    events: list[dict] = []
+    monkeypatch.setattr(srv_mod, "emit", lambda event, level=0, **f: events.append({"event": event, **f}))
+    job = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                            "signal.signal(signal.SIGUSR2, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"],
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        assert job.stdout is not None and job.stdout.readline() == "ready\n"  # ignores the agent's signal
+        client.report_progress(_report(pid=job.pid))
+        auth = SharedKeyAuthenticator(key)
+        req = pb.PreemptRequest(job_key="job-1", slurm_job_id="101", timeout_s=30)
+        header = auth.sign(SERVICE + "Preempt", req.SerializeToString(deterministic=True), node=NODE)
+        with grpc.insecure_channel(agent.address) as ch, pytest.raises(grpc.RpcError) as e:
+            pbg.NodeAgentStub(ch).Preempt(req, timeout=1.5, metadata=((AUTH_HEADER, header),))  # gives up at 1.5 s
+        assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        deadline = time.monotonic() + 10
+        while not any(x["event"] == "preempt_done" for x in events) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        done = [x for x in events if x["event"] == "preempt_done"]
+        assert done and not done[0]["ok"] and done[0]["message"].startswith("the caller disconnected after ")
+        assert done[0]["wait_s"] < 10
+    finally:
+        job.kill()
+        job.wait()
