@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ckpt_helpers import write_random_checkpoint
 
 from policies.cluster import ClusterSpec
 from trainer.evaluate import BEGIN, END, mean_ci, run_evaluation
@@ -203,22 +204,7 @@ def test_stale_figures_of_an_earlier_run_are_removed_and_others_kept(tmp_path):
 
 def _checkpoint(path, kind="seed", w1=0.4, seed=0):
     """A small valid 2x4 checkpoint with random weights and the given reward."""
-    from policies.checkpoint import save_checkpoint
-    from policies.encoding import ObsSpec
-
-    spec = ObsSpec.for_cluster(C)
-    rng = np.random.default_rng(seed)
-    n_in = int(np.prod(spec.shape))
-    t = {
-        "h.weight": rng.normal(size=(8, n_in)).astype(np.float32) * 0.05,
-        "h.bias": np.zeros(8, np.float32),
-        "out.weight": rng.normal(size=(spec.n_actions, 8)).astype(np.float32),
-        "out.bias": np.zeros(spec.n_actions, np.float32),
-    }
-    return save_checkpoint(
-        path, t, algo="maskable-ppo", mode="rl-base", cluster=C, spec=spec, layers=["h", "out"],
-        activation="tanh", reward={"kind": kind, "w1": w1, "w2": round(1 - w1, 6)}, training={},
-    )
+    return write_random_checkpoint(path, C, seed, reward={"kind": kind, "w1": w1, "w2": round(1 - w1, 6)})
 
 
 def test_branch_checkpoints_must_be_the_seed_reward_with_the_branch_w1(tmp_path, monkeypatch, capsys):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from ckpt_helpers import write_random_checkpoint as _write_random_checkpoint
 
 from policies.base import PolicyError
-from policies.checkpoint import CheckpointError, MLPNet, save_checkpoint
+from policies.checkpoint import CheckpointError, MLPNet
 from policies.cluster import ClusterSpec
 from policies.encoding import Encoder, ObsSpec
 from policies.perf import ContentionModel
@@ -20,27 +21,7 @@ PERF = ContentionModel(C48)
 
 def write_random_checkpoint(path, cluster=C48, seed=0):
     """A valid checkpoint with random weights (same layout SB3's MaskablePPO exports)."""
-    spec = ObsSpec.for_cluster(cluster)
-    rng = np.random.default_rng(seed)
-    n_in = int(np.prod(spec.shape))
-    t = {
-        "mlp_extractor.policy_net.0.weight": rng.normal(size=(16, n_in)).astype(np.float32) * 0.05,
-        "mlp_extractor.policy_net.0.bias": np.zeros(16, np.float32),
-        "action_net.weight": rng.normal(size=(spec.n_actions, 16)).astype(np.float32),
-        "action_net.bias": np.zeros(spec.n_actions, np.float32),
-    }
-    return save_checkpoint(
-        path,
-        t,
-        algo="maskable-ppo",
-        mode="rl-base",
-        cluster=cluster,
-        spec=spec,
-        layers=["mlp_extractor.policy_net.0", "action_net"],
-        activation="tanh",
-        reward={"kind": "progress", "w1": 0.4, "w2": 0.6},
-        training={},
-    )
+    return _write_random_checkpoint(path, cluster, seed)
 
 
 def _jobs(n=40, seed=0, arrival="zero"):
