@@ -488,6 +488,9 @@ with s:
         start, _ = s.resume()
     except Exception as e:
         print(f"resume failed: {e}", flush=True)
+        # tear the group down before exiting: left to interpreter shutdown, gloo's destructor can abort
+        # (SIGABRT) once the peer has gone (pytorch#190489; the job helper's own exit 75 does the same)
+        dist.destroy_process_group()
         raise SystemExit(3)
     print(f"start={start} side_group={s._ctl_group is not None}", flush=True)
     try:
