@@ -181,7 +181,8 @@ class Journal:
     """Small JSON file of facts Slurm does not keep; atomic writes, tolerant reads.
 
     ``released``: job id -> {t, plan_by_name: {node name: gpus}}; ``preempting``:
-    job id -> {t, stage: "asked"|"checkpointed", step, uri}; ``progress``: job id
+    job id -> {t, stage: "asked"|"checkpointed", step, uri; when asked: start, gpus, restarts,
+    nodes, seen_step, total_steps}; ``progress``: job id
     -> {step, total_steps, attained_service}; ``backoff``: job id -> {n: times held
     back, until: epoch s before which it is not placed again}.
     """
@@ -207,7 +208,8 @@ class Journal:
             log.warning("journal %s unreadable (%s): starting from Slurm state only", path, exc)
 
     #: numeric fields an entry may carry (all optional but ``released``'s ``t``)
-    _NUMBERS = ("t", "until", "n", "step", "total_steps", "attained_service")
+    _NUMBERS = ("t", "until", "n", "step", "total_steps", "attained_service", "start", "gpus", "restarts",
+                "seen_step")
 
     def _valid_entries(self, section: str, entries: dict) -> dict[str, Any]:
         """``entries`` without those a round could not use (a hand-edited or damaged journal must not
@@ -218,6 +220,8 @@ class Journal:
             ok = isinstance(e, dict) and str(sid).isdigit()
             ok = ok and all(isinstance(e[f], (int, float)) and not isinstance(e[f], bool) and math.isfinite(e[f])
                             for f in self._NUMBERS if f in e)
+            if ok and "nodes" in e:
+                ok = isinstance(e["nodes"], list) and all(isinstance(n, str) for n in e["nodes"])
             if ok and section == "released":
                 plan = e.get("plan_by_name", {})
                 ok = "t" in e and isinstance(plan, dict) and all(
@@ -669,8 +673,17 @@ class Controller:
         if c.dry_run:
             log.info("dry run: would preempt job %s", sid, extra={"event": "dry_run", "job": job.job_id})
             return False
-        # intent before action, as for releases: a restart must know the agent may have been asked
-        self.journal["preempting"][sid] = {"t": self.clock(), "stage": "asked"}
+        # intent before action, as for releases: a restart must know the agent may have been asked, and
+        # what it needs to record the job's progress if the answer is lost but the job did stop (the
+        # restart count tells a requeue since; the nodes say which agents saw the checkpoint)
+        asked_t = self.clock()
+        entry: dict[str, Any] = {"t": asked_t, "stage": "asked", "start": job.start_time or asked_t,
+                                 "gpus": job.gpus, "restarts": job.restarts, "nodes": list(job.nodes)}
+        seen = self._stats.get(sid) or {}
+        for src, dst in (("step", "seen_step"), ("total_steps", "total_steps")):
+            if isinstance(seen.get(src), int) and not isinstance(seen.get(src), bool):
+                entry[dst] = seen[src]
+        self.journal["preempting"][sid] = entry
         if not self._save():
             self.journal["preempting"].pop(sid, None)
             log.warning("not preempting job %s: the journal cannot record it", sid,
@@ -702,12 +715,7 @@ class Controller:
             return False
         self.journal["preempting"][sid] = {"t": t, "stage": "checkpointed", "step": out.checkpoint_step,
                                            "uri": out.checkpoint_uri}
-        prog = self.journal["progress"].setdefault(sid, {})
-        prog["attained_service"] = float(prog.get("attained_service", 0.0)) + job.gpus * max(t - (job.start_time or t), 0.0)
-        if out.checkpoint_step is not None:
-            prog["step"] = out.checkpoint_step
-            if total_steps:  # lets the next rounds compute its done/remaining work while it waits
-                prog["total_steps"] = total_steps
+        self._record_progress(sid, job.gpus * max(t - (job.start_time or t), 0.0), out.checkpoint_step, total_steps)
         # not recorded on disk: requeue anyway (the job is checkpointed and stopping; it is in memory)
         self._save()
         self._requeue(job)
@@ -715,6 +723,35 @@ class Controller:
                  extra={"event": "preempted", "job": job.job_id, "checkpoint_step": out.checkpoint_step})
         self.metrics.preemptions.labels(outcome="ok" if out.ok else "no_checkpoint").inc()
         return True
+
+    def _record_progress(self, sid: str, service: float, step: int | None, total_steps: int | None) -> None:
+        """Add ``service`` (GPU-seconds) to job ``sid``'s attained service and record the step it resumes
+        from, so that the rounds while it waits know its done and remaining work (journal, not saved here)."""
+        prog = self.journal["progress"].setdefault(sid, {})
+        prog["attained_service"] = float(prog.get("attained_service", 0.0)) + service
+        if step is not None:
+            prog["step"] = step
+            if total_steps:
+                prog["total_steps"] = total_steps
+
+    def _recover_asked(self, sid: str, e: dict[str, Any], j: SlurmJob) -> None:
+        """A preemption whose agent answer was lost (the controller stopped during the call) and whose
+        job has since been requeued (exit 75 after its checkpoint, RequeueExitHold): record its progress
+        as :meth:`_preempt` would have. The step is the one the agents saw it checkpoint at, else the
+        step it had reached when it was asked (a lower bound); its service ends at the ask."""
+        nodes = e.get("nodes")
+        if not isinstance(nodes, list) or "restarts" not in e or j.restarts <= int(e["restarts"]):
+            return  # an older journal entry, or not requeued since the ask: nothing known to record
+        step = self.preempter.preempted_step(sid, [str(n) for n in nodes])
+        source = "agent"
+        if step is None and "seen_step" in e:
+            step, source = int(e["seen_step"]), "last stats"
+        total = e.get("total_steps")
+        service = float(e.get("gpus", 0)) * max(float(e["t"]) - float(e.get("start", e["t"])), 0.0)
+        self._record_progress(sid, service, step, int(total) if total else None)
+        log.info("job %s was requeued after a preemption whose answer was lost: progress recorded "
+                 "(step %s from %s)", sid, step, source if step is not None else "nowhere",
+                 extra={"event": "preempt_recovered", "job": j.job_id, "checkpoint_step": step})
 
     def _requeue(self, job: SlurmJob) -> None:
         """``scontrol requeuehold``; fine if Slurm already requeued it (exit 75 + RequeueExitHold)."""
@@ -743,6 +780,8 @@ class Controller:
         for sid, e in list(self.journal["preempting"].items()):
             j = by_id.get(sid) or self.slurm.job(int(sid))
             if j is None or j.state == "CANCELLED" or j.pending:
+                if j is not None and j.pending and e.get("stage") != "checkpointed":
+                    self._recover_asked(sid, e, j)
                 self.journal["preempting"].pop(sid, None)
                 self._save()
                 continue

@@ -80,6 +80,11 @@ class Preempter(Protocol):
     def checkpoint(self, job: SlurmJob, timeout_s: float) -> PreemptOutcome:
         """Checkpoint-and-stop ``job``; never raises for agent failures."""
 
+    def preempted_step(self, slurm_job_id: str, nodes: Sequence[str]) -> int | None:
+        """Step of the checkpoint at which the agents of ``nodes`` saw job ``slurm_job_id`` stop for a
+        preemption (its final "preempted" report), ``None`` when none did or none answered. Used after a
+        controller restart, for a preemption whose agent answer was lost; never raises."""
+
 
 class NoAgents:
     """No node agents: no measured stats; preemption cannot checkpoint."""
@@ -89,6 +94,9 @@ class NoAgents:
 
     def checkpoint(self, job: SlurmJob, timeout_s: float) -> PreemptOutcome:
         return PreemptOutcome(False, False, message="no node agents configured")
+
+    def preempted_step(self, slurm_job_id: str, nodes: Sequence[str]) -> int | None:
+        return None
 
 
 class AgentPreempter:
@@ -211,6 +219,24 @@ class AgentPreempter:
                 if prev is None or (s.get("step") or 0) >= (prev.get("step") or 0):
                     out[sid] = s
         return out
+
+    def preempted_step(self, slurm_job_id: str, nodes: Sequence[str]) -> int | None:
+        best: int | None = None
+        for node in nodes:  # only the nodes Slurm ran the job on (the controller recorded them)
+            c = self._client(node)
+            if c is None or time.monotonic() < self._retry_at.get(node, 0.0):
+                continue
+            try:
+                per = c.job_stats(include_finished=True)
+            except Exception as exc:  # noqa: BLE001 - any failure only loses this estimate
+                self._mark_unreachable(node, exc)
+                continue
+            for s in per:
+                step = s.get("last_checkpoint_step")
+                if (str(s.get("slurm_job_id") or "") == str(slurm_job_id) and s.get("state") == "preempted"
+                        and isinstance(step, int) and step >= 0 and (best is None or step > best)):
+                    best = step
+        return best
 
     def _foreign_report(self, node: str, sid: str) -> None:
         """Log (once per node and job) a report for a job Slurm does not run on that node."""

@@ -1137,6 +1137,34 @@ def test_preempt_of_a_restarted_job_before_it_registers_is_not_success(tmp_path:
             _stop(old, new)
 
 
+def test_controller_reads_the_preempted_step_from_a_real_agent(tmp_path: Path, key: Path) -> None:
+    """After a restart the controller asks the agents of a requeued job's nodes at which step it stopped
+    for a preemption (AgentPreempter.preempted_step over real gRPC): only a final "preempted" report counts."""
+    from controller.preemption import AgentPreempter
+
+    slurm = FakeSlurm({"101": (0, "RUNNING"), "102": (0, "RUNNING")})
+    with serve_agent(tmp_path, SharedKeyAuthenticator(key), JobTracker(),
+                     slurm=SlurmJobs(slurm, require_cgroup=False, failure_ttl_s=0.0)) as srv, \
+            AgentClient(srv.address, SharedKeyAuthenticator(key), timeout=10) as client:
+        LocalFSStore(tmp_path / "store").save("pre", 40, b"ckpt")
+        p1, p2 = _sleeper(), _sleeper()
+        try:
+            client.report_progress(_report(job_key="pre", slurm_job_id="101", step=42, pid=p1.pid))
+            client.report_progress(_report(job_key="pre", slurm_job_id="101", step=42, pid=p1.pid,
+                                           checkpoint_step=40, state="preempted", final=True))
+            client.report_progress(_report(job_key="run", slurm_job_id="102", step=7, pid=p2.pid, checkpoint_step=5))
+            p = AgentPreempter({NODE: srv.address},
+                               lambda a, n: AgentClient(a, SharedKeyAuthenticator(key), timeout=10, node=n))
+            try:
+                assert p.preempted_step("101", [NODE]) == 40
+                assert p.preempted_step("102", [NODE]) is None  # still running: no preemption checkpoint
+                assert p.preempted_step("103", [NODE]) is None
+            finally:
+                p.close()
+        finally:
+            _stop(p1, p2)
+
+
 def test_comm_fraction_comes_from_the_reporter_rank_only() -> None:
     """Ranks measure different communication fractions: the job's is the reporter's (lowest local rank),
     the rank whose samples feed the throughput window, not whichever rank reported last."""

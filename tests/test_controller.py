@@ -141,9 +141,11 @@ class FakeSlurm:
 class FakeAgents:
     """Preempter stand-in: records calls; ``reachable=False`` mimics dead agents."""
 
-    def __init__(self, reachable: bool = True, step: int = 40, total: int = 100) -> None:
+    def __init__(self, reachable: bool = True, step: int = 40, total: int = 100, preempted: int | None = None) -> None:
         self.reachable, self.step, self.total = reachable, step, total
+        self.preempted = preempted  # what preempted_step answers (the agents saw the job stop there)
         self.asked: list[int] = []
+        self.looked_up: list[tuple[str, list[str]]] = []
 
     def stats(self, job_nodes=None):
         return {}
@@ -153,6 +155,10 @@ class FakeAgents:
         if not self.reachable:
             return PreemptOutcome(False, False, message="node1: UNAVAILABLE")
         return PreemptOutcome(True, True, self.step, f"file:///ckpt/slurm-{job.job_id}/{self.step}", "ok")
+
+    def preempted_step(self, slurm_job_id, nodes):
+        self.looked_up.append((slurm_job_id, list(nodes)))
+        return self.preempted
 
 
 def _cfg(tmp_path: Path, **controller):
@@ -651,6 +657,107 @@ def test_crash_while_asking_the_agent_never_reruns_a_job_that_ended_on_its_own(t
     assert rep.ok and rep.placed == []
     assert ("requeue_hold", jid) not in s.calls and s.job_list[jid].state == end
     assert ctl2.journal["preempting"] == {}
+
+
+class _StatsAgents(FakeAgents):
+    """Agents whose stats say the running job ``jid`` is at step 30 of 100."""
+
+    jid = 0
+
+    def stats(self, job_nodes=None):
+        return {str(self.jid): {"slurm_job_id": str(self.jid), "step": 30, "total_steps": 100, "state": "running"}}
+
+
+def _crash_while_asking(tmp_path, s: FakeSlurm, jid: int) -> dict:
+    """Round 1 asks the agent to preempt ``jid`` and the controller dies during the call (the journal says
+    stage "asked"); the job checkpoints, exits 75 and Slurm requeues it held (RequeueExitHold)."""
+    class Dies(_StatsAgents):
+        def checkpoint(self, job, timeout_s):
+            raise KeyboardInterrupt  # stands for the controller being killed mid-call
+
+    Dies.jid = jid
+    ctl = _ctl(tmp_path, s, Dies(), now=1600.0)
+    _request_preempt(tmp_path, jid)
+    with pytest.raises(KeyboardInterrupt):
+        ctl.round()
+    entry = json.loads((tmp_path / "state" / "journal.json").read_text())["preempting"][str(jid)]
+    s.requeue_hold(jid)
+    return entry
+
+
+@pytest.mark.parametrize("agent_step, expect_step", [(55, 55), (None, 30)])
+def test_crash_while_asking_then_requeued_keeps_the_jobs_progress(tmp_path, agent_step, expect_step):
+    """Stage "asked" and the job was requeued since (the agent did checkpoint it, its answer was lost): the
+    restart records the job's attained service and the step it resumes from, as a completed preemption
+    would, taking the step from the agents of the job's nodes (else the last step its stats showed)."""
+    s = FakeSlurm(nodes=1, gpus=8)
+    jid = _running(s, 8, "node1")  # started at t=1000 on node1
+    entry = _crash_while_asking(tmp_path, s, jid)
+    _running(s, 8, "node1")  # another job takes node1: the requeued one stays held, as the policy sees it
+    assert entry == {"t": 1600.0, "stage": "asked", "start": 1000.0, "gpus": 8, "restarts": 0, "nodes": ["node1"],
+                     "seen_step": 30, "total_steps": 100}
+    agents = FakeAgents(preempted=agent_step)
+    ctl2 = _ctl(tmp_path, s, agents, now=1700.0)
+    rep = ctl2.round()
+    assert rep.ok and ctl2.journal["preempting"] == {}
+    assert agents.looked_up == [(str(jid), ["node1"])]
+    assert ctl2.journal["progress"][str(jid)] == {"attained_service": 8 * 600.0, "step": expect_step,
+                                                  "total_steps": 100}
+    # and the policy sees it: done work from the step, LAS service from the run before the preemption
+    info = _held_info(ctl2, s, jid)
+    assert info.attained_service == 8 * 600.0
+    assert info.done_samples == pytest.approx(info.total_samples * expect_step / 100)
+
+
+def test_asked_entry_without_a_requeue_records_nothing(tmp_path):
+    """Stage "asked", the job pending but not requeued since the ask (same restart count), or an entry from an
+    older journal without the facts: nothing is invented, the entry is dropped."""
+    for case, entry in [("same", {"t": 1.0, "stage": "asked", "start": 0.0, "gpus": 8, "restarts": 1, "nodes": ["node1"]}),
+                        ("old", {"t": 1.0, "stage": "asked"})]:
+        s = FakeSlurm()
+        jid = s.submit(8, "rlsched:model=MoE")
+        s.job_list[jid].restarts = 1
+        ctl = _ctl(tmp_path / case, s, FakeAgents(preempted=12))
+        ctl.journal["preempting"][str(jid)] = entry
+        ctl.journal.save()
+        rep = _ctl(tmp_path / case, s, FakeAgents(preempted=12)).round()
+        assert rep.ok
+        doc = json.loads((tmp_path / case / "state" / "journal.json").read_text())
+        assert doc["preempting"] == {} and doc["progress"] == {}, case
+
+
+def test_journal_drops_asked_entries_with_bad_facts(tmp_path):
+    path = tmp_path / "journal.json"
+    path.write_text(json.dumps({"preempting": {
+        "1": {"t": 1.0, "stage": "asked", "nodes": "node1"},
+        "2": {"t": 1.0, "stage": "asked", "gpus": "8"},
+        "3": {"t": 1.0, "stage": "asked", "start": 0.0, "gpus": 8, "restarts": 0, "nodes": ["node1"], "seen_step": 3},
+    }}))
+    assert list(Journal(path)["preempting"]) == ["3"]
+
+
+def test_agent_preempter_preempted_step():
+    """The step comes only from "preempted" records of that job on the nodes asked; a failing agent is skipped."""
+    class Client:
+        def __init__(self, addr, node):
+            self.node = node
+
+        def job_stats(self, include_finished=False):
+            assert include_finished
+            if self.node == "node3":
+                raise ConnectionError("down")
+            return {"node1": [{"slurm_job_id": "7", "state": "preempted", "last_checkpoint_step": 20},
+                              {"slurm_job_id": "8", "state": "preempted", "last_checkpoint_step": 90}],
+                    "node2": [{"slurm_job_id": "7", "state": "preempted", "last_checkpoint_step": 25},
+                              {"slurm_job_id": "9", "state": "exited", "last_checkpoint_step": 5}]}[self.node]
+
+    p = AgentPreempter({n: f"h:{i}" for i, n in enumerate(("node1", "node2", "node3"))}, Client)
+    assert p.preempted_step("7", ["node3", "node1", "node2", "node9"]) == 25
+    assert p.preempted_step("7", ["node1"]) == 20
+    assert p.preempted_step("9", ["node2"]) is None  # exited without a preemption report: no checkpoint known
+    assert p.preempted_step("8", ["node2"]) is None  # node1 has it, but node1 was not the job's node
+    assert "node3" in p.unreachable
+    assert NoAgents().preempted_step("7", ["node1"]) is None
 
 
 def test_policy_preemption_respects_free_gpus_of_failed_victims(tmp_path):
