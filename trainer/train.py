@@ -17,8 +17,9 @@ saved (``last`` first, then ``best`` if it is better), and TensorBoard gets them
 at their own steps. ``last`` is saved with the step-0 evaluation too.
 
 Resuming (``resume=True``) reloads ``OUT/last``'s weights (safetensors, never
-a pickle) and step count and continues; optimiser moments (and a DQN's replay
-buffer: it warms up again) restart from zero. The settings that define the run
+a pickle) and step count and continues, with the optimiser's moments and the
+reward statistics saved beside it (:mod:`trainer.train_state`); a DQN's replay
+buffer is not stored, so it warms up again. The settings that define the run
 (algorithm, reward and W1, prior, network shape, cluster, candidate order and
 ``k``, seed, validation traces by content) must be the run's own. The resumed
 segment's random streams are seeded from the seed and the steps done
@@ -75,6 +76,7 @@ from policies.rl import RLPolicy
 from trainer.env import REWARDS, PlacementEnv, reference_jct
 from trainer.outputs import unwritable
 from trainer.simulator import SimConfig, Simulator
+from trainer.train_state import STATE_NAME, read_train_state, restore_train_state, save_train_state
 
 __all__ = [
     "ALGOS",
@@ -554,6 +556,8 @@ def check_run(cfg: TrainConfig, out: str | Path, resume: bool = False, overwrite
         rows = _read_eval_log(out / "eval.csv")
         plan.eval_rows = _rows_up_to(rows, plan.start_steps)
         plan.dropped_rows = len(rows) - len(plan.eval_rows)
+        if (out / STATE_NAME).is_file():
+            read_train_state(out / STATE_NAME)  # a damaged one is refused now, not after building the run
         if (out / "best.json").is_file():
             # its score is the one to beat (not the log's: a row may be of a network that was never saved)
             try:
@@ -569,6 +573,7 @@ def check_run(cfg: TrainConfig, out: str | Path, resume: bool = False, overwrite
 def _run_files(out: Path) -> list[Path]:
     """The files of a run in ``out`` that a new run replaces (``tb/`` logs are kept)."""
     return [out / f"{n}{x}" for n in ("best", "last") for x in (".json", ".safetensors")] + [
+        out / STATE_NAME,
         out / "eval.csv",
         out / "summary.json",
     ]
@@ -946,6 +951,7 @@ def _train_locked(
         _load_weights(model, plan.last, f"{plan.last.json_path} (--resume)")
         model.num_timesteps = start_steps
         log.info("resumed from %s at %d steps (seed %d for this segment)", plan.last.json_path, start_steps, seed)
+        log.info("%s", restore_train_state(out / STATE_NAME, model, venv, start_steps, plan.last.meta["weights_sha256"]))
 
     # 3. only now replace the previous run (--overwrite), then train
     if not resume:
@@ -984,12 +990,18 @@ def _train_locked(
     model.set_logger(logger)
     tb = next((f.writer for f in logger.output_formats if isinstance(f, TensorBoardOutputFormat)), None)
 
+    def write_last() -> None:
+        """Save ``last`` and then the training state that goes with it (:mod:`trainer.train_state`)."""
+        _save(out / "last", cfg, model, cluster, probe, prov)
+        sha = json.loads((out / "last.json").read_text())["weights_sha256"]
+        save_train_state(out / STATE_NAME, model, venv, int(model.num_timesteps), sha)
+
     def save_and_evaluate(save_last: bool) -> None:
         """Save ``last`` (``save_last``), then evaluate on the validation traces: a better network is saved
         as ``best`` before its row is logged, so every score in the log is of a network that was saved."""
         nonlocal best
         if save_last:
-            _save(out / "last", cfg, model, cluster, probe, prov)
+            write_last()
         if not val_traces:
             return
         steps = int(model.num_timesteps)
@@ -1043,7 +1055,7 @@ def _train_locked(
         if progress is not None:
             progress(int(model.num_timesteps), planned)
         steps = int(model.num_timesteps)
-        _save(out / "last", cfg, model, cluster, probe, prov)
+        write_last()
         if val_traces and not (eval_rows and eval_rows[-1]["timesteps"] == float(steps)):
             save_and_evaluate(save_last=False)
         final = eval_rows[-1] if eval_rows else {}
