@@ -63,7 +63,7 @@ import math
 import os
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -167,9 +167,17 @@ class MLPNet:
     def choose(
         z32: np.ndarray, mask: np.ndarray, deterministic: bool = True, rng: np.random.Generator | None = None
     ) -> int:
-        """Best valid action of logits ``z32`` (argmax of masked logits; lowest index on ties), or a sample."""
+        """Best valid action of logits ``z32`` (argmax of masked logits; lowest index on ties), or a sample.
+
+        :raises ValueError: no valid action has a usable logit (NaN among them, which argmax would
+            return, or ``-inf`` on all of them).
+        """
         if deterministic or rng is None:  # float32 -> float64 is exact: the same argmax without converting
-            return int(np.argmax(np.where(mask, z32, -np.inf)))
+            m = np.where(mask, z32, -np.inf)
+            i = int(m.argmax())
+            if not math.isfinite(m[i]):
+                raise ValueError(f"no usable logit: the best valid action {i} has {m[i]}")
+            return i
         z = z32.astype(np.float64)
         z = np.where(mask, z, -np.inf)
         z = z - z.max()
@@ -516,44 +524,60 @@ def _load(jpath: Path) -> Checkpoint:
         tensors = st_load(data)
     except (SafetensorError, ValueError, OSError, KeyError, TypeError) as exc:  # KeyError: a dtype numpy lacks (BF16)
         raise CheckpointError(f"{wpath}: not a readable safetensors file: {exc}") from exc
+    weights = check_tensors(tensors, layers, spec, activation, str(wpath), "the weights are corrupt or were modified")
+    try:
+        AdmissionPrior.from_dict(net_meta.get("prior"))
+    except PriorError as exc:
+        raise CheckpointError(f"{jpath}: network.prior: {exc}") from exc
+    return Checkpoint(meta, MLPNet(weights, activation), spec, cluster, jpath, wpath)
+
+
+def check_tensors(
+    tensors: Mapping[str, np.ndarray], layers: Sequence[str], spec: ObsSpec, activation: str, where: str, why: str
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The inference layers ``layers`` of ``tensors``, checked as :func:`load_checkpoint` needs them: present,
+    float32, shapes chaining from the observation to the action space, every tensor of the file finite
+    (value heads and DQN target networks too: they are loaded to resume or ``--init`` from), and no layer
+    able to overflow float32 (a bound over all inputs in [-1, 1], in float64: finite weights like 1e37 x 64
+    hidden units would give inf / NaN logits mid-simulation).
+
+    :param where: what the messages name (the weights file; ``save_checkpoint``: the checkpoint to save).
+    :param why: appended to the overflow message (how such weights came about).
+    :raises CheckpointError: naming ``where``, the tensor and what is wrong.
+    """
     weights = []
     n_in = math.prod(spec.shape)  # exact (np.prod would wrap around for absurd fields)
-    for i, prefix in enumerate(layers):
+    for prefix in layers:
         W, b = tensors.get(prefix + ".weight"), tensors.get(prefix + ".bias")
         if W is None or b is None:
-            raise CheckpointError(f"{wpath}: tensors {prefix}.weight / {prefix}.bias missing")
+            raise CheckpointError(f"{where}: tensors {prefix}.weight / {prefix}.bias missing")
         if W.ndim != 2 or b.shape != (W.shape[0],) or W.shape[1] != n_in or W.shape[0] == 0:
             raise CheckpointError(
-                f"{wpath}: layer {prefix} has shape {tuple(W.shape)} / {tuple(b.shape)}, "
+                f"{where}: layer {prefix} has shape {tuple(W.shape)} / {tuple(b.shape)}, "
                 f"expected (*, {n_in}) with matching bias and at least one output"
             )
         if W.dtype != np.float32 or b.dtype != np.float32:  # save_checkpoint writes float32 only
-            raise CheckpointError(f"{wpath}: layer {prefix} is {W.dtype} / {b.dtype}, expected float32")
-        if not (np.isfinite(W).all() and np.isfinite(b).all()):
-            raise CheckpointError(f"{wpath}: layer {prefix} holds non-finite values")
+            raise CheckpointError(f"{where}: layer {prefix} is {W.dtype} / {b.dtype}, expected float32")
         weights.append((W, b))
         n_in = W.shape[0]
     if n_in != spec.n_actions:
-        raise CheckpointError(f"{wpath}: network outputs {n_in} values but the action space has {spec.n_actions}")
-    # Finite weights can still overflow float32 (e.g. 1e37 x 64 hidden units): bound every layer's
-    # pre-activation over all inputs in [-1, 1] (observations are in [0, 1]; tanh keeps hidden
-    # values in [-1, 1], relu keeps the bound), in float64, so that a checkpoint whose logits could
-    # become inf / NaN is refused here rather than mid-simulation.
+        raise CheckpointError(f"{where}: network outputs {n_in} values but the action space has {spec.n_actions}")
+    inference = {f"{p}.{x}" for p in layers for x in ("weight", "bias")}
+    for name, t in tensors.items():
+        if t.dtype.kind in "fc" and not np.isfinite(t).all():
+            what = f"layer {name.rsplit('.', 1)[0]}" if name in inference else f"tensor {name}"
+            raise CheckpointError(f"{where}: {what} holds non-finite values")
     bound = np.ones(math.prod(spec.shape), dtype=np.float64)
     for i, ((W, b), prefix) in enumerate(zip(weights, layers)):
         pre = np.abs(W.astype(np.float64)) @ bound + np.abs(b.astype(np.float64))
         worst = float(pre.max())
         if not worst <= _MAX_PREACT:
             raise CheckpointError(
-                f"{wpath}: layer {prefix} can output values of magnitude {worst:.3g}, above the {_MAX_PREACT:g} "
-                "that keeps float32 logits finite with margin; the weights are corrupt or were modified"
+                f"{where}: layer {prefix} can output values of magnitude {worst:.3g}, above the {_MAX_PREACT:g} "
+                f"that keeps float32 logits finite with margin; {why}"
             )
         bound = np.minimum(pre, 1.0) if activation == "tanh" and i < len(weights) - 1 else pre
-    try:
-        AdmissionPrior.from_dict(net_meta.get("prior"))
-    except PriorError as exc:
-        raise CheckpointError(f"{jpath}: network.prior: {exc}") from exc
-    return Checkpoint(meta, MLPNet(weights, activation), spec, cluster, jpath, wpath)
+    return weights
 
 
 def _is_int(v: Any) -> bool:
@@ -652,9 +676,10 @@ def save_checkpoint(
     the rename that publishes it. An interrupted save leaves at most the staged weights and temp
     files, which the next save of ``NAME`` deletes (:func:`_remove_leftovers`).
 
-    :raises ValueError: an unknown ``algo`` / ``mode``, or metadata out of the range
+    :raises ValueError: an unknown ``algo`` / ``mode``, metadata out of the range
         :func:`load_checkpoint` accepts (e.g. ``spec.aging_s`` outside
-        [:data:`MIN_AGING_S`, :data:`MAX_AGING_S`]); nothing is written then.
+        [:data:`MIN_AGING_S`, :data:`MAX_AGING_S`]), or a tensor with NaN / inf (it would not
+        load); nothing is written then.
     """
     from safetensors.numpy import save as st_save
 
@@ -668,9 +693,12 @@ def save_checkpoint(
     if problem:
         raise ValueError(problem)
     jpath, _ = resolve_paths(path)
+    arrays = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()}
+    # what load_checkpoint would refuse is not written (a CheckpointError, a ValueError)
+    check_tensors(arrays, layers, spec, activation, f"{jpath}: not saved", "the network diverged")
     jpath.parent.mkdir(parents=True, exist_ok=True)
     wpath = jpath.with_suffix(".safetensors")
-    data = st_save({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()})
+    data = st_save(arrays)
     sha = hashlib.sha256(data).hexdigest()
     staged = jpath.with_name(f"{_stem(jpath)}.{sha[:16]}.safetensors")
     meta = {

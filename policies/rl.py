@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 from importlib import resources
 from pathlib import Path
 
@@ -212,7 +213,10 @@ class RLPolicy(Policy):
                 # prior and mask in one vector: the same float32 sums and argmax as below (tested)
                 add = self.prior.masked_logits(enc.sparse.speeds, enc.valid, bool(enc.mask[-1]))
                 add += z
-                return int(add.argmax())
+                i = int(add.argmax())
+                if not math.isfinite(add[i]):  # argmax returns a NaN first: no usable logit
+                    raise ValueError(f"no usable logit: the best valid action {i} has {add[i]}")
+                return i
         if self.prior is not None:
             z = z + self.prior.logits(enc.action_speeds())
         return self.net.choose(z, enc.mask, self.deterministic, self._rng)

@@ -388,6 +388,40 @@ def test_tampered_weights_with_a_matching_hash_are_refused(tmp_path, change, msg
         load_checkpoint(j)
 
 
+@pytest.mark.parametrize("name", ["value_net.weight", "value_net.bias"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_tensors_outside_the_policy_layers_are_refused(tmp_path, name, bad):
+    """The value head (and a DQN's target network) is loaded to --resume or --init from: NaN / inf there
+    is refused at load too, not found by a torch traceback after a resumed run has written files."""
+    j = write_random_checkpoint(tmp_path / "ck")
+
+    def poison(t):
+        v = t[name].copy()
+        v.flat[0] = bad
+        return {**t, name: v}
+
+    _rewrite_weights(j, poison)
+    with pytest.raises(CheckpointError, match=f"tensor {name} holds non-finite values"):
+        load_checkpoint(j)
+
+
+@pytest.mark.parametrize("change, msg", [
+    (lambda t: {**t, "value_net.bias": np.array([np.nan], np.float32)}, r"tensor value_net\.bias holds non-finite"),
+    (lambda t: {**t, "action_net.bias": np.full_like(t["action_net.bias"], np.inf)}, r"layer action_net holds non-finite"),
+    (lambda t: {**t, "action_net.weight": np.full_like(t["action_net.weight"], 1e37)}, r"layer action_net can output values"),
+])
+def test_save_refuses_what_load_would_refuse_and_writes_nothing(tmp_path, change, msg):
+    """A diverged network (NaN, or finite weights whose logits overflow float32) is not saved: it would be a
+    checkpoint that never loads. Nothing is written, not even the folder."""
+    spec = ObsSpec.for_cluster(C48)
+    t = change(_tensors(spec, np.random.default_rng(0)))
+    with pytest.raises(CheckpointError, match=msg) as ei:
+        save_checkpoint(tmp_path / "new" / "ck", t, algo="maskable-ppo", mode="rl-base", cluster=C48, spec=spec,
+                        layers=LAYERS, activation="tanh", reward={"kind": "progress", "w1": 0.4, "w2": 0.6}, training={})
+    assert isinstance(ei.value, ValueError) and "not saved" in str(ei.value)
+    assert not (tmp_path / "new").exists()
+
+
 def test_large_but_safe_weights_load(tmp_path):
     """The overflow bound is not a magnitude cap on single weights: tanh bounds hidden values, so a huge
     first-layer weight is fine as long as the logits stay bounded."""

@@ -398,15 +398,18 @@ def _inf_net(spec: ObsSpec, value: float = -np.inf) -> MLPNet:
 @pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("with_prior", [True, False])
 @pytest.mark.parametrize("deterministic", [True, False])
-def test_unusable_logits_raise_policy_error_not_value_error(fast, with_prior, deterministic):
+@pytest.mark.parametrize("value", [-np.inf, np.nan])
+def test_unusable_logits_raise_policy_error_not_value_error(fast, with_prior, deterministic, value):
     """All -inf logits (the reviewer's prior scale 1e300) used to crash the round with
     ``ValueError: action 0 is not valid in this state``; now a PolicyError says why, on every path
-    (dense / sparse, with / without the prior's fused path, argmax / sampling, decide / schedule)."""
+    (dense / sparse, with / without the prior's fused path, argmax / sampling, decide / schedule).
+    All-NaN logits too: numpy's argmax returns the first NaN, which is then a valid action, so such a
+    network used to run silently (and be scored) as "the lowest valid action"."""
     from policies.prior import AdmissionPrior
 
     spec = ObsSpec.for_cluster(C48)
     state = _idle_with_one_16_gpu_job()
-    pol = RLPolicy(_inf_net(spec), Encoder(C48, PERF, spec), fast=fast, deterministic=deterministic,
+    pol = RLPolicy(_inf_net(spec, value), Encoder(C48, PERF, spec), fast=fast, deterministic=deterministic,
                    prior=AdmissionPrior() if with_prior else None)
     enc = pol.encoder.encode(state, dense=not fast)
     assert not enc.mask[0] and not enc.mask[-1] and enc.mask.any()  # the trap: argmax of all -inf is index 0

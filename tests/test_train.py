@@ -834,7 +834,7 @@ def test_tensorboard_evaluations_at_their_steps(tmp_path):
     assert len(logs) == 1  # the resumed run logs on in the run's directory
     ea = EventAccumulator(str(logs[0]))
     ea.Reload()
-    want = [0, 100, 192, 256]
+    want = [0, 100, 192, 200, 256]  # 200: the resumed run stays on the --eval-freq grid
     assert [int(r["timesteps"]) for r in s["evals"]] == want
     rel = ea.Scalars("eval/val_rel_jct")
     assert [e.step for e in rel] == want
@@ -917,3 +917,62 @@ def test_failed_run_leaves_no_out_directory(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="no references"):
         train(_tiny_cfg(), [_trace(6, 6)], [], tmp_path / "a" / "run")
     assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize("algo, kw", [
+    ("maskable-ppo", {"timesteps": 1024, "eval_freq": 512}),
+    ("a2c", {"timesteps": 256, "eval_freq": 128}),
+    ("dqn", {"timesteps": 1100, "eval_freq": 1050}),
+])
+def test_diverged_training_stops_with_one_line_and_keeps_last_usable(tmp_path, capsys, algo, kw):
+    """--lr 1e37 drives the weights to NaN (ppo, dqn) or to finite values whose logits overflow (a2c). The run
+    stops with exit 1 and one line naming the step; nothing unusable is saved: last and best still load
+    (the step-0 network). Before, a NaN DQN was scored as "the lowest valid action", saved as best (which
+    then did not load) and the run exited 0; ppo/a2c died with a torch traceback."""
+    from rlsched.cli import main
+    from trainer.traces import write_trace
+
+    trace = _trace(6, 6)
+    write_trace(tmp_path / "t.csv", trace)
+    run = tmp_path / "run"
+    args = ["train", "--algo", algo, "--traces", str(tmp_path / "t.csv"), "--val-traces", str(tmp_path / "t.csv"),
+            "--cluster", "2x4", "--n-envs", "1", "--lr", "1e37", "--no-prior-init", "--prior", "bias", "--out", str(run)]
+    args += ["--timesteps", str(kw["timesteps"]), "--eval-freq", str(kw["eval_freq"])]
+    assert main(args) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("rlsched train: error: training diverged by step ")
+    assert "Lower --lr" in err and "Traceback" not in err
+    diverged_at = int(re.search(r"diverged by step (\d+)", err).group(1))
+    for name in ("last", "best"):  # saved before the divergence, and usable
+        ck = load_checkpoint(run / name)
+        assert ck.meta["training"]["timesteps"] <= diverged_at
+
+
+def test_init_from_a_network_trained_with_another_prior_is_refused(tmp_path, tiny_run):
+    """A network trained to stand alone (--prior bias) would start a prior run as network + prior, a policy
+    it never was (and the reverse); --resume refuses this, and now --init too, naming the value to pass."""
+    src = tmp_path / "bias"
+    train(_tiny_cfg(prior="bias"), [tiny_run[2]], [], src)
+    with pytest.raises(CheckpointError, match=r"trained with --prior bias, this run uses --prior admission; pass --prior bias"):
+        train(_tiny_cfg(init=str(src / "last")), [tiny_run[2]], [], tmp_path / "new")
+    assert not (tmp_path / "new").exists()
+    train(_tiny_cfg(init=str(src / "last"), prior="bias"), [tiny_run[2]], [], tmp_path / "ok")
+
+
+def test_resume_with_nothing_to_train_keeps_last(tmp_path, tiny_run):
+    """--timesteps not above the steps done: nothing trains, and last (its weights and provenance) is kept."""
+    run = _copy_run(tiny_run, tmp_path / "run")
+    before = (run / "last.json").read_bytes(), (run / "last.safetensors").read_bytes()
+    train(_tiny_cfg(timesteps=64, learning_rate=1e-5), [tiny_run[2]], [tiny_run[2]], run, resume=True)
+    assert ((run / "last.json").read_bytes(), (run / "last.safetensors").read_bytes()) == before
+
+
+def test_resumed_run_evaluates_on_the_eval_freq_grid(tmp_path):
+    """A run resumed at 64 steps with --eval-freq 96 evaluates at 96 and 192, as an uninterrupted run would,
+    not at 64 + 96 = 160."""
+    trace = _trace(6, 6)
+    run = tmp_path / "run"
+    train(_tiny_cfg(eval_freq=96), [trace], [trace], run)
+    assert _eval_steps(run) == [0.0, 64.0]
+    train(_tiny_cfg(eval_freq=96, timesteps=256), [trace], [trace], run, resume=True)
+    assert _eval_steps(run) == [0.0, 64.0, 96.0, 192.0, 256.0]

@@ -114,6 +114,14 @@ def _damage(path: Path, how: str) -> None:
         k = next(k for k in tensors if k.endswith("exp_avg"))
         tensors[k] = np.zeros(tensors[k].shape + (2,), dtype=tensors[k].dtype)
         save_file(tensors, str(path), metadata=meta)
+    elif how == "scalar":  # a second moment as a scalar: fits no parameter (only step counts are scalars)
+        k = next(k for k in tensors if k.endswith("exp_avg"))
+        tensors[k] = np.asarray(0.5, dtype=tensors[k].dtype)
+        save_file(tensors, str(path), metadata=meta)
+    elif how == "negative":
+        k = next(k for k in tensors if k.endswith("exp_avg_sq"))
+        tensors[k] = -np.ones_like(tensors[k])
+        save_file(tensors, str(path), metadata=meta)
     elif how == "format":
         save_file(tensors, str(path), metadata={**meta, "format": "other/9"})
     elif how == "variance":
@@ -126,7 +134,8 @@ def _damage(path: Path, how: str) -> None:
 
 @pytest.mark.parametrize("how, needle", [
     ("garbage", "not a readable training-state file"), ("truncated", "not a readable training-state file"),
-    ("nan", "is not finite"), ("shape", "has shape"), ("format", "expected 'rlsched-train-state/1'"),
+    ("nan", "is not finite"), ("shape", "has shape"), ("scalar", r"has shape \(\), expected \(\d+"),
+    ("negative", "holds negative values"), ("format", "expected 'rlsched-train-state/1'"),
     ("variance", "ret_var must be > 0"), ("name", "is not named optim.<parameter index>.<name>"),
 ])
 def test_damaged_state_is_refused_before_anything_is_written(tmp_path, how, needle):
@@ -137,7 +146,7 @@ def test_damaged_state_is_refused_before_anything_is_written(tmp_path, how, need
     with pytest.raises(CheckpointError, match=needle) as ei:
         train(dataclasses.replace(_cfg(), timesteps=128), [TRACE], [], run, resume=True)
     assert str(run / STATE_NAME) in str(ei.value)
-    if how != "shape":  # a well-formed file for another network: the message names tensor and shapes instead
+    if how not in ("shape", "scalar"):  # a well-formed file for another network: tensor and shapes are named
         assert "delete it" in str(ei.value)
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
 

@@ -209,12 +209,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from policies.prior import PriorError
-    from trainer.train import TrainConfigError
+    from trainer.train import TrainConfigError, TrainingDiverged
 
     try:
         return _train(args)
     except (TrainConfigError, PriorError) as exc:
         return _fail("train", exc)
+    except TrainingDiverged as exc:  # not the user's input: exit 1, one line
+        print(f"rlsched train: error: {exc}", file=sys.stderr)
+        return 1
 
 
 def _train(args: argparse.Namespace) -> int:

@@ -110,6 +110,28 @@ class TrainConfigError(ValueError):
     """Training options that cannot be used: a bad hyper-parameter, an ``--out`` that is a file, no traces."""
 
 
+class TrainingDiverged(RuntimeError):
+    """The network's weights became NaN / inf during training (e.g. a learning rate far too large).
+    Nothing is saved from then on: ``OUT/last`` and ``OUT/best`` stay the last finite networks."""
+
+
+def _check_finite(model, what: str) -> None:
+    """:class:`TrainingDiverged` naming the tensors of ``model``'s policy that are not finite, if any."""
+    import torch
+
+    bad = [k for k, v in model.policy.state_dict().items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise _diverged(model, f"{bad[0]}{more} holds NaN/inf, so {what} is not saved")
+
+
+def _diverged(model, why: str) -> TrainingDiverged:
+    return TrainingDiverged(
+        f"training diverged by step {int(model.num_timesteps)}: {why}; the run's last and best checkpoints are "
+        "its last usable networks. Lower --lr and start a new run (--overwrite), or --resume from last"
+    )
+
+
 @dataclass
 class TrainConfig:
     """Everything that defines a training run (stored in the checkpoint metadata)."""
@@ -546,6 +568,20 @@ def check_run(cfg: TrainConfig, out: str | Path, resume: bool = False, overwrite
                 f"this run's --net-arch is {_arch_text(cfg.net_arch)}"
             )
         _check_init_tensors(src, cfg, spec)  # e.g. a shipped checkpoint (no value network)
+        theirs, ours = src.prior, admission_prior(cfg)
+        if (theirs is None) != (ours is None):
+            # the network learnt logits meant to be added to the prior, or to stand alone: the other way
+            # round it would start from a policy it was never trained as
+            kind = {True: "bias", False: "admission"}
+            raise CheckpointError(
+                f"--init {cfg.init}: was trained with --prior {kind[theirs is None]}, this run uses --prior "
+                f"{kind[ours is None]}; pass --prior {kind[theirs is None]}"
+            )
+        if theirs is not None and ours is not None and (theirs.theta, theirs.scale) != (ours.theta, ours.scale):
+            log.warning(
+                "--init %s was trained with --prior-theta %g --prior-scale %g; this run uses %g and %g",
+                cfg.init, theirs.theta, theirs.scale, ours.theta, ours.scale,
+            )
     if resume:
         last = plan.last = load_checkpoint(out / "last")
         _check_resume(last, cfg, cluster, spec)
@@ -768,21 +804,25 @@ def source_revision() -> dict[str, Any] | None:
 def _save(
     path: Path, cfg: TrainConfig, model, cluster: ClusterSpec, env: PlacementEnv, extra: dict, mode: str = "rl-base"
 ) -> Path:
+    _check_finite(model, path.name)
     layers, act = _layer_names(cfg.algo, model)
     training = {"config": asdict(cfg), "timesteps": int(model.num_timesteps), **extra}
-    return save_checkpoint(
-        path,
-        export_tensors(model),
-        algo=cfg.algo,
-        mode=mode,
-        cluster=cluster,
-        spec=env.spec_obs,
-        layers=layers,
-        activation=act,
-        reward={"kind": cfg.reward, "w1": cfg.w1, "w2": round(1.0 - cfg.w1, 6)},
-        training=training,
-        prior=admission_prior(cfg),
-    )
+    try:
+        return save_checkpoint(
+            path,
+            export_tensors(model),
+            algo=cfg.algo,
+            mode=mode,
+            cluster=cluster,
+            spec=env.spec_obs,
+            layers=layers,
+            activation=act,
+            reward={"kind": cfg.reward, "w1": cfg.w1, "w2": round(1.0 - cfg.w1, 6)},
+            training=training,
+            prior=admission_prior(cfg),
+        )
+    except CheckpointError as exc:  # finite weights so large that the logits could overflow float32
+        raise _diverged(model, str(exc)) from None
 
 
 #: the lock file a training run holds in its ``--out`` (:func:`_run_lock`)
@@ -1026,7 +1066,8 @@ def _train_locked(
     class EvalCallback(BaseCallback):
         def __init__(self) -> None:
             super().__init__()
-            self.next_eval = start_steps + cfg.eval_freq
+            # on the --eval-freq grid (a resumed run too: it evaluates where an uninterrupted one would)
+            self.next_eval = (start_steps // cfg.eval_freq + 1) * cfg.eval_freq
             self.shown = start_steps
 
         def _on_step(self) -> bool:
@@ -1045,17 +1086,24 @@ def _train_locked(
             # A new run saves it as "last" first, so a run stopped from here on can be resumed.
             save_and_evaluate(save_last=plan.last is None)
         if remaining:
-            model.learn(
-                total_timesteps=remaining,
-                callback=EvalCallback(),
-                reset_num_timesteps=not resume,
-                tb_log_name=cfg.algo,
-                progress_bar=False,
-            )
+            try:
+                model.learn(
+                    total_timesteps=remaining,
+                    callback=EvalCallback(),
+                    reset_num_timesteps=not resume,
+                    tb_log_name=cfg.algo,
+                    progress_bar=False,
+                )
+            except ValueError as exc:  # e.g. torch.distributions refusing NaN logits: say why, if that is it
+                _check_finite(model, "the network")
+                if "invalid values" in str(exc):  # finite weights whose outputs overflowed to NaN / inf
+                    raise _diverged(model, "the network's outputs became NaN/inf") from exc
+                raise
         if progress is not None:
             progress(int(model.num_timesteps), planned)
         steps = int(model.num_timesteps)
-        write_last()
+        if remaining or plan.last is None:  # a resume with nothing to train keeps last (and its provenance)
+            write_last()
         if val_traces and not (eval_rows and eval_rows[-1]["timesteps"] == float(steps)):
             save_and_evaluate(save_last=False)
         final = eval_rows[-1] if eval_rows else {}

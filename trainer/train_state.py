@@ -31,6 +31,8 @@ STATE_NAME = "last.state.safetensors"
 #: ``format`` value of the header metadata
 STATE_FORMAT = "rlsched-train-state/1"
 _VECNORM = ("ret_mean", "ret_var", "ret_count")
+#: optimiser state entries that are never negative (Adam's, AdamW's, RMSprop's step counts and second moments)
+_NON_NEGATIVE = ("step", "exp_avg_sq", "max_exp_avg_sq", "square_avg")
 
 
 def save_train_state(path: Path, model: Any, venv: Any, timesteps: int, weights_sha256: str) -> None:
@@ -104,6 +106,8 @@ def read_train_state(path: Path) -> tuple[dict[str, str], dict[str, np.ndarray]]
             raise bad(f"unexpected tensor {k!r}")
         if v.dtype.kind != "f" or not np.all(np.isfinite(v)):
             raise bad(f"tensor {k!r} is not finite floating-point data")
+        if head == "optim" and k.rsplit(".", 1)[-1] in _NON_NEGATIVE and np.any(v < 0):
+            raise bad(f"tensor {k!r} holds negative values (a step count or second moment cannot)")
     for name in _VECNORM:
         v = tensors.get(f"vecnorm.{name}")
         if v is None or v.shape != ():
@@ -144,10 +148,10 @@ def restore_train_state(path: Path, model: Any, venv: Any, timesteps: int, weigh
         idx = int(idx_s)
         if idx >= len(params):
             raise CheckpointError(f"{path}: {k}: the run's optimiser has {len(params)} parameters")
-        if v.shape not in ((), tuple(params[idx].shape)):
-            raise CheckpointError(
-                f"{path}: {k} has shape {tuple(v.shape)}, the parameter has {tuple(params[idx].shape)}"
-            )
+        # a step count (a tensor or a number) is a scalar; every other entry has its parameter's shape
+        want = () if name == "step" or k in scalars else tuple(params[idx].shape)
+        if tuple(v.shape) != want:
+            raise CheckpointError(f"{path}: {k} has shape {tuple(v.shape)}, expected {want}")
         state.setdefault(idx, {})[name] = float(v) if k in scalars else torch.from_numpy(v.copy())
     sd = opt.state_dict()
     opt.load_state_dict({"state": state, "param_groups": sd["param_groups"]})
