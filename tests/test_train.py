@@ -861,8 +861,8 @@ def test_run_stopped_after_its_first_evaluation_resumes(tmp_path):
 
 
 def test_resume_names_the_runs_value_and_refuses_init(tmp_path, tiny_run, capsys):
-    """A run trained with a non-default setting, resumed without the option: the message says what to pass
-    (not "drop the option"). --init with --resume is refused (it was ignored, yet recorded)."""
+    """A run trained with a non-default setting, resumed with another value given: the message says what to
+    pass (not "drop the option"). --init with --resume is refused (it was ignored, yet recorded)."""
     from rlsched.cli import main
     from trainer.train import TrainConfigError, check_run
 
@@ -872,7 +872,7 @@ def test_resume_names_the_runs_value_and_refuses_init(tmp_path, tiny_run, capsys
     base = ["train", "--traces", str(tiny_run[1]), "--cluster", "2x4", "--timesteps", "128", "--n-envs", "1",
             "--out", str(run), "--resume"]
     before = _snapshot(run)
-    assert main(base) == 2
+    assert main([*base, "--order", "plan"]) == 2
     err = _one_line_error(capsys, "--order area, not plan", "(pass --order area, or start a new run")
     assert "drop the option" not in err
     with pytest.raises(TrainConfigError, match="--init .* and --resume .*: give one of them"):
@@ -880,6 +880,46 @@ def test_resume_names_the_runs_value_and_refuses_init(tmp_path, tiny_run, capsys
     assert main([*base, "--order", "area", "--init", str(tiny_run[0] / "last")]) == 2
     _one_line_error(capsys, "--init", "--resume", "give one of them")
     assert _snapshot(run) == before
+
+
+def test_resume_takes_the_runs_own_options(tmp_path, caplog):
+    """`rlsched train --out RUN --resume` alone continues the run with its own traces, cluster, reward,
+    hyper-parameters and seed: options not given are not replaced by the defaults (gamma 0.99 became 1.0,
+    the learning rate 3e-4, and every run-defining option had to be repeated one refusal at a time)."""
+    import logging
+
+    from rlsched.cli import main
+    from trainer.traces import write_trace
+
+    write_trace(tmp_path / "t.csv", _trace(6, 6))
+    run = tmp_path / "run"
+    new = ["train", "--traces", str(tmp_path / "t.csv"), "--cluster", "2x4", "--n-envs", "1", "--order", "area",
+           "--aging", "1800", "--reward", "seed", "--w1", "0.3", "--gamma", "0.99", "--lr", "1e-4", "--ent-coef", "0",
+           "--seed", "5", "--prior", "bias", "--algo", "ppo", "--timesteps", "512", "--eval-freq", "512",
+           "--out", str(run)]
+    assert main(new) == 0
+    first = load_checkpoint(run / "last").meta["training"]["config"]
+    with caplog.at_level(logging.INFO, logger="trainer"):
+        assert main(["train", "--out", str(run), "--resume", "--timesteps", "1024"]) == 0
+    cfg = load_checkpoint(run / "last").meta["training"]
+    assert cfg["timesteps"] == 1024
+    assert {k: v for k, v in cfg["config"].items() if k != "timesteps"} == {
+        k: v for k, v in first.items() if k != "timesteps"}
+    assert any("taken from the run" in r.getMessage() and "--gamma" in r.getMessage() for r in caplog.records)
+    capsys_free = main(["train", "--out", str(run), "--resume", "--lr", "5e-5", "--timesteps", "1536"])
+    assert capsys_free == 0 and load_checkpoint(run / "last").meta["training"]["config"]["learning_rate"] == 5e-5
+
+
+def test_w1_without_the_seed_reward_is_refused(tmp_path, capsys):
+    from rlsched.cli import main
+    from trainer.traces import write_trace
+
+    write_trace(tmp_path / "t.csv", _trace(6, 6))
+    assert main(["train", "--traces", str(tmp_path / "t.csv"), "--w1", "0.3", "--out", str(tmp_path / "o")]) == 2
+    _one_line_error(capsys, "--w1 weighs the seed reward only", "jct-rel")
+    assert not (tmp_path / "o").exists()
+    assert main(["train", "--out", str(tmp_path / "o")]) == 2
+    _one_line_error(capsys, "--traces is required")
 
 
 def test_a_second_run_into_the_same_out_is_refused(tmp_path):

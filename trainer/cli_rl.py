@@ -30,6 +30,8 @@ from trainer.cli_sim import non_negative_float, positive_float, seed_int
 
 __all__ = ["register"]
 
+log = logging.getLogger(__name__)
+
 
 def _arch(text: str) -> tuple[int, ...]:
     try:
@@ -58,14 +60,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--algo",
         choices=("maskable-ppo", "ppo", "a2c", "dqn"),
-        default="maskable-ppo",
+        default=None,
         help="RL algorithm (default maskable-ppo)",
     )
     p.add_argument(
         "--traces",
-        required=True,
         action="append",
-        help="training trace file or directory (searched recursively; repeatable)",
+        default=None,
+        help="training trace file or directory (searched recursively; repeatable; required for a new run)",
     )
     p.add_argument(
         "--val-traces",
@@ -73,39 +75,40 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="validation traces for best-model selection (repeatable; default: none, last = best)",
     )
-    p.add_argument("--cluster", default="4x8", help="cluster: NODESxGPUS or YAML/TOML file (default 4x8)")
+    p.add_argument("--cluster", default=None, help="cluster: NODESxGPUS or YAML/TOML file (default 4x8)")
     p.add_argument(
         "--reward",
         choices=("jct-rel", "jct", "progress", "seed"),
-        default="jct-rel",
+        default=None,
         help="jct-rel (default: -jobs in system per round / the trace's greedy-np average JCT), "
         "jct (unscaled), progress (DL2), or the seed's -W1*CS+W2*Util",
     )
-    p.add_argument("--w1", type=_unit, default=0.4, help="W1 of the seed reward, W2 = 1 - W1 (default 0.4)")
+    p.add_argument("--w1", type=_unit, default=None, help="W1 of the seed reward (--reward seed only), W2 = 1 - W1 (default 0.4)")
     p.add_argument(
         "--timesteps",
         type=_positive_int,
-        default=50_000,
-        help="environment steps, rounded up to whole rollouts (default 50000)",
+        default=None,
+        help="environment steps in all (a resumed run counts its steps done), rounded up to whole rollouts "
+        "(default 50000)",
     )
-    p.add_argument("--n-envs", type=_positive_int, default=2, help="vectorised environments (default 2)")
-    p.add_argument("--eval-freq", type=_positive_int, default=5_000, help="evaluate every N steps (default 5000)")
-    p.add_argument("--net-arch", type=_arch, default=(64, 64), help="hidden layer sizes, e.g. 64,64 (default 64,64)")
-    p.add_argument("--lr", type=positive_float, default=3e-4, help="learning rate, > 0 (default 3e-4)")
+    p.add_argument("--n-envs", type=_positive_int, default=None, help="vectorised environments (default 2)")
+    p.add_argument("--eval-freq", type=_positive_int, default=None, help="evaluate every N steps (default 5000)")
+    p.add_argument("--net-arch", type=_arch, default=None, help="hidden layer sizes, e.g. 64,64 (default 64,64)")
+    p.add_argument("--lr", type=positive_float, default=None, help="learning rate, > 0 (default 3e-4)")
     p.add_argument(
-        "--ent-coef", type=non_negative_float, default=0.01, help="entropy bonus, >= 0 (PPO/A2C, default 0.01)"
+        "--ent-coef", type=non_negative_float, default=None, help="entropy bonus, >= 0 (PPO/A2C, default 0.01)"
     )
     p.add_argument(
-        "--gamma", type=_unit, default=1.0, help="discount in [0, 1] (default 1.0; use 0.99 for progress / seed)"
+        "--gamma", type=_unit, default=None, help="discount in [0, 1] (default 1.0; use 0.99 for progress / seed)"
     )
-    p.add_argument("--seed", type=seed_int, default=0, help="random seed in [0, 2**32 - 1] (default 0)")
+    p.add_argument("--seed", type=seed_int, default=None, help="random seed in [0, 2**32 - 1] (default 0)")
     p.add_argument(
         "--no-prior-init", action="store_true", help="start from SB3's random output layer instead of the action prior"
     )
     p.add_argument(
         "--prior-scale",
         type=positive_float,
-        default=1.0,
+        default=None,
         help="logit gap between consecutive actions of the prior init (default 1)",
     )
     p.add_argument(
@@ -118,13 +121,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--prior-theta",
         type=_unit,
-        default=0.8,
+        default=None,
         help="admission prior: predicted normalised speed below which an option ranks after 'nothing' (default 0.8)",
     )
     p.add_argument(
         "--order",
         choices=("fill", "area", "plan"),
-        default="plan",
+        default=None,
         help="candidate order: area = least aged remaining GPU-time first; fill = the same plus a tail rule "
         "that pairs a job of more than half the cluster with jobs filling its gap; plan = waves of a long queue of "
         "equal-length jobs packed node by node (policies/waves.py), fill otherwise (policies/encoding.py; default plan, the shipped networks' order)",
@@ -132,7 +135,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--aging",
         type=float_in_range(MIN_AGING_S, MAX_AGING_S),
-        default=AGING_S,
+        default=None,
         metavar="SECONDS",
         help=f"aging time constant of the candidate order: a job's remaining GPU-time key is multiplied by "
         f"exp(-wait / SECONDS), {MIN_AGING_S:g} to {MAX_AGING_S:g} (default {AGING_S:g}; the shipped networks were trained with 1800 and run with "
@@ -150,7 +153,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     again.add_argument(
         "--resume",
         action="store_true",
-        help="continue from OUT/last, with the run's own settings, --seed and --val-traces",
+        help="continue the run in OUT from OUT/last: every option not given takes the run's own value (traces, "
+        "cluster, reward, hyper-parameters, seed, --timesteps, ...); a given one that defines the run (algorithm, "
+        "cluster, reward, prior, network, order, aging, seed, validation traces) must equal the run's",
     )
     again.add_argument(
         "--overwrite", action="store_true", help="start over in an OUT that holds a run (deletes its checkpoints)"
@@ -220,37 +225,71 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return 1
 
 
+#: ``rlsched train`` option (argparse dest) -> the :class:`~trainer.train.TrainConfig` field it sets. Each
+#: defaults to ``None`` on the command line: a new run takes TrainConfig's default, a resumed run its own
+#: value (its ``last`` checkpoint's ``training.config``)
+_RUN_OPTIONS = {
+    "algo": "algo", "cluster": "cluster", "reward": "reward", "w1": "w1", "timesteps": "timesteps",
+    "n_envs": "n_envs", "eval_freq": "eval_freq", "net_arch": "net_arch", "lr": "learning_rate",
+    "ent_coef": "ent_coef", "gamma": "gamma", "seed": "seed", "prior_scale": "prior_scale", "prior": "prior",
+    "prior_theta": "prior_theta", "order": "order", "aging": "aging_s", "traces": "traces",
+    "val_traces": "val_traces",
+}
+
+
+def _run_config(out: Path) -> dict[str, Any]:
+    """The ``training.config`` of the run in ``out`` (its ``last.json``), ``{}`` if there is none to read
+    (``check_run`` then says why the run cannot be resumed)."""
+    try:
+        cfg = json.loads((out / "last.json").read_text())["training"]["config"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return cfg if isinstance(cfg, dict) else {}
+
+
+def _resolve_options(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+    """TrainConfig fields from the options given, else (``--resume``) the run's own values, else the defaults;
+    and the options taken from the run (for the log)."""
+    from trainer.train import TrainConfig, TrainConfigError
+
+    defaults = TrainConfig()
+    run = _run_config(Path(args.out)) if args.resume else {}
+    values: dict[str, Any] = {}
+    from_run: list[str] = []
+    for dest, fld in _RUN_OPTIONS.items():
+        given = getattr(args, dest)
+        if given is not None:
+            values[fld] = list(given) if fld in ("traces", "val_traces") else given
+        elif fld in run and (run[fld] is not None or fld == "prior"):
+            v = run[fld]
+            values[fld] = tuple(v) if fld == "net_arch" and isinstance(v, list) else v
+            from_run.append("--" + dest.replace("_", "-"))
+        else:
+            values[fld] = getattr(defaults, fld)
+    if not values["traces"]:
+        raise TrainConfigError("--traces is required (a resumed run takes its own when its last.json names them)")
+    if args.w1 is not None and values["reward"] != "seed":
+        raise TrainConfigError(f"--w1 weighs the seed reward only; this run's reward is {values['reward']} "
+                               "(pass --reward seed, or drop --w1)")
+    return values, from_run
+
+
 def _train(args: argparse.Namespace) -> int:
     from trainer.env import load_trace_dir
     from trainer.train import TrainConfig, check_run, train
 
+    values, from_run = _resolve_options(args)
+    if from_run:
+        log.info("--resume: %s taken from the run", ", ".join(from_run))
     cfg = TrainConfig(
-        algo=args.algo,
-        cluster=args.cluster,
-        reward=args.reward,
-        w1=args.w1,
-        timesteps=args.timesteps,
-        n_envs=args.n_envs,
-        seed=args.seed,
-        net_arch=args.net_arch,
-        learning_rate=args.lr,
-        ent_coef=args.ent_coef,
-        gamma=args.gamma,
-        eval_freq=args.eval_freq,
+        **values,
         prior_init=not args.no_prior_init,
-        prior_scale=args.prior_scale,
-        prior=args.prior,
-        prior_theta=args.prior_theta,
-        order=args.order,
-        aging_s=args.aging,
         init=args.init,
-        traces=list(args.traces),
-        val_traces=list(args.val_traces or []),
     )
     # options, --out, --init and the run to resume, before the traces are even read (train() checks again)
     cluster = check_run(cfg, args.out, resume=args.resume, overwrite=args.overwrite).cluster
-    train_sets = [t for d in args.traces for t in load_trace_dir(d, cluster)]
-    val_sets = [t for d in (args.val_traces or []) for t in load_trace_dir(d, cluster)]
+    train_sets = [t for d in cfg.traces for t in load_trace_dir(d, cluster)]
+    val_sets = [t for d in cfg.val_traces for t in load_trace_dir(d, cluster)]
     with _progress_bar("train", "steps") as update:
         summary = train(
             cfg, train_sets, val_sets, args.out, resume=args.resume, overwrite=args.overwrite, progress=update
