@@ -79,9 +79,12 @@ def shipped_checkpoint(mode: str, cluster: ClusterSpec) -> Path:
     p = base / f"{mode}-{cluster.describe()}.json"
     if not p.is_file():
         have = sorted(x.stem for x in base.glob("*.json")) if base.is_dir() else []
+        how = (f"--cluster {cluster.describe()}" if cluster.is_homogeneous
+               else "--cluster FILE` (FILE: this cluster's YAML/TOML file)")
         raise CheckpointError(
             f"no shipped {mode} checkpoint for a {cluster.describe()} cluster (shipped: {', '.join(have) or 'none'}); "
-            f"train one with `rlsched train --cluster {cluster.describe()} ...` and use {mode}:/path/to/checkpoint"
+            f"train one with `rlsched train {how}{' ...`' if cluster.is_homogeneous else ''} and use "
+            f"{mode}:/path/to/checkpoint"
         )
     return p
 

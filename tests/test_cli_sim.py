@@ -114,9 +114,25 @@ def test_existing_output_is_protected_and_overwrite_replaces_it(tmp_path, capsys
     assert main(argv) == 2
     assert "not empty" in capsys.readouterr().err
     assert (out / "keep.txt").read_text() == "mine"
-    assert main([*argv, "--overwrite"]) == 0
-    assert not (out / "keep.txt").exists() and (out / "summary.json").exists()
+    # --overwrite replaces an earlier simulate output only: a directory with other files is refused, untouched
+    assert main([*argv, "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert "holds 'keep.txt', which simulate did not write" in err and len(err.strip().splitlines()) == 1
+    assert (out / "keep.txt").read_text() == "mine"
+    (out / "keep.txt").unlink()
+    assert main(argv) == 0
+    first = (out / "summary.json").read_text()
+    assert main(argv) == 2  # not empty now
+    assert main([*argv, "--overwrite", "--policy", "srtf"]) == 0  # replaces its own earlier output
+    assert (out / "summary.json").read_text() != first and (out / "jobs_srtf.parquet").exists()
+    assert not (out / "jobs_fifo.parquet").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    # something that only looks like one (a stray file, a summary.json of something else) is refused too
+    (out / "notes.md").write_text("x")
+    assert main([*argv, "--overwrite"]) == 2 and (out / "notes.md").exists()
+    (out / "notes.md").unlink()
+    (out / "summary.json").write_text("{}")
+    assert main([*argv, "--overwrite"]) == 2 and "no simulate summary.json" in capsys.readouterr().err
 
 
 def test_empty_existing_output_dir_is_used(tmp_path):
@@ -243,5 +259,5 @@ def test_overwrite_never_deletes_the_trace_it_reads(tmp_path, capsys):
     shutil.copy(TRACE0, trace)
     rc = main(["simulate", "--trace", str(trace), "--policy", "fifo", "--out", str(out), "--overwrite"])
     err = capsys.readouterr().err
-    assert rc == 2 and "is inside --out" in err and len(err.strip().splitlines()) == 1, err
+    assert rc == 2 and "which simulate did not write" in err and len(err.strip().splitlines()) == 1, err
     assert trace.exists()

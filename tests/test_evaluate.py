@@ -325,3 +325,16 @@ def test_figure_titles_name_the_cluster_evaluated(tmp_path, monkeypatch):
     cdf = [t for t in titles if t.startswith("CDF of JCT")]
     assert cdf == ["CDF of JCT (normal mix, all sets pooled, 2x4)"]
     assert len(titles) == 3 and all("2x4" in t and "4x8" not in t for t in titles), titles
+
+
+def test_evaluate_needs_an_explicit_out(tmp_path, capsys, monkeypatch):
+    """Without --out, evaluate wrote into ./docs: run from the repository root with other traces, it silently
+    replaced the committed results. --out is now required (the documented command passes --out docs)."""
+    from rlsched.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as ei:
+        main(["evaluate", "--policies", "srtf", "--traces", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert ei.value.code == 2 and "--out" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "docs").exists()

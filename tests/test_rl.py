@@ -55,8 +55,12 @@ def test_names_and_errors(tmp_path):
         make_rl_policy(f"rl-base:{tmp_path / 'missing'}", C48, PERF)
     with pytest.raises(CheckpointError, match="trained for a 4x8"):
         make_rl_policy(f"rl-base:{ck}", ClusterSpec.parse("2x8"))
-    with pytest.raises(CheckpointError, match="no shipped"):
+    with pytest.raises(CheckpointError, match=r"no shipped.*`rlsched train --cluster 3x2 \.\.\.`"):
         make_rl_policy("rl-base", ClusterSpec.parse("3x2"))
+    # a heterogeneous cluster: the hint names a cluster file, not its description ("3 nodes / 20 GPUs")
+    (tmp_path / "c.yaml").write_text("nodes:\n  - {count: 2, gpus: 8}\n  - {count: 1, gpus: 4}\n")
+    with pytest.raises(CheckpointError, match=r"--cluster FILE` \(FILE: this cluster's YAML/TOML file\)"):
+        make_rl_policy("rl-base", ClusterSpec.parse(str(tmp_path / "c.yaml")))
 
 
 def test_shipped_checkpoints_load():

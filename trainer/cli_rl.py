@@ -186,8 +186,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     e.add_argument(
         "--out",
-        default="docs",
-        help="where RESULTS.md-style outputs go: OUT/rl_results.json, OUT/figures/ (default docs)",
+        required=True,
+        help="where the outputs go: OUT/rl_results.json and the rl_* figures in OUT/figures/ (replaced as a set; "
+        "the repository's are in docs)",
     )
     e.add_argument(
         "--results-md", default=None, help="write the Markdown results section to this file (e.g. docs/RESULTS.md)"

@@ -17,7 +17,8 @@ complete or not at all. Written files:
 * ``jct_cdf.png``, ``util_timeline.png``, ``util_kde.png``,
   ``cs_distribution.png`` (:mod:`trainer.report`).
 
-``--out`` must not exist or be an empty directory, unless ``--overwrite``.
+``--out`` must not exist or be an empty directory, unless ``--overwrite`` and it holds only an
+earlier ``simulate`` output (never another directory's files).
 ``--trace`` defaults to the repository's DeepShare evaluation trace
 (``data/traces/deepshare/simulate/trace0.json``, found from any directory).
 """
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import fnmatch
 import json
 import math
 import os
@@ -102,7 +104,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--cluster", default="4x8", help="NODESxGPUS or a YAML/TOML cluster file (default: %(default)s)")
     p.add_argument("--out", required=True, help="output directory (must not exist or be empty, see --overwrite)")
-    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists and is not empty")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it holds an earlier simulate output "
+                   "(anything else in it is refused, never deleted)")
     p.add_argument(
         "--round",
         type=float_at_least(MIN_ROUND_S),
@@ -158,6 +161,26 @@ def _file_stem(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "policy"
 
 
+def _not_simulate_output(out: Path) -> str | None:
+    """``None`` when directory ``out`` is empty or holds only what ``simulate --out`` writes (``summary.json``
+    with its ``policies`` / ``files`` / ``summaries`` keys, ``jobs_*.parquet``, ``*.png``, all plain files);
+    else the first thing that is not (named for the error)."""
+    entries = sorted(out.iterdir())
+    if not entries:
+        return None
+    for e in entries:
+        plain = e.is_file() and not e.is_symlink()
+        if not plain or not (e.name == "summary.json" or fnmatch.fnmatch(e.name, "jobs_*.parquet")
+                             or e.name.endswith(".png")):
+            return repr(e.name)
+    try:
+        doc = json.loads((out / "summary.json").read_text())
+        ok = isinstance(doc, dict) and {"policies", "files", "summaries"} <= doc.keys()
+    except (OSError, ValueError):
+        ok = False
+    return None if ok else "no simulate summary.json"
+
+
 def _check_out(out: Path, overwrite: bool) -> None:
     # --out is replaced as a whole (renamed away, then deleted): never the working directory or one
     # that holds it (the shell would be left in a deleted directory, or it would be deleted with it)
@@ -173,6 +196,13 @@ def _check_out(out: Path, overwrite: bool) -> None:
             raise OutputDirError(f"--out {out} exists and is not a directory")
         if any(out.iterdir()) and not overwrite:
             raise OutputDirError(f"--out {out} exists and is not empty (use --overwrite to replace it)")
+        if overwrite:
+            stray = _not_simulate_output(out)
+            if stray is not None:
+                raise OutputDirError(
+                    f"--out {out} holds {stray}, which simulate did not write; --overwrite replaces only an earlier "
+                    "simulate output (choose another --out, or empty it)"
+                )
     why = unwritable(out)
     if why is not None:
         raise OutputDirError(f"--out {out}: {why}")
