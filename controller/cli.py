@@ -3,7 +3,7 @@
 ``run`` starts the daemon (foreground; systemd runs it as
 ``rlsched-controller.service``); ``status`` prints what the running daemon
 last did (from ``state_dir/status.json``); ``check-config`` validates a
-config file and exits 0 or 2 with the bad key named.
+config file (``PATH`` or ``--config``) and exits 0 or 2 with the bad key named.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+import stat
 import sys
 import time
 from pathlib import Path
@@ -60,7 +61,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         ctl = Controller(cfg)
     except OSError as exc:
-        raise ConfigError(f"controller.state_dir {cfg.controller.state_dir}: {exc}") from None
+        sd = cfg.controller.state_dir
+        raise ConfigError(f"controller.state_dir {sd}: {dir_problem(sd) or exc.strerror or exc}") from None
     ctl.lock_state_dir()
     try:
         # a bad heuristic name stops the start-up here; RL policies need the
@@ -88,7 +90,7 @@ def pid_alive(pid: int) -> bool:
         return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # OverflowError: beyond pid_t, no process's
         return False
     except PermissionError:
         return True
@@ -123,35 +125,163 @@ def _state_dir(args: argparse.Namespace) -> Path:
     return Path(args.state_dir) if args.state_dir else Path(load_config(_config_path(args)).controller.state_dir)
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    state_dir = _state_dir(args)
+def _nearest_existing(path: Path) -> tuple[Path, os.stat_result]:
+    """``path`` (made absolute) or its nearest ancestor that exists, with its ``stat`` (symbolic links followed).
+    ValueError, saying why, when a folder on the way cannot be looked at or is a symbolic link to nothing."""
+    p = Path(os.path.abspath(path))
+    while True:
+        try:
+            return p, p.stat()
+        except (FileNotFoundError, NotADirectoryError):  # not there, or a file on the way: look further up
+            if p.is_symlink():
+                raise ValueError(f"{p} is a symbolic link to nothing") from None
+            p = p.parent  # "/" always exists
+        except OSError as exc:
+            raise ValueError(f"cannot look at {p}: {exc.strerror or exc}") from None
+
+
+def _write_problem(folder: Path) -> str | None:
+    """Why this process cannot make files in ``folder`` (an existing folder), or None."""
+    if os.access(folder, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids):
+        return None
+    try:
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            return f"{folder} is on a read-only file system"
+    except OSError:
+        pass
+    from controller.daemon import user_name
+
+    return f"{folder} is not writable by {user_name(os.geteuid())}"
+
+
+def dir_problem(path: str | Path) -> str | None:
+    """Why the controller could not make or use the folder ``path`` (``controller.state_dir``: ``Controller``
+    makes it with its parents), or None when it can. Nothing is made: ``path`` itself when it exists, else its
+    nearest existing ancestor, must be a folder that this process's user can write into."""
+    try:
+        found, st = _nearest_existing(Path(path))
+    except ValueError as exc:
+        return str(exc)
+    there = found == Path(os.path.abspath(path))
+    if not stat.S_ISDIR(st.st_mode):
+        return "not a directory" if there else f"cannot be made: {found} is not a directory"
+    problem = _write_problem(found)
+    return f"{'' if there else 'cannot be made: '}{problem}" if problem else None
+
+
+def file_problem(path: str | Path) -> str | None:
+    """Why no user could open ``path`` to append to it (``controller.log_file``), or None. Only what is wrong
+    for every user: whether its folder exists and who may write there depends on who starts the controller
+    (systemd makes /var/log/rlsched, ``LogsDirectory``, only then)."""
+    try:
+        found, st = _nearest_existing(Path(path))
+    except ValueError as exc:
+        return str(exc)
+    if found == Path(os.path.abspath(path)):
+        return "a directory, not a file" if stat.S_ISDIR(st.st_mode) else None
+    return None if stat.S_ISDIR(st.st_mode) else f"cannot be made: {found} is not a directory"
+
+
+def _bad_status(f: Path, why: str) -> ConfigError:
+    return ConfigError(f"{f}: not a valid status file ({why})")
+
+
+_JSON_TYPES = {"list": "array", "str": "string", "int": "number", "float": "number", "bool": "true/false",
+               "NoneType": "null"}
+
+
+def _finite(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _clock(t: float) -> str:
+    """``t`` (seconds since the epoch) as local HH:MM:SS; ValueError when no clock time is that."""
+    try:
+        return time.strftime("%H:%M:%S", time.localtime(t))
+    except (OverflowError, OSError) as exc:
+        raise ValueError(str(exc)) from None
+
+
+def read_status(state_dir: Path) -> dict:
+    """``state_dir/status.json`` as the controller writes it (``Controller._write_status``); :class:`ConfigError`,
+    one line naming the file, when there is none, it cannot be read, or it is not such a document."""
+    try:
+        found, st = _nearest_existing(state_dir)
+    except ValueError as exc:
+        raise ConfigError(f"{state_dir}: cannot use it as a state dir: {exc}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        if found == Path(os.path.abspath(state_dir)):
+            raise ConfigError(f"{state_dir}: not a directory (a state dir is a folder)")
+        raise ConfigError(f"{state_dir}: no such state dir: {found} is not a directory")
     f = state_dir / "status.json"
     try:
-        doc = json.loads(f.read_text())
+        text = f.read_text()
     except FileNotFoundError:
         raise ConfigError(f"{f}: no status yet (is the controller running with this state_dir?)") from None
+    except IsADirectoryError:
+        raise _bad_status(f, "a directory") from None
+    except UnicodeDecodeError as exc:
+        raise _bad_status(f, f"not UTF-8 text, byte {exc.start}") from None
+    except OSError as exc:
+        raise ConfigError(f"{f}: cannot read: {exc.strerror or exc}") from None
+    if not text.strip():
+        raise _bad_status(f, "empty")
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise _bad_status(f, f"not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise _bad_status(f, f"a JSON {_JSON_TYPES.get(type(doc).__name__, 'value')}, not an object")
+    for key, ok, what in (
+        ("time", _finite, "a number"),
+        ("pid", lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+        ("policy", lambda v: isinstance(v, str), "a string"),
+        ("rounds", lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+        ("last_round", lambda v: isinstance(v, dict), "an object"),
+        ("history", lambda v: isinstance(v, list), "an array"),
+    ):
+        if key not in doc:
+            raise _bad_status(f, f"no {key!r}")
+        if not ok(doc[key]):
+            raise _bad_status(f, f"{key!r} must be {what}, got {doc[key]!r:.40}")
+    try:
+        _clock(doc["time"])
+        for i, h in enumerate(doc["history"]):
+            if not (isinstance(h, dict) and _finite(h.get("t")) and isinstance(h.get("action"), str) and "job" in h
+                    and isinstance(h.get("detail", {}), dict)):
+                raise ValueError(f"history[{i}] is not an action (t, action, job, detail)")
+            _clock(h["t"])
+    except ValueError as exc:
+        raise _bad_status(f, str(exc)) from None
+    return doc
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    doc = read_status(_state_dir(args))
     if args.json:
         print(json.dumps(doc, indent=1))
         return 0
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     con = Console()
-    age = time.time() - float(doc.get("time", 0))
-    lr = doc.get("last_round", {})
-    pid = doc.get("pid")
-    gone = isinstance(pid, int) and not pid_alive(pid)
+    age = time.time() - doc["time"]
+    lr = doc["last_round"]
+    pid = doc["pid"]
+    gone = not pid_alive(pid)
     con.print(
-        f"policy [bold]{doc.get('policy')}[/], {doc.get('rounds')} rounds, last {age:.0f} s ago "
-        f"(pid {pid}{', [red]not running[/]' if gone else ''}); queue {lr.get('queue')}, running {lr.get('running')}"
-        + (f"; [red]error: {lr.get('error')}[/]" if lr.get("error") else "")
+        f"policy [bold]{escape(doc['policy'])}[/], {doc['rounds']} rounds, last {age:.0f} s ago "
+        f"(pid {pid}{', [red]not running[/]' if gone else ''}); "
+        f"queue {escape(str(lr.get('queue', '?')))}, running {escape(str(lr.get('running', '?')))}"
+        + (f"; [red]error: {escape(str(lr.get('error')))}[/]" if lr.get("error") else "")
     )
     t = Table(title="recent actions")
     for col in ("time", "action", "job", "GPUs per node"):
         t.add_column(col)
-    for h in doc.get("history", []):
-        t.add_row(time.strftime("%H:%M:%S", time.localtime(h["t"])), h["action"], str(h["job"]),
-                  ", ".join(f"{k}:{v}" for k, v in h.get("detail", {}).items()))
+    for h in doc["history"]:
+        t.add_row(_clock(h["t"]), escape(h["action"]), escape(str(h["job"])),
+                  escape(", ".join(f"{k}:{v}" for k, v in h.get("detail", {}).items())))
     con.print(t)
     return 0
 
@@ -203,6 +333,18 @@ def cmd_preempt(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_path(args: argparse.Namespace) -> str:
+    """The file ``check-config`` checks: ``PATH`` or ``--config`` (one of them, or both the same), else the
+    file ``run`` would read ($RLSCHED_CONTROLLER_CONFIG, then /etc/rlsched/controller.toml if it exists)."""
+    if args.path and args.config and os.path.abspath(args.path) != os.path.abspath(args.config):
+        raise ConfigError(f"two config files given ({args.path} and --config {args.config}): check one at a time")
+    path = args.path or _config_path(args)
+    if not path:
+        raise ConfigError(f"no config file to check: give PATH or --config (no $RLSCHED_CONTROLLER_CONFIG, "
+                          f"no {DEFAULT_CONFIG})")
+    return path
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     """Validate the file, then build its agent authenticator (``[agents] auth``, as the daemon does with
     ``make_auth``: an unknown spec or an unusable key file is exit 2 here, where the daemon would run
@@ -215,20 +357,27 @@ def cmd_check(args: argparse.Namespace) -> int:
     that is missing or does not load fails here, exit 2 with one line, instead
     of at the daemon's first round.
     """
-    cfg = load_config(args.path)
+    path = _check_path(args)
+    cfg = load_config(path)
+    c = cfg.controller
+    problem = dir_problem(c.state_dir)
+    if problem:
+        raise ConfigError(f"{path}: controller.state_dir {c.state_dir}: {problem}")
+    problem = c.log_file and file_problem(c.log_file)
+    if problem:
+        raise ConfigError(f"{path}: controller.log_file {c.log_file}: {problem}")
     if cfg.agents.enabled:  # the daemon builds it at its first round and, if that fails, runs without agents
         from controller.preemption import make_auth
 
         try:
             make_auth(cfg.agents.auth, cfg.slurm.conf)
         except ConfigError as exc:
-            raise ConfigError(f"{args.path}: {exc}") from None
+            raise ConfigError(f"{path}: {exc}") from None
     from controller.daemon import make_policy
     from policies.base import PolicyError
     from policies.cluster import ClusterSpec
     from policies.perf import ContentionModel
 
-    c = cfg.controller
     name = c.policy.strip()
     rl = name.lower().startswith("rl")
     key = "controller.policy"
@@ -252,8 +401,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         key = "controller.policy"
         make_policy(name, cluster, ContentionModel(cluster), c.policy_checkpoint)
     except PolicyError as exc:
-        raise PolicyError(f"{args.path}: {key}: {exc}") from None
-    print(f"{args.path}: OK (policy {c.policy}, interval {c.interval_s:g} s{shape})")
+        raise PolicyError(f"{path}: {key}: {exc}") from None
+    print(f"{path}: OK (policy {c.policy}, interval {c.interval_s:g} s{shape})")
     return 0
 
 
@@ -276,7 +425,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("controller", help="the placement daemon beside slurmctld")
     csub = p.add_subparsers(dest="controller_command", metavar="SUBCOMMAND")
     r = csub.add_parser("run", help="run the controller (foreground)")
-    r.add_argument("--config", help=f"TOML config (default $RLSCHED_CONTROLLER_CONFIG or {DEFAULT_CONFIG})")
+    config_help = f"TOML config (default $RLSCHED_CONTROLLER_CONFIG or {DEFAULT_CONFIG})"
+    r.add_argument("--config", help=config_help)
     r.add_argument("--policy", help="override controller.policy")
     r.add_argument("--interval", type=float_in_range(0.0, MAX_INTERVAL_S, lo_open=True),
                    help=f"override controller.interval_s (seconds, in (0, {MAX_INTERVAL_S:g}])")
@@ -284,18 +434,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--metrics-port", type=port_or_zero, help="override metrics.port (1..65535; 0: off)")
     r.add_argument("--once", action="store_true", help="run one round and exit (status 1 if it failed)")
     r.set_defaults(func=cmd_run)
-    s = csub.add_parser("status", help="what the running controller did last")
-    s.add_argument("--config")
-    s.add_argument("--state-dir")
-    s.add_argument("--json", action="store_true")
+    s = csub.add_parser("status", help="what the running controller did last",
+                        description="Print what the controller last did, from STATE_DIR/status.json.")
+    s.add_argument("--config", help=f"{config_help}; its controller.state_dir is read")
+    s.add_argument("--state-dir", help="the controller's state dir (default: controller.state_dir of the config)")
+    s.add_argument("--json", action="store_true", help="print status.json as JSON, for scripts")
     s.set_defaults(func=cmd_status)
-    q = csub.add_parser("preempt", help="checkpoint and requeue running jobs (operator request)")
-    q.add_argument("job_ids", nargs="+", metavar="JOBID")
-    q.add_argument("--config")
-    q.add_argument("--state-dir")
+    q = csub.add_parser("preempt", help="checkpoint and requeue running jobs (operator request)",
+                        description="Ask the running controller to checkpoint and requeue jobs at its next round "
+                                    "(a request file in STATE_DIR/requests; run it as the controller's user).")
+    q.add_argument("job_ids", nargs="+", metavar="JOBID", help="Slurm job id")
+    q.add_argument("--config", help=f"{config_help}; its controller.state_dir is used")
+    q.add_argument("--state-dir", help="the controller's state dir (default: controller.state_dir of the config)")
     q.set_defaults(func=cmd_preempt)
     c = csub.add_parser("check-config", help="validate a controller config file and build its policy")
-    c.add_argument("path")
+    c.add_argument("path", nargs="?", metavar="PATH",
+                   help=f"the TOML config to check (or --config; default, as for run: $RLSCHED_CONTROLLER_CONFIG "
+                        f"or {DEFAULT_CONFIG})")
+    c.add_argument("--config", help="the same as PATH (as run, status and preempt take it)")
     c.add_argument("--cluster", metavar="NODESxGPUS",
                    help="build the policy for this cluster shape (e.g. 4x8, or a cluster file); default: "
                         "the RL checkpoint's training shape (shipped checkpoints: 4x8)")

@@ -1,4 +1,4 @@
-"""``rlsched agent``: run the node agent (gRPC) beside slurmd.
+r"""``rlsched agent``: run the node agent (gRPC) beside slurmd.
 
     rlsched agent --node node1 --listen 127.0.0.1:50051 --store /shared/ckpt --auth munge
     rlsched agent --node node1 --listen 127.0.0.1:50051 --store hdfs://nn:9870/rlsched \
@@ -11,7 +11,9 @@ Logs are JSON lines on stderr (one object per event).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
 import shutil
 import signal
 import sys
@@ -131,9 +133,29 @@ def run_agent(args: argparse.Namespace) -> int:
 def run_keygen(args: argparse.Namespace) -> int:
     from nodeagent.auth import SharedKeyAuthenticator
 
+    existed = os.path.lexists(args.path)
     try:
         path = SharedKeyAuthenticator.generate(args.path)
     except FileExistsError:
         return _fail("agent-keygen", f"{args.path} already exists; refusing to overwrite a key")
+    except OSError as exc:  # a file on the way, a missing folder, no permission, a full disk
+        if not existed and os.path.isfile(args.path):  # made, then writing the key failed: no half-written key
+            with contextlib.suppress(OSError):
+                os.unlink(args.path)
+        return _fail("agent-keygen", f"{args.path}: cannot create the key file: {_why_not(args.path, exc)}")
     print(path)
     return 0
+
+
+def _why_not(path: str, exc: OSError) -> str:
+    """``exc``'s reason, naming the folder on the way it is about when that one is missing or a file."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if isinstance(exc, (NotADirectoryError, FileNotFoundError)):
+        nearest = parent
+        while not os.path.lexists(nearest):
+            nearest = os.path.dirname(nearest)
+        if not os.path.isdir(nearest):
+            return f"{nearest} is not a directory"
+        if nearest != parent:
+            return f"its folder {parent} does not exist"
+    return exc.strerror or str(exc)

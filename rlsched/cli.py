@@ -47,11 +47,31 @@ class _Parser(argparse.ArgumentParser):
 
     argparse prints the whole usage block before the error; here the error names the command,
     the option and what is wrong, and points to ``--help`` (exit status 2, as argparse). The
-    subcommands' parsers are of this class too (argparse makes them with the parent's class).
+    subcommands' parsers are :class:`_SubcommandParser`, a subclass (see :meth:`add_subparsers`).
     """
 
     def error(self, message: str):  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+    def add_subparsers(self, **kwargs):  # type: ignore[override]
+        kwargs.setdefault("parser_class", _SubcommandParser)
+        return super().add_subparsers(**kwargs)
+
+
+class _SubcommandParser(_Parser):
+    """A subcommand's parser: it reports the arguments it does not know itself.
+
+    argparse hands a subcommand's unknown arguments up to the top-level parser, whose error
+    would then point to ``rlsched --help``; here the subcommand's own parser says it and points
+    to its help (``rlsched controller status --help``). Only argparse calls this (on the
+    arguments after the subcommand's name), so no caller loses the extras it asked for.
+    """
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
 
 
 def build_parser() -> argparse.ArgumentParser:

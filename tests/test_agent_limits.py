@@ -275,3 +275,57 @@ def test_agent_cli_bad_lookup_limits_are_one_line_errors(tmp_path: Path, extra: 
                         *extra], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert needle in r.stderr.strip().splitlines()[-1], r.stderr
+
+
+def test_agent_help_shows_its_examples_as_written(capsys) -> None:
+    """Review finding: the backslash-newline in the module docstring joined two example lines with a run of
+    spaces ("…/rlsched                   --auth")."""
+    import re
+
+    from rlsched.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["agent", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert not re.search(r"\S {3,}--auth", out), out
+    assert re.search(r"--store hdfs://nn:9870/rlsched \\\n +--auth sharedkey:/etc/rlsched/agent.key\n", out), out
+
+
+@pytest.mark.parametrize("where,why", [
+    ("afile/k", "{tmp}/afile is not a directory"),
+    ("afile/a/b/k", "{tmp}/afile is not a directory"),
+    ("missing/k", "its folder {tmp}/missing does not exist"),
+])
+def test_agent_keygen_names_the_path_it_cannot_create(tmp_path: Path, capsys, where: str, why: str) -> None:
+    """Review finding: `agent-keygen /etc/hostname/k` printed a raw "[Errno 20] Not a directory"."""
+    from rlsched.cli import main
+
+    (tmp_path / "afile").write_text("")
+    path = tmp_path / where
+    assert main(["agent-keygen", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"rlsched agent-keygen: error: {path}: cannot create the key file: {why.format(tmp=tmp_path)}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_agent_keygen_leaves_no_half_written_key(tmp_path: Path, capsys, monkeypatch) -> None:
+    """A key file made but not written (a full disk) is removed: none rather than an empty key."""
+    import errno
+
+    from nodeagent import auth
+    from rlsched.cli import main
+
+    def full(_n: int) -> str:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(auth.secrets, "token_hex", full)
+    key = tmp_path / "agent.key"
+    assert main(["agent-keygen", str(key)]) == 2
+    assert capsys.readouterr().err == (f"rlsched agent-keygen: error: {key}: cannot create the key file: "
+                                       "No space left on device\n")
+    assert not key.exists()
+    monkeypatch.undo()
+    assert main(["agent-keygen", str(key)]) == 0 and len(key.read_text().strip()) == 64
+    assert main(["agent-keygen", str(key)]) == 2  # never overwritten, never removed
+    assert "already exists" in capsys.readouterr().err and len(key.read_text().strip()) == 64

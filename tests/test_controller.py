@@ -885,7 +885,10 @@ def test_cli_bad_config_exits_2_with_message(tmp_path, capsys):
         assert err == (f"rlsched controller run: error: argument {option}: {expected}, got {bad!r}"
                        " (see 'rlsched controller run --help')\n")
         assert "invalid" not in err and "Traceback" not in err
-    assert main(["controller", "check-config", str(REPO / "slurm_conf" / "controller.toml.example")]) == 0
+    example = tmp_path / "example.toml"  # with a state dir this user can make (not root's /var/lib)
+    example.write_text((REPO / "slurm_conf" / "controller.toml.example").read_text()
+                       .replace('state_dir = "/var/lib/rlsched"', f"state_dir = {str(tmp_path / 'state')!r}", 1))
+    assert main(["controller", "check-config", str(example)]) == 0
     assert main(["controller", "run", "--config", str(tmp_path / "missing.toml")]) == 2
     assert "config file not found" in capsys.readouterr().err
 
@@ -1170,7 +1173,7 @@ def _check_config(tmp_path, capsys, controller_toml: str, *extra: str) -> tuple[
     from rlsched.cli import main
 
     f = tmp_path / "check.toml"
-    f.write_text("[controller]\n" + controller_toml)
+    f.write_text(f"[controller]\nstate_dir = {str(tmp_path / 'state')!r}\n" + controller_toml)
     rc = main(["controller", "check-config", *extra, str(f)])
     cap = capsys.readouterr()
     return rc, cap.out, cap.err
@@ -1523,16 +1526,17 @@ def test_check_config_builds_the_agent_auth(tmp_path, capsys, auth, needle):
     from rlsched.cli import main
 
     f = tmp_path / "c.toml"
-    f.write_text(f"[agents]\nauth = {auth!r}\n")
+    state = f"[controller]\nstate_dir = {str(tmp_path / 'state')!r}\n"  # one this user can make
+    f.write_text(f"{state}[agents]\nauth = {auth!r}\n")
     assert main(["controller", "check-config", str(f)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(f) in err and needle in err
-    f.write_text(f"[agents]\nenabled = false\nauth = {auth!r}\n")  # not used
+    f.write_text(f"{state}[agents]\nenabled = false\nauth = {auth!r}\n")  # not used
     assert main(["controller", "check-config", str(f)]) == 0
     key = tmp_path / "agent.key"
     key.write_text("k" * 32)
     key.chmod(0o644)
-    f.write_text(f"[agents]\nauth = 'sharedkey:{key}'\n")
+    f.write_text(f"{state}[agents]\nauth = 'sharedkey:{key}'\n")
     assert main(["controller", "check-config", str(f)]) == 2
     assert "chmod 600" in capsys.readouterr().err
     key.chmod(0o600)
@@ -2042,3 +2046,187 @@ def test_probe_never_turns_an_unauthenticated_reply_into_no_agent():
     p.stats()  # puts node1 in the back-off as unverified
     out = p.checkpoint(job, 60.0)
     assert not out.ok and out.unverified_reply
+
+
+# --------------------------------------------------------------------------- CLI review: status, check-config, help
+def _status_doc(**changes) -> dict:
+    doc = {"time": 1000.0, "pid": 1, "policy": "greedy", "rounds": 3, "interval_s": 5.0,
+           "last_round": {"ok": True, "error": None, "queue": 2, "running": 1},
+           "history": [{"t": 990.0, "action": "place", "job": 7, "detail": {"node1": 4}}]}
+    doc.update(changes)
+    return {k: v for k, v in doc.items() if v is not _DROP}
+
+
+_DROP = object()
+
+
+_BAD_STATUS = [
+    ("{bad", "not JSON: Expecting property name"),
+    ("", "empty"),
+    ("\n", "empty"),
+    ("[]", "a JSON array, not an object"),
+    ('"x"', "a JSON string, not an object"),
+    ("{}", "no 'time'"),
+    (json.dumps(_status_doc(time=_DROP)), "no 'time'"),
+    (json.dumps(_status_doc(policy=_DROP)), "no 'policy'"),
+    (json.dumps(_status_doc(time="soon")), "'time' must be a number, got 'soon'"),
+    ('{"time": NaN}', "'time' must be a number"),
+    (json.dumps(_status_doc(time=1e300)), "timestamp out of range"),
+    (json.dumps(_status_doc(pid=True)), "'pid' must be an integer"),
+    (json.dumps(_status_doc(last_round=[])), "'last_round' must be an object"),
+    (json.dumps(_status_doc(history={})), "'history' must be an array"),
+    (json.dumps(_status_doc(history=[{"t": 1.0, "action": "place"}])), "history[0] is not an action"),
+    (json.dumps(_status_doc(history=[{"t": 1e300, "action": "place", "job": 7}])), "out of range"),
+]
+
+
+@pytest.mark.parametrize("text,why", _BAD_STATUS, ids=[why for _, why in _BAD_STATUS])
+def test_status_refuses_a_status_file_that_is_not_the_controllers(tmp_path, capsys, text, why):
+    """Review finding: a damaged status.json was a JSONDecodeError or AttributeError traceback (exit 1), and `{}`
+    printed "policy None, None rounds, last 1795322673 s ago"."""
+    from rlsched.cli import main
+
+    (tmp_path / "status.json").write_text(text)
+    for json_flag in ([], ["--json"]):
+        assert main(["controller", "status", "--state-dir", str(tmp_path), *json_flag]) == 2
+        cap = capsys.readouterr()
+        assert cap.out == "" and cap.err.count("\n") == 1, cap.err
+        assert cap.err.startswith(f"rlsched controller: error: {tmp_path / 'status.json'}: not a valid status file (")
+        assert why in cap.err
+
+
+def test_status_names_a_state_dir_that_is_not_a_directory(tmp_path, capsys):
+    """Review finding: a file as the state dir gave a raw "[Errno 20] Not a directory: ...", a status.json that
+    is a folder a raw "[Errno 21]"."""
+    from rlsched.cli import main
+
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    (tmp_path / "st" / "status.json").mkdir(parents=True)
+    for state, msg in ((afile, f"{afile}: not a directory (a state dir is a folder)"),
+                       (afile / "x" / "y", f"{afile / 'x' / 'y'}: no such state dir: {afile} is not a directory"),
+                       (tmp_path / "st", f"{tmp_path / 'st' / 'status.json'}: not a valid status file (a directory)"),
+                       (tmp_path / "none", f"{tmp_path / 'none' / 'status.json'}: no status yet")):
+        assert main(["controller", "status", "--state-dir", str(state)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"rlsched controller: error: {msg}") and err.count("\n") == 1, err
+        assert "Errno" not in err
+
+
+def test_status_prints_any_text_of_the_file_as_text(tmp_path, capsys):
+    """Names and errors in status.json are printed as they are: rich markup in them ("[/]") was a MarkupError
+    traceback, and a pid beyond pid_t an OverflowError (status, and preempt's check for a live controller)."""
+    from rlsched.cli import main
+
+    doc = _status_doc(policy="rl-base:/ck[/]pt", pid=2**80, last_round={"error": "squeue: [/b] failed", "queue": 0},
+                      history=[{"t": 990.0, "action": "place", "job": 7, "detail": {"n[/]1": 4}}])
+    (tmp_path / "status.json").write_text(json.dumps(doc))
+    assert main(["controller", "status", "--state-dir", str(tmp_path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps at the terminal's width
+    assert "rl-base:/ck[/]pt" in out and "squeue: [/b] failed" in out and "n[/]1:4" in out and "not running" in out
+    assert "running ?" in out  # a field the round did not report
+    assert main(["controller", "status", "--state-dir", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == doc
+
+
+def test_check_config_checks_the_state_dir_without_making_it(tmp_path, capsys, monkeypatch):
+    """Review finding: check-config said OK for a state_dir under a regular file, where `run` then failed."""
+    from rlsched.cli import main
+
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    cfg = tmp_path / "c.toml"
+
+    def check(controller: str) -> tuple[int, str]:
+        cfg.write_text(f"[agents]\nenabled = false\n[controller]\n{controller}\n")
+        rc = main(["controller", "check-config", str(cfg)])
+        cap = capsys.readouterr()
+        assert rc == 0 or (cap.out == "" and cap.err.count("\n") == 1), cap
+        return rc, cap.err
+
+    for state, msg in ((afile / "x", f"controller.state_dir {afile / 'x'}: cannot be made: {afile} is not a directory"),
+                       (afile, f"controller.state_dir {afile}: not a directory")):
+        assert check(f"state_dir = {str(state)!r}") == (2, f"rlsched controller: error: {cfg}: {msg}\n")
+    new = tmp_path / "new" / "state"
+    assert check(f"state_dir = {str(new)!r}") == (0, "")
+    assert not (tmp_path / "new").exists()  # nothing made
+    for log_file, msg in ((afile / "x.log", f"cannot be made: {afile} is not a directory"),
+                          (tmp_path, "a directory, not a file")):
+        rc, err = check(f"state_dir = {str(new)!r}\nlog_file = {str(log_file)!r}")
+        assert rc == 2 and f"{cfg}: controller.log_file {log_file}: {msg}" in err
+    # a log folder systemd makes at the start (LogsDirectory) need not exist yet
+    assert check(f"state_dir = {str(new)!r}\nlog_file = {str(tmp_path / 'logs' / 'c.log')!r}")[0] == 0
+
+    import os
+
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if str(p) == str(tmp_path) else real_access(p, mode, **kw))
+    rc, err = check(f"state_dir = {str(new)!r}")
+    assert rc == 2 and f"controller.state_dir {new}: cannot be made: {tmp_path} is not writable by " in err
+    rc, err = check(f"state_dir = {str(tmp_path)!r}")
+    assert rc == 2 and f"controller.state_dir {tmp_path}: {tmp_path} is not writable by " in err
+
+
+def test_check_config_takes_the_file_as_path_or_config(tmp_path, capsys, monkeypatch):
+    """Review finding: `check-config --config F` was refused while run, status and preempt take --config."""
+    from controller import cli as controller_cli
+    from rlsched.cli import main
+
+    good = tmp_path / "good.toml"
+    good.write_text(f"[agents]\nenabled = false\n[controller]\nstate_dir = {str(tmp_path / 'st')!r}\n")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[controller]\ninterval_s = 0\n")
+    monkeypatch.delenv("RLSCHED_CONTROLLER_CONFIG", raising=False)
+    monkeypatch.setattr(controller_cli, "DEFAULT_CONFIG", str(tmp_path / "absent.toml"))
+    for argv in ([str(good)], ["--config", str(good)], [str(good), "--config", str(good)]):
+        assert main(["controller", "check-config", *argv]) == 0
+        assert capsys.readouterr().out == f"{good}: OK (policy greedy, interval 5 s)\n"
+    assert main(["controller", "check-config", "--config", str(bad)]) == 2
+    assert "controller.interval_s: must be > 0" in capsys.readouterr().err
+    assert main(["controller", "check-config", str(good), "--config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"two config files given ({good} and --config {bad})" in err
+    assert main(["controller", "check-config"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no config file to check: give PATH or --config" in err
+    monkeypatch.setenv("RLSCHED_CONTROLLER_CONFIG", str(good))  # as for run
+    assert main(["controller", "check-config"]) == 0
+    assert capsys.readouterr().out.startswith(f"{good}: OK")
+
+
+def test_every_controller_option_has_help():
+    """Review finding: status and preempt listed --config, --state-dir and --json without a word."""
+    import argparse
+
+    from rlsched.cli import build_parser
+
+    top = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    ctl = next(a for a in top.choices["controller"]._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(ctl.choices) == {"run", "status", "preempt", "check-config"}
+    for name, parser in ctl.choices.items():
+        for action in parser._actions:
+            assert action.help, f"controller {name} {action.option_strings or action.metavar}: no help"
+
+
+def test_an_unknown_option_of_a_controller_subcommand_points_to_its_help(capsys):
+    """Review finding: argparse reported it from the top-level parser: "(see 'rlsched --help')"."""
+    from rlsched.cli import main
+
+    with pytest.raises(SystemExit) as ei:
+        main(["controller", "status", "--bogus"])
+    assert ei.value.code == 2
+    assert capsys.readouterr().err == ("rlsched controller status: error: unrecognized arguments: --bogus "
+                                       "(see 'rlsched controller status --help')\n")
+
+
+def test_run_names_why_its_state_dir_cannot_be_made(tmp_path, capsys, controller_logging):
+    """`run` said "[Errno 20] Not a directory: '...'" for a state_dir under a regular file."""
+    from rlsched.cli import main
+
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f"[agents]\nenabled = false\n[controller]\nstate_dir = {str(afile / 'st')!r}\n")
+    assert main(["controller", "run", "--config", str(cfg), "--once"]) == 2
+    assert capsys.readouterr().err == (f"rlsched controller: error: controller.state_dir {afile / 'st'}: "
+                                       f"cannot be made: {afile} is not a directory\n")
