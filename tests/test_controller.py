@@ -2165,6 +2165,12 @@ def test_check_config_checks_the_state_dir_without_making_it(tmp_path, capsys, m
     assert rc == 2 and f"controller.state_dir {new}: cannot be made: {tmp_path} is not writable by " in err
     rc, err = check(f"state_dir = {str(tmp_path)!r}")
     assert rc == 2 and f"controller.state_dir {tmp_path}: {tmp_path} is not writable by " in err
+    # checked by another user than root (an admin, before starting the service as its own user): a warning
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    rc, err = check(f"state_dir = {str(new)!r}")
+    assert rc == 0 and err.startswith("warning: ") and "is not writable by" in err and "another user" in err
+    rc, err = check(f"state_dir = {str(afile / 'x')!r}")  # not a permission matter: an error for anyone
+    assert rc == 2 and "is not a directory" in err
 
 
 def test_check_config_takes_the_file_as_path_or_config(tmp_path, capsys, monkeypatch):
