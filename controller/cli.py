@@ -326,7 +326,8 @@ def cmd_preempt(args: argparse.Namespace) -> int:
             f.unlink(missing_ok=True)
         raise ConfigError(f"{d}: cannot write a request: {exc.strerror or exc}; nothing requested") from None
     for j in ids:
-        print(f"preemption of job {j} requested (applied at the controller's next round)")
+        print(f"preemption of job {j} requested (applied at the controller's next round; `rlsched controller status` "
+              "shows a failure, e.g. a job without the checkpoint helper)")
     if running_controller(state_dir) is None:
         print(f"rlsched controller: warning: no controller seems to be running on {state_dir} (no live pid in "
               "controller.lock or status.json): the request waits until one starts", file=sys.stderr)

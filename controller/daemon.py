@@ -525,6 +525,10 @@ class Controller:
         skip = {sid: f"not started after {b['n']} release(s): not placed again before {time.ctime(b['until'])}"
                 for sid, b in self.journal["backoff"].items() if now < float(b.get("until", 0))}
         no_preempt = {sid for sid, (_, until) in self._preempt_failed.items() if now < until}
+        if not c.preempt_without_agent:
+            # only a job that runs the checkpoint helper (it reports to its nodes' agents) can be checkpointed;
+            # offering others as victims only made preemptions fail, round after round (each backed off)
+            no_preempt |= {str(j.job_id) for j in jobs if j.state == "RUNNING" and str(j.job_id) not in stats}
         view = build_state(
             now, cluster, nodes, jobs, self.perf,
             partition=self.cfg.slurm.partition, default_model=c.default_model,
@@ -692,17 +696,25 @@ class Controller:
         out = self.preempter.checkpoint(job, c.preempt_timeout_s)
         t = self.clock()  # a checkpoint may take a while: times below are when it ended
         # without an agent, requeue only if allowed and nothing posed as the agent (an unauthenticated reply)
-        if not out.ok and not (c.preempt_without_agent and not out.reached_agent and not out.unverified_reply):
+        # without a checkpoint, requeue only if allowed, and only when no agent could make one: none answered,
+        # or those that did do not know the job (it does not run the checkpoint helper); never when something
+        # posed as the agent (an unauthenticated reply)
+        no_checkpoint_possible = not out.reached_agent or out.unknown_job
+        if not out.ok and not (c.preempt_without_agent and no_checkpoint_possible and not out.unverified_reply):
             self.journal["preempting"].pop(sid, None)
             self._save()
             self.metrics.preemptions.labels(outcome="failed").inc()
             n = self._preempt_failed.get(sid, (0, 0.0))[0] + 1
             wait = min(_PREEMPT_BACKOFF_S * 2 ** (n - 1), _MAX_PREEMPT_BACKOFF_S)
             self._preempt_failed[sid] = (n, t + wait)
-            log.warning("preemption of job %s failed, job keeps running (no victim for the policy for %.0f s): %s",
-                        sid, wait, out.message,
+            hint = (" (the job does not run the checkpoint helper, so it cannot be checkpointed; "
+                    "docs/AGENT.md)" if out.unknown_job else "")
+            log.warning("preemption of job %s failed, job keeps running (no victim for the policy for %.0f s): %s%s",
+                        sid, wait, out.message, hint,
                         extra={"event": "preempt_failed", "job": job.job_id, "agent": out.reached_agent,
                                "unverified_reply": out.unverified_reply, "times": n})
+            self._note("preempt_failed", job.job_id, {"why": ("no checkpoint helper" if out.unknown_job
+                                                              else out.message[:120])})
             return None
         self._preempt_failed.pop(sid, None)
         total_steps = (self._stats.get(sid) or {}).get("total_steps")

@@ -67,6 +67,9 @@ class PreemptOutcome:
     checkpoint_uri: str = ""
     message: str = ""
     unverified_reply: bool = False
+    #: every agent that answered said it does not know the job (NOT_FOUND): it does not run the
+    #: checkpoint helper (or its agent lost track of it), so no agent can checkpoint it
+    unknown_job: bool = False
 
 
 class Preempter(Protocol):
@@ -252,6 +255,7 @@ class AgentPreempter:
         key = self._keys.get(sid) or default_job_key(sid, job.comment)
         last_err = "no agent for its nodes"
         reached = False
+        not_found = 0  # agents that answered NOT_FOUND
         unverified: list[str] = []  # errors of replies not authenticated as the node's agent's
         nodes = sorted(job.nodes, key=lambda n: n != job.batch_host)  # the batch host first: rank 0 runs there
         for node in nodes:
@@ -276,6 +280,7 @@ class AgentPreempter:
                                      "rpc": "Preempt"})
                 elif code == "NOT_FOUND":  # the job does not run on that node's agent
                     reached = True
+                    not_found += 1
                 continue
             reached = True
             return PreemptOutcome(
@@ -287,7 +292,7 @@ class AgentPreempter:
             )
         if unverified:
             return PreemptOutcome(False, reached, message="; ".join(unverified), unverified_reply=True)
-        return PreemptOutcome(False, reached, message=last_err)
+        return PreemptOutcome(False, reached, message=last_err, unknown_job=reached and not_found > 0)
 
     def close(self) -> None:
         for c in [*self._clients.values(), *self._probes.values()]:

@@ -148,7 +148,10 @@ class FakeAgents:
         self.looked_up: list[tuple[str, list[str]]] = []
 
     def stats(self, job_nodes=None):
-        return {}
+        # every running job reports (it runs the checkpoint helper), but for the ids in ``plain``
+        return {sid: {"slurm_job_id": sid, "state": "running"} for sid in (job_nodes or {}) if sid not in self.plain}
+
+    plain: set[str] = set()
 
     def checkpoint(self, job, timeout_s):
         self.asked.append(job.job_id)
@@ -938,7 +941,8 @@ def test_agent_preempter_with_unreachable_and_not_found_agents():
     out = p.checkpoint(job, 5.0)
     assert out.ok and out.checkpoint_step == 5
     alone = AgentPreempter({"node1": "h:1"}, Client).checkpoint(job, 5.0)
-    assert not alone.ok and alone.reached_agent
+    assert not alone.ok and alone.reached_agent and alone.unknown_job  # the only agent does not know the job
+    assert not out.unknown_job
     # the batch host (rank 0) is asked first, whatever the node order
     asked = []
 
@@ -2236,3 +2240,48 @@ def test_run_names_why_its_state_dir_cannot_be_made(tmp_path, capsys, controller
     assert main(["controller", "run", "--config", str(cfg), "--once"]) == 2
     assert capsys.readouterr().err == (f"rlsched controller: error: controller.state_dir {afile / 'st'}: "
                                        f"cannot be made: {afile} is not a directory\n")
+
+
+class PlainJobAgents(FakeAgents):
+    """Agents that know no job: every job is a plain one (no checkpoint helper); Preempt answers NOT_FOUND."""
+
+    def stats(self, job_nodes=None):
+        return {}
+
+    def checkpoint(self, job, timeout_s):
+        self.asked.append(job.job_id)
+        return PreemptOutcome(False, True, message=f"node1: Preempt: NOT_FOUND: no job 'slurm-{job.job_id}'",
+                              unknown_job=True)
+
+
+@pytest.mark.parametrize("without_agent", [False, True])
+def test_a_job_without_the_checkpoint_helper_is_no_victim(tmp_path, without_agent):
+    """Admin review: SRTF chose plain jobs (no checkpoint helper: they never report to an agent) as victims;
+    each preemption failed (NOT_FOUND) and was retried after 30 s, 60 s, ... Now only jobs the agents report
+    are offered as victims, unless preempt_without_agent allows a requeue without a checkpoint, which then
+    also covers an agent that does not know the job."""
+    s, v, j, k = _blocked_victim_cluster("agent_down")
+    agents = PlainJobAgents()
+    ctl = _ctl(tmp_path, s, agents, policy="srtf", preempt_without_agent=without_agent)
+    rep = ctl.round()
+    assert rep.ok, rep.error
+    if without_agent:
+        assert agents.asked == [v] and rep.preempted == [v] and ("requeue_hold", v) in s.calls
+    else:
+        assert agents.asked == [] and rep.preempted == [] and s.job_list[v].running
+        assert rep.placed == [(k, {"node4": 8})] and s.job_list[j].held
+
+
+def test_operator_preempt_of_a_plain_job_fails_visibly(tmp_path, controller_logs):
+    """An operator's preemption of a job the agents do not know fails (no checkpoint possible): the log says
+    why, and `controller status` shows it (it showed nothing)."""
+    s = FakeSlurm()
+    jid = _running(s, 8, "node1")
+    ctl = _ctl(tmp_path, s, PlainJobAgents())
+    _request_preempt(tmp_path, jid)
+    rep = ctl.round()
+    assert rep.ok and rep.preempted == [] and s.job_list[jid].running
+    assert any("does not run the checkpoint helper" in r.getMessage() for r in controller_logs.records)
+    doc = json.loads((tmp_path / "state" / "status.json").read_text())
+    failed = [h for h in doc["history"] if h["action"] == "preempt_failed"]
+    assert len(failed) == 1 and failed[0]["job"] == jid and failed[0]["detail"] == {"why": "no checkpoint helper"}
