@@ -7,8 +7,9 @@
 #   scripts/local-cluster.sh down   [--dir DIR]
 #
 # What `up` does (idempotent: with the cluster running, a second `up` starts
-# only what is missing, e.g. a killed slurmd or agent; controller.toml is
-# rewritten from the options each time):
+# only what is missing, e.g. a killed slurmd or agent; controller.toml keeps
+# its policy and interval unless --policy / --interval are given, and a
+# running controller reloads it when it changed):
 #   * apt-get installs slurmctld, slurmd, slurm-client, munge and lua5.3 if
 #     missing (Debian 12 ships Slurm 22.05);
 #   * writes everything under DIR (default $RLSCHED_CLUSTER_DIR or
@@ -47,6 +48,8 @@ GPUS=8
 PORT=6900
 POLICY="greedy"
 INTERVAL=5
+POLICY_GIVEN=0
+INTERVAL_GIVEN=0
 WITH_CONTROLLER=1
 WITH_AGENTS=1
 PARTITION="gpu"
@@ -70,8 +73,8 @@ while [[ $# -gt 0 ]]; do
         --gpus) GPUS="$2" ;;
         --dir) DIR="$2" ;;
         --port) PORT="$2" ;;
-        --policy) POLICY="$2" ;;
-        --interval) INTERVAL="$2" ;;
+        --policy) POLICY="$2"; POLICY_GIVEN=1 ;;
+        --interval) INTERVAL="$2"; INTERVAL_GIVEN=1 ;;
         --metrics-port) METRICS_PORT="$2" ;;
       esac
       shift 2 ;;
@@ -228,8 +231,39 @@ write_config() {
   chmod 700 "$DIR/munge"; chmod 600 "$DIR/munge/munge.key"
 }
 
+# controller.toml of a cluster that has one keeps its policy and interval unless --policy / --interval
+# are given (an `up` that restarts a killed daemon must not switch the policy back to the default)
+keep_controller_settings() {
+  local f="$DIR/etc/controller.toml" v
+  [[ -f "$f" ]] || return 0
+  if [[ "$POLICY_GIVEN" -eq 0 ]]; then
+    v="$(sed -n 's/^policy = "\(.*\)"$/\1/p' "$f" | head -n 1)"
+    [[ -n "$v" ]] && POLICY="$v"
+  fi
+  if [[ "$INTERVAL_GIVEN" -eq 0 ]]; then
+    v="$(sed -n 's/^interval_s = \(.*\)$/\1/p' "$f" | head -n 1)"
+    [[ -n "$v" ]] && INTERVAL="$v"
+  fi
+  return 0
+}
+
+# the checked controller.toml.new replaces controller.toml; a running controller reloads a changed one
+install_controller_config() {
+  local f="$DIR/etc/controller.toml"
+  if [[ -f "$f" ]] && cmp -s "$f" "$f.new"; then
+    rm -f "$f.new"
+    return 0
+  fi
+  local had=0; [[ -f "$f" ]] && had=1
+  mv -f "$f.new" "$f"
+  if [[ "$had" -eq 1 ]] && pid_alive "$RUN/controller.pid"; then
+    kill -HUP "$(cat "$RUN/controller.pid")"
+    log "controller.toml changed (policy $POLICY, interval ${INTERVAL} s): the running controller reloads it (SIGHUP)"
+  fi
+}
+
 write_controller_config() {
-  cat >"$DIR/etc/controller.toml" <<EOF
+  cat >"$DIR/etc/controller.toml.new" <<EOF
 # rlsched controller for the local cluster (see slurm_conf/controller.toml.example)
 [slurm]
 conf = "$CONF"
@@ -424,8 +458,8 @@ check_controller_config() {  # before anything starts: a bad policy (name, check
   [[ "$WITH_CONTROLLER" -eq 1 ]] || return 0
   have_rlsched_cmd controller || die "'rlsched controller' not available (bash $REPO/scripts/setup.sh installs it)"
   local out
-  out="$(rlsched controller check-config --cluster "${NODES}x${GPUS}" "$DIR/etc/controller.toml" 2>&1)" \
-    || die "bad controller config: ${out##*error: }"
+  out="$(rlsched controller check-config --cluster "${NODES}x${GPUS}" "$DIR/etc/controller.toml.new" 2>&1)" \
+    || { rm -f "$DIR/etc/controller.toml.new"; die "bad controller config: ${out##*error: }"; }
 }
 
 start_agents() {
@@ -572,8 +606,10 @@ case "$cmd" in
       write_config
     fi
     trap 'on_up_exit $?' EXIT
+    keep_controller_settings
     write_controller_config
     check_controller_config
+    install_controller_config
     start_munge
     start_slurm
     start_agents
