@@ -274,8 +274,14 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"policy [bold]{escape(doc['policy'])}[/], {doc['rounds']} rounds, last {age:.0f} s ago "
         f"(pid {pid}{', [red]not running[/]' if gone else ''}); "
         f"queue {escape(str(lr.get('queue', '?')))}, running {escape(str(lr.get('running', '?')))}"
+        + (f", waiting {escape(str(lr['waiting']))} (dependency or begin time)" if lr.get("waiting") else "")
         + (f"; [red]error: {escape(str(lr.get('error')))}[/]" if lr.get("error") else "")
     )
+    agents = doc.get("agents")
+    if isinstance(agents, dict) and agents.get("configured"):
+        bad = agents.get("unreachable") if isinstance(agents.get("unreachable"), list) else []
+        con.print(f"agents: {escape(str(agents['configured']))} configured"
+                  + (f", [red]not answering: {escape(', '.join(map(str, bad)))}[/]" if bad else ", all answering"))
     t = Table(title="recent actions")
     for col in ("time", "action", "job", "GPUs per node"):
         t.add_column(col)

@@ -259,6 +259,7 @@ class RoundReport:
     decision_s: float = 0.0
     queue: int = 0
     running: int = 0
+    waiting: int = 0  # managed jobs held for their own reason (a dependency, --begin): not placeable yet
 
 
 class Controller:
@@ -547,8 +548,9 @@ class Controller:
         if len(self._warned) > 10000:
             self._warned.clear()
         st = view.state
-        rep.queue, rep.running = len(st.pending), len(st.running)
+        rep.queue, rep.running, rep.waiting = len(st.pending), len(st.running), len(view.waiting)
         self.metrics.queue.set(len(st.pending))
+        self.metrics.waiting.set(len(view.waiting))
         self.metrics.running.set(len(st.running))
         self.metrics.free_gpus.set(st.total_free)
         forced, taken = self._admin_requests(view)
@@ -1052,6 +1054,16 @@ class Controller:
         self.history.append({"t": self.clock(), "action": action, "job": job_id, "detail": detail})
         del self.history[:-50]
 
+    def _agents_status(self) -> dict[str, Any]:
+        """The node agents as the last round saw them: how many are configured, which did not answer
+        (or answered as something else than the agent); also set as the ``rlsched_agents_*`` gauges."""
+        pre = self._preempter  # not built before the first round
+        addresses = getattr(pre, "addresses", {}) or {}
+        bad = sorted(set(getattr(pre, "unreachable", ())) | set(getattr(pre, "unverified", ())))
+        self.metrics.agents.set(len(addresses))
+        self.metrics.agents_unreachable.set(len(bad))
+        return {"configured": len(addresses), "unreachable": bad}
+
     def _write_status(self, rep: RoundReport) -> None:
         doc = {
             "time": rep.time,
@@ -1062,7 +1074,8 @@ class Controller:
             "cluster": self.cluster.to_dict() if self.cluster else None,
             "last_round": {"ok": rep.ok, "error": rep.error, "error_kind": rep.error_kind, "queue": rep.queue,
                            "running": rep.running, "placed": rep.placed, "preempted": rep.preempted,
-                           "held_back": rep.held_back, "decision_s": rep.decision_s},
+                           "held_back": rep.held_back, "decision_s": rep.decision_s, "waiting": rep.waiting},
+            "agents": self._agents_status(),
             "history": self.history[-20:],
             "metrics_port": self.metrics.port,
         }

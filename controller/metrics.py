@@ -43,6 +43,14 @@ class Metrics:
         )
         self.queue = Gauge("rlsched_queue_length", "Held jobs waiting for placement", registry=r)
         self.running = Gauge("rlsched_running_jobs", "Managed jobs running", registry=r)
+        self.waiting = Gauge(
+            "rlsched_waiting_jobs", "Managed jobs held for a reason of their own (dependency, begin time)", registry=r
+        )
+        self.agents = Gauge("rlsched_agents", "Node agents configured", registry=r)
+        self.agents_unreachable = Gauge(
+            "rlsched_agents_unreachable", "Node agents that did not answer the last round (or not as the agent)",
+            registry=r,
+        )
         self.free_gpus = Gauge("rlsched_free_gpus", "Free GPUs in the managed partition", registry=r)
         self.policy_info = Gauge("rlsched_policy_info", "Active policy (value 1)", ["policy"], registry=r)
         self.port: int | None = None

@@ -2285,3 +2285,34 @@ def test_operator_preempt_of_a_plain_job_fails_visibly(tmp_path, controller_logs
     doc = json.loads((tmp_path / "state" / "status.json").read_text())
     failed = [h for h in doc["history"] if h["action"] == "preempt_failed"]
     assert len(failed) == 1 and failed[0]["job"] == jid and failed[0]["detail"] == {"why": "no checkpoint helper"}
+
+
+def test_status_shows_waiting_jobs_and_agents_that_do_not_answer(tmp_path, capsys):
+    """Admin review: a job held for its --begin time counted nowhere (queue 0), and nothing showed whether the
+    node agents answered. Now status.json and `controller status` give both, and so do the metrics."""
+    from rlsched.cli import main
+
+    class Client:
+        def __init__(self, addr, node):
+            self.node = node
+
+        def job_stats(self):
+            if self.node == "node2":
+                raise ConnectionError("UNAVAILABLE")
+            return []
+
+    s = FakeSlurm()
+    later = s.submit(8, "rlsched:model=MoE")
+    s.job_list[later].eligible_time = 5000.0  # --begin in the future
+    ctl = _ctl(tmp_path, s)
+    assert ctl.round().ok  # the cluster is known: the agents set below stay (a new cluster rebuilds them)
+    ctl._preempter = AgentPreempter({"node1": "h:1", "node2": "h:2"}, Client)
+    assert ctl.round().ok
+    doc = json.loads((tmp_path / "state" / "status.json").read_text())
+    assert doc["last_round"]["waiting"] == 1 and doc["last_round"]["queue"] == 0
+    assert doc["agents"] == {"configured": 2, "unreachable": ["node2"]}
+    assert ctl.metrics.value("rlsched_waiting_jobs") == 1
+    assert ctl.metrics.value("rlsched_agents") == 2 and ctl.metrics.value("rlsched_agents_unreachable") == 1
+    assert main(["controller", "status", "--state-dir", str(tmp_path / "state")]) == 0
+    out = capsys.readouterr().out
+    assert "waiting 1 (dependency or begin time)" in out and "agents: 2 configured, not answering: node2" in out
