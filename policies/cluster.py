@@ -17,15 +17,59 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping
 
-__all__ = ["ClusterSpecError", "NodeSpec", "ClusterSpec", "Placement"]
+__all__ = ["ClusterSpecError", "NodeSpec", "ClusterSpec", "Placement", "MAX_NODES", "MAX_GPUS_PER_NODE"]
 
 #: Keys a cluster file may hold at its top level and in each ``nodes`` entry (anything else is a typo).
 FILE_KEYS = ("nodes", "intra_bw_gbps", "inter_bw_gbps")
 NODE_KEYS = ("name", "gpus", "count")
 
+#: Most nodes of a cluster (``NxG`` or a file). Real clusters stay far below it (the largest this repository
+#: uses is 128x8); the simulator keeps per-node state, so ``100000000x8`` took gigabytes and never started.
+MAX_NODES = 65_536
+#: Most GPUs of one node (today's largest nodes hold 8 to 16).
+MAX_GPUS_PER_NODE = 64
+
 
 class ClusterSpecError(ValueError):
     """Raised for a malformed cluster specification."""
+
+
+def _yaml_load(path: Path, raw: str):
+    """``yaml.safe_load`` of a cluster file that refuses a key given twice in one mapping (plain YAML keeps
+    the last) and reports a syntax error as one line naming the file and line."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):  # type: ignore[override]
+            if isinstance(node, yaml.MappingNode):
+                seen: set = set()
+                for key_node, _value in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":  # "<<: *anchor": keys given here override it
+                        continue
+                    key = self.construct_object(key_node, deep=True)
+                    try:
+                        repeated = key in seen
+                        seen.add(key)
+                    except TypeError:  # an unhashable key: the base class reports it
+                        continue
+                    if repeated:
+                        line = key_node.start_mark.line + 1
+                        raise ClusterSpecError(f"{path}: line {line}: key {key!r} appears twice in one mapping")
+            return super().construct_mapping(node, deep=deep)
+
+    try:
+        return yaml.load(raw, Loader=Loader)  # a SafeLoader subclass: safe
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        what = str(exc.problem or exc.context or "not YAML")
+        if exc.context and exc.problem:
+            cm = exc.context_mark
+            what += f" ({exc.context}{f' at line {cm.line + 1}' if cm is not None else ''})"
+        raise ClusterSpecError(f"{path}: cannot parse cluster file: {where}{' '.join(what.split())}") from None
+    except yaml.YAMLError as exc:
+        text = " ".join(str(exc).split())
+        raise ClusterSpecError(f"{path}: cannot parse cluster file: {text}") from None
 
 
 def _check_keys(path: Path, where: str, doc: Mapping, known: tuple[str, ...]) -> None:
@@ -33,6 +77,12 @@ def _check_keys(path: Path, where: str, doc: Mapping, known: tuple[str, ...]) ->
     for key in doc:
         if key not in known:
             raise ClusterSpecError(f"{path}: {where}unknown key {key!r} (accepted: {', '.join(known)})")
+
+
+def _count(n: int | str) -> str:
+    """The number ``n`` (or its digits) for a message, shortened when it has many digits."""
+    text = str(n)
+    return text if len(text) <= 20 else f"{text[:6]}... ({len(text)} digits)"
 
 
 @dataclass(frozen=True)
@@ -61,12 +111,18 @@ class ClusterSpec:
     def __post_init__(self) -> None:
         if not self.nodes:
             raise ClusterSpecError("a cluster needs at least one node")
+        if len(self.nodes) > MAX_NODES:
+            raise ClusterSpecError(f"a cluster has at most {MAX_NODES:,} nodes, got {len(self.nodes):,}")
         names = [n.name for n in self.nodes]
         if len(set(names)) != len(names):
             raise ClusterSpecError(f"duplicate node names in cluster: {names}")
         for n in self.nodes:
+            if not isinstance(n.name, str) or not n.name.strip():
+                raise ClusterSpecError(f"node names must be non-empty strings, got {n.name!r}")
             if not isinstance(n.gpus, int) or n.gpus < 1:
                 raise ClusterSpecError(f"node {n.name!r}: gpus must be a positive integer, got {n.gpus!r}")
+            if n.gpus > MAX_GPUS_PER_NODE:
+                raise ClusterSpecError(f"node {n.name!r}: at most {MAX_GPUS_PER_NODE} GPUs per node, got {n.gpus}")
         for name in ("intra_bw_gbps", "inter_bw_gbps"):
             bw = getattr(self, name)
             try:
@@ -79,9 +135,15 @@ class ClusterSpec:
     # ------------------------------------------------------------------ factories
     @classmethod
     def homogeneous(cls, num_nodes: int, gpus_per_node: int, prefix: str = "node", **kw) -> "ClusterSpec":
-        """``num_nodes`` nodes named ``node1..nodeN`` with ``gpus_per_node`` GPUs each."""
+        """``num_nodes`` nodes named ``node1..nodeN`` with ``gpus_per_node`` GPUs each
+        (at most :data:`MAX_NODES` x :data:`MAX_GPUS_PER_NODE`)."""
         if num_nodes < 1 or gpus_per_node < 1:
             raise ClusterSpecError(f"cluster {num_nodes}x{gpus_per_node}: both numbers must be >= 1")
+        if num_nodes > MAX_NODES or gpus_per_node > MAX_GPUS_PER_NODE:  # before building the node list
+            raise ClusterSpecError(
+                f"cluster {_count(num_nodes)}x{_count(gpus_per_node)}: at most {MAX_NODES:,} nodes "
+                f"of at most {MAX_GPUS_PER_NODE} GPUs"
+            )
         return cls(tuple(NodeSpec(f"{prefix}{i + 1}", gpus_per_node) for i in range(num_nodes)), **kw)
 
     @classmethod
@@ -103,10 +165,21 @@ class ClusterSpec:
         if isinstance(spec, ClusterSpec):
             return spec
         text = str(spec).strip()
-        m = re.fullmatch(r"(\d+)\s*[xX]\s*(\d+)", text)
+        m = re.fullmatch(r"([0-9]+)\s*[xX]\s*([0-9]+)", text)
         if m:
-            return cls.homogeneous(int(m.group(1)), int(m.group(2)))
+            nodes_text, gpus_text = m.groups()
+            # Python refuses to convert integers of over 4300 digits; over 9 digits is far too large anyway.
+            if max(len(nodes_text.lstrip("0")), len(gpus_text.lstrip("0"))) > 9:
+                raise ClusterSpecError(
+                    f"cluster {_count(nodes_text)}x{_count(gpus_text)}: at most {MAX_NODES:,} nodes "
+                    f"of at most {MAX_GPUS_PER_NODE} GPUs"
+                )
+            return cls.homogeneous(int(nodes_text), int(gpus_text))
         path = Path(text)
+        if text and path.is_dir():
+            raise ClusterSpecError(
+                f"bad cluster spec {text!r}: is a directory; expected NODESxGPUS (e.g. 4x8) or a YAML/TOML file"
+            )
         if not text or not path.is_file():
             raise ClusterSpecError(
                 f"bad cluster spec {text!r}: expected NODESxGPUS (e.g. 4x8) or a YAML/TOML file that exists"
@@ -121,13 +194,14 @@ class ClusterSpec:
             raise ClusterSpecError(f"{path}: cannot read cluster file: {exc}") from exc
         try:
             if path.suffix.lower() == ".toml":
-                doc = tomllib.loads(raw)
+                doc = tomllib.loads(raw)  # refuses a key given twice itself
             else:
-                import yaml
-
-                doc = yaml.safe_load(raw)
-        except Exception as exc:  # noqa: BLE001 - report any parser error uniformly
-            raise ClusterSpecError(f"{path}: cannot parse cluster file: {exc}") from exc
+                doc = _yaml_load(path, raw)
+        except ClusterSpecError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - report any parser error uniformly, on one line
+            text = " ".join(str(exc).split())
+            raise ClusterSpecError(f"{path}: cannot parse cluster file: {text}") from exc
         if isinstance(doc, Mapping):
             _check_keys(path, "", doc, FILE_KEYS)  # first: "node:" is a typo, not a missing "nodes"
         if not isinstance(doc, Mapping) or "nodes" not in doc:
@@ -143,11 +217,25 @@ class ClusterSpec:
             gpus = entry["gpus"]
             if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
                 raise ClusterSpecError(f"{path}: nodes[{i}].gpus: expected a positive integer, got {gpus!r}")
+            if gpus > MAX_GPUS_PER_NODE:
+                raise ClusterSpecError(
+                    f"{path}: nodes[{i}].gpus: at most {MAX_GPUS_PER_NODE} GPUs per node, got {gpus}"
+                )
             count = entry.get("count", 1)
             if not isinstance(count, int) or isinstance(count, bool) or count < 1:
                 raise ClusterSpecError(f"{path}: nodes[{i}].count: expected a positive integer, got {count!r}")
+            if count > MAX_NODES - len(nodes):  # before building the nodes
+                raise ClusterSpecError(
+                    f"{path}: nodes[{i}].count: {_count(count)} would make {_count(len(nodes) + count)} nodes, "
+                    f"more than the limit of {MAX_NODES:,}"
+                )
             if "name" in entry:  # with count > 1 a prefix: NAME1 .. NAMEcount
-                name = str(entry["name"])
+                name = entry["name"]
+                if isinstance(name, bool) or name is None or not str(name).strip():
+                    raise ClusterSpecError(
+                        f"{path}: nodes[{i}].name: expected a non-empty name (or no 'name' key), got {name!r}"
+                    )
+                name = str(name)
                 if count == 1:
                     nodes.append(NodeSpec(name, gpus))
                 else:

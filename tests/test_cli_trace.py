@@ -359,3 +359,59 @@ def test_limit_and_sample_still_apply_to_philly(tmp_path: Path, capsys) -> None:
         main(["trace", "convert", str(src), "--seed", "-1", "--out", str(tmp_path / "o.csv")])
     assert "argument --seed: expected a non-negative integer, got '-1'" in capsys.readouterr().err
     assert [p.name for p in tmp_path.iterdir()] == ["philly.csv"]
+
+
+# ---------------------------------------------------------------------- options that would be ignored; limits
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        # wrote CSV with rc 0: --format only applies to --sets
+        (["--format", "parquet"], "--format applies only with --sets; a single --out file's format follows its suffix"),
+        (["--format", "csv"], "--format applies only with --sets"),
+        # the default arrival is zero: every job at t=0 whatever the load
+        (["--load", "0.5"], "--load applies only with --arrival poisson (with zero arrivals every job comes at t=0)"),
+        (["--arrival", "zero", "--load", "0.9"], "--load applies only with --arrival poisson"),
+        (["--jobs", "1000000000"], "num_jobs 1000000000 is more than the generator's limit of 1,000,000 jobs"),
+        (["--jobs", "200000", "--sets", "10"], "10 sets of 200000 jobs are 2,000,000 jobs"),
+    ],
+)
+def test_generate_refuses_ignored_options_and_too_many_jobs(
+    tmp_path: Path, capsys, extra: list[str], message: str
+) -> None:
+    out = tmp_path / ("sets" if "--sets" in extra else "b.csv")
+    assert main(["trace", "generate", "--out", str(out), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"rlsched trace generate: error: {message}") and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_generate_format_and_load_still_work_where_they_apply(tmp_path: Path) -> None:
+    out = tmp_path / "sets"
+    argv = ["--jobs", "5", "--sets", "2", "--format", "json", "--arrival", "poisson", "--load", "0.5"]
+    assert main(["trace", "generate", *argv, "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["set0.json", "set1.json"]
+    assert load_trace(out / "set1.json", CLUSTER)[-1].submit_time > 0
+
+
+def test_convert_csv_to_json_and_back_keeps_extra_columns(tmp_path: Path) -> None:
+    """`user` was lost on the way through DeepShare JSON."""
+    src = tmp_path / "u.csv"
+    src.write_text("job_id,submit_time,model,gpu_demand,total_samples,user\na,0,MoE,2,10,bob\n")
+    assert main(["trace", "convert", str(src), "--out", str(tmp_path / "u.json")]) == 0
+    assert main(["trace", "convert", str(tmp_path / "u.json"), "--out", str(tmp_path / "u2.csv")]) == 0
+    assert (tmp_path / "u2.csv").read_text().splitlines() == [
+        "job_id,submit_time,model,gpu_demand,total_samples,user",
+        "a,0.0,MoE,2,10.0,bob",
+    ]
+
+
+def test_convert_refuses_far_submit_time_and_writes_nothing(tmp_path: Path, capsys) -> None:
+    src = tmp_path / "t.csv"
+    src.write_text("job_id,submit_time,model,gpu_demand,total_samples\na,1e12,MoE,2,10\n")
+    out = tmp_path / "t.json"
+    assert main(["trace", "convert", str(src), "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        f"rlsched trace: error: {src}, row 2, field 'submit_time': '1e12' is beyond the largest submit time "
+        "1e+09 s (about 31.7 years)\n"
+    )
+    assert not out.exists()

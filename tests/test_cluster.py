@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from policies.cluster import ClusterSpec, ClusterSpecError, NodeSpec, Placement
+from policies.cluster import MAX_GPUS_PER_NODE, MAX_NODES, ClusterSpec, ClusterSpecError, NodeSpec, Placement
 
 
 # ---------------------------------------------------------------------- "NxG"
@@ -233,3 +233,123 @@ def test_unnamed_counted_nodes_are_numbered_on_and_bool_count_is_refused(tmp_pat
     f.write_text("nodes:\n  - {gpus: 8, count: true}\n")
     with pytest.raises(ClusterSpecError, match=r"nodes\[0\]\.count: expected a positive integer, got True"):
         ClusterSpec.parse(f)
+
+
+# ---------------------------------------------------------------------- size limits
+def test_largest_cluster_is_accepted() -> None:
+    c = ClusterSpec.parse(f"{MAX_NODES}x{MAX_GPUS_PER_NODE}")
+    assert (c.num_nodes, c.total_gpus) == (65_536, 65_536 * 64)
+
+
+@pytest.mark.parametrize("spec", ["65537x8", "8x65", "100000000x8", "1000000x8", "1" * 5000 + "x8", "4x" + "9" * 30])
+def test_too_large_cluster_spec_is_refused_at_once(spec: str) -> None:
+    """100000000x8 took 3 GB and never started; 5000 digits was a ValueError traceback from int()."""
+    with pytest.raises(ClusterSpecError) as err:
+        ClusterSpec.parse(spec)
+    msg = str(err.value)
+    assert msg.endswith("at most 65,536 nodes of at most 64 GPUs") and len(msg) < 120, msg
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("nodes:\n  - {gpus: 65}\n", "nodes[0].gpus: at most 64 GPUs per node, got 65"),
+        ("nodes:\n  - {gpus: 8, count: 100000000}\n", "nodes[0].count: 100000000 would make 100000000 nodes"),
+        ("nodes:\n  - {gpus: 8, count: 65000}\n  - {gpus: 8, count: 537}\n", "nodes[1].count: 537 would make 65537"),
+    ],
+)
+def test_too_large_cluster_file_is_refused(tmp_path: Path, text: str, words: str) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    with pytest.raises(ClusterSpecError) as err:
+        ClusterSpec.parse(f)
+    assert str(err.value).startswith(f"{f}: {words}"), str(err.value)
+
+
+def test_too_large_cluster_built_directly_is_refused() -> None:
+    with pytest.raises(ClusterSpecError, match="node 'n': at most 64 GPUs per node, got 128"):
+        ClusterSpec((NodeSpec("n", 128),))
+    with pytest.raises(ClusterSpecError, match="at most 65,536 nodes, got 65,537"):
+        ClusterSpec(tuple(NodeSpec(f"n{i}", 1) for i in range(MAX_NODES + 1)))
+
+
+def test_too_large_cluster_is_a_one_line_cli_error(tmp_path: Path, capsys) -> None:
+    from rlsched.cli import main
+
+    out = tmp_path / "o"
+    assert main(["simulate", "--cluster", "100000000x8", "--policy", "fifo", "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err == "rlsched simulate: error: cluster 100000000x8: at most 65,536 nodes of at most 64 GPUs\n"
+    assert not out.exists()
+
+
+# ---------------------------------------------------------------------- file syntax, keys, names
+def test_yaml_syntax_error_is_one_line_naming_file_and_line(tmp_path: Path, capsys) -> None:
+    """It was 6 lines naming "<unicode string>"."""
+    from rlsched.cli import main
+
+    f = tmp_path / "g.yaml"
+    f.write_text("nodes:\n  - {gpus: 8\n")
+    with pytest.raises(ClusterSpecError) as err:
+        ClusterSpec.parse(f)
+    assert str(err.value) == (
+        f"{f}: cannot parse cluster file: line 3, column 1: expected ',' or '}}', but got '<stream end>' "
+        "(while parsing a flow mapping at line 2)"
+    )
+    out = tmp_path / "o"
+    assert main(["simulate", "--cluster", str(f), "--policy", "fifo", "--out", str(out), "--quiet"]) == 2
+    err_text = capsys.readouterr().err
+    assert err_text.count("\n") == 1 and "<unicode string>" not in err_text
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("suffix, text", [(".yaml", "nodes: [\n"), (".yaml", "\tnodes: 1\n"), (".toml", "nodes = [\n")])
+def test_other_syntax_errors_are_one_line(tmp_path: Path, suffix: str, text: str) -> None:
+    f = tmp_path / f"g{suffix}"
+    f.write_text(text)
+    with pytest.raises(ClusterSpecError) as err:
+        ClusterSpec.parse(f)
+    assert str(err.value).startswith(f"{f}: cannot parse cluster file: ") and "\n" not in str(err.value)
+
+
+def test_directory_is_named_as_one(tmp_path: Path) -> None:
+    """It said "expected ... a YAML/TOML file that exists" of a directory that exists."""
+    d = tmp_path / "somedir.yaml"
+    d.mkdir()
+    with pytest.raises(ClusterSpecError) as err:
+        ClusterSpec.parse(str(d))
+    assert str(err.value) == (
+        f"bad cluster spec {str(d)!r}: is a directory; expected NODESxGPUS (e.g. 4x8) or a YAML/TOML file"
+    )
+
+
+@pytest.mark.parametrize(
+    "text, line, key",
+    [
+        ("nodes:\n  - {gpus: 8}\nnodes:\n  - {gpus: 4}\n", 3, "nodes"),  # silently kept the last
+        ("nodes:\n  - gpus: 8\n    gpus: 4\n", 3, "gpus"),
+        ("intra_bw_gbps: 16\nintra_bw_gbps: 32\nnodes: [{gpus: 8}]\n", 2, "intra_bw_gbps"),
+    ],
+)
+def test_yaml_duplicate_keys_are_refused(tmp_path: Path, text: str, line: int, key: str) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    with pytest.raises(ClusterSpecError) as err:
+        ClusterSpec.parse(f)
+    assert str(err.value) == f"{f}: line {line}: key {key!r} appears twice in one mapping"
+
+
+def test_yaml_merge_keys_still_work(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("nodes:\n  - &b {gpus: 8, name: a}\n  - {<<: *b, name: y}\n  - {<<: *b, name: z, gpus: 4}\n")
+    assert [(n.name, n.gpus) for n in ClusterSpec.parse(f).nodes] == [("a", 8), ("y", 8), ("z", 4)]
+
+
+@pytest.mark.parametrize("name", ['""', "' '", "null"])
+def test_empty_node_name_is_refused(tmp_path: Path, name: str) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text(f"nodes:\n  - {{gpus: 8, name: {name}}}\n")
+    with pytest.raises(ClusterSpecError, match=r"nodes\[0\]\.name: expected a non-empty name \(or no 'name' key\)"):
+        ClusterSpec.parse(f)
+    with pytest.raises(ClusterSpecError, match="node names must be non-empty strings, got ''"):
+        ClusterSpec((NodeSpec("", 8),))

@@ -16,6 +16,7 @@ from policies.cluster import ClusterSpec
 from policies.perf import ContentionModel
 from policies.workloads import MODELS
 from trainer.generate import (
+    MAX_JOBS,
     MIXES,
     GeneratorConfig,
     GeneratorError,
@@ -168,9 +169,14 @@ def test_overflow_is_refused(perf: ContentionModel, kw: dict, words: str) -> Non
 
 
 def test_largest_finite_values_are_written(tmp_path: Path, perf: ContentionModel) -> None:
-    jobs = generate_jobs(CLUSTER, GeneratorConfig(duration_s=1e300, arrival="poisson", load=1.0), perf)
+    jobs = generate_jobs(CLUSTER, GeneratorConfig(duration_s=1e300), perf)  # the simulator refuses them, not the trace
     trainer.traces.write_trace(tmp_path / "t.csv", jobs)
     assert _key(load_trace(tmp_path / "t.csv", CLUSTER)) == _key(jobs)
+    # Poisson arrivals as late as MAX_SUBMIT_TIME_S allows (the mean gap is about 1.3e6 s here)
+    jobs = generate_jobs(CLUSTER, GeneratorConfig(num_jobs=100, duration_s=1e6, arrival="poisson", load=0.25), perf)
+    assert 1e7 < jobs[-1].submit_time <= trainer.traces.MAX_SUBMIT_TIME_S
+    trainer.traces.write_trace(tmp_path / "p.csv", jobs)
+    assert _key(load_trace(tmp_path / "p.csv", CLUSTER)) == _key(jobs)
 
 
 def test_about_one_hour_isolated(perf: ContentionModel) -> None:
@@ -310,3 +316,27 @@ def test_generated_jobs_are_valid(perf: ContentionModel, seed, mix, lo, span, de
     assert len(jobs) == 50
     assert all(lo <= j.gpu_demand <= hi and j.model in MODELS and j.total_samples > 0 for j in jobs)
     assert isolated_durations(jobs, perf) == pytest.approx(np.full(50, 3600.0))
+
+
+# ---------------------------------------------------------------------- limits
+def test_num_jobs_is_bounded(perf: ContentionModel) -> None:
+    """--jobs 1000000000 was a numpy _ArrayMemoryError traceback."""
+    assert GeneratorConfig(num_jobs=MAX_JOBS).resolved(CLUSTER).num_jobs == 1_000_000
+    with pytest.raises(GeneratorError, match=r"^num_jobs 1000001 is more than the generator's limit of 1,000,000 jobs"):
+        generate_jobs(CLUSTER, GeneratorConfig(num_jobs=MAX_JOBS + 1), perf)
+
+
+def test_all_sets_together_are_bounded(perf: ContentionModel) -> None:
+    with pytest.raises(GeneratorError, match=r"^3 sets of 500000 jobs are 1,500,000 jobs, more than the generator's"):
+        generate_sets(CLUSTER, GeneratorConfig(num_jobs=500_000), 3, perf)
+
+
+def test_submit_time_beyond_the_trace_bound_is_refused(perf: ContentionModel) -> None:
+    """A tiny Poisson load drew arrivals that no trace reader (nor the simulator) accepts."""
+    with pytest.raises(GeneratorError) as ei:
+        generate_jobs(CLUSTER, GeneratorConfig(num_jobs=20, arrival="poisson", load=1e-6), perf)
+    assert re.fullmatch(
+        r"job \d+: submit_time \S+ s is beyond the largest submit time 1e\+09 s \(about 31\.7 years\); "
+        r"raise load \(1e-06\), lower duration_s \(3600\) or draw fewer jobs",
+        str(ei.value),
+    ), str(ei.value)

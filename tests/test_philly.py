@@ -16,7 +16,7 @@ from policies.cluster import ClusterSpec
 from policies.perf import ContentionModel
 from policies.workloads import MODELS
 from trainer.philly import read_philly
-from trainer.traces import TraceError, load_trace
+from trainer.traces import MAX_SUBMIT_TIME_S, TraceError, load_trace
 
 REPO = Path(__file__).resolve().parents[1]
 PHILLY = REPO / "data" / "philly" / "philly.csv"
@@ -122,7 +122,9 @@ def test_time_scale_overflow_is_refused(tmp_path: Path) -> None:
     """Durations stay priceable but the submit times overflow: it wrote submit_time inf before."""
     path = tmp_path / "p.csv"
     path.write_text(HEADER + "2017-10-09 07:01:55,1,1,1,a\n2017-10-19 07:01:55,1,1,1,a\n")
-    assert len(read_philly(path, CLUSTER, time_scale=1e300)) == 2
+    assert len(read_philly(path, CLUSTER, time_scale=1000)) == 2  # 8.64e8 s: within MAX_SUBMIT_TIME_S
+    with pytest.raises(TraceError, match=r"row 3, field 'timestamp': .* beyond the largest submit time 1e\+09 s"):
+        read_philly(path, CLUSTER, time_scale=1e300)  # finite, but 8.64e305 s
     with pytest.raises(TraceError) as ei:
         read_philly(path, CLUSTER, time_scale=1e303)
     assert str(ei.value) == (
@@ -249,3 +251,28 @@ def test_full_file(perf: ContentionModel) -> None:
     assert jobs[-1].submit_time == pytest.approx(
         (np.datetime64("2017-12-22T08:02:11") - np.datetime64("2017-09-04T10:30:41")).astype(int)
     )
+    assert jobs[-1].submit_time < MAX_SUBMIT_TIME_S / 100  # 109 days: far inside the bound
+
+
+def test_timestamps_centuries_apart_are_refused(tmp_path: Path) -> None:
+    """Years 0001 and 9999 both parse; 3.2e11 s of trace made `simulate` allocate gigabytes."""
+    path = tmp_path / "p.csv"
+    path.write_text(HEADER + "0001-01-01 00:00:00,5,1,5,a\n9999-12-31 23:59:59,5,1,5,a\n")
+    with pytest.raises(TraceError) as ei:
+        read_philly(path, CLUSTER)
+    assert str(ei.value) == (
+        f"{path}, row 3, field 'timestamp': '9999-12-31 23:59:59' is 3.155e+11 s after the earliest kept job's "
+        "'0001-01-01 00:00:00' (row 2), beyond the largest submit time 1e+09 s (about 31.7 years)"
+    )
+    assert len(read_philly(path, CLUSTER, limit=1)) == 1  # the bound is on the jobs kept
+
+
+@pytest.mark.parametrize("col, value", [("duration", "1_000"), ("num_gpus", "\u0663"), ("duration", "1__0")])
+def test_numbers_are_plain_decimal_literals(tmp_path: Path, col: str, value: str) -> None:
+    """numpy, like float(), reads `1_000` and Arabic-Indic digits; the canonical CSV reader does not."""
+    fields = {"duration": "5", "num_gpus": "1", col: value}
+    path = tmp_path / "p.csv"
+    path.write_text(HEADER + f"2017-10-09 07:01:55,{fields['duration']},{fields['num_gpus']},5,a\n", encoding="utf-8")
+    with pytest.raises(TraceError) as ei:
+        read_philly(path, CLUSTER)
+    assert str(ei.value) == f"{path}, row 2, field '{col}': expected a number, got {value!r}"

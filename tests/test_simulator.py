@@ -22,7 +22,7 @@ from policies.job import JobSpec
 from policies.perf import ContentionModel
 from policies.state import ClusterState, Decision
 from policies.workloads import MODELS
-from trainer.simulator import SimConfig, SimResult, SimulationError, Simulator
+from trainer.simulator import MAX_ISOLATED_RUN_S, SimConfig, SimResult, SimulationError, Simulator
 
 #: Every heuristic, with each placement rule.
 HEURISTICS = (
@@ -569,3 +569,105 @@ def test_running_view_is_lazy_and_fresh() -> None:
     sim2 = Simulator(cluster, jobs, None, perf)
     sim2.reset_state()
     assert not sim2.state().running
+
+
+# ---------------------------------------------------------------------- bounds on simulated time
+def test_isolated_run_time_is_bounded() -> None:
+    """1e10 samples of MoE on 2 GPUs (4.8e8 s alone) simulated for minutes; 1e300 for ten."""
+    cluster = ClusterSpec.parse("4x8")
+    perf = perf_for(cluster)
+    best = perf.best_isolated_throughput("MoE", 2)
+    ok = JobSpec("ok", 0.0, "MoE", 2, MAX_ISOLATED_RUN_S * best)
+    Simulator(cluster, [ok], make_heuristic("fifo", perf), perf)  # exactly at the bound: accepted
+    for samples in (1e10, 1e300):
+        with pytest.raises(SimulationError) as ei:
+            Simulator(cluster, [ok, JobSpec("a", 0.0, "MoE", 2, samples)], make_heuristic("fifo", perf), perf)
+        msg = str(ei.value)
+        assert msg.startswith(f"job 'a': total_samples {samples:g} take {samples / best:.4g} s alone on the best ")
+        assert msg.endswith("more than the longest isolated run the simulator accepts, 1e+08 s (about 3.2 years)")
+
+
+def test_submit_time_is_bounded_in_the_simulator_too() -> None:
+    """JobSpecs need not come from a trace file (the generator, the RL environment)."""
+    cluster = ClusterSpec.parse("1x4")
+    perf = perf_for(cluster)
+    words = r"^job 'late': submit_time 1000000000000\.0 is beyond the largest submit time 1e\+09 s \(about 31\.7 years\)$"
+    with pytest.raises(SimulationError, match=words):
+        Simulator(cluster, [job(perf, "late", 1e12, 1, 10)], make_heuristic("fifo", perf), perf)
+
+
+def test_shipped_traces_fit_the_simulator_bounds() -> None:
+    """The bounds leave the repository's traces (DeepShare sets, the whole Philly file) alone."""
+    from pathlib import Path
+
+    from trainer.traces import load_trace
+
+    cluster = ClusterSpec.parse("4x8")
+    perf = perf_for(cluster)
+    data = Path(__file__).resolve().parents[1] / "data"
+    for f in [*sorted((data / "traces").rglob("*.json")), data / "philly" / "philly.csv"]:
+        Simulator(cluster, load_trace(f, cluster, perf), make_heuristic("fifo", perf), perf)
+
+
+def _cli_refuses(tmp_path, capsys, trace_text: str, needle: str, *extra: str) -> None:
+    import time
+
+    from rlsched.cli import main
+
+    trace = tmp_path / "t.csv"
+    trace.write_text(trace_text)
+    out = tmp_path / "o"
+    t0 = time.perf_counter()
+    assert main(["simulate", "--trace", str(trace), "--out", str(out), "--quiet", *extra]) == 2
+    assert time.perf_counter() - t0 < 30  # refused up front, not after simulating
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1 and "Traceback" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv"]
+
+
+@pytest.mark.parametrize("submit", ["1e12", "1e300", "1e10"])
+def test_cli_far_submit_time_is_one_line(tmp_path, capsys, submit: str) -> None:
+    """1e12 was a 24.8 GiB _ArrayMemoryError traceback in metrics.utilisation_on_grid; 1e300 a ValueError."""
+    _cli_refuses(
+        tmp_path, capsys, f"job_id,submit_time,model,gpu_demand,total_samples\na,{submit},MoE,2,10\n",
+        f"row 2, field 'submit_time': '{submit}' is beyond the largest submit time 1e+09 s",
+    )
+
+
+@pytest.mark.parametrize("samples", ["1e10", "1e300"])
+def test_cli_long_isolated_run_is_one_line(tmp_path, capsys, samples: str) -> None:
+    """`timeout 60` could not finish 1e10 samples (4.8e8 s of MoE)."""
+    _cli_refuses(
+        tmp_path, capsys, f"job_id,submit_time,model,gpu_demand,total_samples\na,0,MoE,2,{samples}\n",
+        f"rlsched simulate: error: job 'a': total_samples {float(samples):g} take",
+        "--policy", "fifo",
+    )
+
+
+# ---------------------------------------------------------------------- the utilisation grid (trainer/metrics.py)
+def test_utilisation_grid_is_bounded() -> None:
+    """The grid of util_samples had makespan / round points: 3.3e9 (24.8 GiB) for a 1e12 s makespan."""
+    from trainer.metrics import MAX_UTIL_GRID_POINTS, util_grid_step, utilisation_on_grid
+
+    t, u = np.array([0.0, 100.0]), np.array([8, 4])
+    assert MAX_UTIL_GRID_POINTS == 100_000
+    assert util_grid_step(300.0, 3e7) == 300.0  # 100,000 rounds: unchanged
+    assert util_grid_step(300.0, 3e7 + 1) == 600.0  # the smallest whole multiple of the round that fits
+    for end in (3e7 + 1, 1e9, 1e12, 1e300):
+        step = util_grid_step(300.0, end)
+        grid = utilisation_on_grid(t, u, 8, 300.0, end)
+        assert grid.size <= MAX_UTIL_GRID_POINTS and grid.size == math.ceil(end / step)
+        assert (step / 300.0).is_integer()
+        assert grid[0] == 1.0 and grid[-1] == 0.5
+    assert utilisation_on_grid(t, u, 8, 50.0, 200.0).tolist() == [1.0, 1.0, 0.5, 0.5]  # small runs as before
+
+
+def test_summary_reports_the_grid_step_it_used() -> None:
+    from trainer.metrics import summarize
+
+    cluster = ClusterSpec.parse("1x4")
+    perf = perf_for(cluster)
+    res = Simulator(cluster, [job(perf, "a", 0, 4, 3e7)], make_heuristic("fifo", perf), perf).run()
+    s = summarize(res, grid_step=100.0)
+    assert s["util_grid_step_s"] == 300.0 and len(s["util_samples"]) == 100_000
+    assert summarize(res, grid_step=1000.0)["util_grid_step_s"] == 1000.0

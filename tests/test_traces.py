@@ -16,6 +16,7 @@ from policies.job import JobSpec
 from policies.perf import ContentionModel
 from policies.workloads import MODELS
 from trainer.traces import (
+    MAX_SUBMIT_TIME_S,
     TRACE_SUFFIXES,
     TraceError,
     load_trace,
@@ -310,7 +311,7 @@ def test_not_parquet(tmp_path: Path) -> None:
             "model",
         ),
         ({"3": {"model": "MoE", "gpu_demand": 99, "total_samples_to_train": 5}}, "3", "gpu_demand"),
-        ({"3": {"model": "MoE", "gpu_demand": 2, "total_samples_to_train": "x"}}, "3", "total_samples"),
+        ({"3": {"model": "MoE", "gpu_demand": 2, "total_samples_to_train": "x"}}, "3", "total_samples_to_train"),
     ],
 )
 def test_bad_deepshare_json(tmp_path: Path, doc: dict, row: str, field: str) -> None:
@@ -330,10 +331,10 @@ _JOB = '"model": "GNN", "gpu_demand": 2, "total_samples_to_train": 1000'
         # json.loads alone would keep only the second "a" (and the second gpu_demand).
         ("{\"a\": {%s}, \"b\": {%s}, \"a\": {%s}}" % (_JOB, _JOB, _JOB), "a", "job_id", "duplicate job id 'a'"),
         ('{"a": {%s, "gpu_demand": 4}}' % _JOB, "a", "gpu_demand", "field appears twice"),
-        ('{"a": {"model": "GNN", "gpu_demand": 2, "total_samples_to_train": NaN}}', "a", "total_samples", "finite"),
-        ('{"a": {"model": "GNN", "gpu_demand": 2, "total_samples_to_train": null}}', "a", "total_samples", "got None"),
+        ('{"a": {"model": "GNN", "gpu_demand": 2, "total_samples_to_train": NaN}}', "a", "total_samples_to_train", "finite"),
+        ('{"a": {"model": "GNN", "gpu_demand": 2, "total_samples_to_train": null}}', "a", "total_samples_to_train", "got None"),
         ('{"a": {"model": "GNN", "gpu_demand": true, "total_samples_to_train": 1}}', "a", "gpu_demand", "got True"),
-        ('{"a": {"model": "GNN", "gpu_demand": 2, "total_samples_to_train": false}}', "a", "total_samples", "number"),
+        ('{"a": {"model": "GNN", "gpu_demand": 2, "total_samples_to_train": false}}', "a", "total_samples_to_train", "number"),
         ('{"a": {%s, "submit_time": true}}' % _JOB, "a", "submit_time", "expected a number, got True"),
         ('{"a": {"model": "GNN", "gpu_demand": 1%s, "total_samples_to_train": 1}}' % ("0" * 400), "a", "gpu_demand",
          "expected a finite number, got 1000"),
@@ -358,7 +359,14 @@ def test_deepshare_json_with_bom(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "text, words", [("", "not a readable JSON"), ("[1, 2]", "expected a JSON object"), ("{}", "no jobs")]
+    "text, words",
+    [
+        ("", "empty file: no JSON job set and no jobs"),  # as an empty CSV, not "Expecting value"
+        (" \n", "empty file"),
+        ("{", "not a readable JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        ("{}", "no jobs"),
+    ],
 )
 def test_unusable_json(tmp_path: Path, text: str, words: str) -> None:
     path = tmp_path / "set.json"
@@ -481,3 +489,194 @@ def test_philly_options_on_another_trace_are_refused(tmp_path: Path, suffix: str
     kind = "DeepShare JSON" if suffix == ".json" else "canonical CSV/Parquet"
     assert str(ei.value) == f"{path}: is a {kind} trace; options limit, sample apply only to a Philly CSV"
     assert trace_format(path) == ("deepshare" if suffix == ".json" else "canonical")
+
+
+# ---------------------------------------------------------------------- far-off submit times (defect: a 25 GB grid)
+@pytest.mark.parametrize("value", ["1e12", "1e300", "1000000001", "99999999999999999999999"])
+@pytest.mark.parametrize("suffix", [".csv", ".json", ".parquet"])
+def test_submit_time_beyond_the_bound_is_refused(tmp_path: Path, value: str, suffix: str) -> None:
+    """A finite but absurd submit time crashed `simulate` (a 24.8 GiB utilisation grid for 1e12)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / f"t{suffix}"
+    if suffix == ".csv":
+        path.write_text(HEADER + f"a,{value},MoE,2,10\n")
+        row = 2
+    elif suffix == ".json":
+        path.write_text('{"a": {"model": "MoE", "gpu_demand": 2, "total_samples_to_train": 10, "submit_time": ' + value + "}}")
+        row = "a"
+    else:
+        pq.write_table(pa.Table.from_pylist([{**_PQ_GOOD, "submit_time": float(value)}]), path)
+        row = 1
+    with pytest.raises(TraceError) as ei:
+        load_trace(path, CLUSTER)
+    assert "beyond the largest submit time 1e+09 s (about 31.7 years)" in str(ei.value)
+    assert "\n" not in str(ei.value)
+    _where(ei.value, path, row, "submit_time")
+
+
+def test_submit_time_at_the_bound_is_accepted(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text(HEADER + f"a,{MAX_SUBMIT_TIME_S!r},MoE,2,10\n")
+    assert load_trace(path, CLUSTER)[0].submit_time == MAX_SUBMIT_TIME_S
+
+
+@pytest.mark.parametrize("suffix", TRACE_SUFFIXES)
+def test_write_trace_refuses_a_submit_time_beyond_the_bound(tmp_path: Path, suffix: str) -> None:
+    out = tmp_path / f"t{suffix}"
+    with pytest.raises(TraceError) as ei:
+        write_trace(out, [JobSpec("a", 0.0, "MoE", 8, 10.0), JobSpec("b", 2e9, "MoE", 8, 10.0)])
+    assert str(ei.value) == (
+        f"{out}: not written: job 'b' has submit_time 2000000000.0; "
+        "a trace needs a submit time of at most 1e+09 s (about 31.7 years)"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_shipped_traces_still_load() -> None:
+    """Every trace under data/traces loads with the bounds and numeric rules (Philly: test_philly.py::test_full_file)."""
+    files = sorted((REPO / "data" / "traces").rglob("*.json"))
+    assert len(files) >= 7
+    for f in files:
+        jobs = load_trace(f, CLUSTER)
+        assert jobs and all(0 <= j.submit_time <= MAX_SUBMIT_TIME_S for j in jobs)
+
+
+# ---------------------------------------------------------------------- DeepShare JSON keeps extra fields
+def test_csv_json_csv_round_trip_keeps_extra_columns(tmp_path: Path) -> None:
+    """`trace convert` to JSON dropped a CSV's `user` column (docs: other columns are kept and written back)."""
+    src = tmp_path / "u.csv"
+    src.write_text(HEADER[:-1] + ",user,vc\na,0,MoE,2,10,bob,\nb,5,GNN,4,1e6,Zoë,v1\n")
+    jobs = load_trace(src, CLUSTER)
+    write_trace(tmp_path / "u.json", jobs)
+    doc = json.loads((tmp_path / "u.json").read_text(encoding="utf-8"))
+    assert doc["a"] == {
+        "model": "MoE", "gpu_demand": 2, "total_samples_to_train": 10.0, "submit_time": 0.0, "user": "bob", "vc": ""
+    }
+    back = load_trace(tmp_path / "u.json", CLUSTER)
+    assert back == jobs and [j.extra for j in back] == [j.extra for j in jobs]
+    write_trace(tmp_path / "u2.csv", back)
+    assert (tmp_path / "u2.csv").read_text(encoding="utf-8").splitlines() == [
+        HEADER[:-1] + ",user,vc",
+        "a,0.0,MoE,2,10.0,bob,",
+        "b,5.0,GraphSage,4,1000000.0,Zoë,v1",
+    ]
+
+
+def test_json_unknown_keys_are_kept_in_extra(tmp_path: Path) -> None:
+    path = tmp_path / "z.json"
+    path.write_text('{"a": {"model": "MoE", "gpu_demand": 2, "total_samples_to_train": 10, "zzz": 1, "tags": ["x"]}}')
+    (job,) = load_trace(path, CLUSTER)
+    assert job.extra == {"zzz": 1, "tags": ["x"]}
+    write_trace(tmp_path / "z2.json", [job])
+    assert json.loads((tmp_path / "z2.json").read_text())["a"]["zzz"] == 1
+
+
+@pytest.mark.parametrize(
+    "key, words",
+    [("total_samples", "names the work 'total_samples_to_train'"), ("job_id", "the job id is the key")],
+)
+def test_json_keys_that_clash_with_canonical_columns_are_refused(tmp_path: Path, key: str, words: str) -> None:
+    """Kept in extra, they would overwrite the canonical column when written as CSV."""
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"a": {"model": "MoE", "gpu_demand": 2, "total_samples_to_train": 10, key: 5}}))
+    with pytest.raises(TraceError) as ei:
+        load_trace(path, CLUSTER)
+    assert words in str(ei.value)
+    _where(ei.value, path, "a", key)
+
+
+@pytest.mark.parametrize(
+    "suffix, key", [(".json", "total_samples_to_train"), (".json", "submit_time"), (".csv", "total_samples")]
+)
+def test_write_trace_refuses_an_extra_field_named_like_a_format_field(tmp_path: Path, suffix: str, key: str) -> None:
+    out = tmp_path / f"t{suffix}"
+    with pytest.raises(TraceError, match=f"not written: job 'a' has an extra field '{key}', which is a field of"):
+        write_trace(out, [JobSpec("a", 0.0, "MoE", 8, 10.0, {key: 1})])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_json_writes_extra_values_json_has_no_type_for_as_text(tmp_path: Path) -> None:
+    import datetime
+
+    job = JobSpec("a", 0.0, "MoE", 8, 10.0, {"created": datetime.date(2017, 10, 9)})
+    write_trace(tmp_path / "t.json", [job])
+    assert load_trace(tmp_path / "t.json", CLUSTER)[0].extra == {"created": "2017-10-09"}  # as a CSV writes it
+
+
+# ---------------------------------------------------------------------- numbers: one rule per format
+@pytest.mark.parametrize("value", ["1_000", "1__0", "٣", "0x10", "1e", "--1"])
+def test_csv_numbers_are_plain_decimal_literals(tmp_path: Path, value: str) -> None:
+    """float() takes `1_000` and non-ASCII digits; no CSV tool reads them as numbers."""
+    path = tmp_path / "t.csv"
+    path.write_text(HEADER + f"a,{value},MoE,2,10\n", encoding="utf-8")
+    with pytest.raises(TraceError) as ei:
+        load_trace(path, CLUSTER)
+    assert f"expected a number, got {value!r}" in str(ei.value)
+    _where(ei.value, path, 2, "submit_time")
+
+
+def test_csv_plain_number_forms_still_accepted(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text(HEADER + "a, 5 ,MoE,2.0,1e3\nb,.5,MoE,+2,10.\nc,0,MoE,2,1E+3\n")
+    assert [(j.submit_time, j.gpu_demand, j.total_samples) for j in load_trace(path, CLUSTER)] == [
+        (5.0, 2, 1000.0), (0.5, 2, 10.0), (0.0, 2, 1000.0)
+    ]
+
+
+@pytest.mark.parametrize("key", ["gpu_demand", "total_samples_to_train", "submit_time"])
+def test_json_numbers_must_be_json_numbers(tmp_path: Path, key: str) -> None:
+    """`"gpu_demand": "2"` was accepted while `true` was refused."""
+    job = {"model": "MoE", "gpu_demand": 2, "total_samples_to_train": 10, key: "2"}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"a": job}))
+    with pytest.raises(TraceError) as ei:
+        load_trace(path, CLUSTER)
+    assert "expected a number, got '2' (a string)" in str(ei.value)
+    _where(ei.value, path, "a", key)
+
+
+@pytest.mark.parametrize("column", ["gpu_demand", "total_samples", "submit_time"])
+def test_parquet_numbers_must_be_numeric_columns(tmp_path: Path, column: str) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.Table.from_pylist([{**_PQ_GOOD, column: "2"}]), path)
+    with pytest.raises(TraceError) as ei:
+        load_trace(path, CLUSTER)
+    assert "expected a number, got '2' (a string)" in str(ei.value)
+    _where(ei.value, path, 1, column)
+
+
+def test_oversized_demand_is_printed_as_written(tmp_path: Path) -> None:
+    """It was printed after float rounding: 99999999999999991611392, 18446744073709551616."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    csv_path = tmp_path / "t.csv"
+    csv_path.write_text(HEADER + "a,0,MoE,99999999999999999999999,10\n")
+    with pytest.raises(TraceError, match=r"gpu_demand 99999999999999999999999 is larger than the cluster \(32 GPUs\)"):
+        load_trace(csv_path, CLUSTER)
+    pq_path = tmp_path / "t.parquet"
+    table = pa.Table.from_pylist([{**_PQ_GOOD, "gpu_demand": 2**64 - 1}], schema=pa.schema([
+        ("job_id", pa.string()), ("submit_time", pa.float64()), ("model", pa.string()),
+        ("gpu_demand", pa.uint64()), ("total_samples", pa.float64()),
+    ]))
+    pq.write_table(table, pq_path)
+    with pytest.raises(TraceError, match=r"gpu_demand 18446744073709551615 is larger than the cluster"):
+        load_trace(pq_path, CLUSTER)
+    json_path = tmp_path / "t.json"
+    json_path.write_text('{"a": {"model": "MoE", "gpu_demand": 64.0, "total_samples_to_train": 1}}')
+    with pytest.raises(TraceError, match=r"gpu_demand 64 is larger than the cluster"):
+        load_trace(json_path, CLUSTER)
+
+
+def test_json_errors_name_the_key_as_written(tmp_path: Path) -> None:
+    """They said field 'total_samples', a key the file does not have."""
+    path = tmp_path / "t.json"
+    path.write_text('{"a": {"model": "MoE", "gpu_demand": 2, "total_samples_to_train": -1}}')
+    with pytest.raises(TraceError) as ei:
+        load_trace(path, CLUSTER)
+    assert str(ei.value) == f"{path}, row a, field 'total_samples_to_train': must not be negative, got -1"

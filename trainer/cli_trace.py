@@ -25,6 +25,7 @@ from policies.cluster import ClusterSpec
 from rlsched.argtypes import float_in_range, non_negative_int, positive_float, positive_int
 from trainer.generate import (
     DEMAND_DISTRIBUTIONS,
+    MAX_JOBS,
     GeneratorConfig,
     GeneratorError,
     check_sets_directory,
@@ -64,6 +65,15 @@ def _make_parent(out: Path) -> None:
 def _cmd_generate(args: argparse.Namespace) -> int:
     from trainer.traces import write_trace
 
+    # Options that would change nothing here are an error, not silently ignored.
+    if args.format is not None and args.sets is None:
+        return _fail(
+            args,
+            f"--format applies only with --sets; a single --out file's format follows its suffix "
+            f"(e.g. --out {Path(args.out).with_suffix('.' + args.format).name})",
+        )
+    if args.load is not None and args.arrival != "poisson":
+        return _fail(args, "--load applies only with --arrival poisson (with zero arrivals every job comes at t=0)")
     cluster = ClusterSpec.parse(args.cluster)
     cfg = GeneratorConfig(
         num_jobs=args.jobs,
@@ -74,7 +84,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         duration_s=args.duration,
         jitter=args.jitter,
         arrival=args.arrival,
-        load=args.load,
+        load=GeneratorConfig.load if args.load is None else args.load,
         exact_mix=args.exact_mix,
         seed=args.seed,
     )
@@ -95,7 +105,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             check_sets_directory(out, args.overwrite)  # before the (possibly long) generation
             sets = generate_sets(cluster, cfg, args.sets)
             _make_parent(out)
-            paths = write_sets(out, sets, fmt=args.format, force=args.overwrite)
+            paths = write_sets(out, sets, fmt=args.format or "csv", force=args.overwrite)
             print(f"wrote {len(paths)} job sets of {cfg.num_jobs} jobs to {out}/")
     except GeneratorError as exc:
         return _fail(args, str(exc))
@@ -231,7 +241,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument(
         "--mix", default="normal", help="normal|heavy|medium|low or 6 weights GNN:IMG:DLRM:LM:FSDP:MoE (default normal)"
     )
-    g.add_argument("--jobs", type=positive_int, default=256, help="jobs per set, >= 1 (default 256)")
+    g.add_argument(
+        "--jobs",
+        type=positive_int,
+        default=256,
+        help=f"jobs per set, 1..{MAX_JOBS:,} (all sets together at most that; default 256)",
+    )
     g.add_argument(
         "--max-gpus", type=positive_int, default=None, help="largest GPU demand (default min(32, cluster GPUs))"
     )
@@ -251,7 +266,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--arrival", choices=("zero", "poisson"), default="zero", help="all at t=0 or Poisson (default zero)"
     )
     g.add_argument(
-        "--load", type=positive_float, default=0.9, help="offered load for Poisson arrivals, > 0 (default 0.9)"
+        "--load",
+        type=positive_float,
+        default=None,
+        help="offered load for --arrival poisson, > 0 (default 0.9; an error with zero arrivals)",
     )
     g.add_argument("--exact-mix", action="store_true", help="apportion models exactly instead of i.i.d. draws")
     g.add_argument("--seed", type=non_negative_int, default=0, help="random seed, >= 0 (default 0)")
@@ -259,7 +277,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--sets", type=positive_int, default=None, help="write N >= 1 sets set0..set{N-1} into the --out directory"
     )
     g.add_argument(
-        "--format", choices=("csv", "parquet", "json"), default="csv", help="file format with --sets (default csv)"
+        "--format",
+        choices=("csv", "parquet", "json"),
+        default=None,
+        help="file format with --sets (default csv; an error without --sets: a file's suffix sets its format)",
     )
     g.add_argument("--out", required=True, help="output .csv/.parquet/.json file, or a directory with --sets")
     g.add_argument(

@@ -19,7 +19,10 @@ Definitions (the keys of :func:`summarize`):
   ``util_t / util_used`` over ``[0, makespan]`` divided by the cluster's GPUs.
 * ``util_samples``: that step function read at ``0, step, 2*step, ... <
   makespan`` (``step`` = the scheduling round), the input of the seed's
-  Fig. 7 KDE.
+  Fig. 7 KDE. At most :data:`MAX_UTIL_GRID_POINTS` samples: a longer
+  makespan widens ``step`` to the smallest whole multiple of the round that
+  fits (``util_grid_step_s`` holds the step used), so a far-off finish time
+  cannot make the grid take gigabytes.
 * ``avg_cs``: mean over jobs of each job's run-time-weighted average CS
   (``JobRecord.avg_cs``); ``cs_buckets``: share of jobs per CS bucket
   (:data:`CS_BUCKET_EDGES`, the seed's Fig. 6).
@@ -45,6 +48,8 @@ __all__ = [
     "percentile",
     "time_weighted_utilisation",
     "utilisation_on_grid",
+    "util_grid_step",
+    "MAX_UTIL_GRID_POINTS",
     "summarize",
     "SCALAR_KEYS",
     "jobs_table",
@@ -79,6 +84,10 @@ SCALAR_KEYS: tuple[str, ...] = (
 )
 
 _CS_TOL = 1e-9
+
+#: Most points of the utilisation grid (:func:`utilisation_on_grid`, ``util_samples``): 100,000 rounds of
+#: 300 s cover 347 days of makespan; beyond that the step widens. 0.8 MB as float64, ~2 MB in summary.json.
+MAX_UTIL_GRID_POINTS = 100_000
 
 
 def cs_bucket_labels(edges: Sequence[float] = CS_BUCKET_EDGES) -> list[str]:
@@ -144,20 +153,35 @@ def time_weighted_utilisation(util_t: np.ndarray, util_used: np.ndarray, total_g
     return area / (total_gpus * end)
 
 
+def util_grid_step(step: float, end: float, max_points: int = MAX_UTIL_GRID_POINTS) -> float:
+    """The step (s) :func:`utilisation_on_grid` uses over ``[0, end)``: ``step`` itself, or the smallest
+    whole multiple of it that keeps the grid to at most ``max_points`` points.
+
+    :param step: the requested step (s, > 0), e.g. the scheduling round.
+    :param end: the end of the grid (s), e.g. the makespan.
+    """
+    if not step > 0:
+        raise ValueError(f"step must be positive, got {step!r}")
+    if not end > 0 or not math.isfinite(end) or end <= step * max_points:
+        return float(step)
+    return float(step) * math.ceil(end / (step * max_points))
+
+
 def utilisation_on_grid(
     util_t: np.ndarray, util_used: np.ndarray, total_gpus: int, step: float, end: float
 ) -> np.ndarray:
-    """The allocated fraction read at ``0, step, 2*step, ...`` strictly before ``end``.
+    """The allocated fraction read at ``0, s, 2*s, ...`` strictly before ``end`` (``s`` in seconds).
 
-    A change at exactly a grid time counts (the step function is
-    right-continuous). Returns shape ``[ceil(end / step)]`` (empty if ``end <= 0``).
+    ``s`` is ``step``, widened by :func:`util_grid_step` when the grid would hold more than
+    :data:`MAX_UTIL_GRID_POINTS` points. A change at exactly a grid time counts (the step
+    function is right-continuous). Returns shape ``[ceil(end / s)]`` (empty if ``end <= 0``).
     """
     if step <= 0:
         raise ValueError("step must be positive")
     t, u = _check_step(util_t, util_used)
     if end <= 0 or total_gpus <= 0:
         return np.zeros(0)
-    grid = np.arange(0.0, end, step)
+    grid = np.arange(0.0, end, util_grid_step(step, end))[:MAX_UTIL_GRID_POINTS]
     if t.size == 0:
         return np.zeros(grid.size)
     idx = np.searchsorted(t, grid, side="right") - 1
@@ -179,9 +203,10 @@ def summarize(result: SimResult, grid_step: float = 300.0) -> dict[str, Any]:
 
     :param result: a finished (or partial) simulation; unfinished jobs
         (NaN finish time) are counted in ``jobs`` but not in JCT statistics.
-    :param grid_step: seconds between utilisation samples (use the round length).
+    :param grid_step: seconds between utilisation samples (use the round length); widened to a
+        multiple of it when the makespan would need more than :data:`MAX_UTIL_GRID_POINTS` samples.
     :returns: a JSON-friendly dict: the :data:`SCALAR_KEYS` plus ``policy``,
-        ``total_gpus``, ``util_grid_step_s``, ``util_samples`` (list of
+        ``total_gpus``, ``util_grid_step_s`` (the step used), ``util_samples`` (list of
         fractions), ``cs_bucket_labels`` and ``cs_buckets`` (fractions of jobs).
     """
     recs = result.jobs
@@ -214,7 +239,7 @@ def summarize(result: SimResult, grid_step: float = 300.0) -> dict[str, Any]:
         "decisions": int(result.decisions),
         "wall_time_s": float(result.wall_time),
         "total_gpus": total,
-        "util_grid_step_s": float(grid_step),
+        "util_grid_step_s": util_grid_step(grid_step, makespan),
         "util_samples": utilisation_on_grid(result.util_t, result.util_used, total, grid_step, makespan).tolist(),
         "cs_bucket_labels": cs_bucket_labels(),
         "cs_buckets": cs_buckets(cs),

@@ -12,7 +12,8 @@ cluster needs a rule. Ours (also in ``docs/TRACES.md``):
    filtering and across seeds.
 2. **submit time** -- seconds since the earliest ``timestamp`` of the jobs
    kept (after the ``virtual_clusters`` / ``window`` / ``sample`` / ``limit``
-   filters), times ``time_scale``.
+   filters), times ``time_scale``; at most
+   :data:`trainer.traces.MAX_SUBMIT_TIME_S` (1e9 s, about 31.7 years).
 3. **model** -- drawn per row from ``numpy.random.default_rng(seed)`` with
    the probabilities of ``mix`` (default ``normal`` = 1:1:1:1:1:1 over
    GNN:IMG:DLRM:LM:FSDP:MoE). One draw is made for *every* data row of the
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -51,12 +53,15 @@ from policies.job import JobSpec
 from policies.perf import ContentionModel
 from policies.workloads import MODELS
 from trainer.generate import GeneratorError, parse_mix
-from trainer.traces import TraceError, not_utf8_error
+from trainer.traces import MAX_SUBMIT_TIME_S, MAX_SUBMIT_TIME_TEXT, TraceError, not_utf8_error, plain_number
 
 __all__ = ["PHILLY_COLUMNS", "read_philly"]
 
 #: Columns the reader needs (``gpu_time`` and ``cluster`` are optional).
 PHILLY_COLUMNS = ("timestamp", "duration", "num_gpus")
+
+#: A character no plain decimal literal holds (``nan`` / ``inf`` do, and are checked one by one).
+_NOT_PLAIN_CHAR = re.compile(r"[^0-9.eE+\-\s]")
 
 
 def _locate_float(path: Path, lines: np.ndarray, values: Sequence[str], col: str) -> None:
@@ -69,11 +74,18 @@ def _locate_float(path: Path, lines: np.ndarray, values: Sequence[str], col: str
 
 
 def _floats(path: Path, lines: np.ndarray, values: list[str], col: str) -> np.ndarray:
+    """``values`` as finite floats, shape ``(n,)``: plain decimal literals only, as in a canonical CSV
+    (numpy, like ``float``, also takes ``1_000`` and non-ASCII digits)."""
     try:
         arr = np.array(values, dtype=np.float64)
     except ValueError:
         _locate_float(path, lines, values, col)
         raise  # unreachable: numpy and float() disagree
+    # Fast path: numbers numpy parsed that use only these characters are plain literals; else look closer.
+    if _NOT_PLAIN_CHAR.search("\n".join(values)):
+        for i, v in enumerate(values):
+            if not plain_number(v):
+                raise TraceError(path, f"expected a number, got {v!r}", int(lines[i]), col)
     bad = np.flatnonzero(~np.isfinite(arr))
     if bad.size:
         i = int(bad[0])
@@ -266,6 +278,18 @@ def read_philly(
         i = int(idx[bad[0]])
         raise TraceError(
             path, f"submit time overflows the float range with time_scale {time_scale:g}", int(lines[i]), "timestamp"
+        )
+    bad = np.flatnonzero(submit > MAX_SUBMIT_TIME_S)
+    if bad.size:  # e.g. a year-1 and a year-9999 timestamp, or a large time_scale
+        i = int(idx[bad[0]])
+        first = int(idx[int(np.argmin(ts[idx]))])
+        scaled = f" (times time_scale {time_scale:g})" if time_scale != 1 else ""
+        raise TraceError(
+            path,
+            f"{cols[i_ts][i]!r} is {submit[bad[0]]:.4g} s{scaled} after the earliest kept job's "
+            f"{cols[i_ts][first]!r} (row {int(lines[first])}), beyond the largest submit time {MAX_SUBMIT_TIME_TEXT}",
+            int(lines[i]),
+            "timestamp",
         )
 
     orig = gpus[idx].astype(np.int64).tolist()

@@ -35,10 +35,25 @@ from policies.cluster import ClusterSpec, Placement
 from policies.job import JobSpec
 from policies.perf import ContentionModel
 from policies.state import ClusterState, Decision, JobInfo
+from trainer.traces import MAX_SUBMIT_TIME_S, MAX_SUBMIT_TIME_TEXT
 
-__all__ = ["SimConfig", "Simulator", "SimResult", "SimulationError", "JobRecord", "RunningView"]
+__all__ = [
+    "SimConfig",
+    "Simulator",
+    "SimResult",
+    "SimulationError",
+    "JobRecord",
+    "RunningView",
+    "MAX_ISOLATED_RUN_S",
+]
 
 _EPS = 1e-9
+
+#: Longest isolated run time (s) of one job the simulator accepts: ``total_samples`` over the job's best
+#: isolated throughput on the cluster (noise left out). 1e8 s is about 3.2 years; Philly's longest job ran 54
+#: days. A time-variant policy is asked every round while jobs run, so one job of 1e8 s already costs
+#: 333,334 rounds (about 6 s per policy); 1e10 samples of MoE (4.8e8 s) ran for minutes.
+MAX_ISOLATED_RUN_S = 1e8
 
 
 class SimulationError(RuntimeError):
@@ -213,8 +228,8 @@ class RunningView(Sequence[JobInfo]):
 def _check_spec(j: JobSpec, total_gpus: int) -> None:
     """Raise :class:`SimulationError` naming the job and field unless ``j`` can be simulated:
     ``gpu_demand`` an integer (not a bool, not ``2.5``) in ``[1, total_gpus]``, ``total_samples``
-    a finite number > 0, ``submit_time`` a finite number >= 0. (A NaN submit time made the event
-    loop spin forever, an infinite one crash it; a NaN or infinite amount of work failed deep
+    a finite number > 0, ``submit_time`` a finite number in ``[0, MAX_SUBMIT_TIME_S]``. (A NaN submit time made
+    the event loop spin forever, an infinite one crash it; a NaN or infinite amount of work failed deep
     inside the performance model.)"""
     g = j.gpu_demand
     if isinstance(g, bool) or not isinstance(g, (int, np.integer)):
@@ -228,6 +243,10 @@ def _check_spec(j: JobSpec, total_gpus: int) -> None:
             raise SimulationError(f"job {j.job_id!r}: {name} must be a finite number, got {v!r}")
         if (v <= 0) if positive else (v < 0):
             raise SimulationError(f"job {j.job_id!r}: {name} must be {'> 0' if positive else '>= 0'}, got {v!r}")
+    if j.submit_time > MAX_SUBMIT_TIME_S:
+        raise SimulationError(
+            f"job {j.job_id!r}: submit_time {j.submit_time!r} is beyond the largest submit time {MAX_SUBMIT_TIME_TEXT}"
+        )
 
 
 def _check_placement(job_id: str, demand: int, p: Placement, free: np.ndarray, context: str = "") -> None:
@@ -254,8 +273,9 @@ class Simulator:
         round (used by the Gymnasium environment and progress bars).
 
     Every job of the trace is checked first (:class:`SimulationError` naming the job and the
-    field): unique ids, an integer demand within the cluster, finite positive work, a finite
-    submit time >= 0 and a known model.
+    field): unique ids, an integer demand within the cluster, finite positive work that takes at most
+    :data:`MAX_ISOLATED_RUN_S` seconds alone on its best placement, a finite submit time in
+    ``[0, MAX_SUBMIT_TIME_S]`` and a known model.
     """
 
     def __init__(
@@ -293,6 +313,13 @@ class Simulator:
                 best = self.perf.best_isolated_throughput(spec.model, spec.gpu_demand)
             except KeyError as exc:  # an unknown model (UnknownModelError): name the job
                 raise SimulationError(f"job {spec.job_id!r}: {exc}") from exc
+            if spec.total_samples > MAX_ISOLATED_RUN_S * best:
+                raise SimulationError(
+                    f"job {spec.job_id!r}: total_samples {spec.total_samples:g} take {spec.total_samples / best:.4g} s "
+                    f"alone on the best placement of {spec.gpu_demand} GPUs ({spec.model}, {best:.4g} samples/s), "
+                    f"more than the longest isolated run the simulator accepts, {MAX_ISOLATED_RUN_S:g} s "
+                    f"(about {MAX_ISOLATED_RUN_S / (365.25 * 86400):.1f} years)"
+                )
             self.jobs.append(_Job(spec, rank, float(noise[i]), best))
         self.by_id = {j.spec.job_id: j for j in self.jobs}
         self.reset_state()

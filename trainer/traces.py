@@ -12,19 +12,23 @@ cluster). Other columns (user, vc, ...) are kept in ``JobSpec.extra``.
 Readers: canonical CSV / Parquet, DeepShare's JSON job sets, the Philly CSV
 (:mod:`trainer.philly`). :func:`load_trace` picks one by file content.
 Every reader reports a bad row as ``TraceError`` naming file, row and field;
-text files must be UTF-8, CSV rows must have as many fields as the header and
-job ids must be unique (also as JSON keys).
+text files must be UTF-8, CSV rows must have as many fields as the header,
+job ids must be unique (also as JSON keys) and submit times at most
+:data:`MAX_SUBMIT_TIME_S` seconds. CSV numbers are plain decimal literals
+(:func:`plain_number`), JSON and Parquet numbers real numbers (not strings).
 """
 
 from __future__ import annotations
 
 import codecs
 import csv
+import decimal
 import io
 import json
 import math
 import numbers
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -49,6 +53,10 @@ __all__ = [
     "read_deepshare_json",
     "write_trace",
     "validate_jobs",
+    "plain_number",
+    "MAX_SUBMIT_TIME_S",
+    "MAX_SUBMIT_TIME_TEXT",
+    "DEEPSHARE_KEYS",
 ]
 
 CANONICAL_COLUMNS = ("job_id", "submit_time", "model", "gpu_demand", "total_samples")
@@ -58,6 +66,13 @@ PARQUET_SUFFIXES = (".parquet", ".pq")
 #: Every trace file suffix (lower case) :func:`load_trace` reads and :func:`write_trace` writes. Code that
 #: collects the traces of a directory should use this list rather than a copy.
 TRACE_SUFFIXES = (".csv", *PARQUET_SUFFIXES, ".json")
+#: Largest submit time (s) a trace may hold, every reader, :func:`write_trace`, the generator and the simulator
+#: check it: 1e9 s, about 31.7 years. Real traces span months (Philly: 109 days); a time far beyond it is a unit
+#: or parsing mistake, and a simulated span of 1e12 s took a 25 GB utilisation grid (or spun for minutes).
+MAX_SUBMIT_TIME_S = 1e9
+#: :data:`MAX_SUBMIT_TIME_S` in words, for messages.
+MAX_SUBMIT_TIME_TEXT = f"{MAX_SUBMIT_TIME_S:g} s (about {MAX_SUBMIT_TIME_S / (365.25 * 86400):.1f} years)"
+
 #: What :func:`trace_format` returns, and how messages name it.
 TRACE_FORMATS = {"canonical": "canonical CSV/Parquet", "deepshare": "DeepShare JSON", "philly": "Philly CSV"}
 
@@ -103,13 +118,47 @@ def _blank(value: Any) -> bool:
     return value is None or (isinstance(value, str) and not value.strip())
 
 
-def _num(path: Path, row: int | str, col: str, value: Any, *, integer: bool = False, positive: bool = False) -> float:
+#: A number as a CSV field may write it: a plain decimal or float literal (``12``, ``-0.5``, ``1e3``, ``.5``),
+#: or nan / inf (refused later as not finite, with that message). ``float()`` takes more: ``1_000``, ``٣``
+#: (any Unicode digit), which no other CSV tool reads as a number.
+_PLAIN_NUMBER = re.compile(
+    r"\s*[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|nan|inf|infinity)\s*", re.IGNORECASE
+)
+
+
+def plain_number(text: str) -> bool:
+    """Whether ``text`` is a number as CSV writes it (see :data:`_PLAIN_NUMBER`), surrounding blanks allowed."""
+    return _PLAIN_NUMBER.fullmatch(text) is not None
+
+
+def _num(
+    path: Path,
+    row: int | str,
+    col: str,
+    value: Any,
+    *,
+    integer: bool = False,
+    positive: bool = False,
+    text: bool = False,
+) -> float:
+    """``value`` as a finite number >= 0 (> 0 with ``positive``; an ``int`` with ``integer``).
+
+    ``text``: the value comes from a text format (CSV), where numbers are written as plain decimal
+    literals; otherwise (JSON, Parquet) it must be a number already: the string ``"2"`` or JSON
+    ``true`` is not one.
+    """
     try:
         if _blank(value) or isinstance(value, bool):  # JSON true is not the number 1
             raise ValueError
+        if isinstance(value, str):
+            if not (text and plain_number(value)):
+                raise ValueError
+        elif not isinstance(value, (numbers.Real, decimal.Decimal)):  # e.g. a Parquet timestamp or bytes
+            raise TypeError
         x = float(value)
     except (TypeError, ValueError):
-        raise TraceError(path, f"expected a number, got {_show(value)}", row, col) from None
+        kind = " (a string)" if isinstance(value, str) and not text and not _blank(value) else ""
+        raise TraceError(path, f"expected a number, got {_show(value)}{kind}", row, col) from None
     except OverflowError:  # an integer beyond the float range, e.g. JSON 1e400 written out
         raise TraceError(path, f"expected a finite number, got {_show(value)}", row, col) from None
     if not math.isfinite(x):
@@ -123,6 +172,18 @@ def _num(path: Path, row: int | str, col: str, value: Any, *, integer: bool = Fa
             raise TraceError(path, f"expected an integer, got {_show(value)}", row, col)
         return int(x)
     return x
+
+
+def _as_written(value: Any) -> str:
+    """An integer field's value as the file wrote it: CSV text as is, a JSON / Parquet integer in full (not
+    rounded through a float: 2**64 - 1 is not 18446744073709551616), shortened for messages."""
+    if isinstance(value, str):
+        shown = value.strip()
+    elif isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        shown = str(int(value))
+    else:
+        shown = str(value)
+    return shown if len(shown) <= 40 else f"{shown[:24]}... ({len(shown)} digits)"
 
 
 def _model(path: Path, row: int | str, value: Any) -> str:
@@ -140,10 +201,20 @@ def _job_from_row(
     rec: dict[str, Any],
     cluster: ClusterSpec | None,
     perf: ContentionModel | None,
+    *,
+    text: bool = False,
+    names: dict[str, str] | None = None,
 ) -> JobSpec:
-    missing = [c for c in ("job_id", "submit_time", "model", "gpu_demand") if c not in rec]
+    """The job of one row. ``text``: the values are CSV text (see :func:`_num`). ``names``: how the file
+    names a canonical field, for messages (DeepShare JSON: ``total_samples`` -> ``total_samples_to_train``)."""
+    names = names or {}
+
+    def field(c: str) -> str:
+        return names.get(c, c)
+
+    missing = [field(c) for c in ("job_id", "submit_time", "model", "gpu_demand") if c not in rec]
     if "total_samples" not in rec and "duration" not in rec:
-        missing.append("total_samples (or duration)")
+        missing.append(f"{field('total_samples')} (or duration)")
     if missing:
         raise TraceError(path, f"missing column(s): {', '.join(missing)}", rownum)
     raw_id = rec["job_id"]
@@ -151,24 +222,35 @@ def _job_from_row(
     missing_id = raw_id is None or (isinstance(raw_id, float) and math.isnan(raw_id))
     job_id = "" if missing_id else str(raw_id).strip()
     if not job_id:
-        raise TraceError(path, "empty job id", rownum, "job_id")
-    submit = _num(path, rownum, "submit_time", rec["submit_time"])
+        raise TraceError(path, "empty job id", rownum, field("job_id"))
+    submit = _num(path, rownum, field("submit_time"), rec["submit_time"], text=text)
+    if submit > MAX_SUBMIT_TIME_S:
+        raise TraceError(
+            path,
+            f"{_show(rec['submit_time'])} is beyond the largest submit time {MAX_SUBMIT_TIME_TEXT}",
+            rownum,
+            field("submit_time"),
+        )
     model = _model(path, rownum, rec["model"])
-    demand = int(_num(path, rownum, "gpu_demand", rec["gpu_demand"], integer=True, positive=True))
+    raw_demand = rec["gpu_demand"]
+    demand = int(_num(path, rownum, field("gpu_demand"), raw_demand, integer=True, positive=True, text=text))
     if cluster is not None and demand > cluster.total_gpus:
         raise TraceError(
-            path, f"gpu_demand {demand} is larger than the cluster ({cluster.total_gpus} GPUs)", rownum, "gpu_demand"
+            path,
+            f"gpu_demand {_as_written(raw_demand)} is larger than the cluster ({cluster.total_gpus} GPUs)",
+            rownum,
+            field("gpu_demand"),
         )
     ts = rec.get("total_samples")
     # Fall back to duration only where total_samples is absent or empty (NaN is a bad total_samples).
     if not _blank(ts) or "duration" not in rec:
-        samples = _num(path, rownum, "total_samples", ts, positive=True)
+        samples = _num(path, rownum, field("total_samples"), ts, positive=True, text=text)
     else:
         if "total_samples" in rec and _blank(rec["duration"]):
             raise TraceError(
                 path, "expected a number in total_samples or duration, got neither", rownum, "total_samples"
             )
-        duration = _num(path, rownum, "duration", rec["duration"], positive=True)
+        duration = _num(path, rownum, "duration", rec["duration"], positive=True, text=text)
         if perf is None:
             raise TraceError(path, "a 'duration' column needs the target cluster to convert to samples", rownum, "duration")
         samples = duration * perf.best_isolated_throughput(model, demand)
@@ -207,9 +289,11 @@ def read_canonical(path: str | Path, cluster: ClusterSpec | None = None, perf: C
             raise TraceError(path, f"cannot read Parquet: {exc}") from exc
         _check_header(path, table.column_names)
         rows = list(enumerate(table.to_pylist(), start=1))
+        text = False
     else:
         rows = _read_csv_rows(path)
-    jobs = [_job_from_row(path, n, rec, cluster, perf) for n, rec in rows]
+        text = True
+    jobs = [_job_from_row(path, n, rec, cluster, perf, text=text) for n, rec in rows]
     validate_jobs(path, jobs, [n for n, _ in rows])
     return jobs
 
@@ -284,13 +368,32 @@ class _JsonObject(dict):
                 seen.add(k)
 
 
-def read_deepshare_json(path: str | Path, cluster: ClusterSpec | None = None, **_: Any) -> list[JobSpec]:
+#: The keys of one job in DeepShare JSON that map to :class:`JobSpec` fields (any other key is kept in ``extra``),
+#: and how messages name the canonical fields there.
+DEEPSHARE_KEYS = ("model", "gpu_demand", "total_samples_to_train", "submit_time")
+_DEEPSHARE_NAMES = {"total_samples": "total_samples_to_train"}
+#: Keys a DeepShare JSON job may not hold: canonical column names that would clash with its fields in a CSV.
+_DEEPSHARE_REFUSED = {
+    "job_id": "the job id is the key of the job's object",
+    "total_samples": "DeepShare JSON names the work 'total_samples_to_train'",
+}
+
+
+def read_deepshare_json(
+    path: str | Path, cluster: ClusterSpec | None = None, perf: ContentionModel | None = None, **_: Any
+) -> list[JobSpec]:
     """Read DeepShare's job-set JSON: ``{"id": {model, gpu_demand, total_samples_to_train}}``.
 
-    All jobs are submitted at time 0, as in DeepShare. A job id or a field
-    given twice is an error (plain ``json.loads`` would keep the last one).
+    All jobs are submitted at time 0, as in DeepShare, unless a job has a
+    ``submit_time`` (s). Any other key of a job (``user``, ``duration``, ...) is kept in
+    ``JobSpec.extra``, as a CSV keeps other columns (DeepShare's own code ignores such keys).
+    A job id or a field given twice is an error (plain ``json.loads`` would keep the last one);
+    so are ``job_id`` and ``total_samples`` keys (CSV column names that would clash on conversion).
+    Errors name the key as the file writes it (``total_samples_to_train``).
     """
     path = Path(path)
+    if cluster is not None and perf is None:
+        perf = ContentionModel(cluster)
     try:
         raw = path.read_bytes()
     except OSError as exc:
@@ -299,6 +402,8 @@ def read_deepshare_json(path: str | Path, cluster: ClusterSpec | None = None, **
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError:
         raise not_utf8_error(path, raw) from None
+    if not text.strip():
+        raise TraceError(path, "empty file: no JSON job set and no jobs")
     try:
         doc = json.loads(text, object_pairs_hook=_JsonObject)
     except json.JSONDecodeError as exc:
@@ -318,6 +423,9 @@ def read_deepshare_json(path: str | Path, cluster: ClusterSpec | None = None, **
         for k in ("model", "gpu_demand", "total_samples_to_train"):
             if k not in props:
                 raise TraceError(path, "missing field", jid, k)
+        for k, why in _DEEPSHARE_REFUSED.items():
+            if k in props:
+                raise TraceError(path, f"not a field of a DeepShare JSON job: {why}", jid, k)
         rec = {
             "job_id": jid,
             "submit_time": props.get("submit_time", 0),
@@ -325,7 +433,9 @@ def read_deepshare_json(path: str | Path, cluster: ClusterSpec | None = None, **
             "gpu_demand": props["gpu_demand"],
             "total_samples": props["total_samples_to_train"],
         }
-        jobs.append(_job_from_row(path, jid, rec, cluster, None))
+        job = _job_from_row(path, jid, rec, cluster, perf, names=_DEEPSHARE_NAMES)
+        job.extra.update((k, v) for k, v in props.items() if k not in DEEPSHARE_KEYS)
+        jobs.append(job)
     validate_jobs(path, jobs, list(doc))
     return jobs
 
@@ -377,7 +487,7 @@ def load_trace(
             path, f"is a {TRACE_FORMATS[fmt]} trace; options {', '.join(philly_options)} apply only to a Philly CSV"
         )
     if fmt == "deepshare":
-        return read_deepshare_json(path, cluster)
+        return read_deepshare_json(path, cluster, perf)
     return read_canonical(path, cluster, perf)
 
 
@@ -391,14 +501,21 @@ def current_umask() -> int:
 #: What :func:`write_trace` checks (every reader checks it too): field, rule for a finite number, wording.
 _WRITE_RULES: tuple[tuple[str, Callable[[float], bool], str], ...] = (
     ("submit_time", lambda v: v >= 0, "a finite number >= 0"),
+    ("submit_time", lambda v: v <= MAX_SUBMIT_TIME_S, f"a submit time of at most {MAX_SUBMIT_TIME_TEXT}"),
     ("gpu_demand", lambda v: v >= 1 and v == int(v), "an integer >= 1"),
     ("total_samples", lambda v: v > 0, "a finite number > 0"),
 )
 
 
-def _unwritable_number(jobs: Sequence[JobSpec]) -> str | None:
-    """Why ``jobs`` cannot be written as a trace the readers accept again (e.g. an overflow to ``inf``), or None."""
+def _unwritable_number(jobs: Sequence[JobSpec], json_out: bool = False) -> str | None:
+    """Why ``jobs`` cannot be written as a trace the readers accept again (e.g. an overflow to ``inf``, or
+    an ``extra`` field named like a field of the format, which would overwrite it), or None."""
+    taken = set(CANONICAL_COLUMNS) | (set(DEEPSHARE_KEYS) | set(_DEEPSHARE_REFUSED) if json_out else set())
     for j in jobs:
+        clash = next((k for k in j.extra if k in taken), None)
+        if clash is not None:
+            fmt = "DeepShare JSON" if json_out else "the trace"
+            return f"job {j.job_id!r} has an extra field {clash!r}, which is a field of {fmt} itself"
         for name, rule, need in _WRITE_RULES:
             v = getattr(j, name)
             finite = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
@@ -409,7 +526,7 @@ def _unwritable_number(jobs: Sequence[JobSpec]) -> str | None:
 
 def write_trace(path: str | Path, jobs: Sequence[JobSpec]) -> None:
     """Write a trace atomically: canonical CSV or Parquet by suffix, or DeepShare JSON for
-    ``.json`` (``extra`` is not kept there).
+    ``.json``. Every format keeps ``extra``: as more columns, or more keys of each JSON job.
 
     The jobs are checked first (:class:`TraceError` for a number no reader
     accepts, e.g. ``inf``; nothing is written). The file is written to a
@@ -417,7 +534,7 @@ def write_trace(path: str | Path, jobs: Sequence[JobSpec]) -> None:
     one), then renamed over ``path``; on any error the temporary file is removed.
     """
     path = Path(path)
-    why = _unwritable_number(jobs)
+    why = _unwritable_number(jobs, json_out=path.suffix.lower() == ".json")
     if why is not None:
         raise TraceError(path, f"not written: {why}")
     suffix = path.suffix.lower()
@@ -456,17 +573,20 @@ def _rows(jobs: Sequence[JobSpec]) -> tuple[list[dict[str, Any]], list[str]]:
 
 
 def _write_json(f: IO[bytes], jobs: Sequence[JobSpec]) -> None:
-    """DeepShare's job-set format, plus submit_time (read back by :func:`read_deepshare_json`)."""
+    """DeepShare's job-set format, plus submit_time and the job's ``extra`` fields as further keys (DeepShare's
+    code ignores them; :func:`read_deepshare_json` reads them back into ``extra``)."""
     doc = {
         j.job_id: {
             "model": j.model,
             "gpu_demand": j.gpu_demand,
             "total_samples_to_train": j.total_samples,
             "submit_time": j.submit_time,
+            **j.extra,
         }
         for j in jobs
     }
-    f.write(json.dumps(doc).encode("utf-8"))
+    # An extra value JSON has no type for (a Parquet timestamp, a Decimal) is written as text, as a CSV writes it.
+    f.write(json.dumps(doc, default=str).encode("utf-8"))
 
 
 def _write_parquet(f: IO[bytes], jobs: Sequence[JobSpec]) -> None:
