@@ -415,3 +415,22 @@ def test_convert_refuses_far_submit_time_and_writes_nothing(tmp_path: Path, caps
         "1e+09 s (about 31.7 years)\n"
     )
     assert not out.exists()
+
+
+def test_generate_sets_overwrite_replaces_only_earlier_sets(tmp_path, capsys):
+    """Review finding: `trace generate --sets N --out DIR --overwrite` replaced DIR whatever it held
+    (thesis.tex was gone). Now only a directory of earlier job sets is replaced; anything else is refused."""
+    out = tmp_path / "d"
+    out.mkdir()
+    (out / "thesis.tex").write_text("precious")
+    argv = ["trace", "generate", "--sets", "2", "--jobs", "8", "--cluster", "2x4", "--out", str(out), "--overwrite"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "holds 'thesis.tex', which is not a job set" in err and len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in out.iterdir()) == ["thesis.tex"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]  # no temporary sibling left
+    (out / "thesis.tex").unlink()
+    assert main(argv) == 0
+    argv[3] = "3"
+    assert main(argv) == 0  # its own earlier sets are replaced
+    assert sorted(p.name for p in out.iterdir()) == ["set0.csv", "set1.csv", "set2.csv"]

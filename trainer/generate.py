@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -343,10 +344,15 @@ def generate_sets(
     return out
 
 
+#: the files :func:`write_sets` writes (a directory of only these may be replaced with ``force``)
+_SET_NAME = re.compile(r"set\d+\.(?:csv|json|parquet)")
+
+
 def check_sets_directory(directory: str | Path, force: bool = False) -> Path:
     """Raise :class:`GeneratorError` if :func:`write_sets` may not write ``directory``; return its absolute path.
 
-    Refused: a file, a non-empty directory without ``force``, and the
+    Refused: a file, a non-empty directory without ``force`` (with it, one holding anything but
+    ``set<N>.<csv|json|parquet>`` files), and the
     file-system root, the current directory or one of its ancestors (``.``,
     ``..``), which replacing would pull away from under the caller.
     """
@@ -363,8 +369,17 @@ def check_sets_directory(directory: str | Path, force: bool = False) -> Path:
         )
     if absolute.exists() and not absolute.is_dir():
         raise GeneratorError(f"{given}: exists and is not a directory")
-    if absolute.is_dir() and any(absolute.iterdir()) and not force:
-        raise GeneratorError(f"{given}: directory is not empty (use --overwrite to replace it)")
+    if absolute.is_dir() and any(absolute.iterdir()):
+        if not force:
+            raise GeneratorError(f"{given}: directory is not empty (use --overwrite to replace it)")
+        # replaced as a whole: only a directory of earlier job sets, never one holding anything else
+        stray = next((e.name for e in sorted(absolute.iterdir())
+                      if not (_SET_NAME.fullmatch(e.name) and e.is_file() and not e.is_symlink())), None)
+        if stray is not None:
+            raise GeneratorError(
+                f"{given}: holds {stray!r}, which is not a job set (set<N>.csv|json|parquet); --overwrite replaces "
+                "only a directory of earlier job sets (choose another --out, or empty it)"
+            )
     why = unwritable(absolute.parent)  # the sets are written beside it, then renamed into place
     if why is not None:
         raise GeneratorError(f"{given}: {why}")
