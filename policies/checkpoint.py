@@ -506,11 +506,11 @@ def _load(jpath: Path) -> Checkpoint:
     wpath = jpath.with_name(wname)
     want = _require(meta, "weights_sha256", str, jpath).lower()
     if not wpath.is_file():
-        raise _StaleWeights(f"{wpath}: checkpoint weights not found", raw)
+        raise _StaleWeights(f"{wpath}: checkpoint weights not found (named by {jpath}'s weights_file)", raw)
     try:
         data = _read_weights(wpath)
     except FileNotFoundError:
-        raise _StaleWeights(f"{wpath}: checkpoint weights not found", raw) from None
+        raise _StaleWeights(f"{wpath}: checkpoint weights not found (named by {jpath}'s weights_file)", raw) from None
     except OSError as exc:
         raise CheckpointError(f"{wpath}: cannot read the checkpoint weights: {exc}") from None
     got = hashlib.sha256(data).hexdigest()

@@ -108,6 +108,13 @@ def test_missing(tmp_path):
     (tmp_path / "ck.safetensors").unlink()
     with pytest.raises(CheckpointError, match="weights not found"):
         load_checkpoint(tmp_path / "ck")
+    # a renamed pair: the weights file's name comes from the JSON, and the message says so
+    write_random_checkpoint(tmp_path / "best")
+    (tmp_path / "a.json").write_bytes((tmp_path / "best.json").read_bytes())
+    (tmp_path / "best.json").rename(tmp_path / "b.json")
+    (tmp_path / "best.safetensors").rename(tmp_path / "a.safetensors")
+    with pytest.raises(CheckpointError, match=r"best\.safetensors: checkpoint weights not found \(named by .*a\.json's weights_file\)"):
+        load_checkpoint(tmp_path / "a")
 
 
 def test_truncated(tmp_path):

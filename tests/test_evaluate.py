@@ -338,3 +338,19 @@ def test_evaluate_needs_an_explicit_out(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert ei.value.code == 2 and "--out" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "docs").exists()
+
+
+def test_a_job_the_simulator_refuses_is_named_with_its_file_before_anything_runs(tmp_path, capsys):
+    """A job that would run longer alone than the simulator accepts: refused up front, naming the file (the
+    message named only the job, and came when that set's turn came)."""
+    from rlsched.cli import main
+
+    d = tmp_path / "traces" / "g"
+    d.mkdir(parents=True)
+    (d / "set0.csv").write_text("job_id,submit_time,model,gpu_demand,total_samples\na,0,MoE,2,1e10\n")
+    rc = main(["evaluate", "--policies", "srtf", "--traces", str(tmp_path / "traces"), "--cluster", "2x4",
+               "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+    assert f"{d / 'set0.csv'}: job 'a': total_samples 1e+10" in err and "longest isolated run" in err
+    assert not (tmp_path / "out").exists()

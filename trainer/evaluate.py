@@ -187,13 +187,23 @@ def select_groups(traces: str | Path, names: str | None) -> tuple[dict[str, list
 
 
 def load_job_sets(files: Sequence[Path], cluster: ClusterSpec, perf: ContentionModel) -> list[list[JobSpec]]:
-    """The job set of each file, read and checked for ``cluster`` by :func:`trainer.traces.load_trace`.
+    """The job set of each file, read and checked for ``cluster`` by :func:`trainer.traces.load_trace`, and by
+    the simulator's own checks (e.g. a job that would run longer alone than it accepts), before anything runs.
 
-    :raises TraceError: for the first unusable file, naming it (and its row and field).
+    :raises TraceError: for the first unusable file, naming it (and its row and field, or the job).
     """
-    from trainer.traces import load_trace
+    from trainer.simulator import SimulationError, Simulator
+    from trainer.traces import TraceError, load_trace
 
-    return [load_trace(f, cluster, perf) for f in files]
+    out = []
+    for f in files:
+        jobs = load_trace(f, cluster, perf)
+        try:
+            Simulator(cluster, jobs, None, perf)
+        except SimulationError as exc:
+            raise TraceError(f, str(exc)) from None
+        out.append(jobs)
+    return out
 
 
 def evaluate_group(
