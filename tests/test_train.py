@@ -896,7 +896,7 @@ def test_resume_takes_the_runs_own_options(tmp_path, caplog):
     new = ["train", "--traces", str(tmp_path / "t.csv"), "--cluster", "2x4", "--n-envs", "1", "--order", "area",
            "--aging", "1800", "--reward", "seed", "--w1", "0.3", "--gamma", "0.99", "--lr", "1e-4", "--ent-coef", "0",
            "--seed", "5", "--prior", "bias", "--algo", "ppo", "--timesteps", "512", "--eval-freq", "512",
-           "--out", str(run)]
+           "--no-prior-init", "--out", str(run)]
     assert main(new) == 0
     first = load_checkpoint(run / "last").meta["training"]["config"]
     with caplog.at_level(logging.INFO, logger="trainer"):

@@ -267,6 +267,9 @@ def _resolve_options(args: argparse.Namespace) -> tuple[dict[str, Any], list[str
             from_run.append("--" + dest.replace("_", "-"))
         else:
             values[fld] = getattr(defaults, fld)
+    # --no-prior-init only shapes a new network: a resumed run records its own setting
+    values["prior_init"] = bool(run["prior_init"]) if args.resume and "prior_init" in run and not args.no_prior_init \
+        else not args.no_prior_init
     if not values["traces"]:
         raise TrainConfigError("--traces is required (a resumed run takes its own when its last.json names them)")
     if args.w1 is not None and values["reward"] != "seed":
@@ -282,11 +285,7 @@ def _train(args: argparse.Namespace) -> int:
     values, from_run = _resolve_options(args)
     if from_run:
         log.info("--resume: %s taken from the run", ", ".join(from_run))
-    cfg = TrainConfig(
-        **values,
-        prior_init=not args.no_prior_init,
-        init=args.init,
-    )
+    cfg = TrainConfig(**values, init=args.init)
     # options, --out, --init and the run to resume, before the traces are even read (train() checks again)
     cluster = check_run(cfg, args.out, resume=args.resume, overwrite=args.overwrite).cluster
     train_sets = [t for d in cfg.traces for t in load_trace_dir(d, cluster)]
