@@ -60,6 +60,7 @@ import copy
 import gc
 import itertools
 import json
+import platform
 import time
 
 import numpy as np
@@ -157,7 +158,12 @@ def bench_cluster(
     if shipped:
         try:
             ship = make_rl_policy("rl-base", cluster, perf)
-            net, enc, weights, prior = ship.net, ship.encoder, "shipped checkpoint (with its admission prior)", ship.prior
+            net, enc, weights, prior = (
+                ship.net,
+                ship.encoder,
+                "shipped checkpoint (with its admission prior)",
+                ship.prior,
+            )
         except CheckpointError as exc:
             print(f"note: {exc}; using random weights tilted to low actions instead")
     if net is None:
@@ -191,7 +197,8 @@ def bench_cluster(
         capped = []
         if path == "fast":
             capped = [
-                RLPolicy(copy.deepcopy(net), Encoder(cluster, perf, enc.spec), hybrid=h, prior=prior) for h in (False, True)
+                RLPolicy(copy.deepcopy(net), Encoder(cluster, perf, enc.spec), hybrid=h, prior=prior)
+                for h in (False, True)
             ]
             for c in capped:
                 c.place_limit = CAP
@@ -262,12 +269,56 @@ def bench_episode(repeats: int = 3) -> dict:
     return {"episode_jobs": 256, "wall_s": walls, "steps": steps, "max_wall_s": max(walls)}
 
 
+def machine_reference(repeats: int = 7) -> dict:
+    """Speed of this machine on a fixed workload shaped like a scheduling round.
+
+    The rounds are bound by the Python interpreter and by numpy's per-call
+    overhead on short vectors, which vary by 2-3x between the machines this
+    project was measured on (and between Python builds, e.g. with or without
+    PGO). So every run also times a fixed mix of both: 200,000 iterations of a
+    pure-Python loop with dict and list work, and 20,000 numpy calls on
+    64-element vectors. Latencies from two machines compare after dividing by
+    this number. Returns the best of ``repeats`` runs, in milliseconds, per part
+    and in total.
+    """
+    vec = np.arange(64, dtype=np.float64)
+    best_py = best_np = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        d: dict[int, int] = {}
+        acc: list[int] = []
+        for i in range(200_000):
+            d[i & 1023] = d.get(i & 1023, 0) + i
+            if i % 7 == 0:
+                acc.append(i)
+        t1 = time.perf_counter()
+        for _ in range(5_000):
+            w = vec * 0.5
+            np.maximum(w, 3.0, out=w)
+            w.argmax()
+            float(w.sum())
+        t2 = time.perf_counter()
+        best_py = min(best_py, t1 - t0)
+        best_np = min(best_np, t2 - t1)
+    return {
+        "python_ms": best_py * 1e3,
+        "numpy_ms": best_np * 1e3,
+        "total_ms": (best_py + best_np) * 1e3,
+        "python": platform.python_implementation() + " " + platform.python_version(),
+        "numpy": np.__version__,
+        "cpu": platform.processor() or platform.machine(),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=200, help="states per cluster (default 200)")
     ap.add_argument("--json", default=None, help="also write results to this JSON file")
     ap.add_argument(
-        "--only", choices=("4x8", "128x8", "128x8-prior", "episode"), default=None, help="run one part only (default: all)"
+        "--only",
+        choices=("4x8", "128x8", "128x8-prior", "episode"),
+        default=None,
+        help="run one part only (default: all)",
     )
     args = ap.parse_args()
     parts = {
@@ -278,7 +329,13 @@ def main() -> None:
         "128x8-prior": lambda: bench_cluster("128x8", 2048, args.repeats, shipped=False, tilt=3.0, paths=("fast",)),
         "episode": bench_episode,
     }
-    out = {k: f() for k, f in parts.items() if args.only in (None, k)}
+    ref = machine_reference()
+    out: dict = {"machine_reference": ref}
+    out.update({k: f() for k, f in parts.items() if args.only in (None, k)})
+    print(
+        f"machine reference: {ref['total_ms']:.1f} ms (python {ref['python_ms']:.1f} + numpy {ref['numpy_ms']:.1f} ms; "
+        f"{ref['python']}, numpy {ref['numpy']}); divide latencies by it to compare machines"
+    )
     for k in ("4x8", "128x8", "128x8-prior"):
         if k not in out:
             continue
