@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import shlex
 import sys
 from collections.abc import Callable, Iterator
@@ -260,7 +261,8 @@ def _resolve_options(args: argparse.Namespace) -> tuple[dict[str, Any], list[str
     for dest, fld in _RUN_OPTIONS.items():
         given = getattr(args, dest)
         if given is not None:
-            values[fld] = list(given) if fld in ("traces", "val_traces") else given
+            # trace directories are recorded absolute, so that --resume from another directory finds them
+            values[fld] = [os.path.abspath(d) for d in given] if fld in ("traces", "val_traces") else given
         elif fld in run and (run[fld] is not None or fld == "prior"):
             v = run[fld]
             values[fld] = tuple(v) if fld == "net_arch" and isinstance(v, list) else v
