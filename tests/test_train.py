@@ -104,6 +104,8 @@ def test_resume_and_ship(tmp_path):
     assert [p.name for p in shipped] == ["rl-base-2x4.json", "rl-hybrid-2x4.json"]
     meta = json.loads(shipped[1].read_text())
     assert meta["mode"] == "rl-hybrid" and meta["training"]["command"] == "rlsched train ..."
+    # the run's own command lines travel with it
+    assert [c["start_timesteps"] for c in meta["training"]["commands"]] == [0]
     # provenance carried to the shipped files: the traces' content and the code's revision
     assert meta["training"]["traces_sha256"] == traces_fingerprint([trace])
     assert meta["training"]["val_traces_sha256"] == traces_fingerprint([trace])
@@ -625,6 +627,22 @@ def test_timesteps_round_up_to_whole_rollouts(tmp_path, caplog):
     assert any("whole rollouts of 64 steps, so it stops at 128" in r.getMessage() for r in caplog.records)
 
 
+def test_checkpoint_summary_shows_segment_commands_and_the_legacy_command(tiny_run):
+    import copy
+
+    from trainer.cli_rl import checkpoint_summary
+
+    ck = load_checkpoint(tiny_run[0] / "last")
+    cmds = checkpoint_summary(ck)["training"]["commands"]
+    assert len(cmds) == 1 and cmds[0].startswith("rlsched train --algo maskable-ppo") and "--aging" in cmds[0]
+    old = copy.copy(ck)
+    old.meta = copy.deepcopy(ck.meta)
+    del old.meta["training"]["commands"]
+    assert checkpoint_summary(old)["training"]["commands"] is None
+    old.meta["training"]["command"] = "rlsched train --seed 0"  # shipped before training.commands
+    assert checkpoint_summary(old)["training"]["commands"] == ["rlsched train --seed 0"]
+
+
 def test_checkpoint_summary_marks_malformed_training_metadata(tmp_path, tiny_run, capsys):
     """`rlsched checkpoint` on free-form `training` metadata of unexpected types: shown as (malformed)."""
     import copy
@@ -640,9 +658,9 @@ def test_checkpoint_summary_marks_malformed_training_metadata(tmp_path, tiny_run
     # the reviewer's cases (config / source a string, traces of ints), and more, on the loaded metadata
     bad = copy.copy(ck)
     bad.meta = copy.deepcopy(ck.meta)
-    bad.meta["training"].update(config="x", source="abc", timesteps="many", val_rel_jct="low", command=["rlsched"])
+    bad.meta["training"].update(config="x", source="abc", timesteps="many", val_rel_jct="low", commands=["rlsched"])
     info = checkpoint_summary(bad)["training"]
-    for key in ("traces", "init", "source", "timesteps", "val_rel_jct", "command"):
+    for key in ("traces", "init", "source", "timesteps", "val_rel_jct", "commands"):
         assert info[key] == MALFORMED, key
     bad.meta["training"]["config"] = {"traces": [1, 2], "init": 7}
     bad.meta["training"]["source"] = {"commit": 5}
@@ -650,13 +668,13 @@ def test_checkpoint_summary_marks_malformed_training_metadata(tmp_path, tiny_run
     assert info["traces"] == info["init"] == info["source"] == MALFORMED
     # on disk, fields that loading keeps as they are: the table and --json show them, exit 0
     meta = json.loads((tiny_run[0] / "last.json").read_text())
-    meta["training"].update(command=["rlsched", "train"], traces_sha256=3, source={"commit": 5, "dirty": "yes"})
+    meta["training"].update(commands=[{"command": 5}], traces_sha256=3, source={"commit": 5, "dirty": "yes"})
     meta["training"]["config"]["init"] = 7
     (tmp_path / "ck.json").write_text(json.dumps(meta))
     (tmp_path / meta["weights_file"]).write_bytes((tiny_run[0] / meta["weights_file"]).read_bytes())
     assert main(["checkpoint", str(tmp_path / "ck"), "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)["training"]
-    assert shown["command"] == shown["traces_sha256"] == shown["source"] == shown["init"] == MALFORMED
+    assert shown["commands"] == shown["traces_sha256"] == shown["source"] == shown["init"] == MALFORMED
     assert main(["checkpoint", str(tmp_path / "ck")]) == 0
     captured = capsys.readouterr()
     assert captured.out.count(MALFORMED) == 4 and "64 steps" in captured.out and captured.err == ""
@@ -927,6 +945,41 @@ def test_relative_trace_dirs_are_recorded_absolute_for_resume(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path / "elsewhere")
     assert main(["train", "--out", str(tmp_path / "proj" / "run"), "--resume", "--timesteps", "1024"]) == 0
     assert load_checkpoint(tmp_path / "proj" / "run" / "last").meta["training"]["timesteps"] == 1024
+
+
+def test_recorded_commands_rerun_the_run_exactly(tmp_path, monkeypatch):
+    """training.commands holds each segment's command with every option written out (defaults too, so
+    a later change of a default cannot change its meaning); run again, it gives the same weights.
+    It used to be recorded only for --export-shipped and only when started as `rlsched`, as typed."""
+    import shlex
+
+    from safetensors.numpy import load_file
+
+    from rlsched.cli import main
+    from trainer.traces import write_trace
+
+    write_trace(tmp_path / "t.csv", _trace(6, 6))
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    assert main(["train", "--traces", "t.csv", "--cluster", "2x4", "--n-envs", "1", "--reward", "seed",
+                 "--w1", "0.3", "--timesteps", "512", "--eval-freq", "512", "--out", "run"]) == 0
+    assert main(["train", "--out", "run", "--resume", "--timesteps", "1024"]) == 0
+    cmds = load_checkpoint(run / "last").meta["training"]["commands"]
+    assert [c["start_timesteps"] for c in cmds] == [0, 512]
+    first, second = (shlex.split(c["command"]) for c in cmds)
+    assert first[:2] == ["rlsched", "train"] and "--resume" not in first and second[-1] == "--resume"
+    for opt, val in (("--aging", "300.0"), ("--w1", "0.3"), ("--prior", "admission"), ("--timesteps", "512"),
+                     ("--traces", str(tmp_path / "t.csv")), ("--out", str(run))):
+        assert first[first.index(opt) + 1] == val
+    # the same two commands into another directory, from another cwd: the same network
+    again = tmp_path / "again"
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    for words in (first, second):
+        words[words.index("--out") + 1] = str(again)
+        assert main(words[1:]) == 0
+    a, b = load_file(str(run / "last.safetensors")), load_file(str(again / "last.safetensors"))
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
 
 
 def test_w1_without_the_seed_reward_is_refused(tmp_path, capsys):

@@ -18,7 +18,6 @@ import json
 import logging
 import math
 import os
-import shlex
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -296,11 +295,11 @@ def _train(args: argparse.Namespace) -> int:
         summary = train(
             cfg, train_sets, val_sets, args.out, resume=args.resume, overwrite=args.overwrite, progress=update
         )
-    cmd = "rlsched " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[0].endswith("rlsched") else None
     if args.export_shipped:
         from trainer.train import ship_checkpoint
 
-        for path in ship_checkpoint(Path(args.out) / "best", cluster, command=cmd):
+        # the command lines are in the checkpoint already (training.commands, every option written out)
+        for path in ship_checkpoint(Path(args.out) / "best", cluster):
             print(f"shipped {path}")
     print(json.dumps({k: v for k, v in summary.items() if k != "evals"}, indent=2, default=str))
     return 0
@@ -434,12 +433,23 @@ def checkpoint_summary(ck) -> dict:
             ),
             "traces": _field(cfg.get("traces"), _is_str_list) if cfg_ok else MALFORMED,
             "init": _field(cfg.get("init"), lambda v: isinstance(v, str)) if cfg_ok else MALFORMED,
-            "command": _field(tr.get("command"), lambda v: isinstance(v, str)),
+            "commands": _commands(tr),
             "source": _field(tr.get("source"), _is_source),
             "traces_sha256": _field(tr.get("traces_sha256"), lambda v: isinstance(v, str)),
             "val_traces_sha256": _field(tr.get("val_traces_sha256"), lambda v: isinstance(v, str)),
         },
     }
+
+
+def _commands(tr: dict) -> list[str] | str | None:
+    """The command lines of a checkpoint's training segments, first first (``training.commands``; a
+    checkpoint from before them has one ``training.command``, as typed); :data:`MALFORMED` if unreadable."""
+    got = tr.get("commands")
+    if got is None:
+        legacy = tr.get("command")
+        return None if legacy is None else [legacy] if isinstance(legacy, str) else MALFORMED
+    ok = isinstance(got, list) and all(isinstance(c, dict) and isinstance(c.get("command"), str) for c in got)
+    return [c["command"] for c in got] if ok else MALFORMED
 
 
 def _cmd_checkpoint(args: argparse.Namespace) -> int:
@@ -496,7 +506,8 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
         ("trained", trained),
         ("initialised from", str(trn["init"] or "the prior")),
         ("training traces", traces if traces == MALFORMED else ", ".join(traces or []) or "-"),
-        ("command", trn["command"] or "(not recorded)"),
+        ("commands", trn["commands"] if trn["commands"] == MALFORMED else "\n".join(trn["commands"] or [])
+         or "(not recorded)"),
         ("code", code),
         ("traces sha256", trn["traces_sha256"] or "(not recorded)"),
         ("weights sha256", f"{info['weights_sha256']} (verified)"),

@@ -48,6 +48,7 @@ import json
 import logging
 import math
 import os
+import shlex
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -226,6 +227,40 @@ _FLAGS = {
 
 def _flag(name: str) -> str:
     return _FLAGS.get(name, name)
+
+
+def train_command(cfg: TrainConfig, out: str | Path, resume: bool = False) -> str:
+    """The ``rlsched train`` command line of ``cfg`` into ``out``, every option that has one written out.
+
+    Defaults are written too, so the line keeps meaning the same run when a default changes
+    (``--aging`` did). Fields without an option (``n_steps``, ``batch_size``, ``n_epochs``,
+    ``round_len``, ``k``) are left out: they are in ``training.config``. Trace directories and
+    ``--out`` are written absolute. ``resume``: the command of a resumed segment (``--resume``;
+    ``--no-prior-init`` is then the run's own setting and is left out).
+    """
+    words = ["rlsched", "train"]
+    for name, flag in _FLAGS.items():
+        v = getattr(cfg, name)
+        if name == "prior" and v is None:  # the kind this algorithm gets (admission_prior)
+            v = "admission" if cfg.algo == "maskable-ppo" else "bias"
+        if v is None or (name == "w1" and cfg.reward != "seed"):
+            continue
+        if name == "net_arch":
+            v = ",".join(str(int(x)) for x in v)
+        elif name == "init":
+            v = os.path.abspath(v)
+        words += [flag, str(v)]
+    words += ["--cluster", cfg.cluster]
+    for d in cfg.traces:
+        words += ["--traces", os.path.abspath(d)]
+    for d in cfg.val_traces:
+        words += ["--val-traces", os.path.abspath(d)]
+    if not cfg.prior_init and not resume:
+        words.append("--no-prior-init")
+    words += ["--out", os.path.abspath(out)]
+    if resume:
+        words.append("--resume")
+    return " ".join(shlex.quote(w) for w in words)
 
 
 def _is_int(v: Any) -> bool:
@@ -906,6 +941,17 @@ def train(
         return _train_locked(cfg, plan, train_traces, val_traces, out, resume, progress)
 
 
+def _segment_commands(plan: RunPlan, cfg: TrainConfig, out: Path, start_steps: int) -> list[dict[str, Any]]:
+    """``training.commands``: the earlier segments' (from the run's ``last``, when resumed) and this one's."""
+    earlier: list = []
+    if plan.last is not None:
+        got = plan.last.meta.get("training", {}).get("commands")
+        if isinstance(got, list):
+            earlier = [c for c in got if isinstance(c, dict) and c.get("start_timesteps", -1) < start_steps]
+    this = {"start_timesteps": start_steps, "command": train_command(cfg, out, resume=start_steps > 0)}
+    return [*earlier, this]
+
+
 def _train_locked(
     cfg: TrainConfig,
     plan: RunPlan,
@@ -951,6 +997,8 @@ def _train_locked(
         "traces_sha256": traces_fingerprint(train_traces),
         "val_traces_sha256": traces_fingerprint(val_traces) if val_traces else None,
         "segment": {"start_timesteps": start_steps, "seed": seed},
+        # how to run it again: one entry per segment (a resumed run has several), every option written out
+        "commands": _segment_commands(plan, cfg, out, start_steps),
     }
 
     def factory(i: int):
