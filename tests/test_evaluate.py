@@ -187,7 +187,7 @@ def test_stale_figures_of_an_earlier_run_are_removed_and_others_kept(tmp_path):
     files that are not evaluate's stay (docs/figures/architecture.png)."""
     _write_sets(tmp_path / "traces" / "normal", ["set0.csv"])
     _write_sets(tmp_path / "traces" / "heavy", ["set0.csv"])
-    _evaluate(tmp_path, ["srtf"], figure_group="heavy")
+    _evaluate(tmp_path, ["srtf"], figure_groups=["heavy"])
     figdir = tmp_path / "out" / "figures"
     others = ["architecture.png", "rl_notes.png", "rl_jct_cdf_heavy.svg"]
     for name in others:
@@ -200,6 +200,25 @@ def test_stale_figures_of_an_earlier_run_are_removed_and_others_kept(tmp_path):
     assert all((figdir / name).read_text() == "mine" for name in others)
     meta = json.loads((tmp_path / "out" / "rl_results.json").read_text())["meta"]
     assert sorted(Path(f).name for f in meta["figures"]) == new
+
+
+def test_figures_for_every_figure_group_present(tmp_path, capsys):
+    """The per-group figures are drawn for each figure group that exists (default normal and uniform:
+    pow2 `normal` sets have no contention, so its CS figure alone says nothing); none present: the first."""
+    from rlsched.cli import main
+
+    for g in ("heavy", "normal", "uniform"):
+        _write_sets(tmp_path / "traces" / g, ["set0.csv"])
+    _evaluate(tmp_path, ["srtf"])
+    figdir = tmp_path / "out" / "figures"
+    kinds = ("rl_jct_cdf", "rl_cs_distribution", "rl_util_kde")
+    assert {p.name for p in figdir.iterdir()} == {f"{k}_{g}.png" for k in kinds for g in ("normal", "uniform")}
+    first = next(iter(_evaluate(tmp_path, ["srtf"], figure_groups=["nosuch"])))
+    assert {p.name for p in figdir.iterdir()} == {f"{k}_{first}.png" for k in kinds}
+    rc = main(["evaluate", "--policies", "srtf", "--traces", str(tmp_path / "traces"), "--cluster", "2x4",
+               "--out", str(tmp_path / "out"), "--figure-groups", "heavy, uniform"])
+    assert rc == 0
+    assert {p.name for p in figdir.iterdir()} == {f"{k}_{g}.png" for k in kinds for g in ("heavy", "uniform")}
 
 
 def _checkpoint(path, kind="seed", w1=0.4, seed=0):

@@ -193,6 +193,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument(
         "--results-md", default=None, help="write the Markdown results section to this file (e.g. docs/RESULTS.md)"
     )
+    e.add_argument(
+        "--figure-groups",
+        default="normal,uniform",
+        help="comma-separated trace groups that get the JCT CDF, CS distribution and utilisation KDE figures "
+        "(those present; the first group when none is) (default: %(default)s)",
+    )
     e.set_defaults(func=_cmd_evaluate)
 
     c = sub.add_parser(
@@ -352,6 +358,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
                 out=args.out,
                 branches=args.branches,
                 results_md=args.results_md,
+                figure_groups=[g.strip() for g in args.figure_groups.split(",") if g.strip()],
                 progress=update,
             )
     except EvaluationError as exc:

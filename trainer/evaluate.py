@@ -8,9 +8,10 @@ group (a sub-directory of ``--traces``, e.g. ``normal/``, ``heavy/``,
   :func:`trainer.metrics.summarize`; and per group and policy the mean and
   95% confidence half-width (Student t over sets) of average JCT, p90 JCT,
   utilisation and average CS;
-* ``OUT/figures/``: for the ``normal`` group (or the first one) the JCT CDF
+* ``OUT/figures/``: for each of the ``figure_groups`` that exists (default
+  ``normal`` and ``uniform``; the first group when none does) the JCT CDF
   (seed Fig. 5, jobs of all sets pooled), the CS distribution (Fig. 6) and
-  the utilisation KDE (Fig. 7); and, with ``branches``, average JCT versus
+  the utilisation KDE (Fig. 7), named after the group; and, with ``branches``, average JCT versus
   utilisation of RL branches A-E next to the heuristics, one panel per group
   (Fig. 8);
 * with ``results_md``: the Markdown tables between the markers
@@ -89,6 +90,10 @@ METRICS = (
 )
 #: branch -> W1 of the seed reward its checkpoint was trained with (``rlsched train --reward seed --w1 W1``)
 BRANCHES = {"A": 0.3, "B": 0.4, "C": 0.5, "D": 0.6, "E": 0.7}
+#: the groups whose JCT CDF, CS distribution and utilisation KDE are drawn by default: the seed's
+#: normal mix, and its `uniform` demands (1..32 GPUs), the setting where placements contend
+FIGURE_GROUPS = ("normal", "uniform")
+
 #: evaluate's own files in ``OUT/figures/`` (:func:`fnmatch.fnmatchcase` patterns; ``*`` is a group name)
 FIGURE_PATTERNS = ("rl_jct_cdf_*.png", "rl_cs_distribution_*.png", "rl_util_kde_*.png", "rl_branches_jct_vs_util.png")
 
@@ -436,11 +441,13 @@ def run_evaluation(
     out: str | Path = "docs",
     branches: str | Path | None = None,
     results_md: str | Path | None = None,
-    figure_group: str = "normal",
+    figure_groups: Sequence[str] = FIGURE_GROUPS,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Evaluate and write results (see module docstring); returns the results dict.
 
+    :param figure_groups: the groups that get the JCT CDF, CS distribution and utilisation KDE (those
+        that exist; the first group when none does).
     :param progress: called as ``progress(done, total)`` after each simulation of one policy on one
         job set (``total`` = policies x job sets over all groups), e.g. to drive a progress bar.
     """
@@ -478,7 +485,7 @@ def run_evaluation(
     groups = _groups(Path(traces))
     # every file of every group is read and checked before the first (long) simulation
     job_sets = {g: load_job_sets(files, cl, perf) for g, files in groups.items()}
-    fig_group = figure_group if figure_group in groups else next(iter(groups))
+    fig_groups = [g for g in groups if g in set(figure_groups)] or [next(iter(groups))]
     results: dict[str, Any] = {}
     t0 = time.perf_counter()
     total = len(pols) * sum(len(files) for files in groups.values())
@@ -493,7 +500,7 @@ def run_evaluation(
     for g, files in groups.items():
         log.info("group %s: %d traces", g, len(files))
         results[g] = evaluate_group(
-            pols, files, cl, perf, keep_jobs=(g == fig_group), on_set=_tick, jobs=job_sets.pop(g)
+            pols, files, cl, perf, keep_jobs=(g in fig_groups), on_set=_tick, jobs=job_sets.pop(g)
         )
     outdir = Path(out)
     figdir = outdir / "figures"
@@ -525,7 +532,7 @@ def run_evaluation(
         stage = Path(tempfile.mkdtemp(dir=outdir, prefix=".evaluate.tmp-"))
         staged = stage / "figures"
         staged.mkdir()
-        figs = _plots(fig_group, {n: results[fig_group][n] for n in main}, staged, cl.describe())
+        figs = [f for g in fig_groups for f in _plots(g, {n: results[g][n] for n in main}, staged, cl.describe())]
         if branch_names:
             figs.append(_branch_plot(results, branch_names, staged))
         meta = {
