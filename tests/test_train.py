@@ -929,8 +929,8 @@ def test_resume_takes_the_runs_own_options(tmp_path, caplog):
 
 
 def test_relative_trace_dirs_are_recorded_absolute_for_resume(tmp_path, monkeypatch):
-    """A run started with relative --traces / --val-traces resumes from another working directory:
-    the run records the directories absolute (they used to be kept as typed, relative to the first cwd)."""
+    """A run started with relative --traces / --val-traces / --cluster FILE resumes from another working
+    directory: the run records them absolute (they used to be kept as typed, relative to the first cwd)."""
     from rlsched.cli import main
     from trainer.traces import write_trace
 
@@ -938,10 +938,12 @@ def test_relative_trace_dirs_are_recorded_absolute_for_resume(tmp_path, monkeypa
     write_trace(tmp_path / "proj" / "tr" / "t.csv", _trace(6, 6))
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "proj")
-    base = ["--cluster", "2x4", "--n-envs", "1", "--algo", "ppo", "--eval-freq", "512", "--no-prior-init"]
+    (tmp_path / "proj" / "c.yaml").write_text("nodes:\n  - {gpus: 4, count: 2}\n")
+    base = ["--cluster", "c.yaml", "--n-envs", "1", "--algo", "ppo", "--eval-freq", "512", "--no-prior-init"]
     assert main(["train", "--traces", "tr", "--val-traces", "tr", *base, "--timesteps", "512", "--out", "run"]) == 0
     cfg = load_checkpoint(tmp_path / "proj" / "run" / "last").meta["training"]["config"]
     assert cfg["traces"] == cfg["val_traces"] == [str(tmp_path / "proj" / "tr")]
+    assert cfg["cluster"] == str(tmp_path / "proj" / "c.yaml")
     monkeypatch.chdir(tmp_path / "elsewhere")
     assert main(["train", "--out", str(tmp_path / "proj" / "run"), "--resume", "--timesteps", "1024"]) == 0
     assert load_checkpoint(tmp_path / "proj" / "run" / "last").meta["training"]["timesteps"] == 1024

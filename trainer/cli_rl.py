@@ -267,7 +267,12 @@ def _resolve_options(args: argparse.Namespace) -> tuple[dict[str, Any], list[str
         given = getattr(args, dest)
         if given is not None:
             # trace directories are recorded absolute, so that --resume from another directory finds them
-            values[fld] = [os.path.abspath(d) for d in given] if fld in ("traces", "val_traces") else given
+            if fld in ("traces", "val_traces"):
+                values[fld] = [os.path.abspath(d) for d in given]
+            elif fld == "cluster" and os.path.isfile(given):  # a cluster file, not NODESxGPUS
+                values[fld] = os.path.abspath(given)
+            else:
+                values[fld] = given
         elif fld in run and (run[fld] is not None or fld == "prior"):
             v = run[fld]
             values[fld] = tuple(v) if fld == "net_arch" and isinstance(v, list) else v
@@ -292,7 +297,7 @@ def _train(args: argparse.Namespace) -> int:
     values, from_run = _resolve_options(args)
     if from_run:
         log.info("--resume: %s taken from the run", ", ".join(from_run))
-    cfg = TrainConfig(**values, init=args.init)
+    cfg = TrainConfig(**values, init=os.path.abspath(args.init) if args.init else None)
     # options, --out, --init and the run to resume, before the traces are even read (train() checks again)
     cluster = check_run(cfg, args.out, resume=args.resume, overwrite=args.overwrite).cluster
     train_sets = [t for d in cfg.traces for t in load_trace_dir(d, cluster)]
