@@ -219,11 +219,6 @@ class JobTracker:
         self.lock = threading.RLock()
 
     # ------------------------------------------------------------- reports
-    def owner_of(self, job_key: str) -> int | None:
-        """UID that owns ``job_key`` (a record, active or not, or a remembered owner); None if none / unknown."""
-        c = self.claim(job_key)
-        return c.owner_uid if c is not None and c.owner_uid >= 0 else None
-
     def claim(self, job_key: str) -> KeyClaim | None:
         """Who holds ``job_key`` now (None: nobody)."""
         with self.lock:

@@ -230,7 +230,6 @@ class _SparsePlan:
         self._table: np.ndarray | None = None
         self._cand_rows: list[int] = []
         self._cand_pad: list[float] = []
-        self._queue_row = -1
         self._jobs: dict[tuple, np.ndarray] = {}
 
     def right_prefix(self) -> np.ndarray:
@@ -252,7 +251,6 @@ class _SparsePlan:
             n = rp.shape[0] * rp.shape[1] * rp.shape[2]
             self._cand_rows = list(range(n, n + len(self.cand)))
             self._cand_pad = [0.0] * len(self.cand)
-            self._queue_row = n + len(self.cand)
         return self._table
 
     def _first_layer_round(self, sp: SparseObs) -> np.ndarray:

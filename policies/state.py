@@ -131,10 +131,6 @@ class JobInfo:
             return 1.0
         return self.isolated_thp / self.achieved_thp
 
-    @property
-    def is_running(self) -> bool:
-        return self.placement is not None
-
 
 _FINITE_FIELDS = (
     "submit_time", "total_samples", "done_samples", "attained_service", "isolated_thp", "achieved_thp", "best_thp",
