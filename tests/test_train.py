@@ -989,11 +989,27 @@ def test_w1_without_the_seed_reward_is_refused(tmp_path, capsys):
     from trainer.traces import write_trace
 
     write_trace(tmp_path / "t.csv", _trace(6, 6))
-    assert main(["train", "--traces", str(tmp_path / "t.csv"), "--w1", "0.3", "--out", str(tmp_path / "o")]) == 2
+    words = ["train", "--traces", str(tmp_path / "t.csv"), "--reward", "jct-rel", "--w1", "0.3"]
+    assert main([*words, "--out", str(tmp_path / "o")]) == 2
     _one_line_error(capsys, "--w1 weighs the seed reward only", "jct-rel")
     assert not (tmp_path / "o").exists()
     assert main(["train", "--out", str(tmp_path / "o")]) == 2
     _one_line_error(capsys, "--traces is required")
+
+
+def test_w1_alone_selects_the_seed_reward(tmp_path):
+    """The issue's command line (``--w1 0.4`` and no ``--reward``) trains on the seed reward; a resumed
+    run keeps its own reward, so there ``--w1`` with a non-seed run is still refused (``check_run``)."""
+    from rlsched.cli import build_parser
+    from trainer.cli_rl import _resolve_options
+
+    def resolve(*words: str) -> dict:
+        args = build_parser().parse_args(["train", "--traces", str(tmp_path), "--out", str(tmp_path / "o"), *words])
+        return _resolve_options(args)[0]
+
+    assert resolve("--w1", "0.4")["reward"] == "seed" and resolve("--w1", "0.4")["w1"] == 0.4
+    assert resolve()["reward"] == "jct-rel"
+    assert resolve("--reward", "seed")["reward"] == "seed"
 
 
 def test_a_second_run_into_the_same_out_is_refused(tmp_path):

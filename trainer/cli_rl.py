@@ -81,9 +81,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=("jct-rel", "jct", "progress", "seed"),
         default=None,
         help="jct-rel (default: -jobs in system per round / the trace's greedy-np average JCT), "
-        "jct (unscaled), progress (DL2), or the seed's -W1*CS+W2*Util",
+        "jct (unscaled), progress (DL2), or the seed's -W1*CS+W2*Util (the default when --w1 is given)",
     )
-    p.add_argument("--w1", type=_unit, default=None, help="W1 of the seed reward (--reward seed only), W2 = 1 - W1 (default 0.4)")
+    p.add_argument("--w1", type=_unit, default=None, help="W1 of the seed reward, W2 = 1 - W1 (default 0.4); "
+                   "alone it selects --reward seed, with another --reward it is refused")
     p.add_argument(
         "--timesteps",
         type=_positive_int,
@@ -284,6 +285,8 @@ def _resolve_options(args: argparse.Namespace) -> tuple[dict[str, Any], list[str
         else not args.no_prior_init
     if not values["traces"]:
         raise TrainConfigError("--traces is required (a resumed run takes its own when its last.json names them)")
+    if args.w1 is not None and args.reward is None and "--reward" not in from_run:
+        values["reward"] = "seed"  # --w1 alone asks for the seed reward (the command line)
     if args.w1 is not None and values["reward"] != "seed":
         raise TrainConfigError(f"--w1 weighs the seed reward only; this run's reward is {values['reward']} "
                                "(pass --reward seed, or drop --w1)")
