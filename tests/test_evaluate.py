@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -21,7 +22,8 @@ C = ClusterSpec.parse("2x4")
 def test_mean_ci():
     m, h = mean_ci([1.0, 2.0, 3.0])
     assert m == 2.0 and h == pytest.approx(4.302653 * 1.0 / np.sqrt(3), rel=1e-5)
-    assert mean_ci([5.0]) == (5.0, 0.0)
+    m, h = mean_ci([5.0])
+    assert m == 5.0 and math.isnan(h)  # one sample: no interval
 
 
 def test_run_evaluation_writes_tables_and_figures(tmp_path):
@@ -373,3 +375,31 @@ def test_a_job_the_simulator_refuses_is_named_with_its_file_before_anything_runs
     assert rc == 2 and len(err.strip().splitlines()) == 1
     assert f"{d / 'set0.csv'}: job 'a': total_samples 1e+10" in err and "longest isolated run" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_command_prints_the_tables_and_one_job_set_has_no_interval(tmp_path, capsys):
+    """The tables are printed without --results-md; a group of one job set shows its means alone (a
+    half-width of 0 looked certain) and writes ``ci95: null``; a group of two keeps its intervals."""
+    from rlsched.cli import main
+
+    for g, n in (("one", 1), ("two", 2)):
+        d = tmp_path / "traces" / g
+        d.mkdir(parents=True)
+        for k in range(n):
+            jobs = generate_jobs(C, GeneratorConfig(num_jobs=8, seed=k, max_gpus=8, duration_s=900.0))
+            write_trace(d / f"set{k}.csv", jobs)
+    out, md = tmp_path / "out", tmp_path / "R.md"
+    words = ["evaluate", "--policies", "srtf,las", "--traces", str(tmp_path / "traces"), "--cluster", "2x4"]
+    assert main([*words, "--out", str(out), "--results-md", str(md)]) == 0
+    printed = capsys.readouterr().out
+    assert "one (1 job set, no interval, 2x4)" in printed and "two (2 job sets, mean ± 95% interval, 2x4)" in printed
+    assert str(out / "rl_results.json") in printed
+    doc = json.loads((out / "rl_results.json").read_text())["results"]
+    one, two = doc["one"]["srtf"]["summary"], doc["two"]["srtf"]["summary"]
+    assert all(v["ci95"] is None for v in one.values())
+    assert all(isinstance(v["ci95"], float) for v in two.values())
+    text = md.read_text()
+    one_rows = text.split("### one")[1].split("###")[0]
+    two_rows = text.split("### two")[1]
+    assert "| srtf |" in one_rows and "±" not in one_rows
+    assert two_rows.count("±") == 2 * 4  # two policies x four metrics

@@ -189,7 +189,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--out",
         required=True,
         help="where the outputs go: OUT/rl_results.json and the rl_* figures in OUT/figures/ (replaced as a set; "
-        "the repository's are in docs)",
+        "the repository's are in docs); the tables are also printed",
     )
     e.add_argument(
         "--results-md", default=None, help="write the Markdown results section to this file (e.g. docs/RESULTS.md)"
@@ -220,10 +220,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.set_defaults(func=_cmd_checkpoint)
 
 
+def _log_progress() -> None:
+    """Let the trainer's INFO lines (evaluations, resumes, reference JCTs) through without ``-v``, as on
+    a terminal so in logs and pipes; ``-vv`` (DEBUG) stays as it is."""
+    lg = logging.getLogger("trainer")
+    if lg.getEffectiveLevel() > logging.INFO:
+        lg.setLevel(logging.INFO)
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from policies.prior import PriorError
     from trainer.train import TrainConfigError, TrainingDiverged
 
+    _log_progress()
     try:
         return _train(args)
     except (TrainConfigError, PriorError) as exc:
@@ -350,16 +359,16 @@ def _progress_bar(what: str, unit: str) -> Iterator[Callable[[int, int], None]]:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from trainer.evaluate import EvaluationError, run_evaluation
+    from trainer.evaluate import EvaluationError, print_tables, run_evaluation
 
     # empty entries are kept: run_evaluation refuses them (and repeated names), naming the entry
     policies = [p.strip() for p in args.policies.split(",")]
     if not any(policies):
         return _fail("evaluate", f"--policies {args.policies!r} names no policy; expected e.g. srtf,las,rl-base")
-    logging.getLogger("trainer").setLevel(logging.INFO)
+    _log_progress()
     try:
         with _progress_bar("evaluate", "policy x job set runs") as update:
-            run_evaluation(
+            results = run_evaluation(
                 policies=policies,
                 traces=args.traces,
                 cluster=args.cluster,
@@ -371,6 +380,11 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
             )
     except EvaluationError as exc:
         return _fail("evaluate", exc)
+    from policies.cluster import ClusterSpec
+
+    print_tables(results, ClusterSpec.parse(args.cluster).describe())
+    print(f"written: {os.path.join(args.out, 'rl_results.json')}, figures in {os.path.join(args.out, 'figures')}"
+          + (f", tables in {args.results_md}" if args.results_md else " (--results-md FILE: the tables as Markdown)"))
     return 0
 
 

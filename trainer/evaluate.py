@@ -75,6 +75,7 @@ __all__ = [
     "markdown_tables",
     "mean_ci",
     "policy_specs",
+    "print_tables",
     "run_evaluation",
 ]
 
@@ -148,14 +149,15 @@ def policy_specs(policies: Sequence[str]) -> dict[str, str]:
 
 
 def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
-    """Mean and confidence half-width (Student t) of ``values``; half-width 0 for one value."""
+    """Mean and confidence half-width (Student t) of ``values`` (non-finite ones left out); half-width
+    NaN for one value (one sample gives no interval), both NaN for none."""
     from scipy.stats import t
 
     x = np.asarray([v for v in values if math.isfinite(v)], float)
     if x.size == 0:
         return math.nan, math.nan
     if x.size == 1:
-        return float(x[0]), 0.0
+        return float(x[0]), math.nan
     return float(x.mean()), float(t.ppf(0.5 + level / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
 
 
@@ -260,7 +262,8 @@ def evaluate_group(
         summary = {}
         for key, _, _ in METRICS:
             m, h = mean_ci([r[key] for r in sets])
-            summary[key] = {"mean": m, "ci95": h}
+            # JSON null where there is no interval (one job set), rather than a NaN no strict parser reads
+            summary[key] = {"mean": m, "ci95": h if math.isfinite(h) else None}
         out[name] = {"sets": sets, "summary": summary}
         if keep_jobs:
             out[name]["jobs_jct_s"] = jcts
@@ -359,21 +362,25 @@ def _branch_plot(results: Mapping[str, Any], branch_names: Sequence[str], figdir
     return p
 
 
+def _cell(summary: Mapping[str, Any], key: str, scale: float) -> str:
+    """``"mean ± half-width"`` of metric ``key`` (times ``scale``); the mean alone where there is no
+    interval (``ci95`` null: one job set)."""
+    m, h = summary[key]["mean"], summary[key]["ci95"]
+    fmt = "{:.3f}" if key == "avg_cs" else "{:.2f}" if scale != 100.0 else "{:.1f}"
+    return fmt.format(m * scale) + ("" if h is None else f" ± {fmt.format(h * scale)}")
+
+
 def markdown_tables(results: Mapping[str, Any], cluster: str) -> str:
     """Markdown: one table per group, mean +- 95% CI over sets, plus ratios to the baselines."""
     lines: list[str] = []
     for g, data in results.items():
         nsets = len(next(iter(data.values()))["sets"])
-        lines.append(f"### {g} ({nsets} job sets, {cluster})\n")
+        what = "1 job set, no interval" if nsets == 1 else f"{nsets} job sets"
+        lines.append(f"### {g} ({what}, {cluster})\n")
         lines.append("| Policy | " + " | ".join(h for _, h, _ in METRICS) + " |")
         lines.append("|---|" + "---|" * len(METRICS))
         for name, d in data.items():
-            cells = []
-            for key, _, scale in METRICS:
-                m, h = d["summary"][key]["mean"], d["summary"][key]["ci95"]
-                fmt = "{:.3f}" if key == "avg_cs" else "{:.2f}" if scale != 100.0 else "{:.1f}"
-                cells.append(f"{fmt.format(m * scale)} ± {fmt.format(h * scale)}")
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+            lines.append(f"| {name} | " + " | ".join(_cell(d["summary"], key, scale) for key, _, scale in METRICS) + " |")
         ratios = []
         for rl in [n for n in data if n in ("rl-base", "rl-hybrid")]:
             for base in [n for n in data if not n.startswith("rl-")]:
@@ -384,6 +391,29 @@ def markdown_tables(results: Mapping[str, Any], cluster: str) -> str:
             lines.append("\nRatios of mean JCT (RL / baseline): " + "; ".join(ratios) + ".")
         lines.append("")
     return "\n".join(lines)
+
+
+def print_tables(results: Mapping[str, Any], cluster: str, console: Any = None) -> None:
+    """The tables of :func:`markdown_tables` on a terminal (:mod:`rich`): per group, each policy's
+    mean +- 95% interval of the :data:`METRICS` (the mean alone for a group of one job set).
+
+    :param results: :func:`run_evaluation`'s results (groups -> policies -> ``summary``).
+    :param console: a :class:`rich.console.Console` (default: standard output).
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    for g, data in results.items():
+        nsets = len(next(iter(data.values()))["sets"])
+        what = "1 job set, no interval" if nsets == 1 else f"{nsets} job sets, mean ± 95% interval"
+        table = Table(title=f"{g} ({what}, {cluster})", title_justify="left")
+        table.add_column("Policy")
+        for _, head, _ in METRICS:
+            table.add_column(head, justify="right")
+        for name, d in data.items():
+            table.add_row(name, *(_cell(d["summary"], key, scale) for key, _, scale in METRICS))
+        console.print(table)
 
 
 def _check_outputs(outdir: Path, results_md: Path | None) -> None:
