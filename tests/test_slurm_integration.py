@@ -447,16 +447,21 @@ def _agent_step(ctl: Controller, jid: int) -> int:
     return int((ctl.preempter.stats().get(str(jid)) or {}).get("step") or 0)
 
 
-def test_killed_agent_does_not_lose_the_job(live_cluster, tmp_path):
-    cluster = live_cluster
+def _reporting_job(cluster, tmp_path, steps: int) -> tuple[Controller, int, int]:
+    """A controller and a training job running under it that its node agent has seen report progress;
+    returns ``(controller, job id, pid of that agent)``. Skips without node agents."""
     if not cluster.agents:
         pytest.skip("no `rlsched agent` command: node agents not available")
     ctl = _controller(cluster, tmp_path)
-    jid = _train_job(cluster, steps=60, sleep=0.15)
+    jid = _train_job(cluster, steps=steps, sleep=0.15)
     cluster.wait(lambda: _state(cluster, jid) == "RUNNING", 30, "job to start", tick=ctl.round)
-    node = cluster.job(jid).nodes[0]
     cluster.wait(lambda: _agent_step(ctl, jid) > 0, 60, "progress reports")
-    apid = cluster.pid(f"agent-{node}")
+    return ctl, jid, cluster.pid(f"agent-{cluster.job(jid).nodes[0]}")
+
+
+def test_killed_agent_does_not_lose_the_job(live_cluster, tmp_path):
+    cluster = live_cluster
+    ctl, jid, apid = _reporting_job(cluster, tmp_path, steps=60)
     os.kill(apid, signal.SIGKILL)
     try:
         (Path(ctl.cfg.controller.state_dir) / "requests").mkdir(parents=True, exist_ok=True)
@@ -478,13 +483,7 @@ def test_stopped_agent_does_not_hold_up_the_round(live_cluster, tmp_path):
     victim. Now the round's stats call finds it unreachable (agents.timeout_s, 5 s here) and the preemption
     fails fast: no Preempt waits on it; the job keeps running and is no victim for a while."""
     cluster = live_cluster
-    if not cluster.agents:
-        pytest.skip("no `rlsched agent` command: node agents not available")
-    ctl = _controller(cluster, tmp_path)
-    jid = _train_job(cluster, steps=200, sleep=0.15)
-    cluster.wait(lambda: _state(cluster, jid) == "RUNNING", 30, "job to start", tick=ctl.round)
-    cluster.wait(lambda: _agent_step(ctl, jid) > 0, 60, "progress reports")
-    apid = cluster.pid(f"agent-{cluster.job(jid).nodes[0]}")
+    ctl, jid, apid = _reporting_job(cluster, tmp_path, steps=200)
     os.kill(apid, signal.SIGSTOP)
     try:
         reqs = Path(ctl.cfg.controller.state_dir) / "requests"
