@@ -1,0 +1,58 @@
+"""Record (or check) the golden per-job results that the platform refactor must preserve.
+
+    python tests/golden/record.py          # rewrite tests/golden/*.json
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(REPO))
+
+from policies.cluster import ClusterSpec  # noqa: E402
+from policies.perf import ContentionModel  # noqa: E402
+from trainer.cli_sim import build_policy  # noqa: E402
+from trainer.simulator import SimConfig, Simulator  # noqa: E402
+from trainer.traces import load_trace  # noqa: E402
+
+#: (case name, cluster, trace file, policies). poisson-16x8.csv and heavy-4x8.csv were drawn once by
+#: ``rlsched trace generate`` (uniform demands up to 32; Poisson at 90 % load, seed 11; heavy mix, seed 5).
+CASES = [
+    ("trace0-4x8", "4x8", "data/traces/deepshare/simulate/trace0.json",
+     ["fifo", "sjf", "srtf", "las", "greedy", "srtf-np", "las:spread", "fifo:pack", "rl-base", "rl-hybrid"]),
+    ("poisson-16x8", "16x8", "tests/golden/poisson-16x8.csv",
+     ["fifo", "srtf", "las", "greedy", "srtf-np:spread"]),
+    ("heavy-4x8", "4x8", "tests/golden/heavy-4x8.csv",
+     ["fifo", "srtf", "las", "greedy", "srtf:spread", "rl-base", "rl-hybrid"]),
+]
+
+
+def jobs_for(cluster: ClusterSpec, src: str):
+    return load_trace(REPO / src, cluster=cluster)
+
+
+def run_case(cluster_text: str, src, policy: str) -> list[list]:
+    cluster = ClusterSpec.parse(cluster_text)
+    perf = ContentionModel(cluster)
+    jobs = jobs_for(cluster, src)
+    pol = build_policy(policy, cluster, perf)
+    res = Simulator(cluster, jobs, pol, perf, SimConfig()).run()
+    return [[r.job_id, r.first_start, r.finish_time, r.num_nodes, r.preemptions, r.avg_cs] for r in res.jobs]
+
+
+def main() -> None:
+    for name, cl, src, pols in CASES:
+        out = {}
+        for p in pols:
+            t0 = time.perf_counter()
+            out[p] = run_case(cl, src, p)
+            print(f"{name} {p}: {time.perf_counter() - t0:.2f} s", flush=True)
+        (HERE / f"{name}.json").write_text(json.dumps({"cluster": cl, "trace": src, "jobs": out}, indent=0) + "\n")
+
+
+if __name__ == "__main__":
+    main()
