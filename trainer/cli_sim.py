@@ -26,6 +26,7 @@ earlier ``simulate`` output (never another directory's files).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import fnmatch
 import json
@@ -37,7 +38,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from policies.base import Policy, PolicyError
 from rlsched.argtypes import float_at_least, non_negative_float, positive_float
@@ -181,14 +182,17 @@ def _not_simulate_output(out: Path) -> str | None:
     return None if ok else "no simulate summary.json"
 
 
-def _check_out(out: Path, overwrite: bool) -> None:
+def _check_out(out: Path, overwrite: bool, command: str = "simulate",
+               not_ours: Callable[[Path], str | None] = _not_simulate_output) -> None:
+    """Refuse an ``--out`` that ``command`` cannot replace (:class:`OutputDirError`); ``not_ours(out)``
+    names the first thing in an existing ``out`` that ``command`` did not write (``--overwrite``)."""
     # --out is replaced as a whole (renamed away, then deleted): never the working directory or one
     # that holds it (the shell would be left in a deleted directory, or it would be deleted with it)
     here = Path.cwd().resolve()
     target = out.resolve()
     if target == here or target in here.parents:
         raise OutputDirError(
-            f"--out {out} is the current directory or one of its parents; simulate replaces --out as a whole, "
+            f"--out {out} is the current directory or one of its parents; {command} replaces --out as a whole, "
             "so name a directory below it (e.g. --out sim)"
         )
     if out.exists():
@@ -197,11 +201,11 @@ def _check_out(out: Path, overwrite: bool) -> None:
         if any(out.iterdir()) and not overwrite:
             raise OutputDirError(f"--out {out} exists and is not empty (use --overwrite to replace it)")
         if overwrite:
-            stray = _not_simulate_output(out)
+            stray = not_ours(out)
             if stray is not None:
                 raise OutputDirError(
-                    f"--out {out} holds {stray}, which simulate did not write; --overwrite replaces only an earlier "
-                    "simulate output (choose another --out, or empty it)"
+                    f"--out {out} holds {stray}, which {command} did not write; --overwrite replaces only an earlier "
+                    f"{command} output (choose another --out, or empty it)"
                 )
     why = unwritable(out)
     if why is not None:
@@ -228,13 +232,10 @@ def run_simulate(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from policies.cluster import ClusterSpec
     from policies.perf import ContentionModel
-    from trainer import metrics, report
-    from trainer.simulator import SimConfig, Simulator
+    from trainer import metrics
+    from trainer.simulator import Simulator
     from trainer.traces import load_trace
 
     # 1. Validate everything before running anything.
@@ -247,17 +248,47 @@ def _run(args: argparse.Namespace) -> int:
     if len(set(stems.values())) != len(stems):
         raise PolicyError(f"policies {names} map to clashing file names {sorted(stems.values())}")
     policies = {n: build_policy(n, cluster, perf) for n in names}
-    trace_path = Path(args.trace)
-    if args.trace == DEFAULT_TRACE and not trace_path.exists():
-        # The default is relative to the repository; find it from elsewhere too.
-        repo_copy = Path(__file__).resolve().parents[1] / DEFAULT_TRACE
-        if repo_copy.exists():
-            trace_path = repo_copy
+    trace_path = resolve_trace(args.trace)
     if args.overwrite and out.exists() and out.resolve() in trace_path.resolve().parents:
         raise OutputDirError(f"--trace {args.trace} is inside --out {out}, which --overwrite would delete; "
                              "move the trace or choose another --out")
     jobs = load_trace(trace_path, cluster, perf)
-    cfg = SimConfig(
+    cfg = sim_config(args)
+    sims = {n: Simulator(cluster, jobs, policies[n], perf, cfg) for n in names}  # checks trace vs cluster
+
+    # 2. Run, in memory.
+    results, total_wall = run_all({n: sims[n].run for n in names}, len(jobs), args.quiet)
+    summaries = {n: metrics.summarize(results[n], grid_step=args.round) for n in names}
+
+    # 3. Write everything into a temporary directory next to --out, then rename.
+    subtitle = f"{trace_path.name}, {len(jobs)} jobs, cluster {cluster.describe()}"
+    doc = summary_doc(args, trace_path, jobs, cluster, cfg, names, stems, total_wall, summaries)
+    with staged_output(out) as tmp:
+        write_results(tmp, results, summaries, doc, stems, subtitle)
+
+    if not args.quiet:
+        print_results(summaries, f"rlsched simulate: {subtitle}",
+                      f"Simulated {len(names)} policies in {total_wall:.2f} s; wrote {out}/")
+    return 0
+
+
+# ---------------------------------------------------------------------- shared with `rlsched twin`
+def resolve_trace(arg: str) -> Path:
+    """The ``--trace`` path; the default (:data:`DEFAULT_TRACE`, relative to the repository) is found
+    from any directory."""
+    trace_path = Path(arg)
+    if arg == DEFAULT_TRACE and not trace_path.exists():
+        repo_copy = Path(__file__).resolve().parents[1] / DEFAULT_TRACE
+        if repo_copy.exists():
+            trace_path = repo_copy
+    return trace_path
+
+
+def sim_config(args: argparse.Namespace):
+    """The :class:`~trainer.simulator.SimConfig` of the command line's simulator options."""
+    from trainer.simulator import SimConfig
+
+    return SimConfig(
         round_len=args.round,
         event_triggered=not args.no_event_trigger,
         restart_overhead=args.restart_overhead,
@@ -265,36 +296,12 @@ def _run(args: argparse.Namespace) -> int:
         seed=args.seed,
         metrics_interval=args.metrics_interval if args.metrics_interval is not None else args.round,
     )
-    sims = {n: Simulator(cluster, jobs, policies[n], perf, cfg) for n in names}  # checks trace vs cluster
 
-    # 2. Run, in memory.
-    out_console = Console()
-    if not out_console.is_terminal:  # logs / pipes: do not squeeze the table into 80 columns
-        out_console = Console(width=200)
-    err_console = Console(stderr=True)
-    show_progress = not args.quiet and err_console.is_terminal
-    results = {}
-    t0 = time.perf_counter()
-    with Progress(
-        TextColumn("[bold]{task.description:>12}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("jobs finished"),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=True,
-        disable=not show_progress,
-    ) as progress:
-        for n in names:
-            task = progress.add_task(n, total=len(jobs))
-            results[n] = sims[n].run(progress=lambda done, total, _t=task: progress.update(_t, completed=done))
-            progress.update(task, completed=len(jobs))
-    total_wall = time.perf_counter() - t0
-    summaries = {n: metrics.summarize(results[n], grid_step=args.round) for n in names}
 
-    # 3. Write everything into a temporary directory next to --out, then rename.
-    subtitle = f"{trace_path.name}, {len(jobs)} jobs, cluster {cluster.describe()}"
-    doc = {
+def summary_doc(args: argparse.Namespace, trace_path: Path, jobs: list, cluster, cfg, names: list[str],
+                stems: dict[str, str], total_wall: float, summaries: dict) -> dict:
+    """``summary.json``: the run's inputs, simulator config, files and every policy's metrics."""
+    return {
         "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "trace": str(trace_path.resolve()),
         "jobs": len(jobs),
@@ -312,16 +319,20 @@ def _run(args: argparse.Namespace) -> int:
         "total_wall_time_s": total_wall,
         "summaries": summaries,
     }
+
+
+@contextlib.contextmanager
+def staged_output(out: Path) -> Iterator[Path]:
+    """A new directory next to ``out`` to write into; when the block ends without an error it replaces
+    ``out`` (renamed into place, an earlier ``out`` deleted), otherwise it is removed: ``out`` either
+    appears complete or not at all."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it 0700; give it a normal directory's mode
     try:
-        for n in names:
-            metrics.write_jobs_parquet(results[n], tmp / f"jobs_{stems[n]}.parquet")
-        (tmp / "summary.json").write_text(json.dumps(_json_safe(doc), indent=2) + "\n")
-        report.write_plots(results, summaries, tmp, subtitle=subtitle)
+        yield tmp
         if out.exists():
             old = out.with_name(f".{out.name}.old-{int(time.time() * 1e6)}")
             out.rename(old)
@@ -333,12 +344,56 @@ def _run(args: argparse.Namespace) -> int:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
 
-    if not args.quiet:
-        title = f"rlsched simulate: {subtitle}"
-        table = report.comparison_table(summaries, title=title)
-        natural = out_console.measure(table, options=out_console.options.update_width(10_000)).maximum
-        if natural > out_console.width:  # narrow terminal: metrics as rows
-            table = report.comparison_table(summaries, title=title, transpose=True)
-        out_console.print(table)
-        out_console.print(f"Simulated {len(names)} policies in {total_wall:.2f} s; wrote {out}/")
-    return 0
+
+def write_results(d: Path, results: dict, summaries: dict, doc: dict, stems: dict[str, str], subtitle: str) -> None:
+    """``jobs_<policy>.parquet``, ``summary.json`` (``doc``) and the plots, into directory ``d``."""
+    from trainer import metrics, report
+
+    for n, res in results.items():
+        metrics.write_jobs_parquet(res, d / f"jobs_{stems[n]}.parquet")
+    (d / "summary.json").write_text(json.dumps(_json_safe(doc), indent=2) + "\n")
+    report.write_plots(results, summaries, d, subtitle=subtitle)
+
+
+def run_all(runs: dict[str, Callable[..., Any]], jobs: int, quiet: bool) -> tuple[dict[str, Any], float]:
+    """Call each ``run(progress=...)`` in turn, with a progress bar on a terminal's stderr unless ``quiet``
+    (``progress(done, total)``: jobs finished); their results by name, and the wall time in seconds."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    err_console = Console(stderr=True)
+    show_progress = not quiet and err_console.is_terminal
+    results = {}
+    t0 = time.perf_counter()
+    with Progress(
+        TextColumn("[bold]{task.description:>12}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("jobs finished"),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+        disable=not show_progress,
+    ) as progress:
+        for n, run in runs.items():
+            task = progress.add_task(n, total=jobs)
+            results[n] = run(progress=lambda done, total, _t=task: progress.update(_t, completed=done))
+            progress.update(task, completed=jobs)
+    return results, time.perf_counter() - t0
+
+
+def print_results(summaries: dict, title: str, footer: str) -> None:
+    """The comparison table (metrics as rows when the terminal is too narrow), then ``footer``."""
+    from rich.console import Console
+
+    from trainer import report
+
+    out_console = Console()
+    if not out_console.is_terminal:  # logs / pipes: do not squeeze the table into 80 columns
+        out_console = Console(width=200)
+    table = report.comparison_table(summaries, title=title)
+    natural = out_console.measure(table, options=out_console.options.update_width(10_000)).maximum
+    if natural > out_console.width:  # narrow terminal: metrics as rows
+        table = report.comparison_table(summaries, title=title, transpose=True)
+    out_console.print(table)
+    out_console.print(footer)
