@@ -19,6 +19,7 @@ from rlsched import __version__
 #: Modules that contribute subcommands (in help order).
 COMMAND_MODULES: tuple[str, ...] = (
     "trainer.cli_sim",
+    "trainer.cli_twin",
     "nodeagent.cli",
     "trainer.cli_trace",
     "trainer.cli_rl",

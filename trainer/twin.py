@@ -40,6 +40,8 @@ Controller settings (``[controller]``) and what they become in the twin:
 * ``intra_bw_gbps`` / ``inter_bw_gbps``: the cluster's bandwidths (the controller's performance model
   is then the simulator's);
 * ``cs_preempt_threshold``: 0 (off), ``preempt_without_agent``: false, ``dry_run``: false;
+* ``[agents]``: enabled, ``port_base`` 50050 (every node has an agent; the simulated agents are handed
+  to the controller, so no address is ever used);
 * ``default_model`` / ``default_runtime_s``: unused (every job declares its model and samples);
 * the simulator's ``restart_overhead`` is the time a requeued job needs to resume from its checkpoint.
 
@@ -176,7 +178,7 @@ class SimulatedSlurm:
         self.trace_id = {s: t for t, s in self.slurm_id.items()}
         self._req: dict[str, tuple[list[str], int | None]] = {}  # trace id -> (ReqNodeList, TresPerNode)
         self._released: dict[str, None] = {}  # released jobs that have not started, in release order
-        self._seen: set[str] = set()  # trace ids that appeared in the queue
+        self._seen: set[str] = set()  # trace ids of the jobs seen waiting or running, until purged
         self._ended: dict[str, float] = {}  # trace id -> simulated time it was first seen finished
         self._cache: dict[str, tuple[tuple, SlurmJob]] = {}
         self.calls = 0
@@ -251,7 +253,9 @@ class SimulatedSlurm:
     def _live(self) -> tuple[dict[str, JobInfo], dict[str, JobInfo]]:
         """The simulator's pending and running jobs now, by trace id."""
         st = self.sim.state()
-        return {j.job_id: j for j in st.pending}, {j.job_id: j for j in st.running}
+        pending, running = {j.job_id: j for j in st.pending}, {j.job_id: j for j in st.running}
+        self._seen.update(pending)  # every job starts through release(), which sees it here first
+        return pending, running
 
     # ------------------------------------------------------------------ reading (squeue, sinfo)
     def jobs(self) -> list[SlurmJob]:
@@ -265,9 +269,8 @@ class SimulatedSlurm:
             out[tid] = self._pending_job(info)
         for tid, info in running.items():
             out[tid] = self._running_job(info)
-        for tid in self._seen - out.keys():  # seen before, neither waiting nor running: finished
+        for tid in self._seen - out.keys():  # seen waiting or running before, neither now: finished
             self._ended.setdefault(tid, now)
-        self._seen |= out.keys()
         for tid, t in list(self._ended.items()):
             if now - t >= self.min_job_age_s:  # purged by Slurm
                 del self._ended[tid]
@@ -364,6 +367,10 @@ class SimulatedSlurm:
             return False
         del self._released[tid]
         return True
+
+    def waiting(self) -> bool:
+        """Whether a released job waits for resources (``"fill"`` only)."""
+        return bool(self._released)
 
     def start_released(self) -> None:
         """Slurm's scheduler: start the released jobs that fit now, in release order."""
@@ -471,11 +478,15 @@ class TwinSimulator(Simulator):
 
     ``Simulator.run`` decides when rounds happen; ``Simulator.schedule_round`` asks its policy (here
     :class:`_ControllerRound`) only while jobs wait, and the daemon runs its round whether or not
-    one does, so a round with an empty queue runs the controller here too.
+    one does, so a round with an empty queue runs the controller here too. While a released job
+    waits for resources in the simulated Slurm (``"fill"`` split), no idle round is skipped.
     """
 
     #: called after each event the simulator processes (arrivals, completions): Slurm's scheduler
     on_event: Callable[[], None] | None = None
+    #: whether released jobs wait for resources: then no round is skipped (the controller checks their
+    #: start grace at each round), as idle rounds of time-invariant policies otherwise are
+    waiting: Callable[[], bool] | None = None
 
     def advance_to_next_event(self, until: float = math.inf) -> bool:
         moved = super().advance_to_next_event(until)
@@ -486,7 +497,10 @@ class TwinSimulator(Simulator):
     def schedule_round(self) -> Decision:
         if not self.pending:
             self.policy.schedule(self.state())  # type: ignore[union-attr]
-        return super().schedule_round()
+        dec = super().schedule_round()
+        if self.waiting is not None and self.waiting():
+            self.dirty = True
+        return dec
 
 
 def twin_config(policy: str, cluster: ClusterSpec, sim: SimConfig, state_dir: str | Path,
@@ -508,7 +522,9 @@ def twin_config(policy: str, cluster: ClusterSpec, sim: SimConfig, state_dir: st
             "inter_bw_gbps": float(cluster.inter_bw_gbps),
         },
         "metrics": {"port": 0},
-        "agents": {"enabled": True},
+        # addresses as a deployment would give them (agent of node k at port 50050 + k); the simulated agents
+        # are handed to the controller directly, so nothing is ever sent there
+        "agents": {"enabled": True, "port_base": 50050, "host": "{node}"},
     }
     return parse_config(doc)
 
@@ -562,6 +578,7 @@ class Twin:
         self.sim = TwinSimulator(cluster, jobs, self.slot, perf, self.sim_config)
         self.slurm = SimulatedSlurm(self.sim, jobs, split, self._planned, self.epoch)
         self.sim.on_event = self.slurm.start_released
+        self.sim.waiting = self.slurm.waiting
         self.agents = SimulatedAgents(self.sim, self.slurm)
         self.config = twin_config(policy, cluster, self.sim_config, state_dir,
                                   float(getattr(probe, "min_run", 0.0)))
