@@ -6,11 +6,16 @@ runs: its journal, release protocol, preemption protocol, limits and logs) and h
 * :class:`SimulatedSlurm`, the Slurm adapter (the :class:`controller.slurm.SlurmCLI` methods the
   controller calls) over a :class:`trainer.simulator.Simulator`: every job of the trace is a managed
   GPU job as ``slurm_conf/job_submit.lua`` leaves it (held with priority 0, admin comment
-  ``rlsched:managed gpus=N``, user comment ``rlsched:model=M,samples=S``) from its submit time on;
-  ``place`` records the node list and the GPU request, ``release`` starts the job in the simulator
-  on the per-node split Slurm's cons_tres would give it (:func:`cons_tres_split`), running jobs show
-  RUNNING with that split, finished ones COMPLETED until ``min_job_age_s`` (Slurm's ``MinJobAge``)
-  has passed, and ``requeue_hold`` puts a job back in the queue, held;
+  ``rlsched:managed gpus=N``, user comment ``rlsched:model=M,samples=S``) from its submit time on,
+  with an integer job id; ``place`` records the node list and the GPU request, ``release`` starts the
+  job in the simulator at once on its nodes, running jobs show RUNNING with their per-node split,
+  finished ones COMPLETED until ``min_job_age_s`` (Slurm's ``MinJobAge``) has passed, and
+  ``requeue_hold`` puts a job back in the queue, held. The per-node split is, with ``split="plan"``
+  (the default), the one the controller planned (its journal), which is what ``rlsched simulate``
+  assumes and what Slurm does for balanced placements (``TresPerNode``); with ``split="fill"`` it is
+  what Slurm's cons_tres gives a ``TresPerJob`` request (:func:`cons_tres_split`: one GPU per node,
+  the rest in node order), so an unbalanced plan may start on another split, and a job whose split
+  does not fit waits released until it does or the controller holds it back;
 * :class:`SimulatedAgents`, the node agents (:class:`controller.preemption.Preempter`): ``stats()``
   reports each running job's progress, throughput and CS from the simulator, ``checkpoint()``
   preempts the job in the simulator (its progress is kept, as a checkpoint keeps it);
@@ -61,7 +66,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from controller.config import MAX_INTERVAL_S, ControllerConfig, parse_config
-from controller.daemon import Controller, RoundReport, make_policy
+from controller.daemon import Controller, make_policy
 from controller.metrics import JsonFormatter
 from controller.preemption import PreemptOutcome
 from controller.slurm import MANAGED_MARK, SlurmError, SlurmJob, SlurmNode
@@ -79,14 +84,13 @@ __all__ = [
     "MIN_JOB_AGE_S",
     "TwinError",
     "cons_tres_split",
+    "SPLITS",
     "SimulatedSlurm",
     "SimulatedAgents",
     "TwinSimulator",
     "Twin",
     "twin_config",
 ]
-
-log = logging.getLogger(__name__)
 
 #: epoch seconds of simulated time 0 (2024-01-01 00:00:00 UTC): the controller works in epoch seconds
 EPOCH = 1_704_067_200.0
@@ -150,9 +154,10 @@ class SimulatedSlurm:
     :param epoch: epoch seconds of simulated time 0.
     :param min_job_age_s: seconds a finished job stays visible (COMPLETED).
 
-    Job ids are integers of one width (``10**d`` on, ``d`` digits more than the job count has),
-    given in the order of (submit time, trace job id): the order in which both the simulator and
-    the controller break ties between jobs submitted together, so string and number order agree.
+    Job ids are ``10**d + k`` (``d``: the number of digits of the job count, ``k``: the job's rank in
+    (submit time, trace job id) order): all of one width, so their string order is their number order,
+    and the order in which the controller breaks ties between jobs submitted together (job id) is the
+    simulator's (trace job id).
     """
 
     def __init__(self, sim: Simulator, jobs: Sequence[JobSpec], split: str = "plan",
@@ -585,7 +590,6 @@ class Twin:
         self.controller = Controller(self.config, slurm=self.slurm, preempter=self.agents,  # type: ignore[arg-type]
                                      clock=self.now)
         self.log_file = None if log_file is None else Path(log_file)
-        self.reports: list[RoundReport] = []
         self.placed = self.preempted = 0
         #: node names in the order the controller indexes them (natural name order): policies that break
         #: ties by node index break them as in ``simulate`` only when it is the cluster's own order
