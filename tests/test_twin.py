@@ -313,3 +313,47 @@ def test_bad_options_are_refused_by_the_parser(tmp_path, capsys, extra):
         main(["twin", "--trace", str(HEAVY), "--out", str(tmp_path / "o"), *extra])
     assert exc.value.code == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_a_failed_controller_round_stops_the_twin_with_one_line(tmp_path, capsys, monkeypatch):
+    from controller.slurm import SlurmError
+    from trainer import twin
+
+    def down(self):
+        raise SlurmError(["sinfo", "--json"], "exit status 1: Unable to contact slurm controller")
+
+    monkeypatch.setattr(twin.SimulatedSlurm, "nodes", down)
+    out = tmp_path / "out"
+    rc = main(["twin", "--trace", str(HEAVY), "--policy", "fifo", "--out", str(out), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 1 and len(err.strip().splitlines()) == 1, err
+    assert "controller round at t=0 s failed (slurm)" in err and "Unable to contact" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_controller_log_goes_only_to_the_twin_log_while_it_runs(state_path):
+    import logging
+
+    cluster = ClusterSpec.parse("1x8")
+    perf = ContentionModel(cluster)
+    jobs = [_job(perf, "a", 8, 1.0), _job(perf, "b", 8, 1.0)]
+    logger = logging.getLogger("controller")
+    seen: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record)
+
+    mine = Keep()
+    logger.addHandler(mine)
+    try:
+        tw = _twin(state_path, cluster, jobs, "fifo")
+        res = tw.run()
+        assert [r.finish_time for r in res.jobs] == pytest.approx([3600.0, 7200.0])
+        assert seen == [] and mine in logger.handlers  # none reached it during the run; it is back after
+        placed = [json.loads(x) for x in (state_path / "ctl.log").read_text().splitlines() if '"placed"' in x]
+        assert [(e["job"], e["sim_time_s"]) for e in placed] == [(10, 0.0), (11, pytest.approx(3600.0))]
+        with pytest.raises(RuntimeError, match="once"):
+            tw.run()
+    finally:
+        logger.removeHandler(mine)

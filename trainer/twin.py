@@ -590,6 +590,7 @@ class Twin:
         self.controller = Controller(self.config, slurm=self.slurm, preempter=self.agents,  # type: ignore[arg-type]
                                      clock=self.now)
         self.log_file = None if log_file is None else Path(log_file)
+        self._ran = False
         self.placed = self.preempted = 0
         #: node names in the order the controller indexes them (natural name order): policies that break
         #: ties by node index break them as in ``simulate`` only when it is the cluster's own order
@@ -622,25 +623,36 @@ class Twin:
                             f"the simulator runs {self.cluster.describe()}")
 
     def run(self, progress: Callable[[int, int], None] | None = None) -> SimResult:
-        """Run every job of the trace to its end; the controller's log goes to ``log_file``."""
+        """Run every job of the trace to its end (once: the controller's state dir and the simulated
+        Slurm carry on from it). While it runs, the controller's log (logger ``controller``) goes only
+        to ``log_file``, as JSON lines with simulated times, not to the handlers it had."""
+        if self._ran:
+            raise RuntimeError("a Twin runs its trace once; make another one to run it again")
+        self._ran = True
         logger = logging.getLogger("controller")
-        saved = (logger.level, logger.propagate)
-        handler: logging.Handler | None = None
+        saved = (logger.level, logger.propagate, list(logger.handlers))
+        handler: logging.Handler
         if self.log_file is not None:
+            self.log_file.parent.mkdir(parents=True, exist_ok=True)
             handler = logging.FileHandler(self.log_file)
             handler.setFormatter(JsonFormatter())
             handler.addFilter(_SimClock(self))
-            logger.addHandler(handler)
+        else:
+            handler = logging.NullHandler()
+        for h in saved[2]:
+            logger.removeHandler(h)
+        logger.addHandler(handler)
         logger.setLevel(logging.INFO)
         logger.propagate = False  # thousands of lines: they go to the log file, not the console
         try:
             res = self.sim.run(progress=progress)
         finally:
+            logger.removeHandler(handler)
+            handler.close()
+            for h in saved[2]:
+                logger.addHandler(h)
             logger.setLevel(saved[0])
             logger.propagate = saved[1]
-            if handler is not None:
-                logger.removeHandler(handler)
-                handler.close()
         res.meta["controller"] = self.summary()
         return res
 
