@@ -26,10 +26,9 @@ Rounds happen exactly when ``rlsched simulate`` runs them: :class:`TwinSimulator
 ``Controller.round()``, so ``Simulator.run`` decides the round times with its own event logic (a round
 after arrivals and completions when ``event_triggered``, one every ``round_len`` s, idle rounds
 skipped for time-invariant policies). The controller's decisions reach the simulator only through
-the simulated Slurm and agents; the simulator's own ``apply`` is never called. That object is the
-only place that decides round times: when the round loop becomes one loop over backends
-(``policies/rounds.py``, a backend's ``next_round()``), the twin asks that loop for the round times
-instead and nothing else here changes.
+the simulated Slurm and agents; the simulator's own ``apply`` is never called. :class:`TwinSimulator`
+is the only code that ties the controller to the simulator's round times; :class:`SimulatedSlurm` and
+:class:`SimulatedAgents` use the simulator's public mechanics only.
 
 Controller settings (``[controller]``) and what they become in the twin:
 
