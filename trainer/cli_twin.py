@@ -17,7 +17,8 @@ one line and exit status 2, and ``--out`` appears complete or not at all. A cont
 fails stops the run: one line, exit status 1.
 
 During the run the controller's state dir is kept in ``/dev/shm`` when it exists (its journal is
-written, and synced, at every release and preemption) and copied into ``--out`` at the end.
+written, and synced, at every release and preemption) and copied into ``--out`` at the end; its log
+is written into ``--out``'s staging directory directly.
 """
 
 from __future__ import annotations
@@ -187,7 +188,8 @@ def _run(args: argparse.Namespace) -> int:
         work = Path(tempfile.mkdtemp(prefix="rlsched-twin-", dir=mem)) if mem is not None else tmp
         if work != tmp:
             stack.callback(shutil.rmtree, work, True)
-        twins = {n: Twin(cluster, jobs, n, work / sub[n], cfg, perf=perf, log_file=work / sub[n] / LOG_FILE,
+        # (the log, which only grows, is written where it stays)
+        twins = {n: Twin(cluster, jobs, n, work / sub[n], cfg, perf=perf, log_file=tmp / sub[n] / LOG_FILE,
                          split=args.slurm_split) for n in names}  # builds each policy, checks trace vs cluster
 
         # 2. Run, in memory.
@@ -197,7 +199,7 @@ def _run(args: argparse.Namespace) -> int:
         # 3. Write everything into the directory that replaces --out at the end of this block.
         if work != tmp:
             for n in names:
-                shutil.copytree(work / sub[n], tmp / sub[n])
+                shutil.copytree(work / sub[n], tmp / sub[n], dirs_exist_ok=True)
         subtitle = f"{trace_path.name}, {len(jobs)} jobs, cluster {cluster.describe()}"
         doc = summary_doc(args, trace_path, jobs, cluster, cfg, names, stems, total_wall, summaries)
         doc["twin"] = {
