@@ -187,6 +187,7 @@ def test_empty_placement() -> None:
 
 
 TOP = "nodes, intra_bw_gbps, inter_bw_gbps"
+NODE = "name, gpus, count, gpu_type, gpu_speed, cpus, mem_gb, switch"
 
 
 @pytest.mark.parametrize(
@@ -196,10 +197,10 @@ TOP = "nodes, intra_bw_gbps, inter_bw_gbps"
         (".yaml", "gpu_per_node: 8\nnodes:\n  - {gpus: 8}\n", "", "gpu_per_node", TOP),
         (".yaml", "inter_bw: 12\nnodes:\n  - {gpus: 8}\n", "", "inter_bw", TOP),
         (".yaml", "node:\n  - {gpus: 8}\n", "", "node", TOP),
-        (".yaml", "nodes:\n  - {gpus: 8}\n  - {gpus: 4, cnt: 2}\n", "nodes[1]: ", "cnt", "name, gpus, count"),
-        (".yaml", "nodes:\n  - {gpu: 8}\n", "nodes[0]: ", "gpu", "name, gpus, count"),
+        (".yaml", "nodes:\n  - {gpus: 8}\n  - {gpus: 4, cnt: 2}\n", "nodes[1]: ", "cnt", NODE),
+        (".yaml", "nodes:\n  - {gpu: 8}\n", "nodes[0]: ", "gpu", NODE),
         (".toml", "intra_bw = 16\n[[nodes]]\ngpus = 4\n", "", "intra_bw", TOP),
-        (".toml", "[[nodes]]\ngpus = 4\ncount = 2\nprefix = \"gpu\"\n", "nodes[0]: ", "prefix", "name, gpus, count"),
+        (".toml", "[[nodes]]\ngpus = 4\ncount = 2\nprefix = \"gpu\"\n", "nodes[0]: ", "prefix", NODE),
     ],
 )
 def test_unknown_keys_are_refused(tmp_path: Path, suffix: str, text: str, where: str, key: str, accepted: str) -> None:
