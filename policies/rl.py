@@ -74,15 +74,16 @@ HYBRID_FLOOR = 0.0
 
 
 def shipped_checkpoint(mode: str, cluster: ClusterSpec) -> Path:
-    """Path (``.json``) of the shipped checkpoint of ``mode`` for ``cluster``'s shape."""
+    """Path (``.json``) of the shipped checkpoint of ``mode`` for ``cluster``'s GPU layout (GPU types,
+    CPUs and memory do not enter the observation)."""
     base = Path(str(resources.files("policies") / "checkpoints"))
-    p = base / f"{mode}-{cluster.describe()}.json"
+    p = base / f"{mode}-{cluster.describe_gpus()}.json"
     if not p.is_file():
         have = sorted(x.stem for x in base.glob("*.json")) if base.is_dir() else []
-        how = (f"--cluster {cluster.describe()}" if cluster.is_homogeneous
+        how = (f"--cluster {cluster.describe_gpus()}" if cluster.is_homogeneous
                else "--cluster FILE` (FILE: this cluster's YAML/TOML file)")
         raise CheckpointError(
-            f"no shipped {mode} checkpoint for a {cluster.describe()} cluster (shipped: {', '.join(have) or 'none'}); "
+            f"no shipped {mode} checkpoint for a {cluster.describe_gpus()} cluster (shipped: {', '.join(have) or 'none'}); "
             f"train one with `rlsched train {how}{' ...`' if cluster.is_homogeneous else ''} and use "
             f"{mode}:/path/to/checkpoint"
         )

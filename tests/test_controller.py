@@ -231,6 +231,27 @@ def test_in_flight_jobs_reserve_their_gpus():
     np.testing.assert_array_equal(v.state.free_gpus, [8, 8, 0, 8])
 
 
+def test_build_cluster_passes_gpu_type_cpus_and_memory():
+    """sinfo's GRES type, CPUs and memory reach the NodeSpecs; a type the speed table lacks keeps its name
+    with gpu_speed 1.0 (the reference speed), so the performance model can price it."""
+    nodes = [
+        SlurmNode("gpu2", 8, 0, "idle", partitions=("gpu",), gpu_type="k80", cpus=32, mem_gb=256.0),
+        SlurmNode("gpu1", 8, 0, "idle", partitions=("gpu",), gpu_type="v100", cpus=64, mem_gb=512.0),
+        SlurmNode("gpu3", 4, 0, "idle", partitions=("gpu",), gpu_type="a100"),
+        SlurmNode("gpu4", 4, 0, "idle", partitions=("gpu",)),
+    ]
+    cl = build_cluster(nodes, "gpu", 16.0, 5.0)
+    assert [n.name for n in cl.nodes] == ["gpu1", "gpu2", "gpu3", "gpu4"]
+    assert cl.gpu_types == ("v100", "k80", "a100", None)
+    assert cl.cpus_per_node == (64, 32, None, None) and cl.mem_gb_per_node == (512.0, 256.0, None, None)
+    assert [n.gpu_speed for n in cl.nodes] == [None, None, 1.0, None]
+    perf = ContentionModel(cl)
+    # the fastest placement of 8 GPUs is the V100 node
+    assert perf.best_isolated_throughput("MoE", 8) > perf.isolated_throughput("MoE", 8, 1)
+    plain = build_cluster([SlurmNode("n1", 8, 0, "idle", partitions=("gpu",))], "gpu", 16.0, 5.0)
+    assert plain.describe() == "1x8" and not plain.has_attributes  # no GRES type, CPUs or memory reported
+
+
 # --------------------------------------------------------------------------- rounds
 def test_round_places_held_jobs_and_slurm_runs_them(tmp_path):
     s = FakeSlurm()
