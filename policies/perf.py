@@ -323,7 +323,7 @@ class ContentionModel:
         f = min(factors[v] for v in p.nodes)
         if f == 1.0:
             return iso
-        return iso * self._type_speedup(canonical_model(model), p.total_gpus, p.num_nodes, f)
+        return iso * self.type_speedup(canonical_model(model), p.total_gpus, p.num_nodes, f)
 
     def node_factors(self, model: str, cluster: ClusterSpec | None = None) -> tuple[float, ...]:
         """Each node's GPU speed factor for ``model`` (:func:`policies.gputypes.speed_factor`; 1.0 per
@@ -344,7 +344,7 @@ class ContentionModel:
         comm = b * _u(gpus, nodes, self.eta) + c * max(nodes - 1, 0)
         return comm / (a + comm)
 
-    def _type_speedup(self, model: str, gpus: int, nodes: int, f: float) -> float:
+    def type_speedup(self, model: str, gpus: int, nodes: int, f: float) -> float:
         """Throughput multiplier of GPUs ``f`` times as fast as the reference: compute time / f."""
         s = self.comm_share(model, gpus, nodes)
         return 1.0 / ((1.0 - s) / f + s)
@@ -398,7 +398,7 @@ class ContentionModel:
             for n in _feasible_counts(caps, gpus):
                 thp = self.isolated_throughput(model, gpus, n)
                 if f != 1.0:
-                    thp *= self._type_speedup(m, gpus, n, f)
+                    thp *= self.type_speedup(m, gpus, n, f)
                 best = max(best, thp)
         return best
 
