@@ -106,7 +106,9 @@ def _node_attrs(path: Path, i: int, entry: Mapping) -> dict:
     t = entry.get("gpu_type")
     if t is not None:
         if not isinstance(t, str) or not GPU_TYPE_RE.fullmatch(t):
-            raise ClusterSpecError(f"{where}gpu_type: expected a GPU type name (letters, digits, '_', '.', '-'), got {t!r}")
+            raise ClusterSpecError(
+                f"{where}gpu_type: expected a GPU type name (letters, digits, '_', '.', '-'), got {t!r}"
+            )
         out["gpu_type"] = t
     for key in ("gpu_speed", "mem_gb"):
         v = entry.get(key)
@@ -485,7 +487,8 @@ class ClusterSpec:
             extra = [f"speed {speed:g}"] if speed is not None else []
             extra += [f"{cpus} CPUs"] if cpus is not None else []
             extra += [f"{mem:g} GB"] if mem is not None else []
-            parts.append(f"{count}x{gpus}{':' + gpu_type if gpu_type else ''}{'(' + ', '.join(extra) + ')' if extra else ''}")
+            typed = f":{gpu_type}" if gpu_type else ""
+            parts.append(f"{count}x{gpus}{typed}{'(' + ', '.join(extra) + ')' if extra else ''}")
         text = "+".join(parts)
         switches = {s for s in self.switches if s is not None}
         if switches:

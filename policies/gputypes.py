@@ -133,7 +133,8 @@ def gavel_model_factors() -> dict[str, dict[str, float]]:
     for model, rows in by_model.items():
         ref = _REFERENCE_EQUIVALENT
         out[model] = {
-            t: _geomean([r.steps_per_s[t] / r.steps_per_s[ref] for r in rows if r.steps_per_s[t] > 0 and r.steps_per_s[ref] > 0])
+            t: _geomean([r.steps_per_s[t] / r.steps_per_s[ref] for r in rows
+                        if min(r.steps_per_s[t], r.steps_per_s[ref]) > 0])
             for t in GAVEL_TYPES
         }
     return out

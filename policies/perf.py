@@ -197,6 +197,7 @@ class ContentionModel:
         self._pair_cache: dict[tuple[JobKey, JobKey], float] = {}
         self._best_cache: dict[tuple[str, int], float] = {}
         self._factor_cache: dict[str, tuple[float, ...]] = {}  # model -> per-node factors of self.cluster
+        self._speedup_cache: dict[tuple[str, int, int, float], float] = {}
 
     # ------------------------------------------------------------------ fitting
     def _fit_isolated(self) -> None:
@@ -323,18 +324,23 @@ class ContentionModel:
         f = min(factors[v] for v in p.nodes)
         if f == 1.0:
             return iso
-        return iso * self.type_speedup(canonical_model(model), p.total_gpus, p.num_nodes, f)
+        key = (model, p.total_gpus, p.num_nodes, f)
+        up = self._speedup_cache.get(key)
+        if up is None:
+            up = self._speedup_cache[key] = self.type_speedup(model, p.total_gpus, p.num_nodes, f)
+        return iso * up
 
     def node_factors(self, model: str, cluster: ClusterSpec | None = None) -> tuple[float, ...]:
         """Each node's GPU speed factor for ``model`` (:func:`policies.gputypes.speed_factor`; 1.0 per
         node of a cluster without GPU types)."""
         cl = self.cluster if cluster is None else cluster
-        m = canonical_model(model)
         if cl is not self.cluster:
+            m = canonical_model(model)
             return tuple(speed_factor(n.gpu_type, m, n.gpu_speed) for n in cl.nodes)
-        v = self._factor_cache.get(m)
+        v = self._factor_cache.get(model)
         if v is None:
-            v = self._factor_cache[m] = tuple(speed_factor(n.gpu_type, m, n.gpu_speed) for n in cl.nodes)
+            m = canonical_model(model)
+            v = self._factor_cache[model] = tuple(speed_factor(n.gpu_type, m, n.gpu_speed) for n in cl.nodes)
         return v
 
     def comm_share(self, model: str, gpus: int, nodes: int) -> float:

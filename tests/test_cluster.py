@@ -446,7 +446,8 @@ def test_node_attributes_in_files(tmp_path: Path) -> None:
     "entry, words",
     [
         ("{gpus: 8, gpu_type: a100}", "nodes[0].gpu_type: unknown GPU type 'a100' (known: k80, p100, titanxp, v100)"),
-        ("{gpus: 8, gpu_type: 100}", "nodes[0].gpu_type: expected a GPU type name (letters, digits, '_', '.', '-'), got 100"),
+        ("{gpus: 8, gpu_type: 100}",
+         "nodes[0].gpu_type: expected a GPU type name (letters, digits, '_', '.', '-'), got 100"),
         ("{gpus: 8, gpu_type: 'v 100'}", "nodes[0].gpu_type: expected a GPU type name"),
         ("{gpus: 8, gpu_speed: 0}", "nodes[0].gpu_speed: expected a positive finite number, got 0"),
         ("{gpus: 8, gpu_speed: .nan}", "nodes[0].gpu_speed: expected a positive finite number, got nan"),

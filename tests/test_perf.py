@@ -407,7 +407,9 @@ def test_gavel_data_is_whole() -> None:
 
     rows = gavel_throughputs()
     assert len(rows) == 26  # Gavel's single-GPU table: 7 models, 26 (model, batch size) rows
-    assert {r.model for r in rows} == {"ResNet-18", "ResNet-50", "Transformer", "A3C", "LM", "Recommendation", "CycleGAN"}
+    assert {r.model for r in rows} == {
+        "ResNet-18", "ResNet-50", "Transformer", "A3C", "LM", "Recommendation", "CycleGAN"
+    }
     assert all(r.steps_per_s["p100"] > 0 and r.steps_per_s["v100"] > 0 for r in rows)
     assert [(r.model, r.batch_size) for r in rows if r.steps_per_s["k80"] == 0] == [("ResNet-50", 128)]
 
@@ -493,11 +495,12 @@ def test_untyped_throughput_is_the_isolated_throughput_bit_for_bit() -> None:
             for g in (1, 2, 4, 8, 16, 32):
                 assert same.best_isolated_throughput(name, g) == plain.best_isolated_throughput(name, g)
     for name in MODELS:
-        for p in (Placement.of({0: 1}), Placement.of({0: 8}), Placement.of({0: 4, 2: 4}), Placement.of({0: 8, 1: 8, 3: 8})):
+        for p in map(Placement.of, ({0: 1}, {0: 8}, {0: 4, 2: 4}, {0: 8, 1: 8, 3: 8})):
             iso = plain.isolated_throughput(name, p.total_gpus, p.num_nodes)
             assert plain.throughput(name, p) == iso
             job = JobSpec("j", 0.0, name, p.total_gpus, 1.0)
-            assert plain.throughput(job, Allocation.from_placement(p, ResourceDemand(p.total_gpus), plain.cluster)) == iso
+            alloc = Allocation.from_placement(p, ResourceDemand(p.total_gpus), plain.cluster)
+            assert plain.throughput(job, alloc) == iso
             assert plain.throughput(job, p, ClusterSpec.parse("4x8:p100")) == iso
 
 
@@ -512,7 +515,8 @@ def test_typed_throughput_by_hand() -> None:
     for name in MODELS:
         fv, fk = speed_table()["v100"][name], speed_table()["k80"][name]
         assert m.node_factors(name) == (fv, fv, fk, fk)
-        assert m.throughput(name, Placement.of({1: 1})) == pytest.approx(fv * m.isolated_throughput(name, 1, 1), rel=1e-12)
+        one = m.throughput(name, Placement.of({1: 1}))
+        assert one == pytest.approx(fv * m.isolated_throughput(name, 1, 1), rel=1e-12)
         for p, f in ((Placement.of({0: 8}), fv), (Placement.of({2: 4, 3: 4}), fk), (Placement.of({1: 4, 2: 4}), fk),
                      (Placement.of({0: 8, 1: 8}), fv)):
             g, n = p.total_gpus, p.num_nodes

@@ -209,7 +209,8 @@ def test_placement_misfit() -> None:
     assert placement_misfit(d, p, cl) is None  # 16 of node 1's 16 CPUs, 32 of its 64 GB
     assert placement_misfit(d, Placement.of({1: 8}), cl) == "node 1 (b): 32 CPUs needed, 16 free"
     # free CPUs/memory from the running jobs' allocations
-    running = [Allocation.from_placement(Placement.of({0: 4}), ResourceDemand(4, cpus_per_gpu=5, mem_gb_per_gpu=50.0), cl)]
+    four = ResourceDemand(4, cpus_per_gpu=5, mem_gb_per_gpu=50.0)
+    running = [Allocation.from_placement(Placement.of({0: 4}), four, cl)]
     cpus, mem = free_cpu_mem(cl, running)
     assert cpus == [12, 16, None] and mem == [56.0, 64.0, None]
     assert placement_misfit(d, Placement.of({0: 4, 1: 4}), cl, cpus, mem) == "node 0 (a): 16 CPUs needed, 12 free"
@@ -289,3 +290,17 @@ def test_simulate_cli_on_a_two_type_cluster(tmp_path, capsys) -> None:
             assert len(kind) == 1, (pol, r, rate / ref, ups)
             seen.add(kind[0])
         assert seen == {"v100", "k80"}, pol
+
+
+def test_shipped_rl_checkpoints_serve_a_typed_cluster_of_their_layout() -> None:
+    """The observation sees GPU counts, not types, CPUs or memory: a 4 x 8 cluster of two GPU types gets the
+    4x8 checkpoints, and the RL policy built on it decides on a typed cluster's state."""
+    from policies.rl import make_rl_policy, shipped_checkpoint
+    from trainer.simulator import Simulator
+
+    cl = ClusterSpec.parse(TWO_TYPES)
+    assert shipped_checkpoint("rl-hybrid", cl) == shipped_checkpoint("rl-hybrid", ClusterSpec.parse("4x8"))
+    pol = make_rl_policy("rl-hybrid", cl, ContentionModel(cl))
+    jobs = [JobSpec(str(i), 0.0, m, g, 1e5) for i, (m, g) in enumerate([("MoE", 8), ("DLRM", 4), ("FSDP", 16)])]
+    res = Simulator(cl, jobs, pol, ContentionModel(cl)).run()
+    assert all(math.isfinite(r.finish_time) for r in res.jobs)
