@@ -166,11 +166,11 @@ def _key(name: str) -> str:
 
 
 def normalize_gpu_type(name: str) -> str:
-    """A type name's canonical spelling (``"Tesla-V100"`` -> ``"v100"``) when the table knows it,
-    else the name in lower case (types still compare equal regardless of case)."""
+    """A type name as types are compared: lower case without ``-``, ``_``, spaces and a leading
+    ``nvidia`` / ``tesla`` (``"Tesla-V100"`` -> ``"v100"``, ``"NVIDIA_A100"`` -> ``"a100"``), aliases
+    resolved (``"titan_xp"`` -> ``"titanxp"``); known to the table or not."""
     key = _key(name)
-    key = _ALIASES.get(key, key)
-    return key if key in speed_table() else name.strip().lower()
+    return _ALIASES.get(key, key)
 
 
 def is_known_gpu_type(name: str) -> bool:

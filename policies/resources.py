@@ -314,12 +314,13 @@ class Allocation:
         checked for them.
         """
         used = used_gpu_indices or {}
+        indices = self.gpu_indices()
         for node, (gpus, cpus, mem) in self.per_node().items():
             if node >= cluster.num_nodes:
                 return f"node {node} is not in the cluster ({cluster.num_nodes} nodes)"
             spec = cluster.nodes[node]
             where = f"node {node} ({spec.name})"
-            idx = self.gpu_indices().get(node, ())
+            idx = indices.get(node, ())
             if idx and idx[-1] >= spec.gpus:
                 return f"{where}: GPU index {idx[-1]} does not exist (the node has {spec.gpus} GPUs)"
             clash = sorted(set(idx) & set(used.get(node, ())))

@@ -456,7 +456,7 @@ def test_speed_factor_names_and_overrides() -> None:
     for name in ("v100", "V100", "Tesla-V100", "tesla_v100", "NVIDIA V100", "nvidia-tesla-v100"):
         assert normalize_gpu_type(name) == "v100" and speed_factor(name, "MoE") == v["MoE"]
     assert normalize_gpu_type("Titan_Xp") == "titanxp" and speed_factor("TITAN-XP", "MoE") == 1.0
-    assert normalize_gpu_type("A100") == "a100"  # unknown: lower case, still comparable
+    assert normalize_gpu_type("A100") == normalize_gpu_type("nvidia_a100") == "a100"  # unknown: still comparable
     assert speed_factor(None, "MoE") == 1.0
     assert speed_factor("v100", "moe") == v["MoE"]  # an alias of the model
     assert speed_factor("v100", "not-a-model") == v["*"]

@@ -199,6 +199,8 @@ def test_placement_misfit() -> None:
         "node 1 (b) has GPUs of type k80, the job asks for V100"
     )
     assert placement_misfit(ResourceDemand(4, "tesla_v100"), Placement.of({0: 4}), cl) is None
+    a100 = ClusterSpec((NodeSpec("x", 8, "A100", gpu_speed=2.0),))  # a type the speed table lacks
+    assert placement_misfit(ResourceDemand(8, "nvidia-a100"), Placement.of({0: 8}), a100) is None
     # an untyped node is the reference type
     assert placement_misfit(ResourceDemand(4, "titanxp"), Placement.of({2: 4}), cl) is None
     assert "has GPUs of type titanxp (the reference), the job asks for k80" in placement_misfit(
