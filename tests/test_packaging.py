@@ -104,7 +104,7 @@ def test_controller_commands_on_the_base_install_name_the_controller_extra(tmp_p
 def test_commands_start_without_the_trainer_stack(tmp_path):
     """Every subcommand's help works without torch, SB3, gymnasium, tensorboard, matplotlib and pyarrow."""
     for argv in (["--help"], ["agent", "--help"], ["controller", "--help"], ["controller", "check-config", "--help"],
-                 ["controller", "run", "--help"], ["trace", "--help"],
+                 ["controller", "run", "--help"], ["trace", "--help"], ["trace", "from-sacct", "--help"],
                  ["simulate", "--help"], ["train", "--help"], ["evaluate", "--help"], ["checkpoint", "--help"]):
         p = run_without(TRAINER_ONLY, CLI, *argv, cwd=tmp_path)
         assert p.returncode == 0 and p.stdout.startswith("usage: rlsched"), (argv, p.stderr)
@@ -155,6 +155,18 @@ def test_trainer_commands_fail_with_one_line_without_the_trainer_stack(tmp_path)
         assert p.returncode == 2 and p.stdout == "", (argv, p.stdout, p.stderr)
         assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr, (argv, p.stderr)
         assert p.stderr.startswith(f"rlsched {argv[0]}: error: ") and "install rlsched[trainer]" in p.stderr
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["t.csv"]
+
+
+def test_trace_from_sacct_runs_on_a_controller_host(tmp_path):
+    """An admin turns the cluster's accounting into a CSV trace without the trainer stack; Parquet needs
+    pyarrow (trainer extra): one line naming it, nothing written."""
+    src = TESTS / "data" / "sacct" / "sacct_P.txt"
+    p = run_without(TRAINER_ONLY, CLI, "trace", "from-sacct", str(src), "--out", str(tmp_path / "t.csv"), cwd=tmp_path)
+    assert p.returncode == 0 and p.stdout.splitlines()[-1] == f"wrote 9 jobs to {tmp_path / 't.csv'}", p.stderr
+    p = run_without(TRAINER_ONLY, CLI, "trace", "from-sacct", str(src), "--out", str(tmp_path / "t.parquet"),
+                    cwd=tmp_path)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "install rlsched[trainer]" in p.stderr, p.stderr
     assert sorted(x.name for x in tmp_path.iterdir()) == ["t.csv"]
 
 

@@ -530,7 +530,8 @@ def read_sacct(
     :param mix: model mix of the draw (anything :func:`trainer.generate.parse_mix` takes).
     :param perf: performance model; defaults to ``ContentionModel(cluster)``.
     :raises SacctError: bad input, or no job left (with the counts of why).
-    :raises ValueError: a bad ``seed``, ``default_model`` or ``mix``.
+    :raises UnknownModelError: a ``default_model`` that is no known model.
+    :raises ValueError: a bad ``seed`` or ``mix``.
     """
     from controller.state import parse_comment
 
