@@ -213,18 +213,23 @@ def _index_reachable() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def fresh_pip(tmp_path_factory) -> Path:
-    """pip of a fresh virtualenv (no site packages); it reads this machine's pip configuration
-    (find-links, constraints, extra index URLs) as any pip here does."""
+def fresh_pip(tmp_path_factory) -> list[str]:
+    """The pip command for a fresh virtualenv (no site packages): its own pip, or, where this Python has no
+    ``ensurepip`` (Debian without python3-venv), this pip aimed at it with ``--python``. Either reads this
+    machine's pip configuration (find-links, constraints, extra index URLs) as any pip here does."""
     d = tmp_path_factory.mktemp("venv")
-    venv.create(d, with_pip=True, clear=True)
-    return d / "bin" / "pip"
+    try:
+        venv.create(d, with_pip=True, clear=True)
+        return [str(d / "bin" / "pip")]
+    except subprocess.CalledProcessError:
+        venv.create(d, with_pip=False, clear=True)
+        return [sys.executable, "-m", "pip", "--python", str(d / "bin" / "python")]
 
 
-def _dry_run(pip: Path, extra: str, tmp_path: Path) -> set[str]:
+def _dry_run(pip: list[str], extra: str, tmp_path: Path) -> set[str]:
     """PEP 503 names of what ``pip install --dry-run --ignore-installed '<repo>[extra]'`` would install."""
     report = tmp_path / f"report-{extra}.json"
-    p = subprocess.run([str(pip), "install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report),
+    p = subprocess.run([*pip, "install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report),
                         f"{REPO}[{extra}]"], capture_output=True, text=True, timeout=900)
     if p.returncode != 0:
         why = _index_reachable()
