@@ -61,6 +61,7 @@ def missing_extra(exc: ImportError) -> str | None:
     dist, extra = OPTIONAL_MODULES[top]
     return f"{dist}, which is not installed: install rlsched[{extra}] (pip install 'rlsched[{extra}]')"
 
+
 #: Optional libraries a command imports only after it has worked a while (plots written at the end of
 #: an evaluation, the RL stack once training is set up): checked before it starts, so a missing extra
 #: is reported before any work is done. Other commands report it at their first import of it.
