@@ -104,8 +104,9 @@ _BASE_STATES = frozenset({
 })
 #: A job record's id in ``-P`` output: ``123``, array task ``123_4`` or pending tasks ``123_[5-9%2]``, het
 #: component ``123+1``; a step adds ``.batch`` / ``.extern`` / ``.N``.
-_JOB_ID = re.compile(r"\d+(?:_(?:\d+|\[[^\]]*\]))?(?:\+\d+)?")
-_ELAPSED = re.compile(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+(?:\.\d*)?)")
+_JOB_ID = re.compile(r"[0-9]+(?:_(?:[0-9]+|\[[^\]]*\]))?(?:\+[0-9]+)?")
+_ELAPSED = re.compile(r"(?:([0-9]+)-)?(?:([0-9]+):)?([0-9]+):([0-9]+(?:\.[0-9]*)?)")
+_DIGITS = re.compile(r"[0-9]+")
 _EPOCH = datetime(1970, 1, 1)
 
 
@@ -185,7 +186,7 @@ class SacctSummary:
 def _elapsed(path: Path, where: str, col: str, text: str) -> float:
     t = text.strip()
     if col == "elapsedraw":
-        if t.isdigit():
+        if _DIGITS.fullmatch(t):
             return float(t)
         raise SacctError(path, f"expected whole seconds, got {text!r}", where, "ElapsedRaw")
     m = _ELAPSED.fullmatch(t)
@@ -205,7 +206,7 @@ class _Clock:
         t = text.strip()
         if t in ("", "Unknown", "None"):
             return None
-        if t.isdigit():
+        if _DIGITS.fullmatch(t):
             kind, value = "UNIX seconds", float(t)
         else:
             try:
@@ -232,7 +233,7 @@ def _tres_gpus(path: Path, where: str, col: str, text: str) -> tuple[int, str | 
         key = key.strip().lower()
         if key != "gres/gpu" and not key.startswith("gres/gpu:"):
             continue
-        if not sep or not value.strip().isdigit():
+        if not sep or not _DIGITS.fullmatch(value.strip()):
             raise SacctError(path, f"expected {key}=<GPUs>, got {item!r}", where, col)
         if key == "gres/gpu":
             total = int(value)
