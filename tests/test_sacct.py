@@ -257,7 +257,7 @@ BAD_INPUTS = [
      ["line 3 (job 4102)", "field 'Submit'", "UNIX seconds, earlier times in date-times"]),
     ("tres.txt", f"{HEADER}\n{GOOD.replace('gres/gpu=4,mem', 'gres/gpu=four,mem')}\n",
      ["line 2 (job 4101)", "field 'AllocTRES'", "gres/gpu=four"]),
-    ("superscript.txt", f"{HEADER}\n{GOOD.replace('gres/gpu=4,mem', 'gres/gpu=\u00b2,mem')}\n",
+    ("superscript.txt", HEADER + "\n" + GOOD.replace("gres/gpu=4,mem", "gres/gpu=\u00b2,mem") + "\n",
      ["line 2 (job 4101)", "field 'AllocTRES'"]),
     ("jobid.txt", f"{HEADER}\n{GOOD.replace('4101|', 'job4101|')}\n", ["line 2", "field 'JobID'", "'job4101'"]),
     ("dup.txt", f"{HEADER}\n{GOOD}\n{GOOD}\n", ["line 3 (job 4101)", "again (first at line 2 (job 4101))",
