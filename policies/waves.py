@@ -28,7 +28,7 @@ Smith's rule, from the waiting jobs' GPU demands alone:
 In the idealised model with nodes (``scripts/studies/uniform_bound.py``'s
 model where single-node jobs must fit in one node) this order comes within
 about 2 % of the optimum on the 10 evaluation sets, against 13 % for the
-``"fill"`` order (docs/RESULTS.md).
+``"fill"`` order (docs/RL.md, "The plan order").
 
 Pure functions of integers; no I/O.
 """
