@@ -1,4 +1,5 @@
-"""scripts/studies/idle_breakdown.py: idle classes on hand cases, and on real simulations they add up to the idle time."""
+"""scripts/studies/idle_breakdown.py: idle classes on hand cases, and on real simulations they add up to the idle
+time."""
 
 from __future__ import annotations
 
