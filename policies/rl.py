@@ -18,7 +18,7 @@
   longest-remaining running job, so the rule never pushes the network's
   later plan back by occupying GPUs past that horizon. With the plan order
   this is the plan's own packing (``plan-greedy`` of
-  ``benchmarks/uniform_gap.py``) restricted to that horizon. An optional
+  ``scripts/studies/uniform_gap.py``) restricted to that horizon. An optional
   *efficiency floor* (``hybrid_floor=``, default :data:`HYBRID_FLOOR` = 0)
   starts a job only where the performance model predicts at least that many
   effective GPUs per GPU allocated, counting what the job's new neighbours
@@ -129,7 +129,7 @@ class RLPolicy(Policy):
         :class:`~policies.placement.FloorPacking`) or ``"contention-aware"``
         (:class:`~policies.placement.ContentionAwarePlacement`; with
         ``hybrid_floor=0.7`` it is the rule shipped before, kept for comparison,
-        ``benchmarks/hybrid_floor.py``). Checked even without ``hybrid``.
+        ``scripts/studies/hybrid_floor.py``). Checked even without ``hybrid``.
     """
 
     time_invariant = False

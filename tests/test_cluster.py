@@ -194,7 +194,7 @@ NODE = "name, gpus, count, gpu_type, gpu_speed, cpus, mem_gb, switch"
 @pytest.mark.parametrize(
     "suffix, text, where, key, accepted",
     [
-        # a misspelt key was silently ignored: gpu_per_node here, gpu in a node
+        # a misspelt key is an error, not ignored: gpu_per_node here, gpu in a node
         (".yaml", "gpu_per_node: 8\nnodes:\n  - {gpus: 8}\n", "", "gpu_per_node", TOP),
         (".yaml", "inter_bw: 12\nnodes:\n  - {gpus: 8}\n", "", "inter_bw", TOP),
         (".yaml", "node:\n  - {gpus: 8}\n", "", "node", TOP),
@@ -328,7 +328,7 @@ def test_directory_is_named_as_one(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "text, line, key",
     [
-        ("nodes:\n  - {gpus: 8}\nnodes:\n  - {gpus: 4}\n", 3, "nodes"),  # silently kept the last
+        ("nodes:\n  - {gpus: 8}\nnodes:\n  - {gpus: 4}\n", 3, "nodes"),  # YAML itself would keep the last
         ("nodes:\n  - gpus: 8\n    gpus: 4\n", 3, "gpus"),
         ("intra_bw_gbps: 16\nintra_bw_gbps: 32\nnodes: [{gpus: 8}]\n", 2, "intra_bw_gbps"),
     ],

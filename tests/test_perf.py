@@ -348,8 +348,8 @@ def registry(monkeypatch):
     ],
 )
 def test_register_workload_validates_every_field(registry, field, value, msg) -> None:
-    """A negative or NaN bandwidth / comm ratio gave negative throughputs, CS < 1 or NaN; now a clear error,
-    and nothing is registered."""
+    """A negative or NaN bandwidth / comm ratio (which would give negative throughputs, CS < 1 or NaN) is a
+    clear error, and nothing is registered."""
     import dataclasses
 
     good = registry.WorkloadProfile("New", 500.0, 2.0, per_gpu_throughput=100.0)
@@ -371,7 +371,7 @@ def test_registered_workload_is_priced_sensibly(registry) -> None:
 
 
 def test_model_registered_after_the_contention_model_gives_a_clear_error(registry) -> None:
-    """It used to raise a bare KeyError('Late') from the parameter table."""
+    """An UnknownModelError naming the model, not a bare KeyError('Late') from the parameter table."""
     from policies.workloads import UnknownModelError
 
     m = ContentionModel(ClusterSpec.parse("4x8"))
