@@ -322,7 +322,7 @@ def cmd_preempt(args: argparse.Namespace) -> int:
     d = state_dir / "requests"
     written: list[Path] = []
     try:
-        d.mkdir(exist_ok=True)  # a controller started before it made the folder itself
+        d.mkdir(exist_ok=True)  # the controller makes it when it starts; made here too in case none has
         for j in ids:
             f = d / f"preempt-{j}"
             f.write_text("")

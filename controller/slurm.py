@@ -42,6 +42,7 @@ __all__ = [
     "gpus_from_tres",
     "managed_gpus",
     "parse_gres_count",
+    "parse_gres_type",
     "parse_squeue_json",
     "parse_sinfo_json",
     "MANAGED_MARK",
@@ -73,7 +74,15 @@ class SlurmError(RuntimeError):
 
 @dataclass
 class SlurmNode:
-    """One node as ``sinfo`` reports it. ``gpus``: configured GPU GRES count."""
+    """One node as ``sinfo`` reports it.
+
+    :param gpus: configured GPU GRES count.
+    :param gpu_type: the GRES type of its GPUs (``gpu:v100:8`` -> ``"v100"``); None when the GRES names
+        no type or names several.
+    :param cpus: configured CPUs; None when sinfo gives none.
+    :param mem_gb: configured memory (``RealMemory``, MB) in GB of 1024 MB; None when sinfo gives none
+        or Slurm's default of 1 MB (RealMemory not configured).
+    """
 
     name: str
     gpus: int
@@ -81,6 +90,9 @@ class SlurmNode:
     state: str  # lower case base state: idle, mixed, allocated, down, drained, ...
     flags: tuple[str, ...] = ()
     partitions: tuple[str, ...] = ()
+    gpu_type: str | None = None
+    cpus: int | None = None
+    mem_gb: float | None = None
 
     @property
     def usable(self) -> bool:
@@ -234,6 +246,33 @@ def parse_gres_count(gres: str | None, name: str = "gpu") -> int:
     return total
 
 
+def parse_gres_type(gres: str | None, name: str = "gpu") -> str | None:
+    """The type of the GPUs in a node GRES string: ``gpu:v100:8(S:0-1)`` -> ``"v100"``; None for
+    ``gpu:8`` (no type) and for GPUs of several types (``gpu:v100:4,gpu:k80:4``)."""
+    types = set()
+    for entry in re.split(r",(?![^(]*\))", gres or ""):
+        parts = re.sub(r"\(.*?\)", "", entry.strip()).split(":")
+        if parts[0] != name:
+            continue
+        types.add(parts[1] if len(parts) == 3 and parts[1] else None)  # name:type:count, else untyped
+    return types.pop() if len(types) == 1 else None
+
+
+def _positive_int(v: Any) -> int | None:
+    n = _num(v)
+    if n is None or n in (INFINITE32, NO_VAL32) or isinstance(n, float) and not n.is_integer():
+        return None
+    return int(n) if n >= 1 else None
+
+
+def _mem_gb(v: Any) -> float | None:
+    """Configured memory (MB) in GB of 1024 MB; None for none, unset or Slurm's unconfigured 1 MB."""
+    n = _num(v)
+    if n is None or n in (INFINITE32, NO_VAL32) or n <= 1:
+        return None
+    return float(n) / 1024.0
+
+
 def expand_hostlist(expr: str | None) -> list[str]:
     """Expand a Slurm host list: ``node[1-3,5],gpu7`` -> ``[node1, node2, node3, node5, gpu7]``.
 
@@ -370,13 +409,17 @@ def parse_sinfo_json(text: str) -> list[SlurmNode]:
             state=_state(state_v).lower(),
             flags=flags,
             partitions=parts,
+            gpu_type=parse_gres_type(_str(n.get("gres"))),
+            cpus=_positive_int(n.get("cpus")),
+            mem_gb=_mem_gb(n.get("real_memory")),
         )
     return list(seen.values())
 
 
 def _sinfo_entry_nodes(entry: dict) -> list[dict]:
     """Slurm 24.x ``sinfo --json`` groups nodes by partition and state: ``nodes.nodes`` is a list of
-    host names (one per node; a host-list expression is expanded too)."""
+    host names (one per node; a host-list expression is expanded too). CPUs and memory (MB) per node
+    are ``cpus.minimum`` and ``memory.minimum`` (the smallest node of the group)."""
     raw = (entry.get("nodes") or {}).get("nodes") or []
     if isinstance(raw, str):
         raw = [raw]
@@ -385,7 +428,12 @@ def _sinfo_entry_nodes(entry: dict) -> list[dict]:
     used = _str((entry.get("gres") or {}).get("used"))
     state = (entry.get("node") or {}).get("state")
     part = _str((entry.get("partition") or {}).get("name"))
-    return [{"name": n, "gres": gres, "gres_used": used, "state": state, "partitions": [part]} for n in names]
+    cpus = entry.get("cpus")
+    mem = entry.get("memory")
+    cpus = cpus.get("minimum") if isinstance(cpus, dict) else None
+    mem = mem.get("minimum") if isinstance(mem, dict) else None
+    return [{"name": n, "gres": gres, "gres_used": used, "state": state, "partitions": [part], "cpus": cpus,
+             "real_memory": mem} for n in names]
 
 
 def _load_json(text: str, what: str) -> dict:

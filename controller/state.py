@@ -27,7 +27,8 @@ from typing import Collection, Mapping, Sequence
 import numpy as np
 
 from controller.slurm import MANAGED_MARK, SlurmJob, SlurmNode, dependency_met
-from policies.cluster import ClusterSpec, NodeSpec, Placement
+from policies.cluster import GPU_TYPE_RE, ClusterSpec, NodeSpec, Placement
+from policies.gputypes import is_known_gpu_type
 from policies.perf import ContentionModel
 from policies.state import ClusterState, JobInfo
 from policies.workloads import UnknownModelError, canonical_model
@@ -94,7 +95,12 @@ def natural_key(name: str) -> tuple:
 
 
 def build_cluster(nodes: Sequence[SlurmNode], partition: str | None, intra_bw_gbps: float, inter_bw_gbps: float) -> ClusterSpec:
-    """The managed nodes (in ``partition``, with GPUs) in natural name order.
+    """The managed nodes (in ``partition``, with GPUs) in natural name order, with their GRES GPU type,
+    CPUs and memory as sinfo reports them.
+
+    A GRES type the speed table of :mod:`policies.gputypes` does not know (``a100``) is kept as the
+    node's type with ``gpu_speed = 1.0`` (the reference speed), so the performance model can price
+    it; a type that is not a valid :data:`policies.cluster.GPU_TYPE_RE` name is left out.
 
     Down/drained nodes stay in the spec (so indices and RL input shapes are
     stable); they simply get 0 free GPUs.
@@ -103,7 +109,12 @@ def build_cluster(nodes: Sequence[SlurmNode], partition: str | None, intra_bw_gb
     if not mine:
         raise ValueError(f"no nodes with GPUs in partition {partition or '(any)'}")
     mine.sort(key=lambda n: natural_key(n.name))
-    return ClusterSpec(tuple(NodeSpec(n.name, n.gpus) for n in mine), intra_bw_gbps=intra_bw_gbps, inter_bw_gbps=inter_bw_gbps)
+    specs = []
+    for n in mine:
+        t = n.gpu_type if n.gpu_type and GPU_TYPE_RE.fullmatch(n.gpu_type) else None
+        speed = 1.0 if t is not None and not is_known_gpu_type(t) else None
+        specs.append(NodeSpec(n.name, n.gpus, t, cpus=n.cpus, mem_gb=n.mem_gb, gpu_speed=speed))
+    return ClusterSpec(tuple(specs), intra_bw_gbps=intra_bw_gbps, inter_bw_gbps=inter_bw_gbps)
 
 
 @dataclass

@@ -217,8 +217,8 @@ def _destroy_process_group() -> None:
     """atexit hook of a preempted distributed job: destroy torch's default process group while the
     interpreter is still whole. A process that exits with the group alive can abort while it is torn
     down (gloo's worker threads: "terminate called without an active exception", SIGABRT), and then
-    exits -6 instead of 75, which Slurm would not requeue as held (``RequeueExitHold=75``); seen in
-    this project's two-rank gloo test, and pytorch/pytorch#190489. A no-op if the job destroyed it."""
+    exits -6 instead of 75, which Slurm would not requeue as held (``RequeueExitHold=75``;
+    pytorch/pytorch#190489). A no-op if the job destroyed it."""
     try:
         import torch.distributed as dist
 

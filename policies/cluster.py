@@ -1,8 +1,9 @@
 """Cluster description and placements.
 
-A cluster is an ordered list of nodes, each with a number of GPUs. Nodes are
-referred to by their index in that list (0-based) everywhere inside the
-project; names only matter at the edges (Slurm, reports).
+A cluster is an ordered list of nodes, each with a number of GPUs and, optionally, their type
+(with a speed factor, :mod:`policies.gputypes`), CPUs, memory and the switch it hangs off. Nodes
+are referred to by their index in that list (0-based) everywhere inside the project; names only
+matter at the edges (Slurm, reports).
 
 A :class:`Placement` maps node indices to GPU counts, e.g. ``{0: 4, 2: 4}``
 places an 8-GPU job on nodes 0 and 2 with 4 GPUs each.
@@ -14,14 +15,24 @@ import math
 import re
 import tomllib
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Iterable, Mapping
 
-__all__ = ["ClusterSpecError", "NodeSpec", "ClusterSpec", "Placement", "MAX_NODES", "MAX_GPUS_PER_NODE"]
+__all__ = [
+    "ClusterSpecError", "NodeSpec", "ClusterSpec", "Placement", "MAX_NODES", "MAX_GPUS_PER_NODE", "NODE_ATTRS",
+]
 
 #: Keys a cluster file may hold at its top level and in each ``nodes`` entry (anything else is a typo).
 FILE_KEYS = ("nodes", "intra_bw_gbps", "inter_bw_gbps")
-NODE_KEYS = ("name", "gpus", "count")
+NODE_KEYS = ("name", "gpus", "count", "gpu_type", "gpu_speed", "cpus", "mem_gb", "switch")
+#: The optional node attributes (everything of :class:`NodeSpec` but name and GPU count).
+NODE_ATTRS = ("gpu_type", "gpu_speed", "cpus", "mem_gb", "switch")
+#: A GPU type name: letters, digits, ``_ . -`` (as in Slurm GRES types, ``gpu:v100:8``).
+GPU_TYPE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
+#: One group of an ``NxG[:TYPE]`` spec (groups are joined by ``+``).
+_GROUP_RE = r"([0-9]+)\s*[xX]\s*([0-9]+)(?:\s*:\s*([A-Za-z0-9][A-Za-z0-9_.\-]*))?"
+_SPEC_RE = re.compile(rf"{_GROUP_RE}(?:\s*\+\s*{_GROUP_RE})*")
 
 #: Most nodes of a cluster (``NxG`` or a file). Real clusters stay far below it (the largest this repository
 #: uses is 128x8); the simulator keeps per-node state, so ``100000000x8`` took gigabytes and never started.
@@ -85,12 +96,102 @@ def _count(n: int | str) -> str:
     return text if len(text) <= 20 else f"{text[:6]}... ({len(text)} digits)"
 
 
+def _node_attrs(path: Path, i: int, entry: Mapping) -> dict:
+    """The optional attributes of cluster-file entry ``nodes[i]`` (:data:`NODE_ATTRS`), each checked:
+    :class:`ClusterSpecError` naming the file, the entry and the key otherwise."""
+    from policies.gputypes import UnknownGPUTypeError, check_speed
+
+    where = f"{path}: nodes[{i}]."
+    out: dict = {}
+    t = entry.get("gpu_type")
+    if t is not None:
+        if not isinstance(t, str) or not GPU_TYPE_RE.fullmatch(t):
+            raise ClusterSpecError(
+                f"{where}gpu_type: expected a GPU type name (letters, digits, '_', '.', '-'), got {t!r}"
+            )
+        out["gpu_type"] = t
+    for key in ("gpu_speed", "mem_gb"):
+        v = entry.get(key)
+        if v is not None:
+            if not _is_number(v) or v <= 0:
+                raise ClusterSpecError(f"{where}{key}: expected a positive finite number, got {v!r}")
+            out[key] = float(v)
+    c = entry.get("cpus")
+    if c is not None:
+        if isinstance(c, bool) or not isinstance(c, int) or c < 1:
+            raise ClusterSpecError(f"{where}cpus: expected a positive integer, got {c!r}")
+        out["cpus"] = c
+    sw = entry.get("switch")
+    if sw is not None:
+        if isinstance(sw, bool) or not isinstance(sw, (str, int)) or not str(sw).strip():
+            raise ClusterSpecError(f"{where}switch: expected a non-empty name, got {sw!r}")
+        out["switch"] = str(sw)
+    try:
+        check_speed(out.get("gpu_type"), out.get("gpu_speed"))
+    except UnknownGPUTypeError as exc:
+        raise ClusterSpecError(f"{where}gpu_type: {exc}") from None
+    return out
+
+
+def _is_number(v: object) -> bool:
+    """A finite real number (not a bool)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an int beyond float range
+        return False
+
+
 @dataclass(frozen=True)
 class NodeSpec:
-    """One node: its name and number of GPUs."""
+    """One node.
+
+    :param name: unique within the cluster.
+    :param gpus: number of GPUs (1 .. :data:`MAX_GPUS_PER_NODE`).
+    :param gpu_type: GPU type name (``"v100"``, matched case-insensitively); ``None``: the reference
+        GPU of the measured data (TITAN Xp), speed factor 1.
+    :param cpus: CPU cores (a positive integer); ``None``: not declared (never a constraint).
+    :param mem_gb: memory in GB (a positive finite number); ``None``: not declared.
+    :param switch: name of the network switch (or rack) the node hangs off, for locality beyond the
+        node; ``None``: not declared.
+    :param gpu_speed: the node's GPU speed relative to the reference (a positive finite number); wins
+        over the table of :mod:`policies.gputypes` and lets a type the table lacks be used.
+
+    The optional fields are checked on construction (:class:`ClusterSpecError` naming the node).
+    """
 
     name: str
     gpus: int
+    gpu_type: str | None = None
+    cpus: int | None = None
+    mem_gb: float | None = None
+    switch: str | None = None
+    gpu_speed: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.gpu_type is None and self.cpus is None and self.mem_gb is None and self.switch is None
+                and self.gpu_speed is None):
+            return
+        where = f"node {self.name!r}: "
+        t = self.gpu_type
+        if t is not None and (not isinstance(t, str) or not GPU_TYPE_RE.fullmatch(t)):
+            raise ClusterSpecError(f"{where}gpu_type must be a name of letters, digits, '_', '.', '-', got {t!r}")
+        c = self.cpus
+        if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
+            raise ClusterSpecError(f"{where}cpus must be a positive integer, got {c!r}")
+        for key in ("mem_gb", "gpu_speed"):
+            v = getattr(self, key)
+            if v is not None and (not _is_number(v) or v <= 0):
+                raise ClusterSpecError(f"{where}{key} must be a positive finite number, got {v!r}")
+        sw = self.switch
+        if sw is not None and (not isinstance(sw, str) or not sw.strip()):
+            raise ClusterSpecError(f"{where}switch must be a non-empty name, got {sw!r}")
+
+    @property
+    def attributes(self) -> dict:
+        """The optional attributes that are set, in :data:`NODE_ATTRS` order."""
+        return {k: getattr(self, k) for k in NODE_ATTRS if getattr(self, k) is not None}
 
 
 @dataclass(frozen=True)
@@ -134,9 +235,11 @@ class ClusterSpec:
 
     # ------------------------------------------------------------------ factories
     @classmethod
-    def homogeneous(cls, num_nodes: int, gpus_per_node: int, prefix: str = "node", **kw) -> "ClusterSpec":
-        """``num_nodes`` nodes named ``node1..nodeN`` with ``gpus_per_node`` GPUs each
-        (at most :data:`MAX_NODES` x :data:`MAX_GPUS_PER_NODE`)."""
+    def homogeneous(
+        cls, num_nodes: int, gpus_per_node: int, prefix: str = "node", gpu_type: str | None = None, **kw
+    ) -> "ClusterSpec":
+        """``num_nodes`` nodes named ``node1..nodeN`` with ``gpus_per_node`` GPUs each, of ``gpu_type``
+        (None: the reference GPU), at most :data:`MAX_NODES` x :data:`MAX_GPUS_PER_NODE`."""
         if num_nodes < 1 or gpus_per_node < 1:
             raise ClusterSpecError(f"cluster {num_nodes}x{gpus_per_node}: both numbers must be >= 1")
         if num_nodes > MAX_NODES or gpus_per_node > MAX_GPUS_PER_NODE:  # before building the node list
@@ -144,11 +247,12 @@ class ClusterSpec:
                 f"cluster {_count(num_nodes)}x{_count(gpus_per_node)}: at most {MAX_NODES:,} nodes "
                 f"of at most {MAX_GPUS_PER_NODE} GPUs"
             )
-        return cls(tuple(NodeSpec(f"{prefix}{i + 1}", gpus_per_node) for i in range(num_nodes)), **kw)
+        return cls(tuple(NodeSpec(f"{prefix}{i + 1}", gpus_per_node, gpu_type) for i in range(num_nodes)), **kw)
 
     @classmethod
     def parse(cls, spec: "str | Path | ClusterSpec") -> "ClusterSpec":
-        """Parse ``"4x8"`` (nodes x GPUs per node) or a YAML / TOML file.
+        """Parse ``"4x8"`` (nodes x GPUs per node), ``"4x8:v100"`` (of one GPU type), groups joined by
+        ``+`` (``"2x8:v100+2x8:k80"``: nodes numbered on, ``node1..node4``) or a YAML / TOML file.
 
         The file lists nodes and, optionally, bandwidths::
 
@@ -158,23 +262,17 @@ class ClusterSpec:
             name = "node"
             gpus = 8
             count = 4        # optional: node1..node4 (with count > 1, name is a prefix)
+            gpu_type = "v100"  # optional, and so are gpu_speed, cpus, mem_gb, switch
 
         Nodes without a name are numbered on from the nodes before them (``node1``, ``node2``, ...).
-        Any other key (e.g. a misspelt ``gpu_per_node``) is an error naming it.
+        Any other key (e.g. a misspelt ``gpu_per_node``) is an error naming it, and so is a GPU type
+        :mod:`policies.gputypes` does not know on a node without ``gpu_speed``.
         """
         if isinstance(spec, ClusterSpec):
             return spec
         text = str(spec).strip()
-        m = re.fullmatch(r"([0-9]+)\s*[xX]\s*([0-9]+)", text)
-        if m:
-            nodes_text, gpus_text = m.groups()
-            # Python refuses to convert integers of over 4300 digits; over 9 digits is far too large anyway.
-            if max(len(nodes_text.lstrip("0")), len(gpus_text.lstrip("0"))) > 9:
-                raise ClusterSpecError(
-                    f"cluster {_count(nodes_text)}x{_count(gpus_text)}: at most {MAX_NODES:,} nodes "
-                    f"of at most {MAX_GPUS_PER_NODE} GPUs"
-                )
-            return cls.homogeneous(int(nodes_text), int(gpus_text))
+        if _SPEC_RE.fullmatch(text):
+            return cls._from_groups(text)
         path = Path(text)
         if text and path.is_dir():
             raise ClusterSpecError(
@@ -182,12 +280,49 @@ class ClusterSpec:
             )
         if not text or not path.is_file():
             raise ClusterSpecError(
-                f"bad cluster spec {text!r}: expected NODESxGPUS (e.g. 4x8) or a YAML/TOML file that exists"
+                f"bad cluster spec {text!r}: expected NODESxGPUS[:TYPE], groups joined by '+' "
+                "(e.g. 4x8, 2x8:v100+2x8:k80), or a YAML/TOML file that exists"
             )
         return cls.from_file(path)
 
     @classmethod
+    def _from_groups(cls, text: str) -> "ClusterSpec":
+        """The cluster of an ``NxG[:TYPE](+NxG[:TYPE])*`` spec (matched by ``_SPEC_RE``)."""
+        from policies.gputypes import UnknownGPUTypeError, check_speed
+
+        groups = re.findall(_GROUP_RE, text)
+        for nodes_text, gpus_text, _t in groups:
+            # Python refuses to convert integers of over 4300 digits; over 9 digits is far too large anyway.
+            if max(len(nodes_text.lstrip("0")), len(gpus_text.lstrip("0"))) > 9:
+                what = f"{_count(nodes_text)}x{_count(gpus_text)}"
+                raise ClusterSpecError(
+                    f"cluster {what if len(groups) == 1 else _count(text)}: at most {MAX_NODES:,} nodes "
+                    f"of at most {MAX_GPUS_PER_NODE} GPUs"
+                )
+        if len(groups) == 1 and not groups[0][2]:
+            return cls.homogeneous(int(groups[0][0]), int(groups[0][1]))
+        nodes: list[NodeSpec] = []
+        for nodes_text, gpus_text, gpu_type in groups:
+            n, g = int(nodes_text), int(gpus_text)
+            if n < 1 or g < 1:
+                raise ClusterSpecError(f"cluster {text}: {n}x{g}: both numbers must be >= 1")
+            if g > MAX_GPUS_PER_NODE or len(nodes) + n > MAX_NODES:  # before building the nodes
+                raise ClusterSpecError(
+                    f"cluster {_count(text)}: at most {MAX_NODES:,} nodes of at most {MAX_GPUS_PER_NODE} GPUs"
+                )
+            if gpu_type:
+                try:
+                    check_speed(gpu_type, None)
+                except UnknownGPUTypeError as exc:
+                    raise ClusterSpecError(f"cluster {text}: {exc}") from None
+            first = len(nodes) + 1
+            nodes.extend(NodeSpec(f"node{first + k}", g, gpu_type or None) for k in range(n))
+        return cls(tuple(nodes))
+
+    @classmethod
     def from_file(cls, path: Path) -> "ClusterSpec":
+        """Read a YAML (any suffix but ``.toml``) or TOML cluster file (format: :meth:`parse`,
+        ``docs/PERFORMANCE_MODEL.md``, "Cluster files"); every error is one line naming the file."""
         try:
             raw = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
@@ -213,7 +348,10 @@ class ClusterSpec:
             if isinstance(entry, Mapping):
                 _check_keys(path, f"nodes[{i}]: ", entry, NODE_KEYS)
             if not isinstance(entry, Mapping) or "gpus" not in entry:
-                raise ClusterSpecError(f"{path}: nodes[{i}]: each node needs 'gpus' (and optionally 'name', 'count')")
+                raise ClusterSpecError(
+                    f"{path}: nodes[{i}]: each node needs 'gpus' (and optionally {', '.join(NODE_KEYS[2:])} "
+                    "and 'name')"
+                )
             gpus = entry["gpus"]
             if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
                 raise ClusterSpecError(f"{path}: nodes[{i}].gpus: expected a positive integer, got {gpus!r}")
@@ -229,6 +367,7 @@ class ClusterSpec:
                     f"{path}: nodes[{i}].count: {_count(count)} would make {_count(len(nodes) + count)} nodes, "
                     f"more than the limit of {MAX_NODES:,}"
                 )
+            attrs = _node_attrs(path, i, entry)
             if "name" in entry:  # with count > 1 a prefix: NAME1 .. NAMEcount
                 name = entry["name"]
                 if isinstance(name, bool) or name is None or not str(name).strip():
@@ -237,11 +376,11 @@ class ClusterSpec:
                     )
                 name = str(name)
                 if count == 1:
-                    nodes.append(NodeSpec(name, gpus))
+                    nodes.append(NodeSpec(name, gpus, **attrs))
                 else:
-                    nodes.extend(NodeSpec(f"{name}{k + 1}", gpus) for k in range(count))
+                    nodes.extend(NodeSpec(f"{name}{k + 1}", gpus, **attrs) for k in range(count))
             else:  # unnamed nodes are numbered on from the nodes before them: node1, node2, ...
-                nodes.extend(NodeSpec(f"node{len(nodes) + 1}", gpus) for _ in range(count))
+                nodes.extend(NodeSpec(f"node{len(nodes) + 1}", gpus, **attrs) for _ in range(count))
         kw = {}
         for k in ("intra_bw_gbps", "inter_bw_gbps"):
             if k in doc:
@@ -275,7 +414,42 @@ class ClusterSpec:
 
     @property
     def is_homogeneous(self) -> bool:
+        """All nodes have the same number of GPUs (their types may differ: see :attr:`is_typed`)."""
         return len(set(self.gpus_per_node)) == 1
+
+    @cached_property
+    def gpu_types(self) -> tuple[str | None, ...]:
+        """Each node's GPU type (None: the reference GPU)."""
+        return tuple(n.gpu_type for n in self.nodes)
+
+    @cached_property
+    def is_typed(self) -> bool:
+        """Some node declares a GPU type or its own speed, so GPU speeds may differ from the reference."""
+        return any(n.gpu_type is not None or n.gpu_speed is not None for n in self.nodes)
+
+    @cached_property
+    def has_attributes(self) -> bool:
+        """Some node declares an optional attribute (:data:`NODE_ATTRS`)."""
+        return any(
+            n.gpu_type is not None or n.gpu_speed is not None or n.cpus is not None or n.mem_gb is not None
+            or n.switch is not None
+            for n in self.nodes
+        )
+
+    @property
+    def cpus_per_node(self) -> tuple[int | None, ...]:
+        """Each node's CPUs (None: not declared)."""
+        return tuple(n.cpus for n in self.nodes)
+
+    @property
+    def mem_gb_per_node(self) -> tuple[float | None, ...]:
+        """Each node's memory in GB (None: not declared)."""
+        return tuple(n.mem_gb for n in self.nodes)
+
+    @property
+    def switches(self) -> tuple[str | None, ...]:
+        """Each node's switch (None: not declared)."""
+        return tuple(n.switch for n in self.nodes)
 
     @property
     def bw_ratio(self) -> float:
@@ -288,14 +462,43 @@ class ClusterSpec:
                 return i
         raise KeyError(f"unknown node {name!r}")
 
-    def describe(self) -> str:
+    def describe_gpus(self) -> str:
+        """The GPU layout alone: ``"4x8"`` when every node has the same GPU count, else
+        ``"N nodes / T GPUs"`` (types, CPUs and memory left out)."""
         if self.is_homogeneous:
             return f"{self.num_nodes}x{self.nodes[0].gpus}"
         return f"{self.num_nodes} nodes / {self.total_gpus} GPUs"
 
+    def describe(self) -> str:
+        """Short text for reports: :meth:`describe_gpus` when no node declares an optional attribute;
+        otherwise runs of alike nodes joined by ``+``, each ``NxG[:TYPE]`` with its other attributes in
+        parentheses, and the number of switches: ``"2x8:v100(64 CPUs, 512 GB)+2x8:k80, 2 switches"``."""
+        if not self.has_attributes:
+            return self.describe_gpus()
+        runs: list[list] = []
+        for n in self.nodes:
+            key = (n.gpus, n.gpu_type, n.gpu_speed, n.cpus, n.mem_gb)
+            if runs and runs[-1][0] == key:
+                runs[-1][1] += 1
+            else:
+                runs.append([key, 1])
+        parts = []
+        for (gpus, gpu_type, speed, cpus, mem), count in runs:
+            extra = [f"speed {speed:g}"] if speed is not None else []
+            extra += [f"{cpus} CPUs"] if cpus is not None else []
+            extra += [f"{mem:g} GB"] if mem is not None else []
+            typed = f":{gpu_type}" if gpu_type else ""
+            parts.append(f"{count}x{gpus}{typed}{'(' + ', '.join(extra) + ')' if extra else ''}")
+        text = "+".join(parts)
+        switches = {s for s in self.switches if s is not None}
+        if switches:
+            text += f", {len(switches)} switch{'es' if len(switches) != 1 else ''}"
+        return text
+
     def to_dict(self) -> dict:
+        """Plain data: ``nodes`` (``name``, ``gpus`` and the attributes each node sets) and bandwidths."""
         return {
-            "nodes": [{"name": n.name, "gpus": n.gpus} for n in self.nodes],
+            "nodes": [{"name": n.name, "gpus": n.gpus, **n.attributes} for n in self.nodes],
             "intra_bw_gbps": self.intra_bw_gbps,
             "inter_bw_gbps": self.inter_bw_gbps,
         }

@@ -39,6 +39,19 @@ with multi-node jobs ``B`` suffers extra communication time::
 ``chi_A`` is A's communication share of step time, ``beta_B`` B's measured
 bandwidth (Table I) over the link bandwidth, ``k_A`` a per-model constant
 fitted to the 36 x 36 measured matrix.
+
+**GPU types.** The measurements are of TITAN Xp GPUs (speed factor 1). On
+nodes of another type (:mod:`policies.gputypes`) only the computation part of
+a step runs faster or slower; communication is priced by the links. A
+synchronous data-parallel job runs at the pace of its slowest GPU, so with
+``f`` the smallest speed factor over the job's nodes and ``s`` the
+communication share of its step time at the reference speed::
+
+    s = (b u(G, n) + c (n - 1)) / tau(G, n)
+    throughput = isolated(G, n) / ((1 - s) / f + s)
+
+``throughput(job, allocation, cluster)`` applies it; on a cluster without GPU
+types (or wherever ``f == 1``) it returns ``isolated(G, n)`` itself.
 """
 
 from __future__ import annotations
@@ -49,12 +62,17 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Iterable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
 from policies.cluster import ClusterSpec, Placement
+from policies.gputypes import speed_factor
+from policies.resources import Allocation
 from policies.workloads import UnknownModelError, canonical_model, get_workload
+
+if TYPE_CHECKING:
+    from policies.job import JobSpec
 
 __all__ = [
     "PerformanceModel",
@@ -74,17 +92,26 @@ MIN_RATIO = 0.1
 JobKey = tuple[str, int, int]
 
 
+@runtime_checkable
 class PerformanceModel(Protocol):
-    """What the simulator, policies and controller need from a performance model."""
+    """What the simulator, policies and controller need from a performance model
+    (:class:`ContentionModel` is the project's). Throughputs are samples/s."""
+
+    def throughput(
+        self, job: "JobSpec | str", allocation: "Allocation | Placement", cluster: ClusterSpec | None = None
+    ) -> float:
+        """Samples/s of ``job`` (a spec or a model name) alone on ``allocation``, seeing the attributes of
+        ``cluster``'s nodes (GPU types: a synchronous job runs at the pace of its slowest GPU);
+        ``cluster`` None: the model's own cluster."""
 
     def isolated_throughput(self, model: str, gpus: int, nodes: int) -> float:
-        """Samples / s of a job alone on ``gpus`` GPUs over ``nodes`` nodes."""
+        """Samples/s of a job alone on ``gpus`` GPUs over ``nodes`` nodes of the reference GPU."""
 
     def pair_cs(self, a: JobKey, b: JobKey) -> float:
         """Contention sensitivity (>= 1) of job ``a`` sharing a node with ``b``."""
 
     def best_isolated_throughput(self, model: str, gpus: int) -> float:
-        """Fastest isolated throughput over the shapes the cluster allows."""
+        """Fastest isolated throughput (samples/s) over the placements the model's cluster allows."""
 
 
 @dataclass(frozen=True)
@@ -169,6 +196,8 @@ class ContentionModel:
         self._iso_cache: dict[JobKey, float] = {}
         self._pair_cache: dict[tuple[JobKey, JobKey], float] = {}
         self._best_cache: dict[tuple[str, int], float] = {}
+        self._factor_cache: dict[str, tuple[float, ...]] = {}  # model -> per-node factors of self.cluster
+        self._speedup_cache: dict[tuple[str, int, int, float], float] = {}
 
     # ------------------------------------------------------------------ fitting
     def _fit_isolated(self) -> None:
@@ -269,7 +298,62 @@ class ContentionModel:
         return v
 
     def throughput_for(self, model: str, placement: Placement) -> float:
+        """:meth:`isolated_throughput` of ``placement``'s shape (reference GPUs; see :meth:`throughput`)."""
         return self.isolated_throughput(model, placement.total_gpus, placement.num_nodes)
+
+    def throughput(
+        self, job: "JobSpec | str", allocation: Allocation | Placement, cluster: ClusterSpec | None = None
+    ) -> float:
+        """Samples/s of ``job`` (a :class:`~policies.job.JobSpec` or a model name) alone on
+        ``allocation`` (an :class:`~policies.resources.Allocation` or a :class:`Placement`) on
+        ``cluster`` (None: this model's cluster).
+
+        ``isolated(G, n)`` on a cluster without GPU types; otherwise scaled by the slowest GPU
+        speed factor ``f`` over the allocation's GPU nodes (module docstring):
+        ``isolated(G, n) / ((1 - s) / f + s)``.
+
+        :raises policies.gputypes.UnknownGPUTypeError: a node's type is unknown and has no ``gpu_speed``.
+        """
+        model = job if isinstance(job, str) else job.model
+        p = allocation.placement if isinstance(allocation, Allocation) else allocation
+        iso = self.isolated_throughput(model, p.total_gpus, p.num_nodes)
+        cl = self.cluster if cluster is None else cluster
+        if not cl.is_typed:
+            return iso
+        factors = self.node_factors(model, cl)
+        f = min(factors[v] for v in p.nodes)
+        if f == 1.0:
+            return iso
+        key = (model, p.total_gpus, p.num_nodes, f)
+        up = self._speedup_cache.get(key)
+        if up is None:
+            up = self._speedup_cache[key] = self.type_speedup(model, p.total_gpus, p.num_nodes, f)
+        return iso * up
+
+    def node_factors(self, model: str, cluster: ClusterSpec | None = None) -> tuple[float, ...]:
+        """Each node's GPU speed factor for ``model`` (:func:`policies.gputypes.speed_factor`; 1.0 per
+        node of a cluster without GPU types)."""
+        cl = self.cluster if cluster is None else cluster
+        if cl is not self.cluster:
+            m = canonical_model(model)
+            return tuple(speed_factor(n.gpu_type, m, n.gpu_speed) for n in cl.nodes)
+        v = self._factor_cache.get(model)
+        if v is None:
+            m = canonical_model(model)
+            v = self._factor_cache[model] = tuple(speed_factor(n.gpu_type, m, n.gpu_speed) for n in cl.nodes)
+        return v
+
+    def comm_share(self, model: str, gpus: int, nodes: int) -> float:
+        """Share of a step spent communicating at the reference speed, from the fitted ``a, b, c``:
+        ``(b u(G, n) + c (n - 1)) / tau(G, n)`` (intra-node all-reduce included; 0 for one GPU)."""
+        a, b, c = self._params(canonical_model(model))
+        comm = b * _u(gpus, nodes, self.eta) + c * max(nodes - 1, 0)
+        return comm / (a + comm)
+
+    def type_speedup(self, model: str, gpus: int, nodes: int, f: float) -> float:
+        """Throughput multiplier of GPUs ``f`` times as fast as the reference: compute time / f."""
+        s = self.comm_share(model, gpus, nodes)
+        return 1.0 / ((1.0 - s) / f + s)
 
     def pair_cs(self, a: JobKey, b: JobKey) -> float:
         key = (a, b)
@@ -292,12 +376,37 @@ class ContentionModel:
         return v
 
     def best_isolated_throughput(self, model: str, gpus: int) -> float:
+        """Fastest isolated samples/s of ``gpus`` GPUs over the placements this model's cluster allows.
+
+        Without GPU types: the best node count (:func:`feasible_node_counts`). With them, the best
+        over speed levels: for each factor ``f`` of some node, the best node count on the nodes of
+        factor ``>= f``, priced at ``f`` (the pace of the slowest GPU); the fastest type that can
+        hold the job is one of these levels, so the result is at least its best shape's throughput.
+        """
         key = (model, gpus)
         v = self._best_cache.get(key)
         if v is None:
-            v = max(self.isolated_throughput(model, gpus, n) for n in feasible_node_counts(self.cluster, gpus))
+            cl = self.cluster
+            counts = feasible_node_counts(cl, gpus)  # raises when the job does not fit at all
+            if cl.is_typed:
+                v = self._best_typed(model, gpus, cl)
+            else:
+                v = max(self.isolated_throughput(model, gpus, n) for n in counts)
             self._best_cache[key] = v
         return v
+
+    def _best_typed(self, model: str, gpus: int, cl: ClusterSpec) -> float:
+        factors = self.node_factors(model, cl)
+        m = canonical_model(model)
+        best = 0.0
+        for f in sorted(set(factors), reverse=True):
+            caps = [g for g, fv in zip(cl.gpus_per_node, factors) if fv >= f]
+            for n in _feasible_counts(caps, gpus):
+                thp = self.isolated_throughput(model, gpus, n)
+                if f != 1.0:
+                    thp *= self.type_speedup(m, gpus, n, f)
+                best = max(best, thp)
+        return best
 
     def job_cs(self, me: JobKey, my_nodes: Iterable[int], neighbours_by_node: Mapping[int, Sequence[JobKey]]) -> float:
         """CS of a job on ``my_nodes`` given the other jobs on each node (>= 1)."""
@@ -351,15 +460,21 @@ def feasible_node_counts(cluster: ClusterSpec, gpus: int) -> list[int]:
     ``n`` is feasible when the ``n`` largest nodes hold at least ``gpus`` GPUs
     and ``n <= gpus`` (every node used gets at least one GPU).
     """
-    caps = sorted(cluster.gpus_per_node, reverse=True)
+    out = _feasible_counts(cluster.gpus_per_node, gpus)
+    if not out:
+        raise ValueError(f"{gpus} GPUs do not fit on cluster {cluster.describe()} ({cluster.total_gpus} GPUs)")
+    return out
+
+
+def _feasible_counts(gpus_per_node: Sequence[int], gpus: int) -> list[int]:
+    """Node counts ``n <= gpus`` whose ``n`` largest nodes of ``gpus_per_node`` hold ``gpus`` GPUs."""
+    caps = sorted(gpus_per_node, reverse=True)
     out = []
     total = 0
-    for n in range(1, min(gpus, cluster.num_nodes) + 1):
+    for n in range(1, min(gpus, len(caps)) + 1):
         total += caps[n - 1]
         if total >= gpus:
             out.append(n)
-    if not out:
-        raise ValueError(f"{gpus} GPUs do not fit on cluster {cluster.describe()} ({cluster.total_gpus} GPUs)")
     return out
 
 

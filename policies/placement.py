@@ -193,7 +193,7 @@ class FloorPacking:
     on a homogeneous cluster: one node's) goes to the node with the fewest free
     GPUs that holds it (lowest index on ties) and waits (``None``) if no node
     does; a larger job is placed by :func:`pack`. It is ``rl-hybrid``'s safety-rule
-    placement, and ``plan-greedy``'s (``benchmarks/uniform_gap.py``: the ``"plan"``
+    placement, and ``plan-greedy``'s (``scripts/studies/uniform_gap.py``: the ``"plan"``
     candidate order without a network).
 
     :param perf: performance model, for the floor's score.

@@ -18,7 +18,7 @@
   longest-remaining running job, so the rule never pushes the network's
   later plan back by occupying GPUs past that horizon. With the plan order
   this is the plan's own packing (``plan-greedy`` of
-  ``benchmarks/uniform_gap.py``) restricted to that horizon. An optional
+  ``scripts/studies/uniform_gap.py``) restricted to that horizon. An optional
   *efficiency floor* (``hybrid_floor=``, default :data:`HYBRID_FLOOR` = 0)
   starts a job only where the performance model predicts at least that many
   effective GPUs per GPU allocated, counting what the job's new neighbours
@@ -74,15 +74,16 @@ HYBRID_FLOOR = 0.0
 
 
 def shipped_checkpoint(mode: str, cluster: ClusterSpec) -> Path:
-    """Path (``.json``) of the shipped checkpoint of ``mode`` for ``cluster``'s shape."""
+    """Path (``.json``) of the shipped checkpoint of ``mode`` for ``cluster``'s GPU layout (GPU types,
+    CPUs and memory do not enter the observation)."""
     base = Path(str(resources.files("policies") / "checkpoints"))
-    p = base / f"{mode}-{cluster.describe()}.json"
+    p = base / f"{mode}-{cluster.describe_gpus()}.json"
     if not p.is_file():
         have = sorted(x.stem for x in base.glob("*.json")) if base.is_dir() else []
-        how = (f"--cluster {cluster.describe()}" if cluster.is_homogeneous
+        how = (f"--cluster {cluster.describe_gpus()}" if cluster.is_homogeneous
                else "--cluster FILE` (FILE: this cluster's YAML/TOML file)")
         raise CheckpointError(
-            f"no shipped {mode} checkpoint for a {cluster.describe()} cluster (shipped: {', '.join(have) or 'none'}); "
+            f"no shipped {mode} checkpoint for a {cluster.describe_gpus()} cluster (shipped: {', '.join(have) or 'none'}); "
             f"train one with `rlsched train {how}{' ...`' if cluster.is_homogeneous else ''} and use "
             f"{mode}:/path/to/checkpoint"
         )
@@ -128,7 +129,7 @@ class RLPolicy(Policy):
         :class:`~policies.placement.FloorPacking`) or ``"contention-aware"``
         (:class:`~policies.placement.ContentionAwarePlacement`; with
         ``hybrid_floor=0.7`` it is the rule shipped before, kept for comparison,
-        ``benchmarks/hybrid_floor.py``). Checked even without ``hybrid``.
+        ``scripts/studies/hybrid_floor.py``). Checked even without ``hybrid``.
     """
 
     time_invariant = False

@@ -3,7 +3,7 @@
 When many jobs of similar length wait, the average JCT is decided by how
 densely they are packed and which go first. On the `uniform` job sets
 (1-hour jobs of 1-32 GPUs on 4 x 8 GPUs) the exact optimum of an idealised
-model (``benchmarks/uniform_bound.py``) runs the single-node jobs first,
+model (``scripts/studies/uniform_bound.py``) runs the single-node jobs first,
 packed node by node into exact complements (5 + 3, 6 + 2, 7 + 1, 4 + 4),
 then the multi-node jobs in complementary pairs (10 + 22, 16 + 16), then the
 largest jobs alone. Smallest-first orders (``"area"``, ``"fill"``) instead
@@ -25,10 +25,10 @@ Smith's rule, from the waiting jobs' GPU demands alone:
 3. all waves are sorted by job count, most first (Smith's rule for waves of
    equal length), then by GPUs, fewest first.
 
-In the idealised model with nodes (``benchmarks/uniform_bound.py``'s
+In the idealised model with nodes (``scripts/studies/uniform_bound.py``'s
 model where single-node jobs must fit in one node) this order comes within
 about 2 % of the optimum on the 10 evaluation sets, against 13 % for the
-``"fill"`` order (docs/RESULTS.md).
+``"fill"`` order (docs/RL.md, "The plan order").
 
 Pure functions of integers; no I/O.
 """

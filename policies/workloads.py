@@ -118,8 +118,8 @@ def register_workload(profile: WorkloadProfile, aliases: tuple[str, ...] = ()) -
 
     Every field is checked (:class:`ValueError` naming the model and the field):
     ``name`` a non-empty string; ``bandwidth_mbps`` (MB/s) and ``comm_comp`` finite numbers
-    >= 0 (a negative or NaN one gave negative throughputs, a contention sensitivity below 1 or
-    NaN); ``per_gpu_throughput`` (samples/s) a finite number > 0 (required: the model has no
+    >= 0 (a negative or NaN one would give negative throughputs, a contention sensitivity below 1
+    or NaN); ``per_gpu_throughput`` (samples/s) a finite number > 0 (required: the model has no
     measurements); ``pattern`` a string; ``family_index`` an integer >= 0; ``aliases`` non-empty
     strings.
 

@@ -4,12 +4,19 @@ Each module listed in :data:`COMMAND_MODULES` has ``register(subparsers)``,
 which adds its subcommands and sets ``func`` on them. Errors the user can fix
 (bad trace, cluster spec, policy name, config) print one line to stderr and
 exit with status 2; nothing half-written is left behind by the commands.
+
+The base install (``pip install rlsched``) holds only what every host needs; the
+libraries some commands need come with extras (setup.cfg). Every subcommand
+module imports at start-up with the base alone, so ``rlsched --help`` and the
+agent run anywhere; a command that then needs a library of a missing extra
+exits 2 with one line naming the library and the extra (:data:`OPTIONAL_MODULES`).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import logging
 import os
 import sys
@@ -25,6 +32,57 @@ COMMAND_MODULES: tuple[str, ...] = (
     "trainer.cli_rl",
     "controller.cli",
 )
+
+#: Top-level modules that come with an extra (setup.cfg) -> (the distribution that provides it, the extra).
+#: Libraries of both the controller and the trainer extras name the smaller one, ``controller``.
+OPTIONAL_MODULES: dict[str, tuple[str, str]] = {
+    "scipy": ("scipy", "controller"),
+    "yaml": ("pyyaml", "controller"),
+    "rich": ("rich", "controller"),
+    "safetensors": ("safetensors", "controller"),
+    "prometheus_client": ("prometheus-client", "controller"),
+    "pyarrow": ("pyarrow", "trainer"),
+    "matplotlib": ("matplotlib", "trainer"),
+    "gymnasium": ("gymnasium", "trainer"),
+    "stable_baselines3": ("stable-baselines3", "trainer"),
+    "sb3_contrib": ("sb3-contrib", "trainer"),
+    "torch": ("torch", "trainer"),
+    "tensorboard": ("tensorboard", "trainer"),
+    "hdfs": ("hdfs", "hdfs"),
+}
+
+
+def missing_extra(exc: ImportError) -> str | None:
+    """What to install for a failed import of an optional library: ``"torch, which is not installed:
+    install rlsched[trainer] (pip install 'rlsched[trainer]')"``; None when ``exc`` is about another module
+    (a bug, reported with its traceback)."""
+    top = (getattr(exc, "name", None) or "").partition(".")[0]
+    if not isinstance(exc, ModuleNotFoundError) or top not in OPTIONAL_MODULES:
+        return None
+    dist, extra = OPTIONAL_MODULES[top]
+    return f"{dist}, which is not installed: install rlsched[{extra}] (pip install 'rlsched[{extra}]')"
+
+
+#: Optional libraries a command imports only after it has worked a while (plots written at the end of
+#: an evaluation, the RL stack once training is set up): checked before it starts, so a missing extra
+#: is reported before any work is done. Other commands report it at their first import of it.
+COMMAND_NEEDS: dict[str, tuple[str, ...]] = {
+    "simulate": ("scipy", "rich", "pyarrow", "matplotlib"),
+    "evaluate": ("scipy", "rich", "pyarrow", "matplotlib"),
+    "train": ("scipy", "rich", "safetensors", "gymnasium", "stable_baselines3", "sb3_contrib", "torch",
+              "tensorboard"),
+}
+
+
+def _first_missing(modules: tuple[str, ...]) -> str | None:
+    """The first of ``modules`` that cannot be imported here (found without importing it), else None."""
+    for mod in modules:
+        try:
+            if importlib.util.find_spec(mod) is None:
+                return mod
+        except ImportError:
+            return mod
+    return None
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -98,6 +156,11 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    missing = _first_missing(COMMAND_NEEDS.get(args.command, ()))
+    if missing is not None:
+        what = missing_extra(ModuleNotFoundError(f"No module named {missing!r}", name=missing))
+        print(f"rlsched {args.command}: error: this command needs {what}", file=sys.stderr)
+        return 2
     try:
         rc = args.func(args)
     except _user_errors() as exc:
@@ -110,6 +173,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except OSError as exc:  # a file the user named that cannot be written or read (permissions, a full disk)
         print(f"rlsched {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        what = missing_extra(exc)
+        if what is None:
+            raise
+        print(f"rlsched {args.command}: error: this command needs {what}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"rlsched {args.command}: interrupted", file=sys.stderr)

@@ -70,7 +70,10 @@ echo "==> installing Python packages into $("$PY" -c 'import sys; print(sys.pref
 # pulls GBs of CUDA libraries. For the CPU build from PyTorch's own index:
 #   PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu bash scripts/setup.sh
 "$PY" -m pip install -q --disable-pip-version-check "torch==2.13.0"
-"$PY" -m pip install -q --disable-pip-version-check -e ".[test,hdfs]"
+# [trainer]: simulation, evaluation and RL training (it includes the controller's libraries);
+# [test]: pytest and grpcio-tools; [hdfs]: the WebHDFS checkpoint store. An agent host needs only
+# `pip install 'rlsched[agent]'`, a controller host 'rlsched[controller]' (setup.cfg).
+"$PY" -m pip install -q --disable-pip-version-check -e ".[trainer,test,hdfs]"
 echo "==> rlsched $("$PY" -c 'import rlsched; print(rlsched.__version__)') installed"
 if [ "${VIRTUAL_ENV:-}" = "$RLSCHED_VENV" ]; then
   echo "==> rlsched is in $RLSCHED_VENV: scripts/*.sh use it by themselves;" \

@@ -278,8 +278,8 @@ def test_agent_cli_bad_lookup_limits_are_one_line_errors(tmp_path: Path, extra: 
 
 
 def test_agent_help_shows_its_examples_as_written(capsys) -> None:
-    """Review finding: the backslash-newline in the module docstring joined two example lines with a run of
-    spaces ("…/rlsched                   --auth")."""
+    """`rlsched agent --help` shows the module docstring's examples line by line: no backslash-newline joins
+    two of them with a run of spaces ("…/rlsched                   --auth")."""
     import re
 
     from rlsched.cli import main
@@ -298,7 +298,7 @@ def test_agent_help_shows_its_examples_as_written(capsys) -> None:
     ("missing/k", "its folder {tmp}/missing does not exist"),
 ])
 def test_agent_keygen_names_the_path_it_cannot_create(tmp_path: Path, capsys, where: str, why: str) -> None:
-    """Review finding: `agent-keygen /etc/hostname/k` printed a raw "[Errno 20] Not a directory"."""
+    """`agent-keygen /etc/hostname/k` names the path and why, not a raw "[Errno 20] Not a directory"."""
     from rlsched.cli import main
 
     (tmp_path / "afile").write_text("")

@@ -216,8 +216,8 @@ def test_float_in_range_formats_its_bounds() -> None:
 def test_unrecognized_arguments_point_to_the_subcommands_help(
     tmp_path, monkeypatch, capsys, argv: list[str], prog: str
 ) -> None:
-    """Review finding: argparse reports a subcommand's unknown arguments from the top-level parser, whose
-    pointer was "(see 'rlsched --help')"; the parser they were given to says it now."""
+    """A subcommand's unknown arguments are reported by the parser they were given to, pointing to its own
+    help, not by the top-level parser ("(see 'rlsched --help')")."""
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exc:
         main(argv)

@@ -70,7 +70,7 @@ def test_round_trip(tmp_path):
 
 
 def test_checkpoint_without_aging_runs_with_its_training_aging(tmp_path):
-    """Checkpoints written before ObsSpec.aging_s existed were trained with 1800 s and load so."""
+    """A checkpoint without ObsSpec.aging_s loads with LEGACY_AGING_S (1800 s), the aging it was trained with."""
     from policies.encoding import LEGACY_AGING_S
 
     j = write_random_checkpoint(tmp_path / "ck")
@@ -271,7 +271,7 @@ def _obs(**kw):
 @pytest.mark.parametrize(
     "edit, msg",
     [
-        # bug 1: a prior whose float32 logits overflow (simulate crashed "action 0 is not valid")
+        # a prior whose float32 logits would overflow (simulate would crash with "action 0 is not valid")
         (_set("network", "prior", "scale", 1e300), r"network\.prior: prior scale must be in \(0, 1e\+06\] so that its float32 logits stay finite"),
         (_set("network", "prior", "scale", float("inf")), r"network\.prior: prior scale must be finite"),
         (_set("network", "prior", "scale", -1.0), r"network\.prior: prior scale"),
@@ -279,7 +279,7 @@ def _obs(**kw):
         (_set("network", "prior", "theta", "0.8"), r"network\.prior: prior theta must be a number"),
         (_set("network", "prior", "scale", True), r"network\.prior: prior scale must be a number"),
         (_set("network", "prior", "bonus", 1.0), r"network\.prior: .*unknown field\(s\) bonus"),
-        # bug 3: observation spec nonsense (k = 0 idled simulate for 10,000 rounds)
+        # observation spec nonsense (k = 0 would idle simulate for 10,000 rounds)
         (_obs(k=0), r"obs_spec.*'k' must be >= 1, got 0"),
         (_obs(levels=0), r"obs_spec.*'levels' must be in \[1, 4\], got 0"),
         (_obs(levels=-3), r"obs_spec.*'levels'"),
@@ -314,7 +314,7 @@ def _obs(**kw):
         (_set("reward", "w2", True), r"'reward\.w2' must be a number in \[0, 1\], got True"),
         (_set("obs_spec", "n_actions", 26), r"obs_spec.*n_actions 26 disagrees"),
         (_set("obs_spec", "shape", "big"), r"obs_spec.*shape big disagrees"),
-        # bug 4: non-integral / bool integers in the cluster, non-finite bandwidths, format_version True
+        # non-integral / bool integers in the cluster, non-finite bandwidths, format_version True
         (lambda m: [n.update(gpus=8.9) for n in m["cluster"]["nodes"]], r"'cluster\.nodes\[0\]\.gpus' must be a positive integer, got 8\.9"),
         (_set("cluster", "nodes", 2, "gpus", True), r"'cluster\.nodes\[2\]\.gpus' must be a positive integer, got True"),
         (_set("cluster", "nodes", 1, "gpus", "8"), r"'cluster\.nodes\[1\]\.gpus'"),
@@ -325,7 +325,7 @@ def _obs(**kw):
         (_set("cluster", "intra_bw_gbps", float("inf")), r"'cluster\.intra_bw_gbps'"),
         (_set("format_version", True), r"unsupported format_version True"),
         (_set("format_version", 1.0), r"unsupported format_version 1\.0"),
-        # training fields that code reads with a fixed type (rlsched checkpoint's summary crashed on these)
+        # training fields that code reads with a fixed type (rlsched checkpoint's summary would crash on these)
         (_set("training", "timesteps", 8.9), r"'training\.timesteps' must be a non-negative integer, got 8\.9"),
         (_set("training", "config", "x"), r"'training\.config' must be an object or null"),
         (_set("training", "source", "abc"), r"'training\.source' must be an object or null"),
@@ -344,8 +344,8 @@ def test_tampered_metadata_is_refused_at_load(tmp_path, edit, msg):
 
 
 def test_infinite_prior_scale_is_refused_before_simulating(tmp_path, capsys):
-    """The reviewer's repro end to end: `rlsched simulate` with a prior scale of 1e300 exits 2 at load
-    with one line naming the field, instead of crashing mid-run with a ValueError."""
+    """End to end: `rlsched simulate` with a prior scale of 1e300 exits 2 at load with one line naming the
+    field, instead of crashing mid-run with a ValueError."""
     from policies.perf import ContentionModel
     from rlsched.cli import main
     from trainer.generate import GeneratorConfig, generate_jobs
@@ -383,7 +383,7 @@ def _rewrite_weights(j: Path, change) -> None:
     [
         (lambda t: {**t, "action_net.bias": np.zeros(25, np.int64)}, r"layer action_net is float32 / int64, expected float32"),
         (lambda t: {**t, "action_net.bias": t["action_net.bias"].astype(np.float16)}, r"float32 / float16"),
-        # finite, but 1e37 x 16 hidden units overflows float32 logits (the reviewer's x1e38 weights)
+        # finite, but 1e37 x 16 hidden units overflows float32 logits
         (lambda t: {**t, "action_net.weight": np.full_like(t["action_net.weight"], 1e37)}, r"layer action_net can output values of magnitude 1\.6e\+38"),
         (lambda t: {**t, "mlp_extractor.policy_net.0.bias": np.full(16, 3e38, np.float32)}, r"layer mlp_extractor\.policy_net\.0 can output"),
     ],
@@ -445,9 +445,9 @@ def _het(*gpus: int) -> ClusterSpec:
 
 
 def test_heterogeneous_checkpoint_needs_the_same_node_layout(tmp_path):
-    """[8, 4, 4] and [8, 6, 2] share nodes, largest node, total and levels, which was all that was compared:
-    the checkpoint was accepted although its slot-exists channel differs. Now the per-node GPU counts, in
-    node order, must match, and the message describes both layouts (it called them "3x8")."""
+    """[8, 4, 4] and [8, 6, 2] share nodes, largest node, total and levels, but their slot-exists channels
+    differ: the per-node GPU counts, in node order, must match, and the message describes both layouts
+    (not as "3x8")."""
     from rlsched.cli import main
 
     j = write_random_checkpoint(tmp_path / "ck", cluster=_het(8, 4, 4))
@@ -462,7 +462,7 @@ def test_heterogeneous_checkpoint_needs_the_same_node_layout(tmp_path):
         ck.check_cluster(_het(4, 8, 4))
     with pytest.raises(CheckpointError, match=r"trained for a 1x8\+2x4 cluster .* is a 4x8 cluster"):
         ck.check_cluster(C48)
-    # the CLI: exit 2 with that one line (the reviewer's `rlsched checkpoint het844 --cluster c862.yaml`)
+    # the CLI: exit 2 with that one line (`rlsched checkpoint het844 --cluster c862.yaml`)
     (tmp_path / "c862.yaml").write_text("nodes:\n  - {gpus: 8}\n  - {gpus: 6}\n  - {gpus: 2}\n")
     assert main(["checkpoint", str(j), "--cluster", str(tmp_path / "c862.yaml"), "--json"]) == 2
     # and a policy refuses it
@@ -505,8 +505,8 @@ def _raw_safetensors(tensors: dict[str, tuple[str, list[int], bytes]]) -> bytes:
 
 
 def test_tampered_files_of_other_kinds_are_refused_not_crashing(tmp_path):
-    """Found by a review: a BF16 tensor (numpy has no such dtype), a layer with no outputs, metadata nested too
-    deep or holding an integer of more than 4300 digits each crashed loading with a traceback."""
+    """A BF16 tensor (numpy has no such dtype), a layer with no outputs, metadata nested too deep or holding
+    an integer of more than 4300 digits: each is refused with a CheckpointError, not a traceback."""
     import hashlib
 
     j = _with_prior(tmp_path / "ck")
@@ -631,8 +631,8 @@ def test_save_writes_staged_weights_then_commits_and_ends_with_stable_names(tmp_
 
 @pytest.mark.parametrize("step", range(len(SAVE_WRITES)), ids=[w for w, _ in SAVE_WRITES])
 def test_save_interrupted_in_any_write_leaves_a_consistent_checkpoint(tmp_path, monkeypatch, step):
-    """The reviewed defect: Ctrl-C between replacing NAME.safetensors and NAME.json left the new weights beside the
-    old metadata (old sha256), and every later load failed. A KeyboardInterrupt raised inside each write (the temp
+    """Ctrl-C between replacing NAME.safetensors and NAME.json must not leave the new weights beside the old
+    metadata (old sha256: every later load would fail). A KeyboardInterrupt raised inside each write (the temp
     file written, right before its rename) leaves the previous checkpoint intact before the commit and the new one
     after it; never a mix, and no temp file."""
     import policies.checkpoint as ckmod

@@ -192,7 +192,7 @@ def test_bad_seed_is_refused(tmp_path, capsys, seed):
 
 @pytest.mark.parametrize("out", [".", "..", "sub/..", ""])
 def test_out_that_is_the_working_directory_or_above_is_refused(tmp_path, monkeypatch, capsys, out):
-    """`--out .` (was: ValueError, empty name) would replace the directory the shell is in: refused, nothing moved."""
+    """`--out .` would replace the directory the shell is in: refused with one line, nothing moved."""
     here = tmp_path / "here"
     (here / "sub").mkdir(parents=True)
     (here / "keep").write_text("mine")

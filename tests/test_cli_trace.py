@@ -92,7 +92,7 @@ def test_generate_bad_options_write_nothing(tmp_path: Path, capsys, extra: list[
 @pytest.mark.parametrize(
     "extra, message",
     [
-        # were argparse's "invalid int value: '1e3'", or accepted by argparse and refused later
+        # each names the option and its range (not argparse's "invalid int value: '1e3'", nor a later refusal)
         (["--jobs", "0"], "argument --jobs: expected a positive integer, got '0'"),
         (["--jobs", "1e3"], "argument --jobs: expected a positive integer, got '1e3'"),
         (["--min-gpus", "-1"], "argument --min-gpus: expected a positive integer, got '-1'"),
@@ -165,7 +165,8 @@ def test_generate_non_finite_bandwidth_exits_2(tmp_path: Path, capsys, bw: str) 
     ],
 )
 def test_out_dot_is_refused(tmp_path: Path, monkeypatch, capsys, argv: list[str], words: str) -> None:
-    """``--out .`` once gave "PosixPath('.') has an empty name"; with --overwrite it must not replace the cwd."""
+    """``--out .`` is refused with one line (not "PosixPath('.') has an empty name"); with --overwrite it must not
+    replace the cwd."""
     work = tmp_path / "work"
     work.mkdir()
     (work / "t.csv").write_text("job_id,submit_time,model,gpu_demand,total_samples\na,0,MoE,8,10\n")
@@ -271,7 +272,7 @@ def test_trace_without_action_is_usage_error(capsys) -> None:
 @pytest.mark.parametrize(
     "extra, words",
     [
-        # each wrote inf (or gave a ZeroDivisionError traceback), and every later read refused the file
+        # each would write inf (or raise ZeroDivisionError), and every later read would refuse the file
         (["--duration", "1e306"], "job 1: total_samples overflows the float range (inf); lower duration_s (1e+306)"),
         (["--arrival", "poisson", "--load", "2e-305"], "submit_time overflows the float range (inf); raise load"),
         (["--arrival", "poisson", "--load", "5e-324"], "mean gap between arrivals beyond the float range"),
@@ -325,7 +326,7 @@ def test_philly_scales_must_be_finite_and_positive(
 def test_philly_options_on_another_trace_are_refused(
     tmp_path: Path, capsys, name: str, extra: list[str], flags: str
 ) -> None:
-    """--limit / --sample were silently ignored for a canonical trace (stats counted every job)."""
+    """--limit / --sample are refused for a canonical trace rather than silently ignored."""
     from policies.job import JobSpec
     from trainer.traces import write_trace
 
@@ -418,8 +419,8 @@ def test_convert_refuses_far_submit_time_and_writes_nothing(tmp_path: Path, caps
 
 
 def test_generate_sets_overwrite_replaces_only_earlier_sets(tmp_path, capsys):
-    """Review finding: `trace generate --sets N --out DIR --overwrite` replaced DIR whatever it held
-    (thesis.tex was gone). Now only a directory of earlier job sets is replaced; anything else is refused."""
+    """`trace generate --sets N --out DIR --overwrite` replaces DIR only when it holds earlier job sets;
+    a DIR holding anything else (a thesis.tex) is refused and left as it is."""
     out = tmp_path / "d"
     out.mkdir()
     (out / "thesis.tex").write_text("precious")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -187,19 +188,20 @@ def test_empty_placement() -> None:
 
 
 TOP = "nodes, intra_bw_gbps, inter_bw_gbps"
+NODE = "name, gpus, count, gpu_type, gpu_speed, cpus, mem_gb, switch"
 
 
 @pytest.mark.parametrize(
     "suffix, text, where, key, accepted",
     [
-        # a misspelt key was silently ignored: gpu_per_node here, gpu in a node
+        # a misspelt key is an error, not ignored: gpu_per_node here, gpu in a node
         (".yaml", "gpu_per_node: 8\nnodes:\n  - {gpus: 8}\n", "", "gpu_per_node", TOP),
         (".yaml", "inter_bw: 12\nnodes:\n  - {gpus: 8}\n", "", "inter_bw", TOP),
         (".yaml", "node:\n  - {gpus: 8}\n", "", "node", TOP),
-        (".yaml", "nodes:\n  - {gpus: 8}\n  - {gpus: 4, cnt: 2}\n", "nodes[1]: ", "cnt", "name, gpus, count"),
-        (".yaml", "nodes:\n  - {gpu: 8}\n", "nodes[0]: ", "gpu", "name, gpus, count"),
+        (".yaml", "nodes:\n  - {gpus: 8}\n  - {gpus: 4, cnt: 2}\n", "nodes[1]: ", "cnt", NODE),
+        (".yaml", "nodes:\n  - {gpu: 8}\n", "nodes[0]: ", "gpu", NODE),
         (".toml", "intra_bw = 16\n[[nodes]]\ngpus = 4\n", "", "intra_bw", TOP),
-        (".toml", "[[nodes]]\ngpus = 4\ncount = 2\nprefix = \"gpu\"\n", "nodes[0]: ", "prefix", "name, gpus, count"),
+        (".toml", "[[nodes]]\ngpus = 4\ncount = 2\nprefix = \"gpu\"\n", "nodes[0]: ", "prefix", NODE),
     ],
 )
 def test_unknown_keys_are_refused(tmp_path: Path, suffix: str, text: str, where: str, key: str, accepted: str) -> None:
@@ -326,7 +328,7 @@ def test_directory_is_named_as_one(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "text, line, key",
     [
-        ("nodes:\n  - {gpus: 8}\nnodes:\n  - {gpus: 4}\n", 3, "nodes"),  # silently kept the last
+        ("nodes:\n  - {gpus: 8}\nnodes:\n  - {gpus: 4}\n", 3, "nodes"),  # YAML itself would keep the last
         ("nodes:\n  - gpus: 8\n    gpus: 4\n", 3, "gpus"),
         ("intra_bw_gbps: 16\nintra_bw_gbps: 32\nnodes: [{gpus: 8}]\n", 2, "intra_bw_gbps"),
     ],
@@ -353,3 +355,159 @@ def test_empty_node_name_is_refused(tmp_path: Path, name: str) -> None:
         ClusterSpec.parse(f)
     with pytest.raises(ClusterSpecError, match="node names must be non-empty strings, got ''"):
         ClusterSpec((NodeSpec("", 8),))
+
+
+# ---------------------------------------------------------------------- GPU types, CPUs, memory, switches
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(
+    "spec, gpus, types, describe",
+    [
+        ("4x8:V100", (8,) * 4, ("V100",) * 4, "4x8:V100"),
+        ("2x8:v100+2x8:k80", (8,) * 4, ("v100", "v100", "k80", "k80"), "2x8:v100+2x8:k80"),
+        (" 1x8:p100 + 2 x 4 : k80 ", (8, 4, 4), ("p100", "k80", "k80"), "1x8:p100+2x4:k80"),
+        ("1x8+1x4", (8, 4), (None, None), "2 nodes / 12 GPUs"),  # untyped groups: as any heterogeneous cluster
+        ("1x8:titan-xp+1x8", (8, 8), ("titan-xp", None), "1x8:titan-xp+1x8"),
+    ],
+)
+def test_parse_typed_and_grouped_specs(spec: str, gpus: tuple, types: tuple, describe: str) -> None:
+    c = ClusterSpec.parse(spec)
+    assert c.gpus_per_node == gpus and c.gpu_types == types
+    assert [n.name for n in c.nodes] == [f"node{i + 1}" for i in range(len(gpus))]  # numbered on across groups
+    assert c.describe() == describe
+    assert c.is_typed == any(t is not None for t in types)
+    if "/" not in describe:  # the description of a spec without CPUs/memory is a spec of the same cluster
+        assert ClusterSpec.parse(describe) == c
+
+
+@pytest.mark.parametrize(
+    "spec, msg",
+    [
+        ("4x8:a100", "cluster 4x8:a100: unknown GPU type 'a100' (known: k80, p100, titanxp, v100); give the node's "
+                     "speed relative to a TITAN Xp with gpu_speed in a cluster file"),
+        ("2x8:v100+0x8:k80", "cluster 2x8:v100+0x8:k80: 0x8: both numbers must be >= 1"),
+        ("2x8:v100+1x65:k80", "at most 65,536 nodes of at most 64 GPUs"),
+        ("65536x8+1x8", "cluster 65536x8+1x8: at most 65,536 nodes of at most 64 GPUs"),
+        ("4x8+" + "9" * 12 + "x8", "at most 65,536 nodes of at most 64 GPUs"),
+    ],
+)
+def test_bad_typed_specs(spec: str, msg: str) -> None:
+    with pytest.raises(ClusterSpecError) as err:
+        ClusterSpec.parse(spec)
+    assert msg in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("spec", ["4x8:", "4x8:v 100", "4x8+", "+4x8", "4x8:v100:2", "4x8++2x8"])
+def test_malformed_typed_specs(spec: str) -> None:
+    with pytest.raises(ClusterSpecError, match="NODESxGPUS"):
+        ClusterSpec.parse(spec)
+
+
+def test_untyped_cluster_describes_and_serialises_as_before() -> None:
+    """Tests, golden files and checkpoints read these texts: no new keys for clusters without attributes."""
+    c = ClusterSpec.parse("2x4")
+    assert c.describe() == c.describe_gpus() == "2x4" and not c.is_typed and not c.has_attributes
+    assert c.to_dict() == {
+        "nodes": [{"name": "node1", "gpus": 4}, {"name": "node2", "gpus": 4}],
+        "intra_bw_gbps": 16.0,
+        "inter_bw_gbps": 5.0,
+    }
+    assert ClusterSpec((NodeSpec("a", 8), NodeSpec("b", 4))).describe() == "2 nodes / 12 GPUs"
+
+
+def test_node_attributes_in_files(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text(
+        "nodes:\n"
+        "  - {name: fast, gpus: 8, count: 2, gpu_type: V100, cpus: 64, mem_gb: 512, switch: rack1}\n"
+        "  - {gpus: 4, gpu_type: a100, gpu_speed: 2.5, switch: 7}\n"
+        "  - {gpus: 4, gpu_speed: 0.5}\n"
+    )
+    c = ClusterSpec.parse(f)
+    assert [n.name for n in c.nodes] == ["fast1", "fast2", "node3", "node4"]
+    assert c.gpu_types == ("V100", "V100", "a100", None)
+    assert c.cpus_per_node == (64, 64, None, None) and c.mem_gb_per_node == (512.0, 512.0, None, None)
+    assert c.switches == ("rack1", "rack1", "7", None)
+    assert [n.gpu_speed for n in c.nodes] == [None, None, 2.5, 0.5]
+    assert c.is_typed and c.has_attributes
+    assert c.describe() == "2x8:V100(64 CPUs, 512 GB)+1x4:a100(speed 2.5)+1x4(speed 0.5), 2 switches"
+    d = c.to_dict()["nodes"]
+    assert d[0] == {"name": "fast1", "gpus": 8, "gpu_type": "V100", "cpus": 64, "mem_gb": 512.0, "switch": "rack1"}
+    assert d[2] == {"name": "node3", "gpus": 4, "gpu_type": "a100", "gpu_speed": 2.5, "switch": "7"}
+    assert d[3] == {"name": "node4", "gpus": 4, "gpu_speed": 0.5}
+    t = tmp_path / "c.toml"
+    t.write_text('[[nodes]]\ngpus = 8\ncount = 2\ngpu_type = "k80"\ncpus = 32\nmem_gb = 256.5\nswitch = "s1"\n')
+    c2 = ClusterSpec.parse(t)
+    assert c2.nodes[1] == NodeSpec("node2", 8, "k80", cpus=32, mem_gb=256.5, switch="s1")
+
+
+@pytest.mark.parametrize(
+    "entry, words",
+    [
+        ("{gpus: 8, gpu_type: a100}", "nodes[0].gpu_type: unknown GPU type 'a100' (known: k80, p100, titanxp, v100)"),
+        ("{gpus: 8, gpu_type: 100}",
+         "nodes[0].gpu_type: expected a GPU type name (letters, digits, '_', '.', '-'), got 100"),
+        ("{gpus: 8, gpu_type: 'v 100'}", "nodes[0].gpu_type: expected a GPU type name"),
+        ("{gpus: 8, gpu_speed: 0}", "nodes[0].gpu_speed: expected a positive finite number, got 0"),
+        ("{gpus: 8, gpu_speed: .nan}", "nodes[0].gpu_speed: expected a positive finite number, got nan"),
+        ("{gpus: 8, gpu_speed: fast}", "nodes[0].gpu_speed: expected a positive finite number, got 'fast'"),
+        ("{gpus: 8, cpus: 0}", "nodes[0].cpus: expected a positive integer, got 0"),
+        ("{gpus: 8, cpus: 2.5}", "nodes[0].cpus: expected a positive integer, got 2.5"),
+        ("{gpus: 8, cpus: true}", "nodes[0].cpus: expected a positive integer, got True"),
+        ("{gpus: 8, mem_gb: -1}", "nodes[0].mem_gb: expected a positive finite number, got -1"),
+        ("{gpus: 8, mem_gb: .inf}", "nodes[0].mem_gb: expected a positive finite number, got inf"),
+        ("{gpus: 8, switch: ''}", "nodes[0].switch: expected a non-empty name, got ''"),
+        ("{gpus: 8, switch: [a]}", "nodes[0].switch: expected a non-empty name, got ['a']"),
+    ],
+)
+def test_bad_node_attributes_in_files(tmp_path: Path, entry: str, words: str) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text(f"nodes:\n  - {entry}\n")
+    with pytest.raises(ClusterSpecError) as err:
+        ClusterSpec.parse(f)
+    assert str(err.value).startswith(f"{f}: {words}"), str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_unknown_gpu_type_is_a_one_line_cli_error(tmp_path: Path, capsys) -> None:
+    from rlsched.cli import main
+
+    out = tmp_path / "o"
+    assert main(["simulate", "--cluster", "2x8:h100", "--policy", "fifo", "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown GPU type 'h100'" in err and "gpu_speed" in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "kw, msg",
+    [
+        ({"gpu_type": "v 100"}, "node 'n': gpu_type must be a name"),
+        ({"gpu_type": 3}, "node 'n': gpu_type must be a name"),
+        ({"cpus": 0}, "node 'n': cpus must be a positive integer, got 0"),
+        ({"cpus": True}, "node 'n': cpus must be a positive integer, got True"),
+        ({"mem_gb": 0.0}, "node 'n': mem_gb must be a positive finite number, got 0.0"),
+        ({"mem_gb": math.nan}, "node 'n': mem_gb must be a positive finite number, got nan"),
+        ({"gpu_speed": -1.0}, "node 'n': gpu_speed must be a positive finite number"),
+        ({"switch": " "}, "node 'n': switch must be a non-empty name"),
+    ],
+)
+def test_bad_node_attributes_direct(kw: dict, msg: str) -> None:
+    with pytest.raises(ClusterSpecError, match=msg):
+        NodeSpec("n", 8, **kw)
+
+
+def test_typed_node_built_directly_needs_no_known_type() -> None:
+    """Built in code (the Slurm adapter), a type name is a label; only specs and files check it against
+    the speed table (with gpu_speed unset)."""
+    c = ClusterSpec((NodeSpec("n", 8, "h100"),))
+    assert c.gpu_types == ("h100",) and c.is_typed
+
+
+def test_shipped_two_type_cluster_file() -> None:
+    c = ClusterSpec.parse(REPO / "slurm_conf" / "cluster-two-types.yaml")
+    assert c.gpus_per_node == (8,) * 4 and c.gpu_types == ("v100", "v100", "k80", "k80")
+    assert [n.name for n in c.nodes] == ["fast1", "fast2", "slow1", "slow2"]
+    assert c.switches == ("rack1", "rack1", "rack2", "rack2")
+    assert c.describe_gpus() == "4x8"

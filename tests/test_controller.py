@@ -231,6 +231,27 @@ def test_in_flight_jobs_reserve_their_gpus():
     np.testing.assert_array_equal(v.state.free_gpus, [8, 8, 0, 8])
 
 
+def test_build_cluster_passes_gpu_type_cpus_and_memory():
+    """sinfo's GRES type, CPUs and memory reach the NodeSpecs; a type the speed table lacks keeps its name
+    with gpu_speed 1.0 (the reference speed), so the performance model can price it."""
+    nodes = [
+        SlurmNode("gpu2", 8, 0, "idle", partitions=("gpu",), gpu_type="k80", cpus=32, mem_gb=256.0),
+        SlurmNode("gpu1", 8, 0, "idle", partitions=("gpu",), gpu_type="v100", cpus=64, mem_gb=512.0),
+        SlurmNode("gpu3", 4, 0, "idle", partitions=("gpu",), gpu_type="a100"),
+        SlurmNode("gpu4", 4, 0, "idle", partitions=("gpu",)),
+    ]
+    cl = build_cluster(nodes, "gpu", 16.0, 5.0)
+    assert [n.name for n in cl.nodes] == ["gpu1", "gpu2", "gpu3", "gpu4"]
+    assert cl.gpu_types == ("v100", "k80", "a100", None)
+    assert cl.cpus_per_node == (64, 32, None, None) and cl.mem_gb_per_node == (512.0, 256.0, None, None)
+    assert [n.gpu_speed for n in cl.nodes] == [None, None, 1.0, None]
+    perf = ContentionModel(cl)
+    # the fastest placement of 8 GPUs is the V100 node
+    assert perf.best_isolated_throughput("MoE", 8) > perf.isolated_throughput("MoE", 8, 1)
+    plain = build_cluster([SlurmNode("n1", 8, 0, "idle", partitions=("gpu",))], "gpu", 16.0, 5.0)
+    assert plain.describe() == "1x8" and not plain.has_attributes  # no GRES type, CPUs or memory reported
+
+
 # --------------------------------------------------------------------------- rounds
 def test_round_places_held_jobs_and_slurm_runs_them(tmp_path):
     s = FakeSlurm()
@@ -492,7 +513,7 @@ class _SlowRelease(FakeSlurm):
 @pytest.mark.parametrize("acted", [True, False])
 def test_release_that_times_out_keeps_its_gpus_this_round(tmp_path, acted):
     """A timed-out release may have happened: its GPUs are not given to another job in the same
-    round (that was a double booking when Slurm had acted), and the next round goes on from what
+    round (that would be a double booking if Slurm had acted), and the next round goes on from what
     Slurm shows: the job started, or it is still held and placed again."""
     s = _SlowRelease(acted, nodes=1, gpus=8)
     a, b = s.submit(8), s.submit(8)
@@ -877,7 +898,7 @@ def test_cli_bad_config_exits_2_with_message(tmp_path, capsys):
         ("--interval", "0", "must be a number in (0, 86400]"),
         ("--interval", "1e300", "must be a number in (0, 86400]"),  # was an OverflowError in Event.wait
         ("--interval", "x", "expected a number"),
-        ("--metrics-port", "-1", "must be a port in [1, 65535] or 0 (off)"),  # was: metrics silently off
+        ("--metrics-port", "-1", "must be a port in [1, 65535] or 0 (off)"),  # not silently "off"
         ("--metrics-port", "65536", "must be a port in [1, 65535] or 0 (off)"),
         ("--metrics-port", "9810.5", "expected a port number"),
     ]:
@@ -1338,7 +1359,7 @@ def _nobody() -> tuple[int, int]:
 
 
 def test_controller_makes_its_requests_folder(tmp_path):
-    """`controller preempt` run as root made `requests/` root's when the controller had not made it first."""
+    """The controller makes `requests/` itself, so `controller preempt` run as root does not make it root's."""
     _ctl(tmp_path, FakeSlurm())
     assert (tmp_path / "state" / "requests").is_dir()
 
@@ -1649,7 +1670,7 @@ def test_damaged_journal_adopts_unheld_jobs_once(tmp_path):
     assert [c for c in s.calls if c[0] == "release"] == [("release", a)]
 
 
-# --------------------------------------------------------------------------- chaos review (real-cluster findings)
+# --------------------------------------------------------------------------- failures seen on real clusters
 class PartlyDeadAgents(FakeAgents):
     """Agents that cannot checkpoint the jobs in ``dead`` (their node's agent is down)."""
 
@@ -1681,11 +1702,11 @@ def _blocked_victim_cluster(why: str):
 
 @pytest.mark.parametrize("why", ["agent_down", "no_requeue"])
 def test_a_victim_that_cannot_be_preempted_does_not_block_free_gpus(tmp_path, why):
-    """Chaos finding: SRTF chose V (agent dead) as the victim for J, counted V's GPUs as freed, the preemption
-    failed, J's placement was rejected, and the same decision came back every round while node4 sat idle
-    and K stayed held. Now the failed victim is no victim for the policy for 30 s (doubling, at most 10 min),
-    the round decides again at once without it, and K gets node4 in the same round. A --no-requeue job is
-    never offered to the policy as a victim at all."""
+    """SRTF chooses V (agent dead) as the victim for J and counts V's GPUs as freed; the preemption fails and
+    J's placement is rejected. The failed victim is then no victim for the policy for 30 s (doubling, at most
+    10 min), the round decides again at once without it, and K gets the idle node4 in the same round (the
+    same decision does not come back every round). A --no-requeue job is never offered to the policy as a
+    victim at all."""
     s, v, j, k = _blocked_victim_cluster(why)
     agents = PartlyDeadAgents(dead=[v])
     t = [2000.0]
@@ -1729,9 +1750,9 @@ def test_build_state_marks_no_requeue_and_failed_victims_not_preemptible():
 
 
 def test_agent_preempter_fails_fast_for_unreachable_or_stuck_agents():
-    """Chaos finding: a stopped (SIGSTOP) agent held the round for preempt_timeout_s + agents.timeout_s per
-    victim. Now an agent in the stats back-off is not asked at all, and every Preempt is preceded by a
-    quick health probe (short deadline): a failed probe puts the agent in the back-off."""
+    """A stopped (SIGSTOP) agent must not hold the round for preempt_timeout_s + agents.timeout_s per victim:
+    an agent in the stats back-off is not asked at all, and every Preempt is preceded by a quick health probe
+    (short deadline); a failed probe puts the agent in the back-off."""
     calls: list[tuple[str, str]] = []
 
     class Client:
@@ -1824,9 +1845,9 @@ def test_a_rounds_preemptions_stop_after_one_preemptions_worth_of_time(tmp_path)
 
 
 def test_release_time_is_when_the_release_happened(tmp_path):
-    """Chaos finding: a release made after a slow preemption in the same round was recorded at the round's
-    start, so the job was held back almost at once ("released 26 s ago but not started"). Release and
-    checkpoint times are now taken when they happen."""
+    """A release made after a slow preemption in the same round is recorded when it happens, not at the
+    round's start (which would hold the job back almost at once: "released 26 s ago but not started");
+    checkpoint times likewise."""
     s = FakeSlurm(nodes=1)
     v = _running(s, 8, "node1")
     s.job_list[v].comment = "rlsched:model=MoE,samples=1e12"
@@ -1902,11 +1923,10 @@ def test_journal_write_errors_name_the_file_and_leave_no_temp_files(tmp_path, mo
 
 
 def test_an_unwritable_state_dir_releases_nothing_but_the_round_goes_on(tmp_path, monkeypatch, controller_logs):
-    """Chaos finding: with a full state dir every round failed at journal.save() (a traceback each time),
-    status.json went stale showing no error and temp files piled up. Now: nothing is released or preempted
-    while the journal cannot record it (intent before release), the rest of the round goes on (a job that
-    never started is held back), the error names the file, is logged once as state_dir_unwritable, counted,
-    shown in status.json, and no temp file stays."""
+    """A full state dir: nothing is released or preempted while the journal cannot record it (intent before
+    release), the rest of the round goes on (a job that never started is held back), the error names the
+    file, is logged once as state_dir_unwritable, counted, shown in status.json, and no temp file stays (no
+    traceback per round, no stale status.json)."""
     import errno
 
     s = FakeSlurm()
@@ -1958,7 +1978,7 @@ def test_status_write_errors_leave_no_temp_files(tmp_path, controller_logs):
 
 
 def test_a_lock_file_that_is_a_folder_is_named(tmp_path, capsys, controller_logging):
-    """Chaos finding: a controller.lock that is a folder gave a bare "[Errno 21] Is a directory"."""
+    """A controller.lock that is a folder is named in one line, not a bare "[Errno 21] Is a directory"."""
     from rlsched.cli import main
 
     cfg = tmp_path / "c.toml"
@@ -1994,8 +2014,8 @@ def test_a_lock_file_that_cannot_name_the_pid_still_locks(tmp_path, monkeypatch,
 
 @pytest.mark.parametrize("min_run_s, preempted", [(0.0, True), (200.0, False)])
 def test_min_run_s_reaches_the_heuristics(tmp_path, min_run_s, preempted):
-    """controller.min_run_s was never passed to the heuristics (OrderedPolicy.min_run stayed 300 s): with
-    min_run_s = 0, SRTF still preempted only jobs that had run 300 s."""
+    """controller.min_run_s reaches the heuristics (OrderedPolicy.min_run): with min_run_s = 0 SRTF preempts
+    a job that has run less than the 300 s default."""
     s = FakeSlurm(nodes=1)
     v = _running(s, 8, "node1")  # started at 1000
     s.job_list[v].comment = "rlsched:model=MoE,samples=1e12"
@@ -2052,7 +2072,7 @@ def test_probe_never_turns_an_unauthenticated_reply_into_no_agent():
     assert not out.ok and out.unverified_reply
 
 
-# --------------------------------------------------------------------------- CLI review: status, check-config, help
+# --------------------------------------------------------------------------- controller CLI: status, check-config, help
 def _status_doc(**changes) -> dict:
     doc = {"time": 1000.0, "pid": 1, "policy": "greedy", "rounds": 3, "interval_s": 5.0,
            "last_round": {"ok": True, "error": None, "queue": 2, "running": 1},
@@ -2086,8 +2106,8 @@ _BAD_STATUS = [
 
 @pytest.mark.parametrize("text,why", _BAD_STATUS, ids=[why for _, why in _BAD_STATUS])
 def test_status_refuses_a_status_file_that_is_not_the_controllers(tmp_path, capsys, text, why):
-    """Review finding: a damaged status.json was a JSONDecodeError or AttributeError traceback (exit 1), and `{}`
-    printed "policy None, None rounds, last 1795322673 s ago"."""
+    """A damaged status.json is one line and exit 2 (not a JSONDecodeError or AttributeError traceback), and
+    `{}` is refused (not printed as "policy None, None rounds, last 1795322673 s ago")."""
     from rlsched.cli import main
 
     (tmp_path / "status.json").write_text(text)
@@ -2100,8 +2120,8 @@ def test_status_refuses_a_status_file_that_is_not_the_controllers(tmp_path, caps
 
 
 def test_status_names_a_state_dir_that_is_not_a_directory(tmp_path, capsys):
-    """Review finding: a file as the state dir gave a raw "[Errno 20] Not a directory: ...", a status.json that
-    is a folder a raw "[Errno 21]"."""
+    """A file as the state dir, and a status.json that is a folder, are named in one line (not a raw
+    "[Errno 20] Not a directory: ..." or "[Errno 21]")."""
     from rlsched.cli import main
 
     afile = tmp_path / "afile"
@@ -2134,7 +2154,7 @@ def test_status_prints_any_text_of_the_file_as_text(tmp_path, capsys):
 
 
 def test_check_config_checks_the_state_dir_without_making_it(tmp_path, capsys, monkeypatch):
-    """Review finding: check-config said OK for a state_dir under a regular file, where `run` then failed."""
+    """check-config refuses a state_dir under a regular file, where `run` would fail."""
     from rlsched.cli import main
 
     afile = tmp_path / "afile"
@@ -2178,7 +2198,7 @@ def test_check_config_checks_the_state_dir_without_making_it(tmp_path, capsys, m
 
 
 def test_check_config_takes_the_file_as_path_or_config(tmp_path, capsys, monkeypatch):
-    """Review finding: `check-config --config F` was refused while run, status and preempt take --config."""
+    """`check-config` takes the file as an argument or as --config, like run, status and preempt."""
     from controller import cli as controller_cli
     from rlsched.cli import main
 
@@ -2205,7 +2225,7 @@ def test_check_config_takes_the_file_as_path_or_config(tmp_path, capsys, monkeyp
 
 
 def test_every_controller_option_has_help():
-    """Review finding: status and preempt listed --config, --state-dir and --json without a word."""
+    """Every option of the controller subcommands (--config, --state-dir, --json, ...) has help text."""
     import argparse
 
     from rlsched.cli import build_parser
@@ -2219,7 +2239,7 @@ def test_every_controller_option_has_help():
 
 
 def test_an_unknown_option_of_a_controller_subcommand_points_to_its_help(capsys):
-    """Review finding: argparse reported it from the top-level parser: "(see 'rlsched --help')"."""
+    """The subcommand's own parser reports it, not the top-level one ("(see 'rlsched --help')")."""
     from rlsched.cli import main
 
     with pytest.raises(SystemExit) as ei:
@@ -2256,10 +2276,9 @@ class PlainJobAgents(FakeAgents):
 
 @pytest.mark.parametrize("without_agent", [False, True])
 def test_a_job_without_the_checkpoint_helper_is_no_victim(tmp_path, without_agent):
-    """Admin review: SRTF chose plain jobs (no checkpoint helper: they never report to an agent) as victims;
-    each preemption failed (NOT_FOUND) and was retried after 30 s, 60 s, ... Now only jobs the agents report
-    are offered as victims, unless preempt_without_agent allows a requeue without a checkpoint, which then
-    also covers an agent that does not know the job."""
+    """Plain jobs (no checkpoint helper: they never report to an agent) would fail every preemption
+    (NOT_FOUND), so only jobs the agents report are offered as victims, unless preempt_without_agent allows
+    a requeue without a checkpoint, which then also covers an agent that does not know the job."""
     s, v, j, k = _blocked_victim_cluster("agent_down")
     agents = PlainJobAgents()
     ctl = _ctl(tmp_path, s, agents, policy="srtf", preempt_without_agent=without_agent)
@@ -2288,8 +2307,8 @@ def test_operator_preempt_of_a_plain_job_fails_visibly(tmp_path, controller_logs
 
 
 def test_status_shows_waiting_jobs_and_agents_that_do_not_answer(tmp_path, capsys):
-    """Admin review: a job held for its --begin time counted nowhere (queue 0), and nothing showed whether the
-    node agents answered. Now status.json and `controller status` give both, and so do the metrics."""
+    """A job held for its --begin time counts as waiting (it is not in the queue), and status.json,
+    `controller status` and the metrics show whether the node agents answered."""
     from rlsched.cli import main
 
     class Client:

@@ -485,10 +485,10 @@ def test_plan_is_kept_within_a_round_and_remade_at_the_next():
 
 
 def test_encoder_is_pure_outside_a_round_and_across_rounds():
-    """The plan memo never leaks from one queue to another at the same time (the reviewer's case: after
-    encoding a long uniform batch, a shorter queue whose remaining times differ too much for waves got
-    the batch's plan): candidates and observations equal a fresh encoder's, outside a round and in a
-    new round; RLPolicy.reset forgets any plan."""
+    """The plan memo never leaks from one queue to another at the same time (after encoding a long uniform
+    batch, a shorter queue whose remaining times differ too much for waves must not get the batch's plan):
+    candidates and observations equal a fresh encoder's, outside a round and in a new round;
+    RLPolicy.reset forgets any plan."""
     import copy
 
     from policies.prior import AdmissionPrior
@@ -628,7 +628,7 @@ def test_obs_spec_aging_round_trips_and_defaults_to_legacy():
     assert ObsSpec.from_dict(spec.to_dict()) == spec
     assert ObsSpec.from_dict(ObsSpec.for_cluster(C48).to_dict()).aging_s == AGING_S
     old = spec.to_dict()
-    del old["aging_s"]  # checkpoints written before the field existed were trained with 1800 s
+    del old["aging_s"]  # a spec without the field: LEGACY_AGING_S, the aging such checkpoints were trained with
     assert ObsSpec.from_dict(old).aging_s == LEGACY_AGING_S == 1800.0
     assert spec != ObsSpec.for_cluster(C48, order="plan", aging_s=1800)
 
@@ -661,7 +661,8 @@ def test_obs_spec_aging_round_trips_and_defaults_to_legacy():
     ],
 )
 def test_obs_spec_rejects_nonsense(kw, msg):
-    """k = 0 used to be accepted (simulate then idled for 10,000 rounds: only "nothing" to choose)."""
+    """Nonsense specs are refused; k = 0 would leave only "nothing" to choose (simulate would idle for
+    10,000 rounds)."""
     with pytest.raises(EncodingError, match=msg):
         ObsSpec(**{"num_nodes": 4, "gpus_per_node": 8, "total_gpus": 32, **kw})
     d = {**ObsSpec.for_cluster(C48).to_dict(), **kw}

@@ -91,7 +91,7 @@ def test_jct_rel_reference_checked():
 
 
 def test_empty_traces_are_rejected_with_a_clear_error():
-    """An empty trace used to crash reset() with IndexError (an empty event heap popped at t = inf)."""
+    """An empty trace is refused when the environment is built (reset() would pop an empty event heap)."""
     with pytest.raises(ValueError, match=r"trace 0 \(0-based\) has no jobs"):
         PlacementEnv([[]], C48, perf=PERF)
     with pytest.raises(ValueError, match=r"trace 1 \(0-based\) has no jobs \(2 empty traces\)"):
@@ -199,8 +199,8 @@ def test_load_trace_dir_empty_names_the_suffixes(tmp_path: Path):
 
 @pytest.mark.parametrize("bad", [-1, 2, 1.7, 1.0, True, np.bool_(False), "0", None])
 def test_reset_trace_option_must_be_an_index_in_range(bad):
-    """options={"trace": t} used to take -1 (info["trace"] == -1), 1.7 (as 1), True (as 1) and raise a bare
-    IndexError out of range."""
+    """options={"trace": t} takes only an integer index in range: -1, 1.7, True and out-of-range values are
+    a ValueError (not taken as another index, nor a bare IndexError)."""
     env = PlacementEnv([_jobs(4), _jobs(4, seed=1)], C48, perf=PERF)
     with pytest.raises(ValueError, match=r"'trace'.*integer index in \[0, 1\] \(2 traces\)"):
         env.reset(seed=0, options={"trace": bad})

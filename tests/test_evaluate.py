@@ -144,8 +144,8 @@ def _snapshot(tmp_path):
 
 @pytest.mark.parametrize("error", [RuntimeError("plotting failed"), KeyboardInterrupt()])
 def test_a_failure_after_the_simulations_leaves_the_previous_outputs(tmp_path, monkeypatch, error):
-    """The outputs are written as a set: a plot that fails (or Ctrl-C) after the first figure was saved used to
-    leave that new figure beside the old results and the old figures."""
+    """The outputs are written as a set: a plot that fails (or Ctrl-C) after the first figure was saved leaves
+    the old results and figures, no new figure beside them."""
     import trainer.report
 
     _write_sets(tmp_path / "traces" / "normal", ["set0.csv", "set1.csv"])
@@ -283,7 +283,7 @@ def test_pq_trace_files_are_evaluated(tmp_path):
 
 def test_bad_trace_in_a_later_group_is_refused_before_any_simulation(tmp_path, monkeypatch, capsys):
     """Every file of every group is read before the first simulation: a bad trace in the last group is
-    reported at once (it used to come only after the groups before it had been evaluated)."""
+    reported at once, not after the groups before it have been evaluated."""
     from rlsched.cli import main
     from trainer.traces import TraceError
 
@@ -349,8 +349,8 @@ def test_figure_titles_name_the_cluster_evaluated(tmp_path, monkeypatch):
 
 
 def test_evaluate_needs_an_explicit_out(tmp_path, capsys, monkeypatch):
-    """Without --out, evaluate wrote into ./docs: run from the repository root with other traces, it silently
-    replaced the committed results. --out is now required (the documented command passes --out docs)."""
+    """--out is required: a default of ./docs, run from the repository root with other traces, would silently
+    replace the committed results (the documented command passes --out docs)."""
     from rlsched.cli import main
 
     monkeypatch.chdir(tmp_path)

@@ -139,8 +139,8 @@ def test_srtf_preempts_worst_victim_and_only_what_it_needs(perf) -> None:
 
 
 def test_preemption_only_covers_each_nodes_deficit(perf) -> None:
-    """The reviewer's case: J (10 GPUs) needs 2 GPUs on node 0, which has 3 free, and 8 on node 1,
-    which has none. Only V2 (node 1) must go; V1 (lowest priority, node 0) was preempted too."""
+    """J (10 GPUs) needs 2 GPUs on node 0, which has 3 free, and 8 on node 1, which has none. Only V2
+    (node 1) goes; V1 (lowest priority, node 0) stays."""
     v1 = job("V1", 1, total=1e6, placement=Placement.of({0: 1}), start=0.0)  # lowest priority
     v2 = job("V2", 8, total=5e5, placement=Placement.of({1: 8}), start=0.0)
     x = job("X", 4, total=1e2, placement=Placement.of({0: 4}), start=0.0)  # short: never a victim
@@ -228,8 +228,8 @@ def test_equal_times_tie_by_submit_time_not_float_rounding(perf) -> None:
 
 def test_greedy_sees_the_jobs_it_placed_earlier_in_the_round() -> None:
     """All four jobs start in one round on an idle 4x8 cluster: the 4-GPU MoE job must not be put
-    beside the 12-GPU FSDP job placed a moment before (the rule used to see only the jobs running
-    before the round, so it judged those nodes free of multi-node neighbours)."""
+    beside the 12-GPU FSDP job placed a moment before (the rule sees the round's own starts, not only the
+    jobs running before the round)."""
     c48 = ClusterSpec.parse("4x8")
     perf48 = ContentionModel(c48)
 
@@ -413,8 +413,8 @@ def test_decisions_are_applicable(perf, st_) -> None:
     ],
 )
 def test_job_info_rejects_bad_fields(kw, msg) -> None:
-    """A NaN done_samples in a ClusterState made SRTF (and the encoder) fail with an opaque
-    'cannot convert float NaN to integer'; the job and field are now named where the job is built."""
+    """A NaN done_samples (and the like) is refused where the job is built, naming the job and field, not
+    later in SRTF or the encoder as an opaque 'cannot convert float NaN to integer'."""
     base = {"job_id": "x", "model": "MoE", "gpu_demand": 4, "submit_time": 0.0, "total_samples": 100.0}
     with pytest.raises(ValueError, match=msg):
         JobInfo(**{**base, **kw})

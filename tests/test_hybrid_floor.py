@@ -1,18 +1,18 @@
-"""benchmarks/hybrid_floor.py: rl-hybrid's safety-rule variants against rl-base, on real simulations."""
+"""scripts/studies/hybrid_floor.py: rl-hybrid's safety-rule variants against rl-base, on real simulations."""
 
 from __future__ import annotations
 
 import json
 
 import numpy as np
-from bench_loader import load_benchmark
+from bench_loader import load_study
 
 from policies.cluster import ClusterSpec
 from policies.perf import ContentionModel
 from trainer.generate import GeneratorConfig, generate_jobs
 from trainer.traces import write_trace
 
-hf = load_benchmark("hybrid_floor")
+hf = load_study("hybrid_floor")
 
 C48 = ClusterSpec.parse("4x8")
 

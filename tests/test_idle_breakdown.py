@@ -1,10 +1,11 @@
-"""benchmarks/idle_breakdown.py: idle classes on hand cases, and on real simulations they add up to the idle time."""
+"""scripts/studies/idle_breakdown.py: idle classes on hand cases, and on real simulations they add up to the idle
+time."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from bench_loader import load_benchmark
+from bench_loader import load_study
 
 from policies.cluster import ClusterSpec
 from policies.perf import ContentionModel
@@ -13,7 +14,7 @@ from trainer.generate import GeneratorConfig, generate_jobs
 from trainer.simulator import SimConfig, Simulator
 from trainer.traces import write_trace
 
-ib = load_benchmark("idle_breakdown")
+ib = load_study("idle_breakdown")
 
 C48 = ClusterSpec.parse("4x8")
 

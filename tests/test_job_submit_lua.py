@@ -295,7 +295,7 @@ def test_every_checked_field_outside_the_allowlist_is_refused():
 
 
 def test_exclusive_and_gpu_sharing_and_user_pins_are_refused_at_submission():
-    """--exclusive gave a CPU job all 8 GPUs of its node (and a --gpus=4 job 8): refused in the managed
+    """--exclusive gives a CPU job all 8 GPUs of its node (and a --gpus=4 job 8): refused in the managed
     partition for every job (=user and =mcs too); mps/shard GRES likewise. A GPU job may not carry -w or
     --exclude: the controller chooses its nodes."""
     def sub(**desc):

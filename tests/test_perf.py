@@ -348,8 +348,8 @@ def registry(monkeypatch):
     ],
 )
 def test_register_workload_validates_every_field(registry, field, value, msg) -> None:
-    """A negative or NaN bandwidth / comm ratio gave negative throughputs, CS < 1 or NaN; now a clear error,
-    and nothing is registered."""
+    """A negative or NaN bandwidth / comm ratio (which would give negative throughputs, CS < 1 or NaN) is a
+    clear error, and nothing is registered."""
     import dataclasses
 
     good = registry.WorkloadProfile("New", 500.0, 2.0, per_gpu_throughput=100.0)
@@ -371,7 +371,7 @@ def test_registered_workload_is_priced_sensibly(registry) -> None:
 
 
 def test_model_registered_after_the_contention_model_gives_a_clear_error(registry) -> None:
-    """It used to raise a bare KeyError('Late') from the parameter table."""
+    """An UnknownModelError naming the model, not a bare KeyError('Late') from the parameter table."""
     from policies.workloads import UnknownModelError
 
     m = ContentionModel(ClusterSpec.parse("4x8"))
@@ -384,3 +384,202 @@ def test_model_registered_after_the_contention_model_gives_a_clear_error(registr
         with pytest.raises(UnknownModelError, match=r"model 'Late' was registered after this ContentionModel was built"):
             call()
     assert ContentionModel(ClusterSpec.parse("4x8")).isolated_throughput("Late", 1, 1) == pytest.approx(100.0)
+
+
+# ---------------------------------------------------------------------- GPU types
+GAVEL_CSV = Path(__file__).resolve().parents[1] / "policies" / "data" / "gavel" / "single_gpu_throughputs.csv"
+
+
+def _gavel_factor_by_hand(gavel_model: str, gpu_type: str) -> float:
+    """Geometric mean over the model's batch sizes of thp(type) / thp(P100), read from the CSV here."""
+    import csv
+
+    logs = []
+    with GAVEL_CSV.open() as f:
+        for row in csv.DictReader(f):
+            if row["model"] == gavel_model and float(row[gpu_type]) > 0 and float(row["p100"]) > 0:
+                logs.append(math.log(float(row[gpu_type]) / float(row["p100"])))
+    return math.exp(sum(logs) / len(logs))
+
+
+def test_gavel_data_is_whole() -> None:
+    from policies.gputypes import gavel_throughputs
+
+    rows = gavel_throughputs()
+    assert len(rows) == 26  # Gavel's single-GPU table: 7 models, 26 (model, batch size) rows
+    assert {r.model for r in rows} == {
+        "ResNet-18", "ResNet-50", "Transformer", "A3C", "LM", "Recommendation", "CycleGAN"
+    }
+    assert all(r.steps_per_s["p100"] > 0 and r.steps_per_s["v100"] > 0 for r in rows)
+    assert [(r.model, r.batch_size) for r in rows if r.steps_per_s["k80"] == 0] == [("ResNet-50", 128)]
+
+
+def test_speed_table_follows_from_gavel_and_the_mapping() -> None:
+    from policies.gputypes import FAMILY_TO_GAVEL, REFERENCE_TYPE, speed_table
+
+    t = speed_table()
+    assert sorted(t) == ["k80", "p100", "titanxp", "v100"] and REFERENCE_TYPE == "titanxp"
+    assert set(FAMILY_TO_GAVEL) == set(MODELS)
+    every = ("ResNet-18", "ResNet-50", "Transformer", "A3C", "LM", "Recommendation", "CycleGAN")
+    for gt in ("k80", "v100"):
+        overall = math.exp(sum(math.log(_gavel_factor_by_hand(m, gt)) for m in every) / len(every))
+        for fam, (gm, why) in FAMILY_TO_GAVEL.items():
+            want = overall if gm == "*" else _gavel_factor_by_hand(gm, gt)
+            assert t[gt][fam] == pytest.approx(want, rel=1e-12), (gt, fam)
+            assert why
+        assert t[gt]["*"] == pytest.approx(overall, rel=1e-12)
+    assert all(v == 1.0 for v in t["p100"].values()) and all(v == 1.0 for v in t["titanxp"].values())
+
+
+def test_speed_factors_pinned() -> None:
+    """The numbers docs/PERFORMANCE_MODEL.md states ("GPU types, CPUs and memory")."""
+    from policies.gputypes import speed_table
+
+    from policies.gputypes import FAMILY_TO_GAVEL
+
+    t = speed_table()
+    want = {  # family: (V100, K80)
+        "MobileNetV3": (1.526, 0.277), "GraphSage": (1.398, 0.305), "DLRM": (1.533, 0.316),
+        "Transformer-XL": (1.295, 0.393), "FSDP": (1.295, 0.393), "MoE": (1.295, 0.393),
+    }
+    docs = DOCS.read_text()
+    for fam, (v100, k80) in want.items():
+        assert (round(t["v100"][fam], 3), round(t["k80"][fam], 3)) == (v100, k80), fam
+        gm = FAMILY_TO_GAVEL[fam][0].replace("*", "all (geometric mean)")
+        assert f"| {fam} | {gm} | {v100:.3f} | {k80:.3f} |" in docs, fam
+
+
+def test_speed_factor_names_and_overrides() -> None:
+    from policies.gputypes import UnknownGPUTypeError, check_speed, normalize_gpu_type, speed_factor, speed_table
+
+    v = speed_table()["v100"]
+    for name in ("v100", "V100", "Tesla-V100", "tesla_v100", "NVIDIA V100", "nvidia-tesla-v100"):
+        assert normalize_gpu_type(name) == "v100" and speed_factor(name, "MoE") == v["MoE"]
+    assert normalize_gpu_type("Titan_Xp") == "titanxp" and speed_factor("TITAN-XP", "MoE") == 1.0
+    assert normalize_gpu_type("A100") == normalize_gpu_type("nvidia_a100") == "a100"  # unknown: still comparable
+    assert speed_factor(None, "MoE") == 1.0
+    assert speed_factor("v100", "moe") == v["MoE"]  # an alias of the model
+    assert speed_factor("v100", "not-a-model") == v["*"]
+    assert speed_factor("a100", "MoE", gpu_speed=2.5) == 2.5
+    assert speed_factor("v100", "MoE", gpu_speed=0.9) == 0.9  # the node's own factor wins
+    with pytest.raises(UnknownGPUTypeError) as err:
+        speed_factor("a100", "MoE")
+    assert str(err.value) == (
+        "unknown GPU type 'a100' (known: k80, p100, titanxp, v100); give the node's speed relative to a "
+        "TITAN Xp with gpu_speed in a cluster file"
+    )
+    check_speed("a100", 2.0)
+    check_speed(None, None)
+    with pytest.raises(UnknownGPUTypeError, match="^x: unknown GPU type 'h100'"):
+        check_speed("h100", None, "x: ")
+
+
+def test_contention_model_is_a_performance_model(model: ContentionModel) -> None:
+    from policies.perf import PerformanceModel
+
+    assert isinstance(model, PerformanceModel)
+
+
+def test_untyped_throughput_is_the_isolated_throughput_bit_for_bit() -> None:
+    """Every number on a cluster without GPU types stays as it was (the golden tests rely on it); a
+    cluster all of the reference type (or of P100, taken as equal to it) gives the same numbers."""
+    from policies.cluster import Placement
+    from policies.job import JobSpec
+    from policies.resources import Allocation, ResourceDemand
+
+    plain = ContentionModel(ClusterSpec.parse("4x8"))
+    for spec in ("4x8:titanxp", "4x8:p100"):
+        same = ContentionModel(ClusterSpec.parse(spec))
+        assert same.cluster.is_typed
+        for name in MODELS:
+            for g in (1, 2, 4, 8, 16, 32):
+                assert same.best_isolated_throughput(name, g) == plain.best_isolated_throughput(name, g)
+    for name in MODELS:
+        for p in map(Placement.of, ({0: 1}, {0: 8}, {0: 4, 2: 4}, {0: 8, 1: 8, 3: 8})):
+            iso = plain.isolated_throughput(name, p.total_gpus, p.num_nodes)
+            assert plain.throughput(name, p) == iso
+            job = JobSpec("j", 0.0, name, p.total_gpus, 1.0)
+            alloc = Allocation.from_placement(p, ResourceDemand(p.total_gpus), plain.cluster)
+            assert plain.throughput(job, alloc) == iso
+            assert plain.throughput(job, p, ClusterSpec.parse("4x8:p100")) == iso
+
+
+def test_typed_throughput_by_hand() -> None:
+    """thp = isolated / ((1 - s) / f + s), f the slowest factor over the job's nodes, s the communication
+    share (b u + c (n - 1)) / tau of the fitted model; one GPU: exactly f times the reference."""
+    from policies.cluster import Placement
+    from policies.gputypes import speed_table
+
+    cl = ClusterSpec.parse("2x8:v100+2x8:k80")
+    m = ContentionModel(cl)
+    for name in MODELS:
+        fv, fk = speed_table()["v100"][name], speed_table()["k80"][name]
+        assert m.node_factors(name) == (fv, fv, fk, fk)
+        one = m.throughput(name, Placement.of({1: 1}))
+        assert one == pytest.approx(fv * m.isolated_throughput(name, 1, 1), rel=1e-12)
+        for p, f in ((Placement.of({0: 8}), fv), (Placement.of({2: 4, 3: 4}), fk), (Placement.of({1: 4, 2: 4}), fk),
+                     (Placement.of({0: 8, 1: 8}), fv)):
+            g, n = p.total_gpus, p.num_nodes
+            a, b, c = m.params[name]
+            u = 0.0 if g == 1 else 2.0 * (g - 1) / g * (ETA if n == 1 else 1.0)
+            s = (b * u + c * (n - 1)) / (a + b * u + c * (n - 1))
+            want = m.isolated_throughput(name, g, n) / ((1 - s) / f + s)
+            assert m.throughput(name, p) == pytest.approx(want, rel=1e-12), (name, p)
+        # faster GPUs: faster, slower: slower; a job over both types runs at the slow pace
+        iso = m.isolated_throughput(name, 8, 2)
+        assert m.throughput(name, Placement.of({0: 4, 1: 4})) > iso > m.throughput(name, Placement.of({1: 4, 2: 4}))
+        assert m.throughput(name, Placement.of({1: 4, 2: 4})) == m.throughput(name, Placement.of({2: 4, 3: 4}))
+
+
+def test_gpu_speed_from_the_cluster_file_is_used(tmp_path: Path) -> None:
+    from policies.cluster import Placement
+
+    f = tmp_path / "c.yaml"
+    f.write_text("nodes:\n  - {gpus: 8, gpu_type: h100, gpu_speed: 3.0}\n  - {gpus: 8}\n")
+    m = ContentionModel(ClusterSpec.parse(f))
+    assert m.node_factors("MoE") == (3.0, 1.0)
+    assert m.throughput("DLRM", Placement.of({0: 1})) == pytest.approx(3.0 * m.isolated_throughput("DLRM", 1, 1))
+    assert m.throughput("DLRM", Placement.of({1: 8})) == m.isolated_throughput("DLRM", 8, 1)
+
+
+def test_unknown_type_built_in_code_fails_when_priced() -> None:
+    from policies.cluster import NodeSpec, Placement
+    from policies.gputypes import UnknownGPUTypeError
+
+    m = ContentionModel(ClusterSpec((NodeSpec("n", 8, "h100"),)))
+    with pytest.raises(UnknownGPUTypeError, match="unknown GPU type 'h100'"):
+        m.throughput("MoE", Placement.of({0: 8}))
+    with pytest.raises(UnknownGPUTypeError, match="unknown GPU type 'h100'"):
+        m.best_isolated_throughput("MoE", 8)
+
+
+def test_best_isolated_throughput_on_a_typed_cluster() -> None:
+    """The best over speed levels: each level's nodes (factor >= f) at their best node count, priced at f."""
+    from policies.cluster import NodeSpec
+
+    # 1 V100 node of 4 GPUs, 3 K80 nodes of 8: 4 GPUs fit on the V100 node, 8 only on K80 nodes (or
+    # spread over both, at the K80 pace)
+    cl = ClusterSpec((NodeSpec("v", 4, "v100"), *(NodeSpec(f"k{i}", 8, "k80") for i in range(3))))
+    m = ContentionModel(cl)
+    plain = ContentionModel(ClusterSpec((NodeSpec("v", 4), *(NodeSpec(f"k{i}", 8) for i in range(3)))))
+    for name in MODELS:
+        fv, fk = m.node_factors(name)[0], m.node_factors(name)[1]
+        assert m.best_isolated_throughput(name, 4) == pytest.approx(
+            m.isolated_throughput(name, 4, 1) * m.type_speedup(name, 4, 1, fv), rel=1e-12
+        )
+        want8 = max(plain.isolated_throughput(name, 8, n) * m.type_speedup(name, 8, n, fk) for n in range(1, 5))
+        assert m.best_isolated_throughput(name, 8) == pytest.approx(want8, rel=1e-12)
+        # an all-V100 cluster: every demand faster than on reference GPUs
+        fast, ref = ContentionModel(ClusterSpec.parse("4x8:v100")), ContentionModel(ClusterSpec.parse("4x8"))
+        for g in (1, 4, 8, 16, 32):
+            assert fast.best_isolated_throughput(name, g) > ref.best_isolated_throughput(name, g)
+    with pytest.raises(ValueError, match="do not fit"):
+        m.best_isolated_throughput("MoE", 29)
+
+
+def test_comm_share(model: ContentionModel) -> None:
+    for name in MODELS:
+        assert model.comm_share(name, 1, 1) == 0.0
+        for g, n in ((8, 1), (8, 2), (16, 4)):
+            assert 0.0 <= model.comm_share(name, g, n) < 1.0
+        assert model.type_speedup(name, 8, 2, 1.0) == pytest.approx(1.0, rel=1e-15)

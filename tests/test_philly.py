@@ -113,7 +113,7 @@ def test_absurd_gpu_count_is_clipped_not_wrapped(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", ["gpu_scale", "time_scale"])
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), 0.0, -1.0])
 def test_scales_must_be_finite_and_positive(small: Path, name: str, value: float) -> None:
-    """NaN passed the old `> 0` check's negation (a traceback later); inf gave inf demands and times."""
+    """NaN and inf are refused too (NaN fails no `<= 0` test; inf would give inf demands and times)."""
     with pytest.raises(ValueError, match=f"^{name} must be a finite number > 0, got {value!r}$"):
         read_philly(small, CLUSTER, **{name: value})
 

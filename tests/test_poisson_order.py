@@ -1,18 +1,18 @@
-"""benchmarks/poisson_order.py: holding vs candidate order on Poisson arrivals, on real simulations."""
+"""scripts/studies/poisson_order.py: holding vs candidate order on Poisson arrivals, on real simulations."""
 
 from __future__ import annotations
 
 import json
 
 import numpy as np
-from bench_loader import load_benchmark
+from bench_loader import load_study
 
 from policies.cluster import ClusterSpec
 from policies.perf import ContentionModel
 from trainer.generate import GeneratorConfig, generate_jobs
 from trainer.traces import write_trace
 
-po = load_benchmark("poisson_order")
+po = load_study("poisson_order")
 
 C48 = ClusterSpec.parse("4x8")
 

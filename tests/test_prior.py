@@ -178,8 +178,8 @@ def test_masked_logits_equal_masked_sum(speeds, mask, theta, scale, z):
 
 
 def test_scale_is_bounded_so_logits_stay_finite_in_float32():
-    """A scale of 1e300 or Infinity (json.loads accepts it) made every prior logit -inf in float32 and the
-    masked argmax picked an invalid action; the scale must now be finite and at most MAX_SCALE (1e6), which
+    """A scale of 1e300 or Infinity (json.loads accepts it) would make every prior logit -inf in float32 and
+    the masked argmax pick an invalid action; the scale must be finite and at most MAX_SCALE (1e6), which
     keeps every logit finite for any realistic action space, in numpy and torch alike."""
     from policies.prior import MAX_SCALE
 

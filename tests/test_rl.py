@@ -404,11 +404,11 @@ def _inf_net(spec: ObsSpec, value: float = -np.inf) -> MLPNet:
 @pytest.mark.parametrize("deterministic", [True, False])
 @pytest.mark.parametrize("value", [-np.inf, np.nan])
 def test_unusable_logits_raise_policy_error_not_value_error(fast, with_prior, deterministic, value):
-    """All -inf logits (the reviewer's prior scale 1e300) used to crash the round with
-    ``ValueError: action 0 is not valid in this state``; now a PolicyError says why, on every path
-    (dense / sparse, with / without the prior's fused path, argmax / sampling, decide / schedule).
-    All-NaN logits too: numpy's argmax returns the first NaN, which is then a valid action, so such a
-    network used to run silently (and be scored) as "the lowest valid action"."""
+    """All -inf logits (e.g. a prior scale of 1e300) raise a PolicyError that says why, not
+    ``ValueError: action 0 is not valid in this state``, on every path (dense / sparse, with / without the
+    prior's fused path, argmax / sampling, decide / schedule). All-NaN logits too: numpy's argmax returns
+    the first NaN, which is then a valid action, so such a network would otherwise run silently (and be
+    scored) as "the lowest valid action"."""
     from policies.prior import AdmissionPrior
 
     spec = ObsSpec.for_cluster(C48)

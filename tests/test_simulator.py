@@ -457,7 +457,7 @@ def _snapshot(sim: Simulator) -> tuple:
 @pytest.mark.parametrize(
     "dec, msg",
     [
-        # the second placement does not fit: the first and the preemption used to be applied already
+        # the second placement does not fit: neither the first nor the preemption is applied
         (Decision([("b", Placement.of({0: 4})), ("c", Placement.of({0: 8}))], ["a"]), r"job c: placement .* does not fit"),
         (Decision([("b", Placement.of({1: 4}))], []), r"job b: placement .* does not fit"),  # no node 1
         (Decision([("b", Placement.of({0: 2}))], ["a"]), r"job b: placement .* has 2 GPUs, demand is 4"),
@@ -503,9 +503,9 @@ def test_preempt_and_restart_in_one_decision() -> None:
 
 
 def test_short_job_is_not_completed_early_by_a_nearby_event() -> None:
-    """A job of a few ms whose end falls 30 us after an arrival at t = 50000 s: the completion window
-    used to be 1e-9 * t = 50 us, so it completed at the arrival, 0.7 % of its work short (an invariant
-    failure on a legal trace). The window is now relative to the job's own duration too."""
+    """A job of a few ms whose end falls 30 us after an arrival at t = 50000 s: with a completion window
+    of 1e-9 * t = 50 us alone it would complete at the arrival, 0.7 % of its work short (an invariant
+    failure on a legal trace). The window is relative to the job's own duration too."""
     cluster = ClusterSpec.parse("4x8")
     perf = perf_for(cluster)
     r = perf.isolated_throughput("GraphSage", 1, 1)
@@ -646,7 +646,8 @@ def test_cli_long_isolated_run_is_one_line(tmp_path, capsys, samples: str) -> No
 
 # ---------------------------------------------------------------------- the utilisation grid (trainer/metrics.py)
 def test_utilisation_grid_is_bounded() -> None:
-    """The grid of util_samples had makespan / round points: 3.3e9 (24.8 GiB) for a 1e12 s makespan."""
+    """The grid of util_samples is bounded: makespan / round points would be 3.3e9 (24.8 GiB) for a 1e12 s
+    makespan."""
     from trainer.metrics import MAX_UTIL_GRID_POINTS, util_grid_step, utilisation_on_grid
 
     t, u = np.array([0.0, 100.0]), np.array([8, 4])

@@ -22,6 +22,7 @@ from controller.slurm import (
     gpus_from_tres,
     managed_gpus,
     parse_gres_count,
+    parse_gres_type,
     parse_sinfo_json,
     parse_squeue_json,
 )
@@ -147,6 +148,53 @@ def test_tres_and_gres_counts():
     assert parse_gres_count("gpu:8(IDX:0-7)") == 8
     assert parse_gres_count("gpu:a100:4(S:0-1),mps:200") == 4
     assert parse_gres_count("(null)") == 0
+
+
+@pytest.mark.parametrize(
+    "gres, gpu_type",
+    [
+        ("gpu:v100:8(S:0-1)", "v100"),
+        ("gpu:a100:4(IDX:0-3),mps:100", "a100"),
+        ("tmpsize:7T,gpu:l40s:4(S:0-1)", "l40s"),
+        ("gpu:8(S:0)", None),  # no type
+        ("gpu:v100:4,gpu:k80:4", None),  # two types on one node: no single type
+        ("mps:100", None),
+        ("", None),
+        (None, None),
+    ],
+)
+def test_gres_type(gres, gpu_type):
+    assert parse_gres_type(gres) == gpu_type
+
+
+def test_sinfo_json_keeps_gres_type_cpus_and_memory():
+    """22.05 node records: the GRES type (gpu:v100:8 -> v100), cpus and real_memory (MB -> GB of 1024 MB);
+    RealMemory left at Slurm's default of 1 MB is no memory figure."""
+    doc = json.loads(_read("sinfo_22.05.json"))
+    doc["nodes"][0]["gres"] = "gpu:v100:8(S:0-1)"
+    doc["nodes"][1]["gres"] = "gpu:k80:8(S:0)"
+    doc["nodes"][2]["real_memory"] = 1
+    doc["nodes"][3]["cpus"] = {"set": True, "infinite": False, "number": 48}  # 23.x+ encoding
+    nodes = {n.name: n for n in parse_sinfo_json(json.dumps(doc))}
+    n1, n2, n3, n4 = (nodes[f"node{i}"] for i in range(1, 5))
+    assert (n1.gpu_type, n1.gpus, n1.cpus, n1.mem_gb) == ("v100", 8, 32, 64000 / 1024)
+    assert (n2.gpu_type, n2.gpus) == ("k80", 8)
+    assert n3.gpu_type is None and n3.mem_gb is None and n3.cpus == 32
+    assert n4.cpus == 48
+
+
+def test_sinfo_json_24_keeps_gres_type_cpus_and_memory():
+    """24.x partition/state groups: cpus.minimum and memory.minimum (MB) per node, the GRES type of gres.total."""
+    doc = {"sinfo": [
+        {"node": {"state": ["IDLE"]}, "nodes": {"nodes": ["fast[1-2]"]}, "partition": {"name": "gpu"},
+         "gres": {"total": "gpu:v100:8(S:0-1)", "used": "gpu:v100:0"},
+         "cpus": {"minimum": 64, "maximum": 64, "total": 128}, "memory": {"minimum": 524288, "maximum": 524288}},
+        {"node": {"state": ["IDLE"]}, "nodes": {"nodes": ["slow1"]}, "partition": {"name": "gpu"},
+         "gres": {"total": "gpu:8", "used": "gpu:0"}},
+    ], "errors": []}
+    nodes = {n.name: n for n in parse_sinfo_json(json.dumps(doc))}
+    assert (nodes["fast2"].gpu_type, nodes["fast2"].cpus, nodes["fast2"].mem_gb) == ("v100", 64, 512.0)
+    assert (nodes["slow1"].gpu_type, nodes["slow1"].cpus, nodes["slow1"].mem_gb) == (None, None, None)
 
 
 def test_bad_outputs_are_value_errors():

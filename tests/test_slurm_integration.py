@@ -237,10 +237,10 @@ def _denied(cluster, jid: int, upd: str, user: str) -> None:
 
 
 def test_owner_cannot_release_a_held_job_with_nice_or_any_field_off_the_allowlist(live_cluster, test_user):
-    """Adversarial review: ``scontrol update Nice=1`` by the owner released a held managed job (22.05 sets
-    the priority to MAX(0 + old nice - new nice, 2)) and it ran at once on the node pinned at submission
-    (-w node4). job_modify now lets the owner change only comment, name, time limit, dependency and mail
-    settings; everything else, cleared values (``ReqNodeList=``) included, is refused."""
+    """``scontrol update Nice=1`` by the owner would release a held managed job (22.05 sets the priority to
+    MAX(0 + old nice - new nice, 2)) and run it at once on a node pinned at submission (-w node4).
+    job_modify lets the owner change only comment, name, time limit, dependency and mail settings;
+    everything else, cleared values (``ReqNodeList=``) included, is refused."""
     cluster = live_cluster
     jid = cluster.sbatch("sleep 1", 4, comment="rlsched:model=MoE", user=test_user)
     cluster.run(["scontrol", "update", f"JobId={jid}", "ReqNodeList=node4"])  # a pin left by the controller (root)
@@ -272,10 +272,10 @@ def test_owner_cannot_release_a_held_job_with_nice_or_any_field_off_the_allowlis
 
 
 def test_owner_cannot_repin_or_start_a_requeued_managed_job(live_cluster, test_user, tmp_path):
-    """Adversarial review: ``scontrol requeue`` of one's own running managed job does not pass job_modify;
-    the job came back pending (not held) with its old priority, and ``ReqNodeList= ExcNodeList=node1,node2,node3``
-    plus ``StartTime=now`` restarted it on node4 with no controller involved. Now every one of those updates
-    is refused (holding the requeued job again is the controller's part)."""
+    """``scontrol requeue`` of one's own running managed job does not pass job_modify; the job comes back
+    pending (not held) with its old priority, and ``ReqNodeList= ExcNodeList=node1,node2,node3`` plus
+    ``StartTime=now`` would restart it on node4 with no controller involved. Every one of those updates is
+    refused (holding the requeued job again is the controller's part)."""
     cluster = live_cluster
     jid = cluster.sbatch("sleep 300", 2, comment="rlsched:model=GNN", user=test_user)
     # placed as the controller does it (root): pin, then release
@@ -308,9 +308,9 @@ def test_owner_cannot_repin_or_start_a_requeued_managed_job(live_cluster, test_u
 
 
 def test_exclusive_jobs_and_exclusive_moves_are_refused_in_the_managed_partition(live_cluster, test_user):
-    """Adversarial review: ``sbatch --exclusive -w node2`` without GPUs ran at once with all 8 GPUs of node2
+    """``sbatch --exclusive -w node2`` without GPUs would run at once with all 8 GPUs of node2
     (SLURM_GPUS_ON_NODE=8), ``salloc --exclusive`` + ``srun --gres=gpu:8`` likewise, and a managed
-    ``--gpus=4 --exclusive`` job got 8. --exclusive (=user, =mcs too) is refused in the managed partition; a
+    ``--gpus=4 --exclusive`` job would get 8. --exclusive (=user, =mcs too) is refused in the managed partition; a
     job there cannot become exclusive later, nor can one from another partition move in."""
     cluster = live_cluster
     for cmd in (["sbatch", "--exclusive", "-w", "node2", "-o", "/dev/null", "--wrap", "true"],
@@ -479,8 +479,8 @@ def test_killed_agent_does_not_lose_the_job(live_cluster, tmp_path):
 
 
 def test_stopped_agent_does_not_hold_up_the_round(live_cluster, tmp_path):
-    """Chaos finding: a stopped (SIGSTOP) agent held each round for preempt_timeout_s + agents.timeout_s per
-    victim. Now the round's stats call finds it unreachable (agents.timeout_s, 5 s here) and the preemption
+    """A stopped (SIGSTOP) agent does not hold each round for preempt_timeout_s + agents.timeout_s per
+    victim: the round's stats call finds it unreachable (agents.timeout_s, 5 s here) and the preemption
     fails fast: no Preempt waits on it; the job keeps running and is no victim for a while."""
     cluster = live_cluster
     ctl, jid, apid = _reporting_job(cluster, tmp_path, steps=200)

@@ -354,7 +354,7 @@ def test_refused_overwrite_keeps_the_previous_run(tmp_path, tiny_run, capsys):
     trace = tiny_run[2]
     base = ["train", "--traces", str(tiny_run[1]), "--cluster", "2x4", "--timesteps", "64", "--n-envs", "1",
             "--out", str(run), "--overwrite"]
-    # the reviewer's cases: a bad prior scale (argparse) and a mistyped --init (was: exit 2 but the run gone)
+    # a bad prior scale (argparse) and a mistyped --init: exit 2, and the run is still there
     with pytest.raises(SystemExit):
         main([*base, "--prior-scale", "0"])
     capsys.readouterr()
@@ -391,7 +391,7 @@ def _no_model(monkeypatch) -> None:
 
 def test_init_from_a_shipped_checkpoint_is_refused_up_front(tmp_path, tiny_run, monkeypatch, capsys):
     """A shipped checkpoint keeps only the policy layers: --init names that in check_run, before the traces
-    are read or the model is built (it used to fail in load_state_dict, after both)."""
+    are read or the model is built (not in load_state_dict, after both)."""
     from rlsched.cli import main
     from trainer.train import check_run
 
@@ -572,8 +572,8 @@ def test_cli_resume_with_other_net_arch_is_one_line(tmp_path, tiny_run, capsys):
 
 
 def test_damaged_eval_log_is_refused_and_writes_are_atomic(tmp_path, tiny_run, monkeypatch, capsys):
-    """eval.csv / summary.json are replaced atomically; a damaged eval.csv (from a crash of an older version)
-    stops --resume with one line instead of float('')."""
+    """eval.csv / summary.json are replaced atomically; a damaged eval.csv (e.g. half a row) stops --resume
+    with one line instead of float('')."""
     import csv
 
     import trainer.train as tt
@@ -639,7 +639,7 @@ def test_checkpoint_summary_shows_segment_commands_and_the_legacy_command(tiny_r
     old.meta = copy.deepcopy(ck.meta)
     del old.meta["training"]["commands"]
     assert checkpoint_summary(old)["training"]["commands"] is None
-    old.meta["training"]["command"] = "rlsched train --seed 0"  # shipped before training.commands
+    old.meta["training"]["command"] = "rlsched train --seed 0"  # as the shipped checkpoints hold it
     assert checkpoint_summary(old)["training"]["commands"] == ["rlsched train --seed 0"]
 
 
@@ -655,7 +655,7 @@ def test_checkpoint_summary_marks_malformed_training_metadata(tmp_path, tiny_run
     assert good["timesteps"] == 64 and good["traces"] == [] and good["traces_sha256"] == traces_fingerprint(
         [tiny_run[2]]
     )
-    # the reviewer's cases (config / source a string, traces of ints), and more, on the loaded metadata
+    # config / source a string, traces of ints, and more, on the loaded metadata
     bad = copy.copy(ck)
     bad.meta = copy.deepcopy(ck.meta)
     bad.meta["training"].update(config="x", source="abc", timesteps="many", val_rel_jct="low", commands=["rlsched"])
@@ -862,7 +862,8 @@ def test_tensorboard_evaluations_at_their_steps(tmp_path):
 
 def test_run_stopped_after_its_first_evaluation_resumes(tmp_path):
     """Stopped before its first periodic evaluation, a run has last (saved with the step-0 evaluation), so
-    --resume continues it (it had best.* and eval.csv only: refused both as a new run and as a resume)."""
+    --resume continues it (with best.* and eval.csv only it would be refused both as a new run and as a
+    resume)."""
     trace = _trace(6, 6)
     run = tmp_path / "run"
 
@@ -902,8 +903,8 @@ def test_resume_names_the_runs_value_and_refuses_init(tmp_path, tiny_run, capsys
 
 def test_resume_takes_the_runs_own_options(tmp_path, caplog):
     """`rlsched train --out RUN --resume` alone continues the run with its own traces, cluster, reward,
-    hyper-parameters and seed: options not given are not replaced by the defaults (gamma 0.99 became 1.0,
-    the learning rate 3e-4, and every run-defining option had to be repeated one refusal at a time)."""
+    hyper-parameters and seed: options not given are not replaced by the defaults (gamma 0.99 by 1.0, the
+    learning rate by 3e-4), and no run-defining option has to be repeated."""
     import logging
 
     from rlsched.cli import main
@@ -930,7 +931,7 @@ def test_resume_takes_the_runs_own_options(tmp_path, caplog):
 
 def test_relative_trace_dirs_are_recorded_absolute_for_resume(tmp_path, monkeypatch):
     """A run started with relative --traces / --val-traces / --cluster FILE resumes from another working
-    directory: the run records them absolute (they used to be kept as typed, relative to the first cwd)."""
+    directory: the run records them absolute (not as typed, relative to the first cwd)."""
     from rlsched.cli import main
     from trainer.traces import write_trace
 
@@ -952,7 +953,7 @@ def test_relative_trace_dirs_are_recorded_absolute_for_resume(tmp_path, monkeypa
 def test_recorded_commands_rerun_the_run_exactly(tmp_path, monkeypatch):
     """training.commands holds each segment's command with every option written out (defaults too, so
     a later change of a default cannot change its meaning); run again, it gives the same weights.
-    It used to be recorded only for --export-shipped and only when started as `rlsched`, as typed."""
+    It is recorded for every run, however it was started, not only for --export-shipped."""
     import shlex
 
     from safetensors.numpy import load_file

@@ -1,13 +1,13 @@
-"""benchmarks/uniform_bound.py: the abstract bin model and its MILP bound on hand-checkable job sets."""
+"""scripts/studies/uniform_bound.py: the abstract bin model and its MILP bound on hand-checkable job sets."""
 
 from __future__ import annotations
 
 import itertools
 
 import pytest
-from bench_loader import load_benchmark
+from bench_loader import load_study
 
-ub = load_benchmark("uniform_bound")
+ub = load_study("uniform_bound")
 
 
 def test_bins_first_fit_in_rule_order():

@@ -1,4 +1,4 @@
-"""benchmarks/uniform_gap.py: the simulator's model variants and the plan-greedy policy, on real simulations."""
+"""scripts/studies/uniform_gap.py: the simulator's model variants and the plan-greedy policy, on real simulations."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from bench_loader import load_benchmark
+from bench_loader import load_study
 
 from policies.cluster import ClusterSpec
 from policies.perf import ContentionModel, feasible_node_counts
@@ -15,7 +15,7 @@ from trainer.generate import GeneratorConfig, generate_jobs
 from trainer.simulator import SimConfig, Simulator
 from trainer.traces import write_trace
 
-ug = load_benchmark("uniform_gap")
+ug = load_study("uniform_gap")
 
 C48 = ClusterSpec.parse("4x8")
 MULTI = [("MoE", 12, 2), ("FSDP", 16, 2), ("DLRM", 10, 2)]

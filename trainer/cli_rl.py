@@ -472,7 +472,7 @@ def checkpoint_summary(ck) -> dict:
 
 def _commands(tr: dict) -> list[str] | str | None:
     """The command lines of a checkpoint's training segments, first first (``training.commands``; a
-    checkpoint from before them has one ``training.command``, as typed); :data:`MALFORMED` if unreadable."""
+    checkpoint without them has one ``training.command``, as typed); :data:`MALFORMED` if unreadable."""
     got = tr.get("commands")
     if got is None:
         legacy = tr.get("command")

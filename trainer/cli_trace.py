@@ -1,4 +1,4 @@
-"""``rlsched trace``: generate job sets, convert traces, print trace statistics.
+"""``rlsched trace``: generate job sets, convert traces, read Slurm accounting, print trace statistics.
 
 Examples::
 
@@ -7,6 +7,7 @@ Examples::
     rlsched trace stats data/philly/philly.csv --cluster 4x8
     rlsched trace stats heavy.csv --cluster 4x8 --json
     rlsched trace convert data/philly/philly.csv --cluster 4x8 --seed 0 --out philly-4x8.parquet
+    rlsched trace from-sacct sacct.json --cluster 4x8 --partition gpu --out history.csv
 
 Outputs are written atomically: a failed command leaves no file behind.
 Missing parent directories of ``--out`` are created once the jobs are ready.
@@ -207,6 +208,36 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_from_sacct(args: argparse.Namespace) -> int:
+    from policies.workloads import UnknownModelError, canonical_model
+    from trainer.sacct import read_sacct
+    from trainer.traces import PARQUET_SUFFIXES, TraceError, write_trace
+
+    out = Path(args.out)
+    err = _check_out_file(out, args.overwrite)
+    if err:
+        return _fail(args, err)
+    if args.default_model is not None:
+        try:
+            canonical_model(args.default_model)
+        except UnknownModelError as exc:
+            return _fail(args, f"--default-model: {exc}")
+    if out.suffix.lower() in PARQUET_SUFFIXES:
+        import pyarrow  # noqa: F401 - a missing trainer extra is reported before the input is read
+    cluster = ClusterSpec.parse(args.cluster)
+    try:
+        jobs, summary = read_sacct(args.input, cluster, seed=args.seed, default_model=args.default_model,
+                                   partitions=args.partition)
+    except TraceError as exc:
+        return _fail(args, str(exc))
+    _make_parent(out)
+    write_trace(out, jobs)
+    for line in summary.lines():
+        print(line)
+    print(f"wrote {len(jobs)} jobs to {out}")
+    return 0
+
+
 def _add_read_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("trace", help="trace file: canonical .csv/.parquet, DeepShare .json, or the Philly CSV")
     p.add_argument("--cluster", default="4x8", help="target cluster: NODESxGPUS or a YAML/TOML file (default 4x8)")
@@ -229,8 +260,12 @@ def _add_read_options(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``rlsched trace {generate,stats,convert}``."""
-    trace = sub.add_parser("trace", help="generate job sets, convert traces, print trace statistics")
+    """Add ``rlsched trace {generate,stats,convert,from-sacct}``."""
+    from trainer.sacct import MAX_JSON_BYTES, SACCT_FORMAT
+
+    trace = sub.add_parser(
+        "trace", help="generate job sets, convert traces, read Slurm accounting, print trace statistics"
+    )
     tsub = trace.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
 
     g = tsub.add_parser(
@@ -306,3 +341,24 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--overwrite", "--force", dest="overwrite", action="store_true", help="replace an existing output"
     )
     c.set_defaults(func=_cmd_convert)
+
+    f = tsub.add_parser(
+        "from-sacct",
+        help="a real cluster's GPU jobs (sacct --json or sacct -P output) -> a trace to replay",
+        description="Turn Slurm accounting history into a trace (rules in docs/TRACES.md): GPU jobs that ran, "
+        "submit times from the first kept submission, the model from the job's rlsched:model= comment, the work "
+        "so that the job alone on its best placement runs its measured Elapsed time. Input: sacct --json "
+        f"(at most {MAX_JSON_BYTES // 2**20} MiB), or sacct -P with its header, e.g. "
+        f"sacct --allusers --allocations -P --format={SACCT_FORMAT} -S 2024-03-01 -E 2024-04-01 > sacct.txt",
+    )
+    f.add_argument("input", help="sacct --json output, or sacct -P / -p output with its header line")
+    f.add_argument("--out", required=True, help="output trace .csv/.parquet (or DeepShare .json)")
+    f.add_argument("--cluster", default="4x8", help="target cluster: NODESxGPUS or a YAML/TOML file (default 4x8)")
+    f.add_argument("--partition", action="append", help="keep only jobs of this partition (repeatable; default all)")
+    f.add_argument("--default-model", help="model of jobs whose comment names none (default: a seeded draw)")
+    f.add_argument("--seed", type=non_negative_int, default=0,
+                   help="seed of the model draw for jobs whose comment names no model, >= 0 (default 0)")
+    f.add_argument(
+        "--overwrite", "--force", dest="overwrite", action="store_true", help="replace an existing output"
+    )
+    f.set_defaults(func=_cmd_from_sacct)

@@ -93,7 +93,7 @@ DEMAND_DISTRIBUTIONS = ("pow2", "uniform", "deepshare")
 
 #: Most jobs one call draws: ``num_jobs``, and ``num_jobs * num_sets`` for :func:`generate_sets` (all sets are
 #: held in memory before they are written). 1,000,000 jobs (12 times Philly) take about 9 s and 0.9 GB;
-#: ``--jobs 1000000000`` failed with a 24 GB allocation.
+#: ``--jobs 1000000000`` would need a 24 GB allocation.
 MAX_JOBS = 1_000_000
 
 

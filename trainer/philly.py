@@ -55,13 +55,36 @@ from policies.workloads import MODELS
 from trainer.generate import GeneratorError, parse_mix
 from trainer.traces import MAX_SUBMIT_TIME_S, MAX_SUBMIT_TIME_TEXT, TraceError, not_utf8_error, plain_number
 
-__all__ = ["PHILLY_COLUMNS", "read_philly"]
+__all__ = ["PHILLY_COLUMNS", "read_philly", "draw_models", "isolated_samples"]
 
 #: Columns the reader needs (``gpu_time`` and ``cluster`` are optional).
 PHILLY_COLUMNS = ("timestamp", "duration", "num_gpus")
 
 #: A character no plain decimal literal holds (``nan`` / ``inf`` do, and are checked one by one).
 _NOT_PLAIN_CHAR = re.compile(r"[^0-9.eE+\-\s]")
+
+
+def draw_models(n: int, seed: int, probs: np.ndarray) -> np.ndarray:
+    """Rule 3 (module docstring): the model of each of ``n`` rows, as indices into
+    :data:`policies.workloads.MODELS`, shape ``(n,)``: one draw per row, in row order, from
+    ``numpy.random.default_rng(seed)`` with the mix probabilities ``probs`` (shape ``(len(MODELS),)``,
+    as :func:`trainer.generate.parse_mix` returns them). Row ``i``'s model depends only on ``seed``,
+    ``probs`` and ``i``."""
+    return np.random.default_rng(seed).choice(len(MODELS), size=n, p=probs)
+
+
+def isolated_samples(
+    perf: ContentionModel, models: Sequence[str], demands: Sequence[int], seconds: np.ndarray
+) -> np.ndarray:
+    """Rule 5 (module docstring): the work (samples) that takes job ``i`` ``seconds[i]`` s alone on its best
+    placement at ``demands[i]`` GPUs: ``seconds[i] * perf.best_isolated_throughput(models[i], demands[i])``,
+    shape ``(n,)``, float64. Each distinct (model, demand) pair is priced once. A product beyond the float
+    range is ``inf`` (the caller reports it)."""
+    pairs = list(zip(models, (int(g) for g in demands)))
+    thp = {pair: perf.best_isolated_throughput(*pair) for pair in set(pairs)}
+    rate = np.fromiter((thp[pair] for pair in pairs), dtype=np.float64, count=len(pairs))
+    with np.errstate(over="ignore"):
+        return np.asarray(seconds, dtype=np.float64) * rate
 
 
 def _locate_float(path: Path, lines: np.ndarray, values: Sequence[str], col: str) -> None:
@@ -222,7 +245,7 @@ def read_philly(
     vc = np.array(cols[i_vc], dtype=object) if i_vc is not None else np.full(n_all, "", dtype=object)
 
     # Rule 3: one model draw per data row, in file order, before any filter.
-    model_idx = np.random.default_rng(seed).choice(len(MODELS), size=n_all, p=probs)
+    model_idx = draw_models(n_all, seed, probs)
 
     sel = np.ones(n_all, dtype=bool)
     if virtual_clusters is not None:
@@ -259,13 +282,9 @@ def read_philly(
         raise TraceError(path, "no jobs left after filtering")
 
     perf = perf or ContentionModel(cluster)
-    # Price each distinct (model, demand) once; samples = duration * throughput.
-    thp_table = np.zeros((len(MODELS), cap + 1))
-    for m, g in set(zip(model_idx[idx].tolist(), demand[idx].tolist())):
-        thp_table[m, g] = perf.best_isolated_throughput(MODELS[m], g)
     with np.errstate(over="ignore"):  # overflow -> inf, reported just below
         d_iso = dur[idx] * time_scale
-        samples = d_iso * thp_table[model_idx[idx], demand[idx]]
+    samples = isolated_samples(perf, [MODELS[m] for m in model_idx[idx].tolist()], demand[idx].tolist(), d_iso)
     bad = np.flatnonzero(~np.isfinite(samples))
     if bad.size:
         i = int(idx[bad[0]])

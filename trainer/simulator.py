@@ -448,7 +448,7 @@ class Simulator:
         if math.isnan(j.first_start):
             j.first_start = t
         j.key = (j.spec.model, p.total_gpus, p.num_nodes)
-        j.iso = self.perf.isolated_throughput(j.spec.model, p.total_gpus, p.num_nodes) * j.noise
+        j.iso = self.perf.throughput(j.spec, p, self.cluster) * j.noise  # at the pace of its slowest GPU type
         overhead = self.cfg.restart_overhead if j.info.preemptions > 0 else 0.0
         j.t_ref = t + overhead
         j.rate = 0.0

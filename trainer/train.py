@@ -445,7 +445,7 @@ def _check_resume(last: Checkpoint, cfg: TrainConfig, cluster: ClusterSpec, spec
     if last.spec.order != spec.order:
         raise differs("--order", spec.order, last.spec.order)
     if last.spec.aging_s != spec.aging_s:
-        # runs from before --aging existed were trained with 1800 s, not today's default: name the value to pass
+        # a config without aging_s was trained with LEGACY_AGING_S (1800 s), not the default: name the value to pass
         raise differs("--aging", f"{spec.aging_s:g} s", f"{last.spec.aging_s:g} s", f"pass --aging {last.spec.aging_s:g}")
     if last.spec.k != spec.k:
         raise differs("k (candidates)", spec.k, last.spec.k, f"use k={last.spec.k}")
@@ -465,8 +465,8 @@ def _check_resume(last: Checkpoint, cfg: TrainConfig, cluster: ClusterSpec, spec
             raise differs("--prior-theta", ours.theta, theirs.theta)
         if theirs.scale != ours.scale:
             raise differs("--prior-scale", ours.scale, theirs.scale)
-    # the seed: a resumed segment draws from (seed, steps done), :func:`segment_seed`; a run from before the
-    # seed was recorded (or with a malformed one) is not checked
+    # the seed: a resumed segment draws from (seed, steps done), :func:`segment_seed`; a run that does not
+    # record its seed (or records a malformed one) is not checked
     run_cfg = last.meta["training"].get("config")
     run_seed = run_cfg.get("seed") if isinstance(run_cfg, dict) else None
     if _is_int(run_seed) and run_seed != cfg.seed:
@@ -475,8 +475,8 @@ def _check_resume(last: Checkpoint, cfg: TrainConfig, cluster: ClusterSpec, spec
 
 def _check_resume_val_traces(last: Checkpoint, cfg: TrainConfig, val_traces: Sequence[Sequence[JobSpec]]) -> None:
     """Refuse to continue ``last`` on another validation set (its best score was measured on the run's own):
-    compared by content (:func:`traces_fingerprint`, ``training.val_traces_sha256``; a run from before it
-    was recorded is not checked)."""
+    compared by content (:func:`traces_fingerprint`, ``training.val_traces_sha256``; a run that does not
+    record it is not checked)."""
     training = last.meta["training"]
     if "val_traces_sha256" not in training:
         return
@@ -515,7 +515,7 @@ def _read_eval_log(path: Path) -> list[dict[str, float]]:
         return []
     try:
         with path.open(newline="", encoding="utf-8") as f:
-            # an empty cell: a column that an older version's rows lack (e.g. val_rel_jct)
+            # an empty cell: a column that some rows lack (e.g. val_rel_jct in rows written without it)
             rows = [{k: float(v) for k, v in r.items() if v != ""} for r in csv.DictReader(f)]
         if any("timesteps" not in r for r in rows):  # (missing or extra cells fail float() above)
             raise ValueError("a row has no timesteps")
@@ -1199,7 +1199,7 @@ def ship_checkpoint(
     :param aging_s: run the shipped policies with this candidate-order aging (s;
         :attr:`~policies.encoding.ObsSpec.aging_s`) instead of the one it was trained with. The
         weights are unchanged; the trained value stays in ``training.config`` (``aging_s``;
-        written in as :data:`~policies.encoding.LEGACY_AGING_S` for a run from before the option).
+        written in as :data:`~policies.encoding.LEGACY_AGING_S` for a config without it).
     """
     from importlib import resources
 
@@ -1215,7 +1215,7 @@ def ship_checkpoint(
     if command:
         training["command"] = command
     if isinstance(training.get("config"), dict) and "aging_s" not in training["config"]:
-        # trained before --aging existed, so with the legacy 1800 s: record it (the spec may differ when re-shipped)
+        # a config without aging_s was trained with LEGACY_AGING_S: record it (the spec may differ when re-shipped)
         training["config"] = {**training["config"], "aging_s": LEGACY_AGING_S}
     spec = ck.spec if aging_s is None else replace(ck.spec, aging_s=aging_s)
     out = []

@@ -1,6 +1,6 @@
 """rl-hybrid's safety rule (placement and efficiency floor): utilisation and JCT against rl-base.
 
-Run: ``python benchmarks/hybrid_floor.py --traces /tmp/rl/traces/eval [--floors 0,0.5,0.7]
+Run: ``python scripts/studies/hybrid_floor.py --traces /tmp/rl/traces/eval [--floors 0,0.5,0.7]
 [--rules packing,contention-aware] [--groups uniform,jitter,...] [--checkpoint PATH]``.
 The trace groups are the evaluation groups of docs/RESULTS.md (one
 sub-directory per group).

@@ -1,6 +1,6 @@
 """Where a policy's idle GPU-time goes: held back, fragmented or drained.
 
-Run: ``python benchmarks/idle_breakdown.py --traces /tmp/rl/traces/eval/uniform
+Run: ``python scripts/studies/idle_breakdown.py --traces /tmp/rl/traces/eval/uniform
 [--policies srtf,rl-base,rl-hybrid] [--sets 10] [--cluster 4x8] [--json FILE]``.
 
 Each job set runs through the simulator. After every scheduling round, the

@@ -1,6 +1,6 @@
 """What the `uniform` gap to SRTF is made of: packing against network contention.
 
-Run: ``python benchmarks/uniform_gap.py --traces /tmp/rl/traces/eval/uniform
+Run: ``python scripts/studies/uniform_gap.py --traces /tmp/rl/traces/eval/uniform
 [--policies rl-base,srtf,plan-greedy] [--sets 10] [--json FILE]``.
 
 Each policy runs every job set four times. The policies always decide with the
@@ -18,7 +18,7 @@ without a network and without holding: each round it walks the whole queue in pl
 order (:meth:`policies.encoding.Encoder.queue_order`) and starts every job that fits,
 single-node jobs on the best-fitting node, multi-node jobs by
 :func:`policies.placement.pack`. It is the packing that the idealised model of
-``benchmarks/uniform_bound.py`` assumes, run in the simulator.
+``scripts/studies/uniform_bound.py`` assumes, run in the simulator.
 
 Comparing the columns separates what a schedule loses to packing (idle GPUs) from
 what it loses to contention. Prints mean avg / p90 JCT (h), utilisation and average

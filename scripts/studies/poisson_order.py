@@ -1,6 +1,6 @@
-"""Why RL lagged SRTF on `pow2` Poisson arrivals: holding or candidate order? And the aging.
+"""Holding or candidate order on `pow2` Poisson arrivals, and the candidate order's aging: RL against SRTF.
 
-Run: ``python benchmarks/poisson_order.py --traces /tmp/rl/traces/eval --groups poisson-90,poisson-95
+Run: ``python scripts/studies/poisson_order.py --traces /tmp/rl/traces/eval --groups poisson-90,poisson-95
 [--aging 1800,300] [--json FILE]`` (about 3 minutes for the two groups).
 
 For each group it runs, on every job set:
@@ -12,7 +12,7 @@ For each group it runs, on every job set:
 * for each ``--aging`` value ``A`` (s): ``rl-base aging=A``, the shipped network with the
   candidate order's aging (:attr:`policies.encoding.ObsSpec.aging_s`) set to ``A``, and
   ``plan-greedy aging=A``, that candidate order without a network or holding
-  (``benchmarks/uniform_gap.py``). Aging multiplies the candidate key by ``exp(-wait / A)``;
+  (``scripts/studies/uniform_gap.py``). Aging multiplies the candidate key by ``exp(-wait / A)``;
   on zero-arrival sets every job has waited equally and the order does not change. The
   shipped network was trained with 1800 s and runs with 300 s (docs/RL.md).
 

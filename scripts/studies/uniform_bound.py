@@ -1,6 +1,6 @@
 """How far can any non-preemptive schedule go on zero-arrival job sets of 1-hour jobs?
 
-Run: ``python benchmarks/uniform_bound.py --traces /tmp/rl/traces/eval/uniform [--time-limit 90]
+Run: ``python scripts/studies/uniform_bound.py --traces /tmp/rl/traces/eval/uniform [--time-limit 90]
 [--cluster 4x8] [--json OUT]``. Every file in ``--traces`` is one job set (the trace formats of
 ``rlsched trace``); every job must run for the same isolated time (the seed's setting, 1 h).
 
