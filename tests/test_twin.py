@@ -23,7 +23,7 @@ from trainer import report
 from trainer.cli_sim import build_policy
 from trainer.simulator import SimConfig, Simulator
 from trainer.traces import load_trace
-from trainer.twin import EPOCH, MIN_JOB_AGE_S, SimulatedAgents, SimulatedSlurm, Twin, cons_tres_split
+from trainer.twin import EPOCH, MIN_JOB_AGE_S, SimulatedAgents, SimulatedSlurm, Twin, TwinError, cons_tres_split
 
 REPO = Path(__file__).resolve().parents[1]
 TRACE0 = REPO / "data" / "traces" / "deepshare" / "simulate" / "trace0.json"
@@ -106,6 +106,25 @@ def test_twin_agrees_with_simulate_under_other_simulator_knobs(state_path, polic
     res = _twin(state_path, cluster, jobs, policy, cfg).run()
     _assert_same_jobs(sim, res)
     assert res.rounds == sim.rounds
+
+
+@pytest.mark.parametrize("policy", ["las", "greedy"])
+def test_twin_agrees_with_simulate_on_a_cluster_of_two_gpu_types(state_path, policy):
+    """sinfo carries each node's GRES type, CPUs and memory: the controller prices the nodes as the simulator."""
+    cluster = ClusterSpec.parse(str(REPO / "slurm_conf" / "cluster-two-types.yaml"))
+    assert {n.gpu_type for n in cluster.nodes} == {"v100", "k80"}
+    jobs = load_trace(HEAVY, cluster=cluster)[:48]
+    _assert_same_jobs(_simulate(cluster, jobs, policy), _twin(state_path, cluster, jobs, policy).run())
+
+
+def test_a_node_speed_slurm_cannot_carry_stops_the_twin(state_path, tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("nodes:\n  - {name: n, gpus: 8, count: 2, gpu_type: a100, gpu_speed: 2.5}\n")
+    cluster = ClusterSpec.parse(str(f))
+    perf = ContentionModel(cluster)
+    tw = _twin(state_path, cluster, [_job(perf, "a", 4, 1.0)], "fifo")
+    with pytest.raises(TwinError, match="node n1: the controller, reading it from Slurm, sees .*gpu_speed=1.0"):
+        tw.run()
 
 
 # --------------------------------------------------------------------------- the simulated Slurm and agents

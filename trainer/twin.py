@@ -21,6 +21,13 @@ runs: its journal, release protocol, preemption protocol, limits and logs) and h
   preempts the job in the simulator (its progress is kept, as a checkpoint keeps it);
 * a clock: epoch seconds ``epoch + simulated time`` (``epoch``: :data:`EPOCH`, 2024-01-01 00:00 UTC).
 
+The simulated ``sinfo`` reports each node of the cluster as Slurm would: name, GPUs (used and
+configured), GRES GPU type, CPUs and memory, all in one partition (:data:`PARTITION`). The controller
+builds its cluster from that; a cluster whose nodes the controller would see otherwise (a
+``gpu_speed`` of its own, which Slurm cannot carry) stops the twin with a :class:`TwinError` naming
+the node, since the controller would price it otherwise than the simulator. A node's ``switch`` is not
+a Slurm node field and nothing prices it.
+
 Rounds happen exactly when ``rlsched simulate`` runs them: :class:`TwinSimulator` is a
 :class:`~trainer.simulator.Simulator` whose round (``schedule_round``) is one
 ``Controller.round()``, so ``Simulator.run`` decides the round times with its own event logic (a round
@@ -59,6 +66,7 @@ controller sees exactly the simulator's progress.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from pathlib import Path
@@ -289,14 +297,16 @@ class SimulatedSlurm:
         return next((j for j in self.jobs() if j.job_id == int(job_id)), None)
 
     def nodes(self) -> list[SlurmNode]:
-        """Every node of the cluster, in the partition, with its used GPUs."""
+        """Every node of the cluster, in the partition, with its used GPUs, GRES GPU type, CPUs and memory
+        (what ``sinfo`` reports; a node's ``switch`` and ``gpu_speed`` are not Slurm node fields)."""
         self.calls += 1
         free = self.sim.state().free_gpus
         out = []
         for i, n in enumerate(self.cluster.nodes):
             used = n.gpus - int(free[i])
             state = "idle" if used == 0 else ("allocated" if used >= n.gpus else "mixed")
-            out.append(SlurmNode(n.name, n.gpus, used, state, (), (PARTITION,)))
+            out.append(SlurmNode(n.name, n.gpus, used, state, (), (PARTITION,), gpu_type=n.gpu_type, cpus=n.cpus,
+                                 mem_gb=n.mem_gb))
         return out
 
     def version(self) -> str:
@@ -590,6 +600,7 @@ class Twin:
                                      clock=self.now)
         self.log_file = None if log_file is None else Path(log_file)
         self._ran = False
+        self._cluster_checked = False
         self.placed = self.preempted = 0
         #: node names in the order the controller indexes them (natural name order): policies that break
         #: ties by node index break them as in ``simulate`` only when it is the cluster's own order
@@ -616,10 +627,26 @@ class Twin:
             raise TwinError(f"at t={self.sim.time:.6g} s: {self.slurm.errors[0]}")
         if not rep.ok:
             raise TwinError(f"controller round at t={self.sim.time:.6g} s failed ({rep.error_kind}): {rep.error}")
-        if self.controller.cluster is not None and self.controller.cluster.nodes != tuple(
-                sorted(self.cluster.nodes, key=lambda n: natural_key(n.name))):
-            raise TwinError(f"the controller sees cluster {self.controller.cluster.describe()}, "
-                            f"the simulator runs {self.cluster.describe()}")
+        if not self._cluster_checked and self.controller.cluster is not None:
+            self._check_cluster(self.controller.cluster)
+            self._cluster_checked = True
+
+    def _check_cluster(self, seen: ClusterSpec) -> None:
+        """:class:`TwinError` unless the controller's cluster (built from the simulated ``sinfo``) is the
+        simulator's, in natural name order, up to each node's ``switch`` (which nothing prices)."""
+        mine = sorted(self.cluster.nodes, key=lambda n: natural_key(n.name))
+        if (seen.intra_bw_gbps, seen.inter_bw_gbps) != (self.cluster.intra_bw_gbps, self.cluster.inter_bw_gbps):
+            raise TwinError(f"the controller's bandwidths {seen.intra_bw_gbps}/{seen.inter_bw_gbps} GB/s are not the "
+                            f"cluster's {self.cluster.intra_bw_gbps}/{self.cluster.inter_bw_gbps}")
+        if len(seen.nodes) != len(mine):
+            raise TwinError(f"the controller sees {len(seen.nodes)} nodes, the cluster has {len(mine)}")
+        for a, b in zip(seen.nodes, mine):
+            if a != dataclasses.replace(b, switch=None):
+                raise TwinError(
+                    f"node {b.name}: the controller, reading it from Slurm, sees {a}, the cluster declares {b}: "
+                    "Slurm carries a node's name, GPUs, GPU type, CPUs and memory, not a gpu_speed of its own "
+                    "(a GPU type the speed table lacks is priced at 1.0), so the controller would price it "
+                    "otherwise than the simulator")
 
     def run(self, progress: Callable[[int, int], None] | None = None) -> SimResult:
         """Run every job of the trace to its end (once: the controller's state dir and the simulated
