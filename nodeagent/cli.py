@@ -3,7 +3,9 @@ r"""``rlsched agent``: run the node agent (gRPC) beside slurmd.
     rlsched agent --node node1 --listen 127.0.0.1:50051 --store /shared/ckpt --auth munge
     rlsched agent --node node1 --listen 127.0.0.1:50051 --store hdfs://nn:9870/rlsched \
                   --auth sharedkey:/etc/rlsched/agent.key
-    rlsched agent-keygen /etc/rlsched/agent.key     # new 0600 shared key
+    rlsched agent-keygen /etc/rlsched/agent.key     # new 0600 shared key (the root key)
+    rlsched agent-jobkey write --key /etc/rlsched/agent.key --dir /run/rlsched/jobkeys   # Slurm Prolog
+    rlsched agent-jobkey remove --dir /run/rlsched/jobkeys                               # Slurm Epilog
 
 Logs are JSON lines on stderr (one object per event).
 """
@@ -78,6 +80,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     k.add_argument("path")
     k.set_defaults(func=run_keygen)
 
+    j = sub.add_parser("agent-jobkey", help="write or remove a job's per-job key (Slurm Prolog / Epilog, as root)",
+                       description="Per-job keys for hosts without MUNGE (docs/AGENT.md, Authentication): the "
+                                   "Prolog writes DIR/<job id>.key, mode 0400, owned by the job's user, derived "
+                                   "from the root key; jobs use RLSCHED_AUTH=jobkey:DIR; the Epilog removes it. "
+                                   "Job id, uid and gid default to Slurm's SLURM_JOB_ID, SLURM_JOB_UID and "
+                                   "SLURM_JOB_GID.")
+    j.add_argument("action", choices=("write", "remove"))
+    j.add_argument("--dir", required=True, help="directory of per-job keys (root's, not group/other-writable)")
+    j.add_argument("--key", help="the root key file (write only; the agents' and controller's sharedkey:PATH)")
+    j.add_argument("--job", default=os.environ.get("SLURM_JOB_ID"), help="Slurm job id (default $SLURM_JOB_ID)")
+    j.add_argument("--uid", type=int_in_range(0, MAX_UID), default=None,
+                   help="the job's user id (default $SLURM_JOB_UID)")
+    j.add_argument("--gid", type=int_in_range(0, MAX_UID), default=None,
+                   help="the job's group id (default $SLURM_JOB_GID)")
+    j.set_defaults(func=run_jobkey)
+
 
 def _json_logging() -> None:
     root = logging.getLogger("nodeagent")
@@ -144,6 +162,28 @@ def run_keygen(args: argparse.Namespace) -> int:
                 os.unlink(args.path)
         return _fail("agent-keygen", f"{args.path}: cannot create the key file: {_why_not(args.path, exc)}")
     print(path)
+    return 0
+
+
+def run_jobkey(args: argparse.Namespace) -> int:
+    from nodeagent.auth import AuthError, remove_job_key, write_job_key
+
+    if not args.job:
+        return _fail("agent-jobkey", "no job id: give --job or run it where SLURM_JOB_ID is set (Prolog/Epilog)")
+    env_uid, env_gid = os.environ.get("SLURM_JOB_UID", ""), os.environ.get("SLURM_JOB_GID", "")
+    uid = args.uid if args.uid is not None else int(env_uid) if env_uid.isdigit() else None
+    gid = args.gid if args.gid is not None else int(env_gid) if env_gid.isdigit() else None
+    try:
+        if args.action == "remove":
+            remove_job_key(args.dir, args.job)
+            return 0
+        if not args.key:
+            return _fail("agent-jobkey", "write needs --key, the root key file")
+        if uid is None:
+            return _fail("agent-jobkey", "no job uid: give --uid or run it where SLURM_JOB_UID is set (Prolog)")
+        print(write_job_key(args.key, args.dir, args.job, uid, gid))
+    except AuthError as exc:
+        return _fail("agent-jobkey", str(exc))
     return 0
 
 

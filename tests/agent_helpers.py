@@ -36,8 +36,8 @@ Trailer = Callable[[str, str, Any], "str | tuple[str, ...] | None"]
 class UidAuth(SharedKeyAuthenticator):
     """Test double for MUNGE: the credential names the caller's uid (tests of the agent's authorisation)."""
 
-    def __init__(self, key: Path, uid: int = 0) -> None:
-        super().__init__(key)
+    def __init__(self, key: Path, uid: int = 0, **kw: Any) -> None:
+        super().__init__(key, **kw)
         self.uid = uid
 
     def _make_token(self, payload: bytes) -> str:

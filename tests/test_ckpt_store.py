@@ -37,7 +37,6 @@ from nodeagent.store import (
     StoreError,
     StoreNotOwner,
     StoreUnavailable,
-    StoreWriteError,
     WebHDFSStore,
     open_store,
     validate_job_key,
@@ -674,6 +673,8 @@ def test_disk_full_names_the_store_the_job_and_the_path(tmp_path: Path, monkeypa
     want = (f"checkpoint store {st.url}: job job-f: cannot write checkpoint step 2 to "
             f"{tmp_path / 'store' / 'job-f' / 'ckpt-000000000002.bin'}: No space left on device (ENOSPC)")
     assert msg == want, msg
+    from nodeagent.store import StoreWriteError
+
     assert isinstance(e.value, StoreWriteError) and isinstance(e.value, StoreError)
     assert e.value.errno == errno.ENOSPC and e.value.filename == str(tmp_path / "store/job-f/ckpt-000000000002.bin")
     assert sorted(p.name for p in (tmp_path / "store" / "job-f").iterdir()) == [
