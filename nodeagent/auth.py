@@ -10,8 +10,14 @@ Every RPC carries one metadata header, :data:`AUTH_HEADER`, whose value is
 
 so a captured token cannot be replayed for another request, another method,
 to another node's agent, or after :attr:`Authenticator.max_skew_s` seconds,
-and not at all twice within that window (a per-process nonce cache rejects
-repeats). The agent verifies with ``node=<its own name>``: a token for another
+and not at all twice within that window: a per-process nonce cache keeps
+every nonce until its token's timestamp is more than ``max_skew_s`` old (in
+buckets of time, dropped whole once expired), however many there are. What
+bounds that cache is a rate per authenticated caller (:attr:`Identity.caller`,
+a token bucket: ``caller_burst`` at once, then ``caller_rate_per_s``); a
+caller over it gets :class:`RateLimited` (the agent answers
+RESOURCE_EXHAUSTED) and its token is not recorded. Only tokens whose signature
+verified reach the cache. The agent verifies with ``node=<its own name>``: a token for another
 node, or one bound to no node (``a`` empty or missing, e.g. from a client older
 than this check), is refused -- except for ``Health`` (``unbound_ok``), which
 changes nothing and tells a client the agent's node name.
@@ -37,7 +43,7 @@ an agent (:meth:`Authenticator.is_agent_identity`: root or the SlurmUser, *not*
 the extra ``allowed_uids``, who may call Preempt but are not agents). Error
 statuses are not signed: a client never takes one as success.
 
-Two schemes:
+Three schemes:
 
 :class:`MungeAuthenticator`
     The way Slurm itself authenticates: the caller encodes the binding payload
@@ -51,7 +57,17 @@ Two schemes:
     (mode 0600 or stricter). Anyone who can read the key is trusted as the
     key file's owner UID (for replies too: a reply signed with the key counts
     as the agent's, since only the key's owner or root can read it, as the
-    client itself did); meant for tests and hosts without ``munged``.
+    client itself did). On hosts without ``munged`` this *root key* stays
+    with the agents and the controller; jobs get per-job keys.
+:class:`JobKeyAuthenticator` (scheme :data:`JOB_SCHEME`)
+    A job's per-job key, ``derive_job_key(root key, job id, uid)`` =
+    HMAC-SHA256 of the job id and uid under the root key, written by the Slurm
+    prolog (:func:`write_job_key`, ``rlsched agent-jobkey write``) to a file
+    only the job's user can read. Its tokens name the job and uid (``j``,
+    ``u``, under the MAC); the agent derives the key again from the root key to
+    verify them and gets ``Identity(uid, -1, JOB_SCHEME, job=...)``: that job of
+    that user, never privileged. The agent signs its replies to such a request
+    with the same job key, which the job checks.
 """
 
 from __future__ import annotations

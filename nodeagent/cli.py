@@ -74,6 +74,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="squeue lookups one unprivileged uid may cause at once before its rate applies (default 20)")
     p.add_argument("--unknown-job-ttl-s", type=non_negative_float, default=10.0,
                    help="seconds a uid's lookup of a job Slurm does not know is remembered (0: not; default 10)")
+    p.add_argument("--caller-rate", type=positive_float, default=100.0,
+                   help="authenticated calls per second one caller (uid, or job with a per-job key) may make after "
+                        "its burst; more are refused with RESOURCE_EXHAUSTED (default 100)")
+    p.add_argument("--caller-burst", type=int_at_least(1), default=500,
+                   help="authenticated calls one caller may make at once before its rate applies (default 500)")
+    p.add_argument("--preempts-per-caller", type=int_at_least(1), default=16,
+                   help="preemptions one caller may have running at once (default 16)")
     p.set_defaults(func=run_agent)
 
     k = sub.add_parser("agent-keygen", help="create a shared key file (mode 0600) for --auth sharedkey:PATH")
@@ -116,7 +123,8 @@ def run_agent(args: argparse.Namespace) -> int:
 
     _json_logging()
     try:
-        kw: dict = {"allowed_uids": set(args.allow_uid)}
+        kw: dict = {"allowed_uids": set(args.allow_uid), "caller_rate_per_s": args.caller_rate,
+                    "caller_burst": args.caller_burst}
         if args.auth.startswith("munge"):
             kw["slurm_conf"] = args.slurm_conf
         auth = make_authenticator(args.auth, **kw)
@@ -132,7 +140,7 @@ def run_agent(args: argparse.Namespace) -> int:
                           missing_ttl_s=args.unknown_job_ttl_s,
                           max_lookups_total=args.lookups_in_flight or max(1, args.max_workers // 2))
         server = NodeAgentServer(args.node, args.listen, auth, store, tracker, max_workers=args.max_workers,
-                                 slurm=slurm)
+                                 slurm=slurm, max_preempts_per_caller=args.preempts_per_caller)
     except (AuthError, StoreError, OSError, RuntimeError, ValueError) as exc:  # ValueError: a bad --auth spec
         return _fail("agent", f"cannot start agent: {exc}")
     stop = threading.Event()

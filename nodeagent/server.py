@@ -2,9 +2,18 @@
 
 One :class:`NodeAgentServer` per Slurm node. Job helpers report progress
 (:class:`JobTracker` keeps per-job throughput windows); the controller reads
-:meth:`JobStats` and calls :meth:`Preempt`, which signals the job's registered
-processes with SIGUSR2 and waits until the checkpoint store holds a *new*
-checkpoint at or beyond the step the job had reached, whose checksum verifies.
+:meth:`JobStats` and calls :meth:`Preempt`, which starts an operation (one per
+job: a second Preempt joins it) in its own thread and answers at once; the
+operation signals the job's registered processes with SIGUSR2 and waits until
+the checkpoint store holds a *new* checkpoint at or beyond the step the job had
+reached, whose checksum verifies; :meth:`PreemptStatus` reads its outcome. No
+RPC holds a gRPC worker while a job checkpoints, so Health is always served.
+
+A report may register a process (the one Preempt signals) only if the agent
+itself finds it is a process of the report's Slurm job owned by that job's
+owner (:meth:`NodeAgentServicer.pid_problem`: the process's uid, its job
+cgroup, else its ``SLURM_JOB_ID``), in every auth mode; each pid is checked
+again before it is signalled.
 
 Contention sensitivity (paper eq. 1): ``CS = isolated / achieved`` throughput
 (samples/s). *Achieved* is measured over the last ``window_s`` seconds of
