@@ -742,12 +742,12 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
             info = self.slurm.job(r.slurm_job_id)
         except SlurmUnavailable as exc:
             raise _RpcAbort(grpc.StatusCode.UNAVAILABLE,
-                            f"cannot check that pid {r.pid} belongs to slurm job {r.slurm_job_id}: Slurm cannot be asked "
-                            f"on node {self.node} ({exc}); report refused, retry later") from None
+                            f"cannot check that pid {r.pid} belongs to slurm job {r.slurm_job_id}: Slurm cannot be "
+                            f"asked on node {self.node} ({exc}); report refused, retry later") from None
         if info is None:
             raise _RpcAbort(grpc.StatusCode.PERMISSION_DENIED,
-                            f"pid {r.pid} cannot be registered for slurm job {r.slurm_job_id}: Slurm does not know that "
-                            "job (only a process inside its own Slurm job can be registered)")
+                            f"pid {r.pid} cannot be registered for slurm job {r.slurm_job_id}: Slurm does not know "
+                            "that job (only a process inside its own Slurm job can be registered)")
         return info.uid, info.job_id
 
     def _check_pid(self, r: pb.ProgressReport, numeric_id: str, job_uid: int) -> int:

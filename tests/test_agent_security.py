@@ -480,7 +480,8 @@ def test_running_preempts_are_bounded_per_caller(tmp_path: Path, key: Path) -> N
             with pytest.raises(AgentError) as e:
                 root.preempt_start("b2", "101", timeout_s=1.0)
             assert e.value.code == "RESOURCE_EXHAUSTED"
-            assert "uid 0 already has 2 preemptions running" in e.value.details and "limit 2 per caller" in e.value.details
+            assert "uid 0 already has 2 preemptions running" in e.value.details
+            assert "limit 2 per caller" in e.value.details
             assert not other.preempt_start("b2", "101", timeout_s=1.0)["joined"], "another caller has its own bound"
             _until(lambda: srv.servicer.running_preempts() == 0, 10, "the operations to end")
             assert not root.preempt_start("b0", "101", timeout_s=1.0)["done"], "ended ones free the bound"
