@@ -6,7 +6,10 @@ The controller only needs two things from the agents, expressed by
 * ``stats()``: measured progress / throughput / CS per Slurm job id (best
   effort: an unreachable agent contributes nothing);
 * ``checkpoint(job)``: ask the job to write a durable checkpoint and stop;
-  returns a :class:`PreemptOutcome`.
+  returns a :class:`PreemptOutcome`. The agent runs the preemption
+  asynchronously (its ``Preempt`` answers at once with an operation, polled
+  with ``PreemptStatus``: ``AgentClient.preempt``); ``checkpoint`` waits for the
+  outcome up to ``timeout_s`` plus the client timeout, as one long call did.
 
 After a successful checkpoint the controller requeues the job in held state
 (``scontrol requeuehold``) and places it again later; the job resumes from its
@@ -107,15 +110,17 @@ class AgentPreempter:
 
     :param addresses: node name -> ``host:port`` of its agent.
     :param client_factory: ``(address, node) -> AgentClient``-like object with
-        ``job_stats()`` and ``preempt(job_key, slurm_job_id, timeout_s)``; ``node`` is the
+        ``job_stats()`` and ``preempt(job_key, slurm_job_id, timeout_s)`` (which starts the
+        agent's preemption operation and polls it until it is done or ``timeout_s`` plus its own
+        timeout passed; its dict has ``done`` False when the outcome never came); ``node`` is the
         node name its credentials are bound to (the agent refuses those for another node).
     :param probe_factory: the same for the quick ``health()`` asked before each ``Preempt``
         (a client with a short deadline); ``None``: no probe.
 
     :meth:`checkpoint` fails fast for a node whose agent is in the stats back-off
-    (unreachable, not due for a retry yet), and asks a quick ``health()`` before the long
-    ``Preempt``: a stopped (SIGSTOP) or wedged agent costs the probe's deadline, not
-    ``preempt_timeout_s`` + the client timeout, and is put in the back-off.
+    (unreachable, not due for a retry yet), and asks a quick ``health()`` before starting a
+    preemption: a stopped (SIGSTOP) or wedged agent costs the probe's deadline, not the
+    client timeout of the start plus polls until ``preempt_timeout_s``, and is put in the back-off.
     """
 
     def __init__(self, addresses: dict[str, str], client_factory: Callable[[str, str], Any],
@@ -283,8 +288,13 @@ class AgentPreempter:
                     not_found += 1
                 continue
             reached = True
+            if r.get("done") is False:
+                # accepted (the job may have been signalled), but no outcome came in time: not a checkpoint
+                log.warning("preemption of job %s on %s: %s", sid, node, r.get("message"),
+                            extra={"event": "agent_preempt_no_outcome", "node": node, "job": job.job_id,
+                                   "operation": r.get("operation_id")})
             return PreemptOutcome(
-                ok=bool(r.get("ok")),
+                ok=bool(r.get("ok")) and r.get("done") is not False,
                 reached_agent=True,
                 checkpoint_step=r.get("checkpoint_step"),
                 checkpoint_uri=str(r.get("checkpoint_uri") or ""),

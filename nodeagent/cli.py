@@ -3,7 +3,9 @@ r"""``rlsched agent``: run the node agent (gRPC) beside slurmd.
     rlsched agent --node node1 --listen 127.0.0.1:50051 --store /shared/ckpt --auth munge
     rlsched agent --node node1 --listen 127.0.0.1:50051 --store hdfs://nn:9870/rlsched \
                   --auth sharedkey:/etc/rlsched/agent.key
-    rlsched agent-keygen /etc/rlsched/agent.key     # new 0600 shared key
+    rlsched agent-keygen /etc/rlsched/agent.key     # new 0600 shared key (the root key)
+    rlsched agent-jobkey write --key /etc/rlsched/agent.key --dir /run/rlsched/jobkeys   # Slurm Prolog
+    rlsched agent-jobkey remove --dir /run/rlsched/jobkeys                               # Slurm Epilog
 
 Logs are JSON lines on stderr (one object per event).
 """
@@ -72,11 +74,34 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="squeue lookups one unprivileged uid may cause at once before its rate applies (default 20)")
     p.add_argument("--unknown-job-ttl-s", type=non_negative_float, default=10.0,
                    help="seconds a uid's lookup of a job Slurm does not know is remembered (0: not; default 10)")
+    p.add_argument("--caller-rate", type=positive_float, default=100.0,
+                   help="authenticated calls per second one caller (uid, or job with a per-job key) may make after "
+                        "its burst; more are refused with RESOURCE_EXHAUSTED (default 100)")
+    p.add_argument("--caller-burst", type=int_at_least(1), default=500,
+                   help="authenticated calls one caller may make at once before its rate applies (default 500)")
+    p.add_argument("--preempts-per-caller", type=int_at_least(1), default=16,
+                   help="preemptions one caller may have running at once (default 16)")
     p.set_defaults(func=run_agent)
 
     k = sub.add_parser("agent-keygen", help="create a shared key file (mode 0600) for --auth sharedkey:PATH")
     k.add_argument("path")
     k.set_defaults(func=run_keygen)
+
+    j = sub.add_parser("agent-jobkey", help="write or remove a job's per-job key (Slurm Prolog / Epilog, as root)",
+                       description="Per-job keys for hosts without MUNGE (docs/AGENT.md, Authentication): the "
+                                   "Prolog writes DIR/<job id>.key, mode 0400, owned by the job's user, derived "
+                                   "from the root key; jobs use RLSCHED_AUTH=jobkey:DIR; the Epilog removes it. "
+                                   "Job id, uid and gid default to Slurm's SLURM_JOB_ID, SLURM_JOB_UID and "
+                                   "SLURM_JOB_GID.")
+    j.add_argument("action", choices=("write", "remove"))
+    j.add_argument("--dir", required=True, help="directory of per-job keys (root's, not group/other-writable)")
+    j.add_argument("--key", help="the root key file (write only; the agents' and controller's sharedkey:PATH)")
+    j.add_argument("--job", default=os.environ.get("SLURM_JOB_ID"), help="Slurm job id (default $SLURM_JOB_ID)")
+    j.add_argument("--uid", type=int_in_range(0, MAX_UID), default=None,
+                   help="the job's user id (default $SLURM_JOB_UID)")
+    j.add_argument("--gid", type=int_in_range(0, MAX_UID), default=None,
+                   help="the job's group id (default $SLURM_JOB_GID)")
+    j.set_defaults(func=run_jobkey)
 
 
 def _json_logging() -> None:
@@ -98,7 +123,8 @@ def run_agent(args: argparse.Namespace) -> int:
 
     _json_logging()
     try:
-        kw: dict = {"allowed_uids": set(args.allow_uid)}
+        kw: dict = {"allowed_uids": set(args.allow_uid), "caller_rate_per_s": args.caller_rate,
+                    "caller_burst": args.caller_burst}
         if args.auth.startswith("munge"):
             kw["slurm_conf"] = args.slurm_conf
         auth = make_authenticator(args.auth, **kw)
@@ -114,7 +140,7 @@ def run_agent(args: argparse.Namespace) -> int:
                           missing_ttl_s=args.unknown_job_ttl_s,
                           max_lookups_total=args.lookups_in_flight or max(1, args.max_workers // 2))
         server = NodeAgentServer(args.node, args.listen, auth, store, tracker, max_workers=args.max_workers,
-                                 slurm=slurm)
+                                 slurm=slurm, max_preempts_per_caller=args.preempts_per_caller)
     except (AuthError, StoreError, OSError, RuntimeError, ValueError) as exc:  # ValueError: a bad --auth spec
         return _fail("agent", f"cannot start agent: {exc}")
     stop = threading.Event()
@@ -144,6 +170,28 @@ def run_keygen(args: argparse.Namespace) -> int:
                 os.unlink(args.path)
         return _fail("agent-keygen", f"{args.path}: cannot create the key file: {_why_not(args.path, exc)}")
     print(path)
+    return 0
+
+
+def run_jobkey(args: argparse.Namespace) -> int:
+    from nodeagent.auth import AuthError, remove_job_key, write_job_key
+
+    if not args.job:
+        return _fail("agent-jobkey", "no job id: give --job or run it where SLURM_JOB_ID is set (Prolog/Epilog)")
+    env_uid, env_gid = os.environ.get("SLURM_JOB_UID", ""), os.environ.get("SLURM_JOB_GID", "")
+    uid = args.uid if args.uid is not None else int(env_uid) if env_uid.isdigit() else None
+    gid = args.gid if args.gid is not None else int(env_gid) if env_gid.isdigit() else None
+    try:
+        if args.action == "remove":
+            remove_job_key(args.dir, args.job)
+            return 0
+        if not args.key:
+            return _fail("agent-jobkey", "write needs --key, the root key file")
+        if uid is None:
+            return _fail("agent-jobkey", "no job uid: give --uid or run it where SLURM_JOB_UID is set (Prolog)")
+        print(write_job_key(args.key, args.dir, args.job, uid, gid))
+    except AuthError as exc:
+        return _fail("agent-jobkey", str(exc))
     return 0
 
 

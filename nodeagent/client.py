@@ -11,7 +11,15 @@ Stable API (the controller depends on it)::
                          "pids", "state", "last_report_age_s", "world_size"}, ...]
     c.preempt(job_key, slurm_job_id, timeout_s=60)
                     -> {"ok", "checkpoint_step" (None if none), "checkpoint_uri", "message",
-                        "process_exited", "wait_s"}
+                        "process_exited", "wait_s", "operation_id", "done", "joined"}
+    c.preempt_start(job_key, slurm_job_id, timeout_s=60)   -> the same dict, at once (done False)
+    c.preempt_status(operation_id)                          -> the same dict, at once
+
+Preempt is asynchronous on the agent (protocol version 4): ``preempt_start``
+starts (or joins: one operation per job) a preemption that the agent runs in its
+own thread and answers at once; ``preempt_status`` reads it; ``preempt`` does
+both, polling every ``poll_s`` until it is done or ``timeout_s`` plus the client
+timeout have passed. No call holds an agent worker while a job checkpoints.
 
 ``node`` is the Slurm node name the agent serves (its ``--node``): every
 credential names it, and an agent refuses credentials made for another node
@@ -32,16 +40,20 @@ being down) is not that node's agent, or the agent is older than this client.
 Units: throughput in samples/s, times in seconds. Every call raises
 :class:`AgentError` (with ``.code``, the gRPC status name such as
 ``"NOT_FOUND"``, ``"UNAUTHENTICATED"``, ``"PERMISSION_DENIED"``,
-``"INVALID_ARGUMENT"``, ``"UNAVAILABLE"``, ``"DEADLINE_EXCEEDED"``, or
-``"UNAUTHENTICATED_REPLY"``) when the RPC fails. ``preempt`` returns
-``ok=False`` (no exception) when the agent ran the protocol but no durable
-checkpoint appeared in time.
+``"INVALID_ARGUMENT"``, ``"UNAVAILABLE"``, ``"DEADLINE_EXCEEDED"``,
+``"RESOURCE_EXHAUSTED"`` (over the caller's rate or its number of running
+preemptions) or ``"UNAUTHENTICATED_REPLY"``) when the RPC fails. ``preempt``
+returns ``ok=False`` (no exception) when the agent ran the protocol but no
+durable checkpoint appeared in time, and when it accepted the preemption but its
+outcome could not be read before the deadline (``done`` False: the agent
+stopped answering, or lost the operation in a restart).
 """
 
 from __future__ import annotations
 
 import math
 import threading
+import time
 from typing import Any
 
 import grpc
@@ -53,6 +65,8 @@ from proto import rlsched_agent_pb2_grpc as pb_grpc
 SERVICE = "/rlsched.agent.v1.NodeAgent/"
 #: :attr:`AgentError.code` of a reply that is missing its credential or whose credential does not verify.
 UNAUTHENTICATED_REPLY = "UNAUTHENTICATED_REPLY"
+#: Codes of a PreemptStatus poll that is tried again (until the deadline) rather than raised.
+_RETRY_POLL = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"})
 
 
 class AgentError(RuntimeError):
@@ -67,6 +81,21 @@ class AgentError(RuntimeError):
 
 def _opt(value: float, unknown: float) -> float | None:
     return None if value == unknown else value
+
+
+def preempt_to_dict(r: pb.PreemptResponse) -> dict[str, Any]:
+    """Convert a PreemptResponse to the documented plain dict (no checkpoint -> None)."""
+    return {
+        "ok": r.ok,
+        "checkpoint_step": None if r.checkpoint_step < 0 else r.checkpoint_step,
+        "checkpoint_uri": r.checkpoint_uri,
+        "message": r.message,
+        "process_exited": r.process_exited,
+        "wait_s": r.wait_s,
+        "operation_id": r.operation_id,
+        "done": r.done,
+        "joined": r.joined,
+    }
 
 
 def jobstat_to_dict(s: pb.JobStat) -> dict[str, Any]:
@@ -93,8 +122,8 @@ def jobstat_to_dict(s: pb.JobStat) -> dict[str, Any]:
 class AgentClient:
     """Authenticated, synchronous client for one node agent at ``address`` ("host:port").
 
-    ``timeout`` is the default per-RPC deadline in seconds (Preempt uses
-    ``timeout_s + timeout``). ``node``: the agent's node name, which every
+    ``timeout`` is the default per-RPC deadline in seconds (:meth:`preempt` waits for the outcome up to
+    ``timeout_s + timeout`` in all). ``node``: the agent's node name, which every
     credential is bound to (None: learnt from the agent's Health on the first
     call that needs it). Thread-safe; close() or use as a context manager.
     """
@@ -178,21 +207,56 @@ class AgentClient:
         r = self._call("JobStats", pb.JobStatsRequest(job_key=job_key, include_finished=include_finished))
         return [jobstat_to_dict(s) for s in r.jobs]
 
-    def preempt(self, job_key: str, slurm_job_id: str, timeout_s: float = 60) -> dict[str, Any]:
-        """Ask the agent to checkpoint and stop ``job_key``, waiting up to ``timeout_s`` (s, finite and > 0;
-        the agent caps it) for the checkpoint; the RPC's own deadline is that plus the client timeout."""
+    def preempt_start(self, job_key: str, slurm_job_id: str, timeout_s: float = 60) -> dict[str, Any]:
+        """Start checkpoint-and-stop of ``job_key`` on this agent (or join its running preemption); the agent
+        waits up to ``timeout_s`` (s, finite and > 0; the agent caps it) for the checkpoint. Answers at once:
+        ``operation_id`` for :meth:`preempt_status`, ``done`` False while it runs."""
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < math.inf:
             raise ValueError(f"preempt timeout_s must be a finite number of seconds > 0, got {timeout_s!r}")
         req = pb.PreemptRequest(job_key=job_key, slurm_job_id=str(slurm_job_id), timeout_s=float(timeout_s))
-        r = self._call("Preempt", req, timeout=float(timeout_s) + self.timeout)
-        return {
-            "ok": r.ok,
-            "checkpoint_step": None if r.checkpoint_step < 0 else r.checkpoint_step,
-            "checkpoint_uri": r.checkpoint_uri,
-            "message": r.message,
-            "process_exited": r.process_exited,
-            "wait_s": r.wait_s,
-        }
+        return preempt_to_dict(self._call("Preempt", req))
+
+    def preempt_status(self, operation_id: str) -> dict[str, Any]:
+        """The state of a preemption started by :meth:`preempt_start` (AgentError NOT_FOUND: the agent does
+        not know it, e.g. it restarted)."""
+        return preempt_to_dict(self._call("PreemptStatus", pb.PreemptStatusRequest(operation_id=operation_id)))
+
+    def preempt(self, job_key: str, slurm_job_id: str, timeout_s: float = 60, poll_s: float = 0.25) -> dict[str, Any]:
+        """Ask the agent to checkpoint and stop ``job_key``, waiting up to ``timeout_s`` (s, finite and > 0;
+        the agent caps it) for the checkpoint: :meth:`preempt_start`, then :meth:`preempt_status` every
+        ``poll_s`` seconds until the outcome is known or ``timeout_s`` plus the client timeout have passed.
+
+        Errors of the start raise :class:`AgentError`. Once started, a poll that fails with UNAVAILABLE,
+        DEADLINE_EXCEEDED or RESOURCE_EXHAUSTED is tried again until the deadline; an unknown operation
+        (the agent restarted) ends the wait; both give ``ok=False``, ``done=False`` and say why. A reply
+        not from the agent (UNAUTHENTICATED_REPLY) always raises.
+        """
+        first = self.preempt_start(job_key, slurm_job_id, timeout_s)
+        op = first["operation_id"]
+        deadline = time.monotonic() + float(timeout_s) + self.timeout
+        last = first
+        why = ""
+        while not last["done"]:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                why = (f"no outcome from the agent of node {self.node or self.address} within {timeout_s}s + "
+                       f"{self.timeout}s (operation {op}): {why or last['message']}")
+                break
+            time.sleep(min(poll_s, left))
+            try:
+                last = self.preempt_status(op)
+            except AgentError as exc:
+                if exc.code in _RETRY_POLL:
+                    why = f"last poll failed: {exc}"
+                    continue
+                if exc.code == "NOT_FOUND":
+                    why = (f"the agent of node {self.node or self.address} accepted the preemption (operation {op}) "
+                           f"but no longer knows it (restarted?): {exc.details}; the job may have been signalled")
+                    break
+                raise
+        if last["done"]:
+            return {**last, "joined": first["joined"]}
+        return {**last, "ok": False, "done": False, "operation_id": op, "joined": first["joined"], "message": why}
 
     def report_progress(self, report: pb.ProgressReport, timeout: float | None = None) -> dict[str, Any]:
         """Send one ProgressReport (used by the job helper)."""

@@ -43,7 +43,7 @@ Environment (all optional except where noted):
 ``RLSCHED_COMMENT``  the job comment (else read with ``scontrol show job``).
 ``RLSCHED_AGENT``    ``host:port`` or ``node1=host:port,node2=host:port`` (picked by
                      ``$SLURMD_NODENAME``); empty/``none`` disables reporting.
-``RLSCHED_AUTH``     ``munge`` (default), ``munge:/socket``, ``sharedkey:/path``.
+``RLSCHED_AUTH``     ``munge`` (default), ``munge:/socket``, ``jobkey:/dir`` (per-job key, no MUNGE).
 ``RLSCHED_STORE``    checkpoint store URL; else the agent's store (Health).
 """
 

@@ -2,9 +2,18 @@
 
 One :class:`NodeAgentServer` per Slurm node. Job helpers report progress
 (:class:`JobTracker` keeps per-job throughput windows); the controller reads
-:meth:`JobStats` and calls :meth:`Preempt`, which signals the job's registered
-processes with SIGUSR2 and waits until the checkpoint store holds a *new*
-checkpoint at or beyond the step the job had reached, whose checksum verifies.
+:meth:`JobStats` and calls :meth:`Preempt`, which starts an operation (one per
+job: a second Preempt joins it) in its own thread and answers at once; the
+operation signals the job's registered processes with SIGUSR2 and waits until
+the checkpoint store holds a *new* checkpoint at or beyond the step the job had
+reached, whose checksum verifies; :meth:`PreemptStatus` reads its outcome. No
+RPC holds a gRPC worker while a job checkpoints, so Health is always served.
+
+A report may register a process (the one Preempt signals) only if the agent
+itself finds it is a process of the report's Slurm job owned by that job's
+owner (:meth:`NodeAgentServicer.pid_problem`: the process's uid, its job
+cgroup, else its ``SLURM_JOB_ID``), in every auth mode; each pid is checked
+again before it is signalled.
 
 Contention sensitivity (paper eq. 1): ``CS = isolated / achieved`` throughput
 (samples/s). *Achieved* is measured over the last ``window_s`` seconds of
@@ -30,6 +39,7 @@ import logging
 import math
 import os
 import re
+import secrets
 import signal
 import threading
 import time
@@ -40,7 +50,7 @@ from typing import Any, Callable
 
 import grpc
 
-from nodeagent.auth import AUTH_HEADER, REPLY_AUTH_HEADER, Authenticator, AuthError, Identity
+from nodeagent.auth import AUTH_HEADER, REPLY_AUTH_HEADER, Authenticator, AuthError, Identity, RateLimited
 from nodeagent.slurmjob import LookupLimited, SlurmJobInfo, SlurmJobs, SlurmUnavailable
 from nodeagent.store import CheckpointInfo, CheckpointStore, validate_job_key
 from proto import rlsched_agent_pb2 as pb
@@ -49,7 +59,9 @@ from proto import rlsched_agent_pb2_grpc as pb_grpc
 log = logging.getLogger("nodeagent")
 
 SERVICE = "/rlsched.agent.v1.NodeAgent/"
-VERSION = "3"  # 2: credentials are bound to the agent's node name; 3: replies are signed (nodeagent.auth)
+#: 2: credentials are bound to the agent's node name; 3: replies are signed (nodeagent.auth);
+#: 4: Preempt answers at once with an operation polled with PreemptStatus; per-job keys; per-caller rates
+VERSION = "4"
 _STATES = ("running", "preempted", "finished")
 _SLURM_ID_RE = re.compile(r"[A-Za-z0-9_]{1,64}")
 _DEFAULT_KEY_RE = re.compile(r"slurm-([0-9]+(?:_[0-9]+)?)")  # job_key_for's default: slurm-<SLURM_JOB_ID>
@@ -147,6 +159,8 @@ class JobRecord:
     first_seen: float = 0.0
     owner_uid: int = -1  # uid owning the key: the Slurm job's owner (verified), or a privileged reporter's; -1: unknown
     slurm_numeric_id: str = ""  # numeric Slurm job id (what job cgroups are named after), "" if unknown
+    #: uid owning the Slurm job, as verified when a pid was registered (the uid every registered pid has); -1: none
+    job_uid: int = -1
     last_report: float = 0.0
     ended_at: float = 0.0
     #: step of the latest final "preempted" report (the job helper sends it only once its preemption
@@ -229,12 +243,13 @@ class JobTracker:
             return KeyClaim(o.slurm_job_id, o.owner_uid, False, o.slurm_numeric_id) if o is not None else None
 
     def report(self, r: pb.ProgressReport, uid: int = -1, *, pid_start: int | None = None,
-               slurm_numeric_id: str = "", enforce_owner: bool = False) -> JobRecord:
+               slurm_numeric_id: str = "", enforce_owner: bool = False, job_uid: int = -1) -> JobRecord:
         """Apply one (validated, authorised) report from ``uid``; returns the updated record.
 
         Raises :class:`KeyInUse` if an active record of another Slurm job holds the key, and (with
         ``enforce_owner``) :class:`NotKeyOwner` if the key's record of this Slurm job belongs to another
-        uid. ``pid_start``: the reporting pid's start time as checked by the caller.
+        uid. ``pid_start``: the reporting pid's start time as checked by the caller; ``job_uid``: the
+        Slurm job's owner that the pid was checked against (:attr:`JobRecord.job_uid`).
         """
         now = self.clock()
         with self.lock:
@@ -258,6 +273,8 @@ class JobTracker:
                 rec.owner_uid = uid
             if slurm_numeric_id and not rec.slurm_numeric_id:
                 rec.slurm_numeric_id = slurm_numeric_id
+            if r.pid > 0 and job_uid >= 0:
+                rec.job_uid = job_uid
             start = pid_start if pid_start is not None or r.pid <= 0 else proc_start_time(r.pid)
             if r.pid > 0 and r.pid in rec.final_pids and rec.final_pids[r.pid] == start:
                 return rec  # a stale report that overtook this process's final one
@@ -421,6 +438,28 @@ def _finite(x: float) -> bool:
     return math.isfinite(x)
 
 
+@dataclass
+class PreemptOp:
+    """One preemption the agent runs for a job (``Preempt`` starts it, ``PreemptStatus`` reads it).
+
+    ``caller``: :attr:`Identity.caller` of whoever started it (the per-caller bound counts it there);
+    ``t0``/``deadline``: monotonic seconds (a Preempt that joins it may push the deadline later);
+    ``response``: the outcome once ``done``.
+    """
+
+    id: str
+    job_key: str
+    slurm_job_id: str
+    caller: str
+    t0: float
+    deadline: float
+    rec: JobRecord
+    done: bool = False
+    ended_at: float = 0.0
+    response: pb.PreemptResponse | None = None
+    joins: int = 0
+
+
 class NodeAgentServicer(pb_grpc.NodeAgentServicer):
     """RPC handlers. Every handler authenticates, validates, and never lets an exception escape."""
 
@@ -434,7 +473,14 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
         max_preempt_timeout_s: float = 3600.0,
         slurm: SlurmJobs | None = None,
         key_owner_recheck_s: float = 600.0,
+        max_preempts_per_caller: int = 16,
+        max_preempts: int = 64,
+        keep_preempts_s: float = 600.0,
+        max_kept_preempts: int = 1024,
     ) -> None:
+        if max_preempts_per_caller < 1 or max_preempts < 1:
+            raise ValueError(f"preemption limits must be >= 1, got {max_preempts_per_caller} per caller, "
+                             f"{max_preempts} in all")
         self.node = node
         self.auth = auth
         self.store = store
@@ -445,6 +491,16 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
         self.slurm = slurm or SlurmJobs()
         self.key_owner_recheck_s = key_owner_recheck_s
         self.started = time.monotonic()
+        #: running preemptions one caller may have (joining a running one does not count), and all callers
+        self.max_preempts_per_caller = max_preempts_per_caller
+        self.max_preempts = max_preempts
+        #: ended preemptions are answered to PreemptStatus this long (s), at most this many
+        self.keep_preempts_s = keep_preempts_s
+        self.max_kept_preempts = max_kept_preempts
+        self._ops: dict[str, PreemptOp] = {}  # operation id -> operation (insertion order: oldest first)
+        self._running: dict[str, PreemptOp] = {}  # job key -> its running operation
+        self._ops_lock = threading.Lock()
+        self.stopping = threading.Event()  # set when the server stops: running operations end at once
 
     # ------------------------------------------------------------ plumbing
     def _authorize(self, name: str, request: Any, context: grpc.ServicerContext, privileged: bool) -> Identity:
@@ -454,6 +510,9 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
             # Health alone also takes unbound ones (it changes nothing; clients learn the node name from it)
             ident = self.auth.verify(SERVICE + name, request.SerializeToString(deterministic=True), header,
                                      node=self.node, unbound_ok=name == "Health")
+        except RateLimited as exc:
+            emit("auth_rate_limited", logging.WARNING, method=name, peer=context.peer(), reason=str(exc))
+            raise _RpcAbort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{exc} (node {self.node})") from None
         except AuthError as exc:
             emit("auth_refused", logging.WARNING, method=name, peer=context.peer(), reason=str(exc))
             raise _RpcAbort(grpc.StatusCode.UNAUTHENTICATED, f"authentication failed: {exc}") from None
@@ -513,10 +572,13 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
             self._validate_report(request)
             privileged = self.auth.is_privileged(ident)
             numeric_id = self._check_key(request, ident, privileged)
-            start = self._check_pid(request, ident, privileged, numeric_id) if request.pid > 0 else None
+            start, job_uid = None, -1
+            if request.pid != 0:
+                job_uid, numeric_id = self._job_owner(request, ident, privileged, numeric_id)
+                start = self._check_pid(request, numeric_id, job_uid)
             try:
                 rec = self.tracker.report(request, ident.uid, pid_start=start, slurm_numeric_id=numeric_id,
-                                          enforce_owner=not privileged)
+                                          enforce_owner=not privileged, job_uid=job_uid)
             except KeyInUse as exc:
                 raise _RpcAbort(grpc.StatusCode.FAILED_PRECONDITION, f"{exc} (node {self.node})") from None
             except NotKeyOwner as exc:
@@ -548,7 +610,20 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
         return self._run("JobStats", request, context, go)
 
     def Preempt(self, request: pb.PreemptRequest, context: grpc.ServicerContext) -> pb.PreemptResponse:
-        return self._run("Preempt", request, context, lambda: self._preempt(request, context))
+        return self._run("Preempt", request, context, lambda: self._preempt_start(request, context))
+
+    def PreemptStatus(self, request: pb.PreemptStatusRequest, context: grpc.ServicerContext) -> pb.PreemptResponse:
+        def go() -> pb.PreemptResponse:
+            self._authorize("PreemptStatus", request, context, privileged=True)
+            with self._ops_lock:
+                op = self._ops.get(request.operation_id)
+                if op is None:
+                    raise _RpcAbort(grpc.StatusCode.NOT_FOUND,
+                                    f"no preemption operation {request.operation_id!r} on node {self.node} (the agent "
+                                    f"restarted, or forgot it {self.keep_preempts_s:.0f}s after it ended)")
+                return self._op_reply(op)
+
+        return self._run("PreemptStatus", request, context, go)
 
     # ------------------------------------------------------------- helpers
     @staticmethod
@@ -604,6 +679,9 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
         according to slurmctld, and a key stays with its owner while the owner's Slurm job exists.
         """
         key, sid = r.job_key, r.slurm_job_id
+        if ident.job and sid != ident.job:  # a per-job key speaks for its own job only
+            raise _RpcAbort(grpc.StatusCode.PERMISSION_DENIED,
+                            f"this credential is the key of slurm job {ident.job}: it cannot report on slurm job {sid}")
         held = self.tracker.claim(key)
         if held is not None and held.active and held.slurm_job_id != sid:
             raise _RpcAbort(grpc.StatusCode.FAILED_PRECONDITION,
@@ -631,7 +709,8 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
                 raise _RpcAbort(grpc.StatusCode.PERMISSION_DENIED,
                                 f"job key {key!r} is the default key of slurm job {m.group(1)} of uid {other.uid}")
             other_unknown = other is None
-        info = self._slurm_job(sid, ident.uid)
+        # a per-job key proves its job and owner (the prolog wrote it for them from Slurm's own data)
+        info = SlurmJobInfo(ident.job, ident.uid, "RUNNING") if ident.job else self._slurm_job(sid, ident.uid)
         if info is None:
             raise _RpcAbort(grpc.StatusCode.PERMISSION_DENIED, f"slurm job {sid} does not exist (Slurm does not know it)")
         if info.uid != ident.uid:
@@ -646,50 +725,107 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
                             f"submitted yet (your job is {info.job_id})")
         return info.job_id
 
-    def _check_pid(self, r: pb.ProgressReport, ident: Identity, privileged: bool, numeric_id: str) -> int:
-        """Only let a caller register a pid it owns that belongs to the reported Slurm job; returns its start time."""
+    def _job_owner(self, r: pb.ProgressReport, ident: Identity, privileged: bool, numeric_id: str) -> tuple[int, str]:
+        """(uid owning Slurm job ``r.slurm_job_id``, its numeric id) for checking the pid a report registers.
+
+        From the credential where it proves them (a per-job key names its job and user; an unprivileged
+        caller's job was checked to be its own by :meth:`_check_key`), else from Slurm: a privileged
+        caller (root, the SlurmUser, the root key) is trusted with any job, but the pid it names must
+        still be a process of that job's owner. UNAVAILABLE if Slurm cannot be asked, PERMISSION_DENIED
+        if it does not know the job.
+        """
+        if ident.job:
+            return ident.uid, ident.job
+        if not privileged:
+            return ident.uid, numeric_id
+        try:
+            info = self.slurm.job(r.slurm_job_id)
+        except SlurmUnavailable as exc:
+            raise _RpcAbort(grpc.StatusCode.UNAVAILABLE,
+                            f"cannot check that pid {r.pid} belongs to slurm job {r.slurm_job_id}: Slurm cannot be "
+                            f"asked on node {self.node} ({exc}); report refused, retry later") from None
+        if info is None:
+            raise _RpcAbort(grpc.StatusCode.PERMISSION_DENIED,
+                            f"pid {r.pid} cannot be registered for slurm job {r.slurm_job_id}: Slurm does not know "
+                            "that job (only a process inside its own Slurm job can be registered)")
+        return info.uid, info.job_id
+
+    def _check_pid(self, r: pb.ProgressReport, numeric_id: str, job_uid: int) -> int:
+        """The start time of ``r.pid`` once the agent has checked it is a process of Slurm job
+        ``r.slurm_job_id`` (numeric id ``numeric_id``) owned by ``job_uid`` (:meth:`pid_problem`), in
+        every auth mode; PERMISSION_DENIED naming the reason otherwise."""
+        if r.pid < 0:
+            raise ValueError(f"pid must be >= 0 (0: none), got {r.pid}")
+        if r.pid == 1:
+            raise _RpcAbort(grpc.StatusCode.PERMISSION_DENIED,
+                            f"pid 1 is init on node {self.node}, not a process of slurm job {r.slurm_job_id}: refused")
         start = proc_start_time(r.pid)
         if start is None:
             why = "has exited (zombie)" if os.path.exists(f"/proc/{r.pid}") else "does not exist"
             raise ValueError(f"pid {r.pid} is not a running process on node {self.node}: it {why}")
-        owner = _proc_uid(r.pid)
-        if not privileged and owner != ident.uid:
-            raise _RpcAbort(grpc.StatusCode.PERMISSION_DENIED,
-                            f"uid {ident.uid} may not register pid {r.pid} (owned by uid {owner})")
-        jobs = self.slurm.pid_job_ids(r.pid)
-        if jobs is None:
-            raise ValueError(f"pid {r.pid} is not a running process on node {self.node}: its cgroup file is unreadable")
-        if jobs and numeric_id and numeric_id not in jobs:
-            raise _RpcAbort(grpc.StatusCode.PERMISSION_DENIED,
-                            f"pid {r.pid} is in the cgroup of slurm job {','.join(sorted(jobs))}, not {r.slurm_job_id}")
-        if not jobs and not privileged and self.slurm.require_cgroup():
-            raise _RpcAbort(grpc.StatusCode.PERMISSION_DENIED,
-                            f"pid {r.pid} is in no Slurm job cgroup on node {self.node}")
-        # the environment is the caller's to set: a consistency check only, never the proof
-        env_job = _proc_env(r.pid, "SLURM_JOB_ID")
-        if isinstance(env_job, str) and env_job != r.slurm_job_id:
-            raise _RpcAbort(grpc.StatusCode.PERMISSION_DENIED,
-                            f"pid {r.pid} belongs to slurm job {env_job}, not {r.slurm_job_id}")
-        if env_job is None and not privileged:
-            raise _RpcAbort(grpc.StatusCode.PERMISSION_DENIED, f"pid {r.pid} is not part of a Slurm job")
+        why = self.pid_problem(r.pid, r.slurm_job_id, numeric_id, job_uid)
+        if why is not None:
+            raise _RpcAbort(grpc.StatusCode.PERMISSION_DENIED, f"{why}: refused")
         if proc_start_time(r.pid) != start:
             raise ValueError(f"pid {r.pid} exited while it was being checked")
         return start
+
+    def pid_problem(self, pid: int, slurm_job_id: str, numeric_id: str, job_uid: int) -> str | None:
+        """Why ``pid`` is not a process of Slurm job ``slurm_job_id`` (numeric id ``numeric_id``, "" if
+        unknown) owned by uid ``job_uid`` on this node; None if it is. What the agent reads itself:
+
+        * the process's owner (``/proc/PID``) must be ``job_uid``;
+        * if its cgroup names a Slurm job (``job_<id>``), that must be this job; where Slurm uses job
+          cgroups on this node (``--job-cgroups``), it must be in one;
+        * otherwise its environment's ``SLURM_JOB_ID`` must name this job: only the job's owner can set
+          it on a process of the job's owner, so it cannot point at anyone else's process.
+
+        An environment naming another job is refused even inside the right cgroup (inconsistent).
+        """
+        if pid <= 1:
+            return f"pid {pid} is not a process of slurm job {slurm_job_id}"
+        uid = _proc_uid(pid)
+        if uid is None:
+            return f"pid {pid} is not a running process on node {self.node}"
+        if job_uid < 0:
+            return f"the owner of slurm job {slurm_job_id} is not known, so pid {pid} cannot be checked"
+        if uid != job_uid:
+            return (f"pid {pid} is owned by uid {uid}, not by uid {job_uid}, the owner of slurm job "
+                    f"{slurm_job_id}")
+        ids = {slurm_job_id, numeric_id} - {""}
+        jobs = self.slurm.pid_job_ids(pid)
+        if jobs is None:
+            return f"pid {pid} is not a running process on node {self.node}: its cgroup file is unreadable"
+        if jobs and not jobs & ids:
+            return f"pid {pid} is in the cgroup of slurm job {','.join(sorted(jobs))}, not {slurm_job_id}"
+        if not jobs and self.slurm.require_cgroup():
+            return f"pid {pid} is in no Slurm job cgroup on node {self.node} (slurm job {slurm_job_id})"
+        env_job = _proc_env(pid, "SLURM_JOB_ID")
+        if env_job is False:
+            return f"the environment of pid {pid} cannot be read, so it cannot be checked"
+        if env_job is None:
+            if not jobs:
+                return (f"pid {pid} is not part of a Slurm job: it is in no job cgroup and has no SLURM_JOB_ID in "
+                        f"its environment (slurm job {slurm_job_id})")
+        elif env_job not in ids:
+            return f"pid {pid} belongs to slurm job {env_job}, not {slurm_job_id}"
+        return None
 
     def _signal_targets(self, rec: JobRecord) -> tuple[list[int], list[int]]:
         """(live registered pids, those that may be signalled). Call with the tracker lock held.
 
         A pid may be signalled only if it is still the process that registered (start time: no
-        reused pid), is in this job's cgroup where it is in one, and the job is running/preempting
-        (a finished job may still be running its own post-processing).
+        reused pid), still passes :meth:`pid_problem` for the record's Slurm job and owner, and the
+        job is running/preempting (a finished job may still be running its own post-processing).
         """
         live = [p for p in rec.pids if same_process(p, rec.pid_start.get(p))]
         if not rec.active():
             return live, []
         ok = []
         for p in live:
-            jobs = self.slurm.pid_job_ids(p) if rec.slurm_numeric_id else None
-            if jobs and rec.slurm_numeric_id not in jobs:
+            why = self.pid_problem(p, rec.slurm_job_id, rec.slurm_numeric_id, rec.job_uid)
+            if why is not None:
+                emit("pid_not_signalled", logging.WARNING, job_key=rec.job_key, pid=p, reason=why)
                 continue
             ok.append(p)
         return live, ok
@@ -712,13 +848,14 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
                     else:
                         o.next_check = now + self.key_owner_recheck_s
 
-    def _preempt(self, request: pb.PreemptRequest, context: grpc.ServicerContext) -> pb.PreemptResponse:
-        self._authorize("Preempt", request, context, privileged=True)
+    def _preempt_start(self, request: pb.PreemptRequest, context: grpc.ServicerContext) -> pb.PreemptResponse:
+        """Preempt: check the request, then start an operation (or join the job's running one) and answer
+        at once; the operation runs in its own thread (:meth:`_preempt_op`), never in a gRPC worker."""
+        ident = self._authorize("Preempt", request, context, privileged=True)
         validate_job_key(request.job_key)
         timeout = request.timeout_s if request.timeout_s > 0 else 60.0
         if not _finite(timeout) or timeout > self.max_preempt_timeout_s:
             raise ValueError(f"timeout_s must be in (0, {self.max_preempt_timeout_s}], got {request.timeout_s}")
-        t0 = time.monotonic()
         with self.tracker.lock:
             rec = self.tracker.jobs.get(request.job_key)
             if rec is None:
@@ -729,27 +866,104 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
                     f"job {request.job_key!r} on node {self.node} is slurm job {rec.slurm_job_id}, "
                     f"not {request.slurm_job_id}",
                 )
+        now = time.monotonic()
+        with self._ops_lock:
+            self._forget_ops(now)
+            op = self._running.get(request.job_key)
+            if op is not None and op.rec is rec:  # merged: one operation per job, whoever asks
+                op.deadline = max(op.deadline, now + timeout)
+                op.joins += 1
+                emit("preempt_joined", job_key=request.job_key, operation=op.id, caller=ident.caller)
+                return self._op_reply(op, joined=True)
+            mine = sum(1 for o in self._running.values() if o.caller == ident.caller)
+            if mine >= self.max_preempts_per_caller:
+                raise _RpcAbort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"{ident.caller} already has {mine} preemptions running on node {self.node} (limit "
+                                f"{self.max_preempts_per_caller} per caller); job {request.job_key!r} not signalled, "
+                                "retry once one ends")
+            if len(self._running) >= self.max_preempts:
+                raise _RpcAbort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"{len(self._running)} preemptions are running on node {self.node} (limit "
+                                f"{self.max_preempts}); job {request.job_key!r} not signalled, retry once one ends")
+            op = PreemptOp(id=secrets.token_hex(12), job_key=request.job_key, slurm_job_id=rec.slurm_job_id,
+                           caller=ident.caller, t0=now, deadline=now + timeout, rec=rec)
+            self._ops[op.id] = op
+            self._running[op.job_key] = op
+            try:
+                threading.Thread(target=self._preempt_op, args=(op,), daemon=True,
+                                 name=f"preempt-{op.job_key}"[:60]).start()
+            except RuntimeError as exc:  # no thread to run it: nothing was signalled
+                del self._ops[op.id]
+                del self._running[op.job_key]
+                raise _RpcAbort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"cannot start the preemption: {exc}") from None
+            return self._op_reply(op)
+
+    def _op_reply(self, op: PreemptOp, joined: bool = False) -> pb.PreemptResponse:
+        """What Preempt / PreemptStatus answer about ``op``. Call with the operations lock held."""
+        if op.done and op.response is not None:
+            out = pb.PreemptResponse()
+            out.CopyFrom(op.response)
+        else:
+            wait = time.monotonic() - op.t0
+            out = pb.PreemptResponse(
+                ok=False, checkpoint_step=-1, wait_s=wait,
+                message=(f"preemption of job {op.job_key} on node {self.node} is running ({wait:.1f}s, up to "
+                         f"{max(0.0, op.deadline - op.t0):.1f}s); poll PreemptStatus for the outcome"))
+        out.operation_id, out.done, out.joined = op.id, op.done, joined
+        return out
+
+    def _forget_ops(self, now: float) -> None:
+        """Drop ended operations older than ``keep_preempts_s`` or beyond ``max_kept_preempts``. Lock held."""
+        ended = [o for o in self._ops.values() if o.done]
+        excess = len(ended) - self.max_kept_preempts
+        for o in ended:
+            if excess > 0 or now - o.ended_at > self.keep_preempts_s:
+                del self._ops[o.id]
+                excess -= 1
+
+    def _preempt_op(self, op: PreemptOp) -> None:
+        """Run one preemption operation to its outcome (the operation's thread); never raises."""
+        try:
+            resp = self._preempt(op)
+        except _RpcAbort as exc:
+            resp = self._reply(op.rec, False, None, op.t0, False, exc.msg)
+        except Exception as exc:  # noqa: BLE001 -- the outcome says what failed; the agent goes on
+            log.exception("preemption of %s failed", op.job_key)
+            resp = self._reply(op.rec, False, None, op.t0, False,
+                               f"the agent failed while preempting: {type(exc).__name__}: {exc}")
+        with self._ops_lock:
+            op.response, op.done, op.ended_at = resp, True, time.monotonic()
+            if self._running.get(op.job_key) is op:
+                del self._running[op.job_key]
+
+    def running_preempts(self) -> int:
+        """Preemption operations running now."""
+        with self._ops_lock:
+            return len(self._running)
+
+    def _preempt(self, op: PreemptOp) -> pb.PreemptResponse:
+        rec = op.rec
+        with self.tracker.lock:
             live, pids = self._signal_targets(rec)
             step_at_signal = rec.step
             prev_state = rec.state
             if pids:
                 rec.state = "preempting"
                 rec.preempted_step = -1  # only a "preempted" report answering this signal counts
-        # what the record goes back to if no checkpoint comes (a concurrent Preempt's state is not a state to keep)
+        # what the record goes back to if no checkpoint comes
         restore = prev_state if prev_state != "preempting" else "running"
         try:
-            return self._preempt_run(request, context, rec, live, pids, step_at_signal, prev_state, restore,
-                                     timeout, t0)
+            return self._preempt_run(op, rec, live, pids, step_at_signal, prev_state, restore)
         finally:  # whatever failed (the store, a signal), the record never stays "preempting"
             with self.tracker.lock:
                 if rec.state == "preempting" and pids:
                     rec.state = restore
 
-    def _preempt_run(self, request: pb.PreemptRequest, context: grpc.ServicerContext, rec: JobRecord,
-                     live: list[int], pids: list[int], step_at_signal: int, prev_state: str, restore: str,
-                     timeout: float, t0: float) -> pb.PreemptResponse:
+    def _preempt_run(self, op: PreemptOp, rec: JobRecord, live: list[int], pids: list[int], step_at_signal: int,
+                     prev_state: str, restore: str) -> pb.PreemptResponse:
+        t0 = op.t0
         prev = self._latest(rec, verify=False)
-        emit("preempt_start", job_key=request.job_key, slurm_job_id=rec.slurm_job_id, pids=pids,
+        emit("preempt_start", job_key=rec.job_key, slurm_job_id=rec.slurm_job_id, pids=pids,
              step=step_at_signal, prev_checkpoint=prev.step if prev else None, state=prev_state)
         if not pids:
             good = self._latest(rec, verify=True)
@@ -757,7 +971,7 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
             if prev_state == "finished" and live:
                 # done training, but its processes still run (evaluation, export): not ours to stop
                 return self._reply(rec, False, good, t0, False,
-                                   f"job {request.job_key} on node {self.node} has finished training and its "
+                                   f"job {rec.job_key} on node {self.node} has finished training and its "
                                    "processes are still running: not signalled, not preemptible")
             if not rec.active() and not live:
                 # the record is of a run that ended; a requeued / restarted run registers its pids only
@@ -765,16 +979,17 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
                 unsure = self._restarting(rec)
                 if unsure:
                     return self._reply(rec, False, good, t0, False,
-                                       f"job {request.job_key} on node {self.node} has not registered with the "
+                                       f"job {rec.job_key} on node {self.node} has not registered with the "
                                        f"agent yet (restarting?): its last run is {prev_state} but {unsure}; "
                                        "not signalled, retry once it reports")
             if not rec.active():
-                why = f"job {request.job_key} on node {self.node} is {prev_state}: not signalled"
+                why = f"job {rec.job_key} on node {self.node} is {prev_state}: not signalled"
             elif live:
-                why = (f"job {request.job_key}'s live processes on node {self.node} are outside slurm job "
-                       f"{rec.slurm_job_id}'s cgroup: not signalled")
+                why = (f"job {rec.job_key}'s live processes on node {self.node} no longer pass the agent's check "
+                       f"that they are processes of slurm job {rec.slurm_job_id} (see the pid_not_signalled event): "
+                       "not signalled")
             else:
-                why = f"job {request.job_key} has no live process on node {self.node} (state {prev_state})"
+                why = f"job {rec.job_key} has no live process on node {self.node} (state {prev_state})"
             return self._reply(rec, covered, good, t0, not live,
                                why + "; " + ("latest checkpoint covers its progress" if covered
                                              else "no checkpoint covers its progress"))
@@ -785,7 +1000,6 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
                 pass
             except PermissionError as exc:
                 raise _RpcAbort(grpc.StatusCode.FAILED_PRECONDITION, f"cannot signal pid {pid}: {exc}") from None
-        deadline = t0 + timeout
         done: CheckpointInfo | None = None
         exited = False
         # A checkpoint counts only once the job says it was preempted at it: a final "preempted" report
@@ -793,7 +1007,7 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
         # with EXIT_PREEMPTED). Any checkpoint alone could be an older periodic one: the last reported
         # step lags the real one, so "a checkpoint at >= the reported step" does not prove the
         # preemption save worked (it may have failed, e.g. ENOSPC, and the processes crashed).
-        while time.monotonic() < deadline and context.is_active():
+        while time.monotonic() < op.deadline and not self.stopping.is_set():
             exited = not any(pid_alive(p) for p in pids)
             with self.tracker.lock:
                 at = rec.preempted_step
@@ -816,8 +1030,8 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
         if done is not None:
             ckpt_s = time.monotonic() - t0
             # give the process a moment to exit after its checkpoint (requeue-friendly exit code)
-            exit_by = min(deadline, time.monotonic() + 10.0)
-            while not exited and time.monotonic() < exit_by and context.is_active():
+            exit_by = min(op.deadline, time.monotonic() + 10.0)
+            while not exited and time.monotonic() < exit_by and not self.stopping.is_set():
                 time.sleep(self.poll_s)
                 exited = not any(pid_alive(p) for p in pids)
             with self.tracker.lock:
@@ -848,11 +1062,12 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
         elif exited:
             why = (f"process reported preemption at step {at} and exited, but no verified checkpoint at step "
                    f">= {max(at, step_at_signal)} is in the store; " + facts)
-        elif not context.is_active():  # the caller went away (its deadline, a killed controller)
-            why = (f"the caller disconnected after {time.monotonic() - t0:.1f}s, before a checkpoint at step >= "
-                   f"{step_at_signal} was confirmed (the job was signalled and may still checkpoint); " + facts)
+        elif self.stopping.is_set():  # the agent is shutting down
+            why = (f"the agent of node {self.node} stopped after {time.monotonic() - t0:.1f}s, before a checkpoint "
+                   f"at step >= {step_at_signal} was confirmed (the job was signalled and may still checkpoint); "
+                   + facts)
         else:
-            why = (f"timed out after {timeout:.1f}s waiting for a checkpoint at step >= {step_at_signal} "
+            why = (f"timed out after {op.deadline - t0:.1f}s waiting for a checkpoint at step >= {step_at_signal} "
                    "confirmed by a final 'preempted' report; " + facts)
         return self._reply(rec, False, good, t0, exited, why)
 
@@ -912,7 +1127,11 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):
 class NodeAgentServer:
     """Owns the grpc.Server, the servicer and the reaper thread.
 
-    ``listen`` is "host:port" (port 0 picks a free port; see :attr:`port`).
+    ``listen`` is "host:port" (port 0 picks a free port; see :attr:`port`). ``servicer_kw`` go to
+    :class:`NodeAgentServicer` (e.g. ``max_preempts_per_caller``, ``max_preempt_timeout_s``). No RPC
+    holds a gRPC worker longer than its own checks take (Preempt answers at once and runs in its own
+    thread), so ``max_workers`` threads keep serving Health, JobStats and PreemptStatus however many
+    preemptions are waiting for their jobs.
     """
 
     def __init__(
@@ -925,8 +1144,9 @@ class NodeAgentServer:
         max_workers: int = 16,
         reap_interval_s: float = 1.0,
         slurm: SlurmJobs | None = None,
+        **servicer_kw: Any,
     ) -> None:
-        self.servicer = NodeAgentServicer(node, auth, store, tracker, slurm=slurm)
+        self.servicer = NodeAgentServicer(node, auth, store, tracker, slurm=slurm, **servicer_kw)
         self.tracker = self.servicer.tracker
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="agent-rpc"),
@@ -960,6 +1180,7 @@ class NodeAgentServer:
 
     def stop(self, grace: float | None = 1.0) -> None:
         self._stop.set()
+        self.servicer.stopping.set()
         self._server.stop(grace).wait()
         emit("agent_stopped", node=self.node)
 

@@ -26,6 +26,16 @@ is not an empty store: reads then raise :class:`StoreUnavailable` instead of
 reporting "no checkpoint" or "corrupt", so a job never restarts from step 0,
 falls back to an older checkpoint, or has a good checkpoint pruned because
 the store was briefly out of reach.
+
+A write or delete that fails (disk full, permission denied, quota, I/O error)
+raises :class:`StoreWriteError`, one line naming the store, the job key, the
+path and the reason (``No space left on device (ENOSPC)``); it is an
+:class:`OSError` too, with the original ``errno``.
+
+A data file without its manifest (a writer killed between the two renames) is
+an *orphan*: never a checkpoint, and removed by :meth:`CheckpointStore.prune`
+and :meth:`LocalFSStore.clean_temp` once it is older than their age limit (a
+younger one may be a save in progress, whose manifest comes next).
 """
 
 from __future__ import annotations
@@ -56,6 +66,9 @@ Data = Union[bytes, bytearray, memoryview, BinaryIO, str, os.PathLike]
 # fullmatch: "$" would also match before a trailing newline ("abc\n")
 _KEY_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 _NAME_RE = re.compile(r"ckpt-([0-9]{12})\.json")
+_DATA_RE = re.compile(r"ckpt-([0-9]{12})\.bin")
+#: Default age (s) past which :meth:`CheckpointStore.prune` removes a data file without a manifest.
+ORPHAN_AGE_S = 600.0
 _TMP_RE = re.compile(r"\.ckpt-[0-9]{12}\.(?:bin|json)\.tmp-[0-9a-f]{32}")  # _write_atomic's temp names
 _SHA_RE = re.compile(r"[0-9a-f]{64}")
 _CHUNK = 1 << 20
@@ -82,6 +95,32 @@ class CheckpointCorrupt(StoreError):
 
 class StoreUnavailable(StoreError):
     """The store could not be read (network, permissions, I/O): nothing is known about its checkpoints."""
+
+
+class StoreWriteError(StoreError, OSError):
+    """Writing or deleting in the store failed (disk full, permission denied, I/O error).
+
+    ``str()`` is one line naming the store, the job key, the path and the reason; ``errno``,
+    ``strerror`` and ``filename`` are the failed call's. ``OSError`` too, so callers that catch
+    ``OSError`` for I/O failures still do.
+    """
+
+    def __init__(self, message: str, exc: OSError | None = None, path: str = "") -> None:
+        StoreError.__init__(self, message)
+        self.errno = exc.errno if exc is not None else None
+        self.strerror = exc.strerror if exc is not None else None
+        self.filename = path or None
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "checkpoint store write failed"
+
+
+def _reason(exc: BaseException) -> str:
+    """One line: ``strerror (ENAME)`` of an OSError, else its text."""
+    if isinstance(exc, OSError) and exc.strerror:
+        name = errno.errorcode.get(exc.errno or 0)
+        return f"{exc.strerror} ({name})" if name else exc.strerror
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 class StoreNotOwner(StoreError):
@@ -202,6 +241,20 @@ class CheckpointStore(ABC):
     @abstractmethod
     def _uri(self, relpath: str) -> str: ...
 
+    def _mtime(self, relpath: str) -> float | None:
+        """Modification time (Unix s) of ``relpath``; None if it does not exist or is not a regular file."""
+        return None
+
+    def _where(self, relpath: str) -> str:
+        """``relpath`` as error messages name it (the backend's path or URI)."""
+        return self._uri(relpath)
+
+    def _write_error(self, job_key: str, what: str, relpath: str, exc: OSError) -> StoreWriteError:
+        """The one-line error of a failed write/delete of ``relpath`` of job ``job_key``."""
+        where = self._where(relpath)
+        return StoreWriteError(f"checkpoint store {self.url}: job {job_key}: cannot {what} {where}: {_reason(exc)}",
+                               exc, where)
+
     # -- public API -------------------------------------------------------
     def save(self, job_key: str, step: int, data: Data) -> CheckpointInfo:
         """Commit a checkpoint for ``job_key`` at ``step`` (overwrites the same step)."""
@@ -209,7 +262,7 @@ class CheckpointStore(ABC):
         _validate_step(step)
         blob = _as_bytes(data)
         digest = hashlib.sha256(blob).hexdigest()
-        self._write_atomic(f"{job_key}/{_data_name(step)}", blob)
+        self._write_or_fail(job_key, f"write checkpoint step {step} to", f"{job_key}/{_data_name(step)}", blob)
         info = CheckpointInfo(
             job_key=job_key,
             step=step,
@@ -219,9 +272,28 @@ class CheckpointStore(ABC):
             uri=self._uri(f"{job_key}/{_data_name(step)}"),
         )
         manifest = json.dumps({k: v for k, v in info.to_dict().items() if k != "uri"}, sort_keys=True).encode()
-        self._write_atomic(f"{job_key}/{_manifest_name(step)}", manifest)
+        self._write_or_fail(job_key, f"write the manifest of checkpoint step {step} to",
+                            f"{job_key}/{_manifest_name(step)}", manifest)
         log.info("checkpoint saved job_key=%s step=%d size=%d sha256=%s", job_key, step, len(blob), digest[:12])
         return info
+
+    def _write_or_fail(self, job_key: str, what: str, relpath: str, data: bytes) -> None:
+        """:meth:`_write_atomic`, any OSError raised as :class:`StoreWriteError` naming store, job and path."""
+        try:
+            self._write_atomic(relpath, data)
+        except StoreWriteError:
+            raise
+        except OSError as exc:
+            raise self._write_error(job_key, what, relpath, exc) from exc
+
+    def _delete_or_fail(self, job_key: str, relpath: str) -> None:
+        """:meth:`_delete`, any OSError raised as :class:`StoreWriteError` naming store, job and path."""
+        try:
+            self._delete(relpath)
+        except StoreWriteError:
+            raise
+        except OSError as exc:
+            raise self._write_error(job_key, "delete", relpath, exc) from exc
 
     def list(self, job_key: str) -> list[CheckpointInfo]:
         """Committed checkpoints of ``job_key`` (manifest present and parseable), ascending step.
@@ -309,11 +381,13 @@ class CheckpointStore(ABC):
                 log.warning("skipping corrupt checkpoint: %s", exc)
         raise CheckpointNotFound(f"no valid checkpoint for job {job_key!r} in {self.url}")
 
-    def prune(self, job_key: str, keep: int = 2) -> list[int]:
+    def prune(self, job_key: str, keep: int = 2, orphan_age_s: float = ORPHAN_AGE_S) -> list[int]:
         """Keep the newest ``keep`` valid checkpoints, delete everything older (and corrupt ones
-        newer than those). Verifies newest-first and stops once ``keep`` valid ones are found, so it
-        reads about ``keep`` checkpoints, not all. Returns the deleted steps. Deletes nothing it could
-        not read: :class:`StoreUnavailable` stops it.
+        newer than those), and data files without a manifest (:meth:`orphans`) older than
+        ``orphan_age_s`` seconds. Verifies newest-first and stops once ``keep`` valid ones are found,
+        so it reads about ``keep`` checkpoints, not all. Returns the deleted steps (orphans included).
+        Deletes nothing it could not read: :class:`StoreUnavailable` stops it; a delete that fails
+        raises :class:`StoreWriteError`.
         """
         if keep < 1:
             raise ValueError("keep must be >= 1")
@@ -324,10 +398,30 @@ class CheckpointStore(ABC):
                 kept += 1
                 continue
             # manifest first: the checkpoint disappears atomically from readers' view
-            self._delete(f"{job_key}/{_manifest_name(info.step)}")
-            self._delete(f"{job_key}/{_data_name(info.step)}")
+            self._delete_or_fail(job_key, f"{job_key}/{_manifest_name(info.step)}")
+            self._delete_or_fail(job_key, f"{job_key}/{_data_name(info.step)}")
             deleted.append(info.step)
+        for step in self.orphans(job_key, orphan_age_s):
+            if self._mtime(f"{job_key}/{_manifest_name(step)}") is None:  # its manifest did not just appear
+                self._delete_or_fail(job_key, f"{job_key}/{_data_name(step)}")
+                log.info("removed orphan checkpoint data (no manifest) job_key=%s step=%d", job_key, step)
+                deleted.append(step)
         return sorted(deleted)
+
+    def orphans(self, job_key: str, older_than_s: float = 0.0) -> list[int]:
+        """Steps of ``job_key``'s data files that have no manifest and were last modified more than
+        ``older_than_s`` seconds ago (a younger one may be a save between its two renames)."""
+        validate_job_key(job_key)
+        names = self._listdir(job_key)
+        manifests = {m.group(1) for m in map(_NAME_RE.fullmatch, names) if m}
+        now = time.time()
+        out = []
+        for m in map(_DATA_RE.fullmatch, names):
+            if m and m.group(1) not in manifests:
+                t = self._mtime(f"{job_key}/{m.group(0)}")
+                if t is not None and now - t > older_than_s:
+                    out.append(int(m.group(1)))
+        return sorted(out)
 
 
 # ------------------------------------------------------------------ local FS
@@ -505,10 +599,21 @@ class LocalFSStore(CheckpointStore):
     def _uri(self, relpath: str) -> str:
         return self._path(relpath).as_uri()
 
+    def _where(self, relpath: str) -> str:
+        return str(self._path(relpath))
+
+    def _mtime(self, relpath: str) -> float | None:
+        try:
+            st = os.lstat(self._path(relpath))
+        except OSError:
+            return None
+        return st.st_mtime if stat.S_ISREG(st.st_mode) else None
+
     def clean_temp(self, job_key: str, older_than_s: float = 3600.0) -> int:
-        """Remove the temp files crashed writers left in ``job_key``'s directory, older than
-        ``older_than_s`` seconds; returns how many. Like the reads, it follows no symlink and touches
-        nothing in a directory of another owner (:class:`StoreNotOwner`)."""
+        """Remove what crashed writers left in ``job_key``'s directory, older than ``older_than_s``
+        seconds: temp files, and data files without a manifest (orphans); returns how many. Like the
+        reads, it follows no symlink and touches nothing in a directory of another owner
+        (:class:`StoreNotOwner`). A delete that fails raises :class:`StoreWriteError`."""
         validate_job_key(job_key)
         try:
             fd = self._open_below_root(job_key, directory=True)
@@ -521,18 +626,32 @@ class LocalFSStore(CheckpointStore):
         n = 0
         now = time.time()
         try:
-            for name in os.listdir(fd):
-                if not _TMP_RE.fullmatch(name):
+            try:
+                names = os.listdir(fd)
+            except OSError as exc:
+                raise StoreUnavailable(f"checkpoint store {self.url}: job {job_key}: cannot list "
+                                       f"{self._path(job_key)}: {_reason(exc)}") from None
+            manifests = {m.group(1) for m in map(_NAME_RE.fullmatch, names) if m}
+            for name in names:
+                data = _DATA_RE.fullmatch(name)
+                if not _TMP_RE.fullmatch(name) and not (data and data.group(1) not in manifests):
                     continue
                 try:
                     st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                    if stat.S_ISREG(st.st_mode) and now - st.st_mtime > older_than_s:
-                        os.unlink(name, dir_fd=fd)
-                        n += 1
+                    if not stat.S_ISREG(st.st_mode) or now - st.st_mtime <= older_than_s:
+                        continue
+                    if data:  # an orphan, unless its manifest appeared since the listing
+                        try:
+                            os.stat(_manifest_name(int(data.group(1))), dir_fd=fd, follow_symlinks=False)
+                            continue
+                        except FileNotFoundError:
+                            pass
+                    os.unlink(name, dir_fd=fd)
+                    n += 1
                 except FileNotFoundError:  # another cleaner was first
                     continue
-        except OSError as exc:
-            raise StoreUnavailable(f"cannot clean {self._path(job_key)}: {exc}") from None
+                except OSError as exc:
+                    raise self._write_error(job_key, "delete", f"{job_key}/{name}", exc) from exc
         finally:
             os.close(fd)
         return n
@@ -644,6 +763,15 @@ class WebHDFSStore(CheckpointStore):
     def _uri(self, relpath: str) -> str:
         u = urlparse(self.url)
         return f"{u.scheme}://{u.netloc}{self._p(relpath)}"
+
+    def _mtime(self, relpath: str) -> float | None:
+        try:
+            st = self._client.status(self._p(relpath), strict=False)
+        except Exception as exc:  # hdfs raises HdfsError / requests errors
+            raise StoreUnavailable(f"WebHDFS status of {self._p(relpath)} failed: {exc}") from None
+        if not st or st.get("type") != "FILE":
+            return None
+        return float(st.get("modificationTime", 0)) / 1000.0
 
 
 def _hdfs_missing(exc: BaseException) -> bool:

@@ -129,17 +129,29 @@ class PreemptRequest(_message.Message):
     def __init__(self, job_key: _Optional[str] = ..., slurm_job_id: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
 
 class PreemptResponse(_message.Message):
-    __slots__ = ("ok", "checkpoint_step", "checkpoint_uri", "message", "process_exited", "wait_s")
+    __slots__ = ("ok", "checkpoint_step", "checkpoint_uri", "message", "process_exited", "wait_s", "operation_id", "done", "joined")
     OK_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_STEP_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_URI_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     PROCESS_EXITED_FIELD_NUMBER: _ClassVar[int]
     WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    OPERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    JOINED_FIELD_NUMBER: _ClassVar[int]
     ok: bool
     checkpoint_step: int
     checkpoint_uri: str
     message: str
     process_exited: bool
     wait_s: float
-    def __init__(self, ok: _Optional[bool] = ..., checkpoint_step: _Optional[int] = ..., checkpoint_uri: _Optional[str] = ..., message: _Optional[str] = ..., process_exited: _Optional[bool] = ..., wait_s: _Optional[float] = ...) -> None: ...
+    operation_id: str
+    done: bool
+    joined: bool
+    def __init__(self, ok: _Optional[bool] = ..., checkpoint_step: _Optional[int] = ..., checkpoint_uri: _Optional[str] = ..., message: _Optional[str] = ..., process_exited: _Optional[bool] = ..., wait_s: _Optional[float] = ..., operation_id: _Optional[str] = ..., done: _Optional[bool] = ..., joined: _Optional[bool] = ...) -> None: ...
+
+class PreemptStatusRequest(_message.Message):
+    __slots__ = ("operation_id",)
+    OPERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    operation_id: str
+    def __init__(self, operation_id: _Optional[str] = ...) -> None: ...

@@ -54,6 +54,11 @@ class NodeAgentStub:
                 request_serializer=rlsched__agent__pb2.PreemptRequest.SerializeToString,
                 response_deserializer=rlsched__agent__pb2.PreemptResponse.FromString,
                 _registered_method=True)
+        self.PreemptStatus = channel.unary_unary(
+                '/rlsched.agent.v1.NodeAgent/PreemptStatus',
+                request_serializer=rlsched__agent__pb2.PreemptStatusRequest.SerializeToString,
+                response_deserializer=rlsched__agent__pb2.PreemptResponse.FromString,
+                _registered_method=True)
 
 
 class NodeAgentServicer:
@@ -81,9 +86,23 @@ class NodeAgentServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Preempt(self, request, context):
-        """Controller -> agent: checkpoint-and-stop a job. Blocks until the
-        checkpoint is durable and verified (or the timeout expires).
+        """Controller -> agent: start checkpoint-and-stop of a job. Answers at once
+        with an operation (operation_id, done = false) that runs in the agent,
+        signalling the job and waiting up to timeout_s for its checkpoint to be
+        durable and verified; poll PreemptStatus for the outcome. A Preempt of a
+        job whose operation is still running joins it (same operation_id,
+        joined = true). Each caller may have a bounded number of operations
+        running (RESOURCE_EXHAUSTED above it).
         Privileged: root / SlurmUser / allowed uids only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PreemptStatus(self, request, context):
+        """Controller -> agent: the state of a Preempt operation; answers at once
+        (done = false while it runs). NOT_FOUND: the agent does not know it (it
+        restarted, or forgot it 10 minutes after it ended). Privileged.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -110,6 +129,11 @@ def add_NodeAgentServicer_to_server(servicer, server):
             'Preempt': grpc.unary_unary_rpc_method_handler(
                     servicer.Preempt,
                     request_deserializer=rlsched__agent__pb2.PreemptRequest.FromString,
+                    response_serializer=rlsched__agent__pb2.PreemptResponse.SerializeToString,
+            ),
+            'PreemptStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.PreemptStatus,
+                    request_deserializer=rlsched__agent__pb2.PreemptStatusRequest.FromString,
                     response_serializer=rlsched__agent__pb2.PreemptResponse.SerializeToString,
             ),
     }
@@ -220,6 +244,33 @@ class NodeAgent:
             target,
             '/rlsched.agent.v1.NodeAgent/Preempt',
             rlsched__agent__pb2.PreemptRequest.SerializeToString,
+            rlsched__agent__pb2.PreemptResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PreemptStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlsched.agent.v1.NodeAgent/PreemptStatus',
+            rlsched__agent__pb2.PreemptStatusRequest.SerializeToString,
             rlsched__agent__pb2.PreemptResponse.FromString,
             options,
             channel_credentials,

@@ -4,7 +4,8 @@
 ``tmp_path/store``, stopped on exit. ``uid_agent``: the same with :class:`UidAuth` (callers of any uid)
 and a ``client(uid)`` factory whose clients are all closed before the server stops. ``fake_agent``: a
 plain gRPC server implementing the agent's service (proto/) that is *not* the agent (what any local user
-could bind on a free agent port): it answers what it likes, with the reply credential its ``trailer`` makes.
+could bind on a free agent port): it answers what it likes (a Preempt "done" and "ok" at once), with the reply
+credential its ``trailer`` makes.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ Trailer = Callable[[str, str, Any], "str | tuple[str, ...] | None"]
 class UidAuth(SharedKeyAuthenticator):
     """Test double for MUNGE: the credential names the caller's uid (tests of the agent's authorisation)."""
 
-    def __init__(self, key: Path, uid: int = 0) -> None:
-        super().__init__(key)
+    def __init__(self, key: Path, uid: int = 0, **kw: Any) -> None:
+        super().__init__(key, **kw)
         self.uid = uid
 
     def _make_token(self, payload: bytes) -> str:
@@ -114,9 +115,16 @@ class FakeAgent(pb_grpc.NodeAgentServicer):
         return self._answer("JobStats", pb.JobStatsResponse(node=self.node, jobs=[job]), context)
 
     def Preempt(self, request: Any, context: grpc.ServicerContext) -> Any:
-        return self._answer("Preempt", pb.PreemptResponse(
+        return self._answer("Preempt", self._preempted(), context)
+
+    def PreemptStatus(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return self._answer("PreemptStatus", self._preempted(), context)
+
+    @staticmethod
+    def _preempted() -> Any:
+        return pb.PreemptResponse(
             ok=True, checkpoint_step=990, checkpoint_uri="file:///nonexistent/ckpt/990", process_exited=True,
-            message="checkpoint at step 990 is durable and verified", wait_s=0.1), context)
+            message="checkpoint at step 990 is durable and verified", wait_s=0.1, operation_id="op-1", done=True)
 
     def ReportProgress(self, request: Any, context: grpc.ServicerContext) -> Any:
         return self._answer("ReportProgress", pb.ProgressAck(accepted=True, store_url="file:///tmp/elsewhere"),

@@ -7,6 +7,7 @@ points at a real WebHDFS endpoint; otherwise those cases are reported as skipped
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import http.server
 import json
@@ -15,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -143,7 +145,8 @@ class _FakeWebHDFS(http.server.BaseHTTPRequestHandler):
 
             def st(x: Path, suffix: str) -> dict:
                 return {"pathSuffix": suffix, "type": "DIRECTORY" if x.is_dir() else "FILE",
-                        "length": 0 if x.is_dir() else x.stat().st_size}
+                        "length": 0 if x.is_dir() else x.stat().st_size,
+                        "modificationTime": int(x.stat().st_mtime * 1000)}
 
             if op == "GETFILESTATUS":
                 return self._json(200, {"FileStatus": st(p, "")})
@@ -310,6 +313,19 @@ def test_prune_keeps_newest_valid(store: CheckpointStore) -> None:
     assert [i.step for i in store.list("job-p")] == [2, 3]
     with pytest.raises(ValueError):
         store.prune("job-p", keep=0)
+
+
+def test_orphan_data_without_manifest_is_pruned_once_old(store: CheckpointStore) -> None:
+    """A writer killed between the data rename and the manifest leaves an orphan: never a checkpoint, and
+    removed by prune() once older than its age limit (a younger one may be a save in progress)."""
+    for s in (1, 2):
+        store.save("job-o", s, f"step{s}".encode())
+    store._write_atomic("job-o/ckpt-000000000005.bin", b"data of a writer killed before its manifest")
+    assert store.prune("job-o", keep=2) == [], "a fresh orphan may be a save in progress"
+    assert store.orphans("job-o") == [5] and store.orphans("job-o", older_than_s=3600) == []
+    assert store.prune("job-o", keep=2, orphan_age_s=-1.0) == [5]
+    assert store.orphans("job-o") == [] and "ckpt-000000000005.bin" not in store._listdir("job-o")
+    assert [i.step for i in store.list("job-o")] == [1, 2] and store.load("job-o")[1] == b"step2"
 
 
 # ------------------------------------------------- a store out of reach is not an empty store
@@ -612,3 +628,80 @@ def test_store_owner_defaults_to_the_caller_except_root(tmp_path: Path, monkeypa
     assert LocalFSStore(tmp_path).owner_uid == 1234 and open_store(str(tmp_path)).owner_uid == 1234
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     assert LocalFSStore(tmp_path).owner_uid is None  # root (the agent) checks per job, with for_owner()
+
+
+# ------------------------------------------------------- write failures and what crashed writers leave
+
+
+def _age(path: Path, seconds: float) -> None:
+    t = time.time() - seconds
+    os.utime(path, (t, t))
+
+
+def test_prune_and_clean_temp_remove_old_orphans(tmp_path: Path) -> None:
+    """Data files without a manifest, older than the limits, are removed by prune() (default 10 min) and by
+    clean_temp() (its ``older_than_s``); a young one (a save in progress) and real checkpoints stay."""
+    st = LocalFSStore(tmp_path / "store")
+    for s in (1, 2, 3):
+        st.save("job-c", s, f"step{s}".encode())
+    d = tmp_path / "store" / "job-c"
+    for step in (7, 8, 9):
+        (d / f"ckpt-{step:012d}.bin").write_bytes(b"crashed writer")
+    _age(d / "ckpt-000000000007.bin", 2 * 3600)
+    assert st.prune("job-c", keep=3) == [7]
+    _age(d / "ckpt-000000000008.bin", 2 * 3600)
+    (d / ".ckpt-000000000010.bin.tmp-0123456789abcdef0123456789abcdef").write_bytes(b"half")
+    _age(d / ".ckpt-000000000010.bin.tmp-0123456789abcdef0123456789abcdef", 2 * 3600)
+    assert st.clean_temp("job-c") == 2  # orphan 8 and the temp file
+    assert sorted(p.name for p in d.iterdir()) == sorted(
+        [f"ckpt-{s:012d}.{x}" for s in (1, 2, 3) for x in ("bin", "json")] + ["ckpt-000000000009.bin"])
+    assert [i.step for i in st.list("job-c")] == [1, 2, 3]
+
+
+def test_disk_full_names_the_store_the_job_and_the_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    st = LocalFSStore(tmp_path / "store")
+    st.save("job-f", 1, b"fits")
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)  # where a full disk (or NFS quota) surfaces
+    with pytest.raises(OSError) as e:
+        st.save("job-f", 2, b"x" * 4096)
+    monkeypatch.undo()
+    msg = str(e.value)
+    want = (f"checkpoint store {st.url}: job job-f: cannot write checkpoint step 2 to "
+            f"{tmp_path / 'store' / 'job-f' / 'ckpt-000000000002.bin'}: No space left on device (ENOSPC)")
+    assert msg == want, msg
+    from nodeagent.store import StoreWriteError
+
+    assert isinstance(e.value, StoreWriteError) and isinstance(e.value, StoreError)
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(tmp_path / "store/job-f/ckpt-000000000002.bin")
+    assert sorted(p.name for p in (tmp_path / "store" / "job-f").iterdir()) == [
+        "ckpt-000000000001.bin", "ckpt-000000000001.json"], "no temp file or orphan left"
+    assert st.latest("job-f").step == 1  # type: ignore[union-attr]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run the writer as another uid (nobody)")
+def test_permission_denied_names_the_store_the_job_and_the_path() -> None:
+    """A job whose user cannot write the store (a root-owned 0755 directory, not 1777) gets one line naming
+    the store, the job and the path, from a real EACCES."""
+    python = next((x for x in (sys.executable, "/usr/bin/python3")  # nobody cannot reach a python below /root
+                   if os.access(x, os.X_OK) and all(os.stat(d).st_mode & 0o001 for d in Path(x).parents)), None)
+    if python is None:
+        pytest.skip("no python interpreter that user nobody can run")
+    root = Path(tempfile.mkdtemp(prefix="rlsched-store-"))
+    try:
+        root.chmod(0o755)
+        (root / "store").mkdir(mode=0o755)
+        code = "from nodeagent.store import LocalFSStore; LocalFSStore(%r).save('job-p', 3, b'x')" % str(root / "store")
+        r = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60, user=65534,
+                           group=65534, extra_groups=[], env={"PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+                                                              "PATH": "/usr/bin:/bin"})
+        assert r.returncode == 1
+        last = r.stderr.strip().splitlines()[-1]
+        assert last == (f"nodeagent.store.StoreWriteError: checkpoint store {root / 'store'}: job job-p: cannot write "
+                        f"checkpoint step 3 to {root / 'store' / 'job-p' / 'ckpt-000000000003.bin'}: Permission "
+                        "denied (EACCES)"), r.stderr[-2000:]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -25,6 +25,7 @@ from nodeagent.jobhelper import (
     scontrol_field,
 )
 from nodeagent.server import JobTracker, NodeAgentServer
+from nodeagent.slurmjob import SlurmJobInfo, SlurmJobs
 from nodeagent.store import LocalFSStore, StoreUnavailable
 
 
@@ -338,6 +339,17 @@ def test_rank_and_world_size_from_the_environment(tmp_path: Path, monkeypatch: p
     assert (m.rank, m.world_size) == (3, 4)
 
 
+def _in_job(tmp_path: Path, slurm_job_id: str) -> SlurmJobs:
+    """The agent's view of Slurm and the kernel for a session run in this test process: Slurm job
+    ``slurm_job_id`` is this user's, and this process is in its job cgroup (a fake /proc/PID/cgroup: the
+    agent registers only processes inside the reported job, and pytest was not started by Slurm)."""
+    cg = tmp_path / "proc" / str(os.getpid())
+    cg.mkdir(parents=True)
+    (cg / "cgroup").write_text(f"0::/system.slice/slurmstepd.scope/job_{slurm_job_id}/step_0/user/task_0\n")
+    return SlurmJobs(lambda sid: SlurmJobInfo(sid, os.geteuid(), "RUNNING"), require_cgroup=False,
+                     proc=str(tmp_path / "proc"))
+
+
 def test_second_task_reports_are_accepted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Task 1 of an srun -n 2 job without torch.distributed: its reports must validate."""
     for var in ("RANK", "WORLD_SIZE"):
@@ -347,7 +359,7 @@ def test_second_task_reports_are_accepted(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setenv("SLURM_JOB_ID", "77")  # the agent reads it from this process's environment
     key = SharedKeyAuthenticator.generate(tmp_path / "k")
     with NodeAgentServer("n1", "127.0.0.1:0", SharedKeyAuthenticator(key), LocalFSStore(tmp_path / "st"),
-                         JobTracker()) as srv:
+                         JobTracker(), slurm=_in_job(tmp_path, "77")) as srv:
         s = JobSession("k9", "77", str(tmp_path / "st"), srv.address, SharedKeyAuthenticator(key), total_steps=10)
         with s:
             assert s._reporter is not None and s._reporter.send_now(s._report_msg(0, 0))
@@ -377,7 +389,8 @@ def test_unreachable_agent_does_not_break_training(tmp_path: Path) -> None:
 def test_reports_reach_agent_and_store_comes_from_agent(tmp_path: Path) -> None:
     key = SharedKeyAuthenticator.generate(tmp_path / "k")
     store = LocalFSStore(tmp_path / "agent-store")
-    with NodeAgentServer("n1", "127.0.0.1:0", SharedKeyAuthenticator(key), store, JobTracker()) as srv:
+    with NodeAgentServer("n1", "127.0.0.1:0", SharedKeyAuthenticator(key), store, JobTracker(),
+                         slurm=_in_job(tmp_path, "31")) as srv:
         s = JobSession("job-r", "31", None, srv.address, SharedKeyAuthenticator(key), model="DLRM",
                        total_steps=10, report_every=1, profile_steps=0)
         with s:

@@ -3,8 +3,10 @@
 
     python scripts/examples/preempt_demo.py [--auth munge:/path/socket] [--script train_tiny_lm.py]
 
-Starts `rlsched agent` (shared key by default, or the given auth), runs an example
-training script as a subprocess (SLURM_JOB_ID faked), waits until it has made
+Starts `rlsched agent` (a fresh root key by default, the job using its per-job key;
+or the given auth: munge as root needs a slurmctld that knows job 9001, since the
+agent asks Slurm who owns the job whose process a privileged caller registers),
+runs an example training script as a subprocess (SLURM_JOB_ID faked), waits until it has made
 progress, prints its JobStats, preempts it through AgentClient, checks the
 exit code (75) and the checkpoint, restarts it, and prints one JSON summary:
 steps before/after, preemption latency, checkpoint size, throughput and CS.
@@ -27,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
 
-from nodeagent.auth import SharedKeyAuthenticator, make_authenticator  # noqa: E402
+from nodeagent.auth import SharedKeyAuthenticator, make_authenticator, write_job_key  # noqa: E402
 from nodeagent.client import AgentClient, AgentError  # noqa: E402
 from nodeagent.store import LocalFSStore  # noqa: E402
 
@@ -49,11 +51,14 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="rlsched-demo-"))
     auth_spec = args.auth or f"sharedkey:{SharedKeyAuthenticator.generate(work / 'agent.key')}"
+    job_auth = auth_spec  # munge: the job's own uid
+    if auth_spec.startswith("sharedkey:"):  # the job gets its per-job key, as the Slurm Prolog would write it
+        job_auth = f"jobkey:{write_job_key(auth_spec.split(':', 1)[1], work / 'jobkeys', '9001', os.geteuid())}"
     port = free_port()
     agent = subprocess.Popen([sys.executable, "-m", "rlsched.cli", "agent", "--node", "demo", "--listen",
                               f"127.0.0.1:{port}", "--store", str(work / "store"), "--auth", auth_spec],
                              stderr=open(work / "agent.log", "w"), cwd=REPO)
-    env = {**os.environ, "RLSCHED_AGENT": f"127.0.0.1:{port}", "RLSCHED_AUTH": auth_spec,
+    env = {**os.environ, "RLSCHED_AGENT": f"127.0.0.1:{port}", "RLSCHED_AUTH": job_auth,
            "RLSCHED_JOB_KEY": "demo-job", "SLURM_JOB_ID": "9001", "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, str(HERE / args.script), "--total-steps", str(args.total_steps)]
     out: dict = {"auth": auth_spec.split(":")[0], "script": args.script, "total_steps": args.total_steps}
