@@ -3,9 +3,10 @@
 :func:`run_round` is one round over a :class:`~policies.backend.Backend`:
 
 1. ``state = backend.snapshot()``;
-2. the policy is asked (``policy.schedule(state)``, timed) unless no job is pending (a policy
-   only places and preempts to place: with an empty queue there is nothing to decide) or the
-   round's ``place_limit`` is 0; otherwise the decision is empty;
+2. the policy is asked (``policy.schedule(state)``, timed) unless no job is pending and the
+   policy does not resize (:attr:`~policies.base.Policy.resizes`: a policy that only places,
+   and preempts to place, has nothing to decide with an empty queue), or the round's
+   ``place_limit`` is 0; otherwise the decision is empty;
 3. placements past ``place_limit`` are cut off (a policy that honours
    :attr:`~policies.base.Policy.place_limit` returns no more);
 4. ``problems = check_decision(state, decision)`` (:mod:`policies.validate`);
@@ -66,7 +67,7 @@ def run_round(backend: Backend, policy: Policy, place_limit: int | None = None) 
     state = backend.snapshot()
     asked = False
     took = 0.0
-    if state.pending and (place_limit is None or place_limit > 0):
+    if (state.pending or getattr(policy, "resizes", False)) and (place_limit is None or place_limit > 0):
         if place_limit is not None:
             policy.place_limit = place_limit
         t0 = _perf_counter()

@@ -17,9 +17,10 @@ When rounds happen (:meth:`SimBackend.next_round`, with ``round_len`` and ``even
   at a boundary when nothing changed since its last round (:attr:`Simulator.dirty` false); the
   boundaries up to the next event are skipped. If then nothing runs or is due to arrive or
   complete, jobs wait forever: :class:`~trainer.simulator.SimulationError`;
-* a round due while no job waits has nothing to decide: the backend counts and closes it
-  itself and :meth:`~SimBackend.next_round` goes on to the next one (the loop would take a
-  snapshot and ask no policy);
+* a round due while no job waits has nothing to decide unless the policy resizes
+  (:attr:`~policies.base.Policy.resizes`): the backend counts and closes it itself and
+  :meth:`~SimBackend.next_round` goes on to the next one (the loop would take a snapshot and
+  ask no policy);
 * after each round: the dirty flag is cleared and metrics are sampled
   (:meth:`Simulator._sample_metrics`); a round that leaves the cluster idle with jobs waiting,
   no arrival to come and nothing started counts as idle, and ``max_idle_rounds`` idle rounds in
@@ -62,6 +63,7 @@ class SimBackend:
         self._rl = rl
         self._event = sim.cfg.event_triggered
         self._invariant = bool(getattr(sim.policy, "time_invariant", False))
+        self._every_round = bool(getattr(sim.policy, "resizes", False))  # asked also when no job waits
         #: time (s) of the next round boundary
         self.next_boundary = 0.0 if sim.time == 0.0 else (math.floor(sim.time / rl + 1e-12) + 1) * rl
         self._open = False  # next_round() opened a round that was not closed yet
@@ -156,12 +158,12 @@ class SimBackend:
 
     # ------------------------------------------------------------------ rounds
     def _round(self, progress_after: bool) -> bool:
-        """A round is due: count it; open it for the loop when jobs wait (True), else (nothing to
-        decide: the loop would ask no policy) close it here (False)."""
+        """A round is due: count it; open it for the loop when jobs wait or the policy resizes (True),
+        else (nothing to decide: the loop would ask no policy) close it here (False)."""
         sim = self.sim
         sim.rounds += 1
         self._started = 0
-        if sim.pending:
+        if sim.pending or self._every_round:
             self._open = True
             self._progress_after = progress_after
             return True
