@@ -54,11 +54,17 @@ class SimBackend:
         (``time_invariant``) and names it in errors.
     :param progress: optional ``(finished jobs, all jobs) -> None``, called whenever the number
         of finished jobs has changed, between rounds.
+    :param on_advance: optional ``(t) -> None``, called with the current time (s) right before
+        :meth:`next_round` lets simulated time move on from ``t``: the cluster stays as it is
+        then until the next call (or the next round), so a caller can integrate a quantity of
+        the state over time (the Gymnasium environment's rewards) exactly, piece by piece.
     """
 
-    def __init__(self, sim: Simulator, progress: Callable[[int, int], None] | None = None) -> None:
+    def __init__(self, sim: Simulator, progress: Callable[[int, int], None] | None = None,
+                 on_advance: Callable[[float], None] | None = None) -> None:
         self.sim = sim
         self.progress = progress
+        self.on_advance = on_advance
         rl = sim.cfg.round_len
         self._rl = rl
         self._event = sim.cfg.event_triggered
@@ -126,12 +132,20 @@ class SimBackend:
             if self._progress_after:
                 self._report_progress()
         rl = self._rl
+        hook = self.on_advance
         while not sim.done:
+            if hook is not None:
+                hook(sim.time)
             if not sim.running and not sim.pending:
                 # idle: jump to the next arrival (and, without event rounds, to the boundary after it)
                 sim.advance_to_next_event()
                 if not self._event:
-                    sim.advance_to_round(math.ceil(sim.time / rl - 1e-12) * rl)
+                    boundary = math.ceil(sim.time / rl - 1e-12) * rl
+                    while True:  # Simulator.advance_to_round, an event batch at a time
+                        if hook is not None:
+                            hook(sim.time)
+                        if not sim.advance_to_next_event(until=boundary):
+                            break
                 self.next_boundary = (math.floor(sim.time / rl + 1e-12) + 1) * rl
                 if self._round(False):
                     return True
