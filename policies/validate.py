@@ -65,20 +65,15 @@ class Problem:
 
 
 def placement_problem(job_id: str, demand: int, p: Placement, free: Sequence[int], usable: Sequence[bool] | None = None,
-                      context: str = "") -> str | None:
+                      context: str = "", delta: dict[int, int] | None = None) -> str | None:
     """Why placement ``p`` of job ``job_id`` cannot be made now, or ``None`` when it can.
 
     :param demand: the GPU total ``p`` must have.
     :param free: free GPUs per node (its length is the number of nodes).
     :param usable: per node, whether jobs may be placed there; ``None``: every node is.
     :param context: appended to the "does not fit" reason (what ``free`` counts).
+    :param delta: optional node -> change of its free GPUs: node ``n`` has ``free[n] + delta.get(n, 0)``.
     """
-    return _placement_problem(job_id, demand, p, free, None, usable, context)
-
-
-def _placement_problem(job_id: str, demand: int, p: Placement, free, delta: dict[int, int] | None, usable,
-                       context: str) -> str | None:
-    """:func:`placement_problem` with the free GPUs of node ``n`` being ``free[n] + delta.get(n, 0)``."""
     alloc = p.alloc
     if p.total_gpus != demand:
         return f"job {job_id}: placement {p} has {p.total_gpus} GPUs, demand is {demand}"
@@ -144,8 +139,8 @@ def check_decision(state: ClusterState, decision: Decision) -> list[Problem]:
         else:
             own = info.placement
             _take(delta, own, +1, usable)  # its own GPUs are free for its new placement
-            why = _placement_problem(jid, p.total_gpus, p, free, delta, usable,
-                                     " (with its own GPUs, after the decision's preemptions and earlier resizes)")
+            why = placement_problem(jid, p.total_gpus, p, free, usable,
+                                    " (with its own GPUs, after the decision's preemptions and earlier resizes)", delta)
             if why is None:
                 _take(delta, p, -1, None)
             else:
@@ -166,7 +161,7 @@ def check_decision(state: ClusterState, decision: Decision) -> list[Problem]:
         elif info.placement is not None and jid not in gone:
             why = f"job {jid}: already running (decision places it without preempting it)"
         else:
-            why = _placement_problem(jid, info.gpu_demand, p, free, delta, usable, AFTER_EARLIER)
+            why = placement_problem(jid, info.gpu_demand, p, free, usable, AFTER_EARLIER, delta)
         if why is None:
             placed.add(jid)
             _take(delta, p, -1, None)

@@ -167,7 +167,8 @@ class SimBackend:
                         "with nothing running and no event to come"
                     )
                 self.next_boundary = max(self.next_boundary + rl, math.ceil(t_next / rl - 1e-12) * rl)
-            self._report_progress()
+            if self.progress is not None:
+                self._report_progress()
         return False
 
     # ------------------------------------------------------------------ rounds
