@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from controller.slurm import SlurmError, SlurmJob
 from controller.state import SlurmView, build_state
@@ -292,7 +293,7 @@ class SlurmBackend:
                     log.warning("not releasing job %s (nor any other this round): the journal cannot record it",
                                 jid, extra={"event": "place_skipped", "job": sj.job_id})
                     break
-                settle = int(round(c.requeue_settle_s)) if sj.restarts > 0 else 0
+                settle = round(c.requeue_settle_s) if sj.restarts > 0 else 0
                 releasing = True
                 ctl.slurm.release(sj.job_id, settle)
             except SlurmError as exc:
@@ -302,7 +303,8 @@ class SlurmBackend:
                     # reserves them in later rounds while it is pending and unheld) so this round places
                     # nothing else there; the next round sees it held (a candidate again) or released
                     log.warning("releasing job %s timed out (%s): its GPUs stay reserved until Slurm shows "
-                                "whether it was released", jid, exc, extra={"event": "release_timeout", "job": sj.job_id})
+                                "whether it was released", jid, exc,
+                                extra={"event": "release_timeout", "job": sj.job_id})
                     for n, g in p.alloc:
                         free[n] -= g
                     continue
@@ -317,4 +319,5 @@ class SlurmBackend:
             report.placed.append(jid)
             ctl.metrics.decisions.labels(action="place").inc()
             ctl._note("place", sj.job_id, plan_by_name)
-            log.info("placed job %s on %s", jid, plan_by_name, extra={"event": "placed", "job": sj.job_id, "plan": plan_by_name})
+            log.info("placed job %s on %s", jid, plan_by_name,
+                     extra={"event": "placed", "job": sj.job_id, "plan": plan_by_name})

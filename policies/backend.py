@@ -27,13 +27,14 @@ backend that drops the rest of a decision says so with :attr:`ApplyReport.decide
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from policies.state import ClusterState, Decision
 from policies.validate import Problem
 
-__all__ = ["Backend", "ApplyReport"]
+__all__ = ["ApplyReport", "Backend"]
 
 
 @dataclass

@@ -22,15 +22,15 @@ no I/O beyond calling the backend and the policy.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from policies.backend import ApplyReport, Backend
 from policies.base import Policy
 from policies.state import ClusterState, Decision
 from policies.validate import Problem, check_decision
 
-__all__ = ["RoundOutcome", "run_round", "RoundLoop"]
+__all__ = ["RoundLoop", "RoundOutcome", "run_round"]
 
 _perf_counter = time.perf_counter
 

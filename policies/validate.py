@@ -31,13 +31,14 @@ GPUs of each of its nodes. GPUs freed on an unusable node do not count as free.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal
 
 from policies.cluster import Placement
 from policies.state import ClusterState, Decision
 
-__all__ = ["Problem", "check_decision", "placement_problem", "without", "AFTER_EARLIER"]
+__all__ = ["AFTER_EARLIER", "Problem", "check_decision", "placement_problem", "without"]
 
 #: what "does not fit" messages of :func:`check_decision` add: the free GPUs are counted after the earlier entries
 AFTER_EARLIER = " (after the decision's preemptions and earlier placements)"
@@ -85,7 +86,8 @@ def placement_problem(job_id: str, demand: int, p: Placement, free: Sequence[int
         seen.add(n)
     for n, c in alloc:
         if n < 0 or n >= num_nodes:
-            return f"job {job_id}: placement {p} does not fit: node {n} is not a node of the cluster ({num_nodes} nodes)"
+            return (f"job {job_id}: placement {p} does not fit: node {n} is not a node of the cluster "
+                    f"({num_nodes} nodes)")
         if usable is not None and not usable[n]:
             return f"job {job_id}: placement {p} does not fit: node {n} is not usable (drained, down or missing)"
         f = free[n] if delta is None else free[n] + delta.get(n, 0)

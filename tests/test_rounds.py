@@ -92,7 +92,7 @@ def test_round_order_snapshot_schedule_validate_apply() -> None:
     assert log == ["snapshot", "schedule", "apply"]
     assert isinstance(out, RoundOutcome) and out.asked and out.decision is bad and out.decision_s >= 0
     # apply got the validator's problems for the snapshot the policy saw
-    (dec, problems), = b.applied
+    ((_dec, problems),) = b.applied
     assert [(p.action, p.index, p.job_id) for p in problems] == [("place", 1, "zz")]
     assert out.problems == problems == check_decision(out.state, bad)
     assert out.report.placed == ["a", "zz"]  # the fake backend applies whatever it is given
@@ -146,7 +146,9 @@ def test_loop_max_rounds_does_not_advance_past_the_limit() -> None:
 
 # ---------------------------------------------------------------------- the simulator's backend
 def _old_loop(sim: Simulator):
-    """Oracle: the round timing as Simulator.run wrote it inline (one schedule_round per round)."""
+    """Oracle: the round timing of the module docstring of trainer.sim_backend written as one plain loop
+    over the simulator's mechanics, a schedule_round() per round (every round counted, the policy asked
+    when jobs wait)."""
     sim.reset_state()
     rl = sim.cfg.round_len
     invariant = getattr(sim.policy, "time_invariant", False)
@@ -198,7 +200,7 @@ def _same(a, b) -> None:
 @pytest.mark.parametrize("policy", ["fifo", "srtf", "las", "greedy-np"])
 @pytest.mark.parametrize("cfg", [{}, {"event_triggered": False}, {"round_len": 120.0, "noise_cv": 0.3, "seed": 2}],
                          ids=["events", "boundaries", "short-noisy"])
-def test_simulator_backend_gives_the_results_of_the_inline_loop(policy, cfg) -> None:
+def test_simulator_backend_gives_the_results_of_one_plain_loop(policy, cfg) -> None:
     cluster = ClusterSpec.parse("4x8")
     perf = ContentionModel(cluster)
     jobs = load_trace(REPO / "tests/golden/heavy-4x8.csv", cluster=cluster)[:80]
@@ -365,4 +367,5 @@ def test_on_advance_integrates_the_state_exactly(event_triggered) -> None:
     on_advance(sim.time)
     res = sim.result()
     assert acc["area"] == pytest.approx(sum(r.jct for r in res.jobs), rel=1e-9)
-    _same(res, Simulator(cluster, jobs, make_heuristic("las", perf), perf, SimConfig(event_triggered=event_triggered)).run())
+    again = Simulator(cluster, jobs, make_heuristic("las", perf), perf, SimConfig(event_triggered=event_triggered))
+    _same(res, again.run())

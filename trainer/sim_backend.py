@@ -34,7 +34,7 @@ message before anything is applied.
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from policies.backend import ApplyReport
 from policies.state import ClusterState, Decision, JobInfo
