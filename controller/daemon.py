@@ -7,7 +7,10 @@ Every ``interval_s`` seconds one :meth:`Controller.round`:
 2. finishes any preemption a previous (possibly crashed) round started;
 3. holds back released jobs that did not start within ``start_grace_s``;
 4. builds the same :class:`~policies.state.ClusterState` the simulator builds
-   and asks the policy for a :class:`~policies.state.Decision`;
+   and asks the policy for a :class:`~policies.state.Decision` (one round of the round loop,
+   :func:`policies.rounds.run_round`, over :class:`controller.backend.SlurmBackend`), which is
+   validated by :func:`policies.validate.check_decision` (invalid entries are dropped, logged
+   and counted);
 5. applies it: preemptions first (agent checkpoint -> ``scontrol requeuehold``),
    then placements (``scontrol update ReqNodeList=.. NumNodes=.. TresPer*=..``,
    ``StartTime=now``, ``scontrol release``). A preemption that fails drops the
@@ -52,15 +55,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from controller.backend import SlurmBackend
 from controller.config import ConfigError, ControllerConfig, load_config
 from controller.metrics import Metrics
 from controller.preemption import NoAgents, Preempter, make_preempter
 from controller.slurm import SlurmCLI, SlurmError, SlurmJob
-from controller.state import SlurmView, build_cluster, build_state, natural_key
+from controller.state import SlurmView, build_cluster, natural_key
 from policies.base import Policy, PolicyError
 from policies.cluster import ClusterSpec
 from policies.perf import ContentionModel
-from policies.state import Decision
+from policies.rounds import run_round
 
 __all__ = ["Controller", "make_policy", "Journal", "RoundReport", "StateDirError", "atomic_write"]
 
@@ -318,6 +322,8 @@ class Controller:
         self._deferred: set[str] = set()  # victims _apply left for later (time budget, after a failure)
         self._preempt_budget_end = 0.0  # clock time after which this round starts no other preemption
         self._unwritable: dict[str, str] = {}  # state-dir file -> its last write error (logged once until it works)
+        #: the decide-and-act path: snapshot from Slurm, apply to Slurm (controller/backend.py)
+        self.backend = SlurmBackend(self)
 
     @property
     def requests_dir(self) -> Path:
@@ -512,73 +518,22 @@ class Controller:
 
     def _decide(self, now: float, cluster: ClusterSpec, nodes: list, jobs: list[SlurmJob], stats: dict[str, dict],
                 rep: RoundReport, last: bool) -> bool:
-        """Build the state, ask the policy, apply its decision and operator requests (:meth:`_apply`).
-        True when a preemption failed and the decision was dropped (the caller decides again; never
-        when ``last``)."""
-        c = self.cfg.controller
-        assert self.perf is not None and self.policy is not None
-        progress: dict[str, dict[str, Any]] = {}
-        for sid, p in self.journal["progress"].items():
-            progress[sid] = dict(p)
-        for sid, s in stats.items():
-            progress.setdefault(sid, {}).update(s)
-        plans = {sid: r.get("plan_by_name") or {} for sid, r in self.journal["released"].items()}
-        skip = {sid: f"not started after {b['n']} release(s): not placed again before {time.ctime(b['until'])}"
-                for sid, b in self.journal["backoff"].items() if now < float(b.get("until", 0))}
-        no_preempt = {sid for sid, (_, until) in self._preempt_failed.items() if now < until}
-        if not c.preempt_without_agent:
-            # only a job that runs the checkpoint helper (it reports to its nodes' agents) can be checkpointed;
-            # offering others as victims only made preemptions fail, round after round (each backed off)
-            no_preempt |= {str(j.job_id) for j in jobs if j.state == "RUNNING" and str(j.job_id) not in stats}
-        view = build_state(
-            now, cluster, nodes, jobs, self.perf,
-            partition=self.cfg.slurm.partition, default_model=c.default_model,
-            default_runtime_s=c.default_runtime_s, progress=progress, planned=plans, skip=skip,
-            no_preempt=no_preempt,
-        )
-        for w in view.warnings:  # each distinct warning once, not every round
-            if w not in self._warned:
-                self._warned.add(w)
-                log.warning(w, extra={"event": "job_warning"})
-        for sid, why in view.waiting.items():  # normal (a dependency, --begin): said once, as info
-            w = f"job {sid} waits: {why}"
-            if w not in self._warned:
-                self._warned.add(w)
-                log.info(w, extra={"event": "job_waiting", "job": sid})
-        if len(self._warned) > 10000:
-            self._warned.clear()
-        st = view.state
-        rep.queue, rep.running, rep.waiting = len(st.pending), len(st.running), len(view.waiting)
-        self.metrics.queue.set(len(st.pending))
-        self.metrics.waiting.set(len(view.waiting))
-        self.metrics.running.set(len(st.running))
-        self.metrics.free_gpus.set(st.total_free)
-        forced, taken = self._admin_requests(view)
-        victims = self._cs_victims(view, stats, now)
-        if not st.pending and not victims and not forced:
-            return False
-        dec = Decision()
-        # only the first max_placements_per_round placements are applied (_apply): let the policy stop there
-        limit = c.max_placements_per_round - len(rep.placed)
-        if st.pending and limit > 0:
-            self.policy.place_limit = limit
-            t1 = time.perf_counter()
-            dec = self.policy.schedule(st)
-            took = time.perf_counter() - t1
-            rep.decision_s += took
-            self.metrics.latency.observe(took)
-        for sid in victims + forced:
-            if sid not in dec.preempt:
-                dec.preempt.append(sid)
-        self._forced = set(forced)
-        if dec:
-            log.info("decision: place %s preempt %s", [(j, str(p)) for j, p in dec.place], dec.preempt,
-                     extra={"event": "decision", "decision_s": round(rep.decision_s, 6)})
-        failed = self._apply(now, view, dec, rep, limit, last)
-        for f in taken:  # consumed only once acted on: a round that fails before (or defers it) keeps the request
+        """One decision: :func:`policies.rounds.run_round` over :attr:`backend` (state from this Slurm read,
+        the policy's decision plus operator requests and contention victims, validated, applied; see
+        :mod:`controller.backend`). True when a preemption failed and the decision was dropped (the
+        caller decides again; never when ``last``)."""
+        assert self.policy is not None
+        # only the first max_placements_per_round placements are applied: the policy may stop there
+        limit = self.cfg.controller.max_placements_per_round - len(rep.placed)
+        self.backend.prepare(now, cluster, nodes, jobs, stats, rep, last)
+        out = run_round(self.backend, self.policy, place_limit=limit)
+        if out.asked:
+            rep.decision_s += out.decision_s
+            self.metrics.latency.observe(out.decision_s)
+        for f in self.backend.taken:  # consumed only once acted on: a round that fails before (or defers it) keeps the request
             if f.name[len("preempt-"):] not in self._deferred:
                 self._remove_request(f)
-        return failed
+        return out.report.decide_again
 
     # ------------------------------------------------------------------ preemption
     def _admin_requests(self, view: SlurmView) -> tuple[list[str], list[Path]]:
@@ -914,110 +869,6 @@ class Controller:
             self._save()
         return changed
 
-    def _apply(self, now: float, view: SlurmView, dec: Decision, rep: RoundReport, limit: int, last: bool) -> bool:
-        """Preemptions, then at most ``limit`` placements. After a failed preemption no other is made
-        (deferred to the next decision); unless ``last``, the placements are dropped too and True is
-        returned (the caller decides again), else those that still fit are made."""
-        assert self.cluster is not None
-        c = self.cfg.controller
-        free = view.state.free_gpus.astype(int).copy()
-        usable = [True] * len(free) if view.state.usable is None else [bool(u) for u in view.state.usable]
-        running = {j.job_id: j for j in view.state.running}
-        failed = False
-        for k, jid in enumerate(dec.preempt):
-            info = running.get(jid)
-            sj = view.jobs.get(jid)
-            if info is None or sj is None:
-                log.warning("policy asked to preempt %s, which is not a running managed job", jid)
-                continue
-            if failed:
-                self._deferred.add(jid)
-                continue
-            if self.clock() >= self._preempt_budget_end:
-                self._deferred.add(jid)
-                log.warning("preemption of job %s deferred to the next round: this round spent its time on "
-                            "preemptions (preempt_timeout_s + agents.timeout_s)", jid,
-                            extra={"event": "preempt_deferred", "job": sj.job_id})
-                continue
-            self._deferred.discard(jid)  # tried now (it may have been deferred by the first decision)
-            try:
-                done = self._preempt(sj, now, force=jid in self._forced)
-                if done:
-                    rep.preempted.append(sj.job_id)
-                    assert info.placement is not None
-                    for n, g in info.placement.alloc:
-                        if usable[n]:  # GPUs on a drained/down node free nothing
-                            free[n] += g
-                elif done is None:
-                    # its GPUs were counted as freed; the other victims may have been chosen for the same
-                    # placement: preempting them now could stop them for nothing
-                    failed = True
-                    if not last:
-                        self._deferred.update(dec.preempt[k + 1:])
-                        return True
-            except SlurmError as exc:
-                self.metrics.slurm_errors.inc()
-                log.error("preemption of job %s failed: %s", jid, exc, extra={"event": "preempt_failed"})
-                self._slurm_hint(exc)
-        pending = {j.job_id for j in view.state.pending}
-        for jid, p in dec.place[: max(limit, 0)]:
-            sj = view.jobs.get(jid)
-            if sj is None or jid not in pending:
-                log.warning("policy placed %s, which is not a held job", jid)
-                continue
-            if p.total_gpus != sj.gpus or not p.fits(free) or not all(usable[n] for n in p.nodes):
-                log.warning("rejected placement %s for job %s (%d GPUs; free %s)", p, jid, sj.gpus, free.tolist(),
-                            extra={"event": "placement_rejected", "job": sj.job_id})
-                self.metrics.decisions.labels(action="rejected").inc()
-                continue
-            names = [self.cluster.nodes[n].name for n in p.nodes]
-            plan_by_name = {self.cluster.nodes[n].name: g for n, g in p.alloc}
-            if c.dry_run:
-                log.info("dry run: would place job %s on %s", jid, plan_by_name, extra={"event": "dry_run"})
-                continue
-            releasing = False
-            try:
-                counts = {g for _, g in p.alloc}
-                per_node = counts.pop() if len(counts) == 1 and p.num_nodes > 1 else None
-                self.slurm.place(sj.job_id, names, sj.gpus, per_node, sj.tres_style)
-                # intent before release: the journal records every release before it is made. That is what
-                # makes restarts safe: a job pending without a hold that the journal does not list was not
-                # released by rlsched and is held again (_check_released), and a crash right after the
-                # release cannot release it twice. So a release the journal cannot record is not made
-                # (the job stays held, placed again once the state dir is writable)
-                self.journal["released"][jid] = {"t": self.clock(), "plan_by_name": plan_by_name}
-                if not self._save():
-                    self.journal["released"].pop(jid, None)
-                    log.warning("not releasing job %s (nor any other this round): the journal cannot record it",
-                                jid, extra={"event": "place_skipped", "job": sj.job_id})
-                    break
-                settle = int(round(c.requeue_settle_s)) if sj.restarts > 0 else 0
-                releasing = True
-                self.slurm.release(sj.job_id, settle)
-            except SlurmError as exc:
-                self.metrics.slurm_errors.inc()
-                if releasing and exc.timed_out:
-                    # slurmctld may have released it after all: keep its GPUs (and its journal entry, which
-                    # reserves them in later rounds while it is pending and unheld) so this round places
-                    # nothing else there; the next round sees it held (a candidate again) or released
-                    log.warning("releasing job %s timed out (%s): its GPUs stay reserved until Slurm shows "
-                                "whether it was released", jid, exc, extra={"event": "release_timeout", "job": sj.job_id})
-                    for n, g in p.alloc:
-                        free[n] -= g
-                    continue
-                self.journal["released"].pop(jid, None)
-                self._save()
-                log.error("placing job %s failed: %s", jid, exc, extra={"event": "place_failed", "job": sj.job_id})
-                self._slurm_hint(exc)
-                continue
-            for n, g in p.alloc:
-                free[n] -= g
-            rep.placed.append((sj.job_id, plan_by_name))
-            self.metrics.decisions.labels(action="place").inc()
-            self._note("place", sj.job_id, plan_by_name)
-            log.info("placed job %s on %s", jid, plan_by_name, extra={"event": "placed", "job": sj.job_id, "plan": plan_by_name})
-        return failed
-
     # ------------------------------------------------------------------ state dir writes
     def _save(self) -> bool:
         """Write the journal; False (logged once, counted, the round's error) when the state dir cannot
@@ -1144,8 +995,7 @@ class Controller:
         thresholds = gc.get_threshold()
         gc.set_threshold(thresholds[0], thresholds[1], _NO_AUTO_FULL_GC)
         try:
-            while not self._stop.is_set():
-                t = time.monotonic()
+            while self.backend.next_round():  # every interval_s until stopped
                 rep = self.round()
                 if self.policy is None and rep.error_kind == "policy":
                     # never built (Slurm may have been down at the first rounds): fail the start
@@ -1153,7 +1003,6 @@ class Controller:
                 if max_rounds is not None and self.rounds >= max_rounds:
                     break
                 idle_gc(thresholds[2])
-                self._stop.wait(max(0.0, self.cfg.controller.interval_s - (time.monotonic() - t)))
         finally:
             gc.set_threshold(*thresholds)
         log.info("controller stopped after %d rounds", self.rounds, extra={"event": "stop"})

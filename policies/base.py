@@ -33,6 +33,11 @@ class Policy(ABC):
     #: the backend applies all of its preemptions.
     place_limit: int | None = None
 
+    #: ``True``: the policy may resize running elastic jobs (:attr:`~policies.state.Decision.resize`),
+    #: so the round loop asks it every round, also when no job is pending (a policy that only
+    #: places and preempts to place has nothing to decide then, and is not asked).
+    resizes: bool = False
+
     @abstractmethod
     def schedule(self, state: ClusterState) -> Decision:
         """Return the jobs to preempt and the placements to apply this round."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -44,7 +44,9 @@ class JobInfo:
 
     :param job_id: stable identity (survives preemption / requeue).
     :param model: canonical model name (see :mod:`policies.workloads`).
-    :param gpu_demand: total GPUs the job asks for.
+    :param gpu_demand: total GPUs the job asks for: every placement of it has exactly this many.
+        For an elastic job it is its current size (a :attr:`Decision.resize` of the running job
+        changes it), always within ``[min_gpus, max_gpus]``.
     :param submit_time: when it entered the system (s).
     :param total_samples: work to do (samples).
     :param done_samples: work done so far (samples).
@@ -61,13 +63,18 @@ class JobInfo:
     :param preemptible: ``False``: preemptive policies must not choose this running job as
         a victim (the Slurm controller sets it for ``--no-requeue`` jobs and for jobs whose
         preemption just failed, e.g. their node agent is down; the simulator never does).
+    :param min_gpus: fewest GPUs an elastic job can run on; ``None`` (with ``max_gpus``): not elastic.
+    :param max_gpus: most GPUs an elastic job can use; ``None`` (with ``min_gpus``): not elastic.
+        A running elastic job may be resized (:attr:`Decision.resize`) to any total in
+        ``[min_gpus, max_gpus]``; a job that is not elastic keeps ``gpu_demand`` GPUs.
 
     Construction checks the fields policies compute with (:class:`ValueError` naming the job
     and the field): ``gpu_demand`` an integer >= 1 (not a bool, not ``2.5``); ``submit_time``,
     ``total_samples``, ``done_samples``, ``attained_service``, ``isolated_thp``,
     ``achieved_thp`` and ``start_time`` (when set) finite numbers; ``best_thp`` finite and
-    > 0. A NaN or infinite value would otherwise surface later as an opaque error (or a
-    silently wrong order) inside a policy. Fields assigned after construction are not
+    > 0; ``min_gpus`` and ``max_gpus`` both ``None`` or both integers with
+    ``1 <= min_gpus <= gpu_demand <= max_gpus``. A NaN or infinite value would otherwise surface
+    later as an opaque error (or a silently wrong order) inside a policy. Fields assigned after construction are not
     re-checked.
     """
 
@@ -86,6 +93,8 @@ class JobInfo:
     preemptions: int = 0
     extra: dict = field(default_factory=dict)
     preemptible: bool = True
+    min_gpus: int | None = None
+    max_gpus: int | None = None
 
     def __post_init__(self) -> None:
         # one expression on the common path (every value finite, demand a plain int);
@@ -104,11 +113,18 @@ class JobInfo:
                 and _isfinite(self.best_thp)
                 and self.best_thp > 0
                 and (st is None or _isfinite(st))
+                and self.min_gpus is None
+                and self.max_gpus is None
             )
         except TypeError:  # a non-number
             ok = False
         if not ok:
             _check_job_fields(self)
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the job can be resized (it has a ``[min_gpus, max_gpus]`` range)."""
+        return self.min_gpus is not None
 
     @property
     def remaining_samples(self) -> float:
@@ -157,6 +173,18 @@ def _check_job_fields(j: JobInfo) -> None:
     st = j.start_time
     if st is not None and (not _is_number(st) or not math.isfinite(st)):
         raise ValueError(f"job {j.job_id!r}: start_time must be a finite number or None, got {st!r}")
+    lo, hi = j.min_gpus, j.max_gpus
+    if lo is None and hi is None:
+        return
+    if lo is None or hi is None:
+        raise ValueError(f"job {j.job_id!r}: min_gpus and max_gpus must both be set (elastic) or both None, "
+                         f"got min_gpus={lo!r}, max_gpus={hi!r}")
+    for name, v in (("min_gpus", lo), ("max_gpus", hi)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise ValueError(f"job {j.job_id!r}: {name} must be an integer, got {v!r}")
+    if not 1 <= lo <= g <= hi:
+        raise ValueError(f"job {j.job_id!r}: elastic range needs 1 <= min_gpus <= gpu_demand <= max_gpus, "
+                         f"got min_gpus={lo}, gpu_demand={g}, max_gpus={hi}")
 
 
 @dataclass
@@ -175,6 +203,12 @@ class ClusterState:
         no policy places a job there, and preemptive policies do not count the GPUs a
         victim would free there: preempting a job on a draining node frees nothing
         (jobs still running there stay in ``running``).
+    :param lookup: optional ``job_id -> JobInfo | None`` over this snapshot's jobs: the
+        :class:`JobInfo` of a job in ``running`` or ``pending``, ``None`` for any other id. A
+        backend with its own index supplies it (the simulator does) so that :meth:`job` costs
+        O(1) without a pass over both lists; it must agree with ``running`` and ``pending``
+        until the backend changes (it is read before the decision is applied). Without it
+        :meth:`job` builds a dict once.
     """
 
     time: float
@@ -183,6 +217,7 @@ class ClusterState:
     running: Sequence[JobInfo]
     pending: Sequence[JobInfo]
     usable: np.ndarray | None = None
+    lookup: Callable[[str], JobInfo | None] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.usable is not None:
@@ -199,6 +234,17 @@ class ClusterState:
         free = np.asarray(self.free_gpus)
         if (free[~u] != 0).any():
             self.free_gpus = np.where(u, free, 0).astype(free.dtype, copy=False)
+
+    def job(self, job_id: str) -> JobInfo | None:
+        """The running or pending job ``job_id`` (running iff its ``placement`` is set), or ``None``."""
+        if self.lookup is not None:
+            return self.lookup(job_id)
+        index = self.__dict__.get("_index")
+        if index is None:
+            index = {j.job_id: j for j in self.pending}
+            index.update((j.job_id, j) for j in self.running)
+            self.__dict__["_index"] = index
+        return index.get(job_id)
 
     @property
     def total_free(self) -> int:
@@ -222,18 +268,27 @@ class ClusterState:
 class Decision:
     """What a policy wants done this round.
 
-    ``preempt`` is applied first (those jobs return to the queue with their
-    progress checkpointed), then ``place`` in order. Each placement must fit
-    the free GPUs left after the earlier entries (GPUs freed on an unusable node,
-    :attr:`ClusterState.usable`, do not count). The simulator
-    (:meth:`trainer.simulator.Simulator.apply`) checks the whole decision first and
-    raises :class:`~trainer.simulator.SimulationError` without applying any of it if
-    an entry is invalid; the Slurm controller skips (and logs) each entry it cannot
-    apply and applies the rest.
+    Order of application (each entry sees the cluster the earlier ones left):
+
+    1. ``preempt``: job ids of running jobs; each returns to the queue with its progress
+       checkpointed and its GPUs become free.
+    2. ``resize``: ``(job_id, placement)`` of running elastic jobs (:attr:`JobInfo.elastic`):
+       each moves from its current allocation to ``placement`` (any GPU total in
+       ``[min_gpus, max_gpus]``), keeping its progress; the new placement must fit the free
+       GPUs plus the job's own current ones.
+    3. ``place``: ``(job_id, placement)`` of pending jobs (or of jobs this decision preempts:
+       a migration), in order; each placement has exactly the job's ``gpu_demand`` GPUs.
+
+    GPUs freed on an unusable node (:attr:`ClusterState.usable`) do not count. The rules are
+    written once, in :func:`policies.validate.check_decision`. The simulator applies a
+    decision all or nothing (an invalid entry raises
+    :class:`~trainer.simulator.SimulationError` before any of it is applied); the Slurm
+    controller drops (logs and counts) each invalid entry and applies the rest.
     """
 
     place: list[tuple[str, Placement]] = field(default_factory=list)
     preempt: list[str] = field(default_factory=list)
+    resize: list[tuple[str, Placement]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.place or self.preempt)
+        return bool(self.place or self.preempt or self.resize)

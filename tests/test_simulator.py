@@ -462,7 +462,7 @@ def _snapshot(sim: Simulator) -> tuple:
         (Decision([("b", Placement.of({1: 4}))], []), r"job b: placement .* does not fit"),  # no node 1
         (Decision([("b", Placement.of({0: 2}))], ["a"]), r"job b: placement .* has 2 GPUs, demand is 4"),
         (Decision([("b", Placement.of({0: 4})), ("b", Placement.of({0: 4}))], ["a"]), r"places job 'b' twice"),
-        (Decision([("zz", Placement.of({0: 4}))], ["a"]), r"places job 'zz', which is not in the trace"),
+        (Decision([("zz", Placement.of({0: 4}))], ["a"]), r"places job 'zz', which is neither pending nor running"),
         (Decision([("b", Placement.of({0: 4}))], ["a", "a"]), r"preempts job 'a' twice"),
         (Decision([("b", Placement.of({0: 4}))], ["b"]), r"preempts job 'b', which is not running"),
         (Decision([("a", Placement.of({0: 4}))], []), r"job a: already running"),

@@ -18,7 +18,12 @@ exactly ``total_samples``; JCT = queueing + running >= ideal isolated time.
 
 A preempted job keeps its progress (checkpointed) and pays
 ``restart_overhead`` seconds without progress, GPUs held, each time it
-starts again.
+starts again. A resized elastic job keeps its progress and pays
+``resize_overhead`` seconds without progress on its new placement.
+
+When rounds happen, and how decisions are validated and applied, is the round loop's
+(:mod:`policies.rounds`) over this simulator's backend (:mod:`trainer.sim_backend`);
+:meth:`Simulator.run` runs that loop. This module holds the mechanics.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from policies.cluster import ClusterSpec, Placement
 from policies.job import JobSpec
 from policies.perf import ContentionModel
 from policies.state import ClusterState, Decision, JobInfo
+from policies.validate import placement_problem
 from trainer.traces import MAX_SUBMIT_TIME_S, MAX_SUBMIT_TIME_TEXT
 
 __all__ = [
@@ -68,6 +74,8 @@ class SimConfig:
     :param event_triggered: also schedule right after arrivals / completions.
     :param restart_overhead: seconds without progress after each (re)start
         of a preempted job (checkpoint restore, warm-up).
+    :param resize_overhead: seconds without progress after an elastic job is
+        resized (:attr:`~policies.state.Decision.resize`); ``None``: ``restart_overhead``.
     :param noise_cv: coefficient of variation of a per-job speed factor
         (log-normal, mean 1); 0 disables it. DL2 reports 0.273.
     :param seed: seeds the speed noise.
@@ -80,6 +88,7 @@ class SimConfig:
     round_len: float = 300.0
     event_triggered: bool = True
     restart_overhead: float = 30.0
+    resize_overhead: float | None = None
     noise_cv: float = 0.0
     seed: int = 0
     max_idle_rounds: int = 10_000
@@ -251,14 +260,11 @@ def _check_spec(j: JobSpec, total_gpus: int) -> None:
 
 def _check_placement(job_id: str, demand: int, p: Placement, free: np.ndarray, context: str = "") -> None:
     """Raise :class:`SimulationError` unless ``p`` gives job ``job_id`` exactly ``demand`` GPUs on distinct
-    nodes of the cluster, each within its ``free`` GPUs (``context`` is appended to the "does not fit" text)."""
-    if p.total_gpus != demand:
-        raise SimulationError(f"job {job_id}: placement {p} has {p.total_gpus} GPUs, demand is {demand}")
-    if len(set(p.nodes)) != p.num_nodes or any(c <= 0 for _n, c in p.alloc):
-        raise SimulationError(f"job {job_id}: placement {p} repeats a node or has an empty one (build it with Placement.of)")
-    for n, c in p.alloc:
-        if n < 0 or n >= len(free) or c > free[n]:
-            raise SimulationError(f"job {job_id}: placement {p} does not fit free GPUs {free.tolist()}{context}")
+    nodes of the cluster, each within its ``free`` GPUs (:func:`policies.validate.placement_problem`;
+    ``context`` is appended to the "does not fit" text)."""
+    why = placement_problem(job_id, demand, p, free, None, context)
+    if why is not None:
+        raise SimulationError(why)
 
 
 class Simulator:
@@ -269,8 +275,6 @@ class Simulator:
     :param policy: the policy to ask each round.
     :param perf: the performance model; defaults to :class:`ContentionModel`.
     :param config: knobs, see :class:`SimConfig`.
-    :param on_round: optional callback ``(sim) -> None`` after each scheduling
-        round (used by the Gymnasium environment and progress bars).
 
     Every job of the trace is checked first (:class:`SimulationError` naming the job and the
     field): unique ids, an integer demand within the cluster, finite positive work that takes at most
@@ -347,11 +351,11 @@ class Simulator:
         self.decisions = 0
         self.preemptions = 0
         self.dirty = True
-        self._idle_rounds = 0
         for j in self.jobs:
             j.done, j.t_ref, j.rate, j.cs, j.key, j.iso = 0.0, 0.0, 0.0, 1.0, None, 0.0
             j.version, j.run_time, j.cs_time, j.cs_weighted, j.att_base = 0, 0.0, 0.0, 0.0, 0.0
             j.first_start = j.finish = math.nan
+            j.info.gpu_demand = j.spec.gpu_demand  # a resize changes an elastic job's size
             j.info.done_samples = 0.0
             j.info.attained_service = 0.0
             j.info.placement = None
@@ -438,7 +442,7 @@ class Simulator:
         j = self.by_id[job_id]
         if j.info.placement is not None:
             raise SimulationError(f"job {job_id} is already running")
-        _check_placement(job_id, j.spec.gpu_demand, p, self.free)
+        _check_placement(job_id, j.info.gpu_demand, p, self.free)
         for n, c in p.alloc:
             self.free[n] -= c
         self.pending.remove(j)
@@ -469,7 +473,7 @@ class Simulator:
         assert p is not None
         t = self.time
         j.run_time += t - j.seg_start
-        j.att_base += j.spec.gpu_demand * (t - j.seg_start)
+        j.att_base += p.total_gpus * (t - j.seg_start)
         j.info.attained_service = j.att_base
         for n, c in p.alloc:
             self.free[n] += c
@@ -510,57 +514,47 @@ class Simulator:
         j.finish = self.time
         self.finished += 1
 
-    def check_decision(self, dec: Decision) -> None:
-        """Raise :class:`SimulationError` unless all of ``dec`` can be applied now, changing nothing.
-
-        Every preempted job must be running (once); every placed job must exist, be pending
-        (or preempted by ``dec``) and be placed once, on a placement of its demand built by
-        ``Placement.of`` (valid nodes, no empty or repeated node) that fits the free GPUs left
-        after the preemptions and the placements before it.
-        """
+    def resize(self, job_id: str, p: Placement) -> None:
+        """Move a running elastic job to placement ``p`` (any GPU total in its ``[min_gpus, max_gpus]``):
+        it stops and starts again on ``p`` at once, keeping its progress, and makes none for
+        ``resize_overhead`` seconds (GPUs held). Its ``gpu_demand`` becomes ``p``'s total.
+        :class:`SimulationError` unless it runs, is elastic and ``p`` fits the free GPUs plus its own."""
+        j = self.by_id[job_id]
+        info = j.info
+        old = info.placement
+        if old is None:
+            raise SimulationError(f"job {job_id} is not running")
+        if not info.elastic or not info.min_gpus <= p.total_gpus <= info.max_gpus:  # type: ignore[operator]
+            raise SimulationError(f"job {job_id}: cannot resize to {p.total_gpus} GPUs (elastic range "
+                                  f"{[info.min_gpus, info.max_gpus] if info.elastic else 'none'})")
         free = self.free.copy()
-        gone: set[str] = set()
-        for jid in dec.preempt:
-            j = self.by_id.get(jid)
-            if j is None or j.info.placement is None:
-                raise SimulationError(f"decision preempts job {jid!r}, which is not running")
-            if jid in gone:
-                raise SimulationError(f"decision preempts job {jid!r} twice")
-            gone.add(jid)
-            for n, c in j.info.placement.alloc:
-                free[n] += c
-        placed: set[str] = set()
-        for jid, p in dec.place:
-            j = self.by_id.get(jid)
-            if j is None:
-                raise SimulationError(f"decision places job {jid!r}, which is not in the trace")
-            if jid in placed:
-                raise SimulationError(f"decision places job {jid!r} twice")
-            placed.add(jid)
-            if j.info.placement is not None and jid not in gone:
-                raise SimulationError(f"job {jid}: already running")
-            # pending = arrived (jobs are indexed in arrival order), not running, not finished (O(1))
-            if j.info.placement is None and (j.idx >= self.next_arrival or not math.isnan(j.finish)):
-                raise SimulationError(f"job {jid}: not pending (it has not arrived or has finished)")
-            _check_placement(jid, j.spec.gpu_demand, p, free,
-                             " (after the decision's preemptions and earlier placements)")
-            for n, c in p.alloc:
-                free[n] -= c
+        for n, c in old.alloc:
+            free[n] += c
+        _check_placement(job_id, p.total_gpus, p, free, " (with its own GPUs)")
+        self._stop(j)
+        info.gpu_demand = p.total_gpus
+        self.pending.append(j)  # start() takes it from the queue
+        self.start(job_id, p)
+        ov = self.cfg.resize_overhead
+        j.t_ref = self.time + (self.cfg.restart_overhead if ov is None else ov)
+        self._push_completion(j)  # its completion moves with the overhead
+
+    def check_decision(self, dec: Decision) -> None:
+        """Raise :class:`SimulationError` with the first problem :func:`policies.validate.check_decision`
+        finds in ``dec`` now, changing nothing."""
+        from trainer.sim_backend import SimBackend
+
+        problems = SimBackend(self).check(dec)
+        if problems:
+            raise SimulationError(problems[0].message)
 
     def apply(self, dec: Decision) -> int:
-        """Apply a decision (preemptions, then placements in order); returns the number of jobs started.
+        """Apply a decision (preemptions, resizes, then placements in order); returns the number of
+        jobs started. All or nothing: an invalid entry raises :class:`SimulationError` before any of it
+        is applied (:meth:`trainer.sim_backend.SimBackend.apply`)."""
+        from trainer.sim_backend import SimBackend
 
-        All or nothing: the whole decision is checked first (:meth:`check_decision`), so an invalid
-        entry raises :class:`SimulationError` before any of it is applied."""
-        self.check_decision(dec)
-        for jid in dec.preempt:
-            self.preempt(jid)
-        started = 0
-        for jid, p in dec.place:
-            self.start(jid, p)
-            started += 1
-        self.decisions += started + len(dec.preempt)
-        return started
+        return len(SimBackend(self).apply(dec).placed)
 
     # ------------------------------------------------------------------ loop
     def _next_completion(self) -> float:
@@ -610,70 +604,23 @@ class Simulator:
             self.check_invariants()
         return True
 
-    def schedule_round(self) -> Decision:
-        """Ask the policy once and apply its decision."""
-        assert self.policy is not None
-        self.rounds += 1
-        dec = self.policy.schedule(self.state()) if self.pending else Decision()
-        started = self.apply(dec) if dec else 0
-        if self.cfg.check_invariants and dec:
-            self.check_invariants()
-        self.dirty = False
-        self._sample_metrics()
-        if not self.running and self.pending and started == 0 and self.next_arrival >= len(self.jobs):
-            self._idle_rounds += 1
-            if self._idle_rounds >= self.cfg.max_idle_rounds:
-                raise SimulationError(
-                    f"policy {getattr(self.policy, 'name', '?')} placed nothing for {self._idle_rounds} rounds "
-                    f"while the cluster was idle and {len(self.pending)} jobs waited"
-                )
-        else:
-            self._idle_rounds = 0
-        return dec
-
     def run(self, progress: Callable[[int, int], None] | None = None) -> SimResult:
-        """Run until every job has finished."""
+        """Reset, then run the policy until every job has finished: the round loop
+        (:class:`policies.rounds.RoundLoop`) over this simulator's backend
+        (:class:`trainer.sim_backend.SimBackend`, which says when rounds happen).
+
+        :param progress: optional ``(finished jobs, all jobs) -> None`` called as jobs finish.
+        """
         import time as _time
 
+        from policies.rounds import RoundLoop
+        from trainer.sim_backend import SimBackend
+
+        if self.policy is None:
+            raise ValueError("Simulator.run needs a policy")
         t0 = _time.perf_counter()
         self.reset_state()
-        rl = self.cfg.round_len
-        invariant = getattr(self.policy, "time_invariant", False)
-        next_round = 0.0
-        last_done = -1
-        while not self.done:
-            if not self.running and not self.pending:
-                # Idle: jump to the next arrival and to the round that follows it.
-                self.advance_to_next_event()
-                if not self.cfg.event_triggered:
-                    next_round = math.ceil(self.time / rl - 1e-12) * rl
-                    self.advance_to_round(next_round)
-                self.schedule_round()
-                next_round = (math.floor(self.time / rl + 1e-12) + 1) * rl
-                continue
-            if self.advance_to_next_event(until=next_round):
-                if self.cfg.event_triggered:
-                    self.schedule_round()
-            else:
-                # Round boundary.
-                if self.dirty or not invariant:
-                    self.schedule_round()
-                    next_round += rl
-                else:
-                    # Nothing can change before the next event: skip idle rounds.
-                    t_next = min(
-                        self._next_completion(),
-                        self.jobs[self.next_arrival].spec.submit_time if self.next_arrival < len(self.jobs) else math.inf,
-                    )
-                    if t_next == math.inf:
-                        raise SimulationError(
-                            f"policy {getattr(self.policy, 'name', '?')} left {len(self.pending)} jobs waiting "
-                            "with nothing running and no event to come"
-                        )
-                    next_round = max(next_round + rl, math.ceil(t_next / rl - 1e-12) * rl)
-            if progress is not None and self.finished != last_done:
-                last_done = self.finished
-                progress(self.finished, len(self.jobs))
+        RoundLoop(SimBackend(self, progress), self.policy).run()
         return self.result(_time.perf_counter() - t0)
 
     def advance_to_round(self, t_round: float) -> None:

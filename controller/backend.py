@@ -1,0 +1,323 @@
+"""Slurm as a :class:`~policies.backend.Backend` of the round loop (:mod:`policies.rounds`).
+
+:class:`SlurmBackend` is the controller's decide-and-act path: :meth:`~SlurmBackend.snapshot`
+builds the :class:`~policies.state.ClusterState` from what the controller read from Slurm and its
+agents (:func:`controller.state.build_state`), :meth:`~SlurmBackend.apply` acts on the decision.
+Time is epoch seconds (the controller's clock).
+
+Applying a decision (:meth:`SlurmBackend.apply`), in order:
+
+1. the backend's own preemptions are added after the policy's (each once): running jobs whose
+   measured contention sensitivity exceeds ``cs_preempt_threshold`` and jobs an operator asked
+   to preempt (``rlsched controller preempt``);
+2. entries :func:`policies.validate.check_decision` finds invalid are dropped, each logged and
+   counted (``rlsched_decisions_total{action="rejected"}``);
+3. preemptions: agent checkpoint, then ``scontrol requeuehold`` (:meth:`Controller._preempt`,
+   journal entry first). Once the round has spent ``preempt_timeout_s + agents.timeout_s`` on
+   preemptions, the remaining ones are deferred to the next round. A preemption that fails
+   (the checkpoint did not come) stops the others (deferred): unless this is the round's second
+   decision, the rest of the decision is dropped and :attr:`ApplyReport.decide_again` is set
+   (the policy had counted the victim's GPUs as free; it decides again without that victim);
+4. resizes: Slurm cannot resize a running job's GPUs, so each is rejected;
+5. placements, at most the round's place limit (cut by the round loop): a job this decision
+   preempts is not placed in the same round (it is requeued held, and placed again from the
+   next); each is checked again against the GPUs actually free (a preemption not made frees
+   nothing), then pinned
+   (``scontrol update``), recorded in the journal and released. A release the journal cannot
+   record is not made (nor any other this round).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from controller.slurm import SlurmError, SlurmJob
+from controller.state import SlurmView, build_state
+from policies.backend import ApplyReport
+from policies.cluster import ClusterSpec
+from policies.state import ClusterState, Decision
+from policies.validate import Problem, check_decision, placement_problem
+
+if TYPE_CHECKING:
+    from controller.daemon import Controller, RoundReport
+
+__all__ = ["SlurmBackend"]
+
+log = logging.getLogger("controller.daemon")
+
+
+class SlurmBackend:
+    """The :class:`~policies.backend.Backend` of one :class:`~controller.daemon.Controller`.
+
+    The controller reads Slurm, then calls :meth:`prepare` with what it read and runs
+    :func:`policies.rounds.run_round` over this backend; a controller round decides a second
+    time when :attr:`ApplyReport.decide_again` is set. See the module docstring for what
+    :meth:`apply` does.
+    """
+
+    def __init__(self, ctl: Controller) -> None:
+        self.ctl = ctl
+        self._inputs: tuple | None = None
+        #: the last snapshot's Slurm view (jobs behind the policy's state)
+        self.view: SlurmView | None = None
+        #: running jobs an operator asked to preempt, and their request files (removed by the
+        #: controller once acted on), as of the last snapshot
+        self.forced: list[str] = []
+        self.taken: list[Path] = []
+        #: running jobs over the contention threshold, as of the last snapshot
+        self.victims: list[str] = []
+        self._snapshot_end = 0.0
+        self._next_due: float | None = None
+        # GPUs free per node as this apply() goes (after the preemptions made), and the usable nodes
+        self._free: Any = None
+        self._usable: list[bool] = []
+
+    def prepare(self, now: float, cluster: ClusterSpec, nodes: list, jobs: list[SlurmJob], stats: dict[str, dict],
+                rep: RoundReport, last: bool) -> None:
+        """What the next :meth:`snapshot` is built from: the round's time (epoch s), the partition's
+        cluster, Slurm's nodes and jobs as just read, the agents' per-job stats, the round's report
+        (filled in by snapshot and apply) and whether this is the round's last decision."""
+        self._inputs = (now, cluster, nodes, jobs, stats, rep, last)
+
+    # ------------------------------------------------------------------ Backend
+    def now(self) -> float:
+        """Epoch seconds (the controller's clock)."""
+        return self.ctl.clock()
+
+    def snapshot(self) -> ClusterState:
+        """The policy's state (:func:`controller.state.build_state`) from the prepared Slurm read, the
+        journal (progress of preempted jobs, planned splits of released jobs, back-offs) and the agents'
+        stats. Also takes the operator's preempt requests and the contention victims (added by
+        :meth:`apply`), logs per-job warnings once, and sets the round's counts and gauges."""
+        assert self._inputs is not None, "prepare() first"
+        ctl = self.ctl
+        now, cluster, nodes, jobs, stats, rep, _last = self._inputs
+        c = ctl.cfg.controller
+        assert ctl.perf is not None
+        progress: dict[str, dict[str, Any]] = {}
+        for sid, p in ctl.journal["progress"].items():
+            progress[sid] = dict(p)
+        for sid, s in stats.items():
+            progress.setdefault(sid, {}).update(s)
+        plans = {sid: r.get("plan_by_name") or {} for sid, r in ctl.journal["released"].items()}
+        skip = {sid: f"not started after {b['n']} release(s): not placed again before {time.ctime(b['until'])}"
+                for sid, b in ctl.journal["backoff"].items() if now < float(b.get("until", 0))}
+        no_preempt = {sid for sid, (_, until) in ctl._preempt_failed.items() if now < until}
+        if not c.preempt_without_agent:
+            # only a job that runs the checkpoint helper (it reports to its nodes' agents) can be checkpointed;
+            # offering others as victims only made preemptions fail, round after round (each backed off)
+            no_preempt |= {str(j.job_id) for j in jobs if j.state == "RUNNING" and str(j.job_id) not in stats}
+        view = build_state(
+            now, cluster, nodes, jobs, ctl.perf,
+            partition=ctl.cfg.slurm.partition, default_model=c.default_model,
+            default_runtime_s=c.default_runtime_s, progress=progress, planned=plans, skip=skip,
+            no_preempt=no_preempt,
+        )
+        for w in view.warnings:  # each distinct warning once, not every round
+            if w not in ctl._warned:
+                ctl._warned.add(w)
+                log.warning(w, extra={"event": "job_warning"})
+        for sid, why in view.waiting.items():  # normal (a dependency, --begin): said once, as info
+            w = f"job {sid} waits: {why}"
+            if w not in ctl._warned:
+                ctl._warned.add(w)
+                log.info(w, extra={"event": "job_waiting", "job": sid})
+        if len(ctl._warned) > 10000:
+            ctl._warned.clear()
+        st = view.state
+        rep.queue, rep.running, rep.waiting = len(st.pending), len(st.running), len(view.waiting)
+        ctl.metrics.queue.set(len(st.pending))
+        ctl.metrics.waiting.set(len(view.waiting))
+        ctl.metrics.running.set(len(st.running))
+        ctl.metrics.free_gpus.set(st.total_free)
+        self.view = view
+        self.forced, self.taken = ctl._admin_requests(view)
+        self.victims = ctl._cs_victims(view, stats, now)
+        self._snapshot_end = time.perf_counter()
+        return st
+
+    def apply(self, decision: Decision, problems: Sequence[Problem] | None = None) -> ApplyReport:
+        """Act on ``decision`` plus the backend's own preemptions, dropping invalid entries (see the
+        module docstring). ``problems``: ``check_decision`` of ``decision`` on the last snapshot (computed
+        here when ``None``, or when own preemptions were added)."""
+        assert self._inputs is not None and self.view is not None, "snapshot() first"
+        ctl = self.ctl
+        view = self.view
+        now, _cluster, _nodes, _jobs, _stats, rep, last = self._inputs
+        took = time.perf_counter() - self._snapshot_end  # the policy's decision and its validation
+        preempt = list(decision.preempt)
+        for sid in self.victims + self.forced:
+            if sid not in preempt:
+                preempt.append(sid)
+        if len(preempt) != len(decision.preempt):
+            decision = Decision(place=decision.place, preempt=preempt, resize=decision.resize)
+            problems = None
+        if problems is None:
+            problems = check_decision(view.state, decision)
+        ctl._forced = set(self.forced)
+        report = ApplyReport()
+        if not decision:
+            return report
+        log.info("decision: place %s preempt %s resize %s", [(j, str(p)) for j, p in decision.place], decision.preempt,
+                 [(j, str(p)) for j, p in decision.resize],
+                 extra={"event": "decision", "decision_s": round(rep.decision_s + took, 6)})
+        for prob in problems:
+            self._reject(report, prob)
+        bad = {(p.action, p.index) for p in problems}
+        if not self._preempt(decision, bad, now, rep, last, report):
+            return report
+        for i, (jid, _p) in enumerate(decision.resize):
+            if ("resize", i) not in bad:
+                self._reject(report, Problem("resize", i, jid, f"job {jid}: Slurm cannot resize a running job's GPUs"))
+        self._place(decision, bad, rep, report)
+        return report
+
+    def next_round(self) -> bool:
+        """Wait until the controller's next round is due (``interval_s`` after the last one began; the
+        first at once), or until the controller is stopped. ``False`` once it is stopping."""
+        ctl = self.ctl
+        if self._next_due is not None:
+            ctl._stop.wait(max(0.0, self._next_due - time.monotonic()))
+        if ctl._stop.is_set():
+            return False
+        self._next_due = time.monotonic() + ctl.cfg.controller.interval_s
+        return True
+
+    # ------------------------------------------------------------------ apply, step by step
+    def _reject(self, report: ApplyReport, prob: Problem) -> None:
+        """Log and count one entry that is not applied."""
+        report.rejected.append(prob)
+        self.ctl.metrics.decisions.labels(action="rejected").inc()
+        log.warning("rejected %s of job %s: %s", prob.action, prob.job_id, prob.message,
+                    extra={"event": "placement_rejected" if prob.action == "place" else f"{prob.action}_rejected",
+                           "job": prob.job_id})
+
+    def _preempt(self, decision: Decision, bad: set, now: float, rep: RoundReport, last: bool,
+                 report: ApplyReport) -> bool:
+        """The valid preemptions, in order; their GPUs count as free (``self._free``) once made. False when
+        one failed and this is not the round's last decision (the rest of the decision is dropped)."""
+        ctl = self.ctl
+        view = self.view
+        assert view is not None
+        st = view.state
+        free = st.free_gpus.astype(int).copy()
+        usable = [True] * len(free) if st.usable is None else [bool(u) for u in st.usable]
+        self._free, self._usable = free, usable
+        failed = False
+        for k, jid in enumerate(decision.preempt):
+            if ("preempt", k) in bad:
+                continue
+            info = st.job(jid)
+            sj = view.jobs[jid]
+            assert info is not None and info.placement is not None
+            if failed:
+                ctl._deferred.add(jid)
+                report.deferred.append(jid)
+                continue
+            if ctl.clock() >= ctl._preempt_budget_end:
+                ctl._deferred.add(jid)
+                report.deferred.append(jid)
+                log.warning("preemption of job %s deferred to the next round: this round spent its time on "
+                            "preemptions (preempt_timeout_s + agents.timeout_s)", jid,
+                            extra={"event": "preempt_deferred", "job": sj.job_id})
+                continue
+            ctl._deferred.discard(jid)  # tried now (it may have been deferred by the first decision)
+            try:
+                done = ctl._preempt(sj, now, force=jid in ctl._forced)
+                if done:
+                    rep.preempted.append(sj.job_id)
+                    report.preempted.append(jid)
+                    for n, g in info.placement.alloc:
+                        if usable[n]:  # GPUs on a drained/down node free nothing
+                            free[n] += g
+                elif done is None:
+                    # its GPUs were counted as freed; the other victims may have been chosen for the same
+                    # placement: preempting them now could stop them for nothing
+                    failed = True
+                    if not last:
+                        rest = [p for i, p in enumerate(decision.preempt) if i > k and ("preempt", i) not in bad]
+                        ctl._deferred.update(rest)
+                        report.deferred.extend(rest)
+                        report.decide_again = True
+                        return False
+            except SlurmError as exc:
+                ctl.metrics.slurm_errors.inc()
+                log.error("preemption of job %s failed: %s", jid, exc, extra={"event": "preempt_failed"})
+                ctl._slurm_hint(exc)
+        return True
+
+    def _place(self, decision: Decision, bad: set, rep: RoundReport, report: ApplyReport) -> None:
+        """The valid placements, in order: pin, journal, release (see the module docstring)."""
+        ctl = self.ctl
+        view = self.view
+        assert view is not None and ctl.cluster is not None
+        c = ctl.cfg.controller
+        free, usable = self._free, self._usable
+        for i, (jid, p) in enumerate(decision.place):
+            if ("place", i) in bad:
+                continue
+            sj = view.jobs[jid]
+            info = view.state.job(jid)
+            if info is not None and info.placement is not None:
+                # preempted by this decision: requeued held now, placed again from the next round
+                why = (f"job {jid}: was running when the round began; Slurm requeues it held and it can be placed "
+                       "again from the next round")
+            else:
+                # against the GPUs actually free: a preemption that was not made frees nothing
+                why = placement_problem(jid, sj.gpus, p, free, usable, " (after the preemptions made this round)")
+            if why is not None:
+                self._reject(report, Problem("place", i, jid, why))
+                continue
+            names = [ctl.cluster.nodes[n].name for n in p.nodes]
+            plan_by_name = {ctl.cluster.nodes[n].name: g for n, g in p.alloc}
+            if c.dry_run:
+                log.info("dry run: would place job %s on %s", jid, plan_by_name, extra={"event": "dry_run"})
+                continue
+            releasing = False
+            try:
+                counts = {g for _, g in p.alloc}
+                per_node = counts.pop() if len(counts) == 1 and p.num_nodes > 1 else None
+                ctl.slurm.place(sj.job_id, names, sj.gpus, per_node, sj.tres_style)
+                # intent before release: the journal records every release before it is made. That is what
+                # makes restarts safe: a job pending without a hold that the journal does not list was not
+                # released by rlsched and is held again (_check_released), and a crash right after the
+                # release cannot release it twice. So a release the journal cannot record is not made
+                # (the job stays held, placed again once the state dir is writable)
+                ctl.journal["released"][jid] = {"t": ctl.clock(), "plan_by_name": plan_by_name}
+                if not ctl._save():
+                    ctl.journal["released"].pop(jid, None)
+                    log.warning("not releasing job %s (nor any other this round): the journal cannot record it",
+                                jid, extra={"event": "place_skipped", "job": sj.job_id})
+                    break
+                settle = round(c.requeue_settle_s) if sj.restarts > 0 else 0
+                releasing = True
+                ctl.slurm.release(sj.job_id, settle)
+            except SlurmError as exc:
+                ctl.metrics.slurm_errors.inc()
+                if releasing and exc.timed_out:
+                    # slurmctld may have released it after all: keep its GPUs (and its journal entry, which
+                    # reserves them in later rounds while it is pending and unheld) so this round places
+                    # nothing else there; the next round sees it held (a candidate again) or released
+                    log.warning("releasing job %s timed out (%s): its GPUs stay reserved until Slurm shows "
+                                "whether it was released", jid, exc,
+                                extra={"event": "release_timeout", "job": sj.job_id})
+                    for n, g in p.alloc:
+                        free[n] -= g
+                    continue
+                ctl.journal["released"].pop(jid, None)
+                ctl._save()
+                log.error("placing job %s failed: %s", jid, exc, extra={"event": "place_failed", "job": sj.job_id})
+                ctl._slurm_hint(exc)
+                continue
+            for n, g in p.alloc:
+                free[n] -= g
+            rep.placed.append((sj.job_id, plan_by_name))
+            report.placed.append(jid)
+            ctl.metrics.decisions.labels(action="place").inc()
+            ctl._note("place", sj.job_id, plan_by_name)
+            log.info("placed job %s on %s", jid, plan_by_name,
+                     extra={"event": "placed", "job": sj.job_id, "plan": plan_by_name})

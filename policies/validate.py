@@ -1,0 +1,185 @@
+"""Decision validation: the one set of rules every backend applies a :class:`~policies.state.Decision` by.
+
+:func:`check_decision` checks a decision against the snapshot it was made from and lists every
+entry that cannot be applied, as a :class:`Problem` naming the entry, the job and why. It is
+pure: it reads the :class:`~policies.state.ClusterState` only (free GPUs, usable nodes, the
+running and pending jobs) and changes nothing.
+
+Entries are checked in the order they are applied (:class:`~policies.state.Decision`):
+preemptions, then resizes, then placements. An entry found invalid is left out of the
+accounting, so the entries that remain (:func:`without`) are valid together: GPUs come free only
+through valid preemptions and resizes, and each valid placement or resize takes its GPUs from
+what the valid entries before it left. Two uses, same rules:
+
+* all or nothing (the simulator): the first problem is an error and nothing is applied;
+* drop the bad entries (the Slurm controller): each problem is logged and counted, and
+  ``without(decision, problems)`` is applied.
+
+Rules (the message of each problem names the job and the reason):
+
+* preempt: the job must be running, and be preempted once;
+* resize: the job must be running and not preempted by this decision, resized once, elastic
+  (:attr:`~policies.state.JobInfo.elastic`), to a GPU total within ``[min_gpus, max_gpus]``,
+  on a valid placement (below) that fits the free GPUs plus the job's own current ones;
+* place: the job must be pending (or running and preempted by this decision: a migration),
+  placed once, on a placement of exactly its ``gpu_demand`` GPUs that is valid and fits.
+
+A valid placement (:func:`placement_problem`) has distinct nodes each with at least one GPU
+(``Placement.of`` builds such), every node a node of the cluster and usable, and fits the free
+GPUs of each of its nodes. GPUs freed on an unusable node do not count as free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from policies.cluster import Placement
+from policies.state import ClusterState, Decision
+
+__all__ = ["AFTER_EARLIER", "Problem", "check_decision", "placement_problem", "without"]
+
+#: what "does not fit" messages of :func:`check_decision` add: the free GPUs are counted after the earlier entries
+AFTER_EARLIER = " (after the decision's preemptions and earlier placements)"
+
+Action = Literal["preempt", "resize", "place"]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One decision entry that cannot be applied.
+
+    :param action: which list of the decision holds it: ``"preempt"``, ``"resize"`` or ``"place"``.
+    :param index: its position in that list (0-based).
+    :param job_id: the job the entry names.
+    :param message: one line naming the job and why.
+    """
+
+    action: Action
+    index: int
+    job_id: str
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def placement_problem(job_id: str, demand: int, p: Placement, free: Sequence[int], usable: Sequence[bool] | None = None,
+                      context: str = "", delta: dict[int, int] | None = None) -> str | None:
+    """Why placement ``p`` of job ``job_id`` cannot be made now, or ``None`` when it can.
+
+    :param demand: the GPU total ``p`` must have.
+    :param free: free GPUs per node (its length is the number of nodes).
+    :param usable: per node, whether jobs may be placed there; ``None``: every node is.
+    :param context: appended to the "does not fit" reason (what ``free`` counts).
+    :param delta: optional node -> change of its free GPUs: node ``n`` has ``free[n] + delta.get(n, 0)``.
+    """
+    alloc = p.alloc
+    if p.total_gpus != demand:
+        return f"job {job_id}: placement {p} has {p.total_gpus} GPUs, demand is {demand}"
+    num_nodes = len(free)
+    seen = set()
+    for n, c in alloc:
+        if c <= 0 or n in seen:
+            return f"job {job_id}: placement {p} repeats a node or has an empty one (build it with Placement.of)"
+        seen.add(n)
+    for n, c in alloc:
+        if n < 0 or n >= num_nodes:
+            return (f"job {job_id}: placement {p} does not fit: node {n} is not a node of the cluster "
+                    f"({num_nodes} nodes)")
+        if usable is not None and not usable[n]:
+            return f"job {job_id}: placement {p} does not fit: node {n} is not usable (drained, down or missing)"
+        f = free[n] if delta is None else free[n] + delta.get(n, 0)
+        if c > f:
+            return f"job {job_id}: placement {p} does not fit: node {n} has {int(f)} free GPUs, it needs {c}{context}"
+    return None
+
+
+def _take(delta: dict[int, int], p: Placement, sign: int, usable) -> None:
+    """Add ``sign`` times ``p``'s GPUs to ``delta`` (on usable nodes only, when ``usable`` is given)."""
+    for n, c in p.alloc:
+        if usable is None or usable[n]:
+            delta[n] = delta.get(n, 0) + sign * c
+
+
+def check_decision(state: ClusterState, decision: Decision) -> list[Problem]:
+    """Every entry of ``decision`` that cannot be applied to ``state``, in the order of application
+    (preemptions, resizes, placements; see the module docstring for the rules). Empty: all of it
+    can. Pure: reads ``state`` only."""
+    problems: list[Problem] = []
+    usable = state.usable
+    free = state.free_gpus
+    delta: dict[int, int] = {}  # node -> change of its free GPUs by the entries accepted so far
+    job = state.job
+
+    gone: set[str] = set()
+    for i, jid in enumerate(decision.preempt):
+        info = job(jid)
+        if info is None or info.placement is None:
+            problems.append(Problem("preempt", i, jid, f"decision preempts job {jid!r}, which is not running"))
+        elif jid in gone:
+            problems.append(Problem("preempt", i, jid, f"decision preempts job {jid!r} twice"))
+        else:
+            gone.add(jid)
+            _take(delta, info.placement, +1, usable)
+
+    resized: set[str] = set()
+    for i, (jid, p) in enumerate(decision.resize):
+        info = job(jid)
+        if info is None or info.placement is None:
+            why = f"decision resizes job {jid!r}, which is not running"
+        elif jid in gone:
+            why = f"decision resizes job {jid!r}, which it also preempts"
+        elif jid in resized:
+            why = f"decision resizes job {jid!r} twice"
+        elif not info.elastic:
+            why = f"job {jid}: not elastic (no min_gpus/max_gpus range): it cannot be resized"
+        elif not info.min_gpus <= p.total_gpus <= info.max_gpus:  # type: ignore[operator]
+            why = (f"job {jid}: resize to {p.total_gpus} GPUs is outside its range "
+                   f"[{info.min_gpus}, {info.max_gpus}]")
+        else:
+            own = info.placement
+            _take(delta, own, +1, usable)  # its own GPUs are free for its new placement
+            why = placement_problem(jid, p.total_gpus, p, free, usable,
+                                    " (with its own GPUs, after the decision's preemptions and earlier resizes)", delta)
+            if why is None:
+                _take(delta, p, -1, None)
+            else:
+                _take(delta, own, -1, usable)
+        if why is None:
+            resized.add(jid)
+        else:
+            problems.append(Problem("resize", i, jid, why))
+
+    placed: set[str] = set()
+    for i, (jid, p) in enumerate(decision.place):
+        info = job(jid)
+        if info is None:
+            why = (f"job {jid}: not pending (decision places job {jid!r}, which is neither pending nor running: "
+                   "not submitted yet, finished or unknown)")
+        elif jid in placed:
+            why = f"decision places job {jid!r} twice"
+        elif info.placement is not None and jid not in gone:
+            why = f"job {jid}: already running (decision places it without preempting it)"
+        else:
+            why = placement_problem(jid, info.gpu_demand, p, free, usable, AFTER_EARLIER, delta)
+        if why is None:
+            placed.add(jid)
+            _take(delta, p, -1, None)
+        else:
+            problems.append(Problem("place", i, jid, why))
+    return problems
+
+
+def without(decision: Decision, problems: Sequence[Problem]) -> Decision:
+    """``decision`` less the entries ``problems`` name (by action and index); a new :class:`Decision`.
+    With ``problems = check_decision(state, decision)`` what is left is valid on ``state`` as a whole."""
+    if not problems:
+        return decision
+    bad = {(p.action, p.index) for p in problems}
+    return Decision(
+        place=[e for i, e in enumerate(decision.place) if ("place", i) not in bad],
+        preempt=[e for i, e in enumerate(decision.preempt) if ("preempt", i) not in bad],
+        resize=[e for i, e in enumerate(decision.resize) if ("resize", i) not in bad],
+    )

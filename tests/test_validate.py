@@ -1,0 +1,224 @@
+"""policies.validate: the one set of decision rules, and its two uses (all or nothing, drop bad entries)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from policies.cluster import ClusterSpec, Placement
+from policies.job import JobSpec
+from policies.perf import ContentionModel
+from policies.state import ClusterState, Decision, JobInfo
+from policies.validate import Problem, check_decision, placement_problem, without
+from trainer.simulator import SimConfig, SimulationError, Simulator
+
+P = Placement.of
+CLUSTER = ClusterSpec.parse("3x4")
+
+
+def _info(jid: str, gpus: int, placement: dict | None = None, **kw) -> JobInfo:
+    return JobInfo(jid, "MoE", gpus, 0.0, 1000.0, placement=P(placement) if placement else None, **kw)
+
+
+def _state(usable=None) -> ClusterState:
+    """3 nodes x 4 GPUs. Running: r1 (4 on node 0), r2 (2 on node 1), e (elastic 1..4, 2 on node 1).
+    Pending: p4, p2, p1 (4, 2, 1 GPUs). Free: [0, 0, 4]."""
+    running = [_info("r1", 4, {0: 4}), _info("r2", 2, {1: 2}), _info("e", 2, {1: 2}, min_gpus=1, max_gpus=4)]
+    pending = [_info("p4", 4), _info("p2", 2), _info("p1", 1)]
+    u = None if usable is None else np.array(usable, dtype=bool)
+    return ClusterState(0.0, CLUSTER, np.array([0, 0, 4]), running, pending, usable=u)
+
+
+#: (id, usable, decision, expected problems as (action, index, job id, words in the message))
+CASES = [
+    ("empty", None, Decision(), []),
+    ("place fits", None, Decision([("p4", P({2: 4}))]), []),
+    ("preempt not running", None, Decision(preempt=["p4"]), [("preempt", 0, "p4", "which is not running")]),
+    ("preempt unknown", None, Decision(preempt=["zz"]), [("preempt", 0, "zz", "which is not running")]),
+    ("preempt twice", None, Decision(preempt=["r1", "r1"]), [("preempt", 1, "r1", "preempts job 'r1' twice")]),
+    ("place unknown", None, Decision([("zz", P({2: 1}))]), [("place", 0, "zz", "neither pending nor running")]),
+    ("place running", None, Decision([("r1", P({2: 4}))]), [("place", 0, "r1", "job r1: already running")]),
+    ("migration", None, Decision([("r1", P({2: 4}))], ["r1"]), []),
+    ("place twice", None, Decision([("p1", P({2: 1})), ("p1", P({2: 1}))]),
+     [("place", 1, "p1", "places job 'p1' twice")]),
+    ("wrong count", None, Decision([("p2", P({2: 3}))]), [("place", 0, "p2", "has 3 GPUs, demand is 2")]),
+    ("unknown node", None, Decision([("p1", P({7: 1}))]), [("place", 0, "p1", "node 7 is not a node of the cluster")]),
+    ("negative node", None, Decision([("p1", Placement(((-1, 1),)))]), [("place", 0, "p1", "node -1 is not a node")]),
+    ("unusable node", [True, True, False], Decision([("p1", P({2: 1}))]), [("place", 0, "p1", "node 2 is not usable")]),
+    ("repeated node", None, Decision([("p2", Placement(((2, 1), (2, 1))))]), [("place", 0, "p2", "repeats a node")]),
+    ("empty node", None, Decision([("p2", Placement(((1, 0), (2, 2))))]), [("place", 0, "p2", "has an empty one")]),
+    ("does not fit", None, Decision([("p4", P({0: 4}))]), [("place", 0, "p4", "node 0 has 0 free GPUs, it needs 4")]),
+    ("fits after preemption", None, Decision([("p4", P({0: 4}))], ["r1"]), []),
+    ("not after earlier placements", None, Decision([("p4", P({2: 4})), ("p2", P({2: 2}))]),
+     [("place", 1, "p2", "does not fit: node 2 has 0 free GPUs")]),
+    ("a bad placement takes nothing", None, Decision([("p2", P({2: 3})), ("p4", P({2: 4}))]),
+     [("place", 0, "p2", "demand is 2")]),
+    ("a bad preemption frees nothing", None, Decision([("p4", P({0: 4}))], ["p1"]),
+     [("preempt", 0, "p1", "not running"), ("place", 0, "p4", "node 0 has 0 free")]),
+    ("freed on an unusable node", [False, True, True], Decision([("p4", P({0: 4}))], ["r1"]),
+     [("place", 0, "p4", "node 0 is not usable")]),
+    # resize
+    ("resize grows", None, Decision(resize=[("e", P({1: 2, 2: 2}))]), []),
+    ("resize shrinks, frees", None, Decision([("p1", P({1: 1}))], resize=[("e", P({1: 1}))]), []),
+    ("resize not running", None, Decision(resize=[("p2", P({2: 2}))]), [("resize", 0, "p2", "which is not running")]),
+    ("resize not elastic", None, Decision(resize=[("r2", P({2: 2}))]), [("resize", 0, "r2", "not elastic")]),
+    ("resize out of range", None, Decision(resize=[("e", P({1: 1, 2: 4}))]),
+     [("resize", 0, "e", "resize to 5 GPUs is outside its range [1, 4]")]),
+    ("resize does not fit", None, Decision(resize=[("e", P({1: 4}))]), [("resize", 0, "e", "node 1 has 2 free GPUs")]),
+    ("resize after preemption", None, Decision(preempt=["r2"], resize=[("e", P({1: 4}))]), []),
+    ("resize twice", None, Decision(resize=[("e", P({1: 1})), ("e", P({1: 2}))]), [("resize", 1, "e", "twice")]),
+    ("resize preempted", None, Decision(preempt=["e"], resize=[("e", P({1: 1}))]),
+     [("resize", 0, "e", "also preempts")]),
+    ("resize unusable", [True, True, False], Decision(resize=[("e", P({1: 2, 2: 1}))]),
+     [("resize", 0, "e", "node 2 is not usable")]),
+    ("resize before placements", None, Decision([("p4", P({2: 4}))], resize=[("e", P({1: 2, 2: 2}))]),
+     [("place", 0, "p4", "node 2 has 2 free GPUs")]),
+    ("resize repeated node", None, Decision(resize=[("e", Placement(((1, 1), (1, 1))))]),
+     [("resize", 0, "e", "repeats")]),
+]
+
+
+@pytest.mark.parametrize("name, usable, decision, want", CASES, ids=[c[0] for c in CASES])
+def test_rules(name, usable, decision, want) -> None:
+    state = _state(usable)
+    got = check_decision(state, decision)
+    assert [(p.action, p.index, p.job_id) for p in got] == [w[:3] for w in want]
+    for p, w in zip(got, want):
+        assert w[3] in p.message and str(p) == p.message
+        assert p.job_id in p.message  # each message names its job
+    # the entries left when the bad ones are dropped are valid together (the controller's use)
+    rest = without(decision, got)
+    assert check_decision(state, rest) == []
+    kept = len(rest.place) + len(rest.preempt) + len(rest.resize)
+    assert kept == len(decision.place) + len(decision.preempt) + len(decision.resize) - len(got)
+    # a backend's O(1) lookup gives the same answer as the snapshot's own index
+    index = {j.job_id: j for j in [*state.running, *state.pending]}
+    looked = ClusterState(state.time, CLUSTER, state.free_gpus, state.running, state.pending, state.usable,
+                          lookup=index.get)
+    assert check_decision(looked, decision) == got
+
+
+def test_check_decision_is_pure() -> None:
+    state = _state()
+    free = state.free_gpus.copy()
+    placements = [j.placement for j in state.running]
+    check_decision(state, Decision([("p4", P({0: 4}))], ["r1"], [("e", P({1: 1}))]))
+    assert state.free_gpus.tolist() == free.tolist() and [j.placement for j in state.running] == placements
+
+
+def test_without_keeps_order_and_returns_the_decision_when_clean() -> None:
+    d = Decision([("a", P({0: 1})), ("b", P({0: 1})), ("c", P({0: 1}))], ["x", "y"])
+    assert without(d, []) is d
+    rest = without(d, [Problem("place", 1, "b", "b is bad"), Problem("preempt", 0, "x", "x is bad")])
+    assert [j for j, _ in rest.place] == ["a", "c"] and rest.preempt == ["y"] and rest.resize == []
+
+
+def test_placement_problem_alone() -> None:
+    free = np.array([2, 4])
+    assert placement_problem("j", 2, P({0: 2}), free) is None
+    why = placement_problem("j", 3, P({0: 3}), free, context=" (ctx)")
+    assert "does not fit: node 0 has 2 free GPUs, it needs 3 (ctx)" in why
+    assert "not usable" in placement_problem("j", 1, P({1: 1}), free, usable=[True, False])
+
+
+@pytest.mark.parametrize("kw, words", [
+    ({"min_gpus": 1}, "must both be set"),
+    ({"max_gpus": 4}, "must both be set"),
+    ({"min_gpus": 3, "max_gpus": 4}, "1 <= min_gpus <= gpu_demand <= max_gpus"),  # demand 2 below the range
+    ({"min_gpus": 1, "max_gpus": 1}, "1 <= min_gpus <= gpu_demand <= max_gpus"),
+    ({"min_gpus": 0, "max_gpus": 4}, "1 <= min_gpus"),
+    ({"min_gpus": 1.0, "max_gpus": 4}, "min_gpus must be an integer"),
+    ({"min_gpus": 1, "max_gpus": True}, "max_gpus must be an integer"),
+])
+def test_jobinfo_elastic_range_is_checked(kw, words) -> None:
+    with pytest.raises(ValueError, match=words):
+        _info("j", 2, **kw)
+
+
+def test_jobinfo_elastic() -> None:
+    assert _info("j", 2, min_gpus=1, max_gpus=8).elastic and not _info("j", 2).elastic
+    assert _info("j", 2, min_gpus=np.int64(2), max_gpus=np.int64(2)).elastic
+
+
+# ---------------------------------------------------------------------- all or nothing: the simulator
+def _sim(jobs: list[JobSpec], cluster: str = "1x8") -> Simulator:
+    c = ClusterSpec.parse(cluster)
+    sim = Simulator(c, jobs, None, ContentionModel(c), SimConfig(check_invariants=True))
+    sim.reset_state()
+    sim.advance_to_next_event()
+    return sim
+
+
+def test_simulator_applies_all_or_nothing_with_the_first_problem() -> None:
+    sim = _sim([JobSpec("a", 0, "MoE", 4, 1e5), JobSpec("b", 0, "MoE", 4, 1e5), JobSpec("c", 0, "MoE", 2, 1e5)])
+    sim.apply(Decision([("a", P({0: 4}))]))
+    dec = Decision([("b", P({0: 4})), ("c", P({0: 3})), ("c", P({0: 2}))], ["zz"])
+    problems = check_decision(sim.state(), dec)  # zz not running; c: 3 GPUs, then no room left after b
+    assert [(p.action, p.index) for p in problems] == [("preempt", 0), ("place", 1), ("place", 2)]
+    with pytest.raises(SimulationError) as ei:
+        sim.apply(dec)
+    assert str(ei.value) == problems[0].message  # the first problem, in the order of application
+    assert sim.free.tolist() == [4]
+    assert [sim.by_id[j].info.placement is not None for j in "abc"] == [True, False, False]
+    assert sim.decisions == 1
+    # the same decision without its bad entries applies
+    assert sim.apply(without(dec, problems)) == 1 and sim.free.tolist() == [0] and sim.decisions == 2
+
+
+# ---------------------------------------------------------------------- drop bad entries: the controller
+def test_controller_drops_bad_entries_and_applies_the_rest(tmp_path, caplog, monkeypatch) -> None:
+    import logging
+
+    from test_controller import FakeAgents, FakeSlurm, _ctl, _running
+
+    monkeypatch.setattr(logging.getLogger("controller"), "propagate", True)  # the CLI's logging setup turns it off
+
+    s = FakeSlurm()
+    r = _running(s, 8, "node1")
+    ctl = _ctl(tmp_path, s, FakeAgents())
+    ctl.round()  # builds the policy
+    a, b = s.submit(8), s.submit(4)
+    sa, sb, sr = str(a), str(b), str(r)
+    decision = Decision(
+        place=[(sa, P({0: 8})),  # node1 is taken by r: does not fit
+               ("999", P({1: 8})),  # no such job
+               (sb, P({1: 3})),  # b asks for 4
+               (sb, P({1: 4})),  # valid
+               (sa, P({2: 8}))],  # valid
+        preempt=[sb],  # b is not running
+        resize=[(sr, P({0: 4}))],  # r is not elastic
+    )
+    ctl.policy.schedule = lambda state: decision
+    with caplog.at_level("WARNING", logger="controller.daemon"):
+        rep = ctl.round()
+    assert rep.ok, rep.error
+    assert sorted(rep.placed) == sorted([(b, {"node2": 4}), (a, {"node3": 8})])
+    assert rep.preempted == [] and s.job_list[r].running
+    assert ctl.metrics.value("rlsched_decisions_total", action="rejected") == 5
+    assert ctl.metrics.value("rlsched_decisions_total", action="place") == 2
+    text = caplog.text
+    for words in (f"preempts job '{sb}', which is not running", "job 999: not pending", "has 3 GPUs, demand is 4",
+                  "node 0 has 0 free GPUs", f"job {sr}: not elastic"):
+        assert words in text, words
+
+
+def test_controller_rejects_resize_of_an_elastic_job(tmp_path) -> None:
+    """Slurm cannot resize a running job: a valid resize is rejected by the Slurm backend, not applied."""
+    from test_controller import FakeAgents, FakeSlurm, _ctl, _running
+
+    from controller.daemon import RoundReport
+
+    s = FakeSlurm()
+    r = _running(s, 8, "node1")
+    ctl = _ctl(tmp_path, s, FakeAgents())
+    ctl.round()  # builds the cluster and the policy
+    b = ctl.backend
+    b.prepare(2000.0, ctl.cluster, s.nodes(), s.jobs(), {}, RoundReport(2000.0, True), True)
+    st = b.snapshot()
+    info = st.job(str(r))
+    info.min_gpus, info.max_gpus = 1, 8  # as if the job were elastic
+    dec = Decision(resize=[(str(r), P({0: 4}))])
+    assert check_decision(st, dec) == []
+    report = b.apply(dec, [])
+    assert [p.action for p in report.rejected] == ["resize"] and "cannot resize" in report.rejected[0].message
+    assert report.resized == [] and s.job_list[r].running

@@ -1,0 +1,217 @@
+"""The event-driven simulator as a :class:`~policies.backend.Backend` of the round loop.
+
+:class:`SimBackend` decides *when* rounds happen; :class:`~trainer.simulator.Simulator` holds the
+mechanics (jobs starting, stopping, progressing, the contention rates). Time is simulated
+seconds from the start of the trace.
+
+When rounds happen (:meth:`SimBackend.next_round`, with ``round_len`` and ``event_triggered`` of
+:class:`~trainer.simulator.SimConfig`):
+
+* rounds fall on the boundaries ``k * round_len``; with ``event_triggered`` there is also a
+  round right after every batch of arrivals and completions (events at the same time are one
+  batch), without moving the next boundary;
+* while nothing runs and nothing waits, time jumps to the next arrival; a round follows at once
+  with ``event_triggered``, else at the first boundary at or after it (the events up to there
+  processed); the next boundary is the first one after that round;
+* a time-invariant policy (``policy.time_invariant``: same state, same decision) is not asked
+  at a boundary when nothing changed since its last round (:attr:`Simulator.dirty` false); the
+  boundaries up to the next event are skipped. If then nothing runs or is due to arrive or
+  complete, jobs wait forever: :class:`~trainer.simulator.SimulationError`;
+* a round due while no job waits has nothing to decide unless the policy resizes
+  (:attr:`~policies.base.Policy.resizes`): the backend counts and closes it itself and
+  :meth:`~SimBackend.next_round` goes on to the next one (the loop would take a snapshot and
+  ask no policy);
+* after each round: the dirty flag is cleared and metrics are sampled
+  (:meth:`Simulator._sample_metrics`); a round that leaves the cluster idle with jobs waiting,
+  no arrival to come and nothing started counts as idle, and ``max_idle_rounds`` idle rounds in
+  a row raise :class:`~trainer.simulator.SimulationError` (a policy that never places).
+
+Decisions are validated by :func:`policies.validate.check_decision` and applied all or nothing:
+an invalid entry raises :class:`~trainer.simulator.SimulationError` with the first problem's
+message before anything is applied.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+from policies.backend import ApplyReport
+from policies.state import ClusterState, Decision, JobInfo
+from policies.validate import Problem, check_decision
+from trainer.simulator import SimulationError, Simulator
+
+__all__ = ["SimBackend"]
+
+_isnan = math.isnan
+
+
+class SimBackend:
+    """The :class:`~policies.backend.Backend` of one :class:`Simulator` run (see the module docstring).
+
+    :param sim: the simulator, freshly reset (:meth:`Simulator.reset_state`) or advanced by hand;
+        its ``policy`` tells whether boundaries without change can be skipped
+        (``time_invariant``) and names it in errors.
+    :param progress: optional ``(finished jobs, all jobs) -> None``, called whenever the number
+        of finished jobs has changed, between rounds.
+    :param on_advance: optional ``(t) -> None``, called with the current time (s) right before
+        :meth:`next_round` lets simulated time move on from ``t``: the cluster stays as it is
+        then until the next call (or the next round), so a caller can integrate a quantity of
+        the state over time (the Gymnasium environment's rewards) exactly, piece by piece.
+    """
+
+    def __init__(self, sim: Simulator, progress: Callable[[int, int], None] | None = None,
+                 on_advance: Callable[[float], None] | None = None) -> None:
+        self.sim = sim
+        self.progress = progress
+        self.on_advance = on_advance
+        rl = sim.cfg.round_len
+        self._rl = rl
+        self._event = sim.cfg.event_triggered
+        self._invariant = bool(getattr(sim.policy, "time_invariant", False))
+        self._every_round = bool(getattr(sim.policy, "resizes", False))  # asked also when no job waits
+        #: time (s) of the next round boundary
+        self.next_boundary = 0.0 if sim.time == 0.0 else (math.floor(sim.time / rl + 1e-12) + 1) * rl
+        self._open = False  # next_round() opened a round that was not closed yet
+        self._progress_after = False  # report progress when that round closes
+        self._started = 0  # jobs started in the open round
+        self._idle_rounds = 0
+        self._last_done = -1
+
+    # ------------------------------------------------------------------ Backend
+    def now(self) -> float:
+        """Simulated seconds since the start of the trace."""
+        return self.sim.time
+
+    def snapshot(self) -> ClusterState:
+        """:meth:`Simulator.state` with an O(1) job lookup for the validator."""
+        st = self.sim.state()
+        st.lookup = self._lookup
+        return st
+
+    def check(self, decision: Decision) -> list[Problem]:
+        """``check_decision`` of ``decision`` on a snapshot taken now."""
+        return check_decision(self.snapshot(), decision) if decision else []
+
+    def apply(self, decision: Decision, problems: Sequence[Problem] | None = None) -> ApplyReport:
+        """Apply all of ``decision`` or, if any entry is invalid, none of it: :class:`SimulationError`
+        with the first problem (``problems``: as found on the last snapshot; ``None``: checked now).
+        Preemptions, then resizes, then placements; each counts as one decision
+        (:attr:`Simulator.decisions`)."""
+        if not decision:
+            return ApplyReport()
+        if problems is None:
+            problems = self.check(decision)
+        if problems:
+            raise SimulationError(problems[0].message)
+        sim = self.sim
+        for jid in decision.preempt:
+            sim.preempt(jid)
+        for jid, p in decision.resize:
+            sim.resize(jid, p)
+        for jid, p in decision.place:
+            sim.start(jid, p)
+        sim.decisions += len(decision.place) + len(decision.preempt) + len(decision.resize)
+        self._started += len(decision.place)
+        if sim.cfg.check_invariants:
+            sim.check_invariants()
+        return ApplyReport(
+            placed=[jid for jid, _p in decision.place],
+            preempted=list(decision.preempt),
+            resized=[jid for jid, _p in decision.resize],
+        )
+
+    def next_round(self) -> bool:
+        """Close the round in progress, process events up to the next round in which jobs wait and
+        open it (see the module docstring); rounds due while no job waits have nothing to decide
+        and are counted and closed here. ``False`` once every job has finished."""
+        sim = self.sim
+        if self._open:
+            self._open = False
+            self._close_round()
+            if self._progress_after:
+                self._report_progress()
+        rl = self._rl
+        hook = self.on_advance
+        while not sim.done:
+            if hook is not None:
+                hook(sim.time)
+            if not sim.running and not sim.pending:
+                # idle: jump to the next arrival (and, without event rounds, to the boundary after it)
+                sim.advance_to_next_event()
+                if not self._event:
+                    boundary = math.ceil(sim.time / rl - 1e-12) * rl
+                    while True:  # Simulator.advance_to_round, an event batch at a time
+                        if hook is not None:
+                            hook(sim.time)
+                        if not sim.advance_to_next_event(until=boundary):
+                            break
+                self.next_boundary = (math.floor(sim.time / rl + 1e-12) + 1) * rl
+                if self._round(False):
+                    return True
+                continue
+            if sim.advance_to_next_event(until=self.next_boundary):
+                if self._event and self._round(True):
+                    return True
+            elif sim.dirty or not self._invariant:
+                self.next_boundary += rl
+                if self._round(True):
+                    return True
+            else:
+                # a time-invariant policy, nothing changed: skip the boundaries up to the next event
+                t_arr = sim.jobs[sim.next_arrival].spec.submit_time if sim.next_arrival < len(sim.jobs) else math.inf
+                t_next = min(sim._next_completion(), t_arr)
+                if t_next == math.inf:
+                    raise SimulationError(
+                        f"policy {getattr(sim.policy, 'name', '?')} left {len(sim.pending)} jobs waiting "
+                        "with nothing running and no event to come"
+                    )
+                self.next_boundary = max(self.next_boundary + rl, math.ceil(t_next / rl - 1e-12) * rl)
+            if self.progress is not None:
+                self._report_progress()
+        return False
+
+    # ------------------------------------------------------------------ rounds
+    def _round(self, progress_after: bool) -> bool:
+        """A round is due: count it; open it for the loop when jobs wait or the policy resizes (True),
+        else (nothing to decide: the loop would ask no policy) close it here (False)."""
+        sim = self.sim
+        sim.rounds += 1
+        self._started = 0
+        if sim.pending or self._every_round:
+            self._open = True
+            self._progress_after = progress_after
+            return True
+        self._close_round()
+        return False
+
+    def _close_round(self) -> None:
+        sim = self.sim
+        sim.dirty = False
+        sim._sample_metrics()
+        if not sim.running and sim.pending and self._started == 0 and sim.next_arrival >= len(sim.jobs):
+            self._idle_rounds += 1
+            if self._idle_rounds >= sim.cfg.max_idle_rounds:
+                raise SimulationError(
+                    f"policy {getattr(sim.policy, 'name', '?')} placed nothing for {self._idle_rounds} rounds "
+                    f"while the cluster was idle and {len(sim.pending)} jobs waited"
+                )
+        else:
+            self._idle_rounds = 0
+
+    def _report_progress(self) -> None:
+        sim = self.sim
+        if self.progress is not None and sim.finished != self._last_done:
+            self._last_done = sim.finished
+            self.progress(sim.finished, len(sim.jobs))
+
+    def _lookup(self, job_id: str) -> JobInfo | None:
+        """The snapshot's running or pending job ``job_id`` (pending: arrived, not running, not finished)."""
+        sim = self.sim
+        j = sim.by_id.get(job_id)
+        if j is None:
+            return None
+        info = j.info
+        if info.placement is not None or (j.idx < sim.next_arrival and _isnan(j.finish)):
+            return info
+        return None
