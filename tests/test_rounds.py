@@ -259,6 +259,38 @@ def test_next_round_skips_rounds_with_nothing_pending_but_counts_them() -> None:
     assert sim.rounds == 1 + 9 + 1 + 3 and sim.done
 
 
+
+@pytest.mark.parametrize("every_round,keep,want", [
+    (None, None, [0.0, 5100.0]),
+    (True, None, [0.0, 5100.0]),
+    (None, True, [0.0, 5100.0]),  # kept rounds with nothing pending are counted, not opened
+    (True, True, [0.0, 300.0, 600.0, 900.0, 5100.0]),
+])
+def test_a_driver_that_is_not_a_policy_takes_the_backends_rounds(every_round, keep, want) -> None:
+    """``while backend.next_round(): ...`` with the driver acting on the simulator itself (the twin's loop):
+    ``every_round`` opens the rounds due while no job waits as well, so the driver sees every counted round;
+    ``keep_rounds`` holds boundaries a time-invariant policy would skip while nothing changes."""
+    cluster = ClusterSpec.parse("1x8")
+    perf = ContentionModel(cluster)
+    thp = perf.best_isolated_throughput("MoE", 2)
+    jobs = [JobSpec("a", 0.0, "MoE", 2, 3000.0 * thp), JobSpec("b", 5000.0, "MoE", 2, 1000.0 * thp)]
+    fifo = make_heuristic("fifo", perf)
+    assert fifo.time_invariant
+    sim = Simulator(cluster, jobs, fifo, perf, SimConfig(event_triggered=False, round_len=300.0))
+    backend = SimBackend(sim, every_round=every_round,
+                         keep_rounds=(lambda: sim.time < 1000.0) if keep else None)
+    seen: list[float] = []
+    while backend.next_round():
+        seen.append(sim.time)
+        for j in sim.state().pending:
+            sim.start(j.job_id, P({0: j.gpu_demand}))
+    assert seen == want and sim.done
+    # a runs 0..3000, b 5100..6100; held boundaries 300, 600, 900 (keep_rounds); the rest skipped
+    assert sim.rounds == (5 if keep else 2)
+    res = sim.result().jobs
+    assert [t for r in res for t in (r.first_start, r.finish_time)] == pytest.approx([0.0, 3000.0, 5100.0, 6100.0])
+
+
 # ---------------------------------------------------------------------- resize in the simulator
 def _elastic_sim(**cfg) -> tuple[Simulator, ContentionModel]:
     cluster = ClusterSpec.parse("1x8")

@@ -14,13 +14,14 @@ When rounds happen (:meth:`SimBackend.next_round`, with ``round_len`` and ``even
   with ``event_triggered``, else at the first boundary at or after it (the events up to there
   processed); the next boundary is the first one after that round;
 * a time-invariant policy (``policy.time_invariant``: same state, same decision) is not asked
-  at a boundary when nothing changed since its last round (:attr:`Simulator.dirty` false); the
-  boundaries up to the next event are skipped. If then nothing runs or is due to arrive or
-  complete, jobs wait forever: :class:`~trainer.simulator.SimulationError`;
+  at a boundary when nothing changed since its last round (:attr:`Simulator.dirty` false) and
+  ``keep_rounds()`` (if given) is false; the boundaries up to the next event are skipped. If
+  then nothing runs or is due to arrive or complete, jobs wait forever:
+  :class:`~trainer.simulator.SimulationError`;
 * a round due while no job waits has nothing to decide unless the policy resizes
-  (:attr:`~policies.base.Policy.resizes`): the backend counts and closes it itself and
-  :meth:`~SimBackend.next_round` goes on to the next one (the loop would take a snapshot and
-  ask no policy);
+  (:attr:`~policies.base.Policy.resizes`) or ``every_round`` is set: the backend counts and
+  closes it itself and :meth:`~SimBackend.next_round` goes on to the next one (the loop would
+  take a snapshot and ask no policy);
 * after each round: the dirty flag is cleared and metrics are sampled
   (:meth:`Simulator._sample_metrics`); a round that leaves the cluster idle with jobs waiting,
   no arrival to come and nothing started counts as idle, and ``max_idle_rounds`` idle rounds in
@@ -29,6 +30,15 @@ When rounds happen (:meth:`SimBackend.next_round`, with ``round_len`` and ``even
 Decisions are validated by :func:`policies.validate.check_decision` and applied all or nothing:
 an invalid entry raises :class:`~trainer.simulator.SimulationError` with the first problem's
 message before anything is applied.
+
+A driver other than :class:`~policies.rounds.RoundLoop` may take the rounds: ``while
+backend.next_round(): ...`` acting on the simulator in its own way between the calls (the
+digital twin, :mod:`trainer.twin`, runs one ``Controller.round()`` there, which starts and
+stops jobs through :meth:`Simulator.start` and :meth:`Simulator.preempt`). Such a driver sets
+``every_round`` when it acts in every round whether or not jobs wait, and ``keep_rounds`` when
+state outside the simulator that its rounds act on can call for a round while nothing in the
+simulator changes. Jobs it starts other than through :meth:`~SimBackend.apply` do not count
+as started for the idle guard (a job started there runs, so the round is not idle anyway).
 """
 
 from __future__ import annotations
@@ -58,10 +68,18 @@ class SimBackend:
         :meth:`next_round` lets simulated time move on from ``t``: the cluster stays as it is
         then until the next call (or the next round), so a caller can integrate a quantity of
         the state over time (the Gymnasium environment's rewards) exactly, piece by piece.
+    :param every_round: open every round that comes due, also while no job waits (``None``: only
+        if the policy resizes). For a driver that acts in every round (see the module docstring).
+    :param keep_rounds: optional ``() -> bool``, asked at a boundary where a time-invariant policy
+        would not be asked because nothing changed in the simulator: ``True`` holds the round
+        anyway (something outside the simulator that the driver's rounds act on may change; the
+        twin: a released job waits for GPUs in its simulated Slurm, and the controller checks its
+        start grace every round).
     """
 
     def __init__(self, sim: Simulator, progress: Callable[[int, int], None] | None = None,
-                 on_advance: Callable[[float], None] | None = None) -> None:
+                 on_advance: Callable[[float], None] | None = None, *, every_round: bool | None = None,
+                 keep_rounds: Callable[[], bool] | None = None) -> None:
         self.sim = sim
         self.progress = progress
         self.on_advance = on_advance
@@ -69,7 +87,9 @@ class SimBackend:
         self._rl = rl
         self._event = sim.cfg.event_triggered
         self._invariant = bool(getattr(sim.policy, "time_invariant", False))
-        self._every_round = bool(getattr(sim.policy, "resizes", False))  # asked also when no job waits
+        # rounds opened also when no job waits
+        self._every_round = bool(getattr(sim.policy, "resizes", False) if every_round is None else every_round)
+        self._keep = keep_rounds
         #: time (s) of the next round boundary
         self.next_boundary = 0.0 if sim.time == 0.0 else (math.floor(sim.time / rl + 1e-12) + 1) * rl
         self._open = False  # next_round() opened a round that was not closed yet
@@ -153,7 +173,7 @@ class SimBackend:
             if sim.advance_to_next_event(until=self.next_boundary):
                 if self._event and self._round(True):
                     return True
-            elif sim.dirty or not self._invariant:
+            elif sim.dirty or not self._invariant or (self._keep is not None and self._keep()):
                 self.next_boundary += rl
                 if self._round(True):
                     return True
@@ -173,8 +193,9 @@ class SimBackend:
 
     # ------------------------------------------------------------------ rounds
     def _round(self, progress_after: bool) -> bool:
-        """A round is due: count it; open it for the loop when jobs wait or the policy resizes (True),
-        else (nothing to decide: the loop would ask no policy) close it here (False)."""
+        """A round is due: count it; open it for the loop when jobs wait or every round is opened
+        (``every_round``, a resizing policy) (True), else (nothing to decide: the loop would ask no
+        policy) close it here (False)."""
         sim = self.sim
         sim.rounds += 1
         self._started = 0

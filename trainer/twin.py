@@ -28,13 +28,26 @@ builds its cluster from that; a cluster whose nodes the controller would see oth
 the node, since the controller would price it otherwise than the simulator. A node's ``switch`` is not
 a Slurm node field and nothing prices it.
 
-Rounds happen exactly when ``rlsched simulate`` runs them: :class:`TwinSimulator` is a
-:class:`~trainer.simulator.Simulator` whose round (``schedule_round``) is one
-``Controller.round()``, so ``Simulator.run`` decides the round times with its own event logic (a round
-after arrivals and completions when ``event_triggered``, one every ``round_len`` s, idle rounds
-skipped for time-invariant policies). The controller's decisions reach the simulator only through
-the simulated Slurm and agents; the simulator's own ``apply`` is never called. :class:`TwinSimulator`
-is the only code that ties the controller to the simulator's round times; :class:`SimulatedSlurm` and
+Rounds happen exactly when ``rlsched simulate`` runs them. :meth:`Twin.run` is the daemon's own loop
+(``Controller.run``: ``while backend.next_round(): round()``) with the simulator's backend
+(:class:`trainer.sim_backend.SimBackend`, the one place that decides when the simulator's rounds
+happen) in place of the daemon's wall-clock interval: ``SimBackend.next_round()`` moves simulated
+time to the next round (a round after each batch of arrivals and completions when
+``event_triggered``, one on every ``round_len`` s boundary, boundaries with nothing changed skipped
+for time-invariant policies) and the twin runs one ``Controller.round()`` there. Two options of the
+backend make its rounds the daemon's:
+
+* ``every_round``: the daemon runs its round whether or not a job waits, so every round the backend
+  counts is a controller round (``simulate`` counts the rounds in which no job waits too, and asks
+  no policy in them);
+* ``keep_rounds`` (:meth:`SimulatedSlurm.waiting`): while a released job waits for GPUs in the
+  simulated Slurm (``"fill"`` split) no boundary is skipped, since the controller checks its start
+  grace every round.
+
+Between rounds :class:`TwinSimulator` runs Slurm's scheduler after each batch of events (released
+jobs that wait start once they fit). The controller's decisions reach the simulator only through the
+simulated Slurm and agents; the backend's ``apply`` is never called. :meth:`Twin.run` is the only code
+that ties the controller to the simulator's round times; :class:`SimulatedSlurm` and
 :class:`SimulatedAgents` use the simulator's public mechanics only.
 
 Controller settings (``[controller]``) and what they become in the twin:
@@ -42,7 +55,7 @@ Controller settings (``[controller]``) and what they become in the twin:
 * ``policy``: the twin's policy (``make_policy``, the controller's own factory);
 * ``min_run_s``: the policy's own ``min_run`` (heuristics: 300 s, what ``simulate`` uses; policies
   that never preempt: 0), so the controller and the policy refuse the same preemptions;
-* ``interval_s``: the simulator's round length (rounds are driven by the simulator, as above);
+* ``interval_s``: the simulator's round length (the rounds are the backend's, as above);
 * ``max_placements_per_round``: the cluster's GPU count (a round cannot place more jobs);
 * ``requeue_settle_s``: 0 (the simulated Slurm starts a released job at once, no launch delay);
 * ``start_grace_s``, ``preempt_timeout_s``, ``[agents] timeout_s``, ``[slurm] command_timeout_s``:
@@ -69,6 +82,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -78,11 +92,11 @@ from controller.metrics import JsonFormatter
 from controller.preemption import PreemptOutcome
 from controller.slurm import MANAGED_MARK, SlurmError, SlurmJob, SlurmNode
 from controller.state import natural_key
-from policies.base import Policy
 from policies.cluster import ClusterSpec, Placement
 from policies.job import JobSpec
 from policies.perf import ContentionModel
-from policies.state import ClusterState, Decision, JobInfo
+from policies.state import JobInfo
+from trainer.sim_backend import SimBackend
 from trainer.simulator import SimConfig, SimResult, Simulator, SimulationError
 
 __all__ = [
@@ -472,49 +486,26 @@ class SimulatedAgents:
         return self._checkpoints.get(str(slurm_job_id))  # type: ignore[return-value]
 
 
-class _ControllerRound(Policy):
-    """The simulator's policy slot, filled by the controller: each call of :meth:`schedule` is one
-    ``Controller.round()`` (which acts through the simulated Slurm and agents); the decision handed
-    back to the simulator is empty."""
-
-    def __init__(self, name: str, time_invariant: bool, round_fn: Callable[[], None]) -> None:
-        self.name = name
-        self.time_invariant = time_invariant
-        self._round = round_fn
-
-    def schedule(self, state: ClusterState) -> Decision:
-        self._round()
-        return Decision()
-
-
 class TwinSimulator(Simulator):
-    """A :class:`~trainer.simulator.Simulator` whose rounds are controller rounds.
+    """A :class:`~trainer.simulator.Simulator` with Slurm's scheduler beside it: after each batch of
+    events it processes (arrivals, completions), :attr:`on_event` runs (the twin's
+    :meth:`SimulatedSlurm.start_released`: released jobs that fit now start).
 
-    ``Simulator.run`` decides when rounds happen; ``Simulator.schedule_round`` asks its policy (here
-    :class:`_ControllerRound`) only while jobs wait, and the daemon runs its round whether or not
-    one does, so a round with an empty queue runs the controller here too. While a released job
-    waits for resources in the simulated Slurm (``"fill"`` split), no idle round is skipped.
+    Its ``policy`` is the controller's policy as the controller's factory builds it: it names the
+    results (``SimResult.policy``) and the backend's errors, and its ``time_invariant`` tells the
+    backend whether boundaries with nothing changed are skipped. Neither the simulator nor the
+    backend asks it: each round is one ``Controller.round()``, which asks the controller's own
+    instance (:meth:`Twin.run`).
     """
 
-    #: called after each event the simulator processes (arrivals, completions): Slurm's scheduler
+    #: called after each event batch the simulator processes: Slurm's scheduler
     on_event: Callable[[], None] | None = None
-    #: whether released jobs wait for resources: then no round is skipped (the controller checks their
-    #: start grace at each round), as idle rounds of time-invariant policies otherwise are
-    waiting: Callable[[], bool] | None = None
 
     def advance_to_next_event(self, until: float = math.inf) -> bool:
         moved = super().advance_to_next_event(until)
         if moved and self.on_event is not None:
             self.on_event()
         return moved
-
-    def schedule_round(self) -> Decision:
-        if not self.pending:
-            self.policy.schedule(self.state())  # type: ignore[union-attr]
-        dec = super().schedule_round()
-        if self.waiting is not None and self.waiting():
-            self.dirty = True
-        return dec
 
 
 def twin_config(policy: str, cluster: ClusterSpec, sim: SimConfig, state_dir: str | Path,
@@ -584,15 +575,14 @@ class Twin:
         self.epoch = float(epoch)
         self.sim_config = config or SimConfig()
         perf = perf or ContentionModel(cluster)
-        # the controller's own factory, to learn what the simulator's loop needs (time invariance: idle
-        # rounds skipped) and the policy's min_run; the controller builds its own instance in its first round
+        # the controller's own factory, to learn what the round timing needs (the name, time invariance:
+        # boundaries with nothing changed skipped) and the policy's min_run; it is never asked to schedule,
+        # the controller builds its own instance in its first round
         probe = make_policy(policy, cluster, perf)
         self.policy_name = probe.name
-        self.slot = _ControllerRound(probe.name, bool(getattr(probe, "time_invariant", False)), self._round)
-        self.sim = TwinSimulator(cluster, jobs, self.slot, perf, self.sim_config)
+        self.sim = TwinSimulator(cluster, jobs, probe, perf, self.sim_config)
         self.slurm = SimulatedSlurm(self.sim, jobs, split, self._planned, self.epoch)
         self.sim.on_event = self.slurm.start_released
-        self.sim.waiting = self.slurm.waiting
         self.agents = SimulatedAgents(self.sim, self.slurm)
         self.config = twin_config(policy, cluster, self.sim_config, state_dir,
                                   float(getattr(probe, "min_run", 0.0)))
@@ -650,8 +640,11 @@ class Twin:
 
     def run(self, progress: Callable[[int, int], None] | None = None) -> SimResult:
         """Run every job of the trace to its end (once: the controller's state dir and the simulated
-        Slurm carry on from it). While it runs, the controller's log (logger ``controller``) goes only
-        to ``log_file``, as JSON lines with simulated times, not to the handlers it had."""
+        Slurm carry on from it): ``while backend.next_round(): Controller.round()`` over the
+        simulator's backend (see the module docstring). ``progress``: optional ``(finished jobs,
+        all jobs) -> None``, called as jobs finish. While it runs, the controller's log (logger
+        ``controller``) goes only to ``log_file``, as JSON lines with simulated times, not to the
+        handlers it had."""
         if self._ran:
             raise RuntimeError("a Twin runs its trace once; make another one to run it again")
         self._ran = True
@@ -670,8 +663,11 @@ class Twin:
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
         logger.propagate = False  # thousands of lines: they go to the log file, not the console
+        t0 = time.perf_counter()
+        backend = SimBackend(self.sim, progress, every_round=True, keep_rounds=self.slurm.waiting)
         try:
-            res = self.sim.run(progress=progress)
+            while backend.next_round():
+                self._round()
         finally:
             logger.removeHandler(handler)
             handler.close()
@@ -679,6 +675,7 @@ class Twin:
                 logger.addHandler(h)
             logger.setLevel(saved[0])
             logger.propagate = saved[1]
+        res = self.sim.result(time.perf_counter() - t0)
         res.meta["controller"] = self.summary()
         return res
 
