@@ -1,4 +1,8 @@
-"""Draw docs/figures/architecture.png (python scripts/draw_architecture.py)."""
+"""Draw docs/figures/architecture.png (python scripts/draw_architecture.py).
+
+One picture of the platform: the pure core model and policies (top), the one round loop over
+the backend protocol (middle), and the two backends with what runs on each (bottom).
+"""
 
 from pathlib import Path
 
@@ -8,23 +12,47 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
+GREEN, BLUE, GREY, ORANGE, YELLOW = "#d6f5d6", "#cfe3ff", "#eeeeee", "#fde2c8", "#fff4c2"
+
+#: name -> (x, y, width, height, text, colour)
 BOXES = {
-    "sbatch": (0.3, 6.2, 2.2, 0.8, "users: sbatch --gpus=N\n--comment rlsched:model=M", "#eeeeee"),
-    "lua": (3.4, 6.2, 2.6, 0.8, "job_submit.lua\n(hold, refuse user release)", "#fde2c8"),
-    "ctld": (7.0, 6.2, 2.2, 0.8, "slurmctld\n(stock, unpatched)", "#fde2c8"),
-    "ctrl": (6.8, 4.0, 2.8, 1.2, "rlsched controller\nSlurm adapter -> ClusterState\n-> policy -> scontrol", "#cfe3ff"),
-    "pol": (3.0, 4.0, 2.6, 1.2, "policies/\ncluster + perf model\nencoder/decoder, RL, heuristics", "#d6f5d6"),
-    "sim": (0.0, 1.8, 2.6, 1.2, "trainer/\nsimulator + Gymnasium env\nSB3 training, evaluation", "#d6f5d6"),
-    "ckpt": (3.4, 1.8, 2.4, 1.2, "policy checkpoint\nsafetensors + JSON", "#eeeeee"),
-    "agent": (6.8, 1.8, 2.8, 1.2, "node agents (gRPC, MUNGE)\nprofile CS, preempt", "#cfe3ff"),
-    "job": (10.6, 1.8, 2.6, 1.2, "training job + job helper\nprogress, SIGUSR2 ->\ncheckpoint, resume", "#eeeeee"),
-    "store": (10.6, 4.0, 2.6, 1.2, "checkpoint store\nshared FS / WebHDFS\n(atomic, checksummed)", "#eeeeee"),
+    # policies/: pure (no I/O, no torch)
+    "core": (0.2, 7.0, 3.3, 1.5,
+             "core model\ncluster.py  NodeSpec / ClusterSpec\nresources.py  ResourceDemand / Allocation\n"
+             "job.py, state.py  ClusterState / Decision", GREEN),
+    "perf": (3.8, 7.0, 3.0, 1.5,
+             "performance model\nperf.py  PerformanceModel protocol\ngputypes.py  per-type speeds\n"
+             "ledger.py  the one contention ledger", GREEN),
+    "pol": (7.1, 7.0, 3.1, 1.5,
+            "policies\nheuristics.py = order x placement\norders.py, placement.py\nrl.py = codec + numpy network",
+            GREEN),
+    "codec": (10.5, 7.0, 2.9, 1.5,
+              "codecs/\nbase.py  Codec protocol\ndeepshare.py  obs / action\ncheckpoint.py  codec + spec",
+              GREEN),
+    "reg": (7.1, 5.4, 3.1, 0.9, "registry.py\nthe one policy factory", GREEN),
+    # the loop
+    "rounds": (2.2, 3.65, 4.0, 1.15,
+               "rounds.py  run_round / RoundLoop\nsnapshot -> schedule -> validate -> apply", YELLOW),
+    "validate": (2.2, 5.4, 4.0, 0.9, "validate.py  check_decision\n(one set of rules)", YELLOW),
+    "backend": (7.1, 3.65, 3.1, 1.15, "backend.py  Backend protocol\nnow() snapshot() apply()\nnext_round()",
+                YELLOW),
+    # backends
+    "sim": (0.2, 0.9, 3.6, 1.6,
+            "SimBackend (trainer/sim_backend.py)\nover the event-driven Simulator\n"
+            "simulate, evaluate, Gymnasium env,\ntwin", BLUE),
+    "slurm": (7.1, 0.9, 3.6, 1.6,
+              "SlurmBackend (controller/backend.py)\nbuild_state from squeue/sinfo;\n"
+              "journal, scontrol update/release,\npreempt via node agents", BLUE),
+    "twin": (4.15, 0.9, 2.6, 1.6, "rlsched twin:\nthe controller's rounds\nwith SimulatedSlurm +\nSimulatedAgents", GREY),
+    "ctld": (11.1, 1.8, 2.3, 0.7, "slurmctld (stock)\njob_submit.lua holds", ORANGE),
+    "agent": (11.1, 0.6, 2.3, 0.9, "node agents (gRPC)\nCS profile, preempt", ORANGE),
 }
 ARROWS = [
-    ("sbatch", "lua", ""), ("lua", "ctld", ""), ("ctrl", "ctld", "squeue/sinfo --json,\nscontrol update/release/requeue"),
-    ("pol", "ctrl", "same encoder,\nsame policies"), ("pol", "sim", ""), ("sim", "ckpt", "train"), ("ckpt", "pol", "load"),
-    ("ctrl", "agent", "JobStats, Preempt"), ("job", "agent", "ReportProgress"), ("job", "store", "save/resume"),
-    ("agent", "store", "verify durable"),
+    ("core", "perf", ""), ("perf", "pol", ""), ("codec", "pol", ""), ("pol", "reg", ""),
+    ("reg", "rounds", "policy"), ("validate", "rounds", ""), ("rounds", "backend", "calls"),
+    ("backend", "sim", "implements"), ("backend", "slurm", "implements"),
+    ("twin", "slurm", "Controller.round()"), ("twin", "sim", "round times"),
+    ("slurm", "ctld", ""), ("slurm", "agent", ""),
 ]
 
 
@@ -38,34 +66,37 @@ def edge(b, towards):
     x, y, w, h = BOXES[b][:4]
     cx, cy = centre(b)
     dx, dy = towards[0] - cx, towards[1] - cy
-    pad = 0.12
-    tx = (w / 2 + pad) / abs(dx) if dx else float("inf")
-    ty = (h / 2 + pad) / abs(dy) if dy else float("inf")
-    t = min(tx, ty)
-    return cx + dx * t, cy + dy * t
+    if dx == 0 and dy == 0:
+        return cx, cy
+    sx = (w / 2) / abs(dx) if dx else float("inf")
+    sy = (h / 2) / abs(dy) if dy else float("inf")
+    s = min(sx, sy)
+    return cx + dx * s, cy + dy * s
 
 
 def main() -> None:
-    fig, ax = plt.subplots(figsize=(12, 7.6))
-    for key, (x, y, w, h, text, colour) in BOXES.items():
-        ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.05", fc=colour, ec="#333333"))
-        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=9)
-    for a, b, label in ARROWS:
-        p1 = edge(a, centre(b))
-        p2 = edge(b, centre(a))
-        ax.add_patch(FancyArrowPatch(p1, p2, arrowstyle="-|>", mutation_scale=14, color="#555555"))
-        if label:
-            horizontal = abs(p1[1] - p2[1]) < 0.2
-            ax.text((p1[0] + p2[0]) / 2 + (0 if horizontal else 0.08), (p1[1] + p2[1]) / 2 + (0.12 if horizontal else 0.08),
-                    label, ha="center" if horizontal else "left", va="bottom", fontsize=8, color="#1f4e9e")
-    ax.set_xlim(-0.2, 13.4)
-    ax.set_ylim(1.4, 7.3)
+    fig, ax = plt.subplots(figsize=(14, 9))
+    ax.set_xlim(-0.1, 13.6)
+    ax.set_ylim(0.2, 9.2)
     ax.axis("off")
-    ax.set_title("rlsched: one cluster model and one set of policies, two backends (simulator, Slurm)")
+    ax.add_patch(FancyBboxPatch((0.05, 3.4), 13.5, 5.4, boxstyle="round,pad=0.02", fc="none", ec="#5a9a5a",
+                                ls="--"))
+    ax.text(0.15, 8.65, "policies/  (pure: frozen snapshot in, decision out; no I/O, no torch)", fontsize=10,
+            color="#2f6f2f")
+    for name, (x, y, w, h, text, colour) in BOXES.items():
+        ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.05", fc=colour, ec="#555555"))
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=8.5)
+    for a, b, label in ARROWS:
+        pa = edge(a, centre(b))
+        pb = edge(b, centre(a))
+        ax.add_patch(FancyArrowPatch(pa, pb, arrowstyle="-|>", mutation_scale=12, color="#333333", lw=1.1))
+        if label:
+            ax.text((pa[0] + pb[0]) / 2, (pa[1] + pb[1]) / 2 + 0.12, label, ha="center", fontsize=7.5,
+                    color="#333333", bbox=dict(fc="white", ec="none", alpha=0.8, pad=0.5))
     out = Path(__file__).resolve().parents[1] / "docs" / "figures" / "architecture.png"
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110, bbox_inches="tight")
-    print(out)
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
