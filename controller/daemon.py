@@ -990,8 +990,8 @@ class Controller:
         log.info("controller started (pid %d, interval %.3g s, policy %s)", os.getpid(), self.cfg.controller.interval_s,
                  self.policy_name, extra={"event": "start"})
         # Full (generation-2) garbage collections run between rounds, not inside one: with the RL
-        # policies' memos the heap holds ~10^6 objects and an automatic full pass stalled a 128x8
-        # round by ~0.2 s (benchmarks/bench_rl.py). Generations 0 and 1 stay automatic.
+        # policies' memos the heap holds ~10^6 objects and an automatic full pass would stall a 128x8
+        # round by ~0.2 s (docs/BENCHMARKS.md). Generations 0 and 1 stay automatic.
         thresholds = gc.get_threshold()
         gc.set_threshold(thresholds[0], thresholds[1], _NO_AUTO_FULL_GC)
         try:

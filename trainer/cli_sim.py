@@ -64,7 +64,7 @@ class OutputDirError(ValueError):
 
 #: Shortest ``--round`` (s). The run keeps one utilisation sample per round over the whole makespan
 #: (``summary.json``'s ``util_samples``) and an RL policy is asked every round, so both grow as
-#: makespan / round: 0.0001 s took 19 GB for a 4-hour trace. Trace times and the costs that matter are
+#: makespan / round: 0.0001 s would take 19 GB for a 4-hour trace. Trace times and the costs that matter are
 #: seconds or more (restart overhead 30 s, the controller's interval 5 s, jobs of minutes to hours).
 MIN_ROUND_S = 1.0
 
