@@ -185,10 +185,14 @@ class CandidateOrder:
         return (time_key(j.remaining_time) * j.gpu_demand * age, j.gpu_demand, j.submit_time, j.job_id)
 
     # ------------------------------------------------------------------ pure orders of one queue
-    def candidates(self, pending: Sequence[JobInfo], now: float = 0.0, free: int | None = None) -> list[JobInfo]:
+    def candidates(
+        self, pending: Sequence[JobInfo], now: float = 0.0, free: int | None = None, plan: Plan | None = None
+    ) -> list[JobInfo]:
         """The ``<= K`` candidate jobs of ``pending`` at time ``now`` (s): one head per demand, in this order.
 
         :param free: free GPUs of the cluster; needed by the ``"fill"`` and ``"plan"`` orders.
+        :param plan: ``"plan"`` order: the round's plan (:meth:`plan` of the round's first queue; the jobs
+            started since are off it); ``None``: planned from ``pending``.
         """
         best: dict[int, JobInfo] = {}
         best_key: dict[int, tuple] = {}
@@ -206,7 +210,7 @@ class CandidateOrder:
             counts: dict[int, int] = {}
             for j in pending:
                 counts[j.gpu_demand] = counts.get(j.gpu_demand, 0) + 1
-            return self.plan_heads(heads, counts, now, free, pending)
+            return self.plan_heads(heads, counts, now, free, pending, plan)
         return self.fill_order(heads, free)
 
     def queue_order(self, pending: Sequence[JobInfo], now: float, free: int, plan: Plan | None = None) -> list[JobInfo]:
@@ -249,7 +253,7 @@ class CandidateOrder:
         order = None
         G = self.gpus_per_node
         total = sum(d * c for d, c in counts.items())
-        if total >= PLAN_BACKLOG * self.total_gpus:
+        if pending and total >= PLAN_BACKLOG * self.total_gpus:
             # srtf_key's remaining time and the submit times, read in one pass (same arithmetic and floats)
             fields = list(map(_SRTF_FIELDS, pending))
             rem = [(t - d if t > d else 0.0) / b for t, d, b, _s, _i, _g in fields]

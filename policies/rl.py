@@ -166,21 +166,17 @@ class RLPolicy(Policy):
         #: Counters since the last reset(): rounds asked, network placements,
         #: "nothing" chosen while a placement was valid (holds), safety-rule placements.
         self.stats = {"rounds": 0, "placements": 0, "holds": 0, "fallback_placements": 0}
-        #: rl-hybrid's safety rule: packing placement with an optional efficiency floor
-        self._rule: FloorPacking | ContentionAwarePlacement | None = None
+        #: rl-hybrid's safety rule (a :class:`~policies.placement.PlacementRule`): packing placement with an
+        #: optional efficiency floor; ``None`` for rl-base
+        self.rule: FloorPacking | ContentionAwarePlacement | None = None
         rules = {"packing": FloorPacking, "contention-aware": ContentionAwarePlacement}
         if hybrid_rule not in rules:
             raise PolicyError(f"rl-hybrid safety rule {hybrid_rule!r}: expected one of {', '.join(rules)}")
         if hybrid:
             try:
-                self._rule = rules[hybrid_rule](codec.perf, min_efficiency=hybrid_floor)
+                self.rule = rules[hybrid_rule](codec.perf, min_efficiency=hybrid_floor)
             except ValueError as e:
                 raise PolicyError(f"rl-hybrid safety rule: {e}") from None
-
-    @property
-    def rule(self) -> FloorPacking | ContentionAwarePlacement | None:
-        """rl-hybrid's safety-rule placement (``None`` for rl-base)."""
-        return self._rule
 
     def reset(self) -> None:
         self._rng = np.random.default_rng(self.seed)
@@ -277,7 +273,7 @@ class RLPolicy(Policy):
                 break
             if job.gpu_demand > free or job.remaining_time > horizon:
                 continue
-            p = self._rule(job, state.free_gpus, state)
+            p = self.rule(job, state.free_gpus, state)
             if p is not None:
                 rnd.place(job.job_id, p)
                 out.append((job.job_id, p))
@@ -314,7 +310,7 @@ class RLPolicy(Policy):
                 raise
             if choice is None:
                 self.stats["holds"] += 1
-                if self._rule is not None:  # rl-hybrid: the safety rule places what it can
+                if self.rule is not None:  # rl-hybrid: the safety rule places what it can
                     room = None if limit is None else limit - len(dec.place)
                     filled = self._safety_fill(rnd, room)
                     dec.place.extend(filled)

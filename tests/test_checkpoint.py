@@ -11,7 +11,7 @@ import pytest
 from policies.base import PolicyError
 from policies.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from policies.cluster import ClusterSpec
-from policies.encoding import ObsSpec
+from policies.codecs.deepshare import ObsSpec
 
 C48 = ClusterSpec.parse("4x8")
 
@@ -71,7 +71,7 @@ def test_round_trip(tmp_path):
 
 def test_checkpoint_without_aging_runs_with_its_training_aging(tmp_path):
     """Checkpoints written before ObsSpec.aging_s existed were trained with 1800 s and load so."""
-    from policies.encoding import LEGACY_AGING_S
+    from policies.orders import LEGACY_AGING_S
 
     j = write_random_checkpoint(tmp_path / "ck")
     meta = json.loads(j.read_text())
@@ -82,12 +82,12 @@ def test_checkpoint_without_aging_runs_with_its_training_aging(tmp_path):
 
 def test_shipped_checkpoints_run_with_the_validated_aging():
     """The shipped network was trained with 1800 s and is shipped with 300 s (docs/RL.md)."""
-    from policies.encoding import AGING_S
+    from policies.orders import AGING_S
     from policies.rl import make_rl_policy
 
     for mode in ("rl-base", "rl-hybrid"):
         pol = make_rl_policy(mode, C48)
-        assert pol.encoder.spec.aging_s == AGING_S == 300.0
+        assert pol.codec.spec.aging_s == AGING_S == 300.0
         assert pol.checkpoint.meta["training"]["config"]["aging_s"] == 1800.0  # what it was trained with
 
 
@@ -556,7 +556,7 @@ def test_aging_bounds_are_inclusive_and_never_written_out_of_range(tmp_path):
     from dataclasses import replace
 
     from policies.checkpoint import MAX_AGING_S, MIN_AGING_S
-    from policies.encoding import AGING_S, LEGACY_AGING_S
+    from policies.orders import AGING_S, LEGACY_AGING_S
 
     spec = ObsSpec.for_cluster(C48)
     for aging in (MIN_AGING_S, AGING_S, LEGACY_AGING_S, MAX_AGING_S):
