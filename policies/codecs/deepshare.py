@@ -427,6 +427,10 @@ def _balanced_alloc(chosen: Sequence[int], g: int, per: int) -> tuple[tuple[int,
     return tuple(alloc)
 
 
+def _job_id(j: JobInfo) -> str:
+    return j.job_id
+
+
 def _rem(job: JobInfo) -> float:
     return min(math.log1p(max(job.remaining_time, 0.0) / _HOUR) / _REM_NORM, 1.0)
 
@@ -812,30 +816,32 @@ class _RoundContention:
     node's ``1 + sum(pair CS - 1)`` over the multi-node neighbours there, capped at ``1 / MIN_RATIO``)
     and the slowdown of the running multi-node jobs a start touches (:meth:`start`). Memoised: single-node
     speeds by shape; multi-node speeds by shape and the neighbour signatures of the nodes
-    (:meth:`DeepShareCodec._signature`), per-node CS by job key and signature.
+    (:meth:`DeepShareCodec._signature`, computed per node on first use), per-node CS by job key and
+    signature.
 
     :param codec: the codec (its memos and performance model).
-    :param running: the round's running jobs (indices are positions in this list; later starts append).
     :param multi_ids: per node, ids of the multi-node jobs there in job-id order; ``multi_keys``: their keys.
     """
 
-    def __init__(
-        self, codec: DeepShareCodec, running: Sequence[JobInfo], multi_ids: list[list[str]], multi_keys: list[list[JobKey]]
-    ) -> None:
+    def __init__(self, codec: DeepShareCodec, multi_ids: list[list[str]], multi_keys: list[list[JobKey]]) -> None:
         self.codec, self.perf = codec, codec.perf
         self._multi_ids, self.multi_keys = multi_ids, multi_keys
-        self._by_node: dict[int, list[int]] = {}  # multi-node jobs (running indices, running order) per node
+        self._sig: list[int | None] = [None] * len(multi_keys)  # per node, the signature of multi_keys[v]
+        self._by_node: dict[int, list[int]] | None = None  # multi-node jobs (running indices, running order) per node
         self._mkey: dict[int, JobKey] = {}  # multi-node jobs' keys by running index
         self._ncs: dict[str, dict[int, float]] = {}  # per-node CS of multi-node jobs touched this round
-        for i, j in enumerate(running):
-            p = j.placement
-            if p is not None and p.num_nodes > 1:
-                self._mkey[i] = (j.model, p.total_gpus, p.num_nodes)
-                for v in p.nodes:
-                    self._by_node.setdefault(v, []).append(i)
-        sig = codec._signature
-        self.sig = [sig(k) for k in multi_keys]
-        self._pspeed: dict[tuple, tuple[Placement, float]] = {}  # multi-node option speeds while sig holds
+        self._pspeed: dict[tuple, tuple[Placement, float]] = {}  # multi-node option speeds while signatures hold
+
+    def _sigs(self, nodes: Sequence[int]) -> frozenset[int]:
+        """The neighbour signatures of ``nodes``."""
+        sig = self._sig
+        out = []
+        for v in nodes:
+            s = sig[v]
+            if s is None:
+                s = sig[v] = self.codec._signature(self.multi_keys[v])
+            out.append(s)
+        return frozenset(out)
 
     def single_speed(self, job: JobInfo) -> float:
         """Predicted normalised speed of ``job`` on one node (no contention: only multi-node jobs share links)."""
@@ -855,8 +861,8 @@ class _RoundContention:
         if e is not None and e[0] is p:
             return e[1]
         codec = self.codec
-        sig = self.sig
-        key = (job.model, job.gpu_demand, p.total_gpus, p.num_nodes, frozenset(map(sig.__getitem__, p.nodes)))
+        sig = self._sig
+        key = (job.model, job.gpu_demand, p.total_gpus, p.num_nodes, self._sigs(p.nodes))
         speed = codec._mspeed.get(key)
         if speed is None:
             perf = self.perf
@@ -886,11 +892,18 @@ class _RoundContention:
         already in ``multi_keys``); returns ``(running index, CS)`` of every multi-node job on ``p``'s nodes,
         itself included, in running order (the new CS: ``perf.job_cs`` with the same neighbour order)."""
         perf = self.perf
-        sig = self.codec._signature
         for v in p.nodes:
-            self.sig[v] = sig(self.multi_keys[v])
-        self._pspeed.clear()  # neighbour signatures changed
+            self._sig[v] = None  # its neighbours changed
+        self._pspeed.clear()
         by_node = self._by_node
+        if by_node is None:  # the first multi-node start of the round: index the jobs before it
+            by_node = self._by_node = {}
+            for i, j in enumerate(running[:idx]):
+                jp = j.placement
+                if jp is not None and jp.num_nodes > 1:
+                    self._mkey[i] = (j.model, jp.total_gpus, jp.num_nodes)
+                    for v in jp.nodes:
+                        by_node.setdefault(v, []).append(i)
         self._mkey[idx] = (job.model, p.total_gpus, p.num_nodes)
         for v in p.nodes:
             by_node.setdefault(v, []).append(idx)
@@ -946,10 +959,12 @@ class DeepShareRound:
         self._free_total = int(self.free.sum())
         self.used = [0] * N
         self.mload = np.zeros(N, dtype=np.int64)
-        self._node_ids: list[list[str]] = [[] for _ in range(N)]  # running jobs per node, id order
-        self._node_c: list[dict[str, int]] = [{} for _ in range(N)]
         self.running: list[JobInfo] = list(state.running)  # running order; starts append
-        self._pos: dict[str, int] = {}
+        # built at the round's first start (_index): running index by job id, running job ids per node
+        # in id order and their GPUs there
+        self._pos: dict[str, int] | None = None
+        self._node_ids: list[list[str]] = []
+        self._node_c: list[dict[str, int]] = []
         self._feats: dict[str, tuple[float, ...]] = {}
         self._spans: dict[str, tuple[tuple[int, int, int], ...]] = {}
         self._row: dict[str, int] = {}
@@ -958,40 +973,46 @@ class DeepShareRound:
         self._waiting: dict[str, JobInfo] | None = None  # job id -> waiting job (built on first need)
         self._cands: list[JobInfo] = []  # the last encoding's candidates
         self._state: ClusterState | None = None
-        self._contrib = np.zeros((max(16, 2 * len(self.running) + 8), linear.H), dtype=np.float64) if linear else None
-        self._n = 0
         multi_ids: list[list[str]] = [[] for _ in range(N)]
         multi_keys: list[list[JobKey]] = [[] for _ in range(N)]
-        used, mload, node_ids, node_c = self.used, self.mload, self._node_ids, self._node_c
+        used, mload = self.used, self.mload
+        feats, spans_of = self._feats, self._spans
         feats_of = codec._job_feats
-        for i, j in enumerate(self.running):
-            self._pos[j.job_id] = i
-        for j in sorted(self.running, key=lambda x: x.job_id):  # id order: the left half's column order
+        for j in sorted(self.running, key=_job_id):  # id order: the left half's column order
             p = j.placement
             if p is None:
                 continue
             jid = j.job_id
-            multi = len(p.alloc) > 1
-            key = (j.model, p.total_gpus, len(p.alloc)) if multi else None
+            multi = p.num_nodes > 1
+            key = (j.model, p.total_gpus, p.num_nodes) if multi else None
             spans = []
             for v, c in p.alloc:
-                node_ids[v].append(jid)
-                node_c[v][jid] = c
                 a = used[v]
-                b = min(a + c, G)
+                b = used[v] = a + c
+                if b > G:  # noqa: PLR1730 (cheaper than min() in this loop)
+                    b = G
                 if b > a:
                     spans.append((v, a, b))
-                used[v] = a + c
                 if multi:
                     mload[v] += 1
                     multi_ids[v].append(jid)
                     multi_keys[v].append(key)  # type: ignore[arg-type]
-            self._feats[jid] = feats_of(j, multi)
-            self._spans[jid] = tuple(spans)
-        for j in self.running:  # contribution rows in running order
-            if j.placement is not None:
-                self._set_row(j.job_id)
-        self._cont = _RoundContention(codec, self.running, multi_ids, multi_keys)
+            feats[jid] = feats_of(j, multi)
+            spans_of[jid] = tuple(spans)
+        self._contrib: np.ndarray | None = None
+        self._n = 0
+        if linear is not None:  # contribution rows in running order
+            job = linear.job
+            rows = []
+            for j in self.running:
+                if j.placement is not None:
+                    jid = j.job_id
+                    self._row[jid] = len(rows)
+                    sp = spans_of[jid]
+                    rows.append(job(feats[jid], sp) if sp else np.zeros(linear.H))
+            self._n = len(rows)
+            self._contrib = np.array(rows, dtype=np.float64).reshape(len(rows), linear.H)
+        self._cont = _RoundContention(codec, multi_ids, multi_keys)
         self._nodes: NodeIndex | None = None  # built at the first options-memo miss
 
     # ------------------------------------------------------------------ internals
@@ -1002,7 +1023,9 @@ class DeepShareRound:
         row = self._row.get(jid)
         if row is None:
             if self._n == len(self._contrib):
-                self._contrib = np.concatenate([self._contrib, np.zeros_like(self._contrib)])
+                grown = np.zeros((max(16, 2 * self._n), self.plan.H), dtype=np.float64)
+                grown[: self._n] = self._contrib
+                self._contrib = grown
             row = self._row[jid] = self._n
             self._n += 1
         spans = self._spans[jid]
@@ -1017,6 +1040,22 @@ class DeepShareRound:
             out[jid] = a
             a += cs[jid]
         return out
+
+    def _index(self) -> None:
+        """Build the structures only starts need (:attr:`_pos`, :attr:`_node_ids`, :attr:`_node_c`) from the
+        running jobs, before the round's first start."""
+        self._pos = {j.job_id: i for i, j in enumerate(self.running)}
+        N = self.codec.spec.num_nodes
+        node_ids: list[list[str]] = [[] for _ in range(N)]
+        node_c: list[dict[str, int]] = [{} for _ in range(N)]
+        for j in sorted(self.running, key=_job_id):
+            p = j.placement
+            if p is not None:
+                jid = j.job_id
+                for v, c in p.alloc:
+                    node_ids[v].append(jid)
+                    node_c[v][jid] = c
+        self._node_ids, self._node_c = node_ids, node_c
 
     def _node_index(self) -> NodeIndex:
         if self._nodes is None:
@@ -1167,6 +1206,8 @@ class DeepShareRound:
         for v, c in p.alloc:
             if not (0 <= v < N and c <= free[v]):
                 raise ValueError(f"placement {p} of job {job.job_id} does not fit free GPUs {free.tolist()}")
+        if self._pos is None:
+            self._index()
         if job.job_id in self._pos:
             raise ValueError(f"job {job.job_id} is already running")
         self.queue.started(job)
