@@ -162,6 +162,7 @@ class RLPolicy(Policy):
         self.checkpoint = checkpoint
         self.fast = fast
         self.prior = prior
+        self._plan_of: tuple[MLPNet, object] | None = None  # (net, its first-layer plan for the codec)
         self._rng = np.random.default_rng(seed)
         #: Counters since the last reset(): rounds asked, network placements,
         #: "nothing" chosen while a placement was valid (holds), safety-rule placements.
@@ -182,9 +183,16 @@ class RLPolicy(Policy):
         self._rng = np.random.default_rng(self.seed)
         self.stats = {k: 0 for k in self.stats}
 
+    def _linear(self):
+        """The network's first-layer plan for the codec (:meth:`MLPNet.first_layer_plan`), kept while ``net`` is the same."""
+        held = self._plan_of
+        if held is None or held[0] is not self.net:
+            held = self._plan_of = (self.net, self.net.first_layer_plan(self.codec))
+        return held[1]
+
     def begin(self, state: ClusterState) -> DeepShareRound:
         """A codec round on ``state`` as this policy runs it (with the network's first-layer plan on the fast path)."""
-        return self.codec.begin(state, self.net.first_layer_plan(self.codec) if self.fast else None)
+        return self.codec.begin(state, self._linear() if self.fast else None)
 
     def decide(self, state: ClusterState) -> tuple[int, tuple[str, object] | None]:
         """One network decision: ``(action, (job_id, placement) or None)``."""
@@ -200,7 +208,7 @@ class RLPolicy(Policy):
         """float32 ``[n_actions]``: the network's logits on an encoding (dense when it has ``obs``), without the prior."""
         if enc.obs is not None:
             return self.net.logits(enc.obs)
-        return self.net.logits_from_first(enc.first_layer(self.net.first_layer_plan(self.codec)))
+        return self.net.logits_from_first(enc.first_layer(self._linear()))
 
     def act(self, enc: Encoded) -> int:
         """The action for an :class:`~policies.codecs.deepshare.Encoded` of one of this policy's rounds.

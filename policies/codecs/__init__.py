@@ -4,11 +4,10 @@ The protocol every codec implements is in :mod:`policies.codecs.base` (:class:`C
 :class:`CodecRound`, :class:`Encoding`, :class:`CodecSpec`); codecs register here by name, and a
 checkpoint records the name of its codec and the codec's spec (:mod:`policies.checkpoint`).
 
-=================  ============================================  =========================================
-name               codec                                         used by
-=================  ============================================  =========================================
-``deepshare-v1``   :class:`~policies.codecs.deepshare.DeepShareCodec`  ``rl-base``, ``rl-hybrid``, ``rl-prior``
-=================  ============================================  =========================================
+Registered codecs:
+
+* ``deepshare-v1``: :class:`~policies.codecs.deepshare.DeepShareCodec`, the DeepShare-style
+  two-half observation (:mod:`policies.codecs.deepshare`) of ``rl-base``, ``rl-hybrid`` and ``rl-prior``.
 """
 
 from __future__ import annotations

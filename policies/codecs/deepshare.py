@@ -79,7 +79,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
@@ -678,11 +678,6 @@ class DeepShareCodec:
     def spec_from_dict(cls, d: dict) -> ObsSpec:
         """The spec stored by :meth:`ObsSpec.to_dict` (:class:`EncodingError` if malformed)."""
         return ObsSpec.from_dict(d)
-
-    @classmethod
-    def default_spec(cls, cluster: ClusterSpec, k: int = 6, order: str = "area", aging_s: float = AGING_S) -> ObsSpec:
-        """The spec for ``cluster`` with ``k`` candidates in candidate order ``order``."""
-        return ObsSpec.for_cluster(cluster, k, order, aging_s)
 
     @property
     def observation_space(self) -> Box:
