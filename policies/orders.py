@@ -406,10 +406,10 @@ class PlanCursor:
 class RoundQueue:
     """The waiting jobs of one scheduling round and their candidates, updated as the round starts jobs.
 
-    The demand-group heads (each demand's SRTF head, :func:`srtf_key`) are found in one pass and kept
-    sorted by :meth:`CandidateOrder.rank_key` (unique keys, fixed within the round). At the round's first
-    start the groups become SRTF heaps (:func:`srtf_heaps`); after a start only the started job's group
-    changes, so its head is replaced by bisection. The ``"plan"`` order's plan is made at the round's
+    The waiting jobs are grouped by demand and each group's SRTF head (:func:`srtf_key`) found in one
+    pass; the heads are kept sorted by :meth:`CandidateOrder.rank_key` (unique keys, fixed within the
+    round). At the round's first start the groups become SRTF heaps (:func:`srtf_heaps`'s); after a
+    start only the started job's group changes, so its head is replaced by bisection. The ``"plan"`` order's plan is made at the round's
     start and kept (:class:`PlanCursor`). So a round that starts nothing costs one pass over the queue,
     and a round of ``m`` starts ``O(n)`` plus ``O(m log n)``, not ``m`` passes; the candidates equal
     :meth:`CandidateOrder.candidates` of the jobs still waiting (tested).
@@ -428,43 +428,45 @@ class RoundQueue:
         self._init(pending)
 
     def _init(self, pending: Sequence[JobInfo]) -> None:
-        """(Re)build the heads and plan cursor from ``pending`` (the round's plan, once made, is kept)."""
+        """(Re)build the groups, heads and plan cursor from ``pending`` (the round's plan, once made, is kept)."""
         order, now = self.order, self.now
-        self._pending = pending
-        self._groups: dict[int, list[tuple]] | None = None  # SRTF heaps per demand, from the first start
-        best: dict[int, tuple] = {}  # per demand, the least (*srtf_key(j), position, j): the heap's top
-        counts: dict[int, int] = {}
-        get = best.get
+        # per demand, the entries (*srtf_key(j), position, j) of srtf_heaps (heapified at the first start)
+        # and the least of them: the heap's top, the group's head
+        groups: dict[int, list[tuple]] = {}
+        get = groups.get
         for n, ((t, d, b, s, i, g), j) in enumerate(zip(map(_SRTF_FIELDS, pending), pending)):
-            # srtf_heaps' key (srtf_key's arithmetic, time_key inlined)
+            # srtf_key's arithmetic (t - d > 0 iff t > d), time_key inlined
             k = (_floor((t - d if t > d else 0.0) / b * TIME_KEY_SCALE + 0.5) / TIME_KEY_SCALE, s, i, n, j)
-            cur = get(g)
-            if cur is None:
-                best[g] = k
-                counts[g] = 1
+            h = get(g)
+            if h is None:
+                groups[g] = [k]
             else:
-                counts[g] += 1
-                if k < cur:
-                    best[g] = k
-        self._counts = counts
+                h.append(k)
+        best = map(min, groups.values())  # positions are unique: the entries' jobs are never compared
+        self._groups = groups
+        self._heaped = False
         #: jobs still waiting
         self.left = len(pending)
         rank_key = order.rank_key
-        ranked = sorted((rank_key(e[-1], now), e[-1]) for e in best.values())
+        ranked = sorted((rank_key(e[-1], now), e[-1]) for e in best)
         self._rkeys = [k for k, _j in ranked]
         self._rjobs = [j for _k, j in ranked]
         lim = self._small
-        self._n_small = sum(1 for d in counts if d <= lim) if self._fill else 0
+        self._n_small = sum(1 for d in groups if d <= lim) if self._fill else 0
         self._cursor: PlanCursor | None = None
         if self._planned and self.left > 0:
+            counts = {d: len(g) for d, g in groups.items()}
             if self._plan is None:
                 self._plan = order.plan(counts, now, pending)
             if self._plan.order is not None:
                 self._cursor = self._plan.cursor(self._rjobs, counts, order.gpus_per_node, order.k)
 
     def _heaps(self) -> dict[int, list[tuple]]:
-        if self._groups is None:
-            self._groups = srtf_heaps(self._pending)
+        """The demand groups as SRTF heaps (:func:`srtf_heaps`'s)."""
+        if not self._heaped:
+            for h in self._groups.values():
+                heapq.heapify(h)
+            self._heaped = True
         return self._groups
 
     def candidates(self, free: int) -> list[JobInfo]:
@@ -502,7 +504,6 @@ class RoundQueue:
         heapq.heappop(grp)
         del rkeys[i], rjobs[i]
         d = job.gpu_demand
-        self._counts[d] -= 1
         if self._fill and not grp and d <= self._small:
             self._n_small -= 1
         nxt = grp[0][-1] if grp else None
@@ -512,15 +513,13 @@ class RoundQueue:
             rkeys.insert(i, k)
             rjobs.insert(i, nxt)
         else:
-            del groups[d], self._counts[d]
+            del groups[d]
         if self._cursor is not None:
             self._cursor.started(job, nxt)
         self.left -= 1
 
     def waiting(self) -> list[JobInfo]:
         """The jobs still waiting (in no particular order)."""
-        if self._groups is None:
-            return list(self._pending)
         return [e[-1] for g in self._groups.values() for e in g]
 
     def queue_order(self, free: int) -> list[JobInfo]:
@@ -533,4 +532,4 @@ class RoundQueue:
         ``None`` where the round uses the fill order."""
         if self._plan is None or self._plan.order is None:
             return None
-        return self._plan.remaining(self._counts)
+        return self._plan.remaining({d: len(g) for d, g in self._groups.items()})

@@ -77,7 +77,8 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from dataclasses import asdict, dataclass, field
 from typing import ClassVar
 
@@ -319,8 +320,7 @@ class SparseObs:
         ``-x`` (the prefix row of column 0 is zero, so it is left out). ``span_coef`` holds
         the coefficients (:meth:`spans` decodes them).
     :param speeds: ``[K * S]`` predicted speed of each placement action (0 where infeasible).
-    :param left: float64 ``[H]``: the running jobs' (channels 1..7) contribution to the first layer
-        of the round's linear plan, summed; ``None`` for a round without a linear plan.
+    :param left_of: gives :attr:`left` (computed on first use); ``None`` for a round without a linear plan.
     """
 
     queue: float
@@ -328,7 +328,14 @@ class SparseObs:
     span_idx: list[int]
     span_coef: list[float]
     speeds: list[float]
-    left: np.ndarray | None = None
+    left_of: Callable[[], np.ndarray] | None = field(default=None, repr=False)
+
+    @property
+    def left(self) -> np.ndarray | None:
+        """float64 ``[H]``: the running jobs' (channels 1..7) contribution to the first layer of the round's
+        linear plan, summed; ``None`` for a round without a linear plan. Computed on first use, which must
+        come before the round's next placement (:class:`ValueError` otherwise)."""
+        return None if self.left_of is None else self.left_of()
 
     def spans(self, spec: ObsSpec) -> list[tuple[int, int, int, int, float]]:
         """``(channel, node, first column, end column, value)`` of each option span (right-half
@@ -447,21 +454,38 @@ class NodeIndex:
     """
 
     def __init__(self, free: Sequence[int], mload: Sequence[int]) -> None:
-        self.free = [int(f) for f in free]
-        self.mload = [int(m) for m in mload]
-        self.fmax = max(self.free, default=0)
-        self.total = sum(self.free)
-        self._by_f: list[list[int]] = [[] for _ in range(self.fmax + 1)]
+        fr = np.asarray(free, dtype=np.int64)
+        ml = np.asarray(mload, dtype=np.int64)
+        if fr.shape != ml.shape or fr.ndim != 1:
+            raise ValueError(f"free GPUs {fr.shape} and multi-node loads {ml.shape} must be one value per node")
+        if fr.size and (fr.min() < 0 or ml.min() < 0):
+            raise ValueError("free GPUs and multi-node loads must be >= 0")
+        self.free = fr.tolist()
+        self.mload = ml.tolist()
+        self.fmax = int(fr.max()) if fr.size else 0
+        self.total = int(fr.sum())
+        # buckets by free GPUs, each index-sorted (a stable sort by free GPUs keeps index order)
+        counts = np.bincount(fr, minlength=self.fmax + 1).tolist()
+        by_f = np.argsort(fr, kind="stable").tolist()
+        self._by_f: list[list[int]] = []
+        end = 0
+        for c in counts:
+            self._by_f.append(by_f[end : end + c])
+            end += c
+        # buckets by (multi-node load, free GPUs), each index-sorted, in (load, free) order
+        order = np.lexsort((np.arange(fr.size), fr, ml))
+        m_o, f_o = ml[order], fr[order]
+        cuts = (np.flatnonzero((m_o[1:] != m_o[:-1]) | (f_o[1:] != f_o[:-1])) + 1).tolist()
+        nodes, m_l, f_l = order.tolist(), m_o.tolist(), f_o.tolist()
         self._by_mf: dict[tuple[int, int], list[int]] = {}
-        self._loads: dict[int, int] = {}
-        for v, (f, m) in enumerate(zip(self.free, self.mload, strict=True)):
-            self._by_f[f].append(v)
-            self._by_mf.setdefault((m, f), []).append(v)
-            self._loads[m] = self._loads.get(m, 0) + 1
-        self._load_order = sorted(self._loads)  # the loads present, ascending
+        self._loads: dict[int, int] = {}  # nodes per load
         self._fs: dict[int, list[int]] = {}  # per load, the free counts of its non-empty buckets, ascending
-        for m, f in sorted(self._by_mf):
+        for a, b in zip([0, *cuts], [*cuts, len(nodes)]) if nodes else ():
+            m, f = m_l[a], f_l[a]
+            self._by_mf[(m, f)] = nodes[a:b]
+            self._loads[m] = self._loads.get(m, 0) + (b - a)
             self._fs.setdefault(m, []).append(f)
+        self._load_order = sorted(self._loads)  # the loads present, ascending
 
     def update(self, v: int, free: int, mload: int) -> None:
         """Node ``v`` now has ``free`` free GPUs (no more than before) and ``mload`` multi-node jobs."""
@@ -614,7 +638,8 @@ class _LinearPlan:
         gathered) and the candidate and queue values (a slice of the table), each as a float32-rounded
         coefficient vector (the values the dense tensor holds) times those rows, plus the constant
         channels and the running jobs' summed contribution ``sp.left``."""
-        if sp.left is None:
+        left = sp.left
+        if left is None:
             raise ValueError("the observation's round was begun without this linear plan")
         table = self._table
         # candidate and queue rows are the table's last rows (a slice; absent candidates' values 0).
@@ -628,7 +653,7 @@ class _LinearPlan:
         if ns:
             h += np.dot(x[:ns], table.take(sp.span_idx, axis=0))
         h += self.const
-        h += sp.left
+        h += left
         return h
 
 
@@ -994,26 +1019,42 @@ class DeepShareRound:
                     multi_keys[v].append(key)  # type: ignore[arg-type]
             feats[jid] = feats_of(j, multi)
             spans_of[jid] = tuple(spans)
+        # the running jobs' linear-plan contributions, one row per job in running order (built when an
+        # encoding's `left` is first read, then kept by placement); placements so far; the last `left`
         self._contrib: np.ndarray | None = None
         self._n = 0
-        if linear is not None:  # contribution rows in running order
-            job = linear.job
+        self._version = 0
+        self._left_memo: tuple[int, np.ndarray] | None = None
+        self._cont = _RoundContention(codec, multi_ids, multi_keys)
+        self._nodes: NodeIndex | None = None  # built at the first options-memo miss
+
+    # ------------------------------------------------------------------ internals
+    def _left(self, version: int) -> np.ndarray:
+        """The running jobs' summed linear-plan contribution after ``version`` placements (the current number)."""
+        if version != self._version:
+            raise ValueError("the encoding is stale: its round has placed a job since")
+        memo = self._left_memo
+        if memo is not None and memo[0] == version:
+            return memo[1]
+        if self._contrib is None:  # rows in running order
+            plan = self.plan
+            job, feats, spans_of = plan.job, self._feats, self._spans
             rows = []
             for j in self.running:
                 if j.placement is not None:
                     jid = j.job_id
                     self._row[jid] = len(rows)
                     sp = spans_of[jid]
-                    rows.append(job(feats[jid], sp) if sp else np.zeros(linear.H))
+                    rows.append(job(feats[jid], sp) if sp else np.zeros(plan.H))
             self._n = len(rows)
-            self._contrib = np.array(rows, dtype=np.float64).reshape(len(rows), linear.H)
-        self._cont = _RoundContention(codec, multi_ids, multi_keys)
-        self._nodes: NodeIndex | None = None  # built at the first options-memo miss
+            self._contrib = np.array(rows, dtype=np.float64).reshape(len(rows), plan.H)
+        left = np.add.reduce(self._contrib[: self._n], axis=0)  # == .sum(axis=0), without the wrapper
+        self._left_memo = (version, left)
+        return left
 
-    # ------------------------------------------------------------------ internals
     def _set_row(self, jid: str) -> None:
-        """Store job ``jid``'s linear-plan contribution (its features and spans as they are now)."""
-        if self.plan is None:
+        """Store job ``jid``'s linear-plan contribution (its features and spans as they are now), once the rows exist."""
+        if self._contrib is None:
             return
         row = self._row.get(jid)
         if row is None:
@@ -1154,8 +1195,8 @@ class DeepShareRound:
         if valid:
             mask[valid] = True
         mask[spec.noop] = bool(self.running) or not valid
-        left = np.add.reduce(self._contrib[: self._n], axis=0) if self.plan is not None else None
-        sp = SparseObs(q, cf, idx, coef, speeds, left)
+        left_of = partial(self._left, self._version) if self.plan is not None else None
+        sp = SparseObs(q, cf, idx, coef, speeds, left_of)
         return Encoded(self._dense(sp) if dense else None, mask, cands, options, spec, sp, valid)
 
     def _dense(self, sp: SparseObs) -> np.ndarray:
@@ -1206,6 +1247,7 @@ class DeepShareRound:
         if job.job_id in self._pos:
             raise ValueError(f"job {job.job_id} is already running")
         self.queue.started(job)
+        self._version += 1
         self._started.add(id(job))
         self._state = None
         self._cands = []
