@@ -56,7 +56,7 @@ __all__ = [
     "Plan",
     "PlanCursor",
     "RoundQueue",
-    "srtf_heaps",
+    "srtf_groups",
     "srtf_key",
 ]
 
@@ -100,24 +100,23 @@ def srtf_key(j: JobInfo) -> tuple:
     return (_floor(t * TIME_KEY_SCALE + 0.5) / TIME_KEY_SCALE, j.submit_time, j.job_id)
 
 
-def srtf_heaps(pending: Sequence[JobInfo]) -> dict[int, list[tuple]]:
-    """Pending jobs by demand, each group a :mod:`heapq` heap of ``(*srtf_key(j), position, j)``.
+def srtf_groups(pending: Sequence[JobInfo]) -> dict[int, list[tuple]]:
+    """Pending jobs by demand, each group a list of entries ``(*srtf_key(j), position, j)``.
 
-    Popping a group gives its jobs in :func:`srtf_key` order (ties, which only duplicate ids
-    could make, in queue order, as a stable sort), at ``O(n)`` for the keys and heaps plus
-    ``O(log n)`` per job taken, instead of a full sort.
+    ``heapq.heapify`` makes a group a heap that pops its jobs in :func:`srtf_key` order (ties, which
+    only duplicate ids could make, in queue order, as a stable sort); ``min`` of a group is its SRTF
+    head. Positions are unique, so two entries never compare their jobs.
     """
     groups: dict[int, list[tuple]] = {}
+    get = groups.get
     for n, ((t, d, b, s, i, g), j) in enumerate(zip(map(_SRTF_FIELDS, pending), pending)):
         # srtf_key's arithmetic (t - d > 0 iff t > d), time_key inlined
         k = (_floor((t - d if t > d else 0.0) / b * TIME_KEY_SCALE + 0.5) / TIME_KEY_SCALE, s, i, n, j)
-        h = groups.get(g)
+        h = get(g)
         if h is None:
             groups[g] = [k]
         else:
             h.append(k)
-    for h in groups.values():
-        heapq.heapify(h)
     return groups
 
 
@@ -406,13 +405,13 @@ class PlanCursor:
 class RoundQueue:
     """The waiting jobs of one scheduling round and their candidates, updated as the round starts jobs.
 
-    The waiting jobs are grouped by demand and each group's SRTF head (:func:`srtf_key`) found in one
-    pass; the heads are kept sorted by :meth:`CandidateOrder.rank_key` (unique keys, fixed within the
-    round). At the round's first start the groups become SRTF heaps (:func:`srtf_heaps`'s); after a
-    start only the started job's group changes, so its head is replaced by bisection. The ``"plan"`` order's plan is made at the round's
-    start and kept (:class:`PlanCursor`). So a round that starts nothing costs one pass over the queue,
-    and a round of ``m`` starts ``O(n)`` plus ``O(m log n)``, not ``m`` passes; the candidates equal
-    :meth:`CandidateOrder.candidates` of the jobs still waiting (tested).
+    The waiting jobs are grouped by demand (:func:`srtf_groups`) in one pass and each group's SRTF head
+    found; the heads are kept sorted by :meth:`CandidateOrder.rank_key` (unique keys, fixed within the
+    round). At the round's first start the groups become heaps; after a start only the started job's
+    group changes, so its head is replaced by bisection. The ``"plan"`` order's plan is made at the
+    round's start and kept (:class:`PlanCursor`). So a round that starts nothing costs one pass over the
+    queue, and a round of ``m`` starts ``O(n)`` plus ``O(m log n)``, not ``m`` passes; the candidates
+    equal :meth:`CandidateOrder.candidates` of the jobs still waiting (tested).
 
     :param order: the candidate order.
     :param pending: the round's waiting jobs (not modified).
@@ -430,20 +429,8 @@ class RoundQueue:
     def _init(self, pending: Sequence[JobInfo]) -> None:
         """(Re)build the groups, heads and plan cursor from ``pending`` (the round's plan, once made, is kept)."""
         order, now = self.order, self.now
-        # per demand, the entries (*srtf_key(j), position, j) of srtf_heaps (heapified at the first start)
-        # and the least of them: the heap's top, the group's head
-        groups: dict[int, list[tuple]] = {}
-        get = groups.get
-        for n, ((t, d, b, s, i, g), j) in enumerate(zip(map(_SRTF_FIELDS, pending), pending)):
-            # srtf_key's arithmetic (t - d > 0 iff t > d), time_key inlined
-            k = (_floor((t - d if t > d else 0.0) / b * TIME_KEY_SCALE + 0.5) / TIME_KEY_SCALE, s, i, n, j)
-            h = get(g)
-            if h is None:
-                groups[g] = [k]
-            else:
-                h.append(k)
-        best = map(min, groups.values())  # positions are unique: the entries' jobs are never compared
-        self._groups = groups
+        groups = self._groups = srtf_groups(pending)  # heapified at the round's first start
+        best = map(min, groups.values())  # each group's SRTF head
         self._heaped = False
         #: jobs still waiting
         self.left = len(pending)
@@ -462,7 +449,7 @@ class RoundQueue:
                 self._cursor = self._plan.cursor(self._rjobs, counts, order.gpus_per_node, order.k)
 
     def _heaps(self) -> dict[int, list[tuple]]:
-        """The demand groups as SRTF heaps (:func:`srtf_heaps`'s)."""
+        """The demand groups as heaps (popping one gives its jobs in :func:`srtf_key` order)."""
         if not self._heaped:
             for h in self._groups.values():
                 heapq.heapify(h)

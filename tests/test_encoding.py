@@ -17,7 +17,7 @@ from random_states import random_state
 
 from policies.cluster import ClusterSpec, Placement
 from policies.codecs.deepshare import DeepShareCodec, EncodingError, NodeIndex, ObsSpec, describe_layout
-from policies.orders import AGING_S, LEGACY_AGING_S, CandidateOrder, srtf_heaps, srtf_key
+from policies.orders import AGING_S, LEGACY_AGING_S, CandidateOrder, srtf_groups, srtf_key
 from policies.perf import ContentionModel
 from policies.placement import pack
 from policies.state import ClusterState, JobInfo, time_key
@@ -366,21 +366,25 @@ def test_node_index_matches_scans(nodes, updates, g):
         max_size=40,
     )
 )
-def test_srtf_heaps_pop_in_srtf_order(rows):
-    """srtf_heaps: popping each demand group gives its jobs sorted by srtf_key (ties included)."""
+def test_srtf_groups_pop_in_srtf_order(rows):
+    """srtf_groups: each demand group, heapified, pops its jobs sorted by srtf_key (ties included); its
+    minimum is the group's SRTF head."""
     import heapq
 
     jobs = [
         JobInfo(f"j{i:03d}", MODELS[0], g, sub, tot, done_samples=min(done, tot * 2), best_thp=thp)
         for i, (g, sub, tot, done, thp) in enumerate(rows)
     ]
-    heaps = srtf_heaps(jobs)
-    assert sorted(heaps) == sorted({j.gpu_demand for j in jobs})
-    for g, h in heaps.items():
-        got = [heapq.heappop(h)[-1] for _ in range(len(h))]
-        assert got == sorted((j for j in jobs if j.gpu_demand == g), key=srtf_key)
+    groups = srtf_groups(jobs)
+    assert sorted(groups) == sorted({j.gpu_demand for j in jobs})
+    for g, h in groups.items():
+        want = sorted((j for j in jobs if j.gpu_demand == g), key=srtf_key)
+        assert min(h)[-1] is want[0]
+        heapq.heapify(h)
+        assert [heapq.heappop(h)[-1] for _ in range(len(h))] == want
     dup = jobs + [jobs[0]] if jobs else []  # a duplicated id never compares two JobInfos
-    for h in srtf_heaps(dup).values():
+    for h in srtf_groups(dup).values():
+        heapq.heapify(h)
         assert len([heapq.heappop(h) for _ in range(len(h))]) >= 1
 
 
