@@ -223,6 +223,25 @@ def test_schedule_decisions_identical_to_dense(cname, running, pending, now, see
         assert fast.decide(state)[1] == a.place[0]
 
 
+def test_an_encoding_reads_its_first_layer_before_the_next_placement():
+    """The running jobs' first-layer sum of an encoding is the round's at the encoding: read before the
+    round's next placement it is kept, read after it is refused (it would be another state's)."""
+    codec = _CODECS["4x8"]
+    net = _net("4x8", 0, 0.0)
+    plan = net.first_layer_plan(codec)
+    state = _random_state("4x8", [("MoE", 4, 2.0), ("FSDP", 2, 1.0)], [("DLRM", 2, 1.0), ("MoE", 1, 3.0)], 600.0, 1)
+    rnd = codec.begin(state, plan)
+    read, unread = rnd.encode(dense=False), rnd.encode(dense=False)
+    before = read.first_layer(plan)
+    rnd.place(*read.decode(read.valid[0]))
+    np.testing.assert_array_equal(read.first_layer(plan), before)
+    with pytest.raises(ValueError, match="stale"):
+        unread.first_layer(plan)
+    assert not np.array_equal(rnd.encode(dense=False).first_layer(plan), before)
+    with pytest.raises(ValueError, match="without this linear plan"):
+        codec.begin(state).encode(dense=False).first_layer(plan)
+
+
 def test_schedule_identical_128x8_and_prior():
     """A long all-pending round on 128x8 (hundreds of placements) and the rl-prior network."""
     codec = _CODECS["128x8"]

@@ -329,13 +329,16 @@ class SparseObs:
     span_coef: list[float]
     speeds: list[float]
     left_of: Callable[[], np.ndarray] | None = field(default=None, repr=False)
+    _left: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def left(self) -> np.ndarray | None:
         """float64 ``[H]``: the running jobs' (channels 1..7) contribution to the first layer of the round's
         linear plan, summed; ``None`` for a round without a linear plan. Computed on first use, which must
-        come before the round's next placement (:class:`ValueError` otherwise)."""
-        return None if self.left_of is None else self.left_of()
+        come before the round's next placement (:class:`ValueError` otherwise), and kept."""
+        if self._left is None and self.left_of is not None:
+            self._left = self.left_of()
+        return self._left
 
     def spans(self, spec: ObsSpec) -> list[tuple[int, int, int, int, float]]:
         """``(channel, node, first column, end column, value)`` of each option span (right-half
