@@ -613,11 +613,12 @@ class _LinearPlan:
         self._cand_pad = [0.0] * len(self.cand)
         self._jobs: dict[tuple, np.ndarray] = {}
 
-    def job(self, feats: tuple[float, ...], spans: tuple[tuple[int, int, int], ...]) -> np.ndarray:
-        """Contribution ``[H]`` of one running job (channels 1..7 over its visible slots)."""
-        key = (feats, spans)
+    def job(self, key: tuple[tuple[float, ...], tuple[tuple[int, int, int], ...]]) -> np.ndarray:
+        """Contribution ``[H]`` of one running job, ``key = (feats, spans)``: its values of channels 1..7
+        over its visible slots ``(node, first column, end column)``."""
         v = self._jobs.get(key)
         if v is None:
+            feats, spans = key
             # feats . sum over spans of (prefix[end] - prefix[start]), as one matrix-vector product over
             # the gathered prefix rows, with the float32 features the dense tensor holds (negated for starts)
             f = np.array(feats).astype(np.float32).astype(np.float64)
@@ -988,9 +989,9 @@ class DeepShareRound:
         self._pos: dict[str, int] | None = None
         self._node_ids: list[list[str]] = []
         self._node_c: list[dict[str, int]] = []
-        self._feats: dict[str, tuple[float, ...]] = {}
-        self._spans: dict[str, tuple[tuple[int, int, int], ...]] = {}
-        self._row: dict[str, int] = {}
+        # per running job: its left-half values of channels 1..7 and its visible slots (node, first
+        # column, end column), as one key of the linear plan's job memo
+        self._js: dict[str, tuple[tuple[float, ...], tuple[tuple[int, int, int], ...]]] = {}
         self._cf: dict[str, tuple[float, ...]] = {}  # candidates' broadcast features (fixed within the round)
         self._started: set[int] = set()  # ids of the JobInfo objects started this round
         self._waiting: dict[str, JobInfo] | None = None  # job id -> waiting job (built on first need)
@@ -999,7 +1000,7 @@ class DeepShareRound:
         multi_ids: list[list[str]] = [[] for _ in range(N)]
         multi_keys: list[list[JobKey]] = [[] for _ in range(N)]
         used, mload = self.used, self.mload
-        feats, spans_of = self._feats, self._spans
+        js = self._js
         feats_of = codec._job_feats
         for j in sorted(self.running, key=_job_id):  # id order: the left half's column order
             p = j.placement
@@ -1020,12 +1021,10 @@ class DeepShareRound:
                     mload[v] += 1
                     multi_ids[v].append(jid)
                     multi_keys[v].append(key)  # type: ignore[arg-type]
-            feats[jid] = feats_of(j, multi)
-            spans_of[jid] = tuple(spans)
-        # the running jobs' linear-plan contributions, one row per job in running order (built when an
-        # encoding's `left` is first read, then kept by placement); placements so far; the last `left`
+            js[jid] = (feats_of(j, multi), tuple(spans))
+        # the running jobs' linear-plan contributions, row i for running[i] (built when an encoding's
+        # `left` is first read, then kept by placement); placements so far; the last `left`
         self._contrib: np.ndarray | None = None
-        self._n = 0
         self._version = 0
         self._left_memo: tuple[int, np.ndarray] | None = None
         self._cont = _RoundContention(codec, multi_ids, multi_keys)
@@ -1039,36 +1038,26 @@ class DeepShareRound:
         memo = self._left_memo
         if memo is not None and memo[0] == version:
             return memo[1]
-        if self._contrib is None:  # rows in running order
-            plan = self.plan
-            job, feats, spans_of = plan.job, self._feats, self._spans
-            rows = []
-            for j in self.running:
-                if j.placement is not None:
-                    jid = j.job_id
-                    self._row[jid] = len(rows)
-                    sp = spans_of[jid]
-                    rows.append(job(feats[jid], sp) if sp else np.zeros(plan.H))
-            self._n = len(rows)
-            self._contrib = np.array(rows, dtype=np.float64).reshape(len(rows), plan.H)
-        left = np.add.reduce(self._contrib[: self._n], axis=0)  # == .sum(axis=0), without the wrapper
+        if self._contrib is None:
+            job, js, zero = self.plan.job, self._js, np.zeros(self.plan.H)
+            rows = [job(k) if (k := js.get(j.job_id)) is not None and k[1] else zero for j in self.running]
+            self._contrib = np.array(rows, dtype=np.float64).reshape(len(rows), self.plan.H)
+        left = np.add.reduce(self._contrib[: len(self.running)], axis=0)  # == .sum(axis=0), without the wrapper
         self._left_memo = (version, left)
         return left
 
     def _set_row(self, jid: str) -> None:
-        """Store job ``jid``'s linear-plan contribution (its features and spans as they are now), once the rows exist."""
+        """Store running job ``jid``'s linear-plan contribution (its features and spans as they are now), once
+        the rows exist."""
         if self._contrib is None:
             return
-        row = self._row.get(jid)
-        if row is None:
-            if self._n == len(self._contrib):
-                grown = np.zeros((max(16, 2 * self._n), self.plan.H), dtype=np.float64)
-                grown[: self._n] = self._contrib
-                self._contrib = grown
-            row = self._row[jid] = self._n
-            self._n += 1
-        spans = self._spans[jid]
-        self._contrib[row] = self.plan.job(self._feats[jid], spans) if spans else 0.0
+        row = self._pos[jid]
+        if row >= len(self._contrib):
+            grown = np.zeros((max(16, 2 * row), self.plan.H), dtype=np.float64)
+            grown[: len(self._contrib)] = self._contrib
+            self._contrib = grown
+        key = self._js[jid]
+        self._contrib[row] = self.plan.job(key) if key[1] else 0.0
 
     def _offsets(self, v: int) -> dict[str, int]:
         """First left-half column of each running job on node ``v`` (before clipping to ``G``)."""
@@ -1214,11 +1203,11 @@ class DeepShareRound:
         sg: list[int] = []
         sj: list[int] = []
         rows: list[tuple[float, ...]] = []
-        for jid, spans in self._spans.items():
+        for feats, spans in self._js.values():
             if not spans:
                 continue
             r = len(rows)
-            rows.append(self._feats[jid])
+            rows.append(feats)
             for v, a, b in spans:
                 sv.extend([v] * (b - a))
                 sg.extend(range(a, b))
@@ -1308,11 +1297,13 @@ class DeepShareRound:
             moved.update(ids[ids.index(jid) + 1 :])
         offs: dict[int, dict[str, int]] = {}
         feats_of = codec._job_feats
+        js = self._js
         for x in changed | moved:
             j = self.running[self._pos[x]]
             jp = j.placement
+            feats, spans_t = js.get(x, (None, ()))
             if x in changed:
-                self._feats[x] = feats_of(j, len(jp.alloc) > 1)
+                feats = feats_of(j, len(jp.alloc) > 1)
             if x in moved or x == jid:
                 spans = []
                 for v, c in jp.alloc:
@@ -1323,7 +1314,8 @@ class DeepShareRound:
                     b = min(a + c, G)
                     if b > a:
                         spans.append((v, a, b))
-                self._spans[x] = tuple(spans)
+                spans_t = tuple(spans)
+            js[x] = (feats, spans_t)
             self._set_row(x)
 
     def state(self) -> ClusterState:
