@@ -1025,7 +1025,7 @@ def _train_locked(
     base_venv.seed(seed)
     probe = base_venv.envs[0].unwrapped
     # Returns are O(100) (one unit per job); normalise rewards (not observations, so the
-    # network sees exactly what the deployed encoder produces) to keep the critic trainable.
+    # network sees exactly what the deployed codec produces) to keep the critic trainable.
     venv = VecNormalize(base_venv, norm_obs=False, norm_reward=True, gamma=cfg.gamma)
     prior = admission_prior(cfg)
     model = _make_model(cfg, venv, str(out / "tb"), seed=seed, start_steps=start_steps)
