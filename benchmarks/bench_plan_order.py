@@ -2,8 +2,8 @@
 
 Run: ``taskset -c 1 python benchmarks/bench_plan_order.py [--passes 2]``. Not a timed test.
 
-The same network and admission prior, two encoders that differ only in
-:attr:`policies.encoding.ObsSpec.order`, timed back to back on each of the
+The same network and admission prior, two codecs that differ only in
+:attr:`policies.codecs.deepshare.ObsSpec.order`, timed back to back on each of the
 same 200 states as ``bench_rl.py --only 4x8`` (caches warmed on other
 states, garbage collection off while timing). The difference is the cost of
 planning the waves (:mod:`policies.waves`) at each round's first decision.
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_rl import _states
 
 from policies.cluster import ClusterSpec
-from policies.encoding import Encoder
+from policies.codecs.deepshare import DeepShareCodec
 from policies.perf import ContentionModel
 from policies.rl import RLPolicy, make_rl_policy
 
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     pols = {
         o: RLPolicy(
             copy.deepcopy(ship.net),
-            Encoder(cluster, perf, dataclasses.replace(ship.encoder.spec, order=o)),
+            DeepShareCodec(cluster, perf, dataclasses.replace(ship.codec.spec, order=o)),
             prior=ship.prior,
         )
         for o in ("fill", "plan")

@@ -3,14 +3,12 @@
 Run: ``taskset -c 1 python benchmarks/bench_rl.py [--repeats 200]`` (pins BLAS
 to one thread; ``taskset`` for strictly one core). Not a timed test.
 
-Every latency is measured for three inference paths back to back on the same
+Every latency is measured for two inference paths back to back on the same
 states, so the columns compare directly: ``dense`` (``RLPolicy(fast=False)``:
-dense observation tensor, full first-layer matmul), ``fast-reencode``
-(structured observation, :meth:`MLPNet.logits_sparse`, the whole state
-re-encoded per placement: ``RLPolicy.incremental = False``) and ``fast`` (the
-default: the same plus :class:`policies.encoding.RoundEncoder`, the round's
-cluster side encoded incrementally). One decision does not differ between the
-two fast paths (a single encoding).
+dense observation tensor, full first-layer matmul) and ``fast`` (the default:
+the codec round's structured observation evaluated by the network's linear
+first-layer plan, :meth:`policies.codecs.deepshare.DeepShareCodec.linear_plan`).
+Both encode a round incrementally (:class:`policies.codecs.deepshare.DeepShareRound`).
 
 Measured, for a 4x8 cluster (the shipped checkpoint; if it does not load,
 e.g. while it is retrained for a new encoding version, a random network of
@@ -24,7 +22,7 @@ tilts it like the 4x8 fallback, so it places like the admission prior (small
 jobs first), as a network trained from the prior does, and its rounds start
 several hundred jobs (fast path only):
 
-* one decision: ``RLPolicy.decide`` = encode (``policies.encoding.Encoder.encode``)
+* one decision: ``RLPolicy.decide`` = a codec round's first encoding
   + network (numpy MLP) + decode, on cluster states captured (evenly over time) from
   greedy simulations of a 256-job (4x8) / 2048-job (128x8) trace, half with
   every job arriving at t = 0 (long queues), half with Poisson arrivals at
@@ -70,7 +68,7 @@ from controller.daemon import _NO_AUTO_FULL_GC, idle_gc
 from policies.base import Policy
 from policies.checkpoint import CheckpointError, MLPNet
 from policies.cluster import ClusterSpec
-from policies.encoding import Encoder, ObsSpec
+from policies.codecs.deepshare import DeepShareCodec, ObsSpec
 from policies.heuristics import make_heuristic
 from policies.perf import ContentionModel
 from policies.rl import RLPolicy, make_rl_policy
@@ -141,9 +139,9 @@ def _pct(xs: list[float]) -> dict:
     }
 
 
-#: Inference paths measured back to back: dense tensor; structured observation re-encoded per
-#: placement (``RLPolicy.incremental = False``); structured + incremental round encoding (default).
-PATHS = ("dense", "fast-reencode", "fast")
+#: Inference paths measured back to back: dense tensor; structured observation with the network's
+#: linear first-layer plan (default).
+PATHS = ("dense", "fast")
 
 
 def bench_cluster(
@@ -158,18 +156,18 @@ def bench_cluster(
     if shipped:
         try:
             ship = make_rl_policy("rl-base", cluster, perf)
-            net, enc, weights, prior = (
+            net, codec, weights, prior = (
                 ship.net,
-                ship.encoder,
+                ship.codec,
                 "shipped checkpoint (with its admission prior)",
                 ship.prior,
             )
         except CheckpointError as exc:
             print(f"note: {exc}; using random weights tilted to low actions instead")
     if net is None:
-        enc = Encoder(cluster, perf)
+        codec = DeepShareCodec(cluster, perf)
         tilt = 3.0 if shipped else tilt
-        net = _random_net(enc.spec, tilt=tilt)
+        net = _random_net(codec.spec, tilt=tilt)
         if tilt:
             weights = f"random, output bias -{tilt:g} * index (places like the prior)"
     states = _states(cluster, perf, jobs, repeats)
@@ -179,25 +177,24 @@ def bench_cluster(
     out = {
         "cluster": shape,
         "weights": weights,
-        "obs_shape": list(enc.spec.shape),
+        "obs_shape": list(codec.spec.shape),
         "states": len(states),
         "pending_mean": float(np.mean([len(s.pending) for s in states])),
         "running_mean": float(np.mean([len(s.running) for s in states])),
     }
     for path in paths:
         fast = path != "dense"
-        # three independent policies (own encoder and network copy, so no memo is shared between
+        # three independent policies (own codec and network copy, so no memo is shared between
         # what is measured back to back on one state)
         one_pol, base, hyb = (
-            RLPolicy(copy.deepcopy(net), Encoder(cluster, perf, enc.spec), hybrid=h, fast=fast, prior=prior)
+            RLPolicy(copy.deepcopy(net), DeepShareCodec(cluster, perf, codec.spec), hybrid=h, fast=fast, prior=prior)
             for h in (False, False, True)
         )
-        one_pol.incremental = base.incremental = hyb.incremental = path == "fast"
         # fast path: the same rounds as the controller runs them, stopped at its placement cap
         capped = []
         if path == "fast":
             capped = [
-                RLPolicy(copy.deepcopy(net), Encoder(cluster, perf, enc.spec), hybrid=h, prior=prior)
+                RLPolicy(copy.deepcopy(net), DeepShareCodec(cluster, perf, codec.spec), hybrid=h, prior=prior)
                 for h in (False, True)
             ]
             for c in capped:

@@ -100,22 +100,14 @@ _FINISHED = ("COMPLETED", "FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BO
 
 def make_policy(name: str, cluster: ClusterSpec, perf: ContentionModel, checkpoint: str | None = None,
                 min_run_s: float | None = None) -> Policy:
-    """A heuristic (``policies.heuristics``) or an RL policy (``rl-base``, ``rl-hybrid``).
+    """The policy ``name`` (:func:`policies.registry.make_policy`) with the controller's options.
 
-    :param min_run_s: the heuristics' ``min_run`` (``controller.min_run_s``: no job is chosen as
-        a victim before it has run that long); ``None``: the heuristic's own default."""
-    if name.strip().lower().startswith("rl"):
-        try:
-            from policies.rl import make_rl_policy  # type: ignore[import-not-found]
-        except ImportError as exc:
-            raise PolicyError(f"policy {name!r} needs the RL policies (policies/rl.py), which cannot be imported: {exc}") from None
-        return make_rl_policy(name, cluster, perf, checkpoint=checkpoint)
-    from policies.heuristics import make_heuristic
+    :param checkpoint: ``controller.policy_checkpoint`` (the RL policies' checkpoint).
+    :param min_run_s: ``controller.min_run_s`` (preemptive heuristics choose no job as a victim before it
+        has run that long); ``None``: the heuristic's own default."""
+    from policies.registry import make_policy as make
 
-    pol = make_heuristic(name, perf)
-    if min_run_s is not None:
-        pol.min_run = float(min_run_s)
-    return pol
+    return make(name, cluster, perf, checkpoint, min_run_s=min_run_s)
 
 
 def user_name(uid: int) -> str:

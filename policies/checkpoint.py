@@ -13,8 +13,11 @@ Metadata fields (all required unless marked)::
     algo              maskable-ppo | ppo | a2c | dqn
     mode              default policy mode: rl-base | rl-hybrid
     cluster           ClusterSpec.to_dict() of the training cluster
-    obs_spec          ObsSpec.to_dict() (shape, K, levels, encoding version, candidate
-                      order and aging_s: optional, default "area" / 1800)
+    codec             name of the observation / action codec (:mod:`policies.codecs`; optional,
+                      default "deepshare-v1")
+    obs_spec          the codec's spec, ``spec.to_dict()``; for deepshare-v1 ObsSpec.to_dict()
+                      (shape, K, levels, encoding version, candidate order and aging_s:
+                      optional, default "area" / 1800)
     network           {"kind": "mlp", "layers": [prefix, ...], "activation": "tanh"|"relu",
                        "prior": {"kind": "admission", "theta": float, "scale": float} (optional)}
                       layer i computes act(x @ W_i.T + b_i) from tensors
@@ -32,8 +35,8 @@ hash, tensor shapes chaining from the observation size to the action count)
 and raises :class:`CheckpointError` naming the file and the problem. Field
 types are checked, not coerced: integers must be JSON integers (not ``8.9``,
 not ``true``), numbers finite (``json`` accepts ``NaN`` / ``Infinity``); the
-observation spec must make sense (``k >= 1``, ``1 <= levels <= 4``, ...;
-:class:`~policies.encoding.ObsSpec`) and ``obs_spec.aging_s`` be in
+codec must be registered and its spec make sense (deepshare-v1: ``k >= 1``,
+``1 <= levels <= 4``, ...; :class:`~policies.codecs.deepshare.ObsSpec`) and ``obs_spec.aging_s`` be in
 [:data:`MIN_AGING_S`, :data:`MAX_AGING_S`] = [1, 1e9] s; ``reward.kind`` is
 one of :data:`REWARD_KINDS` and ``reward.w1`` / ``w2`` (optional) are in
 [0, 1] (:func:`save_checkpoint` refuses the same values before writing); the
@@ -72,7 +75,8 @@ import numpy as np
 
 from policies.base import PolicyError
 from policies.cluster import ClusterSpec
-from policies.encoding import EncodingError, ObsSpec, SparseObs
+from policies.codecs import DEFAULT_CODEC, Codec, CodecError, CodecSpec, ObsSpec, codec_class, spec_from_dict
+from policies.perf import ContentionModel
 from policies.prior import AdmissionPrior, PriorError
 
 __all__ = ["FORMAT", "Checkpoint", "CheckpointError", "MLPNet", "load_checkpoint", "resolve_paths", "save_checkpoint"]
@@ -113,7 +117,7 @@ class MLPNet:
             raise ValueError(f"unknown activation {activation!r}")
         self.layers = [(np.ascontiguousarray(W.T, dtype=np.float32), b.astype(np.float32)) for W, b in weights]
         self.activation = activation
-        self._plans: dict[tuple, _SparsePlan] = {}
+        self._plans: dict[tuple, Any] = {}  # first-layer plans by codec plan key (first_layer_plan)
 
     @property
     def in_features(self) -> int:
@@ -145,23 +149,24 @@ class MLPNet:
                 x = np.tanh(x) if tanh else np.maximum(x, 0.0)
         return x
 
-    def sparse_plan(self, spec: ObsSpec, exists: np.ndarray) -> _SparsePlan:
-        """The precomputed first-layer sums for observations of ``spec`` with slot mask ``exists`` (cached)."""
-        key = (spec, exists.tobytes())
+    def first_layer_plan(self, codec: Any) -> Any:
+        """The codec's preparation of this network's first layer for its structured observations
+        (``codec.linear_plan``, e.g. :meth:`policies.codecs.deepshare.DeepShareCodec.linear_plan`), cached
+        under the codec's ``plan_key``."""
+        key = codec.plan_key
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._plans[key] = _SparsePlan(self.layers[0], spec, exists)
+            plan = self._plans[key] = codec.linear_plan(self.layers[0])
         return plan
 
-    def logits_sparse(self, sp: SparseObs, plan: _SparsePlan) -> np.ndarray:
-        """:meth:`logits` of the observation ``sp`` (a :class:`~policies.encoding.SparseObs`) -> float32 ``[out]``.
+    def logits_from_first(self, h: np.ndarray) -> np.ndarray:
+        """float32 ``[out_features]`` from the first layer's pre-activation ``h`` (float64 ``[H]``, e.g.
+        ``Encoded.first_layer(plan)``, rounded to float32 as :meth:`logits` computes it): the remaining layers.
 
-        Exact algebra on the linear first layer (constant channels via
-        precomputed column sums, sparse channels via their nonzero cells,
-        running jobs via cached per-job sums), so it equals :meth:`logits` of
-        ``sp.dense(...)`` up to float rounding (relative 1e-5; tested).
+        Exact algebra on the linear first layer, so it equals :meth:`logits` of the dense observation up to
+        float rounding (relative 1e-5; tested).
         """
-        return self._hidden(plan.first_layer(sp).astype(np.float32))
+        return self._hidden(h.astype(np.float32))
 
     @staticmethod
     def choose(
@@ -192,138 +197,19 @@ class MLPNet:
         return self.choose(self.logits(obs), mask, deterministic, rng)
 
 
-class _SparsePlan:
-    """First-layer sums of one network for one observation spec and slot mask.
-
-    With ``W`` the first layer viewed as ``[C, N, 2G, H]`` (float64 copies):
-    ``const`` = bias + channel 0 summed over existing left slots, ``queue``
-    = channel 8 summed over them, ``cand[i]`` = channel ``K*S + i`` summed
-    over existing right slots, ``prefix[v, g, c]`` = channels 1..7 summed over
-    left columns ``< g`` of node ``v`` (span sums by one subtraction).
-    Running jobs' contributions are memoised by value ``(feats, spans)``.
-    """
-
-    _JOB_MEMO_MAX = 65536
-
-    def __init__(self, layer: tuple[np.ndarray, np.ndarray], spec: ObsSpec, exists: np.ndarray) -> None:
-        Wt, b = layer  # Wt: [in, H]
-        C, N, G2 = spec.shape
-        G = G2 // 2
-        H = Wt.shape[1]
-        if Wt.shape[0] != C * N * G2 or exists.shape != (N, G):
-            raise ValueError(f"first layer {Wt.shape} / slot mask {exists.shape} do not fit observation {spec.shape}")
-        W = Wt.reshape(C, N, G2, H)
-        ex = exists.astype(np.float64)
-        left = W[:, :, :G, :].astype(np.float64)
-        self.const = b.astype(np.float64) + np.einsum("vg,vgh->h", ex, left[0])
-        self.queue = np.einsum("vg,vgh->h", ex, left[8])
-        base = spec.k * spec.options
-        self.cand = np.einsum("vg,cvgh->ch", ex, W[base:, :, G:, :].astype(np.float64))
-        pre = np.zeros((7, N, G + 1, H), dtype=np.float64)
-        np.cumsum(left[1:8], axis=2, out=pre[:, :, 1:, :])
-        self.prefix = np.ascontiguousarray(pre.transpose(1, 2, 0, 3))  # [N, G+1, 7, H]
-        self._prefix_rows = self.prefix.reshape(N * (G + 1), 7, H)  # row v * (G + 1) + g
-        self.Wflat = Wt
-        self.N, self.G2 = N, G2
-        self._ks = base
-        self._rprefix: np.ndarray | None = None
-        self._table: np.ndarray | None = None
-        self._cand_rows: list[int] = []
-        self._cand_pad: list[float] = []
-        self._jobs: dict[tuple, np.ndarray] = {}
-
-    def right_prefix(self) -> np.ndarray:
-        """float64 ``[K*S, N, G+1, H]``: option channels summed over right-half columns ``G .. G+g-1`` (lazy)."""
-        if self._rprefix is None:
-            G = self.G2 // 2
-            W = self.Wflat.reshape(-1, self.N, self.G2, self.Wflat.shape[1])
-            rp = np.zeros((self._ks, self.N, G + 1, W.shape[3]), dtype=np.float64)
-            np.cumsum(W[: self._ks, :, G:, :].astype(np.float64), axis=2, out=rp[:, :, 1:, :])
-            self._rprefix = rp
-        return self._rprefix
-
-    def round_table(self) -> np.ndarray:
-        """float64 ``[K*S*N*(G+1) + 5K + 1, H]`` (lazy): :meth:`right_prefix` flattened (row
-        ``(c * N + v) * (G + 1) + g``), then the candidate rows ``cand``, then ``queue``."""
-        if self._table is None:
-            rp = self.right_prefix()
-            self._table = np.concatenate([rp.reshape(-1, rp.shape[-1]), self.cand, self.queue[None, :]])
-            n = rp.shape[0] * rp.shape[1] * rp.shape[2]
-            self._cand_rows = list(range(n, n + len(self.cand)))
-            self._cand_pad = [0.0] * len(self.cand)
-        return self._table
-
-    def _first_layer_round(self, sp: SparseObs) -> np.ndarray:
-        """:meth:`first_layer` of a :class:`~policies.encoding.RoundEncoder` observation: the option
-        spans (prefix-sum rows, gathered) and the candidate and queue values (a slice of
-        :meth:`round_table`), each as a float32-rounded coefficient vector (the values the dense
-        tensor holds) times those rows."""
-        table = self.round_table()
-        # candidate and queue rows are the table's last rows (a slice; absent candidates' values 0).
-        # Values rounded to float32 as the dense tensor holds them, converted in one call
-        # (np.array(list, float32) rounds the same but converts Python floats one by one).
-        cq = sp.cand + self._cand_pad[len(sp.cand) :]
-        cq.append(sp.queue)
-        ns = len(sp.span_coef)
-        x = np.array(sp.span_coef + cq).astype(np.float32).astype(np.float64)
-        h = np.dot(x[ns:], table[self._cand_rows[0] :])
-        if ns:
-            h += np.dot(x[:ns], table.take(sp.span_idx, axis=0))
-        h += self.const
-        h += sp.left
-        return h
-
-    def job(self, feats: tuple[float, ...], spans: tuple[tuple[int, int, int], ...]) -> np.ndarray:
-        """Contribution ``[H]`` of one running job (channels 1..7 over its visible slots)."""
-        key = (feats, spans)
-        v = self._jobs.get(key)
-        if v is None:
-            # feats . sum over spans of (prefix[end] - prefix[start]), as one matrix-vector product over
-            # the gathered prefix rows, with the float32 features the dense tensor holds (negated for starts)
-            f = np.array(feats).astype(np.float32).astype(np.float64)
-            m = len(spans)
-            if m == 1:
-                (n, a, b), = spans
-                v = np.dot(f, self.prefix[n, b] - self.prefix[n, a])
-            else:
-                G1 = self.G2 // 2 + 1
-                rows = [n * G1 + b for n, _a, b in spans] + [n * G1 + a for n, a, _b in spans]
-                coef = np.concatenate([f] * m + [-f] * m)
-                X = self._prefix_rows.take(rows, axis=0)  # [2m, 7, H]
-                v = np.dot(coef, X.reshape(2 * m * 7, -1))
-            if len(self._jobs) >= self._JOB_MEMO_MAX:
-                self._jobs.clear()
-            self._jobs[key] = v
-        return v
-
-    def first_layer(self, sp: SparseObs) -> np.ndarray:
-        """First-layer pre-activation (float64 ``[H]``) of the observation ``sp``."""
-        if sp.span_idx is not None:  # RoundEncoder: spans, candidates and queue as two matrix-vector products
-            return self._first_layer_round(sp)
-        q = float(np.float32(sp.queue))
-        h = self.const + q * self.queue
-        if sp.left is not None:  # running jobs already summed (policies.encoding.RoundEncoder)
-            h = h + sp.left
-        elif sp.jobs:
-            h = h + np.add.reduce([self.job(f, s) for f, s in sp.jobs])
-        if sp.opt_c:
-            idx = (np.asarray(sp.opt_c) * self.N + np.asarray(sp.opt_v)) * self.G2 + np.asarray(sp.opt_g)
-            h = h + np.asarray(sp.opt_x, dtype=np.float32).astype(np.float64) @ self.Wflat[idx].astype(np.float64)
-        if sp.cand:
-            h = h + np.asarray(sp.cand, dtype=np.float32).astype(np.float64) @ self.cand[: len(sp.cand)]
-        return h
-
-
 @dataclass
 class Checkpoint:
     """A loaded checkpoint: metadata, the network and the paths it came from."""
 
     meta: dict[str, Any]
     net: MLPNet
-    spec: ObsSpec
+    #: the codec's spec (``obs_spec``)
+    spec: CodecSpec
     cluster: ClusterSpec
     json_path: Path
     weights_path: Path
+    #: the codec's registry name (``codec``; :data:`~policies.codecs.DEFAULT_CODEC` where the metadata names none)
+    codec_name: str = DEFAULT_CODEC
 
     @property
     def mode(self) -> str:
@@ -340,8 +226,13 @@ class Checkpoint:
         every node, in node order (heterogeneous clusters: ``[8, 4, 4]`` is not ``[8, 6, 2]``)."""
         try:
             self.spec.check_cluster(cluster, layout=self.cluster.gpus_per_node)
-        except EncodingError as exc:
+        except CodecError as exc:
             raise CheckpointError(f"{self.json_path}: {exc}") from exc
+
+    def make_codec(self, cluster: ClusterSpec, perf: ContentionModel) -> Codec:
+        """The checkpoint's codec with its spec, for ``cluster`` (checked as :meth:`check_cluster`)."""
+        self.check_cluster(cluster)
+        return codec_class(self.codec_name)(cluster, perf, self.spec)
 
 
 def resolve_paths(path: str | Path) -> tuple[Path, Path | None]:
@@ -430,11 +321,11 @@ def _weights_name_problem(wname: str) -> str | None:
     return None
 
 
-def _range_problem(spec: ObsSpec, reward: Mapping) -> str | None:
+def _range_problem(spec: CodecSpec, reward: Mapping) -> str | None:
     """Metadata values of the right type but out of the range any rlsched run writes (``None``: all in range).
     The candidate order (``obs_spec.order``) and the prior's ``theta`` / ``scale`` are range-checked where they
-    are built (:class:`ObsSpec`, :class:`AdmissionPrior`)."""
-    if not MIN_AGING_S <= spec.aging_s <= MAX_AGING_S:
+    are built (:class:`~policies.codecs.deepshare.ObsSpec`, :class:`AdmissionPrior`)."""
+    if isinstance(spec, ObsSpec) and not MIN_AGING_S <= spec.aging_s <= MAX_AGING_S:
         return (
             f"metadata field 'obs_spec.aging_s' must be in [{MIN_AGING_S:g}, {MAX_AGING_S:g}] seconds, "
             f"got {spec.aging_s:g}"
@@ -479,11 +370,18 @@ def _load(jpath: Path) -> Checkpoint:
     reward = _require(meta, "reward", dict, jpath)
     _check_training(_require(meta, "training", dict, jpath), jpath)
     cluster = _cluster_from_dict(_require(meta, "cluster", dict, jpath), jpath)
+    codec = meta.get("codec", DEFAULT_CODEC)
+    if not isinstance(codec, str):
+        raise CheckpointError(f"{jpath}: metadata field 'codec' must be a codec name (a string), got {codec!r}")
+    try:
+        codec_class(codec)
+    except CodecError as exc:
+        raise CheckpointError(f"{jpath}: {exc}") from None
     spec_meta = _require(meta, "obs_spec", dict, jpath)
     try:
-        spec = ObsSpec.from_dict(spec_meta)
+        spec = spec_from_dict(codec, spec_meta)
         spec.check_cluster(cluster)
-    except (EncodingError, ValueError, KeyError, TypeError, OverflowError) as exc:
+    except (CodecError, ValueError, KeyError, TypeError, OverflowError) as exc:
         raise CheckpointError(f"{jpath}: bad obs_spec metadata: {exc}") from exc
     problem = _range_problem(spec, reward)
     if problem:
@@ -527,11 +425,11 @@ def _load(jpath: Path) -> Checkpoint:
         AdmissionPrior.from_dict(net_meta.get("prior"))
     except PriorError as exc:
         raise CheckpointError(f"{jpath}: network.prior: {exc}") from exc
-    return Checkpoint(meta, MLPNet(weights, activation), spec, cluster, jpath, wpath)
+    return Checkpoint(meta, MLPNet(weights, activation), spec, cluster, jpath, wpath, codec)
 
 
 def check_tensors(
-    tensors: Mapping[str, np.ndarray], layers: Sequence[str], spec: ObsSpec, activation: str, where: str, why: str
+    tensors: Mapping[str, np.ndarray], layers: Sequence[str], spec: CodecSpec, activation: str, where: str, why: str
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """The inference layers ``layers`` of ``tensors``, checked as :func:`load_checkpoint` needs them: present,
     float32, shapes chaining from the observation to the action space, every tensor of the file finite
@@ -651,12 +549,13 @@ def save_checkpoint(
     algo: str,
     mode: str,
     cluster: ClusterSpec,
-    spec: ObsSpec,
+    spec: CodecSpec,
     layers: list[str],
     activation: str,
     reward: Mapping[str, Any],
     training: Mapping[str, Any],
     prior: AdmissionPrior | None = None,
+    codec: str = DEFAULT_CODEC,
 ) -> Path:
     """Write ``NAME.safetensors`` + ``NAME.json``, replacing a previous checkpoint ``NAME`` in one atomic step;
     returns the JSON path.
@@ -674,7 +573,9 @@ def save_checkpoint(
     the rename that publishes it. An interrupted save leaves at most the staged weights and temp
     files, which the next save of ``NAME`` deletes (:func:`_remove_leftovers`).
 
-    :raises ValueError: an unknown ``algo`` / ``mode``, metadata out of the range
+    :param codec: the registry name of the observation / action codec whose spec ``spec`` is.
+    :raises ValueError: an unknown ``algo`` / ``mode`` / ``codec``, a ``spec`` not of that codec, metadata
+        out of the range
         :func:`load_checkpoint` accepts (e.g. ``spec.aging_s`` outside
         [:data:`MIN_AGING_S`, :data:`MAX_AGING_S`]), or a tensor with NaN / inf (it would not
         load); nothing is written then.
@@ -687,6 +588,8 @@ def save_checkpoint(
         raise ValueError(f"unknown algo {algo!r}")
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}")
+    if spec_from_dict(codec, spec.to_dict()) != spec:  # a CodecError (a ValueError) for an unknown codec
+        raise ValueError(f"{spec!r} is not a spec of codec {codec!r} (it does not load back as itself)")
     problem = _range_problem(spec, reward)
     if problem:
         raise ValueError(problem)
@@ -707,6 +610,7 @@ def save_checkpoint(
         "mode": mode,
         "cluster": cluster.to_dict(),
         "cluster_shape": cluster.describe(),
+        "codec": codec,
         "obs_spec": spec.to_dict(),
         "network": {
             "kind": "mlp",

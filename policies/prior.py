@@ -4,7 +4,7 @@ A policy's logits are ``network(obs) + prior(obs)``. The prior reads only the
 option-speed channels of the observation (channel ``a`` for action
 ``a < K * S`` holds the option's predicted normalised speed,
 ``isolated(shape) / CS / best_isolated`` in ``(0, 1]``, on the slots it would
-take; see :mod:`policies.encoding`) and ranks the actions:
+take; see :mod:`policies.codecs.deepshare`) and ranks the actions:
 
 1. options whose predicted speed is at least ``theta``, lowest action index
    first (candidate 0, i.e. the least aged remaining GPU-time, on its first

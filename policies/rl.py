@@ -1,13 +1,13 @@
 """RL placement policies for the simulator and the Slurm controller.
 
 * ``rl-base`` acts only on the network's choices: each round it encodes the
-  state (:mod:`policies.encoding`), takes the best valid action, applies it to
-  a local copy of the state and repeats until the network chooses "nothing"
+  state (a round of its codec, :mod:`policies.codecs.deepshare`), takes the best
+  valid action, applies it to the round's state and repeats until the network chooses "nothing"
   (or nothing more fits). It may hold jobs although GPUs are free.
 * ``rl-hybrid`` follows the network the same way; when the network chooses
   "nothing" while pending jobs still fit, a greedy safety rule schedules what
   fits, keeping utilisation up: one pass over every pending job in the
-  network's own candidate order (:meth:`~policies.encoding.Encoder.queue_order`:
+  network's own candidate order (:meth:`~policies.orders.CandidateOrder.queue_order`:
   the ``"plan"`` / ``"fill"`` / ``"area"`` order, over the whole queue rather
   than the ``K`` candidates), starting each job that fits, packed
   (:class:`~policies.placement.FloorPacking`: a single-node job whole on the
@@ -44,8 +44,6 @@ rather than from learning.
 
 from __future__ import annotations
 
-import bisect
-import heapq
 import math
 from importlib import resources
 from pathlib import Path
@@ -55,11 +53,11 @@ import numpy as np
 from policies.base import Policy, PolicyError
 from policies.checkpoint import Checkpoint, CheckpointError, MLPNet, load_checkpoint
 from policies.cluster import ClusterSpec, Placement
-from policies.encoding import FILL_SMALL, Encoder, ObsSpec, RoundEncoder
+from policies.codecs.deepshare import DeepShareCodec, DeepShareRound, Encoded, ObsSpec
 from policies.perf import ContentionModel
 from policies.placement import ContentionAwarePlacement, FloorPacking
 from policies.prior import AdmissionPrior
-from policies.state import ClusterState, Decision, JobInfo
+from policies.state import ClusterState, Decision
 
 __all__ = ["HYBRID_FLOOR", "RL_POLICY_NAMES", "RLPolicy", "make_rl_policy", "prior_net", "shipped_checkpoint", "zero_net"]
 
@@ -107,19 +105,19 @@ def zero_net(spec) -> MLPNet:
 
 
 class RLPolicy(Policy):
-    """A trained network plus the shared encoder, as a :class:`Policy`.
+    """A trained network plus a codec (:mod:`policies.codecs`), as a :class:`Policy`.
 
-    :param net: the network (logits over actions).
-    :param encoder: encoder for the cluster (spec checked against the checkpoint).
+    :param net: the network (logits over the codec's actions).
+    :param codec: the codec for the cluster (spec checked against the checkpoint).
     :param hybrid: add the greedy safety rule (``rl-hybrid``).
     :param deterministic: argmax (default) instead of sampling.
     :param seed: seeds sampling when not deterministic.
     :param max_decisions: safety cap on placements per round.
-    :param fast: evaluate the network on the encoder's structured observation
-        (:meth:`MLPNet.logits_sparse`: constant channels as precomputed sums,
-        sparse channels through their nonzero cells, running jobs' sums
-        memoised) instead of the dense tensor; same decisions (tested), an
-        order of magnitude less work on large clusters. ``False``: the dense path.
+    :param fast: evaluate the network's first layer on the codec's structured observation
+        (``codec.linear_plan``: constant channels as precomputed sums, option spans as prefix-sum
+        differences, running jobs' sums kept by the round) instead of the dense tensor; same
+        decisions (tested), an order of magnitude less work on large clusters. ``False``: the
+        dense tensor through :meth:`MLPNet.logits`.
     :param prior: admission prior added to the network's logits
         (:class:`policies.prior.AdmissionPrior`); ``None``: the network alone.
     :param hybrid_floor: the safety rule's efficiency floor in ``[0, 1]``
@@ -127,9 +125,8 @@ class RLPolicy(Policy):
         with ``hybrid``.
     :param hybrid_rule: the safety rule's placement: ``"packing"`` (default,
         :class:`~policies.placement.FloorPacking`) or ``"contention-aware"``
-        (:class:`~policies.placement.ContentionAwarePlacement`; with
-        ``hybrid_floor=0.7`` it is the rule shipped before, kept for comparison,
-        ``scripts/studies/hybrid_floor.py``). Checked even without ``hybrid``.
+        (:class:`~policies.placement.ContentionAwarePlacement`; with ``hybrid_floor=0.7`` a variant
+        kept for comparison, ``scripts/studies/hybrid_floor.py``). Checked even without ``hybrid``.
     """
 
     time_invariant = False
@@ -137,7 +134,7 @@ class RLPolicy(Policy):
     def __init__(
         self,
         net: MLPNet,
-        encoder: Encoder,
+        codec: DeepShareCodec,
         hybrid: bool = False,
         name: str | None = None,
         deterministic: bool = True,
@@ -149,14 +146,15 @@ class RLPolicy(Policy):
         hybrid_floor: float = HYBRID_FLOOR,
         hybrid_rule: str = "packing",
     ) -> None:
-        n_in = int(np.prod(encoder.spec.shape))
-        if net.in_features != n_in or net.out_features != encoder.spec.n_actions:
+        spec = codec.spec
+        n_in = int(np.prod(spec.shape))
+        if net.in_features != n_in or net.out_features != spec.n_actions:
             raise PolicyError(
                 f"network maps {net.in_features} -> {net.out_features} "
-                f"but the encoder needs {n_in} -> {encoder.spec.n_actions}"
+                f"but the codec needs {n_in} -> {spec.n_actions}"
             )
         self.net = net
-        self.encoder = encoder
+        self.codec = codec
         self.hybrid = hybrid
         self.name = name or ("rl-hybrid" if hybrid else "rl-base")
         self.deterministic = deterministic
@@ -165,42 +163,56 @@ class RLPolicy(Policy):
         self.checkpoint = checkpoint
         self.fast = fast
         self.prior = prior
-        self._plan = None  # the network's first-layer sums for this encoder (built on first use)
-        #: Fast path only: encode a round incrementally (:class:`~policies.encoding.RoundEncoder`);
-        #: ``False`` re-encodes the whole state per placement (same decisions; kept for benchmarks/tests).
-        self.incremental = True
+        self._plan_of: tuple[MLPNet, object] | None = None  # (net, its first-layer plan for the codec)
         self._rng = np.random.default_rng(seed)
         #: Counters since the last reset(): rounds asked, network placements,
         #: "nothing" chosen while a placement was valid (holds), safety-rule placements.
         self.stats = {"rounds": 0, "placements": 0, "holds": 0, "fallback_placements": 0}
-        #: rl-hybrid's safety rule: packing placement with an optional efficiency floor
-        self._rule: FloorPacking | ContentionAwarePlacement | None = None
+        #: rl-hybrid's safety rule (a :class:`~policies.placement.PlacementRule`): packing placement with an
+        #: optional efficiency floor; ``None`` for rl-base
+        self.rule: FloorPacking | ContentionAwarePlacement | None = None
         rules = {"packing": FloorPacking, "contention-aware": ContentionAwarePlacement}
         if hybrid_rule not in rules:
             raise PolicyError(f"rl-hybrid safety rule {hybrid_rule!r}: expected one of {', '.join(rules)}")
         if hybrid:
             try:
-                self._rule = rules[hybrid_rule](encoder.perf, min_efficiency=hybrid_floor)
+                self.rule = rules[hybrid_rule](codec.perf, min_efficiency=hybrid_floor)
             except ValueError as e:
                 raise PolicyError(f"rl-hybrid safety rule: {e}") from None
 
     def reset(self) -> None:
         self._rng = np.random.default_rng(self.seed)
         self.stats = {k: 0 for k in self.stats}
-        self.encoder.end_round()  # forget any round's plan
+
+    def _linear(self):
+        """The network's first-layer plan for the codec (:meth:`MLPNet.first_layer_plan`), kept while ``net`` is the same."""
+        held = self._plan_of
+        if held is None or held[0] is not self.net:
+            held = self._plan_of = (self.net, self.net.first_layer_plan(self.codec))
+        return held[1]
+
+    def begin(self, state: ClusterState) -> DeepShareRound:
+        """A codec round on ``state`` as this policy runs it (with the network's first-layer plan on the fast path)."""
+        return self.codec.begin(state, self._linear() if self.fast else None)
 
     def decide(self, state: ClusterState) -> tuple[int, tuple[str, object] | None]:
         """One network decision: ``(action, (job_id, placement) or None)``."""
-        enc = self.encoder.encode(state, dense=not self.fast)
+        enc = self.begin(state).encode(dense=not self.fast)
         try:
-            a = self._act(enc)
+            a = self.act(enc)
             return a, enc.decode(a)
         except ValueError as exc:
             self._raise_if_bad_logits(enc, exc)
             raise
 
-    def _act(self, enc) -> int:
-        """The action for an :class:`~policies.encoding.Encoded` (sparse when ``fast``).
+    def logits(self, enc: Encoded) -> np.ndarray:
+        """float32 ``[n_actions]``: the network's logits on an encoding (dense when it has ``obs``), without the prior."""
+        if enc.obs is not None:
+            return self.net.logits(enc.obs)
+        return self.net.logits_from_first(enc.first_layer(self._linear()))
+
+    def act(self, enc: Encoded) -> int:
+        """The action for an :class:`~policies.codecs.deepshare.Encoded` of one of this policy's rounds.
 
         Logits are the network's plus, when the policy has one, the admission
         prior's (:mod:`policies.prior`).
@@ -210,10 +222,8 @@ class RLPolicy(Policy):
                 return self.net.act(enc.obs, enc.mask, self.deterministic, self._rng)
             z = self.net.logits(enc.obs)
         else:
-            if self._plan is None:
-                self._plan = self.net.sparse_plan(self.encoder.spec, self.encoder._exists)
-            z = self.net.logits_sparse(enc.sparse, self._plan)
-            if self.prior is not None and self.deterministic and enc.valid is not None:
+            z = self.logits(enc)
+            if self.prior is not None and self.deterministic:
                 # prior and mask in one vector: the same float32 sums and argmax as below (tested)
                 add = self.prior.masked_logits(enc.sparse.speeds, enc.valid, bool(enc.mask[-1]))
                 add += z
@@ -225,7 +235,7 @@ class RLPolicy(Policy):
             z = z + self.prior.logits(enc.action_speeds())
         return self.net.choose(z, enc.mask, self.deterministic, self._rng)
 
-    def _raise_if_bad_logits(self, enc, exc: ValueError) -> None:
+    def _raise_if_bad_logits(self, enc: Encoded, exc: ValueError) -> None:
         """After choosing or decoding an action failed with ``exc``: raise a clear error if the
         logits are to blame; return (the caller re-raises ``exc``) otherwise.
 
@@ -238,12 +248,7 @@ class RLPolicy(Policy):
         :class:`CheckpointError` naming it (a :class:`PolicyError` for a network without one).
         """
         try:
-            if enc.obs is not None:
-                z = self.net.logits(enc.obs)
-            else:
-                if self._plan is None:
-                    self._plan = self.net.sparse_plan(self.encoder.spec, self.encoder._exists)
-                z = self.net.logits_sparse(enc.sparse, self._plan)
+            z = self.logits(enc)
             if self.prior is not None:
                 z = z + self.prior.logits(enc.action_speeds())
             mask = np.asarray(enc.mask, dtype=bool)
@@ -261,157 +266,68 @@ class RLPolicy(Policy):
             raise CheckpointError(f"{self.checkpoint.json_path}: {msg}; the checkpoint is unusable") from exc
         raise PolicyError(f"{self.name}: {msg}") from exc
 
-    def _safety_fill(
-        self, state: ClusterState, pending: list[JobInfo], free: int, place, room: int | None = None
-    ) -> int:
-        """rl-hybrid's safety rule: one pass over ``pending`` in the candidate order
-        (:meth:`Encoder.queue_order`), starting every job that is estimated to end no later than
-        the longest-running job already started (remaining isolated time, s) and that the rule
-        (``hybrid_rule``: :class:`~policies.placement.FloorPacking` by default, with the
-        efficiency floor) can place in the current state.
-        ``place(job, placement)`` applies a start and returns the new state; ``room``: at most this
-        many starts (``None``: no limit). Returns the number of jobs started."""
-        n = 0
+    def _safety_fill(self, rnd: DeepShareRound, room: int | None = None) -> list[tuple[str, Placement]]:
+        """rl-hybrid's safety rule: one pass over the round's waiting jobs in the candidate order
+        (:meth:`DeepShareRound.queue_order`), starting in ``rnd`` every job that is estimated to end no
+        later than the longest-running job already started (remaining isolated time, s) and that the
+        rule (``hybrid_rule``: :class:`~policies.placement.FloorPacking` by default, with the efficiency
+        floor) can place in the round's current state. ``room``: at most this many starts (``None``:
+        no limit). Returns the starts."""
+        out: list[tuple[str, Placement]] = []
+        state = rnd.state()
         horizon = max((r.remaining_time for r in state.running), default=0.0)
-        for job in self.encoder.queue_order(pending, state.time, free):
-            if room is not None and n >= room:
+        free = rnd.total_free
+        for job in rnd.queue_order():
+            if room is not None and len(out) >= room:
                 break
             if job.gpu_demand > free or job.remaining_time > horizon:
                 continue
-            p = self._rule(job, state.free_gpus, state)
+            p = self.rule(job, state.free_gpus, state)
             if p is not None:
-                state = place(job, p)
+                rnd.place(job.job_id, p)
+                out.append((job.job_id, p))
+                state = rnd.state()
                 free -= job.gpu_demand
-                n += 1
-        return n
+        return out
 
     def schedule(self, state: ClusterState) -> Decision:
-        """All decisions of one round (see module docstring).
+        """All decisions of one round (see module docstring): one codec round
+        (:meth:`DeepShareCodec.begin <policies.codecs.deepshare.DeepShareCodec.begin>`) on ``state``,
+        encoded, acted on and updated placement by placement, so a call depends on its state alone.
 
-        Pending jobs are grouped by demand into SRTF heaps once per round; after
-        each placement only the placed job's group changes, so a round of
-        ``m`` placements costs ``m`` encodings of the cluster, not ``m``
-        passes over the queue. On the fast path the cluster side is encoded
-        incrementally too (:class:`~policies.encoding.RoundEncoder`: only the
-        nodes and jobs a placement changes are re-encoded). The result equals
-        re-encoding the full state after each placement (tested). With
-        :attr:`~policies.base.Policy.place_limit` set, the round stops after that many
+        After each placement the codec round re-encodes only what the placement changed (the
+        placed job's demand group among the candidates; the nodes and running jobs it touches).
+        With :attr:`~policies.base.Policy.place_limit` set, the round stops after that many
         placements: the first ones of the unlimited round (tested).
-
-        The call is one encoder round (:meth:`Encoder.begin_round
-        <policies.encoding.Encoder.begin_round>`): the ``"plan"`` order's plan is made from this
-        state and kept for this call's decisions only, so a call depends on its state alone.
         """
-        enc_ = self.encoder
-        enc_.begin_round()
-        try:
-            return self._schedule(state)
-        finally:
-            enc_.end_round()
-
-    def _schedule(self, state: ClusterState) -> Decision:
-        """:meth:`schedule` inside its encoder round."""
-        from policies.encoding import apply_placement
-
-        enc_ = self.encoder
         dec = Decision()
         self.stats["rounds"] += 1
-        # per demand, a heap of (Encoder.srtf_key..., position, job): each group's next job pops off in SRTF order
-        groups = enc_.srtf_heaps(state.pending)
-        left = len(state.pending)
-        cur = state
-        cache: dict = {}  # running jobs' encoded features, by object (apply_placement never mutates)
-        # demand-group heads sorted by Encoder.rank_key (unique keys; fixed within the round): after a
-        # placement only the placed job's group changes, so its head is replaced by bisection
-        now, K = state.time, enc_.spec.k
-        ranked = sorted((enc_.rank_key(g[0][-1], now), g[0][-1]) for g in groups.values())
-        rkeys = [k for k, _j in ranked]
-        rjobs = [j for _k, j in ranked]
-        # incremental encoder state for the rest of the round, built at the first placement
-        # (a round that places nothing costs one plain encoding)
-        inc: RoundEncoder | None = None
-        fill = enc_.spec.order == "fill"
-        planned = enc_.spec.order == "plan"
-        # "plan" order: the round's plan and its candidates, kept by placement (None: fill order all round)
-        cursor = enc_.plan_cursor(rjobs, {d: len(g) for d, g in groups.items()}, now, state.pending) if planned and left > 0 else None
-
-        def _start(job: JobInfo, p: Placement) -> None:
-            """Record a start and apply it to the round's state."""
-            nonlocal inc, cur
-            dec.place.append((job.job_id, p))
-            if inc is None and self.fast and self.incremental:
-                if self._plan is None:
-                    self._plan = self.net.sparse_plan(enc_.spec, enc_._exists)
-                inc = RoundEncoder(enc_, state, self._plan)
-            if inc is not None:
-                inc.place(job, p, enc_.perf)
-            else:
-                cur = apply_placement(cur, job.job_id, p, enc_.perf, job=job, drop_pending=False)
-
-        def _now() -> ClusterState:
-            """The round's state after the starts so far."""
-            return inc.state() if inc is not None else cur
-
-        def _start_now(job: JobInfo, p: Placement) -> ClusterState:
-            _start(job, p)
-            return _now()
-
-        free = state.total_free
-        # Encoder.fill_order equals rjobs[:K] while a small job waits: count the small groups left
-        lim = FILL_SMALL * enc_.spec.total_gpus
-        n_small = sum(1 for d in groups if d <= lim) if fill else 0
+        rnd = self.begin(state)
+        dense = not self.fast
         limit = self.place_limit  # the backend applies at most this many placements: stop there
         for _ in range(self.max_decisions):
-            if left <= 0 or (limit is not None and len(dec.place) >= limit):
+            if rnd.waiting <= 0 or (limit is not None and len(dec.place) >= limit):
                 break
-            if cursor is not None and cursor.n_single:
-                cands = cursor.heads()
-            elif planned:
-                cands = enc_.fill_order(rjobs, free)
-            else:
-                cands = enc_.fill_order(rjobs, free) if fill and not n_small else rjobs[:K]
-            if inc is not None:
-                enc = inc.encode(cands, left)
-            else:
-                enc = enc_.encode(cur, candidates=cands, queue_len=left, cache=cache, dense=not self.fast)
+            enc = rnd.encode(dense=dense)
             if not enc.any_placement:
                 break
             try:
-                a = self._act(enc)
+                a = self.act(enc)
                 choice = enc.decode(a)
             except ValueError as exc:  # no usable logits (a broken checkpoint): a clear error, not a crash
                 self._raise_if_bad_logits(enc, exc)
                 raise
             if choice is None:
                 self.stats["holds"] += 1
-                if self._rule is not None:  # rl-hybrid: the safety rule places what it can
-                    rest = [e[-1] for g in groups.values() for e in g]
+                if self.rule is not None:  # rl-hybrid: the safety rule places what it can
                     room = None if limit is None else limit - len(dec.place)
-                    self.stats["fallback_placements"] += self._safety_fill(_now(), rest, free, _start_now, room)
+                    filled = self._safety_fill(rnd, room)
+                    dec.place.extend(filled)
+                    self.stats["fallback_placements"] += len(filled)
                 break
             self.stats["placements"] += 1
-            p = choice[1]
-            i = a // enc.spec.options  # candidates are rjobs[:K], in that order ("area")
-            job = enc.candidates[i]
-            if fill or planned:  # a reordered selection of rjobs
-                i = next((n for n, r in enumerate(rjobs) if r is job), -1)
-            free -= p.total_gpus
-            grp = groups[job.gpu_demand]
-            if rjobs[i] is not job or heapq.heappop(grp)[-1] is not job:
-                raise RuntimeError(f"candidate ranking lost job {job.job_id}")
-            del rkeys[i], rjobs[i]
-            if fill and not grp and job.gpu_demand <= lim:
-                n_small -= 1
-            nxt = grp[0][-1] if grp else None
-            if nxt is not None:
-                k = enc_.rank_key(nxt, now)
-                i = bisect.bisect_left(rkeys, k)
-                rkeys.insert(i, k)
-                rjobs.insert(i, nxt)
-            if cursor is not None:
-                cursor.started(job, nxt)
-            left -= 1
-            _start(job, p)
+            rnd.place(*choice)
+            dec.place.append(choice)
         return dec
 
 
@@ -422,8 +338,13 @@ def make_rl_policy(
     checkpoint: str | Path | None = None,
     deterministic: bool = True,
     seed: int = 0,
+    fast: bool = True,
+    hybrid_floor: float = HYBRID_FLOOR,
+    hybrid_rule: str = "packing",
 ) -> RLPolicy:
-    """Build ``rl-base`` / ``rl-hybrid`` (optionally ``NAME:/path/ckpt``) for ``cluster``.
+    """Build ``rl-base`` / ``rl-hybrid`` (optionally ``NAME:/path/ckpt``; else ``checkpoint``, else the
+    shipped checkpoint for the cluster's shape) or ``rl-prior`` for ``cluster``, with the checkpoint's
+    codec and spec. The remaining parameters are :class:`RLPolicy`'s.
 
     Raises :class:`~policies.base.PolicyError` (a :class:`CheckpointError`
     for checkpoint problems) with a one-line reason.
@@ -431,10 +352,12 @@ def make_rl_policy(
     raw = name.strip()
     mode, sep, path = raw.partition(":")
     mode = mode.lower()
+    opts = {"deterministic": deterministic, "seed": seed, "fast": fast, "hybrid_floor": hybrid_floor,
+            "hybrid_rule": hybrid_rule}
     if mode == "rl-prior" and not sep:
         perf = perf or ContentionModel(cluster)
-        enc = Encoder(cluster, perf, ObsSpec.for_cluster(cluster, order="plan"))  # the shipped networks' order
-        return RLPolicy(zero_net(enc.spec), enc, name="rl-prior", prior=AdmissionPrior())
+        codec = DeepShareCodec(cluster, perf, ObsSpec.for_cluster(cluster, order="plan"))  # the shipped networks' order
+        return RLPolicy(zero_net(codec.spec), codec, name="rl-prior", prior=AdmissionPrior(), **opts)
     if mode not in RL_POLICY_NAMES or mode == "rl-prior":
         raise PolicyError(
             f"unknown RL policy {name!r}; expected rl-base or rl-hybrid (optionally :/path/to/checkpoint) or rl-prior"
@@ -443,16 +366,7 @@ def make_rl_policy(
         raise PolicyError(f"policy {name!r}: empty checkpoint path after ':'")
     ckpt_path = Path(path) if path else (Path(checkpoint) if checkpoint else shipped_checkpoint(mode, cluster))
     ckpt = load_checkpoint(ckpt_path)
-    ckpt.check_cluster(cluster)
-    perf = perf or ContentionModel(cluster)
-    enc = Encoder(cluster, perf, ckpt.spec)
-    return RLPolicy(
-        ckpt.net,
-        enc,
-        hybrid=(mode == "rl-hybrid"),
-        name=mode,
-        deterministic=deterministic,
-        seed=seed,
-        checkpoint=ckpt,
-        prior=ckpt.prior,
-    )
+    codec = ckpt.make_codec(cluster, perf or ContentionModel(cluster))
+    if not isinstance(codec, DeepShareCodec):
+        raise CheckpointError(f"{ckpt.json_path}: codec {ckpt.codec_name!r} is not one {mode} can run")
+    return RLPolicy(ckpt.net, codec, hybrid=(mode == "rl-hybrid"), name=mode, checkpoint=ckpt, prior=ckpt.prior, **opts)

@@ -8,7 +8,7 @@ import numpy as np
 
 from policies.checkpoint import save_checkpoint
 from policies.cluster import ClusterSpec
-from policies.encoding import ObsSpec
+from policies.codecs.deepshare import ObsSpec
 
 
 def write_random_checkpoint(path: str | Path, cluster: ClusterSpec, seed: int = 0,

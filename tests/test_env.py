@@ -110,18 +110,18 @@ def _uniform_batch() -> list[JobSpec]:
 @pytest.mark.parametrize("jobs", [_uniform_batch(), _jobs(40, seed=3, arrival="poisson")], ids=["batch", "poisson"])
 def test_env_rounds_match_the_policy_rounds(jobs):
     """The env driven by a policy's own choices gives the simulator's results with that policy: the
-    env's encoder rounds (a new one after every advance of time) are RLPolicy.schedule's, so the
+    env's codec rounds (a new one after every advance of time) are RLPolicy.schedule's, so the
     "plan" order's plan is made and kept exactly as in the simulator."""
     from policies.rl import make_rl_policy
     from trainer.simulator import SimConfig, Simulator
 
     pol = make_rl_policy("rl-prior", C48, PERF)
     want = Simulator(C48, jobs, pol, PERF, SimConfig()).run()
-    env = PlacementEnv([jobs], C48, perf=PERF, order="plan", k=pol.encoder.spec.k, aging_s=pol.encoder.spec.aging_s)
+    env = PlacementEnv([jobs], C48, perf=PERF, order="plan", k=pol.codec.spec.k, aging_s=pol.codec.spec.aging_s)
     env.reset(seed=0)
     done = False
     while not done:
-        a = pol._act(env._enc) if env._enc is not None else env.spec_obs.noop
+        a = pol.act(env._enc) if env._enc is not None else env.spec_obs.noop
         *_, term, trunc, _info = env.step(a)
         done = term or trunc
     got = {j.spec.job_id: (j.first_start, j.finish) for j in env.sim.jobs}

@@ -106,7 +106,7 @@ def test_prior_ablation_holds_only_instead_of_slow_options():
     """rl-prior places a slow option only when it may not hold, and finishes every job."""
     pol = make_rl_policy("rl-prior", C48, PERF48)
     seen = {"slow_forced": 0, "holds": 0}
-    orig = pol._act
+    orig = pol.act
 
     def spy(enc):
         a = orig(enc)
@@ -123,7 +123,7 @@ def test_prior_ablation_holds_only_instead_of_slow_options():
             assert a == min(v for v in valid if sp[v] >= 0.8)
         return a
 
-    pol._act = spy
+    pol.act = spy
     jobs = generate_jobs(C48, GeneratorConfig(num_jobs=80, seed=3, jitter=0.9, duration_s=1800.0), PERF48)
     res = Simulator(C48, jobs, pol, PERF48, SimConfig(check_invariants=True)).run()
     assert all(np.isfinite(r.finish_time) for r in res.jobs)

@@ -9,7 +9,7 @@ from ckpt_helpers import write_random_checkpoint as _write_random_checkpoint
 from policies.base import PolicyError
 from policies.checkpoint import CheckpointError, MLPNet
 from policies.cluster import ClusterSpec
-from policies.encoding import Encoder, ObsSpec
+from policies.codecs.deepshare import DeepShareCodec, ObsSpec
 from policies.perf import ContentionModel
 from policies.rl import RLPolicy, make_rl_policy
 from trainer.generate import GeneratorConfig, generate_jobs
@@ -79,7 +79,7 @@ def test_deterministic_replay(tmp_path):
 
 def test_base_holds_hybrid_fills():
     spec = ObsSpec.for_cluster(C48)
-    enc = Encoder(C48, PERF, spec)
+    enc = DeepShareCodec(C48, PERF, spec)
     jobs = _jobs(40, 2)
     # A network that always prefers "nothing": rl-base then runs one job at a time
     # (nothing is masked only while the cluster is idle); rl-hybrid's safety rule fills the cluster.
@@ -105,7 +105,7 @@ def test_sampling_is_seeded(tmp_path):
 def test_network_shape_checked():
     spec = ObsSpec.for_cluster(C48)
     with pytest.raises(PolicyError, match="network maps"):
-        RLPolicy(MLPNet([(np.zeros((3, 5), np.float32), np.zeros(3, np.float32))]), Encoder(C48, PERF, spec))
+        RLPolicy(MLPNet([(np.zeros((3, 5), np.float32), np.zeros(3, np.float32))]), DeepShareCodec(C48, PERF, spec))
 
 
 def test_prior_places_every_job_once():
@@ -118,44 +118,54 @@ def test_prior_places_every_job_once():
         make_rl_policy("rl-prior:/some/path", C48, PERF)
 
 
+def _round_plan(codec, state):
+    """The "plan" order's plan of a round on ``state`` (made at the round's start and kept); ``None`` for
+    the other orders."""
+    if codec.order.name != "plan":
+        return None
+    counts: dict[int, int] = {}
+    for j in state.pending:
+        counts[j.gpu_demand] = counts.get(j.gpu_demand, 0) + 1
+    return codec.order.plan(counts, state.time, state.pending)
+
+
 def _naive_schedule(pol: RLPolicy, state):
-    """Reference: re-encode the full state after every placement, with the straightforward encoder."""
-    from policies.encoding import apply_placement
+    """Reference: re-encode the full state after every placement, with the straightforward encoder
+    (the round's plan kept, as a round keeps it)."""
+    from oracles.deepshare_reference import apply_placement, candidates_reference, encode_reference
+
     from policies.state import Decision
 
     dec, cur = Decision(), state
-    pol.encoder.begin_round()  # one round: the "plan" order's plan is made at its first encoding and kept
-    try:
-        while cur.pending:
-            enc = pol.encoder.encode_reference(cur)
-            if not enc.any_placement:
-                break
-            choice = enc.decode(pol.net.act(enc.obs, enc.mask))
-            if choice is None:
-                if pol.hybrid:
-                    dec.place.extend(_safety_rule_reference(pol, cur))
-                break
-            dec.place.append(choice)
-            cur = apply_placement(cur, *choice, PERF)
-    finally:
-        pol.encoder.end_round()
+    plan = _round_plan(pol.codec, state)
+    while cur.pending:
+        enc = encode_reference(pol.codec, cur, candidates_reference(pol.codec, cur, plan))
+        if not enc.any_placement:
+            break
+        choice = enc.decode(pol.act(enc))
+        if choice is None:
+            if pol.hybrid:
+                dec.place.extend(_safety_rule_reference(pol, cur, plan))
+            break
+        dec.place.append(choice)
+        cur = apply_placement(cur, *choice, PERF)
     return dec
 
 
-def _safety_rule_reference(pol: RLPolicy, state) -> list:
-    """rl-hybrid's safety rule, spelled out: one pass over the whole queue in candidate order; a job
-    starts if it ends within the longest running job's remaining time and the rule places it, each
-    start applied to the state before the next job is tried."""
-    from policies.encoding import apply_placement
+def _safety_rule_reference(pol: RLPolicy, state, plan=None) -> list:
+    """rl-hybrid's safety rule, spelled out: one pass over the whole queue in candidate order (``plan``:
+    the round's plan); a job starts if it ends within the longest running job's remaining time and the
+    rule places it, each start applied to the state before the next job is tried."""
+    from oracles.deepshare_reference import apply_placement
 
     horizon = max((r.remaining_time for r in state.running), default=0.0)
     out, cur = [], state
-    for j in pol.encoder.queue_order(state.pending, state.time, state.total_free):
+    for j in pol.codec.order.queue_order(state.pending, state.time, state.total_free, plan):
         if j.gpu_demand <= cur.total_free and j.remaining_time <= horizon:
-            p = pol._rule(j, cur.free_gpus, cur)
+            p = pol.rule(j, cur.free_gpus, cur)
             if p is not None:
                 out.append((j.job_id, p))
-                cur = apply_placement(cur, j.job_id, p, pol.encoder.perf)
+                cur = apply_placement(cur, j.job_id, p, pol.codec.perf)
     return out
 
 
@@ -170,7 +180,7 @@ def test_incremental_round_equals_naive(tmp_path, seed):
     ck = write_random_checkpoint(tmp_path / "ck", seed=seed)
     pols = [make_rl_policy(f"rl-base:{ck}", C48, PERF), make_rl_policy(f"rl-hybrid:{ck}", C48, PERF)]
     spec = ObsSpec.for_cluster(C48)
-    pols.append(RLPolicy(_const_net(spec, spec.noop), Encoder(C48, PERF, spec), hybrid=True))
+    pols.append(RLPolicy(_const_net(spec, spec.noop), DeepShareCodec(C48, PERF, spec), hybrid=True))
     pols.append(make_rl_policy("rl-prior", C48, PERF))
 
     states = []
@@ -214,11 +224,12 @@ def test_hybrid_safety_rule_respects_floor(floor, rule_name):
     from policies.rl import HYBRID_FLOOR
 
     spec = ObsSpec.for_cluster(C48)
-    pol = RLPolicy(_const_net(spec, spec.noop), Encoder(C48, PERF, spec), hybrid=True, hybrid_floor=floor, hybrid_rule=rule_name)
-    default = RLPolicy(_const_net(spec, spec.noop), Encoder(C48, PERF, spec), hybrid=True)._rule
+    pol = RLPolicy(_const_net(spec, spec.noop), DeepShareCodec(C48, PERF, spec), hybrid=True, hybrid_floor=floor,
+                   hybrid_rule=rule_name)
+    default = RLPolicy(_const_net(spec, spec.noop), DeepShareCodec(C48, PERF, spec), hybrid=True).rule
     assert isinstance(default, FloorPacking) and default.min_efficiency == HYBRID_FLOOR
-    assert isinstance(pol._rule, FloorPacking if rule_name == "packing" else ContentionAwarePlacement)
-    rule = pol._rule
+    assert isinstance(pol.rule, FloorPacking if rule_name == "packing" else ContentionAwarePlacement)
+    rule = pol.rule
     effs = []
     inner = rule.__call__
 
@@ -228,7 +239,7 @@ def test_hybrid_safety_rule_respects_floor(floor, rule_name):
             effs.append(rule.score(job, p, state.jobs_on_node()) / job.gpu_demand)
         return p
 
-    pol._rule = checked
+    pol.rule = checked
     jobs = _jobs(60, 3, "poisson")
     res = _run(pol, jobs)
     assert len(res.jobs) == len(jobs)  # everything still finishes (idle cluster: network must place)
@@ -240,30 +251,32 @@ def test_hybrid_safety_rule_respects_floor(floor, rule_name):
 def test_hybrid_floor_checked():
     spec = ObsSpec.for_cluster(C48)
     with pytest.raises(PolicyError, match="min_efficiency"):
-        RLPolicy(_const_net(spec, spec.noop), Encoder(C48, PERF, spec), hybrid=True, hybrid_floor=-0.1)
+        RLPolicy(_const_net(spec, spec.noop), DeepShareCodec(C48, PERF, spec), hybrid=True, hybrid_floor=-0.1)
     with pytest.raises(PolicyError, match="safety rule 'best'.*packing, contention-aware"):
-        RLPolicy(_const_net(spec, spec.noop), Encoder(C48, PERF, spec), hybrid=True, hybrid_rule="best")
+        RLPolicy(_const_net(spec, spec.noop), DeepShareCodec(C48, PERF, spec), hybrid=True, hybrid_rule="best")
 
 
 def test_hybrid_rule_fills_within_the_horizon_and_packs():
     """The safety rule's starts: each job ends (by its estimate) before the longest-running job
     already started, single-node jobs are never split, and every start fits the GPUs left."""
     spec = ObsSpec.for_cluster(C48)
-    pol = RLPolicy(_const_net(spec, spec.noop), Encoder(C48, PERF, spec), hybrid=True)
+    pol = RLPolicy(_const_net(spec, spec.noop), DeepShareCodec(C48, PERF, spec), hybrid=True)
     seen = []
-    inner = pol._safety_fill
+    inner = pol.rule
 
-    def spy(state, pending, free, place, room=None):
-        horizon = max((r.remaining_time for r in state.running), default=0.0)
-        def checked_place(job, p):
-            seen.append((job.remaining_time <= horizon, job.gpu_demand > 8 or p.num_nodes == 1))
-            return place(job, p)
-        return inner(state, pending, free, checked_place, room)
+    def spy(job, free, state):
+        # the round's state when the rule is asked: the jobs started so far this round run; the safety
+        # rule's own starts end within the horizon, so they never raise it
+        p = inner(job, free, state)
+        if p is not None:
+            horizon = max((r.remaining_time for r in state.running), default=0.0)
+            seen.append((job.remaining_time <= horizon, job.gpu_demand > 8 or p.num_nodes == 1, p.fits(free)))
+        return p
 
-    pol._safety_fill = spy
+    pol.rule = spy
     res = _run(pol, _jobs(60, 4, "zero"))
     assert len(res.jobs) == 60 and seen and pol.stats["fallback_placements"] == len(seen)
-    assert all(a and b for a, b in seen)
+    assert all(a and b and c for a, b, c in seen)
 
 
 def test_hybrid_rule_never_splits_a_single_node_job():
@@ -274,7 +287,7 @@ def test_hybrid_rule_never_splits_a_single_node_job():
     from policies.state import ClusterState, JobInfo
 
     spec = ObsSpec.for_cluster(C48)
-    pol = RLPolicy(_const_net(spec, spec.noop), Encoder(C48, PERF, spec), hybrid=True)
+    pol = RLPolicy(_const_net(spec, spec.noop), DeepShareCodec(C48, PERF, spec), hybrid=True)
 
     def state(used: list[int]) -> ClusterState:
         running = [JobInfo(f"r{n}", "MoE", u, 0.0, 1e9, placement=Placement.of({n: u}), isolated_thp=1.0,
@@ -315,10 +328,10 @@ def _holding_hybrid(cluster, perf):
     """rl-hybrid with a network that prefers "nothing" whenever it is valid: the safety rule (floor 0)
     makes every placement after a round's first."""
     shipped = make_rl_policy("rl-hybrid", cluster, perf)
-    spec = shipped.encoder.spec
+    spec = shipped.codec.spec
     n_in = int(np.prod(spec.shape))
     net = MLPNet([(np.zeros((spec.n_actions, n_in), np.float32), np.arange(spec.n_actions, dtype=np.float32))])
-    return RLPolicy(net, Encoder(cluster, perf, spec), hybrid=True, hybrid_floor=0.0)
+    return RLPolicy(net, DeepShareCodec(cluster, perf, spec), hybrid=True, hybrid_floor=0.0)
 
 
 def _simulated_states(name: str, num_jobs: int, seed: int):
@@ -413,9 +426,9 @@ def test_unusable_logits_raise_policy_error_not_value_error(fast, with_prior, de
 
     spec = ObsSpec.for_cluster(C48)
     state = _idle_with_one_16_gpu_job()
-    pol = RLPolicy(_inf_net(spec, value), Encoder(C48, PERF, spec), fast=fast, deterministic=deterministic,
+    pol = RLPolicy(_inf_net(spec, value), DeepShareCodec(C48, PERF, spec), fast=fast, deterministic=deterministic,
                    prior=AdmissionPrior() if with_prior else None)
-    enc = pol.encoder.encode(state, dense=not fast)
+    enc = pol.begin(state).encode(dense=not fast)
     assert not enc.mask[0] and not enc.mask[-1] and enc.mask.any()  # the trap: argmax of all -inf is index 0
     for call in (pol.decide, pol.schedule):
         with pytest.raises(PolicyError, match="cannot choose an action") as ei:
@@ -433,7 +446,7 @@ def test_unusable_logits_name_the_checkpoint(tmp_path):
     pol = make_rl_policy(f"rl-base:{tmp_path / 'ck'}", C48, PERF)
     net = _inf_net(ck.spec)
     net.layers[-1][1][0] = np.nan  # NaN on the (masked) action 0, -inf on the rest
-    pol.net, pol._plan = net, None
+    pol.net = net
     with pytest.raises(CheckpointError, match=r"ck\.json: .*NaN.*the checkpoint is unusable"):
         pol.schedule(_idle_with_one_16_gpu_job())
 
@@ -441,9 +454,9 @@ def test_unusable_logits_name_the_checkpoint(tmp_path):
 def test_other_errors_pass_through_unchanged():
     """Only a logits problem is rewritten: an invalid action from anything else keeps its own error."""
     spec = ObsSpec.for_cluster(C48)
-    pol = RLPolicy(_const_net(spec, 0), Encoder(C48, PERF, spec))
+    pol = RLPolicy(_const_net(spec, 0), DeepShareCodec(C48, PERF, spec))
     state = _idle_with_one_16_gpu_job()
-    pol._act = lambda enc: 0  # a bug elsewhere choosing an invalid action, with fine logits
+    pol.act = lambda enc: 0  # a bug elsewhere choosing an invalid action, with fine logits
     with pytest.raises(ValueError, match="action 0 is not valid") as ei:
         pol.decide(state)
     assert not isinstance(ei.value, PolicyError)

@@ -1,12 +1,13 @@
 """Fast (structured-observation) RL inference path: same observations, logits and decisions as the dense path.
 
-Covers :class:`policies.encoding.SparseObs` (``Encoder.encode(..., dense=False)``),
-:meth:`policies.checkpoint.MLPNet.logits_sparse` and ``RLPolicy(fast=True)``
-(the default, whose rounds use the incremental :class:`policies.encoding.RoundEncoder`)
-against the dense path ``RLPolicy(fast=False)``. Networks have
-random weights of the shipped architecture (obs -> 64 -> 64 -> actions, tanh);
-the output bias is optionally tilted towards low action indices so that the
-policies place many jobs per round (as trained ones do) rather than holding.
+Covers the deepshare-v1 codec round (:class:`policies.codecs.deepshare.DeepShareRound`, incremental over
+a round's placements) against the straightforward reference encoder and state transition
+(``tests/oracles/deepshare_reference.py``), the linear first-layer plan
+(:meth:`policies.codecs.deepshare.DeepShareCodec.linear_plan`, :meth:`policies.checkpoint.MLPNet.logits_from_first`)
+against the dense tensor, and ``RLPolicy(fast=True)`` (the default) against the dense path
+``RLPolicy(fast=False)``. Networks have random weights of the shipped architecture (obs -> 64 -> 64 ->
+actions, tanh); the output bias is optionally tilted towards low action indices so that the policies
+place many jobs per round (as trained ones do) rather than holding.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from oracles.deepshare_reference import apply_placement, candidates_reference, encode_reference
 from random_states import random_state
 
 from policies.checkpoint import CheckpointError, MLPNet
 from policies.cluster import ClusterSpec, NodeSpec
-from policies.encoding import Encoder, ObsSpec, RoundEncoder, apply_placement
+from policies.codecs.deepshare import DeepShareCodec, ObsSpec
 from policies.perf import ContentionModel
 from policies.rl import RLPolicy, make_rl_policy, prior_net, zero_net
 from policies.state import ClusterState
@@ -35,7 +37,7 @@ _CLUSTERS = {
     "128x8": ClusterSpec.parse("128x8"),
 }
 _PERFS = {k: ContentionModel(c) for k, c in _CLUSTERS.items()}
-_ENCS = {k: Encoder(c, _PERFS[k]) for k, c in _CLUSTERS.items()}
+_CODECS = {k: DeepShareCodec(c, _PERFS[k]) for k, c in _CLUSTERS.items()}
 
 
 def random_net(spec: ObsSpec, seed: int = 0, tilt: float = 0.0, arch=(64, 64), activation: str = "tanh") -> MLPNet:
@@ -56,7 +58,7 @@ _NETS: dict[tuple, MLPNet] = {}
 def _net(cname: str, seed: int, tilt: float, activation: str = "tanh") -> MLPNet:
     key = (cname, seed, tilt, activation)
     if key not in _NETS:
-        _NETS[key] = random_net(_ENCS[cname].spec, seed, tilt, activation=activation)
+        _NETS[key] = random_net(_CODECS[cname].spec, seed, tilt, activation=activation)
     return _NETS[key]
 
 
@@ -70,22 +72,19 @@ def _queue(demands):
     return st.lists(st.tuples(st.sampled_from(MODELS), demands, st.floats(0.01, 50)), min_size=1, max_size=30)
 
 
-def _check_same_encoding(enc_: Encoder, dense, sparse) -> None:
-    assert sparse.obs is None and sparse.sparse is not None
-    obs = sparse.sparse.dense(enc_.spec, enc_._exists)
-    assert obs.dtype == dense.obs.dtype and obs.shape == dense.obs.shape
-    assert obs.tobytes() == dense.obs.tobytes()
-    assert np.array_equal(dense.mask, sparse.mask)
-    assert [j.job_id for j in dense.candidates] == [j.job_id for j in sparse.candidates]
-    assert dense.options == sparse.options
-    np.testing.assert_array_equal(dense.action_speeds(), sparse.action_speeds())
-
-
-def _check_logits(net: MLPNet, enc_: Encoder, dense, sparse) -> None:
-    ref = net.logits(dense.obs)
-    got = net.logits_sparse(sparse.sparse, net.sparse_plan(enc_.spec, enc_._exists))
-    assert got.dtype == np.float32 and got.shape == ref.shape
-    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(ref).max())))
+def _check_first_layer(net: MLPNet, codec: DeepShareCodec, enc) -> None:
+    """The linear plan's first layer on the structured observation == the dense tensor's (float64, 1e-9),
+    and the logits agree (1e-4)."""
+    plan = net.first_layer_plan(codec)
+    Wt, b = net.layers[0]
+    ref = enc.obs.reshape(-1).astype(np.float64) @ Wt.astype(np.float64) + b.astype(np.float64)
+    got = enc.first_layer(plan)
+    assert got.dtype == np.float64 and got.shape == ref.shape
+    np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-9 * max(1.0, float(np.abs(ref).max())))
+    z = net.logits(enc.obs)
+    zs = net.logits_from_first(got)
+    assert zs.dtype == np.float32 and zs.shape == z.shape
+    np.testing.assert_allclose(zs, z, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(z).max())))
 
 
 _RUN = st.lists(
@@ -97,6 +96,36 @@ _PEND = st.lists(
 )
 
 
+def _check_round(net: MLPNet, codec: DeepShareCodec, state: ClusterState, steps: int, rng) -> int:
+    """Walk ``steps`` random valid placements with a codec round (with the network's linear plan) and
+    with the reference (whole state re-encoded from scratch after each start); compare every step:
+    bit-equal dense observations, masks, candidates, options, option speeds, the first layer and
+    logits of the structured observation, and the round's state. Returns the placements made."""
+    rnd = codec.begin(state, net.first_layer_plan(codec))
+    cur = state
+    for step in range(steps):
+        got = rnd.encode(dense=True)
+        ref = encode_reference(codec, cur)
+        assert got.obs.tobytes() == ref.obs.tobytes()
+        assert np.array_equal(ref.mask, got.mask) and got.valid == np.flatnonzero(ref.mask[:-1]).tolist()
+        assert [list(o) for o in ref.options] == [list(o) for o in got.options] and ref.candidates == got.candidates
+        np.testing.assert_array_equal(got.action_speeds(), ref.action_speeds())
+        _check_first_layer(net, codec, got)
+        sparse = rnd.encode(dense=False)  # the same round, structured form only: the same first layer
+        assert sparse.obs is None and np.array_equal(sparse.first_layer(net.first_layer_plan(codec)),
+                                                     got.first_layer(net.first_layer_plan(codec)))
+        now = rnd.state()  # the round state equals apply_placement's: same free GPUs, same JobInfos in order
+        assert np.array_equal(now.free_gpus, cur.free_gpus) and now.running == cur.running
+        valid = np.flatnonzero(ref.mask[:-1])
+        if valid.size == 0:
+            return step
+        a = int(rng.choice(valid))
+        jid, p = ref.decode(a)
+        rnd.place(jid, p)
+        cur = apply_placement(cur, jid, p, codec.perf)
+    return steps
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.sampled_from(["4x8", "16x4", "het"]),
@@ -106,89 +135,12 @@ _PEND = st.lists(
     st.integers(0, 2**31 - 1),
     st.sampled_from(["tanh", "relu"]),
 )
-def test_sparse_obs_and_logits_match_dense(cname, running, pending, now, seed, activation):
-    """Property: densified SparseObs == Encoder.encode bit for bit; sparse logits == dense logits (1e-4).
-
-    Also along a sequence of random valid placements with the round's cache,
-    as :meth:`RLPolicy.schedule` encodes.
-    """
-    enc_ = _ENCS[cname]
-    net = _net(cname, seed % 3, 0.0, activation)
+def test_round_matches_reference_and_dense(cname, running, pending, now, seed, activation):
+    """Property: a codec round == the reference encoder of the state after each placement, bit for bit;
+    its structured observation's first layer == the dense tensor's (1e-9), logits (1e-4); its states ==
+    the reference transition's."""
     state = _random_state(cname, running, pending, now, seed)
-    rng = np.random.default_rng(seed)
-    cache_d: dict = {}
-    cache_s: dict = {}
-    cur = state
-    for step in range(6):
-        q = len(cur.pending) + (3 if step % 2 else 0)
-        d = enc_.encode(cur, queue_len=q, cache=cache_d)
-        s = enc_.encode(cur, queue_len=q, cache=cache_s, dense=False)
-        _check_same_encoding(enc_, d, s)
-        _check_logits(net, enc_, d, s)
-        valid = np.flatnonzero(d.mask[:-1])
-        if valid.size == 0:
-            break
-        jid, p = d.decode(int(rng.choice(valid)))
-        cur = apply_placement(cur, jid, p, enc_.perf)
-
-
-def _check_round_encoder(net: MLPNet, enc_: Encoder, state: ClusterState, steps: int, rng) -> int:
-    """Walk ``steps`` random valid placements with RoundEncoder and with full re-encoding; compare every step.
-
-    Returns the number of placements made.
-    """
-    plan = net.sparse_plan(enc_.spec, enc_._exists)
-    inc = RoundEncoder(enc_, state, plan)
-    cur = state
-    for step in range(steps):
-        q = len(cur.pending) + (2 if step % 2 else 0)
-        cands = enc_.candidates(cur.pending, cur.time)
-        ref = enc_.encode(cur, candidates=cands, queue_len=q, dense=False)
-        got = inc.encode(cands, q)
-        assert np.array_equal(ref.mask, got.mask)
-        assert [list(o) for o in ref.options] == [list(o) for o in got.options] and ref.candidates == got.candidates
-        assert got.valid == np.flatnonzero(ref.mask[:-1]).tolist()
-        r, g = ref.sparse, got.sparse
-        G = enc_.spec.gpus_per_node
-        cells = ([], [], [], [])  # RoundEncoder's column spans expanded to encode()'s cells
-        assert (g.opt_c, g.opt_v, g.opt_g) == ([], [], [])
-        for c, v, a, b, x in g.spans(enc_.spec):
-            assert 0 <= a < b <= G
-            for col in range(a, b):
-                for lst, val in zip(cells, (c, v, G + col, x), strict=True):
-                    lst.append(val)
-        assert (r.queue, r.opt_c, r.opt_v, r.opt_g, r.opt_x, r.cand) == (g.queue, *cells, g.cand)
-        assert inc.jobs() == r.jobs
-        want = np.add.reduce([plan.job(f, sp) for f, sp in r.jobs]) if r.jobs else np.zeros_like(plan.const)
-        np.testing.assert_allclose(g.left, want, rtol=1e-9, atol=1e-9)
-        np.testing.assert_allclose(net.logits_sparse(g, plan), net.logits_sparse(r, plan), rtol=1e-5, atol=1e-5)
-        np.testing.assert_array_equal(got.action_speeds(), ref.action_speeds())
-        # the round state equals apply_placement's: same free GPUs, same JobInfo values in the same order
-        now = inc.state()
-        assert np.array_equal(now.free_gpus, cur.free_gpus) and now.running == cur.running
-        valid = np.flatnonzero(ref.mask[:-1])
-        if valid.size == 0:
-            return step
-        a = int(rng.choice(valid))
-        jid, p = ref.decode(a)
-        job = ref.candidates[a // enc_.spec.options]
-        inc.place(job, p, enc_.perf)
-        cur = apply_placement(cur, jid, p, enc_.perf, job=job)
-    return steps
-
-
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from(["4x8", "16x4", "het"]), _RUN, _PEND, st.floats(0, 48 * 3600.0), st.integers(0, 2**31 - 1))
-def test_round_encoder_matches_reencoding(cname, running, pending, now, seed):
-    """Property: RoundEncoder (incremental) == Encoder.encode of the state after each placement.
-
-    Same mask, candidates, options, right-half cells, running jobs' features and
-    spans, summed left contribution (1e-9), logits, option speeds, and the same
-    free GPUs and running JobInfos as :func:`apply_placement`.
-    """
-    enc_ = _ENCS[cname]
-    state = _random_state(cname, running, pending, now, seed)
-    _check_round_encoder(_net(cname, seed % 3, 0.0), enc_, state, 8, np.random.default_rng(seed))
+    _check_round(_net(cname, seed % 3, 0.0, activation), _CODECS[cname], state, 8, np.random.default_rng(seed))
 
 
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -205,10 +157,11 @@ def test_round_encoder_matches_reencoding(cname, running, pending, now, seed):
     ),
     st.integers(0, 2**31 - 1),
 )
-def test_round_encoder_matches_reencoding_128x8(running, pending, seed):
-    """The same on 128x8 states with many (multi-node) running jobs, 12 placements each."""
+def test_round_matches_reference_128x8(running, pending, seed):
+    """The same on 128x8 states with many (multi-node) running jobs, 12 placements each (each dense
+    encoding is 122,880 floats)."""
     state = _random_state("128x8", running, pending, 3600.0, seed)
-    _check_round_encoder(_net("128x8", 0, 0.0), _ENCS["128x8"], state, 12, np.random.default_rng(seed))
+    _check_round(_net("128x8", 0, 0.0), _CODECS["128x8"], state, 12, np.random.default_rng(seed))
 
 
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -228,37 +181,17 @@ def test_round_encoder_matches_reencoding_128x8(running, pending, seed):
     st.booleans(),
 )
 def test_schedule_identical_to_dense_128x8(running, pending, seed, hybrid, with_prior):
-    """Whole rounds on 128x8 (incremental fast path vs dense, with or without the admission prior)."""
+    """Whole rounds on 128x8 (structured fast path vs dense, with or without the admission prior)."""
     from policies.prior import AdmissionPrior
 
-    enc_ = _ENCS["128x8"]
+    codec = _CODECS["128x8"]
     net = _net("128x8", seed % 2, 0.5)
     state = _random_state("128x8", running, pending, 7200.0, seed)
     prior = AdmissionPrior() if with_prior else None
-    fast = RLPolicy(net, enc_, hybrid=hybrid, fast=True, prior=prior)
-    dense = RLPolicy(net, enc_, hybrid=hybrid, fast=False, prior=prior)
+    fast = RLPolicy(net, codec, hybrid=hybrid, fast=True, prior=prior)
+    dense = RLPolicy(net, codec, hybrid=hybrid, fast=False, prior=prior)
     assert fast.schedule(state).place == dense.schedule(state).place
     assert fast.stats == dense.stats
-
-
-@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    st.lists(
-        st.tuples(st.sampled_from(MODELS), st.sampled_from([1, 2, 4, 8, 16, 32, 64]), st.floats(0.01, 50)),
-        min_size=20,
-        max_size=120,
-    ),
-    _PEND,
-    st.integers(0, 2**31 - 1),
-)
-def test_sparse_logits_match_dense_128x8(running, pending, seed):
-    """The same on a 128x8 cluster (a small sample: each dense encoding is 122,880 floats)."""
-    enc_ = _ENCS["128x8"]
-    net = _net("128x8", 0, 0.0)
-    state = _random_state("128x8", running, pending, 3600.0, seed)
-    d, s = enc_.encode(state), enc_.encode(state, dense=False)
-    _check_same_encoding(enc_, d, s)
-    _check_logits(net, enc_, d, s)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -276,34 +209,52 @@ def test_schedule_decisions_identical_to_dense(cname, running, pending, now, see
     """Property: a whole round of rl-base / rl-hybrid (with or without the admission prior) decides as the dense path."""
     from policies.prior import AdmissionPrior
 
-    enc_ = _ENCS[cname]
+    codec = _CODECS[cname]
     net = _net(cname, seed % 3, tilt)
     state = _random_state(cname, running, pending, now, seed)
     prior = AdmissionPrior() if with_prior else None
-    fast = RLPolicy(net, enc_, hybrid=hybrid, fast=True, prior=prior)
-    dense = RLPolicy(net, enc_, hybrid=hybrid, fast=False, prior=prior)
+    fast = RLPolicy(net, codec, hybrid=hybrid, fast=True, prior=prior)
+    dense = RLPolicy(net, codec, hybrid=hybrid, fast=False, prior=prior)
     a, b = fast.schedule(state), dense.schedule(state)
     assert a.place == b.place and a.preempt == b.preempt
     assert fast.stats == dense.stats
-    reenc = RLPolicy(net, enc_, hybrid=hybrid, fast=True, prior=prior)
-    reenc.incremental = False  # structured observation re-encoded per placement
-    assert reenc.schedule(state).place == a.place
     assert fast.decide(state) == dense.decide(state)
+    if a.place and not hybrid:  # a round's first decision is decide()'s
+        assert fast.decide(state)[1] == a.place[0]
+
+
+def test_an_encoding_reads_its_first_layer_before_the_next_placement():
+    """The running jobs' first-layer sum of an encoding is the round's at the encoding: read before the
+    round's next placement it is kept, read after it is refused (it would be another state's)."""
+    codec = _CODECS["4x8"]
+    net = _net("4x8", 0, 0.0)
+    plan = net.first_layer_plan(codec)
+    state = _random_state("4x8", [("MoE", 4, 2.0), ("FSDP", 2, 1.0)], [("DLRM", 2, 1.0), ("MoE", 1, 3.0)], 600.0, 1)
+    rnd = codec.begin(state, plan)
+    read, unread = rnd.encode(dense=False), rnd.encode(dense=False)
+    before = read.first_layer(plan)
+    rnd.place(*read.decode(read.valid[0]))
+    np.testing.assert_array_equal(read.first_layer(plan), before)
+    with pytest.raises(ValueError, match="stale"):
+        unread.first_layer(plan)
+    assert not np.array_equal(rnd.encode(dense=False).first_layer(plan), before)
+    with pytest.raises(ValueError, match="without this linear plan"):
+        codec.begin(state).encode(dense=False).first_layer(plan)
 
 
 def test_schedule_identical_128x8_and_prior():
     """A long all-pending round on 128x8 (hundreds of placements) and the rl-prior network."""
-    enc_ = _ENCS["128x8"]
+    codec = _CODECS["128x8"]
     rng = np.random.default_rng(5)
     pend = [
         (str(rng.choice(MODELS)), int(rng.choice([1, 2, 4, 8, 16, 32])), float(rng.uniform(0.1, 20))) for _ in range(150)
     ]
     run = [(str(rng.choice(MODELS)), int(rng.choice([1, 2, 4, 8, 16])), float(rng.uniform(0.1, 20))) for _ in range(60)]
     state = _random_state("128x8", run, pend, 7200.0, 11)
-    for net in (_net("128x8", 1, 0.5), prior_net(enc_.spec)):
+    for net in (_net("128x8", 1, 0.5), prior_net(codec.spec)):
         for hybrid in (False, True):
-            a = RLPolicy(net, enc_, hybrid=hybrid, fast=True).schedule(state)
-            b = RLPolicy(net, enc_, hybrid=hybrid, fast=False).schedule(state)
+            a = RLPolicy(net, codec, hybrid=hybrid, fast=True).schedule(state)
+            b = RLPolicy(net, codec, hybrid=hybrid, fast=False).schedule(state)
             assert a.place == b.place
     assert len(a.place) > 20  # the prior places many jobs: the test exercises long rounds
 
@@ -322,11 +273,11 @@ def test_simulation_identical_fast_vs_dense(hybrid):
     from trainer.generate import GeneratorConfig, generate_jobs
 
     cname = "4x8"
-    cluster, perf, enc_ = _CLUSTERS[cname], _PERFS[cname], _ENCS[cname]
+    cluster, perf, codec = _CLUSTERS[cname], _PERFS[cname], _CODECS[cname]
     jobs = generate_jobs(cluster, GeneratorConfig(num_jobs=256, seed=3), perf)
     net = _net(cname, 2, 0.3)
-    a = _sim_records(RLPolicy(net, enc_, hybrid=hybrid, fast=True), cluster, jobs, perf)
-    b = _sim_records(RLPolicy(net, enc_, hybrid=hybrid, fast=False), cluster, jobs, perf)
+    a = _sim_records(RLPolicy(net, codec, hybrid=hybrid, fast=True), cluster, jobs, perf)
+    b = _sim_records(RLPolicy(net, codec, hybrid=hybrid, fast=False), cluster, jobs, perf)
     assert len(a) == 256 and a == b
 
 
@@ -340,14 +291,14 @@ def test_simulation_identical_shipped_checkpoint():
     try:
         fast = make_rl_policy("rl-base", cluster, perf)
         dense = make_rl_policy("rl-base", cluster, perf)
-    except CheckpointError as exc:  # the shipped checkpoint is being retrained for a new encoding version
+    except CheckpointError as exc:  # a checkpoint of another encoding version than this rlsched's
         pytest.skip(f"shipped checkpoint unavailable: {exc}")
     dense.fast = False
     jobs = generate_jobs(cluster, GeneratorConfig(num_jobs=256, seed=4), perf)
     assert _sim_records(fast, cluster, jobs, perf) == _sim_records(dense, cluster, jobs, perf)
 
 
-_FILL_ENCS = {k: Encoder(c, _PERFS[k], ObsSpec.for_cluster(c, order="fill")) for k, c in _CLUSTERS.items() if k != "128x8"}
+_FILL_CODECS = {k: DeepShareCodec(c, _PERFS[k], ObsSpec.for_cluster(c, order="fill")) for k, c in _CLUSTERS.items() if k != "128x8"}
 #: a round's inputs for the order properties: cluster, running jobs, queue, time, seed, output tilt
 #: (tilt < 0 favours the last action, "nothing": the safety rule acts), then two flags (fast path, ...)
 _ROUND = (
@@ -370,54 +321,54 @@ _ROUND = (
 def test_fill_order_schedule_matches_step_by_step(cname, running, pending, now, seed, tilt, fast, tail, hybrid):
     """Property ("fill" order): a round decides as encoding the whole state before every decision.
 
-    ``schedule`` keeps the ranked groups incrementally and re-applies :meth:`Encoder.fill_order`
-    with its running free-GPU count; the reference calls :meth:`RLPolicy.decide` (fresh
-    ``Encoder.candidates`` from the state) and applies each placement. With ``hybrid``, once the
+    ``schedule`` keeps the ranked groups incrementally and re-applies the fill order with its running
+    free-GPU count; the reference encodes the whole state from scratch (the order's candidates of the
+    whole queue) and applies each placement. With ``hybrid``, once the
     network chooses "nothing" the reference runs the safety rule as spelled out in
     ``test_rl._safety_rule_reference``.
     """
-    from policies.encoding import FILL_SMALL
+    from policies.orders import FILL_SMALL
     from policies.prior import AdmissionPrior
 
-    enc_ = _FILL_ENCS[cname]
+    codec = _FILL_CODECS[cname]
     if tail:  # no small job waits: the tail rule is on from the first decision
-        lo = int(FILL_SMALL * enc_.spec.total_gpus) + 1
+        lo = int(FILL_SMALL * codec.spec.total_gpus) + 1
         pending = [(m, max(g, lo), r) for m, g, r in pending]
-    net = random_net(enc_.spec, seed % 3, tilt)
+    net = random_net(codec.spec, seed % 3, tilt)
     state = _random_state(cname, running, pending, now, seed)
-    pol = RLPolicy(net, enc_, fast=fast, prior=AdmissionPrior(), hybrid=hybrid)
+    pol = RLPolicy(net, codec, fast=fast, prior=AdmissionPrior(), hybrid=hybrid)
     got = pol.schedule(state).place
-    want = _step_by_step(enc_, net, state, hybrid)
+    want = _step_by_step(codec, net, state, hybrid)
     assert got == want
     if hybrid:
         assert pol.stats["fallback_placements"] == len(want) - pol.stats["placements"]
 
 
-_PLAN_ENCS = {k: Encoder(c, _PERFS[k], ObsSpec.for_cluster(c, order="plan")) for k, c in _CLUSTERS.items() if k != "128x8"}
+_PLAN_CODECS = {k: DeepShareCodec(c, _PERFS[k], ObsSpec.for_cluster(c, order="plan")) for k, c in _CLUSTERS.items() if k != "128x8"}
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(*_ROUND)
 def test_plan_order_schedule_matches_step_by_step(cname, running, pending, now, seed, tilt, fast, hybrid):
     """Property ("plan" order, waves forced on: no backlog, spread or wait condition): a round decides as
-    encoding the whole state before every decision; the plan made at the round's first decision is
+    encoding the whole state from scratch before every decision; the plan made at the round's start is
     kept by both (placements take jobs off it) and the fill order takes over once no single-node job waits."""
     from unittest import mock
 
     from policies.prior import AdmissionPrior
 
-    enc_ = _PLAN_ENCS[cname]
-    net = random_net(enc_.spec, seed % 3, tilt)
+    codec = _PLAN_CODECS[cname]
+    net = random_net(codec.spec, seed % 3, tilt)
     state = _random_state(cname, running, pending, now, seed)
     inf = float("inf")
     with (
-        mock.patch("policies.encoding.PLAN_BACKLOG", 0.0),
-        mock.patch("policies.encoding.PLAN_SPREAD", inf),
-        mock.patch("policies.encoding.PLAN_WAIT", inf),
+        mock.patch("policies.orders.PLAN_BACKLOG", 0.0),
+        mock.patch("policies.orders.PLAN_SPREAD", inf),
+        mock.patch("policies.orders.PLAN_WAIT", inf),
     ):
-        pol = RLPolicy(net, enc_, fast=fast, prior=AdmissionPrior(), hybrid=hybrid)
+        pol = RLPolicy(net, codec, fast=fast, prior=AdmissionPrior(), hybrid=hybrid)
         got = pol.schedule(state).place
-        want = _step_by_step(enc_, net, state, hybrid)
+        want = _step_by_step(codec, net, state, hybrid)
     assert got == want
 
 
@@ -430,11 +381,11 @@ def test_plan_order_round_starts_the_first_wave():
     from policies.waves import plan_waves
 
     cluster, perf = _CLUSTERS["4x8"], _PERFS["4x8"]
-    enc_ = Encoder(cluster, perf, ObsSpec.for_cluster(cluster, order="plan"))
+    codec = DeepShareCodec(cluster, perf, ObsSpec.for_cluster(cluster, order="plan"))
     state = _random_state("4x8", [], [("FSDP", g, 1.0) for g in range(1, 33) for _ in range(8)], 0.0, 0)
     state = ClusterState(0.0, cluster, state.free_gpus, [], [dataclasses.replace(j, done_samples=0.0) for j in state.pending])
     wave = plan_waves(Counter(j.gpu_demand for j in state.pending), 4, 8)[0]
-    pol = RLPolicy(zero_net(enc_.spec), enc_, prior=AdmissionPrior())  # the prior decides
+    pol = RLPolicy(zero_net(codec.spec), codec, prior=AdmissionPrior())  # the prior decides
     placed = pol.schedule(state).place
     dem = {j.job_id: j.gpu_demand for j in state.pending}
     assert sorted((dem[j] for j, _p in placed), reverse=True) == wave
@@ -445,45 +396,45 @@ def test_plan_order_round_starts_the_first_wave():
 def test_fill_order_safety_rule_in_the_tail(fast):
     """rl-hybrid in the fill order's tail (no small job waits) with a network that prefers "nothing":
     the safety rule walks the whole queue in fill order (not area order), as the step-by-step reference."""
-    from policies.encoding import FILL_SMALL
+    from policies.orders import FILL_SMALL
     from policies.prior import AdmissionPrior
 
-    enc_ = _FILL_ENCS["4x8"]
-    lo = int(FILL_SMALL * enc_.spec.total_gpus) + 1
+    codec = _FILL_CODECS["4x8"]
+    lo = int(FILL_SMALL * codec.spec.total_gpus) + 1
     rng = np.random.default_rng(0)
     acted = 0
     for t in range(60):
         pend = [(str(rng.choice(MODELS)), int(rng.integers(lo, 33)), float(rng.uniform(0.1, 20))) for _ in range(rng.integers(1, 15))]
         run = [(str(rng.choice(MODELS)), int(rng.choice([1, 2, 4, 8])), float(rng.uniform(0.1, 20))) for _ in range(rng.integers(0, 4))]
         state = _random_state("4x8", run, pend, 0.0, t)
-        net = random_net(enc_.spec, t % 3, -3.0)
-        pol = RLPolicy(net, enc_, fast=fast, prior=AdmissionPrior(), hybrid=True)
-        assert pol.schedule(state).place == _step_by_step(enc_, net, state, True)
+        net = random_net(codec.spec, t % 3, -3.0)
+        pol = RLPolicy(net, codec, fast=fast, prior=AdmissionPrior(), hybrid=True)
+        assert pol.schedule(state).place == _step_by_step(codec, net, state, True)
         acted += pol.stats["fallback_placements"] > 0
     assert acted >= 30  # the rule really acted in most rounds
 
 
-def _step_by_step(enc_: Encoder, net: MLPNet, state: ClusterState, hybrid: bool) -> list:
-    """Reference round: encode the whole state before every decision (:meth:`RLPolicy.decide`); for
-    rl-hybrid, once the network chooses "nothing", the safety rule as ``test_rl._safety_rule_reference``."""
-    from test_rl import _safety_rule_reference
+def _step_by_step(codec: DeepShareCodec, net: MLPNet, state: ClusterState, hybrid: bool) -> list:
+    """Reference round: the whole state encoded from scratch before every decision (the reference encoder,
+    with the order's candidates of the whole remaining queue and, in the "plan" order, the plan made at the
+    round's start); for rl-hybrid, once the network chooses "nothing", the safety rule as
+    ``test_rl._safety_rule_reference``."""
+    from test_rl import _round_plan, _safety_rule_reference
 
     from policies.prior import AdmissionPrior
 
-    ref = RLPolicy(net, enc_, fast=False, prior=AdmissionPrior(), hybrid=hybrid)
+    ref = RLPolicy(net, codec, fast=False, prior=AdmissionPrior(), hybrid=hybrid)
+    plan = _round_plan(codec, state)
     want, cur = [], state
-    enc_.begin_round()  # one round: the "plan" order's plan is made at its first decision and kept
-    try:
-        while cur.pending:
-            if not enc_.encode(cur).any_placement:
-                break
-            _a, choice = ref.decide(cur)
-            if choice is None:
-                if hybrid:
-                    want.extend(_safety_rule_reference(ref, cur))
-                break
-            want.append(choice)
-            cur = apply_placement(cur, choice[0], choice[1], enc_.perf)
-    finally:
-        enc_.end_round()
+    while cur.pending:
+        enc = encode_reference(codec, cur, candidates_reference(codec, cur, plan))
+        if not enc.any_placement:
+            break
+        choice = enc.decode(ref.act(enc))
+        if choice is None:
+            if hybrid:
+                want.extend(_safety_rule_reference(ref, cur, plan))
+            break
+        want.append(choice)
+        cur = apply_placement(cur, choice[0], choice[1], codec.perf)
     return want

@@ -112,13 +112,13 @@ def test_resume_and_ship(tmp_path):
     assert meta["training"]["source"] == source_revision()
     pol = make_rl_policy(f"rl-hybrid:{shipped[1]}", CL, PERF)
     assert pol.hybrid
-    assert pol.encoder.spec.aging_s == meta["training"]["config"]["aging_s"] == cfg.aging_s
+    assert pol.codec.spec.aging_s == meta["training"]["config"]["aging_s"] == cfg.aging_s
     # shipped to run with another candidate-order aging: the same weights, the trained value kept in the config
     again = ship_checkpoint(tmp_path / "run" / "best", CL, dest=tmp_path / "ship2", aging_s=1234.0)
     meta2 = json.loads(again[0].read_text())
     assert meta2["obs_spec"]["aging_s"] == 1234.0 and meta2["training"]["config"]["aging_s"] == cfg.aging_s
     assert meta2["weights_sha256"] == json.loads(shipped[0].read_text())["weights_sha256"]
-    assert make_rl_policy(f"rl-base:{again[0]}", CL, PERF).encoder.spec.aging_s == 1234.0
+    assert make_rl_policy(f"rl-base:{again[0]}", CL, PERF).codec.spec.aging_s == 1234.0
 
 
 def test_traces_fingerprint():

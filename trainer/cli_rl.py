@@ -54,7 +54,7 @@ def _fail(command: str, exc: BaseException) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from policies.encoding import AGING_S
+    from policies.orders import AGING_S
 
     p = sub.add_parser("train", help="train an RL placement policy with Stable-Baselines3")
     p.add_argument(
@@ -131,7 +131,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="candidate order: area = least aged remaining GPU-time first; fill = the same plus a tail rule "
         "that pairs a job of more than half the cluster with jobs filling its gap; plan = waves of a long queue of "
-        "equal-length jobs packed node by node (policies/waves.py), fill otherwise (policies/encoding.py; default plan, the shipped networks' order)",
+        "equal-length jobs packed node by node (policies/waves.py), fill otherwise (policies/orders.py; default plan, the shipped networks' order)",
     )
     p.add_argument(
         "--aging",
@@ -439,6 +439,7 @@ def checkpoint_summary(ck) -> dict:
         "mode": meta.get("mode"),
         "cluster": ck.cluster.describe(),
         "observation": {
+            "codec": ck.codec_name,
             "shape": list(ck.spec.shape),
             "actions": ck.spec.n_actions,
             "candidates": ck.spec.k,
@@ -527,7 +528,7 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
         ("observation", (f"{ob['shape']}, {ob['actions']} actions ({ob['candidates']} candidates x {ob['options']} "
                          f"options + nothing), order {ob['order']} (aging {ob['aging_s']:g} s"
                          + (f"; trained with {ob['trained_aging_s']:g} s" if ob["trained_aging_s"] is not None else "")
-                         + f"), encoding v{ob['encoding_version']}")),
+                         + f"), codec {ob['codec']} v{ob['encoding_version']}")),
         ("network", (f"{' -> '.join(str(a) for a, _b in net['layers'])} -> {net['layers'][-1][1]} "
                      f"({net['activation']}, {net['parameters']:,} parameters)")),
         ("admission prior", json.dumps(net["prior"]) if net["prior"] else "none"),

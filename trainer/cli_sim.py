@@ -146,16 +146,10 @@ def parse_policy_list(text: str) -> list[str]:
 
 
 def build_policy(name: str, cluster, perf) -> Policy:
-    """A heuristic by name, or an RL policy for names starting with ``rl-``."""
-    if name.lower().startswith("rl-"):
-        try:
-            from policies.rl import make_rl_policy  # type: ignore[import-not-found]
-        except ImportError as exc:
-            raise PolicyError(f"policy {name!r}: RL policies are not available ({exc})") from None
-        return make_rl_policy(name, cluster, perf)
-    from policies.heuristics import make_heuristic
+    """The policy ``name`` (:func:`policies.registry.make_policy`)."""
+    from policies.registry import make_policy
 
-    return make_heuristic(name, perf)
+    return make_policy(name, cluster, perf)
 
 
 def _file_stem(name: str) -> str:

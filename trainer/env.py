@@ -1,13 +1,13 @@
 """Gymnasium environment over the project's simulator (id ``rlsched/Placement-v0``).
 
-One environment step is one scheduling decision (see :mod:`policies.encoding`
+One environment step is one scheduling decision (see :mod:`policies.codecs.deepshare`
 for the observation and the ``Discrete(K * S + 1)`` action):
 
 * a placement action starts that candidate on that option; time does not
   move, and the agent is asked again (several jobs per round);
 * "nothing" ends the round: the simulator advances to the next arrival /
   completion or the next round boundary (``round_len`` s), whichever comes
-  first, and the next decision starts a new round (also for the encoder: the
+  first, and the next decision starts a new round of the codec (the
   ``"plan"`` order replans, as :meth:`policies.rl.RLPolicy.schedule` does each round). While no placement is valid the environment keeps advancing on its
   own (no decision to make), so an episode is about
   ``jobs + events + useful rounds`` steps long.
@@ -69,8 +69,9 @@ import numpy as np
 from gymnasium import spaces
 
 from policies.cluster import ClusterSpec
-from policies.encoding import AGING_S, Encoded, Encoder, ObsSpec
+from policies.codecs.deepshare import DeepShareCodec, DeepShareRound, Encoded, ObsSpec
 from policies.job import JobSpec
+from policies.orders import AGING_S
 from policies.perf import ContentionModel
 from trainer.simulator import SimConfig, Simulator
 
@@ -129,8 +130,8 @@ class PlacementEnv(gym.Env):
     :param invalid_penalty: reward of an invalid action (treated as "nothing").
     :param perf: performance model (default :class:`ContentionModel` of ``cluster``).
     :param k: candidate jobs in the observation.
-    :param order: candidate order (:attr:`policies.encoding.ObsSpec.order`), ``"area"``, ``"fill"`` or ``"plan"``.
-    :param aging_s: aging time constant of the candidate order (s; :attr:`policies.encoding.ObsSpec.aging_s`).
+    :param order: candidate order (:mod:`policies.orders`), ``"area"``, ``"fill"`` or ``"plan"``.
+    :param aging_s: aging time constant of the candidate order (s; :attr:`policies.codecs.deepshare.ObsSpec.aging_s`).
     :param shaping: add potential-based shaping (default: on for ``"progress"``).
     :param gamma: discount used by the shaping term.
     :param reference: ``"jct-rel"`` only: reference average JCT (s) per trace;
@@ -173,7 +174,8 @@ class PlacementEnv(gym.Env):
         self.cluster = ClusterSpec.parse(cluster)
         self.perf = perf or ContentionModel(self.cluster)
         self.spec_obs = ObsSpec.for_cluster(self.cluster, k, order, aging_s)
-        self.encoder = Encoder(self.cluster, self.perf, self.spec_obs)
+        self.codec = DeepShareCodec(self.cluster, self.perf, self.spec_obs)
+        self._round: DeepShareRound | None = None  # the codec's round of the current simulator round
         self.traces = [list(t) for t in traces]
         self.reference: list[float] | None = None
         if reward == "jct-rel":
@@ -189,8 +191,9 @@ class PlacementEnv(gym.Env):
         self.shaping = (reward == "progress") if shaping is None else bool(shaping)
         self.gamma = float(gamma)
         self._phi = 0.0
-        self.observation_space = spaces.Box(0.0, 1.0, shape=self.spec_obs.shape, dtype=np.float32)
-        self.action_space = spaces.Discrete(self.spec_obs.n_actions)
+        box = self.codec.observation_space
+        self.observation_space = spaces.Box(box.low, box.high, shape=box.shape, dtype=box.dtype)
+        self.action_space = spaces.Discrete(self.codec.action_space.n)
         self._sims: dict[int, Simulator] = {}
         self.sim: Simulator | None = None
         self._enc: Encoded | None = None
@@ -242,9 +245,9 @@ class PlacementEnv(gym.Env):
             self._next_round = (math.floor(sim.time / self.round_len + 1e-12) + 1) * self.round_len
         elif not sim.advance_to_next_event(until=self._next_round):
             self._next_round += self.round_len
-        # the simulator would schedule a new round here: the encoder's round (its plan) starts anew,
-        # as it does in RLPolicy.schedule
-        self.encoder.begin_round()
+        # the simulator would schedule a new round here: the codec's round starts anew at the next
+        # decision, as it does in RLPolicy.schedule
+        self._round = None
         return rate * (sim.time - t0) / self.round_len
 
     def _settle(self) -> float:
@@ -253,7 +256,9 @@ class PlacementEnv(gym.Env):
         assert sim is not None
         r = 0.0
         while not sim.done:
-            self._enc = self.encoder.encode(sim.state())
+            if self._round is None:
+                self._round = self.codec.begin(sim.state())
+            self._enc = self._round.encode()
             if self._enc.any_placement:
                 return r
             r += self._advance()
@@ -288,7 +293,7 @@ class PlacementEnv(gym.Env):
         self.sim = self._sim_for(idx)
         self._steps = 0
         self._next_round = self.round_len
-        self.encoder.begin_round()  # a new episode: no plan from the last one
+        self._round = None  # a new episode: no round (nor plan) from the last one
         self.sim.advance_to_next_event()
         self._next_round = (math.floor(self.sim.time / self.round_len + 1e-12) + 1) * self.round_len
         self._settle()
@@ -316,6 +321,7 @@ class PlacementEnv(gym.Env):
             d = enc.decode(a)
             if d is not None:
                 sim.start(*d)
+                self._round.place(*d)
                 placed = True
         elif enc is not None:
             reward += self.invalid_penalty

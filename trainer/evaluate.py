@@ -27,8 +27,7 @@ match :data:`FIGURE_PATTERNS` are evaluate's own: each run replaces all of them,
 so the figures of an earlier run's other groups do not linger; every other file
 there (``docs/figures/architecture.png``) is left alone.
 
-Policy names are the heuristics of :func:`policies.heuristics.make_heuristic`
-and the RL names of :func:`policies.rl.make_rl_policy`; ``ALIAS=NAME`` shows
+Policy names are those of :func:`policies.registry.make_policy`; ``ALIAS=NAME`` shows
 ``NAME`` as ``ALIAS`` (e.g. ``rl-poisson=rl-base:/runs/poisson/best``); an ``=``
 after a ``:`` or ``/`` is part of the name (``rl-base:sweep/lr=1e-4/best``). Each
 shown name may appear once, and no entry may be empty (:func:`policy_specs`).
@@ -105,14 +104,10 @@ class EvaluationError(ValueError):
 
 
 def make_policy(name: str, cluster: ClusterSpec, perf: ContentionModel) -> Policy:
-    """A heuristic by name, or an RL policy for names starting with ``rl-``."""
-    if name.lower().startswith("rl-"):
-        from policies.rl import make_rl_policy
+    """The policy ``name`` (:func:`policies.registry.make_policy`)."""
+    from policies.registry import make_policy as make
 
-        return make_rl_policy(name, cluster, perf)
-    from policies.heuristics import make_heuristic
-
-    return make_heuristic(name, perf)
+    return make(name, cluster, perf)
 
 
 def policy_specs(policies: Sequence[str]) -> dict[str, str]:

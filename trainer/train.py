@@ -69,8 +69,9 @@ from policies.checkpoint import (
     write_atomic,
 )
 from policies.cluster import ClusterSpec
-from policies.encoding import AGING_S, CANDIDATE_ORDERS, LEGACY_AGING_S, Encoder, ObsSpec
+from policies.codecs.deepshare import DeepShareCodec, ObsSpec
 from policies.job import JobSpec
+from policies.orders import AGING_S, CANDIDATE_ORDERS, LEGACY_AGING_S
 from policies.perf import ContentionModel
 from policies.prior import AdmissionPrior, PriorError
 from policies.rl import RLPolicy
@@ -154,10 +155,10 @@ class TrainConfig:
     eval_freq: int = 5_000
     round_len: float = 300.0
     k: int = 6
-    #: candidate order of the observation (:class:`policies.encoding.ObsSpec`): ``"plan"`` (the
+    #: candidate order of the observation (:class:`policies.codecs.deepshare.ObsSpec`): ``"plan"`` (the
     #: shipped networks'), ``"fill"`` or ``"area"``
     order: str = "plan"
-    #: aging time constant of the candidate order (s; :attr:`policies.encoding.ObsSpec.aging_s`)
+    #: aging time constant of the candidate order (s; :attr:`policies.codecs.deepshare.ObsSpec.aging_s`)
     aging_s: float = AGING_S
     #: start from this checkpoint's weights (same algorithm and observation shape; the candidate
     #: order may differ) instead of the prior initialisation; step count and optimiser start fresh
@@ -685,12 +686,10 @@ def evaluate_net(
     aging_s: float = AGING_S,
 ) -> list[float]:
     """Average JCT (s) of ``net`` as rl-base (or rl-hybrid) on each trace, via the full simulator."""
-    from policies.encoding import ObsSpec
-
-    enc = Encoder(cluster, perf, ObsSpec.for_cluster(cluster, k, order, aging_s))
+    codec = DeepShareCodec(cluster, perf, ObsSpec.for_cluster(cluster, k, order, aging_s))
     out = []
     for jobs in traces:
-        pol = RLPolicy(net, enc, hybrid=hybrid, prior=prior)
+        pol = RLPolicy(net, codec, hybrid=hybrid, prior=prior)
         res = Simulator(cluster, jobs, pol, perf, SimConfig(round_len=round_len)).run()
         out.append(float(np.mean([r.jct for r in res.jobs])))
     return out
@@ -850,6 +849,7 @@ def _save(
             mode=mode,
             cluster=cluster,
             spec=env.spec_obs,
+            codec=env.codec.name,
             layers=layers,
             activation=act,
             reward={"kind": cfg.reward, "w1": cfg.w1, "w2": round(1.0 - cfg.w1, 6)},
@@ -1025,7 +1025,7 @@ def _train_locked(
     base_venv.seed(seed)
     probe = base_venv.envs[0].unwrapped
     # Returns are O(100) (one unit per job); normalise rewards (not observations, so the
-    # network sees exactly what the deployed encoder produces) to keep the critic trainable.
+    # network sees exactly what the deployed codec produces) to keep the critic trainable.
     venv = VecNormalize(base_venv, norm_obs=False, norm_reward=True, gamma=cfg.gamma)
     prior = admission_prior(cfg)
     model = _make_model(cfg, venv, str(out / "tb"), seed=seed, start_steps=start_steps)
@@ -1197,9 +1197,9 @@ def ship_checkpoint(
     :param dest: target directory (default: the ``policies/checkpoints`` package directory).
     :param command: the command that produced it, recorded in the metadata.
     :param aging_s: run the shipped policies with this candidate-order aging (s;
-        :attr:`~policies.encoding.ObsSpec.aging_s`) instead of the one it was trained with. The
+        :attr:`~policies.codecs.deepshare.ObsSpec.aging_s`) instead of the one it was trained with. The
         weights are unchanged; the trained value stays in ``training.config`` (``aging_s``;
-        written in as :data:`~policies.encoding.LEGACY_AGING_S` for a config without it).
+        written in as :data:`~policies.orders.LEGACY_AGING_S` for a config without it).
     """
     from importlib import resources
 
@@ -1228,6 +1228,7 @@ def ship_checkpoint(
                 mode=mode,
                 cluster=ck.cluster,
                 spec=spec,
+                codec=ck.codec_name,
                 layers=ck.meta["network"]["layers"],
                 activation=ck.meta["network"]["activation"],
                 reward=ck.meta["reward"],

@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         base = make_rl_policy(f"rl-base:{ck}" if ck else "rl-base", cl, perf)
         for key, (r, f) in variants.items():
-            RLPolicy(base.net, base.encoder, hybrid=True, prior=base.prior, hybrid_floor=f, hybrid_rule=r)
+            RLPolicy(base.net, base.codec, hybrid=True, prior=base.prior, hybrid_floor=f, hybrid_rule=r)
     except PolicyError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         pols = {"rl-base": base}
         for key, (r, f) in variants.items():
             pols[key] = RLPolicy(
-                base.net, base.encoder, hybrid=True, prior=base.prior, hybrid_floor=f, hybrid_rule=r, name=f"rl-hybrid({key})"
+                base.net, base.codec, hybrid=True, prior=base.prior, hybrid_floor=f, hybrid_rule=r, name=f"rl-hybrid({key})"
             )
         try:
             res = evaluate_group(pols, groups[g], cl, perf)

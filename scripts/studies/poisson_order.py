@@ -10,7 +10,7 @@ For each group it runs, on every job set:
 * ``rl-base theta=0``: the shipped network, with its shipped aging, and an admission
   prior that never ranks "nothing" above a placement, i.e. never holds;
 * for each ``--aging`` value ``A`` (s): ``rl-base aging=A``, the shipped network with the
-  candidate order's aging (:attr:`policies.encoding.ObsSpec.aging_s`) set to ``A``, and
+  candidate order's aging (:attr:`policies.codecs.deepshare.ObsSpec.aging_s`) set to ``A``, and
   ``plan-greedy aging=A``, that candidate order without a network or holding
   (``scripts/studies/uniform_gap.py``). Aging multiplies the candidate key by ``exp(-wait / A)``;
   on zero-arrival sets every job has waited equally and the order does not change. The
@@ -35,7 +35,7 @@ from rich.table import Table
 
 from policies.base import Policy, PolicyError
 from policies.cluster import ClusterSpec
-from policies.encoding import Encoder
+from policies.codecs.deepshare import DeepShareCodec
 from policies.perf import ContentionModel
 from policies.rl import RLPolicy, make_rl_policy
 from trainer.evaluate import make_policy, select_groups
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     except PolicyError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    never_holds = RLPolicy(base.net, base.encoder, prior=dataclasses.replace(base.prior, theta=0.0), name="rl-base theta=0")
+    never_holds = RLPolicy(base.net, base.codec, prior=dataclasses.replace(base.prior, theta=0.0), name="rl-base theta=0")
     out: dict = {}
     table = Table(title="Poisson arrivals: avg JCT h / p90 JCT h / util % (mean over job sets)")
     table.add_column("policy")
@@ -93,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: dict[str, list[str]] = {}
 
     def with_aging(a: float) -> RLPolicy:
-        enc = Encoder(cl, perf, dataclasses.replace(base.encoder.spec, aging_s=a))
-        return RLPolicy(base.net, enc, prior=base.prior, name=f"rl-base aging={a:g}")
+        codec = DeepShareCodec(cl, perf, dataclasses.replace(base.codec.spec, aging_s=a))
+        return RLPolicy(base.net, codec, prior=base.prior, name=f"rl-base aging={a:g}")
 
     try:
         for g in names:

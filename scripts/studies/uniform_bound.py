@@ -14,7 +14,7 @@ JCT of every non-preemptive policy** on the simulated cluster, RL included.
 For each set it prints, in hours:
 
 * ``fifo``: first fit in trace order, one 1-hour bin after the other;
-* ``fill``: the ``"fill"`` candidate order's rule (:meth:`policies.encoding.Encoder.fill_order`)
+* ``fill``: the ``"fill"`` candidate order's rule (:meth:`policies.orders.CandidateOrder.fill_order`)
   in the same bins: smallest first while a job of at most ``FILL_SMALL x C`` GPUs waits, then the
   first job of more than ``C / 2`` GPUs followed by the largest jobs that fill its gap;
 * ``best`` and ``bound``: the best schedule HiGHS finds (``scipy.optimize.milp``) for
@@ -38,7 +38,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import lil_matrix
 
 from policies.cluster import ClusterSpec
-from policies.encoding import FILL_SMALL
+from policies.orders import FILL_SMALL
 
 #: an order rule: waiting demands in -> the order in which to try them for the next hour
 Rule = Callable[[list[int]], list[int]]

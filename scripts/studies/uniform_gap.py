@@ -15,7 +15,7 @@ real performance model; only the *simulator's* model changes between the runs:
 
 ``plan-greedy`` (:class:`PlanGreedy`, defined here) is the ``"plan"`` candidate order
 without a network and without holding: each round it walks the whole queue in plan
-order (:meth:`policies.encoding.Encoder.queue_order`) and starts every job that fits,
+order (:meth:`policies.orders.CandidateOrder.queue_order`) and starts every job that fits,
 single-node jobs on the best-fitting node, multi-node jobs by
 :func:`policies.placement.pack`. It is the packing that the idealised model of
 ``scripts/studies/uniform_bound.py`` assumes, run in the simulator.
@@ -38,7 +38,7 @@ from rich.table import Table
 
 from policies.base import Policy
 from policies.cluster import ClusterSpec
-from policies.encoding import AGING_S, Encoder, ObsSpec
+from policies.orders import AGING_S, CandidateOrder
 from policies.perf import ContentionModel, JobKey, feasible_node_counts
 from policies.placement import FloorPacking
 from policies.state import ClusterState, Decision
@@ -93,13 +93,13 @@ class PlanGreedy(Policy):
     time_invariant = False
 
     def __init__(self, cluster: ClusterSpec, perf: ContentionModel, aging_s: float = AGING_S) -> None:
-        self.encoder = Encoder(cluster, perf, ObsSpec.for_cluster(cluster, order="plan", aging_s=aging_s))
+        self.order = CandidateOrder("plan", 6, aging_s, cluster.gpus_per_node)
         self.rule = FloorPacking(perf)  # rl-hybrid's safety-rule placement, without a floor
 
     def schedule(self, state: ClusterState) -> Decision:
         free = state.free_gpus.astype(np.int64).copy()
         dec = Decision()
-        for job in self.encoder.queue_order(state.pending, state.time, int(free.sum())):
+        for job in self.order.queue_order(state.pending, state.time, int(free.sum())):
             p = self.rule(job, free, state)  # a single-node job whole on the best-fitting node, else pack
             if p is None:
                 continue

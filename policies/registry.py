@@ -1,0 +1,116 @@
+"""The one policy factory: every policy that ``rlsched simulate``, ``rlsched evaluate``, the twin and the
+controller run is built here, by name.
+
+Names (case-insensitive, blanks around them ignored):
+
+=====================================  ===================================================================
+``fifo``, ``sjf``, ``srtf``, ``las``,  heuristics (:mod:`policies.heuristics`): a scheduling order plus a
+``greedy``                             placement rule; ``-np`` turns preemption off (``las-np``),
+                                       ``:pack`` / ``:spread`` / ``:greedy`` picks the placement
+                                       (``srtf:spread``)
+``rl-base``, ``rl-hybrid``             learned policies (:mod:`policies.rl`) with the shipped checkpoint for
+                                       the cluster's shape, or the ``checkpoint`` argument; ``NAME:/path``
+                                       names a checkpoint (``ckpt``, ``ckpt.json`` or ``ckpt.safetensors``)
+``rl-prior``                           the untrained admission prior alone (an ablation, no checkpoint)
+=====================================  ===================================================================
+
+Options (keyword arguments of :func:`make_policy`; :data:`OPTIONS`):
+
+* ``min_run_s``: preemptive heuristics choose no job as a victim before it has run this long (s;
+  ``None``: the heuristic's default). The RL policies never preempt and ignore it.
+* ``deterministic``, ``seed``, ``fast``, ``hybrid_floor``, ``hybrid_rule``: the RL policies'
+  (:class:`policies.rl.RLPolicy`); a heuristic refuses them.
+
+Building a policy reads nothing but its checkpoint file.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from policies.base import Policy, PolicyError
+from policies.cluster import ClusterSpec
+from policies.heuristics import HEURISTIC_NAMES, ORDERS, make_heuristic
+from policies.perf import ContentionModel
+
+__all__ = ["OPTIONS", "RL_NAMES", "describe_names", "make_policy", "policy_names"]
+
+#: The learned policies' names (:mod:`policies.rl`).
+RL_NAMES = ("rl-base", "rl-hybrid", "rl-prior")
+#: The RL policies' options (:class:`policies.rl.RLPolicy`'s parameters).
+_RL_OPTIONS = ("deterministic", "seed", "fast", "hybrid_floor", "hybrid_rule")
+#: Every option :func:`make_policy` accepts.
+OPTIONS = ("min_run_s", *_RL_OPTIONS)
+#: Heuristic base names besides the orders (:func:`policies.heuristics.make_heuristic`).
+_HEURISTIC_ALIASES = ("greedy", "contention-greedy")
+
+
+def policy_names() -> tuple[str, ...]:
+    """Every policy name (heuristics, then the RL policies), without variants (``-np``, ``:PLACEMENT``,
+    ``:/path``)."""
+    return (*HEURISTIC_NAMES, *RL_NAMES)
+
+
+def describe_names() -> str:
+    """Every policy name with its variants, for error messages."""
+    return (
+        f"{', '.join(HEURISTIC_NAMES)} (optionally -np and :pack|:spread|:greedy), "
+        "rl-base, rl-hybrid (optionally :/path/to/checkpoint), rl-prior"
+    )
+
+
+def _is_heuristic(base: str) -> bool:
+    """Whether ``base`` (a lower-case name before any ``:``) names a heuristic."""
+    order = base[:-3] if base.endswith("-np") else base
+    return order in ORDERS or order in _HEURISTIC_ALIASES
+
+
+def make_policy(
+    name: str,
+    cluster: ClusterSpec,
+    perf: ContentionModel | None = None,
+    checkpoint: str | Path | None = None,
+    **options: Any,
+) -> Policy:
+    """The policy ``name`` (module docstring) for ``cluster``.
+
+    :param perf: the performance model (default :class:`ContentionModel` of ``cluster``).
+    :param checkpoint: the RL policies' checkpoint when ``name`` names none (``rl-base:/path`` wins);
+        the shipped one for the cluster's shape when neither does. Other policies ignore it.
+    :param options: :data:`OPTIONS` (module docstring).
+    :raises PolicyError: an unknown name or option, a bad option value, or (a
+        :class:`~policies.checkpoint.CheckpointError`) an unusable checkpoint; one line naming it.
+        An unknown name's message lists every policy name.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise PolicyError(f"empty policy name; policies: {describe_names()}")
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise PolicyError(f"policy {name!r}: unknown option {unknown[0]!r}; options: {', '.join(OPTIONS)}")
+    raw = name.strip()
+    base = raw.partition(":")[0].strip().lower()
+    perf = perf or ContentionModel(cluster)
+    min_run_s = options.pop("min_run_s", None)
+    if min_run_s is not None and (
+        isinstance(min_run_s, bool) or not isinstance(min_run_s, (int, float)) or not math.isfinite(min_run_s)
+        or min_run_s < 0
+    ):
+        raise PolicyError(f"policy {name!r}: min_run_s must be a finite number of seconds >= 0, got {min_run_s!r}")
+    if base.startswith("rl"):
+        if base not in RL_NAMES:
+            raise PolicyError(f"unknown RL policy {name!r}; policies: {describe_names()}")
+        try:
+            from policies.rl import make_rl_policy
+        except ImportError as exc:  # pragma: no cover - an install without the RL policies' dependencies
+            raise PolicyError(f"policy {name!r}: the RL policies cannot be imported ({exc})") from None
+        return make_rl_policy(raw, cluster, perf, checkpoint=checkpoint, **options)
+    if not _is_heuristic(base):
+        raise PolicyError(f"unknown policy {name!r}; policies: {describe_names()}")
+    if options:
+        raise PolicyError(f"policy {name!r}: option {sorted(options)[0]!r} applies to the RL policies only")
+    pol = make_heuristic(raw, perf)
+    if min_run_s is not None:
+        pol.min_run = float(min_run_s)
+    return pol

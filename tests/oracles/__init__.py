@@ -1,0 +1,1 @@
+"""Straightforward reference implementations that the tests compare the product code with."""

@@ -1,0 +1,98 @@
+"""The one policy factory (policies.registry): names, options and errors, as the CLI, evaluate and the
+controller use it."""
+
+from __future__ import annotations
+
+import pytest
+from ckpt_helpers import write_random_checkpoint
+
+from policies.base import PolicyError
+from policies.checkpoint import CheckpointError
+from policies.cluster import ClusterSpec
+from policies.heuristics import OrderedPolicy
+from policies.perf import ContentionModel
+from policies.registry import OPTIONS, RL_NAMES, describe_names, make_policy, policy_names
+from policies.rl import RLPolicy
+
+C48 = ClusterSpec.parse("4x8")
+PERF = ContentionModel(C48)
+
+
+def test_policy_names_cover_heuristics_and_rl():
+    names = policy_names()
+    assert names == ("fifo", "sjf", "srtf", "las", "greedy", "rl-base", "rl-hybrid", "rl-prior")
+    assert set(RL_NAMES) <= set(names)
+    text = describe_names()
+    assert all(n in text for n in names) and ":/path/to/checkpoint" in text and "-np" in text
+
+
+@pytest.mark.parametrize(
+    "name, kind, label",
+    [
+        ("fifo", OrderedPolicy, "fifo"),
+        ("  LAS-np  ", OrderedPolicy, "las-np"),
+        ("srtf:spread", OrderedPolicy, "srtf:spread"),
+        ("greedy", OrderedPolicy, "greedy"),
+        ("rl-base", RLPolicy, "rl-base"),
+        ("rl-hybrid", RLPolicy, "rl-hybrid"),
+        ("RL-Prior", RLPolicy, "rl-prior"),
+    ],
+)
+def test_every_kind_of_name_builds(name, kind, label):
+    pol = make_policy(name, C48, PERF)
+    assert isinstance(pol, kind) and pol.name == label
+
+
+@pytest.mark.parametrize("bad", ["nope", "rl-nosuch", "rlbase", "gredy:pack", "", "   "])
+def test_an_unknown_name_lists_every_policy(bad):
+    with pytest.raises(PolicyError) as ei:
+        make_policy(bad, C48, PERF)
+    msg = str(ei.value)
+    assert len(msg.splitlines()) == 1
+    assert all(n in msg for n in policy_names())
+    if bad.strip():
+        assert repr(bad) in msg and ("unknown RL policy" if bad.startswith("rl") else "unknown policy") in msg
+
+
+def test_checkpoint_argument_and_name_path(tmp_path):
+    ck = write_random_checkpoint(tmp_path / "ck", C48)
+    by_arg = make_policy("rl-hybrid", C48, PERF, checkpoint=ck)
+    by_name = make_policy(f"rl-base:{ck}", C48, PERF, checkpoint=tmp_path / "ignored")
+    assert by_arg.checkpoint.json_path == by_name.checkpoint.json_path == ck
+    assert by_arg.hybrid and not by_name.hybrid
+    assert make_policy("srtf", C48, PERF, checkpoint=ck).name == "srtf"  # heuristics ignore it
+    with pytest.raises(CheckpointError, match="not found"):
+        make_policy(f"rl-base:{tmp_path / 'missing'}", C48, PERF)
+    with pytest.raises(PolicyError, match="empty checkpoint path"):
+        make_policy("rl-base:", C48, PERF)
+
+
+def test_options_reach_the_policies():
+    assert make_policy("srtf", C48, PERF, min_run_s=42).min_run == 42.0
+    assert make_policy("srtf", C48, PERF, min_run_s=None).min_run == make_policy("srtf", C48, PERF).min_run
+    rl = make_policy("rl-hybrid", C48, PERF, min_run_s=42, deterministic=False, seed=3, fast=False, hybrid_floor=0.5)
+    assert (rl.deterministic, rl.seed, rl.fast, rl.rule.min_efficiency) == (False, 3, False, 0.5)
+    assert make_policy("rl-prior", C48, PERF, seed=9).seed == 9
+    assert set(OPTIONS) == {"min_run_s", "deterministic", "seed", "fast", "hybrid_floor", "hybrid_rule"}
+
+
+@pytest.mark.parametrize(
+    "name, options, match",
+    [
+        ("srtf", {"min_runs": 1}, r"unknown option 'min_runs'; options: min_run_s, deterministic"),
+        ("srtf", {"seed": 1}, r"option 'seed' applies to the RL policies only"),
+        ("srtf", {"min_run_s": -1}, r"min_run_s must be a finite number of seconds >= 0, got -1"),
+        ("las", {"min_run_s": float("nan")}, r"min_run_s must be"),
+        ("srtf", {"min_run_s": True}, r"min_run_s must be"),
+        ("rl-hybrid", {"hybrid_rule": "best"}, r"safety rule 'best'"),
+        ("rl-hybrid", {"hybrid_floor": 2.0}, r"min_efficiency"),
+    ],
+)
+def test_bad_options_are_one_clear_line(name, options, match):
+    with pytest.raises(PolicyError, match=match):
+        make_policy(name, C48, PERF, **options)
+
+
+def test_perf_defaults_to_the_clusters_model():
+    assert make_policy("greedy", C48).name == "greedy"
+    assert make_policy("rl-prior", C48).codec.perf.cluster == C48
