@@ -311,7 +311,7 @@ class Controller:
         # released jobs their start grace again (Slurm could not start them meanwhile)
         self._slurm_failed = False
         self._state_error: str | None = None  # this round's first failed state-dir write (RoundReport.error)
-        self._deferred: set[str] = set()  # victims _apply left for later (time budget, after a failure)
+        self._deferred: set[str] = set()  # victims SlurmBackend.apply left for later (time budget, after a failure)
         self._preempt_budget_end = 0.0  # clock time after which this round starts no other preemption
         self._unwritable: dict[str, str] = {}  # state-dir file -> its last write error (logged once until it works)
         #: the decide-and-act path: snapshot from Slurm, apply to Slurm (controller/backend.py)

@@ -62,9 +62,9 @@ __all__ = [
 
 #: Default aging time constant of the candidate order (s; :attr:`CandidateOrder.aging_s`): a job's
 #: remaining GPU-time key is multiplied by ``exp(-wait / aging_s)``. Chosen on Poisson traces
-#: disjoint from training and evaluation (docs/RL.md, "Stronger aging, 300 s").
+#: disjoint from training and evaluation (docs/RL.md, "The aging constant, 300 s").
 AGING_S = 300.0
-#: The aging of checkpoints whose observation spec has no ``aging_s`` field (their training order).
+#: The aging of a checkpoint whose observation spec has no ``aging_s`` field (the aging it was trained with).
 LEGACY_AGING_S = 1800.0
 #: Candidate orders a :class:`CandidateOrder` may be.
 CANDIDATE_ORDERS = ("area", "fill", "plan")

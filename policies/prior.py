@@ -22,11 +22,9 @@ a large job). When no job runs, "nothing" is masked and the first valid
 option is taken whatever its speed.
 
 Why a prior at all: on job sets with mixed durations the plain "lowest valid
-action" rule spreads 4- and 8-GPU jobs over 2-4 nodes of a fragmented cluster
-(contention slowdown 1.9-2.2) and doubled average JCT against SRTF; PPO
-started from that rule never learned to hold instead within our budget
-(docs/RESULTS.md). With ``theta = 0.8`` the untrained rule holds and matches
-SRTF there.
+action" rule spreads 4- and 8-GPU jobs over 2-4 nodes of a fragmented cluster,
+and PPO started from that rule does not learn to hold instead (docs/RL.md,
+"Admission prior"). With ``theta = 0.8`` the untrained rule holds such jobs.
 
 The same formula is implemented in numpy (:meth:`AdmissionPrior.logits`, used
 at inference) and torch (:meth:`AdmissionPrior.logits_torch`, used by the

@@ -125,8 +125,9 @@ class RLPolicy(Policy):
         with ``hybrid``.
     :param hybrid_rule: the safety rule's placement: ``"packing"`` (default,
         :class:`~policies.placement.FloorPacking`) or ``"contention-aware"``
-        (:class:`~policies.placement.ContentionAwarePlacement`; with ``hybrid_floor=0.7`` a variant
-        kept for comparison, ``scripts/studies/hybrid_floor.py``). Checked even without ``hybrid``.
+        (:class:`~policies.placement.ContentionAwarePlacement`, a variant kept for comparison:
+        ``scripts/studies/hybrid_floor.py``, docs/RESULTS.md "rl-hybrid's safety rule"). Checked even
+        without ``hybrid``.
     """
 
     time_invariant = False
