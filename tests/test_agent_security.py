@@ -1,4 +1,4 @@
-"""Regression tests for the node agent's security holes of issue 33 (item 1), over real gRPC and real processes.
+"""The node agent's security properties (issue 33, item 1), over real gRPC and real processes.
 
 * **Replay cache**: a nonce is kept until its token expires (skew window), however many calls come in;
   what bounds the cache is a rate per caller (RESOURCE_EXHAUSTED), never the eviction of a live nonce.
@@ -10,8 +10,6 @@
 * **Per-job keys** (no MUNGE): a job's key authenticates that job of that user only; the root key stays
   with the controller and the agents.
 
-Names added by the fix are imported inside the tests that use them, so that this file imports on a tree
-without them and each test fails there for its own reason.
 """
 
 from __future__ import annotations
@@ -490,7 +488,7 @@ def test_running_preempts_are_bounded_per_caller(tmp_path: Path, key: Path) -> N
 
 
 def test_controller_preempter_waits_for_the_asynchronous_outcome(tmp_path: Path, key: Path) -> None:
-    """AgentPreempter.checkpoint over a real agent: the same interface and timeout as before; the outcome of
+    """AgentPreempter.checkpoint over a real agent: one blocking call bounded by ``timeout_s``; the outcome of
     a job that ignores the signal is a timeout after ``timeout_s``, an agent that lost the operation is no
     checkpoint (the agent answered, so it is not "no agent")."""
     from controller.preemption import AgentPreempter

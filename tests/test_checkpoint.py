@@ -756,8 +756,8 @@ def test_a_checkpoint_left_naming_its_staged_weights_loads_and_is_resaved_with_s
 
 
 def test_checkpoints_with_the_plain_weights_name_load(tmp_path):
-    """Every checkpoint written before this change names NAME.safetensors (the shipped ones, users' runs): they
-    load, and a new save over one keeps that name."""
+    """Checkpoints whose weights file is NAME.safetensors (the shipped ones, users' runs) load, and a new
+    save over one keeps that name."""
     import hashlib
 
     from safetensors.numpy import save
@@ -769,7 +769,7 @@ def test_checkpoints_with_the_plain_weights_name_load(tmp_path):
     for p in shipped:
         ck = load_checkpoint(p)
         assert ck.meta["weights_file"] == p.with_suffix(".safetensors").name == ck.weights_path.name
-    # the layout written by hand, as the old save_checkpoint wrote it (weights, then metadata, no staged file)
+    # the plain layout written by hand (weights, then metadata, no staged file)
     spec = ObsSpec.for_cluster(C48)
     data = save(_tensors(spec, np.random.default_rng(0)))
     (tmp_path / "old.safetensors").write_bytes(data)

@@ -338,7 +338,7 @@ def test_philly_options_on_another_trace_are_refused(
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"{src} is a {kind} trace; {flags} only to Philly CSV input" in err, err
     assert [p.name for p in tmp_path.iterdir()] == [name]
-    assert main(["trace", "stats", str(src), "--json"]) == 0  # without them it is read as before
+    assert main(["trace", "stats", str(src), "--json"]) == 0  # without them it is read
     assert json.loads(capsys.readouterr().out)["jobs"] == 5
 
 

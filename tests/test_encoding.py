@@ -609,7 +609,7 @@ def test_obs_spec_order_round_trips_and_defaults_to_area():
     spec = ObsSpec.for_cluster(C48, order="fill")
     assert ObsSpec.from_dict(spec.to_dict()) == spec
     old = spec.to_dict()
-    del old["order"]  # checkpoints written before the field existed
+    del old["order"]  # a stored spec without the field
     assert ObsSpec.from_dict(old).order == "area"
     assert ObsSpec.from_dict(ObsSpec.for_cluster(C48, order="plan").to_dict()).order == "plan"
     with pytest.raises(EncodingError, match="candidate order 'best'"):

@@ -660,7 +660,7 @@ def test_utilisation_grid_is_bounded() -> None:
         assert grid.size <= MAX_UTIL_GRID_POINTS and grid.size == math.ceil(end / step)
         assert (step / 300.0).is_integer()
         assert grid[0] == 1.0 and grid[-1] == 0.5
-    assert utilisation_on_grid(t, u, 8, 50.0, 200.0).tolist() == [1.0, 1.0, 0.5, 0.5]  # small runs as before
+    assert utilisation_on_grid(t, u, 8, 50.0, 200.0).tolist() == [1.0, 1.0, 0.5, 0.5]  # small runs: the round itself
 
 
 def test_summary_reports_the_grid_step_it_used() -> None:

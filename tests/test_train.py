@@ -485,9 +485,9 @@ def test_resume_refuses_other_settings(tmp_path, tiny_run, change, needle, fix):
     assert _snapshot(run) == before
 
 
-def test_resume_of_a_run_from_before_aging_names_the_value_to_pass(tmp_path, tiny_run):
-    """A run written before --aging existed was trained with 1800 s; resuming it with today's default
-    (300 s) is refused with the value to pass, not "drop the option"."""
+def test_resume_of_a_run_without_aging_names_the_value_to_pass(tmp_path, tiny_run):
+    """A run whose spec has no aging_s was trained with 1800 s (LEGACY_AGING_S); resuming it with the
+    default (300 s) is refused with the value to pass, not "drop the option"."""
     run = _copy_run(tiny_run, tmp_path / "run")
     meta = json.loads((run / "last.json").read_text())
     del meta["obs_spec"]["aging_s"]
@@ -582,7 +582,7 @@ def test_damaged_eval_log_is_refused_and_writes_are_atomic(tmp_path, tiny_run, m
     trace = tiny_run[2]
     run = _copy_run(tiny_run, tmp_path / "run")
     before = _snapshot(run)
-    # a crash while the evaluation log is written leaves the old log whole (it was truncated in place before)
+    # a crash while the evaluation log is written leaves the old log whole
     def boom(self, rows):
         raise RuntimeError("disk full")
 

@@ -86,7 +86,7 @@ def test_resume_goes_on_training_with_the_restored_state(tmp_path, models):
 
 def test_state_of_another_save_is_not_used(tmp_path, models, caplog):
     """A state file that belongs to another save of ``last`` (a crash between the two writes) is left
-    unused, with a log line; the run resumes with fresh moments, as before the file existed."""
+    unused, with a log line; the run resumes with fresh moments, as without a state file."""
     run = tmp_path / "run"
     train(_cfg(), [TRACE], [], run)
     tensors = load_file(str(run / STATE_NAME))
