@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 import warnings
 from pathlib import Path
 
@@ -211,3 +213,53 @@ def test_reset_trace_option_picks_the_trace():
     for t in (1, np.int64(0), 0):
         _, info = env.reset(seed=0, options={"trace": t})
         assert info["trace"] == int(t) and type(info["trace"]) is int
+
+
+_GOLDEN = Path(__file__).resolve().parent / "golden"
+
+
+def _record_env():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("golden_record_env", _GOLDEN / "record_env.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_REC = _record_env()
+
+
+@pytest.mark.parametrize("case", _REC.CASES, ids=[c[0] for c in _REC.CASES])
+def test_episodes_match_golden(case):
+    """Episodes of a seeded random policy (masked, and some cases with invalid actions) on trace0 slices and
+    the golden Poisson / heavy sets, every reward kind, shaping on and off, truncation: the actions, masks,
+    flags and finished counts of every step (digest), step counts, final times and reward sums are as
+    recorded by ``tests/golden/record_env.py``."""
+    want = json.loads((_GOLDEN / "env.json").read_text())[case[0]]
+    got = _REC.summary(_REC.play(case))
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert (g["steps"], g["finished"], g["terminated"], g["truncated"]) == (
+            w["steps"], w["finished"], w["terminated"], w["truncated"])
+        assert g["digest"] == w["digest"]
+        assert math.isclose(g["time"], w["time"], rel_tol=1e-12)
+        assert math.isclose(g["reward_sum"], w["reward_sum"], rel_tol=1e-9, abs_tol=1e-12)
+
+
+def test_agent_ignoring_the_mask_is_truncated_not_stopped():
+    """An agent that always answers "nothing", also where it is invalid (an idle cluster with jobs waiting),
+    leaves the cluster idle round after round: each step costs the penalty and moves to the next round, and
+    the episode is truncated at max_steps, past the simulator's default idle-round guard (no error)."""
+    from trainer.simulator import SimConfig
+
+    steps = SimConfig.max_idle_rounds + 5
+    env = PlacementEnv([_jobs(2)], C48, reward="jct", perf=PERF, max_steps=steps, invalid_penalty=-0.5)
+    env.reset(seed=0)
+    noop = env.spec_obs.noop
+    assert not env.action_masks()[noop]
+    t0 = env.sim.time
+    for i in range(steps):
+        _, r, term, trunc, info = env.step(noop)
+        assert r == pytest.approx(-0.5 - 2 / 2) and not term and trunc == (i == steps - 1)
+    assert info["time"] == pytest.approx(t0 + steps * 300.0) and not env.sim.running

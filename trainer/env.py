@@ -1,23 +1,35 @@
 """Gymnasium environment over the project's simulator (id ``rlsched/Placement-v0``).
 
-One environment step is one scheduling decision (see :mod:`policies.codecs.deepshare`
-for the observation and the ``Discrete(K * S + 1)`` action):
+:class:`PlacementEnv` is a driver of the round loop's simulator backend
+(:class:`trainer.sim_backend.SimBackend`): the backend alone decides when rounds happen and
+moves simulated time, :func:`policies.validate.check_decision` alone validates what is
+applied, and the codec (:class:`policies.codecs.deepshare.DeepShareCodec`) encodes each
+round as it does for the deployed policies. One environment step is one scheduling decision
+(see :mod:`policies.codecs.deepshare` for the observation and the ``Discrete(K * S + 1)``
+action):
 
-* a placement action starts that candidate on that option; time does not
-  move, and the agent is asked again (several jobs per round);
-* "nothing" ends the round: the simulator advances to the next arrival /
-  completion or the next round boundary (``round_len`` s), whichever comes
-  first, and the next decision starts a new round of the codec (the
-  ``"plan"`` order replans, as :meth:`policies.rl.RLPolicy.schedule` does each round). While no placement is valid the environment keeps advancing on its
-  own (no decision to make), so an episode is about
-  ``jobs + events + useful rounds`` steps long.
+* a placement action is applied as ``backend.apply(Decision(place=[(job, placement)]))``
+  (validated on a fresh snapshot; time does not move) and on the codec round
+  (``round.place``), which is encoded again: the agent is asked again (several jobs per
+  round) while some placement is valid;
+* "nothing" (or no valid placement left) closes the round: ``backend.next_round()`` processes
+  events up to the next round in which jobs wait (the next arrival / completion batch or the
+  next round boundary, ``round_len`` s, whichever comes first), and a new codec round is begun
+  on its snapshot (the ``"plan"`` order replans, as :meth:`policies.rl.RLPolicy.schedule`
+  does each round). While no placement is valid the environment goes on to the next round on
+  its own (no decision to make), so an episode is about ``jobs + events + useful rounds``
+  steps long.
 
-The episode ends (``terminated``) when every job has finished, or is
-``truncated`` after ``max_steps`` steps.
+The episode ends (``terminated``) when every job has finished (the backend has no round
+left), or is ``truncated`` after ``max_steps`` steps. The backend's idle guard
+(:attr:`trainer.simulator.SimConfig.max_idle_rounds`) is set above ``max_steps``.
 
 Rewards are paid for simulated time, so placement steps earn 0 and a step
 that advances from ``t0`` to ``t1`` earns the integral over ``[t0, t1]``
-(the state is constant in between), in units of rounds (``dt / round_len``):
+in units of rounds (``dt / round_len``). The backend calls the environment
+(``on_advance``) right before each move of simulated time; the state is
+constant between two calls, so the integral is summed exactly, piece by
+piece: rate of the state times the piece's length. The rate per round is:
 
 * ``"seed"`` (seed eq. 2): ``-W1 * CS + W2 * Util`` per round, ``W2 = 1 - W1``,
   ``CS`` the mean contention sensitivity of running jobs (1 if none),
@@ -42,8 +54,8 @@ that advances from ``t0`` to ``t1`` earns the integral over ``[t0, t1]``
   on every trace. With ``"jct"`` a zero-arrival set of 256 jobs (average JCT
   20-60 h) returns 10-20 x more than a Poisson set (3-7 h), so the gradient
   and the reward normaliser see almost only the former; ``"jct-rel"`` weighs
-  a 1 % gain equally on every trace. This is the default and the reward of
-  the shipped policies (docs/RL.md).
+  a 1 % gain equally on every trace. This is the training default
+  (:class:`trainer.train.TrainConfig`) and the reward of the shipped policies (docs/RL.md).
 
 With ``shaping`` (default for ``"progress"``) the reward also gets the
 potential-based term ``gamma * phi(s') - phi(s)`` (Ng et al., 1999: it leaves
@@ -73,6 +85,8 @@ from policies.codecs.deepshare import DeepShareCodec, DeepShareRound, Encoded, O
 from policies.job import JobSpec
 from policies.orders import AGING_S
 from policies.perf import ContentionModel
+from policies.state import Decision
+from trainer.sim_backend import SimBackend
 from trainer.simulator import SimConfig, Simulator
 
 __all__ = ["ENV_ID", "REWARDS", "PlacementEnv", "load_trace_dir", "reference_jct", "register"]
@@ -196,16 +210,27 @@ class PlacementEnv(gym.Env):
         self.action_space = spaces.Discrete(self.codec.action_space.n)
         self._sims: dict[int, Simulator] = {}
         self.sim: Simulator | None = None
-        self._enc: Encoded | None = None
+        #: the round timing of the episode's simulator (created by ``reset``)
+        self.backend: SimBackend | None = None
+        self._enc: Encoded | None = None  # the current encoding; None once every job has finished
         self._steps = 0
-        self._next_round = 0.0
+        # reward integration (the backend's on_advance hook): reward earned and not paid yet, the time
+        # of the last hook call and the reward rate (per round) of the state since then
+        self._acc = 0.0
+        self._t_prev = 0.0
+        self._rate_prev = 0.0
         self.trace_index = -1
 
     # ------------------------------------------------------------------ helpers
     def _sim_for(self, i: int) -> Simulator:
         sim = self._sims.get(i)
         if sim is None:
-            sim = Simulator(self.cluster, self.traces[i], None, self.perf, SimConfig(round_len=self.round_len))
+            # the backend's idle guard (rounds in a row with the cluster idle, jobs waiting and nothing
+            # started) stays above max_steps: an agent that ignores the mask truncates first. No
+            # fragmentation / CS samples (metrics_interval): the rewards do not read them.
+            cfg = SimConfig(round_len=self.round_len, metrics_interval=math.inf,
+                            max_idle_rounds=max(SimConfig.max_idle_rounds, self.max_steps + 1))
+            sim = Simulator(self.cluster, self.traces[i], None, self.perf, cfg)
             self._sims[i] = sim
         else:
             sim.reset_state()
@@ -234,36 +259,34 @@ class PlacementEnv(gym.Env):
         util = 1.0 - float(sim.free.sum()) / float(sim.capacity.sum())
         return -self.w1 * cs + (1.0 - self.w1) * util
 
-    def _advance(self) -> float:
-        """Advance to the next event or round boundary; returns the reward earned."""
-        sim = self.sim
-        assert sim is not None
-        t0 = sim.time
-        rate = self._rate()
-        if not sim.running and not sim.pending:
-            sim.advance_to_next_event()  # idle: jump to the next arrival
-            self._next_round = (math.floor(sim.time / self.round_len + 1e-12) + 1) * self.round_len
-        elif not sim.advance_to_next_event(until=self._next_round):
-            self._next_round += self.round_len
-        # the simulator would schedule a new round here: the codec's round starts anew at the next
-        # decision, as it does in RLPolicy.schedule
-        self._round = None
-        return rate * (sim.time - t0) / self.round_len
+    def _integrate(self, t: float) -> None:
+        """The backend's ``on_advance`` hook, called at time ``t`` (s) before time moves on: the state has
+        been constant since the last call (at ``_t_prev``); add its reward over ``[_t_prev, t]`` and take
+        the rate of the state at ``t``."""
+        self._acc += self._rate_prev * (t - self._t_prev) / self.round_len
+        self._t_prev = t
+        self._rate_prev = self._rate()
 
-    def _settle(self) -> float:
-        """Advance while there is no decision to make; returns the reward earned."""
-        sim = self.sim
-        assert sim is not None
-        r = 0.0
-        while not sim.done:
-            if self._round is None:
-                self._round = self.codec.begin(sim.state())
+    def _earned(self) -> float:
+        """The reward integrated up to the backend's current time since the last call."""
+        assert self.backend is not None
+        self._integrate(self.backend.now())
+        r, self._acc = self._acc, 0.0
+        return r
+
+    def _settle(self) -> None:
+        """Close the round and move on to the next round with a decision to make: ``backend.next_round()``
+        (rounds in which jobs wait), a new codec round on its snapshot, until some placement is valid.
+        With no round left every job has finished: no encoding (``self._enc`` is ``None``)."""
+        backend = self.backend
+        assert backend is not None
+        while backend.next_round():
+            self._round = self.codec.begin(backend.snapshot())
             self._enc = self._round.encode()
             if self._enc.any_placement:
-                return r
-            r += self._advance()
+                return
+        self._round = None
         self._enc = None
-        return r
 
     def _obs(self) -> np.ndarray:
         if self._enc is None:
@@ -290,13 +313,14 @@ class PlacementEnv(gym.Env):
         else:
             idx = int(self.np_random.integers(len(self.traces)))
         self.trace_index = idx
-        self.sim = self._sim_for(idx)
+        self.sim = sim = self._sim_for(idx)
+        self.backend = SimBackend(sim, on_advance=self._integrate)
         self._steps = 0
-        self._next_round = self.round_len
         self._round = None  # a new episode: no round (nor plan) from the last one
-        self.sim.advance_to_next_event()
-        self._next_round = (math.floor(self.sim.time / self.round_len + 1e-12) + 1) * self.round_len
+        self._enc = None
+        self._acc, self._t_prev, self._rate_prev = 0.0, sim.time, 0.0
         self._settle()
+        self._earned()  # the time before the first decision earns nothing
         self._phi = self._potential()
         return self._obs(), self._info()
 
@@ -309,27 +333,29 @@ class PlacementEnv(gym.Env):
         return self._enc.mask.copy()
 
     def step(self, action):
-        sim = self.sim
-        if sim is None:
+        sim, backend = self.sim, self.backend
+        if sim is None or backend is None:
             raise RuntimeError("call reset() before step()")
         a = int(action)
         reward = 0.0
         self._steps += 1
         enc = self._enc
-        placed = False
-        if enc is not None and 0 <= a < len(enc.mask) and enc.mask[a]:
-            d = enc.decode(a)
+        if enc is not None:  # else the episode is over: nothing to do
+            if 0 <= a < len(enc.mask) and enc.mask[a]:
+                d = enc.decode(a)
+            else:
+                d = None
+                reward += self.invalid_penalty
             if d is not None:
-                sim.start(*d)
+                backend.apply(Decision(place=[d]))  # validated on a fresh snapshot; time does not move
+                assert self._round is not None
                 self._round.place(*d)
-                placed = True
-        elif enc is not None:
-            reward += self.invalid_penalty
-        if not placed and not sim.done:
-            reward += self._advance()
-        reward += self._settle() if not sim.done else 0.0
-        if sim.done:
-            self._enc = None
+                self._enc = self._round.encode()
+                if not self._enc.any_placement:
+                    self._settle()
+            else:  # "nothing" (or an invalid action): on to the next round with a decision to make
+                self._settle()
+        reward += self._earned()
         terminated = sim.done
         if self.shaping:
             phi = 0.0 if terminated else self._potential()
