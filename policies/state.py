@@ -16,6 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from policies.cluster import ClusterSpec, Placement
+from policies.ledger import ContentionLedger, PairContention
 
 __all__ = ["JobInfo", "ClusterState", "Decision", "time_key", "TIME_KEY_DECIMALS", "TIME_KEY_SCALE"]
 
@@ -216,6 +217,96 @@ class ClusterState:
             for n in j.placement.nodes:
                 per[n].append(j)
         return per
+
+    def contention(self, perf: PairContention) -> ContentionLedger:
+        """The contention ledger (:class:`~policies.ledger.ContentionLedger`) of ``running`` priced by
+        ``perf``, keyed by job id, each job's :class:`JobInfo` as its ``info``; read-only
+        (:meth:`~policies.ledger.ContentionLedger.fork` it to try changes).
+
+        Built from ``running`` on first use (one pass) and kept with this state for that ``perf``,
+        unless a backend handed in the one it keeps (:meth:`use_contention`)."""
+        cache: list[ContentionLedger] = self.__dict__.setdefault("_contention", [])
+        for led in cache:
+            if led.perf is perf:
+                if led.valid:
+                    return led
+                cache.remove(led)  # the backend's ledger moved on: build this state's own
+                break
+        led = ContentionLedger.from_jobs(perf, ((j.job_id, j.model, j.placement, j) for j in self.running))
+        cache.append(led.fork(read_only=True))
+        return cache[-1]
+
+    def use_contention(self, ledger: ContentionLedger) -> None:
+        """Hand in the contention ledger of ``running`` for ``ledger.perf`` (a backend that keeps one
+        incrementally); :meth:`contention` returns it (read-only) while it stays valid."""
+        cache: list[ContentionLedger] = self.__dict__.setdefault("_contention", [])
+        cache[:] = [led for led in cache if led.perf is not ledger.perf]
+        cache.append(ledger.fork(read_only=True))
+
+    def with_running(self, add: Sequence[JobInfo] = (), remove: Sequence[JobInfo] = ()) -> "ClusterState":
+        """This state with the running jobs ``remove`` (by job id) taken out and ``add`` (each with its
+        placement) appended; ``free_gpus`` and the rest unchanged. ``running`` of the result is built on
+        first read; every contention ledger kept with this state is carried over by forking it and
+        applying the change (O(jobs on the changed nodes), not O(running))."""
+        gone = {j.job_id for j in remove}
+        base = self.running
+        if isinstance(base, _RunningChange):
+            gone |= base.gone
+            kept = tuple(j for j in base.added if j.job_id not in gone)
+            base = base.base
+        else:
+            kept = ()
+        out = ClusterState(self.time, self.cluster, self.free_gpus, _RunningChange(base, frozenset(gone), kept + tuple(add)),
+                           self.pending, self.usable)
+        cache = self.__dict__.get("_contention")
+        if cache:
+            carried = []
+            for led in cache:
+                if not led.valid:
+                    continue
+                f = led.fork()
+                for j in remove:
+                    f.remove(j.job_id)
+                for j in add:
+                    assert j.placement is not None, f"job {j.job_id} added to running without a placement"
+                    f.add(j.job_id, j.model, j.placement, j)
+                carried.append(f.fork(read_only=True))
+            out.__dict__["_contention"] = carried
+        return out
+
+
+class _RunningChange(Sequence[JobInfo]):
+    """``base`` without the jobs whose id is in ``gone``, then ``added``; built on first read."""
+
+    __slots__ = ("base", "gone", "added", "_list")
+
+    def __init__(self, base: Sequence[JobInfo], gone: frozenset[str], added: tuple[JobInfo, ...]) -> None:
+        self.base, self.gone, self.added = base, gone, added
+        self._list: list[JobInfo] | None = None
+
+    def _items(self) -> list[JobInfo]:
+        if self._list is None:
+            gone = self.gone
+            self._list = [j for j in self.base if j.job_id not in gone] if gone else list(self.base)
+            self._list.extend(self.added)
+        return self._list
+
+    def __len__(self) -> int:
+        return len(self._items())
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self._items()[i]
+
+    def __iter__(self):
+        return iter(self._items())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence):
+            return self._items() == list(other)
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return repr(self._items())
 
 
 @dataclass

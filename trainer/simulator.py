@@ -10,7 +10,10 @@ the next event; nothing is stepped per second.
 Progress is tracked lazily: a job stores the samples done at its last rate
 change and the rate since then, so an event touches only the jobs whose
 contention changed (the multi-node jobs on the nodes of a job that started
-or stopped).
+or stopped, which the contention ledger, :class:`policies.ledger.ContentionLedger`,
+reports). A start or stop costs O(jobs on its nodes), never O(running jobs);
+building the policy's view (:meth:`Simulator.state`) is O(1) until the policy
+reads the running jobs.
 
 Invariants (checked when ``check_invariants`` is on, and by the tests): no
 node ever has more GPUs allocated than it owns; every finished job did
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
@@ -33,6 +37,7 @@ import numpy as np
 from policies.base import Policy
 from policies.cluster import ClusterSpec, Placement
 from policies.job import JobSpec
+from policies.ledger import ContentionLedger
 from policies.perf import ContentionModel
 from policies.state import ClusterState, Decision, JobInfo
 from trainer.traces import MAX_SUBMIT_TIME_S, MAX_SUBMIT_TIME_TEXT
@@ -139,7 +144,7 @@ class _Job:
     __slots__ = (
         "spec", "info", "idx", "noise", "key", "iso", "rate", "cs", "done", "t_ref",
         "version", "first_start", "finish", "run_time", "cs_time", "cs_weighted",
-        "seg_start", "ideal", "att_base",
+        "seg_start", "ideal", "att_base", "run_seq",
     )
 
     def __init__(self, spec: JobSpec, idx: int, noise: float, best_thp: float) -> None:
@@ -168,6 +173,7 @@ class _Job:
         self.cs_weighted = 0.0  # integral of cs over those seconds
         self.seg_start = 0.0
         self.att_base = 0.0  # GPU-seconds attained before the current run
+        self.run_seq = 0  # order of the current start among all starts (RunningView snapshots)
         self.ideal = spec.total_samples / (best_thp * noise)
 
     def progress(self, t: float) -> float:
@@ -177,27 +183,54 @@ class _Job:
 class RunningView(Sequence[JobInfo]):
     """The running jobs of a :class:`ClusterState` built by the simulator.
 
-    A read-only sequence of :class:`JobInfo`. Their progress fields are
-    computed for time ``t`` the first time the view is read (iterated,
-    indexed or compared), not when the state is built: for time-invariant
-    policies on big traces building the state is then O(1) per running job
-    instead of a Python loop over all of them. ``len`` and ``bool`` do not
-    need the refresh.
+    A read-only sequence of :class:`JobInfo`, in start order: the jobs that ran when the
+    state was built. Building it is O(1): the list is taken from the simulator the first
+    time the view is read (iterated, indexed or compared), and the progress fields
+    (``done_samples``, ``attained_service``, ``achieved_thp``, ``isolated_thp``) are computed
+    then for time ``t``. A job the simulator stops before that first read is kept (the
+    simulator tells every open view), one it starts is left out; so a policy that never
+    looks at running jobs (FIFO) pays nothing for them. ``len`` and ``bool`` need no read.
     """
 
-    __slots__ = ("_infos", "_jobs", "_t")
+    __slots__ = ("_sim", "_t", "_n", "_seq", "_gone", "_jobs", "_infos", "__weakref__")
 
-    def __init__(self, jobs: list[_Job], t: float) -> None:
-        self._jobs = jobs
+    def __init__(self, sim: "Simulator", t: float) -> None:
+        self._sim = sim
         self._t = t
+        self._n = len(sim.running)
+        self._seq = sim._run_seq  # jobs started later are not in this view
+        self._gone: list[tuple[int, _Job]] = []  # (run_seq, job) of its jobs stopped since
+        self._jobs: list[_Job] | None = None
         self._infos: list[JobInfo] | None = None
+
+    def _stopped(self, j: _Job) -> None:
+        """The simulator is stopping ``j`` (called while the view is unread)."""
+        if j.run_seq <= self._seq:
+            self._gone.append((j.run_seq, j))
+
+    def _take(self) -> list[_Job]:
+        """Fix the job list (the simulator stops reporting to this view)."""
+        jobs = self._jobs
+        if jobs is None:
+            sim = self._sim
+            sim._views.pop(id(self), None)
+            if not self._gone and sim._run_seq == self._seq:
+                jobs = list(sim.running.values())
+            else:
+                hi = self._seq
+                seq_jobs = [(j.run_seq, j) for j in sim.running.values() if j.run_seq <= hi] + self._gone
+                seq_jobs.sort(key=_first)
+                jobs = [j for _s, j in seq_jobs]
+            self._jobs = jobs
+            self._gone = []
+        return jobs
 
     def _refresh(self) -> list[JobInfo]:
         infos = self._infos
         if infos is None:
             t = self._t
             infos = []
-            for j in self._jobs:
+            for j in self._take():
                 info = j.info
                 info.done_samples = j.progress(t)
                 info.attained_service = j.att_base + info.gpu_demand * (t - j.seg_start)
@@ -208,7 +241,7 @@ class RunningView(Sequence[JobInfo]):
         return infos
 
     def __len__(self) -> int:
-        return len(self._jobs)
+        return self._n
 
     def __getitem__(self, i):  # type: ignore[override]
         return self._refresh()[i]
@@ -223,6 +256,10 @@ class RunningView(Sequence[JobInfo]):
 
     def __repr__(self) -> str:
         return f"RunningView({self._refresh()!r})"
+
+
+def _first(pair: tuple):
+    return pair[0]
 
 
 def _check_spec(j: JobSpec, total_gpus: int) -> None:
@@ -326,10 +363,16 @@ class Simulator:
 
     # ------------------------------------------------------------------ state
     def reset_state(self) -> None:
-        n = self.cluster.num_nodes
         self.capacity = np.array(self.cluster.gpus_per_node, dtype=np.int64)
         self.free = self.capacity.copy()
-        self.node_multi: list[set[int]] = [set() for _ in range(n)]  # multi-node job idx per node
+        self._used = 0  # allocated GPUs (sum of capacity - free)
+        self.ledger = ContentionLedger(self.perf)  # running jobs by id, each one's CS
+        for ref in list(getattr(self, "_views", {}).values()):
+            v = ref()
+            if v is not None:
+                v._take()  # views of the previous run keep its jobs
+        self._views: dict[int, weakref.ref[RunningView]] = {}  # unread views (told of stops), by id
+        self._run_seq = 0
         self.time = 0.0
         self.next_arrival = 0
         self.pending: list[_Job] = []
@@ -373,17 +416,17 @@ class Simulator:
         ``isolated_thp``) are brought up to this time on first access, so a
         policy that never looks at running jobs (FIFO) pays nothing for them.
         """
-        return ClusterState(
-            self.time,
-            self.cluster,
-            self.free.copy(),
-            RunningView(list(self.running.values()), self.time),
-            [j.info for j in self.pending],
-        )
+        view = RunningView(self, self.time)
+        views = self._views
+        key = id(view)
+        views[key] = weakref.ref(view, lambda _ref, key=key, views=views: views.pop(key, None))
+        st = ClusterState(self.time, self.cluster, self.free.copy(), view, [j.info for j in self.pending])
+        st.use_contention(self.ledger)  # the ledger of exactly these running jobs, while it is unchanged
+        return st
 
     # ------------------------------------------------------------------ mechanics
     def _record_util(self) -> None:
-        used = int(self.capacity.sum() - self.free.sum())
+        used = self._used
         if self.util_t[-1] == self.time:
             self.util_used[-1] = used
         else:
@@ -408,30 +451,25 @@ class Simulator:
             j.done = j.progress(t)
             j.t_ref = t
 
-    def _update_rates(self, idxs: Iterable[int]) -> None:
-        perf = self.perf
-        for i in idxs:
-            j = self.jobs[i]
-            p = j.info.placement
-            if p is None:
-                continue
-            neigh = {}
-            if p.num_nodes > 1:
-                for v in p.nodes:
-                    neigh[v] = [self.jobs[o].key for o in self.node_multi[v] if o != i]
-            cs = perf.job_cs(j.key, p.nodes, neigh) if p.num_nodes > 1 else 1.0
+    def _update_rates(self, ids: Iterable[str]) -> None:
+        """Give each running job of ``ids`` its ledger CS: fold its progress so far and push its new
+        completion time if the CS changed (or it has no rate yet)."""
+        ledger, by_id = self.ledger, self.by_id
+        for jid in ids:
+            j = by_id[jid]
+            cs = ledger.cs(jid)
             if abs(cs - j.cs) > 1e-12 or j.rate == 0.0:
                 self._settle(j)
                 j.cs = cs
                 j.rate = j.iso / cs
                 self._push_completion(j)
 
-    def _affected(self, p: Placement) -> set[int]:
-        s: set[int] = set()
-        if p.num_nodes > 1:
-            for v in p.nodes:
-                s |= self.node_multi[v]
-        return s
+    def _in_order(self, ids: set[str]) -> list[str]:
+        """``ids`` in trace order (so that runs replay exactly whatever the set's order)."""
+        if len(ids) == 1:
+            return list(ids)
+        by_id = self.by_id
+        return sorted(ids, key=lambda jid: by_id[jid].idx)
 
     def start(self, job_id: str, p: Placement) -> None:
         """Start a pending job on ``p`` (raises if it does not fit)."""
@@ -439,27 +477,31 @@ class Simulator:
         if j.info.placement is not None:
             raise SimulationError(f"job {job_id} is already running")
         _check_placement(job_id, j.spec.gpu_demand, p, self.free)
+        free = self.free
         for n, c in p.alloc:
-            self.free[n] -= c
+            free[n] -= c
+        self._used += p.total_gpus
         self.pending.remove(j)
         t = self.time
         j.info.placement = p
         j.info.start_time = t
         if math.isnan(j.first_start):
             j.first_start = t
-        j.key = (j.spec.model, p.total_gpus, p.num_nodes)
-        j.iso = self.perf.isolated_throughput(j.spec.model, p.total_gpus, p.num_nodes) * j.noise
+        model = j.spec.model
+        j.key = (model, p.total_gpus, p.num_nodes)
+        j.iso = self.perf.isolated_throughput(model, p.total_gpus, p.num_nodes) * j.noise
         overhead = self.cfg.restart_overhead if j.info.preemptions > 0 else 0.0
         j.t_ref = t + overhead
         j.rate = 0.0
         j.cs = 1.0
         j.seg_start = t
+        self._run_seq += 1
+        j.run_seq = self._run_seq
         self.running[j.idx] = j
-        affected = self._affected(p)
-        if p.num_nodes > 1:
-            for v in p.nodes:
-                self.node_multi[v].add(j.idx)
-        self._update_rates(affected | {j.idx})
+        changed = self.ledger.add(job_id, model, p, j.info)
+        self._update_rates((job_id,))
+        if changed:
+            self._update_rates(self._in_order(changed))
         self._record_util()
         self.dirty = True
 
@@ -471,17 +513,23 @@ class Simulator:
         j.run_time += t - j.seg_start
         j.att_base += j.spec.gpu_demand * (t - j.seg_start)
         j.info.attained_service = j.att_base
+        free = self.free
         for n, c in p.alloc:
-            self.free[n] += c
-        if p.num_nodes > 1:
-            for v in p.nodes:
-                self.node_multi[v].discard(j.idx)
+            free[n] += c
+        self._used -= p.total_gpus
+        if self._views:
+            for ref in list(self._views.values()):
+                v = ref()
+                if v is not None:
+                    v._stopped(j)
         del self.running[j.idx]
         j.info.placement = None
         j.info.start_time = None
         j.rate = 0.0
         j.version += 1
-        self._update_rates(self._affected(p))
+        changed = self.ledger.remove(j.spec.job_id)
+        if changed:
+            self._update_rates(self._in_order(changed))
         self._record_util()
         self.dirty = True
         return p
@@ -698,58 +746,57 @@ class Simulator:
 
         For node ``i`` with GPU remaining times ``x`` (0 when free):
         ``1 - (sum x)^2 / (n * sum x^2)``; a node with all ``x = 0`` counts 0.
+        One vectorised pass over the running jobs' allocations (each node's sums
+        are added in start order).
         """
+        jobs = list(self.running.values())
         n_nodes = self.cluster.num_nodes
-        # Python lists, not numpy scalars: this loop runs every sample over
-        # every running job (hot on big traces); same additions, same order.
-        s1 = [0.0] * n_nodes
-        s2 = [0.0] * n_nodes
+        if not jobs:
+            return 0.0
         t = self.time
-        for j in self.running.values():
-            rate = j.rate
-            if rate > 0:
-                total = j.spec.total_samples
-                rem = (total - min(j.done + rate * max(0.0, t - j.t_ref), total)) / rate
-            else:
-                rem = j.info.remaining_time
-            for n, c in j.info.placement.alloc:  # type: ignore[union-attr]
-                x = c * rem
-                s1[n] += x
-                s2[n] += x * rem
-        a1 = np.array(s1)
-        a2 = np.array(s2)
+        rate = np.array([j.rate for j in jobs])
+        total = np.array([j.spec.total_samples for j in jobs])
+        done = np.array([j.done for j in jobs])
+        t_ref = np.array([j.t_ref for j in jobs])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rem = (total - np.minimum(done + rate * np.maximum(0.0, t - t_ref), total)) / rate
+        if not (rate > 0).all():  # not reached: a running job always has a rate
+            idle = np.flatnonzero(~(rate > 0))
+            rem[idle] = [jobs[i].info.remaining_time for i in idle]
+        allocs = [j.info.placement.alloc for j in jobs]  # type: ignore[union-attr]
+        width = np.fromiter((len(a) for a in allocs), np.int64, len(allocs))
+        rows = np.array([nc for a in allocs for nc in a], dtype=np.int64).reshape(-1, 2)
+        r = np.repeat(rem, width)
+        x = rows[:, 1] * r
+        a1 = np.bincount(rows[:, 0], weights=x, minlength=n_nodes)
+        a2 = np.bincount(rows[:, 0], weights=x * r, minlength=n_nodes)
         with np.errstate(divide="ignore", invalid="ignore"):
             frag = np.where(a2 > 0, 1.0 - a1 * a1 / (self.capacity * a2), 0.0)
         return float(frag.mean())
 
     def check_invariants(self) -> None:
+        """Raise :class:`AssertionError` unless GPU accounting adds up and the incremental contention
+        ledger equals one recomputed from the running jobs' placements (and every running job's rate
+        is its isolated throughput over its ledger CS)."""
         if (self.free < 0).any() or (self.free > self.capacity).any():
             raise AssertionError(f"GPU over-allocation: free={self.free.tolist()}")
         used = np.zeros_like(self.capacity)
         for j in self.running.values():
             for n, c in j.info.placement.alloc:  # type: ignore[union-attr]
                 used[n] += c
-        if not np.array_equal(used + self.free, self.capacity):
+        if not np.array_equal(used + self.free, self.capacity) or int(used.sum()) != self._used:
             raise AssertionError("GPU accounting mismatch")
-        # The incremental contention bookkeeping equals a full recomputation.
-        multi: list[set[int]] = [set() for _ in range(self.cluster.num_nodes)]
+        led = self.ledger
+        led.check()
+        if list(led) != [j.spec.job_id for j in self.running.values()]:
+            raise AssertionError("contention ledger: its jobs are not the running jobs")
         for j in self.running.values():
-            p = j.info.placement
-            if p is not None and p.num_nodes > 1:
-                for v in p.nodes:
-                    multi[v].add(j.idx)
-        if multi != self.node_multi:
-            raise AssertionError("multi-node job index per node is stale")
-        for j in self.running.values():
-            p = j.info.placement
-            assert p is not None
-            if p.num_nodes > 1:
-                neigh = {v: [self.jobs[o].key for o in multi[v] if o != j.idx] for v in p.nodes}
-                cs = self.perf.job_cs(j.key, p.nodes, neigh)
-            else:
-                cs = 1.0
+            jid = j.spec.job_id
+            if led.placement(jid) != j.info.placement or led.key(jid) != j.key:
+                raise AssertionError(f"job {jid}: ledger placement {led.placement(jid)} != {j.info.placement}")
+            cs = led.cs(jid)
             if abs(cs - j.cs) > 1e-9 * cs or abs(j.rate * j.cs - j.iso) > 1e-9 * j.iso:
-                raise AssertionError(f"job {j.spec.job_id}: stale rate (cs {j.cs} vs {cs}, rate {j.rate}, iso {j.iso})")
+                raise AssertionError(f"job {jid}: stale rate (cs {j.cs} vs {cs}, rate {j.rate}, iso {j.iso})")
 
     def result(self, wall: float = 0.0) -> SimResult:
         recs = []
