@@ -101,7 +101,7 @@ class OrderedPolicy(Policy):
         """
         dec = Decision()
         # free_gpus is 0 on unusable nodes (ClusterState), so no rule places there
-        free = state.free_gpus.astype(np.int64).copy()
+        free = np.array(state.free_gpus, dtype=np.int64)  # the round's own copy
         free_total = int(free.sum())
         usable = state.usable  # None: every node
         order = self.order
@@ -112,31 +112,28 @@ class OrderedPolicy(Policy):
         # long queues); sorting (key, job) pairs by key is the same stable sort
         # as sorting jobs by ``order``.
         pending = sorted(((order(j), j) for j in state.pending), key=_first)
-        victims: list[tuple[tuple, JobInfo]] = []
-        if self.preemptive:
-            victims = sorted(
-                (
-                    (order(j), j)
-                    for j in state.running
-                    if j.preemptible
-                    and (j.start_time is None or state.time - j.start_time >= self.min_run)
-                    # a job only on unusable nodes frees nothing a placement may use
-                    and (usable is None or any(usable[n] for n in j.placement.nodes))  # type: ignore[union-attr]
-                ),
-                key=_first,
-                reverse=True,
-            )
-        can_preempt = bool(victims)
+        # Victims (running jobs, lowest priority first) are ranked the first time a job does not
+        # fit: a round in which every job fits never reads the running jobs.
+        victims: list[tuple[tuple, JobInfo]] | None = None if self.preemptive else []
+        can_preempt = self.preemptive  # until the victims are known: whether there are any
         # A rule that weighs co-located jobs (greedy) must see this round's starts and preemptions
-        # too: `cur` is the state with them (only running jobs' placements matter to it).
+        # too: `cur` is the state with them (ClusterState.with_running: only running jobs'
+        # placements matter to it, and its contention ledger follows incrementally).
         aware = getattr(self.placement, "uses_running", False)
         cur = state
         for key, job in pending:
+            if free_total <= 0 and victims is None:
+                victims = self._victims(state)
+                can_preempt = bool(victims)
             if free_total <= 0 and not can_preempt:
                 break  # nothing fits and nothing can be freed: the rest would be skipped
             # No rule can place more GPUs than are free: skip the call.
             p = self.placement(job, free, cur) if job.gpu_demand <= free_total else None
+            if p is None and victims is None:
+                victims = self._victims(state)
+                can_preempt = bool(victims)
             if p is None and can_preempt:
+                assert victims is not None
                 if victims and self._lower(victims[0][0][0], key[0]):
                     p, chosen = self._with_preemption(job, key, free, cur, victims)
                     if p is not None:
@@ -148,8 +145,7 @@ class OrderedPolicy(Policy):
                                     free[n] += c
                                     free_total += c
                         if aware:
-                            gone = {id(v) for v in chosen}
-                            cur = dataclasses.replace(cur, running=[r for r in cur.running if id(r) not in gone])
+                            cur = cur.with_running(remove=chosen)
                 else:
                     # Pending keys only grow from here and the lowest-priority
                     # victim is not clearly lower than this job: no later job
@@ -166,8 +162,25 @@ class OrderedPolicy(Policy):
             if limit is not None and len(dec.place) >= limit:
                 break  # the backend applies no more: later placements (and their preemptions) are dropped
             if aware:
-                cur = dataclasses.replace(cur, running=[*cur.running, dataclasses.replace(job, placement=p)])
+                cur = cur.with_running(add=[dataclasses.replace(job, placement=p)])
         return dec
+
+    def _victims(self, state: ClusterState) -> list[tuple[tuple, JobInfo]]:
+        """``(order key, job)`` of the running jobs this policy may preempt, lowest priority first:
+        preemptible, run at least ``min_run`` since their last start, on at least one usable node."""
+        usable = state.usable
+        return sorted(
+            (
+                (self.order(j), j)
+                for j in state.running
+                if j.preemptible
+                and (j.start_time is None or state.time - j.start_time >= self.min_run)
+                # a job only on unusable nodes frees nothing a placement may use
+                and (usable is None or any(usable[n] for n in j.placement.nodes))  # type: ignore[union-attr]
+            ),
+            key=_first,
+            reverse=True,
+        )
 
     def _lower(self, victim_key: float, job_key: float) -> bool:
         """Whether a victim's primary key is clearly lower priority than the job's.

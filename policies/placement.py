@@ -2,18 +2,24 @@
 
 Every rule is a callable ``rule(job, free, state) -> Placement | None`` that
 never mutates ``free`` (an int array ``[num_nodes]``). ``state`` is the
-:class:`~policies.state.ClusterState` for rules that look at co-located jobs.
+:class:`~policies.state.ClusterState` for rules that look at co-located jobs;
+they read contention from its ledger (:meth:`~policies.state.ClusterState.contention`).
+
+Searches over nodes run on a byte copy of ``free`` (one byte per node, when every
+count is in ``[0, 255]``; ``bytes.find`` is a C scan), so a rule costs O(nodes)
+machine work plus O(nodes it picks) Python work, not a Python loop over the cluster.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable, Protocol
+from typing import Callable, Mapping, Protocol
 
 import numpy as np
 
 from policies.cluster import Placement
-from policies.perf import ContentionModel, JobKey
+from policies.ledger import ContentionLedger
+from policies.perf import ContentionModel
 from policies.state import ClusterState, JobInfo
 
 __all__ = [
@@ -23,6 +29,7 @@ __all__ = [
     "ContentionAwarePlacement",
     "FloorPacking",
     "balanced_candidates",
+    "balanced_by_load",
     "PLACEMENT_RULES",
 ]
 
@@ -31,31 +38,72 @@ class PlacementRule(Protocol):
     def __call__(self, job: JobInfo, free: np.ndarray, state: ClusterState) -> Placement | None: ...
 
 
+def _as_bytes(free: np.ndarray) -> tuple[np.ndarray, int, bytes | None]:
+    """``(free as an array, its largest count, one byte per node)``; the bytes are ``None`` when
+    a count is outside ``[0, 255]`` (then callers search with numpy)."""
+    arr = np.asarray(free)
+    if arr.size == 0:
+        return arr, 0, None
+    hi = int(arr.max())
+    if hi > 255 or int(arr.min()) < 0:
+        return arr, hi, None
+    return arr, hi, arr.astype(np.uint8).tobytes()
+
+
 def pack(job: JobInfo, free: np.ndarray, state: ClusterState | None = None) -> Placement | None:
     """Packing placement (seed 003, SCED2): as few nodes, as few free GPUs as possible.
 
     Repeatedly take the node with the fewest free GPUs that covers the rest of
-    the demand; if none can, take the node with the most free GPUs and loop.
+    the demand (lowest index on ties); if none can, take the node with the most
+    free GPUs (lowest index on ties) and loop. ``None`` if fewer GPUs are free
+    than the job needs.
     """
     need = job.gpu_demand
-    if need > int(free.sum()):
+    arr, hi, fb = _as_bytes(free)
+    if fb is not None and need <= hi:  # one node: the smallest count >= need, first such node
+        for f in range(need, hi + 1):
+            n = fb.find(_BYTES[f])
+            if n >= 0:
+                return Placement(((n, need),))
+    if need > int(arr.sum()):
         return None
-    avail = free.astype(np.int64).copy()
     alloc: dict[int, int] = {}
+    if fb is not None:
+        avail = bytearray(fb)
+        while need > 0:
+            n = -1
+            if need <= hi:
+                for f in range(need, hi + 1):
+                    n = avail.find(f)
+                    if n >= 0:
+                        break
+                take = need
+            else:
+                n, take = avail.find(hi), hi
+            alloc[n] = alloc.get(n, 0) + take
+            avail[n] -= take
+            need -= take
+            while hi > 0 and avail.find(hi) < 0:
+                hi -= 1
+        return Placement.of(alloc)
+    avail64 = arr.astype(np.int64)
     while need > 0:
-        ok = np.flatnonzero(avail >= need)
+        ok = np.flatnonzero(avail64 >= need)
         if ok.size:
-            n = int(ok[np.argmin(avail[ok])])  # best fit; argmin takes the lowest index on ties
+            n = int(ok[np.argmin(avail64[ok])])  # best fit; argmin takes the lowest index on ties
             take = need
         else:
-            n = int(np.argmax(avail))
-            take = int(avail[n])
+            n = int(np.argmax(avail64))
+            take = int(avail64[n])
             if take <= 0:
                 return None
         alloc[n] = alloc.get(n, 0) + take
-        avail[n] -= take
+        avail64[n] -= take
         need -= take
     return Placement.of(alloc)
+
+
+_BYTES = [bytes((i,)) for i in range(256)]
 
 
 def spread(job: JobInfo, free: np.ndarray, state: ClusterState | None = None) -> Placement | None:
@@ -102,17 +150,91 @@ def balanced_candidates(gpus: int, free: np.ndarray, order: np.ndarray) -> list[
     return out
 
 
+def balanced_by_load(
+    gpus: int, free: np.ndarray, load: Callable[[int], int], loaded: Callable[[], Mapping[int, int]]
+) -> list[Placement]:
+    """:func:`balanced_candidates` with nodes in the order (multi-node jobs there, free GPUs, index).
+
+    The same list as ``balanced_candidates(gpus, free, np.lexsort((free, load_array)))``, found
+    without sorting the cluster: nodes without multi-node jobs come first, in order of free GPUs
+    then index, and are searched count by count (:func:`_as_bytes`); the loaded nodes are sorted
+    only when those run short.
+
+    :param load: number of multi-node jobs on a node.
+    :param loaded: ``{node: that number}`` for every node with at least one (called only if needed).
+    """
+    arr, hi, fb = _as_bytes(free)
+    num_nodes = len(arr)
+    if fb is None:
+        if num_nodes == 0:
+            return []
+        load_arr = np.zeros(num_nodes)
+        for v, c in loaded().items():
+            load_arr[v] = c
+        return balanced_candidates(gpus, arr, np.lexsort((arr, load_arr)))
+    zero: dict[int, list[int]] = {}  # free count -> unloaded nodes with that count found so far, by index
+    cursor: dict[int, int] = {}  # free count -> where its search goes on (-1: all found)
+    by_load: list[tuple[int, int, int]] | None = None
+    out: list[Placement] = []
+    for n in range(1, min(gpus, num_nodes) + 1):
+        per = -(-gpus // n)
+        if (n - 1) * per >= gpus or per > hi:  # a node left empty, or no node holds `per`
+            continue
+        chosen: list[int] = []
+        for f in range(per, hi + 1):
+            found = zero.get(f)
+            if found is None:
+                found = zero[f] = []
+                cursor[f] = 0
+            want = n - len(chosen)
+            pos = cursor[f]
+            byte = _BYTES[f]
+            while len(found) < want and pos >= 0:
+                i = fb.find(byte, pos)
+                if i < 0:
+                    pos = -1
+                    break
+                pos = i + 1
+                if not load(i):
+                    found.append(i)
+            cursor[f] = pos
+            chosen.extend(found[:want])
+            if len(chosen) == n:
+                break
+        if len(chosen) < n:
+            if by_load is None:
+                by_load = sorted((c, int(arr[v]), v) for v, c in loaded().items() if arr[v] >= 1)
+            for _c, fv, v in by_load:
+                if fv >= per:
+                    chosen.append(v)
+                    if len(chosen) == n:
+                        break
+            if len(chosen) < n:
+                continue
+        alloc = {}
+        left = gpus
+        for i in chosen:
+            take = min(per, left)
+            alloc[i] = take
+            left -= take
+        out.append(Placement.of(alloc))
+    return out
+
+
 class ContentionAwarePlacement:
     """Greedy: the placement the performance model predicts hurts least.
 
     Candidates are the packing placement plus one balanced placement per
-    feasible node count (nodes ordered by network load, then best fit). Each
-    is scored by the change in *effective GPUs* of all jobs involved::
+    feasible node count (nodes ordered by network load, then best fit:
+    :func:`balanced_by_load`). Each is scored by the change in *effective GPUs*
+    of all jobs involved::
 
         sum_j  G_j * achieved_j / best_j
 
     i.e. the new job's normalised speed times its size, minus what its new
-    neighbours lose. The highest score wins; ties go to fewer nodes.
+    neighbours lose (contention from the state's ledger,
+    :meth:`~policies.state.ClusterState.contention`). The highest score wins;
+    ties go to fewer nodes.
 
     :param min_efficiency: admission floor in ``[0, 1]``: the best placement is
         returned only if its score per GPU (net effective GPUs gained per GPU
@@ -135,10 +257,8 @@ class ContentionAwarePlacement:
     def __call__(self, job: JobInfo, free: np.ndarray, state: ClusterState) -> Placement | None:
         if job.gpu_demand > int(free.sum()):
             return None
-        per_node = state.jobs_on_node()
-        load = np.array([sum(1 for j in js if j.placement and j.placement.num_nodes > 1) for js in per_node], float)
-        order = np.lexsort((free, load))  # least loaded first, then fewest free (best fit)
-        cands = balanced_candidates(job.gpu_demand, free, order)
+        led = state.contention(self.perf)
+        cands = balanced_by_load(job.gpu_demand, free, led.load, led.loads)
         p = pack(job, free)
         if p is not None and p not in cands:
             cands.append(p)
@@ -146,43 +266,33 @@ class ContentionAwarePlacement:
             return None
         best, best_score = None, -math.inf
         for c in cands:
-            s = self.score(job, c, per_node)
+            s = self._score(job, c, led)
             if s > best_score + 1e-9 or (abs(s - best_score) <= 1e-9 and best is not None and c.num_nodes < best.num_nodes):
                 best, best_score = c, s
         if self.min_efficiency > 0.0 and best_score < self.min_efficiency * job.gpu_demand - 1e-9:
             return None
         return best
 
-    def _key(self, j: JobInfo, p: Placement) -> JobKey:
-        return (j.model, p.total_gpus, p.num_nodes)
+    def score(self, job: JobInfo, cand: Placement, state: ClusterState | ContentionLedger) -> float:
+        """Net effective GPUs that placing ``job`` on ``cand`` adds, given the running jobs of
+        ``state`` (or a contention ledger whose ``info`` are the running :class:`JobInfo`)."""
+        led = state.contention(self.perf) if isinstance(state, ClusterState) else state
+        return self._score(job, cand, led)
 
-    def _neigh(self, per_node: list[list[JobInfo]], node: int, exclude: str) -> list[JobKey]:
-        return [self._key(o, o.placement) for o in per_node[node] if o.job_id != exclude and o.placement is not None]
-
-    def score(self, job: JobInfo, cand: Placement, per_node: list[list[JobInfo]]) -> float:
+    def _score(self, job: JobInfo, cand: Placement, led: ContentionLedger) -> float:
         perf = self.perf
-        me = self._key(job, cand)
-        neigh = {n: self._neigh(per_node, n, job.job_id) for n in cand.nodes}
-        cs_me = perf.job_cs(me, cand.nodes, neigh)
+        cs_me, after = led.what_if(job.model, cand, exclude=job.job_id)
         iso = perf.isolated_throughput(job.model, cand.total_gpus, cand.num_nodes)
         gain = job.gpu_demand * iso / cs_me / max(job.best_thp, 1e-12)
-        if me[2] <= 1:
+        if cand.num_nodes <= 1:
             return gain
         # What the neighbours lose.
-        seen: set[str] = set()
         loss = 0.0
-        for n in cand.nodes:
-            for o in per_node[n]:
-                if o.job_id in seen or o.placement is None or o.placement.num_nodes <= 1:
-                    continue
-                seen.add(o.job_id)
-                ok = self._key(o, o.placement)
-                before = {v: self._neigh(per_node, v, o.job_id) for v in o.placement.nodes}
-                after = {v: list(before[v]) + ([me] if v in neigh else []) for v in o.placement.nodes}
-                cs_b = perf.job_cs(ok, o.placement.nodes, before)
-                cs_a = perf.job_cs(ok, o.placement.nodes, after)
-                iso_o = perf.isolated_throughput(o.model, o.placement.total_gpus, o.placement.num_nodes)
-                loss += o.gpu_demand * iso_o * (1.0 / cs_b - 1.0 / cs_a) / max(o.best_thp, 1e-12)
+        for o, cs_a in after.items():
+            info = led.info(o)
+            cs_b = led.cs(o)
+            iso_o = perf.isolated_throughput(*led.key(o))
+            loss += info.gpu_demand * iso_o * (1.0 / cs_b - 1.0 / cs_a) / max(info.best_thp, 1e-12)
         return gain - loss
 
 
@@ -217,13 +327,13 @@ class FloorPacking:
         p = pack(job, free)
         if p is None or self.min_efficiency <= 0.0:
             return p
-        if self.score(job, p, state.jobs_on_node()) < self.min_efficiency * job.gpu_demand - 1e-9:
+        if self.score(job, p, state) < self.min_efficiency * job.gpu_demand - 1e-9:
             return None
         return p
 
-    def score(self, job: JobInfo, cand: Placement, per_node: list[list[JobInfo]]) -> float:
+    def score(self, job: JobInfo, cand: Placement, state: ClusterState | ContentionLedger) -> float:
         """Net effective GPUs that ``cand`` adds (:meth:`ContentionAwarePlacement.score`)."""
-        return self._scorer.score(job, cand, per_node)
+        return self._scorer.score(job, cand, state)
 
 
 PLACEMENT_RULES: dict[str, Callable[..., PlacementRule]] = {

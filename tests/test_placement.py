@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from policies.cluster import ClusterSpec, NodeSpec, Placement
 from policies.perf import ContentionModel
-from policies.placement import ContentionAwarePlacement, FloorPacking, balanced_candidates, pack, spread
+from policies.placement import ContentionAwarePlacement, FloorPacking, balanced_by_load, balanced_candidates, pack, spread
 from policies.state import ClusterState, JobInfo
 
 C48 = ClusterSpec.parse("4x8")
@@ -156,9 +156,8 @@ def test_greedy_avoids_co_locating_heavy_multi_node_jobs(perf: ContentionModel) 
     assert greedy is not None and greedy.num_nodes == 2
     assert set(greedy.nodes) == {2, 3}
     # The score says why: packing next to FSDP costs both jobs speed.
-    per_node = state.jobs_on_node()
     rule = ContentionAwarePlacement(perf)
-    assert rule.score(new, greedy, per_node) > rule.score(new, packed, per_node)
+    assert rule.score(new, greedy, state) > rule.score(new, packed, state)
 
 
 def test_greedy_accepts_contention_when_no_alternative(perf: ContentionModel) -> None:
@@ -181,7 +180,7 @@ def test_greedy_efficiency_floor(perf: ContentionModel) -> None:
     cluster, cperf, free, state, new = beside_fsdp("2x8", 8, perf)
     p = ContentionAwarePlacement(cperf)(new, free, state)
     assert p is not None
-    eff = ContentionAwarePlacement(cperf).score(new, p, state.jobs_on_node()) / new.gpu_demand
+    eff = ContentionAwarePlacement(cperf).score(new, p, state) / new.gpu_demand
     assert 0.0 < eff < 1.0  # split next to FSDP: slower than alone on one node
     assert ContentionAwarePlacement(cperf, min_efficiency=eff - 1e-3)(new, free, state) == p
     assert ContentionAwarePlacement(cperf, min_efficiency=min(1.0, eff + 1e-3))(new, free, state) is None
@@ -213,8 +212,8 @@ def test_floor_packing_floor(perf: ContentionModel) -> None:
     _cluster, cperf, free, state, new = beside_fsdp("3x8", 12, perf)
     p = FloorPacking(cperf)(new, free, state)
     assert p == Placement.of({2: 8, 0: 4})  # the free node, then beside FSDP
-    eff = FloorPacking(cperf).score(new, p, state.jobs_on_node()) / new.gpu_demand
-    assert eff == ContentionAwarePlacement(cperf).score(new, p, state.jobs_on_node()) / new.gpu_demand
+    eff = FloorPacking(cperf).score(new, p, state) / new.gpu_demand
+    assert eff == ContentionAwarePlacement(cperf).score(new, p, state) / new.gpu_demand
     assert 0.0 < eff < 1.0
     assert FloorPacking(cperf, min_efficiency=eff - 1e-3)(new, free, state) == p
     assert FloorPacking(cperf, min_efficiency=min(1.0, eff + 1e-3))(new, free, state) is None
@@ -246,3 +245,49 @@ def test_floor_packing_properties(data, cluster, dtype) -> None:
     assert all(c <= free[n] for n, c in p.alloc)
     if single:
         assert p.num_nodes == 1 and free[p.nodes[0]] == min(x for x in free if x >= gpus)  # best fit
+
+
+# ---------------------------------------------------------------------- fast searches == the plain definitions
+def _pack_by_definition(need: int, free: np.ndarray) -> Placement | None:
+    """SCED2 packing written with numpy over the whole array (the definition ``pack`` must equal)."""
+    if need > int(free.sum()):
+        return None
+    avail = free.astype(np.int64).copy()
+    alloc: dict[int, int] = {}
+    while need > 0:
+        ok = np.flatnonzero(avail >= need)
+        if ok.size:
+            n, take = int(ok[np.argmin(avail[ok])]), need
+        else:
+            n = int(np.argmax(avail))
+            take = int(avail[n])
+        alloc[n] = alloc.get(n, 0) + take
+        avail[n] -= take
+        need -= take
+    return Placement.of(alloc)
+
+
+free_arrays = st.lists(st.integers(0, 8), min_size=1, max_size=40) | st.lists(st.integers(0, 300), min_size=1, max_size=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(free_arrays, st.integers(1, 64), st.sampled_from([np.int64, np.int32, np.int16]))
+def test_pack_equals_its_definition(free, need, dtype) -> None:
+    f = np.array(free, dtype=dtype)
+    assert pack(info("j", need), f) == _pack_by_definition(need, f)
+    assert f.tolist() == free
+
+
+@settings(max_examples=200, deadline=None)
+@given(free_arrays, st.integers(1, 48), st.data())
+def test_balanced_by_load_equals_the_sorted_order(free, gpus, data) -> None:
+    """Candidates over nodes in (multi-node load, free, index) order, found without sorting,
+    equal balanced_candidates over np.lexsort((free, load))."""
+    f = np.array(free, dtype=np.int64)
+    loads = data.draw(st.dictionaries(st.integers(0, len(free) - 1), st.integers(1, 3)))
+    load_arr = np.zeros(len(free))
+    for v, c in loads.items():
+        load_arr[v] = c
+    want = balanced_candidates(gpus, f, np.lexsort((f, load_arr)))
+    got = balanced_by_load(gpus, f, lambda v: loads.get(v, 0), lambda: loads)
+    assert got == want
