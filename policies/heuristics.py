@@ -22,7 +22,7 @@ Names on the command line: ``fifo``, ``sjf``, ``srtf``, ``las``, ``greedy``
 from __future__ import annotations
 
 import bisect
-import dataclasses
+import copy
 from dataclasses import dataclass
 from typing import Callable
 
@@ -162,7 +162,9 @@ class OrderedPolicy(Policy):
             if limit is not None and len(dec.place) >= limit:
                 break  # the backend applies no more: later placements (and their preemptions) are dropped
             if aware:
-                cur = cur.with_running(add=[dataclasses.replace(job, placement=p)])
+                placed = copy.copy(job)  # fields checked already: a shallow copy, then its placement
+                placed.placement = p
+                cur = cur.with_running(add=(placed,))
         return dec
 
     def _victims(self, state: ClusterState) -> list[tuple[tuple, JobInfo]]:

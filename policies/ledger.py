@@ -238,7 +238,10 @@ class ContentionLedger:
 
     def cs(self, job_id: Hashable) -> float:
         """Contention sensitivity of a job in the ledger (isolated / achieved throughput, >= 1)."""
-        return self._entry(job_id).cs
+        e = self._jobs.get(job_id)
+        if e is None or self._base is not None:
+            e = self._entry(job_id)
+        return e.cs
 
     def key(self, job_id: Hashable) -> JobKey:
         """``(model, total GPUs, nodes)`` of a job in the ledger (:func:`job_key`)."""
@@ -259,8 +262,14 @@ class ContentionLedger:
 
     def load(self, node: int) -> int:
         """Number of multi-node jobs on ``node``."""
-        self._check()
-        return len(self._node(node))
+        d = self._nodes.get(node)
+        b = self._base
+        if b is not None:
+            if b._version != self._base_version:
+                self._check()
+            if d is None:
+                d = b._nodes.get(node)
+        return 0 if d is None else len(d)
 
     def loads(self) -> dict[int, int]:
         """``{node: number of multi-node jobs}`` for every node that has at least one."""
@@ -293,8 +302,7 @@ class ContentionLedger:
         perf = self.perf
         worst = 1.0
         for v in nodes:
-            d = self._node(v)
-            others = [k for o, k in d.items() if o != job_id and o != exclude]
+            others = [k for o, k in self._node(v).items() if o != job_id and o != exclude]
             if extra is not None and v in extra:
                 others.append(extra[v])
             c = node_cs(perf, key, others)
@@ -335,6 +343,11 @@ class ContentionLedger:
         if self._read_only:
             raise RuntimeError("this contention ledger is read-only: fork() it to make changes")
         self._check()
+
+    def freeze(self) -> "ContentionLedger":
+        """Make this ledger read-only (:meth:`add` and :meth:`remove` raise from now on); returns it."""
+        self._read_only = True
+        return self
 
     def _node_w(self, v: int) -> dict[Hashable, JobKey]:
         d = self._nodes.get(v)

@@ -58,8 +58,11 @@ def pack(job: JobInfo, free: np.ndarray, state: ClusterState | None = None) -> P
     free GPUs (lowest index on ties) and loop. ``None`` if fewer GPUs are free
     than the job needs.
     """
-    need = job.gpu_demand
-    arr, hi, fb = _as_bytes(free)
+    return _pack(job.gpu_demand, *_as_bytes(free))
+
+
+def _pack(need: int, arr: np.ndarray, hi: int, fb: bytes | None) -> Placement | None:
+    """:func:`pack` of ``need`` GPUs on ``_as_bytes(free)``."""
     if fb is not None and need <= hi:  # one node: the smallest count >= need, first such node
         for f in range(need, hi + 1):
             n = fb.find(_BYTES[f])
@@ -164,30 +167,47 @@ def balanced_by_load(
     :param loaded: ``{node: that number}`` for every node with at least one (called only if needed).
     """
     arr, hi, fb = _as_bytes(free)
-    num_nodes = len(arr)
     if fb is None:
-        if num_nodes == 0:
+        if len(arr) == 0:
             return []
-        load_arr = np.zeros(num_nodes)
+        load_arr = np.zeros(len(arr))
         for v, c in loaded().items():
             load_arr[v] = c
         return balanced_candidates(gpus, arr, np.lexsort((arr, load_arr)))
-    zero: dict[int, list[int]] = {}  # free count -> unloaded nodes with that count found so far, by index
-    cursor: dict[int, int] = {}  # free count -> where its search goes on (-1: all found)
-    by_load: list[tuple[int, int, int]] | None = None
-    out: list[Placement] = []
-    for n in range(1, min(gpus, num_nodes) + 1):
+    bal = _Balanced(gpus, arr, hi, fb, load, loaded)
+    return [c for c in map(bal.candidate, bal.counts) if c is not None]
+
+
+class _Balanced:
+    """The balanced candidates of :func:`balanced_by_load`, one node count at a time.
+
+    :attr:`counts` are the node counts ``n`` that can give a candidate (each node ``ceil(gpus / n)``
+    GPUs, none left empty, some node that free); :meth:`candidate` builds the one for ``n`` (``None``
+    if too few nodes are free enough), sharing the node searches between counts.
+    """
+
+    __slots__ = ("gpus", "arr", "hi", "fb", "load", "loaded", "counts", "_zero", "_cursor", "_by_load")
+
+    def __init__(self, gpus: int, arr: np.ndarray, hi: int, fb: bytes,
+                 load: Callable[[int], int], loaded: Callable[[], Mapping[int, int]]) -> None:
+        self.gpus, self.arr, self.hi, self.fb, self.load, self.loaded = gpus, arr, hi, fb, load, loaded
+        self.counts = [n for n in range(1, min(gpus, len(arr)) + 1)
+                       if (n - 1) * -(-gpus // n) < gpus and -(-gpus // n) <= hi]
+        self._zero: dict[int, list[int]] = {}  # free count -> unloaded nodes with it found so far, by index
+        self._cursor: dict[int, int] = {}  # free count -> where its search goes on (-1: all found)
+        self._by_load: list[tuple[int, int, int]] | None = None
+
+    def candidate(self, n: int) -> Placement | None:
+        gpus, fb, load = self.gpus, self.fb, self.load
         per = -(-gpus // n)
-        if (n - 1) * per >= gpus or per > hi:  # a node left empty, or no node holds `per`
-            continue
         chosen: list[int] = []
-        for f in range(per, hi + 1):
-            found = zero.get(f)
+        for f in range(per, self.hi + 1):
+            found = self._zero.get(f)
             if found is None:
-                found = zero[f] = []
-                cursor[f] = 0
+                found = self._zero[f] = []
+                self._cursor[f] = 0
             want = n - len(chosen)
-            pos = cursor[f]
+            pos = self._cursor[f]
             byte = _BYTES[f]
             while len(found) < want and pos >= 0:
                 i = fb.find(byte, pos)
@@ -197,28 +217,29 @@ def balanced_by_load(
                 pos = i + 1
                 if not load(i):
                     found.append(i)
-            cursor[f] = pos
+            self._cursor[f] = pos
             chosen.extend(found[:want])
             if len(chosen) == n:
                 break
         if len(chosen) < n:
-            if by_load is None:
-                by_load = sorted((c, int(arr[v]), v) for v, c in loaded().items() if arr[v] >= 1)
-            for _c, fv, v in by_load:
+            if self._by_load is None:
+                arr = self.arr
+                self._by_load = sorted((c, int(arr[v]), v) for v, c in self.loaded().items() if arr[v] >= 1)
+            for _c, fv, v in self._by_load:
                 if fv >= per:
                     chosen.append(v)
                     if len(chosen) == n:
                         break
             if len(chosen) < n:
-                continue
-        alloc = {}
+                return None
+        alloc = []
         left = gpus
         for i in chosen:
-            take = min(per, left)
-            alloc[i] = take
+            take = per if per < left else left
+            alloc.append((i, take))
             left -= take
-        out.append(Placement.of(alloc))
-    return out
+        alloc.sort()
+        return Placement(tuple(alloc))
 
 
 class ContentionAwarePlacement:
@@ -255,20 +276,62 @@ class ContentionAwarePlacement:
         self.min_efficiency = float(min_efficiency)
 
     def __call__(self, job: JobInfo, free: np.ndarray, state: ClusterState) -> Placement | None:
-        if job.gpu_demand > int(free.sum()):
+        gpus = job.gpu_demand
+        arr, hi, fb = _as_bytes(free)
+        if gpus > int(arr.sum()):
             return None
+        if fb is None:  # counts beyond a byte: the plain search
+            cands = balanced_by_load(gpus, arr, state.contention(self.perf).load, state.contention(self.perf).loads)
+            p = pack(job, arr)
+            if p is not None and p not in cands:
+                cands.append(p)
+            return self._choose(job, cands, state.contention(self.perf))
         led = state.contention(self.perf)
-        cands = balanced_by_load(job.gpu_demand, free, led.load, led.loads)
-        p = pack(job, free)
-        if p is not None and p not in cands:
-            cands.append(p)
-        if not cands:
+        perf, model = self.perf, job.model
+        best_thp = max(job.best_thp, 1e-12)
+        bal = _Balanced(gpus, arr, hi, fb, led.load, led.loads)
+        built: dict[int, Placement | None] = {}
+        best, best_score = None, -math.inf
+        # Candidates in order: balanced ones by node count, then pack's (unless it is one of them).
+        # A candidate's score is at most its isolated gain (CS >= 1, neighbours only lose), so one
+        # whose isolated gain is already below the best score so far cannot be chosen: it is
+        # neither built nor scored (the choice is the same as scoring every candidate).
+        for n in bal.counts:
+            if gpus * perf.isolated_throughput(model, gpus, n) / 1.0 / best_thp < best_score - 1e-9:
+                continue
+            c = built[n] = bal.candidate(n)
+            if c is not None:
+                best, best_score = self._better(job, c, led, best, best_score)
+        p = _pack(gpus, arr, hi, fb)
+        if p is not None:
+            n = p.num_nodes
+            if n in bal.counts and n not in built:
+                built[n] = bal.candidate(n)
+            if built.get(n) != p and (
+                gpus * perf.isolated_throughput(model, gpus, n) / 1.0 / best_thp >= best_score - 1e-9
+            ):
+                best, best_score = self._better(job, p, led, best, best_score)
+        if best is None:
             return None
+        if self.min_efficiency > 0.0 and best_score < self.min_efficiency * gpus - 1e-9:
+            return None
+        return best
+
+    def _better(self, job: JobInfo, c: Placement, led: ContentionLedger, best: Placement | None,
+                best_score: float) -> tuple[Placement | None, float]:
+        """``(c, its score)`` if ``c`` beats ``best`` (a higher score, or as high on fewer nodes), else them."""
+        s = self._score(job, c, led)
+        if s > best_score + 1e-9 or (abs(s - best_score) <= 1e-9 and best is not None and c.num_nodes < best.num_nodes):
+            return c, s
+        return best, best_score
+
+    def _choose(self, job: JobInfo, cands: list[Placement], led: ContentionLedger) -> Placement | None:
+        """The best of ``cands`` (see :meth:`_better`), subject to the floor."""
         best, best_score = None, -math.inf
         for c in cands:
-            s = self._score(job, c, led)
-            if s > best_score + 1e-9 or (abs(s - best_score) <= 1e-9 and best is not None and c.num_nodes < best.num_nodes):
-                best, best_score = c, s
+            best, best_score = self._better(job, c, led, best, best_score)
+        if best is None:
+            return None
         if self.min_efficiency > 0.0 and best_score < self.min_efficiency * job.gpu_demand - 1e-9:
             return None
         return best

@@ -233,15 +233,15 @@ class ClusterState:
                 cache.remove(led)  # the backend's ledger moved on: build this state's own
                 break
         led = ContentionLedger.from_jobs(perf, ((j.job_id, j.model, j.placement, j) for j in self.running))
-        cache.append(led.fork(read_only=True))
-        return cache[-1]
+        cache.append(led.freeze())
+        return led
 
     def use_contention(self, ledger: ContentionLedger) -> None:
         """Hand in the contention ledger of ``running`` for ``ledger.perf`` (a backend that keeps one
         incrementally); :meth:`contention` returns it (read-only) while it stays valid."""
         cache: list[ContentionLedger] = self.__dict__.setdefault("_contention", [])
         cache[:] = [led for led in cache if led.perf is not ledger.perf]
-        cache.append(ledger.fork(read_only=True))
+        cache.append(ledger.fork(read_only=True))  # O(1); valid while `ledger` is unchanged
 
     def with_running(self, add: Sequence[JobInfo] = (), remove: Sequence[JobInfo] = ()) -> "ClusterState":
         """This state with the running jobs ``remove`` (by job id) taken out and ``add`` (each with its
@@ -270,7 +270,7 @@ class ClusterState:
                 for j in add:
                     assert j.placement is not None, f"job {j.job_id} added to running without a placement"
                     f.add(j.job_id, j.model, j.placement, j)
-                carried.append(f.fork(read_only=True))
+                carried.append(f.freeze())
             out.__dict__["_contention"] = carried
         return out
 

@@ -291,3 +291,84 @@ def test_balanced_by_load_equals_the_sorted_order(free, gpus, data) -> None:
     want = balanced_candidates(gpus, f, np.lexsort((f, load_arr)))
     got = balanced_by_load(gpus, f, lambda v: loads.get(v, 0), lambda: loads)
     assert got == want
+
+
+def _greedy_by_definition(perf: ContentionModel, job: JobInfo, free: np.ndarray, state: ClusterState, floor: float = 0.0):
+    """ContentionAwarePlacement written out plainly: every candidate (balanced over the sorted nodes,
+    then pack), each scored from the running jobs per node with the contention rule."""
+    from policies.ledger import job_cs, job_key
+
+    if job.gpu_demand > int(free.sum()):
+        return None
+    per_node = state.jobs_on_node()
+    load = np.array([sum(1 for j in js if j.placement.num_nodes > 1) for js in per_node], float)
+    cands = balanced_candidates(job.gpu_demand, free, np.lexsort((free, load)))
+    p = _pack_by_definition(job.gpu_demand, free)
+    if p is not None and p not in cands:
+        cands.append(p)
+
+    def neigh(v, exclude):
+        return [job_key(o.model, o.placement) for o in per_node[v] if o.job_id != exclude]
+
+    def score(c):
+        me = job_key(job.model, c)
+        gain = job.gpu_demand * perf.isolated_throughput(*me) / job_cs(perf, me, [neigh(v, job.job_id) for v in c.nodes])
+        gain /= max(job.best_thp, 1e-12)
+        if c.num_nodes <= 1:
+            return gain
+        seen, loss = set(), 0.0
+        for v in c.nodes:
+            for o in per_node[v]:
+                if o.job_id in seen or o.placement.num_nodes <= 1:
+                    continue
+                seen.add(o.job_id)
+                ok = job_key(o.model, o.placement)
+                before = [neigh(u, o.job_id) for u in o.placement.nodes]
+                after = [b + ([me] if u in c.nodes else []) for u, b in zip(o.placement.nodes, before)]
+                cs_b, cs_a = job_cs(perf, ok, before), job_cs(perf, ok, after)
+                loss += o.gpu_demand * perf.isolated_throughput(*ok) * (1 / cs_b - 1 / cs_a) / max(o.best_thp, 1e-12)
+        return gain - loss
+
+    best, best_score = None, -np.inf
+    for c in cands:
+        s = score(c)
+        if s > best_score + 1e-9 or (abs(s - best_score) <= 1e-9 and best is not None and c.num_nodes < best.num_nodes):
+            best, best_score = c, s
+    if best is not None and floor > 0 and best_score < floor * job.gpu_demand - 1e-9:
+        return None
+    return best, best_score
+
+
+C88 = ClusterSpec.parse("8x8")
+PERF88 = ContentionModel(C88)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_greedy_equals_its_definition(data) -> None:
+    """Random running jobs (multi-node ones sharing nodes) and a waiting job: the rule (ledger,
+    candidates found without sorting, pruned by isolated gain) picks what the plain definition picks."""
+    from policies.workloads import MODELS
+
+    free = np.array(C88.gpus_per_node, dtype=np.int64)
+    running = []
+    for k in range(data.draw(st.integers(0, 10))):
+        nodes = data.draw(st.lists(st.integers(0, 7), min_size=1, max_size=4, unique=True))
+        alloc = {v: data.draw(st.integers(0, int(free[v]))) for v in nodes}
+        alloc = {v: c for v, c in alloc.items() if c > 0}
+        if not alloc:
+            continue
+        for v, c in alloc.items():
+            free[v] -= c
+        p = Placement.of(alloc)
+        running.append(info(f"r{k}", p.total_gpus, data.draw(st.sampled_from(MODELS)), p, PERF88))
+    if int(free.sum()) == 0:
+        return
+    new = info("new", data.draw(st.integers(1, int(free.sum()))), data.draw(st.sampled_from(MODELS)), perf=PERF88)
+    state = ClusterState(0.0, C88, free, running, [new])
+    floor = data.draw(st.sampled_from([0.0, 0.5, 0.9]))
+    want = _greedy_by_definition(PERF88, new, free, state, floor)
+    got = ContentionAwarePlacement(PERF88, min_efficiency=floor)(new, free, state)
+    assert got == (None if want is None else want[0])
+    if want is not None:
+        assert ContentionAwarePlacement(PERF88).score(new, want[0], state) == pytest.approx(want[1], rel=1e-12, abs=1e-12)
