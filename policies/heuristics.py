@@ -101,7 +101,7 @@ class OrderedPolicy(Policy):
         """
         dec = Decision()
         # free_gpus is 0 on unusable nodes (ClusterState), so no rule places there
-        free = np.array(state.free_gpus, dtype=np.int64)  # the round's own copy
+        free = state.free_gpus.astype(np.int64)  # the round's own copy
         free_total = int(free.sum())
         usable = state.usable  # None: every node
         order = self.order

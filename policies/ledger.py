@@ -175,6 +175,11 @@ class ContentionLedger:
 
     # ------------------------------------------------------------------ reading
     @property
+    def version(self) -> int:
+        """Number of changes (:meth:`add`, :meth:`remove`) made to this ledger so far."""
+        return self._version
+
+    @property
     def valid(self) -> bool:
         """False for a fork whose origin changed since it was made."""
         b = self._base

@@ -225,7 +225,7 @@ class ClusterState:
 
         Built from ``running`` on first use (one pass) and kept with this state for that ``perf``,
         unless a backend handed in the one it keeps (:meth:`use_contention`)."""
-        cache: list[ContentionLedger] = self.__dict__.setdefault("_contention", [])
+        cache = self._ledgers()
         for led in cache:
             if led.perf is perf:
                 if led.valid:
@@ -236,12 +236,21 @@ class ClusterState:
         cache.append(led.freeze())
         return led
 
+    def _ledgers(self) -> list[ContentionLedger]:
+        """The contention ledgers kept with this state (the one a backend handed in, forked now)."""
+        cache: list[ContentionLedger] = self.__dict__.setdefault("_contention", [])
+        handed = self.__dict__.pop("_handed", None)
+        if handed is not None and handed[0].version == handed[1]:  # O(1); valid while the backend's is unchanged
+            cache.append(handed[0].fork(read_only=True))
+        return cache
+
     def use_contention(self, ledger: ContentionLedger) -> None:
         """Hand in the contention ledger of ``running`` for ``ledger.perf`` (a backend that keeps one
         incrementally); :meth:`contention` returns it (read-only) while it stays valid."""
-        cache: list[ContentionLedger] = self.__dict__.setdefault("_contention", [])
-        cache[:] = [led for led in cache if led.perf is not ledger.perf]
-        cache.append(ledger.fork(read_only=True))  # O(1); valid while `ledger` is unchanged
+        cache: list[ContentionLedger] | None = self.__dict__.get("_contention")
+        if cache:
+            cache[:] = [led for led in cache if led.perf is not ledger.perf]
+        self.__dict__["_handed"] = (ledger, ledger.version)  # forked when first asked for
 
     def with_running(self, add: Sequence[JobInfo] = (), remove: Sequence[JobInfo] = ()) -> "ClusterState":
         """This state with the running jobs ``remove`` (by job id) taken out and ``add`` (each with its
@@ -258,7 +267,7 @@ class ClusterState:
             kept = ()
         out = ClusterState(self.time, self.cluster, self.free_gpus, _RunningChange(base, frozenset(gone), kept + tuple(add)),
                            self.pending, self.usable)
-        cache = self.__dict__.get("_contention")
+        cache = self._ledgers()
         if cache:
             carried = []
             for led in cache:

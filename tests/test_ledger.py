@@ -287,3 +287,79 @@ def test_incremental_equals_recompute(ops, which) -> None:
 
 
 _REAL = ContentionModel()
+
+
+# ---------------------------------------------------------------------- the ledger a state carries
+def _running(perf) -> list:
+    from policies.state import JobInfo
+
+    def j(jid, model, alloc):
+        p = Placement.of(alloc)
+        return JobInfo(jid, model, p.total_gpus, 0.0, 1e6, placement=p, best_thp=perf.best_isolated_throughput(model, p.total_gpus))
+
+    return [j("a", "MoE", {0: 4, 1: 4}), j("b", "FSDP", {1: 4, 2: 4}), j("c", "DLRM", {3: 8}), j("d", "MoE", {2: 4, 3: 4})]
+
+
+def test_state_contention_is_built_once_and_read_only() -> None:
+    import numpy as np
+
+    from policies.cluster import ClusterSpec
+    from policies.state import ClusterState
+
+    perf = ContentionModel()
+    running = _running(perf)
+    st_ = ClusterState(0.0, ClusterSpec.parse("4x8"), np.zeros(4, dtype=np.int64), running, [])
+    led = st_.contention(perf)
+    assert led is st_.contention(perf) and list(led) == ["a", "b", "c", "d"]
+    assert led.info("b") is running[1]
+    ref = ContentionLedger(perf)
+    for r in running:
+        ref.add(r.job_id, r.model, r.placement)
+    assert all(led.cs(k) == ref.cs(k) for k in ref)
+    with pytest.raises(RuntimeError, match="read-only"):
+        led.remove("a")
+    assert st_.contention(ContentionModel()) is not led  # another model: its own ledger
+
+
+def test_with_running_carries_the_ledger_incrementally() -> None:
+    import numpy as np
+
+    from policies.cluster import ClusterSpec
+    from policies.state import ClusterState, JobInfo
+
+    perf = ContentionModel()
+    running = _running(perf)
+    st_ = ClusterState(0.0, ClusterSpec.parse("4x8"), np.zeros(4, dtype=np.int64), running, [])
+    before = st_.contention(perf)
+    new = JobInfo("n", "FSDP", 8, 0.0, 1e6, placement=Placement.of({0: 4, 3: 4}), best_thp=1.0)
+    nxt = st_.with_running(add=[new]).with_running(remove=[running[0]])
+    assert [j.job_id for j in nxt.running] == ["b", "c", "d", "n"] and len(nxt.running) == 4
+    assert [j.job_id for j in st_.running] == ["a", "b", "c", "d"]  # the original is unchanged
+    got = nxt.contention(perf)
+    fresh = ClusterState(0.0, st_.cluster, st_.free_gpus, list(nxt.running), []).contention(perf)
+    assert list(got) == list(fresh) and all(got.cs(k) == fresh.cs(k) for k in fresh)
+    assert before.valid and list(before) == ["a", "b", "c", "d"]
+    got.check()
+
+
+def test_simulator_hands_its_ledger_and_an_old_state_rebuilds_its_own() -> None:
+    from policies.cluster import ClusterSpec
+    from policies.job import JobSpec
+    from trainer.simulator import Simulator
+
+    cluster = ClusterSpec.parse("4x8")
+    perf = ContentionModel(cluster)
+    jobs = [JobSpec(n, 0.0, m, 8, 1e6) for n, m in (("a", "MoE"), ("b", "FSDP"), ("c", "MoE"))]
+    sim = Simulator(cluster, jobs, None, perf)
+    sim.reset_state()
+    sim.advance_to_next_event()
+    sim.start("a", Placement.of({0: 4, 1: 4}))
+    sim.start("b", Placement.of({1: 4, 2: 4}))
+    st_ = sim.state()
+    led = st_.contention(perf)
+    assert list(led) == ["a", "b"] and led.cs("a") == sim.ledger.cs("a") > 1.0
+    st2 = sim.state()
+    sim.start("c", Placement.of({2: 4, 3: 4}))  # the simulator's ledger moves on
+    assert not led.valid
+    own = st2.contention(perf)  # built from st2's running jobs (a, b), not the simulator's (a, b, c)
+    assert list(own) == ["a", "b"] and own.cs("b") == pytest.approx(perf.pair_cs(("FSDP", 8, 2), ("MoE", 8, 2)))
