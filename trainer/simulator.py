@@ -268,7 +268,10 @@ def _check_spec(j: JobSpec, total_gpus: int) -> None:
     a finite number > 0, ``submit_time`` a finite number in ``[0, MAX_SUBMIT_TIME_S]``. (A NaN submit time made
     the event loop spin forever, an infinite one crash it; a NaN or infinite amount of work failed deep
     inside the performance model.)"""
-    g = j.gpu_demand
+    g, ts, work = j.gpu_demand, j.submit_time, j.total_samples
+    if (g.__class__ is int and 1 <= g <= total_gpus and ts.__class__ is float and work.__class__ is float
+            and 0.0 <= ts <= MAX_SUBMIT_TIME_S and 0.0 < work < math.inf):
+        return  # the common case in one expression: a plain int demand, finite float time and work in range
     if isinstance(g, bool) or not isinstance(g, (int, np.integer)):
         raise SimulationError(f"job {j.job_id!r}: gpu_demand must be an integer, got {g!r}")
     if g < 1:
@@ -359,6 +362,7 @@ class Simulator:
                 )
             self.jobs.append(_Job(spec, rank, float(noise[i]), best))
         self.by_id = {j.spec.job_id: j for j in self.jobs}
+        self._touched = False  # no job has started since its fields were set
         self.reset_state()
 
     # ------------------------------------------------------------------ state
@@ -391,6 +395,9 @@ class Simulator:
         self.preemptions = 0
         self.dirty = True
         self._idle_rounds = 0
+        if not self._touched:
+            return  # every job is as built: nothing to reset per job
+        self._touched = False
         for j in self.jobs:
             j.done, j.t_ref, j.rate, j.cs, j.key, j.iso = 0.0, 0.0, 0.0, 1.0, None, 0.0
             j.version, j.run_time, j.cs_time, j.cs_weighted, j.att_base = 0, 0.0, 0.0, 0.0, 0.0
@@ -497,6 +504,7 @@ class Simulator:
         j.seg_start = t
         self._run_seq += 1
         j.run_seq = self._run_seq
+        self._touched = True
         self.running[j.idx] = j
         changed = self.ledger.add(job_id, model, p, j.info)
         self._update_rates((job_id,))
