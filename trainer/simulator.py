@@ -144,7 +144,7 @@ class _Job:
     __slots__ = (
         "spec", "info", "idx", "noise", "key", "iso", "rate", "cs", "done", "t_ref",
         "version", "first_start", "finish", "run_time", "cs_time", "cs_weighted",
-        "seg_start", "ideal", "att_base", "run_seq",
+        "seg_start", "ideal", "att_base", "run_seq", "slot", "row0",
     )
 
     def __init__(self, spec: JobSpec, idx: int, noise: float, best_thp: float) -> None:
@@ -174,6 +174,8 @@ class _Job:
         self.seg_start = 0.0
         self.att_base = 0.0  # GPU-seconds attained before the current run
         self.run_seq = 0  # order of the current start among all starts (RunningView snapshots)
+        self.slot = -1  # its entry in the simulator's per-run lists (fragmentation), while running
+        self.row0 = -1  # its first allocation row there
         self.ideal = spec.total_samples / (best_thp * noise)
 
     def progress(self, t: float) -> float:
@@ -318,6 +320,10 @@ class Simulator:
     ``[0, MAX_SUBMIT_TIME_S]`` and a known model.
     """
 
+    #: The per-run lists are compacted once more than this many (and more than half) of their entries
+    #: belong to stopped jobs.
+    COMPACT_AFTER = 1024
+
     def __init__(
         self,
         cluster: ClusterSpec,
@@ -376,6 +382,19 @@ class Simulator:
             if v is not None:
                 v._take()  # views of the previous run keep its jobs
         self._views: dict[int, weakref.ref[RunningView]] = {}  # unread views (told of stops), by id
+        # Running jobs' progress and allocations as flat lists in start order (what fragmentation() and
+        # the CS samples read in one vectorised pass). A stopped job's entry stays, neutral (no work, no
+        # GPUs), until the lists are compacted.
+        self._sl_job: list[_Job | None] = []
+        self._sl_total: list[float] = []
+        self._sl_done: list[float] = []
+        self._sl_rate: list[float] = []
+        self._sl_tref: list[float] = []
+        self._sl_cs: list[float] = []
+        self._rw_node: list[int] = []  # allocation rows: node, GPUs (0 once stopped), slot
+        self._rw_cnt: list[int] = []
+        self._rw_slot: list[int] = []
+        self._sl_dead = 0
         self._run_seq = 0
         self.time = 0.0
         self.next_arrival = 0
@@ -469,7 +488,43 @@ class Simulator:
                 self._settle(j)
                 j.cs = cs
                 j.rate = j.iso / cs
+                s = j.slot
+                self._sl_done[s], self._sl_tref[s], self._sl_rate[s], self._sl_cs[s] = j.done, j.t_ref, j.rate, cs
                 self._push_completion(j)
+
+    def _slot_open(self, j: _Job, p: Placement) -> None:
+        """Append a starting job's progress fields and allocation rows to the per-run lists."""
+        j.slot = len(self._sl_job)
+        j.row0 = len(self._rw_node)
+        self._sl_job.append(j)
+        self._sl_total.append(j.spec.total_samples)
+        self._sl_done.append(j.done)
+        self._sl_rate.append(j.rate)
+        self._sl_tref.append(j.t_ref)
+        self._sl_cs.append(j.cs)
+        for n, c in p.alloc:
+            self._rw_node.append(n)
+            self._rw_cnt.append(c)
+            self._rw_slot.append(j.slot)
+
+    def _slot_close(self, j: _Job, p: Placement) -> None:
+        """Neutralise a stopping job's entries (no work left, no GPUs); compact when half are dead."""
+        s = j.slot
+        self._sl_job[s] = None
+        self._sl_total[s], self._sl_done[s], self._sl_rate[s], self._sl_tref[s], self._sl_cs[s] = 0.0, 0.0, 1.0, 0.0, math.nan
+        for r in range(j.row0, j.row0 + len(p.alloc)):
+            self._rw_cnt[r] = 0
+        j.slot = j.row0 = -1
+        self._sl_dead += 1
+        if self._sl_dead > self.COMPACT_AFTER and 2 * self._sl_dead > len(self._sl_job):
+            live = [x for x in self._sl_job if x is not None]
+            for name in ("_sl_job", "_sl_total", "_sl_done", "_sl_rate", "_sl_tref", "_sl_cs",
+                         "_rw_node", "_rw_cnt", "_rw_slot"):
+                getattr(self, name).clear()
+            self._sl_dead = 0
+            for x in live:
+                assert x.info.placement is not None
+                self._slot_open(x, x.info.placement)
 
     def _in_order(self, ids: set[str]) -> list[str]:
         """``ids`` in trace order (so that runs replay exactly whatever the set's order)."""
@@ -506,6 +561,7 @@ class Simulator:
         j.run_seq = self._run_seq
         self._touched = True
         self.running[j.idx] = j
+        self._slot_open(j, p)
         changed = self.ledger.add(job_id, model, p, j.info)
         self._update_rates((job_id,))
         if changed:
@@ -531,6 +587,7 @@ class Simulator:
                 if v is not None:
                     v._stopped(j)
         del self.running[j.idx]
+        self._slot_close(j, p)
         j.info.placement = None
         j.info.start_time = None
         j.rate = 0.0
@@ -744,10 +801,7 @@ class Simulator:
         self._last_sample = self.time
         self.samples_t.append(self.time)
         self.samples_frag.append(self.fragmentation())
-        if self.running:
-            self.samples_cs.append(float(np.mean([j.cs for j in self.running.values()])))
-        else:
-            self.samples_cs.append(1.0)
+        self.samples_cs.append(self.mean_cs())
 
     def fragmentation(self) -> float:
         """Mean over nodes of SCED2's fragmentation (seed 003, eq. 1).
@@ -757,30 +811,28 @@ class Simulator:
         One vectorised pass over the running jobs' allocations (each node's sums
         are added in start order).
         """
-        jobs = list(self.running.values())
-        n_nodes = self.cluster.num_nodes
-        if not jobs:
+        if not self.running:
             return 0.0
         t = self.time
-        rate = np.array([j.rate for j in jobs])
-        total = np.array([j.spec.total_samples for j in jobs])
-        done = np.array([j.done for j in jobs])
-        t_ref = np.array([j.t_ref for j in jobs])
-        with np.errstate(divide="ignore", invalid="ignore"):
-            rem = (total - np.minimum(done + rate * np.maximum(0.0, t - t_ref), total)) / rate
-        if not (rate > 0).all():  # not reached: a running job always has a rate
-            idle = np.flatnonzero(~(rate > 0))
-            rem[idle] = [jobs[i].info.remaining_time for i in idle]
-        allocs = [j.info.placement.alloc for j in jobs]  # type: ignore[union-attr]
-        width = np.fromiter((len(a) for a in allocs), np.int64, len(allocs))
-        rows = np.array([nc for a in allocs for nc in a], dtype=np.int64).reshape(-1, 2)
-        r = np.repeat(rem, width)
-        x = rows[:, 1] * r
-        a1 = np.bincount(rows[:, 0], weights=x, minlength=n_nodes)
-        a2 = np.bincount(rows[:, 0], weights=x * r, minlength=n_nodes)
+        rate = np.array(self._sl_rate)
+        total = np.array(self._sl_total)
+        rem = (total - np.minimum(np.array(self._sl_done) + rate * np.maximum(0.0, t - np.array(self._sl_tref)), total)) / rate
+        r = rem[np.array(self._rw_slot, dtype=np.int64)]
+        x = np.array(self._rw_cnt, dtype=np.int64) * r
+        node = np.array(self._rw_node, dtype=np.int64)
+        n_nodes = self.cluster.num_nodes
+        a1 = np.bincount(node, weights=x, minlength=n_nodes)
+        a2 = np.bincount(node, weights=x * r, minlength=n_nodes)
         with np.errstate(divide="ignore", invalid="ignore"):
             frag = np.where(a2 > 0, 1.0 - a1 * a1 / (self.capacity * a2), 0.0)
         return float(frag.mean())
+
+    def mean_cs(self) -> float:
+        """Mean contention sensitivity of the running jobs (1 when none run)."""
+        if not self.running:
+            return 1.0
+        cs = np.array(self._sl_cs)
+        return float(np.mean(cs[~np.isnan(cs)]))
 
     def check_invariants(self) -> None:
         """Raise :class:`AssertionError` unless GPU accounting adds up and the incremental contention
@@ -794,6 +846,17 @@ class Simulator:
                 used[n] += c
         if not np.array_equal(used + self.free, self.capacity) or int(used.sum()) != self._used:
             raise AssertionError("GPU accounting mismatch")
+        live = [j for j in self._sl_job if j is not None]
+        if live != list(self.running.values()):
+            raise AssertionError("per-run lists: their jobs are not the running jobs in start order")
+        for j in live:
+            s, r = j.slot, j.row0
+            p = j.info.placement
+            assert p is not None
+            if (self._sl_done[s], self._sl_tref[s], self._sl_rate[s], self._sl_cs[s]) != (j.done, j.t_ref, j.rate, j.cs) or list(
+                zip(self._rw_node[r:r + p.num_nodes], self._rw_cnt[r:r + p.num_nodes])
+            ) != list(p.alloc):
+                raise AssertionError(f"job {j.spec.job_id}: per-run lists are stale")
         led = self.ledger
         led.check()
         if list(led) != [j.spec.job_id for j in self.running.values()]:
