@@ -29,6 +29,7 @@ from __future__ import annotations
 import heapq
 import math
 import weakref
+from array import array
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
@@ -382,18 +383,18 @@ class Simulator:
             if v is not None:
                 v._take()  # views of the previous run keep its jobs
         self._views: dict[int, weakref.ref[RunningView]] = {}  # unread views (told of stops), by id
-        # Running jobs' progress and allocations as flat lists in start order (what fragmentation() and
-        # the CS samples read in one vectorised pass). A stopped job's entry stays, neutral (no work, no
-        # GPUs), until the lists are compacted.
+        # Running jobs' progress and allocations as flat arrays in start order (what fragmentation() and
+        # the CS samples read in one vectorised pass, through numpy views without copying). A stopped
+        # job's entry stays, neutral (no work, no GPUs), until the arrays are compacted.
         self._sl_job: list[_Job | None] = []
-        self._sl_total: list[float] = []
-        self._sl_done: list[float] = []
-        self._sl_rate: list[float] = []
-        self._sl_tref: list[float] = []
-        self._sl_cs: list[float] = []
-        self._rw_node: list[int] = []  # allocation rows: node, GPUs (0 once stopped), slot
-        self._rw_cnt: list[int] = []
-        self._rw_slot: list[int] = []
+        self._sl_total = array("d")
+        self._sl_done = array("d")
+        self._sl_rate = array("d")
+        self._sl_tref = array("d")
+        self._sl_cs = array("d")
+        self._rw_node = array("q")  # allocation rows: node, GPUs (0 once stopped), slot
+        self._rw_cnt = array("q")
+        self._rw_slot = array("q")
         self._sl_dead = 0
         self._run_seq = 0
         self.time = 0.0
@@ -518,9 +519,11 @@ class Simulator:
         self._sl_dead += 1
         if self._sl_dead > self.COMPACT_AFTER and 2 * self._sl_dead > len(self._sl_job):
             live = [x for x in self._sl_job if x is not None]
-            for name in ("_sl_job", "_sl_total", "_sl_done", "_sl_rate", "_sl_tref", "_sl_cs",
-                         "_rw_node", "_rw_cnt", "_rw_slot"):
-                getattr(self, name).clear()
+            self._sl_job = []
+            for name in ("_sl_total", "_sl_done", "_sl_rate", "_sl_tref", "_sl_cs"):
+                setattr(self, name, array("d"))
+            for name in ("_rw_node", "_rw_cnt", "_rw_slot"):
+                setattr(self, name, array("q"))
             self._sl_dead = 0
             for x in live:
                 assert x.info.placement is not None
@@ -814,12 +817,13 @@ class Simulator:
         if not self.running:
             return 0.0
         t = self.time
-        rate = np.array(self._sl_rate)
-        total = np.array(self._sl_total)
-        rem = (total - np.minimum(np.array(self._sl_done) + rate * np.maximum(0.0, t - np.array(self._sl_tref)), total)) / rate
-        r = rem[np.array(self._rw_slot, dtype=np.int64)]
-        x = np.array(self._rw_cnt, dtype=np.int64) * r
-        node = np.array(self._rw_node, dtype=np.int64)
+        rate = np.frombuffer(self._sl_rate)
+        total = np.frombuffer(self._sl_total)
+        done, t_ref = np.frombuffer(self._sl_done), np.frombuffer(self._sl_tref)
+        rem = (total - np.minimum(done + rate * np.maximum(0.0, t - t_ref), total)) / rate
+        r = rem[np.frombuffer(self._rw_slot, dtype=np.int64)]
+        x = np.frombuffer(self._rw_cnt, dtype=np.int64) * r
+        node = np.frombuffer(self._rw_node, dtype=np.int64)
         n_nodes = self.cluster.num_nodes
         a1 = np.bincount(node, weights=x, minlength=n_nodes)
         a2 = np.bincount(node, weights=x * r, minlength=n_nodes)
@@ -831,7 +835,7 @@ class Simulator:
         """Mean contention sensitivity of the running jobs (1 when none run)."""
         if not self.running:
             return 1.0
-        cs = np.array(self._sl_cs)
+        cs = np.frombuffer(self._sl_cs)
         return float(np.mean(cs[~np.isnan(cs)]))
 
     def check_invariants(self) -> None:
@@ -855,7 +859,7 @@ class Simulator:
             assert p is not None
             if (self._sl_done[s], self._sl_tref[s], self._sl_rate[s], self._sl_cs[s]) != (j.done, j.t_ref, j.rate, j.cs) or list(
                 zip(self._rw_node[r:r + p.num_nodes], self._rw_cnt[r:r + p.num_nodes])
-            ) != list(p.alloc):
+            ) != list(p.alloc) or any(x != s for x in self._rw_slot[r:r + p.num_nodes]):
                 raise AssertionError(f"job {j.spec.job_id}: per-run lists are stale")
         led = self.ledger
         led.check()
