@@ -121,12 +121,17 @@ class OrderedPolicy(Policy):
         # placements matter to it, and its contention ledger follows incrementally).
         aware = getattr(self.placement, "uses_running", False)
         cur = state
+        started: list[tuple[JobInfo, Placement]] = []  # this round's starts and preemptions not yet in `cur`
+        stopped: list[JobInfo] = []
         for key, job in pending:
             if free_total <= 0 and victims is None:
                 victims = self._victims(state)
                 can_preempt = bool(victims)
             if free_total <= 0 and not can_preempt:
                 break  # nothing fits and nothing can be freed: the rest would be skipped
+            if started or stopped:  # bring `cur` up to date only when a rule is asked again
+                cur = cur.with_running(add=[_placed(j, q) for j, q in started], remove=stopped)
+                started, stopped = [], []
             # No rule can place more GPUs than are free: skip the call.
             p = self.placement(job, free, cur) if job.gpu_demand <= free_total else None
             if p is None and victims is None:
@@ -145,7 +150,7 @@ class OrderedPolicy(Policy):
                                     free[n] += c
                                     free_total += c
                         if aware:
-                            cur = cur.with_running(remove=chosen)
+                            stopped.extend(chosen)
                 else:
                     # Pending keys only grow from here and the lowest-priority
                     # victim is not clearly lower than this job: no later job
@@ -162,9 +167,7 @@ class OrderedPolicy(Policy):
             if limit is not None and len(dec.place) >= limit:
                 break  # the backend applies no more: later placements (and their preemptions) are dropped
             if aware:
-                placed = copy.copy(job)  # fields checked already: a shallow copy, then its placement
-                placed.placement = p
-                cur = cur.with_running(add=(placed,))
+                started.append((job, p))
         return dec
 
     def _victims(self, state: ClusterState) -> list[tuple[tuple, JobInfo]]:
@@ -233,6 +236,13 @@ class OrderedPolicy(Policy):
 
 def _first(pair: tuple) -> tuple:
     return pair[0]
+
+
+def _placed(job: JobInfo, p: Placement) -> JobInfo:
+    """``job`` running on ``p``: a shallow copy (its fields were checked when it was made)."""
+    out = copy.copy(job)
+    out.placement = p
+    return out
 
 
 def _needed_victims(p: Placement, free: np.ndarray, chosen: list[JobInfo]) -> list[JobInfo]:
