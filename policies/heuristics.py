@@ -101,7 +101,11 @@ class OrderedPolicy(Policy):
         """
         dec = Decision()
         # free_gpus is 0 on unusable nodes (ClusterState), so no rule places there
-        free = state.free_gpus.astype(np.int64)  # the round's own copy
+        # The round's free GPUs per node: the state's array until a placement or preemption changes
+        # them (then the round's own copy); a placement is taken off when the next job is looked at.
+        free = state.free_gpus
+        own_free = False
+        taken: Placement | None = None
         free_total = int(free.sum())
         usable = state.usable  # None: every node
         order = self.order
@@ -124,6 +128,12 @@ class OrderedPolicy(Policy):
         started: list[tuple[JobInfo, Placement]] = []  # this round's starts and preemptions not yet in `cur`
         stopped: list[JobInfo] = []
         for key, job in pending:
+            if taken is not None:
+                if not own_free:
+                    free, own_free = free.astype(np.int64), True
+                for n, c in taken.alloc:
+                    free[n] -= c
+                taken = None
             if free_total <= 0 and victims is None:
                 victims = self._victims(state)
                 can_preempt = bool(victims)
@@ -142,6 +152,8 @@ class OrderedPolicy(Policy):
                 if victims and self._lower(victims[0][0][0], key[0]):
                     p, chosen = self._with_preemption(job, key, free, cur, victims)
                     if p is not None:
+                        if not own_free:
+                            free, own_free = free.astype(np.int64), True
                         for v in chosen:
                             dec.preempt.append(v.job_id)
                             victims[:] = [kv for kv in victims if kv[1] is not v]
@@ -160,8 +172,7 @@ class OrderedPolicy(Policy):
                 if self.strict:
                     break
                 continue
-            for n, c in p.alloc:
-                free[n] -= c
+            taken = p
             free_total -= job.gpu_demand
             dec.place.append((job.job_id, p))
             if limit is not None and len(dec.place) >= limit:

@@ -39,15 +39,17 @@ class PlacementRule(Protocol):
 
 
 def _as_bytes(free: np.ndarray) -> tuple[np.ndarray, int, bytes | None]:
-    """``(free as an array, its largest count, one byte per node)``; the bytes are ``None`` when
-    a count is outside ``[0, 255]`` (then callers search with numpy)."""
+    """``(free as an array, bound, one byte per node)``: ``bound`` is at least every count (the
+    bitwise or of them all) and the bytes are ``None`` unless every count is an integer in
+    ``[0, 255]`` (then callers search with numpy and ``bound`` is the largest count)."""
     arr = np.asarray(free)
     if arr.size == 0:
         return arr, 0, None
-    hi = int(arr.max())
-    if hi > 255 or int(arr.min()) < 0:
-        return arr, hi, None
-    return arr, hi, arr.astype(np.uint8).tobytes()
+    if arr.dtype.kind in "iu":
+        bound = int(np.bitwise_or.reduce(arr))  # >= max, and negative if any count is
+        if 0 <= bound <= 255:
+            return arr, bound, arr.astype(np.uint8).tobytes()
+    return arr, int(arr.max()), None
 
 
 def pack(job: JobInfo, free: np.ndarray, state: ClusterState | None = None) -> Placement | None:
@@ -61,10 +63,10 @@ def pack(job: JobInfo, free: np.ndarray, state: ClusterState | None = None) -> P
     return _pack(job.gpu_demand, *_as_bytes(free))
 
 
-def _pack(need: int, arr: np.ndarray, hi: int, fb: bytes | None) -> Placement | None:
+def _pack(need: int, arr: np.ndarray, bound: int, fb: bytes | None) -> Placement | None:
     """:func:`pack` of ``need`` GPUs on ``_as_bytes(free)``."""
-    if fb is not None and need <= hi:  # one node: the smallest count >= need, first such node
-        for f in range(need, hi + 1):
+    if fb is not None and need <= bound:  # one node: the smallest count >= need, first such node
+        for f in range(need, bound + 1):
             n = fb.find(_BYTES[f])
             if n >= 0:
                 return Placement(((n, need),))
@@ -72,6 +74,7 @@ def _pack(need: int, arr: np.ndarray, hi: int, fb: bytes | None) -> Placement | 
         return None
     alloc: dict[int, int] = {}
     if fb is not None:
+        hi = int(arr.max())
         avail = bytearray(fb)
         while need > 0:
             n = -1
@@ -182,8 +185,8 @@ class _Balanced:
     """The balanced candidates of :func:`balanced_by_load`, one node count at a time.
 
     :attr:`counts` are the node counts ``n`` that can give a candidate (each node ``ceil(gpus / n)``
-    GPUs, none left empty, some node that free); :meth:`candidate` builds the one for ``n`` (``None``
-    if too few nodes are free enough), sharing the node searches between counts.
+    GPUs, none left empty, at most ``hi``: a bound on the free counts); :meth:`candidate` builds the
+    one for ``n`` (``None`` if too few nodes are free enough), sharing the node searches between counts.
     """
 
     __slots__ = ("gpus", "arr", "hi", "fb", "load", "loaded", "counts", "_zero", "_cursor", "_by_load")
