@@ -213,7 +213,7 @@ def build_state(
     view = SlurmView(state=None, jobs={})  # type: ignore[arg-type]
     running: list[JobInfo] = []
     pending: list[JobInfo] = []
-    ledger = ContentionLedger(perf)  # the running jobs' contention, by job id
+    ledger = ContentionLedger(perf, cluster.num_nodes)  # the running jobs' contention, by job id
 
     # Slurm's submit times have 1 s resolution: within a second, job id order is
     # arrival order, so break ties with a microsecond offset per position.

@@ -150,12 +150,20 @@ class ContentionLedger:
     to the origin and keeps its own changes. It is valid while the origin is unchanged; any use
     after the origin changed raises :class:`StaleLedgerError` (:attr:`valid` says which).
     ``fork(read_only=True)`` gives a view that refuses :meth:`add` and :meth:`remove`.
+
+    :param num_nodes: the cluster's node count, if known: the ledger then also keeps every node's
+        number of multi-node jobs as one byte per node (:meth:`load_bytes`), for searches over the
+        whole cluster in C.
     """
 
-    __slots__ = ("perf", "_jobs", "_nodes", "_base", "_base_version", "_version", "_read_only", "_seq")
+    __slots__ = ("perf", "_jobs", "_nodes", "_base", "_base_version", "_version", "_read_only", "_seq",
+                 "_lb", "_lb_own", "_lb_bytes")
 
-    def __init__(self, perf: PairContention) -> None:
+    def __init__(self, perf: PairContention, num_nodes: int | None = None) -> None:
         self.perf = perf
+        self._lb: bytearray | None = None if num_nodes is None else bytearray(num_nodes)
+        self._lb_own = True  # whether _lb is this ledger's own (a fork shares its origin's until it writes)
+        self._lb_bytes: bytes | None = None
         self._jobs: dict[Hashable, _Entry | None] = {}  # None: removed (in a fork)
         self._nodes: dict[int, dict[Hashable, JobKey]] = {}  # multi-node jobs per node (a fork: every node it touched)
         self._base: ContentionLedger | None = None
@@ -165,10 +173,13 @@ class ContentionLedger:
         self._seq = 0
 
     @classmethod
-    def from_jobs(cls, perf: PairContention, jobs: Iterable[tuple[Hashable, str, "Placement", Any]]) -> "ContentionLedger":
+    def from_jobs(cls, perf: PairContention, jobs: Iterable[tuple[Hashable, str, "Placement", Any]],
+                  num_nodes: int | None = None) -> "ContentionLedger":
         """A ledger of ``(job id, model, placement, info)`` tuples added in that order."""
-        led = cls(perf)
+        led = cls(perf, num_nodes)
         for job_id, model, placement, info in jobs:
+            if led._get(job_id) is not None:
+                raise ValueError(f"job {job_id!r} is already in the contention ledger")
             led._insert(job_id, job_key(model, placement), placement, info)
         led._refresh_all()
         return led
@@ -264,6 +275,17 @@ class ContentionLedger:
         """Ids of the multi-node jobs on ``node``, in the order they were added."""
         self._check()
         return tuple(self._node(node))
+
+    def load_bytes(self) -> bytes | None:
+        """Every node's number of multi-node jobs (at most 255), one byte per node, or ``None`` if
+        the ledger was made without ``num_nodes``."""
+        self._check()
+        lb = self._lb
+        if lb is None:
+            return None
+        if self._lb_bytes is None:
+            self._lb_bytes = bytes(lb)
+        return self._lb_bytes
 
     def load(self, node: int) -> int:
         """Number of multi-node jobs on ``node``."""
@@ -363,12 +385,26 @@ class ContentionLedger:
             self._nodes[v] = d
         return d
 
+    def _lb_w(self) -> bytearray | None:
+        """This ledger's own per-node load bytes, to change (copied from the origin on first write)."""
+        self._lb_bytes = None
+        if not self._lb_own and self._lb is not None:
+            self._lb = bytearray(self._lb)
+            self._lb_own = True
+        return self._lb
+
     def _insert(self, job_id: Hashable, key: JobKey, placement: "Placement", info: Any) -> None:
+        if key[2] > 1 and self._lb is not None and placement.nodes[-1] >= len(self._lb):
+            raise ValueError(f"job {job_id!r}: placement {placement} uses a node beyond the ledger's {len(self._lb)}")
         self._seq += 1
         self._jobs[job_id] = _Entry(key, placement, 1.0, info, self._seq)
         if key[2] > 1:
+            lb = self._lb_w()
             for v in placement.nodes:
-                self._node_w(v)[job_id] = key
+                d = self._node_w(v)
+                d[job_id] = key
+                if lb is not None:
+                    lb[v] = min(len(d), 255)
 
     def _set_cs(self, job_id: Hashable, e: _Entry, cs: float) -> None:
         self._jobs[job_id] = _Entry(e.key, e.placement, cs, e.info, e.seq)
@@ -413,9 +449,9 @@ class ContentionLedger:
         self._writable()
         if self._get(job_id) is not None:
             raise ValueError(f"job {job_id!r} is already in the contention ledger")
-        self._version += 1
         key = job_key(model, placement)
         self._insert(job_id, key, placement, info)
+        self._version += 1
         if key[2] <= 1:
             return set()
         e = self._jobs[job_id]
@@ -445,9 +481,12 @@ class ContentionLedger:
         if e.key[2] <= 1:
             return set()
         fork = self._base is not None
+        lb = self._lb_w()
         for v in e.placement.nodes:
             d = self._node_w(v)
             del d[job_id]
+            if lb is not None:
+                lb[v] = min(len(d), 255)
             if not d and not fork:
                 del self._nodes[v]
         return self._refresh(self._on_nodes(e.placement, job_id))
@@ -462,6 +501,11 @@ class ContentionLedger:
         f._read_only = read_only
         f._seq = self._seq
         f._version = 0
+        f._lb_bytes = self._lb_bytes
+        if self._base is None or not self._lb_own:  # share until one writes
+            f._lb, f._lb_own = self._lb, self._lb is None
+        else:  # this fork has its own, which it may change: the new fork takes a copy
+            f._lb, f._lb_own = bytearray(self._lb) if self._lb is not None else None, True
         if self._base is None:
             f._base, f._base_version = self, self._version
             f._jobs, f._nodes = {}, {}
@@ -476,6 +520,7 @@ class ContentionLedger:
         O(jobs + loaded nodes)."""
         self._check()
         c = ContentionLedger(self.perf)
+        c._lb = None if self._lb is None else bytearray(self._lb)
         if self._base is None:
             c._jobs = dict(self._jobs)
             c._nodes = {v: dict(d) for v, d in self._nodes.items()}
@@ -497,7 +542,8 @@ class ContentionLedger:
         the oracle the incremental one must equal (:meth:`check`)."""
         self._check()
         return ContentionLedger.from_jobs(
-            self.perf, ((k, e.key[0], e.placement, e.info) for k, e in self._entries())
+            self.perf, ((k, e.key[0], e.placement, e.info) for k, e in self._entries()),
+            None if self._lb is None else len(self._lb)
         )
 
     def check(self, rel_tol: float = 1e-12) -> None:
@@ -521,6 +567,8 @@ class ContentionLedger:
                 if (va, da) != (vb, db):
                     raise AssertionError(f"contention ledger: node {min(va, vb)}: multi-node jobs {da} != recomputed {db}")
             raise AssertionError(f"contention ledger: {len(a)} loaded nodes, recomputed {len(b)}")
+        if self._lb != ref._lb:
+            raise AssertionError("contention ledger: per-node load bytes differ from a recomputation")
 
     def __repr__(self) -> str:
         return f"ContentionLedger({len(self)} jobs, {len(self.loads())} loaded nodes)"

@@ -157,17 +157,24 @@ def balanced_candidates(gpus: int, free: np.ndarray, order: np.ndarray) -> list[
 
 
 def balanced_by_load(
-    gpus: int, free: np.ndarray, load: Callable[[int], int], loaded: Callable[[], Mapping[int, int]]
+    gpus: int,
+    free: np.ndarray,
+    load: Callable[[int], int],
+    loaded: Callable[[], Mapping[int, int]],
+    load_bytes: bytes | None = None,
 ) -> list[Placement]:
     """:func:`balanced_candidates` with nodes in the order (multi-node jobs there, free GPUs, index).
 
     The same list as ``balanced_candidates(gpus, free, np.lexsort((free, load_array)))``, found
     without sorting the cluster: nodes without multi-node jobs come first, in order of free GPUs
-    then index, and are searched count by count (:func:`_as_bytes`); the loaded nodes are sorted
-    only when those run short.
+    then index, and are searched count by count (:func:`_as_bytes`); the loaded nodes are ranked
+    only when those run short (and enough nodes are free enough at all).
 
     :param load: number of multi-node jobs on a node.
     :param loaded: ``{node: that number}`` for every node with at least one (called only if needed).
+    :param load_bytes: the same numbers as one byte per node
+        (:meth:`~policies.ledger.ContentionLedger.load_bytes`), if known: ranking the loaded nodes is
+        then one vectorised pass.
     """
     arr, hi, fb = _as_bytes(free)
     if fb is None:
@@ -177,7 +184,7 @@ def balanced_by_load(
         for v, c in loaded().items():
             load_arr[v] = c
         return balanced_candidates(gpus, arr, np.lexsort((arr, load_arr)))
-    bal = _Balanced(gpus, arr, hi, fb, load, loaded)
+    bal = _Balanced(gpus, arr, hi, fb, load, loaded, load_bytes)
     return [c for c in map(bal.candidate, bal.counts) if c is not None]
 
 
@@ -189,19 +196,38 @@ class _Balanced:
     one for ``n`` (``None`` if too few nodes are free enough), sharing the node searches between counts.
     """
 
-    __slots__ = ("gpus", "arr", "hi", "fb", "load", "loaded", "counts", "_zero", "_cursor", "_by_load")
+    __slots__ = ("gpus", "arr", "hi", "fb", "load", "loaded", "lb", "counts", "_zero", "_cursor", "_by_load",
+                 "_ranked")
 
-    def __init__(self, gpus: int, arr: np.ndarray, hi: int, fb: bytes,
-                 load: Callable[[int], int], loaded: Callable[[], Mapping[int, int]]) -> None:
+    def __init__(self, gpus: int, arr: np.ndarray, hi: int, fb: bytes, load: Callable[[int], int],
+                 loaded: Callable[[], Mapping[int, int]], load_bytes: bytes | None = None) -> None:
         self.gpus, self.arr, self.hi, self.fb, self.load, self.loaded = gpus, arr, hi, fb, load, loaded
+        self.lb = load_bytes if load_bytes is not None and len(load_bytes) == len(arr) else None
         self.counts = [n for n in range(1, min(gpus, len(arr)) + 1)
                        if (n - 1) * -(-gpus // n) < gpus and -(-gpus // n) <= hi]
         self._zero: dict[int, list[int]] = {}  # free count -> unloaded nodes with it found so far, by index
         self._cursor: dict[int, int] = {}  # free count -> where its search goes on (-1: all found)
         self._by_load: list[tuple[int, int, int]] | None = None
+        self._ranked: dict[int, list[int]] = {}  # per node -> loaded nodes with >= per free, in order
+
+    def _loaded_ranked(self, per: int) -> list[int]:
+        """Nodes with multi-node jobs and at least ``per`` free GPUs, by (load, free, index)."""
+        got = self._ranked.get(per)
+        if got is None:
+            arr, lb = self.arr, self.lb
+            if lb is not None:
+                la = np.frombuffer(lb, dtype=np.uint8)
+                idx = np.flatnonzero((la > 0) & (arr >= per))
+                got = idx[np.lexsort((idx, arr[idx], la[idx]))].tolist()
+            else:
+                if self._by_load is None:
+                    self._by_load = sorted((c, int(arr[v]), v) for v, c in self.loaded().items() if arr[v] >= 1)
+                got = [v for _c, fv, v in self._by_load if fv >= per]
+            self._ranked[per] = got
+        return got
 
     def candidate(self, n: int) -> Placement | None:
-        gpus, fb, load = self.gpus, self.fb, self.load
+        gpus, fb, load, lb = self.gpus, self.fb, self.load, self.lb
         per = -(-gpus // n)
         chosen: list[int] = []
         for f in range(per, self.hi + 1):
@@ -218,21 +244,20 @@ class _Balanced:
                     pos = -1
                     break
                 pos = i + 1
-                if not load(i):
+                if not (lb[i] if lb is not None else load(i)):
                     found.append(i)
             self._cursor[f] = pos
             chosen.extend(found[:want])
             if len(chosen) == n:
                 break
         if len(chosen) < n:
-            if self._by_load is None:
-                arr = self.arr
-                self._by_load = sorted((c, int(arr[v]), v) for v, c in self.loaded().items() if arr[v] >= 1)
-            for _c, fv, v in self._by_load:
-                if fv >= per:
-                    chosen.append(v)
-                    if len(chosen) == n:
-                        break
+            # too few nodes without multi-node jobs: loaded ones follow, if enough are free enough at all
+            if sum(fb.count(_BYTES[f]) for f in range(per, self.hi + 1)) < n:
+                return None
+            for v in self._loaded_ranked(per):
+                chosen.append(v)
+                if len(chosen) == n:
+                    break
             if len(chosen) < n:
                 return None
         alloc = []
@@ -292,7 +317,7 @@ class ContentionAwarePlacement:
         led = state.contention(self.perf)
         perf, model = self.perf, job.model
         best_thp = max(job.best_thp, 1e-12)
-        bal = _Balanced(gpus, arr, hi, fb, led.load, led.loads)
+        bal = _Balanced(gpus, arr, hi, fb, led.load, led.loads, led.load_bytes())
         built: dict[int, Placement | None] = {}
         best, best_score = None, -math.inf
         # Candidates in order: balanced ones by node count, then pack's (unless it is one of them).

@@ -232,7 +232,8 @@ class ClusterState:
                     return led
                 cache.remove(led)  # the backend's ledger moved on: build this state's own
                 break
-        led = ContentionLedger.from_jobs(perf, ((j.job_id, j.model, j.placement, j) for j in self.running))
+        led = ContentionLedger.from_jobs(perf, ((j.job_id, j.model, j.placement, j) for j in self.running),
+                                         self.cluster.num_nodes)
         cache.append(led.freeze())
         return led
 

@@ -211,6 +211,21 @@ def test_check_finds_a_stale_cs() -> None:
         led.check()
 
 
+def test_load_bytes_follow_forks_and_copies() -> None:
+    led = ContentionLedger(TablePerf(), num_nodes=4)
+    led.add("a", "MoE", P((0, 4), (1, 4)))
+    led.add("s", "MoE", P((3, 8)))  # single-node: no link load
+    assert led.load_bytes() == bytes([1, 1, 0, 0])
+    f = led.fork()
+    f.add("b", "FSDP", P((1, 2), (2, 2)))
+    g = f.fork()
+    f.remove("a")
+    assert f.load_bytes() == bytes([0, 1, 1, 0]) and g.load_bytes() == bytes([1, 2, 1, 0])
+    assert led.load_bytes() == bytes([1, 1, 0, 0]) and led.copy().load_bytes() == bytes([1, 1, 0, 0])
+    with pytest.raises(ValueError, match="beyond the ledger's 4"):
+        led.add("far", "MoE", P((3, 4), (4, 4)))
+
+
 def test_add_and_remove_stay_local() -> None:
     """A change prices only the jobs on the changed job's nodes, however many run elsewhere."""
     perf = TablePerf()
@@ -254,10 +269,10 @@ def _brute_cs(perf, jobs: dict, jid) -> float:
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(op, max_size=40), st.sampled_from(["table", "real"]))
-def test_incremental_equals_recompute(ops, which) -> None:
+@given(st.lists(op, max_size=40), st.sampled_from(["table", "real"]), st.sampled_from([None, NODES]))
+def test_incremental_equals_recompute(ops, which, num_nodes) -> None:
     perf = TablePerf() if which == "table" else _REAL
-    led = ContentionLedger(perf)
+    led = ContentionLedger(perf, num_nodes)
     jobs: dict = {}  # the model: id -> (model, placement), in add order
     nxt = 0
     for o in ops:
@@ -283,6 +298,10 @@ def test_incremental_equals_recompute(ops, which) -> None:
             assert math.isclose(led.cs(k), _brute_cs(perf, jobs, k), rel_tol=1e-12)
         for v in range(NODES):
             assert led.neighbours(v) == tuple(k for k, (m, q) in jobs.items() if q.num_nodes > 1 and v in q.nodes)
+        if num_nodes is None:
+            assert led.load_bytes() is None
+        else:
+            assert list(led.load_bytes()) == [led.load(v) for v in range(NODES)]
         led.check()
 
 

@@ -291,6 +291,8 @@ def test_balanced_by_load_equals_the_sorted_order(free, gpus, data) -> None:
     want = balanced_candidates(gpus, f, np.lexsort((f, load_arr)))
     got = balanced_by_load(gpus, f, lambda v: loads.get(v, 0), lambda: loads)
     assert got == want
+    lb = bytes(loads.get(v, 0) for v in range(len(free)))
+    assert balanced_by_load(gpus, f, lambda v: loads.get(v, 0), lambda: loads, lb) == want
 
 
 def _greedy_by_definition(perf: ContentionModel, job: JobInfo, free: np.ndarray, state: ClusterState, floor: float = 0.0):

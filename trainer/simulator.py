@@ -377,7 +377,7 @@ class Simulator:
         self.capacity = np.array(self.cluster.gpus_per_node, dtype=np.int64)
         self.free = self.capacity.copy()
         self._used = 0  # allocated GPUs (sum of capacity - free)
-        self.ledger = ContentionLedger(self.perf)  # running jobs by id, each one's CS
+        self.ledger = ContentionLedger(self.perf, self.cluster.num_nodes)  # running jobs by id, each one's CS
         for ref in list(getattr(self, "_views", {}).values()):
             v = ref()
             if v is not None:
