@@ -369,6 +369,7 @@ class Simulator:
                 )
             self.jobs.append(_Job(spec, rank, float(noise[i]), best))
         self.by_id = {j.spec.job_id: j for j in self.jobs}
+        self._submit = [j.spec.submit_time for j in self.jobs]  # arrival order
         self._touched = False  # no job has started since its fields were set
         self.reset_state()
 
@@ -518,16 +519,25 @@ class Simulator:
         j.slot = j.row0 = -1
         self._sl_dead += 1
         if self._sl_dead > self.COMPACT_AFTER and 2 * self._sl_dead > len(self._sl_job):
-            live = [x for x in self._sl_job if x is not None]
-            self._sl_job = []
-            for name in ("_sl_total", "_sl_done", "_sl_rate", "_sl_tref", "_sl_cs"):
-                setattr(self, name, array("d"))
-            for name in ("_rw_node", "_rw_cnt", "_rw_slot"):
-                setattr(self, name, array("q"))
-            self._sl_dead = 0
-            for x in live:
-                assert x.info.placement is not None
-                self._slot_open(x, x.info.placement)
+            self._slot_compact()
+
+    def _slot_compact(self) -> None:
+        """Drop the stopped jobs' entries from the per-run lists (order kept)."""
+        keep = np.array([x is not None for x in self._sl_job])
+        new_slot = np.cumsum(keep) - 1  # old slot -> new slot (for kept ones)
+        for name in ("_sl_total", "_sl_done", "_sl_rate", "_sl_tref", "_sl_cs"):
+            setattr(self, name, array("d", np.frombuffer(getattr(self, name))[keep].tobytes()))
+        rw_slot = np.frombuffer(self._rw_slot, dtype=np.int64)
+        rows = keep[rw_slot]
+        self._rw_node = array("q", np.frombuffer(self._rw_node, dtype=np.int64)[rows].tobytes())
+        self._rw_cnt = array("q", np.frombuffer(self._rw_cnt, dtype=np.int64)[rows].tobytes())
+        kept_slots = rw_slot[rows]
+        self._rw_slot = array("q", new_slot[kept_slots].astype(np.int64).tobytes())
+        first_row = np.flatnonzero(np.r_[True, kept_slots[1:] != kept_slots[:-1]]) if kept_slots.size else kept_slots
+        self._sl_job = [x for x in self._sl_job if x is not None]
+        for k, (x, r) in enumerate(zip(self._sl_job, first_row.tolist())):
+            x.slot, x.row0 = k, r
+        self._sl_dead = 0
 
     def _in_order(self, ids: set[str]) -> list[str]:
         """``ids`` in trace order (so that runs replay exactly whatever the set's order)."""
@@ -566,7 +576,12 @@ class Simulator:
         self.running[j.idx] = j
         self._slot_open(j, p)
         changed = self.ledger.add(job_id, model, p, j.info)
-        self._update_rates((job_id,))
+        cs = self.ledger.cs(job_id) if p.num_nodes > 1 else 1.0
+        j.cs = cs
+        j.rate = j.iso / cs
+        s = j.slot
+        self._sl_rate[s], self._sl_cs[s] = j.rate, cs
+        self._push_completion(j)
         if changed:
             self._update_rates(self._in_order(changed))
         self._record_util()
@@ -696,7 +711,9 @@ class Simulator:
         Returns ``True`` if an event was processed, ``False`` if none happens
         before ``until`` (time is then moved to ``until``).
         """
-        t_arr = self.jobs[self.next_arrival].spec.submit_time if self.next_arrival < len(self.jobs) else math.inf
+        submit = self._submit
+        na = self.next_arrival
+        t_arr = submit[na] if na < len(submit) else math.inf
         t_cmp = self._next_completion()
         t = min(t_arr, t_cmp)
         if t > until or t == math.inf:  # nothing before `until` (or nothing at all: no job left)
@@ -718,9 +735,13 @@ class Simulator:
                 break
             heapq.heappop(heap)
             self._complete(j)
-        while self.next_arrival < len(self.jobs) and self.jobs[self.next_arrival].spec.submit_time <= self.time:
-            self.pending.append(self.jobs[self.next_arrival])
-            self.next_arrival += 1
+        na, now = self.next_arrival, self.time
+        if na < len(submit) and submit[na] <= now:
+            pending = self.pending
+            while na < len(submit) and submit[na] <= now:
+                pending.append(jobs[na])
+                na += 1
+            self.next_arrival = na
             self.dirty = True
         if self.cfg.check_invariants:
             self.check_invariants()
