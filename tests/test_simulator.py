@@ -717,3 +717,26 @@ def test_sampled_metrics_equal_their_definitions(monkeypatch, policy) -> None:
     res = sim.run()
     assert seen["rounds"] == res.rounds > 100 and len(res.samples_frag) == res.rounds and seen["compactions"] > 0
     assert res.preemptions > 0 or policy == "fifo"
+
+
+def test_running_view_keeps_its_jobs_when_the_simulator_moves_on() -> None:
+    """A view read after the simulator started and stopped jobs lists the jobs that ran when it was
+    built, in start order (the simulator tells unread views of stops); a read view is fixed."""
+    cluster = ClusterSpec.parse("2x8")
+    perf = perf_for(cluster)
+    jobs = [job(perf, n, 0.0, 2, 1000.0) for n in "abcd"]
+    sim = Simulator(cluster, jobs, None, perf)
+    sim.reset_state()
+    sim.advance_to_next_event()
+    for n, v in (("a", 0), ("b", 0), ("c", 1)):
+        sim.start(n, Placement.of({v: 2}))
+    early = sim.state().running  # unread
+    read = sim.state().running
+    assert [j.job_id for j in read] == ["a", "b", "c"]
+    sim.preempt("b")
+    sim.start("d", Placement.of({1: 2}))
+    sim.start("b", Placement.of({0: 2}))  # restarted: a new start, after the view was built
+    assert len(early) == 3 and [j.job_id for j in early] == ["a", "b", "c"]
+    assert [j.job_id for j in read] == ["a", "b", "c"]
+    assert [j.job_id for j in sim.state().running] == ["a", "c", "d", "b"]
+    assert not [ref for ref in sim._views.values() if ref() is not None]  # read views are no longer told of stops
