@@ -38,10 +38,15 @@ class PlacementRule(Protocol):
     def __call__(self, job: JobInfo, free: np.ndarray, state: ClusterState) -> Placement | None: ...
 
 
-def _as_bytes(free: np.ndarray) -> tuple[np.ndarray, int, bytes | None]:
+def _as_bytes(free: np.ndarray, state: ClusterState | None = None) -> tuple[np.ndarray, int, bytes | None]:
     """``(free as an array, bound, one byte per node)``: ``bound`` is at least every count (the
     bitwise or of them all) and the bytes are ``None`` unless every count is an integer in
-    ``[0, 255]`` (then callers search with numpy and ``bound`` is the largest count)."""
+    ``[0, 255]`` (then callers search with numpy and ``bound`` is the largest count). For the
+    state's own ``free_gpus``, its :meth:`~policies.state.ClusterState.free_bytes`."""
+    if state is not None and free is state.free_gpus:
+        got = state.free_bytes()
+        if got is not None:
+            return free, got[1], got[0]
     arr = np.asarray(free)
     if arr.size == 0:
         return arr, 0, None
@@ -60,7 +65,7 @@ def pack(job: JobInfo, free: np.ndarray, state: ClusterState | None = None) -> P
     free GPUs (lowest index on ties) and loop. ``None`` if fewer GPUs are free
     than the job needs.
     """
-    return _pack(job.gpu_demand, *_as_bytes(free))
+    return _pack(job.gpu_demand, *_as_bytes(free, state))
 
 
 def _pack(need: int, arr: np.ndarray, bound: int, fb: bytes | None) -> Placement | None:
@@ -305,7 +310,7 @@ class ContentionAwarePlacement:
 
     def __call__(self, job: JobInfo, free: np.ndarray, state: ClusterState) -> Placement | None:
         gpus = job.gpu_demand
-        arr, hi, fb = _as_bytes(free)
+        arr, hi, fb = _as_bytes(free, state)
         if gpus > int(arr.sum()):
             return None
         if fb is None:  # counts beyond a byte: the plain search

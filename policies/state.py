@@ -218,6 +218,27 @@ class ClusterState:
                 per[n].append(j)
         return per
 
+    def free_bytes(self) -> tuple[bytes, int] | None:
+        """``free_gpus`` as one byte per node and a bound on the counts (at least the largest), or
+        ``None`` if a count is outside ``[0, 255]``: what placement rules search in C. Built on first
+        use (three passes over the nodes) and kept, unless a backend handed it in (:meth:`use_free_bytes`)."""
+        got = self.__dict__.get("_free_bytes")
+        if got is None or got[0] is not self.free_gpus:
+            free = np.asarray(self.free_gpus)
+            fb = None
+            if free.size and free.dtype.kind in "iu":
+                bound = int(np.bitwise_or.reduce(free))  # >= max, and negative if a count is
+                if 0 <= bound <= 255:
+                    fb = (free.astype(np.uint8).tobytes(), bound)
+            got = self.__dict__["_free_bytes"] = (self.free_gpus, fb)
+        return got[1]
+
+    def use_free_bytes(self, data: bytes, bound: int) -> None:
+        """Hand in :meth:`free_bytes` (``free_gpus`` as bytes, a bound on the counts) kept by a backend."""
+        if len(data) != len(self.free_gpus) or not 0 <= bound <= 255:
+            raise ValueError(f"free bytes: {len(data)} bytes, bound {bound}, for {len(self.free_gpus)} nodes")
+        self.__dict__["_free_bytes"] = (self.free_gpus, (data, bound))
+
     def contention(self, perf: PairContention) -> ContentionLedger:
         """The contention ledger (:class:`~policies.ledger.ContentionLedger`) of ``running`` priced by
         ``perf``, keyed by job id, each job's :class:`JobInfo` as its ``info``; read-only

@@ -374,3 +374,19 @@ def test_greedy_equals_its_definition(data) -> None:
     assert got == (None if want is None else want[0])
     if want is not None:
         assert ContentionAwarePlacement(PERF88).score(new, want[0], state) == pytest.approx(want[1], rel=1e-12, abs=1e-12)
+
+
+def test_state_free_bytes() -> None:
+    """The state's free GPUs as bytes (what the rules search): built once, or handed in by a backend."""
+    free = np.array([3, 0, 8, 5], dtype=np.int64)
+    state = ClusterState(0.0, C48, free, [], [])
+    fb, bound = state.free_bytes()
+    assert fb == bytes([3, 0, 8, 5]) and bound >= 8 and state.free_bytes()[0] is fb
+    assert ClusterState(0.0, C48, np.array([3, -1, 8, 5]), [], []).free_bytes() is None
+    assert ClusterState(0.0, ClusterSpec.parse("4x64"), np.array([3, 300, 8, 5]), [], []).free_bytes() is None
+    state.use_free_bytes(bytes([3, 0, 8, 5]), 64)
+    assert state.free_bytes() == (bytes([3, 0, 8, 5]), 64)
+    with pytest.raises(ValueError, match="3 bytes, bound 64, for 4 nodes"):
+        state.use_free_bytes(bytes(3), 64)
+    job = info("j", 4)
+    assert pack(job, state.free_gpus, state) == pack(job, free.copy()) == Placement.of({3: 4})

@@ -398,6 +398,8 @@ class Simulator:
     def reset_state(self) -> None:
         self.capacity = np.array(self.cluster.gpus_per_node, dtype=np.int64)
         self.free = self.capacity.copy()
+        self._free_bytes = bytearray(self.capacity.tolist()) if int(self.capacity.max()) <= 255 else None  # a mirror of free
+        self._free_bound = int(self.capacity.max())
         self._used = 0  # allocated GPUs (sum of capacity - free)
         self.ledger = ContentionLedger(self.perf, self.cluster.num_nodes)  # running jobs by id, each one's CS
         for ref in list(getattr(self, "_views", {}).values()):
@@ -471,6 +473,8 @@ class Simulator:
         views[key] = weakref.ref(view, lambda _ref, key=key, views=views: views.pop(key, None))
         st = ClusterState(self.time, self.cluster, self.free.copy(), view, [j.info for j in self.pending])
         st.use_contention(self.ledger)  # the ledger of exactly these running jobs, while it is unchanged
+        if self._free_bytes is not None:
+            st.use_free_bytes(bytes(self._free_bytes), self._free_bound)
         return st
 
     # ------------------------------------------------------------------ mechanics
@@ -573,9 +577,11 @@ class Simulator:
         if j.info.placement is not None:
             raise SimulationError(f"job {job_id} is already running")
         _check_placement(job_id, j.spec.gpu_demand, p, self.free)
-        free = self.free
+        free, fb = self.free, self._free_bytes
         for n, c in p.alloc:
             free[n] -= c
+            if fb is not None:
+                fb[n] -= c
         self._used += p.total_gpus
         self.pending.remove(j)
         t = self.time
@@ -616,9 +622,11 @@ class Simulator:
         j.run_time += t - j.seg_start
         j.att_base += j.spec.gpu_demand * (t - j.seg_start)
         j.info.attained_service = j.att_base
-        free = self.free
+        free, fb = self.free, self._free_bytes
         for n, c in p.alloc:
             free[n] += c
+            if fb is not None:
+                fb[n] += c
         self._used -= p.total_gpus
         if self._views:
             for ref in list(self._views.values()):
@@ -892,6 +900,8 @@ class Simulator:
                 used[n] += c
         if not np.array_equal(used + self.free, self.capacity) or int(used.sum()) != self._used:
             raise AssertionError("GPU accounting mismatch")
+        if self._free_bytes is not None and list(self._free_bytes) != self.free.tolist():
+            raise AssertionError("the byte mirror of free GPUs is stale")
         live = [j for j in self._sl_job if j is not None]
         if live != list(self.running.values()):
             raise AssertionError("per-run lists: their jobs are not the running jobs in start order")
