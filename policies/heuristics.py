@@ -115,7 +115,8 @@ class OrderedPolicy(Policy):
         # Keys are computed once per job and round (they are the hot path on
         # long queues); sorting (key, job) pairs by key is the same stable sort
         # as sorting jobs by ``order``.
-        pending = sorted(((order(j), j) for j in state.pending), key=_first)
+        pending = [(order(j), j) for j in state.pending]
+        pending.sort(key=_first)
         # Victims (running jobs, lowest priority first) are ranked the first time a job does not
         # fit: a round in which every job fits never reads the running jobs.
         victims: list[tuple[tuple, JobInfo]] | None = None if self.preemptive else []

@@ -446,6 +446,13 @@ class ContentionLedger:
             :class:`~policies.state.JobInfo`.
         :raises ValueError: the id is already in the ledger.
         """
+        if placement.num_nodes == 1 and self._base is None and not self._read_only:  # on no link: O(1)
+            if job_id in self._jobs:
+                raise ValueError(f"job {job_id!r} is already in the contention ledger")
+            self._seq += 1
+            self._jobs[job_id] = _Entry(job_key(model, placement), placement, 1.0, info, self._seq)
+            self._version += 1
+            return set()
         self._writable()
         if self._get(job_id) is not None:
             raise ValueError(f"job {job_id!r} is already in the contention ledger")
@@ -468,6 +475,12 @@ class ContentionLedger:
 
         :raises KeyError: the id is not in the ledger.
         """
+        if self._base is None and not self._read_only:
+            e = self._jobs.get(job_id)
+            if e is not None and e.key[2] <= 1:  # on no link: O(1)
+                del self._jobs[job_id]
+                self._version += 1
+                return set()
         self._writable()
         e = self._get(job_id)
         if e is None:

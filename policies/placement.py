@@ -18,7 +18,7 @@ from typing import Callable, Mapping, Protocol
 import numpy as np
 
 from policies.cluster import Placement
-from policies.ledger import ContentionLedger
+from policies.ledger import ContentionLedger, job_key
 from policies.perf import ContentionModel
 from policies.state import ClusterState, JobInfo
 
@@ -378,7 +378,7 @@ class ContentionAwarePlacement:
     def _score(self, job: JobInfo, cand: Placement, led: ContentionLedger) -> float:
         perf = self.perf
         cs_me, after = led.what_if(job.model, cand, exclude=job.job_id)
-        iso = perf.isolated_throughput(job.model, cand.total_gpus, cand.num_nodes)
+        iso = perf.isolated_throughput(*job_key(job.model, cand))
         gain = job.gpu_demand * iso / cs_me / max(job.best_thp, 1e-12)
         if cand.num_nodes <= 1:
             return gain

@@ -40,7 +40,7 @@ import numpy as np
 from policies.base import Policy
 from policies.cluster import ClusterSpec, Placement
 from policies.job import JobSpec
-from policies.ledger import ContentionLedger
+from policies.ledger import ContentionLedger, job_key
 from policies.perf import ContentionModel
 from policies.state import ClusterState, Decision, JobInfo
 from trainer.traces import MAX_SUBMIT_TIME_S, MAX_SUBMIT_TIME_TEXT
@@ -197,7 +197,7 @@ class RunningView(Sequence[JobInfo]):
     looks at running jobs (FIFO) pays nothing for them. ``len`` and ``bool`` need no read.
     """
 
-    __slots__ = ("_sim", "_t", "_n", "_seq", "_gone", "_jobs", "_infos", "__weakref__")
+    __slots__ = ("_sim", "_t", "_n", "_seq", "_gone", "_jobs", "_infos", "_key", "__weakref__")
 
     def __init__(self, sim: "Simulator", t: float) -> None:
         self._sim = sim
@@ -207,6 +207,7 @@ class RunningView(Sequence[JobInfo]):
         self._gone: list[tuple[int, _Job]] = []  # (run_seq, job) of its jobs stopped since
         self._jobs: list[_Job] | None = None
         self._infos: list[JobInfo] | None = None
+        self._key = 0  # the simulator's key for it while unread
 
     def _stopped(self, j: _Job) -> None:
         """The simulator is stopping ``j`` (called while the view is unread)."""
@@ -218,7 +219,7 @@ class RunningView(Sequence[JobInfo]):
         jobs = self._jobs
         if jobs is None:
             sim = self._sim
-            sim._views.pop(id(self), None)
+            sim._views.pop(self._key, None)
             if not self._gone and sim._run_seq == self._seq:
                 jobs = list(sim.running.values())
             else:
@@ -310,6 +311,14 @@ def _check_spec(j: JobSpec, total_gpus: int) -> None:
 def _check_placement(job_id: str, demand: int, p: Placement, free: np.ndarray, context: str = "") -> None:
     """Raise :class:`SimulationError` unless ``p`` gives job ``job_id`` exactly ``demand`` GPUs on distinct
     nodes of the cluster, each within its ``free`` GPUs (``context`` is appended to the "does not fit" text)."""
+    prev, size = -1, len(free)
+    for n, c in p.alloc:  # the common case in one pass: ascending nodes, each in range and within its free GPUs
+        if n <= prev or c <= 0 or n >= size or c > free[n]:
+            break
+        prev = n
+    else:
+        if p.total_gpus == demand:
+            return
     if p.total_gpus != demand:
         raise SimulationError(f"job {job_id}: placement {p} has {p.total_gpus} GPUs, demand is {demand}")
     if len(set(p.nodes)) != p.num_nodes or any(c <= 0 for _n, c in p.alloc):
@@ -406,7 +415,9 @@ class Simulator:
             v = ref()
             if v is not None:
                 v._take()  # views of the previous run keep its jobs
-        self._views: dict[int, weakref.ref[RunningView]] = {}  # unread views (told of stops), by id
+        self._views: dict[int, weakref.ref[RunningView]] = {}  # unread views (told of stops), by id of the ref
+        views = self._views
+        self._view_gone = lambda ref: views.pop(id(ref), None)  # a view was dropped unread
         # Running jobs' progress and allocations as flat arrays in start order (what fragmentation() and
         # the CS samples read in one vectorised pass, through numpy views without copying). A stopped
         # job's entry stays, neutral (no work, no GPUs), until the arrays are compacted.
@@ -468,9 +479,9 @@ class Simulator:
         policy that never looks at running jobs (FIFO) pays nothing for them.
         """
         view = RunningView(self, self.time)
-        views = self._views
-        key = id(view)
-        views[key] = weakref.ref(view, lambda _ref, key=key, views=views: views.pop(key, None))
+        ref = weakref.ref(view, self._view_gone)
+        view._key = id(ref)
+        self._views[view._key] = ref
         st = ClusterState(self.time, self.cluster, self.free.copy(), view, [j.info for j in self.pending])
         st.use_contention(self.ledger)  # the ledger of exactly these running jobs, while it is unchanged
         if self._free_bytes is not None:
@@ -521,7 +532,7 @@ class Simulator:
 
     def _slot_open(self, j: _Job, p: Placement) -> None:
         """Append a starting job's progress fields and allocation rows to the per-run lists."""
-        j.slot = len(self._sl_job)
+        s = j.slot = len(self._sl_job)
         j.row0 = len(self._rw_node)
         self._sl_job.append(j)
         self._sl_total.append(j.spec.total_samples)
@@ -529,10 +540,16 @@ class Simulator:
         self._sl_rate.append(j.rate)
         self._sl_tref.append(j.t_ref)
         self._sl_cs.append(j.cs)
-        for n, c in p.alloc:
+        if len(p.alloc) == 1:
+            (n, c), = p.alloc
             self._rw_node.append(n)
             self._rw_cnt.append(c)
-            self._rw_slot.append(j.slot)
+            self._rw_slot.append(s)
+        else:
+            for n, c in p.alloc:
+                self._rw_node.append(n)
+                self._rw_cnt.append(c)
+                self._rw_slot.append(s)
 
     def _slot_close(self, j: _Job, p: Placement) -> None:
         """Neutralise a stopping job's entries (no work left, no GPUs); compact when half are dead."""
@@ -590,8 +607,8 @@ class Simulator:
         if math.isnan(j.first_start):
             j.first_start = t
         model = j.spec.model
-        j.key = (model, p.total_gpus, p.num_nodes)
-        j.iso = self.perf.isolated_throughput(model, p.total_gpus, p.num_nodes) * j.noise
+        j.key = job_key(model, p)
+        j.iso = self.perf.isolated_throughput(*j.key) * j.noise
         overhead = self.cfg.restart_overhead if j.info.preemptions > 0 else 0.0
         j.t_ref = t + overhead
         j.rate = 0.0
@@ -755,11 +772,12 @@ class Simulator:
         # (total_samples / rate), so it is never cut short by more than _EPS of its work; a bound
         # on the clock alone (1e-9 * t) could end a job of a few ms a sizeable part of its work early.
         heap, jobs = self.heap, self.jobs
-        while True:
-            tc = self._next_completion()
-            if tc == math.inf:
-                break
-            j = jobs[heap[0][2]]  # _next_completion left the live entry on top
+        while heap:
+            tc, _seq, idx, ver = heap[0]
+            j = jobs[idx]
+            if ver != j.version or j.info.placement is None:  # stale: the job's rate changed or it stopped
+                heapq.heappop(heap)
+                continue
             if tc - self.time > _EPS * min(max(1.0, self.time), j.spec.total_samples / j.rate):
                 break
             heapq.heappop(heap)
