@@ -96,7 +96,7 @@ def _pack(need: int, arr: np.ndarray, bound: int, fb: bytes | None) -> Placement
             need -= take
             while hi > 0 and avail.find(hi) < 0:
                 hi -= 1
-        return Placement.of(alloc)
+        return Placement(tuple(sorted(alloc.items())))  # distinct nodes, positive counts
     avail64 = arr.astype(np.int64)
     while need > 0:
         ok = np.flatnonzero(avail64 >= need)

@@ -502,7 +502,8 @@ class Simulator:
         if j.rate <= 0:
             return
         remaining = j.spec.total_samples - j.done
-        t_fin = max(j.t_ref, self.time) + max(remaining, 0.0) / j.rate
+        t_ref, now = j.t_ref, self.time
+        t_fin = (t_ref if t_ref > now else now) + (remaining if remaining > 0.0 else 0.0) / j.rate
         self._seq += 1
         heapq.heappush(self.heap, (t_fin, self._seq, j.idx, j.version))
 
@@ -757,16 +758,18 @@ class Simulator:
         Returns ``True`` if an event was processed, ``False`` if none happens
         before ``until`` (time is then moved to ``until``).
         """
-        submit = self._submit
+        submit, n_jobs = self._submit, len(self.jobs)
         na = self.next_arrival
-        t_arr = submit[na] if na < len(submit) else math.inf
+        t_arr = submit[na] if na < n_jobs else math.inf
         t_cmp = self._next_completion()
-        t = min(t_arr, t_cmp)
+        t = t_arr if t_arr < t_cmp else t_cmp
         if t > until or t == math.inf:  # nothing before `until` (or nothing at all: no job left)
             if until < math.inf:
                 self.time = max(self.time, until)
             return False
-        self.time = max(self.time, t)
+        now = self.time
+        if t > now:
+            self.time = now = t
         # Completions at t, within rounding: a job completes now if its completion time is within
         # _EPS of now relative to both the clock and the job's own duration at its rate
         # (total_samples / rate), so it is never cut short by more than _EPS of its work; a bound
@@ -778,14 +781,18 @@ class Simulator:
             if ver != j.version or j.info.placement is None:  # stale: the job's rate changed or it stopped
                 heapq.heappop(heap)
                 continue
-            if tc - self.time > _EPS * min(max(1.0, self.time), j.spec.total_samples / j.rate):
+            scale = now if now > 1.0 else 1.0  # min(max(1, now), the job's duration at its rate)
+            dur = j.spec.total_samples / j.rate
+            if dur < scale:
+                scale = dur
+            if tc - now > _EPS * scale:
                 break
             heapq.heappop(heap)
             self._complete(j)
-        na, now = self.next_arrival, self.time
-        if na < len(submit) and submit[na] <= now:
+        na = self.next_arrival
+        if na < n_jobs and submit[na] <= now:
             pending = self.pending
-            while na < len(submit) and submit[na] <= now:
+            while na < n_jobs and submit[na] <= now:
                 pending.append(jobs[na])
                 na += 1
             self.next_arrival = na
