@@ -106,7 +106,7 @@ class OrderedPolicy(Policy):
         free = state.free_gpus
         own_free = False
         taken: Placement | None = None
-        free_total = int(free.sum())
+        free_total = state.total_free
         usable = state.usable  # None: every node
         order = self.order
         limit = self.place_limit

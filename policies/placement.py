@@ -38,6 +38,13 @@ class PlacementRule(Protocol):
     def __call__(self, job: JobInfo, free: np.ndarray, state: ClusterState) -> Placement | None: ...
 
 
+def _total(free: np.ndarray, state: ClusterState | None) -> int:
+    """Sum of ``free`` (the state's :attr:`~policies.state.ClusterState.total_free` for its own array)."""
+    if state is not None and free is state.free_gpus:
+        return state.total_free
+    return int(free.sum())
+
+
 def _as_bytes(free: np.ndarray, state: ClusterState | None = None) -> tuple[np.ndarray, int, bytes | None]:
     """``(free as an array, bound, one byte per node)``: ``bound`` is at least every count (the
     bitwise or of them all) and the bytes are ``None`` unless every count is an integer in
@@ -65,21 +72,23 @@ def pack(job: JobInfo, free: np.ndarray, state: ClusterState | None = None) -> P
     free GPUs (lowest index on ties) and loop. ``None`` if fewer GPUs are free
     than the job needs.
     """
-    return _pack(job.gpu_demand, *_as_bytes(free, state))
+    return _pack(job.gpu_demand, *_as_bytes(free, state), state)
 
 
-def _pack(need: int, arr: np.ndarray, bound: int, fb: bytes | None) -> Placement | None:
-    """:func:`pack` of ``need`` GPUs on ``_as_bytes(free)``."""
+def _pack(need: int, arr: np.ndarray, bound: int, fb: bytes | None, state: ClusterState | None = None) -> Placement | None:
+    """:func:`pack` of ``need`` GPUs on ``_as_bytes(free)`` (``state``: whose ``free_gpus`` it may be)."""
     if fb is not None and need <= bound:  # one node: the smallest count >= need, first such node
         for f in range(need, bound + 1):
             n = fb.find(_BYTES[f])
             if n >= 0:
                 return Placement(((n, need),))
-    if need > int(arr.sum()):
+    if need > _total(arr, state):
         return None
     alloc: dict[int, int] = {}
     if fb is not None:
-        hi = int(arr.max())
+        hi = bound
+        while hi > 0 and fb.find(_BYTES[hi]) < 0:  # the largest count
+            hi -= 1
         avail = bytearray(fb)
         while need > 0:
             n = -1
@@ -311,7 +320,7 @@ class ContentionAwarePlacement:
     def __call__(self, job: JobInfo, free: np.ndarray, state: ClusterState) -> Placement | None:
         gpus = job.gpu_demand
         arr, hi, fb = _as_bytes(free, state)
-        if gpus > int(arr.sum()):
+        if gpus > _total(arr, state):
             return None
         if fb is None:  # counts beyond a byte: the plain search
             cands = balanced_by_load(gpus, arr, state.contention(self.perf).load, state.contention(self.perf).loads)
@@ -335,7 +344,7 @@ class ContentionAwarePlacement:
             c = built[n] = bal.candidate(n)
             if c is not None:
                 best, best_score = self._better(job, c, led, best, best_score)
-        p = _pack(gpus, arr, hi, fb)
+        p = _pack(gpus, arr, hi, fb, state)
         if p is not None:
             n = p.num_nodes
             if n in bal.counts and n not in built:

@@ -203,6 +203,10 @@ class ClusterState:
 
     @property
     def total_free(self) -> int:
+        """Free GPUs in all (the sum of ``free_gpus``; a backend may hand it in, :meth:`use_free_bytes`)."""
+        got = self.__dict__.get("_free_total")
+        if got is not None and got[0] is self.free_gpus:
+            return got[1]
         return int(self.free_gpus.sum())
 
     @property
@@ -233,11 +237,14 @@ class ClusterState:
             got = self.__dict__["_free_bytes"] = (self.free_gpus, fb)
         return got[1]
 
-    def use_free_bytes(self, data: bytes, bound: int) -> None:
-        """Hand in :meth:`free_bytes` (``free_gpus`` as bytes, a bound on the counts) kept by a backend."""
+    def use_free_bytes(self, data: bytes, bound: int, total: int | None = None) -> None:
+        """Hand in :meth:`free_bytes` (``free_gpus`` as bytes, a bound on the counts) and, optionally,
+        :attr:`total_free`, kept by a backend."""
         if len(data) != len(self.free_gpus) or not 0 <= bound <= 255:
             raise ValueError(f"free bytes: {len(data)} bytes, bound {bound}, for {len(self.free_gpus)} nodes")
         self.__dict__["_free_bytes"] = (self.free_gpus, (data, bound))
+        if total is not None:
+            self.__dict__["_free_total"] = (self.free_gpus, int(total))
 
     def contention(self, perf: PairContention) -> ContentionLedger:
         """The contention ledger (:class:`~policies.ledger.ContentionLedger`) of ``running`` priced by

@@ -740,3 +740,25 @@ def test_running_view_keeps_its_jobs_when_the_simulator_moves_on() -> None:
     assert [j.job_id for j in read] == ["a", "b", "c"]
     assert [j.job_id for j in sim.state().running] == ["a", "c", "d", "b"]
     assert not [ref for ref in sim._views.values() if ref() is not None]  # read views are no longer told of stops
+
+
+def test_state_free_gpus_is_a_snapshot_without_a_copy_per_round() -> None:
+    """The state's free GPUs are a read-only view of the simulator's; the simulator copies its own
+    array before changing it only while such a state is still held."""
+    cluster = ClusterSpec.parse("2x8")
+    perf = perf_for(cluster)
+    sim = Simulator(cluster, [job(perf, n, 0.0, 2, 1000.0) for n in "ab"], None, perf)
+    sim.reset_state()
+    sim.advance_to_next_event()
+    held = sim.state()
+    with pytest.raises(ValueError):
+        held.free_gpus[0] = 0  # read-only
+    sim.start("a", Placement.of({0: 2}))
+    assert held.free_gpus.tolist() == [8, 8] and sim.free.tolist() == [6, 8]  # copied: `held` still lives
+    assert held.total_free == 16 and held.free_bytes()[0] == bytes([8, 8])
+    before = sim.free
+    sim.state()  # dropped at once
+    sim.start("b", Placement.of({1: 2}))
+    assert sim.free is before and sim.free.tolist() == [6, 6]  # changed in place: no state holds it
+    st_ = sim.state()
+    assert st_.total_free == 12 == int(st_.free_gpus.sum()) and st_.free_bytes()[0] == bytes([6, 6])

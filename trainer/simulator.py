@@ -407,6 +407,8 @@ class Simulator:
     def reset_state(self) -> None:
         self.capacity = np.array(self.cluster.gpus_per_node, dtype=np.int64)
         self.free = self.capacity.copy()
+        self._free_lent: weakref.ref | None = None  # the read-only view of `free` the last state holds
+        self._total_gpus = int(self.capacity.sum())
         self._free_bytes = bytearray(self.capacity.tolist()) if int(self.capacity.max()) <= 255 else None  # a mirror of free
         self._free_bound = int(self.capacity.max())
         self._used = 0  # allocated GPUs (sum of capacity - free)
@@ -482,13 +484,25 @@ class Simulator:
         ref = weakref.ref(view, self._view_gone)
         view._key = id(ref)
         self._views[view._key] = ref
-        st = ClusterState(self.time, self.cluster, self.free.copy(), view, [j.info for j in self.pending])
+        free = self.free.view()  # read-only, and `free` is copied before it changes while this lives
+        free.flags.writeable = False
+        self._free_lent = weakref.ref(free)
+        st = ClusterState(self.time, self.cluster, free, view, [j.info for j in self.pending])
         st.use_contention(self.ledger)  # the ledger of exactly these running jobs, while it is unchanged
         if self._free_bytes is not None:
-            st.use_free_bytes(bytes(self._free_bytes), self._free_bound)
+            st.use_free_bytes(bytes(self._free_bytes), self._free_bound, self._total_gpus - self._used)
         return st
 
     # ------------------------------------------------------------------ mechanics
+    def _own_free(self) -> np.ndarray:
+        """``free``, to change: copied first if a state built earlier still holds a view of it."""
+        lent = self._free_lent
+        if lent is not None:
+            if lent() is not None:
+                self.free = self.free.copy()
+            self._free_lent = None
+        return self.free
+
     def _record_util(self) -> None:
         used = self._used
         if self.util_t[-1] == self.time:
@@ -595,7 +609,7 @@ class Simulator:
         if j.info.placement is not None:
             raise SimulationError(f"job {job_id} is already running")
         _check_placement(job_id, j.spec.gpu_demand, p, self.free)
-        free, fb = self.free, self._free_bytes
+        free, fb = self._own_free(), self._free_bytes
         for n, c in p.alloc:
             free[n] -= c
             if fb is not None:
@@ -640,7 +654,7 @@ class Simulator:
         j.run_time += t - j.seg_start
         j.att_base += j.spec.gpu_demand * (t - j.seg_start)
         j.info.attained_service = j.att_base
-        free, fb = self.free, self._free_bytes
+        free, fb = self._own_free(), self._free_bytes
         for n, c in p.alloc:
             free[n] += c
             if fb is not None:
