@@ -20,7 +20,10 @@ Usage::
     python benchmarks/bench_scale.py --jobs 300 --cluster 16x8 --check-invariants   # a smoke run
     python benchmarks/bench_scale.py --json out.json --check          # exit 1 if a target is missed
 
-``--profile FILE`` writes a cProfile of the run (one policy only).
+``--profile FILE`` writes a cProfile of the run (one policy only). ``--gc-freeze`` calls
+``gc.freeze()`` after building the simulator, so that Python's cyclic garbage collector no longer
+scans the million per-job records during the run (nothing the simulator or these policies
+allocate forms reference cycles); it is off by default, as in ``rlsched simulate``.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse
+import gc
 import json
 import platform
 import resource
@@ -114,6 +118,8 @@ def run_one(args: argparse.Namespace, policy: str) -> Row:
     sim = Simulator(cluster, jobs, make_heuristic(policy, perf), perf, SimConfig(check_invariants=args.check_invariants))
     build = time.perf_counter() - t0
     del jobs
+    if args.gc_freeze:
+        gc.freeze()  # the trace and the simulator's per-job records: never scanned by the cyclic collector
     prof = None
     if args.profile:
         import cProfile
@@ -157,6 +163,8 @@ def _child(args: argparse.Namespace, policy: str) -> Row:
                "--seed", str(args.seed), "--mix", args.mix, "--policy", policy, "--row-json", str(out), "--quiet"]
         if args.check_invariants:
             cmd.append("--check-invariants")
+        if args.gc_freeze:
+            cmd.append("--gc-freeze")
         subprocess.run(cmd, check=True)
         d = json.loads(out.read_text())
     d.pop("ok", None)
@@ -173,6 +181,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--mix", default="normal", help="model mix (default normal)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--check-invariants", action="store_true", help="check the simulator's invariants after every event (slow)")
+    ap.add_argument("--gc-freeze", action="store_true",
+                    help="gc.freeze() after building the simulator (the cyclic collector then skips the per-job records)")
     ap.add_argument("--profile", type=Path, help="write a cProfile of the run here (one policy)")
     ap.add_argument("--json", type=Path, help="also write the rows and the machine as JSON here")
     ap.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
@@ -208,7 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{os.cpu_count()} CPUs, Python {platform.python_version()}, numpy {np.__version__}, {pin}"
         + (f", load average {load_avg[0]:.2f} / {load_avg[1]:.2f} / {load_avg[2]:.2f}" if load_avg else "")
     )
-    table = Table(title=f"{rows[0].jobs:,} jobs on {rows[0].cluster}, Poisson arrivals at load {rows[0].load:g}")
+    table = Table(title=f"{rows[0].jobs:,} jobs on {rows[0].cluster}, Poisson arrivals at load {rows[0].load:g}"
+                  + (", gc.freeze() after the build" if args.gc_freeze else ""))
     for col in ("policy", "generate s", "build s", "run s", "run CPU s", "total s", "jobs/s", "peak RSS MiB", "rounds", "preempt",
                 "mean JCT h", "makespan h", "target"):
         table.add_column(col, justify="left" if col == "policy" else "right")
@@ -225,6 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "machine": {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
                         "python": platform.python_version(), "numpy": np.__version__, "pinning": pin,
                         "load_average": list(load_avg) if load_avg else None},
+            "gc_freeze": args.gc_freeze,
             "rows": [r._asdict() | {"total_s": r.total_s, "ok": r.ok} for r in rows],
         }
         args.json.write_text(json.dumps(doc, indent=2))

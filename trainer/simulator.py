@@ -617,29 +617,25 @@ class Simulator:
         self._used += p.total_gpus
         self.pending.remove(j)
         t = self.time
-        j.info.placement = p
-        j.info.start_time = t
-        if math.isnan(j.first_start):
+        info = j.info
+        info.placement = p
+        info.start_time = t
+        if j.first_start != j.first_start:  # NaN: never started before
             j.first_start = t
         model = j.spec.model
-        j.key = job_key(model, p)
-        j.iso = self.perf.isolated_throughput(*j.key) * j.noise
-        overhead = self.cfg.restart_overhead if j.info.preemptions > 0 else 0.0
-        j.t_ref = t + overhead
-        j.rate = 0.0
-        j.cs = 1.0
+        key = j.key = job_key(model, p)
+        j.iso = self.perf.isolated_throughput(*key) * j.noise
+        j.t_ref = t + self.cfg.restart_overhead if info.preemptions > 0 else t
         j.seg_start = t
         self._run_seq += 1
         j.run_seq = self._run_seq
         self._touched = True
         self.running[j.idx] = j
-        self._slot_open(j, p)
-        changed = self.ledger.add(job_id, model, p, j.info)
-        cs = self.ledger.cs(job_id) if p.num_nodes > 1 else 1.0
-        j.cs = cs
+        ledger = self.ledger
+        changed = ledger.add(job_id, model, p, info)
+        cs = j.cs = ledger.cs(job_id) if key[2] > 1 else 1.0
         j.rate = j.iso / cs
-        s = j.slot
-        self._sl_rate[s], self._sl_cs[s] = j.rate, cs
+        self._slot_open(j, p)
         self._push_completion(j)
         if changed:
             self._update_rates(self._in_order(changed))
