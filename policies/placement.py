@@ -45,6 +45,10 @@ def _total(free: np.ndarray, state: ClusterState | None) -> int:
     return int(free.sum())
 
 
+#: Up to this many nodes a free array is read as a Python list (cheaper than numpy calls).
+_SMALL = 64
+
+
 def _as_bytes(free: np.ndarray, state: ClusterState | None = None) -> tuple[np.ndarray, int, bytes | None]:
     """``(free as an array, bound, one byte per node)``: ``bound`` is at least every count (the
     bitwise or of them all) and the bytes are ``None`` unless every count is an integer in
@@ -55,6 +59,12 @@ def _as_bytes(free: np.ndarray, state: ClusterState | None = None) -> tuple[np.n
         if got is not None:
             return free, got[1], got[0]
     arr = np.asarray(free)
+    if 0 < arr.size <= _SMALL and arr.dtype.kind in "iu":
+        counts = arr.tolist()
+        hi = max(counts)
+        if hi <= 255 and min(counts) >= 0:
+            return arr, hi, bytes(counts)
+        return arr, hi, None
     if arr.size == 0:
         return arr, 0, None
     if arr.dtype.kind in "iu":

@@ -348,6 +348,8 @@ class Simulator:
     #: The per-run lists are compacted once more than this many (and more than half) of their entries
     #: belong to stopped jobs.
     COMPACT_AFTER = 1024
+    #: fragmentation() loops over the running jobs up to this many, else takes one vectorised pass.
+    FRAG_LOOP_MAX = 64
 
     def __init__(
         self,
@@ -896,12 +898,27 @@ class Simulator:
 
         For node ``i`` with GPU remaining times ``x`` (0 when free):
         ``1 - (sum x)^2 / (n * sum x^2)``; a node with all ``x = 0`` counts 0.
-        One vectorised pass over the running jobs' allocations (each node's sums
-        are added in start order).
+        Each node's sums are added in start order: by a loop over the running jobs
+        when there are few, else in one vectorised pass over their allocations
+        (the same additions in the same order, so the same floats).
         """
         if not self.running:
             return 0.0
         t = self.time
+        if len(self.running) <= self.FRAG_LOOP_MAX:
+            n_nodes = self.cluster.num_nodes
+            s1 = [0.0] * n_nodes
+            s2 = [0.0] * n_nodes
+            for j in self.running.values():
+                total = j.spec.total_samples
+                rem = (total - min(j.done + j.rate * max(0.0, t - j.t_ref), total)) / j.rate
+                for n, c in j.info.placement.alloc:  # type: ignore[union-attr]
+                    x = c * rem
+                    s1[n] += x
+                    s2[n] += x * rem
+            a1, a2 = np.array(s1), np.array(s2)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return float(np.where(a2 > 0, 1.0 - a1 * a1 / (self.capacity * a2), 0.0).mean())
         rate = np.frombuffer(self._sl_rate)
         total = np.frombuffer(self._sl_total)
         done, t_ref = np.frombuffer(self._sl_done), np.frombuffer(self._sl_tref)
