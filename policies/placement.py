@@ -437,7 +437,8 @@ class FloorPacking:
         self.min_efficiency = self._scorer.min_efficiency
 
     def __call__(self, job: JobInfo, free: np.ndarray, state: ClusterState) -> Placement | None:
-        if job.gpu_demand <= state.cluster.max_gpus_per_node and int(free.max(initial=0)) < job.gpu_demand:
+        # (the cluster's largest node, a pass over its nodes, is read only when no node holds the job)
+        if int(free.max(initial=0)) < job.gpu_demand and job.gpu_demand <= state.cluster.max_gpus_per_node:
             return None  # a single-node job is never split
         p = pack(job, free)
         if p is None or self.min_efficiency <= 0.0:
