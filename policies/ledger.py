@@ -328,8 +328,16 @@ class ContentionLedger:
             return 1.0
         perf = self.perf
         worst = 1.0
+        skip = [x for x in (job_id, exclude) if x is not _MISSING]  # ids to leave out (compared by value)
         for v in nodes:
-            others = [k for o, k in self._node(v).items() if o != job_id and o != exclude]
+            d = self._node(v)
+            if not skip:
+                others = list(d.values())
+            elif len(skip) == 1:
+                s0 = skip[0]
+                others = [k for o, k in d.items() if o != s0]
+            else:
+                others = [k for o, k in d.items() if o not in skip]
             if extra is not None and v in extra:
                 others.append(extra[v])
             c = node_cs(perf, key, others)

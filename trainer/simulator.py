@@ -411,7 +411,9 @@ class Simulator:
         self.free = self.capacity.copy()
         self._free_lent: weakref.ref | None = None  # the read-only view of `free` the last state holds
         self._total_gpus = int(self.capacity.sum())
-        self._free_bytes = bytearray(self.capacity.tolist()) if int(self.capacity.max()) <= 255 else None  # a mirror of free
+        # a byte mirror of `free` that states hand to placement rules (on small clusters they read the array)
+        big = self.cluster.num_nodes > 64 and int(self.capacity.max()) <= 255
+        self._free_bytes = bytearray(self.capacity.tolist()) if big else None
         self._free_bound = int(self.capacity.max())
         self._used = 0  # allocated GPUs (sum of capacity - free)
         self.ledger = ContentionLedger(self.perf, self.cluster.num_nodes)  # running jobs by id, each one's CS
