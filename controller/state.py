@@ -29,6 +29,7 @@ import numpy as np
 from controller.slurm import MANAGED_MARK, SlurmJob, SlurmNode, dependency_met
 from policies.cluster import GPU_TYPE_RE, ClusterSpec, NodeSpec, Placement
 from policies.gputypes import is_known_gpu_type
+from policies.ledger import ContentionLedger
 from policies.perf import ContentionModel
 from policies.state import ClusterState, JobInfo
 from policies.workloads import UnknownModelError, canonical_model
@@ -223,8 +224,7 @@ def build_state(
     view = SlurmView(state=None, jobs={})  # type: ignore[arg-type]
     running: list[JobInfo] = []
     pending: list[JobInfo] = []
-    keys_on_node: dict[int, list[tuple[str, tuple]]] = {}
-    run_infos: list[tuple[JobInfo, tuple]] = []
+    ledger = ContentionLedger(perf, cluster.num_nodes)  # the running jobs' contention, by job id
 
     # Slurm's submit times have 1 s resolution: within a second, job id order is
     # arrival order, so break ties with a microsecond offset per position.
@@ -306,22 +306,18 @@ def build_state(
         if not prog.get("total_steps"):
             # no agent: assume progress at the isolated rate since the last start
             info.done_samples = min(total, done + info.isolated_thp * ran)
-        key = (model, p.total_gpus, p.num_nodes)
-        for n in p.nodes:
-            keys_on_node.setdefault(n, []).append((info.job_id, key))
-        run_infos.append((info, key))
+        ledger.add(info.job_id, model, p, info)
         running.append(info)
 
     # achieved throughput: measured by the agent, else predicted from co-located jobs
-    for info, key in run_infos:
+    for info in running:
         prog = progress.get(info.job_id, {})
         measured = float(prog.get("samples_per_s") or 0.0)
         if measured > 0:
             info.achieved_thp = measured
         else:
-            assert info.placement is not None
-            neigh = {n: [k for jid, k in keys_on_node.get(n, []) if jid != info.job_id] for n in info.placement.nodes}
-            info.achieved_thp = info.isolated_thp / perf.job_cs(key, info.placement.nodes, neigh)
+            info.achieved_thp = info.isolated_thp / ledger.cs(info.job_id)
     view.state = ClusterState(time=now, cluster=cluster, free_gpus=np.maximum(free, 0), running=running, pending=pending,
                               usable=usable)
+    view.state.use_contention(ledger)  # what placement rules priced by `perf` read
     return view

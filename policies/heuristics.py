@@ -22,7 +22,7 @@ Names on the command line: ``fifo``, ``sjf``, ``srtf``, ``las``, ``greedy``
 from __future__ import annotations
 
 import bisect
-import dataclasses
+import copy
 from dataclasses import dataclass
 from typing import Callable
 
@@ -101,8 +101,12 @@ class OrderedPolicy(Policy):
         """
         dec = Decision()
         # free_gpus is 0 on unusable nodes (ClusterState), so no rule places there
-        free = state.free_gpus.astype(np.int64).copy()
-        free_total = int(free.sum())
+        # The round's free GPUs per node: the state's array until a placement or preemption changes
+        # them (then the round's own copy); a placement is taken off when the next job is looked at.
+        free = state.free_gpus
+        own_free = False
+        taken: Placement | None = None
+        free_total = state.total_free
         usable = state.usable  # None: every node
         order = self.order
         limit = self.place_limit
@@ -111,35 +115,46 @@ class OrderedPolicy(Policy):
         # Keys are computed once per job and round (they are the hot path on
         # long queues); sorting (key, job) pairs by key is the same stable sort
         # as sorting jobs by ``order``.
-        pending = sorted(((order(j), j) for j in state.pending), key=_first)
-        victims: list[tuple[tuple, JobInfo]] = []
-        if self.preemptive:
-            victims = sorted(
-                (
-                    (order(j), j)
-                    for j in state.running
-                    if j.preemptible
-                    and (j.start_time is None or state.time - j.start_time >= self.min_run)
-                    # a job only on unusable nodes frees nothing a placement may use
-                    and (usable is None or any(usable[n] for n in j.placement.nodes))  # type: ignore[union-attr]
-                ),
-                key=_first,
-                reverse=True,
-            )
-        can_preempt = bool(victims)
+        pending = [(order(j), j) for j in state.pending]
+        pending.sort(key=_first)
+        # Victims (running jobs, lowest priority first) are ranked the first time a job does not
+        # fit: a round in which every job fits never reads the running jobs.
+        victims: list[tuple[tuple, JobInfo]] | None = None if self.preemptive else []
+        can_preempt = self.preemptive  # until the victims are known: whether there are any
         # A rule that weighs co-located jobs (greedy) must see this round's starts and preemptions
-        # too: `cur` is the state with them (only running jobs' placements matter to it).
+        # too: `cur` is the state with them (ClusterState.with_running: only running jobs'
+        # placements matter to it, and its contention ledger follows incrementally).
         aware = getattr(self.placement, "uses_running", False)
         cur = state
+        started: list[tuple[JobInfo, Placement]] = []  # this round's starts and preemptions not yet in `cur`
+        stopped: list[JobInfo] = []
         for key, job in pending:
+            if taken is not None:
+                if not own_free:
+                    free, own_free = free.astype(np.int64), True
+                for n, c in taken.alloc:
+                    free[n] -= c
+                taken = None
+            if free_total <= 0 and victims is None:
+                victims = self._victims(state)
+                can_preempt = bool(victims)
             if free_total <= 0 and not can_preempt:
                 break  # nothing fits and nothing can be freed: the rest would be skipped
+            if started or stopped:  # bring `cur` up to date only when a rule is asked again
+                cur = cur.with_running(add=[_placed(j, q) for j, q in started], remove=stopped)
+                started, stopped = [], []
             # No rule can place more GPUs than are free: skip the call.
             p = self.placement(job, free, cur) if job.gpu_demand <= free_total else None
+            if p is None and victims is None:
+                victims = self._victims(state)
+                can_preempt = bool(victims)
             if p is None and can_preempt:
+                assert victims is not None
                 if victims and self._lower(victims[0][0][0], key[0]):
                     p, chosen = self._with_preemption(job, key, free, cur, victims)
                     if p is not None:
+                        if not own_free:
+                            free, own_free = free.astype(np.int64), True
                         for v in chosen:
                             dec.preempt.append(v.job_id)
                             victims[:] = [kv for kv in victims if kv[1] is not v]
@@ -148,8 +163,7 @@ class OrderedPolicy(Policy):
                                     free[n] += c
                                     free_total += c
                         if aware:
-                            gone = {id(v) for v in chosen}
-                            cur = dataclasses.replace(cur, running=[r for r in cur.running if id(r) not in gone])
+                            stopped.extend(chosen)
                 else:
                     # Pending keys only grow from here and the lowest-priority
                     # victim is not clearly lower than this job: no later job
@@ -159,15 +173,31 @@ class OrderedPolicy(Policy):
                 if self.strict:
                     break
                 continue
-            for n, c in p.alloc:
-                free[n] -= c
+            taken = p
             free_total -= job.gpu_demand
             dec.place.append((job.job_id, p))
             if limit is not None and len(dec.place) >= limit:
                 break  # the backend applies no more: later placements (and their preemptions) are dropped
             if aware:
-                cur = dataclasses.replace(cur, running=[*cur.running, dataclasses.replace(job, placement=p)])
+                started.append((job, p))
         return dec
+
+    def _victims(self, state: ClusterState) -> list[tuple[tuple, JobInfo]]:
+        """``(order key, job)`` of the running jobs this policy may preempt, lowest priority first:
+        preemptible, run at least ``min_run`` since their last start, on at least one usable node."""
+        usable = state.usable
+        return sorted(
+            (
+                (self.order(j), j)
+                for j in state.running
+                if j.preemptible
+                and (j.start_time is None or state.time - j.start_time >= self.min_run)
+                # a job only on unusable nodes frees nothing a placement may use
+                and (usable is None or any(usable[n] for n in j.placement.nodes))  # type: ignore[union-attr]
+            ),
+            key=_first,
+            reverse=True,
+        )
 
     def _lower(self, victim_key: float, job_key: float) -> bool:
         """Whether a victim's primary key is clearly lower priority than the job's.
@@ -218,6 +248,13 @@ class OrderedPolicy(Policy):
 
 def _first(pair: tuple) -> tuple:
     return pair[0]
+
+
+def _placed(job: JobInfo, p: Placement) -> JobInfo:
+    """``job`` running on ``p``: a shallow copy (its fields were checked when it was made)."""
+    out = copy.copy(job)
+    out.placement = p
+    return out
 
 
 def _needed_victims(p: Placement, free: np.ndarray, chosen: list[JobInfo]) -> list[JobInfo]:

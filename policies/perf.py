@@ -32,13 +32,14 @@ with multi-node jobs ``B`` suffers extra communication time::
 
     CS(A | B) = measured 1 / ratio(A, B)            if both shapes are measured
               = 1 + k_A * chi_A * beta_B             otherwise
-    CS_v(A)   = 1 + sum_B on v (CS(A | B) - 1)
-    CS(A)     = max_v CS_v(A)                        (the slowest link bounds a ring)
     achieved throughput = isolated / CS(A)
 
 ``chi_A`` is A's communication share of step time, ``beta_B`` B's measured
 bandwidth (Table I) over the link bandwidth, ``k_A`` a per-model constant
-fitted to the 36 x 36 measured matrix.
+fitted to the 36 x 36 measured matrix. This module prices a pair
+(:meth:`ContentionModel.pair_cs`); :mod:`policies.ledger` combines the pairs
+into a job's ``CS(A)`` (sum over the neighbours on a node, worst node, capped at
+``1 / MIN_RATIO``) and keeps it per running job.
 
 **GPU types.** The measurements are of TITAN Xp GPUs (speed factor 1). On
 nodes of another type (:mod:`policies.gputypes`) only the computation part of
@@ -69,6 +70,9 @@ import numpy as np
 from policies.cluster import ClusterSpec, Placement
 from policies.gputypes import speed_factor
 from policies.resources import Allocation
+from policies.ledger import MIN_RATIO, JobKey
+from policies.ledger import job_cs as _job_cs
+from policies.ledger import node_cs as _node_cs
 from policies.workloads import UnknownModelError, canonical_model, get_workload
 
 if TYPE_CHECKING:
@@ -83,13 +87,6 @@ __all__ = [
     "MIN_RATIO",
     "estimate_eta",
 ]
-
-#: Lower bound on achieved / isolated throughput (the seed uses 0.35 as a
-#: safety floor on a single neighbour; ours applies to the sum of neighbours).
-MIN_RATIO = 0.1
-
-#: ``(model, total_gpus, num_nodes)``: everything throughput depends on.
-JobKey = tuple[str, int, int]
 
 
 @runtime_checkable
@@ -409,24 +406,12 @@ class ContentionModel:
         return best
 
     def job_cs(self, me: JobKey, my_nodes: Iterable[int], neighbours_by_node: Mapping[int, Sequence[JobKey]]) -> float:
-        """CS of a job on ``my_nodes`` given the other jobs on each node (>= 1)."""
-        if me[2] <= 1:
-            return 1.0
-        return self._worst_node_cs(me, (neighbours_by_node.get(v, ()) for v in my_nodes))
-
-    def _worst_node_cs(self, me: JobKey, per_node: Iterable[Sequence[JobKey]]) -> float:
-        """Max over the job's nodes of ``1 + sum(pair CS - 1)`` over that node's other jobs, capped."""
-        worst = 1.0
-        for others in per_node:
-            worst = max(worst, self.node_cs(me, others))
-        return min(worst, 1.0 / MIN_RATIO)
+        """CS of a job on ``my_nodes`` given the other jobs on each node (>= 1): :func:`policies.ledger.job_cs`."""
+        return _job_cs(self, me, (neighbours_by_node.get(v, ()) for v in my_nodes))
 
     def node_cs(self, me: JobKey, others: Iterable[JobKey]) -> float:
-        """Uncapped CS of a job on one node shared with ``others``: ``1 + sum(pair CS - 1)``."""
-        extra = 0.0
-        for other in others:
-            extra += self.pair_cs(me, other) - 1.0
-        return 1.0 + extra
+        """Uncapped CS of a job on one node shared with ``others``: :func:`policies.ledger.node_cs`."""
+        return _node_cs(self, me, others)
 
     # ------------------------------------------------------------------ reporting
     def fit_report(self) -> dict:

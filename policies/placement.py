@@ -2,18 +2,24 @@
 
 Every rule is a callable ``rule(job, free, state) -> Placement | None`` that
 never mutates ``free`` (an int array ``[num_nodes]``). ``state`` is the
-:class:`~policies.state.ClusterState` for rules that look at co-located jobs.
+:class:`~policies.state.ClusterState` for rules that look at co-located jobs;
+they read contention from its ledger (:meth:`~policies.state.ClusterState.contention`).
+
+Searches over nodes run on a byte copy of ``free`` (one byte per node, when every
+count is in ``[0, 255]``; ``bytes.find`` is a C scan), so a rule costs O(nodes)
+machine work plus O(nodes it picks) Python work, not a Python loop over the cluster.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable, Protocol
+from typing import Callable, Mapping, Protocol
 
 import numpy as np
 
 from policies.cluster import Placement
-from policies.perf import ContentionModel, JobKey
+from policies.ledger import ContentionLedger, job_key
+from policies.perf import ContentionModel
 from policies.state import ClusterState, JobInfo
 
 __all__ = [
@@ -23,6 +29,7 @@ __all__ = [
     "ContentionAwarePlacement",
     "FloorPacking",
     "balanced_candidates",
+    "balanced_by_load",
     "PLACEMENT_RULES",
 ]
 
@@ -31,31 +38,102 @@ class PlacementRule(Protocol):
     def __call__(self, job: JobInfo, free: np.ndarray, state: ClusterState) -> Placement | None: ...
 
 
+def _total(free: np.ndarray, state: ClusterState | None) -> int:
+    """Sum of ``free`` (the state's :attr:`~policies.state.ClusterState.total_free` for its own array)."""
+    if state is not None and free is state.free_gpus:
+        return state.total_free
+    return int(free.sum())
+
+
+#: Up to this many nodes a free array is read as a Python list (cheaper than numpy calls).
+_SMALL = 64
+
+
+def _as_bytes(free: np.ndarray, state: ClusterState | None = None) -> tuple[np.ndarray, int, bytes | None]:
+    """``(free as an array, bound, one byte per node)``: ``bound`` is at least every count (the
+    bitwise or of them all) and the bytes are ``None`` unless every count is an integer in
+    ``[0, 255]`` (then callers search with numpy and ``bound`` is the largest count). For the
+    state's own ``free_gpus``, its :meth:`~policies.state.ClusterState.free_bytes`."""
+    if state is not None and free is state.free_gpus:
+        got = state.free_bytes()
+        if got is not None:
+            return free, got[1], got[0]
+    arr = np.asarray(free)
+    if 0 < arr.size <= _SMALL and arr.dtype.kind in "iu":
+        counts = arr.tolist()
+        hi = max(counts)
+        if hi <= 255 and min(counts) >= 0:
+            return arr, hi, bytes(counts)
+        return arr, hi, None
+    if arr.size == 0:
+        return arr, 0, None
+    if arr.dtype.kind in "iu":
+        bound = int(np.bitwise_or.reduce(arr))  # >= max, and negative if any count is
+        if 0 <= bound <= 255:
+            return arr, bound, arr.astype(np.uint8).tobytes()
+    return arr, int(arr.max()), None
+
+
 def pack(job: JobInfo, free: np.ndarray, state: ClusterState | None = None) -> Placement | None:
     """Packing placement (seed 003, SCED2): as few nodes, as few free GPUs as possible.
 
     Repeatedly take the node with the fewest free GPUs that covers the rest of
-    the demand; if none can, take the node with the most free GPUs and loop.
+    the demand (lowest index on ties); if none can, take the node with the most
+    free GPUs (lowest index on ties) and loop. ``None`` if fewer GPUs are free
+    than the job needs.
     """
-    need = job.gpu_demand
-    if need > int(free.sum()):
+    return _pack(job.gpu_demand, *_as_bytes(free, state), state)
+
+
+def _pack(need: int, arr: np.ndarray, bound: int, fb: bytes | None, state: ClusterState | None = None) -> Placement | None:
+    """:func:`pack` of ``need`` GPUs on ``_as_bytes(free)`` (``state``: whose ``free_gpus`` it may be)."""
+    if fb is not None and need <= bound:  # one node: the smallest count >= need, first such node
+        for f in range(need, bound + 1):
+            n = fb.find(_BYTES[f])
+            if n >= 0:
+                return Placement(((n, need),))
+    if need > _total(arr, state):
         return None
-    avail = free.astype(np.int64).copy()
     alloc: dict[int, int] = {}
+    if fb is not None:
+        hi = bound
+        while hi > 0 and fb.find(_BYTES[hi]) < 0:  # the largest count
+            hi -= 1
+        avail = bytearray(fb)
+        while need > 0:
+            n = -1
+            if need <= hi:
+                for f in range(need, hi + 1):
+                    n = avail.find(f)
+                    if n >= 0:
+                        break
+                take = need
+            else:
+                n, take = avail.find(hi), hi
+            alloc[n] = alloc.get(n, 0) + take
+            avail[n] -= take
+            need -= take
+            while hi > 0 and avail.find(hi) < 0:
+                hi -= 1
+        return Placement(tuple(sorted(alloc.items())))  # distinct nodes, positive counts
+    avail64 = arr.astype(np.int64)
     while need > 0:
-        ok = np.flatnonzero(avail >= need)
+        ok = np.flatnonzero(avail64 >= need)
         if ok.size:
-            n = int(ok[np.argmin(avail[ok])])  # best fit; argmin takes the lowest index on ties
+            n = int(ok[np.argmin(avail64[ok])])  # best fit; argmin takes the lowest index on ties
             take = need
         else:
-            n = int(np.argmax(avail))
-            take = int(avail[n])
+            n = int(np.argmax(avail64))
+            take = int(avail64[n])
             if take <= 0:
                 return None
         alloc[n] = alloc.get(n, 0) + take
-        avail[n] -= take
+        avail64[n] -= take
         need -= take
     return Placement.of(alloc)
+
+
+_BYTES = [bytes((i,)) for i in range(256)]
 
 
 def spread(job: JobInfo, free: np.ndarray, state: ClusterState | None = None) -> Placement | None:
@@ -102,17 +180,134 @@ def balanced_candidates(gpus: int, free: np.ndarray, order: np.ndarray) -> list[
     return out
 
 
+def balanced_by_load(
+    gpus: int,
+    free: np.ndarray,
+    load: Callable[[int], int],
+    loaded: Callable[[], Mapping[int, int]],
+    load_bytes: bytes | None = None,
+) -> list[Placement]:
+    """:func:`balanced_candidates` with nodes in the order (multi-node jobs there, free GPUs, index).
+
+    The same list as ``balanced_candidates(gpus, free, np.lexsort((free, load_array)))``, found
+    without sorting the cluster: nodes without multi-node jobs come first, in order of free GPUs
+    then index, and are searched count by count (:func:`_as_bytes`); the loaded nodes are ranked
+    only when those run short (and enough nodes are free enough at all).
+
+    :param load: number of multi-node jobs on a node.
+    :param loaded: ``{node: that number}`` for every node with at least one (called only if needed).
+    :param load_bytes: the same numbers as one byte per node
+        (:meth:`~policies.ledger.ContentionLedger.load_bytes`), if known: ranking the loaded nodes is
+        then one vectorised pass.
+    """
+    arr, hi, fb = _as_bytes(free)
+    if fb is None:
+        if len(arr) == 0:
+            return []
+        load_arr = np.zeros(len(arr))
+        for v, c in loaded().items():
+            load_arr[v] = c
+        return balanced_candidates(gpus, arr, np.lexsort((arr, load_arr)))
+    bal = _Balanced(gpus, arr, hi, fb, load, loaded, load_bytes)
+    return [c for c in map(bal.candidate, bal.counts) if c is not None]
+
+
+class _Balanced:
+    """The balanced candidates of :func:`balanced_by_load`, one node count at a time.
+
+    :attr:`counts` are the node counts ``n`` that can give a candidate (each node ``ceil(gpus / n)``
+    GPUs, none left empty, at most ``hi``: a bound on the free counts); :meth:`candidate` builds the
+    one for ``n`` (``None`` if too few nodes are free enough), sharing the node searches between counts.
+    """
+
+    __slots__ = ("gpus", "arr", "hi", "fb", "load", "loaded", "lb", "counts", "_zero", "_cursor", "_by_load",
+                 "_ranked")
+
+    def __init__(self, gpus: int, arr: np.ndarray, hi: int, fb: bytes, load: Callable[[int], int],
+                 loaded: Callable[[], Mapping[int, int]], load_bytes: bytes | None = None) -> None:
+        self.gpus, self.arr, self.hi, self.fb, self.load, self.loaded = gpus, arr, hi, fb, load, loaded
+        self.lb = load_bytes if load_bytes is not None and len(load_bytes) == len(arr) else None
+        self.counts = [n for n in range(1, min(gpus, len(arr)) + 1)
+                       if (n - 1) * -(-gpus // n) < gpus and -(-gpus // n) <= hi]
+        self._zero: dict[int, list[int]] = {}  # free count -> unloaded nodes with it found so far, by index
+        self._cursor: dict[int, int] = {}  # free count -> where its search goes on (-1: all found)
+        self._by_load: list[tuple[int, int, int]] | None = None
+        self._ranked: dict[int, list[int]] = {}  # per node -> loaded nodes with >= per free, in order
+
+    def _loaded_ranked(self, per: int) -> list[int]:
+        """Nodes with multi-node jobs and at least ``per`` free GPUs, by (load, free, index)."""
+        got = self._ranked.get(per)
+        if got is None:
+            arr, lb = self.arr, self.lb
+            if lb is not None:
+                la = np.frombuffer(lb, dtype=np.uint8)
+                idx = np.flatnonzero((la > 0) & (arr >= per))
+                got = idx[np.lexsort((idx, arr[idx], la[idx]))].tolist()
+            else:
+                if self._by_load is None:
+                    self._by_load = sorted((c, int(arr[v]), v) for v, c in self.loaded().items() if arr[v] >= 1)
+                got = [v for _c, fv, v in self._by_load if fv >= per]
+            self._ranked[per] = got
+        return got
+
+    def candidate(self, n: int) -> Placement | None:
+        gpus, fb, load, lb = self.gpus, self.fb, self.load, self.lb
+        per = -(-gpus // n)
+        chosen: list[int] = []
+        for f in range(per, self.hi + 1):
+            found = self._zero.get(f)
+            if found is None:
+                found = self._zero[f] = []
+                self._cursor[f] = 0
+            want = n - len(chosen)
+            pos = self._cursor[f]
+            byte = _BYTES[f]
+            while len(found) < want and pos >= 0:
+                i = fb.find(byte, pos)
+                if i < 0:
+                    pos = -1
+                    break
+                pos = i + 1
+                if not (lb[i] if lb is not None else load(i)):
+                    found.append(i)
+            self._cursor[f] = pos
+            chosen.extend(found[:want])
+            if len(chosen) == n:
+                break
+        if len(chosen) < n:
+            # too few nodes without multi-node jobs: loaded ones follow, if enough are free enough at all
+            if sum(fb.count(_BYTES[f]) for f in range(per, self.hi + 1)) < n:
+                return None
+            for v in self._loaded_ranked(per):
+                chosen.append(v)
+                if len(chosen) == n:
+                    break
+            if len(chosen) < n:
+                return None
+        alloc = []
+        left = gpus
+        for i in chosen:
+            take = per if per < left else left
+            alloc.append((i, take))
+            left -= take
+        alloc.sort()
+        return Placement(tuple(alloc))
+
+
 class ContentionAwarePlacement:
     """Greedy: the placement the performance model predicts hurts least.
 
     Candidates are the packing placement plus one balanced placement per
-    feasible node count (nodes ordered by network load, then best fit). Each
-    is scored by the change in *effective GPUs* of all jobs involved::
+    feasible node count (nodes ordered by network load, then best fit:
+    :func:`balanced_by_load`). Each is scored by the change in *effective GPUs*
+    of all jobs involved::
 
         sum_j  G_j * achieved_j / best_j
 
     i.e. the new job's normalised speed times its size, minus what its new
-    neighbours lose. The highest score wins; ties go to fewer nodes.
+    neighbours lose (contention from the state's ledger,
+    :meth:`~policies.state.ClusterState.contention`). The highest score wins;
+    ties go to fewer nodes.
 
     :param min_efficiency: admission floor in ``[0, 1]``: the best placement is
         returned only if its score per GPU (net effective GPUs gained per GPU
@@ -133,56 +328,86 @@ class ContentionAwarePlacement:
         self.min_efficiency = float(min_efficiency)
 
     def __call__(self, job: JobInfo, free: np.ndarray, state: ClusterState) -> Placement | None:
-        if job.gpu_demand > int(free.sum()):
+        gpus = job.gpu_demand
+        arr, hi, fb = _as_bytes(free, state)
+        if gpus > _total(arr, state):
             return None
-        per_node = state.jobs_on_node()
-        load = np.array([sum(1 for j in js if j.placement and j.placement.num_nodes > 1) for js in per_node], float)
-        order = np.lexsort((free, load))  # least loaded first, then fewest free (best fit)
-        cands = balanced_candidates(job.gpu_demand, free, order)
-        p = pack(job, free)
-        if p is not None and p not in cands:
-            cands.append(p)
-        if not cands:
+        if fb is None:  # counts beyond a byte: the plain search
+            cands = balanced_by_load(gpus, arr, state.contention(self.perf).load, state.contention(self.perf).loads)
+            p = pack(job, arr)
+            if p is not None and p not in cands:
+                cands.append(p)
+            return self._choose(job, cands, state.contention(self.perf))
+        led = state.contention(self.perf)
+        perf, model = self.perf, job.model
+        best_thp = max(job.best_thp, 1e-12)
+        bal = _Balanced(gpus, arr, hi, fb, led.load, led.loads, led.load_bytes())
+        built: dict[int, Placement | None] = {}
+        best, best_score = None, -math.inf
+        # Candidates in order: balanced ones by node count, then pack's (unless it is one of them).
+        # A candidate's score is at most its isolated gain (CS >= 1, neighbours only lose), so one
+        # whose isolated gain is already below the best score so far cannot be chosen: it is
+        # neither built nor scored (the choice is the same as scoring every candidate).
+        for n in bal.counts:
+            if gpus * perf.isolated_throughput(model, gpus, n) / 1.0 / best_thp < best_score - 1e-9:
+                continue
+            c = built[n] = bal.candidate(n)
+            if c is not None:
+                best, best_score = self._better(job, c, led, best, best_score)
+        p = _pack(gpus, arr, hi, fb, state)
+        if p is not None:
+            n = p.num_nodes
+            if n in bal.counts and n not in built:
+                built[n] = bal.candidate(n)
+            if built.get(n) != p and (
+                gpus * perf.isolated_throughput(model, gpus, n) / 1.0 / best_thp >= best_score - 1e-9
+            ):
+                best, best_score = self._better(job, p, led, best, best_score)
+        if best is None:
             return None
+        if self.min_efficiency > 0.0 and best_score < self.min_efficiency * gpus - 1e-9:
+            return None
+        return best
+
+    def _better(self, job: JobInfo, c: Placement, led: ContentionLedger, best: Placement | None,
+                best_score: float) -> tuple[Placement | None, float]:
+        """``(c, its score)`` if ``c`` beats ``best`` (a higher score, or as high on fewer nodes), else them."""
+        s = self._score(job, c, led)
+        if s > best_score + 1e-9 or (abs(s - best_score) <= 1e-9 and best is not None and c.num_nodes < best.num_nodes):
+            return c, s
+        return best, best_score
+
+    def _choose(self, job: JobInfo, cands: list[Placement], led: ContentionLedger) -> Placement | None:
+        """The best of ``cands`` (see :meth:`_better`), subject to the floor."""
         best, best_score = None, -math.inf
         for c in cands:
-            s = self.score(job, c, per_node)
-            if s > best_score + 1e-9 or (abs(s - best_score) <= 1e-9 and best is not None and c.num_nodes < best.num_nodes):
-                best, best_score = c, s
+            best, best_score = self._better(job, c, led, best, best_score)
+        if best is None:
+            return None
         if self.min_efficiency > 0.0 and best_score < self.min_efficiency * job.gpu_demand - 1e-9:
             return None
         return best
 
-    def _key(self, j: JobInfo, p: Placement) -> JobKey:
-        return (j.model, p.total_gpus, p.num_nodes)
+    def score(self, job: JobInfo, cand: Placement, state: ClusterState | ContentionLedger) -> float:
+        """Net effective GPUs that placing ``job`` on ``cand`` adds, given the running jobs of
+        ``state`` (or a contention ledger whose ``info`` are the running :class:`JobInfo`)."""
+        led = state.contention(self.perf) if isinstance(state, ClusterState) else state
+        return self._score(job, cand, led)
 
-    def _neigh(self, per_node: list[list[JobInfo]], node: int, exclude: str) -> list[JobKey]:
-        return [self._key(o, o.placement) for o in per_node[node] if o.job_id != exclude and o.placement is not None]
-
-    def score(self, job: JobInfo, cand: Placement, per_node: list[list[JobInfo]]) -> float:
+    def _score(self, job: JobInfo, cand: Placement, led: ContentionLedger) -> float:
         perf = self.perf
-        me = self._key(job, cand)
-        neigh = {n: self._neigh(per_node, n, job.job_id) for n in cand.nodes}
-        cs_me = perf.job_cs(me, cand.nodes, neigh)
-        iso = perf.isolated_throughput(job.model, cand.total_gpus, cand.num_nodes)
+        cs_me, after = led.what_if(job.model, cand, exclude=job.job_id)
+        iso = perf.isolated_throughput(*job_key(job.model, cand))
         gain = job.gpu_demand * iso / cs_me / max(job.best_thp, 1e-12)
-        if me[2] <= 1:
+        if cand.num_nodes <= 1:
             return gain
         # What the neighbours lose.
-        seen: set[str] = set()
         loss = 0.0
-        for n in cand.nodes:
-            for o in per_node[n]:
-                if o.job_id in seen or o.placement is None or o.placement.num_nodes <= 1:
-                    continue
-                seen.add(o.job_id)
-                ok = self._key(o, o.placement)
-                before = {v: self._neigh(per_node, v, o.job_id) for v in o.placement.nodes}
-                after = {v: list(before[v]) + ([me] if v in neigh else []) for v in o.placement.nodes}
-                cs_b = perf.job_cs(ok, o.placement.nodes, before)
-                cs_a = perf.job_cs(ok, o.placement.nodes, after)
-                iso_o = perf.isolated_throughput(o.model, o.placement.total_gpus, o.placement.num_nodes)
-                loss += o.gpu_demand * iso_o * (1.0 / cs_b - 1.0 / cs_a) / max(o.best_thp, 1e-12)
+        for o, cs_a in after.items():
+            info = led.info(o)
+            cs_b = led.cs(o)
+            iso_o = perf.isolated_throughput(*led.key(o))
+            loss += info.gpu_demand * iso_o * (1.0 / cs_b - 1.0 / cs_a) / max(info.best_thp, 1e-12)
         return gain - loss
 
 
@@ -212,18 +437,19 @@ class FloorPacking:
         self.min_efficiency = self._scorer.min_efficiency
 
     def __call__(self, job: JobInfo, free: np.ndarray, state: ClusterState) -> Placement | None:
-        if job.gpu_demand <= state.cluster.max_gpus_per_node and int(free.max(initial=0)) < job.gpu_demand:
+        # (the cluster's largest node, a pass over its nodes, is read only when no node holds the job)
+        if int(free.max(initial=0)) < job.gpu_demand and job.gpu_demand <= state.cluster.max_gpus_per_node:
             return None  # a single-node job is never split
         p = pack(job, free)
         if p is None or self.min_efficiency <= 0.0:
             return p
-        if self.score(job, p, state.jobs_on_node()) < self.min_efficiency * job.gpu_demand - 1e-9:
+        if self.score(job, p, state) < self.min_efficiency * job.gpu_demand - 1e-9:
             return None
         return p
 
-    def score(self, job: JobInfo, cand: Placement, per_node: list[list[JobInfo]]) -> float:
+    def score(self, job: JobInfo, cand: Placement, state: ClusterState | ContentionLedger) -> float:
         """Net effective GPUs that ``cand`` adds (:meth:`ContentionAwarePlacement.score`)."""
-        return self._scorer.score(job, cand, per_node)
+        return self._scorer.score(job, cand, state)
 
 
 PLACEMENT_RULES: dict[str, Callable[..., PlacementRule]] = {

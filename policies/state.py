@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from policies.cluster import ClusterSpec, Placement
+from policies.ledger import ContentionLedger, PairContention
 
 __all__ = ["JobInfo", "ClusterState", "Decision", "time_key", "TIME_KEY_DECIMALS", "TIME_KEY_SCALE"]
 
@@ -248,6 +249,10 @@ class ClusterState:
 
     @property
     def total_free(self) -> int:
+        """Free GPUs in all (the sum of ``free_gpus``; a backend may hand it in, :meth:`use_free_bytes`)."""
+        got = self.__dict__.get("_free_total")
+        if got is not None and got[0] is self.free_gpus:
+            return got[1]
         return int(self.free_gpus.sum())
 
     @property
@@ -262,6 +267,130 @@ class ClusterState:
             for n in j.placement.nodes:
                 per[n].append(j)
         return per
+
+    def free_bytes(self) -> tuple[bytes, int] | None:
+        """``free_gpus`` as one byte per node and a bound on the counts (at least the largest), or
+        ``None`` if a count is outside ``[0, 255]``: what placement rules search in C. Built on first
+        use (three passes over the nodes) and kept, unless a backend handed it in (:meth:`use_free_bytes`)."""
+        got = self.__dict__.get("_free_bytes")
+        if got is None or got[0] is not self.free_gpus:
+            free = np.asarray(self.free_gpus)
+            fb = None
+            if free.size and free.dtype.kind in "iu":
+                bound = int(np.bitwise_or.reduce(free))  # >= max, and negative if a count is
+                if 0 <= bound <= 255:
+                    fb = (free.astype(np.uint8).tobytes(), bound)
+            got = self.__dict__["_free_bytes"] = (self.free_gpus, fb)
+        return got[1]
+
+    def use_free_bytes(self, data: bytes, bound: int, total: int | None = None) -> None:
+        """Hand in :meth:`free_bytes` (``free_gpus`` as bytes, a bound on the counts) and, optionally,
+        :attr:`total_free`, kept by a backend."""
+        if len(data) != len(self.free_gpus) or not 0 <= bound <= 255:
+            raise ValueError(f"free bytes: {len(data)} bytes, bound {bound}, for {len(self.free_gpus)} nodes")
+        self.__dict__["_free_bytes"] = (self.free_gpus, (data, bound))
+        if total is not None:
+            self.__dict__["_free_total"] = (self.free_gpus, int(total))
+
+    def contention(self, perf: PairContention) -> ContentionLedger:
+        """The contention ledger (:class:`~policies.ledger.ContentionLedger`) of ``running`` priced by
+        ``perf``, keyed by job id, each job's :class:`JobInfo` as its ``info``; read-only
+        (:meth:`~policies.ledger.ContentionLedger.fork` it to try changes).
+
+        Built from ``running`` on first use (one pass) and kept with this state for that ``perf``,
+        unless a backend handed in the one it keeps (:meth:`use_contention`)."""
+        cache = self._ledgers()
+        for led in cache:
+            if led.perf is perf:
+                if led.valid:
+                    return led
+                cache.remove(led)  # the backend's ledger moved on: build this state's own
+                break
+        led = ContentionLedger.from_jobs(perf, ((j.job_id, j.model, j.placement, j) for j in self.running),
+                                         self.cluster.num_nodes)
+        cache.append(led.freeze())
+        return led
+
+    def _ledgers(self) -> list[ContentionLedger]:
+        """The contention ledgers kept with this state (the one a backend handed in, forked now)."""
+        cache: list[ContentionLedger] = self.__dict__.setdefault("_contention", [])
+        handed = self.__dict__.pop("_handed", None)
+        if handed is not None and handed[0].version == handed[1]:  # O(1); valid while the backend's is unchanged
+            cache.append(handed[0].fork(read_only=True))
+        return cache
+
+    def use_contention(self, ledger: ContentionLedger) -> None:
+        """Hand in the contention ledger of ``running`` for ``ledger.perf`` (a backend that keeps one
+        incrementally); :meth:`contention` returns it (read-only) while it stays valid."""
+        cache: list[ContentionLedger] | None = self.__dict__.get("_contention")
+        if cache:
+            cache[:] = [led for led in cache if led.perf is not ledger.perf]
+        self.__dict__["_handed"] = (ledger, ledger.version)  # forked when first asked for
+
+    def with_running(self, add: Sequence[JobInfo] = (), remove: Sequence[JobInfo] = ()) -> "ClusterState":
+        """This state with the running jobs ``remove`` (by job id) taken out and ``add`` (each with its
+        placement) appended; ``free_gpus`` and the rest unchanged. ``running`` of the result is built on
+        first read; every contention ledger kept with this state is carried over by forking it and
+        applying the change (O(jobs on the changed nodes), not O(running))."""
+        gone = {j.job_id for j in remove}
+        base = self.running
+        if isinstance(base, _RunningChange):
+            gone |= base.gone
+            kept = tuple(j for j in base.added if j.job_id not in gone)
+            base = base.base
+        else:
+            kept = ()
+        out = ClusterState(self.time, self.cluster, self.free_gpus, _RunningChange(base, frozenset(gone), kept + tuple(add)),
+                           self.pending, self.usable)
+        cache = self._ledgers()
+        if cache:
+            carried = []
+            for led in cache:
+                if not led.valid:
+                    continue
+                f = led.fork()
+                for j in remove:
+                    f.remove(j.job_id)
+                for j in add:
+                    assert j.placement is not None, f"job {j.job_id} added to running without a placement"
+                    f.add(j.job_id, j.model, j.placement, j)
+                carried.append(f.freeze())
+            out.__dict__["_contention"] = carried
+        return out
+
+
+class _RunningChange(Sequence[JobInfo]):
+    """``base`` without the jobs whose id is in ``gone``, then ``added``; built on first read."""
+
+    __slots__ = ("base", "gone", "added", "_list")
+
+    def __init__(self, base: Sequence[JobInfo], gone: frozenset[str], added: tuple[JobInfo, ...]) -> None:
+        self.base, self.gone, self.added = base, gone, added
+        self._list: list[JobInfo] | None = None
+
+    def _items(self) -> list[JobInfo]:
+        if self._list is None:
+            gone = self.gone
+            self._list = [j for j in self.base if j.job_id not in gone] if gone else list(self.base)
+            self._list.extend(self.added)
+        return self._list
+
+    def __len__(self) -> int:
+        return len(self._items())
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self._items()[i]
+
+    def __iter__(self):
+        return iter(self._items())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence):
+            return self._items() == list(other)
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return repr(self._items())
 
 
 @dataclass

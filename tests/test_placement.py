@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from policies.cluster import ClusterSpec, NodeSpec, Placement
 from policies.perf import ContentionModel
-from policies.placement import ContentionAwarePlacement, FloorPacking, balanced_candidates, pack, spread
+from policies.placement import ContentionAwarePlacement, FloorPacking, balanced_by_load, balanced_candidates, pack, spread
 from policies.state import ClusterState, JobInfo
 
 C48 = ClusterSpec.parse("4x8")
@@ -156,9 +156,8 @@ def test_greedy_avoids_co_locating_heavy_multi_node_jobs(perf: ContentionModel) 
     assert greedy is not None and greedy.num_nodes == 2
     assert set(greedy.nodes) == {2, 3}
     # The score says why: packing next to FSDP costs both jobs speed.
-    per_node = state.jobs_on_node()
     rule = ContentionAwarePlacement(perf)
-    assert rule.score(new, greedy, per_node) > rule.score(new, packed, per_node)
+    assert rule.score(new, greedy, state) > rule.score(new, packed, state)
 
 
 def test_greedy_accepts_contention_when_no_alternative(perf: ContentionModel) -> None:
@@ -181,7 +180,7 @@ def test_greedy_efficiency_floor(perf: ContentionModel) -> None:
     cluster, cperf, free, state, new = beside_fsdp("2x8", 8, perf)
     p = ContentionAwarePlacement(cperf)(new, free, state)
     assert p is not None
-    eff = ContentionAwarePlacement(cperf).score(new, p, state.jobs_on_node()) / new.gpu_demand
+    eff = ContentionAwarePlacement(cperf).score(new, p, state) / new.gpu_demand
     assert 0.0 < eff < 1.0  # split next to FSDP: slower than alone on one node
     assert ContentionAwarePlacement(cperf, min_efficiency=eff - 1e-3)(new, free, state) == p
     assert ContentionAwarePlacement(cperf, min_efficiency=min(1.0, eff + 1e-3))(new, free, state) is None
@@ -213,8 +212,8 @@ def test_floor_packing_floor(perf: ContentionModel) -> None:
     _cluster, cperf, free, state, new = beside_fsdp("3x8", 12, perf)
     p = FloorPacking(cperf)(new, free, state)
     assert p == Placement.of({2: 8, 0: 4})  # the free node, then beside FSDP
-    eff = FloorPacking(cperf).score(new, p, state.jobs_on_node()) / new.gpu_demand
-    assert eff == ContentionAwarePlacement(cperf).score(new, p, state.jobs_on_node()) / new.gpu_demand
+    eff = FloorPacking(cperf).score(new, p, state) / new.gpu_demand
+    assert eff == ContentionAwarePlacement(cperf).score(new, p, state) / new.gpu_demand
     assert 0.0 < eff < 1.0
     assert FloorPacking(cperf, min_efficiency=eff - 1e-3)(new, free, state) == p
     assert FloorPacking(cperf, min_efficiency=min(1.0, eff + 1e-3))(new, free, state) is None
@@ -246,3 +245,148 @@ def test_floor_packing_properties(data, cluster, dtype) -> None:
     assert all(c <= free[n] for n, c in p.alloc)
     if single:
         assert p.num_nodes == 1 and free[p.nodes[0]] == min(x for x in free if x >= gpus)  # best fit
+
+
+# ---------------------------------------------------------------------- fast searches == the plain definitions
+def _pack_by_definition(need: int, free: np.ndarray) -> Placement | None:
+    """SCED2 packing written with numpy over the whole array (the definition ``pack`` must equal)."""
+    if need > int(free.sum()):
+        return None
+    avail = free.astype(np.int64).copy()
+    alloc: dict[int, int] = {}
+    while need > 0:
+        ok = np.flatnonzero(avail >= need)
+        if ok.size:
+            n, take = int(ok[np.argmin(avail[ok])]), need
+        else:
+            n = int(np.argmax(avail))
+            take = int(avail[n])
+        alloc[n] = alloc.get(n, 0) + take
+        avail[n] -= take
+        need -= take
+    return Placement.of(alloc)
+
+
+free_arrays = st.lists(st.integers(0, 8), min_size=1, max_size=40) | st.lists(st.integers(0, 300), min_size=1, max_size=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(free_arrays, st.integers(1, 64), st.sampled_from([np.int64, np.int32, np.int16]))
+def test_pack_equals_its_definition(free, need, dtype) -> None:
+    f = np.array(free, dtype=dtype)
+    assert pack(info("j", need), f) == _pack_by_definition(need, f)
+    assert f.tolist() == free
+
+
+@settings(max_examples=200, deadline=None)
+@given(free_arrays, st.integers(1, 48), st.data())
+def test_balanced_by_load_equals_the_sorted_order(free, gpus, data) -> None:
+    """Candidates over nodes in (multi-node load, free, index) order, found without sorting,
+    equal balanced_candidates over np.lexsort((free, load))."""
+    f = np.array(free, dtype=np.int64)
+    loads = data.draw(st.dictionaries(st.integers(0, len(free) - 1), st.integers(1, 3)))
+    load_arr = np.zeros(len(free))
+    for v, c in loads.items():
+        load_arr[v] = c
+    want = balanced_candidates(gpus, f, np.lexsort((f, load_arr)))
+    got = balanced_by_load(gpus, f, lambda v: loads.get(v, 0), lambda: loads)
+    assert got == want
+    lb = bytes(loads.get(v, 0) for v in range(len(free)))
+    assert balanced_by_load(gpus, f, lambda v: loads.get(v, 0), lambda: loads, lb) == want
+
+
+def _greedy_by_definition(perf: ContentionModel, job: JobInfo, free: np.ndarray, state: ClusterState, floor: float = 0.0):
+    """ContentionAwarePlacement written out plainly: every candidate (balanced over the sorted nodes,
+    then pack), each scored from the running jobs per node with the contention rule."""
+    from policies.ledger import job_cs, job_key
+
+    if job.gpu_demand > int(free.sum()):
+        return None
+    per_node = state.jobs_on_node()
+    load = np.array([sum(1 for j in js if j.placement.num_nodes > 1) for js in per_node], float)
+    cands = balanced_candidates(job.gpu_demand, free, np.lexsort((free, load)))
+    p = _pack_by_definition(job.gpu_demand, free)
+    if p is not None and p not in cands:
+        cands.append(p)
+
+    def neigh(v, exclude):
+        return [job_key(o.model, o.placement) for o in per_node[v] if o.job_id != exclude]
+
+    def score(c):
+        me = job_key(job.model, c)
+        gain = job.gpu_demand * perf.isolated_throughput(*me) / job_cs(perf, me, [neigh(v, job.job_id) for v in c.nodes])
+        gain /= max(job.best_thp, 1e-12)
+        if c.num_nodes <= 1:
+            return gain
+        seen, loss = set(), 0.0
+        for v in c.nodes:
+            for o in per_node[v]:
+                if o.job_id in seen or o.placement.num_nodes <= 1:
+                    continue
+                seen.add(o.job_id)
+                ok = job_key(o.model, o.placement)
+                before = [neigh(u, o.job_id) for u in o.placement.nodes]
+                after = [b + ([me] if u in c.nodes else []) for u, b in zip(o.placement.nodes, before)]
+                cs_b, cs_a = job_cs(perf, ok, before), job_cs(perf, ok, after)
+                loss += o.gpu_demand * perf.isolated_throughput(*ok) * (1 / cs_b - 1 / cs_a) / max(o.best_thp, 1e-12)
+        return gain - loss
+
+    best, best_score = None, -np.inf
+    for c in cands:
+        s = score(c)
+        if s > best_score + 1e-9 or (abs(s - best_score) <= 1e-9 and best is not None and c.num_nodes < best.num_nodes):
+            best, best_score = c, s
+    if best is not None and floor > 0 and best_score < floor * job.gpu_demand - 1e-9:
+        return None
+    return best, best_score
+
+
+C88 = ClusterSpec.parse("8x8")
+PERF88 = ContentionModel(C88)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_greedy_equals_its_definition(data) -> None:
+    """Random running jobs (multi-node ones sharing nodes) and a waiting job: the rule (ledger,
+    candidates found without sorting, pruned by isolated gain) picks what the plain definition picks."""
+    from policies.workloads import MODELS
+
+    free = np.array(C88.gpus_per_node, dtype=np.int64)
+    running = []
+    for k in range(data.draw(st.integers(0, 10))):
+        nodes = data.draw(st.lists(st.integers(0, 7), min_size=1, max_size=4, unique=True))
+        alloc = {v: data.draw(st.integers(0, int(free[v]))) for v in nodes}
+        alloc = {v: c for v, c in alloc.items() if c > 0}
+        if not alloc:
+            continue
+        for v, c in alloc.items():
+            free[v] -= c
+        p = Placement.of(alloc)
+        running.append(info(f"r{k}", p.total_gpus, data.draw(st.sampled_from(MODELS)), p, PERF88))
+    if int(free.sum()) == 0:
+        return
+    new = info("new", data.draw(st.integers(1, int(free.sum()))), data.draw(st.sampled_from(MODELS)), perf=PERF88)
+    state = ClusterState(0.0, C88, free, running, [new])
+    floor = data.draw(st.sampled_from([0.0, 0.5, 0.9]))
+    want = _greedy_by_definition(PERF88, new, free, state, floor)
+    got = ContentionAwarePlacement(PERF88, min_efficiency=floor)(new, free, state)
+    assert got == (None if want is None else want[0])
+    if want is not None:
+        assert ContentionAwarePlacement(PERF88).score(new, want[0], state) == pytest.approx(want[1], rel=1e-12, abs=1e-12)
+
+
+def test_state_free_bytes() -> None:
+    """The state's free GPUs as bytes (what the rules search): built once, or handed in by a backend."""
+    free = np.array([3, 0, 8, 5], dtype=np.int64)
+    state = ClusterState(0.0, C48, free, [], [])
+    fb, bound = state.free_bytes()
+    assert fb == bytes([3, 0, 8, 5]) and bound >= 8 and state.free_bytes()[0] is fb
+    assert ClusterState(0.0, C48, np.array([3, -1, 8, 5]), [], []).free_bytes() is None
+    assert ClusterState(0.0, ClusterSpec.parse("4x64"), np.array([3, 300, 8, 5]), [], []).free_bytes() is None
+    state.use_free_bytes(bytes([3, 0, 8, 5]), 64)
+    assert state.free_bytes() == (bytes([3, 0, 8, 5]), 64)
+    with pytest.raises(ValueError, match="3 bytes, bound 64, for 4 nodes"):
+        state.use_free_bytes(bytes(3), 64)
+    job = info("j", 4)
+    assert pack(job, state.free_gpus, state) == pack(job, free.copy()) == Placement.of({3: 4})

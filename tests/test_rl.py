@@ -236,7 +236,7 @@ def test_hybrid_safety_rule_respects_floor(floor, rule_name):
     def checked(job, free, state):
         p = inner(job, free, state)
         if p is not None:
-            effs.append(rule.score(job, p, state.jobs_on_node()) / job.gpu_demand)
+            effs.append(rule.score(job, p, state) / job.gpu_demand)
         return p
 
     pol.rule = checked

@@ -672,3 +672,96 @@ def test_summary_reports_the_grid_step_it_used() -> None:
     s = summarize(res, grid_step=100.0)
     assert s["util_grid_step_s"] == 300.0 and len(s["util_samples"]) == 100_000
     assert summarize(res, grid_step=1000.0)["util_grid_step_s"] == 1000.0
+
+
+# ---------------------------------------------------------------------- sampled metrics == their definitions
+def _fragmentation_by_definition(sim: Simulator) -> float:
+    """SCED2's fragmentation written out: per node, the running jobs' GPU remaining times, in start order."""
+    n = sim.cluster.num_nodes
+    s1, s2 = [0.0] * n, [0.0] * n
+    for j in sim.running.values():
+        total = j.spec.total_samples
+        rem = (total - min(j.done + j.rate * max(0.0, sim.time - j.t_ref), total)) / j.rate
+        for v, c in j.info.placement.alloc:
+            x = c * rem
+            s1[v] += x
+            s2[v] += x * rem
+    a1, a2 = np.array(s1), np.array(s2)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return float(np.where(a2 > 0, 1.0 - a1 * a1 / (sim.capacity * a2), 0.0).mean())
+
+
+@pytest.mark.parametrize("policy,loop_max", [("fifo", 0), ("las", 0), ("las", 64)])
+def test_sampled_metrics_equal_their_definitions(monkeypatch, policy, loop_max) -> None:
+    """Fragmentation (vectorised over the per-run lists, or the loop for few jobs) and mean CS equal
+    the plain loops bit for bit, through preemptions and compactions of the lists (checked with the
+    invariants after every event)."""
+    from trainer.generate import GeneratorConfig, generate_jobs
+
+    monkeypatch.setattr(Simulator, "COMPACT_AFTER", 8)
+    monkeypatch.setattr(Simulator, "FRAG_LOOP_MAX", loop_max)
+    cluster = ClusterSpec.parse("6x8")
+    perf = perf_for(cluster)
+    jobs = generate_jobs(cluster, GeneratorConfig(num_jobs=120, arrival="poisson", load=1.2, jitter=0.5, seed=3), perf)
+    sim = Simulator(cluster, jobs, make_heuristic(policy, perf), perf, SimConfig(check_invariants=True, metrics_interval=0.0))
+    seen = {"rounds": 0, "compactions": 0, "entries": 0}
+    sample = sim._sample_metrics
+
+    def checked() -> None:
+        sample()
+        seen["rounds"] += 1
+        seen["compactions"] += len(sim._sl_job) < seen["entries"]  # the lists only shrink when compacted
+        seen["entries"] = len(sim._sl_job)
+        assert sim.samples_frag[-1] == _fragmentation_by_definition(sim)
+        want_cs = float(np.mean([j.cs for j in sim.running.values()])) if sim.running else 1.0
+        assert sim.samples_cs[-1] == want_cs
+
+    monkeypatch.setattr(sim, "_sample_metrics", checked)
+    res = sim.run()
+    assert seen["rounds"] == res.rounds > 100 and len(res.samples_frag) == res.rounds and seen["compactions"] > 0
+    assert res.preemptions > 0 or policy == "fifo"
+
+
+def test_running_view_keeps_its_jobs_when_the_simulator_moves_on() -> None:
+    """A view read after the simulator started and stopped jobs lists the jobs that ran when it was
+    built, in start order (the simulator tells unread views of stops); a read view is fixed."""
+    cluster = ClusterSpec.parse("2x8")
+    perf = perf_for(cluster)
+    jobs = [job(perf, n, 0.0, 2, 1000.0) for n in "abcd"]
+    sim = Simulator(cluster, jobs, None, perf)
+    sim.reset_state()
+    sim.advance_to_next_event()
+    for n, v in (("a", 0), ("b", 0), ("c", 1)):
+        sim.start(n, Placement.of({v: 2}))
+    early = sim.state().running  # unread
+    read = sim.state().running
+    assert [j.job_id for j in read] == ["a", "b", "c"]
+    sim.preempt("b")
+    sim.start("d", Placement.of({1: 2}))
+    sim.start("b", Placement.of({0: 2}))  # restarted: a new start, after the view was built
+    assert len(early) == 3 and [j.job_id for j in early] == ["a", "b", "c"]
+    assert [j.job_id for j in read] == ["a", "b", "c"]
+    assert [j.job_id for j in sim.state().running] == ["a", "c", "d", "b"]
+    assert not [ref for ref in sim._views.values() if ref() is not None]  # read views are no longer told of stops
+
+
+def test_state_free_gpus_is_a_snapshot_without_a_copy_per_round() -> None:
+    """The state's free GPUs are a read-only view of the simulator's; the simulator copies its own
+    array before changing it only while such a state is still held."""
+    cluster = ClusterSpec.parse("2x8")
+    perf = perf_for(cluster)
+    sim = Simulator(cluster, [job(perf, n, 0.0, 2, 1000.0) for n in "ab"], None, perf)
+    sim.reset_state()
+    sim.advance_to_next_event()
+    held = sim.state()
+    with pytest.raises(ValueError):
+        held.free_gpus[0] = 0  # read-only
+    sim.start("a", Placement.of({0: 2}))
+    assert held.free_gpus.tolist() == [8, 8] and sim.free.tolist() == [6, 8]  # copied: `held` still lives
+    assert held.total_free == 16 and held.free_bytes()[0] == bytes([8, 8])
+    before = sim.free
+    sim.state()  # dropped at once
+    sim.start("b", Placement.of({1: 2}))
+    assert sim.free is before and sim.free.tolist() == [6, 6]  # changed in place: no state holds it
+    st_ = sim.state()
+    assert st_.total_free == 12 == int(st_.free_gpus.sum()) and st_.free_bytes()[0] == bytes([6, 6])

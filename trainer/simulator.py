@@ -10,7 +10,10 @@ the next event; nothing is stepped per second.
 Progress is tracked lazily: a job stores the samples done at its last rate
 change and the rate since then, so an event touches only the jobs whose
 contention changed (the multi-node jobs on the nodes of a job that started
-or stopped).
+or stopped, which the contention ledger, :class:`policies.ledger.ContentionLedger`,
+reports). A start or stop costs O(jobs on its nodes), never O(running jobs);
+building the policy's view (:meth:`Simulator.state`) is O(1) until the policy
+reads the running jobs.
 
 Invariants (checked when ``check_invariants`` is on, and by the tests): no
 node ever has more GPUs allocated than it owns; every finished job did
@@ -28,8 +31,12 @@ When rounds happen, and how decisions are validated and applied, is the round lo
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import heapq
 import math
+import weakref
+from array import array
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
@@ -38,6 +45,7 @@ import numpy as np
 from policies.base import Policy
 from policies.cluster import ClusterSpec, Placement
 from policies.job import JobSpec
+from policies.ledger import ContentionLedger, job_key
 from policies.perf import ContentionModel
 from policies.state import ClusterState, Decision, JobInfo
 from policies.validate import placement_problem
@@ -148,7 +156,7 @@ class _Job:
     __slots__ = (
         "spec", "info", "idx", "noise", "key", "iso", "rate", "cs", "done", "t_ref",
         "version", "first_start", "finish", "run_time", "cs_time", "cs_weighted",
-        "seg_start", "ideal", "att_base",
+        "seg_start", "ideal", "att_base", "run_seq", "slot", "row0",
     )
 
     def __init__(self, spec: JobSpec, idx: int, noise: float, best_thp: float) -> None:
@@ -177,6 +185,9 @@ class _Job:
         self.cs_weighted = 0.0  # integral of cs over those seconds
         self.seg_start = 0.0
         self.att_base = 0.0  # GPU-seconds attained before the current run
+        self.run_seq = 0  # order of the current start among all starts (RunningView snapshots)
+        self.slot = -1  # its entry in the simulator's per-run lists (fragmentation), while running
+        self.row0 = -1  # its first allocation row there
         self.ideal = spec.total_samples / (best_thp * noise)
 
     def progress(self, t: float) -> float:
@@ -186,27 +197,55 @@ class _Job:
 class RunningView(Sequence[JobInfo]):
     """The running jobs of a :class:`ClusterState` built by the simulator.
 
-    A read-only sequence of :class:`JobInfo`. Their progress fields are
-    computed for time ``t`` the first time the view is read (iterated,
-    indexed or compared), not when the state is built: for time-invariant
-    policies on big traces building the state is then O(1) per running job
-    instead of a Python loop over all of them. ``len`` and ``bool`` do not
-    need the refresh.
+    A read-only sequence of :class:`JobInfo`, in start order: the jobs that ran when the
+    state was built. Building it is O(1): the list is taken from the simulator the first
+    time the view is read (iterated, indexed or compared), and the progress fields
+    (``done_samples``, ``attained_service``, ``achieved_thp``, ``isolated_thp``) are computed
+    then for time ``t``. A job the simulator stops before that first read is kept (the
+    simulator tells every open view), one it starts is left out; so a policy that never
+    looks at running jobs (FIFO) pays nothing for them. ``len`` and ``bool`` need no read.
     """
 
-    __slots__ = ("_infos", "_jobs", "_t")
+    __slots__ = ("_sim", "_t", "_n", "_seq", "_gone", "_jobs", "_infos", "_key", "__weakref__")
 
-    def __init__(self, jobs: list[_Job], t: float) -> None:
-        self._jobs = jobs
+    def __init__(self, sim: "Simulator", t: float) -> None:
+        self._sim = sim
         self._t = t
+        self._n = len(sim.running)
+        self._seq = sim._run_seq  # jobs started later are not in this view
+        self._gone: list[tuple[int, _Job]] = []  # (run_seq, job) of its jobs stopped since
+        self._jobs: list[_Job] | None = None
         self._infos: list[JobInfo] | None = None
+        self._key = 0  # the simulator's key for it while unread
+
+    def _stopped(self, j: _Job) -> None:
+        """The simulator is stopping ``j`` (called while the view is unread)."""
+        if j.run_seq <= self._seq:
+            self._gone.append((j.run_seq, j))
+
+    def _take(self) -> list[_Job]:
+        """Fix the job list (the simulator stops reporting to this view)."""
+        jobs = self._jobs
+        if jobs is None:
+            sim = self._sim
+            sim._views.pop(self._key, None)
+            if not self._gone and sim._run_seq == self._seq:
+                jobs = list(sim.running.values())
+            else:
+                hi = self._seq
+                seq_jobs = [(j.run_seq, j) for j in sim.running.values() if j.run_seq <= hi] + self._gone
+                seq_jobs.sort(key=_first)
+                jobs = [j for _s, j in seq_jobs]
+            self._jobs = jobs
+            self._gone = []
+        return jobs
 
     def _refresh(self) -> list[JobInfo]:
         infos = self._infos
         if infos is None:
             t = self._t
             infos = []
-            for j in self._jobs:
+            for j in self._take():
                 info = j.info
                 info.done_samples = j.progress(t)
                 info.attained_service = j.att_base + info.gpu_demand * (t - j.seg_start)
@@ -217,7 +256,7 @@ class RunningView(Sequence[JobInfo]):
         return infos
 
     def __len__(self) -> int:
-        return len(self._jobs)
+        return self._n
 
     def __getitem__(self, i):  # type: ignore[override]
         return self._refresh()[i]
@@ -234,13 +273,33 @@ class RunningView(Sequence[JobInfo]):
         return f"RunningView({self._refresh()!r})"
 
 
+def _first(pair: tuple):
+    return pair[0]
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Pause the cyclic garbage collector while building one object per job (none of them garbage;
+    on a million jobs the collector's passes over the growing heap cost more than the building)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def _check_spec(j: JobSpec, total_gpus: int) -> None:
     """Raise :class:`SimulationError` naming the job and field unless ``j`` can be simulated:
     ``gpu_demand`` an integer (not a bool, not ``2.5``) in ``[1, total_gpus]``, ``total_samples``
     a finite number > 0, ``submit_time`` a finite number in ``[0, MAX_SUBMIT_TIME_S]``. (A NaN submit time made
     the event loop spin forever, an infinite one crash it; a NaN or infinite amount of work failed deep
     inside the performance model.)"""
-    g = j.gpu_demand
+    g, ts, work = j.gpu_demand, j.submit_time, j.total_samples
+    if (g.__class__ is int and 1 <= g <= total_gpus and ts.__class__ is float and work.__class__ is float
+            and 0.0 <= ts <= MAX_SUBMIT_TIME_S and 0.0 < work < math.inf):
+        return  # the common case in one expression: a plain int demand, finite float time and work in range
     if isinstance(g, bool) or not isinstance(g, (int, np.integer)):
         raise SimulationError(f"job {j.job_id!r}: gpu_demand must be an integer, got {g!r}")
     if g < 1:
@@ -262,6 +321,14 @@ def _check_placement(job_id: str, demand: int, p: Placement, free: np.ndarray, c
     """Raise :class:`SimulationError` unless ``p`` gives job ``job_id`` exactly ``demand`` GPUs on distinct
     nodes of the cluster, each within its ``free`` GPUs (:func:`policies.validate.placement_problem`;
     ``context`` is appended to the "does not fit" text)."""
+    prev, size = -1, len(free)
+    for n, c in p.alloc:  # the common case in one pass: ascending nodes, each in range and within its free GPUs
+        if n <= prev or c <= 0 or n >= size or c > free[n]:
+            break
+        prev = n
+    else:
+        if p.total_gpus == demand:
+            return
     why = placement_problem(job_id, demand, p, free, None, context)
     if why is not None:
         raise SimulationError(why)
@@ -282,6 +349,12 @@ class Simulator:
     ``[0, MAX_SUBMIT_TIME_S]`` and a known model.
     """
 
+    #: The per-run lists are compacted once more than this many (and more than half) of their entries
+    #: belong to stopped jobs.
+    COMPACT_AFTER = 1024
+    #: fragmentation() loops over the running jobs up to this many, else takes one vectorised pass.
+    FRAG_LOOP_MAX = 64
+
     def __init__(
         self,
         cluster: ClusterSpec,
@@ -296,6 +369,14 @@ class Simulator:
         self.cfg = config or SimConfig()
         if self.cfg.round_len <= 0:
             raise ValueError("round_len must be positive")
+        with _gc_paused():
+            self._build_jobs(jobs)
+        self._touched = False  # no job has started since its fields were set
+        self.reset_state()
+
+    def _build_jobs(self, jobs: Sequence[JobSpec]) -> None:
+        """Check every job of the trace and build the simulator's record of each, in arrival order."""
+        cluster = self.cluster
         ids = set()
         total_gpus = cluster.total_gpus  # a property summing over nodes: once, not per job
         for j in jobs:
@@ -326,14 +407,41 @@ class Simulator:
                 )
             self.jobs.append(_Job(spec, rank, float(noise[i]), best))
         self.by_id = {j.spec.job_id: j for j in self.jobs}
-        self.reset_state()
+        self._submit = [j.spec.submit_time for j in self.jobs]  # arrival order
 
     # ------------------------------------------------------------------ state
     def reset_state(self) -> None:
-        n = self.cluster.num_nodes
         self.capacity = np.array(self.cluster.gpus_per_node, dtype=np.int64)
         self.free = self.capacity.copy()
-        self.node_multi: list[set[int]] = [set() for _ in range(n)]  # multi-node job idx per node
+        self._free_lent: weakref.ref | None = None  # the read-only view of `free` the last state holds
+        self._total_gpus = int(self.capacity.sum())
+        # a byte mirror of `free` that states hand to placement rules (on small clusters they read the array)
+        big = self.cluster.num_nodes > 64 and int(self.capacity.max()) <= 255
+        self._free_bytes = bytearray(self.capacity.tolist()) if big else None
+        self._free_bound = int(self.capacity.max())
+        self._used = 0  # allocated GPUs (sum of capacity - free)
+        self.ledger = ContentionLedger(self.perf, self.cluster.num_nodes)  # running jobs by id, each one's CS
+        for ref in list(getattr(self, "_views", {}).values()):
+            v = ref()
+            if v is not None:
+                v._take()  # views of the previous run keep its jobs
+        self._views: dict[int, weakref.ref[RunningView]] = {}  # unread views (told of stops), by id of the ref
+        views = self._views
+        self._view_gone = lambda ref: views.pop(id(ref), None)  # a view was dropped unread
+        # Running jobs' progress and allocations as flat arrays in start order (what fragmentation() and
+        # the CS samples read in one vectorised pass, through numpy views without copying). A stopped
+        # job's entry stays, neutral (no work, no GPUs), until the arrays are compacted.
+        self._sl_job: list[_Job | None] = []
+        self._sl_total = array("d")
+        self._sl_done = array("d")
+        self._sl_rate = array("d")
+        self._sl_tref = array("d")
+        self._sl_cs = array("d")
+        self._rw_node = array("q")  # allocation rows: node, GPUs (0 once stopped), slot
+        self._rw_cnt = array("q")
+        self._rw_slot = array("q")
+        self._sl_dead = 0
+        self._run_seq = 0
         self.time = 0.0
         self.next_arrival = 0
         self.pending: list[_Job] = []
@@ -351,16 +459,18 @@ class Simulator:
         self.decisions = 0
         self.preemptions = 0
         self.dirty = True
-        for j in self.jobs:
-            j.done, j.t_ref, j.rate, j.cs, j.key, j.iso = 0.0, 0.0, 0.0, 1.0, None, 0.0
-            j.version, j.run_time, j.cs_time, j.cs_weighted, j.att_base = 0, 0.0, 0.0, 0.0, 0.0
-            j.first_start = j.finish = math.nan
-            j.info.gpu_demand = j.spec.gpu_demand  # a resize changes an elastic job's size
-            j.info.done_samples = 0.0
-            j.info.attained_service = 0.0
-            j.info.placement = None
-            j.info.start_time = None
-            j.info.preemptions = 0
+        if self._touched:  # a job has started since the jobs' fields were set: reset them
+            self._touched = False
+            for j in self.jobs:
+                j.done, j.t_ref, j.rate, j.cs, j.key, j.iso = 0.0, 0.0, 0.0, 1.0, None, 0.0
+                j.version, j.run_time, j.cs_time, j.cs_weighted, j.att_base = 0, 0.0, 0.0, 0.0, 0.0
+                j.first_start = j.finish = math.nan
+                j.info.gpu_demand = j.spec.gpu_demand  # a resize changes an elastic job's size
+                j.info.done_samples = 0.0
+                j.info.attained_service = 0.0
+                j.info.placement = None
+                j.info.start_time = None
+                j.info.preemptions = 0
         if self.policy is not None:
             self.policy.reset()
 
@@ -377,17 +487,31 @@ class Simulator:
         ``isolated_thp``) are brought up to this time on first access, so a
         policy that never looks at running jobs (FIFO) pays nothing for them.
         """
-        return ClusterState(
-            self.time,
-            self.cluster,
-            self.free.copy(),
-            RunningView(list(self.running.values()), self.time),
-            [j.info for j in self.pending],
-        )
+        view = RunningView(self, self.time)
+        ref = weakref.ref(view, self._view_gone)
+        view._key = id(ref)
+        self._views[view._key] = ref
+        free = self.free.view()  # read-only, and `free` is copied before it changes while this lives
+        free.flags.writeable = False
+        self._free_lent = weakref.ref(free)
+        st = ClusterState(self.time, self.cluster, free, view, [j.info for j in self.pending])
+        st.use_contention(self.ledger)  # the ledger of exactly these running jobs, while it is unchanged
+        if self._free_bytes is not None:
+            st.use_free_bytes(bytes(self._free_bytes), self._free_bound, self._total_gpus - self._used)
+        return st
 
     # ------------------------------------------------------------------ mechanics
+    def _own_free(self) -> np.ndarray:
+        """``free``, to change: copied first if a state built earlier still holds a view of it."""
+        lent = self._free_lent
+        if lent is not None:
+            if lent() is not None:
+                self.free = self.free.copy()
+            self._free_lent = None
+        return self.free
+
     def _record_util(self) -> None:
-        used = int(self.capacity.sum() - self.free.sum())
+        used = self._used
         if self.util_t[-1] == self.time:
             self.util_used[-1] = used
         else:
@@ -399,7 +523,8 @@ class Simulator:
         if j.rate <= 0:
             return
         remaining = j.spec.total_samples - j.done
-        t_fin = max(j.t_ref, self.time) + max(remaining, 0.0) / j.rate
+        t_ref, now = j.t_ref, self.time
+        t_fin = (t_ref if t_ref > now else now) + (remaining if remaining > 0.0 else 0.0) / j.rate
         self._seq += 1
         heapq.heappush(self.heap, (t_fin, self._seq, j.idx, j.version))
 
@@ -412,58 +537,118 @@ class Simulator:
             j.done = j.progress(t)
             j.t_ref = t
 
-    def _update_rates(self, idxs: Iterable[int]) -> None:
-        perf = self.perf
-        for i in idxs:
-            j = self.jobs[i]
-            p = j.info.placement
-            if p is None:
-                continue
-            neigh = {}
-            if p.num_nodes > 1:
-                for v in p.nodes:
-                    neigh[v] = [self.jobs[o].key for o in self.node_multi[v] if o != i]
-            cs = perf.job_cs(j.key, p.nodes, neigh) if p.num_nodes > 1 else 1.0
+    def _update_rates(self, ids: Iterable[str]) -> None:
+        """Give each running job of ``ids`` its ledger CS: fold its progress so far and push its new
+        completion time if the CS changed (or it has no rate yet)."""
+        ledger, by_id = self.ledger, self.by_id
+        for jid in ids:
+            j = by_id[jid]
+            cs = ledger.cs(jid)
             if abs(cs - j.cs) > 1e-12 or j.rate == 0.0:
                 self._settle(j)
                 j.cs = cs
                 j.rate = j.iso / cs
+                s = j.slot
+                self._sl_done[s], self._sl_tref[s], self._sl_rate[s], self._sl_cs[s] = j.done, j.t_ref, j.rate, cs
                 self._push_completion(j)
 
-    def _affected(self, p: Placement) -> set[int]:
-        s: set[int] = set()
-        if p.num_nodes > 1:
-            for v in p.nodes:
-                s |= self.node_multi[v]
-        return s
+    def _slot_open(self, j: _Job, p: Placement) -> None:
+        """Append a starting job's progress fields and allocation rows to the per-run lists."""
+        s = j.slot = len(self._sl_job)
+        j.row0 = len(self._rw_node)
+        self._sl_job.append(j)
+        self._sl_total.append(j.spec.total_samples)
+        self._sl_done.append(j.done)
+        self._sl_rate.append(j.rate)
+        self._sl_tref.append(j.t_ref)
+        self._sl_cs.append(j.cs)
+        if len(p.alloc) == 1:
+            (n, c), = p.alloc
+            self._rw_node.append(n)
+            self._rw_cnt.append(c)
+            self._rw_slot.append(s)
+        else:
+            for n, c in p.alloc:
+                self._rw_node.append(n)
+                self._rw_cnt.append(c)
+                self._rw_slot.append(s)
 
-    def start(self, job_id: str, p: Placement) -> None:
-        """Start a pending job on ``p`` (raises if it does not fit)."""
+    def _slot_close(self, j: _Job, p: Placement) -> None:
+        """Neutralise a stopping job's entries (no work left, no GPUs); compact when half are dead."""
+        s = j.slot
+        self._sl_job[s] = None
+        self._sl_total[s], self._sl_done[s], self._sl_rate[s], self._sl_tref[s], self._sl_cs[s] = 0.0, 0.0, 1.0, 0.0, math.nan
+        for r in range(j.row0, j.row0 + len(p.alloc)):
+            self._rw_cnt[r] = 0
+        j.slot = j.row0 = -1
+        self._sl_dead += 1
+        if self._sl_dead > self.COMPACT_AFTER and 2 * self._sl_dead > len(self._sl_job):
+            self._slot_compact()
+
+    def _slot_compact(self) -> None:
+        """Drop the stopped jobs' entries from the per-run lists (order kept)."""
+        keep = np.array([x is not None for x in self._sl_job])
+        new_slot = np.cumsum(keep) - 1  # old slot -> new slot (for kept ones)
+        for name in ("_sl_total", "_sl_done", "_sl_rate", "_sl_tref", "_sl_cs"):
+            setattr(self, name, array("d", np.frombuffer(getattr(self, name))[keep].tobytes()))
+        rw_slot = np.frombuffer(self._rw_slot, dtype=np.int64)
+        rows = keep[rw_slot]
+        self._rw_node = array("q", np.frombuffer(self._rw_node, dtype=np.int64)[rows].tobytes())
+        self._rw_cnt = array("q", np.frombuffer(self._rw_cnt, dtype=np.int64)[rows].tobytes())
+        kept_slots = rw_slot[rows]
+        self._rw_slot = array("q", new_slot[kept_slots].astype(np.int64).tobytes())
+        first_row = np.flatnonzero(np.r_[True, kept_slots[1:] != kept_slots[:-1]]) if kept_slots.size else kept_slots
+        self._sl_job = [x for x in self._sl_job if x is not None]
+        for k, (x, r) in enumerate(zip(self._sl_job, first_row.tolist())):
+            x.slot, x.row0 = k, r
+        self._sl_dead = 0
+
+    def _in_order(self, ids: set[str]) -> list[str]:
+        """``ids`` in trace order (so that runs replay exactly whatever the set's order)."""
+        if len(ids) == 1:
+            return list(ids)
+        by_id = self.by_id
+        return sorted(ids, key=lambda jid: by_id[jid].idx)
+
+    def start(self, job_id: str, p: Placement, overhead: float | None = None) -> None:
+        """Start a pending job on ``p`` (raises if it does not fit). It makes no progress for ``overhead``
+        seconds (GPUs held); ``None``: ``restart_overhead`` if it was preempted before, else 0."""
         j = self.by_id[job_id]
         if j.info.placement is not None:
             raise SimulationError(f"job {job_id} is already running")
         _check_placement(job_id, j.info.gpu_demand, p, self.free)
+        free, fb = self._own_free(), self._free_bytes
         for n, c in p.alloc:
-            self.free[n] -= c
+            free[n] -= c
+            if fb is not None:
+                fb[n] -= c
+        self._used += p.total_gpus
         self.pending.remove(j)
         t = self.time
-        j.info.placement = p
-        j.info.start_time = t
-        if math.isnan(j.first_start):
+        info = j.info
+        info.placement = p
+        info.start_time = t
+        if j.first_start != j.first_start:  # NaN: never started before
             j.first_start = t
-        j.key = (j.spec.model, p.total_gpus, p.num_nodes)
+        model = j.spec.model
+        key = j.key = job_key(model, p)
         j.iso = self.perf.throughput(j.spec, p, self.cluster) * j.noise  # at the pace of its slowest GPU type
-        overhead = self.cfg.restart_overhead if j.info.preemptions > 0 else 0.0
-        j.t_ref = t + overhead
-        j.rate = 0.0
-        j.cs = 1.0
+        if overhead is None:
+            overhead = self.cfg.restart_overhead if info.preemptions > 0 else 0.0
+        j.t_ref = t + overhead if overhead else t
         j.seg_start = t
+        self._run_seq += 1
+        j.run_seq = self._run_seq
+        self._touched = True
         self.running[j.idx] = j
-        affected = self._affected(p)
-        if p.num_nodes > 1:
-            for v in p.nodes:
-                self.node_multi[v].add(j.idx)
-        self._update_rates(affected | {j.idx})
+        ledger = self.ledger
+        changed = ledger.add(job_id, model, p, info)
+        cs = j.cs = ledger.cs(job_id) if key[2] > 1 else 1.0
+        j.rate = j.iso / cs
+        self._slot_open(j, p)
+        self._push_completion(j)
+        if changed:
+            self._update_rates(self._in_order(changed))
         self._record_util()
         self.dirty = True
 
@@ -475,17 +660,26 @@ class Simulator:
         j.run_time += t - j.seg_start
         j.att_base += p.total_gpus * (t - j.seg_start)
         j.info.attained_service = j.att_base
+        free, fb = self._own_free(), self._free_bytes
         for n, c in p.alloc:
-            self.free[n] += c
-        if p.num_nodes > 1:
-            for v in p.nodes:
-                self.node_multi[v].discard(j.idx)
+            free[n] += c
+            if fb is not None:
+                fb[n] += c
+        self._used -= p.total_gpus
+        if self._views:
+            for ref in list(self._views.values()):
+                v = ref()
+                if v is not None:
+                    v._stopped(j)
         del self.running[j.idx]
+        self._slot_close(j, p)
         j.info.placement = None
         j.info.start_time = None
         j.rate = 0.0
         j.version += 1
-        self._update_rates(self._affected(p))
+        changed = self.ledger.remove(j.spec.job_id)
+        if changed:
+            self._update_rates(self._in_order(changed))
         self._record_util()
         self.dirty = True
         return p
@@ -534,10 +728,8 @@ class Simulator:
         self._stop(j)
         info.gpu_demand = p.total_gpus
         self.pending.append(j)  # start() takes it from the queue
-        self.start(job_id, p)
         ov = self.cfg.resize_overhead
-        j.t_ref = self.time + (self.cfg.restart_overhead if ov is None else ov)
-        self._push_completion(j)  # its completion moves with the overhead
+        self.start(job_id, p, overhead=self.cfg.restart_overhead if ov is None else ov)
 
     def check_decision(self, dec: Decision) -> None:
         """Raise :class:`SimulationError` with the first problem :func:`policies.validate.check_decision`
@@ -574,31 +766,44 @@ class Simulator:
         Returns ``True`` if an event was processed, ``False`` if none happens
         before ``until`` (time is then moved to ``until``).
         """
-        t_arr = self.jobs[self.next_arrival].spec.submit_time if self.next_arrival < len(self.jobs) else math.inf
+        submit, n_jobs = self._submit, len(self.jobs)
+        na = self.next_arrival
+        t_arr = submit[na] if na < n_jobs else math.inf
         t_cmp = self._next_completion()
-        t = min(t_arr, t_cmp)
+        t = t_arr if t_arr < t_cmp else t_cmp
         if t > until or t == math.inf:  # nothing before `until` (or nothing at all: no job left)
             if until < math.inf:
                 self.time = max(self.time, until)
             return False
-        self.time = max(self.time, t)
+        now = self.time
+        if t > now:
+            self.time = now = t
         # Completions at t, within rounding: a job completes now if its completion time is within
         # _EPS of now relative to both the clock and the job's own duration at its rate
         # (total_samples / rate), so it is never cut short by more than _EPS of its work; a bound
         # on the clock alone (1e-9 * t) could end a job of a few ms a sizeable part of its work early.
         heap, jobs = self.heap, self.jobs
-        while True:
-            tc = self._next_completion()
-            if tc == math.inf:
-                break
-            j = jobs[heap[0][2]]  # _next_completion left the live entry on top
-            if tc - self.time > _EPS * min(max(1.0, self.time), j.spec.total_samples / j.rate):
+        while heap:
+            tc, _seq, idx, ver = heap[0]
+            j = jobs[idx]
+            if ver != j.version or j.info.placement is None:  # stale: the job's rate changed or it stopped
+                heapq.heappop(heap)
+                continue
+            scale = now if now > 1.0 else 1.0  # min(max(1, now), the job's duration at its rate)
+            dur = j.spec.total_samples / j.rate
+            if dur < scale:
+                scale = dur
+            if tc - now > _EPS * scale:
                 break
             heapq.heappop(heap)
             self._complete(j)
-        while self.next_arrival < len(self.jobs) and self.jobs[self.next_arrival].spec.submit_time <= self.time:
-            self.pending.append(self.jobs[self.next_arrival])
-            self.next_arrival += 1
+        na = self.next_arrival
+        if na < n_jobs and submit[na] <= now:
+            pending = self.pending
+            while na < n_jobs and submit[na] <= now:
+                pending.append(jobs[na])
+                na += 1
+            self.next_arrival = na
             self.dirty = True
         if self.cfg.check_invariants:
             self.check_invariants()
@@ -635,70 +840,97 @@ class Simulator:
         self._last_sample = self.time
         self.samples_t.append(self.time)
         self.samples_frag.append(self.fragmentation())
-        if self.running:
-            self.samples_cs.append(float(np.mean([j.cs for j in self.running.values()])))
-        else:
-            self.samples_cs.append(1.0)
+        self.samples_cs.append(self.mean_cs())
 
     def fragmentation(self) -> float:
         """Mean over nodes of SCED2's fragmentation (seed 003, eq. 1).
 
         For node ``i`` with GPU remaining times ``x`` (0 when free):
         ``1 - (sum x)^2 / (n * sum x^2)``; a node with all ``x = 0`` counts 0.
+        Each node's sums are added in start order: by a loop over the running jobs
+        when there are few, else in one vectorised pass over their allocations
+        (the same additions in the same order, so the same floats).
         """
-        n_nodes = self.cluster.num_nodes
-        # Python lists, not numpy scalars: this loop runs every sample over
-        # every running job (hot on big traces); same additions, same order.
-        s1 = [0.0] * n_nodes
-        s2 = [0.0] * n_nodes
+        if not self.running:
+            return 0.0
         t = self.time
-        for j in self.running.values():
-            rate = j.rate
-            if rate > 0:
+        if len(self.running) <= self.FRAG_LOOP_MAX:
+            n_nodes = self.cluster.num_nodes
+            s1 = [0.0] * n_nodes
+            s2 = [0.0] * n_nodes
+            for j in self.running.values():
                 total = j.spec.total_samples
-                rem = (total - min(j.done + rate * max(0.0, t - j.t_ref), total)) / rate
-            else:
-                rem = j.info.remaining_time
-            for n, c in j.info.placement.alloc:  # type: ignore[union-attr]
-                x = c * rem
-                s1[n] += x
-                s2[n] += x * rem
-        a1 = np.array(s1)
-        a2 = np.array(s2)
+                rem = (total - min(j.done + j.rate * max(0.0, t - j.t_ref), total)) / j.rate
+                for n, c in j.info.placement.alloc:  # type: ignore[union-attr]
+                    x = c * rem
+                    s1[n] += x
+                    s2[n] += x * rem
+            a1, a2 = np.array(s1), np.array(s2)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return float(np.where(a2 > 0, 1.0 - a1 * a1 / (self.capacity * a2), 0.0).mean())
+        rate = np.frombuffer(self._sl_rate)
+        total = np.frombuffer(self._sl_total)
+        done, t_ref = np.frombuffer(self._sl_done), np.frombuffer(self._sl_tref)
+        rem = (total - np.minimum(done + rate * np.maximum(0.0, t - t_ref), total)) / rate
+        r = rem[np.frombuffer(self._rw_slot, dtype=np.int64)]
+        x = np.frombuffer(self._rw_cnt, dtype=np.int64) * r
+        node = np.frombuffer(self._rw_node, dtype=np.int64)
+        n_nodes = self.cluster.num_nodes
+        a1 = np.bincount(node, weights=x, minlength=n_nodes)
+        a2 = np.bincount(node, weights=x * r, minlength=n_nodes)
         with np.errstate(divide="ignore", invalid="ignore"):
             frag = np.where(a2 > 0, 1.0 - a1 * a1 / (self.capacity * a2), 0.0)
         return float(frag.mean())
 
+    def mean_cs(self) -> float:
+        """Mean contention sensitivity of the running jobs (1 when none run)."""
+        if not self.running:
+            return 1.0
+        cs = np.frombuffer(self._sl_cs)
+        return float(np.mean(cs[~np.isnan(cs)]))
+
     def check_invariants(self) -> None:
+        """Raise :class:`AssertionError` unless GPU accounting adds up and the incremental contention
+        ledger equals one recomputed from the running jobs' placements (and every running job's rate
+        is its isolated throughput over its ledger CS)."""
         if (self.free < 0).any() or (self.free > self.capacity).any():
             raise AssertionError(f"GPU over-allocation: free={self.free.tolist()}")
         used = np.zeros_like(self.capacity)
         for j in self.running.values():
             for n, c in j.info.placement.alloc:  # type: ignore[union-attr]
                 used[n] += c
-        if not np.array_equal(used + self.free, self.capacity):
+        if not np.array_equal(used + self.free, self.capacity) or int(used.sum()) != self._used:
             raise AssertionError("GPU accounting mismatch")
-        # The incremental contention bookkeeping equals a full recomputation.
-        multi: list[set[int]] = [set() for _ in range(self.cluster.num_nodes)]
-        for j in self.running.values():
-            p = j.info.placement
-            if p is not None and p.num_nodes > 1:
-                for v in p.nodes:
-                    multi[v].add(j.idx)
-        if multi != self.node_multi:
-            raise AssertionError("multi-node job index per node is stale")
-        for j in self.running.values():
+        if self._free_bytes is not None and list(self._free_bytes) != self.free.tolist():
+            raise AssertionError("the byte mirror of free GPUs is stale")
+        live = [j for j in self._sl_job if j is not None]
+        if live != list(self.running.values()):
+            raise AssertionError("per-run lists: their jobs are not the running jobs in start order")
+        for j in live:
+            s, r = j.slot, j.row0
             p = j.info.placement
             assert p is not None
-            if p.num_nodes > 1:
-                neigh = {v: [self.jobs[o].key for o in multi[v] if o != j.idx] for v in p.nodes}
-                cs = self.perf.job_cs(j.key, p.nodes, neigh)
-            else:
-                cs = 1.0
+            if (self._sl_done[s], self._sl_tref[s], self._sl_rate[s], self._sl_cs[s]) != (j.done, j.t_ref, j.rate, j.cs) or list(
+                zip(self._rw_node[r:r + p.num_nodes], self._rw_cnt[r:r + p.num_nodes])
+            ) != list(p.alloc) or any(x != s for x in self._rw_slot[r:r + p.num_nodes]):
+                raise AssertionError(f"job {j.spec.job_id}: per-run lists are stale")
+        led = self.ledger
+        led.check()
+        if list(led) != [j.spec.job_id for j in self.running.values()]:
+            raise AssertionError("contention ledger: its jobs are not the running jobs")
+        for j in self.running.values():
+            jid = j.spec.job_id
+            if led.placement(jid) != j.info.placement or led.key(jid) != j.key:
+                raise AssertionError(f"job {jid}: ledger placement {led.placement(jid)} != {j.info.placement}")
+            cs = led.cs(jid)
             if abs(cs - j.cs) > 1e-9 * cs or abs(j.rate * j.cs - j.iso) > 1e-9 * j.iso:
-                raise AssertionError(f"job {j.spec.job_id}: stale rate (cs {j.cs} vs {cs}, rate {j.rate}, iso {j.iso})")
+                raise AssertionError(f"job {jid}: stale rate (cs {j.cs} vs {cs}, rate {j.rate}, iso {j.iso})")
 
     def result(self, wall: float = 0.0) -> SimResult:
+        with _gc_paused():
+            return self._result(wall)
+
+    def _result(self, wall: float) -> SimResult:
         recs = []
         for j in self.jobs:
             p_nodes = j.key[2] if j.key else 0
