@@ -765,3 +765,26 @@ def test_state_free_gpus_is_a_snapshot_without_a_copy_per_round() -> None:
     assert sim.free is before and sim.free.tolist() == [6, 6]  # changed in place: no state holds it
     st_ = sim.state()
     assert st_.total_free == 12 == int(st_.free_gpus.sum()) and st_.free_bytes()[0] == bytes([6, 6])
+
+
+def test_every_reset_resets_the_policy_even_before_any_job_started():
+    """A policy object reused for another simulation forgets the last one: the simulator resets it when it
+    is built and when it runs, whether or not any job of this simulator has started yet."""
+    from policies.cluster import ClusterSpec
+    from policies.heuristics import make_heuristic
+    from policies.job import JobSpec
+    from policies.perf import ContentionModel
+    from trainer.simulator import Simulator
+
+    cluster = ClusterSpec.parse("2x8")
+    perf = ContentionModel(cluster)
+    pol = make_heuristic("fifo", perf)
+    calls = []
+    pol.reset = lambda: calls.append(1)  # type: ignore[method-assign]
+    jobs = [JobSpec("a", 0.0, "MoE", 4, 1000.0)]
+    sim = Simulator(cluster, jobs, pol, perf)
+    assert len(calls) == 1
+    sim.run()
+    assert len(calls) == 2
+    Simulator(cluster, jobs, pol, perf)
+    assert len(calls) == 3
