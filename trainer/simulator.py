@@ -352,8 +352,10 @@ class Simulator:
     #: The per-run lists are compacted once more than this many (and more than half) of their entries
     #: belong to stopped jobs.
     COMPACT_AFTER = 1024
-    #: fragmentation() loops over the running jobs up to this many, else takes one vectorised pass.
-    FRAG_LOOP_MAX = 64
+    #: On clusters of at least this many nodes the simulator keeps the running jobs' progress as flat
+    #: arrays (fragmentation and CS samples in one vectorised pass) and a byte copy of the free GPUs
+    #: (for the placement rules); on smaller ones a loop over the running jobs is cheaper.
+    VECTOR_MIN_NODES = 65
 
     def __init__(
         self,
@@ -415,9 +417,9 @@ class Simulator:
         self.free = self.capacity.copy()
         self._free_lent: weakref.ref | None = None  # the read-only view of `free` the last state holds
         self._total_gpus = int(self.capacity.sum())
-        # a byte mirror of `free` that states hand to placement rules (on small clusters they read the array)
-        big = self.cluster.num_nodes > 64 and int(self.capacity.max()) <= 255
-        self._free_bytes = bytearray(self.capacity.tolist()) if big else None
+        self._vec = self.cluster.num_nodes >= self.VECTOR_MIN_NODES
+        # a byte mirror of `free` that states hand to placement rules
+        self._free_bytes = bytearray(self.capacity.tolist()) if self._vec and int(self.capacity.max()) <= 255 else None
         self._free_bound = int(self.capacity.max())
         self._used = 0  # allocated GPUs (sum of capacity - free)
         self.ledger = ContentionLedger(self.perf, self.cluster.num_nodes)  # running jobs by id, each one's CS
@@ -464,6 +466,7 @@ class Simulator:
             for j in self.jobs:
                 j.done, j.t_ref, j.rate, j.cs, j.key, j.iso = 0.0, 0.0, 0.0, 1.0, None, 0.0
                 j.version, j.run_time, j.cs_time, j.cs_weighted, j.att_base = 0, 0.0, 0.0, 0.0, 0.0
+                j.slot = j.row0 = -1
                 j.first_start = j.finish = math.nan
                 j.info.gpu_demand = j.spec.gpu_demand  # a resize changes an elastic job's size
                 j.info.done_samples = 0.0
@@ -549,7 +552,8 @@ class Simulator:
                 j.cs = cs
                 j.rate = j.iso / cs
                 s = j.slot
-                self._sl_done[s], self._sl_tref[s], self._sl_rate[s], self._sl_cs[s] = j.done, j.t_ref, j.rate, cs
+                if s >= 0:
+                    self._sl_done[s], self._sl_tref[s], self._sl_rate[s], self._sl_cs[s] = j.done, j.t_ref, j.rate, cs
                 self._push_completion(j)
 
     def _slot_open(self, j: _Job, p: Placement) -> None:
@@ -645,7 +649,8 @@ class Simulator:
         changed = ledger.add(job_id, model, p, info)
         cs = j.cs = ledger.cs(job_id) if key[2] > 1 else 1.0
         j.rate = j.iso / cs
-        self._slot_open(j, p)
+        if self._vec:
+            self._slot_open(j, p)
         self._push_completion(j)
         if changed:
             self._update_rates(self._in_order(changed))
@@ -672,7 +677,8 @@ class Simulator:
                 if v is not None:
                     v._stopped(j)
         del self.running[j.idx]
-        self._slot_close(j, p)
+        if j.slot >= 0:
+            self._slot_close(j, p)
         j.info.placement = None
         j.info.start_time = None
         j.rate = 0.0
@@ -854,7 +860,7 @@ class Simulator:
         if not self.running:
             return 0.0
         t = self.time
-        if len(self.running) <= self.FRAG_LOOP_MAX:
+        if not self._vec:
             n_nodes = self.cluster.num_nodes
             s1 = [0.0] * n_nodes
             s2 = [0.0] * n_nodes
@@ -886,6 +892,8 @@ class Simulator:
         """Mean contention sensitivity of the running jobs (1 when none run)."""
         if not self.running:
             return 1.0
+        if not self._vec:
+            return float(np.mean([j.cs for j in self.running.values()]))
         cs = np.frombuffer(self._sl_cs)
         return float(np.mean(cs[~np.isnan(cs)]))
 
@@ -904,7 +912,7 @@ class Simulator:
         if self._free_bytes is not None and list(self._free_bytes) != self.free.tolist():
             raise AssertionError("the byte mirror of free GPUs is stale")
         live = [j for j in self._sl_job if j is not None]
-        if live != list(self.running.values()):
+        if live != (list(self.running.values()) if self._vec else []):
             raise AssertionError("per-run lists: their jobs are not the running jobs in start order")
         for j in live:
             s, r = j.slot, j.row0
