@@ -44,6 +44,17 @@ def run_case(cluster_text: str, src, policy: str) -> list[list]:
     return [[r.job_id, r.first_start, r.finish_time, r.num_nodes, r.preemptions, r.avg_cs] for r in res.jobs]
 
 
+def write_golden(path: Path, cluster: str, trace: str, jobs: dict[str, list[list]]) -> None:
+    """Write the results as JSON, one job's row per line (small diffs when a result moves)."""
+    lines = [f'{{"cluster": {json.dumps(cluster)}, "trace": {json.dumps(trace)}, "jobs": {{']
+    for k, (policy, rows) in enumerate(jobs.items()):
+        lines.append(f"{json.dumps(policy)}: [")
+        lines.extend(json.dumps(r) + ("," if i < len(rows) - 1 else "") for i, r in enumerate(rows))
+        lines.append("]" + ("," if k < len(jobs) - 1 else ""))
+    lines.append("}}")
+    path.write_text("\n".join(lines) + "\n")
+
+
 def main() -> None:
     for name, cl, src, pols in CASES:
         out = {}
@@ -51,7 +62,7 @@ def main() -> None:
             t0 = time.perf_counter()
             out[p] = run_case(cl, src, p)
             print(f"{name} {p}: {time.perf_counter() - t0:.2f} s", flush=True)
-        (HERE / f"{name}.json").write_text(json.dumps({"cluster": cl, "trace": src, "jobs": out}, indent=0) + "\n")
+        write_golden(HERE / f"{name}.json", cl, src, out)
 
 
 if __name__ == "__main__":
