@@ -87,7 +87,8 @@ import numpy as np
 from policies.cluster import ClusterSpec, Placement
 from policies.codecs.base import Box, CodecError, Discrete
 from policies.orders import AGING_S, CANDIDATE_ORDERS, LEGACY_AGING_S, CandidateOrder
-from policies.perf import MIN_RATIO, ContentionModel, JobKey
+from policies.ledger import JobKey, cap_cs, node_cs
+from policies.perf import ContentionModel
 from policies.state import ClusterState, JobInfo
 from policies.workloads import get_workload
 
@@ -836,8 +837,9 @@ class _RoundContention:
     performance model's slowdown terms.
 
     The only code of the codec that reads contention: the predicted speed of a placement option
-    (:meth:`single_speed`, :meth:`multi_speed`: ``isolated(shape) / CS / best_isolated``, CS the worst
-    node's ``1 + sum(pair CS - 1)`` over the multi-node neighbours there, capped at ``1 / MIN_RATIO``)
+    (:meth:`single_speed`, :meth:`multi_speed`: ``isolated(shape) / CS / best_isolated``, CS the contention
+    ledger's rule: :func:`policies.ledger.cap_cs` of the worst node's :func:`policies.ledger.node_cs` over the
+    multi-node neighbours there, in job-id order)
     and the slowdown of the running multi-node jobs a start touches (:meth:`start`). Memoised: single-node
     speeds by shape; multi-node speeds by shape and the neighbour signatures of the nodes
     (:meth:`DeepShareCodec._signature`, computed per node on first use), per-node CS by job key and
@@ -900,9 +902,9 @@ class _RoundContention:
                     if c is None:
                         if len(memo) >= _MEMO_MAX:
                             memo.clear()
-                        c = memo[(me, sid)] = perf.node_cs(me, self.multi_keys[v])
+                        c = memo[(me, sid)] = node_cs(perf, me, self.multi_keys[v])
                     worst = max(worst, c)
-            cs = min(worst, 1.0 / MIN_RATIO)
+            cs = cap_cs(worst)
             iso = perf.isolated_throughput(job.model, p.total_gpus, p.num_nodes)
             best = perf.best_isolated_throughput(job.model, job.gpu_demand)
             if len(codec._mspeed) >= _MEMO_MAX:
@@ -948,8 +950,8 @@ class _RoundContention:
             else:
                 redo = [v for v in jp.nodes if v in pset]
             for v in redo:
-                per[v] = perf.node_cs(key, [self._mkey[k] for k in by_node.get(v, ()) if k != i])
-            out.append((i, min(max(1.0, max(per.values(), default=1.0)), 1.0 / MIN_RATIO)))  # == perf.job_cs
+                per[v] = node_cs(perf, key, [self._mkey[k] for k in by_node.get(v, ()) if k != i])
+            out.append((i, cap_cs(max(per.values(), default=1.0))))  # == policies.ledger.job_cs
         return out
 
 
