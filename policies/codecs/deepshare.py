@@ -89,6 +89,7 @@ from policies.codecs.base import Box, CodecError, Discrete
 from policies.orders import AGING_S, CANDIDATE_ORDERS, LEGACY_AGING_S, CandidateOrder
 from policies.ledger import JobKey, cap_cs, node_cs
 from policies.perf import ContentionModel
+from policies.placement import sced2_pack
 from policies.state import ClusterState, JobInfo
 from policies.workloads import get_workload
 
@@ -537,39 +538,40 @@ class NodeIndex:
         return None
 
     def pack(self, g: int) -> Placement | None:
-        """:func:`policies.placement.pack` of a ``g``-GPU job on the current free GPUs."""
-        need = g
-        if need > self.total:
-            return None
-        by_f, fmax = self._by_f, self.fmax
-        taken: set[int] = set()  # nodes taken whole (their free GPUs are then 0)
-        alloc: dict[int, int] = {}
-        while need > 0:
-            n = -1
-            for f in range(need, fmax + 1):  # best fit: fewest free GPUs that cover the rest, lowest index
-                for v in by_f[f]:
-                    if v not in taken:
-                        n = v
-                        break
-                if n >= 0:
-                    break
-            if n >= 0:
-                take = need
-            else:  # most free GPUs, lowest index
-                take = 0
-                for f in range(fmax, 0, -1):
-                    for v in by_f[f]:
-                        if v not in taken:
-                            n, take = v, f
-                            break
-                    if n >= 0:
-                        break
-                if take <= 0:
-                    return None
-                taken.add(n)
-            alloc[n] = alloc.get(n, 0) + take
-            need -= take
-        return Placement(tuple(sorted(alloc.items())))  # == Placement.of(alloc): nodes distinct, counts > 0
+        """:func:`policies.placement.pack` of a ``g``-GPU job on the current free GPUs
+        (:func:`policies.placement.sced2_pack` on these buckets)."""
+        return sced2_pack(g, _IndexCounts(self))
+
+
+class _IndexCounts:
+    """:class:`policies.placement.FreeCounts` of a :class:`NodeIndex`'s free-GPU buckets, with the nodes
+    one packing has taken whole kept aside (the index is not changed)."""
+
+    __slots__ = ("nix", "taken")
+
+    def __init__(self, nix: NodeIndex) -> None:
+        self.nix = nix
+        self.taken: set[int] = set()
+
+    def best_fit(self, need: int) -> int:
+        by_f, taken = self.nix._by_f, self.taken
+        for f in range(need, self.nix.fmax + 1):
+            for v in by_f[f]:
+                if v not in taken:
+                    return v
+        return -1
+
+    def take_most(self) -> tuple[int, int]:
+        by_f, taken = self.nix._by_f, self.taken
+        for f in range(self.nix.fmax, 0, -1):
+            for v in by_f[f]:
+                if v not in taken:
+                    taken.add(v)
+                    return v, f
+        return -1, 0
+
+    def total(self) -> int:
+        return self.nix.total
 
 
 class _LinearPlan:
