@@ -87,7 +87,7 @@ import numpy as np
 from policies.cluster import ClusterSpec, Placement
 from policies.codecs.base import Box, CodecError, Discrete
 from policies.orders import AGING_S, CANDIDATE_ORDERS, LEGACY_AGING_S, CandidateOrder
-from policies.ledger import JobKey, cap_cs, node_cs
+from policies.ledger import ContentionLedger, JobKey, cap_cs, node_cs
 from policies.perf import ContentionModel
 from policies.placement import sced2_pack
 from policies.state import ClusterState, JobInfo
@@ -855,9 +855,7 @@ class _RoundContention:
         self.codec, self.perf = codec, codec.perf
         self._multi_ids, self.multi_keys = multi_ids, multi_keys
         self._sig: list[int | None] = [None] * len(multi_keys)  # per node, the signature of multi_keys[v]
-        self._by_node: dict[int, list[int]] | None = None  # multi-node jobs (running indices, running order) per node
-        self._mkey: dict[int, JobKey] = {}  # multi-node jobs' keys by running index
-        self._ncs: dict[str, dict[int, float]] = {}  # per-node CS of multi-node jobs touched this round
+        self._ledger: ContentionLedger | None = None  # the running jobs' contention (info: running index), at the first start
         self._pspeed: dict[tuple, tuple[Placement, float]] = {}  # multi-node option speeds while signatures hold
 
     def _sigs(self, nodes: Sequence[int]) -> frozenset[int]:
@@ -918,43 +916,19 @@ class _RoundContention:
     def start(self, idx: int, job: JobInfo, p: Placement, running: Sequence[JobInfo]) -> list[tuple[int, float]]:
         """Register ``job`` (``running[idx]``), just started on the multi-node placement ``p`` (its key is
         already in ``multi_keys``); returns ``(running index, CS)`` of every multi-node job on ``p``'s nodes,
-        itself included, in running order (the new CS: ``perf.job_cs`` with the same neighbour order)."""
-        perf = self.perf
+        itself included, in running order: their CS in the round's :class:`~policies.ledger.ContentionLedger`
+        (the running jobs added in running order, then the round's starts)."""
         for v in p.nodes:
             self._sig[v] = None  # its neighbours changed
         self._pspeed.clear()
-        by_node = self._by_node
-        if by_node is None:  # the first multi-node start of the round: index the jobs before it
-            by_node = self._by_node = {}
-            for i, j in enumerate(running[:idx]):
-                jp = j.placement
-                if jp is not None and jp.num_nodes > 1:
-                    self._mkey[i] = (j.model, jp.total_gpus, jp.num_nodes)
-                    for v in jp.nodes:
-                        by_node.setdefault(v, []).append(i)
-        self._mkey[idx] = (job.model, p.total_gpus, p.num_nodes)
-        for v in p.nodes:
-            by_node.setdefault(v, []).append(idx)
-        touched = sorted({i for v in p.nodes for i in by_node.get(v, [])})
-        ncs = self._ncs
-        pset = set(p.nodes)
-        out = []
-        for i in touched:
-            j = running[i]
-            jp = j.placement
-            key = (j.model, jp.total_gpus, jp.num_nodes)
-            # per-node CS (perf.job_cs's terms, same neighbour order); only this placement's
-            # nodes gained a neighbour, so a job seen before recomputes only those
-            per = ncs.get(j.job_id)
-            if per is None:
-                per = ncs[j.job_id] = {}
-                redo = jp.nodes
-            else:
-                redo = [v for v in jp.nodes if v in pset]
-            for v in redo:
-                per[v] = node_cs(perf, key, [self._mkey[k] for k in by_node.get(v, ()) if k != i])
-            out.append((i, cap_cs(max(per.values(), default=1.0))))  # == policies.ledger.job_cs
-        return out
+        led = self._ledger
+        if led is None:  # the first multi-node start of the round: the jobs before it
+            led = self._ledger = ContentionLedger.from_jobs(
+                self.perf, ((j.job_id, j.model, j.placement, i) for i, j in enumerate(running[:idx])
+                            if j.placement is not None), known_cs=lambda i: cap_cs(running[i].cs))
+        led.add(job.job_id, job.model, p, idx)
+        touched = {led.info(o) for v in p.nodes for o in led.neighbours(v)}
+        return [(i, led.cs(running[i].job_id)) for i in sorted(touched)]
 
 
 class DeepShareRound:
