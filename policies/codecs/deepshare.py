@@ -842,7 +842,8 @@ class _RoundContention:
     (:meth:`single_speed`, :meth:`multi_speed`: ``isolated(shape) / CS / best_isolated``, CS the contention
     ledger's rule: :func:`policies.ledger.cap_cs` of the worst node's :func:`policies.ledger.node_cs` over the
     multi-node neighbours there, in job-id order)
-    and the slowdown of the running multi-node jobs a start touches (:meth:`start`). Memoised: single-node
+    and the slowdown of the running multi-node jobs a start touches (:meth:`start`: their CS in a
+    :class:`~policies.ledger.ContentionLedger` of the round's running jobs, in running order). Memoised: single-node
     speeds by shape; multi-node speeds by shape and the neighbour signatures of the nodes
     (:meth:`DeepShareCodec._signature`, computed per node on first use), per-node CS by job key and
     signature.
