@@ -26,7 +26,7 @@ depend on the order of earlier adds and removes beyond the order of jobs on a no
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Hashable, Iterable, Iterator, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Iterable, Iterator, NamedTuple, Protocol
 
 from policies.workloads import get_workload
 
@@ -174,14 +174,25 @@ class ContentionLedger:
 
     @classmethod
     def from_jobs(cls, perf: PairContention, jobs: Iterable[tuple[Hashable, str, "Placement", Any]],
-                  num_nodes: int | None = None) -> "ContentionLedger":
-        """A ledger of ``(job id, model, placement, info)`` tuples added in that order."""
+                  num_nodes: int | None = None, known_cs: Callable[[Any], float] | None = None) -> "ContentionLedger":
+        """A ledger of ``(job id, model, placement, info)`` tuples added in that order.
+
+        :param known_cs: ``info -> CS`` of a job, when the caller already has every job's CS by this
+            rule and order (e.g. read from its :class:`~policies.state.JobInfo`): the ledger takes those
+            instead of computing each one (O(jobs) rather than O(jobs x nodes x neighbours)). Jobs
+            whose CS a later :meth:`add` or :meth:`remove` changes are recomputed by the rule as usual;
+            :meth:`check` compares against a recomputation.
+        """
         led = cls(perf, num_nodes)
         for job_id, model, placement, info in jobs:
             if led._get(job_id) is not None:
                 raise ValueError(f"job {job_id!r} is already in the contention ledger")
-            led._insert(job_id, job_key(model, placement), placement, info)
-        led._refresh_all()
+            key = job_key(model, placement)
+            led._insert(job_id, key, placement, info)
+            if known_cs is not None and key[2] > 1:
+                led._set_cs(job_id, led._jobs[job_id], float(known_cs(info)))  # type: ignore[arg-type]
+        if known_cs is None:
+            led._refresh_all()
         return led
 
     # ------------------------------------------------------------------ reading

@@ -25,6 +25,8 @@ from policies.state import ClusterState, JobInfo
 __all__ = [
     "PlacementRule",
     "pack",
+    "sced2_pack",
+    "FreeCounts",
     "spread",
     "ContentionAwarePlacement",
     "FloorPacking",
@@ -75,62 +77,118 @@ def _as_bytes(free: np.ndarray, state: ClusterState | None = None) -> tuple[np.n
 
 
 def pack(job: JobInfo, free: np.ndarray, state: ClusterState | None = None) -> Placement | None:
-    """Packing placement (seed 003, SCED2): as few nodes, as few free GPUs as possible.
-
-    Repeatedly take the node with the fewest free GPUs that covers the rest of
-    the demand (lowest index on ties); if none can, take the node with the most
-    free GPUs (lowest index on ties) and loop. ``None`` if fewer GPUs are free
-    than the job needs.
-    """
+    """Packing placement (seed 003, SCED2): as few nodes, as few free GPUs as possible
+    (:func:`sced2_pack` on ``free``)."""
     return _pack(job.gpu_demand, *_as_bytes(free, state), state)
+
+
+class FreeCounts(Protocol):
+    """Free GPUs per node as :func:`sced2_pack` reads them: a scratch view it may change (nodes taken
+    whole), not the cluster's free GPUs."""
+
+    def best_fit(self, need: int) -> int:
+        """The node with the fewest free GPUs that are at least ``need`` (lowest index on ties), or -1."""
+
+    def take_most(self) -> tuple[int, int]:
+        """``(node, its free GPUs)`` of the node with the most free GPUs (lowest index on ties), which
+        is then taken whole (0 free from now on); ``(-1, 0)`` if no node has a free GPU."""
+
+    def total(self) -> int:
+        """Free GPUs of all nodes (before any :meth:`take_most`)."""
+
+
+def sced2_pack(need: int, counts: FreeCounts) -> Placement | None:
+    """SCED2 packing (seed 003) of ``need`` GPUs: repeatedly take the node with the fewest free GPUs
+    that covers the rest of the demand (lowest index on ties); if none can, take the node with the
+    most free GPUs (lowest index on ties) whole and loop. ``None`` if fewer than ``need`` GPUs are free.
+
+    The one implementation of the algorithm: :func:`pack` runs it on the free GPUs as bytes or as an
+    array, :class:`policies.codecs.deepshare.NodeIndex` on its buckets of nodes by free GPUs.
+    """
+    n = counts.best_fit(need)
+    if n >= 0:
+        return Placement(((n, need),))
+    if need > counts.total():
+        return None
+    alloc: list[tuple[int, int]] = []
+    while n < 0:  # every node has fewer than `need` free GPUs: the fullest one goes whole
+        n, take = counts.take_most()
+        if take <= 0:
+            return None
+        alloc.append((n, take))
+        need -= take
+        n = counts.best_fit(need)
+    alloc.append((n, need))
+    return Placement(tuple(sorted(alloc)))  # distinct nodes (those taken whole have 0 left), counts > 0
+
+
+class _ByteCounts:
+    """:class:`FreeCounts` of one byte per node (``bound``: at least every count); searches are
+    ``bytes.find`` (C scans)."""
+
+    __slots__ = ("avail", "hi", "arr", "state")
+
+    def __init__(self, fb: bytes, bound: int, arr: np.ndarray, state: ClusterState | None) -> None:
+        self.avail: bytes | bytearray = fb
+        self.hi, self.arr, self.state = bound, arr, state
+
+    def best_fit(self, need: int) -> int:
+        find = self.avail.find
+        for f in range(need, self.hi + 1):
+            n = find(_BYTES[f])
+            if n >= 0:
+                return n
+        return -1
+
+    def take_most(self) -> tuple[int, int]:
+        avail, hi = self.avail, self.hi
+        while hi > 0 and avail.find(_BYTES[hi]) < 0:
+            hi -= 1
+        self.hi = hi
+        if hi <= 0:
+            return -1, 0
+        if not isinstance(avail, bytearray):
+            avail = self.avail = bytearray(avail)
+        n = avail.find(hi)
+        avail[n] = 0
+        return n, hi
+
+    def total(self) -> int:
+        return _total(self.arr, self.state)
+
+
+class _ArrayCounts:
+    """:class:`FreeCounts` of an array of free GPUs (counts beyond a byte); searches are numpy scans."""
+
+    __slots__ = ("arr", "avail", "state")
+
+    def __init__(self, arr: np.ndarray, state: ClusterState | None) -> None:
+        self.arr, self.state = arr, state
+        self.avail = arr.astype(np.int64)
+
+    def best_fit(self, need: int) -> int:
+        avail = self.avail
+        ok = np.flatnonzero(avail >= need)
+        if ok.size:
+            return int(ok[np.argmin(avail[ok])])  # argmin takes the lowest index on ties
+        return -1
+
+    def take_most(self) -> tuple[int, int]:
+        avail = self.avail
+        if not avail.size:
+            return -1, 0
+        n = int(np.argmax(avail))
+        take = int(avail[n])
+        avail[n] = 0
+        return n, take
+
+    def total(self) -> int:
+        return _total(self.arr, self.state)
 
 
 def _pack(need: int, arr: np.ndarray, bound: int, fb: bytes | None, state: ClusterState | None = None) -> Placement | None:
     """:func:`pack` of ``need`` GPUs on ``_as_bytes(free)`` (``state``: whose ``free_gpus`` it may be)."""
-    if fb is not None and need <= bound:  # one node: the smallest count >= need, first such node
-        for f in range(need, bound + 1):
-            n = fb.find(_BYTES[f])
-            if n >= 0:
-                return Placement(((n, need),))
-    if need > _total(arr, state):
-        return None
-    alloc: dict[int, int] = {}
-    if fb is not None:
-        hi = bound
-        while hi > 0 and fb.find(_BYTES[hi]) < 0:  # the largest count
-            hi -= 1
-        avail = bytearray(fb)
-        while need > 0:
-            n = -1
-            if need <= hi:
-                for f in range(need, hi + 1):
-                    n = avail.find(f)
-                    if n >= 0:
-                        break
-                take = need
-            else:
-                n, take = avail.find(hi), hi
-            alloc[n] = alloc.get(n, 0) + take
-            avail[n] -= take
-            need -= take
-            while hi > 0 and avail.find(hi) < 0:
-                hi -= 1
-        return Placement(tuple(sorted(alloc.items())))  # distinct nodes, positive counts
-    avail64 = arr.astype(np.int64)
-    while need > 0:
-        ok = np.flatnonzero(avail64 >= need)
-        if ok.size:
-            n = int(ok[np.argmin(avail64[ok])])  # best fit; argmin takes the lowest index on ties
-            take = need
-        else:
-            n = int(np.argmax(avail64))
-            take = int(avail64[n])
-            if take <= 0:
-                return None
-        alloc[n] = alloc.get(n, 0) + take
-        avail64[n] -= take
-        need -= take
-    return Placement.of(alloc)
+    return sced2_pack(need, _ArrayCounts(arr, state) if fb is None else _ByteCounts(fb, bound, arr, state))
 
 
 _BYTES = [bytes((i,)) for i in range(256)]

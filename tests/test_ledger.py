@@ -201,6 +201,20 @@ def test_copy_is_independent() -> None:
     cc.check()
 
 
+def test_from_jobs_takes_known_cs_without_computing() -> None:
+    jobs = [("a", "MoE", P((0, 4), (1, 4)), 1.5), ("b", "MoE", P((1, 4), (2, 4)), 1.5), ("s", "FSDP", P((3, 2)), 9.0)]
+    full = ContentionLedger.from_jobs(TablePerf(), jobs)
+    perf = TablePerf()
+    led = ContentionLedger.from_jobs(perf, jobs, known_cs=lambda info: info)
+    assert perf.calls == 0  # the CS were taken, not computed
+    assert [led.cs(k) for k in "abs"] == [full.cs(k) for k in "abs"] == [1.5, 1.5, 1.0]  # single-node: 1
+    led.check(0.0)
+    # a later add recomputes the jobs it touches by the rule
+    assert led.add("c", "FSDP", P((2, 2), (3, 2))) == full.add("c", "FSDP", P((2, 2), (3, 2))) == {"b"}
+    assert [led.cs(k) for k in "abc"] == [full.cs(k) for k in "abc"]
+    led.check(0.0)
+
+
 def test_check_finds_a_stale_cs() -> None:
     led = ContentionLedger(TablePerf())
     led.add("a", "MoE", P((0, 4), (1, 4)))

@@ -87,7 +87,9 @@ import numpy as np
 from policies.cluster import ClusterSpec, Placement
 from policies.codecs.base import Box, CodecError, Discrete
 from policies.orders import AGING_S, CANDIDATE_ORDERS, LEGACY_AGING_S, CandidateOrder
-from policies.perf import MIN_RATIO, ContentionModel, JobKey
+from policies.ledger import ContentionLedger, JobKey, cap_cs, node_cs
+from policies.perf import ContentionModel
+from policies.placement import sced2_pack
 from policies.state import ClusterState, JobInfo
 from policies.workloads import get_workload
 
@@ -536,39 +538,40 @@ class NodeIndex:
         return None
 
     def pack(self, g: int) -> Placement | None:
-        """:func:`policies.placement.pack` of a ``g``-GPU job on the current free GPUs."""
-        need = g
-        if need > self.total:
-            return None
-        by_f, fmax = self._by_f, self.fmax
-        taken: set[int] = set()  # nodes taken whole (their free GPUs are then 0)
-        alloc: dict[int, int] = {}
-        while need > 0:
-            n = -1
-            for f in range(need, fmax + 1):  # best fit: fewest free GPUs that cover the rest, lowest index
-                for v in by_f[f]:
-                    if v not in taken:
-                        n = v
-                        break
-                if n >= 0:
-                    break
-            if n >= 0:
-                take = need
-            else:  # most free GPUs, lowest index
-                take = 0
-                for f in range(fmax, 0, -1):
-                    for v in by_f[f]:
-                        if v not in taken:
-                            n, take = v, f
-                            break
-                    if n >= 0:
-                        break
-                if take <= 0:
-                    return None
-                taken.add(n)
-            alloc[n] = alloc.get(n, 0) + take
-            need -= take
-        return Placement(tuple(sorted(alloc.items())))  # == Placement.of(alloc): nodes distinct, counts > 0
+        """:func:`policies.placement.pack` of a ``g``-GPU job on the current free GPUs
+        (:func:`policies.placement.sced2_pack` on these buckets)."""
+        return sced2_pack(g, _IndexCounts(self))
+
+
+class _IndexCounts:
+    """:class:`policies.placement.FreeCounts` of a :class:`NodeIndex`'s free-GPU buckets, with the nodes
+    one packing has taken whole kept aside (the index is not changed)."""
+
+    __slots__ = ("nix", "taken")
+
+    def __init__(self, nix: NodeIndex) -> None:
+        self.nix = nix
+        self.taken: set[int] = set()
+
+    def best_fit(self, need: int) -> int:
+        by_f, taken = self.nix._by_f, self.taken
+        for f in range(need, self.nix.fmax + 1):
+            for v in by_f[f]:
+                if v not in taken:
+                    return v
+        return -1
+
+    def take_most(self) -> tuple[int, int]:
+        by_f, taken = self.nix._by_f, self.taken
+        for f in range(self.nix.fmax, 0, -1):
+            for v in by_f[f]:
+                if v not in taken:
+                    taken.add(v)
+                    return v, f
+        return -1, 0
+
+    def total(self) -> int:
+        return self.nix.total
 
 
 class _LinearPlan:
@@ -836,9 +839,11 @@ class _RoundContention:
     performance model's slowdown terms.
 
     The only code of the codec that reads contention: the predicted speed of a placement option
-    (:meth:`single_speed`, :meth:`multi_speed`: ``isolated(shape) / CS / best_isolated``, CS the worst
-    node's ``1 + sum(pair CS - 1)`` over the multi-node neighbours there, capped at ``1 / MIN_RATIO``)
-    and the slowdown of the running multi-node jobs a start touches (:meth:`start`). Memoised: single-node
+    (:meth:`single_speed`, :meth:`multi_speed`: ``isolated(shape) / CS / best_isolated``, CS the contention
+    ledger's rule: :func:`policies.ledger.cap_cs` of the worst node's :func:`policies.ledger.node_cs` over the
+    multi-node neighbours there, in job-id order)
+    and the slowdown of the running multi-node jobs a start touches (:meth:`start`: their CS in a
+    :class:`~policies.ledger.ContentionLedger` of the round's running jobs, in running order). Memoised: single-node
     speeds by shape; multi-node speeds by shape and the neighbour signatures of the nodes
     (:meth:`DeepShareCodec._signature`, computed per node on first use), per-node CS by job key and
     signature.
@@ -851,9 +856,7 @@ class _RoundContention:
         self.codec, self.perf = codec, codec.perf
         self._multi_ids, self.multi_keys = multi_ids, multi_keys
         self._sig: list[int | None] = [None] * len(multi_keys)  # per node, the signature of multi_keys[v]
-        self._by_node: dict[int, list[int]] | None = None  # multi-node jobs (running indices, running order) per node
-        self._mkey: dict[int, JobKey] = {}  # multi-node jobs' keys by running index
-        self._ncs: dict[str, dict[int, float]] = {}  # per-node CS of multi-node jobs touched this round
+        self._ledger: ContentionLedger | None = None  # the running jobs' contention (info: running index), at the first start
         self._pspeed: dict[tuple, tuple[Placement, float]] = {}  # multi-node option speeds while signatures hold
 
     def _sigs(self, nodes: Sequence[int]) -> frozenset[int]:
@@ -900,9 +903,9 @@ class _RoundContention:
                     if c is None:
                         if len(memo) >= _MEMO_MAX:
                             memo.clear()
-                        c = memo[(me, sid)] = perf.node_cs(me, self.multi_keys[v])
+                        c = memo[(me, sid)] = node_cs(perf, me, self.multi_keys[v])
                     worst = max(worst, c)
-            cs = min(worst, 1.0 / MIN_RATIO)
+            cs = cap_cs(worst)
             iso = perf.isolated_throughput(job.model, p.total_gpus, p.num_nodes)
             best = perf.best_isolated_throughput(job.model, job.gpu_demand)
             if len(codec._mspeed) >= _MEMO_MAX:
@@ -914,43 +917,19 @@ class _RoundContention:
     def start(self, idx: int, job: JobInfo, p: Placement, running: Sequence[JobInfo]) -> list[tuple[int, float]]:
         """Register ``job`` (``running[idx]``), just started on the multi-node placement ``p`` (its key is
         already in ``multi_keys``); returns ``(running index, CS)`` of every multi-node job on ``p``'s nodes,
-        itself included, in running order (the new CS: ``perf.job_cs`` with the same neighbour order)."""
-        perf = self.perf
+        itself included, in running order: their CS in the round's :class:`~policies.ledger.ContentionLedger`
+        (the running jobs added in running order, then the round's starts)."""
         for v in p.nodes:
             self._sig[v] = None  # its neighbours changed
         self._pspeed.clear()
-        by_node = self._by_node
-        if by_node is None:  # the first multi-node start of the round: index the jobs before it
-            by_node = self._by_node = {}
-            for i, j in enumerate(running[:idx]):
-                jp = j.placement
-                if jp is not None and jp.num_nodes > 1:
-                    self._mkey[i] = (j.model, jp.total_gpus, jp.num_nodes)
-                    for v in jp.nodes:
-                        by_node.setdefault(v, []).append(i)
-        self._mkey[idx] = (job.model, p.total_gpus, p.num_nodes)
-        for v in p.nodes:
-            by_node.setdefault(v, []).append(idx)
-        touched = sorted({i for v in p.nodes for i in by_node.get(v, [])})
-        ncs = self._ncs
-        pset = set(p.nodes)
-        out = []
-        for i in touched:
-            j = running[i]
-            jp = j.placement
-            key = (j.model, jp.total_gpus, jp.num_nodes)
-            # per-node CS (perf.job_cs's terms, same neighbour order); only this placement's
-            # nodes gained a neighbour, so a job seen before recomputes only those
-            per = ncs.get(j.job_id)
-            if per is None:
-                per = ncs[j.job_id] = {}
-                redo = jp.nodes
-            else:
-                redo = [v for v in jp.nodes if v in pset]
-            for v in redo:
-                per[v] = perf.node_cs(key, [self._mkey[k] for k in by_node.get(v, ()) if k != i])
-            out.append((i, min(max(1.0, max(per.values(), default=1.0)), 1.0 / MIN_RATIO)))  # == perf.job_cs
-        return out
+        led = self._ledger
+        if led is None:  # the first multi-node start of the round: the jobs before it
+            led = self._ledger = ContentionLedger.from_jobs(
+                self.perf, ((j.job_id, j.model, j.placement, i) for i, j in enumerate(running[:idx])
+                            if j.placement is not None), known_cs=lambda i: cap_cs(running[i].cs))
+        led.add(job.job_id, job.model, p, idx)
+        touched = {led.info(o) for v in p.nodes for o in led.neighbours(v)}
+        return [(i, led.cs(running[i].job_id)) for i in sorted(touched)]
 
 
 class DeepShareRound:
