@@ -808,3 +808,33 @@ def test_reset_in_the_middle_of_a_run_starts_clean(monkeypatch) -> None:
     sim.preempt("b")
     sim.check_invariants()
     assert sim.fragmentation() == 0.0 and sim.mean_cs() == 1.0
+
+
+def test_a_large_trace_runs_with_the_existing_objects_frozen_and_unfreezes_them(monkeypatch) -> None:
+    """Traces of GC_FREEZE_MIN_JOBS jobs or more run with the objects that existed before the run out of
+    the cyclic collector's passes; afterwards nothing stays frozen, and results are the same."""
+    import gc
+
+    import trainer.simulator as simulator
+
+    cluster = ClusterSpec.parse("2x8")
+    perf = perf_for(cluster)
+    jobs = [job(perf, f"j{i}", float(i), 4, 1000.0) for i in range(6)]
+    seen = []
+
+    class Spy(Policy):
+        name = "spy"
+
+        def schedule(self, state):
+            seen.append(gc.get_freeze_count())
+            from policies.heuristics import make_heuristic
+
+            return make_heuristic("fifo", perf).schedule(state)
+
+    plain = Simulator(cluster, jobs, Spy(), perf).run()
+    assert max(seen) == gc.get_freeze_count() == 0
+    seen.clear()
+    monkeypatch.setattr(simulator, "GC_FREEZE_MIN_JOBS", 5)
+    frozen = Simulator(cluster, jobs, Spy(), perf).run()
+    assert min(seen) > 0 and gc.get_freeze_count() == 0
+    assert [(r.first_start, r.finish_time) for r in frozen.jobs] == [(r.first_start, r.finish_time) for r in plain.jobs]
