@@ -413,7 +413,7 @@ class ContentionLedger:
         return self._lb
 
     def _insert(self, job_id: Hashable, key: JobKey, placement: "Placement", info: Any) -> None:
-        if key[2] > 1 and self._lb is not None and placement.nodes[-1] >= len(self._lb):
+        if key[2] > 1 and self._lb is not None and max(placement.nodes) >= len(self._lb):
             raise ValueError(f"job {job_id!r}: placement {placement} uses a node beyond the ledger's {len(self._lb)}")
         self._seq += 1
         self._jobs[job_id] = _Entry(key, placement, 1.0, info, self._seq)
