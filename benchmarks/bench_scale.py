@@ -20,10 +20,11 @@ Usage::
     python benchmarks/bench_scale.py --jobs 300 --cluster 16x8 --check-invariants   # a smoke run
     python benchmarks/bench_scale.py --json out.json --check          # exit 1 if a target is missed
 
-``--profile FILE`` writes a cProfile of the run (one policy only). ``--gc-freeze`` calls
-``gc.freeze()`` after building the simulator, so that Python's cyclic garbage collector no longer
-scans the million per-job records during the run (nothing the simulator or these policies
-allocate forms reference cycles); it is off by default, as in ``rlsched simulate``.
+``--profile FILE`` writes a cProfile of the run (one policy only). ``Simulator.run`` itself keeps
+the objects that exist when it starts (the trace, the per-job records) out of Python's cyclic
+garbage collector for traces of ``trainer.simulator.GC_FREEZE_MIN_JOBS`` jobs or more; ``--gc-freeze``
+also calls ``gc.freeze()`` right after building the simulator (what ``rlsched simulate`` does not do),
+which changes only the collector's passes between the build and the run.
 """
 
 from __future__ import annotations
