@@ -504,8 +504,12 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
         return 0
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    t = Table(title=f"{info['mode']} checkpoint: {info['checkpoint']}", show_header=False, title_justify="left")
+    from rlsched.text import printable
+
+    t = Table(title=Text(f"{info['mode']} checkpoint: {printable(info['checkpoint'])}"), show_header=False,
+              title_justify="left")
     t.add_column("field", style="bold")
     t.add_column("value", overflow="fold")
     ob, net, trn = info["observation"], info["network"], info["training"]
@@ -536,14 +540,14 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
         ("trained", trained),
         ("initialised from", str(trn["init"] or "the prior")),
         ("training traces", traces if traces == MALFORMED else ", ".join(traces or []) or "-"),
-        ("commands", trn["commands"] if trn["commands"] == MALFORMED else "\n".join(trn["commands"] or [])
-         or "(not recorded)"),
+        ("commands", trn["commands"] if trn["commands"] == MALFORMED
+         else "\n".join(printable(c) for c in trn["commands"] or []) or "(not recorded)"),
         ("code", code),
         ("traces sha256", trn["traces_sha256"] or "(not recorded)"),
         ("weights sha256", f"{info['weights_sha256']} (verified)"),
         ("rlsched version", str(info["project_version"])),
     ]
-    for k, v in rows:
-        t.add_row(k, v)
+    for k, v in rows:  # file text: escaped (rlsched.text.printable), shown as plain Text (no rich markup)
+        t.add_row(k, Text("\n".join(printable(line) for line in str(v).split("\n"))))
     Console(width=max(100, Console().width)).print(t)
     return 0
