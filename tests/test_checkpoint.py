@@ -162,7 +162,8 @@ def test_truncated(tmp_path):
     write_random_checkpoint(tmp_path / "ck")
     w = tmp_path / "ck.safetensors"
     w.write_bytes(w.read_bytes()[:1000])
-    with pytest.raises(CheckpointError, match="sha256"):
+    # found from the safetensors header's size before any hashing
+    with pytest.raises(CheckpointError, match="but the file has 1,000; the weights are truncated"):
         load_checkpoint(tmp_path / "ck")
 
 
@@ -895,3 +896,62 @@ def test_weights_file_must_be_a_bare_name_in_the_metadatas_directory(tmp_path, n
     with pytest.raises(CheckpointError, match="weights_file must be a plain file name") as ei:
         load_checkpoint(j)
     assert str(j) in str(ei.value)
+
+
+def test_weights_size_is_checked_against_the_header_before_reading(tmp_path, monkeypatch):
+    """A weights file longer than its safetensors header says (sparse padding of 3 GiB, or a few bytes) is refused
+    after reading only the header: the data is never read (no read of more than the header is attempted)."""
+    import policies.checkpoint as ckmod
+
+    j = write_random_checkpoint(tmp_path / "ck")
+    w = tmp_path / "ck.safetensors"
+    good = w.read_bytes()
+    reads = []
+    real_open = Path.open
+
+    def counting_open(self, *a, **k):
+        f = real_open(self, *a, **k)
+        if self.name.endswith(".safetensors"):
+            real_read = f.read
+
+            def read(n=-1):
+                reads.append(n)
+                return real_read(n)
+
+            f.read = read  # type: ignore[method-assign]
+        return f
+
+    monkeypatch.setattr(Path, "open", counting_open)
+    with w.open("r+b") as f:  # padded to 3 GiB without writing (sparse): size over the limit
+        f.truncate(3 * 2**30)
+    with pytest.raises(CheckpointError, match="over the 268,435,456-byte limit"):
+        load_checkpoint(j)
+    assert reads == []  # refused from stat alone
+    w.write_bytes(good + b"\0" * 4096)  # under the limit but not what the header describes
+    reads.clear()
+    with pytest.raises(CheckpointError, match=r"the header describes .* but the file has") as ei:
+        load_checkpoint(j)
+    assert "\n" not in str(ei.value)
+    n = int.from_bytes(good[:8], "little")
+    assert reads[:2] == [8, n] and all(r != -1 for r in reads)
+    assert ckmod.MAX_WEIGHTS_BYTES == 256 * 2**20
+
+
+def test_weights_are_hashed_in_chunks(tmp_path, monkeypatch):
+    """The sha256 is computed while the weights are read in chunks, and the bytes parsed are the bytes hashed."""
+    import policies.checkpoint as ckmod
+
+    j = write_random_checkpoint(tmp_path / "ck")
+    monkeypatch.setattr(ckmod, "_CHUNK", 1000)
+    ck = load_checkpoint(j)
+    assert ck.meta["weights_sha256"] == __import__("hashlib").sha256((tmp_path / "ck.safetensors").read_bytes()).hexdigest()
+    data, sha = ckmod._read_weights(tmp_path / "ck.safetensors")
+    assert data == (tmp_path / "ck.safetensors").read_bytes() and sha == ck.meta["weights_sha256"]
+
+
+@pytest.mark.parametrize("header", [b"not json", b"[1, 2]", b'{"a": {"data_offsets": [0, -1]}}'])
+def test_a_bad_safetensors_header_is_one_error(tmp_path, header):
+    j = write_random_checkpoint(tmp_path / "ck")
+    (tmp_path / "ck.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+    with pytest.raises(CheckpointError, match="not a usable safetensors weights file"):
+        load_checkpoint(j)
