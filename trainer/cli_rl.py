@@ -196,9 +196,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     e.add_argument(
         "--figure-groups",
-        default="normal,uniform",
-        help="comma-separated trace groups that get the JCT CDF, CS distribution and utilisation KDE figures "
-        "(those present; the first group when none is) (default: %(default)s)",
+        default="all",
+        help="comma-separated trace groups that get the JCT CDF, CS distribution and utilisation KDE figures, "
+        "or 'all' (default: all, every group of --traces, e.g. the ones scripts/rl_traces.sh writes)",
     )
     e.set_defaults(func=_cmd_evaluate)
 
@@ -375,7 +375,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
                 out=args.out,
                 branches=args.branches,
                 results_md=args.results_md,
-                figure_groups=[g.strip() for g in args.figure_groups.split(",") if g.strip()],
+                figure_groups=None if args.figure_groups.strip() == "all"
+                else [g.strip() for g in args.figure_groups.split(",") if g.strip()],
                 progress=update,
             )
     except EvaluationError as exc:

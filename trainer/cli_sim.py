@@ -261,8 +261,11 @@ def _run(args: argparse.Namespace) -> int:
         write_results(tmp, results, summaries, doc, stems, subtitle)
 
     if not args.quiet:
+        from trainer.report import identical_notes
+
+        notes = identical_notes(results, {n: getattr(policies[n], "stats", None) for n in names})
         print_results(summaries, f"rlsched simulate: {subtitle}",
-                      f"Simulated {len(names)} policies in {total_wall:.2f} s; wrote {out}/")
+                      f"Simulated {len(names)} policies in {total_wall:.2f} s; wrote {out}/", notes)
     return 0
 
 
@@ -376,18 +379,13 @@ def run_all(runs: dict[str, Callable[..., Any]], jobs: int, quiet: bool) -> tupl
     return results, time.perf_counter() - t0
 
 
-def print_results(summaries: dict, title: str, footer: str) -> None:
-    """The comparison table (metrics as rows when the terminal is too narrow), then ``footer``."""
-    from rich.console import Console
-
+def print_results(summaries: dict, title: str, footer: str, notes: list[str] | None = None) -> None:
+    """The comparison table, at most :data:`trainer.report.TABLE_WIDTH` (100) columns wide (split into
+    several tables when wider), the ``notes`` (e.g. :func:`trainer.report.identical_notes`), then ``footer``."""
     from trainer import report
 
-    out_console = Console()
-    if not out_console.is_terminal:  # logs / pipes: do not squeeze the table into 80 columns
-        out_console = Console(width=200)
-    table = report.comparison_table(summaries, title=title)
-    natural = out_console.measure(table, options=out_console.options.update_width(10_000)).maximum
-    if natural > out_console.width:  # narrow terminal: metrics as rows
-        table = report.comparison_table(summaries, title=title, transpose=True)
-    out_console.print(table)
+    out_console = report.table_console()
+    width = min(out_console.width, report.TABLE_WIDTH) if out_console.is_terminal else report.TABLE_WIDTH
+    tables = report.comparison_tables(summaries, title=title, width=width)
+    report.print_tables_fitted(out_console, tables, notes or ())
     out_console.print(footer)
