@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -314,9 +315,10 @@ def _train(args: argparse.Namespace) -> int:
     cluster = check_run(cfg, args.out, resume=args.resume, overwrite=args.overwrite).cluster
     train_sets = [t for d in cfg.traces for t in load_trace_dir(d, cluster)]
     val_sets = [t for d in cfg.val_traces for t in load_trace_dir(d, cluster)]
-    with _progress_bar("train", "steps") as update:
+    with train_progress() as (update, episode):
         summary = train(
-            cfg, train_sets, val_sets, args.out, resume=args.resume, overwrite=args.overwrite, progress=update
+            cfg, train_sets, val_sets, args.out, resume=args.resume, overwrite=args.overwrite, progress=update,
+            episodes=episode,
         )
     if args.export_shipped:
         from trainer.train import ship_checkpoint
@@ -356,6 +358,79 @@ def _progress_bar(what: str, unit: str) -> Iterator[Callable[[int, int], None]]:
     ) as bar:
         task = bar.add_task(what, total=None)
         yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+#: Lines :func:`train_progress` writes to a log or pipe over a run (one per this share of the steps).
+PROGRESS_LINES = 20
+
+
+@contextlib.contextmanager
+def train_progress(console: Any = None) -> Iterator[tuple[Callable[[int, int], None], Callable[[int, float], None]]]:
+    """``rlsched train``'s progress: yields ``(update(steps done, steps in all), episode(episodes, return))``
+    for :func:`trainer.train.train`'s ``progress`` and ``episodes``.
+
+    On a terminal: a rich bar on stderr with steps done / in all, episodes finished, the last episode's
+    return, elapsed time and the time left (rich's estimate from the recent rate). In a log or pipe: one
+    line per 1/:data:`PROGRESS_LINES` of the steps with the same fields, so a long run is never silent
+    between evaluations. ``console``: where to write (default: stderr)."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    err = console or Console(stderr=True)
+    state = {"episodes": 0, "reward": None, "t0": time.monotonic(), "next": 0.0}
+
+    def reward_text() -> str:
+        return "-" if state["reward"] is None else f"{state['reward']:.4g}"
+
+    def episode(n: int, ret: float) -> None:
+        state["episodes"], state["reward"] = n, ret
+
+    if err.is_terminal:
+        with Progress(
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("steps, {task.fields[episodes]} episodes, last reward {task.fields[reward]}"),
+            TimeElapsedColumn(),
+            TextColumn("left"),
+            TimeRemainingColumn(),
+            console=err,
+            transient=True,
+        ) as bar:
+            task = bar.add_task("train", total=None, episodes=0, reward="-")
+
+            def update(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total, episodes=state["episodes"], reward=reward_text())
+
+            yield update, episode
+        return
+
+    first: list[int] = []
+
+    def update_log(done: int, total: int) -> None:
+        if not first:
+            first.append(done)
+            state["next"] = done + max(1, total // PROGRESS_LINES)
+            return
+        if done < state["next"] and done < total:
+            return
+        while state["next"] <= done:
+            state["next"] += max(1, total // PROGRESS_LINES)
+        elapsed = time.monotonic() - state["t0"]
+        rate = (done - first[0]) / elapsed if elapsed > 0 else 0.0
+        left = f"{(total - done) / rate / 60:.1f} min left" if rate > 0 and done < total else "done"
+        err.print(f"train: {done:,}/{total:,} steps ({100 * done / max(total, 1):.0f}%), {state['episodes']:,} "
+                  f"episodes, last reward {reward_text()}, {elapsed / 60:.1f} min, {left}", highlight=False,
+                  markup=False)
+
+    yield update_log, episode
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:

@@ -908,6 +908,7 @@ def train(
     resume: bool = False,
     progress: Callable[[int, int], None] | None = None,
     overwrite: bool = False,
+    episodes: Callable[[int, float], None] | None = None,
 ) -> dict:
     """Train, evaluate periodically, keep the best; returns a summary dict (also ``OUT/summary.json``).
 
@@ -923,6 +924,10 @@ def train(
         so and once at the end (steps counted from 0, a resumed run starting where it left off; "in
         all" is ``cfg.timesteps`` rounded up to whole rollouts, :func:`rollout_steps`), e.g. to drive a
         progress bar.
+    :param episodes: called as ``episodes(episodes finished, that episode's return)`` when an episode of
+        any training environment ends (the count from 0 in this segment; the return is the raw reward sum
+        of the episode, before :class:`~stable_baselines3.common.vec_env.VecNormalize`, as SB3's ``Monitor``
+        records it), e.g. for the progress bar's episode count and last reward.
     :raises TrainConfigError, CheckpointError: from :func:`check_run` and the validation traces' check,
         before any work; a :class:`TrainConfigError` if another run holds ``out``.
     """
@@ -938,7 +943,7 @@ def train(
         plan = check_run(cfg, out, resume=resume, overwrite=overwrite)
         if plan.last is not None:
             _check_resume_val_traces(plan.last, cfg, val_traces)
-        return _train_locked(cfg, plan, train_traces, val_traces, out, resume, progress)
+        return _train_locked(cfg, plan, train_traces, val_traces, out, resume, progress, episodes)
 
 
 def _segment_commands(plan: RunPlan, cfg: TrainConfig, out: Path, start_steps: int) -> list[dict[str, Any]]:
@@ -960,6 +965,7 @@ def _train_locked(
     out: Path,
     resume: bool,
     progress: Callable[[int, int], None] | None,
+    episodes: Callable[[int, float], None] | None = None,
 ) -> dict:
     """:func:`train` once ``out`` is locked and ``plan`` checked."""
     import torch
@@ -1117,8 +1123,15 @@ def _train_locked(
             # on the --eval-freq grid (a resumed run too: it evaluates where an uninterrupted one would)
             self.next_eval = (start_steps // cfg.eval_freq + 1) * cfg.eval_freq
             self.shown = start_steps
+            self.episodes = 0  # finished in this segment, over all environments
 
         def _on_step(self) -> bool:
+            if episodes is not None:
+                for info in self.locals.get("infos", ()):
+                    ep = info.get("episode") if isinstance(info, dict) else None
+                    if ep is not None:  # Monitor's record of an episode that just ended
+                        self.episodes += 1
+                        episodes(self.episodes, float(ep["r"]))
             if progress is not None and self.num_timesteps - self.shown >= 64:
                 self.shown = self.num_timesteps
                 progress(self.num_timesteps, planned)
