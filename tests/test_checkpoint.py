@@ -955,3 +955,61 @@ def test_a_bad_safetensors_header_is_one_error(tmp_path, header):
     (tmp_path / "ck.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
     with pytest.raises(CheckpointError, match="not a usable safetensors weights file"):
         load_checkpoint(j)
+
+
+@pytest.mark.parametrize("mode", ["rl-base", "rl-hybrid"])
+def test_shipped_checkpoints_record_repo_relative_provenance_and_a_recipe(mode):
+    """The shipped metadata names no directory of the machine it was trained on: trace directories, --init and
+    --out are relative to the recipe's DIR, and training.recipe names a script of the repository. The weights
+    still match the metadata's sha256 (which covers the weights file only)."""
+    import hashlib
+    import re
+
+    repo = Path(__file__).resolve().parents[1]
+    j = repo / "policies" / "checkpoints" / f"{mode}-4x8.json"
+    text = j.read_text()
+    assert not re.search(r"/tmp/|/home/|/root/|[A-Za-z]:\\\\", text)
+    ck = load_checkpoint(j)
+    tr = ck.meta["training"]
+    assert tr["config"]["traces"] == ["traces/train"] and tr["config"]["val_traces"] == ["traces/val"]
+    assert tr["config"]["init"] == "runs/f2/best" and "--out runs/p2" in tr["command"]
+    recipe = tr["recipe"]["command"].split()
+    assert recipe[:2] == ["bash", "scripts/reproduce_shipped.sh"] and (repo / recipe[1]).is_file()
+    w = repo / "policies" / "checkpoints" / f"{mode}-4x8.safetensors"
+    assert hashlib.sha256(w.read_bytes()).hexdigest() == ck.meta["weights_sha256"]
+    assert "session" not in text and "filled in" not in text
+
+
+def test_relative_provenance_rewrites_paths_under_the_base_only():
+    from trainer.train import SHIPPED_RECIPE, relative_provenance
+
+    tr = {
+        "config": {"traces": ["/w/t/train", "/elsewhere/t"], "val_traces": ["/w/t/val"], "init": "/w/runs/a/best"},
+        "command": "rlsched train --traces /w/t/train --init '/w/runs/a b/best' --out /w/runs/c --cluster /etc/c.yaml",
+        "commands": [{"start_timesteps": 0, "command": "rlsched train --out /w/runs/c"}],
+        "timesteps": 5,
+    }
+    out = relative_provenance(tr, "/w")
+    assert out["config"] == {"traces": ["t/train", "/elsewhere/t"], "val_traces": ["t/val"], "init": "runs/a/best"}
+    assert out["command"] == "rlsched train --traces t/train --init 'runs/a b/best' --out runs/c --cluster /etc/c.yaml"
+    assert out["commands"] == [{"start_timesteps": 0, "command": "rlsched train --out runs/c"}]
+    assert out["recipe"] == SHIPPED_RECIPE and out["timesteps"] == 5
+    assert tr["config"]["traces"][0] == "/w/t/train"  # the input is not changed
+    assert relative_provenance(tr, "/wx")["config"]["init"] == "/w/runs/a/best"  # a prefix, not a parent
+
+
+def test_ship_checkpoint_relative_to_keeps_the_weights(tmp_path):
+    from trainer.train import ship_checkpoint
+
+    j = write_random_checkpoint(tmp_path / "run" / "best")
+    meta = json.loads(j.read_text())
+    meta["training"] = {"config": {"traces": [str(tmp_path / "traces" / "train")], "init": None},
+                        "command": f"rlsched train --traces {tmp_path / 'traces' / 'train'} --out {tmp_path / 'run'}"}
+    j.write_text(json.dumps(meta))
+    paths = ship_checkpoint(j, C48, dest=tmp_path / "ship", relative_to=tmp_path)
+    for p in paths:
+        ck = load_checkpoint(p)
+        assert ck.meta["training"]["config"]["traces"] == ["traces/train"]
+        assert ck.meta["training"]["command"] == "rlsched train --traces traces/train --out run"
+        assert str(tmp_path) not in p.read_text()
+        assert np.array_equal(ck.net.layers[0][0], load_checkpoint(j).net.layers[0][0])

@@ -415,3 +415,15 @@ def test_setup_shows_pips_output(tmp_path):
                                    for c in calls), calls
     assert p.stdout.count("Downloading fake-2.13.0.whl (2100.0 MB)") == 2
     assert "==> pip install torch==2.13.0" in p.stdout and "==> pip install -e" in p.stdout
+
+
+def test_reproduce_shipped_usage_and_bad_arguments(tmp_path):
+    s = SCRIPTS / "reproduce_shipped.sh"
+    p = _bash(f"bash {shlex.quote(str(s))} --help", cwd=tmp_path)
+    assert p.returncode == 0 and "reproduce_shipped.sh DIR" in p.stdout
+    for args in ("--bogus", "a b", "''"):
+        p = _bash(f"bash {shlex.quote(str(s))} {args}", cwd=tmp_path)
+        assert p.returncode == 2 and p.stderr.count("reproduce_shipped.sh: error: ") == 1, (args, p.stderr)
+    (tmp_path / "d" / "runs" / "g").mkdir(parents=True)
+    p = _bash(f"bash {shlex.quote(str(s))} d", cwd=tmp_path)
+    assert p.returncode == 2 and "holds earlier runs" in p.stderr

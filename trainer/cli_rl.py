@@ -324,7 +324,11 @@ def _train(args: argparse.Namespace) -> int:
         from trainer.train import ship_checkpoint
 
         # the command lines are in the checkpoint already (training.commands, every option written out)
-        for path in ship_checkpoint(Path(args.out) / "best", cluster):
+        # paths relative to the directory the run's files share (its --out, traces and --init), so the
+        # shipped files name no directory of this machine (training.recipe says how to train them again)
+        used = [os.path.abspath(args.out), *cfg.traces, *cfg.val_traces, *([cfg.init] if cfg.init else [])]
+        base = os.path.commonpath(used)
+        for path in ship_checkpoint(Path(args.out) / "best", cluster, relative_to=base if base != os.sep else None):
             print(f"shipped {path}")
     print(json.dumps({k: v for k, v in summary.items() if k != "evals"}, indent=2, default=str))
     return 0
@@ -543,6 +547,7 @@ def checkpoint_summary(ck) -> dict:
             "source": _field(tr.get("source"), _is_source),
             "traces_sha256": _field(tr.get("traces_sha256"), lambda v: isinstance(v, str)),
             "val_traces_sha256": _field(tr.get("val_traces_sha256"), lambda v: isinstance(v, str)),
+            "recipe": _field(tr.get("recipe"), lambda v: isinstance(v, dict) and isinstance(v.get("command"), str)),
         },
     }
 
@@ -619,6 +624,9 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
         ("commands", trn["commands"] if trn["commands"] == MALFORMED
          else "\n".join(printable(c) for c in trn["commands"] or []) or "(not recorded)"),
         ("code", code),
+        ("recipe", "(not recorded)" if trn["recipe"] is None else MALFORMED if trn["recipe"] == MALFORMED
+         else trn["recipe"]["command"] + (f" (paths {trn['recipe']['paths']})" if isinstance(
+             trn["recipe"].get("paths"), str) else "")),
         ("traces sha256", trn["traces_sha256"] or "(not recorded)"),
         ("weights sha256", f"{info['weights_sha256']} (verified)"),
         ("rlsched version", str(info["project_version"])),

@@ -51,7 +51,7 @@ import os
 import shlex
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -1200,6 +1200,7 @@ def ship_checkpoint(
     dest: str | Path | None = None,
     command: str | None = None,
     aging_s: float | None = None,
+    relative_to: str | Path | None = None,
 ) -> list[Path]:
     """Copy a trained checkpoint's policy network as ``rl-base-<shape>`` and ``rl-hybrid-<shape>``.
 
@@ -1213,6 +1214,10 @@ def ship_checkpoint(
         :attr:`~policies.codecs.deepshare.ObsSpec.aging_s`) instead of the one it was trained with. The
         weights are unchanged; the trained value stays in ``training.config`` (``aging_s``;
         written in as :data:`~policies.orders.LEGACY_AGING_S` for a config without it).
+    :param relative_to: a directory: the paths under it that ``training`` records (trace directories,
+        ``--init``, ``--out``, in the config and the command lines) are written relative to it
+        (:func:`relative_provenance`), so the shipped files name no directory of the machine they were
+        trained on; ``training.recipe`` then records the one command that trains them again.
     """
     from importlib import resources
 
@@ -1230,6 +1235,8 @@ def ship_checkpoint(
     if isinstance(training.get("config"), dict) and "aging_s" not in training["config"]:
         # a config without aging_s was trained with LEGACY_AGING_S: record it (the spec may differ when re-shipped)
         training["config"] = {**training["config"], "aging_s": LEGACY_AGING_S}
+    if relative_to is not None:
+        training = relative_provenance(training, relative_to)
     spec = ck.spec if aging_s is None else replace(ck.spec, aging_s=aging_s)
     out = []
     for mode in ("rl-base", "rl-hybrid"):
@@ -1249,4 +1256,54 @@ def ship_checkpoint(
                 prior=ck.prior,
             )
         )
+    return out
+
+
+#: ``training.recipe`` of checkpoints shipped with paths relative to a run directory: the one command that
+#: trains the shipped 4x8 checkpoints again, in a directory DIR the recorded paths are relative to.
+SHIPPED_RECIPE = {
+    "command": "bash scripts/reproduce_shipped.sh DIR",
+    "paths": "relative to DIR (trace directories, --init, --out)",
+    "docs": "docs/RL.md, Reproducing the shipped checkpoints",
+}
+
+
+def relative_provenance(training: Mapping[str, Any], base: str | Path) -> dict[str, Any]:
+    """``training`` (a checkpoint's metadata section) with every path under ``base`` written relative to it:
+    ``config.traces`` / ``config.val_traces`` entries, ``config.init``, and those paths inside the command
+    lines (``command``, ``commands[].command``); adds ``recipe`` (:data:`SHIPPED_RECIPE`). Paths elsewhere
+    are kept as they are. Pure: ``training`` is not changed."""
+    root = os.path.abspath(base)
+
+    def rel(p: Any) -> Any:
+        if not isinstance(p, str) or not os.path.isabs(p):
+            return p
+        q = os.path.normpath(p)
+        return os.path.relpath(q, root) if q == root or q.startswith(root.rstrip(os.sep) + os.sep) else p
+
+    def rel_command(cmd: Any) -> Any:
+        if not isinstance(cmd, str):
+            return cmd
+        try:
+            words = shlex.split(cmd)
+        except ValueError:
+            return cmd
+        return shlex.join(rel(w) for w in words)
+
+    out = dict(training)
+    cfg = out.get("config")
+    if isinstance(cfg, dict):
+        cfg = dict(cfg)
+        for key in ("traces", "val_traces"):
+            if isinstance(cfg.get(key), list):
+                cfg[key] = [rel(p) for p in cfg[key]]
+        if "init" in cfg:
+            cfg["init"] = rel(cfg["init"])
+        out["config"] = cfg
+    if "command" in out:
+        out["command"] = rel_command(out["command"])
+    if isinstance(out.get("commands"), list):
+        out["commands"] = [{**c, "command": rel_command(c.get("command"))} if isinstance(c, dict) else c
+                           for c in out["commands"]]
+    out["recipe"] = dict(SHIPPED_RECIPE)
     return out
