@@ -70,10 +70,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         # a bad heuristic name stops the start-up here; RL policies need the
         # cluster's shape, so Controller.run() checks them at its first round
         if not cfg.controller.policy.lower().startswith("rl"):
-            from policies.heuristics import make_heuristic
-            from policies.perf import ContentionModel
+            from policies.cluster import ClusterSpec
+            from policies.registry import make_policy
 
-            make_heuristic(cfg.controller.policy, ContentionModel())
+            # the registry's error lists every policy name (heuristics and RL); any shape builds a heuristic
+            make_policy(cfg.controller.policy, ClusterSpec.parse(_RL_DEFAULT_SHAPE))
         try:
             ctl.metrics.serve(cfg.metrics.port, cfg.metrics.address)
         except OSError as exc:  # port in use, an address that does not resolve

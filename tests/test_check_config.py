@@ -128,3 +128,20 @@ def test_agent_hosts_must_resolve(tmp_path):
     assert [p for p in start_problems(cfg) if p.key.startswith("agents")] == []
     cfg = parse_config({"agents": {"enabled": False, "addresses": {"n2": "nohost.invalid:1"}}})
     assert [p for p in start_problems(cfg) if p.key.startswith("agents")] == []
+
+
+@pytest.mark.parametrize("command, policy", [("run", "gredy"), ("check-config", "gredy"), ("check-config", "rl-hybird")])
+def test_unknown_policy_error_lists_every_policy_name(tmp_path, capsys, command, policy):
+    """`controller run` (before its first round: heuristic names; RL names need the partition's shape) and
+    `check-config` refuse an unknown policy with one line naming every policy (heuristics and RL), as
+    simulate and evaluate do (policies.registry)."""
+    from policies.registry import policy_names
+
+    f = tmp_path / "c.toml"
+    f.write_text(f"[controller]\nstate_dir = {str(tmp_path / 'state')!r}\npolicy = {policy!r}\n"
+                 f"[agents]\nenabled = false\n[slurm]\nbin_dir = {str(_bin_dir(tmp_path))!r}\n")
+    argv = ["controller", command] + (["--config", str(f), "--once"] if command == "run" else [str(f)])
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and repr(policy) in err
+    assert all(name in err for name in policy_names()), err
