@@ -25,8 +25,9 @@ larger file is refused before it is read (its size from ``stat``; a Parquet
 file's row count from its footer), and a CSV with more rows stops at the first
 row beyond the limit. CSV rows are parsed one at a time into jobs, so a bad row
 is reported as soon as it is reached, holding only the jobs before it. Measured
-(``/usr/bin/time -v rlsched trace stats``, docs/TRACES.md): a 1,000,000-job CSV
-at the limit peaks at 0.57 GB RSS; a 200 MB CSV is refused in 0.3 s at 0.07 GB.
+(``/usr/bin/time -v rlsched trace stats``, docs/TRACES.md, "Limits"): a
+1,000,000-job CSV peaks at 538 MB RSS, the same with a bad last row at 492 MB;
+a 200 MB CSV is refused before reading, at 85 MB (the interpreter and imports).
 """
 
 from __future__ import annotations
