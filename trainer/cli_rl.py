@@ -27,6 +27,7 @@ from typing import Any
 from policies.checkpoint import MAX_AGING_S, MIN_AGING_S
 from rlsched.argtypes import float_in_range
 from rlsched.argtypes import positive_int as _positive_int
+from rlsched.text import printable
 from trainer.cli_sim import non_negative_float, positive_float, seed_int
 
 __all__ = ["register"]
@@ -50,7 +51,7 @@ _unit = float_in_range(0.0, 1.0)
 
 def _fail(command: str, exc: BaseException) -> int:
     """One line on stderr and exit status 2, as ``rlsched.cli`` does for the shared user errors."""
-    print(f"rlsched {command}: error: {exc}", file=sys.stderr)
+    print(f"rlsched {command}: error: {printable(exc)}", file=sys.stderr)
     return 2
 
 

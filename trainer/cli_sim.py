@@ -42,6 +42,7 @@ from typing import Any, Callable, Iterator
 
 from policies.base import Policy, PolicyError
 from rlsched.argtypes import float_at_least, non_negative_float, positive_float
+from rlsched.text import printable
 from trainer.outputs import unwritable
 
 __all__ = [
@@ -221,7 +222,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     try:
         return _run(args)
     except OutputDirError as exc:
-        print(f"rlsched simulate: error: {exc}", file=sys.stderr)
+        print(f"rlsched simulate: error: {printable(exc)}", file=sys.stderr)
         return 2
 
 
