@@ -1120,23 +1120,26 @@ def test_progress_reports_episodes_and_their_reward(tmp_path):
     assert ticks[-1][0] == ticks[-1][1]
 
 
-def test_train_progress_display():
+def test_train_progress_display(caplog):
     """The CLI's display: on a terminal a bar with steps, episodes, last reward and the time left; in a log,
-    a line per 1/20 of the steps with the same fields (never silent between evaluations)."""
+    an INFO line per 1/20 of the steps with the same fields (never silent between evaluations)."""
     import io
+    import logging
 
     from rich.console import Console
 
     from trainer.cli_rl import PROGRESS_LINES, train_progress
 
     buf = io.StringIO()
-    with train_progress(Console(file=buf, width=200)) as (update, episode):
-        update(0, 1000)
-        for done in range(64, 1001, 64):
-            episode(done // 64, -1.5 * done)
-            update(done, 1000)
-        update(1000, 1000)
-    lines = buf.getvalue().splitlines()
+    with caplog.at_level(logging.INFO, logger="trainer"):
+        with train_progress(Console(file=buf, width=200)) as (update, episode):
+            update(0, 1000)
+            for done in range(64, 1001, 64):
+                episode(done // 64, -1.5 * done)
+                update(done, 1000)
+            update(1000, 1000)
+    assert buf.getvalue() == ""
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("train: ")]
     assert PROGRESS_LINES // 2 <= len(lines) <= PROGRESS_LINES + 1
     assert lines[-1].startswith("train: 1,000/1,000 steps (100%), 15 episodes, last reward -1440") and "done" in lines[-1]
     assert "min left" in lines[0] and "episodes" in lines[0]

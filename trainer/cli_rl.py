@@ -376,8 +376,9 @@ def train_progress(console: Any = None) -> Iterator[tuple[Callable[[int, int], N
 
     On a terminal: a rich bar on stderr with steps done / in all, episodes finished, the last episode's
     return, elapsed time and the time left (rich's estimate from the recent rate). In a log or pipe: one
-    line per 1/:data:`PROGRESS_LINES` of the steps with the same fields, so a long run is never silent
-    between evaluations. ``console``: where to write (default: stderr)."""
+    INFO log line (as the evaluations' lines, shown without ``-v``) per 1/:data:`PROGRESS_LINES` of the
+    steps with the same fields, so a long run is never silent between evaluations. ``console``: the
+    terminal of the bar (default: stderr's)."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -417,23 +418,24 @@ def train_progress(console: Any = None) -> Iterator[tuple[Callable[[int, int], N
             yield update, episode
         return
 
-    first: list[int] = []
+    first: list[float] = []
 
     def update_log(done: int, total: int) -> None:
-        if not first:
-            first.append(done)
+        now = time.monotonic()
+        if not first:  # the first report: steps and time the rate is measured from
+            first.extend((done, now))
             state["next"] = done + max(1, total // PROGRESS_LINES)
             return
-        if done < state["next"] and done < total:
+        if (done < state["next"] and done < total) or done == state.get("shown"):
             return
+        state["shown"] = done
         while state["next"] <= done:
             state["next"] += max(1, total // PROGRESS_LINES)
-        elapsed = time.monotonic() - state["t0"]
-        rate = (done - first[0]) / elapsed if elapsed > 0 else 0.0
+        elapsed = now - state["t0"]
+        rate = (done - first[0]) / (now - first[1]) if now > first[1] else 0.0
         left = f"{(total - done) / rate / 60:.1f} min left" if rate > 0 and done < total else "done"
-        err.print(f"train: {done:,}/{total:,} steps ({100 * done / max(total, 1):.0f}%), {state['episodes']:,} "
-                  f"episodes, last reward {reward_text()}, {elapsed / 60:.1f} min, {left}", highlight=False,
-                  markup=False)
+        log.info("train: %s/%s steps (%.0f%%), %s episodes, last reward %s, %.1f min, %s", f"{done:,}", f"{total:,}",
+                 100 * done / max(total, 1), f"{state['episodes']:,}", reward_text(), elapsed / 60, left)
 
     yield update_log, episode
 
