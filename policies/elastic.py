@@ -268,6 +268,7 @@ class ElasticBaseline(Policy):
         self.perf = perf
         self.interval = float(interval)
         self._next = 0.0
+        self._speeds: dict[tuple[str, int, int], float] = {}
 
     def reset(self) -> None:
         self._next = 0.0
@@ -284,7 +285,11 @@ class ElasticBaseline(Policy):
             return 0.0
         if self.perf is None:
             return j.info.best_thp * w / max(j.info.gpu_demand, 1)
-        return float(self.perf.throughput(j.info.model, ElasticPlacement(((0, w),), p if j.ps_job else 0)))
+        key = (j.info.model, w, p if j.ps_job else 0)
+        got = self._speeds.get(key)
+        if got is None:  # the performance model is a pure function of the key
+            got = self._speeds[key] = float(self.perf.throughput(j.info.model, ElasticPlacement(((0, w),), key[2])))
+        return got
 
     def remaining_time(self, j: _Job, w: int, p: int) -> float:
         s = self.speed(j, w, p)

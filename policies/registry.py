@@ -52,7 +52,7 @@ _HEURISTIC_ALIASES = ("greedy", "contention-greedy")
 def policy_names() -> tuple[str, ...]:
     """Every policy name (heuristics, then the RL policies), without variants (``-np``, ``:PLACEMENT``,
     ``:/path``)."""
-    return (*HEURISTIC_NAMES, *RL_NAMES, "drf", "tetris", "optimus")
+    return (*HEURISTIC_NAMES, *RL_NAMES)
 
 
 def describe_names() -> str:
