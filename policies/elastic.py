@@ -209,6 +209,8 @@ def _plan_jobs(state: ClusterState) -> list[_Job]:
         d = job_demand(info) or ResourceDemand(info.gpu_demand)
         lo = info.min_gpus if info.min_gpus is not None else info.gpu_demand
         hi = info.max_gpus if info.max_gpus is not None else info.gpu_demand
+        if info.placement is None:  # a waiting job starts on exactly its gpu_demand workers
+            lo = max(lo, info.gpu_demand)
         ps_job = d.ps > 0
         j = _Job(info, d, ps_job, lo, hi, (1.0, float(d.cpus_per_gpu), float(d.mem_gb_per_gpu)),
                  (0.0, float(d.ps_cpus), float(d.ps_mem_gb)), order=k)
