@@ -1,4 +1,5 @@
-"""Average JCT of the elastic baselines (DRF, Tetris, Optimus) in the settings of Chic and DL2.
+"""Average JCT of the elastic baselines (DRF, Tetris, Optimus) in the settings of Chic and DL2, beside
+FIFO and SRTF with each job fixed at its submitted size (1 worker, 1 PS).
 
 For each setting and seed it generates a sequence (:func:`trainer.elastic.generate`), runs the three
 baselines on the setting's cluster (``data/clusters/``) and prints, per setting, each policy's mean
@@ -18,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-POLICIES = ("optimus", "drf", "tetris")
+#: the elastic baselines, then two fixed-size heuristics (each job on its submitted workers and PSs, no resize)
+POLICIES = ("optimus", "drf", "tetris", "fifo", "srtf")
 
 
 def run(setting: str, rate: float | None, seed: int, resize_overhead: float | None) -> dict[str, float]:

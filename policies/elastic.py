@@ -360,8 +360,19 @@ def _materialize(state: ClusterState, jobs: list[_Job]) -> Decision:
         cpus[:], mem[:] = c2, m2
         return pl
 
-    def grow(j: _Job, counts: dict[int, int], add: int) -> dict[int, int] | None:
-        """``counts`` plus ``add`` GPUs: on the job's nodes first, then the nodes with most free GPUs."""
+    def grow_options(j: _Job, counts: dict[int, int], add: int) -> list[dict[int, int]]:
+        """Ways to add ``add`` GPUs to ``counts``: packed (:func:`grow`), then at most ``c`` new workers a
+        node for ``c`` = the largest node's GPUs - 1 .. 1 (room left for the job's PSs on its nodes)."""
+        out: list[dict[int, int]] = []
+        for c in [None, *range(cl.max_gpus_per_node - 1, 0, -1)]:
+            g = grow(j, counts, add, c)
+            if g is not None and g not in out:
+                out.append(g)
+        return out
+
+    def grow(j: _Job, counts: dict[int, int], add: int, per_node: int | None = None) -> dict[int, int] | None:
+        """``counts`` plus ``add`` GPUs (at most ``per_node`` on a node): on the job's nodes first, then
+        the nodes with most free GPUs."""
         out = dict(counts)
         spare = {n: free[n] for n in range(cl.num_nodes)}
         order = sorted(range(cl.num_nodes), key=lambda n: (n not in counts, -spare[n], n))
@@ -370,7 +381,7 @@ def _materialize(state: ClusterState, jobs: list[_Job]) -> Decision:
                 break
             if not room(n, j):
                 continue
-            k = min(add, spare[n])
+            k = min(add, spare[n]) if per_node is None else min(add, spare[n], per_node)
             if j.wv[1] > 0 and cpus[n] != math.inf:
                 k = min(k, int((cpus[n] + _EPS) // j.wv[1]))
             if j.wv[2] > 0 and mem[n] != math.inf:
@@ -403,13 +414,14 @@ def _materialize(state: ClusterState, jobs: list[_Job]) -> Decision:
         ws = [j.w] if j.w <= j.cur_w else list(range(j.w, j.cur_w - 1, -1))  # a grow that fails tries fewer
         done = None
         for w in ws:
-            cand = shrink(counts, j.cur_w - w) if w <= j.cur_w else grow(j, counts, w - j.cur_w)
-            if cand is None:
-                continue
-            for p in (range(j.p, 0, -1) if j.ps_job else [0]):
-                if cand == counts and p == j.cur_p:
-                    break  # no change left to make
-                done = try_take(j, cand, p, old)
+            cands = [shrink(counts, j.cur_w - w)] if w <= j.cur_w else grow_options(j, counts, w - j.cur_w)
+            for cand in cands:
+                for p in (range(j.p, 0, -1) if j.ps_job else [0]):
+                    if cand == counts and p == j.cur_p:
+                        break  # no change left to make
+                    done = try_take(j, cand, p, old)
+                    if done is not None:
+                        break
                 if done is not None:
                     break
             if done is not None:
@@ -424,13 +436,14 @@ def _materialize(state: ClusterState, jobs: list[_Job]) -> Decision:
         w = j.info.gpu_demand  # a placement must have exactly gpu_demand GPUs
         if j.w < w:
             continue
-        cand = grow(j, {}, w)
-        if cand is None:
-            continue
-        for p in range(j.p, 0, -1) if j.ps_job else [0]:
-            pl = try_take(j, cand, p, None)
-            if pl is not None:
-                dec.place.append((j.info.job_id, pl))
+        placed = None
+        for cand in grow_options(j, {}, w):
+            for p in range(j.p, 0, -1) if j.ps_job else [0]:
+                placed = try_take(j, cand, p, None)
+                if placed is not None:
+                    break
+            if placed is not None:
+                dec.place.append((j.info.job_id, placed))
                 break
     return dec
 

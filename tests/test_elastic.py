@@ -297,3 +297,31 @@ def test_drf_shares_by_dominant_resource():
     a, b = sim.by_id["a"].info.placement, sim.by_id["b"].info.placement
     assert a is not None and b is not None
     assert abs(a.total_gpus - b.total_gpus) <= 1 and abs(a.ps - b.ps) <= 1
+
+
+def test_baselines_are_deterministic():
+    jobs = parse_elastic_trace(generate("chic", seed=9, jobs=10, rate=2.7))
+    perf = PSPerformanceModel(ContentionModel(CHIC))
+    for name in ELASTIC_POLICIES:
+        runs = [[(r.job_id, r.finish_time) for r in Simulator(CHIC, jobs, make_policy(name, CHIC, perf), perf).run().jobs]
+                for _ in range(2)]
+        assert runs[0] == runs[1]
+
+
+def test_workers_spread_to_leave_room_for_ps():
+    """4 nodes x (2 GPUs, 8 CPUs); a job of 4 workers (4 CPUs each) and PSs of 4 CPUs: packed two
+    workers a node leave no CPU for a PS, one worker a node leaves room for one PS each."""
+    from policies.cluster import NodeSpec
+
+    cl = ClusterSpec(tuple(NodeSpec(f"n{i}", 2, cpus=8, mem_gb=48.0) for i in range(4)))
+    job = _spec(gpus=4, min_gpus=1, max_gpus=4, ps=2, cpus_per_gpu=4, ps_cpus=4, epochs=50.0)
+    for name in ELASTIC_POLICIES:
+        perf = PSPerformanceModel(ContentionModel(cl))
+        pol = make_policy(name, cl, perf)
+        sim = Simulator(cl, [job], pol, perf)
+        be = SimBackend(sim)
+        assert be.next_round()
+        dec = pol.schedule(be.snapshot())
+        ((jid, p),) = dec.place
+        assert p.max_per_node == 1 and 1 <= p.ps <= 4, name
+        be.apply(dec)
