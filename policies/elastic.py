@@ -32,6 +32,10 @@ where a node-level fit fails. Between re-plans they change nothing.
   job's remaining time (remaining work over the speed model's speed) per unit of the task's dominant
   share, while one fits and a gain is positive.
 
+Tetris and Optimus estimate speeds with Optimus' fitted form
+(:meth:`policies.psmodel.PSPerformanceModel.fitted`), while the simulator runs PS jobs at the
+measured speeds: the gap between the two is the model error DL2 says costs Optimus.
+
 Pure: no I/O.
 """
 
@@ -44,6 +48,7 @@ from typing import Iterable, Mapping, Sequence
 
 from policies.base import Policy, PolicyError
 from policies.cluster import ClusterSpec, Placement
+from policies.psmodel import PSPerformanceModel
 from policies.resources import ResourceDemand
 from policies.state import ClusterState, Decision, JobInfo
 
@@ -268,6 +273,9 @@ class ElasticBaseline(Policy):
                 or interval < 0:
             raise PolicyError(f"policy {self.name}: interval must be a finite number of seconds >= 0, got {interval!r}")
         self.perf = perf
+        # what the baselines estimate speeds with: Optimus' fitted form for PS jobs (a white-box model,
+        # as Optimus fits online), not the measurements the simulator runs jobs at
+        self.estimator = perf.fitted() if isinstance(perf, PSPerformanceModel) else perf
         self.interval = float(interval)
         self._next = 0.0
         self._speeds: dict[tuple[str, int, int], float] = {}
@@ -282,7 +290,8 @@ class ElasticBaseline(Policy):
 
     # -------------------------------------------------------------- helpers
     def speed(self, j: _Job, w: int, p: int) -> float:
-        """Samples/s of job ``j`` with ``w`` workers (on one node) and ``p`` PSs (``perf.throughput``)."""
+        """Estimated samples/s of job ``j`` with ``w`` workers (on one node) and ``p`` PSs
+        (``estimator.throughput``: the fitted PS form, or ``perf`` itself for other models)."""
         if w < 1 or (j.ps_job and p < 1):
             return 0.0
         if self.perf is None:
@@ -290,7 +299,7 @@ class ElasticBaseline(Policy):
         key = (j.info.model, w, p if j.ps_job else 0)
         got = self._speeds.get(key)
         if got is None:  # the performance model is a pure function of the key
-            got = self._speeds[key] = float(self.perf.throughput(j.info.model, ElasticPlacement(((0, w),), key[2])))
+            got = self._speeds[key] = float(self.estimator.throughput(j.info.model, ElasticPlacement(((0, w),), key[2])))
         return got
 
     def remaining_time(self, j: _Job, w: int, p: int) -> float:

@@ -22,6 +22,11 @@ repository, file ``config_speed.txt``; ``policies/data/NOTICE.md``): every model
 times seconds (DL2's downscaled datasets, :data:`EPOCH_SIZE`). Measurements of 0 (runs that
 failed) are left out. The fit errors are in ``docs/ELASTIC.md`` (:func:`fit_report`).
 
+**Measured speed.** The simulator runs PS jobs at :meth:`PSSpeedModel.measured_speed`: the
+measurement at a measured ``(w, p)``, elsewhere the fit times the measured / fitted ratio
+interpolated linearly between the measured points (nearest point outside their hull), so the
+fitted form shapes only what lies between and beyond the measurements.
+
 Pure: reads the packaged CSV once, no other I/O.
 """
 
@@ -29,7 +34,7 @@ from __future__ import annotations
 
 import csv
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 from typing import TYPE_CHECKING, Mapping
@@ -119,6 +124,7 @@ class PSSpeedModel:
     mape: float
     max_ape: float
     points: int
+    measured: Mapping[tuple[int, int], float] = field(default_factory=dict, compare=False, repr=False)
 
     def step_time(self, workers: int, ps: int) -> float:
         """``tau(w, p)`` (s per unit of speed); ``inf`` when ``workers`` or ``ps`` is < 1."""
@@ -132,14 +138,50 @@ class PSSpeedModel:
         tau = self.step_time(workers, ps)
         return 0.0 if tau == math.inf else 1.0 / tau
 
-    def best_ps(self, workers: int, max_ps: int = MAX_PS) -> int:
-        """The PS count in ``1..max_ps`` that gives ``workers`` workers the highest speed (fewest on ties)."""
+    def best_ps(self, workers: int, max_ps: int = MAX_PS, measured: bool = False) -> int:
+        """The PS count in ``1..max_ps`` that gives ``workers`` workers the highest speed (fewest on ties);
+        with ``measured``, by :meth:`measured_speed`."""
+        f = self.measured_speed if measured else self.speed
         best, arg = -1.0, 1
         for p in range(1, max(1, max_ps) + 1):
-            s = self.speed(workers, p)
+            s = f(workers, p)
             if s > best * (1 + 1e-12):
                 best, arg = s, p
         return arg
+
+    def measured_speed(self, workers: int, ps: int) -> float:
+        """The speed as measured: the measurement at a measured ``(workers, ps)``; elsewhere the fitted
+        :meth:`speed` times the measured / fitted ratio interpolated linearly between the measured
+        points around it (the nearest measured point's ratio outside them). 0 without a worker or a PS."""
+        if workers < 1 or ps < 1:
+            return 0.0
+        got = self.measured.get((workers, ps))
+        if got is not None:
+            return got
+        return self.speed(workers, ps) * _ratio(self.model, workers, ps)
+
+
+@lru_cache(maxsize=4096)
+def _ratio(model: str, workers: int, ps: int) -> float:
+    """Measured / fitted speed at ``(workers, ps)``, interpolated over the measured points (module
+    docstring of :meth:`PSSpeedModel.measured_speed`)."""
+    return float(_interpolators(model)(workers, ps))
+
+
+@lru_cache(maxsize=None)
+def _interpolators(model: str):
+    from scipy.interpolate import LinearNDInterpolator, NearestNDInterpolator
+
+    m = fit_ps_models()[model]
+    pts = np.array([(w, p) for (w, p) in m.measured], dtype=float)
+    r = np.array([s / m.speed(w, p) for (w, p), s in m.measured.items()])
+    lin, near = LinearNDInterpolator(pts, r), NearestNDInterpolator(pts, r)
+
+    def f(w: int, p: int) -> float:
+        v = float(lin(w, p))
+        return v if math.isfinite(v) else float(near(w, p))
+
+    return f
 
 
 def _fit_one(model: str, rows: list[tuple[int, int, float]]) -> PSSpeedModel:
@@ -156,7 +198,9 @@ def _fit_one(model: str, rows: list[tuple[int, int, float]]) -> PSSpeedModel:
     pred = 1.0 / (A @ theta)
     meas = np.array([s for _, _, s in pts])
     ape = np.abs(pred - meas) / meas
-    return PSSpeedModel(model, tuple(float(x) for x in theta), float(ape.mean()), float(ape.max()), len(pts))  # type: ignore[arg-type]
+    measured = {(w, p): s for p, w, s in pts}
+    return PSSpeedModel(model, tuple(float(x) for x in theta), float(ape.mean()), float(ape.max()), len(pts),  # type: ignore[arg-type]
+                        measured)
 
 
 @lru_cache(maxsize=1)
@@ -179,6 +223,10 @@ class PSPerformanceModel:
     :class:`PSSpeedModel` and every other job with ``base`` (the project's all-reduce
     :class:`~policies.perf.ContentionModel`).
 
+    With ``use_measured`` (default) a PS job runs at :meth:`PSSpeedModel.measured_speed` (the
+    measurements where measured, the fit scaled by the interpolated measured / fitted ratio
+    elsewhere), else at the fitted :meth:`PSSpeedModel.speed` (:meth:`fitted`).
+
     A PS job's speed depends on its worker count (the placement's GPUs, one worker each) and its PS
     count: the ``ps`` attribute of the placement (:class:`policies.elastic.ElasticPlacement`), else
     the job's demand (``JobSpec.demand.ps``), else the best count for its workers. Where on the
@@ -187,11 +235,20 @@ class PSPerformanceModel:
     either job is a PS job): DL2's interference is not modelled.
     """
 
-    def __init__(self, base: "ContentionModel", cluster: "ClusterSpec | None" = None) -> None:
+    def __init__(self, base: "ContentionModel", cluster: "ClusterSpec | None" = None, use_measured: bool = True) -> None:
         self.base = base
         self.cluster = cluster if cluster is not None else base.cluster
+        self.use_measured = use_measured
         self.models = fit_ps_models()
         self._best: dict[tuple[str, int], float] = {}
+
+    def fitted(self) -> "PSPerformanceModel":
+        """This model with PS jobs priced by the fitted form alone (``use_measured=False``): what a
+        white-box scheduler that fits Optimus' model believes."""
+        return self if not self.use_measured else PSPerformanceModel(self.base, self.cluster, use_measured=False)
+
+    def _speed(self, m: PSSpeedModel, workers: int, ps: int) -> float:
+        return m.measured_speed(workers, ps) if self.use_measured else m.speed(workers, ps)
 
     def __getattr__(self, name: str):
         # everything else of the all-reduce model (fit_report, comm_share, ...) is the base's
@@ -214,20 +271,20 @@ class PSPerformanceModel:
             return int(d.ps)
         m = self.ps_model(job if isinstance(job, str) else job.model)
         assert m is not None
-        return m.best_ps(int(getattr(allocation, "total_gpus", 1)))
+        return m.best_ps(int(getattr(allocation, "total_gpus", 1)), measured=self.use_measured)
 
     def throughput(self, job: "JobSpec | str", allocation: "Placement", cluster: "ClusterSpec | None" = None) -> float:
         model = job if isinstance(job, str) else job.model
         m = self.ps_model(model)
         if m is None:
             return self.base.throughput(job, allocation, cluster)
-        return m.speed(int(allocation.total_gpus), self.ps_count(job, allocation))
+        return self._speed(m, int(allocation.total_gpus), self.ps_count(job, allocation))
 
     def isolated_throughput(self, model: str, gpus: int, nodes: int) -> float:
         m = self.ps_model(model)
         if m is None:
             return self.base.isolated_throughput(model, gpus, nodes)
-        return m.speed(gpus, m.best_ps(gpus))
+        return self._speed(m, gpus, m.best_ps(gpus, measured=self.use_measured))
 
     def best_isolated_throughput(self, model: str, gpus: int) -> float:
         """All-reduce: the base's. PS model: the speed of ``gpus`` workers with their best PS count."""
@@ -237,7 +294,7 @@ class PSPerformanceModel:
         key = (m.model, gpus)
         got = self._best.get(key)
         if got is None:
-            got = self._best[key] = m.speed(gpus, m.best_ps(gpus))
+            got = self._best[key] = self._speed(m, gpus, m.best_ps(gpus, measured=self.use_measured))
         return got
 
     def pair_cs(self, a: "JobKey", b: "JobKey") -> float:

@@ -87,13 +87,36 @@ def test_performance_model_prices_ps_and_all_reduce_jobs():
     base = ContentionModel(cl)
     perf = PSPerformanceModel(base)
     m = fit_ps_models()["Seq2Seq"]
-    assert perf.throughput("Seq2Seq", ElasticPlacement.make({0: 3}, 5)) == pytest.approx(m.speed(3, 5))
+    meas = {(w, p): s for p, w, s in load_ps_measurements()["Seq2Seq"]}
+    assert perf.throughput("Seq2Seq", ElasticPlacement.make({0: 3}, 5)) == meas[(3, 5)]  # measured
+    fit = perf.fitted()
+    assert not fit.use_measured and fit.throughput("Seq2Seq", ElasticPlacement.make({0: 3}, 5)) == m.speed(3, 5)
     # the PS count of a plain placement: the best one for its workers
-    assert perf.throughput("Seq2Seq", Placement.of({0: 3})) == pytest.approx(m.speed(3, m.best_ps(3)))
-    assert perf.best_isolated_throughput("Seq2Seq", 3) == pytest.approx(m.speed(3, m.best_ps(3)))
+    best = m.best_ps(3, measured=True)
+    assert perf.throughput("Seq2Seq", Placement.of({0: 3})) == pytest.approx(m.measured_speed(3, best))
+    assert perf.best_isolated_throughput("Seq2Seq", 3) == pytest.approx(m.measured_speed(3, best))
+    assert fit.best_isolated_throughput("Seq2Seq", 3) == pytest.approx(m.speed(3, m.best_ps(3)))
     # all-reduce models are the base model's, contention included
     p = Placement.of({0: 4, 1: 4})
     assert perf.throughput("DLRM", p) == base.throughput("DLRM", p)
     a, b = ("DLRM", 8, 2), ("Transformer-XL", 8, 2)
     assert perf.pair_cs(a, b) == base.pair_cs(a, b) > 1.0
     assert perf.pair_cs(a, ("VGG-16", 8, 2)) == 1.0 == perf.pair_cs(("VGG-16", 8, 2), a)
+
+
+def test_measured_speed_follows_the_measurements():
+    data = load_ps_measurements()["Seq2Seq"]  # measured at odd counts only
+    m = fit_ps_models()["Seq2Seq"]
+    meas = {(w, p): s for p, w, s in data if s > 0}
+    for (w, p), s in meas.items():
+        assert m.measured_speed(w, p) == s
+    # between measured points: between the neighbours' ratios to the fit
+    r = [meas[(3, 3)] / m.speed(3, 3), meas[(5, 3)] / m.speed(5, 3)]
+    got = m.measured_speed(4, 3) / m.speed(4, 3)
+    assert min(r) - 1e-9 <= got <= max(r) + 1e-9
+    # beyond the grid: the fit scaled by the nearest measured point's ratio
+    assert m.measured_speed(40, 3) == pytest.approx(m.speed(40, 3) * meas[(11, 3)] / m.speed(11, 3))
+    assert m.measured_speed(0, 3) == 0.0
+    # along the diagonal (DL2's Fig. 1 setting) the measurements speed ResNet-50 up ~2x by 5:5
+    r50 = fit_ps_models()["ResNet-50"]
+    assert r50.measured_speed(5, 5) / r50.measured_speed(1, 1) > 2.0
