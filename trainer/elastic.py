@@ -35,7 +35,7 @@ range. Bad input raises :class:`ElasticTraceError` with one line naming the file
   Fig. 8(a) with at most 10 arrivals a slot), at a uniformly random start offset of 0-4 slots as there;
   models drawn uniformly from DL2's Table 1; workers of 1 GPU and 1-4 CPUs, PSs of 1-4 CPUs (the seed),
   10 GB each (its Fig. 1 setup); durations drawn log-normally with mean 147 minutes (Fig. 8(b)) at
-  1 worker and 1 PS and turned into epochs.
+  1 worker and 1 PS (measured speed) and turned into epochs.
 
 Cluster files of the two settings: ``data/clusters/chic.yaml`` (5 nodes x 2 GPUs, 24 CPUs, 120 GB:
 the seed's 10 GPUs, 120 cores, 600 GB) and ``data/clusters/dl2.yaml`` (500 nodes x 2 GTX 1080Ti,
@@ -297,7 +297,7 @@ def generate(setting: str, seed: int = 0, jobs: int | None = None, rate: float |
                 t = slot * DL2_SLOT_S + float(rng.uniform(0, DL2_SLOT_S))
                 m = PS_MODELS[int(rng.integers(len(PS_MODELS)))]
                 dur = float(rng.lognormal(math.log(DL2_MEAN_DURATION_S) - s2 / 2, math.sqrt(s2)))
-                epochs = max(dur * speed[m].speed(1, 1) / EPOCH_SIZE[m], 1.0)
+                epochs = max(dur * speed[m].measured_speed(1, 1) / EPOCH_SIZE[m], 1.0)
                 wc, pc = int(rng.integers(1, 5)), int(rng.integers(1, 5))
                 out.append(_job(f"d{k}", t, m, epochs, wc, 10.0, pc, 10.0))
                 k += 1
