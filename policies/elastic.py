@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 from policies.base import Policy, PolicyError
@@ -202,7 +202,6 @@ class _Job:
     cur_w: int = 0
     cur_p: int = 0
     order: int = 0
-    extra: dict = field(default_factory=dict)
 
     def use(self, w: int, p: int) -> tuple[float, float, float]:
         return tuple(w * a + p * b for a, b in zip(self.wv, self.pv))  # type: ignore[return-value]
