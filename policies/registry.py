@@ -12,6 +12,8 @@ Names (case-insensitive, blanks around them ignored):
                                        the cluster's shape, or the ``checkpoint`` argument; ``NAME:/path``
                                        names a checkpoint (``ckpt``, ``ckpt.json`` or ``ckpt.safetensors``)
 ``rl-prior``                           the untrained admission prior alone (an ablation, no checkpoint)
+``drf``, ``tetris``, ``optimus``       elastic baselines deciding workers and parameter servers
+                                       (:mod:`policies.elastic`, re-plan every 600 s)
 =====================================  ===================================================================
 
 Options (keyword arguments of :func:`make_policy`; :data:`OPTIONS`):
@@ -57,7 +59,7 @@ def describe_names() -> str:
     """Every policy name with its variants, for error messages."""
     return (
         f"{', '.join(HEURISTIC_NAMES)} (optionally -np and :pack|:spread|:greedy), "
-        "rl-base, rl-hybrid (optionally :/path/to/checkpoint), rl-prior"
+        "rl-base, rl-hybrid (optionally :/path/to/checkpoint), rl-prior, drf, tetris, optimus"
     )
 
 
@@ -98,6 +100,12 @@ def make_policy(
         or min_run_s < 0
     ):
         raise PolicyError(f"policy {name!r}: min_run_s must be a finite number of seconds >= 0, got {min_run_s!r}")
+    if base in ("drf", "tetris", "optimus"):  # elastic baselines (policies/elastic.py)
+        if options:
+            raise PolicyError(f"policy {name!r}: option {sorted(options)[0]!r} applies to the RL policies only")
+        from policies.elastic import make_elastic_policy
+
+        return make_elastic_policy(base, perf)
     if base.startswith("rl"):
         if base not in RL_NAMES:
             raise PolicyError(f"unknown RL policy {name!r}; policies: {describe_names()}")

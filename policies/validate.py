@@ -38,7 +38,7 @@ from typing import Literal
 from policies.cluster import Placement
 from policies.state import ClusterState, Decision
 
-__all__ = ["AFTER_EARLIER", "Problem", "check_decision", "placement_problem", "without"]
+__all__ = ["AFTER_EARLIER", "Problem", "check_decision", "placement_problem", "resource_problems", "without"]
 
 #: what "does not fit" messages of :func:`check_decision` add: the free GPUs are counted after the earlier entries
 AFTER_EARLIER = " (after the decision's preemptions and earlier placements)"
@@ -169,6 +169,47 @@ def check_decision(state: ClusterState, decision: Decision) -> list[Problem]:
             _take(delta, p, -1, None)
         else:
             problems.append(Problem("place", i, jid, why))
+    return problems
+
+
+def resource_problems(state: ClusterState, decision: Decision) -> list[Problem]:
+    """The entries of ``decision`` that break the CPU, memory or parameter-server rules, in the order of
+    application; run it on a decision :func:`check_decision` passes (or on ``without`` its problems).
+
+    Jobs with a resource demand (``JobInfo.extra["demand"]``, :mod:`policies.elastic`) use CPUs and
+    memory on the nodes of their placement: their workers' and their PSs' (placed as
+    :meth:`policies.resources.Allocation.from_placement` places them). Rules: on every node whose
+    CPUs (memory) are declared, the running jobs' use after the decision's preemptions and earlier
+    resizes and placements, plus the entry's, stays within them (a resized job's own use is freed
+    first); a PS job gets at least one PS, a job without PSs none. Pure: reads ``state`` only.
+    """
+    from policies.elastic import free_resources, job_demand, job_ps, node_usage, resource_problem
+
+    entries = [("resize", i, jid, p) for i, (jid, p) in enumerate(decision.resize)]
+    entries += [("place", i, jid, p) for i, (jid, p) in enumerate(decision.place)]
+    job = state.job
+    if not any(job(jid) is not None and (job_demand(job(jid)) is not None or hasattr(p, "ps"))  # type: ignore[arg-type]
+               for _a, _i, jid, p in entries):
+        return []
+    cpus, mem = free_resources(state)
+    usable = state.usable
+    for jid in dict.fromkeys(decision.preempt):
+        info = job(jid)
+        if info is not None and info.placement is not None:  # a preempted job's use is free again
+            for n, (c, m) in node_usage(info.placement, job_demand(info), job_ps(info)).items():
+                cpus[n] += c
+                mem[n] += m
+    problems: list[Problem] = []
+    for action, i, jid, p in entries:
+        info = job(jid)
+        if info is None:
+            continue
+        release = info.placement if action == "resize" else None
+        if any(n >= len(cpus) or (usable is not None and not usable[n]) for n in p.nodes):
+            continue  # check_decision reports it
+        why = resource_problem(info, p, cpus, mem, release)
+        if why is not None:
+            problems.append(Problem(action, i, jid, why))  # type: ignore[arg-type]
     return problems
 
 

@@ -838,3 +838,25 @@ def test_a_large_trace_runs_with_the_existing_objects_frozen_and_unfreezes_them(
     frozen = Simulator(cluster, jobs, Spy(), perf).run()
     assert min(seen) > 0 and gc.get_freeze_count() == 0
     assert [(r.first_start, r.finish_time) for r in frozen.jobs] == [(r.first_start, r.finish_time) for r in plain.jobs]
+
+
+def test_elastic_demand_is_shown_and_resizes_pause():
+    """A job with a ResourceDemand shows it (JobInfo.extra["demand"]) and its range; a resize pays
+    resize_overhead, a hot one (HOT_RESIZE_OVERHEAD_S) a few hundredths of a second."""
+    from policies.resources import ResourceDemand
+    from trainer.sim_backend import SimBackend
+    from trainer.simulator import HOT_RESIZE_OVERHEAD_S
+
+    cl = ClusterSpec.homogeneous(2, 8)
+    d = ResourceDemand(gpus=2, min_gpus=1, max_gpus=8)
+    job = JobSpec("e", 0.0, "MoE", 2, 1e6, {}, d)
+    for pause in (45.0, HOT_RESIZE_OVERHEAD_S):
+        sim = Simulator(cl, [job], None, ContentionModel(cl), SimConfig(resize_overhead=pause))
+        sim.advance_to_next_event()
+        info = sim.by_id["e"].info
+        assert info.extra["demand"] is d and (info.min_gpus, info.max_gpus) == (1, 8)
+        be = SimBackend(sim)
+        be.apply(Decision([("e", Placement.of({0: 2}))]))
+        sim.advance_to_round(100.0)
+        be.apply(Decision(resize=[("e", Placement.of({0: 4}))]))
+        assert sim.by_id["e"].t_ref == pytest.approx(100.0 + pause) and info.gpu_demand == 4

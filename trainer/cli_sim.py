@@ -97,12 +97,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--trace",
         default=DEFAULT_TRACE,
-        help="job trace: DeepShare JSON, canonical CSV/Parquet or Philly CSV (default: %(default)s)",
+        help="job trace: DeepShare JSON, canonical CSV/Parquet, Philly CSV or an elastic trace (docs/ELASTIC.md) (default: %(default)s)",
     )
     p.add_argument(
         "--policy",
         default=DEFAULT_POLICIES,
-        help="comma-separated policies: fifo, sjf, srtf, las, greedy (optionally :pack|:spread|:greedy and -np), or rl-base / rl-hybrid (shipped 4x8 checkpoints) / rl-base:CHECKPOINT / rl-hybrid:CHECKPOINT (default: %(default)s)",
+        help="comma-separated policies: fifo, sjf, srtf, las, greedy (optionally :pack|:spread|:greedy and -np), or rl-base / rl-hybrid (shipped 4x8 checkpoints) / rl-base:CHECKPOINT / rl-hybrid:CHECKPOINT, or the elastic baselines drf, tetris, optimus (docs/ELASTIC.md) (default: %(default)s)",
     )
     p.add_argument("--cluster", default="4x8", help="NODESxGPUS or a YAML/TOML cluster file (default: %(default)s)")
     p.add_argument("--out", required=True, help="output directory (must not exist or be empty, see --overwrite)")
@@ -120,6 +120,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="schedule only at round boundaries, not also right after arrivals and completions",
     )
     p.add_argument("--restart-overhead", type=non_negative_float, default=30.0, help="seconds without progress each time a preempted job restarts (default: %(default)s)")
+    p.add_argument("--resize-overhead", type=non_negative_float, default=None, help="seconds without progress "
+                   "after an elastic job is resized: a checkpoint-restart takes tens of seconds, DL2's hot scaling "
+                   "0.05 (default: --restart-overhead)")
     p.add_argument("--noise-cv", type=non_negative_float, default=0.0, help="coefficient of variation of a per-job speed factor, 0 = off (default: %(default)s)")
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the speed noise, in [0, 2**32 - 1] (default: %(default)s)")
     p.add_argument(
@@ -232,12 +235,17 @@ def _run(args: argparse.Namespace) -> int:
     from trainer import metrics
     from trainer.simulator import Simulator
     from trainer.traces import load_trace
+    from policies.psmodel import PSPerformanceModel
+    from trainer.elastic import is_elastic_trace, read_elastic_trace
 
     # 1. Validate everything before running anything.
     out = Path(os.path.normpath(args.out))  # "a/b/.." -> "a": out.name is the directory's own name
     _check_out(out, args.overwrite)
     cluster = ClusterSpec.parse(args.cluster)
     perf = ContentionModel(cluster)
+    elastic = is_elastic_trace(resolve_trace(args.trace))
+    if elastic:  # workers and parameter servers (trainer/elastic.py, docs/ELASTIC.md)
+        perf = PSPerformanceModel(perf)
     names = parse_policy_list(args.policy)
     stems = {n: _file_stem(n) for n in names}
     if len(set(stems.values())) != len(stems):
@@ -247,7 +255,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.overwrite and out.exists() and out.resolve() in trace_path.resolve().parents:
         raise OutputDirError(f"--trace {args.trace} is inside --out {out}, which --overwrite would delete; "
                              "move the trace or choose another --out")
-    jobs = load_trace(trace_path, cluster, perf)
+    jobs = read_elastic_trace(trace_path) if elastic else load_trace(trace_path, cluster, perf)
     cfg = sim_config(args)
     sims = {n: Simulator(cluster, jobs, policies[n], perf, cfg) for n in names}  # checks trace vs cluster
 
@@ -290,6 +298,7 @@ def sim_config(args: argparse.Namespace):
         round_len=args.round,
         event_triggered=not args.no_event_trigger,
         restart_overhead=args.restart_overhead,
+        resize_overhead=getattr(args, "resize_overhead", None),
         noise_cv=args.noise_cv,
         seed=args.seed,
         metrics_interval=args.metrics_interval if args.metrics_interval is not None else args.round,

@@ -363,3 +363,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--overwrite", "--force", dest="overwrite", action="store_true", help="replace an existing output"
     )
     f.set_defaults(func=_cmd_from_sacct)
+
+    from trainer.elastic import register_gen_elastic
+
+    register_gen_elastic(tsub)
