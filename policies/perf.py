@@ -92,6 +92,7 @@ __all__ = [
     "fit_link_demand",
     "neighbours_table",
     "neighbours_markdown",
+    "link_fit_markdown",
 ]
 
 
@@ -396,10 +397,20 @@ class ContentionModel:
 
     def link_fit(self) -> "LinkFit":
         """The ``link`` rule's calibration (:func:`fit_link_demand` on this model's data and
-        communication shares), computed on first use."""
+        communication shares), computed on first use and shared by the models of the same data and
+        fitted ``a, b, c`` (e.g. every cluster of the same ``eta``)."""
         f = self._link_fit
         if f is None:
-            f = self._link_fit = fit_link_demand(self)
+            key = (id(self.data), tuple(sorted(self.params.items())))
+            hit = _LINK_FITS.get(key)
+            if hit is not None and hit[0] is self.data:
+                f = hit[1]
+            else:
+                f = fit_link_demand(self)
+                if len(_LINK_FITS) >= 8:
+                    _LINK_FITS.clear()
+                _LINK_FITS[key] = (self.data, f)
+            self._link_fit = f
         return f
 
     def link_terms(self, key: JobKey) -> tuple[float, float]:
@@ -489,6 +500,10 @@ class ContentionModel:
 #: the pair table was measured: the ``link`` rule is calibrated at this capacity.
 TESTBED_LINK_MBPS = 5000.0
 
+#: Calibrations of the ``link`` rule by (data, fitted parameters): ``(data, fit)``, the data kept so that
+#: its id stays its own.
+_LINK_FITS: dict[tuple, tuple["MeasuredData", "LinkFit"]] = {}
+
 #: Grid of ``log(sigma)`` searched by :func:`fit_link_demand` (sigma from 0.05 to 1,097).
 _LOG_SIGMA_GRID = np.linspace(-3.0, 7.0, 401)
 
@@ -564,15 +579,18 @@ def fit_link_demand(model: "ContentionModel", capacity_mbps: float = TESTBED_LIN
     ratio = np.array([r for _a, _b, r in pairs])
     x = np.zeros(len(models))
     grid = _LOG_SIGMA_GRID
+    eg = np.exp(grid)[:, None]
     for _sweep in range(50):
         moved = False
         for j in range(len(models)):
             s = np.exp(x)
-            sa = np.where(ia == j, np.exp(grid)[:, None], s[ia][None, :])
-            sb = np.where(ib == j, np.exp(grid)[:, None], s[ib][None, :])
-            sse = ((_two_flow_ratio(sa, sb, bw_a, bw_b, chi_a, capacity_mbps) - ratio) ** 2).sum(axis=1)
+            c = (ia == j) | (ib == j)  # the pairs sigma_j enters: the rest of the sum does not move
+            sa = np.where(ia[c] == j, eg, s[ia[c]][None, :])
+            sb = np.where(ib[c] == j, eg, s[ib[c]][None, :])
+            sse = ((_two_flow_ratio(sa, sb, bw_a[c], bw_b[c], chi_a[c], capacity_mbps) - ratio[c]) ** 2).sum(axis=1)
             k = int(np.argmin(sse))  # the first of equal minima
-            if grid[k] != x[j] and sse[k] < ((_two_flow_ratio(s[ia], s[ib], bw_a, bw_b, chi_a, capacity_mbps) - ratio) ** 2).sum():
+            now = ((_two_flow_ratio(s[ia[c]], s[ib[c]], bw_a[c], bw_b[c], chi_a[c], capacity_mbps) - ratio[c]) ** 2).sum()
+            if grid[k] != x[j] and sse[k] < now:
                 x[j] = grid[k]
                 moved = True
         if not moved:
@@ -616,6 +634,32 @@ def neighbours_table(gpus: int = 4, nodes: int = 4, ks: Sequence[int] = (1, 2, 3
         for rule, perf in perfs.items():
             rows.append((m, rule, [job_cs(perf, me, [[me] * k]) for k in ks]))
     return rows
+
+
+def link_fit_markdown() -> str:
+    """The ``link`` rule's calibration (:func:`fit_link_demand` of the default model) as the Markdown
+    table ``docs/PERFORMANCE_MODEL.md`` quotes: per model, ``sigma``, the demand of a ``(G, n) = (8, 2)``
+    job (MB/s on each node's link), its communication share there, and the ratio MAE of the ``link``
+    rule and of the ``sum`` rule's parametric pair rule over the model's rows; then all rows."""
+    m = ContentionModel()
+    fit = m.link_fit()
+    sums: dict[str, list[float]] = {}
+    for (a, b), r in m.data.ratio.items():
+        sums.setdefault(a[0], []).append(abs(1.0 / (1.0 + m.kappa[a[0]] * m._chi(a) * m._beta(b)) - r))
+    lines = [
+        "| model | sigma | demand at (8, 2) (MB/s) | chi at (8, 2) | ratio MAE, link | ratio MAE, sum (parametric) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in dict.fromkeys(k[0] for k in m.data.isolated):
+        d, chi = m.link_terms((name, 8, 2))
+        lines.append(f"| {name} | {fit.sigma[name]:.3g} | {d:.0f} | {chi:.3f} | {fit.per_model_mae[name]:.3f} "
+                     f"| {float(np.mean(sums[name])):.3f} |")
+    w = fit.worst
+    lines.append(f"| all ({fit.pairs} pairs) | | | | {fit.mae:.3f} (RMSE {fit.rmse:.3f}, worst {fit.max_abs_err:.3f}) "
+                 f"| {fit.sum_mae:.3f} (RMSE {fit.sum_rmse:.3f}, worst {fit.sum_max_abs_err:.3f}) |")
+    lines.append("")
+    lines.append(f"Link capacity {fit.capacity_mbps:.0f} MB/s; worst link pair: {w[0]} beside {w[1]}.")
+    return "\n".join(lines)
 
 
 def neighbours_markdown(gpus: int = 4, nodes: int = 4, ks: Sequence[int] = (1, 2, 3, 4)) -> str:
