@@ -37,9 +37,14 @@ with multi-node jobs ``B`` suffers extra communication time::
 ``chi_A`` is A's communication share of step time, ``beta_B`` B's measured
 bandwidth (Table I) over the link bandwidth, ``k_A`` a per-model constant
 fitted to the 36 x 36 measured matrix. This module prices a pair
-(:meth:`ContentionModel.pair_cs`); :mod:`policies.ledger` combines the pairs
-into a job's ``CS(A)`` (sum over the neighbours on a node, worst node, capped at
-``1 / MIN_RATIO``) and keeps it per running job.
+(:meth:`ContentionModel.pair_cs`) and a job's link terms (:meth:`ContentionModel.link_terms`:
+bandwidth demand ``d = sigma_m * bandwidth_m * G / n`` MB/s per node, ``sigma_m`` fitted by
+:func:`fit_link_demand`, and communication share); :mod:`policies.ledger` combines them into a
+job's ``CS(A)`` by the model's ``contention`` rule (``sum``: pairwise excesses summed on a node,
+worst node, capped at ``1 / MIN_RATIO``; ``ds-min``: DeepShare's worst pair, floored at ratio
+0.35; ``link``: max-min fair sharing of each node's link capacity, only communication stretching)
+and keeps it per running job. :func:`neighbours_table` gives what the rules predict for several
+identical neighbours.
 
 **GPU types.** The measurements are of TITAN Xp GPUs (speed factor 1). On
 nodes of another type (:mod:`policies.gputypes`) only the computation part of
