@@ -75,7 +75,7 @@ import numpy as np
 from policies.cluster import ClusterSpec, Placement
 from policies.gputypes import speed_factor
 from policies.resources import Allocation
-from policies.ledger import CONTENTION_RULES, DS_MIN_RATIO, MIN_RATIO, JobKey, check_contention
+from policies.ledger import CONTENTION_RULES, MIN_RATIO, JobKey, check_contention
 from policies.ledger import job_cs as _job_cs
 from policies.ledger import node_cs as _node_cs
 from policies.workloads import UnknownModelError, canonical_model, get_workload
@@ -553,7 +553,8 @@ class LinkFit:
 def _two_flow_ratio(sa: np.ndarray, sb: np.ndarray, bw_a: np.ndarray, bw_b: np.ndarray, chi_a: np.ndarray,
                     cap: float) -> np.ndarray:
     """Achieved / isolated of job A beside one job B under the ``link`` rule, elementwise: demands
-    ``da = sa bw_a``, ``db = sb bw_b``; A's max-min share ``x`` of ``cap``; ``1 / (1 + chi_a (min(da, cap) / x - 1))``."""
+    ``da = sa bw_a``, ``db = sb bw_b``; A's max-min share ``x`` of ``cap``;
+    ``1 / (1 + chi_a (min(da, cap) / x - 1))``."""
     da, db = sa * bw_a, sb * bw_b
     x = np.where(da + db <= cap, da, np.where(db < cap / 2, np.minimum(da, cap - db), np.minimum(da, cap / 2)))
     alone = np.minimum(da, cap)
@@ -594,7 +595,8 @@ def fit_link_demand(model: "ContentionModel", capacity_mbps: float = TESTBED_LIN
             sb = np.where(ib[c] == j, eg, s[ib[c]][None, :])
             sse = ((_two_flow_ratio(sa, sb, bw_a[c], bw_b[c], chi_a[c], capacity_mbps) - ratio[c]) ** 2).sum(axis=1)
             k = int(np.argmin(sse))  # the first of equal minima
-            now = ((_two_flow_ratio(s[ia[c]], s[ib[c]], bw_a[c], bw_b[c], chi_a[c], capacity_mbps) - ratio[c]) ** 2).sum()
+            cur = _two_flow_ratio(s[ia[c]], s[ib[c]], bw_a[c], bw_b[c], chi_a[c], capacity_mbps)
+            now = ((cur - ratio[c]) ** 2).sum()
             if grid[k] != x[j] and sse[k] < now:
                 x[j] = grid[k]
                 moved = True
@@ -602,7 +604,8 @@ def fit_link_demand(model: "ContentionModel", capacity_mbps: float = TESTBED_LIN
             break
     s = np.exp(x)
     err = np.abs(_two_flow_ratio(s[ia], s[ib], bw_a, bw_b, chi_a, capacity_mbps) - ratio)
-    kappa_err = np.array([abs(1.0 / (1.0 + model.kappa[a[0]] * model._chi(a) * model._beta(b)) - r) for a, b, r in pairs])
+    kappa_err = np.array([abs(1.0 / (1.0 + model.kappa[a[0]] * model._chi(a) * model._beta(b)) - r)
+                          for a, b, r in pairs])
     w = int(np.argmax(err))
     sigma = {m: float(s[i]) for i, m in enumerate(models)}
     return LinkFit(

@@ -120,7 +120,8 @@ def test_ds_min_is_deepshares_simulator_rule(data) -> None:
     model = _DS
     keys = sorted({a for a, _ in model.data.ratio})
     me = data.draw(st.sampled_from(keys))
-    per_node = data.draw(st.lists(st.lists(st.sampled_from(keys + [("MoE", 4, 1)]), max_size=5), min_size=1, max_size=4))
+    neighbour = st.sampled_from(keys + [("MoE", 4, 1)])
+    per_node = data.draw(st.lists(st.lists(neighbour, max_size=5), min_size=1, max_size=4))
     want = 1.0 / _deepshare_ratio(model.data.ratio, me, per_node)
     assert job_cs(model, me, per_node) == pytest.approx(want, rel=1e-12)
     assert 1.0 <= job_cs(model, me, per_node) <= DS_CS_CAP

@@ -341,7 +341,8 @@ def test_bad_input_is_one_line_exit_2_and_no_output(tmp_path, capsys, extra, nee
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("extra", [["--slurm-split", "exact"], ["--round", "0"], ["--seed", "-1"], ["--contention", "max"]])
+@pytest.mark.parametrize("extra", [["--slurm-split", "exact"], ["--round", "0"], ["--seed", "-1"],
+                                   ["--contention", "max"]])
 def test_bad_options_are_refused_by_the_parser(tmp_path, capsys, extra):
     with pytest.raises(SystemExit) as exc:
         main(["twin", "--trace", str(HEAVY), "--out", str(tmp_path / "o"), *extra])
