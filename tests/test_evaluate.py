@@ -458,3 +458,21 @@ def test_evaluate_notes_identical_policies(tmp_path, capsys):
     assert ("Note: srtf and srtf-np made identical decisions (the same metrics on every job set): no job was "
             "preempted, so turning preemption off changed nothing.") in flat
     assert max(len(line) for line in out.splitlines() if not line.startswith("written: ")) <= 100
+
+
+def test_contention_rule_is_used_and_recorded(tmp_path, capsys):
+    """``evaluate --contention ds-min`` prices contention by DeepShare's rule (no average CS above 1 / 0.35) and
+    records the rule in rl_results.json."""
+    from policies.ledger import DS_CS_CAP
+    from rlsched.cli import main
+
+    d = tmp_path / "traces" / "normal"
+    d.mkdir(parents=True)
+    write_trace(d / "set0.csv", generate_jobs(C, GeneratorConfig(num_jobs=12, mix="heavy", seed=1, max_gpus=8,
+                                                                    duration_s=900.0)))
+    out = tmp_path / "out"
+    assert main(["evaluate", "--policies", "las", "--traces", str(tmp_path / "traces"), "--cluster", "2x4",
+                 "--contention", "ds-min", "--out", str(out)]) == 0, capsys.readouterr().err
+    doc = json.loads((out / "rl_results.json").read_text())
+    assert doc["meta"]["contention"] == "ds-min"
+    assert 1.0 <= doc["results"]["normal"]["las"]["sets"][0]["avg_cs"] <= DS_CS_CAP + 1e-6

@@ -84,6 +84,17 @@ def seed_int(text: str) -> int:
     return v
 
 
+def add_contention_argument(p: argparse.ArgumentParser, what: str = "the simulator's") -> None:
+    """``--contention``: the contention rule of the performance model (shared by ``simulate``, ``twin``
+    and ``evaluate``; rules in ``docs/PERFORMANCE_MODEL.md``, section 2)."""
+    from policies.ledger import CONTENTION_RULES
+
+    p.add_argument("--contention", choices=CONTENTION_RULES, default="sum",
+                   help=f"{what} rule for several jobs sharing a node's link: 'sum' of the pairwise slowdowns "
+                        "(capped at 10x), 'link' (max-min sharing of the link's capacity, no cap) or 'ds-min' "
+                        "(DeepShare's: the worst pair, at most 1/0.35x) (default: %(default)s)")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``simulate`` to the ``rlsched`` subcommands."""
     p = sub.add_parser(
@@ -131,6 +142,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="minimum seconds between fragmentation/CS samples (default: the round length)",
     )
+    add_contention_argument(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar and no table")
     p.set_defaults(func=run_simulate)
 
@@ -242,7 +254,7 @@ def _run(args: argparse.Namespace) -> int:
     out = Path(os.path.normpath(args.out))  # "a/b/.." -> "a": out.name is the directory's own name
     _check_out(out, args.overwrite)
     cluster = ClusterSpec.parse(args.cluster)
-    perf = ContentionModel(cluster)
+    perf = ContentionModel(cluster, contention=args.contention)
     elastic = is_elastic_trace(resolve_trace(args.trace))
     if elastic:  # workers and parameter servers (trainer/elastic.py, docs/ELASTIC.md)
         perf = PSPerformanceModel(perf)
@@ -320,6 +332,7 @@ def summary_doc(args: argparse.Namespace, trace_path: Path, jobs: list, cluster,
             "noise_cv": cfg.noise_cv,
             "seed": cfg.seed,
             "metrics_interval_s": cfg.metrics_interval,
+            "contention": getattr(args, "contention", "sum"),
         },
         "policies": list(names),
         "files": {n: f"jobs_{stems[n]}.parquet" for n in names},

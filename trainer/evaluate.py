@@ -478,9 +478,11 @@ def run_evaluation(
     results_md: str | Path | None = None,
     figure_groups: Sequence[str] | None = FIGURE_GROUPS,
     progress: Callable[[int, int], None] | None = None,
+    contention: str = "sum",
 ) -> dict[str, Any]:
     """Evaluate and write results (see module docstring); returns the results dict.
 
+    :param contention: the performance model's contention rule (:data:`policies.ledger.CONTENTION_RULES`).
     :param figure_groups: the groups that get the JCT CDF, CS distribution and utilisation KDE (``None``:
         every group); :class:`EvaluationError` naming the trace groups when one of them does not exist.
     :param progress: called as ``progress(done, total)`` after each simulation of one policy on one
@@ -491,7 +493,7 @@ def run_evaluation(
     specs = policy_specs(policies)
     _check_outputs(Path(out), Path(results_md) if results_md else None)
     cl = ClusterSpec.parse(cluster)
-    perf = ContentionModel(cl)
+    perf = ContentionModel(cl, contention=contention)
     pols: dict[str, Policy] = {}
     for alias, name in specs.items():
         pols[alias] = make_policy(name, cl, perf)
@@ -581,6 +583,7 @@ def run_evaluation(
             figs.append(_branch_plot(results, branch_names, staged))
         meta = {
             "cluster": cl.describe(),
+            "contention": contention,
             "policies": list(pols),
             "traces": str(traces),
             "wall_s": time.perf_counter() - t0,
