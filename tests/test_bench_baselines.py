@@ -37,3 +37,17 @@ def test_bad_arguments_exit_2(capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(["--groups", "nosuch"])
     assert e.value.code == 2 and "names no group" in capsys.readouterr().err
+
+
+def test_hybrid_table_on_tiny_sets(capsys):
+    _h = importlib.util.spec_from_file_location(
+        "bench_hybrid", Path(__file__).resolve().parents[1] / "benchmarks" / "bench_hybrid.py")
+    hyb = importlib.util.module_from_spec(_h)
+    _h.loader.exec_module(hyb)
+    assert hyb.main(["--sets", "2", "--jobs", "6"]) == 0
+    rows = [ln.split("|") for ln in capsys.readouterr().out.splitlines()[2:]]
+    assert [r[1].strip() for r in rows] == [g.name for g in bench.groups(6) if g.cluster == "4x8"]
+    for r in rows:
+        differ = int(r[7].split("/")[0])
+        if differ == 0:  # identical runs: no difference, ratios 1
+            assert r[4].strip() == "+0.00 +- 0.00" and r[5].strip() == "1.000 +- 0.000"
