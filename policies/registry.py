@@ -12,6 +12,9 @@ Names (case-insensitive, blanks around them ignored):
                                        the cluster's shape, or the ``checkpoint`` argument; ``NAME:/path``
                                        names a checkpoint (``ckpt``, ``ckpt.json`` or ``ckpt.safetensors``)
 ``rl-prior``                           the untrained admission prior alone (an ablation, no checkpoint)
+``sced2``                              SCED2 (:mod:`policies.sced2`): a shared-weight Q-network picks jobs,
+                                       packing places them; the shipped checkpoint for the servers' GPU
+                                       count (any number of servers), ``sced2:/path`` another one
 =====================================  ===================================================================
 
 Options (keyword arguments of :func:`make_policy`; :data:`OPTIONS`):
@@ -50,14 +53,14 @@ _HEURISTIC_ALIASES = ("greedy", "contention-greedy")
 def policy_names() -> tuple[str, ...]:
     """Every policy name (heuristics, then the RL policies), without variants (``-np``, ``:PLACEMENT``,
     ``:/path``)."""
-    return (*HEURISTIC_NAMES, *RL_NAMES)
+    return (*HEURISTIC_NAMES, *RL_NAMES, "sced2")
 
 
 def describe_names() -> str:
     """Every policy name with its variants, for error messages."""
     return (
         f"{', '.join(HEURISTIC_NAMES)} (optionally -np and :pack|:spread|:greedy), "
-        "rl-base, rl-hybrid (optionally :/path/to/checkpoint), rl-prior"
+        "rl-base, rl-hybrid (optionally :/path/to/checkpoint), rl-prior, sced2 (optionally :/path/to/checkpoint)"
     )
 
 
@@ -98,6 +101,12 @@ def make_policy(
         or min_run_s < 0
     ):
         raise PolicyError(f"policy {name!r}: min_run_s must be a finite number of seconds >= 0, got {min_run_s!r}")
+    if base == "sced2":  # SCED2 (seed 003): its own checkpoint format and codec
+        if options:
+            raise PolicyError(f"policy {name!r}: option {sorted(options)[0]!r} does not apply to sced2")
+        from policies.sced2 import make_sced2_policy
+
+        return make_sced2_policy(raw, cluster, perf, checkpoint=checkpoint)
     if base.startswith("rl"):
         if base not in RL_NAMES:
             raise PolicyError(f"unknown RL policy {name!r}; policies: {describe_names()}")

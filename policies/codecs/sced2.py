@@ -238,7 +238,7 @@ class Sced2Round:
 
     # ------------------------------------------------------------------ protocol
     def state(self) -> ClusterState:
-        """The round's input state with this round's starts applied."""
+        """The round's input state with this round's starts applied (running, free GPUs, pending)."""
         st = self._state
         if not self.started:
             return st
@@ -247,7 +247,9 @@ class Sced2Round:
         for j, p in self.started:
             iso = perf.throughput_for(j.model, p)
             add.append(replace(j, placement=p, start_time=self.now, isolated_thp=iso, achieved_thp=iso))
-        return st.with_running(add=add)
+        taken = {j.job_id for j, _p in self.started}
+        return ClusterState(st.time, st.cluster, self.free.copy(), [*st.running, *add],
+                            [j for j in st.pending if j.job_id not in taken], st.usable)
 
     def queue_order(self) -> list[JobInfo]:
         return list(self.waiting)
