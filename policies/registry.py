@@ -4,10 +4,11 @@ controller run is built here, by name.
 Names (case-insensitive, blanks around them ignored):
 
 =====================================  ===================================================================
-``fifo``, ``sjf``, ``srtf``, ``las``,  heuristics (:mod:`policies.heuristics`): a scheduling order plus a
-``greedy``                             placement rule; ``-np`` turns preemption off (``las-np``),
-                                       ``:pack`` / ``:spread`` / ``:greedy`` picks the placement
-                                       (``srtf:spread``)
+``fifo``, ``sjf``, ``sif``, ``lrf``,   heuristics (:mod:`policies.heuristics`): a scheduling order plus a
+``srtf``, ``lgtf``, ``las``,           placement rule; ``-np`` turns preemption off (``las-np``),
+``las2d``, ``greedy``                  ``:pack`` / ``:nosplit`` / ``:spread`` / ``:greedy`` picks the
+                                       placement (``srtf:nosplit``); ``greedy`` is SRTF with the
+                                       ``greedy`` placement
 ``rl-base``, ``rl-hybrid``             learned policies (:mod:`policies.rl`) with the shipped checkpoint for
                                        the cluster's shape, or the ``checkpoint`` argument; ``NAME:/path``
                                        names a checkpoint (``ckpt``, ``ckpt.json`` or ``ckpt.safetensors``)
@@ -35,7 +36,7 @@ from typing import Any
 
 from policies.base import Policy, PolicyError
 from policies.cluster import ClusterSpec
-from policies.heuristics import HEURISTIC_NAMES, ORDERS, make_heuristic
+from policies.heuristics import HEURISTIC_NAMES, ORDERS, PLACEMENT_NAMES, make_heuristic
 from policies.perf import ContentionModel
 
 __all__ = ["OPTIONS", "RL_NAMES", "describe_names", "make_policy", "policy_names"]
@@ -59,7 +60,7 @@ def policy_names() -> tuple[str, ...]:
 def describe_names() -> str:
     """Every policy name with its variants, for error messages."""
     return (
-        f"{', '.join(HEURISTIC_NAMES)} (optionally -np and :pack|:spread|:greedy), "
+        f"{', '.join(HEURISTIC_NAMES)} (optionally -np and :{'|:'.join(PLACEMENT_NAMES)}), "
         "rl-base, rl-hybrid (optionally :/path/to/checkpoint), rl-prior, sced2 (optionally :/path/to/checkpoint)"
     )
 

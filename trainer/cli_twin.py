@@ -82,8 +82,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trace", default=DEFAULT_TRACE,
                    help="job trace: DeepShare JSON, canonical CSV/Parquet or Philly CSV (default: %(default)s)")
     p.add_argument("--policy", default="greedy",
-                   help="the controller's policy, or a comma-separated list run one after the other: fifo, sjf, srtf, "
-                        "las, greedy (optionally :pack|:spread|:greedy and -np), rl-base / rl-hybrid (shipped "
+                   help="the controller's policy, or a comma-separated list run one after the other: fifo, sjf, sif, lrf, "
+                        "srtf, lgtf, las, las2d, greedy (optionally -np and :pack|:nosplit|:spread|:greedy), rl-base / rl-hybrid (shipped "
                         "checkpoints) or rl-base:CHECKPOINT / rl-hybrid:CHECKPOINT (default: %(default)s)")
     p.add_argument("--cluster", default="4x8",
                    help="NODESxGPUS or a YAML/TOML cluster file; its node names are the Slurm node names "
