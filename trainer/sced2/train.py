@@ -36,16 +36,16 @@ class Sced2TrainConfig:
     """A training run (defaults: the shipped checkpoint's run, docs/SCED2.md)."""
 
     cluster: str = "15x8"
-    seq_jobs: int = 200
+    seq_jobs: int = 1000
     n_train: int = 30
-    n_val: int = 4
+    n_val: int = 3
     load: float = 1.0
     one_gpu: float = 0.68
     jobs: int = 10
     k: int = 4
     hidden: int = 32
     head: int = 64
-    timesteps: int = 20_000
+    timesteps: int = 120_000
     lr: float = 5e-4
     buffer: int = 50_000
     learning_starts: int = 1_000
@@ -57,7 +57,7 @@ class Sced2TrainConfig:
     exploration_final: float = 0.05
     per_alpha: float = 0.6
     per_beta0: float = 0.4
-    eval_every: int = 5_000
+    eval_every: int = 15_000
     seed: int = 0
 
 
