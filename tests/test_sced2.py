@@ -312,3 +312,23 @@ def test_simulate_runs_sced2(tmp_path):
     names = list(summary["summaries"]) if isinstance(summary["summaries"], dict) else summary["policies"]
     assert any(n.startswith("sced2") for n in names)
     assert (out / "frag_timeline.png").is_file()
+
+
+@pytest.mark.slow
+def test_twin_runs_sced2_through_the_controller_like_simulate(tmp_path):
+    """The controller's own round (the digital twin: simulated Slurm and agents) loads ``sced2:/path`` and
+    places every job with it, as ``simulate`` does."""
+    pytest.importorskip("pyarrow")
+    from trainer.twin import Twin
+
+    spec = Sced2Spec.for_cluster(C48)
+    ck = save_sced2(tmp_path / "ck", _tensors(spec, seed=5), spec, C48, {})
+    jobs = _jobs(14, 6)
+    name = f"sced2:{ck}"
+    sim = Simulator(C48, jobs, make_policy(name, C48, PERF48), PERF48, SimConfig()).run()
+    res = Twin(C48, jobs, name, tmp_path / "ctl", SimConfig(), log_file=tmp_path / "ctl.log").run()
+    assert [r.job_id for r in res.jobs] == [r.job_id for r in sim.jobs]
+    for s, t in zip(sim.jobs, res.jobs):
+        assert t.first_start == pytest.approx(s.first_start, rel=1e-6, abs=1e-6)
+        assert t.finish_time == pytest.approx(s.finish_time, rel=1e-6)
+    assert res.meta["controller"]["placements"] == len(jobs)
