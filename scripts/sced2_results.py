@@ -27,7 +27,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from policies.base import Policy  # noqa: E402
 from policies.cluster import ClusterSpec  # noqa: E402
+from policies.codecs.sced2 import Sced2Codec  # noqa: E402
+from policies.state import Decision  # noqa: E402
 from policies.perf import ContentionModel  # noqa: E402
 from policies.registry import make_policy  # noqa: E402
 from trainer.sced2.sequences import TEST_SEEDS, philly_pool, sample_sequence  # noqa: E402
@@ -35,6 +38,33 @@ from trainer.simulator import SimConfig, Simulator  # noqa: E402
 
 SEED_BASELINES = ("fifo", "sif", "lrf")
 PROJECT = ("srtf", "las", "greedy")
+#: reference without learning: SIF restricted to the jobs sced2 sees (the first J = 10 by arrival)
+WINDOW = "sif-w10"
+
+
+class WindowSIF(Policy):
+    """SIF over SCED2's window: repeatedly start, on SCED2's packing, the job of shortest ideal time
+    among the first ``J`` waiting jobs by arrival that fits, until none fits. It sees exactly the jobs
+    sced2 sees and never holds: how far selection within the window goes without learning."""
+
+    name = WINDOW
+    time_invariant = True
+
+    def __init__(self, cluster: ClusterSpec, perf) -> None:
+        self.codec = Sced2Codec(cluster, perf)
+
+    def schedule(self, state):
+        dec = Decision()
+        rnd = self.codec.begin(state)
+        while True:
+            enc = rnd.encode(dense=False)
+            ok = [i for i in range(len(enc.jobs)) if enc.mask[i]]
+            if not ok:
+                return dec
+            i = min(ok, key=lambda i: (enc.jobs[i].total_time, enc.jobs[i].submit_time, enc.jobs[i].job_id))
+            choice = enc.decode(i)
+            rnd.place(*choice)
+            dec.place.append(choice)
 
 
 def _t95(n: int) -> float:
@@ -56,7 +86,10 @@ SCED2 = {"name": "sced2"}
 
 
 def run(policy: str, cluster: ClusterSpec, jobs, perf) -> dict[str, float]:
-    pol = make_policy(SCED2["name"] if policy == "sced2" else policy, cluster, perf)
+    if policy == WINDOW:
+        pol = WindowSIF(cluster, perf)
+    else:
+        pol = make_policy(SCED2["name"] if policy == "sced2" else policy, cluster, perf)
     t0 = time.process_time()
     res = Simulator(cluster, jobs, pol, perf, SimConfig()).run()
     f = np.asarray(res.samples_frag, float)
@@ -129,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep-jobs", type=int, default=500)
     ap.add_argument("--loads", default="0.5,1.0,1.5,2.0")
     ap.add_argument("--out", default=str(REPO / "docs" / "SCED2_RESULTS.md"))
+    ap.add_argument("--results-md", default=str(REPO / "docs" / "RESULTS.md"),
+                    help="also replace the SCED2 block of this file ('' to skip)")
     ap.add_argument("--checkpoint", default=None, help="sced2 checkpoint (default: the shipped one)")
     a = ap.parse_args(argv)
     if a.checkpoint:
@@ -137,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster = ClusterSpec.parse("15x8")
     perf = ContentionModel(cluster)
     pool = philly_pool(cluster)
-    names = ["sced2", *SEED_BASELINES, *PROJECT]
+    names = ["sced2", *SEED_BASELINES, *PROJECT, WINDOW]
     seeds = list(TEST_SEEDS[: a.sequences])
     results: dict[str, list[dict[str, float]]] = {n: [] for n in names}
     for s in seeds:
@@ -145,6 +180,14 @@ def main(argv: list[str] | None = None) -> int:
         for n in names:
             results[n].append(run(n, cluster, jobs, perf))
         print(f"sequence {s} done ({time.time() - t_start:.0f} s)", file=sys.stderr)
+    headline = [
+        f"15x8, {len(seeds)} held-out Philly-derived sequences of {a.jobs} jobs (load 1.0), means:",
+        "",
+        *table(results, names),
+        "",
+        *paired(results, SEED_BASELINES, "FIFO / SIF / LRF"),
+        *paired(results, (*SEED_BASELINES, *PROJECT), "all heuristics here"),
+    ]
     lines = [
         "# SCED2 results (generated)",
         "",
@@ -156,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         f"## Test sequences: 15x8, {len(seeds)} Philly-derived sequences of {a.jobs} jobs (test seeds "
         f"{seeds[0]}..{seeds[-1]}), load 1.0, 68 % 1-GPU",
         "",
-        "Means over the sequences (effectiveness: the seed's eq. 2 with the simulated JCT, ideal time / JCT):",
+        "Means over the sequences (effectiveness: the seed's eq. 2 with the simulated JCT, ideal time / JCT; "
+        f"{WINDOW}: SIF over the first 10 waiting jobs by arrival, the jobs sced2 sees, no learning):",
         "",
         *table(results, names),
         "",
@@ -191,8 +235,24 @@ def main(argv: list[str] | None = None) -> int:
               f"Total wall time of this script: {time.time() - t_start:.0f} s.", ""]
     text = "\n".join(lines)
     Path(a.out).write_text(text)
+    if a.results_md:
+        _update_results_md(Path(a.results_md), headline, Path(a.out))
     print(text)
     return 0
+
+
+BEGIN, END = "<!-- sced2-results:begin -->", "<!-- sced2-results:end -->"
+
+
+def _update_results_md(path: Path, headline: list[str], full: Path) -> None:
+    """Replace the block between :data:`BEGIN` and :data:`END` of ``path`` (docs/RESULTS.md) with the headline."""
+    text = path.read_text()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{path}: no {BEGIN} ... {END} block to replace")
+    rel = full.resolve().relative_to(REPO) if full.resolve().is_relative_to(REPO) else full
+    block = "\n".join([BEGIN, "", *headline, "", f"All tables (load sweep, latency): `{rel}`.", "", END])
+    a, b = text.index(BEGIN), text.index(END) + len(END)
+    path.write_text(text[:a] + block + text[b:])
 
 
 if __name__ == "__main__":
