@@ -332,3 +332,15 @@ def test_twin_runs_sced2_through_the_controller_like_simulate(tmp_path):
         assert t.first_start == pytest.approx(s.first_start, rel=1e-6, abs=1e-6)
         assert t.finish_time == pytest.approx(s.finish_time, rel=1e-6)
     assert res.meta["controller"]["placements"] == len(jobs)
+
+
+def test_shipped_checkpoint_runs_on_any_number_of_8_gpu_servers():
+    """``sced2`` (the shipped sced2-m8 checkpoint) loads on 4x8, 15x8 and 64x8 and places every job."""
+    for shape in ("4x8", "15x8", "64x8"):
+        cl = ClusterSpec.parse(shape)
+        pol = make_policy("sced2", cl)
+        assert isinstance(pol, Sced2Policy) and pol.codec.spec.nodes == cl.num_nodes
+    res = Simulator(C48, _jobs(20, 7), make_policy("sced2", C48), PERF48, SimConfig()).run()
+    assert len(res.jobs) == 20
+    with pytest.raises(PolicyError, match="no shipped sced2 checkpoint"):
+        make_policy("sced2", ClusterSpec.parse("4x4"))
