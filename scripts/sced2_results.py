@@ -2,7 +2,7 @@
 heuristics on held-out Philly-derived test sequences, with paired intervals; a load sweep; decision
 latency at 15x8 and 128x8. Writes ``docs/SCED2_RESULTS.md`` (and prints it).
 
-    nice -n 10 python3 scripts/sced2_results.py [--sequences 8] [--jobs 1000] [--out docs/SCED2_RESULTS.md]
+    nice -n 10 python3 scripts/sced2_results.py [--sequences 20] [--jobs 1000] [--out docs/SCED2_RESULTS.md]
 
 Sequences: :func:`trainer.sced2.sequences.sample_sequence` with the test seeds
 (:data:`~trainer.sced2.sequences.TEST_SEEDS`, never used in training or validation), 15x8, load 1.0,
@@ -156,10 +156,10 @@ def latency(shape: str, jobs_n: int, seed: int, load: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sequences", type=int, default=8)
+    ap.add_argument("--sequences", type=int, default=20)
     ap.add_argument("--jobs", type=int, default=1000)
-    ap.add_argument("--sweep-sequences", type=int, default=3)
-    ap.add_argument("--sweep-jobs", type=int, default=500)
+    ap.add_argument("--sweep-sequences", type=int, default=5)
+    ap.add_argument("--sweep-jobs", type=int, default=1000)
     ap.add_argument("--loads", default="0.5,1.0,1.5,2.0")
     ap.add_argument("--out", default=str(REPO / "docs" / "SCED2_RESULTS.md"))
     ap.add_argument("--results-md", default=str(REPO / "docs" / "RESULTS.md"),
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         "# SCED2 results (generated)",
         "",
         "Written by `nice -n 10 python3 scripts/sced2_results.py"
-        + (f" --sequences {a.sequences}" if a.sequences != 8 else "")
+        + (f" --sequences {a.sequences}" if a.sequences != 20 else "")
         + (f" --jobs {a.jobs}" if a.jobs != 1000 else "")
         + "`; design and discussion in docs/SCED2.md.",
         "",
