@@ -6,14 +6,16 @@ Run (about 10 min of one core; the Markdown goes to stdout, progress to stderr):
 
 It writes the tables of docs/RESULTS.md, "Baselines: every heuristic on held-out sets". Each
 group draws ``--sets`` job sets of ``--jobs`` jobs with :func:`trainer.generate.generate_sets` and
-seeds 900 + k, disjoint from the seeds of the training, validation and evaluation traces (RESULTS.md,
-"How to reproduce"); every policy runs every set in the simulator (defaults of
+base seed ``--seed`` + group index (default 950..957: held out, disjoint from the seeds of the training,
+validation and evaluation traces of RESULTS.md, "How to reproduce", and from 900..907, the sets on which
+:data:`policies.placement.SWITCH_GAIN` was chosen); every policy runs every set in the simulator (defaults of
 :class:`trainer.simulator.SimConfig`: 300 s rounds, event-triggered, 30 s restart overhead).
 
-Per group and policy the tables give the mean average JCT (h) and p90 JCT (h) over the sets, and the
+``rl-base`` (the shipped 4x8 checkpoint) runs beside them on the 4x8 groups; the first table states
+its average and p90 JCT over the best heuristic's, per set (paired). Per group and policy the tables give the mean average JCT (h) and p90 JCT (h) over the sets, and the
 per-set ratio of the policy's average JCT to SRTF's on the same set (mean and 95 % half-width,
-Student t over sets: a paired interval). Rows are sorted by mean average JCT, so the best heuristic
-of the group comes first. ``greedy-balanced`` is the contention-aware placement without the
+Student t over sets: a paired interval). The best heuristic of the group (lowest mean average JCT,
+bold) comes first, the other rows follow by mean average JCT. ``greedy-balanced`` is the contention-aware placement without the
 ``nosplit`` rule (:class:`policies.placement.ContentionAwarePlacement` with ``nosplit=False``:
 candidates split over any node count), kept here to show what the rule changes; its rows add
 the share of single-node-sized jobs it split.
@@ -53,8 +55,9 @@ class Group:
     cfg: GeneratorConfig
 
 
-def groups(num_jobs: int) -> list[Group]:
-    """The held-out groups: demands 2/4/8 and 1..32 on 4x8, up to 64 on 16x8; zero and Poisson (90 %)."""
+def groups(num_jobs: int, seed: int = 950) -> list[Group]:
+    """The groups: demands 2/4/8 and 1..32 on 4x8, up to 64 on 16x8; zero and Poisson (90 %) arrivals.
+    Group ``i`` draws with base seed ``seed + i``."""
     out = []
     for i, (name, cluster, demand, max_gpus, arrival, mix) in enumerate([
         ("248-zero", "4x8", "deepshare", 8, "zero", "normal"),
@@ -67,14 +70,16 @@ def groups(num_jobs: int) -> list[Group]:
         ("16x8-uniform64-poisson-90", "16x8", "uniform", 64, "poisson", "normal"),
     ]):
         cfg = GeneratorConfig(num_jobs=num_jobs, mix=mix, demand=demand, max_gpus=max_gpus, arrival=arrival,
-                              load=0.9, seed=900 + i)
+                              load=0.9, seed=seed + i)
         out.append(Group(name, cluster, cfg))
     return out
 
 
-#: The policies compared (``sif`` is left out: it is ``sjf``'s order under SCED2's name, so the same runs).
+#: The heuristics compared (``sif`` is left out: it is ``sjf``'s order under SCED2's name, so the same runs).
 POLICIES = ("srtf", "srtf:nosplit", "lgtf", "lgtf:nosplit", "las", "las2d", "las2d:nosplit", "sjf", "lrf",
             "fifo", "greedy", "greedy-balanced")
+#: The learned policy run beside them where its shipped checkpoint fits the cluster (4x8).
+RL = "rl-base"
 
 
 def build(name: str, cluster: ClusterSpec, perf: ContentionModel) -> Policy:
@@ -83,6 +88,10 @@ def build(name: str, cluster: ClusterSpec, perf: ContentionModel) -> Policy:
         return OrderedPolicy(name=name, order=ORDERS["srtf"], placement=ContentionAwarePlacement(perf),
                              preemptive=True)
     return make_policy(name, cluster, perf)
+
+
+def is_heuristic(name: str) -> bool:
+    return not name.startswith("rl")
 
 
 def run_group(g: Group, num_sets: int, policies: tuple[str, ...]) -> dict[str, list[dict]]:
@@ -117,7 +126,8 @@ def table(g: Group, res: dict[str, list[dict]], num_sets: int) -> str:
         cs = mean_ci([s["avg_cs"] for s in sums])[0]
         split = 100 * float(np.mean([s["split_small"] for s in sums]))
         rows.append((avg, p, p90, ratio, half, util, cs, split))
-    rows.sort()
+    rows.sort(key=lambda r: (not is_heuristic(r[1]), r))
+    rows = rows[:1] + sorted(rows[1:])
     cfg = g.cfg
     arrivals = "all at t = 0" if cfg.arrival == "zero" else f"Poisson, load {cfg.load:g}"
     demands = "2/4/8" if cfg.demand == "deepshare" else f"1..{cfg.max_gpus}"
@@ -127,7 +137,7 @@ def table(g: Group, res: dict[str, list[dict]], num_sets: int) -> str:
             "small jobs split (%) |\n|---|---|---|---|---|---|---|")
     lines = [head]
     for k, (avg, p, p90, ratio, half, util, cs, split) in enumerate(rows):
-        name = f"**{p}**" if k == 0 else p
+        name = f"**{p}**" if k == 0 else p  # the best heuristic
         ci = "" if math.isnan(half) else f" +- {half:.3f}"
         lines.append(f"| {name} | {avg:.2f} | {p90:.2f} | {ratio:.3f}{ci} | {util:.1f} | {cs:.3f} | {split:.1f} |")
     return "\n".join(lines) + "\n"
@@ -145,25 +155,37 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sets", type=int, default=6, help="job sets per group (default 6)")
     ap.add_argument("--jobs", type=int, default=256, help="jobs per set (default 256)")
     ap.add_argument("--groups", default="", help="comma-separated group names (default: all)")
+    ap.add_argument("--no-rl", dest="rl", action="store_false", help=f"leave out {RL} (run on 4x8 groups)")
+    ap.add_argument("--seed", type=int, default=950,
+                    help="base seed: group i draws with seed + i (default 950, the held-out sets; 900 drew "
+                         "the sets that chose the greedy placement's switch_gain)")
     args = ap.parse_args(argv)
     if args.sets < 2:
         ap.error("--sets must be >= 2 (a paired interval needs two sets)")
-    chosen = [g for g in groups(args.jobs) if not args.groups or g.name in args.groups.split(",")]
+    chosen = [g for g in groups(args.jobs, args.seed) if not args.groups or g.name in args.groups.split(",")]
     if not chosen:
         ap.error(f"--groups {args.groups!r} names no group; groups: {', '.join(g.name for g in groups(1))}")
     best, vs = [], []
     tables = []
     for g in chosen:
-        res = run_group(g, args.sets, POLICIES)
+        rl = (RL,) if args.rl and g.cluster == "4x8" else ()
+        res = run_group(g, args.sets, POLICIES + rl)
         tables.append(table(g, res, args.sets))
-        means = {p: float(np.mean([s["avg_jct_s"] for s in sums])) for p, sums in res.items()}
+        means = {p: float(np.mean([s["avg_jct_s"] for s in sums])) for p, sums in res.items() if is_heuristic(p)}
         top = min(means, key=means.__getitem__)
         m, h, n = paired(res, top, "srtf")
-        best.append(f"| {g.name} | {top} | {means[top] / 3600:.2f} | {m:.3f} +- {h:.3f} |")
+        if rl:
+            a, ah, _ = paired(res, RL, top)
+            p90 = mean_ci([x["p90_jct_s"] / y["p90_jct_s"] for x, y in zip(res[RL], res[top])])
+            vs_rl = f"{a:.3f} +- {ah:.3f} | {p90[0]:.3f} +- {p90[1]:.3f}"
+        else:
+            vs_rl = "- (no 16x8 checkpoint) | -"
+        best.append(f"| {g.name} | {top} | {means[top] / 3600:.2f} | {m:.3f} +- {h:.3f} | {vs_rl} |")
         gm, gh, gn = paired(res, "greedy", "srtf:nosplit")
         om, oh, _ = paired(res, "greedy-balanced", "srtf:nosplit")
         vs.append(f"| {g.name} | {gm:.3f} +- {gh:.3f} | {gn} / {args.sets} | {om:.3f} +- {oh:.3f} |")
-    print("| group | best heuristic | its avg JCT (h) | / SRTF (paired 95 %) |\n|---|---|---|---|")
+    print(f"| group | best heuristic | its avg JCT (h) | / SRTF (paired 95 %) | {RL} avg JCT / best | {RL} p90 / best |")
+    print("|---|---|---|---|---|---|")
     print("\n".join(best) + "\n")
     print("| group | greedy / srtf:nosplit (paired 95 %) | sets greedy not worse | greedy-balanced / srtf:nosplit |")
     print("|---|---|---|---|")

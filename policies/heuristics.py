@@ -67,9 +67,10 @@ LAS_THRESHOLDS: tuple[float, ...] = (3600.0, 4 * 3600.0, 16 * 3600.0)
 #: ``las2d``'s queue boundaries in GPU-seconds: two queues split at 3600 GPU-s, the setting of
 #: the Tiresias simulator's example (SymbioticLab/Tiresias, simulator/README.md, ``queue_limit``).
 LAS2D_THRESHOLDS: tuple[float, ...] = (3600.0,)
-#: ``las2d``'s starvation rule (Tiresias' STARVELIMIT as a multiple of the job's execution time,
-#: PROMOTEKNOB = 8): a waiting job whose waiting time exceeds this many times its executed time is
-#: put in the first queue.
+#: ``las2d``'s starvation rule: a waiting job whose waiting time exceeds this many times its executed
+#: time is put in the first queue (Tiresias' STARVELIMIT = PROMOTEKNOB x the job's execution time,
+#: PROMOTEKNOB = 8 as listed among "settings described in the original Tiresias paper" by the
+#: documentation of github.com/heyfey/vodascheduler, package algorithm, TiresiasPromoteKnob).
 LAS2D_PROMOTE_KNOB = 8.0
 
 

@@ -30,6 +30,7 @@ __all__ = [
     "spread",
     "ContentionAwarePlacement",
     "FloorPacking",
+    "SWITCH_GAIN",
     "balanced_candidates",
     "balanced_by_load",
     "PLACEMENT_RULES",
@@ -352,6 +353,11 @@ class _Balanced:
         return Placement(tuple(alloc))
 
 
+#: :class:`ContentionAwarePlacement`'s default ``switch_gain`` (effective GPUs per GPU), chosen on the
+#: held-out groups of ``benchmarks/bench_baselines.py`` among 0, 0.02, 0.05 and 0.1 (docs/RESULTS.md).
+SWITCH_GAIN = 0.05
+
+
 class ContentionAwarePlacement:
     """Greedy: the placement the performance model predicts hurts least.
 
@@ -371,9 +377,12 @@ class ContentionAwarePlacement:
       ``state.cluster.max_gpus_per_node`` GPUs) gets the best-fit node that holds it, or waits
       (``None``): single-node jobs neither suffer nor cause contention in the model, so every
       node that holds one scores the same. A larger job gets the node count ``k`` of
-      :func:`pack` (the fewest nodes that hold it) and the best of three placements on ``k``
-      nodes: :func:`pack`'s, :func:`pack` on the nodes without multi-node jobs, and the balanced
-      placement over the least loaded nodes (:func:`balanced_by_load`).
+      :func:`pack` (the fewest nodes that hold it) and :func:`pack`'s placement unless one of
+      two others on ``k`` nodes scores more than ``switch_gain`` effective GPUs per GPU of the
+      job above it (then the best of them): :func:`pack` on the nodes without multi-node jobs,
+      and the balanced placement over the least loaded nodes (:func:`balanced_by_load`). The
+      score does not price the holes a placement leaves, and pack's shape leaves the fewest;
+      the bar keeps it unless contention costs clearly more (docs/RESULTS.md, "Why greedy lost").
     * ``nosplit=False``: the packing placement plus one balanced placement per
       feasible node count (nodes ordered by network load, then best fit:
       :func:`balanced_by_load`), so a job may be split over more nodes than it needs
@@ -389,18 +398,24 @@ class ContentionAwarePlacement:
         safety rule uses a floor so that filling idle GPUs never buys
         utilisation with heavy contention.
     :param nosplit: choose among the ``nosplit`` rule's placements (above).
+    :param switch_gain: with ``nosplit``, the score per GPU of the job by which another placement of a
+        multi-node job must beat :func:`pack`'s to be chosen (>= 0; default :data:`SWITCH_GAIN`).
     """
 
     #: it reads the running jobs of the state it is given (a policy placing several jobs in one
     #: round must hand it the state with the round's earlier starts)
     uses_running = True
 
-    def __init__(self, perf: ContentionModel, min_efficiency: float = 0.0, nosplit: bool = False) -> None:
+    def __init__(self, perf: ContentionModel, min_efficiency: float = 0.0, nosplit: bool = False,
+                 switch_gain: float = SWITCH_GAIN) -> None:
         if not 0.0 <= min_efficiency <= 1.0:
             raise ValueError(f"min_efficiency must be in [0, 1], got {min_efficiency}")
+        if not (0.0 <= switch_gain and math.isfinite(switch_gain)):
+            raise ValueError(f"switch_gain must be a finite number >= 0, got {switch_gain}")
         self.perf = perf
         self.min_efficiency = float(min_efficiency)
         self.nosplit = bool(nosplit)
+        self.switch_gain = float(switch_gain)
 
     def __call__(self, job: JobInfo, free: np.ndarray, state: ClusterState) -> Placement | None:
         if self.nosplit:
@@ -465,7 +480,7 @@ class ContentionAwarePlacement:
         if not loads:  # no multi-node job runs: no candidate can score better than pack's
             return self._choose(job, [p], led)
         k = p.num_nodes
-        cands = [p]
+        cands: list[Placement] = []
         quiet = np.array(arr, dtype=np.int64)
         quiet[list(loads)] = 0
         q = pack(job, quiet)
@@ -477,8 +492,16 @@ class ContentionAwarePlacement:
             b = _Balanced(gpus, arr, hi, fb, led.load, led.loads, led.load_bytes())
             c = b.candidate(k) if k in b.counts else None
             bal = [] if c is None else [c]
-        cands.extend(c for c in bal if c not in cands)
-        return self._choose(job, cands, led)
+        cands.extend(c for c in bal if c != p and c not in cands)
+        best, best_score = p, self._score(job, p, led)
+        bar = best_score + self.switch_gain * gpus
+        for c in cands:
+            sc = self._score(job, c, led)
+            if sc > bar + 1e-9 and sc > best_score + 1e-9:
+                best, best_score = c, sc
+        if self.min_efficiency > 0.0 and best_score < self.min_efficiency * gpus - 1e-9:
+            return None
+        return best
 
     def _better(self, job: JobInfo, c: Placement, led: ContentionLedger, best: Placement | None,
                 best_score: float) -> tuple[Placement | None, float]:

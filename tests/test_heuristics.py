@@ -414,7 +414,8 @@ def reference_schedule(pol: OrderedPolicy, st_: ClusterState) -> Decision:
     n_nodes = st_.cluster.num_nodes
     usable = np.ones(n_nodes, dtype=bool) if st_.usable is None else st_.usable
     free = np.where(usable, st_.free_gpus, 0).astype(np.int64)
-    pending = sorted(st_.pending, key=pol.order)
+    order = pol.order if pol.timed_order is None else pol.timed_order(st_.time)  # the round's key
+    pending = sorted(st_.pending, key=order)
     running = list(st_.running)  # with this round's starts and preemptions (what greedy looks at)
 
     def now() -> ClusterState:
@@ -429,16 +430,16 @@ def reference_schedule(pol: OrderedPolicy, st_: ClusterState) -> Decision:
     if pol.preemptive:
         victims = sorted((j for j in st_.running if (j.start_time is None or st_.time - j.start_time >= pol.min_run)
                           and any(usable[n] for n in j.placement.nodes)),
-                         key=pol.order, reverse=True)
+                         key=order, reverse=True)
     for jb in pending:
         if pol.place_limit is not None and len(dec.place) >= pol.place_limit:
             break
         p = pol.placement(jb, free, now())
         if p is None and pol.preemptive and victims:
-            key = pol.order(jb)
+            key = order(jb)
             trial, chosen = free.copy(), []
             for v in victims:
-                if not pol._lower(pol.order(v)[0], key[0]):
+                if not pol._lower(order(v)[0], key[0]):
                     break
                 gain(v, trial)
                 chosen.append(v)
@@ -500,7 +501,8 @@ def random_states(draw) -> ClusterState:
     return ClusterState(1000.0, cluster, free, running, pending, usable)
 
 
-@pytest.mark.parametrize("name", ["fifo", "sjf", "srtf", "las", "greedy", "srtf:spread", "las:spread", "las-np", "sjf:greedy"])
+@pytest.mark.parametrize("name", ["fifo", "sjf", "srtf", "las", "greedy", "srtf:spread", "las:spread", "las-np", "sjf:greedy",
+                                  "lgtf", "las2d", "srtf:nosplit", "lrf:greedy", "las2d-np:nosplit"])
 @settings(max_examples=60, deadline=None)
 @given(st_=random_states())
 def test_schedule_matches_reference(perf, name, st_) -> None:

@@ -288,6 +288,15 @@ def test_greedy_is_nosplit_with_contention_aware_multi_node_choice(perf: Content
     assert pack(new, free) == Placement.of({1: 4, 2: 8})
     assert FloorPacking(perf)(new, free, state) == Placement.of({1: 4, 2: 8})
     assert rule(new, free, state) == Placement.of({2: 8, 3: 4})
+    # the bar: another placement must beat pack's by more than switch_gain effective GPUs per GPU
+    gain = (rule.score(new, Placement.of({2: 8, 3: 4}), state) - rule.score(new, Placement.of({1: 4, 2: 8}), state)) / 12
+    assert gain > rule.switch_gain
+    high = ContentionAwarePlacement(perf, nosplit=True, switch_gain=gain + 1e-3)
+    assert high(new, free, state) == Placement.of({1: 4, 2: 8})
+    assert ContentionAwarePlacement(perf, nosplit=True, switch_gain=gain - 1e-3)(new, free, state) == Placement.of({2: 8, 3: 4})
+    for bad in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="switch_gain"):
+            ContentionAwarePlacement(perf, nosplit=True, switch_gain=bad)
     # a 4-GPU job fits node 1 beside FSDP: single-node jobs do not contend, so best fit as nosplit
     small = info("small", 4, perf=perf)
     assert rule(small, free, state) == FloorPacking(perf)(small, free, state) == Placement.of({1: 4})

@@ -78,12 +78,41 @@ def test_comparison_table_values_and_best(runs):
         assert name in text
         assert f"{s['avg_jct_s'] / 3600:.2f}" in text
         assert f"{s['avg_util'] * 100:.1f}" in text
-    # The best average JCT is highlighted (lower is better).
+    # The best heuristic (lowest average JCT) is the first row, and its average JCT is highlighted.
     col = headers.index("Avg JCT (h)")
     cells = list(table.columns[col].cells)
-    best = min(range(2), key=lambda i: list(summaries.values())[i]["avg_jct_s"])
+    best = min(summaries, key=lambda n: summaries[n]["avg_jct_s"])
+    assert list(table.columns[0].cells)[0] == best
     if len({round(s["avg_jct_s"], 6) for s in summaries.values()}) > 1:
-        assert "bold green" in cells[best] and "bold green" not in cells[1 - best]
+        assert "bold green" in cells[0] and "bold green" not in cells[1]
+
+
+@pytest.mark.parametrize(
+    "avg, want",
+    [
+        ({"srtf": 5.0, "greedy": 4.0, "rl-base": 3.0}, ["greedy", "srtf", "rl-base"]),  # RL is never the heuristic
+        ({"rl-base": 3.0, "fifo": 9.0, "srtf:nosplit": 4.0, "las": 4.0}, ["srtf:nosplit", "rl-base", "fifo", "las"]),
+        ({"srtf": 4.0, "rl-fill": 1.0, "RL-area": 1.0}, ["srtf", "rl-fill", "RL-area"]),  # aliases of RL checkpoints
+        ({"srtf": float("nan"), "las": None, "rl-base": 1.0}, ["srtf", "las", "rl-base"]),  # no finite value: as given
+        ({"las": float("nan"), "srtf": 7.0}, ["srtf", "las"]),
+    ],
+)
+def test_best_heuristic_first(avg, want):
+    assert report.best_heuristic_first(avg) == want
+
+
+def test_evaluate_tables_lead_with_the_best_heuristic():
+    from trainer.evaluate import markdown_tables
+
+    def summ(avg):
+        return {"summary": {k: {"mean": avg if k != "avg_cs" else 1.0, "ci95": None}
+                            for k in ("avg_jct_s", "p90_jct_s", "avg_util", "avg_cs")}, "sets": [{}]}
+
+    results = {"g": {"srtf": summ(5.0), "rl-base": summ(3.0), "srtf:nosplit": summ(4.0)}}
+    md = markdown_tables(results, "4x8")
+    rows = [ln.split("|")[1].strip() for ln in md.splitlines() if ln.startswith("| ") and "Policy" not in ln]
+    assert rows == ["srtf:nosplit", "srtf", "rl-base"]
+    assert "rl-base/srtf:nosplit: avg 0.750" in md.split("Ratios")[1].split(";")[0]
 
 
 def test_comparison_table_missing_values_show_dash():
@@ -97,7 +126,9 @@ def test_comparison_table_missing_values_show_dash():
 def test_comparison_table_transposed(runs):
     _, summaries = runs
     table = report.comparison_table(summaries, transpose=True)
-    assert [c.header for c in table.columns] == ["Metric", *summaries]
+    order = report.best_heuristic_first({n: s["avg_jct_s"] for n, s in summaries.items()})
+    assert sorted(order) == sorted(summaries)
+    assert [c.header for c in table.columns] == ["Metric", *order]
     assert table.row_count == len(report._COLUMNS)
     console = Console(width=80, record=True, color_system=None)
     console.print(table)

@@ -365,8 +365,17 @@ def _cell(summary: Mapping[str, Any], key: str, scale: float) -> str:
     return fmt.format(m * scale) + ("" if h is None else f" ± {fmt.format(h * scale)}")
 
 
+def _best_first(data: Mapping[str, Any]) -> list[str]:
+    """A group's policies, its best heuristic (lowest mean average JCT) first
+    (:func:`trainer.report.best_heuristic_first`)."""
+    from trainer.report import best_heuristic_first  # matplotlib: only when tables are made
+
+    return best_heuristic_first({n: d["summary"]["avg_jct_s"]["mean"] for n, d in data.items()})
+
+
 def markdown_tables(results: Mapping[str, Any], cluster: str) -> str:
-    """Markdown: one table per group, mean +- 95% CI over sets, plus ratios to the baselines."""
+    """Markdown: one table per group (its best heuristic first), mean +- 95% CI over sets, plus ratios
+    to the baselines (the best heuristic first)."""
     lines: list[str] = []
     for g, data in results.items():
         nsets = len(next(iter(data.values()))["sets"])
@@ -374,11 +383,13 @@ def markdown_tables(results: Mapping[str, Any], cluster: str) -> str:
         lines.append(f"### {g} ({what}, {cluster})\n")
         lines.append("| Policy | " + " | ".join(h for _, h, _ in METRICS) + " |")
         lines.append("|---|" + "---|" * len(METRICS))
-        for name, d in data.items():
+        order = _best_first(data)
+        for name in order:
+            d = data[name]
             lines.append(f"| {name} | " + " | ".join(_cell(d["summary"], key, scale) for key, _, scale in METRICS) + " |")
         ratios = []
         for rl in [n for n in data if n in ("rl-base", "rl-hybrid")]:
-            for base in [n for n in data if not n.startswith("rl-")]:
+            for base in [n for n in order if not n.startswith("rl-")]:
                 a = data[rl]["summary"]["avg_jct_s"]["mean"] / data[base]["summary"]["avg_jct_s"]["mean"]
                 p = data[rl]["summary"]["p90_jct_s"]["mean"] / data[base]["summary"]["p90_jct_s"]["mean"]
                 ratios.append(f"{rl}/{base}: avg {a:.3f}, p90 {p:.3f}")
@@ -406,8 +417,8 @@ def print_tables(results: Mapping[str, Any], cluster: str, console: Any = None) 
         table.add_column("Policy")
         for _, head, _ in METRICS:
             table.add_column(head, justify="right")
-        for name, d in data.items():
-            table.add_row(name, *(_cell(d["summary"], key, scale) for key, _, scale in METRICS))
+        for name in _best_first(data):
+            table.add_row(name, *(_cell(data[name]["summary"], key, scale) for key, _, scale in METRICS))
         console.print(table)
 
 

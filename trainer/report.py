@@ -31,6 +31,7 @@ from trainer.simulator import SimResult  # noqa: E402
 
 __all__ = [
     "PLOT_FILES",
+    "best_heuristic_first",
     "comparison_table",
     "plot_jct_cdf",
     "plot_util_timeline",
@@ -249,10 +250,26 @@ def _num(v) -> float:
         return math.nan
 
 
+def best_heuristic_first(avg_jct: Mapping[str, float]) -> list[str]:
+    """The policy names of ``avg_jct`` (name -> average JCT) with the best heuristic first: the name of the
+    lowest finite value among the heuristics (names not starting with ``rl``: the learned policies and
+    the aliases of their checkpoints do); the other names keep their order (first on ties)."""
+    names = list(avg_jct)
+    vals = {n: _num(v) for n, v in avg_jct.items() if not n.lower().startswith("rl")}
+    vals = {n: v for n, v in vals.items() if math.isfinite(v)}
+    if vals:
+        best = min(vals, key=vals.__getitem__)
+        names.remove(best)
+        names.insert(0, best)
+    return names
+
+
 def comparison_table(summaries: Mapping[str, Mapping], title: str | None = None, transpose: bool = False) -> Table:
     """A rich table, one row per policy, one column per metric (``transpose``:
-    one row per metric, one column per policy, for narrow terminals); the
-    best value of each comparable metric is bold green (ties all bold)."""
+    one row per metric, one column per policy, for narrow terminals); the best
+    heuristic (:func:`best_heuristic_first`) comes first; the best value of each
+    comparable metric is bold green (ties all bold)."""
+    summaries = {n: summaries[n] for n in best_heuristic_first({n: s.get("avg_jct_s") for n, s in summaries.items()})}
     best: dict[str, float] = {}
     for key, _, _, _, lower in _COLUMNS:
         vals = [_num(s.get(key)) for s in summaries.values()]
