@@ -344,3 +344,21 @@ def test_shipped_checkpoint_runs_on_any_number_of_8_gpu_servers():
     assert len(res.jobs) == 20
     with pytest.raises(PolicyError, match="no shipped sced2 checkpoint"):
         make_policy("sced2", ClusterSpec.parse("4x4"))
+
+
+def test_env_invalid_actions_cost_and_never_strand_an_idle_cluster():
+    from trainer.sced2.env import Sced2Env
+
+    env = Sced2Env([_jobs(6, 8)], C48, invalid_penalty=-0.5)
+    obs, _ = env.reset(seed=0)
+    m = env.action_masks()
+    assert not m[-1]  # idle cluster, jobs waiting: "none" is masked
+    bad = int(np.flatnonzero(~m)[0])
+    obs2, r, term, trunc, _ = env.step(bad)
+    assert r == -0.5 and not term and np.array_equal(obs2, obs)  # the state stays
+    rng = np.random.default_rng(1)
+    for _ in range(500):  # random actions, valid or not, still finish the episode
+        _, _, term, trunc, info = env.step(int(rng.integers(env.action_space.n)))
+        if term or trunc:
+            break
+    assert term and info["finished"] == 6

@@ -27,8 +27,9 @@ contention. "none" earns 0. The undiscounted return is the sum of ``E_j`` over t
 i.e. ``jobs x`` average effectiveness.
 
 An episode ends (``terminated``) when every job has finished, or is ``truncated`` after
-``max_steps`` steps. An invalid action (only with an agent that ignores the mask) is treated as
-"none" and earns ``invalid_penalty``.
+``max_steps`` steps. An invalid action (only with an agent that ignores the mask) earns
+``invalid_penalty`` and is treated as "none", or, where "none" is masked too, leaves the state as it
+is.
 """
 
 from __future__ import annotations
@@ -208,8 +209,10 @@ class Sced2Env(gym.Env):
                 self._enc = self._round.encode()
                 if not self._enc.any_placement:
                     self._settle()
-            else:
+            elif enc.mask[self.obs_spec.noop]:
                 self._settle()
+            # else: an invalid action where "none" is masked too (an idle cluster that must start a job):
+            # the state stays, so that time does not move on with nothing able to happen
         terminated = sim.done
         truncated = not terminated and self._steps >= self.max_steps
         return self._obs(), float(reward), terminated, truncated, self._info()
