@@ -15,6 +15,9 @@ Names (case-insensitive, blanks around them ignored):
 ``rl-prior``                           the untrained admission prior alone (an ablation, no checkpoint)
 ``drf``, ``tetris``, ``optimus``       elastic baselines deciding workers and parameter servers
                                        (:mod:`policies.elastic`, re-plan every 600 s)
+``sced2``                              SCED2 (:mod:`policies.sced2`): a shared-weight Q-network picks jobs,
+                                       packing places them; the shipped checkpoint for the servers' GPU
+                                       count (any number of servers), ``sced2:/path`` another one
 =====================================  ===================================================================
 
 Options (keyword arguments of :func:`make_policy`; :data:`OPTIONS`):
@@ -53,14 +56,15 @@ _HEURISTIC_ALIASES = ("greedy", "contention-greedy")
 def policy_names() -> tuple[str, ...]:
     """Every policy name (heuristics, then the RL policies), without variants (``-np``, ``:PLACEMENT``,
     ``:/path``)."""
-    return (*HEURISTIC_NAMES, *RL_NAMES)
+    return (*HEURISTIC_NAMES, *RL_NAMES, "sced2")
 
 
 def describe_names() -> str:
     """Every policy name with its variants, for error messages."""
     return (
         f"{', '.join(HEURISTIC_NAMES)} (optionally -np and :{'|:'.join(PLACEMENT_NAMES)}), "
-        "rl-base, rl-hybrid (optionally :/path/to/checkpoint), rl-prior, drf, tetris, optimus"
+        "rl-base, rl-hybrid (optionally :/path/to/checkpoint), rl-prior, sced2 (optionally :/path/to/checkpoint), "
+        "drf, tetris, optimus"
     )
 
 
@@ -107,6 +111,12 @@ def make_policy(
         from policies.elastic import make_elastic_policy
 
         return make_elastic_policy(base, perf)
+    if base == "sced2":  # SCED2 (seed 003): its own checkpoint format and codec
+        if options:
+            raise PolicyError(f"policy {name!r}: option {sorted(options)[0]!r} does not apply to sced2")
+        from policies.sced2 import make_sced2_policy
+
+        return make_sced2_policy(raw, cluster, perf, checkpoint=checkpoint)
     if base.startswith("rl"):
         if base not in RL_NAMES:
             raise PolicyError(f"unknown RL policy {name!r}; policies: {describe_names()}")

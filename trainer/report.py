@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 #: File names written by :func:`write_plots`.
-PLOT_FILES = ("jct_cdf.png", "util_timeline.png", "util_kde.png", "cs_distribution.png")
+PLOT_FILES = ("jct_cdf.png", "util_timeline.png", "util_kde.png", "cs_distribution.png", "frag_timeline.png")
 
 _H = 3600.0
 _DPI = 120
@@ -120,6 +120,32 @@ def plot_util_timeline(results: Mapping[str, SimResult], path: str | Path, subti
     axes[-1, 0].set_xlabel("Time since trace start (hours)")
     axes[-1, 0].set_xlim(0, xmax * 1.01 if xmax > 0 else 1)
     fig.suptitle(_title("GPU utilisation over time", subtitle))
+    return _save(fig, path)
+
+
+def plot_frag_timeline(results: Mapping[str, SimResult], path: str | Path, subtitle: str | None = None) -> Path:
+    """Fragmentation over time (SCED2's eq. 1: per server ``1 - (sum x)^2 / (n sum x^2)`` over its GPUs'
+    remaining times ``x``, averaged over servers; seed 003, Fig. 4), one line per policy, from the
+    simulator's samples (``samples_t`` / ``samples_frag``, taken at rounds)."""
+    names = list(results)
+    col = _colours(names)
+    ls = _styles(names)
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    for n in names:
+        r = results[n]
+        t = np.asarray(r.samples_t, float) / _H
+        f = np.asarray(r.samples_frag, float)
+        ok = np.isfinite(f)
+        if ok.any():
+            ax.step(t[ok], f[ok], where="post", color=col[n], ls=ls[n], lw=1.0,
+                    label=f"{n} (mean {float(f[ok].mean()):.3f})")
+    ax.set_xlabel("Time since trace start (hours)")
+    ax.set_ylabel("Mean server fragmentation")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    if names:
+        ax.legend(fontsize=8)
+    fig.suptitle(_title("Fragmentation over time (SCED2 eq. 1)", subtitle))
     return _save(fig, path)
 
 
@@ -207,6 +233,7 @@ def write_plots(
         plot_util_timeline(results, out / PLOT_FILES[1], subtitle),
         plot_util_kde(summaries, out / PLOT_FILES[2], subtitle),
         plot_cs_distribution(summaries, out / PLOT_FILES[3], subtitle),
+        plot_frag_timeline(results, out / PLOT_FILES[4], subtitle),
     ]
 
 

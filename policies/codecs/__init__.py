@@ -8,6 +8,8 @@ Registered codecs:
 
 * ``deepshare-v1``: :class:`~policies.codecs.deepshare.DeepShareCodec`, the DeepShare-style
   two-half observation (:mod:`policies.codecs.deepshare`) of ``rl-base``, ``rl-hybrid`` and ``rl-prior``.
+* ``sced2-v1``: :class:`~policies.codecs.sced2.Sced2Codec`, SCED2's GPU-state / job-state observation
+  and job-selection actions (:mod:`policies.codecs.sced2`) of ``sced2``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 from policies.cluster import ClusterSpec
 from policies.codecs.base import Box, Codec, CodecError, CodecRound, CodecSpec, Discrete, Encoding
 from policies.codecs.deepshare import DeepShareCodec, EncodingError, ObsSpec
+from policies.codecs.sced2 import Sced2Codec, Sced2Spec
 from policies.perf import ContentionModel
 
 __all__ = [
@@ -31,6 +34,8 @@ __all__ = [
     "Encoding",
     "EncodingError",
     "ObsSpec",
+    "Sced2Codec",
+    "Sced2Spec",
     "codec_class",
     "codec_names",
     "make_codec",
@@ -84,3 +89,4 @@ def make_codec(name: str, cluster: ClusterSpec, perf: ContentionModel, spec: Cod
 
 
 register_codec(DeepShareCodec)
+register_codec(Sced2Codec)
