@@ -91,7 +91,9 @@ def build(name: str, cluster: ClusterSpec, perf: ContentionModel) -> Policy:
 
 
 def is_heuristic(name: str) -> bool:
-    return not name.startswith("rl")
+    from policies.registry import is_learned
+
+    return not is_learned(name)
 
 
 def run_group(g: Group, num_sets: int, policies: tuple[str, ...]) -> dict[str, list[dict]]:

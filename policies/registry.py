@@ -41,10 +41,22 @@ from policies.cluster import ClusterSpec
 from policies.heuristics import HEURISTIC_NAMES, ORDERS, PLACEMENT_NAMES, make_heuristic
 from policies.perf import ContentionModel
 
-__all__ = ["OPTIONS", "RL_NAMES", "describe_names", "make_policy", "policy_names"]
+__all__ = ["LEARNED_NAMES", "OPTIONS", "RL_NAMES", "is_learned", "describe_names", "make_policy", "policy_names"]
 
 #: The learned policies' names (:mod:`policies.rl`).
 RL_NAMES = ("rl-base", "rl-hybrid", "rl-prior")
+#: Every learned policy's base name (a checkpoint decides): the RL policies and SCED2.
+LEARNED_NAMES = (*RL_NAMES, "sced2")
+
+
+def is_learned(name: str) -> bool:
+    """Whether the policy ``name`` (any variant: ``rl-base:/path``, ``SCED2``) is a learned policy, i.e.
+    its base name is one of :data:`LEARNED_NAMES` or starts with ``rl`` (evaluate's aliases of RL
+    checkpoints, e.g. ``rl-f2``); results tables compare learned policies with the best of the others."""
+    base = name.partition(":")[0].strip().lower()
+    return base in LEARNED_NAMES or base.startswith("rl")
+
+
 #: The RL policies' options (:class:`policies.rl.RLPolicy`'s parameters).
 _RL_OPTIONS = ("deterministic", "seed", "fast", "hybrid_floor", "hybrid_rule")
 #: Every option :func:`make_policy` accepts.

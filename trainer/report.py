@@ -265,10 +265,12 @@ def _num(v) -> float:
 
 def best_heuristic_first(avg_jct: Mapping[str, float]) -> list[str]:
     """The policy names of ``avg_jct`` (name -> average JCT) with the best heuristic first: the name of the
-    lowest finite value among the heuristics (names not starting with ``rl``: the learned policies and
-    the aliases of their checkpoints do); the other names keep their order (first on ties)."""
+    lowest finite value among the heuristics (the names :func:`policies.registry.is_learned` does not
+    call learned); the other names keep their order (first on ties)."""
     names = list(avg_jct)
-    vals = {n: _num(v) for n, v in avg_jct.items() if not n.lower().startswith("rl")}
+    from policies.registry import is_learned
+
+    vals = {n: _num(v) for n, v in avg_jct.items() if not is_learned(n)}
     vals = {n: v for n, v in vals.items() if math.isfinite(v)}
     if vals:
         best = min(vals, key=vals.__getitem__)
