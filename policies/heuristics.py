@@ -11,7 +11,10 @@ rounding does not break ties):
   queues (preemptive across queues, FIFO inside one).
 
 Placements: ``pack`` (SCED2 packing), ``spread``, ``greedy`` (contention-aware,
-see :class:`policies.placement.ContentionAwarePlacement`).
+see :class:`policies.placement.ContentionAwarePlacement`). New and restarted jobs go
+through the same rule; a preemptive heuristic also moves a running job whenever the rule,
+given the free GPUs plus the job's own, puts it on fewer nodes
+(:attr:`OrderedPolicy.consolidate`; ``docs/PERFORMANCE_MODEL.md``, section 9).
 
 Names on the command line: ``fifo``, ``sjf``, ``srtf``, ``las``, ``greedy``
 (= SRTF order with contention-aware placement), each optionally followed by

@@ -161,3 +161,18 @@ def test_moving_policies_are_asked_with_an_empty_queue(perf) -> None:
     out = run_round(be, make_heuristic("las", perf))
     assert out.asked and be.applied.place == [("A", Placement(((1, 8),)))]
     assert not run_round(_Backend(be.st), off).asked
+
+
+def test_twin_moves_like_the_simulator(perf, tmp_path) -> None:
+    """The controller places a moved job in the round that requeues it, as the simulator does."""
+    from trainer.twin import Twin
+
+    sim, jobs = _run(perf, consolidate=True)
+    twin = Twin(C28, _trace(perf), "las", tmp_path / "ctl", SimConfig(), log_file=tmp_path / "ctl.log").run()
+    got = {r.job_id: r for r in twin.jobs}
+    for jid, s in jobs.items():
+        t = got[jid]
+        assert t.finish_time == pytest.approx(s.finish_time, rel=1e-6), jid
+        assert (t.num_nodes, t.preemptions) == (s.num_nodes, s.preemptions), jid
+    ctl = twin.meta["controller"]
+    assert ctl["preemptions"] == sim.preemptions == 2 and ctl["rejected_placements"] == 0
