@@ -213,7 +213,8 @@ class OrderedPolicy(Policy):
                      limit: int | None) -> None:
         """Move running jobs to better shapes (see ``consolidate``), highest priority first.
 
-        For each running job ``j`` on ``n > 1`` nodes that is not preempted this round, may be a
+        For each running job ``j`` on ``n > 1`` nodes, more than its demand needs on the cluster's
+        largest nodes, that is not preempted this round, may be a
         victim (:meth:`_victims`' rules) and has at least ``min_run`` seconds of estimated
         remaining time: ``q = placement(j, free + j's own GPUs, cur)``; if ``q`` spans fewer
         nodes than ``j``'s placement, ``j`` is preempted and placed on ``q`` (both appended to
@@ -226,11 +227,13 @@ class OrderedPolicy(Policy):
             return
         gone = set(dec.preempt)
         aware = getattr(self.placement, "uses_running", False)
+        per_node = state.cluster.max_gpus_per_node  # no placement of G GPUs spans fewer than ceil(G / per_node) nodes
         cands = [
             (self.order(j), j)
             for j in state.running
             if j.placement is not None
             and j.placement.num_nodes > 1
+            and j.placement.num_nodes > -(-j.gpu_demand // per_node)
             and j.job_id not in gone
             and j.preemptible
             and (j.start_time is None or state.time - j.start_time >= self.min_run)
