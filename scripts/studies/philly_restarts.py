@@ -43,7 +43,7 @@ class _Counting:
     """Wraps a heuristic: counts its moves (placements of jobs running when the round began)."""
 
     def __init__(self, pol) -> None:
-        self.pol, self.moves = pol, 0
+        self.pol, self.n_moves = pol, 0
 
     def __getattr__(self, name):
         return getattr(self.pol, name)
@@ -52,7 +52,7 @@ class _Counting:
         dec = self.pol.schedule(state)
         if dec.preempt and dec.place:
             gone = set(dec.preempt)
-            self.moves += sum(1 for jid, _p in dec.place if jid in gone)
+            self.n_moves += sum(1 for jid, _p in dec.place if jid in gone)
         return dec
 
 
@@ -77,7 +77,7 @@ def run(cluster: ClusterSpec, perf: ContentionModel, jobs, name: str) -> dict:
         "spread_jobs_fit_one_node": sum(1 for r in spread if r.gpu_demand <= per_node),
         "multi_node_jobs": sum(1 for r in res.jobs if r.num_nodes > 1),
         "preemptions": res.preemptions,
-        "moves": counting.moves,
+        "moves": counting.n_moves,
         "max_run_slowdown": float(slow.max()),
         "mean_run_slowdown": float(slow.mean()),
         "mean_cs": float(np.mean([r.avg_cs for r in res.jobs])),
