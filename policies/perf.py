@@ -11,7 +11,9 @@ nodes spends, per sample and GPU, a compute time ``a`` plus communication::
 
 ``u`` is the ring all-reduce volume factor; ``eta`` = inter-node / intra-node
 bandwidth (5 / 16 on the seed's testbed) makes a single-node job's
-communication cheaper; ``c`` prices every extra node a job spans (latency,
+communication cheaper (``ContentionModel(intra="adaptdl")``: a factor per model
+family calibrated from AdaptDL's placement measurements instead, see
+:func:`calibrate_intra`); ``c`` prices every extra node a job spans (latency,
 hops, stragglers). ``a, b, c >= 0`` are fitted per model by non-negative
 least squares on relative error to DeepShare's measured table, so in the
 parametric part a job never gets faster by spreading over more nodes. Where
