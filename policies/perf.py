@@ -620,7 +620,9 @@ def _read_placement_rows(path: Path) -> list[tuple[int, int, int, float, float]]
                 try:
                     vals.append(float(row[col]))
                 except (TypeError, ValueError):
-                    raise ValueError(f"{path}, row {row_no}, field {col!r}: expected a number, got {row[col]!r}") from None
+                    raise ValueError(
+                        f"{path}, row {row_no}, field {col!r}: expected a number, got {row[col]!r}"
+                    ) from None
             bsz, step, sync = vals
             per_node = [int(ch) for ch in pl if ch != "0"]
             if not per_node or not all(math.isfinite(v) and v > 0 for v in vals):

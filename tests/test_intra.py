@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from policies.cluster import ClusterSpec
-from policies.perf import ADAPTDL_ETA, ADAPTDL_FAMILY, INTRA_CHOICES, ContentionModel, calibrate_intra, load_measured_data
+from policies.perf import (ADAPTDL_ETA, ADAPTDL_FAMILY, INTRA_CHOICES, ContentionModel, calibrate_intra,
+                           load_measured_data)
 from policies.workloads import MODELS
 
 ADAPTDL = Path(__file__).resolve().parents[1] / "data" / "adaptdl-placements"

@@ -16,7 +16,8 @@ speeds from AdaptDL"). This study runs each policy on two fixed job sets under e
 The job sets, both on 4x8 (the cluster of the shipped RL checkpoints): ``trace0`` (DeepShare's job
 set 0, all jobs at t = 0) and ``poisson-4x8`` (256 jobs drawn by :func:`trainer.generate.generate_jobs`:
 mix ``normal``, demands powers of two up to 32, 1 h each alone, Poisson arrivals at 90 % offered load,
-seed 1). Their work (samples) is set once with the default model, so every setting runs the same jobs. The simulator and the policies use the same model. Prints the
+seed 1). Their work (samples) is set once with the default model, so every setting runs the same
+jobs. The simulator and the policies use the same model. Prints the
 mean JCT (h) per policy and setting and each policy's mean JCT relative to SRTF's; ``--json``
 writes the numbers.
 """
