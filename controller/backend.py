@@ -20,9 +20,10 @@ Applying a decision (:meth:`SlurmBackend.apply`), in order:
    (the policy had counted the victim's GPUs as free; it decides again without that victim);
 4. resizes: Slurm cannot resize a running job's GPUs, so each is rejected;
 5. placements, at most the round's place limit (cut by the round loop): a job this decision
-   preempts is not placed in the same round (it is requeued held, and placed again from the
-   next); each is checked again against the GPUs actually free (a preemption not made frees
-   nothing), then pinned
+   preempts (a move, :attr:`policies.base.Policy.moves`) is placed in the same round once its
+   preemption was made (it is requeued held, then pinned and released like any held job, with
+   ``requeue_settle_s``), else rejected; each is checked again against the GPUs actually free (a
+   preemption not made frees nothing), then pinned
    (``scontrol update``), recorded in the journal and released. A release the journal cannot
    record is not made (nor any other this round).
 """
@@ -262,12 +263,14 @@ class SlurmBackend:
                 continue
             sj = view.jobs[jid]
             info = view.state.job(jid)
-            if info is not None and info.placement is not None:
-                # preempted by this decision: requeued held now, placed again from the next round
-                why = (f"job {jid}: was running when the round began; Slurm requeues it held and it can be placed "
-                       "again from the next round")
+            moved = info is not None and info.placement is not None
+            if moved and jid not in report.preempted:
+                # its preemption was not made (deferred or failed): it still runs
+                why = (f"job {jid}: was running when the round began and its preemption was not made this round; "
+                       "it can be placed again once it is requeued")
             else:
-                # against the GPUs actually free: a preemption that was not made frees nothing
+                # a pending job, or one this round requeued held (a move), against the GPUs actually free
+                # (a preemption that was not made frees nothing)
                 why = placement_problem(jid, sj.gpus, p, free, usable, " (after the preemptions made this round)")
             if why is not None:
                 self._reject(report, Problem("place", i, jid, why))
@@ -293,7 +296,7 @@ class SlurmBackend:
                     log.warning("not releasing job %s (nor any other this round): the journal cannot record it",
                                 jid, extra={"event": "place_skipped", "job": sj.job_id})
                     break
-                settle = round(c.requeue_settle_s) if sj.restarts > 0 else 0
+                settle = round(c.requeue_settle_s) if sj.restarts > 0 or moved else 0
                 releasing = True
                 ctl.slurm.release(sj.job_id, settle)
             except SlurmError as exc:

@@ -38,6 +38,11 @@ class Policy(ABC):
     #: places and preempts to place has nothing to decide then, and is not asked).
     resizes: bool = False
 
+    #: ``True``: the policy may move running jobs (preempt one and place it again in the same
+    #: decision, :attr:`~policies.state.Decision.place`), so the round loop asks it every round,
+    #: also when no job is pending, as for :attr:`resizes`.
+    moves: bool = False
+
     @abstractmethod
     def schedule(self, state: ClusterState) -> Decision:
         """Return the jobs to preempt and the placements to apply this round."""

@@ -28,6 +28,8 @@ Placements (:data:`policies.placement.PLACEMENT_RULES`): ``pack`` (SCED2 packing
 ``nosplit`` (a job that fits on one node is never split; larger jobs on as few nodes as
 possible: :class:`policies.placement.FloorPacking`), ``spread``, ``greedy`` (contention-aware
 among the ``nosplit`` placements, see :class:`policies.placement.ContentionAwarePlacement`).
+New and restarted jobs go through the same rule; a preemptive heuristic also moves a running
+job whenever the rule, given the free GPUs plus the job's own, puts it on fewer nodes (:attr:`OrderedPolicy.consolidate`; ``docs/PERFORMANCE_MODEL.md``, section 9).
 
 Names on the command line: an order (``srtf``) or ``greedy`` (= SRTF order with the
 ``greedy`` placement), each optionally followed by ``-np`` to turn preemption off
@@ -164,6 +166,14 @@ class OrderedPolicy(Policy):
         a worse placement and a restart.
     :param timed_order: for orders that depend on the time (:data:`TIMED_ORDERS`): ``now -> key``;
         each round ranks pending jobs and victims with ``timed_order(state.time)`` instead of ``order``.
+    :param consolidate: with ``preemptive``, after placing the pending jobs the round moves
+        running jobs to better shapes (:meth:`_consolidate`): a job whose placement spans
+        more nodes than the placement rule gives it now, asked exactly as for a pending job
+        with the job's own GPUs counted free, is preempted and placed there in the same
+        decision (it pays the backend's restart overhead). So no job keeps a shape worse
+        than the rule could give it, whether it started new or restarted after a
+        preemption. Only jobs that may be victims (preemptible, run ``min_run`` since their
+        last start) and whose estimated remaining time is at least ``min_run`` are moved.
     """
 
     name: str
@@ -174,6 +184,12 @@ class OrderedPolicy(Policy):
     min_run: float = 300.0
     preempt_margin: float = 2.0
     timed_order: Callable[[float], Callable[[JobInfo], tuple]] | None = None
+    consolidate: bool = True
+
+    @property
+    def moves(self) -> bool:  # type: ignore[override]
+        """A preemptive policy that consolidates moves running jobs: it is asked every round."""
+        return self.preemptive and self.consolidate
 
     @property
     def time_invariant(self) -> bool:
@@ -267,7 +283,75 @@ class OrderedPolicy(Policy):
                 break  # the backend applies no more: later placements (and their preemptions) are dropped
             if aware:
                 started.append((job, p))
+        if (self.preemptive and self.consolidate and (limit is None or len(dec.place) < limit)
+                and free_total > 0 and state.running):
+            if taken is not None:
+                if not own_free:
+                    free, own_free = free.astype(np.int64), True
+                for n, c in taken.alloc:
+                    free[n] -= c
+            if started or stopped:
+                cur = cur.with_running(add=[_placed(j, q) for j, q in started], remove=stopped)
+            self._consolidate(state, cur, free if own_free else free.astype(np.int64), dec, limit, order)
         return dec
+
+    def _consolidate(self, state: ClusterState, cur: ClusterState, free: np.ndarray, dec: Decision,
+                     limit: int | None, order: Callable[[JobInfo], tuple] | None = None) -> None:
+        """Move running jobs to better shapes (see ``consolidate``), highest priority first.
+
+        For each running job ``j`` on ``n > 1`` nodes, more than its demand needs on the cluster's
+        largest nodes, that is not preempted this round, may be a
+        victim (:meth:`_victims`' rules) and has at least ``min_run`` seconds of estimated
+        remaining time: ``q = placement(j, free + j's own GPUs, cur)``; if ``q`` spans fewer
+        nodes than ``j``'s placement, ``j`` is preempted and placed on ``q`` (both appended to
+        ``dec``) and ``free`` (the round's free GPUs after its placements, changed in place)
+        follows. Nothing happens when no GPU is free: ``j``'s own GPUs alone give the rule the
+        same nodes back.
+        """
+        usable = state.usable
+        if int(free.sum()) <= 0:
+            return
+        gone = set(dec.preempt)
+        aware = getattr(self.placement, "uses_running", False)
+        per_node = state.cluster.max_gpus_per_node  # no placement of G GPUs spans fewer than ceil(G / per_node) nodes
+        cands = [
+            ((order or self.order)(j), j)
+            for j in state.running
+            if j.placement is not None
+            and j.placement.num_nodes > 1
+            and j.placement.num_nodes > -(-j.gpu_demand // per_node)
+            and j.job_id not in gone
+            and j.preemptible
+            and (j.start_time is None or state.time - j.start_time >= self.min_run)
+            and j.remaining_time >= self.min_run
+        ]
+        if not cands:
+            return
+        cands.sort(key=_first)
+        base = cur
+        moved: list[tuple[JobInfo, Placement]] = []
+        for _key, j in cands:
+            if limit is not None and len(dec.place) >= limit:
+                return
+            if int(free.sum()) <= 0:
+                return
+            own = j.placement
+            assert own is not None
+            trial = free.copy()
+            for n, c in own.alloc:
+                if usable is None or usable[n]:
+                    trial[n] += c
+            q = self.placement(j, trial, cur)
+            if q is None or q.num_nodes >= own.num_nodes:
+                continue
+            dec.preempt.append(j.job_id)
+            dec.place.append((j.job_id, q))
+            free[:] = trial
+            for n, c in q.alloc:
+                free[n] -= c
+            if aware:  # one change from `base` (a chain would drop a job it removes and adds back)
+                moved.append((j, q))
+                cur = base.with_running(add=[_placed(x, y) for x, y in moved], remove=[x for x, _ in moved])
 
     def _victims(self, state: ClusterState, order: Callable[[JobInfo], tuple]) -> list[tuple[tuple, JobInfo]]:
         """``(order key, job)`` of the running jobs this policy may preempt, lowest priority first:

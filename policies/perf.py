@@ -11,7 +11,9 @@ nodes spends, per sample and GPU, a compute time ``a`` plus communication::
 
 ``u`` is the ring all-reduce volume factor; ``eta`` = inter-node / intra-node
 bandwidth (5 / 16 on the seed's testbed) makes a single-node job's
-communication cheaper; ``c`` prices every extra node a job spans (latency,
+communication cheaper (``ContentionModel(intra="adaptdl")``: a factor per model
+family calibrated from AdaptDL's placement measurements instead, see
+:func:`calibrate_intra`); ``c`` prices every extra node a job spans (latency,
 hops, stragglers). ``a, b, c >= 0`` are fitted per model by non-negative
 least squares on relative error to DeepShare's measured table, so in the
 parametric part a job never gets faster by spreading over more nodes. Where
@@ -98,6 +100,10 @@ __all__ = [
     "neighbours_table",
     "neighbours_markdown",
     "link_fit_markdown",
+    "calibrate_intra",
+    "ADAPTDL_ETA",
+    "ADAPTDL_FAMILY",
+    "INTRA_CHOICES",
 ]
 
 
@@ -177,6 +183,59 @@ def _u(gpus: int, nodes: int, eta: float) -> float:
     return 2.0 * (gpus - 1) / gpus * (eta if nodes == 1 else 1.0)
 
 
+#: Intra-node factor ``eta`` of each AdaptDL model (file stem of ``data/adaptdl-placements/``):
+#: ``(calibrated, low, high)``. Calibrated: from throughput at equal GPU count and local batch size,
+#: one node against two (:func:`calibrate_intra`, ``"eta"``); low / high: the smallest and largest of
+#: its per-GPU-count values and of the sync-time estimate (``"low"``, ``"high"``). Pinned here
+#: (``policies/`` reads no files at run time); ``tests/test_perf.py`` recomputes them from the CSVs.
+ADAPTDL_ETA: dict[str, tuple[float, float, float]] = {
+    "bert": (0.0797, 0.0698, 0.0924),
+    "cifar10": (0.2476, 0.1663, 0.8164),
+    "deepspeech2": (0.3522, 0.3121, 0.3760),
+    "imagenet": (0.0703, 0.0360, 0.1697),
+    "ncf": (0.2579, 0.2121, 0.2583),
+    "yolov3": (0.1812, 0.0462, 0.2011),
+}
+
+#: The AdaptDL model whose intra-node factor each of our families takes (``docs/PERFORMANCE_MODEL.md``,
+#: "Single-node speeds from AdaptDL"): the closest gradient volume and communication pattern.
+ADAPTDL_FAMILY: dict[str, str] = {
+    "GraphSage": "ncf",
+    "MobileNetV3": "cifar10",
+    "DLRM": "ncf",
+    "Transformer-XL": "bert",
+    "FSDP": "bert",
+    "MoE": "bert",
+}
+
+#: Named choices of ``ContentionModel(intra=...)``.
+INTRA_CHOICES = ("bandwidth", "adaptdl", "adaptdl-low", "adaptdl-high")
+
+
+def _intra_etas(intra: "str | float | Mapping[str, float]", default: float) -> dict[str, float]:
+    """Per-model ``eta`` for ``intra`` (see :class:`ContentionModel`); models left out use ``default``."""
+    if isinstance(intra, str):
+        if intra not in INTRA_CHOICES:
+            raise ValueError(f"intra must be one of {', '.join(INTRA_CHOICES)}, a number or a mapping, got {intra!r}")
+        if intra == "bandwidth":
+            return {}
+        col = {"adaptdl": 0, "adaptdl-low": 1, "adaptdl-high": 2}[intra]
+        return {m: ADAPTDL_ETA[f][col] for m, f in ADAPTDL_FAMILY.items()}
+    if isinstance(intra, Mapping):
+        out = {}
+        for m, v in intra.items():
+            out[canonical_model(m)] = _check_eta(v)
+        return out
+    v = _check_eta(intra)
+    return {m: v for m in _all_models()}
+
+
+def _check_eta(v: object) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0.0 <= v <= 1.0:
+        raise ValueError(f"intra-node factor must be a number in [0, 1], got {v!r}")
+    return float(v)
+
+
 class ContentionModel:
     """The project's performance model (see module docstring).
 
@@ -188,6 +247,13 @@ class ContentionModel:
         :data:`policies.ledger.CONTENTION_RULES`: ``"sum"`` (default), ``"link"`` (max-min
         sharing of each node's link, :meth:`link_terms`) or ``"ds-min"`` (DeepShare's worst pair,
         floored at ratio 0.35); the rules are written in :mod:`policies.ledger`.
+    :param intra: the intra-node factor ``eta`` of the single-node all-reduce term, per model:
+        ``"bandwidth"`` (default): the cluster's ``inter_bw / intra_bw`` for every model;
+        ``"adaptdl"``: each family's factor calibrated from AdaptDL's placement measurements
+        (:data:`ADAPTDL_FAMILY`, :data:`ADAPTDL_ETA`; ``"adaptdl-low"`` / ``"adaptdl-high"``: the
+        ends of its range); a number in ``[0, 1]``: that factor for every model; a mapping
+        ``{model: factor}``: those models (others: the bandwidth ratio). It changes single-node
+        predictions only (no multi-node shape uses it, and none was measured on one node).
     :raises ValueError: an unknown ``contention`` (one line listing the rules).
     """
 
@@ -197,6 +263,7 @@ class ContentionModel:
         data: MeasuredData | None = None,
         use_measured: bool = True,
         contention: str = "sum",
+        intra: "str | float | Mapping[str, float]" = "bandwidth",
     ) -> None:
         #: The contention rule (:data:`policies.ledger.CONTENTION_RULES`) the ledger applies to this model.
         self.contention = check_contention(contention)
@@ -204,6 +271,9 @@ class ContentionModel:
         self.data = data or load_measured_data()
         self.use_measured = use_measured
         self.eta = self.cluster.bw_ratio
+        self.intra = intra
+        #: per-model intra-node factor where it differs from :attr:`eta` (``intra``)
+        self.eta_by_model: dict[str, float] = _intra_etas(intra, self.eta)
         self._link_mbps = self.cluster.inter_bw_gbps * 1000.0
         self.params: dict[str, tuple[float, float, float]] = {}
         self._calib: dict[tuple[str, int], float] = {}
@@ -274,9 +344,14 @@ class ContentionModel:
             raise self._unfitted(model)
         return p
 
+    def eta_for(self, model: str) -> float:
+        """The intra-node factor of ``model`` (``intra``; the cluster's bandwidth ratio by default)."""
+        return self.eta_by_model.get(canonical_model(model), self.eta)
+
     def _parametric(self, model: str, gpus: int, nodes: int) -> float:
         a, b, c = self._params(model)
-        tau = a + b * _u(gpus, nodes, self.eta) + c * max(nodes - 1, 0)
+        eta = self.eta_by_model.get(model, self.eta) if nodes == 1 else self.eta
+        tau = a + b * _u(gpus, nodes, eta) + c * max(nodes - 1, 0)
         return gpus / tau
 
     def _chi(self, key: JobKey) -> float:
@@ -365,8 +440,10 @@ class ContentionModel:
     def comm_share(self, model: str, gpus: int, nodes: int) -> float:
         """Share of a step spent communicating at the reference speed, from the fitted ``a, b, c``:
         ``(b u(G, n) + c (n - 1)) / tau(G, n)`` (intra-node all-reduce included; 0 for one GPU)."""
-        a, b, c = self._params(canonical_model(model))
-        comm = b * _u(gpus, nodes, self.eta) + c * max(nodes - 1, 0)
+        m = canonical_model(model)
+        a, b, c = self._params(m)
+        eta = self.eta_by_model.get(m, self.eta) if nodes == 1 else self.eta
+        comm = b * _u(gpus, nodes, eta) + c * max(nodes - 1, 0)
         return comm / (a + comm)
 
     def type_speedup(self, model: str, gpus: int, nodes: int, f: float) -> float:
@@ -765,4 +842,92 @@ def estimate_eta(paths: Iterable[str | Path]) -> dict[str, float]:
             out[path.stem] = float(np.median(ratios))
     if out:
         out["all"] = float(np.median(list(out.values())))
+    return out
+
+
+def _read_placement_rows(path: Path) -> list[tuple[int, int, int, float, float]]:
+    """``(gpus, nodes, local_bsz, step_time, sync_time)`` of each row of an AdaptDL placements CSV
+    (columns ``placement``, ``local_bsz``, ``step_time``, ``sync_time``); rows with a non-positive or
+    non-finite time are left out. :raises ValueError: naming the file (and row) of a malformed input."""
+    try:
+        f = path.open(newline="", encoding="utf-8-sig")
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot open: {exc.strerror}") from exc
+    out = []
+    with f:
+        reader = csv.DictReader(f)
+        missing = {"placement", "local_bsz", "step_time", "sync_time"} - set(reader.fieldnames or [])
+        if missing:
+            raise ValueError(f"{path}: missing column(s) {', '.join(sorted(missing))}")
+        for row_no, row in enumerate(reader, start=2):
+            pl = (row["placement"] or "").strip()
+            if not pl.isdigit():
+                raise ValueError(f"{path}, row {row_no}, field 'placement': expected digits, got {pl!r}")
+            vals = []
+            for col in ("local_bsz", "step_time", "sync_time"):
+                try:
+                    vals.append(float(row[col]))
+                except (TypeError, ValueError):
+                    raise ValueError(
+                        f"{path}, row {row_no}, field {col!r}: expected a number, got {row[col]!r}"
+                    ) from None
+            bsz, step, sync = vals
+            per_node = [int(ch) for ch in pl if ch != "0"]
+            if not per_node or not all(math.isfinite(v) and v > 0 for v in vals):
+                continue
+            out.append((sum(per_node), len(per_node), int(bsz), step, sync))
+    return out
+
+
+def calibrate_intra(paths: Iterable[str | Path]) -> dict[str, dict]:
+    """Calibrate the intra-node factor ``eta`` from AdaptDL placement measurements
+    (``data/adaptdl-placements/*.csv``: ``placement``, ``local_bsz``, ``step_time`` and ``sync_time``
+    in seconds per step; see ``data/NOTICE.md``).
+
+    For each GPU count ``G`` measured on one node and on two nodes (2, 3, 4) and each local batch
+    size measured both ways, with median step times ``s1`` (one node), ``s2`` (two nodes) and the
+    two-node median sync time ``y2``, the two-node compute time is ``s2 - y2`` and the one-node
+    communication time ``s1 - (s2 - y2)``, so::
+
+        eta_G,b = (s1 - s2 + y2) / y2 = 1 - (s2 - s1) / y2        [clipped to [0, 1]]
+
+    the share of the two-node communication time that a one-node placement still pays, read from
+    throughput (``G * local_bsz / step_time``) at equal GPU count. In our model
+    ``tau(G, 1) = a + b u(G, 2) eta``, so this is the model's ``eta`` where ``c`` is small.
+
+    :returns: per file stem: ``eta`` (median over ``G`` of the median over batch sizes), ``per_g``
+        ``{G: value}``, ``sync`` (the same with the sync-time ratio ``y1 / y2``), ``thp_ratio``
+        ``{G: median one-node / two-node throughput}``, ``low`` / ``high`` (smallest / largest of
+        the ``per_g`` values and ``sync``). Files without a ``G`` measured both ways are left out.
+    """
+    out: dict[str, dict] = {}
+    for path in paths:
+        path = Path(path)
+        cells: dict[tuple[int, int, int], list[tuple[float, float]]] = {}
+        for g, n, bsz, step, sync in _read_placement_rows(path):
+            cells.setdefault((g, n, bsz), []).append((step, sync))
+        med = {k: (float(np.median([s for s, _ in v])), float(np.median([y for _, y in v]))) for k, v in cells.items()}
+        per_g: dict[int, float] = {}
+        sync_g: dict[int, float] = {}
+        thp_g: dict[int, float] = {}
+        for g in sorted({k[0] for k in med if k[1] == 1 and k[0] >= 2}):
+            e_step, e_sync, ratio = [], [], []
+            for (gg, n, bsz), (s1, y1) in med.items():
+                if gg != g or n != 1 or (g, 2, bsz) not in med:
+                    continue
+                s2, y2 = med[(g, 2, bsz)]
+                e_step.append(min(max(1.0 - (s2 - s1) / y2, 0.0), 1.0))
+                e_sync.append(y1 / y2)
+                ratio.append(s2 / s1)
+            if e_step:
+                per_g[g] = float(np.median(e_step))
+                sync_g[g] = float(np.median(e_sync))
+                thp_g[g] = float(np.median(ratio))
+        if not per_g:
+            continue
+        eta = float(np.median(list(per_g.values())))
+        sync = float(np.median(list(sync_g.values())))
+        vals = list(per_g.values()) + [sync]
+        out[path.stem] = {"eta": eta, "per_g": per_g, "sync": sync, "thp_ratio": thp_g,
+                          "low": float(min(vals)), "high": float(max(vals))}
     return out

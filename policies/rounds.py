@@ -4,7 +4,8 @@
 
 1. ``state = backend.snapshot()``;
 2. the policy is asked (``policy.schedule(state)``, timed) unless no job is pending and the
-   policy does not resize (:attr:`~policies.base.Policy.resizes`: a policy that only places,
+   policy neither resizes nor moves running jobs (:attr:`~policies.base.Policy.resizes`,
+   :attr:`~policies.base.Policy.moves`: a policy that only places,
    and preempts to place, has nothing to decide with an empty queue), or the round's
    ``place_limit`` is 0; otherwise the decision is empty;
 3. placements past ``place_limit`` are cut off (a policy that honours
@@ -67,7 +68,8 @@ def run_round(backend: Backend, policy: Policy, place_limit: int | None = None) 
     state = backend.snapshot()
     asked = False
     took = 0.0
-    if (state.pending or getattr(policy, "resizes", False)) and (place_limit is None or place_limit > 0):
+    if (state.pending or getattr(policy, "resizes", False) or getattr(policy, "moves", False)) and (
+            place_limit is None or place_limit > 0):
         if place_limit is not None:
             policy.place_limit = place_limit
         t0 = _perf_counter()

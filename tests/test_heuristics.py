@@ -387,7 +387,8 @@ def test_orders_on_a_hand_made_trace(name) -> None:
 def test_nosplit_on_a_hand_made_trace() -> None:
     """2x8, at t = 0: z 4 GPUs 0.5 h, x and y 6 GPUs 1 h. SRTF places z (shortest) on node 0 and x on node 1;
     y (6) then has 4 + 2 free: pack splits it over both nodes at t = 0, nosplit waits for z to end and runs
-    y on node 0 from 0.5 h to 1.5 h."""
+    y on node 0 from 0.5 h to 1.5 h. SRTF with pack moves y onto one node once z ends (a preemptive heuristic
+    consolidates), so y ends on one node after one preemption; with moves off it stays split."""
     c28 = ClusterSpec.parse("2x8")
     perf28 = ContentionModel(c28)
     jobs = _hour_jobs(perf28, [("x", 6, 1.0), ("y", 6, 1.0), ("z", 4, 0.5)])
@@ -397,7 +398,12 @@ def test_nosplit_on_a_hand_made_trace() -> None:
                    "y": (pytest.approx(0.5), pytest.approx(1.5), 1)}
     res = Simulator(c28, jobs, make_heuristic("srtf", perf28), perf28, SimConfig()).run()
     y = next(r for r in res.jobs if r.job_id == "y")
-    assert (y.first_start, y.num_nodes) == (0.0, 2)
+    assert (y.first_start, y.num_nodes, y.preemptions) == (0.0, 1, 1)
+    still = make_heuristic("srtf", perf28)
+    still.consolidate = False
+    res = Simulator(c28, jobs, still, perf28, SimConfig()).run()
+    y = next(r for r in res.jobs if r.job_id == "y")
+    assert (y.first_start, y.num_nodes, y.preemptions) == (0.0, 2, 0)
     # greedy keeps single-node jobs whole as nosplit does: the same schedule
     res = Simulator(c28, jobs, make_heuristic("greedy", perf28), perf28, SimConfig()).run()
     assert {r.job_id: (r.first_start, r.num_nodes) for r in res.jobs}["y"] == (pytest.approx(1800.0), 1)

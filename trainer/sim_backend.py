@@ -18,8 +18,9 @@ When rounds happen (:meth:`SimBackend.next_round`, with ``round_len`` and ``even
   ``keep_rounds()`` (if given) is false; the boundaries up to the next event are skipped. If
   then nothing runs or is due to arrive or complete, jobs wait forever:
   :class:`~trainer.simulator.SimulationError`;
-* a round due while no job waits has nothing to decide unless the policy resizes
-  (:attr:`~policies.base.Policy.resizes`) or ``every_round`` is set: the backend counts and
+* a round due while no job waits has nothing to decide unless the policy resizes or moves
+  running jobs (:attr:`~policies.base.Policy.resizes`, :attr:`~policies.base.Policy.moves`) or
+  ``every_round`` is set: the backend counts and
   closes it itself and :meth:`~SimBackend.next_round` goes on to the next one (the loop would
   take a snapshot and ask no policy);
 * after each round: the dirty flag is cleared and metrics are sampled
@@ -70,7 +71,7 @@ class SimBackend:
         then until the next call (or the next round), so a caller can integrate a quantity of
         the state over time (the Gymnasium environment's rewards) exactly, piece by piece.
     :param every_round: open every round that comes due, also while no job waits (``None``: only
-        if the policy resizes). For a driver that acts in every round (see the module docstring).
+        if the policy resizes or moves running jobs). For a driver that acts in every round (see the module docstring).
     :param keep_rounds: optional ``() -> bool``, asked at a boundary where a time-invariant policy
         would not be asked because nothing changed in the simulator: ``True`` holds the round
         anyway (something outside the simulator that the driver's rounds act on may change; the
@@ -89,7 +90,8 @@ class SimBackend:
         self._event = sim.cfg.event_triggered
         self._invariant = bool(getattr(sim.policy, "time_invariant", False))
         # rounds opened also when no job waits
-        self._every_round = bool(getattr(sim.policy, "resizes", False) if every_round is None else every_round)
+        self._every_round = bool((getattr(sim.policy, "resizes", False) or getattr(sim.policy, "moves", False))
+                                 if every_round is None else every_round)
         self._keep = keep_rounds
         #: time (s) of the next round boundary
         self.next_boundary = 0.0 if sim.time == 0.0 else (math.floor(sim.time / rl + 1e-12) + 1) * rl
