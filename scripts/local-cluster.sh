@@ -217,7 +217,10 @@ write_config() {
   : >"$DIR/etc/gres.conf.tmp"
   for i in $(seq 1 "$NODES"); do
     mkdir -p "$DIR/gres/node$i" "$DIR/spool/node$i"
-    for g in $(seq 0 $((GPUS - 1))); do : >"$DIR/gres/node$i/gpu$g"; done
+    # each fake GPU is a symlink to /dev/null: slurmd accepts only character or block devices in
+    # File= (a plain file is dropped with "not a valid character or block device", and the job then
+    # gets no CUDA_VISIBLE_DEVICES); Slurm numbers the GPUs by the digits ending the file name
+    for g in $(seq 0 $((GPUS - 1))); do ln -sfn /dev/null "$DIR/gres/node$i/gpu$g"; done
     echo "NodeName=node$i Name=gpu File=$DIR/gres/node$i/gpu[0-$((GPUS - 1))]" >>"$DIR/etc/gres.conf.tmp"
   done
   mv "$DIR/etc/gres.conf.tmp" "$DIR/etc/gres.conf"
