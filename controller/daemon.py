@@ -550,6 +550,7 @@ class Controller:
         if text == self._capacity_written:
             return
         try:
+            self.capacity_file.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(self.capacity_file, text, ".capacity.")
             os.chmod(self.capacity_file, 0o644)
         except (StateDirError, OSError) as exc:
