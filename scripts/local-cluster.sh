@@ -486,7 +486,7 @@ add_port() {  # add_port PORT WHAT PIDFILE
 plan_ports() {  # before anything is written: ports in range, no two daemons on one port
   local i nd last=$((PORT + NODES + OTHER_NODES))
   [[ "$WITH_AGENTS" -eq 1 && $((PORT + 50 + NODES)) -gt "$last" ]] && last=$((PORT + 50 + NODES))
-  [[ "$last" -le 65535 ]] || die "--port $PORT with --nodes $NODES needs ports up to $last, above 65535"
+  [[ "$last" -le 65535 ]] || die "--port $PORT with --nodes $NODES and --other-nodes $OTHER_NODES need ports up to $last, above 65535"
   if [[ "$WITH_CONTROLLER" -eq 1 && "$METRICS_PORT" -gt 65535 ]]; then
     die "--port $PORT puts the controller's metrics on port $METRICS_PORT, above 65535: give --metrics-port"
   fi
