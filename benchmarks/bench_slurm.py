@@ -262,6 +262,11 @@ def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float,
         cl.down()
 
 
+def _slurm_version() -> str:
+    p = subprocess.run(["slurmctld", "-V"], capture_output=True, text=True, check=False)
+    return (p.stdout + p.stderr).strip()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=["submit", "rounds", "all"])
@@ -281,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_slurm: error: needs root (it starts slurmctld and slurmd)", file=sys.stderr)
         return 2
     out: dict = {"host": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                          "slurm": subprocess.run(["sinfo", "--version"], capture_output=True, text=True).stdout.strip()}}
+                          "slurm": _slurm_version()}}
     if args.what in ("submit", "all"):
         out["submit"] = bench_submit(args.jobs or 2000, args.clients, args.nodes or 4, args.gpus)
     if args.what in ("rounds", "all"):
