@@ -25,6 +25,8 @@ from controller.daemon import Controller
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parents[1]
+#: what scontrol prints when job_submit.lua refuses a change of a held managed job (ESLURM_JOB_HELD)
+HELD_TEXT = "Job is in held state, pending scheduler release"
 
 
 def _controller(cluster, tmp_path, **kw) -> Controller:
@@ -176,7 +178,7 @@ def test_operator_hold_is_left_alone_until_uhold_hands_it_back(live_cluster, tes
     j = cluster.job(jid)
     assert j.held and not j.admin_held and j.reason == "JobHeldUser"
     p = cluster.run(["scontrol", "release", str(jid)], user=test_user, check=False)
-    assert p.returncode != 0 and "Access/permission denied" in p.stderr
+    assert p.returncode != 0 and HELD_TEXT in p.stderr
     rep = ctl.round()
     assert [x for x, _ in rep.placed] == [jid], rep
     cluster.wait(lambda: _state(cluster, jid) == "COMPLETED", 30, f"job {jid} to complete", tick=ctl.round)
@@ -205,18 +207,18 @@ def test_gpu_jobs_cannot_escape_the_hold(live_cluster, test_user):
         assert p.returncode != 0 and "Access/permission denied" in p.stderr, (upd, p.stderr)
     assert cluster.job(cpu_job).gpus == 0 and not cluster.job(cpu_job).managed
     # a GPU job of another partition cannot be moved into the managed one
-    cluster.run(["scontrol", "create", "PartitionName=other", "Nodes=node4", "Default=NO", "State=UP"])
+    cluster.run(["scontrol", "create", "PartitionName=side", "Nodes=node4", "Default=NO", "State=UP"])
     try:
-        p = cluster.run(["sbatch", "--parsable", "-p", "other", "--hold", "--gpus=1", "-o", "/dev/null",
+        p = cluster.run(["sbatch", "--parsable", "-p", "side", "--hold", "--gpus=1", "-o", "/dev/null",
                          "--wrap", "sleep 30"], user=test_user)
         other = int(p.stdout.strip().split(";")[0])
         assert not cluster.job(other).managed  # not the managed partition: Slurm's business
         p = cluster.run(["scontrol", "update", f"JobId={other}", "Partition=gpu"], user=test_user, check=False)
         assert p.returncode != 0 and "Access/permission denied" in p.stderr
-        assert cluster.job(other).partition == "other"
+        assert cluster.job(other).partition == "side"
         cluster.run(["scancel", str(other)])
     finally:
-        cluster.run(["scontrol", "delete", "PartitionName=other"], check=False)
+        cluster.run(["scontrol", "delete", "PartitionName=side"], check=False)
     cluster.run(["scancel", str(cpu_job)])
 
 
@@ -229,9 +231,6 @@ def _show(cluster, jid: int, key: str) -> str:
 
 def _ctld_log(cluster) -> str:
     return (cluster.dir / "log" / "slurmctld.log").read_text(errors="replace")
-
-
-HELD_TEXT = "Job is in held state, pending scheduler release"  # ESLURM_JOB_HELD, job_submit.lua's answer for held jobs
 
 
 def _denied(cluster, jid: int, upd: str, user: str, held: bool = False) -> None:
@@ -332,17 +331,17 @@ def test_exclusive_jobs_and_exclusive_moves_are_refused_in_the_managed_partition
     _denied(cluster, cpu_job, "OverSubscribe=no", test_user)
     assert f"change OverSubscribe (--exclusive) of job {cpu_job}" in _ctld_log(cluster)
     # nor can an exclusive job of another partition move in
-    cluster.run(["scontrol", "create", "PartitionName=other", "Nodes=node4", "Default=NO", "State=UP"])
+    cluster.run(["scontrol", "create", "PartitionName=side", "Nodes=node4", "Default=NO", "State=UP"])
     try:
-        p = cluster.run(["sbatch", "--parsable", "-p", "other", "--hold", "--exclusive", "-o", "/dev/null",
+        p = cluster.run(["sbatch", "--parsable", "-p", "side", "--hold", "--exclusive", "-o", "/dev/null",
                          "--wrap", "sleep 30"], user=test_user)
         other = int(p.stdout.strip().split(";")[0])
         _denied(cluster, other, "Partition=gpu", test_user)
-        assert cluster.job(other).partition == "other"
+        assert cluster.job(other).partition == "side"
         assert f"move job {other} into the managed partition" in _ctld_log(cluster)
         cluster.run(["scancel", str(other)])
     finally:
-        cluster.run(["scontrol", "delete", "PartitionName=other"], check=False)
+        cluster.run(["scontrol", "delete", "PartitionName=side"], check=False)
     cluster.run(["scancel", str(cpu_job)])
 
 
