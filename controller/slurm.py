@@ -633,6 +633,10 @@ class SlurmCLI:
         expressed exactly as ``TresPerNode`` (``TresPerJob`` cleared in the
         same update, which 22.05 accepts). Otherwise ``TresPerJob=gpus`` and
         Slurm splits the total over the nodes, filling them in node order.
+        The same update sets ``StartTime=now`` (the job stays held; this
+        replaces the 120 s BeginTime Slurm adds after a requeue), so that
+        :meth:`release` needs no update of its own for an immediate start: one
+        ``scontrol`` process less per placement.
         """
         if not nodes:
             raise ValueError("place: empty node list")
@@ -641,18 +645,18 @@ class SlurmCLI:
         tres = (["TresPerJob=", f"TresPerNode={tres_style}:{per_node}"] if per_node is not None
                 else ["TresPerNode=", f"TresPerJob={tres_style}:{gpus}"])
         self.run(["scontrol", "update", f"JobId={job_id}", f"ReqNodeList={compress_nodes(nodes)}",
-                  f"NumNodes={len(nodes)}", *tres])
+                  f"NumNodes={len(nodes)}", *tres, "StartTime=now"])
 
     def release(self, job_id: int, delay_s: int = 0) -> None:
-        """Release a held job to start in ``delay_s`` seconds.
+        """Release a held job that :meth:`place` pinned, to start in ``delay_s`` seconds.
 
-        ``StartTime=now[+N]`` replaces the 120 s BeginTime delay Slurm adds
-        after a requeue; a few seconds of it are kept for requeued jobs (a
-        batch job relaunched on the node it just left within ~1 s can fail to
-        launch while the old step is still being cleaned up).
+        :meth:`place` set ``StartTime=now``; with ``delay_s > 0`` it becomes
+        ``now+delay_s`` first: a few seconds are kept for requeued jobs (a batch
+        job relaunched on the node it just left within ~1 s can fail to launch
+        while the old step is still being cleaned up).
         """
-        when = "now" if delay_s <= 0 else f"now+{int(delay_s)}"
-        self.run(["scontrol", "update", f"JobId={job_id}", f"StartTime={when}"])
+        if delay_s > 0:
+            self.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{int(delay_s)}"])
         self.run(["scontrol", "release", str(job_id)])
 
     def hold(self, job_id: int) -> None:
