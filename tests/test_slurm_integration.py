@@ -454,7 +454,7 @@ def test_users_see_why_their_jobs_wait_and_impossible_requests_are_refused(live_
     assert rep.ok and rep.reasons == 0  # nothing changed: no scontrol call
     p = cluster.run(["scontrol", "release", str(held[0])], user=test_user, check=False)
     assert p.returncode != 0 and HELD_TEXT in p.stderr, p.stderr
-    assert f"rlsched: refused uid" in _ctld_log(cluster) and f"of managed job {held[0]}" in _ctld_log(cluster)
+    assert "rlsched: refused uid" in _ctld_log(cluster) and f"of managed job {held[0]}" in _ctld_log(cluster)
 
 
 def test_unmanaged_partition_passes_through_and_jobs_see_their_gpus(live_cluster, test_user, tmp_path):
