@@ -71,6 +71,8 @@ class SlurmBackend:
         self.taken: list[Path] = []
         #: running jobs over the contention threshold, as of the last snapshot
         self.victims: list[str] = []
+        #: every job of the last snapshot's Slurm read, by job id (managed or not, any state)
+        self.jobs_by_id: dict[str, SlurmJob] = {}
         self._snapshot_end = 0.0
         self._next_due: float | None = None
         # GPUs free per node as this apply() goes (after the preemptions made), and the usable nodes
@@ -136,6 +138,7 @@ class SlurmBackend:
         ctl.metrics.running.set(len(st.running))
         ctl.metrics.free_gpus.set(st.total_free)
         self.view = view
+        self.jobs_by_id = {str(j.job_id): j for j in jobs}
         self.forced, self.taken = ctl._admin_requests(view)
         self.victims = ctl._cs_victims(view, stats, now)
         self._snapshot_end = time.perf_counter()

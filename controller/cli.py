@@ -57,7 +57,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     cfg = _load(args)
     try:
-        setup_logging(cfg.controller.log_file)
+        setup_logging(cfg.controller.log_file, max_bytes=cfg.controller.log_max_bytes,
+                      backups=cfg.controller.log_backups)
     except OSError as exc:
         raise ConfigError(f"controller.log_file {cfg.controller.log_file}: cannot open it: {exc}") from None
     try:

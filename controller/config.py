@@ -68,6 +68,10 @@ class ControllerSection:
     interval_s: float = 5.0
     state_dir: str = "/var/lib/rlsched"
     log_file: str | None = None  # JSON log lines; None: stderr only
+    log_max_bytes: int = 10 * 1024 * 1024  # log_file is rotated at this size (bytes); 0: never
+    log_backups: int = 5  # rotated log files kept (log_file.1 .. log_file.N)
+    capacity_file: str | None = None  # partition GPUs for job_submit.lua; None: state_dir/capacity
+    reason_updates_per_round: int = 10  # scontrol calls per round that write held jobs' reasons; 0: off
     default_model: str = "Transformer-XL"  # profile of jobs whose comment names no model
     default_runtime_s: float = 3600.0  # work estimate when neither samples nor a time limit is given
     start_grace_s: float = 60.0  # a released job that has not started after this is held again
@@ -199,6 +203,10 @@ def _validate(cfg: ControllerConfig, where: str) -> None:
         raise ConfigError(f"{where}controller.min_run_s: must be >= 0, got {c.min_run_s:g}")
     if c.cs_preempt_threshold != 0 and c.cs_preempt_threshold <= 1:
         raise ConfigError(f"{where}controller.cs_preempt_threshold: must be 0 (off) or > 1 (CS >= 1), got {c.cs_preempt_threshold:g}")
+    for key, v in (("log_max_bytes", c.log_max_bytes), ("log_backups", c.log_backups),
+                   ("reason_updates_per_round", c.reason_updates_per_round)):
+        if v < 0:
+            raise ConfigError(f"{where}controller.{key}: must be >= 0, got {v}")
     if c.max_placements_per_round < 1:
         raise ConfigError(f"{where}controller.max_placements_per_round: must be >= 1")
     if not (0 <= m.port <= 65535):

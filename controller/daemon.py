@@ -59,7 +59,7 @@ from controller.backend import SlurmBackend
 from controller.config import ConfigError, ControllerConfig, load_config
 from controller.metrics import Metrics
 from controller.preemption import NoAgents, Preempter, make_preempter
-from controller.slurm import SlurmCLI, SlurmError, SlurmJob
+from controller.slurm import SlurmCLI, SlurmError, SlurmJob, queue_position, with_reason
 from controller.state import SlurmView, build_cluster, natural_key
 from policies.base import Policy, PolicyError
 from policies.cluster import ClusterSpec
@@ -256,6 +256,7 @@ class RoundReport:
     queue: int = 0
     running: int = 0
     waiting: int = 0  # managed jobs held for their own reason (a dependency, --begin): not placeable yet
+    reasons: int = 0  # jobs whose AdminComment reason this round rewrote
 
 
 class Controller:
@@ -313,6 +314,7 @@ class Controller:
         self._state_error: str | None = None  # this round's first failed state-dir write (RoundReport.error)
         self._deferred: set[str] = set()  # victims SlurmBackend.apply left for later (time budget, after a failure)
         self._preempt_budget_end = 0.0  # clock time after which this round starts no other preemption
+        self._capacity_written: str | None = None  # last text written to capacity_file
         self._unwritable: dict[str, str] = {}  # state-dir file -> its last write error (logged once until it works)
         #: the decide-and-act path: snapshot from Slurm, apply to Slurm (controller/backend.py)
         self.backend = SlurmBackend(self)
@@ -473,6 +475,7 @@ class Controller:
         except ValueError as exc:
             raise SlurmError(["sinfo"], str(exc)) from None
         self._ensure_cluster(cluster)
+        self._write_capacity(cluster)
         assert self.perf is not None and self.policy is not None
         by_id = {str(j.job_id): j for j in jobs}
         changed = self._finish_preemptions(by_id)
@@ -497,16 +500,16 @@ class Controller:
         # several slow victims would otherwise hold up everything else (and status.json) for minutes
         self._preempt_budget_end = self.clock() + c.preempt_timeout_s + self.cfg.agents.timeout_s
         self._deferred = set()
-        if not self._decide(now, cluster, nodes, jobs, stats, rep, last=False):
-            return
-        # a preemption failed: the policy had counted that victim's GPUs as freed, so its decision was
-        # dropped (the rest of its preemptions too: they may have served the same placement). Decide again
-        # at once, without that victim (_preempt_failed), from a fresh read of Slurm (this round's
-        # preemptions included), so other held jobs get the free GPUs in this round
-        log.info("a preemption failed: deciding again without that victim", extra={"event": "replan"})
-        jobs = self.slurm.jobs()
-        nodes = self.slurm.nodes()
-        self._decide(self.clock(), cluster, nodes, jobs, stats, rep, last=True)
+        if self._decide(now, cluster, nodes, jobs, stats, rep, last=False):
+            # a preemption failed: the policy had counted that victim's GPUs as freed, so its decision was
+            # dropped (the rest of its preemptions too: they may have served the same placement). Decide
+            # again at once, without that victim (_preempt_failed), from a fresh read of Slurm (this round's
+            # preemptions included), so other held jobs get the free GPUs in this round
+            log.info("a preemption failed: deciding again without that victim", extra={"event": "replan"})
+            jobs = self.slurm.jobs()
+            nodes = self.slurm.nodes()
+            self._decide(self.clock(), cluster, nodes, jobs, stats, rep, last=True)
+        self._update_reasons(rep)
 
     def _decide(self, now: float, cluster: ClusterSpec, nodes: list, jobs: list[SlurmJob], stats: dict[str, dict],
                 rep: RoundReport, last: bool) -> bool:
@@ -526,6 +529,96 @@ class Controller:
             if f.name[len("preempt-"):] not in self._deferred:
                 self._remove_request(f)
         return out.report.decide_again
+
+    # ------------------------------------------------------------------ what users see
+    @property
+    def capacity_file(self) -> Path:
+        """The partition's GPUs for job_submit.lua (``controller.capacity_file``, default
+        ``state_dir/capacity``)."""
+        f = self.cfg.controller.capacity_file
+        return Path(f) if f else self.state_dir / "capacity"
+
+    def _write_capacity(self, cluster: ClusterSpec) -> None:
+        """Write the managed partition's GPU capacity for job_submit.lua, which refuses at ``sbatch`` a
+        job asking for more GPUs than the partition has (it reads the file at each submission; no file:
+        no check). ``key=value`` lines: ``partition``, ``gpus`` (configured total, drained and down
+        nodes included: a job that fits them can run once they are back), ``nodes``, ``max_node_gpus``.
+        Written (atomically, readable by everyone) only when it changed."""
+        text = (f"# written by the rlsched controller: GPUs of the managed partition, read by job_submit.lua\n"
+                f"partition={self.cfg.slurm.partition or ''}\ngpus={cluster.total_gpus}\n"
+                f"nodes={cluster.num_nodes}\nmax_node_gpus={max(n.gpus for n in cluster.nodes)}\n")
+        if text == self._capacity_written:
+            return
+        try:
+            self.capacity_file.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(self.capacity_file, text, ".capacity.")
+            os.chmod(self.capacity_file, 0o644)
+        except (StateDirError, OSError) as exc:
+            self._warn_once(f"cannot write the capacity file {self.capacity_file} for job_submit.lua: {exc}",
+                            "capacity_unwritable", key="capacity_unwritable")
+            return
+        self._capacity_written = text
+
+    def _reasons(self, rep: RoundReport) -> list[tuple[str, list[int]]]:
+        """The AdminComments this round should change: ``[(text, [job ids])]``, most urgent first
+        (the head of the queue, in arrival order, then jobs placed or running, then jobs waiting for a
+        reason of their own, then the rest of the queue by band). Jobs whose AdminComment already reads
+        so are left out; jobs an administrator holds are never touched."""
+        view = self.backend.view
+        if view is None or self.cluster is None:
+            return []
+        placed = {str(j) for j, _ in rep.placed}
+        want: list[tuple[int, int, str]] = []  # (rank, job id, new admin comment)
+        queue = [p.job_id for p in view.state.pending if p.job_id not in placed]
+        for k, jid in enumerate(queue, 1):
+            want.append((k if k <= 10 else 10_000 + k, int(jid),
+                         f"rlsched: waiting for placement, {queue_position(k, len(queue))}"))
+        for sj in list(view.jobs.values()) + view.in_flight:
+            if str(sj.job_id) in placed or sj.state == "RUNNING" or (sj.pending and not sj.held):
+                want.append((20, sj.job_id, "rlsched: placed"))
+        for sid, why in view.waiting.items():
+            sj = self.backend.jobs_by_id.get(sid)
+            if sj is not None and not sj.admin_held:
+                want.append((30, sj.job_id, f"rlsched: not placed yet: {why}"))
+        for sj in self.backend.jobs_by_id.values():
+            if (sj.managed and sj.held and not sj.admin_held and sj.in_partition(self.cfg.slurm.partition)
+                    and sj.gpus > self.cluster.total_gpus):
+                want.append((40, sj.job_id, f"rlsched: can never start: asks for {sj.gpus} GPUs, the partition "
+                                            f"has {self.cluster.total_gpus}"))
+        groups: dict[str, tuple[int, list[int]]] = {}
+        seen: set[int] = set()
+        for rank, jid, reason in sorted(want, key=lambda w: w[0]):
+            sj = self.backend.jobs_by_id.get(str(jid))
+            if sj is None or jid in seen:
+                continue
+            seen.add(jid)
+            text = with_reason(sj.admin_comment, reason)
+            if text != sj.admin_comment:
+                groups.setdefault(text, (rank, []))[1].append(jid)
+        return [(t, ids) for t, (_, ids) in sorted(groups.items(), key=lambda g: g[1][0])]
+
+    def _update_reasons(self, rep: RoundReport) -> None:
+        """Write each managed job's state for its owner into its AdminComment, after job_submit.lua's
+        mark (``rlsched:managed gpus=8 | rlsched: waiting for placement, position 3 of 7``), where
+        ``scontrol show job`` and ``squeue --json`` show it. AdminComment, not Comment: the comment is
+        the user's (it declares the workload, and they may edit it at any time), the admin comment only
+        operators can write, so no user can forge it. Only changed texts are written, jobs with the
+        same text in one ``scontrol update`` call, at most ``reason_updates_per_round`` calls per round
+        (the head of the queue first; the rest follow in later rounds). A failed call is logged and
+        counted and ends the round's updates; the round itself stays ok."""
+        budget = self.cfg.controller.reason_updates_per_round
+        setter = getattr(self.slurm, "set_admin_comment", None)
+        if budget <= 0 or setter is None or self.cfg.controller.dry_run:
+            return
+        for text, ids in self._reasons(rep)[:budget]:
+            try:
+                setter(ids, text)
+            except SlurmError as exc:
+                self.metrics.slurm_errors.inc()
+                log.warning("writing the reason of job(s) %s failed: %s", _names([str(i) for i in ids]), exc,
+                            extra={"event": "reason_failed"})
+                return
+            rep.reasons += len(ids)
 
     # ------------------------------------------------------------------ preemption
     def _admin_requests(self, view: SlurmView) -> tuple[list[str], list[Path]]:
@@ -917,7 +1010,8 @@ class Controller:
             "cluster": self.cluster.to_dict() if self.cluster else None,
             "last_round": {"ok": rep.ok, "error": rep.error, "error_kind": rep.error_kind, "queue": rep.queue,
                            "running": rep.running, "placed": rep.placed, "preempted": rep.preempted,
-                           "held_back": rep.held_back, "decision_s": rep.decision_s, "waiting": rep.waiting},
+                           "held_back": rep.held_back, "decision_s": rep.decision_s, "waiting": rep.waiting,
+                           "reasons": rep.reasons},
             "agents": self._agents_status(),
             "history": self.history[-20:],
             "metrics_port": self.metrics.port,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import logging.handlers
 import time
 from typing import Any
 
@@ -90,12 +91,17 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
-def setup_logging(log_file: str | None, level: int = logging.INFO) -> None:
-    """Send the controller's logs as JSON lines to stderr and, optionally, ``log_file``."""
+def setup_logging(log_file: str | None, level: int = logging.INFO, max_bytes: int = 10 * 1024 * 1024,
+                  backups: int = 5) -> None:
+    """Send the controller's logs as JSON lines to stderr and, optionally, ``log_file``.
+
+    ``log_file`` is rotated (:class:`logging.handlers.RotatingFileHandler`) once a line would take it
+    past ``max_bytes`` bytes: it becomes ``log_file.1`` (older ones move up to ``.backups``, the oldest
+    is deleted). ``max_bytes=0``: never rotated."""
     root = logging.getLogger("controller")
     handlers: list[logging.Handler] = [logging.StreamHandler()]
     if log_file:  # opened first: a log file that cannot be opened (OSError) leaves logging as it was
-        handlers.append(logging.FileHandler(log_file))
+        handlers.append(logging.handlers.RotatingFileHandler(log_file, maxBytes=max_bytes, backupCount=backups))
     root.setLevel(level)
     root.propagate = False
     for h in list(root.handlers):

@@ -46,6 +46,9 @@ __all__ = [
     "parse_squeue_json",
     "parse_sinfo_json",
     "MANAGED_MARK",
+    "REASON_SEP",
+    "with_reason",
+    "queue_position",
     "dependency_met",
 ]
 
@@ -316,6 +319,47 @@ def managed_gpus(admin_comment: str | None) -> int | None:
     """
     m = re.search(re.escape(MANAGED_MARK) + r"\s+gpus=(\d+)", admin_comment or "")
     return int(m.group(1)) if m else None
+
+
+#: separates job_submit.lua's mark (``rlsched:managed gpus=N``) from the reason the controller writes
+#: after it in a managed job's AdminComment
+REASON_SEP = " | "
+
+
+def with_reason(admin_comment: str | None, reason: str | None) -> str:
+    """``admin_comment`` with its reason (the text after :data:`REASON_SEP`) replaced by ``reason``
+    (removed when ``reason`` is empty); the mark before it is kept as it is."""
+    base = (admin_comment or "").split(REASON_SEP, 1)[0].rstrip()
+    return f"{base}{REASON_SEP}{reason}" if reason else base
+
+
+#: upper ends of the position bands beyond the first 10 places (then x10 each step)
+_BANDS = (10, 20, 50)
+
+
+def _band_edges(n: int) -> tuple[int, int]:
+    """(lo, hi) of the band holding ``n`` > 10: 11-20, 21-50, 51-100, 101-200, 201-500, ..."""
+    scale, lo = 1, 10
+    while True:
+        for b in _BANDS:
+            hi = b * scale
+            if hi > lo:
+                if n <= hi:
+                    return lo + 1, hi
+                lo = hi
+        scale *= 10
+
+
+def queue_position(pos: int, total: int) -> str:
+    """Where a held job stands among the ``total`` jobs waiting for placement (1 = next in arrival
+    order), as written into its AdminComment: exact up to 10 (``position 3 of 7``), in bands beyond
+    (``position 21-50 of more than 500``, the total's band too), so that the text, and
+    with it the ``scontrol update`` that writes it, changes only when a job crosses a band edge."""
+    if pos < 1 or total < pos:
+        raise ValueError(f"queue_position: position {pos} of {total}")
+    where = str(pos) if pos <= 10 else "{}-{}".format(*_band_edges(pos))
+    of = str(total) if total <= 10 else f"more than {_band_edges(total)[0] - 1}"
+    return f"position {where} of {of}"
 
 
 def _tres_style(*tres: str | None) -> str:
@@ -589,6 +633,10 @@ class SlurmCLI:
         expressed exactly as ``TresPerNode`` (``TresPerJob`` cleared in the
         same update, which 22.05 accepts). Otherwise ``TresPerJob=gpus`` and
         Slurm splits the total over the nodes, filling them in node order.
+        The same update sets ``StartTime=now`` (the job stays held; this
+        replaces the 120 s BeginTime Slurm adds after a requeue), so that
+        :meth:`release` needs no update of its own for an immediate start: one
+        ``scontrol`` process less per placement.
         """
         if not nodes:
             raise ValueError("place: empty node list")
@@ -597,18 +645,18 @@ class SlurmCLI:
         tres = (["TresPerJob=", f"TresPerNode={tres_style}:{per_node}"] if per_node is not None
                 else ["TresPerNode=", f"TresPerJob={tres_style}:{gpus}"])
         self.run(["scontrol", "update", f"JobId={job_id}", f"ReqNodeList={compress_nodes(nodes)}",
-                  f"NumNodes={len(nodes)}", *tres])
+                  f"NumNodes={len(nodes)}", *tres, "StartTime=now"])
 
     def release(self, job_id: int, delay_s: int = 0) -> None:
-        """Release a held job to start in ``delay_s`` seconds.
+        """Release a held job that :meth:`place` pinned, to start in ``delay_s`` seconds.
 
-        ``StartTime=now[+N]`` replaces the 120 s BeginTime delay Slurm adds
-        after a requeue; a few seconds of it are kept for requeued jobs (a
-        batch job relaunched on the node it just left within ~1 s can fail to
-        launch while the old step is still being cleaned up).
+        :meth:`place` set ``StartTime=now``; with ``delay_s > 0`` it becomes
+        ``now+delay_s`` first: a few seconds are kept for requeued jobs (a batch
+        job relaunched on the node it just left within ~1 s can fail to launch
+        while the old step is still being cleaned up).
         """
-        when = "now" if delay_s <= 0 else f"now+{int(delay_s)}"
-        self.run(["scontrol", "update", f"JobId={job_id}", f"StartTime={when}"])
+        if delay_s > 0:
+            self.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{int(delay_s)}"])
         self.run(["scontrol", "release", str(job_id)])
 
     def hold(self, job_id: int) -> None:
@@ -619,6 +667,17 @@ class SlurmCLI:
         (:attr:`SlurmJob.admin_held`). The owner still cannot release it: job_submit.lua's
         ``slurm_job_modify`` refuses priority changes of managed jobs."""
         self.run(["scontrol", "uhold", str(job_id)])
+
+    def set_admin_comment(self, job_ids: Sequence[int], text: str) -> None:
+        """Set the AdminComment of every job in ``job_ids`` to ``text``: one ``scontrol update
+        JobId=a,b,c AdminComment=...`` per 200 jobs (scontrol takes a job list; its command mode
+        read from stdin would keep quotes in the value, so jobs with different texts take one call
+        each). Only an operator (the controller) may set it; users can read it
+        (``scontrol show job``, ``squeue --json``)."""
+        ids = [int(j) for j in job_ids]
+        for k in range(0, len(ids), 200):
+            self.run(["scontrol", "update", "JobId=" + ",".join(str(j) for j in ids[k:k + 200]),
+                      f"AdminComment={text}"])
 
     def unplace(self, job_id: int) -> None:
         """Clear a held job's node pin (it goes back to the pool)."""

@@ -3,6 +3,7 @@
 #
 #   scripts/local-cluster.sh up     [--nodes 4] [--gpus 8] [--dir DIR] [--port 6900]
 #                                   [--policy greedy] [--interval 5] [--no-controller] [--no-agents]
+#                                   [--other-nodes 1] [--no-job-submit]
 #   scripts/local-cluster.sh status [--dir DIR]
 #   scripts/local-cluster.sh down   [--dir DIR]
 #
@@ -21,8 +22,18 @@
 #     port each), waits until every node is idle;
 #   * starts one `rlsched agent` per node (when the agent command exists) and
 #     `rlsched controller run` beside slurmctld.
-# Ports: slurmctld PORT, slurmd of nodeK PORT+K, its agent PORT+50+K, the
-# controller's Prometheus metrics PORT+100 (--metrics-port).
+# Partitions: `gpu` (nodes node1..N, the default, managed by rlsched: job_submit.lua
+# holds its GPU jobs) and `other` (--other-nodes K nodes other1..K with the same GPUs,
+# not managed: its jobs run as Slurm schedules them; 0: no such partition).
+# Fake GPUs: symlinks to /dev/null (slurmd takes only device files in gres.conf's
+# File=); Slurm numbers them by the file names' digits and sets CUDA_VISIBLE_DEVICES
+# in jobs (no cgroup device constraint here: the global index on the node).
+# Logs: each fresh `up` starts a run directory DIR/runs/<UTC time>/ (DIR/log points
+# at the newest; the 10 newest are kept); controller.log rotates at 10 MiB x 5.
+# --no-job-submit: slurm.conf without JobSubmitPlugins=lua (benchmarks only: nothing is
+# held, nothing is managed).
+# Ports: slurmctld PORT, slurmd of nodeK PORT+K, of otherK PORT+N+K, the agent of
+# nodeK PORT+50+K, the controller's Prometheus metrics PORT+100 (--metrics-port).
 # `up` checks that those ports are free (except those of its daemons already
 # running) and controller.toml (`rlsched controller check-config`) before it
 # starts anything. It waits 90 s at most for the nodes, and stops waiting as soon
@@ -53,6 +64,9 @@ INTERVAL_GIVEN=0
 WITH_CONTROLLER=1
 WITH_AGENTS=1
 PARTITION="gpu"
+OTHER_PARTITION="other"
+OTHER_NODES=1
+JOB_SUBMIT=1
 CPUS=32
 REAL_MEMORY=64000   # MB per node (nothing enforces it: TaskPlugin=task/none)
 METRICS_PORT=""
@@ -65,7 +79,7 @@ log() { echo "local-cluster: $*" >&2; }
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --nodes|--gpus|--dir|--port|--policy|--interval|--metrics-port)
+    --nodes|--gpus|--dir|--port|--policy|--interval|--metrics-port|--other-nodes)
       # a missing value, or the next option taken for one ("--nodes --gpus 4"), is an error of its own
       [[ $# -ge 2 && "$2" != --* ]] || die "$1 needs a value (see --help)"
       case "$1" in
@@ -76,15 +90,18 @@ while [[ $# -gt 0 ]]; do
         --policy) POLICY="$2"; POLICY_GIVEN=1 ;;
         --interval) INTERVAL="$2"; INTERVAL_GIVEN=1 ;;
         --metrics-port) METRICS_PORT="$2" ;;
+        --other-nodes) OTHER_NODES="$2" ;;
       esac
       shift 2 ;;
     --no-controller) WITH_CONTROLLER=0; shift ;;
     --no-agents) WITH_AGENTS=0; shift ;;
+    --no-job-submit) JOB_SUBMIT=0; shift ;;
     -h|--help) usage; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
 done
 [[ "$NODES" =~ ^[1-9][0-9]{0,3}$ ]] || die "--nodes must be a positive integer (at most 9999), got '$NODES'"
+[[ "$OTHER_NODES" =~ ^[0-9]{1,4}$ ]] || die "--other-nodes must be a number (0: no unmanaged partition), got '$OTHER_NODES'"
 [[ "$GPUS" =~ ^[1-9][0-9]{0,3}$ ]] || die "--gpus must be a positive integer (at most 9999), got '$GPUS'"
 [[ "$PORT" =~ ^[1-9][0-9]{0,4}$ && "$PORT" -le 65535 ]] || die "--port must be a port number, got '$PORT'"
 if [[ -n "$METRICS_PORT" ]]; then
@@ -106,6 +123,16 @@ fi
 
 CONF="$DIR/etc/slurm.conf"
 RUN="$DIR/run"
+# every slurmd of the cluster: the managed partition's node1..N, then the unmanaged other1..K
+ALL_NODES=()
+for i in $(seq 1 "$NODES"); do ALL_NODES+=("node$i"); done
+for i in $(seq 1 "$OTHER_NODES"); do ALL_NODES+=("other$i"); done
+node_port() {  # node_port NAME: its slurmd's port
+  case "$1" in
+    node*) echo $((PORT + ${1#node})) ;;
+    other*) echo $((PORT + NODES + ${1#other})) ;;
+  esac
+}
 export SLURM_CONF="$CONF"
 
 # A process is alive when ps sees it and it is not a zombie. (Not `kill -0`:
@@ -157,9 +184,26 @@ ensure_packages() {
   fi
 }
 
+new_run_dir() {  # a fresh run directory for this `up`'s logs; DIR/log points at it
+  local id0 id n=0 r
+  id0="$(date -u +%Y%m%dT%H%M%SZ)"
+  id="$id0"
+  while [[ -e "$DIR/runs/$id" ]]; do n=$((n + 1)); id="$id0.$n"; done
+  mkdir -p "$DIR/runs/$id/log"
+  chmod 755 "$DIR/runs" "$DIR/runs/$id" "$DIR/runs/$id/log"
+  if [[ -d "$DIR/log" && ! -L "$DIR/log" ]]; then  # logs of a cluster from before run directories
+    mv "$DIR/log" "$DIR/runs/$id/log.before"
+  fi
+  ln -sfn "runs/$id/log" "$DIR/log"
+  # keep the 10 newest runs
+  for r in $(ls -1 "$DIR/runs" | sort | head -n -10); do rm -rf -- "${DIR:?}/runs/$r"; done
+  log "run directory $DIR/runs/$id (logs: $DIR/log/)"
+}
+
 write_config() {
-  mkdir -p "$DIR"/{etc,state,log,run,munge,gres,jobs}
-  chmod 755 "$DIR" "$DIR/etc" "$DIR/log" "$DIR/run" "$DIR/gres"
+  mkdir -p "$DIR"/{etc,state,run,munge,gres,jobs}
+  new_run_dir
+  chmod 755 "$DIR" "$DIR/etc" "$DIR/run" "$DIR/gres"
   chmod 1777 "$DIR/jobs"   # job output for any user
   chmod 700 "$DIR/state"
   local host; host="$(hostname -s)"
@@ -204,25 +248,35 @@ write_config() {
     echo "SlurmctldTimeout=30"
     echo "SlurmdTimeout=60"
     echo "InactiveLimit=0"
-    echo "JobSubmitPlugins=lua"
+    [[ "$JOB_SUBMIT" -eq 1 ]] && echo "JobSubmitPlugins=lua"
     echo "AccountingStorageType=accounting_storage/none"
     echo "JobAcctGatherType=jobacct_gather/none"
     echo "JobCompType=jobcomp/none"
-    for i in $(seq 1 "$NODES"); do
-      echo "NodeName=node$i NodeHostname=$host NodeAddr=127.0.0.1 Port=$((PORT + i)) CPUs=$CPUS RealMemory=$REAL_MEMORY Gres=gpu:$GPUS State=UNKNOWN"
+    for nd in "${ALL_NODES[@]}"; do
+      echo "NodeName=$nd NodeHostname=$host NodeAddr=127.0.0.1 Port=$(node_port "$nd") CPUs=$CPUS RealMemory=$REAL_MEMORY Gres=gpu:$GPUS State=UNKNOWN"
     done
     echo "PartitionName=$PARTITION Nodes=$nodelist Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO"
+    if [[ "$OTHER_NODES" -gt 0 ]]; then  # not managed: job_submit.lua leaves its jobs alone
+      local others="other[1-$OTHER_NODES]"
+      [[ "$OTHER_NODES" -eq 1 ]] && others="other1"
+      echo "PartitionName=$OTHER_PARTITION Nodes=$others Default=NO MaxTime=INFINITE State=UP OverSubscribe=NO"
+    fi
   } >"$CONF.tmp"
   mv "$CONF.tmp" "$CONF"
   : >"$DIR/etc/gres.conf.tmp"
-  for i in $(seq 1 "$NODES"); do
-    mkdir -p "$DIR/gres/node$i" "$DIR/spool/node$i"
-    for g in $(seq 0 $((GPUS - 1))); do : >"$DIR/gres/node$i/gpu$g"; done
-    echo "NodeName=node$i Name=gpu File=$DIR/gres/node$i/gpu[0-$((GPUS - 1))]" >>"$DIR/etc/gres.conf.tmp"
+  for nd in "${ALL_NODES[@]}"; do
+    mkdir -p "$DIR/gres/$nd" "$DIR/spool/$nd"
+    # each fake GPU is a symlink to /dev/null: slurmd accepts only character or block devices in
+    # File= (a plain file is dropped with "not a valid character or block device", and the job then
+    # gets no CUDA_VISIBLE_DEVICES); Slurm numbers the GPUs by the digits ending the file name
+    for g in $(seq 0 $((GPUS - 1))); do ln -sfn /dev/null "$DIR/gres/$nd/gpu$g"; done
+    echo "NodeName=$nd Name=gpu File=$DIR/gres/$nd/gpu[0-$((GPUS - 1))]" >>"$DIR/etc/gres.conf.tmp"
   done
   mv "$DIR/etc/gres.conf.tmp" "$DIR/etc/gres.conf"
   # The managed partition is this cluster's default partition.
+  # and its GPUs are in the controller's capacity file (state_dir/capacity)
   sed -e "s/^local MANAGED_PARTITION = .*/local MANAGED_PARTITION = \"$PARTITION\"/" \
+    -e "s|^local CAPACITY_FILE = .*|local CAPACITY_FILE = \"$DIR/controller/capacity\"|" \
     "$REPO/slurm_conf/job_submit.lua" >"$DIR/etc/job_submit.lua"
   chmod 644 "$DIR"/etc/*
   if [[ ! -s "$DIR/munge/munge.key" ]]; then
@@ -351,34 +405,37 @@ daemon_check() {
 start_slurm() {
   local i n nd states from=()
   from[0]="$(stat -c %s "$DIR/log/slurmctld.log" 2>/dev/null || echo 0)"
-  for i in $(seq 1 "$NODES"); do from[i]="$(stat -c %s "$DIR/log/slurmd-node$i.log" 2>/dev/null || echo 0)"; done
+  local k nd
+  for k in "${!ALL_NODES[@]}"; do from[k + 1]="$(stat -c %s "$DIR/log/slurmd-${ALL_NODES[k]}.log" 2>/dev/null || echo 0)"; done
   SLURM_T0=$SECONDS
   if ! pid_alive "$RUN/slurmctld.pid"; then
     rm -f "$RUN/slurmctld.pid"  # a dead pid in it would read as "slurmctld exited" below
     slurmctld -f "$CONF" || die "slurmctld failed (see $DIR/log/slurmctld.log)"
   fi
-  for i in $(seq 1 "$NODES"); do
-    pid_alive "$RUN/slurmd-node$i.pid" && continue
-    rm -f "$RUN/slurmd-node$i.pid"
-    slurmd -f "$CONF" -N "node$i" || die "slurmd node$i failed (see $DIR/log/slurmd-node$i.log)"
+  for nd in "${ALL_NODES[@]}"; do
+    pid_alive "$RUN/slurmd-$nd.pid" && continue
+    rm -f "$RUN/slurmd-$nd.pid"
+    slurmd -f "$CONF" -N "$nd" || die "slurmd $nd failed (see $DIR/log/slurmd-$nd.log)"
   done
-  log "waiting for $NODES idle nodes (${UP_TIMEOUT} s at most)"
+  local want=${#ALL_NODES[@]}
+  log "waiting for $want idle nodes (${UP_TIMEOUT} s at most)"
   local deadline=$((SECONDS + UP_TIMEOUT))
   while :; do
     daemon_check "$RUN/slurmctld.pid" slurmctld "$DIR/log/slurmctld.log" "${from[0]}"
-    for i in $(seq 1 "$NODES"); do
-      daemon_check "$RUN/slurmd-node$i.pid" "slurmd of node$i" "$DIR/log/slurmd-node$i.log" "${from[i]}"
+    for k in "${!ALL_NODES[@]}"; do
+      nd="${ALL_NODES[k]}"
+      daemon_check "$RUN/slurmd-$nd.pid" "slurmd of $nd" "$DIR/log/slurmd-$nd.log" "${from[k + 1]}"
     done
     # slurmctld may not answer yet: a failing or timed-out sinfo is "not yet", never the end of the script
     states="$(timeout "$SLURM_CMD_TIMEOUT" sinfo -h -N -o '%N %t' 2>/dev/null)" || states=""
     n="$(awk '$2 ~ /^(idle|mix|alloc)/' <<<"$states" | wc -l)"
-    [[ "$n" -ge "$NODES" ]] && return 0
+    [[ "$n" -ge "$want" ]] && return 0
     # nodes left DOWN from an earlier run come back via ReturnToService=2; nudge them
     for nd in $(awk '$2 ~ /down|drain/ {print $1}' <<<"$states"); do
       timeout "$SLURM_CMD_TIMEOUT" scontrol update NodeName="$nd" State=RESUME >/dev/null 2>&1 || true
     done
     [[ "$SECONDS" -lt "$deadline" ]] \
-      || die "nodes did not come up idle in ${UP_TIMEOUT} s ($n of $NODES idle; see $DIR/log/)"
+      || die "nodes did not come up idle in ${UP_TIMEOUT} s ($n of $want idle; see $DIR/log/)"
     sleep 0.5
   done
 }
@@ -427,14 +484,14 @@ add_port() {  # add_port PORT WHAT PIDFILE
   PORT_OWNER[$1]="$2|$3"
 }
 plan_ports() {  # before anything is written: ports in range, no two daemons on one port
-  local i last=$((PORT + NODES))
-  [[ "$WITH_AGENTS" -eq 1 ]] && last=$((PORT + 50 + NODES))
-  [[ "$last" -le 65535 ]] || die "--port $PORT with --nodes $NODES needs ports up to $last, above 65535"
+  local i nd last=$((PORT + NODES + OTHER_NODES))
+  [[ "$WITH_AGENTS" -eq 1 && $((PORT + 50 + NODES)) -gt "$last" ]] && last=$((PORT + 50 + NODES))
+  [[ "$last" -le 65535 ]] || die "--port $PORT with --nodes $NODES and --other-nodes $OTHER_NODES need ports up to $last, above 65535"
   if [[ "$WITH_CONTROLLER" -eq 1 && "$METRICS_PORT" -gt 65535 ]]; then
     die "--port $PORT puts the controller's metrics on port $METRICS_PORT, above 65535: give --metrics-port"
   fi
   add_port "$PORT" "slurmctld" "$RUN/slurmctld.pid"
-  for i in $(seq 1 "$NODES"); do add_port "$((PORT + i))" "slurmd of node$i" "$RUN/slurmd-node$i.pid"; done
+  for nd in "${ALL_NODES[@]}"; do add_port "$(node_port "$nd")" "slurmd of $nd" "$RUN/slurmd-$nd.pid"; done
   if [[ "$WITH_AGENTS" -eq 1 ]]; then
     for i in $(seq 1 "$NODES"); do add_port "$((PORT + 50 + i))" "agent of node$i" "$RUN/agent-node$i.pid"; done
   fi

@@ -10,6 +10,8 @@ On submit, a job of the managed partition that asks for GPUs with --gpus=N:
     nodes, writes ReqNodeList/NumNodes and releases it;
   * is marked in its admin comment ("rlsched:managed gpus=N"), which users
     cannot edit; the controller only touches marked jobs;
+  * is refused when it asks for more GPUs than the partition has (CAPACITY_FILE, written by the
+    controller), with the partition's size in the message;
   * keeps the user's comment, where the workload is declared:
       sbatch --gpus=8 --comment "rlsched:model=MoE,samples=200000" job.sh
     (no model -> the controller's default profile).
@@ -45,6 +47,14 @@ local MANAGED_PARTITION = nil
 -- controller runs as). Add the SlurmUser's uid if it is not root.
 local ADMIN_UIDS = { [0] = true }
 local MARK = "rlsched:managed"
+-- The managed partition's GPUs, written by the rlsched controller ([controller] capacity_file,
+-- default state_dir/capacity: "key=value" lines partition, gpus, nodes, max_node_gpus). A GPU job
+-- asking for more GPUs than the partition has is refused at submission. nil, or no readable file
+-- (the controller has not run yet): no such check. scripts/local-cluster.sh rewrites this line.
+local CAPACITY_FILE = nil
+-- Slurm's ESLURM_JOB_HELD ("Job is in held state, pending scheduler release"), the same number from
+-- Slurm 2.x to 25.x; job_modify returns it for a held managed job, ESLURM_ACCESS_DENIED otherwise
+local ESLURM_JOB_HELD = 2042
 
 -- What the owner of a managed job may still change with scontrol update: nothing here
 -- touches priority, eligibility, begin time, node choice, resources, partition or sharing.
@@ -180,6 +190,21 @@ local function is_managed_partition(requested, part_list)
    return false
 end
 
+-- the controller's capacity file as a table (numbers as numbers), or nil when there is none
+local function read_capacity()
+   if CAPACITY_FILE == nil then return nil end
+   local f = io.open(CAPACITY_FILE, "r")
+   if f == nil then return nil end
+   local cap = {}
+   for line in f:lines() do
+      local k, v = string.match(line, "^%s*([%w_]+)%s*=%s*(.-)%s*$")
+      if k ~= nil then cap[k] = tonumber(v) or v end
+   end
+   f:close()
+   if type(cap.gpus) ~= "number" then return nil end
+   return cap
+end
+
 local function refuse_submit(why)
    slurm.log_user("rlsched: " .. why)
    return slurm.ERROR
@@ -226,8 +251,19 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
       return refuse_submit("-x/--exclude is not accepted for GPU jobs in this partition: the scheduler "
          .. "chooses the nodes (ask an administrator to drain a faulty node)")
    end
+   local cap = read_capacity()
+   if cap ~= nil and gpus > cap.gpus then
+      -- the job could never start: say so now, not by holding it forever
+      local where = (cap.partition ~= nil and cap.partition ~= "") and ("partition " .. cap.partition) or "this partition"
+      local shape = ""
+      if type(cap.nodes) == "number" and type(cap.max_node_gpus) == "number" then
+         shape = string.format(" (%d nodes, at most %d GPUs each)", cap.nodes, cap.max_node_gpus)
+      end
+      return refuse_submit(string.format("--gpus=%d is more than the %d GPUs of %s%s: the job could never start; "
+         .. "ask for at most %d", gpus, cap.gpus, where, shape, cap.gpus))
+   end
    job_desc.priority = 0
-   job_desc.admin_comment = string.format("%s gpus=%d", MARK, gpus)
+   job_desc.admin_comment = string.format("%s gpus=%d | rlsched: waiting for the scheduler's next round", MARK, gpus)
    slurm.log_info("rlsched: holding job %s of uid %d for the controller: gpus=%d comment=%s",
       tostring(job_desc.name), submit_uid, gpus, tostring(job_desc.comment))
    return slurm.SUCCESS
@@ -242,10 +278,13 @@ local function allowed_list()
 end
 local USER_MAY_CHANGE_TEXT = allowed_list()
 
-local function refuse_modify(modify_uid, what)
-   -- log_user() is not delivered from job_modify; the caller sees
-   -- "Access/permission denied", the reason goes to the slurmctld log
+-- Slurm discards log_user() from job_modify (22.05 up to 25.x log "Use of log.user() in job_modify is
+-- not supported. Message discarded"), so what the caller sees is the error code's text: for a held
+-- managed job "Job is in held state, pending scheduler release" (its AdminComment says where it
+-- stands: scontrol show job), else "Access/permission denied". The full reason goes to the slurmctld log.
+local function refuse_modify(modify_uid, what, held)
    slurm.log_info("rlsched: refused uid %d: cannot %s", modify_uid, what)
+   if held then return ESLURM_JOB_HELD end
    return slurm.ESLURM_ACCESS_DENIED or slurm.ERROR
 end
 
@@ -264,7 +303,7 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
       if #refused > 0 then
          return refuse_modify(modify_uid, string.format("change %s of managed job %d (placed by the rlsched "
             .. "controller; its owner may change only %s)", table.concat(refused, ", "), job_rec.job_id,
-            USER_MAY_CHANGE_TEXT))
+            USER_MAY_CHANGE_TEXT), job_rec.priority == 0)
       end
       return slurm.SUCCESS
    end
@@ -287,7 +326,7 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
       what = "change OverSubscribe (--exclusive) of job " .. id .. " in the managed partition"
    end
    if what ~= nil then
-      return refuse_modify(modify_uid, what .. " (submit a new job there; GPUs with --gpus=N)")
+      return refuse_modify(modify_uid, what .. " (submit a new job there; GPUs with --gpus=N)", false)
    end
    return slurm.SUCCESS
 end

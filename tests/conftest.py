@@ -42,7 +42,8 @@ def _pick_port(nodes: int) -> int:
     rnd = random.Random(os.getpid())
     for _ in range(50):
         base = rnd.randrange(21000, 29000, 200)
-        if _ports_free([base] + [base + i for i in range(1, nodes + 1)] + [base + 50 + i for i in range(1, nodes + 1)]):
+        # slurmctld, the slurmd of node1..N and of other1 (the unmanaged partition), the agents
+        if _ports_free([base] + [base + i for i in range(1, nodes + 2)] + [base + 50 + i for i in range(1, nodes + 1)]):
             return base
     raise RuntimeError("no free port range for the test cluster")
 
@@ -127,7 +128,7 @@ class SlurmTestCluster:
     def controller_config(self, tmp: Path, **controller) -> Path:
         """Write a controller TOML for this cluster; returns its path."""
         c = {"policy": "fifo", "interval_s": 1.0, "state_dir": str(tmp / "ctl-state"), "min_run_s": 0.0,
-             "start_grace_s": 30.0, **controller}
+             "start_grace_s": 30.0, "capacity_file": str(self.dir / "controller" / "capacity"), **controller}
         lines = ["[slurm]", f'conf = "{self.conf}"', 'partition = "gpu"', "command_timeout_s = 20", "[controller]"]
         for k, v in c.items():
             lines.append(f"{k} = {v!r}" if not isinstance(v, bool) else f"{k} = {str(v).lower()}")

@@ -63,10 +63,17 @@ def _lua_value(v) -> str:
     return str(v)
 
 
-def run_cases(cases: list[dict], managed_partition: str | None = None) -> list[dict]:
+#: what job_submit.lua writes after its mark until the controller's first reason
+WAITING = " | rlsched: waiting for the scheduler's next round"
+
+
+def run_cases(cases: list[dict], managed_partition: str | None = None, capacity_file: str | None = None) -> list[dict]:
     src = SCRIPT.read_text()
     if managed_partition is not None:
         src = src.replace("local MANAGED_PARTITION = nil", f'local MANAGED_PARTITION = "{managed_partition}"')
+    if capacity_file is not None:
+        assert "local CAPACITY_FILE = nil" in src
+        src = src.replace("local CAPACITY_FILE = nil", f"local CAPACITY_FILE = {json.dumps(capacity_file)}")
     fd, name = tempfile.mkstemp(suffix=".lua")
     tmp = Path(name)
     with os.fdopen(fd, "w") as f:
@@ -100,7 +107,7 @@ def test_submit_holds_gpu_jobs_of_the_managed_partition():
     assert [x["rc"] for x in r] == [0, 0, 0, 0, 0, -1, -1, -1, 0]
     assert "--gpus-per-task" in r[6]["msg"]
     assert [x["priority"] for x in r[:3]] == [0, 0, 0]
-    assert [x["admin_comment"] for x in r[:3]] == ["rlsched:managed gpus=12", "rlsched:managed gpus=4", "rlsched:managed gpus=2"]
+    assert [x["admin_comment"] for x in r[:3]] == [f"rlsched:managed gpus={n}{WAITING}" for n in (12, 4, 2)]
     assert r[3]["priority"] == NO_VAL and "admin_comment" not in r[3]
     assert r[4]["priority"] == NO_VAL  # other partition: untouched
     assert "--gpus=N" in r[5]["msg"]
@@ -190,7 +197,7 @@ def test_gpu_requests_without_a_count_arrays_het_jobs_and_hold_are_refused():
     assert "job arrays of GPU jobs are not accepted" in r[2]["msg"]
     assert "heterogeneous GPU jobs are not accepted" in r[3]["msg"] and "heterogeneous" in r[4]["msg"]
     assert "--hold is not accepted" in r[5]["msg"] and "--begin" in r[5]["msg"]
-    assert r[7]["priority"] == 0 and r[7]["admin_comment"] == "rlsched:managed gpus=2"
+    assert r[7]["priority"] == 0 and r[7]["admin_comment"] == "rlsched:managed gpus=2" + WAITING
     # a pending CPU job of the managed partition cannot be given GPUs with a count-less --gres=gpu either
     untouched = {"priority": NO_VAL, "min_nodes": NO_VAL, "max_nodes": NO_VAL}
     r = run_cases([_modify({**untouched, "tres_per_node": "gres:gpu"}, ac="", partition="gpu")], managed_partition="gpu")
@@ -334,3 +341,36 @@ def test_unmanaged_jobs_cannot_become_exclusive_or_gain_gpu_sharing_in_the_manag
     ]
     r = run_cases(cases, managed_partition="gpu")
     assert [x["rc"] for x in r] == [2002] * 4 + [0] * 4
+
+
+def _submit(gpus: int) -> dict:
+    return {"kind": "submit", "uid": 1001, "desc": {"tres_per_job": f"gres:gpu:{gpus}", "priority": NO_VAL}}
+
+
+def test_requests_larger_than_the_partition_are_refused_at_submission(tmp_path):
+    """The controller's capacity file says how many GPUs the partition has; a larger --gpus is refused
+    with the partition's size, one that fits is held as usual; without the file nothing is checked."""
+    cap = tmp_path / "capacity"
+    cap.write_text("# written by the rlsched controller\npartition=gpu\ngpus=32\nnodes=4\nmax_node_gpus=8\n")
+    r = run_cases([_submit(64), _submit(32), _submit(33)], capacity_file=str(cap))
+    assert r[0]["rc"] == -1 and r[2]["rc"] == -1
+    assert r[0]["msg"] == ("rlsched: --gpus=64 is more than the 32 GPUs of partition gpu (4 nodes, at most 8 GPUs "
+                           "each): the job could never start; ask for at most 32")
+    assert r[1]["rc"] == 0 and r[1]["priority"] == 0 and r[1]["admin_comment"] == "rlsched:managed gpus=32" + WAITING
+    # no file (the controller has not run yet), or one without a GPU count: held, not refused
+    for f in (tmp_path / "missing", tmp_path / "empty"):
+        if f.name == "empty":
+            f.write_text("partition=gpu\n")
+        r = run_cases([_submit(64)], capacity_file=str(f))
+        assert r[0]["rc"] == 0 and r[0]["priority"] == 0, f
+
+
+def test_refused_update_of_a_held_job_says_it_is_held():
+    """Slurm discards log_user() from job_modify, so the refusal's error code is what the user reads:
+    ESLURM_JOB_HELD (2042, "Job is in held state, pending scheduler release") while the managed job is
+    held, ESLURM_ACCESS_DENIED (2002) once it was released or runs; allowed fields pass either way."""
+    untouched = {"priority": NO_VAL, "min_nodes": NO_VAL, "max_nodes": NO_VAL}
+    release = {**untouched, "priority": INFINITE}
+    r = run_cases([_modify(release, priority=0), _modify({**untouched, "nice": 1}, priority=0),
+                   _modify(release, priority=1000, state=1), _modify({**untouched, "comment": "x"}, priority=0)])
+    assert [x["rc"] for x in r] == [2042, 2042, 2002, 0]

@@ -159,7 +159,10 @@ def test_local_cluster_refuses_ports_that_clash_or_overflow(tmp_path):
     p = _bash(_as_nobody(f"{up} --nodes 60 --port 7600"))
     assert p.returncode == 2 and "port 7651 would be used by both the slurmd of node51 and the agent of node1" in p.stderr
     p = _bash(_as_nobody(f"{up} --port 65500 --no-agents --no-controller --nodes 40"))
-    assert p.returncode == 2 and "needs ports up to 65540, above 65535" in p.stderr, p.stderr
+    # 40 managed nodes and other1, the unmanaged partition's node
+    assert p.returncode == 2 and "--nodes 40 and --other-nodes 1 need ports up to 65541, above 65535" in p.stderr, p.stderr
+    p = _bash(_as_nobody(f"{up} --port 65500 --no-agents --no-controller --nodes 35 --other-nodes x"))
+    assert p.returncode == 2 and "--other-nodes must be a number" in p.stderr, p.stderr
     assert not (tmp_path / "lc").exists()
 
 

@@ -255,13 +255,16 @@ def test_place_expresses_balanced_and_total_requests(tmp_path):
     cli.place(8, ["node1", "node2"], 12)
     cli.place(9, ["n1"], 4, tres_style="gres/gpu")
     cli.release(9, delay_s=5)
+    cli.release(8)
     calls = (d / "calls").read_text().splitlines()
+    # the pin sets StartTime=now; a release with a settle delay moves it first, one without needs no update
     assert calls == [
-        "update JobId=7 ReqNodeList=node3,node4 NumNodes=2 TresPerJob= TresPerNode=gres:gpu:6",
-        "update JobId=8 ReqNodeList=node1,node2 NumNodes=2 TresPerNode= TresPerJob=gres:gpu:12",
-        "update JobId=9 ReqNodeList=n1 NumNodes=1 TresPerNode= TresPerJob=gres/gpu:4",
+        "update JobId=7 ReqNodeList=node3,node4 NumNodes=2 TresPerJob= TresPerNode=gres:gpu:6 StartTime=now",
+        "update JobId=8 ReqNodeList=node1,node2 NumNodes=2 TresPerNode= TresPerJob=gres:gpu:12 StartTime=now",
+        "update JobId=9 ReqNodeList=n1 NumNodes=1 TresPerNode= TresPerJob=gres/gpu:4 StartTime=now",
         "update JobId=9 StartTime=now+5",
         "release 9",
+        "release 8",
     ]
     with pytest.raises(ValueError, match="is not 12"):
         cli.place(7, ["a", "b"], 12, per_node=5)

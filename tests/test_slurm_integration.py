@@ -25,6 +25,8 @@ from controller.daemon import Controller
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parents[1]
+#: what scontrol prints when job_submit.lua refuses a change of a held managed job (ESLURM_JOB_HELD)
+HELD_TEXT = "Job is in held state, pending scheduler release"
 
 
 def _controller(cluster, tmp_path, **kw) -> Controller:
@@ -150,7 +152,7 @@ def test_owner_cannot_release_or_repin_a_held_job(live_cluster, test_user):
                 ["scontrol", "hold", str(jid)]):
         p = cluster.run(cmd, user=test_user, check=False)
         assert p.returncode != 0, cmd
-        assert "Access/permission denied" in p.stderr, (cmd, p.stderr)
+        assert HELD_TEXT in p.stderr, (cmd, p.stderr)  # job_submit.lua: the job is held for the scheduler
     j = cluster.job(jid)
     assert j.held and j.required_nodes == [] and j.num_nodes == 1
     # harmless changes and cancelling stay allowed
@@ -176,7 +178,7 @@ def test_operator_hold_is_left_alone_until_uhold_hands_it_back(live_cluster, tes
     j = cluster.job(jid)
     assert j.held and not j.admin_held and j.reason == "JobHeldUser"
     p = cluster.run(["scontrol", "release", str(jid)], user=test_user, check=False)
-    assert p.returncode != 0 and "Access/permission denied" in p.stderr
+    assert p.returncode != 0 and HELD_TEXT in p.stderr
     rep = ctl.round()
     assert [x for x, _ in rep.placed] == [jid], rep
     cluster.wait(lambda: _state(cluster, jid) == "COMPLETED", 30, f"job {jid} to complete", tick=ctl.round)
@@ -205,18 +207,18 @@ def test_gpu_jobs_cannot_escape_the_hold(live_cluster, test_user):
         assert p.returncode != 0 and "Access/permission denied" in p.stderr, (upd, p.stderr)
     assert cluster.job(cpu_job).gpus == 0 and not cluster.job(cpu_job).managed
     # a GPU job of another partition cannot be moved into the managed one
-    cluster.run(["scontrol", "create", "PartitionName=other", "Nodes=node4", "Default=NO", "State=UP"])
+    cluster.run(["scontrol", "create", "PartitionName=side", "Nodes=node4", "Default=NO", "State=UP"])
     try:
-        p = cluster.run(["sbatch", "--parsable", "-p", "other", "--hold", "--gpus=1", "-o", "/dev/null",
+        p = cluster.run(["sbatch", "--parsable", "-p", "side", "--hold", "--gpus=1", "-o", "/dev/null",
                          "--wrap", "sleep 30"], user=test_user)
         other = int(p.stdout.strip().split(";")[0])
         assert not cluster.job(other).managed  # not the managed partition: Slurm's business
         p = cluster.run(["scontrol", "update", f"JobId={other}", "Partition=gpu"], user=test_user, check=False)
         assert p.returncode != 0 and "Access/permission denied" in p.stderr
-        assert cluster.job(other).partition == "other"
+        assert cluster.job(other).partition == "side"
         cluster.run(["scancel", str(other)])
     finally:
-        cluster.run(["scontrol", "delete", "PartitionName=other"], check=False)
+        cluster.run(["scontrol", "delete", "PartitionName=side"], check=False)
     cluster.run(["scancel", str(cpu_job)])
 
 
@@ -231,9 +233,10 @@ def _ctld_log(cluster) -> str:
     return (cluster.dir / "log" / "slurmctld.log").read_text(errors="replace")
 
 
-def _denied(cluster, jid: int, upd: str, user: str) -> None:
+def _denied(cluster, jid: int, upd: str, user: str, held: bool = False) -> None:
     p = cluster.run(["scontrol", "update", f"JobId={jid}", *upd.split()], user=user, check=False)
-    assert p.returncode != 0 and "Access/permission denied" in p.stderr, (upd, p.returncode, p.stderr)
+    want = HELD_TEXT if held else "Access/permission denied"
+    assert p.returncode != 0 and want in p.stderr, (upd, p.returncode, p.stderr)
 
 
 def test_owner_cannot_release_a_held_job_with_nice_or_any_field_off_the_allowlist(live_cluster, test_user):
@@ -247,7 +250,7 @@ def test_owner_cannot_release_a_held_job_with_nice_or_any_field_off_the_allowlis
     for upd in ("Nice=1", "ReqNodeList=", "ReqNodeList=node2", "ExcNodeList=node1,node2,node3", "ExcNodeList=",
                 "StartTime=now", "EligibleTime=now", "Features=", "OverSubscribe=no", "QOS=normal", "Partition=gpu",
                 "TimeMin=1", "Requeue=0", "NumTasks=2", "Comment=rlsched:model=GNN Nice=1"):
-        _denied(cluster, jid, upd, test_user)
+        _denied(cluster, jid, upd, test_user, held=True)
     log = _ctld_log(cluster)
     for field in ("nice", "req_nodes", "exc_nodes", "begin_time", "features", "shared", "qos", "partition"):
         assert f"cannot change {field} of managed job {jid}" in log, field  # refused by job_submit.lua itself
@@ -328,17 +331,17 @@ def test_exclusive_jobs_and_exclusive_moves_are_refused_in_the_managed_partition
     _denied(cluster, cpu_job, "OverSubscribe=no", test_user)
     assert f"change OverSubscribe (--exclusive) of job {cpu_job}" in _ctld_log(cluster)
     # nor can an exclusive job of another partition move in
-    cluster.run(["scontrol", "create", "PartitionName=other", "Nodes=node4", "Default=NO", "State=UP"])
+    cluster.run(["scontrol", "create", "PartitionName=side", "Nodes=node4", "Default=NO", "State=UP"])
     try:
-        p = cluster.run(["sbatch", "--parsable", "-p", "other", "--hold", "--exclusive", "-o", "/dev/null",
+        p = cluster.run(["sbatch", "--parsable", "-p", "side", "--hold", "--exclusive", "-o", "/dev/null",
                          "--wrap", "sleep 30"], user=test_user)
         other = int(p.stdout.strip().split(";")[0])
         _denied(cluster, other, "Partition=gpu", test_user)
-        assert cluster.job(other).partition == "other"
+        assert cluster.job(other).partition == "side"
         assert f"move job {other} into the managed partition" in _ctld_log(cluster)
         cluster.run(["scancel", str(other)])
     finally:
-        cluster.run(["scontrol", "delete", "PartitionName=other"], check=False)
+        cluster.run(["scontrol", "delete", "PartitionName=side"], check=False)
     cluster.run(["scancel", str(cpu_job)])
 
 
@@ -414,6 +417,95 @@ def test_slurmctld_outage_and_command_timeouts_do_not_stop_the_controller(live_c
     assert rep.ok, rep.error
     assert [j for j, _ in rep.placed] == [jid]  # the held job survived the outage and is placed
     cluster.wait(lambda: _state(cluster, jid) == "COMPLETED", 30, "job to complete")
+
+
+# --------------------------------------------------------------------------- what users see
+def _as_user_json(cluster, user: str) -> dict[int, dict]:
+    out = cluster.run(["squeue", "--json"], user=user).stdout
+    return {j["job_id"]: j for j in json.loads(out)["jobs"]}
+
+
+def test_users_see_why_their_jobs_wait_and_impossible_requests_are_refused(live_cluster, test_user, tmp_path):
+    """The owner reads each held job's state in its AdminComment (squeue --json, scontrol show job), the
+    controller writes it only when it changes; --gpus above the partition's GPUs is refused at sbatch
+    with the size; a refused release says the job is held for the scheduler."""
+    cluster = live_cluster
+    ctl = _controller(cluster, tmp_path, policy="fifo")
+    assert ctl.round().ok  # writes the capacity file job_submit.lua reads
+    p = cluster.run(["sbatch", "--gpus=64", "-o", "/dev/null", "--wrap", "true"], user=test_user, check=False)
+    assert p.returncode != 0
+    assert ("rlsched: --gpus=64 is more than the 32 GPUs of partition gpu (4 nodes, at most 8 GPUs each): "
+            "the job could never start; ask for at most 32") in p.stderr, p.stderr
+    first = [cluster.sbatch("sleep 30", 8, comment="rlsched:model=MoE", user=test_user) for _ in range(4)]
+    held = [cluster.sbatch("sleep 1", g, comment="rlsched:model=GNN", user=test_user) for g in (8, 4, 2)]
+    j = _as_user_json(cluster, test_user)[held[0]]
+    assert j["admin_comment"] == "rlsched:managed gpus=8 | rlsched: waiting for the scheduler's next round"
+    rep = ctl.round()
+    assert rep.ok and sorted(x for x, _ in rep.placed) == sorted(first), rep
+    seen = _as_user_json(cluster, test_user)
+    for k, jid in enumerate(held, 1):
+        assert seen[jid]["admin_comment"].endswith(f"| rlsched: waiting for placement, position {k} of 3"), seen[jid]
+    for jid in first:
+        assert seen[jid]["admin_comment"] == "rlsched:managed gpus=8 | rlsched: placed"
+    show = cluster.run(["scontrol", "show", "job", str(held[2])], user=test_user).stdout
+    assert "AdminComment=rlsched:managed gpus=2 | rlsched: waiting for placement, position 3 of 3" in show
+    assert rep.reasons == 7
+    rep = ctl.round()
+    assert rep.ok and rep.reasons == 0  # nothing changed: no scontrol call
+    p = cluster.run(["scontrol", "release", str(held[0])], user=test_user, check=False)
+    assert p.returncode != 0 and HELD_TEXT in p.stderr, p.stderr
+    assert "rlsched: refused uid" in _ctld_log(cluster) and f"of managed job {held[0]}" in _ctld_log(cluster)
+
+
+def test_unmanaged_partition_passes_through_and_jobs_see_their_gpus(live_cluster, test_user, tmp_path):
+    """A GPU job of the second partition ('other') is not held nor marked and runs as Slurm schedules it;
+    jobs of both partitions get CUDA_VISIBLE_DEVICES from their GRES indices (gres.conf File= on
+    /dev/null symlinks)."""
+    cluster = live_cluster
+    script = 'echo "gpus=$CUDA_VISIBLE_DEVICES job_gpus=$SLURM_JOB_GPUS"'
+    other = cluster.sbatch(script, 3, user=test_user, extra=["-p", "other"])
+    j = cluster.job(other)
+    assert not j.managed and "rlsched" not in (j.admin_comment or ""), j
+    cluster.wait(lambda: _state(cluster, other) == "COMPLETED", 30, "the unmanaged job to run on its own")
+    out = (cluster.jobs_dir / f"{other}.out").read_text()
+    assert "gpus=0,1,2 job_gpus=0,1,2" in out, out
+    ctl = _controller(cluster, tmp_path, policy="fifo")
+    a = cluster.sbatch(script + "; sleep 2", 4, comment="rlsched:model=GNN", user=test_user)
+    b = cluster.sbatch(script, 2, comment="rlsched:model=GNN", user=test_user)
+    rep = ctl.round()
+    assert rep.ok and dict(rep.placed)[a] == {"node1": 4} and dict(rep.placed)[b] == {"node1": 2}, rep
+    for jid in (a, b):
+        cluster.wait(lambda jid=jid: _state(cluster, jid) == "COMPLETED", 30, f"job {jid} to complete")
+    seen = {jid: re.search(r"gpus=(\S+)", (cluster.jobs_dir / f"{jid}.out").read_text()).group(1) for jid in (a, b)}
+    ids = [set(seen[jid].split(",")) for jid in (a, b)]
+    assert [len(x) for x in ids] == [4, 2] and not (ids[0] & ids[1]), seen  # distinct GPUs of node1
+    assert ids[0] | ids[1] <= {str(g) for g in range(8)}
+
+
+def test_each_up_starts_a_new_run_directory(tmp_path):
+    """A fresh `up` writes its logs into DIR/runs/<time>/log, DIR/log points at the newest; a second
+    `up` of the stopped cluster starts another one and leaves the first run's logs in place."""
+    from tests.conftest import _pick_port
+
+    d = tmp_path / "cl"
+    port = _pick_port(1) + 100
+    cmd = ["bash", str(REPO / "scripts" / "local-cluster.sh")]
+    opts = ["--dir", str(d), "--port", str(port), "--nodes", "1", "--other-nodes", "0", "--no-controller",
+            "--no-agents"]
+    runs = []
+    try:
+        for _ in range(2):
+            p = subprocess.run(cmd + ["up"] + opts, capture_output=True, text=True, timeout=120, check=False)
+            assert p.returncode == 0, p.stderr[-2000:]
+            link = d / "log"
+            assert link.is_symlink() and (link / "slurmctld.log").is_file()
+            runs.append(link.resolve())
+            subprocess.run(cmd + ["down", "--dir", str(d)], capture_output=True, timeout=120, check=False)
+            time.sleep(1.1)  # run directories are named by the second
+    finally:
+        subprocess.run(cmd + ["down", "--dir", str(d)], capture_output=True, timeout=120, check=False)
+    assert runs[0] != runs[1] and runs[0].parent.parent == runs[1].parent.parent == d / "runs"
+    assert (runs[0] / "slurmctld.log").stat().st_size > 0  # the first run's logs are kept
 
 
 # --------------------------------------------------------------------------- agents / preemption

@@ -259,8 +259,8 @@ def test_cli_writes_simulates_outputs_and_the_controller_state(tmp_path, capsys)
     assert sorted(p.name for p in out.iterdir()) == sorted(
         ["controller", "jobs_fifo.parquet", "summary.json", *report.PLOT_FILES])
     assert [p.name for p in out.parent.iterdir()] == ["twin"]  # no temporary directory left
-    assert sorted(p.name for p in (out / "controller").iterdir()) == ["controller.log", "journal.json", "requests",
-                                                                     "status.json"]
+    assert sorted(p.name for p in (out / "controller").iterdir()) == ["capacity", "controller.log", "journal.json",
+                                                                     "requests", "status.json"]
     status = json.loads((out / "controller" / "status.json").read_text())
     assert status["policy"] == "fifo" and status["last_round"]["ok"]
     doc = json.loads((out / "summary.json").read_text())

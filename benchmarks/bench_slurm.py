@@ -1,0 +1,301 @@
+#!/usr/bin/env python
+"""Slurm at scale, on real daemons of this machine (scripts/local-cluster.sh; root, Slurm 22.05).
+
+``submit``: accepted jobs per second through ``sbatch``, with rlsched's job_submit.lua and without
+any job_submit plugin. Each mode gets a fresh cluster (``--nodes`` nodes, no controller, no agents;
+the capacity file job_submit.lua reads is written as the controller writes it). ``--jobs`` GPU jobs
+(``--gpus=1``, ``sbatch --wrap true``) are submitted by ``--clients`` concurrent ``sbatch``
+processes; without the plugin they carry ``--hold``, so both modes end with the same number of held
+jobs and slurmctld launches nothing. Reported per mode: jobs/s from the first submission to the
+last acceptance (client side: one ``sbatch`` process per job, included), and slurmctld's own mean
+time per ``REQUEST_SUBMIT_BATCH_JOB`` RPC from ``sdiag`` (server side, job_submit.lua included) with
+the rate it bounds (1 / mean time: slurmctld handles submissions one at a time under its job write
+lock). Every job must be accepted (and with the plugin held and marked) or the run fails.
+
+``rounds``: the controller on a ``--nodes``-node cluster (one slurmd per node on this host) with
+``--jobs`` managed jobs queued (GPU demands 1, 2, 4, 8, 16 in turn, model comments, each job sleeps
+``--job-s`` s once started). The controller runs in this process (policy ``--policy``) for
+``--rounds`` rounds ``--interval`` s apart; each round's wall time is measured around
+``Controller.round`` (Slurm reads, decision, placements, reason updates). Every placement is then
+checked against Slurm: each placed job that started must run on exactly the planned nodes with
+exactly the planned GPUs per node (squeue's ``gres_detail``); the counts of exact, different and
+not-yet-started placements are reported.
+
+Usage (as root; each part brings its clusters up and down itself)::
+
+    nice -n 10 python benchmarks/bench_slurm.py submit --jobs 2000 --clients 4
+    nice -n 10 python benchmarks/bench_slurm.py rounds --nodes 64 --jobs 1000 --rounds 40
+    nice -n 10 python benchmarks/bench_slurm.py all --json slurm-bench.json
+
+Targets (issue 33): at least 100 jobs/s through the plugin; a round at 64 nodes with 1,000 queued
+jobs p99 under 1 s, every placement applied exactly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+SCRIPT = REPO / "scripts" / "local-cluster.sh"
+
+
+def _free_base(span: int) -> int:
+    import socket
+
+    for base in range(33000, 60000, 500):
+        ok = True
+        for p in range(base, base + span + 1):
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise SystemExit("bench_slurm: no free port range")
+
+
+class Cluster:
+    """One local cluster in a temporary directory, brought up and down with scripts/local-cluster.sh."""
+
+    def __init__(self, nodes: int, gpus: int, job_submit: bool) -> None:
+        self.nodes, self.gpus = nodes, gpus
+        self.dir = Path(tempfile.mkdtemp(prefix="rlsched-bench-", dir="/tmp"))
+        self.dir.chmod(0o755)
+        self.port = _free_base(nodes + 2)
+        self.opts = ["--dir", str(self.dir), "--port", str(self.port), "--nodes", str(nodes), "--gpus", str(gpus),
+                     "--other-nodes", "0", "--no-controller", "--no-agents"] + ([] if job_submit else ["--no-job-submit"])
+        self.env: dict[str, str] = {}
+
+    def up(self) -> float:
+        t0 = time.perf_counter()
+        p = subprocess.run(["bash", str(SCRIPT), "up", *self.opts], capture_output=True, text=True, timeout=600,
+                           check=False)
+        if p.returncode != 0:
+            raise SystemExit(f"bench_slurm: local-cluster.sh up failed: {p.stderr.strip()[-1500:]}")
+        took = time.perf_counter() - t0
+        out = subprocess.run(["bash", "-c", f"source {shlex.quote(str(self.dir / 'env.sh'))} && env -0"],
+                             capture_output=True, check=True).stdout.decode()
+        self.env = dict(x.split("=", 1) for x in out.split("\0") if "=" in x)
+        return took
+
+    def down(self) -> None:
+        subprocess.run(["bash", str(SCRIPT), "down", "--dir", str(self.dir)], capture_output=True, timeout=600,
+                       check=False)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def run(self, args: list[str], timeout: float = 120) -> str:
+        p = subprocess.run(args, capture_output=True, text=True, env=self.env, timeout=timeout, check=False)
+        if p.returncode != 0:
+            raise RuntimeError(f"{' '.join(args)}: {p.stderr.strip()}")
+        return p.stdout
+
+    def write_capacity(self) -> None:
+        """What the controller writes at its first round (controller.daemon.Controller._write_capacity)."""
+        d = self.dir / "controller"
+        d.mkdir(exist_ok=True)
+        (d / "capacity").write_text(f"# written by bench_slurm.py as the controller writes it\npartition=gpu\n"
+                                    f"gpus={self.nodes * self.gpus}\nnodes={self.nodes}\nmax_node_gpus={self.gpus}\n")
+
+    def slurm(self):
+        from controller.slurm import SlurmCLI
+
+        return SlurmCLI(str(self.dir / "etc" / "slurm.conf"), 60.0)
+
+
+def _sdiag_submit(cl: Cluster) -> tuple[int, float]:
+    """(count, mean µs) of REQUEST_SUBMIT_BATCH_JOB from sdiag."""
+    out = cl.run(["sdiag"])
+    m = re.search(r"REQUEST_SUBMIT_BATCH_JOB\s+\(\s*\d+\)\s+count:(\d+)\s+ave_time:(\d+)", out)
+    return (int(m.group(1)), float(m.group(2))) if m else (0, float("nan"))
+
+
+def bench_submit(jobs: int, clients: int, nodes: int, gpus: int) -> list[dict]:
+    rows = []
+    for plugin in (True, False):
+        cl = Cluster(nodes, gpus, job_submit=plugin)
+        try:
+            cl.up()
+            if plugin:
+                cl.write_capacity()
+            args = ["sbatch", "--parsable", "--gpus=1", "-o", "/dev/null", "--comment", "rlsched:model=GNN"]
+            if not plugin:
+                args.append("--hold")
+            args += ["--wrap", "true"]
+            cl.run(["scontrol", "setdebug", "info"])  # (the level local-cluster.sh starts with)
+            t0 = time.perf_counter()
+            with cf.ThreadPoolExecutor(clients) as ex:
+                ids = list(ex.map(lambda _: cl.run(args).strip(), range(jobs)))
+            wall = time.perf_counter() - t0
+            count, ave_us = _sdiag_submit(cl)
+            queued = cl.slurm().jobs()
+            held = [j for j in queued if j.held]
+            marked = [j for j in queued if j.managed]
+            if len(set(ids)) != jobs or len(queued) != jobs or len(held) != jobs or (plugin and len(marked) != jobs):
+                raise SystemExit(f"bench_slurm: {'with' if plugin else 'without'} the plugin: {len(set(ids))} ids, "
+                                 f"{len(queued)} queued, {len(held)} held, {len(marked)} marked of {jobs}")
+            rows.append({"plugin": plugin, "jobs": jobs, "clients": clients, "wall_s": round(wall, 3),
+                         "jobs_per_s": round(jobs / wall, 1), "sdiag_submit_count": count,
+                         "sdiag_submit_mean_us": ave_us,
+                         "server_bound_jobs_per_s": round(1e6 / ave_us, 1) if ave_us == ave_us and ave_us > 0 else None})
+            print(f"submit {'with' if plugin else 'without'} job_submit.lua: {jobs} jobs in {wall:.1f} s = "
+                  f"{jobs / wall:.1f} jobs/s ({clients} sbatch at a time); slurmctld {ave_us:.0f} us per submit RPC "
+                  f"(sdiag, {count} RPCs)", flush=True)
+        finally:
+            cl.down()
+    return rows
+
+
+def _controller_toml(cl: Cluster, policy: str, interval: float, state: Path, reason_calls: int) -> Path:
+    f = state.parent / "controller.toml"
+    f.write_text("\n".join([
+        "[slurm]", f'conf = "{cl.dir / "etc" / "slurm.conf"}"', 'partition = "gpu"', "command_timeout_s = 60",
+        "[controller]", f'policy = "{policy}"', f"interval_s = {interval}", f'state_dir = "{state}"',
+        "min_run_s = 0.0", "start_grace_s = 120.0", f"reason_updates_per_round = {reason_calls}", f'capacity_file = "{cl.dir / "controller" / "capacity"}"',
+        "[agents]", "enabled = false", ""]))
+    return f
+
+
+def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float, policy: str, job_s: float,
+                 clients: int, reason_calls: int) -> dict:
+    from controller.config import load_config
+    from controller.daemon import Controller
+
+    cl = Cluster(nodes, gpus, job_submit=True)
+    try:
+        up_s = cl.up()
+        print(f"rounds: {nodes} slurmd up in {up_s:.1f} s", flush=True)
+        cl.write_capacity()
+        sizes = [1, 2, 4, 8, 16]
+        models = ["GNN", "IMG", "LM", "MoE", "DLRM"]
+
+        def submit(k: int) -> int:
+            out = cl.run(["sbatch", "--parsable", f"--gpus={sizes[k % 5]}", "-o", "/dev/null",
+                          "--comment", f"rlsched:model={models[k % 5]},samples=1000", "--wrap", f"sleep {job_s:g}"])
+            return int(out.strip().split(";")[0])
+
+        t0 = time.perf_counter()
+        with cf.ThreadPoolExecutor(clients) as ex:
+            ids = list(ex.map(submit, range(jobs)))
+        print(f"rounds: {jobs} jobs queued in {time.perf_counter() - t0:.1f} s", flush=True)
+        state = Path(tempfile.mkdtemp(prefix="ctl-", dir=cl.dir)) / "state"
+        ctl = Controller(load_config(_controller_toml(cl, policy, interval, state, reason_calls)))
+        # time spent in each Slurm command (one process each), per round
+        spent: dict[str, float] = {}
+        calls: dict[str, int] = {}
+        run = ctl.slurm.run
+
+        def timed(args):
+            t = time.perf_counter()
+            try:
+                return run(args)
+            finally:
+                key = args[0] if args[0] != "scontrol" else f"scontrol {args[1]}"
+                spent[key] = spent.get(key, 0.0) + time.perf_counter() - t
+                calls[key] = calls.get(key, 0) + 1
+
+        ctl.slurm.run = timed  # type: ignore[method-assign]
+        times, placed, queue, per_round = [], {}, [], []
+        slurm = cl.slurm()
+        started: dict[int, dict[str, int]] = {}
+        for r in range(rounds):
+            t = time.perf_counter()
+            rep = ctl.round()
+            dt = time.perf_counter() - t
+            if not rep.ok:
+                raise SystemExit(f"bench_slurm: round {r} failed: {rep.error}")
+            times.append(dt)
+            queue.append(rep.queue)
+            per_round.append(len(rep.placed))
+            for jid, plan in rep.placed:
+                placed[jid] = plan
+            # what Slurm started (read outside the measured round)
+            for j in slurm.jobs():
+                if j.job_id in placed and j.job_id not in started and j.state == "RUNNING" and j.gpus_per_node:
+                    started[j.job_id] = dict(j.gpus_per_node)
+            time.sleep(max(0.0, interval - dt))
+        exact = sum(1 for jid, plan in placed.items() if started.get(jid) == plan)
+        differ = {jid: (placed[jid], started[jid]) for jid in started if started[jid] != placed[jid]}
+        never = [jid for jid in placed if jid not in started]
+        # the first round builds the policy (imports, contention model): reported on its own
+        ts = sorted(times[1:] or times)
+        quiet = sorted(t for t, n in zip(times[1:], per_round[1:]) if n == 0) or [float("nan")]
+
+        def pct(q: float) -> float:
+            return ts[min(len(ts) - 1, int(round(q * (len(ts) - 1))))]
+
+        res = {"nodes": nodes, "gpus_per_node": gpus, "jobs": jobs, "rounds": rounds, "interval_s": interval,
+               "policy": policy, "job_s": job_s, "slurmd_up_s": round(up_s, 2),
+               "round_s": {"p50": round(pct(0.5), 4), "p90": round(pct(0.9), 4), "p99": round(pct(0.99), 4),
+                           "max": round(ts[-1], 4), "mean": round(sum(ts) / len(ts), 4)},
+               "first_round_s": round(times[0], 4), "queue_first": queue[0], "queue_last": queue[-1],
+               "placed_per_round": per_round, "round_times_s": [round(t, 4) for t in times],
+               "rounds_without_placements_p50_s": round(quiet[len(quiet) // 2], 4),
+               "placed": len(placed), "started_exact": exact, "started_different": len(differ),
+               "not_started_seen": len(never), "differences": {str(k): v for k, v in list(differ.items())[:10]},
+               "mismatch_metric": ctl.metrics.value("rlsched_placement_mismatch_total"),
+               "slurm_calls": ctl.slurm.calls, "reason_updates_per_round": reason_calls,
+               "slurm_command_s": {k: round(v, 3) for k, v in spent.items()},
+               "slurm_command_calls": calls,
+               "slurm_command_mean_ms": {k: round(1000 * spent[k] / calls[k], 1) for k in spent}}
+        print(f"rounds: {nodes} nodes x {gpus} GPUs, {jobs} queued, {policy}: round p50 {res['round_s']['p50']:.3f} s, "
+              f"p99 {res['round_s']['p99']:.3f} s, max {res['round_s']['max']:.3f} s over rounds 2-{rounds} (first {times[0]:.2f} s); "
+              f"{len(placed)} placed, {exact} started exactly as planned, {len(differ)} differently, "
+              f"{len(never)} not seen running", flush=True)
+        return res
+    finally:
+        cl.down()
+
+
+def _slurm_version() -> str:
+    p = subprocess.run(["slurmctld", "-V"], capture_output=True, text=True, check=False)
+    return (p.stdout + p.stderr).strip()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=["submit", "rounds", "all"])
+    ap.add_argument("--jobs", type=int, default=None, help="jobs to submit (submit: 2000, rounds: 1000)")
+    ap.add_argument("--clients", type=int, default=4, help="concurrent sbatch processes (default 4)")
+    ap.add_argument("--nodes", type=int, default=None, help="slurmd (submit: 4, rounds: 64)")
+    ap.add_argument("--gpus", type=int, default=8, help="GPUs per node (default 8)")
+    ap.add_argument("--rounds", type=int, default=40, help="controller rounds (default 40)")
+    ap.add_argument("--interval", type=float, default=1.0, help="seconds between round starts (default 1)")
+    ap.add_argument("--policy", default="greedy", help="controller policy (default greedy)")
+    ap.add_argument("--job-s", type=float, default=15.0, help="how long each job of `rounds` sleeps (default 15)")
+    ap.add_argument("--reason-calls", type=int, default=10,
+                    help="controller.reason_updates_per_round for `rounds` (default 10, the controller's default)")
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        print("bench_slurm: error: needs root (it starts slurmctld and slurmd)", file=sys.stderr)
+        return 2
+    out: dict = {"host": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                          "slurm": _slurm_version()}}
+    if args.what in ("submit", "all"):
+        out["submit"] = bench_submit(args.jobs or 2000, args.clients, args.nodes or 4, args.gpus)
+    if args.what in ("rounds", "all"):
+        out["rounds"] = bench_rounds(args.nodes or 64, args.gpus, args.jobs or 1000, args.rounds, args.interval,
+                                     args.policy, args.job_s, args.clients, args.reason_calls)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
