@@ -12,6 +12,8 @@ Names (case-insensitive, blanks around them ignored):
                                        the cluster's shape, or the ``checkpoint`` argument; ``NAME:/path``
                                        names a checkpoint (``ckpt``, ``ckpt.json`` or ``ckpt.safetensors``)
 ``rl-prior``                           the untrained admission prior alone (an ablation, no checkpoint)
+``ds-las``, ``ds-srtf``                DeepShare's own LAS / SRTF for ``--compat deepshare``
+                                       (:mod:`policies.compat`); they take no options
 =====================================  ===================================================================
 
 Options (keyword arguments of :func:`make_policy`; :data:`OPTIONS`):
@@ -32,6 +34,7 @@ from typing import Any
 
 from policies.base import Policy, PolicyError
 from policies.cluster import ClusterSpec
+from policies.compat import DS_POLICY_NAMES, make_ds_policy
 from policies.heuristics import HEURISTIC_NAMES, ORDERS, make_heuristic
 from policies.perf import ContentionModel
 
@@ -50,14 +53,14 @@ _HEURISTIC_ALIASES = ("greedy", "contention-greedy")
 def policy_names() -> tuple[str, ...]:
     """Every policy name (heuristics, then the RL policies), without variants (``-np``, ``:PLACEMENT``,
     ``:/path``)."""
-    return (*HEURISTIC_NAMES, *RL_NAMES)
+    return (*HEURISTIC_NAMES, *RL_NAMES, *DS_POLICY_NAMES)
 
 
 def describe_names() -> str:
     """Every policy name with its variants, for error messages."""
     return (
         f"{', '.join(HEURISTIC_NAMES)} (optionally -np and :pack|:spread|:greedy), "
-        "rl-base, rl-hybrid (optionally :/path/to/checkpoint), rl-prior"
+        "rl-base, rl-hybrid (optionally :/path/to/checkpoint), rl-prior, ds-las, ds-srtf"
     )
 
 
@@ -98,6 +101,10 @@ def make_policy(
         or min_run_s < 0
     ):
         raise PolicyError(f"policy {name!r}: min_run_s must be a finite number of seconds >= 0, got {min_run_s!r}")
+    if base in DS_POLICY_NAMES:
+        if raw.lower() != base or options or min_run_s is not None:
+            raise PolicyError(f"policy {name!r}: {base} takes no variant and no option")
+        return make_ds_policy(base)
     if base.startswith("rl"):
         if base not in RL_NAMES:
             raise PolicyError(f"unknown RL policy {name!r}; policies: {describe_names()}")

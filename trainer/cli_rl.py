@@ -200,6 +200,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="comma-separated trace groups that get the JCT CDF, CS distribution and utilisation KDE figures "
         "(those present; the first group when none is) (default: %(default)s)",
     )
+    from trainer.cli_sim import add_compat_arg
+
+    add_compat_arg(e)
     e.set_defaults(func=_cmd_evaluate)
 
     c = sub.add_parser(
@@ -377,6 +380,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
                 results_md=args.results_md,
                 figure_groups=[g.strip() for g in args.figure_groups.split(",") if g.strip()],
                 progress=update,
+                compat=args.compat,
             )
     except EvaluationError as exc:
         return _fail("evaluate", exc)

@@ -127,8 +127,50 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="minimum seconds between fragmentation/CS samples (default: the round length)",
     )
+    add_compat_arg(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar and no table")
     p.set_defaults(func=run_simulate)
+
+
+def add_compat_arg(p: argparse.ArgumentParser) -> None:
+    """``--compat MODE`` (shared by ``simulate`` and ``evaluate``)."""
+    p.add_argument(
+        "--compat", default=None, metavar="MODE",
+        help="run under a peer simulator's rules: 'deepshare' (4x8 cluster, its 7 node sets, no single-node "
+             "placement, worst-pair contention floored at 0.35, all jobs at t = 0, 300 s rounds, free restarts; "
+             "reports its run-only JCT beside ours; policies ds-las, ds-srtf, ORDER:ds, rl-base, rl-hybrid); "
+             "overrides --round, --restart-overhead and the event trigger",
+    )
+
+
+def compat_setup(args: argparse.Namespace, cluster):
+    """``(mode, perf)`` for ``--compat`` (``(None, None)`` without it): the mode (:func:`policies.compat.compat_mode`)
+    and the performance model with its contention rule. :class:`~policies.compat.CompatError` (one line) for an
+    unknown mode, a cluster the mode does not allow, or a performance model without the rule."""
+    name = getattr(args, "compat", None)
+    if name is None:
+        return None, None
+    from policies.compat import CompatError, compat_mode
+    from policies.perf import ContentionModel
+
+    mode = compat_mode(name)
+    mode.check_cluster(cluster)
+    try:
+        perf = ContentionModel(cluster, contention=mode.contention)
+    except TypeError:
+        raise CompatError(f"--compat {mode.name}: this build's ContentionModel has no contention rule "
+                          f"{mode.contention!r}") from None
+    return mode, perf
+
+
+def compat_policy(policy: Policy, mode) -> Policy:
+    """``policy`` for compat ``mode``: a learned policy's codec offers only the mode's placements
+    (:func:`policies.compat.compat_codec`); other policies as they are."""
+    if mode is not None and getattr(policy, "codec", None) is not None:
+        from policies.compat import compat_codec
+
+        compat_codec(policy.codec, mode)
+    return policy
 
 
 # ---------------------------------------------------------------------- validation
@@ -236,18 +278,19 @@ def _run(args: argparse.Namespace) -> int:
     out = Path(os.path.normpath(args.out))  # "a/b/.." -> "a": out.name is the directory's own name
     _check_out(out, args.overwrite)
     cluster = ClusterSpec.parse(args.cluster)
-    perf = ContentionModel(cluster)
+    mode, perf = compat_setup(args, cluster)
+    perf = perf or ContentionModel(cluster)
     names = parse_policy_list(args.policy)
     stems = {n: _file_stem(n) for n in names}
     if len(set(stems.values())) != len(stems):
         raise PolicyError(f"policies {names} map to clashing file names {sorted(stems.values())}")
-    policies = {n: build_policy(n, cluster, perf) for n in names}
+    policies = {n: compat_policy(build_policy(n, cluster, perf), mode) for n in names}
     trace_path = resolve_trace(args.trace)
     if args.overwrite and out.exists() and out.resolve() in trace_path.resolve().parents:
         raise OutputDirError(f"--trace {args.trace} is inside --out {out}, which --overwrite would delete; "
                              "move the trace or choose another --out")
     jobs = load_trace(trace_path, cluster, perf)
-    cfg = sim_config(args)
+    cfg = sim_config(args, mode)
     sims = {n: Simulator(cluster, jobs, policies[n], perf, cfg) for n in names}  # checks trace vs cluster
 
     # 2. Run, in memory.
@@ -263,6 +306,7 @@ def _run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print_results(summaries, f"rlsched simulate: {subtitle}",
                       f"Simulated {len(names)} policies in {total_wall:.2f} s; wrote {out}/")
+        print_compat(summaries)
     return 0
 
 
@@ -278,8 +322,9 @@ def resolve_trace(arg: str) -> Path:
     return trace_path
 
 
-def sim_config(args: argparse.Namespace):
-    """The :class:`~trainer.simulator.SimConfig` of the command line's simulator options."""
+def sim_config(args: argparse.Namespace, mode=None):
+    """The :class:`~trainer.simulator.SimConfig` of the command line's simulator options; with a compat
+    ``mode`` its rules (:meth:`~trainer.simulator.SimConfig.effective`)."""
     from trainer.simulator import SimConfig
 
     return SimConfig(
@@ -289,7 +334,17 @@ def sim_config(args: argparse.Namespace):
         noise_cv=args.noise_cv,
         seed=args.seed,
         metrics_interval=args.metrics_interval if args.metrics_interval is not None else args.round,
-    )
+        compat=mode,
+    ).effective()
+
+
+def print_compat(summaries: dict) -> None:
+    """Under a compat mode, one line per policy: our JCT (with queueing) and the peer's run-only JCT."""
+    rows = [(n, s) for n, s in summaries.items() if s.get("compat")]
+    for n, s in rows:
+        print(f"{n}: --compat {s['compat']}: avg JCT {s['avg_jct_s'] / 3600:.2f} h with queueing; "
+              f"run-only {s['avg_run_jct_s'] / 3600:.3f} h ({s['avg_run_jct_rounds_s']:.0f} s in whole rounds, "
+              "DeepShare's metric)")
 
 
 def summary_doc(args: argparse.Namespace, trace_path: Path, jobs: list, cluster, cfg, names: list[str],
@@ -307,6 +362,7 @@ def summary_doc(args: argparse.Namespace, trace_path: Path, jobs: list, cluster,
             "noise_cv": cfg.noise_cv,
             "seed": cfg.seed,
             "metrics_interval_s": cfg.metrics_interval,
+            "compat": cfg.compat.name if cfg.compat is not None else None,
         },
         "policies": list(names),
         "files": {n: f"jobs_{stems[n]}.parquet" for n in names},

@@ -216,11 +216,15 @@ def evaluate_group(
     keep_jobs: bool = False,
     on_set: Callable[[], None] | None = None,
     jobs: Sequence[Sequence[JobSpec]] | None = None,
+    compat: Any = None,
 ) -> dict[str, Any]:
     """Run each policy on each file; returns ``{policy: {"sets": [...], "summary": {...}, ...}}``.
 
     :param on_set: called after each (policy, job set) simulation, e.g. to advance a progress bar.
     :param jobs: the job sets of ``files``, already read (:func:`load_job_sets`); default: read them here.
+    :param compat: a :class:`policies.compat.CompatMode` to simulate under (``perf`` must have its contention
+        rule); each set's row then also has ``avg_run_jct_s`` and ``avg_run_jct_rounds_s`` (JCT without
+        queueing, :func:`trainer.metrics.summarize`).
     """
     out: dict[str, Any] = {}
     traces = list(jobs) if jobs is not None else load_job_sets(files, cluster, perf)
@@ -228,7 +232,7 @@ def evaluate_group(
         sets, jcts, cs, util = [], [], [], []
         for f, job_set in zip(files, traces, strict=True):
             t0 = time.perf_counter()
-            res = Simulator(cluster, job_set, pol, perf, SimConfig()).run()
+            res = Simulator(cluster, job_set, pol, perf, SimConfig(compat=compat)).run()
             s = summarize(res)
             row = {
                 k: s[k]
@@ -243,6 +247,9 @@ def evaluate_group(
                     "preemptions",
                 )
             }
+            for k in ("avg_run_jct_s", "avg_run_jct_rounds_s"):
+                if k in s:
+                    row[k] = s[k]
             row["trace"] = f"{f.parent.name}/{f.name}"
             row["wall_s"] = time.perf_counter() - t0
             if isinstance(getattr(pol, "stats", None), dict):
@@ -468,8 +475,13 @@ def run_evaluation(
     results_md: str | Path | None = None,
     figure_groups: Sequence[str] = FIGURE_GROUPS,
     progress: Callable[[int, int], None] | None = None,
+    compat: str | None = None,
 ) -> dict[str, Any]:
     """Evaluate and write results (see module docstring); returns the results dict.
+
+    :param compat: a compat mode's name (``deepshare``, :mod:`policies.compat`): every policy runs under the
+        peer's rules (learned policies offered only its placements) and each set's row also has the
+        peer's run-only JCT (``avg_run_jct_s``, ``avg_run_jct_rounds_s``).
 
     :param figure_groups: the groups that get the JCT CDF, CS distribution and utilisation KDE (those
         that exist; the first group when none does).
@@ -481,10 +493,20 @@ def run_evaluation(
     specs = policy_specs(policies)
     _check_outputs(Path(out), Path(results_md) if results_md else None)
     cl = ClusterSpec.parse(cluster)
-    perf = ContentionModel(cl)
+    mode = None
+    if compat is not None:
+        from argparse import Namespace
+
+        from trainer.cli_sim import compat_policy, compat_setup
+
+        mode, perf = compat_setup(Namespace(compat=compat), cl)
+    else:
+        perf = ContentionModel(cl)
     pols: dict[str, Policy] = {}
     for alias, name in specs.items():
         pols[alias] = make_policy(name, cl, perf)
+        if mode is not None:
+            compat_policy(pols[alias], mode)
         if alias != name:
             pols[alias].name = alias
     branch_names: list[str] = []
@@ -525,7 +547,7 @@ def run_evaluation(
     for g, files in groups.items():
         log.info("group %s: %d traces", g, len(files))
         results[g] = evaluate_group(
-            pols, files, cl, perf, keep_jobs=(g in fig_groups), on_set=_tick, jobs=job_sets.pop(g)
+            pols, files, cl, perf, keep_jobs=(g in fig_groups), on_set=_tick, jobs=job_sets.pop(g), compat=mode
         )
     outdir = Path(out)
     figdir = outdir / "figures"
