@@ -70,7 +70,7 @@ import numpy as np
 from policies.cluster import ClusterSpec, Placement
 from policies.gputypes import speed_factor
 from policies.resources import Allocation
-from policies.ledger import MIN_RATIO, JobKey
+from policies.ledger import CONTENTION_RULES, DS_MIN_RATIO, MIN_RATIO, JobKey, check_contention
 from policies.ledger import job_cs as _job_cs
 from policies.ledger import node_cs as _node_cs
 from policies.workloads import UnknownModelError, canonical_model, get_workload
@@ -86,6 +86,7 @@ __all__ = [
     "JobKey",
     "MIN_RATIO",
     "estimate_eta",
+    "CONTENTION_RULES",
 ]
 
 
@@ -172,6 +173,11 @@ class ContentionModel:
     :param data: measurements; defaults to DeepShare's.
     :param use_measured: use measured numbers where they exist (default). With
         ``False`` the model is purely parametric (used to state fit errors).
+    :param contention: how the one-neighbour slowdowns combine into a job's CS, one of
+        :data:`policies.ledger.CONTENTION_RULES`: ``"sum"`` (default), ``"link"`` (max-min
+        sharing of each node's link, :meth:`link_terms`) or ``"ds-min"`` (DeepShare's worst pair,
+        floored at ratio 0.35); the rules are written in :mod:`policies.ledger`.
+    :raises ValueError: an unknown ``contention`` (one line listing the rules).
     """
 
     def __init__(
@@ -179,7 +185,10 @@ class ContentionModel:
         cluster: ClusterSpec | None = None,
         data: MeasuredData | None = None,
         use_measured: bool = True,
+        contention: str = "sum",
     ) -> None:
+        #: The contention rule (:data:`policies.ledger.CONTENTION_RULES`) the ledger applies to this model.
+        self.contention = check_contention(contention)
         self.cluster = cluster or ClusterSpec.homogeneous(4, 8)
         self.data = data or load_measured_data()
         self.use_measured = use_measured
@@ -424,6 +433,7 @@ class ContentionModel:
             pred = 1.0 / (1.0 + self.kappa[ka[0]] * self._chi(ka) * self._beta(kb))
             cs_err.append(abs(pred - r))
         return {
+            "contention": self.contention,
             "isolated_mape": float(np.mean(iso_err)),
             "isolated_max_rel_err": float(np.max(iso_err)),
             "ratio_mae": float(np.mean(cs_err)),

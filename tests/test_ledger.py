@@ -10,12 +10,17 @@ from hypothesis import strategies as st
 
 from policies.cluster import Placement
 from policies.ledger import (
+    CONTENTION_RULES,
     CS_CAP,
+    DS_CS_CAP,
+    DS_MIN_RATIO,
     MIN_RATIO,
     ContentionLedger,
     LinkLoad,
     StaleLedgerError,
     cap_cs,
+    check_contention,
+    fair_share,
     job_cs,
     job_key,
     node_cs,
@@ -71,6 +76,73 @@ def test_node_cs_is_uncapped_and_cap_cs_caps() -> None:
     assert node_cs(perf, ("MoE", 8, 2), [("MoE", 8, 2)] * 40) == 1 + 40 * 0.5
     assert cap_cs(21.0) == CS_CAP == 1.0 / MIN_RATIO
     assert cap_cs(1.25) == 1.25
+
+
+class DsTablePerf(TablePerf):
+    """:class:`TablePerf` under the ``ds-min`` rule."""
+
+    contention = "ds-min"
+
+
+@pytest.mark.parametrize(
+    "me,per_node,want",
+    [
+        (("MoE", 8, 1), [[("MoE", 8, 2)]], 1.0),
+        (("MoE", 8, 2), [[("MoE", 8, 2), ("FSDP", 8, 2)], [("DLRM", 4, 2)]], 1.75),  # worst pair, not the sum
+        (("MoE", 8, 2), [[("DLRM", 4, 2)], [("MoE", 8, 2)]], 1.5),  # worst node
+        (("MoE", 8, 2), [[("FSDP", 8, 1), ("DLRM", 4, 1)]], 1.0),
+        (("MoE", 16, 2), [[("MoE", 8, 2)] * 40], 1.5),  # many neighbours: still the worst pair
+    ],
+)
+def test_ds_min_rule(me, per_node, want) -> None:
+    assert job_cs(DsTablePerf(), me, per_node) == want
+
+
+def _deepshare_ratio(ratio: dict, me, per_node) -> float:
+    """DeepShare's simulator (``update_shared_thp`` of its ``scheduler/cluster_env.py``), restated: per
+    node, start at 1 and for every multi-node neighbour take ``max(min(current, ratio), 0.35)``; the
+    job's ratio is the smallest over its nodes."""
+    if me[2] <= 1:
+        return 1.0
+    job = 1.0
+    for others in per_node:
+        st_ = 1.0
+        for o in others:
+            if o[2] > 1:
+                st_ = max(min(st_, ratio[(me, o)]), DS_MIN_RATIO)
+        job = min(job, st_)
+    return job
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_ds_min_is_deepshares_simulator_rule(data) -> None:
+    model = _DS
+    keys = sorted({a for a, _ in model.data.ratio})
+    me = data.draw(st.sampled_from(keys))
+    per_node = data.draw(st.lists(st.lists(st.sampled_from(keys + [("MoE", 4, 1)]), max_size=5), min_size=1, max_size=4))
+    want = 1.0 / _deepshare_ratio(model.data.ratio, me, per_node)
+    assert job_cs(model, me, per_node) == pytest.approx(want, rel=1e-12)
+    assert 1.0 <= job_cs(model, me, per_node) <= DS_CS_CAP
+
+
+def test_unknown_contention_rule_is_one_line() -> None:
+    assert CONTENTION_RULES == ("sum", "link", "ds-min")
+    assert check_contention("link") == "link"
+    with pytest.raises(ValueError, match=r"^unknown contention rule 'min': choose one of sum, link, ds-min$"):
+        ContentionModel(contention="min")
+
+    class Odd(TablePerf):
+        contention = "min"
+
+    with pytest.raises(ValueError, match="unknown contention rule 'min'"):
+        job_cs(Odd(), ("MoE", 8, 2), [[("MoE", 8, 2)]])
+
+
+def test_cap_cs_by_rule() -> None:
+    assert cap_cs(21.0, DsTablePerf()) == DS_CS_CAP
+    assert cap_cs(0.5, DsTablePerf()) == 1.0
+    assert cap_cs(21.0, TablePerf()) == CS_CAP
 
 
 def test_job_key_is_model_gpus_nodes() -> None:
@@ -283,9 +355,9 @@ def _brute_cs(perf, jobs: dict, jid) -> float:
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(op, max_size=40), st.sampled_from(["table", "real"]), st.sampled_from([None, NODES]))
+@given(st.lists(op, max_size=40), st.sampled_from(["table", "ds-table", "real", "ds-min"]), st.sampled_from([None, NODES]))
 def test_incremental_equals_recompute(ops, which, num_nodes) -> None:
-    perf = TablePerf() if which == "table" else _REAL
+    perf = {"table": TablePerf(), "ds-table": DsTablePerf(), "real": _REAL, "ds-min": _DS}[which]
     led = ContentionLedger(perf, num_nodes)
     jobs: dict = {}  # the model: id -> (model, placement), in add order
     nxt = 0
@@ -320,6 +392,7 @@ def test_incremental_equals_recompute(ops, which, num_nodes) -> None:
 
 
 _REAL = ContentionModel()
+_DS = ContentionModel(contention="ds-min")
 
 
 # ---------------------------------------------------------------------- the ledger a state carries

@@ -905,7 +905,7 @@ class _RoundContention:
                             memo.clear()
                         c = memo[(me, sid)] = node_cs(perf, me, self.multi_keys[v])
                     worst = max(worst, c)
-            cs = cap_cs(worst)
+            cs = cap_cs(worst, perf)
             iso = perf.isolated_throughput(job.model, p.total_gpus, p.num_nodes)
             best = perf.best_isolated_throughput(job.model, job.gpu_demand)
             if len(codec._mspeed) >= _MEMO_MAX:
@@ -926,7 +926,7 @@ class _RoundContention:
         if led is None:  # the first multi-node start of the round: the jobs before it
             led = self._ledger = ContentionLedger.from_jobs(
                 self.perf, ((j.job_id, j.model, j.placement, i) for i, j in enumerate(running[:idx])
-                            if j.placement is not None), known_cs=lambda i: cap_cs(running[i].cs))
+                            if j.placement is not None), known_cs=lambda i: cap_cs(running[i].cs, self.perf))
         led.add(job.job_id, job.model, p, idx)
         touched = {led.info(o) for v in p.nodes for o in led.neighbours(v)}
         return [(i, led.cs(running[i].job_id)) for i in sorted(touched)]
