@@ -62,6 +62,8 @@ __all__ = [
     "DS_POLICY_NAMES",
     "DSOrderPolicy",
     "compat_mode",
+    "adapt_policy",
+    "compat_codec",
     "ds_placement",
     "make_ds_policy",
 ]
@@ -282,6 +284,38 @@ def compat_codec(codec, mode: CompatMode):
     if memo is not None:
         memo.clear()
     return codec
+
+
+class CompatRule:
+    """A placement rule restricted to ``mode``: ``rule``'s placement when the mode allows it, else
+    :func:`ds_placement` (rl-hybrid's safety rule under a compat mode)."""
+
+    def __init__(self, rule, mode: CompatMode) -> None:
+        self.rule = rule
+        self.mode = mode
+        self.uses_running = getattr(rule, "uses_running", False)
+
+    def __call__(self, job: JobInfo, free: np.ndarray, state: ClusterState) -> Placement | None:
+        p = self.rule(job, free, state)
+        if p is not None and self.mode.allows(job.gpu_demand, p):
+            return p
+        return ds_placement(job, free, state, self.mode)
+
+
+def adapt_policy(policy: Policy, mode: CompatMode | None) -> Policy:
+    """``policy`` under compat ``mode`` (changed in place and returned): a learned policy's codec offers only
+    the mode's placements (:func:`compat_codec`) and rl-hybrid's safety rule places only as the mode allows
+    (:class:`CompatRule`); other policies are left as they are (a heuristic must use the ``ds`` placement
+    rule, ``ORDER:ds``, or the simulator refuses its placements)."""
+    if mode is None:
+        return policy
+    codec = getattr(policy, "codec", None)
+    if codec is not None:
+        compat_codec(codec, mode)
+    rule = getattr(policy, "rule", None)
+    if rule is not None and not isinstance(rule, CompatRule):
+        policy.rule = CompatRule(rule, mode)
+    return policy
 
 
 _COMPAT_CODECS: dict[tuple[type, str], type] = {}

@@ -164,13 +164,10 @@ def compat_setup(args: argparse.Namespace, cluster):
 
 
 def compat_policy(policy: Policy, mode) -> Policy:
-    """``policy`` for compat ``mode``: a learned policy's codec offers only the mode's placements
-    (:func:`policies.compat.compat_codec`); other policies as they are."""
-    if mode is not None and getattr(policy, "codec", None) is not None:
-        from policies.compat import compat_codec
+    """``policy`` for compat ``mode`` (:func:`policies.compat.adapt_policy`); as it is without a mode."""
+    from policies.compat import adapt_policy
 
-        compat_codec(policy.codec, mode)
-    return policy
+    return adapt_policy(policy, mode)
 
 
 # ---------------------------------------------------------------------- validation
