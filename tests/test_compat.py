@@ -188,6 +188,7 @@ def test_learned_policies_place_only_as_the_mode_allows(perf):
         assert all(r.num_nodes >= 2 for r in res.jobs)
 
 
+@pytest.mark.slow
 def test_trace0_reproduces_deepshares_own_figures(perf):
     # DeepShare's own simulator on this set: LAS 6,082 s, SRTF 5,975 s run-only JCT (whole rounds)
     jobs = load_trace(TRACE0, C48, perf)

@@ -20,7 +20,7 @@ PERF = ContentionModel(C48)
 
 def test_policy_names_cover_heuristics_and_rl():
     names = policy_names()
-    assert names == ("fifo", "sjf", "srtf", "las", "greedy", "rl-base", "rl-hybrid", "rl-prior")
+    assert names == ("fifo", "sjf", "srtf", "las", "greedy", "rl-base", "rl-hybrid", "rl-prior", "ds-las", "ds-srtf")
     assert set(RL_NAMES) <= set(names)
     text = describe_names()
     assert all(n in text for n in names) and ":/path/to/checkpoint" in text and "-np" in text
