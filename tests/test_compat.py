@@ -228,3 +228,21 @@ def test_config_under_the_mode():
     assert (cfg.round_len, cfg.restart_overhead, cfg.event_triggered) == (300.0, 0.0, False)
     plain = SimConfig()
     assert plain.effective() is plain
+
+
+@pytest.mark.slow  # writes evaluate's figures
+def test_evaluate_under_the_mode(tmp_path):
+    from trainer.evaluate import run_evaluation
+
+    sets = tmp_path / "sets" / "normal"
+    sets.mkdir(parents=True)
+    for k in range(2):
+        rows = [f"j{i},0,MoE,{g},{150000 + 1000 * k}" for i, g in enumerate((8, 8, 4, 4, 2, 8, 8, 2))]
+        (sets / f"s{k}.csv").write_text("job_id,submit_time,model,gpu_demand,total_samples\n" + "\n".join(rows) + "\n")
+    res = run_evaluation(["ds-las", "srtf:ds"], tmp_path / "sets", out=tmp_path / "out", compat="deepshare")
+    for pol in ("ds-las", "srtf:ds"):
+        for row in res["normal"][pol]["sets"]:
+            assert row["finished"] == 8
+            assert 0 < row["avg_run_jct_s"] <= row["avg_run_jct_rounds_s"] <= row["avg_jct_s"]
+    with pytest.raises(CompatError, match="needs the seed's cluster"):
+        run_evaluation(["ds-las"], tmp_path / "sets", cluster="2x8", out=tmp_path / "o2", compat="deepshare")

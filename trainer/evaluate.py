@@ -41,6 +41,7 @@ bad file in the last group is reported at once, not after the groups before it r
 
 from __future__ import annotations
 
+import argparse
 import fnmatch
 import json
 import logging
@@ -493,20 +494,13 @@ def run_evaluation(
     specs = policy_specs(policies)
     _check_outputs(Path(out), Path(results_md) if results_md else None)
     cl = ClusterSpec.parse(cluster)
-    mode = None
-    if compat is not None:
-        from argparse import Namespace
+    from trainer.cli_sim import compat_policy, compat_setup
 
-        from trainer.cli_sim import compat_policy, compat_setup
-
-        mode, perf = compat_setup(Namespace(compat=compat), cl)
-    else:
-        perf = ContentionModel(cl)
+    compat_rules, perf = compat_setup(argparse.Namespace(compat=compat), cl)
+    perf = perf or ContentionModel(cl)
     pols: dict[str, Policy] = {}
     for alias, name in specs.items():
-        pols[alias] = make_policy(name, cl, perf)
-        if mode is not None:
-            compat_policy(pols[alias], mode)
+        pols[alias] = compat_policy(make_policy(name, cl, perf), compat_rules)
         if alias != name:
             pols[alias].name = alias
     branch_names: list[str] = []
@@ -527,6 +521,8 @@ def run_evaluation(
                     raise EvaluationError(f"--policies: {nm!r} is also the name of a --branches policy; rename it")
                 pols[nm] = make_policy(f"{mode}:{ck}", cl, perf)
                 pols[nm].name = nm
+                if compat_rules is not None:
+                    compat_policy(pols[nm], compat_rules)
                 branch_names.append(nm)
             _check_branch(getattr(pols[nm], "checkpoint", None), br, w1, ck)
     groups = _groups(Path(traces))
@@ -547,7 +543,8 @@ def run_evaluation(
     for g, files in groups.items():
         log.info("group %s: %d traces", g, len(files))
         results[g] = evaluate_group(
-            pols, files, cl, perf, keep_jobs=(g in fig_groups), on_set=_tick, jobs=job_sets.pop(g), compat=mode
+            pols, files, cl, perf, keep_jobs=(g in fig_groups), on_set=_tick, jobs=job_sets.pop(g),
+            compat=compat_rules
         )
     outdir = Path(out)
     figdir = outdir / "figures"
