@@ -13,7 +13,9 @@ complete or not at all. Written files:
 
 * ``jobs_<policy>.parquet``: per-job records (:func:`trainer.metrics.jobs_table`);
 * ``summary.json``: every policy's metrics (:func:`trainer.metrics.summarize`),
-  the simulator config, the trace path and the cluster;
+  the simulator config, the trace path and the cluster; with ``--compat deepshare``
+  (:mod:`policies.compat`) also the seed's metric, JCT without queueing (``avg_run_jct_s``,
+  ``avg_run_jct_rounds_s``), which is printed beside ours;
 * ``jct_cdf.png``, ``util_timeline.png``, ``util_kde.png``,
   ``cs_distribution.png`` (:mod:`trainer.report`).
 
@@ -101,7 +103,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--policy",
         default=DEFAULT_POLICIES,
-        help="comma-separated policies: fifo, sjf, srtf, las, greedy (optionally :pack|:spread|:greedy and -np), or rl-base / rl-hybrid (shipped 4x8 checkpoints) / rl-base:CHECKPOINT / rl-hybrid:CHECKPOINT (default: %(default)s)",
+        help="comma-separated policies: fifo, sjf, srtf, las, greedy (optionally :pack|:spread|:greedy and -np), or rl-base / rl-hybrid (shipped 4x8 checkpoints) / rl-base:CHECKPOINT / rl-hybrid:CHECKPOINT, or ds-las / ds-srtf / ORDER:ds (for --compat deepshare) (default: %(default)s)",
     )
     p.add_argument("--cluster", default="4x8", help="NODESxGPUS or a YAML/TOML cluster file (default: %(default)s)")
     p.add_argument("--out", required=True, help="output directory (must not exist or be empty, see --overwrite)")
