@@ -29,6 +29,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -105,6 +106,13 @@ def _shim_dir() -> Path:
 def run_deepshare(checkout: Path, sets_dir: Path, jobs: int) -> dict:
     """``{(set, sched, fixed): {"run_jct_s", "jct_s"}}`` from DeepShare's own simulator."""
     shim = _shim_dir()
+    try:
+        return _run_deepshare(shim, checkout, sets_dir, jobs)
+    finally:
+        shutil.rmtree(shim, ignore_errors=True)
+
+
+def _run_deepshare(shim: Path, checkout: Path, sets_dir: Path, jobs: int) -> dict:
     tasks = [(s, sched, fix) for sched in ("las", "srtf") for fix in (False, True) for s in SETS]
 
     def one(t):
