@@ -233,6 +233,9 @@ class DSOrderPolicy(Policy):
     resizes = True
 
     def schedule(self, state: ClusterState) -> Decision:
+        """Preempt every running job (in start order) and place ``pending + running`` in the order's stable
+        sort until the head does not fit. With :attr:`place_limit` ``n``: the first ``n`` placements of that
+        round, still with every running job preempted (the policy re-places all of them by design)."""
         dec = Decision()
         running = list(state.running)
         queue = list(state.pending) + running
