@@ -60,9 +60,35 @@ def test_options_reach_the_simulator(tmp_path, capsys):
     doc = json.loads((out / "summary.json").read_text())
     assert doc["config"] == {
         "round_len_s": 600.0, "event_triggered": False, "restart_overhead_s": 60.0, "noise_cv": 0.2,
-        "seed": 3, "metrics_interval_s": 1200.0, "compat": None,
+        "seed": 3, "metrics_interval_s": 1200.0, "compat": None, "contention": "sum",
     }
     assert doc["summaries"]["las"]["util_grid_step_s"] == 600.0
+
+
+def test_contention_rule_reaches_the_simulator(tmp_path, capsys):
+    """``--contention`` picks the ledger's rule: recorded in summary.json, and ``ds-min`` never exceeds its
+    bound 1 / 0.35 while ``sum`` and ``link`` on the same trace and policy give other slowdowns."""
+    from policies.ledger import DS_CS_CAP
+
+    cs = {}
+    for rule in ("sum", "ds-min", "link"):
+        out = tmp_path / rule
+        assert main(["simulate", "--trace", str(TRACE0), "--policy", "las", "--out", str(out), "--quiet",
+                     "--contention", rule]) == 0, capsys.readouterr().err
+        doc = json.loads((out / "summary.json").read_text())
+        assert doc["config"]["contention"] == rule
+        cs[rule] = (doc["summaries"]["las"]["avg_cs"], doc["summaries"]["las"]["max_cs"])
+    assert cs["ds-min"][1] <= DS_CS_CAP + 1e-12
+    assert len({v[0] for v in cs.values()}) == 3
+
+
+def test_unknown_contention_rule_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["simulate", "--trace", str(TRACE0), "--out", str(tmp_path / "o"), "--contention", "max"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert "invalid choice: 'max' (choose from 'sum', 'link', 'ds-min')" in err
+    assert not (tmp_path / "o").exists()
 
 
 def _assert_refused(argv, out: Path, capsys, needle: str):

@@ -403,3 +403,21 @@ def test_the_command_prints_the_tables_and_one_job_set_has_no_interval(tmp_path,
     two_rows = text.split("### two")[1]
     assert "| srtf |" in one_rows and "±" not in one_rows
     assert two_rows.count("±") == 2 * 4  # two policies x four metrics
+
+
+def test_contention_rule_is_used_and_recorded(tmp_path, capsys):
+    """``evaluate --contention ds-min`` prices contention by DeepShare's rule (no average CS above 1 / 0.35) and
+    records the rule in rl_results.json."""
+    from policies.ledger import DS_CS_CAP
+    from rlsched.cli import main
+
+    d = tmp_path / "traces" / "normal"
+    d.mkdir(parents=True)
+    write_trace(d / "set0.csv", generate_jobs(C, GeneratorConfig(num_jobs=12, mix="heavy", seed=1, max_gpus=8,
+                                                                    duration_s=900.0)))
+    out = tmp_path / "out"
+    assert main(["evaluate", "--policies", "las", "--traces", str(tmp_path / "traces"), "--cluster", "2x4",
+                 "--contention", "ds-min", "--out", str(out)]) == 0, capsys.readouterr().err
+    doc = json.loads((out / "rl_results.json").read_text())
+    assert doc["meta"]["contention"] == "ds-min"
+    assert 1.0 <= doc["results"]["normal"]["las"]["sets"][0]["avg_cs"] <= DS_CS_CAP + 1e-6

@@ -120,7 +120,8 @@ def test_ds_min_is_deepshares_simulator_rule(data) -> None:
     model = _DS
     keys = sorted({a for a, _ in model.data.ratio})
     me = data.draw(st.sampled_from(keys))
-    per_node = data.draw(st.lists(st.lists(st.sampled_from(keys + [("MoE", 4, 1)]), max_size=5), min_size=1, max_size=4))
+    neighbour = st.sampled_from(keys + [("MoE", 4, 1)])
+    per_node = data.draw(st.lists(st.lists(neighbour, max_size=5), min_size=1, max_size=4))
     want = 1.0 / _deepshare_ratio(model.data.ratio, me, per_node)
     assert job_cs(model, me, per_node) == pytest.approx(want, rel=1e-12)
     assert 1.0 <= job_cs(model, me, per_node) <= DS_CS_CAP
@@ -355,9 +356,10 @@ def _brute_cs(perf, jobs: dict, jid) -> float:
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(op, max_size=40), st.sampled_from(["table", "ds-table", "real", "ds-min"]), st.sampled_from([None, NODES]))
+@given(st.lists(op, max_size=40), st.sampled_from(["table", "ds-table", "real", "ds-min", "link"]),
+       st.sampled_from([None, NODES]))
 def test_incremental_equals_recompute(ops, which, num_nodes) -> None:
-    perf = {"table": TablePerf(), "ds-table": DsTablePerf(), "real": _REAL, "ds-min": _DS}[which]
+    perf = {"table": TablePerf(), "ds-table": DsTablePerf(), "real": _REAL, "ds-min": _DS, "link": _LINK}[which]
     led = ContentionLedger(perf, num_nodes)
     jobs: dict = {}  # the model: id -> (model, placement), in add order
     nxt = 0
@@ -393,6 +395,57 @@ def test_incremental_equals_recompute(ops, which, num_nodes) -> None:
 
 _REAL = ContentionModel()
 _DS = ContentionModel(contention="ds-min")
+_LINK = ContentionModel(contention="link")
+_RULES = {"sum": _REAL, "ds-min": _DS, "link": _LINK}
+
+
+def _progressive_filling(capacity: float, demands: list[float]) -> list[float]:
+    """Max-min fair shares by progressive filling, written independently of :func:`fair_share`: raise
+    every unsatisfied flow's rate together until the capacity is used or each flow has its demand."""
+    rate = [0.0] * len(demands)
+    active = [i for i, d in enumerate(demands) if d > 0]
+    left = capacity
+    while active and left > 1e-12 * capacity:
+        inc = min(left / len(active), min(demands[i] - rate[i] for i in active))
+        for i in active:
+            rate[i] += inc
+        left -= inc * len(active)
+        active = [i for i in active if demands[i] - rate[i] > 1e-12 * demands[i]]
+    return rate
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(1.0, 1e4), st.lists(st.floats(0.0, 2e4), min_size=1, max_size=8))
+def test_fair_share_is_max_min_fair(capacity, demands) -> None:
+    shares = [fair_share(capacity, d, demands[:i] + demands[i + 1:]) for i, d in enumerate(demands)]
+    want = _progressive_filling(capacity, demands)
+    for got, w, d in zip(shares, want, demands):
+        assert got == pytest.approx(w, rel=1e-9, abs=1e-9 * capacity)
+        assert got <= d
+    assert sum(shares) <= capacity * (1 + 1e-12) or sum(shares) == pytest.approx(sum(demands))
+    # the order of the others does not matter
+    assert fair_share(capacity, demands[0], demands[1:]) == fair_share(capacity, demands[0], demands[:0:-1])
+
+
+@pytest.mark.parametrize("rule", CONTENTION_RULES)
+def test_what_if_and_fork_for_every_rule(rule) -> None:
+    """``what_if`` prices exactly what adding on a fork gives, and a fork leaves its origin alone, under every rule."""
+    perf = _RULES[rule]
+    led = ContentionLedger(perf, 8)
+    led.add("a", "MoE", P((0, 4), (1, 4)))
+    led.add("b", "FSDP", P((1, 2), (2, 2)))
+    led.add("c", "Transformer-XL", P((0, 2), (2, 2), (3, 2)))
+    before = {k: led.cs(k) for k in led}
+    cs_new, others = led.what_if("DLRM", P((0, 2), (1, 2)))
+    f = led.fork()
+    f.add("new", "DLRM", P((0, 2), (1, 2)))
+    assert f.cs("new") == cs_new
+    assert others == {k: f.cs(k) for k in ("a", "b", "c") if k in others} and set(others) == {"a", "b", "c"}
+    assert {k: led.cs(k) for k in led} == before
+    f.check()
+    f.remove("a")
+    f.check()
+    assert led.what_if("DLRM", P((0, 2), (1, 2)), exclude="a")[0] == f.cs("new")
 
 
 # ---------------------------------------------------------------------- the ledger a state carries

@@ -26,7 +26,7 @@ from typing import Any
 from policies.checkpoint import MAX_AGING_S, MIN_AGING_S
 from rlsched.argtypes import float_in_range
 from rlsched.argtypes import positive_int as _positive_int
-from trainer.cli_sim import non_negative_float, positive_float, seed_int
+from trainer.cli_sim import add_contention_argument, non_negative_float, positive_float, seed_int
 
 __all__ = ["register"]
 
@@ -179,6 +179,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="directory of trace sets: one sub-directory per mix (normal/, heavy/, ...) or trace files",
     )
     e.add_argument("--cluster", default="4x8", help="cluster (default 4x8)")
+    add_contention_argument(e)
     e.add_argument(
         "--branches",
         default=None,
@@ -375,6 +376,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
                 policies=policies,
                 traces=args.traces,
                 cluster=args.cluster,
+                contention=args.contention,
                 out=args.out,
                 branches=args.branches,
                 results_md=args.results_md,

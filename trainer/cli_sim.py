@@ -85,6 +85,17 @@ def seed_int(text: str) -> int:
     return v
 
 
+def add_contention_argument(p: argparse.ArgumentParser, what: str = "the simulator's") -> None:
+    """``--contention``: the contention rule of the performance model (shared by ``simulate``, ``twin``
+    and ``evaluate``; rules in ``docs/PERFORMANCE_MODEL.md``, section 2)."""
+    from policies.ledger import CONTENTION_RULES
+
+    p.add_argument("--contention", choices=CONTENTION_RULES, default="sum",
+                   help=f"{what} rule for several jobs sharing a node's link: 'sum' of the pairwise slowdowns "
+                        "(capped at 10x), 'link' (max-min sharing of the link's capacity, no cap) or 'ds-min' "
+                        "(DeepShare's: the worst pair, at most 1/0.35x) (default: %(default)s)")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``simulate`` to the ``rlsched`` subcommands."""
     p = sub.add_parser(
@@ -130,6 +141,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="minimum seconds between fragmentation/CS samples (default: the round length)",
     )
     add_compat_arg(p)
+    add_contention_argument(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar and no table")
     p.set_defaults(func=run_simulate)
 
@@ -141,28 +153,23 @@ def add_compat_arg(p: argparse.ArgumentParser) -> None:
         help="run under a peer simulator's rules: 'deepshare' (4x8 cluster, its 7 node sets, no single-node "
              "placement, worst-pair contention floored at 0.35, all jobs at t = 0, 300 s rounds, free restarts; "
              "reports its run-only JCT beside ours; policies ds-las, ds-srtf, ORDER:ds, rl-base, rl-hybrid); "
-             "overrides --round, --restart-overhead and the event trigger",
+             "overrides --round, --restart-overhead, --contention and the event trigger",
     )
 
 
 def compat_setup(args: argparse.Namespace, cluster):
     """``(mode, perf)`` for ``--compat`` (``(None, None)`` without it): the mode (:func:`policies.compat.compat_mode`)
-    and the performance model with its contention rule. :class:`~policies.compat.CompatError` (one line) for an
-    unknown mode, a cluster the mode does not allow, or a performance model without the rule."""
+    and the performance model with its contention rule (which replaces ``--contention``).
+    :class:`~policies.compat.CompatError` (one line) for an unknown mode or a cluster the mode does not allow."""
     name = getattr(args, "compat", None)
     if name is None:
         return None, None
-    from policies.compat import CompatError, compat_mode
+    from policies.compat import compat_mode
     from policies.perf import ContentionModel
 
     mode = compat_mode(name)
     mode.check_cluster(cluster)
-    try:
-        perf = ContentionModel(cluster, contention=mode.contention)
-    except TypeError:
-        raise CompatError(f"--compat {mode.name}: this build's ContentionModel has no contention rule "
-                          f"{mode.contention!r}") from None
-    return mode, perf
+    return mode, ContentionModel(cluster, contention=mode.contention)
 
 
 def compat_policy(policy: Policy, mode) -> Policy:
@@ -278,7 +285,7 @@ def _run(args: argparse.Namespace) -> int:
     _check_out(out, args.overwrite)
     cluster = ClusterSpec.parse(args.cluster)
     mode, perf = compat_setup(args, cluster)
-    perf = perf or ContentionModel(cluster)
+    perf = perf or ContentionModel(cluster, contention=args.contention)
     names = parse_policy_list(args.policy)
     stems = {n: _file_stem(n) for n in names}
     if len(set(stems.values())) != len(stems):
@@ -362,6 +369,7 @@ def summary_doc(args: argparse.Namespace, trace_path: Path, jobs: list, cluster,
             "seed": cfg.seed,
             "metrics_interval_s": cfg.metrics_interval,
             "compat": cfg.compat.name if cfg.compat is not None else None,
+            "contention": cfg.compat.contention if cfg.compat is not None else getattr(args, "contention", "sum"),
         },
         "policies": list(names),
         "files": {n: f"jobs_{stems[n]}.parquet" for n in names},

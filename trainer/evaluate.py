@@ -476,13 +476,16 @@ def run_evaluation(
     results_md: str | Path | None = None,
     figure_groups: Sequence[str] = FIGURE_GROUPS,
     progress: Callable[[int, int], None] | None = None,
+    contention: str = "sum",
     compat: str | None = None,
 ) -> dict[str, Any]:
     """Evaluate and write results (see module docstring); returns the results dict.
 
+    :param contention: the performance model's contention rule (:data:`policies.ledger.CONTENTION_RULES`).
     :param compat: a compat mode's name (``deepshare``, :mod:`policies.compat`): every policy runs under the
-        peer's rules (learned policies offered only its placements) and each set's row also has the
-        peer's run-only JCT (``avg_run_jct_s``, ``avg_run_jct_rounds_s``).
+        peer's rules (learned policies offered only its placements; the mode's contention rule replaces
+        ``contention``) and each set's row also has the peer's run-only JCT (``avg_run_jct_s``,
+        ``avg_run_jct_rounds_s``).
 
     :param figure_groups: the groups that get the JCT CDF, CS distribution and utilisation KDE (those
         that exist; the first group when none does).
@@ -497,7 +500,7 @@ def run_evaluation(
     from trainer.cli_sim import compat_policy, compat_setup
 
     compat_rules, perf = compat_setup(argparse.Namespace(compat=compat), cl)
-    perf = perf or ContentionModel(cl)
+    perf = perf or ContentionModel(cl, contention=contention)
     pols: dict[str, Policy] = {}
     for alias, name in specs.items():
         pols[alias] = compat_policy(make_policy(name, cl, perf), compat_rules)
@@ -581,6 +584,8 @@ def run_evaluation(
             figs.append(_branch_plot(results, branch_names, staged))
         meta = {
             "cluster": cl.describe(),
+            "contention": perf.contention,
+            "compat": compat_rules.name if compat_rules is not None else None,
             "policies": list(pols),
             "traces": str(traces),
             "wall_s": time.perf_counter() - t0,
