@@ -18,6 +18,8 @@ Names (case-insensitive, blanks around them ignored):
 ``sced2``                              SCED2 (:mod:`policies.sced2`): a shared-weight Q-network picks jobs,
                                        packing places them; the shipped checkpoint for the servers' GPU
                                        count (any number of servers), ``sced2:/path`` another one
+``ds-las``, ``ds-srtf``                DeepShare's own LAS / SRTF for ``--compat deepshare``
+                                       (:mod:`policies.compat`); they take no options
 =====================================  ===================================================================
 
 Options (keyword arguments of :func:`make_policy`; :data:`OPTIONS`):
@@ -38,6 +40,7 @@ from typing import Any
 
 from policies.base import Policy, PolicyError
 from policies.cluster import ClusterSpec
+from policies.compat import DS_POLICY_NAMES, make_ds_policy
 from policies.heuristics import HEURISTIC_NAMES, ORDERS, PLACEMENT_NAMES, make_heuristic
 from policies.perf import ContentionModel
 
@@ -68,7 +71,7 @@ _HEURISTIC_ALIASES = ("greedy", "contention-greedy")
 def policy_names() -> tuple[str, ...]:
     """Every policy name (heuristics, then the RL policies), without variants (``-np``, ``:PLACEMENT``,
     ``:/path``)."""
-    return (*HEURISTIC_NAMES, *RL_NAMES, "sced2")
+    return (*HEURISTIC_NAMES, *RL_NAMES, "sced2", *DS_POLICY_NAMES)
 
 
 def describe_names() -> str:
@@ -76,7 +79,7 @@ def describe_names() -> str:
     return (
         f"{', '.join(HEURISTIC_NAMES)} (optionally -np and :{'|:'.join(PLACEMENT_NAMES)}), "
         "rl-base, rl-hybrid (optionally :/path/to/checkpoint), rl-prior, sced2 (optionally :/path/to/checkpoint), "
-        "drf, tetris, optimus"
+        "drf, tetris, optimus, ds-las, ds-srtf"
     )
 
 
@@ -129,6 +132,10 @@ def make_policy(
         from policies.sced2 import make_sced2_policy
 
         return make_sced2_policy(raw, cluster, perf, checkpoint=checkpoint)
+    if base in DS_POLICY_NAMES:
+        if raw.lower() != base or options or min_run_s is not None:
+            raise PolicyError(f"policy {name!r}: {base} takes no variant and no option")
+        return make_ds_policy(base)
     if base.startswith("rl"):
         if base not in RL_NAMES:
             raise PolicyError(f"unknown RL policy {name!r}; policies: {describe_names()}")

@@ -60,7 +60,7 @@ def test_options_reach_the_simulator(tmp_path, capsys):
     doc = json.loads((out / "summary.json").read_text())
     assert doc["config"] == {
         "round_len_s": 600.0, "event_triggered": False, "restart_overhead_s": 60.0, "noise_cv": 0.2,
-        "seed": 3, "metrics_interval_s": 1200.0, "contention": "sum",
+        "seed": 3, "metrics_interval_s": 1200.0, "compat": None, "contention": "sum",
     }
     assert doc["summaries"]["las"]["util_grid_step_s"] == 600.0
 
@@ -327,3 +327,41 @@ def test_overwrite_never_deletes_the_trace_it_reads(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "which simulate did not write" in err and len(err.strip().splitlines()) == 1, err
     assert trace.exists()
+
+
+def test_compat_deepshare_reports_run_only_jct_beside_ours(tmp_path, capsys):
+    trace = tmp_path / "t.csv"
+    rows = [f"j{i},{100 * i},MoE,{g},200000" for i, g in enumerate((8, 8, 8, 4, 4, 2, 2, 8, 8, 4))]
+    trace.write_text("job_id,submit_time,model,gpu_demand,total_samples\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "o"
+    rc = main(["simulate", "--trace", str(trace), "--policy", "ds-las,ds-srtf,srtf:ds,rl-base", "--out", str(out),
+               "--compat", "deepshare", "--round", "60", "--restart-overhead", "30"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    doc = json.loads((out / "summary.json").read_text())
+    # the mode's rules win over --round / --restart-overhead / the event trigger
+    assert doc["config"]["compat"] == "deepshare"
+    assert (doc["config"]["round_len_s"], doc["config"]["restart_overhead_s"], doc["config"]["event_triggered"]) == (
+        300.0, 0.0, False)
+    for pol in ("ds-las", "ds-srtf", "srtf:ds", "rl-base"):
+        s = doc["summaries"][pol]
+        assert s["compat"] == "deepshare" and s["finished"] == 10
+        assert 0 < s["avg_run_jct_s"] <= s["avg_run_jct_rounds_s"] <= s["avg_jct_s"]
+        t = pq.read_table(out / f"jobs_{pol.replace(':', '_')}.parquet")
+        assert set(t.column("submit_time").to_pylist()) == {0.0}  # all jobs at t = 0
+        assert min(t.column("num_nodes").to_pylist()) >= 2  # never one node
+        assert f"{pol}: --compat deepshare: avg JCT {s['avg_jct_s'] / 3600:.2f} h" in captured.out
+
+
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        (["--compat", "nope"], "unknown compat mode 'nope'"),
+        (["--compat", "deepshare", "--cluster", "8x8"], "needs the seed's cluster, 4 nodes of 8 GPUs"),
+        (["--compat", "deepshare", "--policy", "fifo"], "--compat deepshare places"),  # fifo packs onto one node
+    ],
+)
+def test_compat_bad_input_exit_2(tmp_path, capsys, extra, needle):
+    out = tmp_path / "out"
+    argv = ["simulate", "--trace", str(TRACE0), "--policy", "ds-las", "--out", str(out), *extra]
+    _assert_refused(argv, out, capsys, needle)

@@ -203,6 +203,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="comma-separated trace groups that get the JCT CDF, CS distribution and utilisation KDE figures, "
         "or 'all' (default: all, every group of --traces, e.g. the ones scripts/rl_traces.sh writes)",
     )
+    from trainer.cli_sim import add_compat_arg
+
+    add_compat_arg(e)
     e.set_defaults(func=_cmd_evaluate)
 
     c = sub.add_parser(
@@ -462,6 +465,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
                 figure_groups=None if args.figure_groups.strip() == "all"
                 else [g.strip() for g in args.figure_groups.split(",") if g.strip()],
                 progress=update,
+                compat=args.compat,
             )
     except EvaluationError as exc:
         return _fail("evaluate", exc)

@@ -13,7 +13,9 @@ complete or not at all. Written files:
 
 * ``jobs_<policy>.parquet``: per-job records (:func:`trainer.metrics.jobs_table`);
 * ``summary.json``: every policy's metrics (:func:`trainer.metrics.summarize`),
-  the simulator config, the trace path and the cluster;
+  the simulator config, the trace path and the cluster; with ``--compat deepshare``
+  (:mod:`policies.compat`) also the seed's metric, JCT without queueing (``avg_run_jct_s``,
+  ``avg_run_jct_rounds_s``), which is printed beside ours;
 * ``jct_cdf.png``, ``util_timeline.png``, ``util_kde.png``,
   ``cs_distribution.png`` (:mod:`trainer.report`).
 
@@ -113,7 +115,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--policy",
         default=DEFAULT_POLICIES,
-        help="comma-separated policies: fifo, sjf, sif, lrf, srtf, lgtf, las, las2d, greedy (optionally -np and :pack|:nosplit|:spread|:greedy, e.g. srtf:nosplit), or rl-base / rl-hybrid (shipped 4x8 checkpoints) / rl-base:CHECKPOINT / rl-hybrid:CHECKPOINT, or the elastic baselines drf, tetris, optimus (docs/ELASTIC.md) (default: %(default)s)",
+        help="comma-separated policies: fifo, sjf, sif, lrf, srtf, lgtf, las, las2d, greedy (optionally -np and :pack|:nosplit|:spread|:greedy, e.g. srtf:nosplit), or rl-base / rl-hybrid (shipped 4x8 checkpoints) / rl-base:CHECKPOINT / rl-hybrid:CHECKPOINT, or ds-las / ds-srtf / ORDER:ds (for --compat deepshare), or the elastic baselines drf, tetris, optimus (docs/ELASTIC.md) (default: %(default)s)",
     )
     p.add_argument("--cluster", default="4x8", help="NODESxGPUS or a YAML/TOML cluster file (default: %(default)s)")
     p.add_argument("--out", required=True, help="output directory (must not exist or be empty, see --overwrite)")
@@ -142,9 +144,43 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="minimum seconds between fragmentation/CS samples (default: the round length)",
     )
+    add_compat_arg(p)
     add_contention_argument(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar and no table")
     p.set_defaults(func=run_simulate)
+
+
+def add_compat_arg(p: argparse.ArgumentParser) -> None:
+    """``--compat MODE`` (shared by ``simulate`` and ``evaluate``)."""
+    p.add_argument(
+        "--compat", default=None, metavar="MODE",
+        help="run under a peer simulator's rules: 'deepshare' (4x8 cluster, its 7 node sets, no single-node "
+             "placement, worst-pair contention floored at 0.35, all jobs at t = 0, 300 s rounds, free restarts; "
+             "reports its run-only JCT beside ours; policies ds-las, ds-srtf, ORDER:ds, rl-base, rl-hybrid); "
+             "overrides --round, --restart-overhead, --contention and the event trigger",
+    )
+
+
+def compat_setup(args: argparse.Namespace, cluster):
+    """``(mode, perf)`` for ``--compat`` (``(None, None)`` without it): the mode (:func:`policies.compat.compat_mode`)
+    and the performance model with its contention rule (which replaces ``--contention``).
+    :class:`~policies.compat.CompatError` (one line) for an unknown mode or a cluster the mode does not allow."""
+    name = getattr(args, "compat", None)
+    if name is None:
+        return None, None
+    from policies.compat import compat_mode
+    from policies.perf import ContentionModel
+
+    mode = compat_mode(name)
+    mode.check_cluster(cluster)
+    return mode, ContentionModel(cluster, contention=mode.contention)
+
+
+def compat_policy(policy: Policy, mode) -> Policy:
+    """``policy`` for compat ``mode`` (:func:`policies.compat.adapt_policy`); as it is without a mode."""
+    from policies.compat import adapt_policy
+
+    return adapt_policy(policy, mode)
 
 
 # ---------------------------------------------------------------------- validation
@@ -254,7 +290,8 @@ def _run(args: argparse.Namespace) -> int:
     out = Path(os.path.normpath(args.out))  # "a/b/.." -> "a": out.name is the directory's own name
     _check_out(out, args.overwrite)
     cluster = ClusterSpec.parse(args.cluster)
-    perf = ContentionModel(cluster, contention=args.contention)
+    mode, perf = compat_setup(args, cluster)
+    perf = perf or ContentionModel(cluster, contention=args.contention)
     elastic = is_elastic_trace(resolve_trace(args.trace))
     if elastic:  # workers and parameter servers (trainer/elastic.py, docs/ELASTIC.md)
         perf = PSPerformanceModel(perf)
@@ -262,13 +299,13 @@ def _run(args: argparse.Namespace) -> int:
     stems = {n: _file_stem(n) for n in names}
     if len(set(stems.values())) != len(stems):
         raise PolicyError(f"policies {names} map to clashing file names {sorted(stems.values())}")
-    policies = {n: build_policy(n, cluster, perf) for n in names}
+    policies = {n: compat_policy(build_policy(n, cluster, perf), mode) for n in names}
     trace_path = resolve_trace(args.trace)
     if args.overwrite and out.exists() and out.resolve() in trace_path.resolve().parents:
         raise OutputDirError(f"--trace {args.trace} is inside --out {out}, which --overwrite would delete; "
                              "move the trace or choose another --out")
     jobs = read_elastic_trace(trace_path) if elastic else load_trace(trace_path, cluster, perf)
-    cfg = sim_config(args)
+    cfg = sim_config(args, mode)
     sims = {n: Simulator(cluster, jobs, policies[n], perf, cfg) for n in names}  # checks trace vs cluster
 
     # 2. Run, in memory.
@@ -287,6 +324,7 @@ def _run(args: argparse.Namespace) -> int:
         notes = identical_notes(results, {n: getattr(policies[n], "stats", None) for n in names})
         print_results(summaries, f"rlsched simulate: {subtitle}",
                       f"Simulated {len(names)} policies in {total_wall:.2f} s; wrote {out}/", notes)
+        print_compat(summaries)
     return 0
 
 
@@ -302,8 +340,9 @@ def resolve_trace(arg: str) -> Path:
     return trace_path
 
 
-def sim_config(args: argparse.Namespace):
-    """The :class:`~trainer.simulator.SimConfig` of the command line's simulator options."""
+def sim_config(args: argparse.Namespace, mode=None):
+    """The :class:`~trainer.simulator.SimConfig` of the command line's simulator options; with a compat
+    ``mode`` its rules (:meth:`~trainer.simulator.SimConfig.effective`)."""
     from trainer.simulator import SimConfig
 
     return SimConfig(
@@ -314,7 +353,17 @@ def sim_config(args: argparse.Namespace):
         noise_cv=args.noise_cv,
         seed=args.seed,
         metrics_interval=args.metrics_interval if args.metrics_interval is not None else args.round,
-    )
+        compat=mode,
+    ).effective()
+
+
+def print_compat(summaries: dict) -> None:
+    """Under a compat mode, one line per policy: our JCT (with queueing) and the peer's run-only JCT."""
+    rows = [(n, s) for n, s in summaries.items() if s.get("compat")]
+    for n, s in rows:
+        print(f"{n}: --compat {s['compat']}: avg JCT {s['avg_jct_s'] / 3600:.2f} h with queueing; "
+              f"run-only {s['avg_run_jct_s'] / 3600:.3f} h ({s['avg_run_jct_rounds_s']:.0f} s in whole rounds, "
+              "DeepShare's metric)")
 
 
 def summary_doc(args: argparse.Namespace, trace_path: Path, jobs: list, cluster, cfg, names: list[str],
@@ -332,7 +381,8 @@ def summary_doc(args: argparse.Namespace, trace_path: Path, jobs: list, cluster,
             "noise_cv": cfg.noise_cv,
             "seed": cfg.seed,
             "metrics_interval_s": cfg.metrics_interval,
-            "contention": getattr(args, "contention", "sum"),
+            "compat": cfg.compat.name if cfg.compat is not None else None,
+            "contention": cfg.compat.contention if cfg.compat is not None else getattr(args, "contention", "sum"),
         },
         "policies": list(names),
         "files": {n: f"jobs_{stems[n]}.parquet" for n in names},

@@ -41,6 +41,7 @@ bad file in the last group is reported at once, not after the groups before it r
 
 from __future__ import annotations
 
+import argparse
 import fnmatch
 import json
 import logging
@@ -216,11 +217,15 @@ def evaluate_group(
     keep_jobs: bool = False,
     on_set: Callable[[], None] | None = None,
     jobs: Sequence[Sequence[JobSpec]] | None = None,
+    compat: Any = None,
 ) -> dict[str, Any]:
     """Run each policy on each file; returns ``{policy: {"sets": [...], "summary": {...}, ...}}``.
 
     :param on_set: called after each (policy, job set) simulation, e.g. to advance a progress bar.
     :param jobs: the job sets of ``files``, already read (:func:`load_job_sets`); default: read them here.
+    :param compat: a :class:`policies.compat.CompatMode` to simulate under (``perf`` must have its contention
+        rule); each set's row then also has ``avg_run_jct_s`` and ``avg_run_jct_rounds_s`` (JCT without
+        queueing, :func:`trainer.metrics.summarize`).
     """
     out: dict[str, Any] = {}
     traces = list(jobs) if jobs is not None else load_job_sets(files, cluster, perf)
@@ -230,7 +235,7 @@ def evaluate_group(
         sets, jcts, cs, util = [], [], [], []
         for f, job_set in zip(files, traces, strict=True):
             t0 = time.perf_counter()
-            res = Simulator(cluster, job_set, pol, perf, SimConfig()).run()
+            res = Simulator(cluster, job_set, pol, perf, SimConfig(compat=compat)).run()
             s = summarize(res)
             row = {
                 k: s[k]
@@ -245,6 +250,9 @@ def evaluate_group(
                     "preemptions",
                 )
             }
+            for k in ("avg_run_jct_s", "avg_run_jct_rounds_s"):
+                if k in s:
+                    row[k] = s[k]
             row["trace"] = f"{f.parent.name}/{f.name}"
             row["wall_s"] = time.perf_counter() - t0
             if isinstance(getattr(pol, "stats", None), dict):
@@ -491,10 +499,15 @@ def run_evaluation(
     figure_groups: Sequence[str] | None = FIGURE_GROUPS,
     progress: Callable[[int, int], None] | None = None,
     contention: str = "sum",
+    compat: str | None = None,
 ) -> dict[str, Any]:
     """Evaluate and write results (see module docstring); returns the results dict.
 
     :param contention: the performance model's contention rule (:data:`policies.ledger.CONTENTION_RULES`).
+    :param compat: a compat mode's name (``deepshare``, :mod:`policies.compat`): every policy runs under the
+        peer's rules (learned policies offered only its placements; the mode's contention rule replaces
+        ``contention``) and each set's row also has the peer's run-only JCT (``avg_run_jct_s``,
+        ``avg_run_jct_rounds_s``).
     :param figure_groups: the groups that get the JCT CDF, CS distribution and utilisation KDE (``None``:
         every group); :class:`EvaluationError` naming the trace groups when one of them does not exist.
     :param progress: called as ``progress(done, total)`` after each simulation of one policy on one
@@ -505,10 +518,13 @@ def run_evaluation(
     specs = policy_specs(policies)
     _check_outputs(Path(out), Path(results_md) if results_md else None)
     cl = ClusterSpec.parse(cluster)
-    perf = ContentionModel(cl, contention=contention)
+    from trainer.cli_sim import compat_policy, compat_setup
+
+    compat_rules, perf = compat_setup(argparse.Namespace(compat=compat), cl)
+    perf = perf or ContentionModel(cl, contention=contention)
     pols: dict[str, Policy] = {}
     for alias, name in specs.items():
-        pols[alias] = make_policy(name, cl, perf)
+        pols[alias] = compat_policy(make_policy(name, cl, perf), compat_rules)
         if alias != name:
             pols[alias].name = alias
     branch_names: list[str] = []
@@ -529,6 +545,8 @@ def run_evaluation(
                     raise EvaluationError(f"--policies: {nm!r} is also the name of a --branches policy; rename it")
                 pols[nm] = make_policy(f"{mode}:{ck}", cl, perf)
                 pols[nm].name = nm
+                if compat_rules is not None:
+                    compat_policy(pols[nm], compat_rules)
                 branch_names.append(nm)
             _check_branch(getattr(pols[nm], "checkpoint", None), br, w1, ck)
     groups = _groups(Path(traces))
@@ -558,7 +576,8 @@ def run_evaluation(
     for g, files in groups.items():
         log.info("group %s: %d traces", g, len(files))
         results[g] = evaluate_group(
-            pols, files, cl, perf, keep_jobs=(g in fig_groups), on_set=_tick, jobs=job_sets.pop(g)
+            pols, files, cl, perf, keep_jobs=(g in fig_groups), on_set=_tick, jobs=job_sets.pop(g),
+            compat=compat_rules
         )
     outdir = Path(out)
     figdir = outdir / "figures"
@@ -595,7 +614,8 @@ def run_evaluation(
             figs.append(_branch_plot(results, branch_names, staged))
         meta = {
             "cluster": cl.describe(),
-            "contention": contention,
+            "contention": perf.contention,
+            "compat": compat_rules.name if compat_rules is not None else None,
             "policies": list(pols),
             "traces": str(traces),
             "wall_s": time.perf_counter() - t0,

@@ -28,6 +28,10 @@ Definitions (the keys of :func:`summarize`):
   (:data:`CS_BUCKET_EDGES`, the seed's Fig. 6).
 * ``mean_frag``: mean of the simulator's fragmentation samples (SCED2's
   per-node metric averaged over nodes, sampled at rounds).
+* Only for a run in a compat mode (``result.meta["compat"]``, :mod:`policies.compat`): ``compat``
+  (the mode's name), ``avg_run_jct_s`` (mean run time: JCT without queueing, the seed's metric) and
+  ``avg_run_jct_rounds_s`` (the same with each job's run time rounded up to whole rounds, as
+  DeepShare's code counts it: ``300 s x`` the rounds the job ran in).
 """
 
 from __future__ import annotations
@@ -244,6 +248,14 @@ def summarize(result: SimResult, grid_step: float = 300.0) -> dict[str, Any]:
         "cs_bucket_labels": cs_bucket_labels(),
         "cs_buckets": cs_buckets(cs),
     }
+    compat = result.meta.get("compat") if result.meta else None
+    if compat:
+        # the peer's metric beside ours: JCT without queueing, exact and billed in whole rounds
+        rl = float(result.meta.get("round_len", 300.0))
+        run = _finite([r.run_time for r in done])
+        out["compat"] = compat
+        out["avg_run_jct_s"] = _mean(run)
+        out["avg_run_jct_rounds_s"] = _mean(np.ceil(run / rl - 1e-9) * rl) if run.size else math.nan
     return out
 
 

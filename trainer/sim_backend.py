@@ -28,6 +28,9 @@ When rounds happen (:meth:`SimBackend.next_round`, with ``round_len`` and ``even
   no arrival to come and nothing started counts as idle, and ``max_idle_rounds`` idle rounds in
   a row raise :class:`~trainer.simulator.SimulationError` (a policy that never places).
 
+With a compat mode (:attr:`~trainer.simulator.SimConfig.compat`) every round is opened (the peer
+re-places running jobs every round) and a placement the mode forbids is an invalid entry.
+
 Decisions are validated by :func:`policies.validate.check_decision` (then, when it finds nothing, by
 :func:`policies.validate.resource_problems`: CPUs, memory, parameter servers) and applied all or nothing:
 an invalid entry raises :class:`~trainer.simulator.SimulationError` with the first problem's
@@ -92,6 +95,9 @@ class SimBackend:
         # rounds opened also when no job waits
         self._every_round = bool((getattr(sim.policy, "resizes", False) or getattr(sim.policy, "moves", False))
                                  if every_round is None else every_round)
+        self._compat = sim.cfg.compat  # a peer's rules: its placements only, and every round opened
+        if self._compat is not None and self._compat.every_round:
+            self._every_round = True
         self._keep = keep_rounds
         #: time (s) of the next round boundary
         self.next_boundary = 0.0 if sim.time == 0.0 else (math.floor(sim.time / rl + 1e-12) + 1) * rl
@@ -131,6 +137,11 @@ class SimBackend:
         if problems:
             raise SimulationError(problems[0].message)
         sim = self.sim
+        if self._compat is not None:
+            for jid, p in decision.place:
+                why = self._compat.placement_problem(jid, sim.by_id[jid].info.gpu_demand, p)
+                if why is not None:
+                    raise SimulationError(why)
         for jid in decision.preempt:
             sim.preempt(jid)
         for jid, p in decision.resize:

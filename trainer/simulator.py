@@ -39,6 +39,7 @@ When rounds happen, and how decisions are validated and applied, is the round lo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import heapq
 import math
@@ -51,6 +52,7 @@ import numpy as np
 
 from policies.base import Policy
 from policies.cluster import ClusterSpec, Placement
+from policies.compat import CompatError, CompatMode
 from policies.job import JobSpec
 from policies.ledger import ContentionLedger, job_key
 from policies.perf import ContentionModel
@@ -106,6 +108,11 @@ class SimConfig:
         policy has placed nothing for this many rounds in a row.
     :param metrics_interval: minimum seconds between fragmentation / CS samples.
     :param check_invariants: assert the invariants after every event (slow).
+    :param compat: a peer simulator's rules (:class:`policies.compat.CompatMode`, ``--compat``) or ``None``.
+        When set, the simulator takes ``round_len``, ``restart_overhead`` and no event-triggered
+        rounds from it (overriding the fields above), submits every job at t = 0, refuses a cluster,
+        job or placement the mode does not allow (:class:`SimulationError`), and its results carry
+        ``meta["compat"]`` (the mode's name) and ``meta["round_len"]``.
     """
 
     round_len: float = 300.0
@@ -117,6 +124,15 @@ class SimConfig:
     max_idle_rounds: int = 10_000
     metrics_interval: float = 300.0
     check_invariants: bool = False
+    compat: "CompatMode | None" = None
+
+    def effective(self) -> "SimConfig":
+        """This config with the compat mode's rules applied (itself when there is no mode)."""
+        m = self.compat
+        if m is None:
+            return self
+        return dataclasses.replace(self, round_len=float(m.round_len), event_triggered=False,
+                                   restart_overhead=float(m.restart_overhead))
 
 
 @dataclass
@@ -411,13 +427,36 @@ class Simulator:
         self.cluster = cluster
         self.perf = perf or ContentionModel(cluster)
         self.policy = policy
-        self.cfg = config or SimConfig()
+        self.cfg = (config or SimConfig()).effective()
         if self.cfg.round_len <= 0:
             raise ValueError("round_len must be positive")
+        self.compat = self.cfg.compat
+        if self.compat is not None:
+            jobs = self._compat_jobs(cluster, jobs)
         with _gc_paused():
             self._build_jobs(jobs)
         self._touched = False  # no job has started since its fields were set
         self.reset_state()
+
+    def _compat_jobs(self, cluster: ClusterSpec, jobs: Sequence[JobSpec]) -> list[JobSpec]:
+        """The trace under the compat mode: cluster and demands checked, every job submitted at t = 0."""
+        mode = self.compat
+        assert mode is not None
+        rule = getattr(self.perf, "contention", "sum")
+        if rule != mode.contention:
+            raise SimulationError(
+                f"--compat {mode.name} needs the contention rule {mode.contention!r} "
+                f"(ContentionModel(cluster, contention={mode.contention!r})); the performance model has {rule!r}"
+            )
+        try:
+            mode.check_cluster(cluster)
+            for j in jobs:
+                mode.check_job(j.job_id, j.gpu_demand)
+        except CompatError as exc:
+            raise SimulationError(str(exc)) from None
+        if not mode.submit_at_zero:
+            return list(jobs)
+        return [j if j.submit_time == 0.0 else dataclasses.replace(j, submit_time=0.0) for j in jobs]
 
     def _build_jobs(self, jobs: Sequence[JobSpec]) -> None:
         """Check every job of the trace and build the simulator's record of each, in arrival order."""
@@ -1021,4 +1060,5 @@ class Simulator:
             decisions=self.decisions,
             preemptions=self.preemptions,
             wall_time=wall,
+            meta={} if self.compat is None else {"compat": self.compat.name, "round_len": self.cfg.round_len},
         )
