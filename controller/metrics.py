@@ -1,7 +1,9 @@
 """Prometheus metrics and JSON log lines of the controller.
 
 Each :class:`Metrics` owns its registry (so tests and several controllers in
-one process do not collide) and, with ``port > 0``, serves it over HTTP.
+one process do not collide) and, with ``port > 0``, serves it over HTTP
+(``/metrics``), with the controller's status page beside it when a controller
+is given (``/status``, ``/status.json``: :mod:`controller.status_page`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import logging
 import time
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
 __all__ = ["Metrics", "JsonFormatter", "setup_logging"]
 
@@ -54,11 +56,34 @@ class Metrics:
         self.free_gpus = Gauge("rlsched_free_gpus", "Free GPUs in the managed partition", registry=r)
         self.policy_info = Gauge("rlsched_policy_info", "Active policy (value 1)", ["policy"], registry=r)
         self.port: int | None = None
+        self.server: Any = None
+        self.status_page: Any = None
 
-    def serve(self, port: int, address: str = "0.0.0.0") -> None:
-        if port > 0:
-            start_http_server(port, addr=address, registry=self.registry)
-            self.port = port
+    def serve(self, port: int, address: str = "0.0.0.0", controller: Any = None) -> None:
+        """Serve ``/metrics`` (any other path but the status page's too) on ``address:port`` from a
+        daemon thread (``port`` 0: nothing); with ``controller``, also its status page
+        (:class:`controller.status_page.StatusPage`, authenticated with ``state_dir/status-token``).
+        ``OSError`` when the address cannot be bound."""
+        if port <= 0:
+            return
+        from controller.status_page import StatusPage, serve
+
+        metrics_app = make_wsgi_app(self.registry)
+        page = StatusPage(controller) if controller is not None else None
+
+        def app(environ: dict, start_response: Any) -> Any:
+            if page is not None and environ.get("PATH_INFO") in ("/status", "/status.json"):
+                return page.wsgi(environ, start_response)
+            return metrics_app(environ, start_response)
+
+        try:
+            self.server = serve(port, address, app)
+        except BaseException:
+            if page is not None:
+                page.close()
+            raise
+        self.status_page = page
+        self.port = port
 
     def set_policy(self, name: str) -> None:
         self.policy_info.clear()
