@@ -369,3 +369,51 @@ def test_page_in_headless_chromium_shows_the_twins_slurm_state(served, tmp_path)
     # without the secret Chromium is refused (401: headless, it shows nothing), not given the page
     dom = _dump_dom(base + "/status", tmp_path / "chromium")
     assert "rlsched controller</h1>" not in dom and "data-job" not in dom
+
+
+# ------------------------------------------------------------------------------------------ reasons (in-memory Slurm)
+def test_preemption_reasons_and_queue_reasons_on_an_in_memory_slurm(tmp_path):
+    """With tests/test_controller.py's in-memory Slurm: a job over the CS threshold and one an operator
+    asked to preempt say why; a job larger than the partition, one an admin held and one waiting for a
+    dependency are in the queue with their reasons."""
+    from test_controller import FakeAgents, FakeSlurm, _ctl, _running
+
+    s = FakeSlurm()  # 4 x 8 GPUs
+    slow, asked, fine = _running(s, 8, "node1"), _running(s, 8, "node2"), _running(s, 8, "node3")
+    big = s.submit(64, "rlsched:model=MoE")
+    admin = s.submit(2, "rlsched:model=MoE")
+    s.job_list[admin].reason = "JobHeldAdmin"
+    dep = s.submit(2, "rlsched:model=MoE")
+    s.job_list[dep].dependency = f"afterok:{fine}(unfulfilled)"
+
+    class Agents(FakeAgents):
+        def stats(self, job_nodes=None):
+            return {str(slow): {"cs": 1.8, "step": 10, "total_steps": 100}, str(asked): {"cs": 1.1},
+                    str(fine): {"cs": 1.05, "step": 50, "total_steps": 100, "samples_per_s": 2.0}}
+
+    ctl = _ctl(tmp_path, s, Agents(), cs_preempt_threshold=1.5, min_run_s=60.0, now=1100.0)
+    ctl.requests_dir.mkdir(parents=True, exist_ok=True)
+    (ctl.requests_dir / f"preempt-{asked}").write_text("")
+    page = StatusPage(ctl)
+    try:
+        rep = ctl.round()
+        assert sorted(rep.preempted) == sorted([slow, asked]), rep
+        doc = page.snapshot()
+    finally:
+        page.close()
+    why = {a["job"]: a["why"] for r in doc["rounds"] for a in r["actions"] if a["action"] == "preempted"}
+    assert why[str(slow)] == "measured CS 1.80 above cs_preempt_threshold 1.5"
+    assert why[str(asked)] == "an operator asked for it (rlsched controller preempt)"
+    q = {x["job"]: x for x in doc["queue"]}
+    assert "asks for 64 GPUs, the partition has 32" in q[str(big)]["reason"] and q[str(big)]["kind"] == "left out"
+    assert "held by an administrator" in q[str(admin)]["reason"]
+    assert f"dependency afterok:{fine}" in q[str(dep)]["reason"]
+    for jid in (slow, asked):
+        assert q[str(jid)]["kind"] == "requeued"
+    run = {r["job"]: r for r in doc["running"]}
+    assert set(run) == {str(fine)}
+    r = run[str(fine)]
+    assert r["cs"] == 1.05 and r["cs_source"] == "agent" and r["samples_per_s"] == 2.0 and r["progress"] == 0.5
+    # the map: node3 holds the job left running, node1 and node2 were freed by the preemptions
+    slots = {n["name"]: [x["job"] for x in n["slots"]] for n in doc["nodes"]}
+    assert slots["node3"] == [str(fine)] * 8 and slots["node1"] == [None] * 8 and slots["node2"] == [None] * 8
