@@ -63,6 +63,8 @@ log = logging.getLogger("controller.status_page")
 TOKEN_FILE = "status-token"
 #: rounds with actions the page lists (newest first)
 ROUNDS_KEPT = 10
+#: actions kept per round (the rest are counted: ``more``)
+ACTIONS_KEPT = 200
 #: log events of ``controller.daemon`` that are actions (or failed ones) of a round
 ACTION_EVENTS = frozenset({
     "placed", "preempted", "held_back", "rehold", "placement_rejected", "preempt_rejected", "resize_rejected",
@@ -81,10 +83,11 @@ def load_token(state_dir: str | Path) -> str:
     try:
         st = path.stat()
         if stat.S_ISREG(st.st_mode) and not st.st_mode & 0o077 and st.st_uid == os.geteuid():
-            text = path.read_text().strip()
-            if len(text) >= 32:
+            text = path.read_bytes().decode("ascii", "replace").strip()
+            if len(text) >= 32 and text.isprintable():
                 return text
-        log.warning("%s: readable by others, not this user's or too short: replaced by a new secret", path,
+        log.warning("%s: readable by others, not this user's, or not a secret this page wrote: replaced by a new "
+                    "one", path,
                     extra={"event": "status_token_replaced"})
     except FileNotFoundError:
         pass
@@ -133,6 +136,7 @@ class DecisionLog(logging.Handler):
         self.ctl = ctl
         self.keep = keep
         self._rounds: collections.OrderedDict[int, list[dict[str, Any]]] = collections.OrderedDict()
+        self._more: dict[int, int] = {}  # round -> actions beyond ACTIONS_KEPT (not kept)
         self._mu = threading.Lock()
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -149,9 +153,14 @@ class DecisionLog(logging.Handler):
             self.handleError(record)
             return
         with self._mu:
-            self._rounds.setdefault(entry["round"], []).append(entry)
+            actions = self._rounds.setdefault(entry["round"], [])
+            if len(actions) < ACTIONS_KEPT:
+                actions.append(entry)
+            else:
+                self._more[entry["round"]] = self._more.get(entry["round"], 0) + 1
             while len(self._rounds) > self.keep:
-                self._rounds.popitem(last=False)
+                r, _ = self._rounds.popitem(last=False)
+                self._more.pop(r, None)
 
     def _why(self, event: str, job: str | None) -> str | None:
         """What the log line does not say: why the policy's round did this to ``job``."""
@@ -181,10 +190,10 @@ class DecisionLog(logging.Handler):
         return None
 
     def rounds(self) -> list[dict[str, Any]]:
-        """``[{"round", "time", "actions": [...]}]``, newest first."""
+        """``[{"round", "time", "actions": [...], "more": actions not kept}]``, newest first."""
         with self._mu:
-            items = [(r, list(a)) for r, a in self._rounds.items()]
-        return [{"round": r, "time": a[0]["time"], "actions": a} for r, a in reversed(items)]
+            items = [(r, list(a), self._more.get(r, 0)) for r, a in self._rounds.items()]
+        return [{"round": r, "time": a[0]["time"], "actions": a, "more": more} for r, a, more in reversed(items)]
 
 
 # ---------------------------------------------------------------------------------------------- snapshot
@@ -299,16 +308,19 @@ class StatusPage:
         for jid, plan in placed.items():
             info = pending.get(jid)
             sj = view.jobs.get(jid)
+            if info is None or sj is None:
+                # not held in this view: a view newer than the report (read while a round runs) shows
+                # the job as it is since (running, or released and starting)
+                continue
             for name, g in plan.items():
                 if name in on:
                     on[name].append((jid, int(g), "placed"))
-            if info is not None and sj is not None:
-                running.append({
-                    "job": jid, "name": sj.name, "user": sj.user, "model": info.model, "gpus": info.gpu_demand,
-                    "placement": plan, "cs": None, "cs_source": None, "samples_per_s": None,
-                    "progress": (info.done_samples / info.total_samples) if info.total_samples > 0 else None,
-                    "time_left_s": info.remaining_time, "time_limit_left_s": sj.time_limit_s, "kind": "placed",
-                })
+            running.append({
+                "job": jid, "name": sj.name, "user": sj.user, "model": info.model, "gpus": info.gpu_demand,
+                "placement": plan, "cs": None, "cs_source": None, "samples_per_s": None,
+                "progress": (info.done_samples / info.total_samples) if info.total_samples > 0 else None,
+                "time_left_s": info.remaining_time, "time_limit_left_s": sj.time_limit_s, "kind": "placed",
+            })
         for sj in view.in_flight:
             plan = (released.get(str(sj.job_id)) or {}).get("plan_by_name") or {}
             for name, g in plan.items():
@@ -383,14 +395,15 @@ class StatusPage:
                             [("WWW-Authenticate", 'Basic realm="rlsched controller", charset="UTF-8"')], method)
         try:
             doc = self.snapshot()
+            if path == "/status.json":
+                body, ctype = json.dumps(doc, indent=1, default=str).encode(), "application/json"
+            else:
+                body, ctype = render_html(doc).encode(), "text/html; charset=utf-8"
         except Exception:  # noqa: BLE001 - a page that cannot be built says so; the controller goes on
             log.exception("status page could not be built", extra={"event": "status_page_error"})
             return _respond(start_response, "500 Internal Server Error", "text/plain",
                             b"status page could not be built: see the controller's log\n", [], method)
-        if path == "/status.json":
-            body = json.dumps(doc, indent=1, allow_nan=False, default=str).encode()
-            return _respond(start_response, "200 OK", "application/json", body, [], method)
-        return _respond(start_response, "200 OK", "text/html; charset=utf-8", render_html(doc).encode(), [], method)
+        return _respond(start_response, "200 OK", ctype, body, [], method)
 
 
 def _respond(start_response: Callable, status: str, ctype: str, body: bytes, headers: list, method: str
@@ -439,7 +452,8 @@ def render_html(doc: dict[str, Any]) -> str:
            "<h1>rlsched controller</h1>",
            f"<p id=summary>policy <b>{_e(c['policy'])}</b>, {_e(c['rounds'])} rounds (every "
            f"{_e(_f(c['interval_s'], 'g'))} s); as of {_e(_clock(doc.get('round_time')))} "
-           f"(page {_e(_clock(doc['time']))}); queue {_e(lr.get('queue', '—'))}, running {_e(lr.get('running', '—'))}"
+           f"(page {_e(_clock(doc['time']))}); queue {_e(lr.get('queue', '—'))}, "
+           f"running {_e(lr.get('running', '—'))}"
            f", waiting {_e(lr.get('waiting', '—'))}"]
     if lr.get("error"):
         out.append(f"; <span class=err>last round failed ({_e(lr.get('error_kind'))}): {_e(lr['error'])}</span>")
@@ -463,8 +477,9 @@ def render_html(doc: dict[str, Any]) -> str:
                     continue
                 r = jobs.get(jid, {})
                 if s["kind"] == "running":
-                    text = (f"<b>{_e(jid)}</b> {_e(r.get('model'))}<br>CS {_e(_f(r.get('cs'), '.2f'))}"
-                            f"{'' if r.get('cs_source') == 'agent' else '*'}<br>{_e(_duration(r.get('time_left_s')))} left")
+                    mark = "" if r.get("cs_source") == "agent" else "*"
+                    text = (f"<b>{_e(jid)}</b> {_e(r.get('model'))}<br>CS {_e(_f(r.get('cs'), '.2f'))}{mark}"
+                            f"<br>{_e(_duration(r.get('time_left_s')))} left")
                 else:
                     text = f"<b>{_e(jid)}</b> {_e(r.get('model'))}<br>{_e(s['kind'])}"
                 out.append(f"<td class=\"gpu {s['kind']}\" data-gpu={s['gpu']} data-job=\"{_e(jid)}\" "
@@ -489,6 +504,8 @@ def render_html(doc: dict[str, Any]) -> str:
     out.append("<h2>Last rounds' actions</h2>")
     rows = [[a["round"], _clock(a["time"]), a["action"], a["job"] or "—", a["why"] or "", a["message"]]
             for r in doc["rounds"] for a in r["actions"]]
+    rows += [[r["round"], _clock(r["time"]), f"{r['more']} more actions", "", "", "see the controller's log"]
+             for r in doc["rounds"] if r.get("more")]
     out.append(_table("rounds", ["round", "time", "action", "job", "why", "log"], rows))
     out.append("</body></html>")
     return "".join(out)

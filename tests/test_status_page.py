@@ -237,7 +237,8 @@ def test_page_needs_the_state_dirs_secret_and_changes_nothing(served):
         code, body, _ = _get(base + path, {"Authorization": "Bearer " + token}, method="HEAD")
         assert code == 200 and body == b""
     code, body, headers = _get(base + "/status", {"Authorization": "Bearer " + token})
-    assert headers["Content-Type"].startswith("text/html") and "default-src 'none'" in headers["Content-Security-Policy"]
+    assert headers["Content-Type"].startswith("text/html")
+    assert "default-src 'none'" in headers["Content-Security-Policy"]
     assert b"<script" not in body
     # the JSON endpoint is the page's data
     code, body, _ = _get(base + "/status.json", {"Authorization": "Bearer " + token})
