@@ -487,9 +487,9 @@ def render_html(doc: dict[str, Any]) -> str:
             out.append("</tr>")
         out.append("</table><p class=muted>CS: contention sensitivity (isolated / achieved throughput), "
                    "measured by the node agents; * : predicted by the performance model (no agent stats). "
-                   "Dashed: released by the controller (this round, or earlier and not started yet), not yet seen "
-                   "running in Slurm; node states are Slurm's at the round's read. GPU columns are slots filled in job id "
-                   "order (Slurm reports GPUs per node, not their indices).</p>")
+                   "Dashed: released by the controller (this round, or earlier and not started yet), not yet "
+                   "seen running in Slurm; node states are Slurm's at the round's read. GPU columns are slots "
+                   "filled in job id order (Slurm reports GPUs per node, not their indices).</p>")
     out.append("<h2>Running jobs</h2>")
     rows = [[r["job"], r["user"], r["name"], r["model"], r["gpus"],
              ", ".join(f"{k}:{v}" for k, v in r["placement"].items()),
