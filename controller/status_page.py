@@ -246,7 +246,7 @@ class StatusPage:
     def snapshot(self) -> dict[str, Any]:
         """The page's data as of the controller's last round (see the module docstring).
 
-        ``{"time", "controller": {policy, rounds, interval_s, last_round}, "nodes": [{name, gpus,
+        ``{"time", "controller": {policy, rounds, interval_s, last_round, agents}, "nodes": [{name, gpus,
         gpu_type, state, usable, slots: [{gpu, job, kind}]}], "running": [{job, name, user, model,
         gpus, placement, cs, cs_source, samples_per_s, progress, time_left_s, time_limit_left_s,
         kind}], "queue": [{job, name, user, model, gpus, waited_s, reason, kind}], "rounds": [...]}``.
@@ -271,6 +271,10 @@ class StatusPage:
             },
             "nodes": [], "running": [], "queue": [], "rounds": self.decisions.rounds(),
         }
+        pre = getattr(ctl, "_preempter", None)  # the node agents as the last round saw them
+        addresses = getattr(pre, "addresses", None) or {}
+        bad = set(getattr(pre, "unreachable", ()) or ()) | set(getattr(pre, "unverified", ()) or ())
+        doc["controller"]["agents"] = {"configured": len(addresses), "unreachable": sorted(map(str, bad))}
         if view is None or inputs is None:
             return doc
         st = view.state
@@ -455,6 +459,11 @@ def render_html(doc: dict[str, Any]) -> str:
            f"(page {_e(_clock(doc['time']))}); queue {_e(lr.get('queue', '—'))}, "
            f"running {_e(lr.get('running', '—'))}"
            f", waiting {_e(lr.get('waiting', '—'))}"]
+    ag = c.get("agents") or {}
+    if ag.get("configured"):
+        out.append(f"; agents: {_e(ag['configured'])} configured")
+        if ag.get("unreachable"):
+            out.append(f", <span class=err>not answering: {_e(', '.join(ag['unreachable']))}</span>")
     if lr.get("error"):
         out.append(f"; <span class=err>last round failed ({_e(lr.get('error_kind'))}): {_e(lr['error'])}</span>")
     out.append("</p>")

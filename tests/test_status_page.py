@@ -99,6 +99,7 @@ def test_snapshot_is_the_twins_slurm_state_with_reasons_and_decisions(tmp_path):
         st.until(0.0)
         doc = page.snapshot()
         assert _page_map(doc) == _slurm_map(st.twin)
+        assert doc["controller"]["agents"] == {"configured": 2, "unreachable": []}
         assert {r["job"] for r in doc["running"]} == {"10", "11"}
         placed = [a for r in doc["rounds"] for a in r["actions"] if a["action"] == "placed"]
         assert {a["job"] for a in placed} == {"10", "11"}
@@ -167,6 +168,7 @@ def test_every_text_from_slurm_and_jobs_is_escaped(tmp_path):
     doc["controller"]["policy"] = EVIL
     doc["controller"]["last_round"]["error"] = EVIL
     doc["controller"]["last_round"]["error_kind"] = EVIL
+    doc["controller"]["agents"] = {"configured": 2, "unreachable": [EVIL]}
     doc["nodes"][0]["name"] = EVIL
     doc["nodes"][0]["state"] = EVIL
     doc["nodes"][0]["gpu_type"] = EVIL
