@@ -137,6 +137,7 @@ class DecisionLog(logging.Handler):
         self.keep = keep
         self._rounds: collections.OrderedDict[int, list[dict[str, Any]]] = collections.OrderedDict()
         self._more: dict[int, int] = {}  # round -> actions beyond ACTIONS_KEPT (not kept)
+        self._positions: tuple[Any, dict[str, int]] = (None, {})  # (view, job id -> queue index)
         self._mu = threading.Lock()
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -171,12 +172,14 @@ class DecisionLog(logging.Handler):
         if view is None or job is None:
             return None
         if event == "placed":
-            queue = [j.job_id for j in view.state.pending]
+            if self._positions[0] is not view:  # one index per view: a round may place many jobs
+                self._positions = (view, {j.job_id: k for k, j in enumerate(view.state.pending)})
+            queue = self._positions[1]
             if job not in queue:
                 return f"placed by policy {policy}"
-            info = view.state.pending[queue.index(job)]
+            info = view.state.pending[queue[job]]
             waited = max(view.state.time - info.submit_time, 0.0)
-            return (f"policy {policy} placed it: queue position {queue.index(job) + 1} of {len(queue)}, "
+            return (f"policy {policy} placed it: queue position {queue[job] + 1} of {len(queue)}, "
                     f"waited {_duration(waited)}, {info.gpu_demand} GPU(s) of {info.model}")
         if event in ("preempted", "preempt_failed", "preempt_deferred", "preempt_skipped"):
             if job in (backend.forced or ()):
