@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 __all__ = ["Metrics", "JsonFormatter", "setup_logging"]
 
@@ -60,30 +60,14 @@ class Metrics:
         self.status_page: Any = None
 
     def serve(self, port: int, address: str = "0.0.0.0", controller: Any = None) -> None:
-        """Serve ``/metrics`` (any other path but the status page's too) on ``address:port`` from a
-        daemon thread (``port`` 0: nothing); with ``controller``, also its status page
-        (:class:`controller.status_page.StatusPage`, authenticated with ``state_dir/status-token``).
+        """Serve ``/metrics`` on ``address:port`` from a daemon thread (``port`` 0: nothing) and, with
+        ``controller``, its status page beside it (:func:`controller.status_page.start_server`).
         ``OSError`` when the address cannot be bound."""
-        if port <= 0:
-            return
-        from controller.status_page import StatusPage, serve
+        if port > 0:
+            from controller.status_page import start_server
 
-        metrics_app = make_wsgi_app(self.registry)
-        page = StatusPage(controller) if controller is not None else None
-
-        def app(environ: dict, start_response: Any) -> Any:
-            if page is not None and environ.get("PATH_INFO") in ("/status", "/status.json"):
-                return page.wsgi(environ, start_response)
-            return metrics_app(environ, start_response)
-
-        try:
-            self.server = serve(port, address, app)
-        except BaseException:
-            if page is not None:
-                page.close()
-            raise
-        self.status_page = page
-        self.port = port
+            self.server, self.status_page = start_server(self.registry, port, address, controller)
+            self.port = port
 
     def set_policy(self, name: str) -> None:
         self.policy_info.clear()

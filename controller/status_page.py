@@ -28,7 +28,8 @@ Decisions and why: :class:`DecisionLog` keeps the controller's own action log re
 ``controller.daemon``: placements, preemptions, hold-backs, rejections, failures) of the last
 :data:`ROUNDS_KEPT` rounds that did something, each tagged with its round, and adds the reason
 the log line does not carry (a placement's queue position and wait; whether a preemption was
-the policy's choice, the CS threshold's or an operator's request).
+the policy's choice, the CS threshold's or an operator's request). It sees the INFO records the
+controller's logger passes (``controller.metrics.setup_logging`` and the twin set INFO).
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 if TYPE_CHECKING:
     from controller.daemon import Controller
 
-__all__ = ["StatusPage", "DecisionLog", "render_html", "load_token", "TOKEN_FILE", "ROUNDS_KEPT", "serve"]
+__all__ = ["StatusPage", "DecisionLog", "render_html", "load_token", "TOKEN_FILE", "ROUNDS_KEPT", "serve",
+           "start_server"]
 
 log = logging.getLogger("controller.status_page")
 
@@ -562,3 +564,33 @@ def serve(port: int, address: str, app: Callable) -> _Server:
     httpd = make_server(address, port, app, Server, handler_class=_QuietHandler)
     threading.Thread(target=httpd.serve_forever, name="rlsched-http", daemon=True).start()
     return httpd
+
+
+def start_server(registry: Any, port: int, address: str, controller: Controller | None = None
+                 ) -> tuple[_Server, StatusPage | None]:
+    """The controller's HTTP server (:func:`serve`): Prometheus' ``/metrics`` of ``registry`` (it
+    answers every path but the page's) and, with ``controller``, its :class:`StatusPage` at
+    ``/status`` and ``/status.json``. Returns the server and the page. ``OSError`` when the address
+    cannot be bound or the page's secret cannot be written (the message names the file)."""
+    from prometheus_client import make_wsgi_app
+
+    metrics_app = make_wsgi_app(registry)
+    page = None
+    if controller is not None:
+        try:
+            page = StatusPage(controller)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot write the status page's secret "
+                                     f"{Path(controller.state_dir) / TOKEN_FILE}: {exc.strerror or exc}") from None
+
+    def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
+        if page is not None and environ.get("PATH_INFO") in ("/status", "/status.json"):
+            return page.wsgi(environ, start_response)
+        return metrics_app(environ, start_response)
+
+    try:
+        return serve(port, address, app), page
+    except BaseException:
+        if page is not None:
+            page.close()
+        raise

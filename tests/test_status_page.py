@@ -420,3 +420,16 @@ def test_preemption_reasons_and_queue_reasons_on_an_in_memory_slurm(tmp_path):
     # the map: node3 holds the job left running, node1 and node2 were freed by the preemptions
     slots = {n["name"]: [x["job"] for x in n["slots"]] for n in doc["nodes"]}
     assert slots["node3"] == [str(fine)] * 8 and slots["node1"] == [None] * 8 and slots["node2"] == [None] * 8
+
+
+def test_a_state_dir_that_cannot_hold_the_secret_fails_the_start_naming_the_file(tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root may write any folder")
+    st = Stepper(tmp_path)
+    state_dir = st.twin.controller.state_dir
+    state_dir.chmod(0o500)
+    try:
+        with pytest.raises(OSError, match=re.escape(str(state_dir / TOKEN_FILE))):
+            st.twin.controller.metrics.serve(_free_port(), "127.0.0.1", controller=st.twin.controller)
+    finally:
+        state_dir.chmod(0o700)
