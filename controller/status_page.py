@@ -3,8 +3,8 @@
 Paths (GET or HEAD only; anything else is 405, nothing changes state):
 
 * ``/status``: one HTML page (inline CSS, no scripts, no external assets): the node x GPU map with
-  each GPU's job, its model, measured contention sensitivity (CS) and time left (the seed's
-  Figure 2, live), the running jobs, the queue with each job's reason, and the last rounds'
+  each GPU's job, its model, measured contention sensitivity (CS) and time left (the left half of
+  DeepShare's Figure 2, live), the running jobs, the queue with each job's reason, and the last rounds'
   actions with why;
 * ``/status.json``: the same data as one JSON object (:meth:`StatusPage.snapshot`).
 
