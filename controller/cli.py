@@ -77,7 +77,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             # the registry's error lists every policy name (heuristics and RL); any shape builds a heuristic
             make_policy(cfg.controller.policy, ClusterSpec.parse(_RL_DEFAULT_SHAPE))
         try:
-            ctl.metrics.serve(cfg.metrics.port, cfg.metrics.address)
+            ctl.metrics.serve(cfg.metrics.port, cfg.metrics.address, controller=ctl)  # + status page
         except OSError as exc:  # port in use, an address that does not resolve
             raise ConfigError(f"metrics.port {cfg.metrics.port} / metrics.address {cfg.metrics.address!r}: "
                               f"cannot serve Prometheus metrics there: {exc}") from None

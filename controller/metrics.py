@@ -1,7 +1,9 @@
 """Prometheus metrics and JSON log lines of the controller.
 
 Each :class:`Metrics` owns its registry (so tests and several controllers in
-one process do not collide) and, with ``port > 0``, serves it over HTTP.
+one process do not collide) and, with ``port > 0``, serves it over HTTP
+(``/metrics``), with the controller's status page beside it when a controller
+is given (``/status``, ``/status.json``: :mod:`controller.status_page`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import logging.handlers
 import time
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 __all__ = ["Metrics", "JsonFormatter", "setup_logging"]
 
@@ -55,10 +57,17 @@ class Metrics:
         self.free_gpus = Gauge("rlsched_free_gpus", "Free GPUs in the managed partition", registry=r)
         self.policy_info = Gauge("rlsched_policy_info", "Active policy (value 1)", ["policy"], registry=r)
         self.port: int | None = None
+        self.server: Any = None
+        self.status_page: Any = None
 
-    def serve(self, port: int, address: str = "0.0.0.0") -> None:
+    def serve(self, port: int, address: str = "0.0.0.0", controller: Any = None) -> None:
+        """Serve ``/metrics`` on ``address:port`` from a daemon thread (``port`` 0: nothing) and, with
+        ``controller``, its status page beside it (:func:`controller.status_page.start_server`).
+        ``OSError`` when the address cannot be bound."""
         if port > 0:
-            start_http_server(port, addr=address, registry=self.registry)
+            from controller.status_page import start_server
+
+            self.server, self.status_page = start_server(self.registry, port, address, controller)
             self.port = port
 
     def set_policy(self, name: str) -> None:

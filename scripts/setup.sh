@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install rlsched and everything it needs on a fresh Debian 12 machine.
-#   bash scripts/setup.sh           # Python package + Slurm/MUNGE from Debian (when root)
+#   bash scripts/setup.sh           # Python package + Slurm/MUNGE and Chromium from Debian (when root)
 #   bash scripts/setup.sh --no-slurm  # Python package only
 #
 # Python: ${PYTHON:-python3} and its pip, or the active virtualenv. An
@@ -35,6 +35,15 @@ if [ "$want_slurm" = 1 ]; then
       apt_install slurm-wlm munge lua5.3
     else
       echo "setup.sh: not root: skipping the Slurm/MUNGE install (the live-cluster tests will be skipped)" >&2
+    fi
+  fi
+  # headless Chromium: tests/test_status_page.py loads the controller's status page in it
+  if ! command -v chromium >/dev/null; then
+    if [ "$(id -u)" = 0 ]; then
+      echo "==> installing Chromium from Debian (headless browser for the status page test)"
+      apt_install chromium
+    else
+      echo "setup.sh: not root: skipping the Chromium install (the status page's browser test will be skipped)" >&2
     fi
   fi
 fi
