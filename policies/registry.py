@@ -14,6 +14,8 @@ Names (case-insensitive, blanks around them ignored):
 ``rl-prior``                           the untrained admission prior alone (an ablation, no checkpoint)
 ``drf``, ``tetris``, ``optimus``       elastic baselines deciding workers and parameter servers
                                        (:mod:`policies.elastic`, re-plan every 600 s)
+``chic``, ``chic-pair``                Chic / Chic-Pair (:mod:`policies.chic`) with the shipped checkpoint,
+                                       the ``checkpoint`` argument, or ``NAME:/path``
 =====================================  ===================================================================
 
 Options (keyword arguments of :func:`make_policy`; :data:`OPTIONS`):
@@ -59,7 +61,8 @@ def describe_names() -> str:
     """Every policy name with its variants, for error messages."""
     return (
         f"{', '.join(HEURISTIC_NAMES)} (optionally -np and :pack|:spread|:greedy), "
-        "rl-base, rl-hybrid (optionally :/path/to/checkpoint), rl-prior, drf, tetris, optimus"
+        "rl-base, rl-hybrid (optionally :/path/to/checkpoint), rl-prior, drf, tetris, optimus, "
+        "chic, chic-pair (optionally :/path/to/checkpoint)"
     )
 
 
@@ -106,6 +109,12 @@ def make_policy(
         from policies.elastic import make_elastic_policy
 
         return make_elastic_policy(base, perf)
+    if base in ("chic", "chic-pair"):  # Chic / Chic-Pair (policies/chic.py)
+        if options:
+            raise PolicyError(f"policy {name!r}: option {sorted(options)[0]!r} applies to the RL policies only")
+        from policies.chic import make_chic_policy
+
+        return make_chic_policy(raw, perf, checkpoint)
     if base.startswith("rl"):
         if base not in RL_NAMES:
             raise PolicyError(f"unknown RL policy {name!r}; policies: {describe_names()}")

@@ -31,6 +31,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "nodeagent.cli",
     "trainer.cli_trace",
     "trainer.cli_rl",
+    "trainer.chic.cli",
     "controller.cli",
 )
 
