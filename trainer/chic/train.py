@@ -268,6 +268,7 @@ def train(cfg: CEMConfig, out: str | Path, progress: bool = True) -> dict:
                     best_act, best_net, best_it = st["val_act"], net, k
             st["seconds"] = time.perf_counter() - t0
             history["iterations"].append(st)
+            (out / f"{cfg.variant}-history.json").write_text(json.dumps(history, indent=1))
             if bar is not None:
                 bar.update(task, advance=1, info=f"xi {st['xi']:.1f}  mean R {st['mean_return']:.1f}  "
                            f"val ACT {st.get('val_act', float('nan')):.0f} s (best {best_act:.0f} s @ {best_it})")
