@@ -24,7 +24,8 @@ workload missing a worker or a PS can always progress), or no workload is presen
 (:func:`action_mask`) forbids a task that does not fit, more workers than ``max_gpus``, more PSs than
 ``max_gpus`` or :data:`policies.psmodel.MAX_PS`, and stopping while no workload has both a worker
 and a PS (a plan that runs nothing would stand until the next arrival or forever). An action on an empty slot is a no-op the seed
-punishes (``-p1``); sampling during training may take it, the greedy policy never does. A phase ends
+punishes (``-p1``); sampling during training may take it (at most :data:`MAX_NOOPS` times a phase), the
+greedy policy never does. A phase ends
 after :data:`MAX_PHASE_STEPS` answers at most.
 
 **When** (:meth:`ChicPolicy.schedule`): a new phase runs when the set of slot jobs changes (a slot
@@ -87,6 +88,9 @@ P2 = 1.0
 REWARD_UNIT_S = 1200.0
 #: Most answers in one decision phase (a bound on no-op actions while sampling).
 MAX_PHASE_STEPS = 256
+#: Actions on empty slots a sampling phase may take; after them they are masked too (a network that
+#: prefers an empty slot would otherwise end phases with nothing allocated, and nothing would run).
+MAX_NOOPS = 16
 #: Scales of the state's entries: remaining epochs, worker / PS counts, queue length.
 BACKLOG_SCALE = 100.0
 COUNT_SCALE = 10.0
@@ -336,10 +340,10 @@ class ChicPolicy(ElasticBaseline):
             s.job.w = s.job.p = 0
         if not present:
             return
-        allow_empty = self.mode != "greedy"
+        noops = 0
         self.phases += 1
         for _ in range(MAX_PHASE_STEPS):
-            mask = action_mask(spec, slots, used, cap, allow_empty)
+            mask = action_mask(spec, slots, used, cap, self.mode != "greedy" and noops < MAX_NOOPS)
             real = any(mask[a] for a in range(spec.stop) if slots[spec.target(a)[0]] is not None)
             if not real or not any(self._improvable(s) for s in present):
                 return  # S': the seed's conditions (1) / (2)
@@ -357,6 +361,7 @@ class ChicPolicy(ElasticBaseline):
             i, dw, dp = spec.target(a)
             s = slots[i]
             if s is None:
+                noops += 1
                 continue
             j = s.job
             for k, v in enumerate(j.wv):
@@ -390,6 +395,8 @@ class ChicPolicy(ElasticBaseline):
                 if s is not None:
                     ok = s.job.w >= s.job.lo and s.job.p >= 1
                     self._plan[s.job.info.job_id] = (s.job.w, s.job.p) if ok else (0, 0)
+            if ids and not any(w for w, _p in self._plan.values()) and not any(j.cur_w for j in jobs):
+                self._slots_ids = ()  # a plan that runs nothing is not kept: the next round plans again
         for j in jobs:
             j.w, j.p = self._plan.get(j.info.job_id, (0, 0))
         if all((j.w, j.p) == (j.cur_w, j.cur_p) for j in jobs):
