@@ -20,7 +20,8 @@ is asked again and again, one task per answer, until it stops or the state is in
 task of a present workload fits the cluster's free aggregate GPUs / CPUs / memory (the seed's
 condition (1)), or no task lowers any present workload's per-iteration time ``g_i(w, p)`` (condition
 (2), ``g`` by Optimus' fitted PS form, :meth:`policies.psmodel.PSPerformanceModel.fitted`; a
-workload missing a worker or a PS can always progress), or no workload is present. The mask
+workload without a PS or below the workers it can start on can always progress: a preempted elastic
+job restarts on exactly its last size, the platform's rule), or no workload is present. The mask
 (:func:`action_mask`) forbids a task that does not fit, more workers than ``max_gpus``, more PSs than
 ``max_gpus`` or :data:`policies.psmodel.MAX_PS`, and stopping while no workload has both a worker
 and a PS (a plan that runs nothing would stand until the next arrival or forever). An action on an empty slot is a no-op the seed
@@ -324,7 +325,7 @@ class ChicPolicy(ElasticBaseline):
     # ------------------------------------------------------------------ decision phase
     def _improvable(self, s: Slot) -> bool:
         j = s.job
-        if j.w == 0 or j.p == 0:
+        if j.w < j.lo or j.p == 0:  # it cannot run yet (a waiting job restarts on its gpu_demand workers)
             return True
         g = self.speed(j, j.w, j.p)
         if self.spec.pair:
@@ -395,13 +396,12 @@ class ChicPolicy(ElasticBaseline):
                 if s is not None:
                     ok = s.job.w >= s.job.lo and s.job.p >= 1
                     self._plan[s.job.info.job_id] = (s.job.w, s.job.p) if ok else (0, 0)
-            if ids and not any(w for w, _p in self._plan.values()) and not any(j.cur_w for j in jobs):
-                self._slots_ids = ()  # a plan that runs nothing is not kept: the next round plans again
         for j in jobs:
             j.w, j.p = self._plan.get(j.info.job_id, (0, 0))
-        if all((j.w, j.p) == (j.cur_w, j.cur_p) for j in jobs):
-            return Decision()
-        return _materialize(state, jobs)
+        dec = Decision() if all((j.w, j.p) == (j.cur_w, j.cur_p) for j in jobs) else _materialize(state, jobs)
+        if jobs and not dec.place and all(j.cur_w == 0 or j.info.job_id in dec.preempt for j in jobs):
+            self._slots_ids = ()  # this plan runs nothing: the next round plans again
+        return dec
 
 
 # ---------------------------------------------------------------------- checkpoints

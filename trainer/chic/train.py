@@ -169,9 +169,11 @@ def cem_iteration(net: ChicNet, rollout: Callable[[ChicNet, str, int], Episode],
     rets = np.array([e.ret for e in eps])
     order = np.sort(rets)
     xi = float(order[max(int(math.floor((1 - rho) * n)) - 1, 0)])
-    elite = [e for e in eps if e.ret >= xi and e.steps]
-    stats = {"xi": xi, "mean_return": float(rets[:n].mean()), "uniform_return": float(rets[n]),
-             "uniform_elite": bool(rets[n] >= xi), "elite": len(elite), "mean_act": float(np.mean([e.act for e in eps[:n]]))}
+    elite = [e for e in eps if e.ret >= xi and e.steps and math.isfinite(e.ret)]
+    ok = np.isfinite(rets[:n])
+    stats = {"xi": xi, "mean_return": float(rets[:n][ok].mean()) if ok.any() else -math.inf,
+             "uniform_return": float(rets[n]), "uniform_elite": bool(rets[n] >= xi), "elite": len(elite),
+             "failed": int((~ok).sum()), "mean_act": float(np.mean([e.act for e in eps[:n] if math.isfinite(e.act)] or [math.inf]))}
     steps = [s for e in elite for s in e.steps]
     if not steps:
         return net, stats
@@ -217,8 +219,13 @@ def simulate_episode(net: ChicNet, spec: ChicSpec, cluster, perf, jobs, mode: st
     the penalties of the actions taken."""
     from trainer.simulator import SimConfig, Simulator
 
+    from trainer.simulator import SimulationError
+
     pol = ChicPolicy(net, spec, perf, mode=mode, seed=seed, record=True, p1=p1, p2=p2)
-    res = Simulator(cluster, jobs, pol, perf, SimConfig(resize_overhead=resize_overhead)).run()
+    try:
+        res = Simulator(cluster, jobs, pol, perf, SimConfig(resize_overhead=resize_overhead, max_idle_rounds=200)).run()
+    except SimulationError:  # the policy left waiting jobs idle for 200 rounds: the worst return, never elite
+        return Episode(-math.inf, math.inf, [])
     jct = [r.jct for r in res.jobs]
     return Episode(-float(np.sum(jct)) / REWARD_UNIT_S + pol.penalty, float(np.mean(jct)), pol.steps)
 
@@ -241,8 +248,13 @@ def train(cfg: CEMConfig, out: str | Path, progress: bool = True) -> dict:
         return simulate_episode(nt, spec, cluster, perf, jobs, mode, seed, cfg.p1, cfg.p2, cfg.resize_overhead)
 
     def validate(nt: ChicNet) -> float:
-        return float(np.mean([run_policy(ChicPolicy(nt, spec, perf), cluster, perf, j, cfg.resize_overhead)
-                              for j in val_set]))
+        from trainer.simulator import SimulationError
+
+        try:
+            return float(np.mean([run_policy(ChicPolicy(nt, spec, perf), cluster, perf, j, cfg.resize_overhead)
+                                  for j in val_set]))
+        except SimulationError:
+            return math.inf
 
     history = {"config": asdict(cfg), "iterations": []}
     best_act, best_net, best_it = validate(net), net, 0
