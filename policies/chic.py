@@ -19,11 +19,12 @@ a PS (0-based ``i``), the last stops. Chic-Pair has ``I + 1``: ``i`` adds a work
 is asked again and again, one task per answer, until it stops or the state is in the seed's S': no
 task of a present workload fits the cluster's free aggregate GPUs / CPUs / memory (the seed's
 condition (1)), or no task lowers any present workload's per-iteration time ``g_i(w, p)`` (condition
-(2), ``g`` by Optimus' fitted PS form, :meth:`policies.psmodel.PSPerformanceModel.fitted`; a
-workload without a PS or below the workers it can start on can always progress: a preempted elastic
-job restarts on exactly its last size, the platform's rule), or no workload is present. The mask
-(:func:`action_mask`) forbids a task that does not fit, more workers than ``max_gpus``, more PSs than
-``max_gpus`` or :data:`policies.psmodel.MAX_PS`, and stopping while no workload has both a worker
+(2), ``g`` by Optimus' fitted PS form, :meth:`policies.psmodel.PSPerformanceModel.fitted`), or no
+workload is present. The mask (:func:`action_mask`) forbids a task that does not fit, more workers
+than ``max_gpus``, more PSs than ``max_gpus`` or :data:`policies.psmodel.MAX_PS`, a task that does not
+lower its workload's ``g`` (condition (2) applied task by task; a workload that cannot run yet, without
+a PS or below the workers it can start on, takes only the kind it lacks: a preempted elastic job
+restarts on exactly its last size, the platform's rule), and stopping while no workload has both a worker
 and a PS (a plan that runs nothing would stand until the next arrival or forever). An action on an empty slot is a no-op the seed
 punishes (``-p1``); sampling during training may take it (at most :data:`MAX_NOOPS` times a phase), the
 greedy policy never does. A phase ends
@@ -175,25 +176,35 @@ def encode(spec: ChicSpec, slots: Sequence[Slot | None], queue: int) -> np.ndarr
     return x
 
 
-def _task_ok(s: Slot, dw: int, dp: int, used: Sequence[float], cap: Sequence[float]) -> bool:
+def _task_ok(s: Slot, dw: int, dp: int, used: Sequence[float], cap: Sequence[float], speed=None) -> bool:
     j = s.job
     if j.w + dw > j.hi or j.p + dp > min(j.hi, MAX_PS):
         return False
+    if speed is not None:  # the task must lower the workload's per-iteration time (condition (2) per task)
+        if j.w < j.lo or j.p == 0:  # not runnable yet: only the missing kind
+            if (dw and j.w >= j.lo) or (dp and j.p >= 1 and not dw):
+                return False
+        elif speed(j, j.w + dw, j.p + dp) <= speed(j, j.w, j.p):
+            return False
     add = tuple(dw * a + dp * b for a, b in zip(j.wv, j.pv))
     return _fits(used, add, cap)
 
 
 def action_mask(spec: ChicSpec, slots: Sequence[Slot | None], used: Sequence[float], cap: Sequence[float],
-                allow_empty: bool = False) -> np.ndarray:
+                allow_empty: bool = False, speed=None) -> np.ndarray:
     """bool ``[spec.n_actions]``: the task actions whose task fits the free aggregate ``cap - used``
     (GPUs, CPUs, GB) within the workload's limits; actions on empty slots when ``allow_empty``
-    (the seed's punished no-op, for sampling); the stop action always."""
+    (the seed's punished no-op, for sampling); the stop action always.
+
+    With ``speed(job, w, p)`` (estimated speed) a task must also be useful: a workload that cannot
+    run yet (no PS, or fewer workers than it can start on) takes only the kind it lacks; a runnable
+    one only a task that raises its estimated speed (the seed's condition (2), task by task)."""
     mask = np.zeros(spec.n_actions, dtype=bool)
     mask[spec.stop] = True
     for a in range(spec.stop):
         i, dw, dp = spec.target(a)
         s = slots[i]
-        mask[a] = allow_empty if s is None else _task_ok(s, dw, dp, used, cap)
+        mask[a] = allow_empty if s is None else _task_ok(s, dw, dp, used, cap, speed)
     return mask
 
 
@@ -323,15 +334,6 @@ class ChicPolicy(ElasticBaseline):
         self.phases = 0
 
     # ------------------------------------------------------------------ decision phase
-    def _improvable(self, s: Slot) -> bool:
-        j = s.job
-        if j.w < j.lo or j.p == 0:  # it cannot run yet (a waiting job restarts on its gpu_demand workers)
-            return True
-        g = self.speed(j, j.w, j.p)
-        if self.spec.pair:
-            return self.speed(j, j.w + 1, j.p + 1) > g
-        return self.speed(j, j.w + 1, j.p) > g or self.speed(j, j.w, j.p + 1) > g
-
     def decide(self, slots: list[Slot | None], queue: int, cap: Sequence[float]) -> None:
         """Run one decision phase: set ``job.w`` / ``job.p`` of every slot (module docstring)."""
         spec = self.spec
@@ -344,9 +346,9 @@ class ChicPolicy(ElasticBaseline):
         noops = 0
         self.phases += 1
         for _ in range(MAX_PHASE_STEPS):
-            mask = action_mask(spec, slots, used, cap, self.mode != "greedy" and noops < MAX_NOOPS)
+            mask = action_mask(spec, slots, used, cap, self.mode != "greedy" and noops < MAX_NOOPS, self.speed)
             real = any(mask[a] for a in range(spec.stop) if slots[spec.target(a)[0]] is not None)
-            if not real or not any(self._improvable(s) for s in present):
+            if not real:
                 return  # S': the seed's conditions (1) / (2)
             if not any(s.job.w >= s.job.lo and s.job.p >= 1 for s in present):
                 mask[spec.stop] = False  # no stop before a workload can run (else nothing ever changes)
