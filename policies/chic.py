@@ -26,8 +26,9 @@ lower its workload's ``g`` (condition (2) applied task by task; a workload that 
 a PS or below the workers it can start on, takes only the kind it lacks: a preempted elastic job
 restarts on exactly its last size, the platform's rule), and stopping while no workload has both a worker
 and a PS (a plan that runs nothing would stand until the next arrival or forever). An action on an empty slot is a no-op the seed
-punishes (``-p1``); sampling during training may take it (at most :data:`MAX_NOOPS` times a phase), the
-greedy policy never does. A phase ends
+punishes (``-p1``, :func:`step_penalty`); it is masked here, in training too (:func:`action_mask` offers it
+only with ``allow_empty``): with it available the cross-entropy method's elite was chosen by how few
+such no-ops a trajectory took, not by its completion times (docs/ELASTIC.md). A phase ends
 after :data:`MAX_PHASE_STEPS` answers at most.
 
 **When** (:meth:`ChicPolicy.schedule`): a new phase runs when the set of slot jobs changes (a slot
@@ -90,9 +91,6 @@ P2 = 1.0
 REWARD_UNIT_S = 1200.0
 #: Most answers in one decision phase (a bound on no-op actions while sampling).
 MAX_PHASE_STEPS = 256
-#: Actions on empty slots a sampling phase may take; after them they are masked too (a network that
-#: prefers an empty slot would otherwise end phases with nothing allocated, and nothing would run).
-MAX_NOOPS = 16
 #: Scales of the state's entries: remaining epochs, worker / PS counts, queue length.
 BACKLOG_SCALE = 100.0
 COUNT_SCALE = 10.0
@@ -343,10 +341,9 @@ class ChicPolicy(ElasticBaseline):
             s.job.w = s.job.p = 0
         if not present:
             return
-        noops = 0
         self.phases += 1
         for _ in range(MAX_PHASE_STEPS):
-            mask = action_mask(spec, slots, used, cap, self.mode != "greedy" and noops < MAX_NOOPS, self.speed)
+            mask = action_mask(spec, slots, used, cap, False, self.speed)
             real = any(mask[a] for a in range(spec.stop) if slots[spec.target(a)[0]] is not None)
             if not real:
                 return  # S': the seed's conditions (1) / (2)
@@ -364,7 +361,6 @@ class ChicPolicy(ElasticBaseline):
             i, dw, dp = spec.target(a)
             s = slots[i]
             if s is None:
-                noops += 1
                 continue
             j = s.job
             for k, v in enumerate(j.wv):
