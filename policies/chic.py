@@ -49,7 +49,7 @@ the unmasked actions; numpy only.
 
 **Checkpoints**: ``NAME.safetensors`` (float32 tensors ``l{k}.weight`` ``(out, in)``, ``l{k}.bias``)
 + ``NAME.json`` (:func:`save_chic_checkpoint`, :func:`load_chic_checkpoint`), never pickled; the
-shipped ones are ``policies/checkpoints/chic.json`` and ``chic-pair.json``.
+shipped ones are ``policies/checkpoints/chic/chic.json`` and ``chic-pair.json``.
 
 Pure: no I/O except reading and writing checkpoints.
 """
@@ -98,7 +98,7 @@ QUEUE_SCALE = 10.0
 FORMAT = "rlsched-chic"
 FORMAT_VERSION = 1
 _MAX_JSON = 1 << 20
-_CKPT_DIR = Path(__file__).resolve().parent / "checkpoints"
+_CKPT_DIR = Path(__file__).resolve().parent / "checkpoints" / "chic"
 
 
 @dataclass(frozen=True)
@@ -515,7 +515,7 @@ def load_chic_checkpoint(path: str | Path) -> ChicCheckpoint:
 
 
 def shipped_checkpoint(variant: str) -> Path:
-    """The shipped checkpoint of ``variant``: ``policies/checkpoints/<variant>.json``."""
+    """The shipped checkpoint of ``variant``: ``policies/checkpoints/chic/<variant>.json``."""
     return _CKPT_DIR / f"{variant}.json"
 
 
