@@ -302,7 +302,7 @@ class ChicPolicy(ElasticBaseline):
         training) or ``uniform`` (uniform over the unmasked actions: the seed's extra trajectory).
     :param record: keep every step's ``(state, mask, action)`` in :attr:`steps` and the penalties'
         sum in :attr:`penalty` (training).
-    Every answer's wall time (s) goes to :attr:`step_times` (encode + network + choice).
+    Every answer's wall time (s) goes to :attr:`step_times` (mask + encode + network + choice).
     """
 
     resizes = True
@@ -343,13 +343,13 @@ class ChicPolicy(ElasticBaseline):
             return
         self.phases += 1
         for _ in range(MAX_PHASE_STEPS):
+            t0 = time.perf_counter()
             mask = action_mask(spec, slots, used, cap, False, self.speed)
             real = any(mask[a] for a in range(spec.stop) if slots[spec.target(a)[0]] is not None)
             if not real:
                 return  # S': the seed's conditions (1) / (2)
             if not any(s.job.w >= s.job.lo and s.job.p >= 1 for s in present):
                 mask[spec.stop] = False  # no stop before a workload can run (else nothing ever changes)
-            t0 = time.perf_counter()
             x = encode(spec, slots, queue)
             a = _choose(self.net.logits(x), mask, self.mode, self.rng)
             self.step_times.append(time.perf_counter() - t0)

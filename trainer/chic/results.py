@@ -5,8 +5,8 @@ For each arrival rate (default 0.9, 1.8, 2.7 jobs/h, the seed's) and each test s
 ``gen-elastic --setting chic`` sequence of 30 jobs, runs every policy in the simulator on
 ``data/clusters/chic.yaml`` and records each policy's average JCT. Per rate and policy it reports
 the mean over sequences and the paired ratio to Optimus and to the best baseline at that rate (mean
-and 95 % t-interval over the sequences), and Chic's decision time per step (encode + network +
-choice, one answer of a decision phase, this host).
+and 95 % t-interval over the sequences), and Chic's decision time per step (mask + encode + network
++ choice, one answer of a decision phase, this host).
 
 Writes, all from this one run:
 
@@ -179,7 +179,7 @@ def markdown(res: dict, histories: dict[str, dict]) -> str:
         b = res["by_rate"][f"{r:g}"]["policies"]
         lines.append(f"| {r:g} | {100 * (1 - b['chic']['ratio_optimus']):.1f} % | >= {SEED_CLAIM['chic']} % | "
                      f"{100 * (1 - b['chic-pair']['ratio_optimus']):.1f} % | >= {SEED_CLAIM['chic-pair']} % |")
-    lines += ["", "Decision time per step (encode + network + choice; this shared host, niced; seed: < 0.78 ms):", "",
+    lines += ["", "Decision time per step (mask + encode + network + choice of one answer in a decision phase, numpy, one process on this shared 2-core host, niced; seed: < 0.78 ms on one i5 core):", "",
               "| policy | steps timed | median | p99 | mean |", "|---|---|---|---|---|"]
     for n, d in res.get("decision_ms", {}).items():
         lines.append(f"| {n} | {d['steps']} | {d['median']:.3f} ms | {d['p99']:.3f} ms | {d['mean']:.3f} ms |")
