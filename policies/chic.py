@@ -302,6 +302,10 @@ class ChicPolicy(ElasticBaseline):
         training) or ``uniform`` (uniform over the unmasked actions: the seed's extra trajectory).
     :param record: keep every step's ``(state, mask, action)`` in :attr:`steps` and the penalties'
         sum in :attr:`penalty` (training).
+    :param task_mask: mask tasks that do not lower their workload's estimated per-iteration time (the
+        default, module docstring); ``False``: only the resources and limits are masked and condition (2)
+        ends the phase as the seed states it, when no task helps any workload (the ablation
+        ``--no-task-mask``; recorded in the checkpoint).
     Every answer's wall time (s) goes to :attr:`step_times` (mask + encode + network + choice).
     """
 
@@ -309,8 +313,9 @@ class ChicPolicy(ElasticBaseline):
     time_invariant = False
 
     def __init__(self, net: ChicNet, spec: ChicSpec, perf=None, mode: str = "greedy", seed: int = 0,
-                 record: bool = False, p1: float = P1, p2: float = P2) -> None:
+                 record: bool = False, p1: float = P1, p2: float = P2, task_mask: bool = True) -> None:
         self.name = spec.variant
+        self.task_mask = bool(task_mask)
         super().__init__(perf, interval=0.0)
         if net.in_features != spec.obs_size or net.out_features != spec.n_actions:
             raise PolicyError(f"policy {spec.variant}: the network maps {net.in_features} -> {net.out_features}, "
@@ -332,6 +337,17 @@ class ChicPolicy(ElasticBaseline):
         self.phases = 0
 
     # ------------------------------------------------------------------ decision phase
+    def _improvable(self, s: Slot) -> bool:
+        """Whether a task would lower the workload's estimated per-iteration time (condition (2)); a
+        workload that cannot run yet always can."""
+        j = s.job
+        if j.w < j.lo or j.p == 0:
+            return True
+        g = self.speed(j, j.w, j.p)
+        if self.spec.pair:
+            return self.speed(j, j.w + 1, j.p + 1) > g
+        return self.speed(j, j.w + 1, j.p) > g or self.speed(j, j.w, j.p + 1) > g
+
     def decide(self, slots: list[Slot | None], queue: int, cap: Sequence[float]) -> None:
         """Run one decision phase: set ``job.w`` / ``job.p`` of every slot (module docstring)."""
         spec = self.spec
@@ -344,9 +360,9 @@ class ChicPolicy(ElasticBaseline):
         self.phases += 1
         for _ in range(MAX_PHASE_STEPS):
             t0 = time.perf_counter()
-            mask = action_mask(spec, slots, used, cap, False, self.speed)
+            mask = action_mask(spec, slots, used, cap, False, self.speed if self.task_mask else None)
             real = any(mask[a] for a in range(spec.stop) if slots[spec.target(a)[0]] is not None)
-            if not real:
+            if not real or (not self.task_mask and not any(self._improvable(s) for s in present)):
                 return  # S': the seed's conditions (1) / (2)
             if not any(s.job.w >= s.job.lo and s.job.p >= 1 for s in present):
                 mask[spec.stop] = False  # no stop before a workload can run (else nothing ever changes)
@@ -421,7 +437,7 @@ def _resolve(path: str | Path) -> Path:
 
 
 def save_chic_checkpoint(path: str | Path, spec: ChicSpec, net: ChicNet, training: dict | None = None,
-                         reward: dict | None = None) -> Path:
+                         reward: dict | None = None, task_mask: bool = True) -> Path:
     """Write ``NAME.safetensors`` + ``NAME.json`` (atomically, weights first); returns the JSON path."""
     from safetensors.numpy import save
 
@@ -439,6 +455,7 @@ def save_chic_checkpoint(path: str | Path, spec: ChicSpec, net: ChicNet, trainin
     meta = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "variant": spec.variant, "slots": spec.slots,
         "models": list(PS_MODELS), "obs_size": spec.obs_size, "n_actions": spec.n_actions,
+        "task_mask": bool(task_mask),
         "network": {"kind": "mlp", "activation": "relu", "layers": [f"l{k}" for k in range(len(net.weights))]},
         "scales": {"backlog_epochs": BACKLOG_SCALE, "count": COUNT_SCALE, "queue": QUEUE_SCALE},
         "reward": reward or {"p1": P1, "p2": P2, "unit_s": REWARD_UNIT_S},
@@ -511,6 +528,8 @@ def load_chic_checkpoint(path: str | Path) -> ChicCheckpoint:
     if n_in != spec.n_actions:
         raise CheckpointError(f"{wpath}: the network outputs {n_in} logits; {spec.variant} with I={spec.slots} "
                               f"has {spec.n_actions} actions")
+    if not isinstance(meta.get("task_mask", True), bool):
+        raise CheckpointError(f"{jpath}: task_mask must be true or false")
     return ChicCheckpoint(spec, ChicNet(ws), meta, jpath)
 
 
@@ -529,4 +548,4 @@ def make_chic_policy(name: str, perf=None, checkpoint: str | Path | None = None)
     ck = load_chic_checkpoint(path.strip() or checkpoint or shipped_checkpoint(base))
     if ck.spec.variant != base:
         raise PolicyError(f"policy {name!r}: checkpoint {ck.path} is a {ck.spec.variant} checkpoint")
-    return ChicPolicy(ck.net, ck.spec, perf)
+    return ChicPolicy(ck.net, ck.spec, perf, task_mask=ck.meta.get("task_mask", True))

@@ -132,7 +132,9 @@ def test_checkpoint_round_trip_and_refusals(tmp_path):
     # a chic-pair checkpoint under the name chic is refused
     with pytest.raises(PolicyError, match="chic-pair checkpoint"):
         make_chic_policy(f"chic:{j}")
-    assert isinstance(make_chic_policy(f"chic-pair:{j}"), ChicPolicy)
+    assert isinstance(make_chic_policy(f"chic-pair:{j}"), ChicPolicy) and make_chic_policy(f"chic-pair:{j}").task_mask
+    save_chic_checkpoint(tmp_path / "nm", spec, net, task_mask=False)
+    assert make_chic_policy(f"chic-pair:{tmp_path / 'nm'}").task_mask is False
     # tampered weights
     w = tmp_path / "cp.safetensors"
     blob = bytearray(w.read_bytes())
@@ -176,8 +178,8 @@ def test_episode_runs_in_the_simulator():
     cluster, perf = chic_setup()
     jobs = parse_elastic_trace(generate("chic", seed=1, jobs=5))
     net = ChicNet.init(spec.obs_size, spec.n_actions)
-    for mode in ("greedy", "sample", "uniform"):
-        ep = simulate_episode(net, spec, cluster, perf, jobs, mode, seed=2)
+    for mode, task_mask in (("greedy", True), ("sample", True), ("uniform", True), ("greedy", False)):
+        ep = simulate_episode(net, spec, cluster, perf, jobs, mode, seed=2, task_mask=task_mask)
         assert ep.act > 0 and ep.steps and all(m[a] for _x, m, a in ep.steps)
         assert ep.ret <= -5 * ep.act / 1200 + 1e-9 or mode != "greedy"
 

@@ -55,6 +55,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--val-seqs", type=_pos_int, default=d.val_seqs, help="validation sequences (default: %(default)s)")
     p.add_argument("--val-every", type=_pos_int, default=d.val_every, help="validate every N iterations (default: %(default)s)")
     p.add_argument("--seed", type=int, default=d.seed, help="(default: %(default)s)")
+    p.add_argument("--no-task-mask", action="store_true",
+                   help="ablation: mask only tasks that do not fit (not those that do not lower the estimated "
+                        "per-iteration time); condition (2) then only ends the phase")
     p.set_defaults(func=_cmd_train)
 
     r = sub.add_parser("chic-results", help="evaluate Chic / Chic-Pair against Optimus, DRF, Tetris on held-out sequences",
@@ -75,7 +78,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     cfg = CEMConfig(variant=args.variant, slots=args.slots, iterations=args.iterations, n=args.n, rho=args.rho,
                     lr=args.lr, smooth=args.smooth, fit_epochs=args.fit_epochs, rate=args.rate,
-                    train_seqs=args.train_seqs, val_seqs=args.val_seqs, val_every=args.val_every, seed=args.seed)
+                    train_seqs=args.train_seqs, val_seqs=args.val_seqs, val_every=args.val_every, seed=args.seed,
+                    task_mask=not args.no_task_mask)
     try:
         cfg.check()
     except ValueError as exc:

@@ -76,6 +76,7 @@ class CEMConfig:
     p2: float = P2
     seed: int = 0
     resize_overhead: float | None = None  # simulator's default (30 s, checkpoint-restart)
+    task_mask: bool = True    # mask tasks that do not lower g (policies.chic.ChicPolicy); False: the ablation
 
     def check(self) -> None:
         if self.variant not in ("chic", "chic-pair"):
@@ -213,7 +214,8 @@ def run_policy(policy, cluster, perf, jobs, resize_overhead: float | None = None
 
 
 def simulate_episode(net: ChicNet, spec: ChicSpec, cluster, perf, jobs, mode: str, seed: int,
-                     p1: float = P1, p2: float = P2, resize_overhead: float | None = None) -> Episode:
+                     p1: float = P1, p2: float = P2, resize_overhead: float | None = None,
+                     task_mask: bool = True) -> Episode:
     """One trajectory in the simulator. Its return is the seed's: the r1 terms of all steps sum to
     ``-(sum of the jobs' times in the system) / 20 min`` (every job finishes in the episode), plus
     the penalties of the actions taken."""
@@ -221,7 +223,7 @@ def simulate_episode(net: ChicNet, spec: ChicSpec, cluster, perf, jobs, mode: st
 
     from trainer.simulator import SimulationError
 
-    pol = ChicPolicy(net, spec, perf, mode=mode, seed=seed, record=True, p1=p1, p2=p2)
+    pol = ChicPolicy(net, spec, perf, mode=mode, seed=seed, record=True, p1=p1, p2=p2, task_mask=task_mask)
     try:
         res = Simulator(cluster, jobs, pol, perf, SimConfig(resize_overhead=resize_overhead, max_idle_rounds=200)).run()
     except SimulationError:  # the policy left waiting jobs idle for 200 rounds: the worst return, never elite
@@ -245,13 +247,15 @@ def train(cfg: CEMConfig, out: str | Path, progress: bool = True) -> dict:
 
     def rollout(nt: ChicNet, mode: str, seed: int) -> Episode:
         jobs = train_set[seed % len(train_set)]
-        return simulate_episode(nt, spec, cluster, perf, jobs, mode, seed, cfg.p1, cfg.p2, cfg.resize_overhead)
+        return simulate_episode(nt, spec, cluster, perf, jobs, mode, seed, cfg.p1, cfg.p2, cfg.resize_overhead,
+                                cfg.task_mask)
 
     def validate(nt: ChicNet) -> float:
         from trainer.simulator import SimulationError
 
         try:
-            return float(np.mean([run_policy(ChicPolicy(nt, spec, perf), cluster, perf, j, cfg.resize_overhead)
+            return float(np.mean([run_policy(ChicPolicy(nt, spec, perf, task_mask=cfg.task_mask), cluster, perf, j,
+                                             cfg.resize_overhead)
                                   for j in val_set]))
         except SimulationError:
             return math.inf
@@ -292,8 +296,9 @@ def train(cfg: CEMConfig, out: str | Path, progress: bool = True) -> dict:
                 "best_iteration": best_it, "best_val_act_s": best_act, "train_seconds": history["train_seconds"],
                 "train_seeds": [TRAIN_SEED0, TRAIN_SEED0 + cfg.train_seqs - 1],
                 "val_seeds": [VAL_SEED0, VAL_SEED0 + cfg.val_seqs - 1],
-                "command": f"rlsched train-chic --variant {cfg.variant} --iterations {cfg.iterations} --out DIR"}
+                "command": f"rlsched train-chic --variant {cfg.variant} --iterations {cfg.iterations}"
+                           f"{'' if cfg.task_mask else ' --no-task-mask'} --out DIR"}
     save_chic_checkpoint(out / cfg.variant, spec, best_net, training,
-                         {"p1": cfg.p1, "p2": cfg.p2, "unit_s": REWARD_UNIT_S})
+                         {"p1": cfg.p1, "p2": cfg.p2, "unit_s": REWARD_UNIT_S}, cfg.task_mask)
     (out / f"{cfg.variant}-history.json").write_text(json.dumps(history, indent=1))
     return history
