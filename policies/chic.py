@@ -24,22 +24,22 @@ workload is present. The mask (:func:`action_mask`) forbids a task that does not
 than ``max_gpus``, more PSs than ``max_gpus`` or :data:`policies.psmodel.MAX_PS`, a task that does not
 lower its workload's ``g`` (condition (2) applied task by task; a workload that cannot run yet, without
 a PS or below the workers it can start on, takes only the kind it lacks: a preempted elastic job
-restarts on exactly its last size, the platform's rule), and stopping while no workload has both a worker
-and a PS (a plan that runs nothing would stand until the next arrival or forever). An action on an empty slot is a no-op the seed
-punishes (``-p1``, :func:`step_penalty`); it is masked here, in training too (:func:`action_mask` offers it
-only with ``allow_empty``): with it available the cross-entropy method's elite was chosen by how few
-such no-ops a trajectory took, not by its completion times (docs/ELASTIC.md). A phase ends
-after :data:`MAX_PHASE_STEPS` answers at most.
+restarts on exactly its last size, the platform's rule), and stopping while no workload can run yet.
+An action on an empty slot is a no-op the seed punishes (``-p1``, :func:`step_penalty`); it is masked
+here, in training too (:func:`action_mask` offers it only with ``allow_empty``): with it available the
+cross-entropy method's elite was chosen by how few such no-ops a trajectory took, not by its
+completion times (docs/ELASTIC.md). A phase ends after :data:`MAX_PHASE_STEPS` answers at most.
 
 **When** (:meth:`ChicPolicy.schedule`): a new phase runs when the set of slot jobs changes (a slot
 job finished, or a job arrived while fewer than ``I`` were in the system: the seed's two
 triggers); otherwise the last plan stands and is re-applied where the cluster does not match it (a
-waiting job starts on one worker, the platform's rule, and grows to its plan at the next round).
+waiting job starts on one worker, the platform's rule, and grows to its plan at the next round). A
+plan under which nothing runs while jobs wait is planned again at the next round.
 The plan is laid onto nodes as the elastic baselines lay theirs (:class:`policies.elastic.ElasticBaseline`).
 
 **Reward** (seed, section 4.2; :func:`step_penalty`, :func:`time_reward`): ``r1`` = minus the time
 all workloads spend in the system during the step, in units of :data:`REWARD_UNIT_S` (20 min);
-``r2 = -p1`` for an action on an empty slot; ``r3`` (Chic only) ``-p2`` when a task is first given
+``r2 = -p1`` for an action on an empty slot (never paid here: the action is masked); ``r3`` (Chic only) ``-p2`` when a task is first given
 to a workload with neither worker nor PS, ``+p2`` when it then has both. Defaults ``p1 = 5``,
 ``p2 = 1`` (the seed's). Chic-Pair gives both tasks at once and has no ``r3`` (the seed says it drops
 the worker-without-PS penalty).
