@@ -20,6 +20,8 @@ Names (case-insensitive, blanks around them ignored):
                                        count (any number of servers), ``sced2:/path`` another one
 ``ds-las``, ``ds-srtf``                DeepShare's own LAS / SRTF for ``--compat deepshare``
                                        (:mod:`policies.compat`); they take no options
+``chic``, ``chic-pair``                Chic / Chic-Pair (:mod:`policies.chic`) with the shipped checkpoint,
+                                       the ``checkpoint`` argument, or ``NAME:/path``
 =====================================  ===================================================================
 
 Options (keyword arguments of :func:`make_policy`; :data:`OPTIONS`):
@@ -48,8 +50,8 @@ __all__ = ["LEARNED_NAMES", "OPTIONS", "RL_NAMES", "is_learned", "describe_names
 
 #: The learned policies' names (:mod:`policies.rl`).
 RL_NAMES = ("rl-base", "rl-hybrid", "rl-prior")
-#: Every learned policy's base name (a checkpoint decides): the RL policies and SCED2.
-LEARNED_NAMES = (*RL_NAMES, "sced2")
+#: Every learned policy's base name (a checkpoint decides): the RL policies, SCED2, Chic and Chic-Pair.
+LEARNED_NAMES = (*RL_NAMES, "sced2", "chic", "chic-pair")
 
 
 def is_learned(name: str) -> bool:
@@ -69,9 +71,9 @@ _HEURISTIC_ALIASES = ("greedy", "contention-greedy")
 
 
 def policy_names() -> tuple[str, ...]:
-    """Every policy name (heuristics, then the RL policies), without variants (``-np``, ``:PLACEMENT``,
-    ``:/path``)."""
-    return (*HEURISTIC_NAMES, *RL_NAMES, "sced2", *DS_POLICY_NAMES)
+    """Every policy name (heuristics, the RL policies, SCED2, DeepShare's own orders, the elastic baselines and
+    Chic), without variants (``-np``, ``:PLACEMENT``, ``:/path``)."""
+    return (*HEURISTIC_NAMES, *RL_NAMES, "sced2", *DS_POLICY_NAMES, "drf", "tetris", "optimus", "chic", "chic-pair")
 
 
 def describe_names() -> str:
@@ -79,7 +81,7 @@ def describe_names() -> str:
     return (
         f"{', '.join(HEURISTIC_NAMES)} (optionally -np and :{'|:'.join(PLACEMENT_NAMES)}), "
         "rl-base, rl-hybrid (optionally :/path/to/checkpoint), rl-prior, sced2 (optionally :/path/to/checkpoint), "
-        "drf, tetris, optimus, ds-las, ds-srtf"
+        "drf, tetris, optimus, ds-las, ds-srtf, chic, chic-pair (optionally :/path/to/checkpoint)"
     )
 
 
@@ -136,6 +138,12 @@ def make_policy(
         if raw.lower() != base or options or min_run_s is not None:
             raise PolicyError(f"policy {name!r}: {base} takes no variant and no option")
         return make_ds_policy(base)
+    if base in ("chic", "chic-pair"):  # Chic / Chic-Pair (policies/chic.py)
+        if options:
+            raise PolicyError(f"policy {name!r}: option {sorted(options)[0]!r} applies to the RL policies only")
+        from policies.chic import make_chic_policy
+
+        return make_chic_policy(raw, perf, checkpoint)
     if base.startswith("rl"):
         if base not in RL_NAMES:
             raise PolicyError(f"unknown RL policy {name!r}; policies: {describe_names()}")

@@ -1,0 +1,201 @@
+"""Chic / Chic-Pair (policies/chic.py, trainer/chic/): state and action shapes, masks, the seed's reward on
+hand-worked cases, one CE iteration improving a tiny problem, checkpoints, and `rlsched simulate` on a tiny
+elastic trace."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from policies.checkpoint import CheckpointError
+from policies.base import PolicyError
+from policies.chic import (P1, P2, ChicNet, ChicPolicy, ChicSpec, Slot, action_mask, encode, load_chic_checkpoint,
+                           make_chic_policy, save_chic_checkpoint, step_penalty, time_reward, _choose)
+from policies.elastic import _Job
+from policies.psmodel import EPOCH_SIZE, PS_MODELS
+from policies.resources import ResourceDemand
+from policies.state import JobInfo
+from trainer.chic.train import Episode, cem_iteration, chic_setup, simulate_episode
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _slot(model="VGG-16", epochs=150.0, w=0, p=0, hi=16, wv=(1.0, 2.0, 10.0), pv=(0.0, 4.0, 10.0)) -> Slot:
+    d = ResourceDemand(gpus=1, cpus_per_gpu=int(wv[1]), mem_gb_per_gpu=wv[2], ps=1, ps_cpus=int(pv[1]),
+                       ps_mem_gb=pv[2], min_gpus=1, max_gpus=hi)
+    info = JobInfo(job_id=f"j{model}", model=model, gpu_demand=1, submit_time=0.0,
+                   total_samples=epochs * EPOCH_SIZE[model], min_gpus=1, max_gpus=hi, extra={"demand": d})
+    j = _Job(info, d, True, 1, hi, wv, pv, w=w, p=p)
+    return Slot(j, PS_MODELS.index(model))
+
+
+def test_state_and_action_shapes():
+    c, cp = ChicSpec("chic", 3), ChicSpec("chic-pair", 3)
+    m = len(PS_MODELS)
+    assert (c.obs_size, c.n_actions) == (3 * (m + 3) + 1, 7)
+    assert (cp.obs_size, cp.n_actions) == (3 * (m + 2) + 1, 4)
+    assert [c.target(a) for a in range(6)] == [(0, 1, 0), (0, 0, 1), (1, 1, 0), (1, 0, 1), (2, 1, 0), (2, 0, 1)]
+    assert [cp.target(a) for a in range(3)] == [(0, 1, 1), (1, 1, 1), (2, 1, 1)]
+    s = _slot("VGG-16", 150.0, w=2, p=1)
+    x = encode(c, [s, None, None], queue=4)
+    assert x.shape == (c.obs_size,) and x.dtype == np.float32
+    assert x[PS_MODELS.index("VGG-16")] == 1 and x[m] == pytest.approx(1.5) and x[m + 1] == pytest.approx(0.2)
+    assert x[m + 2] == pytest.approx(0.1) and x[-1] == pytest.approx(0.4) and not x[m + 3:-1].any()
+    xp = encode(cp, [None, s, None], queue=0)
+    assert xp[(m + 2) + PS_MODELS.index("VGG-16")] == 1 and xp[-1] == 0 and xp.shape == (cp.obs_size,)
+    with pytest.raises(PolicyError):
+        ChicSpec("chic-trio", 3)
+
+
+def test_masks_follow_free_resources_and_limits():
+    c = ChicSpec("chic", 2)
+    s = _slot()  # worker: 1 GPU, 2 CPUs, 10 GB; PS: 4 CPUs, 10 GB
+    cap = (1.0, 5.0, 100.0)
+    assert action_mask(c, [s, None], [0, 0, 0], cap).tolist() == [True, True, False, False, True]
+    assert action_mask(c, [s, None], [0, 0, 0], cap, allow_empty=True).tolist() == [True, True, True, True, True]
+    # the only GPU taken: no worker; 4 CPUs taken: 1 left, no PS either
+    assert action_mask(c, [s, None], [1, 4, 0], cap).tolist() == [False, False, False, False, True]
+    # max_gpus bounds workers and PSs
+    s2 = _slot(w=2, p=2, hi=2)
+    assert action_mask(c, [s2, None], [0, 0, 0], (10, 100, 1000)).tolist()[:2] == [False, False]
+    cp = ChicSpec("chic-pair", 1)
+    assert action_mask(cp, [s], [0, 0, 0], (1.0, 5.0, 100.0)).tolist() == [False, True]  # 2 + 4 CPUs > 5
+    assert action_mask(cp, [s], [0, 0, 0], (1.0, 6.0, 100.0)).tolist() == [True, True]
+
+
+def test_reward_hand_worked():
+    # eq. (8): step of 600 s, slots with backlog 5 / 0 / 3, 2 queued, one arrival 100 s into the step:
+    # -(2 * 600 + 2 * 600 + (600 - 100)) / 1200
+    assert time_reward(600.0, [5, 0, 3], 2, [100.0]) == pytest.approx(-2900 / 1200)
+    c = ChicSpec("chic", 2)
+    s = _slot()
+    assert step_penalty(c, [s, None], 2) == -P1  # worker to the empty slot
+    assert step_penalty(c, [s, None], 0) == -P2  # first task of the workload
+    s.job.w = 1
+    assert step_penalty(c, [s, None], 0) == 0.0  # a second worker, still no PS
+    assert step_penalty(c, [s, None], 1) == +P2  # its first PS: both now
+    s.job.p = 1
+    assert step_penalty(c, [s, None], 1) == 0.0 and step_penalty(c, [s, None], c.stop) == 0.0
+    cp = ChicSpec("chic-pair", 2)
+    s0 = _slot()
+    assert step_penalty(cp, [s0, None], 0) == 0.0 and step_penalty(cp, [s0, None], 1) == -P1
+
+
+def test_cem_iteration_improves_a_tiny_problem():
+    """A bandit of 12 steps: the return counts the steps whose action equals the argmax of the state's first
+    three entries. One CE iteration (N = 30 from the policy + 1 uniform) raises the policy's expected score."""
+    spec = ChicSpec("chic", 1)  # 3 actions
+
+    def states(seed):
+        return np.random.default_rng(seed).normal(size=(12, spec.obs_size)).astype(np.float32)
+
+    def rollout(net, mode, seed):
+        rng = np.random.default_rng(seed + 1)
+        steps, ret = [], 0.0
+        for x in states(seed):
+            mask = np.ones(3, bool)
+            a = _choose(net.logits(x), mask, mode, rng)
+            ret += float(a == int(np.argmax(x[:3])))
+            steps.append((x, mask, a))
+        return Episode(ret, 0.0, steps)
+
+    def expected(net):
+        xs = np.concatenate([states(s) for s in range(1000, 1040)])
+        z = net.logits(xs)
+        p = np.exp(z - z.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        return float(p[np.arange(len(xs)), xs[:, :3].argmax(1)].mean())
+
+    net = ChicNet.init(spec.obs_size, 3, hidden=(16,), seed=3)
+    before = expected(net)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        net, st = cem_iteration(net, rollout, n=30, rho=0.3, lr=0.01, smooth=0.7, fit_epochs=20, batch=64,
+                                dropout=0.0, rng=rng)
+        assert st["elite"] >= 1 and st["xi"] >= 0
+    assert expected(net) > before + 0.05
+
+
+def test_checkpoint_round_trip_and_refusals(tmp_path):
+    spec = ChicSpec("chic-pair", 3)
+    net = ChicNet.init(spec.obs_size, spec.n_actions, seed=1)
+    j = save_chic_checkpoint(tmp_path / "cp", spec, net, {"note": "test"})
+    ck = load_chic_checkpoint(tmp_path / "cp.safetensors")
+    x = np.random.default_rng(0).normal(size=spec.obs_size).astype(np.float32)
+    assert ck.spec == spec and np.array_equal(ck.net.logits(x), net.logits(x))
+    assert not any(p.suffix == ".pkl" for p in tmp_path.iterdir())
+    # a chic-pair checkpoint under the name chic is refused
+    with pytest.raises(PolicyError, match="chic-pair checkpoint"):
+        make_chic_policy(f"chic:{j}")
+    assert isinstance(make_chic_policy(f"chic-pair:{j}"), ChicPolicy) and make_chic_policy(f"chic-pair:{j}").task_mask
+    save_chic_checkpoint(tmp_path / "nm", spec, net, task_mask=False)
+    assert make_chic_policy(f"chic-pair:{tmp_path / 'nm'}").task_mask is False
+    # tampered weights
+    w = tmp_path / "cp.safetensors"
+    blob = bytearray(w.read_bytes())
+    blob[-1] ^= 1
+    w.write_bytes(bytes(blob))
+    with pytest.raises(CheckpointError, match="sha256"):
+        load_chic_checkpoint(j)
+    # a pickle in place of the weights
+    import pickle
+
+    w.write_bytes(pickle.dumps({"x": 1}))
+    with pytest.raises(CheckpointError):
+        load_chic_checkpoint(j)
+    # wrong shapes: an I = 2 network under I = 3 metadata
+    save_chic_checkpoint(tmp_path / "s", ChicSpec("chic", 2), ChicNet.init(ChicSpec("chic", 2).obs_size, 5))
+    meta = json.loads((tmp_path / "s.json").read_text())
+    meta["slots"] = 3
+    (tmp_path / "s.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="shapes"):
+        load_chic_checkpoint(tmp_path / "s.json")
+    (tmp_path / "o.json").write_text(json.dumps({"format": "rlsched-policy"}))
+    with pytest.raises(CheckpointError, match="not a Chic checkpoint"):
+        load_chic_checkpoint(tmp_path / "o.json")
+    (tmp_path / "n.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="not valid JSON"):
+        load_chic_checkpoint(tmp_path / "n.json")
+    with pytest.raises(CheckpointError, match="not found"):
+        load_chic_checkpoint(tmp_path / "missing")
+
+
+def test_shipped_checkpoints_load():
+    for v in ("chic", "chic-pair"):
+        pol = make_chic_policy(v)
+        assert pol.spec.variant == v and pol.spec.slots == 3
+
+
+def test_episode_runs_in_the_simulator():
+    from trainer.elastic import generate, parse_elastic_trace
+
+    spec = ChicSpec("chic", 3)
+    cluster, perf = chic_setup()
+    jobs = parse_elastic_trace(generate("chic", seed=1, jobs=5))
+    net = ChicNet.init(spec.obs_size, spec.n_actions)
+    for mode, task_mask in (("greedy", True), ("sample", True), ("uniform", True), ("greedy", False)):
+        ep = simulate_episode(net, spec, cluster, perf, jobs, mode, seed=2, task_mask=task_mask)
+        assert ep.act > 0 and ep.steps and all(m[a] for _x, m, a in ep.steps)
+        assert ep.ret <= -5 * ep.act / 1200 + 1e-9 or mode != "greedy"
+
+
+def test_cli_simulate_chic_pair_optimus(tmp_path):
+    trace = tmp_path / "tiny.json"
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    r = subprocess.run([sys.executable, "-m", "rlsched.cli", "trace", "gen-elastic", "--setting", "chic", "--jobs", "6",
+                        "--out", str(trace)], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([sys.executable, "-m", "rlsched.cli", "simulate", "--trace", str(trace), "--cluster",
+                        str(ROOT / "data/clusters/chic.yaml"), "--policy", "chic,chic-pair,optimus", "--out",
+                        str(tmp_path / "out")], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert all(p in r.stdout for p in ("chic", "chic-pair", "optimus"))
+    r = subprocess.run([sys.executable, "-m", "rlsched.cli", "simulate", "--trace", str(trace), "--cluster",
+                        str(ROOT / "data/clusters/chic.yaml"), "--policy", f"chic:{tmp_path / 'nope'}", "--out",
+                        str(tmp_path / "out2")], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not found" in r.stderr
