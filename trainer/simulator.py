@@ -170,6 +170,7 @@ class _Job:
             submit_time=spec.submit_time,
             total_samples=spec.total_samples,
             best_thp=best_thp,
+            demand=spec.demand,
         )
         self.key: tuple | None = None
         self.iso = 0.0  # isolated samples/s on the current placement (noise included)
