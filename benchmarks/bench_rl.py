@@ -70,6 +70,7 @@ from policies.checkpoint import CheckpointError, MLPNet
 from policies.cluster import ClusterSpec
 from policies.codecs.deepshare import DeepShareCodec, ObsSpec
 from policies.heuristics import make_heuristic
+from policies.ledger import ContentionLedger
 from policies.perf import ContentionModel
 from policies.rl import RLPolicy, make_rl_policy
 from policies.state import ClusterState, Decision
@@ -82,26 +83,30 @@ CAP = ControllerSection.max_placements_per_round
 
 
 class _Recorder(Policy):
-    """Wraps a policy and keeps copies of the states with pending jobs it is shown."""
+    """Wraps a policy and keeps copies of the states with pending jobs it is shown. Each copy carries a
+    contention ledger of its running jobs, as the simulator and the controller hand theirs in
+    (:meth:`ClusterState.use_contention`), built here when the state is captured, outside what is timed."""
 
     name = "recorder"
 
-    def __init__(self, inner: Policy, every: int) -> None:
-        self.inner, self.every, self.n = inner, every, 0
+    def __init__(self, inner: Policy, every: int, perf: ContentionModel) -> None:
+        self.inner, self.every, self.n, self.perf = inner, every, 0, perf
         self.states: list[ClusterState] = []
 
     def schedule(self, state: ClusterState) -> Decision:
         self.n += 1
         if self.n % self.every == 0 and state.pending:
-            self.states.append(
-                ClusterState(
-                    state.time,
-                    state.cluster,
-                    state.free_gpus.copy(),
-                    [copy.copy(j) for j in state.running],
-                    [copy.copy(j) for j in state.pending],
-                )
+            running = [copy.copy(j) for j in state.running]
+            st = ClusterState(
+                state.time,
+                state.cluster,
+                state.free_gpus.copy(),
+                running,
+                [copy.copy(j) for j in state.pending],
             )
+            st.use_contention(ContentionLedger.from_jobs(
+                self.perf, ((j.job_id, j.model, j.placement, j) for j in running), state.cluster.num_nodes))
+            self.states.append(st)
         return self.inner.schedule(state)
 
 
@@ -110,7 +115,7 @@ def _states(cluster: ClusterSpec, perf: ContentionModel, jobs: int, limit: int, 
     out: list[ClusterState] = []
     for arrival in ("zero", "poisson"):
         trace = generate_jobs(cluster, GeneratorConfig(num_jobs=jobs, arrival=arrival, load=1.2, seed=seed), perf)
-        rec = _Recorder(make_heuristic("greedy-np", perf), every=2)
+        rec = _Recorder(make_heuristic("greedy-np", perf), every=2, perf=perf)
         Simulator(cluster, trace, rec, perf).run()
         idx = np.linspace(0, len(rec.states) - 1, num=min(limit // 2, len(rec.states))).astype(int)
         out.extend(rec.states[i] for i in idx)

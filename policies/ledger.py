@@ -186,13 +186,13 @@ class ContentionLedger:
             :meth:`check` compares against a recomputation.
         """
         led = cls(perf, num_nodes)
+        have = led._jobs
+        insert = led._insert
         for job_id, model, placement, info in jobs:
-            if led._get(job_id) is not None:
+            if job_id in have:
                 raise ValueError(f"job {job_id!r} is already in the contention ledger")
-            key = job_key(model, placement)
-            led._insert(job_id, key, placement, info)
-            if known_cs is not None and key[2] > 1:
-                led._set_cs(job_id, led._jobs[job_id], float(known_cs(info)))  # type: ignore[arg-type]
+            key = (model, placement.total_gpus, placement.num_nodes)  # job_key(model, placement)
+            insert(job_id, key, placement, info, float(known_cs(info)) if known_cs is not None and key[2] > 1 else 1.0)
         if known_cs is None:
             led._refresh_all()
         return led
@@ -438,11 +438,11 @@ class ContentionLedger:
             self._lb_own = True
         return self._lb
 
-    def _insert(self, job_id: Hashable, key: JobKey, placement: "Placement", info: Any) -> None:
+    def _insert(self, job_id: Hashable, key: JobKey, placement: "Placement", info: Any, cs: float = 1.0) -> None:
         if key[2] > 1 and self._lb is not None and max(placement.nodes) >= len(self._lb):
             raise ValueError(f"job {job_id!r}: placement {placement} uses a node beyond the ledger's {len(self._lb)}")
         self._seq += 1
-        self._jobs[job_id] = _Entry(key, placement, 1.0, info, self._seq)
+        self._jobs[job_id] = _Entry(key, placement, cs, info, self._seq)
         if key[2] > 1:
             lb = self._lb_w()
             for v in placement.nodes:
@@ -579,7 +579,11 @@ class ContentionLedger:
         self._check()
         c = ContentionLedger(self.perf)
         c._lb = None if self._lb is None else bytearray(self._lb)
-        if self._base is None:
+        b = self._base
+        if b is not None and not self._jobs and not self._nodes:  # a fork without changes: its origin's
+            c._jobs = dict(b._jobs)
+            c._nodes = {v: dict(d) for v, d in b._nodes.items() if d}
+        elif b is None:
             c._jobs = dict(self._jobs)
             c._nodes = {v: dict(d) for v, d in self._nodes.items()}
         else:

@@ -439,3 +439,17 @@ def test_price_sums_in_add_order_or_by_job_id() -> None:
     f.add("c", "DLRM", P((0, 2), (1, 2)))
     assert f.node_keys(0, by_id=True) == led.node_keys(0, by_id=True)
     assert f.price("MoE", p, by_id=True) == by_id
+
+
+def test_copy_of_an_unchanged_fork_is_its_origin_and_independent() -> None:
+    led = ContentionLedger(TablePerf(), 4)
+    led.add("x", "MoE", P((0, 2), (1, 2)))
+    led.add("y", "FSDP", P((1, 2), (2, 2)))
+    led.add("s", "DLRM", P((3, 1)))
+    f = led.fork(read_only=True)
+    c = f.copy()
+    assert list(c) == list(led) and c.loads() == led.loads() and c.load_bytes() == led.load_bytes()
+    assert [c.cs(j) for j in c] == [led.cs(j) for j in led]
+    c.check()
+    c.add("z", "MoE", P((0, 1), (1, 1)))  # the copy changes; the origin and its fork do not
+    assert "z" not in led and f.valid and led.load(1) == 2 and c.load(1) == 3

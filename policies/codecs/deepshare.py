@@ -68,8 +68,8 @@ network's linear first layer evaluates without building the tensor (:meth:`DeepS
 free GPUs and multi-node load) and are memoised on the free GPUs and loads; option speeds are
 memoised on the job's shape and the multi-node neighbours of its nodes. Contention (predicted
 option speeds, multi-node loads, running jobs' slowdown after a start) is read only through
-:class:`_RoundContention`, from one :class:`~policies.ledger.ContentionLedger` of the round's running
-jobs and starts. A straightforward encoder in the tests
+:class:`_RoundContention`, from one :class:`~policies.ledger.ContentionLedger`: a copy of the state's
+(:meth:`~policies.state.ClusterState.contention`) with the round's starts added. A straightforward encoder in the tests
 (``tests/oracles/deepshare_reference.py``) is the specification these must match bit for bit.
 """
 
@@ -88,7 +88,7 @@ import numpy as np
 from policies.cluster import ClusterSpec, Placement
 from policies.codecs.base import Box, CodecError, Discrete
 from policies.orders import AGING_S, CANDIDATE_ORDERS, LEGACY_AGING_S, CandidateOrder
-from policies.ledger import ContentionLedger, JobKey, cap_cs
+from policies.ledger import JobKey
 from policies.perf import ContentionModel
 from policies.placement import sced2_pack
 from policies.state import ClusterState, JobInfo
@@ -835,52 +835,53 @@ class DeepShareCodec:
 
 class _RoundContention:
     """The contention a round's encodings and placements read, all of it from one
-    :class:`~policies.ledger.ContentionLedger` of the round's running jobs (their running order, then the
-    round's starts; each job's ``info`` is its index in the round's running list).
+    :class:`~policies.ledger.ContentionLedger`: a copy of the state's own
+    (:meth:`ClusterState.contention <policies.state.ClusterState.contention>`: the one a backend keeps and
+    hands in, else built from the running jobs in running order; O(jobs + loaded nodes)), to which the round
+    adds its multi-node starts. Single-node starts use no network link: they change no CS and no multi-node load.
 
     The only code of the codec that reads contention:
 
     * the predicted speed of a placement option (:meth:`single_speed`, :meth:`multi_speed`:
       ``isolated(shape) / CS / best_isolated``, CS the ledger's :meth:`~policies.ledger.ContentionLedger.price`
       of the option with each node's multi-node neighbours summed in job-id order);
-    * every node's number of multi-node jobs (:meth:`loads`, :meth:`load`: the ledger's counts), which
-      orders the balanced options' nodes and keys the options memo;
+    * every node's number of multi-node jobs (:meth:`loads`, :meth:`load_list`, :meth:`load`: the ledger's
+      counts), which orders the balanced options' nodes and keys the options memo;
     * the slowdown of the running multi-node jobs a start touches (:meth:`start`: their CS in the ledger
-      after adding the started job).
+      after adding the started job, each summed in the ledger's order: the backend's start order, which is
+      the order of the state's running jobs, then the round's starts).
 
     Memoised: single-node speeds by shape; multi-node speeds by shape and the neighbour signatures of the
     nodes (:meth:`DeepShareCodec._signature` of the ledger's :meth:`~policies.ledger.ContentionLedger.node_keys`
     in job-id order, computed per node on first use and dropped for the nodes a start touches).
 
     :param codec: the codec (its memos and performance model).
-    :param running: the round's running jobs; those with a placement enter the ledger, with their current CS
-        (:attr:`~policies.state.JobInfo.cs`, capped) taken as known.
+    :param state: the round's state (its contention ledger is copied, not changed).
     """
 
-    def __init__(self, codec: DeepShareCodec, running: Sequence[JobInfo]) -> None:
+    def __init__(self, codec: DeepShareCodec, state: ClusterState) -> None:
         self.codec, self.perf = codec, codec.perf
         N = codec.spec.num_nodes
-        self.ledger = ContentionLedger.from_jobs(
-            self.perf, ((j.job_id, j.model, j.placement, i) for i, j in enumerate(running) if j.placement is not None),
-            N, known_cs=lambda i: cap_cs(running[i].cs))
-        self._bytes = codec.spec.gpus_per_node <= 255  # a node's multi-node jobs (<= its GPUs) fit in a byte
+        # a copy, not a fork: a backend may apply the round's placements to its own ledger while the round goes on
+        self.ledger = state.contention(self.perf).copy()
+        # a node's multi-node jobs (<= its GPUs) fit in a byte where the ledger keeps them so
+        self._bytes = codec.spec.gpus_per_node <= 255 and self.ledger.load_bytes() is not None
         self._sig: list[int | None] = [None] * N  # per node, the signature of its neighbours' keys in id order
         self._pspeed: dict[tuple, tuple[Placement, float]] = {}  # multi-node option speeds while signatures hold
 
     def loads(self) -> bytes:
         """Every node's number of multi-node jobs as bytes (one byte per node where every node has at most
         255 GPUs, else 8): part of the options-memo key."""
-        led = self.ledger
         if self._bytes:
-            return led.load_bytes()  # type: ignore[return-value]
-        return np.array([led.load(v) for v in range(len(self._sig))], dtype=np.int64).tobytes()
+            return self.ledger.load_bytes()  # type: ignore[return-value]
+        return np.array(self.load_list(), dtype=np.int64).tobytes()
 
     def load_list(self) -> list[int]:
         """Every node's number of multi-node jobs, in node order."""
-        led = self.ledger
         if self._bytes:
-            return list(led.load_bytes())  # type: ignore[arg-type]
-        return [led.load(v) for v in range(len(self._sig))]
+            return list(self.ledger.load_bytes())  # type: ignore[arg-type]
+        load = self.ledger.load
+        return [load(v) for v in range(len(self._sig))]
 
     def load(self, v: int) -> int:
         """Number of multi-node jobs on node ``v``."""
@@ -928,19 +929,19 @@ class _RoundContention:
         self._pspeed[pk] = (p, speed)
         return speed
 
-    def start(self, idx: int, job: JobInfo, p: Placement, running: Sequence[JobInfo]) -> list[tuple[int, float]]:
-        """Add ``job`` (``running[idx]``), just started on ``p``, to the ledger; returns ``(running index, CS)``
-        of every multi-node job on ``p``'s nodes, itself included, in running order, when ``p`` spans several
-        nodes (``[]`` otherwise: a single-node job slows nobody)."""
-        led = self.ledger
-        led.add(job.job_id, job.model, p, idx)
+    def start(self, job: JobInfo, p: Placement, pos: dict[str, int]) -> list[tuple[int, float]]:
+        """Add ``job``, just started on ``p``, to the ledger when ``p`` spans several nodes; returns
+        ``(running index, CS)`` of every multi-node job on ``p``'s nodes, itself included, in running order
+        (``pos``: running index by job id); ``[]`` for a single-node start (it slows nobody)."""
         if len(p.alloc) <= 1:
             return []
+        led = self.ledger
+        led.add(job.job_id, job.model, p)
         for v in p.nodes:
             self._sig[v] = None  # its neighbours changed
         self._pspeed.clear()
-        touched = {led.info(o) for v in p.nodes for o in led.neighbours(v)}
-        return [(i, led.cs(running[i].job_id)) for i in sorted(touched)]
+        touched = {o for v in p.nodes for o in led.neighbours(v)}
+        return sorted((pos[o], led.cs(o)) for o in touched)
 
 
 class DeepShareRound:
@@ -1009,7 +1010,7 @@ class DeepShareRound:
         self._contrib: np.ndarray | None = None
         self._version = 0
         self._left_memo: tuple[int, np.ndarray] | None = None
-        self._cont = _RoundContention(codec, self.running)
+        self._cont = _RoundContention(codec, state)
         self._nodes: NodeIndex | None = None  # built at the first options-memo miss
 
     # ------------------------------------------------------------------ internals
@@ -1250,7 +1251,7 @@ class DeepShareRound:
             ids.insert(bisect.bisect_right(ids, jid), jid)
             self._node_c[v][jid] = c
             self.used[v] += c
-        touched = cont.start(idx, new, p, self.running)
+        touched = cont.start(new, p, self._pos)
         if self._nodes is not None:
             for v, _c in p.alloc:
                 self._nodes.update(v, int(free[v]), cont.load(v))
