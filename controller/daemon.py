@@ -32,9 +32,9 @@ no start until the job fits: it waits ``Resources``). The controller compares
 each started job's per-node GRES with the plan, counts mismatches
 (``rlsched_placement_mismatch_total``), and the next round's state is built
 from what Slurm actually allocated. The GPU total and the node set are always
-exactly the plan; the split within them is exact for balanced placements only
-(:class:`trainer.twin.SimulatedSlurm` with ``split="fill"`` replays a trace
-with cons_tres's splits).
+exactly the plan; the split within them is guaranteed for balanced placements only
+(``rlsched twin --slurm-split fill`` replays a trace with cons_tres's splits;
+docs/SLURM.md, "Per-node split").
 
 Crash-only: all state is rebuilt from Slurm each round. The journal
 (``state_dir/journal.json``, written atomically) only remembers what Slurm
