@@ -19,6 +19,7 @@ Usage::
     python benchmarks/bench_simulator.py                 # everything, 3 repeats
     python benchmarks/bench_simulator.py --skip-philly   # only (a)
     python benchmarks/bench_simulator.py --json out.json --check
+    python benchmarks/bench_simulator.py --contention link   # another contention rule
 
 ``--check`` exits 1 when a target is missed.
 """
@@ -157,6 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--philly", type=Path, default=ROOT / "data/philly/philly.csv")
     ap.add_argument("--json", type=Path, help="also write the rows as JSON here")
     ap.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
+    ap.add_argument("--contention", choices=("sum", "link", "ds-min"), default="sum",
+                    help="the performance model's contention rule (default: %(default)s)")
     args = ap.parse_args(argv)
     if args.repeat < 1 or args.philly_repeat < 1:
         ap.error("--repeat and --philly-repeat must be >= 1")
@@ -174,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from trainer.traces import load_trace
 
         c48 = ClusterSpec.parse("4x8")
-        perf = ContentionModel(c48)
+        perf = ContentionModel(c48, contention=args.contention)
         sets: list[tuple[str, list[JobSpec]]] = []
         jobs, loads["deepshare"] = _timed(args.deepshare.name, lambda: load_trace(args.deepshare, c48), console)
         sets.append(("deepshare trace0", jobs))
@@ -194,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if not args.skip_philly:
         c1000 = ClusterSpec.parse("125x8")
-        perf = ContentionModel(c1000)
+        perf = ContentionModel(c1000, contention=args.contention)
         try:
             from trainer.philly import read_philly
         except ImportError:  # written by another engineer; fall back to a minimal reader

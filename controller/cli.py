@@ -3,7 +3,9 @@
 ``run`` starts the daemon (foreground; systemd runs it as
 ``rlsched-controller.service``); ``status`` prints what the running daemon
 last did (from ``state_dir/status.json``); ``check-config`` validates a
-config file (``PATH`` or ``--config``) and exits 0 or 2 with the bad key named.
+config file (``PATH`` or ``--config``) and what the daemon needs at start
+(files exist, addresses resolve, the metrics port can be bound), and exits
+0 or 2 with the bad key named.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from controller.config import MAX_INTERVAL_S, ConfigError, load_config
+from controller.config import MAX_INTERVAL_S, ConfigError, load_config, start_problems
 from rlsched.argtypes import float_in_range, port_or_zero
 
 DEFAULT_CONFIG = "/etc/rlsched/controller.toml"
@@ -68,10 +70,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         # a bad heuristic name stops the start-up here; RL policies need the
         # cluster's shape, so Controller.run() checks them at its first round
         if not cfg.controller.policy.lower().startswith("rl"):
-            from policies.heuristics import make_heuristic
-            from policies.perf import ContentionModel
+            from policies.cluster import ClusterSpec
+            from policies.registry import make_policy
 
-            make_heuristic(cfg.controller.policy, ContentionModel())
+            # the registry's error lists every policy name (heuristics and RL); any shape builds a heuristic
+            make_policy(cfg.controller.policy, ClusterSpec.parse(_RL_DEFAULT_SHAPE))
         try:
             ctl.metrics.serve(cfg.metrics.port, cfg.metrics.address)
         except OSError as exc:  # port in use, an address that does not resolve
@@ -353,7 +356,9 @@ def _check_path(args: argparse.Namespace) -> str:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """Validate the file, then build its agent authenticator (``[agents] auth``, as the daemon does with
+    """Validate the file, check what the daemon needs at start on this host (state dir, log file, and
+    :func:`controller.config.start_problems`: slurm.conf, the Slurm commands, the metrics address and port,
+    the agents' hosts), then build its agent authenticator (``[agents] auth``, as the daemon does with
     ``make_auth``: an unknown spec or an unusable key file is exit 2 here, where the daemon would run
     without agents) and its policy (``make_policy``).
 
@@ -378,6 +383,17 @@ def cmd_check(args: argparse.Namespace) -> int:
     problem = c.log_file and file_problem(c.log_file)
     if problem:
         raise ConfigError(f"{path}: controller.log_file {c.log_file}: {problem}")
+    for problem in start_problems(cfg):
+        if not problem.fatal and os.geteuid() != 0:
+            print(f"warning: {path}: {problem.key}: {problem.message} (fine if the controller runs as root)",
+                  file=sys.stderr)
+        elif problem.key == "metrics.port" and "already in use" in problem.message and (
+            (pid := running_controller(Path(c.state_dir))) is not None
+        ):
+            print(f"note: {path}: {problem.key}: {problem.message}, by the running controller (pid {pid}); a "
+                  "restart frees it", file=sys.stderr)
+        else:
+            raise ConfigError(f"{path}: {problem.key}: {problem.message}")
     if cfg.agents.enabled:  # the daemon builds it at its first round and, if that fails, runs without agents
         from controller.preemption import make_auth
 

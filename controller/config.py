@@ -24,13 +24,29 @@ Units: seconds, GB/s. Unknown keys are errors (typos must not pass silently).
 
 from __future__ import annotations
 
+import errno
 import math
+import os
+import shutil
+import socket
+import stat
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ConfigError", "ControllerConfig", "SlurmSection", "ControllerSection", "MetricsSection", "AgentsSection", "load_config"]
+__all__ = [
+    "ConfigError",
+    "ControllerConfig",
+    "SlurmSection",
+    "ControllerSection",
+    "MetricsSection",
+    "AgentsSection",
+    "SLURM_COMMANDS",
+    "StartProblem",
+    "start_problems",
+    "load_config",
+]
 
 
 class ConfigError(ValueError):
@@ -235,3 +251,125 @@ def load_config(path: str | Path | None) -> ControllerConfig:
     cfg = parse_config(doc, where=f"{p}: ")
     cfg.path = str(p)
     return cfg
+
+
+# --------------------------------------------------------------------------- what the daemon needs at start
+
+#: The Slurm commands the controller runs (:class:`controller.slurm.SlurmCLI`).
+SLURM_COMMANDS = ("scontrol", "squeue", "sinfo")
+
+
+@dataclass(frozen=True)
+class StartProblem:
+    """Something the daemon needs at start that this host lacks: the config key and why.
+
+    ``fatal``: the daemon would fail (or run uselessly: no Slurm command, no metrics port); otherwise
+    the outcome depends on the user the daemon runs as (a port below 1024 as a user other than root),
+    and ``check-config`` warns."""
+
+    key: str
+    message: str
+    fatal: bool = True
+
+
+def _conf_problem(path: str) -> str | None:
+    """Why ``path`` is no readable slurm.conf (not found, not a regular file, unreadable), or None."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return f"{path} does not exist"
+    except OSError as exc:
+        return f"{path}: cannot look at it: {exc.strerror}"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{path} is not a regular file"
+    if not os.access(path, os.R_OK):
+        return f"{path} is not readable"
+    return None
+
+
+def _resolve_problem(host: str) -> str | None:
+    """Why ``host`` (a name or address) does not resolve (``getaddrinfo``), or None."""
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        return f"host {host!r} does not resolve ({getattr(exc, 'strerror', None) or exc})"
+    return None
+
+
+def _bind_problem(address: str, port: int) -> StartProblem | None:
+    """Why a TCP server could not listen on ``address:port`` (tried: bound and closed at once; not fatal for a
+    permission error, which depends on the daemon's user), or None: it can."""
+    try:
+        infos = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        return StartProblem("metrics.address", f"{address!r} does not resolve ({getattr(exc, 'strerror', None) or exc})")
+    family, socktype, proto, _, sockaddr = infos[0]
+    try:
+        with socket.socket(family, socktype, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as http.server does
+            sock.bind(sockaddr)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            return StartProblem("metrics.port", f"port {port} on {address} is already in use")
+        if exc.errno == errno.EACCES:
+            return StartProblem("metrics.port", f"port {port} on {address} needs privileges this user lacks", False)
+        key = "metrics.address" if exc.errno == errno.EADDRNOTAVAIL else "metrics.port"
+        return StartProblem(key, f"cannot listen on {address}:{port}: {exc.strerror or exc}")
+    return None
+
+
+def start_problems(cfg: ControllerConfig, *, environ: dict[str, str] | None = None) -> list[StartProblem]:
+    """What the daemon of ``cfg`` needs at start and this host lacks, in config order (empty: nothing).
+
+    Checked, reading and binding only (nothing is made or kept open):
+
+    * ``slurm.conf``: the file exists, is a regular file and readable (unset: ``$SLURM_CONF`` if set, else
+      Slurm's built-in path, which only the Slurm commands know);
+    * ``slurm.bin_dir``: the folder exists and holds :data:`SLURM_COMMANDS` as executables (unset: they are
+      on ``PATH``);
+    * ``metrics.address`` / ``metrics.port`` (port > 0): the address resolves and the port can be bound now;
+    * ``agents.addresses`` and ``agents.host`` (when agents are enabled): every host resolves (a ``host`` with
+      ``{node}`` is resolved per node by the daemon once Slurm names the nodes, so it is not checked here).
+
+    The state dir, the log file, the agent key and the policy are checked by ``rlsched controller check-config``
+    itself (:func:`controller.cli.cmd_check`)."""
+    env = os.environ if environ is None else environ
+    out: list[StartProblem] = []
+    s, m, a = cfg.slurm, cfg.metrics, cfg.agents
+    if s.conf is not None:
+        problem = _conf_problem(s.conf)
+        if problem:
+            out.append(StartProblem("slurm.conf", problem))
+    elif env.get("SLURM_CONF"):
+        problem = _conf_problem(env["SLURM_CONF"])
+        if problem:
+            out.append(StartProblem("slurm.conf", f"unset, and $SLURM_CONF names {problem}"))
+    if s.bin_dir is not None:
+        if not os.path.isdir(s.bin_dir):
+            out.append(StartProblem("slurm.bin_dir", f"{s.bin_dir} is not a directory"))
+        else:
+            for cmd in SLURM_COMMANDS:
+                exe = os.path.join(s.bin_dir, cmd)
+                if not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
+                    out.append(StartProblem("slurm.bin_dir", f"{exe} is not an executable file"))
+                    break
+    else:
+        missing = [cmd for cmd in SLURM_COMMANDS if shutil.which(cmd, path=env.get("PATH")) is None]
+        if missing:
+            out.append(StartProblem("slurm.bin_dir", f"unset, and {', '.join(missing)} not found on PATH: install "
+                                    "the Slurm client commands or set slurm.bin_dir"))
+    if m.port > 0:
+        got = _bind_problem(m.address, m.port)
+        if got:
+            out.append(got)
+    if a.enabled:
+        for node, addr in a.addresses.items():
+            host = addr.rpartition(":")[0].strip("[]")
+            problem = _resolve_problem(host)
+            if problem:
+                out.append(StartProblem(f"agents.addresses.{node}", problem))
+        if a.port_base and "{node}" not in a.host:
+            problem = _resolve_problem(a.host)
+            if problem:
+                out.append(StartProblem("agents.host", problem))
+    return out

@@ -31,7 +31,8 @@ Metadata fields (all required unless marked)::
     weights_sha256    hex sha256 of the weights file
 
 :func:`load_checkpoint` checks everything (files present, JSON well formed,
-hash, tensor shapes chaining from the observation size to the action count)
+the weights' size against their safetensors header before their data is read (at most
+:data:`MAX_WEIGHTS_BYTES`), their hash while they are read in chunks, tensor shapes chaining from the observation size to the action count)
 and raises :class:`CheckpointError` naming the file and the problem. Field
 types are checked, not coerced: integers must be JSON integers (not ``8.9``,
 not ``true``), numbers finite (``json`` accepts ``NaN`` / ``Infinity``); the
@@ -79,7 +80,7 @@ from policies.codecs import DEFAULT_CODEC, Codec, CodecError, CodecSpec, ObsSpec
 from policies.perf import ContentionModel
 from policies.prior import AdmissionPrior, PriorError
 
-__all__ = ["FORMAT", "Checkpoint", "CheckpointError", "MLPNet", "load_checkpoint", "resolve_paths", "save_checkpoint"]
+__all__ = ["FORMAT", "MAX_WEIGHTS_BYTES", "Checkpoint", "CheckpointError", "MLPNet", "load_checkpoint", "resolve_paths", "save_checkpoint"]
 
 FORMAT = "rlsched-policy"
 FORMAT_VERSION = 1
@@ -245,9 +246,77 @@ def resolve_paths(path: str | Path) -> tuple[Path, Path | None]:
     return p, None
 
 
-def _read_weights(path: Path) -> bytes:
-    """The weights file's bytes, read once: the bytes hashed are the bytes parsed."""
-    return path.read_bytes()
+#: Largest weights file accepted (bytes): 256 MiB. The shipped networks hold about 40 kB; a policy MLP
+#: that this scheduler evaluates per decision on a CPU is far below this.
+MAX_WEIGHTS_BYTES = 256 * 2**20
+#: Largest safetensors header (bytes) accepted, as the ``safetensors`` library limits it (100 MB).
+_MAX_HEADER = 100_000_000
+#: Bytes read per step while hashing the weights.
+_CHUNK = 1 << 20
+
+
+def _weights_size_problem(f: Any, size: int) -> str | None:
+    """Why the open safetensors file ``f`` of ``size`` bytes (``stat``) cannot be the weights, found from its
+    header alone (the first ``8 + N`` bytes): over :data:`MAX_WEIGHTS_BYTES`, a header that is not a JSON object
+    of tensors with ``data_offsets``, or a size other than ``8 + N + (the largest data offset)``, which is what a
+    safetensors file of those tensors measures. ``None``: the size matches the header."""
+    if size > MAX_WEIGHTS_BYTES:
+        return f"{size:,} bytes is over the {MAX_WEIGHTS_BYTES:,}-byte limit for policy weights"
+    head = f.read(8)
+    if len(head) < 8:
+        return f"{size} bytes is too short for a safetensors file (an 8-byte header length comes first)"
+    n = int.from_bytes(head, "little")
+    if n > min(_MAX_HEADER, size - 8):
+        return f"its header length {n:,} does not fit the file's {size:,} bytes"
+    try:
+        header = json.loads(f.read(n).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return "its header is not JSON"
+    if not isinstance(header, dict):
+        return "its header is not a JSON object"
+    end = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(x) and x >= 0 for x in offsets)):
+            return f"tensor {name!r} has no valid data_offsets in the header"
+        end = max(end, offsets[1])
+    if 8 + n + end != size:
+        return (f"the header describes {8 + n + end:,} bytes (8 + {n:,} header + {end:,} data) but the file has "
+                f"{size:,}; the weights are truncated or were modified")
+    return None
+
+
+def _read_weights(path: Path) -> tuple[bytes, str]:
+    """The weights file's bytes and their sha256 (hex), read once (the bytes hashed are the bytes parsed).
+
+    The size is checked against the safetensors header before the data is read
+    (:func:`_weights_size_problem`), so a huge or padded file is refused after reading its header only;
+    the data is then read and hashed in :data:`_CHUNK` steps, never beyond the size the header gives.
+
+    :raises CheckpointError: the size does not match the header, or the file changed size while read.
+    :raises OSError: the file cannot be read (``FileNotFoundError``: it is gone).
+    """
+    with path.open("rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        problem = _weights_size_problem(f, size)
+        if problem:
+            raise CheckpointError(f"{path}: not a usable safetensors weights file: {problem}")
+        f.seek(0)
+        buf = bytearray(size)
+        view = memoryview(buf)
+        digest = hashlib.sha256()
+        done = 0
+        while done < size:
+            got = f.readinto(view[done : min(size, done + _CHUNK)])
+            if not got:
+                break
+            digest.update(view[done : done + got])
+            done += got
+        if done != size or f.read(1):
+            raise CheckpointError(f"{path}: the weights file changed size while it was read ({size:,} bytes at start)")
+    return bytes(buf), digest.hexdigest()
 
 
 def _require(meta: Mapping, key: str, typ: type | tuple, where: Path) -> Any:
@@ -404,12 +473,13 @@ def _load(jpath: Path) -> Checkpoint:
     if not wpath.is_file():
         raise _StaleWeights(f"{wpath}: checkpoint weights not found (named by {jpath}'s weights_file)", raw)
     try:
-        data = _read_weights(wpath)
+        data, got = _read_weights(wpath)
     except FileNotFoundError:
         raise _StaleWeights(f"{wpath}: checkpoint weights not found (named by {jpath}'s weights_file)", raw) from None
+    except CheckpointError as exc:
+        raise _StaleWeights(str(exc), raw) from None
     except OSError as exc:
         raise CheckpointError(f"{wpath}: cannot read the checkpoint weights: {exc}") from None
-    got = hashlib.sha256(data).hexdigest()
     if got != want:
         raise _StaleWeights(
             f"{wpath}: sha256 {got[:16]}... does not match the metadata's {want[:16]}...; "

@@ -2,21 +2,36 @@
 
 Orders (lower key runs first; ties broken by submit time, then job id; estimated times
 are compared as :func:`~policies.state.time_key`, i.e. to the millisecond, so that float
-rounding does not break ties):
+rounding does not break ties). "Isolated" times are the job's samples over
+:attr:`~policies.state.JobInfo.best_thp`: its run time alone on its best placement.
 
-* ``fifo``: submit time. Strict: the head of the queue blocks those behind.
-* ``sjf``: estimated total isolated run time (non-preemptive).
-* ``srtf``: estimated remaining isolated run time (preemptive).
-* ``las``: attained service in GPU-seconds, discretised into Tiresias-style
-  queues (preemptive across queues, FIFO inside one).
+=========  ===========  ==================================================================
+order      preemptive   key
+=========  ===========  ==================================================================
+``fifo``   no           submit time. Strict: the head of the queue blocks those behind.
+``sjf``    no           estimated total isolated run time.
+``sif``    no           SCED2's *shortest ideal time first* (seed 003, Sec. V): the job's
+                        total isolated run time; the same key as ``sjf``, under SCED2's name.
+``lrf``    no           SCED2's *least resource first*: fewest GPUs (``gpu_demand``).
+``srtf``   yes          estimated remaining isolated run time.
+``lgtf``   yes          least remaining GPU-time first: remaining isolated time x GPUs
+                        (Tiresias' 2D-SRSF, Gu et al., NSDI 2019).
+``las``    yes          attained service in GPU-seconds, discretised into the queues of
+                        :data:`LAS_THRESHOLDS` (preemptive across queues, FIFO inside one).
+``las2d``  yes          Tiresias' discretised 2D-LAS (:func:`las2d_order`): attained
+                        GPU-seconds in two queues split at :data:`LAS2D_THRESHOLDS`, FIFO
+                        inside a queue, and a waiting job promoted to the first queue once it
+                        has waited :data:`LAS2D_PROMOTE_KNOB` times as long as it has run.
+=========  ===========  ==================================================================
 
-Placements: ``pack`` (SCED2 packing), ``spread``, ``greedy`` (contention-aware,
-see :class:`policies.placement.ContentionAwarePlacement`).
+Placements (:data:`policies.placement.PLACEMENT_RULES`): ``pack`` (SCED2 packing, the default),
+``nosplit`` (a job that fits on one node is never split; larger jobs on as few nodes as
+possible: :class:`policies.placement.FloorPacking`), ``spread``, ``greedy`` (contention-aware
+among the ``nosplit`` placements, see :class:`policies.placement.ContentionAwarePlacement`).
 
-Names on the command line: ``fifo``, ``sjf``, ``srtf``, ``las``, ``greedy``
-(= SRTF order with contention-aware placement), each optionally followed by
-``:PLACEMENT`` (``srtf:spread``) and ``-np`` to turn preemption off
-(``las-np``).
+Names on the command line: an order (``srtf``) or ``greedy`` (= SRTF order with the
+``greedy`` placement), each optionally followed by ``-np`` to turn preemption off
+(``las-np``) and by ``:PLACEMENT`` (``srtf:nosplit``, ``lgtf-np:spread``).
 """
 
 from __future__ import annotations
@@ -34,10 +49,29 @@ from policies.perf import ContentionModel
 from policies.placement import PLACEMENT_RULES, PlacementRule
 from policies.state import ClusterState, Decision, JobInfo, time_key
 
-__all__ = ["OrderedPolicy", "ORDERS", "LAS_THRESHOLDS", "make_heuristic", "HEURISTIC_NAMES"]
+__all__ = [
+    "OrderedPolicy",
+    "ORDERS",
+    "TIMED_ORDERS",
+    "LAS_THRESHOLDS",
+    "LAS2D_THRESHOLDS",
+    "LAS2D_PROMOTE_KNOB",
+    "las2d_order",
+    "make_heuristic",
+    "HEURISTIC_NAMES",
+    "PLACEMENT_NAMES",
+]
 
 #: Tiresias-style LAS queue boundaries in GPU-seconds (1, 4 and 16 GPU-hours).
 LAS_THRESHOLDS: tuple[float, ...] = (3600.0, 4 * 3600.0, 16 * 3600.0)
+#: ``las2d``'s queue boundaries in GPU-seconds: two queues split at 3600 GPU-s, the setting of
+#: the Tiresias simulator's example (SymbioticLab/Tiresias, simulator/README.md, ``queue_limit``).
+LAS2D_THRESHOLDS: tuple[float, ...] = (3600.0,)
+#: ``las2d``'s starvation rule: a waiting job whose waiting time exceeds this many times its executed
+#: time is put in the first queue (Tiresias' STARVELIMIT = PROMOTEKNOB x the job's execution time,
+#: PROMOTEKNOB = 8 as listed among "settings described in the original Tiresias paper" by the
+#: documentation of github.com/heyfey/vodascheduler, package algorithm, TiresiasPromoteKnob).
+LAS2D_PROMOTE_KNOB = 8.0
 
 
 def _fifo(j: JobInfo) -> tuple:
@@ -56,9 +90,59 @@ def _las(j: JobInfo) -> tuple:
     return (bisect.bisect_right(LAS_THRESHOLDS, j.attained_service), j.submit_time, j.job_id)
 
 
-ORDERS: dict[str, Callable[[JobInfo], tuple]] = {"fifo": _fifo, "sjf": _sjf, "srtf": _srtf, "las": _las}
-_DEFAULT_PREEMPTIVE = {"fifo": False, "sjf": False, "srtf": True, "las": True}
-HEURISTIC_NAMES = ("fifo", "sjf", "srtf", "las", "greedy")
+def _lgtf(j: JobInfo) -> tuple:
+    return (time_key(j.remaining_time * j.gpu_demand), j.submit_time, j.job_id)
+
+
+def _lrf(j: JobInfo) -> tuple:
+    return (j.gpu_demand, j.submit_time, j.job_id)
+
+
+def _las2d_queue(j: JobInfo) -> tuple:
+    """``las2d``'s key without the starvation rule (a running job's key)."""
+    return (bisect.bisect_right(LAS2D_THRESHOLDS, j.attained_service), j.submit_time, j.job_id)
+
+
+def las2d_order(now: float) -> Callable[[JobInfo], tuple]:
+    """``las2d``'s order at time ``now`` (s): Tiresias' discretised 2D-LAS (Gu et al., "Tiresias: A GPU
+    Cluster Manager for Distributed Deep Learning", NSDI 2019, Sec. 4 and Algorithm 1).
+
+    Key ``(queue, submit time, job id)``: ``queue`` is the number of :data:`LAS2D_THRESHOLDS` that the
+    job's attained service (GPU-seconds: GPUs x seconds run) has reached, FIFO inside a queue. A
+    *waiting* job is promoted to queue 0 when its waiting time exceeds :data:`LAS2D_PROMOTE_KNOB` times
+    its executed time (Tiresias' STARVELIMIT). The snapshot carries totals, not the last run and
+    the last wait, so both are totals: executed time = attained service / GPUs, waiting time =
+    ``now`` - submit time - executed time. A job that never ran is in queue 0 anyway.
+    """
+    knob = LAS2D_PROMOTE_KNOB
+    thresholds = LAS2D_THRESHOLDS
+
+    def key(j: JobInfo) -> tuple:
+        q = bisect.bisect_right(thresholds, j.attained_service)
+        if q and j.placement is None:
+            ran = j.attained_service / j.gpu_demand
+            if now - j.submit_time - ran > knob * ran:
+                q = 0
+        return (q, j.submit_time, j.job_id)
+
+    return key
+
+
+#: Orders whose key does not depend on the time (name -> key of a job).
+ORDERS: dict[str, Callable[[JobInfo], tuple]] = {
+    "fifo": _fifo, "sjf": _sjf, "sif": _sjf, "lrf": _lrf, "srtf": _srtf, "lgtf": _lgtf, "las": _las,
+    "las2d": _las2d_queue,
+}
+#: Orders whose key depends on the snapshot's time: name -> (time -> key of a job). A policy with one
+#: of these builds the round's key from it; ``ORDERS`` holds the same order without its time rule.
+TIMED_ORDERS: dict[str, Callable[[float], Callable[[JobInfo], tuple]]] = {"las2d": las2d_order}
+_DEFAULT_PREEMPTIVE = {
+    "fifo": False, "sjf": False, "sif": False, "lrf": False, "srtf": True, "lgtf": True, "las": True, "las2d": True,
+}
+#: Every heuristic name without variants (``-np``, ``:PLACEMENT``).
+HEURISTIC_NAMES = ("fifo", "sjf", "sif", "lrf", "srtf", "lgtf", "las", "las2d", "greedy")
+#: The placements a heuristic name may end with (``:PLACEMENT``).
+PLACEMENT_NAMES = tuple(PLACEMENT_RULES)
 
 
 @dataclass(kw_only=True)
@@ -78,6 +162,8 @@ class OrderedPolicy(Policy):
     :param preempt_margin: for numeric keys (SRTF), a victim's key must exceed
         the waiting job's by this factor; preempting for a near tie only buys
         a worse placement and a restart.
+    :param timed_order: for orders that depend on the time (:data:`TIMED_ORDERS`): ``now -> key``;
+        each round ranks pending jobs and victims with ``timed_order(state.time)`` instead of ``order``.
     """
 
     name: str
@@ -87,6 +173,7 @@ class OrderedPolicy(Policy):
     preemptive: bool = False
     min_run: float = 300.0
     preempt_margin: float = 2.0
+    timed_order: Callable[[float], Callable[[JobInfo], tuple]] | None = None
 
     @property
     def time_invariant(self) -> bool:
@@ -108,7 +195,7 @@ class OrderedPolicy(Policy):
         taken: Placement | None = None
         free_total = state.total_free
         usable = state.usable  # None: every node
-        order = self.order
+        order = self.order if self.timed_order is None else self.timed_order(state.time)
         limit = self.place_limit
         if limit is not None and limit <= 0:
             return dec
@@ -136,7 +223,7 @@ class OrderedPolicy(Policy):
                     free[n] -= c
                 taken = None
             if free_total <= 0 and victims is None:
-                victims = self._victims(state)
+                victims = self._victims(state, order)
                 can_preempt = bool(victims)
             if free_total <= 0 and not can_preempt:
                 break  # nothing fits and nothing can be freed: the rest would be skipped
@@ -146,7 +233,7 @@ class OrderedPolicy(Policy):
             # No rule can place more GPUs than are free: skip the call.
             p = self.placement(job, free, cur) if job.gpu_demand <= free_total else None
             if p is None and victims is None:
-                victims = self._victims(state)
+                victims = self._victims(state, order)
                 can_preempt = bool(victims)
             if p is None and can_preempt:
                 assert victims is not None
@@ -182,13 +269,14 @@ class OrderedPolicy(Policy):
                 started.append((job, p))
         return dec
 
-    def _victims(self, state: ClusterState) -> list[tuple[tuple, JobInfo]]:
+    def _victims(self, state: ClusterState, order: Callable[[JobInfo], tuple]) -> list[tuple[tuple, JobInfo]]:
         """``(order key, job)`` of the running jobs this policy may preempt, lowest priority first:
-        preemptible, run at least ``min_run`` since their last start, on at least one usable node."""
+        preemptible, run at least ``min_run`` since their last start, on at least one usable node.
+        ``order``: the round's key."""
         usable = state.usable
         return sorted(
             (
-                (self.order(j), j)
+                (order(j), j)
                 for j in state.running
                 if j.preemptible
                 and (j.start_time is None or state.time - j.start_time >= self.min_run)
@@ -226,7 +314,7 @@ class OrderedPolicy(Policy):
         node that already had enough free GPUs, or that the victims kept before cover, costs
         no preemption. GPUs on unusable nodes (:attr:`ClusterState.usable`) are never counted.
 
-        :param key: ``self.order(job)``.
+        :param key: the round's order key of ``job``.
         :param victims: ``(key, job)`` pairs, lowest priority first.
         :returns: the placement and the victims it needs, or ``(None, [])``.
         """
@@ -295,10 +383,13 @@ def make_heuristic(name: str, perf: ContentionModel) -> OrderedPolicy:
     else:
         order_name, default_place = base, "pack"
     if order_name not in ORDERS:
-        raise PolicyError(f"unknown policy {name!r}; heuristics: {', '.join(HEURISTIC_NAMES)} (optionally :pack|:spread|:greedy, -np)")
+        raise PolicyError(
+            f"unknown policy {name!r}; heuristics: {', '.join(HEURISTIC_NAMES)} "
+            f"(optionally -np and :{'|:'.join(PLACEMENT_NAMES)})"
+        )
     place = place or default_place
     if place not in PLACEMENT_RULES:
-        raise PolicyError(f"unknown placement {place!r} in policy {name!r}; choose from {', '.join(PLACEMENT_RULES)}")
+        raise PolicyError(f"unknown placement {place!r} in policy {name!r}; choose from {', '.join(PLACEMENT_NAMES)}")
     if preemptive is None:
         preemptive = _DEFAULT_PREEMPTIVE[order_name]
     return OrderedPolicy(
@@ -307,4 +398,5 @@ def make_heuristic(name: str, perf: ContentionModel) -> OrderedPolicy:
         placement=PLACEMENT_RULES[place](perf),
         strict=order_name == "fifo",
         preemptive=preemptive,
+        timed_order=TIMED_ORDERS.get(order_name),
     )

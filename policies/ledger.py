@@ -1,27 +1,38 @@
 """The contention ledger: which multi-node jobs share each node's network link, and how much each slows.
 
 Only jobs spanning several nodes use a node's network link, so only they slow each other (the
-seed's rule; :mod:`policies.perf` prices a pair). A job ``A`` on nodes ``V`` with multi-node
-neighbours ``B`` on node ``v`` has the contention sensitivity (CS, isolated / achieved
-throughput, >= 1)::
+seed's rule; :mod:`policies.perf` prices a pair and a job's link demand). A job ``A`` on nodes
+``V`` with multi-node neighbours ``B`` on node ``v`` has the contention sensitivity (CS, isolated /
+achieved throughput, >= 1) given by one of three **contention rules** (:data:`CONTENTION_RULES`;
+a performance model's ``contention`` attribute picks one, ``"sum"`` when it has none)::
 
-    CS_v(A) = 1 + sum_B on v, B != A (pair_cs(A, B) - 1)
-    CS(A)   = min(max_v in V CS_v(A), CS_CAP)          (the slowest link bounds a ring)
-    CS(A)   = 1                                          if A runs on one node
+    sum     CS_v(A) = 1 + sum_B on v, B != A (pair_cs(A, B) - 1)
+            CS(A)   = min(max_v in V CS_v(A), CS_CAP)                 CS_CAP = 1 / MIN_RATIO = 10
+    ds-min  CS_v(A) = min(max(1, max_B on v pair_cs(A, B)), DS_CS_CAP) DS_CS_CAP = 1 / DS_MIN_RATIO
+            CS(A)   = max_v in V CS_v(A)                              (DeepShare's simulator)
+    link    x_v(A)  = A's max-min fair share of node v's link capacity C among the demands d_B of
+                      every multi-node job B on v (A included)
+            CS_v(A) = 1 + chi_A (min(d_A, C) / x_v(A) - 1)              (only communication stretches)
+            CS(A)   = max_v in V CS_v(A)                              (no cap)
 
-with ``CS_CAP = 1 / MIN_RATIO``: no job runs slower than ``MIN_RATIO`` of its isolated
-throughput. :func:`node_cs` and :func:`job_cs` are that rule and the only place it is written;
-:class:`ContentionLedger` keeps it up to date job by job.
+and ``CS(A) = 1`` if ``A`` runs on one node, under every rule. ``pair_cs`` is the measured (or
+fitted) one-neighbour CS; ``d_B`` (MB/s) and ``chi_A`` (communication share of A's step) come
+from :meth:`LinkContention.link_terms`, ``C`` from :attr:`LinkContention.link_capacity_mbps`
+(equations, calibration and fit errors in ``docs/PERFORMANCE_MODEL.md``, section 2).
+:func:`node_cs`, :func:`cap_cs` and :func:`job_cs` are these rules and the only place they are
+written; :class:`ContentionLedger` keeps them up to date job by job.
 
 The ledger is what the simulator, the placement rules, the Slurm controller and the observation
 codecs read contention from. It is pure (no I/O) and keyed by job id (any hashable); a job's
 performance-model key ``(model, total GPUs, nodes)`` is built by :func:`job_key` and nowhere else.
 
 Costs: :meth:`ContentionLedger.add` and :meth:`~ContentionLedger.remove` touch only the
-multi-node jobs on the job's nodes (their CS is recomputed from the rule, so the result does not
-depend on the order of earlier adds and removes beyond the order of jobs on a node);
+multi-node jobs on the job's nodes (every rule is local to a node: a job's CS depends only on
+the jobs sharing its nodes; their CS is recomputed from the rule, so the result does not depend
+on the order of earlier adds and removes beyond the order of jobs on a node, and for ``ds-min``
+and ``link`` not even on that);
 :meth:`~ContentionLedger.what_if` prices a placement without changing anything (:meth:`~ContentionLedger.price`:
-the newcomer alone, its neighbours summed in add order or in job-id order);
+the newcomer alone, its neighbours taken in add order or in job-id order);
 :meth:`~ContentionLedger.fork` is O(1) and gives a writable overlay for trying changes.
 """
 
@@ -37,6 +48,13 @@ if TYPE_CHECKING:
 __all__ = [
     "MIN_RATIO",
     "CS_CAP",
+    "DS_MIN_RATIO",
+    "DS_CS_CAP",
+    "CONTENTION_RULES",
+    "check_contention",
+    "contention_of",
+    "LinkContention",
+    "fair_share",
     "JobKey",
     "PairContention",
     "LinkLoad",
@@ -54,6 +72,28 @@ MIN_RATIO = 0.1
 #: Largest contention sensitivity of a job: ``1 / MIN_RATIO``.
 CS_CAP = 1.0 / MIN_RATIO
 
+#: DeepShare's floor on a job's achieved / isolated throughput on a node (``safety_min`` of its
+#: simulator, ``scheduler/cluster_env.py``): the ``ds-min`` rule's bound.
+DS_MIN_RATIO = 0.35
+#: Largest CS under the ``ds-min`` rule: ``1 / DS_MIN_RATIO``.
+DS_CS_CAP = 1.0 / DS_MIN_RATIO
+
+#: The contention rules (module docstring): ``sum`` (the default), ``link``, ``ds-min``.
+CONTENTION_RULES = ("sum", "link", "ds-min")
+
+
+def check_contention(rule: str) -> str:
+    """``rule`` if it is one of :data:`CONTENTION_RULES`; otherwise :class:`ValueError` in one line."""
+    if rule not in CONTENTION_RULES:
+        raise ValueError(f"unknown contention rule {rule!r}: choose one of {', '.join(CONTENTION_RULES)}")
+    return rule
+
+
+def contention_of(perf: object) -> str:
+    """The contention rule a performance model asks for: its ``contention`` attribute, ``"sum"`` if none."""
+    return getattr(perf, "contention", "sum")
+
+
 #: ``(model, total GPUs, number of nodes)``: what a job's throughput depends on.
 JobKey = tuple[str, int, int]
 
@@ -66,6 +106,38 @@ class PairContention(Protocol):
         (1 unless both span several nodes)."""
 
 
+class LinkContention(PairContention, Protocol):
+    """What the ``link`` rule needs besides :meth:`pair_cs` (:class:`policies.perf.ContentionModel`)."""
+
+    #: Capacity ``C`` of one node's network link (MB/s).
+    link_capacity_mbps: float
+
+    def link_terms(self, key: JobKey) -> tuple[float, float]:
+        """``(d, chi)`` of a job: its bandwidth demand on each of its nodes' links (MB/s, >= 0) and
+        the share of its step spent communicating (in [0, 1]); ``(0, 0)`` for a single-node job."""
+
+
+def fair_share(capacity: float, mine: float, others: Iterable[float]) -> float:
+    """Max-min fair (water-filling) share of ``capacity`` of a flow demanding ``mine`` among flows
+    demanding ``others`` (same unit): ``min(mine, level)``, where ``level`` is the water level at
+    which the demands below it plus ``level`` for every other flow fill the capacity (``mine``
+    itself when all demands fit). Independent of the order of ``others``."""
+    ds = sorted(others)
+    total = mine + sum(ds)
+    if total <= capacity:
+        return mine
+    ds.append(mine)
+    ds.sort()
+    left = capacity
+    k = len(ds)
+    for i, d in enumerate(ds):
+        level = left / (k - i)
+        if d > level:
+            return mine if mine < level else level
+        left -= d
+    return mine  # not reached: the demands exceed the capacity
+
+
 def job_key(model: str, placement: "Placement") -> JobKey:
     """The performance-model key of ``model`` running on ``placement``:
     ``(model, placement.total_gpus, placement.num_nodes)``."""
@@ -73,8 +145,19 @@ def job_key(model: str, placement: "Placement") -> JobKey:
 
 
 def node_cs(perf: PairContention, me: JobKey, others: Iterable[JobKey]) -> float:
-    """Uncapped CS of job ``me`` on one node shared with jobs ``others``: ``1 + sum(pair_cs - 1)``,
-    summed in the order of ``others`` (single-node jobs among them add 0)."""
+    """CS of multi-node job ``me`` on one node shared with jobs ``others`` (single-node jobs among
+    them count for nothing), by ``perf``'s rule (:func:`contention_of`, module docstring):
+
+    * ``sum``: ``1 + sum(pair_cs - 1)`` summed in the order of ``others``, uncapped
+      (:func:`cap_cs` caps the job);
+    * ``ds-min``: the largest ``pair_cs``, at least 1 and at most :data:`DS_CS_CAP`;
+    * ``link``: ``1 + chi (min(d, C) / x - 1)`` with ``x`` ``me``'s :func:`fair_share` of the link.
+    """
+    return _node_rule(perf)(perf, me, others)
+
+
+def _sum_node_cs(perf: PairContention, me: JobKey, others: Iterable[JobKey]) -> float:
+    """The ``sum`` rule on one node (:func:`node_cs`)."""
     extra = 0.0
     pair = perf.pair_cs
     for other in others:
@@ -82,26 +165,76 @@ def node_cs(perf: PairContention, me: JobKey, others: Iterable[JobKey]) -> float
     return 1.0 + extra
 
 
-def cap_cs(worst: float) -> float:
-    """A job's CS from the largest :func:`node_cs` over its nodes: at least 1, at most :data:`CS_CAP`."""
+def _ds_min_node_cs(perf: PairContention, me: JobKey, others: Iterable[JobKey]) -> float:
+    """The ``ds-min`` rule on one node (:func:`node_cs`)."""
+    worst = 1.0
+    pair = perf.pair_cs
+    for other in others:
+        c = pair(me, other)
+        if c > worst:
+            worst = c
+    return worst if worst < DS_CS_CAP else DS_CS_CAP
+
+
+def _link_node_cs(perf: LinkContention, me: JobKey, others: Iterable[JobKey]) -> float:
+    """The ``link`` rule on one node (:func:`node_cs`)."""
+    d, chi = perf.link_terms(me)
+    if d <= 0.0 or chi <= 0.0:
+        return 1.0
+    terms = perf.link_terms
+    demands = [terms(o)[0] for o in others if o[2] > 1]
+    cap = perf.link_capacity_mbps
+    x = fair_share(cap, d, demands)
+    alone = d if d < cap else cap  # the rate it has alone, already part of its isolated throughput
+    if x >= alone:
+        return 1.0
+    return 1.0 + chi * (alone / x - 1.0)
+
+
+_NODE_RULES: dict[str, Callable[[Any, JobKey, Iterable[JobKey]], float]] = {
+    "sum": _sum_node_cs,
+    "ds-min": _ds_min_node_cs,
+    "link": _link_node_cs,
+}
+
+
+def _node_rule(perf: object) -> Callable[[Any, JobKey, Iterable[JobKey]], float]:
+    """:func:`node_cs` of ``perf``'s rule."""
+    rule = getattr(perf, "contention", "sum")
+    f = _NODE_RULES.get(rule)
+    if f is None:
+        raise ValueError(f"unknown contention rule {rule!r}: choose one of {', '.join(CONTENTION_RULES)}")
+    return f
+
+
+def cap_cs(worst: float, perf: PairContention | None = None) -> float:
+    """A job's CS from the largest :func:`node_cs` over its nodes, by ``perf``'s rule: at least 1;
+    at most :data:`CS_CAP` under ``sum`` (also when ``perf`` is None), at most :data:`DS_CS_CAP`
+    under ``ds-min``, unbounded under ``link``."""
     if worst < 1.0:
         return 1.0
-    return worst if worst < CS_CAP else CS_CAP
+    rule = "sum" if perf is None else getattr(perf, "contention", "sum")
+    if rule == "sum":
+        return worst if worst < CS_CAP else CS_CAP
+    if rule == "ds-min":
+        return worst if worst < DS_CS_CAP else DS_CS_CAP
+    return worst
 
 
 def job_cs(perf: PairContention, me: JobKey, per_node: Iterable[Iterable[JobKey]]) -> float:
-    """CS of job ``me`` given, for each of its nodes, the other jobs there (>= 1, <= :data:`CS_CAP`).
+    """CS of job ``me`` given, for each of its nodes, the other jobs there (>= 1), by ``perf``'s rule.
 
-    1 for a single-node job (``me[2] <= 1``); otherwise the cap of the largest :func:`node_cs`.
+    1 for a single-node job (``me[2] <= 1``); otherwise :func:`cap_cs` of the largest :func:`node_cs`.
     """
     if me[2] <= 1:
         return 1.0
+    rule = _node_rule(perf)
     worst = 1.0
     for others in per_node:
-        c = node_cs(perf, me, others)
+        c = rule(perf, me, others)
         if c > worst:
             worst = c
-    return cap_cs(worst)
+    return cap_cs(worst, perf)
 
 
 class LinkLoad(NamedTuple):
@@ -341,6 +474,7 @@ class ContentionLedger:
         if key[2] <= 1:
             return 1.0
         perf = self.perf
+        rule = _node_rule(perf)
         worst = 1.0
         skip = [x for x in (job_id, exclude) if x is not _MISSING]  # ids to leave out (compared by value)
         for v in nodes:
@@ -356,10 +490,10 @@ class ContentionLedger:
                 others = [k for o, k in d.items() if o not in skip]
             if extra is not None and v in extra:
                 others.append(extra[v])
-            c = node_cs(perf, key, others)
+            c = rule(perf, key, others)
             if c > worst:
                 worst = c
-        return cap_cs(worst)
+        return cap_cs(worst, perf)
 
     def node_keys(self, node: int, by_id: bool = False) -> tuple[JobKey, ...]:
         """Keys (:func:`job_key`) of the multi-node jobs on ``node``: in the order they were added, or

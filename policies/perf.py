@@ -37,9 +37,14 @@ with multi-node jobs ``B`` suffers extra communication time::
 ``chi_A`` is A's communication share of step time, ``beta_B`` B's measured
 bandwidth (Table I) over the link bandwidth, ``k_A`` a per-model constant
 fitted to the 36 x 36 measured matrix. This module prices a pair
-(:meth:`ContentionModel.pair_cs`); :mod:`policies.ledger` combines the pairs
-into a job's ``CS(A)`` (sum over the neighbours on a node, worst node, capped at
-``1 / MIN_RATIO``) and keeps it per running job.
+(:meth:`ContentionModel.pair_cs`) and a job's link terms (:meth:`ContentionModel.link_terms`:
+bandwidth demand ``d = sigma_m * bandwidth_m * G / n`` MB/s per node, ``sigma_m`` fitted by
+:func:`fit_link_demand`, and communication share); :mod:`policies.ledger` combines them into a
+job's ``CS(A)`` by the model's ``contention`` rule (``sum``: pairwise excesses summed on a node,
+worst node, capped at ``1 / MIN_RATIO``; ``ds-min``: DeepShare's worst pair, floored at ratio
+0.35; ``link``: max-min fair sharing of each node's link capacity, only communication stretching)
+and keeps it per running job. :func:`neighbours_table` gives what the rules predict for several
+identical neighbours.
 
 **GPU types.** The measurements are of TITAN Xp GPUs (speed factor 1). On
 nodes of another type (:mod:`policies.gputypes`) only the computation part of
@@ -70,7 +75,7 @@ import numpy as np
 from policies.cluster import ClusterSpec, Placement
 from policies.gputypes import speed_factor
 from policies.resources import Allocation
-from policies.ledger import MIN_RATIO, JobKey
+from policies.ledger import CONTENTION_RULES, MIN_RATIO, JobKey, check_contention
 from policies.ledger import job_cs as _job_cs
 from policies.ledger import node_cs as _node_cs
 from policies.workloads import UnknownModelError, canonical_model, get_workload
@@ -86,6 +91,13 @@ __all__ = [
     "JobKey",
     "MIN_RATIO",
     "estimate_eta",
+    "CONTENTION_RULES",
+    "LinkFit",
+    "TESTBED_LINK_MBPS",
+    "fit_link_demand",
+    "neighbours_table",
+    "neighbours_markdown",
+    "link_fit_markdown",
 ]
 
 
@@ -172,6 +184,11 @@ class ContentionModel:
     :param data: measurements; defaults to DeepShare's.
     :param use_measured: use measured numbers where they exist (default). With
         ``False`` the model is purely parametric (used to state fit errors).
+    :param contention: how the one-neighbour slowdowns combine into a job's CS, one of
+        :data:`policies.ledger.CONTENTION_RULES`: ``"sum"`` (default), ``"link"`` (max-min
+        sharing of each node's link, :meth:`link_terms`) or ``"ds-min"`` (DeepShare's worst pair,
+        floored at ratio 0.35); the rules are written in :mod:`policies.ledger`.
+    :raises ValueError: an unknown ``contention`` (one line listing the rules).
     """
 
     def __init__(
@@ -179,7 +196,10 @@ class ContentionModel:
         cluster: ClusterSpec | None = None,
         data: MeasuredData | None = None,
         use_measured: bool = True,
+        contention: str = "sum",
     ) -> None:
+        #: The contention rule (:data:`policies.ledger.CONTENTION_RULES`) the ledger applies to this model.
+        self.contention = check_contention(contention)
         self.cluster = cluster or ClusterSpec.homogeneous(4, 8)
         self.data = data or load_measured_data()
         self.use_measured = use_measured
@@ -192,6 +212,8 @@ class ContentionModel:
         self._fit_contention()
         self._iso_cache: dict[JobKey, float] = {}
         self._pair_cache: dict[tuple[JobKey, JobKey], float] = {}
+        self._link_cache: dict[JobKey, tuple[float, float]] = {}
+        self._link_fit: LinkFit | None = None
         self._best_cache: dict[tuple[str, int], float] = {}
         self._factor_cache: dict[str, tuple[float, ...]] = {}  # model -> per-node factors of self.cluster
         self._speedup_cache: dict[tuple[str, int, int, float], float] = {}
@@ -372,6 +394,50 @@ class ContentionModel:
             self._pair_cache[key] = v
         return v
 
+    # ------------------------------------------------------------------ the link rule's terms
+    @property
+    def link_capacity_mbps(self) -> float:
+        """Capacity ``C`` of one node's network link (MB/s): the cluster's ``inter_bw_gbps`` x 1000."""
+        return self._link_mbps
+
+    def link_fit(self) -> "LinkFit":
+        """The ``link`` rule's calibration (:func:`fit_link_demand` on this model's data and
+        communication shares), computed on first use and shared by the models of the same data and
+        fitted ``a, b, c`` (e.g. every cluster of the same ``eta``)."""
+        f = self._link_fit
+        if f is None:
+            key = (id(self.data), tuple(sorted(self.params.items())))
+            hit = _LINK_FITS.get(key)
+            if hit is not None and hit[0] is self.data:
+                f = hit[1]
+            else:
+                f = fit_link_demand(self)
+                if len(_LINK_FITS) >= 8:
+                    _LINK_FITS.clear()
+                _LINK_FITS[key] = (self.data, f)
+            self._link_fit = f
+        return f
+
+    def link_terms(self, key: JobKey) -> tuple[float, float]:
+        """``(d, chi)`` of job ``key = (model, G, n)`` for the ``link`` rule: its bandwidth demand on
+        each of its nodes' links, ``d = sigma_model * bandwidth_model * G / n`` (MB/s; Table I
+        bandwidth, ``sigma`` fitted by :func:`fit_link_demand`), and its communication share
+        ``chi = comm_share(model, G, n)``; ``(0, 0)`` for a single-node job."""
+        v = self._link_cache.get(key)
+        if v is None:
+            m, g, n = canonical_model(key[0]), key[1], key[2]
+            if n <= 1:
+                v = (0.0, 0.0)
+            else:
+                sigma = self.link_fit().sigma.get(m)
+                if sigma is None:
+                    if m not in self.params:
+                        raise self._unfitted(m)
+                    sigma = self.link_fit().default_sigma
+                v = (sigma * get_workload(m).bandwidth_mbps * g / n, self.comm_share(m, g, n))
+            self._link_cache[key] = v
+        return v
+
     def best_isolated_throughput(self, model: str, gpus: int) -> float:
         """Fastest isolated samples/s of ``gpus`` GPUs over the placements this model's cluster allows.
 
@@ -424,13 +490,195 @@ class ContentionModel:
             pred = 1.0 / (1.0 + self.kappa[ka[0]] * self._chi(ka) * self._beta(kb))
             cs_err.append(abs(pred - r))
         return {
+            "contention": self.contention,
             "isolated_mape": float(np.mean(iso_err)),
             "isolated_max_rel_err": float(np.max(iso_err)),
             "ratio_mae": float(np.mean(cs_err)),
             "ratio_max_abs_err": float(np.max(cs_err)),
             "params": {m: dict(zip(("a", "b", "c"), p)) for m, p in self.params.items()},
             "kappa": dict(self.kappa),
+            **({"link": self.link_fit().as_dict()} if self.contention == "link" else {}),
         }
+
+
+#: Capacity of one node's network link on the seed's testbed (MB/s: 40 Gbps InfiniBand = 5 GB/s), where
+#: the pair table was measured: the ``link`` rule is calibrated at this capacity.
+TESTBED_LINK_MBPS = 5000.0
+
+#: Calibrations of the ``link`` rule by (data, fitted parameters): ``(data, fit)``, the data kept so that
+#: its id stays its own.
+_LINK_FITS: dict[tuple, tuple["MeasuredData", "LinkFit"]] = {}
+
+#: Grid of ``log(sigma)`` searched by :func:`fit_link_demand` (sigma from 0.05 to 1,097).
+_LOG_SIGMA_GRID = np.linspace(-3.0, 7.0, 401)
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    """The ``link`` rule's calibration against the one-neighbour table (:func:`fit_link_demand`).
+
+    :param sigma: per measured model, the demand scale: a job's demand on a node's link is
+        ``sigma * Table I bandwidth * (GPUs on the node)`` MB/s.
+    :param default_sigma: the median of ``sigma``, for models without measurements.
+    :param capacity_mbps: link capacity the table was measured (and the fit made) at.
+    :param mae, rmse, max_abs_err: error of the predicted achieved / isolated ratio of the row job
+        over the table's pairs; ``worst``: the pair with the largest error.
+    :param per_model_mae: ``mae`` over the rows of each model.
+    :param sum_mae, sum_rmse, sum_max_abs_err: the same errors of the ``sum`` rule's parametric
+        one-neighbour CS (``1 + kappa chi beta``; measured pairs themselves are used as measured).
+    :param pairs: number of pairs fitted.
+    """
+
+    sigma: dict[str, float]
+    default_sigma: float
+    capacity_mbps: float
+    mae: float
+    rmse: float
+    max_abs_err: float
+    worst: tuple[JobKey, JobKey]
+    per_model_mae: dict[str, float]
+    sum_mae: float
+    sum_rmse: float
+    sum_max_abs_err: float
+    pairs: int
+
+    def as_dict(self) -> dict:
+        """A JSON-ready copy (keys of ``worst`` as lists)."""
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d["sigma"], d["per_model_mae"] = dict(self.sigma), dict(self.per_model_mae)
+        d["worst"] = [list(self.worst[0]), list(self.worst[1])]
+        return d
+
+
+def _two_flow_ratio(sa: np.ndarray, sb: np.ndarray, bw_a: np.ndarray, bw_b: np.ndarray, chi_a: np.ndarray,
+                    cap: float) -> np.ndarray:
+    """Achieved / isolated of job A beside one job B under the ``link`` rule, elementwise: demands
+    ``da = sa bw_a``, ``db = sb bw_b``; A's max-min share ``x`` of ``cap``;
+    ``1 / (1 + chi_a (min(da, cap) / x - 1))``."""
+    da, db = sa * bw_a, sb * bw_b
+    x = np.where(da + db <= cap, da, np.where(db < cap / 2, np.minimum(da, cap - db), np.minimum(da, cap / 2)))
+    alone = np.minimum(da, cap)
+    return 1.0 / (1.0 + chi_a * (alone / x - 1.0))
+
+
+def fit_link_demand(model: "ContentionModel", capacity_mbps: float = TESTBED_LINK_MBPS) -> LinkFit:
+    """Calibrate the ``link`` rule's per-model demand scales ``sigma`` to the measured pair table.
+
+    For every measured pair ``(A, B)`` (one neighbour, sharing a node's link of ``capacity_mbps``)
+    the rule predicts A's achieved / isolated ratio from the demands ``d = sigma_m * bandwidth_m *
+    G / n`` and A's communication share ``chi_A = model.comm_share(A)`` (:func:`policies.ledger.node_cs`,
+    ``link``). ``sigma`` minimises the sum of squared ratio errors by coordinate search over
+    ``log sigma`` in [-3, 7] (401 grid points; sweeps over the models until none moves, from sigma = 1):
+    the objective is piecewise smooth with flat parts (a demand above the capacity is the capacity
+    alone), where gradient methods stop early. The link capacity and the scales are one degree of
+    freedom (scaling both changes nothing), so the capacity is held at the testbed's.
+    """
+    data = model.data
+    pairs = [(a, b, r) for (a, b), r in sorted(data.ratio.items()) if a[2] > 1 and b[2] > 1]
+    models = sorted({a[0] for a, _b, _r in pairs} | {b[0] for _a, b, _r in pairs})
+    idx = {m: i for i, m in enumerate(models)}
+    ia = np.array([idx[a[0]] for a, _b, _r in pairs])
+    ib = np.array([idx[b[0]] for _a, b, _r in pairs])
+    bw_a = np.array([get_workload(a[0]).bandwidth_mbps * a[1] / a[2] for a, _b, _r in pairs])
+    bw_b = np.array([get_workload(b[0]).bandwidth_mbps * b[1] / b[2] for _a, b, _r in pairs])
+    chi_a = np.array([model.comm_share(*a) for a, _b, _r in pairs])
+    ratio = np.array([r for _a, _b, r in pairs])
+    x = np.zeros(len(models))
+    grid = _LOG_SIGMA_GRID
+    eg = np.exp(grid)[:, None]
+    for _sweep in range(50):
+        moved = False
+        for j in range(len(models)):
+            s = np.exp(x)
+            c = (ia == j) | (ib == j)  # the pairs sigma_j enters: the rest of the sum does not move
+            sa = np.where(ia[c] == j, eg, s[ia[c]][None, :])
+            sb = np.where(ib[c] == j, eg, s[ib[c]][None, :])
+            sse = ((_two_flow_ratio(sa, sb, bw_a[c], bw_b[c], chi_a[c], capacity_mbps) - ratio[c]) ** 2).sum(axis=1)
+            k = int(np.argmin(sse))  # the first of equal minima
+            cur = _two_flow_ratio(s[ia[c]], s[ib[c]], bw_a[c], bw_b[c], chi_a[c], capacity_mbps)
+            now = ((cur - ratio[c]) ** 2).sum()
+            if grid[k] != x[j] and sse[k] < now:
+                x[j] = grid[k]
+                moved = True
+        if not moved:
+            break
+    s = np.exp(x)
+    err = np.abs(_two_flow_ratio(s[ia], s[ib], bw_a, bw_b, chi_a, capacity_mbps) - ratio)
+    kappa_err = np.array([abs(1.0 / (1.0 + model.kappa[a[0]] * model._chi(a) * model._beta(b)) - r)
+                          for a, b, r in pairs])
+    w = int(np.argmax(err))
+    sigma = {m: float(s[i]) for i, m in enumerate(models)}
+    return LinkFit(
+        sigma=sigma,
+        default_sigma=float(np.median(list(sigma.values()))),
+        capacity_mbps=float(capacity_mbps),
+        mae=float(err.mean()),
+        rmse=float(np.sqrt((err ** 2).mean())),
+        max_abs_err=float(err.max()),
+        worst=(pairs[w][0], pairs[w][1]),
+        per_model_mae={m: float(err[ia == i].mean()) for i, m in enumerate(models)},
+        sum_mae=float(kappa_err.mean()),
+        sum_rmse=float(np.sqrt((kappa_err ** 2).mean())),
+        sum_max_abs_err=float(kappa_err.max()),
+        pairs=len(pairs),
+    )
+
+
+def neighbours_table(gpus: int = 4, nodes: int = 4, ks: Sequence[int] = (1, 2, 3, 4),
+                     cluster: ClusterSpec | None = None) -> list[tuple[str, str, list[float]]]:
+    """CS of a job ``(model, gpus, nodes)`` with ``k`` identical neighbours on each of its nodes, for
+    every measured model, every rule of :data:`~policies.ledger.CONTENTION_RULES` and every ``k`` in
+    ``ks``: rows ``(model, rule, [CS at each k])`` (model in measured order, rules in
+    :data:`~policies.ledger.CONTENTION_RULES` order). ``cluster``: the link capacity (default: the testbed's 4 x 8)."""
+    from policies.ledger import job_cs
+
+    cl = cluster or ClusterSpec.homogeneous(4, 8)
+    data = load_measured_data()
+    perfs = {rule: ContentionModel(cl, data, contention=rule) for rule in CONTENTION_RULES}
+    models = list(dict.fromkeys(k[0] for k in data.isolated))
+    rows = []
+    for m in models:
+        me = (m, gpus, nodes)
+        for rule, perf in perfs.items():
+            rows.append((m, rule, [job_cs(perf, me, [[me] * k]) for k in ks]))
+    return rows
+
+
+def link_fit_markdown() -> str:
+    """The ``link`` rule's calibration (:func:`fit_link_demand` of the default model) as the Markdown
+    table ``docs/PERFORMANCE_MODEL.md`` quotes: per model, ``sigma``, the demand of a ``(G, n) = (8, 2)``
+    job (MB/s on each node's link), its communication share there, and the ratio MAE of the ``link``
+    rule and of the ``sum`` rule's parametric pair rule over the model's rows; then all rows."""
+    m = ContentionModel()
+    fit = m.link_fit()
+    sums: dict[str, list[float]] = {}
+    for (a, b), r in m.data.ratio.items():
+        sums.setdefault(a[0], []).append(abs(1.0 / (1.0 + m.kappa[a[0]] * m._chi(a) * m._beta(b)) - r))
+    lines = [
+        "| model | sigma | demand at (8, 2) (MB/s) | chi at (8, 2) | ratio MAE, link | ratio MAE, sum (parametric) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in dict.fromkeys(k[0] for k in m.data.isolated):
+        d, chi = m.link_terms((name, 8, 2))
+        lines.append(f"| {name} | {fit.sigma[name]:.3g} | {d:.0f} | {chi:.3f} | {fit.per_model_mae[name]:.3f} "
+                     f"| {float(np.mean(sums[name])):.3f} |")
+    w = fit.worst
+    lines.append(f"| all ({fit.pairs} pairs) | | | | {fit.mae:.3f} (RMSE {fit.rmse:.3f}, worst {fit.max_abs_err:.3f}) "
+                 f"| {fit.sum_mae:.3f} (RMSE {fit.sum_rmse:.3f}, worst {fit.sum_max_abs_err:.3f}) |")
+    lines.append("")
+    lines.append(f"Link capacity {fit.capacity_mbps:.0f} MB/s; worst link pair: {w[0]} beside {w[1]}.")
+    return "\n".join(lines)
+
+
+def neighbours_markdown(gpus: int = 4, nodes: int = 4, ks: Sequence[int] = (1, 2, 3, 4)) -> str:
+    """:func:`neighbours_table` as the Markdown table ``docs/PERFORMANCE_MODEL.md`` quotes (CS to 3 decimals)."""
+    lines = [
+        "| model | rule | " + " | ".join(f"k = {k}" for k in ks) + " |",
+        "|---|---|" + "---|" * len(ks),
+    ]
+    for m, rule, cs in neighbours_table(gpus, nodes, ks):
+        lines.append(f"| {m} | {rule} | " + " | ".join(f"{c:.3f}" for c in cs) + " |")
+    return "\n".join(lines)
 
 
 def _all_models() -> list[str]:

@@ -30,6 +30,7 @@ __all__ = [
     "spread",
     "ContentionAwarePlacement",
     "FloorPacking",
+    "SWITCH_GAIN",
     "balanced_candidates",
     "balanced_by_load",
     "PLACEMENT_RULES",
@@ -352,20 +353,43 @@ class _Balanced:
         return Placement(tuple(alloc))
 
 
+#: :class:`ContentionAwarePlacement`'s default ``switch_gain`` (effective GPUs per GPU), chosen on the
+#: held-out groups of ``benchmarks/bench_baselines.py`` among 0, 0.02, 0.05 and 0.1 (docs/RESULTS.md).
+SWITCH_GAIN = 0.05
+
+
 class ContentionAwarePlacement:
     """Greedy: the placement the performance model predicts hurts least.
 
-    Candidates are the packing placement plus one balanced placement per
-    feasible node count (nodes ordered by network load, then best fit:
-    :func:`balanced_by_load`). Each is scored by the change in *effective GPUs*
-    of all jobs involved::
+    Each candidate is scored by the change in *effective GPUs* of all jobs involved::
 
         sum_j  G_j * achieved_j / best_j
 
     i.e. the new job's normalised speed times its size, minus what its new
     neighbours lose (contention from the state's ledger,
     :meth:`~policies.state.ClusterState.contention`). The highest score wins;
-    ties go to fewer nodes.
+    ties go to fewer nodes, then to the earlier candidate.
+
+    Candidates:
+
+    * ``nosplit=True`` (the ``greedy`` placement of the heuristics): the candidates of the
+      ``nosplit`` rule (:class:`FloorPacking`). A job that fits on one node (at most
+      ``state.cluster.max_gpus_per_node`` GPUs) gets the best-fit node that holds it, or waits
+      (``None``): single-node jobs neither suffer nor cause contention in the model, so every
+      node that holds one scores the same. A larger job gets the node count ``k`` of
+      :func:`pack` (the fewest nodes that hold it) and :func:`pack`'s placement unless one of
+      two others on ``k`` nodes scores more than ``switch_gain`` effective GPUs per GPU of the
+      job above it (then the best of them): :func:`pack` on the nodes without multi-node jobs,
+      and the balanced placement over the least loaded nodes (:func:`balanced_by_load`). The
+      score does not price the holes a placement leaves, and pack's shape leaves the fewest;
+      the bar keeps it unless contention costs clearly more (docs/RESULTS.md, "Why greedy lost").
+    * ``nosplit=False``: the packing placement plus one balanced placement per
+      feasible node count (nodes ordered by network load, then best fit:
+      :func:`balanced_by_load`), so a job may be split over more nodes than it needs
+      (``rl-hybrid``'s ``contention-aware`` safety rule).
+      On Poisson arrivals this variant fragments the cluster: single-node-sized jobs
+      are split when no node holds them, and balanced multi-node placements leave
+      holes that the next single-node job cannot use (docs/RESULTS.md, "Why greedy lost").
 
     :param min_efficiency: admission floor in ``[0, 1]``: the best placement is
         returned only if its score per GPU (net effective GPUs gained per GPU
@@ -373,19 +397,29 @@ class ContentionAwarePlacement:
         ``0`` (default) admits every placement that fits. ``rl-hybrid``'s
         safety rule uses a floor so that filling idle GPUs never buys
         utilisation with heavy contention.
+    :param nosplit: choose among the ``nosplit`` rule's placements (above).
+    :param switch_gain: with ``nosplit``, the score per GPU of the job by which another placement of a
+        multi-node job must beat :func:`pack`'s to be chosen (>= 0; default :data:`SWITCH_GAIN`).
     """
 
     #: it reads the running jobs of the state it is given (a policy placing several jobs in one
     #: round must hand it the state with the round's earlier starts)
     uses_running = True
 
-    def __init__(self, perf: ContentionModel, min_efficiency: float = 0.0) -> None:
+    def __init__(self, perf: ContentionModel, min_efficiency: float = 0.0, nosplit: bool = False,
+                 switch_gain: float = SWITCH_GAIN) -> None:
         if not 0.0 <= min_efficiency <= 1.0:
             raise ValueError(f"min_efficiency must be in [0, 1], got {min_efficiency}")
+        if not (0.0 <= switch_gain and math.isfinite(switch_gain)):
+            raise ValueError(f"switch_gain must be a finite number >= 0, got {switch_gain}")
         self.perf = perf
         self.min_efficiency = float(min_efficiency)
+        self.nosplit = bool(nosplit)
+        self.switch_gain = float(switch_gain)
 
     def __call__(self, job: JobInfo, free: np.ndarray, state: ClusterState) -> Placement | None:
+        if self.nosplit:
+            return self._fewest_nodes(job, free, state)
         gpus = job.gpu_demand
         arr, hi, fb = _as_bytes(free, state)
         if gpus > _total(arr, state):
@@ -423,6 +457,48 @@ class ContentionAwarePlacement:
                 best, best_score = self._better(job, p, led, best, best_score)
         if best is None:
             return None
+        if self.min_efficiency > 0.0 and best_score < self.min_efficiency * gpus - 1e-9:
+            return None
+        return best
+
+    def _fewest_nodes(self, job: JobInfo, free: np.ndarray, state: ClusterState) -> Placement | None:
+        """The ``nosplit=True`` choice (class docstring)."""
+        gpus = job.gpu_demand
+        if int(free.max(initial=0)) >= gpus:
+            p = pack(job, free, state)  # one node holds it: pack's best fit
+            if p is None or self.min_efficiency <= 0.0:
+                return p
+            return self._choose(job, [p], state.contention(self.perf))
+        if gpus <= state.cluster.max_gpus_per_node:
+            return None  # a single-node job is never split
+        arr, hi, fb = _as_bytes(free, state)
+        p = _pack(gpus, arr, hi, fb, state)
+        if p is None:
+            return None
+        led = state.contention(self.perf)
+        loads = led.loads()
+        if not loads:  # no multi-node job runs: no candidate can score better than pack's
+            return self._choose(job, [p], led)
+        k = p.num_nodes
+        cands: list[Placement] = []
+        quiet = np.array(arr, dtype=np.int64)
+        quiet[list(loads)] = 0
+        q = pack(job, quiet)
+        if q is not None and q.num_nodes == k and q != p:
+            cands.append(q)
+        if fb is None:
+            bal = [c for c in balanced_by_load(gpus, arr, led.load, led.loads) if c.num_nodes == k]
+        else:
+            b = _Balanced(gpus, arr, hi, fb, led.load, led.loads, led.load_bytes())
+            c = b.candidate(k) if k in b.counts else None
+            bal = [] if c is None else [c]
+        cands.extend(c for c in bal if c != p and c not in cands)
+        best, best_score = p, self._score(job, p, led)
+        bar = best_score + self.switch_gain * gpus
+        for c in cands:
+            sc = self._score(job, c, led)
+            if sc > bar + 1e-9 and sc > best_score + 1e-9:
+                best, best_score = c, sc
         if self.min_efficiency > 0.0 and best_score < self.min_efficiency * gpus - 1e-9:
             return None
         return best
@@ -470,13 +546,15 @@ class ContentionAwarePlacement:
 
 
 class FloorPacking:
-    """Packing placement (:func:`pack`) that keeps single-node jobs whole, with an optional floor.
+    """The ``nosplit`` placement: packing (:func:`pack`) that keeps single-node jobs whole, with an
+    optional floor.
 
     A job of at most the largest node's GPUs (``state.cluster.max_gpus_per_node``;
     on a homogeneous cluster: one node's) goes to the node with the fewest free
     GPUs that holds it (lowest index on ties) and waits (``None``) if no node
-    does; a larger job is placed by :func:`pack`. It is ``rl-hybrid``'s safety-rule
-    placement, and ``plan-greedy``'s (``scripts/studies/uniform_gap.py``: the ``"plan"``
+    does; a larger job is placed by :func:`pack`, which takes the nodes with the most free GPUs
+    first and so uses as few nodes as the free GPUs allow. It is the heuristics' ``nosplit``
+    placement (``srtf:nosplit``), ``rl-hybrid``'s safety-rule placement, and ``plan-greedy``'s (``scripts/studies/uniform_gap.py``: the ``"plan"``
     candidate order without a network).
 
     :param perf: performance model, for the floor's score.
@@ -487,12 +565,12 @@ class FloorPacking:
         (default): every placement that fits.
     """
 
-    uses_running = True  # the floor reads the running jobs (see ContentionAwarePlacement)
-
     def __init__(self, perf: ContentionModel, min_efficiency: float = 0.0) -> None:
         self._scorer = ContentionAwarePlacement(perf, min_efficiency)
         self.perf = perf
         self.min_efficiency = self._scorer.min_efficiency
+        #: only the floor reads the running jobs (see ContentionAwarePlacement.uses_running)
+        self.uses_running = self.min_efficiency > 0.0
 
     def __call__(self, job: JobInfo, free: np.ndarray, state: ClusterState) -> Placement | None:
         # (the cluster's largest node, a pass over its nodes, is read only when no node holds the job)
@@ -510,8 +588,10 @@ class FloorPacking:
         return self._scorer.score(job, cand, state)
 
 
+#: The heuristics' placements by name: ``name -> (performance model -> rule)``.
 PLACEMENT_RULES: dict[str, Callable[..., PlacementRule]] = {
     "pack": lambda perf: pack,
+    "nosplit": lambda perf: FloorPacking(perf),
     "spread": lambda perf: spread,
-    "greedy": lambda perf: ContentionAwarePlacement(perf),
+    "greedy": lambda perf: ContentionAwarePlacement(perf, nosplit=True),
 }

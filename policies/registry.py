@@ -4,14 +4,17 @@ controller run is built here, by name.
 Names (case-insensitive, blanks around them ignored):
 
 =====================================  ===================================================================
-``fifo``, ``sjf``, ``srtf``, ``las``,  heuristics (:mod:`policies.heuristics`): a scheduling order plus a
-``greedy``                             placement rule; ``-np`` turns preemption off (``las-np``),
-                                       ``:pack`` / ``:spread`` / ``:greedy`` picks the placement
-                                       (``srtf:spread``)
+``fifo``, ``sjf``, ``sif``, ``lrf``,   heuristics (:mod:`policies.heuristics`): a scheduling order plus a
+``srtf``, ``lgtf``, ``las``,           placement rule; ``-np`` turns preemption off (``las-np``),
+``las2d``, ``greedy``                  ``:pack`` / ``:nosplit`` / ``:spread`` / ``:greedy`` picks the
+                                       placement (``srtf:nosplit``); ``greedy`` is SRTF with the
+                                       ``greedy`` placement
 ``rl-base``, ``rl-hybrid``             learned policies (:mod:`policies.rl`) with the shipped checkpoint for
                                        the cluster's shape, or the ``checkpoint`` argument; ``NAME:/path``
                                        names a checkpoint (``ckpt``, ``ckpt.json`` or ``ckpt.safetensors``)
 ``rl-prior``                           the untrained admission prior alone (an ablation, no checkpoint)
+``drf``, ``tetris``, ``optimus``       elastic baselines deciding workers and parameter servers
+                                       (:mod:`policies.elastic`, re-plan every 600 s)
 =====================================  ===================================================================
 
 Options (keyword arguments of :func:`make_policy`; :data:`OPTIONS`):
@@ -32,7 +35,7 @@ from typing import Any
 
 from policies.base import Policy, PolicyError
 from policies.cluster import ClusterSpec
-from policies.heuristics import HEURISTIC_NAMES, ORDERS, make_heuristic
+from policies.heuristics import HEURISTIC_NAMES, ORDERS, PLACEMENT_NAMES, make_heuristic
 from policies.perf import ContentionModel
 
 __all__ = ["OPTIONS", "RL_NAMES", "describe_names", "make_policy", "policy_names"]
@@ -56,8 +59,8 @@ def policy_names() -> tuple[str, ...]:
 def describe_names() -> str:
     """Every policy name with its variants, for error messages."""
     return (
-        f"{', '.join(HEURISTIC_NAMES)} (optionally -np and :pack|:spread|:greedy), "
-        "rl-base, rl-hybrid (optionally :/path/to/checkpoint), rl-prior"
+        f"{', '.join(HEURISTIC_NAMES)} (optionally -np and :{'|:'.join(PLACEMENT_NAMES)}), "
+        "rl-base, rl-hybrid (optionally :/path/to/checkpoint), rl-prior, drf, tetris, optimus"
     )
 
 
@@ -98,6 +101,12 @@ def make_policy(
         or min_run_s < 0
     ):
         raise PolicyError(f"policy {name!r}: min_run_s must be a finite number of seconds >= 0, got {min_run_s!r}")
+    if base in ("drf", "tetris", "optimus"):  # elastic baselines (policies/elastic.py)
+        if options:
+            raise PolicyError(f"policy {name!r}: option {sorted(options)[0]!r} applies to the RL policies only")
+        from policies.elastic import make_elastic_policy
+
+        return make_elastic_policy(base, perf)
     if base.startswith("rl"):
         if base not in RL_NAMES:
             raise PolicyError(f"unknown RL policy {name!r}; policies: {describe_names()}")

@@ -33,21 +33,23 @@ type, CPUs or memory) is placed or resized only where :func:`policies.resources.
 finds it fits: every node has GPUs of its type, and its workers' and parameter servers' CPUs and
 memory fit each node's free CPUs / memory (:meth:`~policies.state.ClusterState.free_cpu_mem`, plus
 what the decision's valid preemptions and resizes release, less what its earlier valid entries
-take). A job without such a demand fits wherever its GPUs do, so policies that ignore GPU types,
-CPUs and memory are checked exactly as on a cluster that declares none.
+take; an elastic placement's parameter-server count replaces the demand's). A job without such a
+demand fits wherever its GPUs do, so policies that ignore GPU types, CPUs and memory are checked
+exactly as on a cluster that declares none. :func:`resource_problems` adds the parameter-server
+rules of elastic jobs (:mod:`policies.elastic`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from policies.cluster import Placement
 from policies.resources import Allocation, placement_misfit
 from policies.state import ClusterState, Decision, JobInfo
 
-__all__ = ["AFTER_EARLIER", "Problem", "check_decision", "placement_problem", "without"]
+__all__ = ["AFTER_EARLIER", "Problem", "check_decision", "placement_problem", "resource_problems", "without"]
 
 #: what "does not fit" messages of :func:`check_decision` add: the free GPUs are counted after the earlier entries
 AFTER_EARLIER = " (after the decision's preemptions and earlier placements)"
@@ -137,9 +139,19 @@ class _CpuMem:
         self.cpus: dict[int, int] = {}
         self.mem: dict[int, float] = {}
 
+    @staticmethod
+    def demand(info: JobInfo, p: Placement):
+        """``info``'s demand on ``p``: its GPU total, and the placement's parameter-server count where it
+        names one (an elastic placement, :class:`policies.elastic.ElasticPlacement`)."""
+        d = info.demand_on(p.total_gpus)
+        ps = getattr(p, "ps", None)
+        if d is not None and isinstance(ps, int) and ps != d.ps:
+            d = replace(d, ps=ps, ps_cpus=d.ps_cpus if ps else 0, ps_mem_gb=d.ps_mem_gb if ps else 0.0)
+        return d
+
     def take(self, info: JobInfo, p: Placement, sign: int) -> None:
         """Add ``sign`` times what ``info``'s demand holds on ``p`` (nothing for a plain demand)."""
-        d = info.demand_on(p.total_gpus)
+        d = self.demand(info, p)
         if d is None or not d.declares_cpu_mem:
             return
         for n, (_g, c, m) in Allocation.from_placement(p, d, self.state.cluster).per_node().items():
@@ -150,7 +162,7 @@ class _CpuMem:
 
     def misfit(self, info: JobInfo, p: Placement) -> str | None:
         """Why ``info``'s demand does not fit on ``p`` beyond GPU counts, or None."""
-        d = info.demand_on(p.total_gpus)
+        d = self.demand(info, p)
         if d is None:
             return None
         cpus, mem = self.state.free_cpu_mem()
@@ -240,6 +252,47 @@ def check_decision(state: ClusterState, decision: Decision) -> list[Problem]:
                 res.take(info, p, -1)  # type: ignore[arg-type]
         else:
             problems.append(Problem("place", i, jid, why))
+    return problems
+
+
+def resource_problems(state: ClusterState, decision: Decision) -> list[Problem]:
+    """The entries of ``decision`` that break the CPU, memory or parameter-server rules, in the order of
+    application; run it on a decision :func:`check_decision` passes (or on ``without`` its problems).
+
+    Jobs with a resource demand (``JobInfo.extra["demand"]``, :mod:`policies.elastic`) use CPUs and
+    memory on the nodes of their placement: their workers' and their PSs' (placed as
+    :meth:`policies.resources.Allocation.from_placement` places them). Rules: on every node whose
+    CPUs (memory) are declared, the running jobs' use after the decision's preemptions and earlier
+    resizes and placements, plus the entry's, stays within them (a resized job's own use is freed
+    first); a PS job gets at least one PS, a job without PSs none. Pure: reads ``state`` only.
+    """
+    from policies.elastic import free_resources, job_demand, job_ps, node_usage, resource_problem
+
+    entries = [("resize", i, jid, p) for i, (jid, p) in enumerate(decision.resize)]
+    entries += [("place", i, jid, p) for i, (jid, p) in enumerate(decision.place)]
+    job = state.job
+    if not any(job(jid) is not None and (job_demand(job(jid)) is not None or hasattr(p, "ps"))  # type: ignore[arg-type]
+               for _a, _i, jid, p in entries):
+        return []
+    cpus, mem = free_resources(state)
+    usable = state.usable
+    for jid in dict.fromkeys(decision.preempt):
+        info = job(jid)
+        if info is not None and info.placement is not None:  # a preempted job's use is free again
+            for n, (c, m) in node_usage(info.placement, job_demand(info), job_ps(info)).items():
+                cpus[n] += c
+                mem[n] += m
+    problems: list[Problem] = []
+    for action, i, jid, p in entries:
+        info = job(jid)
+        if info is None:
+            continue
+        release = info.placement if action == "resize" else None
+        if any(n >= len(cpus) or (usable is not None and not usable[n]) for n in p.nodes):
+            continue  # check_decision reports it
+        why = resource_problem(info, p, cpus, mem, release)
+        if why is not None:
+            problems.append(Problem(action, i, jid, why))  # type: ignore[arg-type]
     return problems
 
 

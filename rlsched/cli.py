@@ -3,7 +3,7 @@
 Each module listed in :data:`COMMAND_MODULES` has ``register(subparsers)``,
 which adds its subcommands and sets ``func`` on them. Errors the user can fix
 (bad trace, cluster spec, policy name, config) print one line to stderr and
-exit with status 2; nothing half-written is left behind by the commands.
+exit with status 2 (text from files in it escaped, :func:`rlsched.text.printable`); nothing half-written is left behind by the commands.
 
 The base install (``pip install rlsched``) holds only what every host needs; the
 libraries some commands need come with extras (setup.cfg). Every subcommand
@@ -22,6 +22,7 @@ import os
 import sys
 
 from rlsched import __version__
+from rlsched.text import printable
 
 #: Modules that contribute subcommands (in help order).
 COMMAND_MODULES: tuple[str, ...] = (
@@ -164,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rc = args.func(args)
     except _user_errors() as exc:
-        print(f"rlsched {args.command}: error: {exc}", file=sys.stderr)
+        print(f"rlsched {args.command}: error: {printable(exc)}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         # the reader closed stdout early (`rlsched ... | head`): not the command's failure; send the rest
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as exc:  # a file the user named that cannot be written or read (permissions, a full disk)
-        print(f"rlsched {args.command}: error: {exc}", file=sys.stderr)
+        print(f"rlsched {args.command}: error: {printable(exc)}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as exc:
         what = missing_extra(exc)

@@ -69,11 +69,19 @@ echo "==> installing Python packages into $("$PY" -c 'import sys; print(sys.pref
 # torch-2.13.0+cpu in pip's find-links), otherwise PyPI's default build, which
 # pulls GBs of CUDA libraries. For the CPU build from PyTorch's own index:
 #   PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu bash scripts/setup.sh
-"$PY" -m pip install -q --disable-pip-version-check "torch==2.13.0"
+# pip's own output is shown (what it downloads, with sizes, and a progress bar on a terminal): from PyPI
+# torch alone is GBs and takes minutes, which a quiet install would spend silently. PIP_QUIET=1 (pip's own
+# variable) quiets it.
+pip_install() {
+  "$PY" -m pip install --disable-pip-version-check --progress-bar on "$@"
+}
+echo "==> pip install torch==2.13.0 (from PyPI: GBs of CUDA libraries, minutes; pip shows its progress)"
+pip_install "torch==2.13.0"
 # [trainer]: simulation, evaluation and RL training (it includes the controller's libraries);
 # [test]: pytest and grpcio-tools; [hdfs]: the WebHDFS checkpoint store. An agent host needs only
 # `pip install 'rlsched[agent]'`, a controller host 'rlsched[controller]' (setup.cfg).
-"$PY" -m pip install -q --disable-pip-version-check -e ".[trainer,test,hdfs]"
+echo "==> pip install -e '.[trainer,test,hdfs]' (numpy, scipy, SB3, pyarrow, grpcio, ...)"
+pip_install -e ".[trainer,test,hdfs]"
 echo "==> rlsched $("$PY" -c 'import rlsched; print(rlsched.__version__)') installed"
 if [ "${VIRTUAL_ENV:-}" = "$RLSCHED_VENV" ]; then
   echo "==> rlsched is in $RLSCHED_VENV: scripts/*.sh use it by themselves;" \

@@ -162,7 +162,8 @@ def test_truncated(tmp_path):
     write_random_checkpoint(tmp_path / "ck")
     w = tmp_path / "ck.safetensors"
     w.write_bytes(w.read_bytes()[:1000])
-    with pytest.raises(CheckpointError, match="sha256"):
+    # found from the safetensors header's size before any hashing
+    with pytest.raises(CheckpointError, match="but the file has 1,000; the weights are truncated"):
         load_checkpoint(tmp_path / "ck")
 
 
@@ -895,3 +896,120 @@ def test_weights_file_must_be_a_bare_name_in_the_metadatas_directory(tmp_path, n
     with pytest.raises(CheckpointError, match="weights_file must be a plain file name") as ei:
         load_checkpoint(j)
     assert str(j) in str(ei.value)
+
+
+def test_weights_size_is_checked_against_the_header_before_reading(tmp_path, monkeypatch):
+    """A weights file longer than its safetensors header says (sparse padding of 3 GiB, or a few bytes) is refused
+    after reading only the header: the data is never read (no read of more than the header is attempted)."""
+    import policies.checkpoint as ckmod
+
+    j = write_random_checkpoint(tmp_path / "ck")
+    w = tmp_path / "ck.safetensors"
+    good = w.read_bytes()
+    reads = []
+    real_open = Path.open
+
+    def counting_open(self, *a, **k):
+        f = real_open(self, *a, **k)
+        if self.name.endswith(".safetensors"):
+            real_read = f.read
+
+            def read(n=-1):
+                reads.append(n)
+                return real_read(n)
+
+            f.read = read  # type: ignore[method-assign]
+        return f
+
+    monkeypatch.setattr(Path, "open", counting_open)
+    with w.open("r+b") as f:  # padded to 3 GiB without writing (sparse): size over the limit
+        f.truncate(3 * 2**30)
+    with pytest.raises(CheckpointError, match="over the 268,435,456-byte limit"):
+        load_checkpoint(j)
+    assert reads == []  # refused from stat alone
+    w.write_bytes(good + b"\0" * 4096)  # under the limit but not what the header describes
+    reads.clear()
+    with pytest.raises(CheckpointError, match=r"the header describes .* but the file has") as ei:
+        load_checkpoint(j)
+    assert "\n" not in str(ei.value)
+    n = int.from_bytes(good[:8], "little")
+    assert reads[:2] == [8, n] and all(r != -1 for r in reads)
+    assert ckmod.MAX_WEIGHTS_BYTES == 256 * 2**20
+
+
+def test_weights_are_hashed_in_chunks(tmp_path, monkeypatch):
+    """The sha256 is computed while the weights are read in chunks, and the bytes parsed are the bytes hashed."""
+    import policies.checkpoint as ckmod
+
+    j = write_random_checkpoint(tmp_path / "ck")
+    monkeypatch.setattr(ckmod, "_CHUNK", 1000)
+    ck = load_checkpoint(j)
+    assert ck.meta["weights_sha256"] == __import__("hashlib").sha256((tmp_path / "ck.safetensors").read_bytes()).hexdigest()
+    data, sha = ckmod._read_weights(tmp_path / "ck.safetensors")
+    assert data == (tmp_path / "ck.safetensors").read_bytes() and sha == ck.meta["weights_sha256"]
+
+
+@pytest.mark.parametrize("header", [b"not json", b"[1, 2]", b'{"a": {"data_offsets": [0, -1]}}'])
+def test_a_bad_safetensors_header_is_one_error(tmp_path, header):
+    j = write_random_checkpoint(tmp_path / "ck")
+    (tmp_path / "ck.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+    with pytest.raises(CheckpointError, match="not a usable safetensors weights file"):
+        load_checkpoint(j)
+
+
+@pytest.mark.parametrize("mode", ["rl-base", "rl-hybrid"])
+def test_shipped_checkpoints_record_repo_relative_provenance_and_a_recipe(mode):
+    """The shipped metadata names no directory of the machine it was trained on: trace directories, --init and
+    --out are relative to the recipe's DIR, and training.recipe names a script of the repository. The weights
+    still match the metadata's sha256 (which covers the weights file only)."""
+    import hashlib
+    import re
+
+    repo = Path(__file__).resolve().parents[1]
+    j = repo / "policies" / "checkpoints" / f"{mode}-4x8.json"
+    text = j.read_text()
+    assert not re.search(r"/tmp/|/home/|/root/|[A-Za-z]:\\\\", text)
+    ck = load_checkpoint(j)
+    tr = ck.meta["training"]
+    assert tr["config"]["traces"] == ["traces/train"] and tr["config"]["val_traces"] == ["traces/val"]
+    assert tr["config"]["init"] == "runs/f2/best" and "--out runs/p2" in tr["command"]
+    recipe = tr["recipe"]["command"].split()
+    assert recipe[:2] == ["bash", "scripts/reproduce_shipped.sh"] and (repo / recipe[1]).is_file()
+    w = repo / "policies" / "checkpoints" / f"{mode}-4x8.safetensors"
+    assert hashlib.sha256(w.read_bytes()).hexdigest() == ck.meta["weights_sha256"]
+    assert "session" not in text and "filled in" not in text
+
+
+def test_relative_provenance_rewrites_paths_under_the_base_only():
+    from trainer.train import SHIPPED_RECIPE, relative_provenance
+
+    tr = {
+        "config": {"traces": ["/w/t/train", "/elsewhere/t"], "val_traces": ["/w/t/val"], "init": "/w/runs/a/best"},
+        "command": "rlsched train --traces /w/t/train --init '/w/runs/a b/best' --out /w/runs/c --cluster /etc/c.yaml",
+        "commands": [{"start_timesteps": 0, "command": "rlsched train --out /w/runs/c"}],
+        "timesteps": 5,
+    }
+    out = relative_provenance(tr, "/w")
+    assert out["config"] == {"traces": ["t/train", "/elsewhere/t"], "val_traces": ["t/val"], "init": "runs/a/best"}
+    assert out["command"] == "rlsched train --traces t/train --init 'runs/a b/best' --out runs/c --cluster /etc/c.yaml"
+    assert out["commands"] == [{"start_timesteps": 0, "command": "rlsched train --out runs/c"}]
+    assert out["recipe"] == SHIPPED_RECIPE and out["timesteps"] == 5
+    assert tr["config"]["traces"][0] == "/w/t/train"  # the input is not changed
+    assert relative_provenance(tr, "/wx")["config"]["init"] == "/w/runs/a/best"  # a prefix, not a parent
+
+
+def test_ship_checkpoint_relative_to_keeps_the_weights(tmp_path):
+    from trainer.train import ship_checkpoint
+
+    j = write_random_checkpoint(tmp_path / "run" / "best")
+    meta = json.loads(j.read_text())
+    meta["training"] = {"config": {"traces": [str(tmp_path / "traces" / "train")], "init": None},
+                        "command": f"rlsched train --traces {tmp_path / 'traces' / 'train'} --out {tmp_path / 'run'}"}
+    j.write_text(json.dumps(meta))
+    paths = ship_checkpoint(j, C48, dest=tmp_path / "ship", relative_to=tmp_path)
+    for p in paths:
+        ck = load_checkpoint(p)
+        assert ck.meta["training"]["config"]["traces"] == ["traces/train"]
+        assert ck.meta["training"]["command"] == "rlsched train --traces traces/train --out run"
+        assert str(tmp_path) not in p.read_text()
+        assert np.array_equal(ck.net.layers[0][0], load_checkpoint(j).net.layers[0][0])

@@ -60,9 +60,75 @@ def test_options_reach_the_simulator(tmp_path, capsys):
     doc = json.loads((out / "summary.json").read_text())
     assert doc["config"] == {
         "round_len_s": 600.0, "event_triggered": False, "restart_overhead_s": 60.0, "noise_cv": 0.2,
-        "seed": 3, "metrics_interval_s": 1200.0,
+        "seed": 3, "metrics_interval_s": 1200.0, "contention": "sum",
     }
     assert doc["summaries"]["las"]["util_grid_step_s"] == 600.0
+
+
+def test_contention_rule_reaches_the_simulator(tmp_path, capsys):
+    """``--contention`` picks the ledger's rule: recorded in summary.json, and ``ds-min`` never exceeds its
+    bound 1 / 0.35 while ``sum`` and ``link`` on the same trace and policy give other slowdowns."""
+    from policies.ledger import DS_CS_CAP
+
+    cs = {}
+    for rule in ("sum", "ds-min", "link"):
+        out = tmp_path / rule
+        assert main(["simulate", "--trace", str(TRACE0), "--policy", "las", "--out", str(out), "--quiet",
+                     "--contention", rule]) == 0, capsys.readouterr().err
+        doc = json.loads((out / "summary.json").read_text())
+        assert doc["config"]["contention"] == rule
+        cs[rule] = (doc["summaries"]["las"]["avg_cs"], doc["summaries"]["las"]["max_cs"])
+    assert cs["ds-min"][1] <= DS_CS_CAP + 1e-12
+    assert len({v[0] for v in cs.values()}) == 3
+
+
+def test_unknown_contention_rule_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["simulate", "--trace", str(TRACE0), "--out", str(tmp_path / "o"), "--contention", "max"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert "invalid choice: 'max' (choose from 'sum', 'link', 'ds-min')" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_baseline_policies_by_name(tmp_path, capsys):
+    """The baselines run from the command line on a hand-made 1x8 trace (MoE jobs at t = 0, no two fit
+    together: a 5 GPUs 1.2 h, b 6 GPUs 0.5 h, c 8 GPUs 1 h, d 8 GPUs 0.25 h); the start times are worked
+    out by hand: each job starts when the one before it ends, in the order's sequence."""
+    from policies.cluster import ClusterSpec
+    from policies.perf import ContentionModel
+
+    perf = ContentionModel(ClusterSpec.parse("1x8"))
+    rows = ["job_id,submit_time,model,gpu_demand,total_samples"]
+    for jid, g, h in [("a", 5, 1.2), ("b", 6, 0.5), ("c", 8, 1.0), ("d", 8, 0.25)]:
+        rows.append(f"{jid},0.0,MoE,{g},{h * 3600.0 * perf.best_isolated_throughput('MoE', g)!r}")
+    trace = tmp_path / "t.csv"
+    trace.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "o"
+    pols = ["sif", "lgtf", "lrf", "las2d", "srtf:nosplit", "greedy", "lgtf-np:nosplit"]
+    rc = main(["simulate", "--trace", str(trace), "--policy", ",".join(pols), "--cluster", "1x8", "--out", str(out),
+               "--quiet"])
+    assert rc == 0, capsys.readouterr().err
+    doc = json.loads((out / "summary.json").read_text())
+    assert doc["policies"] == pols
+    starts = {"sif": {"d": 0.0, "b": 0.25, "c": 0.75, "a": 1.75},  # shortest ideal time
+              "lgtf": {"d": 0.0, "b": 0.25, "a": 0.75, "c": 1.95},  # GPU-time 2, 3, 6, 8
+              "lrf": {"a": 0.0, "b": 1.2, "c": 1.7, "d": 2.7}}  # GPUs 5, 6, 8, 8
+    starts["srtf:nosplit"] = starts["greedy"] = starts["sif"]
+    starts["lgtf-np:nosplit"] = starts["lgtf"]
+    for pol, want in starts.items():
+        t = pq.read_table(out / doc["files"][pol]).to_pydict()
+        got = {j: s / 3600.0 for j, s in zip(t["job_id"], t["first_start"])}
+        assert got == {j: pytest.approx(v, abs=1e-6) for j, v in want.items()}, pol
+
+
+def test_unknown_placement_lists_the_placements(tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = main(["simulate", "--trace", str(TRACE0), "--policy", "srtf:nosplt", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+    assert "'nosplt'" in err and all(p in err for p in ("pack", "nosplit", "spread", "greedy"))
+    assert not out.exists()
 
 
 def _assert_refused(argv, out: Path, capsys, needle: str):

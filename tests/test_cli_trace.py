@@ -435,3 +435,41 @@ def test_generate_sets_overwrite_replaces_only_earlier_sets(tmp_path, capsys):
     argv[3] = "3"
     assert main(argv) == 0  # its own earlier sets are replaced
     assert sorted(p.name for p in out.iterdir()) == ["set0.csv", "set1.csv", "set2.csv"]
+
+
+@pytest.mark.parametrize(
+    "name, text, words",
+    [
+        ("long.json", '{"a": {"model": "IMG", "gpu_demand": ' + "1" * 5000 + ', "total_samples_to_train": 9}}',
+         "an integer of 5000 digits"),
+        ("sur.json", '{"\\ud800": {"model": "IMG", "gpu_demand": 1, "total_samples_to_train": 9}}', "lone surrogate"),
+        ("esc.csv", "job_id,submit_time,model\x1b[2J,gpu_demand,total_samples\nj,0,IMG,1,9\n", "\\x1b[2J"),
+    ],
+)
+@pytest.mark.parametrize("action", ["stats", "convert"])
+def test_input_errors_are_one_escaped_line_exit_2(tmp_path: Path, capsys, name, text, words, action) -> None:
+    p = tmp_path / name
+    p.write_text(text)
+    argv = ["trace", action, str(p)] + (["--out", str(tmp_path / "o.csv")] if action == "convert" else [])
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err and "\x1b" not in err and "Traceback" not in err
+    assert not (tmp_path / "o.csv").exists()
+
+
+def test_checkpoint_command_is_shown_escaped(tmp_path: Path, capsys) -> None:
+    """``rlsched checkpoint`` shows ``training.command`` with terminal escapes escaped and rich markup as text."""
+    import shutil
+
+    repo = Path(__file__).resolve().parents[1] / "policies" / "checkpoints"
+    for suffix in (".json", ".safetensors"):
+        shutil.copy(repo / f"rl-base-4x8{suffix}", tmp_path / f"ck{suffix}")
+    meta = json.loads((tmp_path / "ck.json").read_text())
+    meta["weights_file"] = "ck.safetensors"
+    meta["training"].pop("commands", None)
+    meta["training"]["command"] = "rlsched \x1b]0;owned\x07train [bold red]--x[/] \x1b[2J"
+    (tmp_path / "ck.json").write_text(json.dumps(meta))
+    assert main(["checkpoint", str(tmp_path / "ck")]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out
+    assert "[bold red]--x[/]" in out and "\\x1b]0;owned\\x07train" in out  # shown, not interpreted

@@ -909,10 +909,19 @@ def test_cli_bad_config_exits_2_with_message(tmp_path, capsys):
         assert err == (f"rlsched controller run: error: argument {option}: {expected}, got {bad!r}"
                        " (see 'rlsched controller run --help')\n")
         assert "invalid" not in err and "Traceback" not in err
-    example = tmp_path / "example.toml"  # with a state dir this user can make (not root's /var/lib)
+    example = tmp_path / "example.toml"  # with a state dir this user can make (not root's /var/lib), a slurm.conf,
+    # agent hosts and a metrics port that this host has (check-config checks them: start_problems)
+    (tmp_path / "slurm.conf").write_text("ClusterName=test\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
     example.write_text((REPO / "slurm_conf" / "controller.toml.example").read_text()
-                       .replace('state_dir = "/var/lib/rlsched"', f"state_dir = {str(tmp_path / 'state')!r}", 1))
-    assert main(["controller", "check-config", str(example)]) == 0
+                       .replace('state_dir = "/var/lib/rlsched"', f"state_dir = {str(tmp_path / 'state')!r}", 1)
+                       .replace('conf = "/etc/slurm/slurm.conf"', f"conf = {str(tmp_path / 'slurm.conf')!r}", 1)
+                       .replace("port = 9810", f"port = {free}", 1)
+                       .replace('address = "0.0.0.0"', 'address = "127.0.0.1"', 1)
+                       .replace('"gpu0', '"localhost:5005').replace(':50051"', '"'))
+    assert main(["controller", "check-config", str(example)]) == 0, capsys.readouterr().err
     assert main(["controller", "run", "--config", str(tmp_path / "missing.toml")]) == 2
     assert "config file not found" in capsys.readouterr().err
 

@@ -209,8 +209,10 @@ def _het() -> ClusterSpec:
     return ClusterSpec((NodeSpec("a", 8), NodeSpec("b", 4), NodeSpec("c", 2), NodeSpec("d", 8)))
 
 
-_CLUSTERS = {"4x8": C48, "16x4": ClusterSpec.parse("16x4"), "het": _het()}
-_PERFS = {k: (PERF if c is C48 else ContentionModel(c)) for k, c in _CLUSTERS.items()}
+_CLUSTERS = {"4x8": C48, "16x4": ClusterSpec.parse("16x4"), "het": _het(), "4x8 link": C48, "4x8 ds-min": C48}
+_RULES = {"4x8 link": "link", "4x8 ds-min": "ds-min"}  # the other contention rules (default: sum)
+_PERFS = {k: (ContentionModel(c, contention=_RULES[k]) if k in _RULES else PERF if c is C48 else ContentionModel(c))
+          for k, c in _CLUSTERS.items()}
 _CODECS = {(k, o): DeepShareCodec(c, _PERFS[k], ObsSpec.for_cluster(c, order=o)) for k, c in _CLUSTERS.items()
            for o in ("area", "fill")}
 

@@ -12,7 +12,7 @@ import pytest
 from ckpt_helpers import write_random_checkpoint
 
 from policies.cluster import ClusterSpec
-from trainer.evaluate import BEGIN, END, mean_ci, run_evaluation
+from trainer.evaluate import BEGIN, END, EvaluationError, mean_ci, run_evaluation
 from trainer.generate import GeneratorConfig, generate_jobs
 from trainer.traces import write_trace
 
@@ -196,7 +196,7 @@ def test_stale_figures_of_an_earlier_run_are_removed_and_others_kept(tmp_path):
         (figdir / name).write_text("mine")
     (figdir / "rl_branches_jct_vs_util.png").write_text("an old branch plot")
     assert {"rl_jct_cdf_heavy.png", "rl_util_kde_heavy.png"} <= {p.name for p in figdir.iterdir()}
-    _evaluate(tmp_path, ["srtf"])
+    _evaluate(tmp_path, ["srtf"], figure_groups=["normal"])
     new = ["rl_cs_distribution_normal.png", "rl_jct_cdf_normal.png", "rl_util_kde_normal.png"]
     assert sorted(p.name for p in figdir.iterdir()) == sorted(new + others)
     assert all((figdir / name).read_text() == "mine" for name in others)
@@ -204,23 +204,58 @@ def test_stale_figures_of_an_earlier_run_are_removed_and_others_kept(tmp_path):
     assert sorted(Path(f).name for f in meta["figures"]) == new
 
 
-def test_figures_for_every_figure_group_present(tmp_path, capsys):
-    """The per-group figures are drawn for each figure group that exists (default normal and uniform:
-    pow2 `normal` sets have no contention, so its CS figure alone says nothing); none present: the first."""
+def test_figures_for_every_group_by_default_or_the_groups_given(tmp_path, capsys):
+    """The per-group figures are drawn for every trace group by default (whatever the groups are named, e.g.
+    the ones scripts/rl_traces.sh writes), or for the groups given; a group given that does not exist is an
+    error naming the groups there, before any simulation."""
     from rlsched.cli import main
 
-    for g in ("heavy", "normal", "uniform"):
+    groups = ("heavy", "normal", "uniform-normal")
+    for g in groups:
         _write_sets(tmp_path / "traces" / g, ["set0.csv"])
     _evaluate(tmp_path, ["srtf"])
     figdir = tmp_path / "out" / "figures"
     kinds = ("rl_jct_cdf", "rl_cs_distribution", "rl_util_kde")
-    assert {p.name for p in figdir.iterdir()} == {f"{k}_{g}.png" for k in kinds for g in ("normal", "uniform")}
-    first = next(iter(_evaluate(tmp_path, ["srtf"], figure_groups=["nosuch"])))
-    assert {p.name for p in figdir.iterdir()} == {f"{k}_{first}.png" for k in kinds}
+    assert {p.name for p in figdir.iterdir()} == {f"{k}_{g}.png" for k in kinds for g in groups}
+    with pytest.raises(EvaluationError, match=r"no trace group 'nosuch' in .*; its groups: normal, heavy, "
+                                              r"uniform-normal \(default: all of them\)"):
+        _evaluate(tmp_path, ["srtf"], figure_groups=["nosuch"])
     rc = main(["evaluate", "--policies", "srtf", "--traces", str(tmp_path / "traces"), "--cluster", "2x4",
-               "--out", str(tmp_path / "out"), "--figure-groups", "heavy, uniform"])
+               "--out", str(tmp_path / "out"), "--figure-groups", "heavy, uniform-normal"])
     assert rc == 0
-    assert {p.name for p in figdir.iterdir()} == {f"{k}_{g}.png" for k in kinds for g in ("heavy", "uniform")}
+    assert {p.name for p in figdir.iterdir()} == {f"{k}_{g}.png" for k in kinds for g in ("heavy", "uniform-normal")}
+    capsys.readouterr()
+    rc = main(["evaluate", "--policies", "srtf", "--traces", str(tmp_path / "traces"), "--cluster", "2x4",
+               "--out", str(tmp_path / "out"), "--figure-groups", "all"])
+    assert rc == 0 and {p.name for p in figdir.iterdir()} == {f"{k}_{g}.png" for k in kinds for g in groups}
+
+
+def test_rl_traces_groups_get_figures_by_default():
+    """The default figure groups are every group, so they match the groups scripts/rl_traces.sh writes."""
+    import trainer.evaluate as ev
+    from rlsched.cli import build_parser
+
+    args = build_parser().parse_args(["evaluate", "--policies", "srtf", "--traces", "x", "--out", "y"])
+    assert args.figure_groups == "all" and ev.FIGURE_GROUPS is None
+
+
+def test_evaluate_prints_each_number_once(tmp_path, capsys):
+    """The table is printed once, and no log line repeats its numbers (stdout and stderr together)."""
+    from rlsched.cli import main
+
+    _write_sets(tmp_path / "traces" / "normal", ["set0.csv", "set1.csv"])
+    rc = main(["evaluate", "--policies", "srtf,las", "--traces", str(tmp_path / "traces"), "--cluster", "2x4",
+               "--out", str(tmp_path / "out")])
+    assert rc == 0
+    cap = capsys.readouterr()
+    text = cap.out + cap.err
+    res = json.loads((tmp_path / "out" / "rl_results.json").read_text())["results"]["normal"]
+    for name in ("srtf", "las"):
+        avg = f"{res[name]['summary']['avg_jct_s']['mean'] / 3600:.2f}"
+        assert text.count(name) >= 1
+        assert len(re.findall(rf"(?<![\d.]){re.escape(avg)} ±", text)) >= 1
+    assert text.count("normal (2 job sets") == 1  # the table's title: one table per group
+    assert "avg JCT" not in cap.err  # no per-policy log line with the same numbers
 
 
 def _checkpoint(path, kind="seed", w1=0.4, seed=0):
@@ -403,3 +438,41 @@ def test_the_command_prints_the_tables_and_one_job_set_has_no_interval(tmp_path,
     two_rows = text.split("### two")[1]
     assert "| srtf |" in one_rows and "±" not in one_rows
     assert two_rows.count("±") == 2 * 4  # two policies x four metrics
+
+
+def test_evaluate_notes_identical_policies(tmp_path, capsys):
+    """Policies whose every job set came out the same get a note under their group's table saying why,
+    from the runs (here srtf and srtf-np: no job was preempted); the table fits 100 columns."""
+    from rlsched.cli import main
+
+    _write_sets(tmp_path / "traces" / "normal", ["set0.csv"])
+    rc = main(["evaluate", "--policies", "srtf,srtf-np", "--traces", str(tmp_path / "traces"), "--cluster",
+               "2x4", "--out", str(tmp_path / "out")])
+    assert rc == 0
+    out = capsys.readouterr().out
+    res = json.loads((tmp_path / "out" / "rl_results.json").read_text())["results"]["normal"]
+    keys = ("avg_jct_s", "p90_jct_s", "avg_util", "avg_cs", "makespan_s", "preemptions")
+    assert [[r[k] for k in keys] for r in res["srtf"]["sets"]] == [[r[k] for k in keys] for r in res["srtf-np"]["sets"]]
+    assert res["srtf"]["sets"][0]["preemptions"] == 0
+    flat = " ".join(out.split())
+    assert ("Note: srtf and srtf-np made identical decisions (the same metrics on every job set): no job was "
+            "preempted, so turning preemption off changed nothing.") in flat
+    assert max(len(line) for line in out.splitlines() if not line.startswith("written: ")) <= 100
+
+
+def test_contention_rule_is_used_and_recorded(tmp_path, capsys):
+    """``evaluate --contention ds-min`` prices contention by DeepShare's rule (no average CS above 1 / 0.35) and
+    records the rule in rl_results.json."""
+    from policies.ledger import DS_CS_CAP
+    from rlsched.cli import main
+
+    d = tmp_path / "traces" / "normal"
+    d.mkdir(parents=True)
+    write_trace(d / "set0.csv", generate_jobs(C, GeneratorConfig(num_jobs=12, mix="heavy", seed=1, max_gpus=8,
+                                                                    duration_s=900.0)))
+    out = tmp_path / "out"
+    assert main(["evaluate", "--policies", "las", "--traces", str(tmp_path / "traces"), "--cluster", "2x4",
+                 "--contention", "ds-min", "--out", str(out)]) == 0, capsys.readouterr().err
+    doc = json.loads((out / "rl_results.json").read_text())
+    assert doc["meta"]["contention"] == "ds-min"
+    assert 1.0 <= doc["results"]["normal"]["las"]["sets"][0]["avg_cs"] <= DS_CS_CAP + 1e-6

@@ -13,10 +13,19 @@ from hypothesis import strategies as st
 
 from policies.base import PolicyError
 from policies.cluster import ClusterSpec, Placement
-from policies.heuristics import LAS_THRESHOLDS, ORDERS, OrderedPolicy, make_heuristic
+from policies.heuristics import (
+    LAS2D_PROMOTE_KNOB,
+    LAS2D_THRESHOLDS,
+    LAS_THRESHOLDS,
+    ORDERS,
+    OrderedPolicy,
+    make_heuristic,
+)
+from policies.job import JobSpec
 from policies.perf import ContentionModel
-from policies.placement import ContentionAwarePlacement, pack, spread
+from policies.placement import ContentionAwarePlacement, FloorPacking, pack, spread
 from policies.state import ClusterState, Decision, JobInfo
+from trainer.simulator import SimConfig, Simulator
 
 C18 = ClusterSpec.parse("1x8")
 C28 = ClusterSpec.parse("2x8")
@@ -59,6 +68,11 @@ def placed(dec: Decision) -> list[str]:
         ("las-np", "las", pack, False, False),
         ("srtf:spread", "srtf", spread, True, False),
         ("FIFO:Spread", "fifo", spread, False, True),
+        ("sif", "sif", pack, False, False),
+        ("lrf", "lrf", pack, False, False),
+        ("lgtf", "lgtf", pack, True, False),
+        ("lgtf-np", "lgtf", pack, False, False),
+        ("las2d", "las2d", pack, True, False),
     ],
 )
 def test_make_heuristic(perf, name, order, placement, preemptive, strict) -> None:
@@ -71,9 +85,16 @@ def test_make_heuristic(perf, name, order, placement, preemptive, strict) -> Non
     assert pol.name == name.lower()
 
 
+@pytest.mark.parametrize("name", ["srtf:nosplit", "fifo:nosplit", "lgtf:nosplit", "las2d-np:nosplit", "lrf:nosplit"])
+def test_any_order_composes_with_nosplit(perf, name) -> None:
+    pol = make_heuristic(name, perf)
+    assert isinstance(pol.placement, FloorPacking) and pol.placement.min_efficiency == 0.0
+
+
 def test_make_greedy(perf) -> None:
     pol = make_heuristic("greedy", perf)
     assert pol.order is ORDERS["srtf"] and isinstance(pol.placement, ContentionAwarePlacement)
+    assert pol.placement.nosplit and pol.preemptive
     assert make_heuristic("greedy:spread", perf).placement is spread
 
 
@@ -227,9 +248,10 @@ def test_equal_times_tie_by_submit_time_not_float_rounding(perf) -> None:
 
 
 def test_greedy_sees_the_jobs_it_placed_earlier_in_the_round() -> None:
-    """All four jobs start in one round on an idle 4x8 cluster: the 4-GPU MoE job must not be put
-    beside the 12-GPU FSDP job placed a moment before (the rule sees the round's own starts, not only the
-    jobs running before the round)."""
+    """Both jobs start in one round on an idle 4x8 cluster: the 12-GPU MoE job must not be put beside the
+    12-GPU FSDP job placed a moment before (the rule sees the round's own starts, not only the jobs running
+    before the round). FSDP (placed first: submitted first, equal times) gets 8 + 4 on nodes 0 and 1;
+    ``srtf:nosplit`` then packs MoE on node 2 and node 1's last 4 GPUs, greedy on nodes 2 and 3."""
     c48 = ClusterSpec.parse("4x8")
     perf48 = ContentionModel(c48)
 
@@ -237,12 +259,12 @@ def test_greedy_sees_the_jobs_it_placed_earlier_in_the_round() -> None:
         best = perf48.best_isolated_throughput(model, gpus)
         return JobInfo(jid, model, gpus, submit, 3600.0 * best, best_thp=best)
 
-    pend = [one_hour("a", "FSDP", 12, 0.0), one_hour("b", "MoE", 6, 1.0), one_hour("c", "MoE", 6, 2.0),
-            one_hour("d", "MoE", 4, 3.0)]
-    dec = make_heuristic("greedy", perf48).schedule(ClusterState(0.0, c48, np.full(4, 8), [], pend))
-    where = {jid: set(p.nodes) for jid, p in dec.place}
-    assert set(where) == {"a", "b", "c", "d"}
-    assert len(where["d"]) == 2 and not where["d"] & where["a"], dec.place
+    pend = [one_hour("a", "FSDP", 12, 0.0), one_hour("b", "MoE", 12, 1.0)]
+    st0 = ClusterState(0.0, c48, np.full(4, 8), [], pend)
+    packed = dict(make_heuristic("srtf:nosplit", perf48).schedule(st0).place)
+    assert packed == {"a": Placement.of({0: 8, 1: 4}), "b": Placement.of({1: 4, 2: 8})}
+    dec = dict(make_heuristic("greedy", perf48).schedule(st0).place)
+    assert dec == {"a": Placement.of({0: 8, 1: 4}), "b": Placement.of({2: 8, 3: 4})}
 
 
 # ---------------------------------------------------------------------- LAS
@@ -268,6 +290,119 @@ def test_las_preempts_across_queues_only(perf) -> None:
     assert pol.schedule(state(C18, run, [job("new", 8, submit=900.0, total=1.0)])) == Decision()
 
 
+# ---------------------------------------------------------------------- new orders, one round
+#: (policy, pending jobs as (id, GPUs, total samples, done samples, attained GPU-s), the job placed first).
+#: A 1x8 cluster with every job asking for 8 GPUs: exactly one starts, the order's first.
+#: best_thp = 1 sample/s, so times are samples: x has 100 s left of 1000 s, y 300 s of 300 s.
+ORDER_CASES = [
+    # lgtf: remaining time x GPUs: x 100 x 8 = 800 < y 300 x 8 = 2400 (same GPUs: as srtf)
+    ("lgtf", [("x", 8, 1000.0, 900.0, 0.0), ("y", 8, 300.0, 0.0, 0.0)], "x"),
+    # sif: the total ideal time, not what is left: y 300 < x 1000
+    ("sif", [("x", 8, 1000.0, 900.0, 0.0), ("y", 8, 300.0, 0.0, 0.0)], "y"),
+    ("srtf", [("x", 8, 1000.0, 900.0, 0.0), ("y", 8, 300.0, 0.0, 0.0)], "x"),
+    # las2d: both below 3600 GPU-s are one queue: FIFO (x submitted first)
+    ("las2d", [("x", 8, 1000.0, 900.0, 3000.0), ("y", 8, 300.0, 0.0, 0.0)], "x"),
+    # las2d: x's 4000 GPU-s put it in the second queue (waited 1000 - 500 = 500 s <= 8 x 500 s run)
+    ("las2d", [("x", 8, 1000.0, 900.0, 4000.0), ("y", 8, 300.0, 0.0, 0.0)], "y"),
+]
+
+
+@pytest.mark.parametrize("name, jobs, first", ORDER_CASES)
+def test_order_table(perf, name, jobs, first) -> None:
+    pend = [job(jid, g, submit=float(i), total=tot, done=done, attained=att)
+            for i, (jid, g, tot, done, att) in enumerate(jobs)]
+    assert placed(make_heuristic(name, perf).schedule(state(C18, [], pend))) == [first]
+
+
+def test_lgtf_weighs_gpus_and_lrf_counts_them(perf) -> None:
+    """2x8 with node 0 held by a running job (8 free GPUs, on node 1): a 1-GPU job of 1000 s (1000 GPU-s)
+    and an 8-GPU job of 200 s (1600 GPU-s). lgtf starts the 1-GPU job (less GPU-time, though longer) and
+    the 8-GPU job no longer fits beside it; srtf starts the 8-GPU job; lrf the 1-GPU job."""
+    run = [job("r", 8, total=1e9, placement=Placement.of({0: 8}), start=1000.0)]
+    pend = [job("long1", 1, total=1000.0), job("short8", 8, submit=1.0, total=200.0)]
+    assert placed(make_heuristic("lgtf", perf).schedule(state(C28, run, pend))) == ["long1"]
+    assert placed(make_heuristic("srtf", perf).schedule(state(C28, run, pend))) == ["short8"]
+    assert placed(make_heuristic("lrf", perf).schedule(state(C28, run, pend))) == ["long1"]
+    # lrf ignores time: fewer GPUs first even when much longer
+    pend = [job("long1", 1, total=1e6, submit=5.0), job("short8", 8, total=1.0)]
+    assert placed(make_heuristic("lrf", perf).schedule(state(C28, run, pend))) == ["long1"]
+
+
+def test_las2d_promotes_a_starving_job_and_it_preempts(perf) -> None:
+    """Tiresias' starvation rule: a job in the second queue that has waited more than PROMOTEKNOB times its
+    run time goes back to the first queue, ahead of a later first-queue job, and may preempt a second-queue job."""
+    g = 8
+    ran = (LAS2D_THRESHOLDS[0] + 800.0) / g  # 550 s run: second queue
+    # submitted at 0, ran 550 s; at t the wait is t - 550 s
+    t_not = ran + LAS2D_PROMOTE_KNOB * ran  # waited exactly the limit: not yet
+    old = job("old", g, submit=0.0, attained=ran * g, done=10.0, total=1e6)
+    new = job("new", g, submit=100.0, total=1e6)
+    assert placed(make_heuristic("las2d", perf).schedule(state(C18, [], [old, new], t=t_not))) == ["new"]
+    assert placed(make_heuristic("las2d", perf).schedule(state(C18, [], [old, new], t=t_not + 1.0))) == ["old"]
+    # the plain las order has no such rule
+    assert placed(make_heuristic("las", perf).schedule(state(C18, [], [old, new], t=t_not + 1.0))) == ["new"]
+    # promoted, it preempts a running job of the second queue (run >= min_run)
+    hog = job("hog", g, placement=Placement.of({0: g}), start=0.0, attained=LAS2D_THRESHOLDS[0] + 1.0, total=1e9)
+    dec = make_heuristic("las2d", perf).schedule(state(C18, [hog], [old], t=t_not + 1.0))
+    assert dec.preempt == ["hog"] and placed(dec) == ["old"]
+    # a running job is never promoted: its key is its queue
+    dec = make_heuristic("las2d", perf).schedule(state(C18, [hog], [old], t=t_not))
+    assert dec == Decision()
+
+
+# ---------------------------------------------------------------------- whole traces, schedules by hand
+def _hour_jobs(perf: ContentionModel, spec: list[tuple[str, int, float]]) -> list[JobSpec]:
+    """MoE jobs submitted at t = 0 that run ``hours`` alone on their best placement."""
+    return [JobSpec(jid, 0.0, "MoE", g, h * 3600.0 * perf.best_isolated_throughput("MoE", g)) for jid, g, h in spec]
+
+
+#: 1x8 cluster, every job at t = 0, no two fit together (5 + 6 > 8): the order alone sets the sequence.
+#: a 5 GPUs 1.2 h (6 GPU-h), b 6 GPUs 0.5 h (3), c 8 GPUs 1 h (8), d 8 GPUs 0.25 h (2).
+TRACE_1X8 = [("a", 5, 1.2), ("b", 6, 0.5), ("c", 8, 1.0), ("d", 8, 0.25)]
+#: policy -> {job: (start h, finish h)} worked out by hand (each job starts when the previous one ends)
+TRACE_1X8_SCHEDULES = {
+    # shortest ideal time: d .25, b .5, c 1, a 1.2
+    "sif": {"d": (0.0, 0.25), "b": (0.25, 0.75), "c": (0.75, 1.75), "a": (1.75, 2.95)},
+    "srtf": {"d": (0.0, 0.25), "b": (0.25, 0.75), "c": (0.75, 1.75), "a": (1.75, 2.95)},
+    # least GPU-time: d 2, b 3, a 6, c 8
+    "lgtf": {"d": (0.0, 0.25), "b": (0.25, 0.75), "a": (0.75, 1.95), "c": (1.95, 2.95)},
+    # fewest GPUs: a 5, b 6, then c and d (8 each) in submit order (ties: job id)
+    "lrf": {"a": (0.0, 1.2), "b": (1.2, 1.7), "c": (1.7, 2.7), "d": (2.7, 2.95)},
+    "fifo": {"a": (0.0, 1.2), "b": (1.2, 1.7), "c": (1.7, 2.7), "d": (2.7, 2.95)},
+}
+
+
+@pytest.mark.parametrize("name", sorted(TRACE_1X8_SCHEDULES))
+def test_orders_on_a_hand_made_trace(name) -> None:
+    c18 = ClusterSpec.parse("1x8")
+    perf18 = ContentionModel(c18)
+    jobs = _hour_jobs(perf18, TRACE_1X8)
+    res = Simulator(c18, jobs, make_heuristic(name, perf18), perf18, SimConfig()).run()
+    got = {r.job_id: (r.first_start / 3600.0, r.finish_time / 3600.0) for r in res.jobs}
+    want = TRACE_1X8_SCHEDULES[name]
+    assert got == {k: pytest.approx(v, abs=1e-6) for k, v in want.items()}
+    assert all(r.preemptions == 0 for r in res.jobs)
+
+
+def test_nosplit_on_a_hand_made_trace() -> None:
+    """2x8, at t = 0: z 4 GPUs 0.5 h, x and y 6 GPUs 1 h. SRTF places z (shortest) on node 0 and x on node 1;
+    y (6) then has 4 + 2 free: pack splits it over both nodes at t = 0, nosplit waits for z to end and runs
+    y on node 0 from 0.5 h to 1.5 h."""
+    c28 = ClusterSpec.parse("2x8")
+    perf28 = ContentionModel(c28)
+    jobs = _hour_jobs(perf28, [("x", 6, 1.0), ("y", 6, 1.0), ("z", 4, 0.5)])
+    res = Simulator(c28, jobs, make_heuristic("srtf:nosplit", perf28), perf28, SimConfig()).run()
+    got = {r.job_id: (r.first_start / 3600.0, r.finish_time / 3600.0, r.num_nodes) for r in res.jobs}
+    assert got == {"z": (0.0, pytest.approx(0.5), 1), "x": (0.0, pytest.approx(1.0), 1),
+                   "y": (pytest.approx(0.5), pytest.approx(1.5), 1)}
+    res = Simulator(c28, jobs, make_heuristic("srtf", perf28), perf28, SimConfig()).run()
+    y = next(r for r in res.jobs if r.job_id == "y")
+    assert (y.first_start, y.num_nodes) == (0.0, 2)
+    # greedy keeps single-node jobs whole as nosplit does: the same schedule
+    res = Simulator(c28, jobs, make_heuristic("greedy", perf28), perf28, SimConfig()).run()
+    assert {r.job_id: (r.first_start, r.num_nodes) for r in res.jobs}["y"] == (pytest.approx(1800.0), 1)
+
+
 # ---------------------------------------------------------------------- equivalence with a reference
 def reference_schedule(pol: OrderedPolicy, st_: ClusterState) -> Decision:
     """The straightforward algorithm (no shortcuts): the optimised
@@ -279,7 +414,8 @@ def reference_schedule(pol: OrderedPolicy, st_: ClusterState) -> Decision:
     n_nodes = st_.cluster.num_nodes
     usable = np.ones(n_nodes, dtype=bool) if st_.usable is None else st_.usable
     free = np.where(usable, st_.free_gpus, 0).astype(np.int64)
-    pending = sorted(st_.pending, key=pol.order)
+    order = pol.order if pol.timed_order is None else pol.timed_order(st_.time)  # the round's key
+    pending = sorted(st_.pending, key=order)
     running = list(st_.running)  # with this round's starts and preemptions (what greedy looks at)
 
     def now() -> ClusterState:
@@ -294,16 +430,16 @@ def reference_schedule(pol: OrderedPolicy, st_: ClusterState) -> Decision:
     if pol.preemptive:
         victims = sorted((j for j in st_.running if (j.start_time is None or st_.time - j.start_time >= pol.min_run)
                           and any(usable[n] for n in j.placement.nodes)),
-                         key=pol.order, reverse=True)
+                         key=order, reverse=True)
     for jb in pending:
         if pol.place_limit is not None and len(dec.place) >= pol.place_limit:
             break
         p = pol.placement(jb, free, now())
         if p is None and pol.preemptive and victims:
-            key = pol.order(jb)
+            key = order(jb)
             trial, chosen = free.copy(), []
             for v in victims:
-                if not pol._lower(pol.order(v)[0], key[0]):
+                if not pol._lower(order(v)[0], key[0]):
                     break
                 gain(v, trial)
                 chosen.append(v)
@@ -365,7 +501,8 @@ def random_states(draw) -> ClusterState:
     return ClusterState(1000.0, cluster, free, running, pending, usable)
 
 
-@pytest.mark.parametrize("name", ["fifo", "sjf", "srtf", "las", "greedy", "srtf:spread", "las:spread", "las-np", "sjf:greedy"])
+@pytest.mark.parametrize("name", ["fifo", "sjf", "srtf", "las", "greedy", "srtf:spread", "las:spread", "las-np", "sjf:greedy",
+                                  "lgtf", "las2d", "srtf:nosplit", "lrf:greedy", "las2d-np:nosplit"])
 @settings(max_examples=60, deadline=None)
 @given(st_=random_states())
 def test_schedule_matches_reference(perf, name, st_) -> None:

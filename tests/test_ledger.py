@@ -10,12 +10,17 @@ from hypothesis import strategies as st
 
 from policies.cluster import Placement
 from policies.ledger import (
+    CONTENTION_RULES,
     CS_CAP,
+    DS_CS_CAP,
+    DS_MIN_RATIO,
     MIN_RATIO,
     ContentionLedger,
     LinkLoad,
     StaleLedgerError,
     cap_cs,
+    check_contention,
+    fair_share,
     job_cs,
     job_key,
     node_cs,
@@ -71,6 +76,74 @@ def test_node_cs_is_uncapped_and_cap_cs_caps() -> None:
     assert node_cs(perf, ("MoE", 8, 2), [("MoE", 8, 2)] * 40) == 1 + 40 * 0.5
     assert cap_cs(21.0) == CS_CAP == 1.0 / MIN_RATIO
     assert cap_cs(1.25) == 1.25
+
+
+class DsTablePerf(TablePerf):
+    """:class:`TablePerf` under the ``ds-min`` rule."""
+
+    contention = "ds-min"
+
+
+@pytest.mark.parametrize(
+    "me,per_node,want",
+    [
+        (("MoE", 8, 1), [[("MoE", 8, 2)]], 1.0),
+        (("MoE", 8, 2), [[("MoE", 8, 2), ("FSDP", 8, 2)], [("DLRM", 4, 2)]], 1.75),  # worst pair, not the sum
+        (("MoE", 8, 2), [[("DLRM", 4, 2)], [("MoE", 8, 2)]], 1.5),  # worst node
+        (("MoE", 8, 2), [[("FSDP", 8, 1), ("DLRM", 4, 1)]], 1.0),
+        (("MoE", 16, 2), [[("MoE", 8, 2)] * 40], 1.5),  # many neighbours: still the worst pair
+    ],
+)
+def test_ds_min_rule(me, per_node, want) -> None:
+    assert job_cs(DsTablePerf(), me, per_node) == want
+
+
+def _deepshare_ratio(ratio: dict, me, per_node) -> float:
+    """DeepShare's simulator (``update_shared_thp`` of its ``scheduler/cluster_env.py``), restated: per
+    node, start at 1 and for every multi-node neighbour take ``max(min(current, ratio), 0.35)``; the
+    job's ratio is the smallest over its nodes."""
+    if me[2] <= 1:
+        return 1.0
+    job = 1.0
+    for others in per_node:
+        st_ = 1.0
+        for o in others:
+            if o[2] > 1:
+                st_ = max(min(st_, ratio[(me, o)]), DS_MIN_RATIO)
+        job = min(job, st_)
+    return job
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_ds_min_is_deepshares_simulator_rule(data) -> None:
+    model = _DS
+    keys = sorted({a for a, _ in model.data.ratio})
+    me = data.draw(st.sampled_from(keys))
+    neighbour = st.sampled_from(keys + [("MoE", 4, 1)])
+    per_node = data.draw(st.lists(st.lists(neighbour, max_size=5), min_size=1, max_size=4))
+    want = 1.0 / _deepshare_ratio(model.data.ratio, me, per_node)
+    assert job_cs(model, me, per_node) == pytest.approx(want, rel=1e-12)
+    assert 1.0 <= job_cs(model, me, per_node) <= DS_CS_CAP
+
+
+def test_unknown_contention_rule_is_one_line() -> None:
+    assert CONTENTION_RULES == ("sum", "link", "ds-min")
+    assert check_contention("link") == "link"
+    with pytest.raises(ValueError, match=r"^unknown contention rule 'min': choose one of sum, link, ds-min$"):
+        ContentionModel(contention="min")
+
+    class Odd(TablePerf):
+        contention = "min"
+
+    with pytest.raises(ValueError, match="unknown contention rule 'min'"):
+        job_cs(Odd(), ("MoE", 8, 2), [[("MoE", 8, 2)]])
+
+
+def test_cap_cs_by_rule() -> None:
+    assert cap_cs(21.0, DsTablePerf()) == DS_CS_CAP
+    assert cap_cs(0.5, DsTablePerf()) == 1.0
+    assert cap_cs(21.0, TablePerf()) == CS_CAP
 
 
 def test_job_key_is_model_gpus_nodes() -> None:
@@ -283,9 +356,10 @@ def _brute_cs(perf, jobs: dict, jid) -> float:
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(op, max_size=40), st.sampled_from(["table", "real"]), st.sampled_from([None, NODES]))
+@given(st.lists(op, max_size=40), st.sampled_from(["table", "ds-table", "real", "ds-min", "link"]),
+       st.sampled_from([None, NODES]))
 def test_incremental_equals_recompute(ops, which, num_nodes) -> None:
-    perf = TablePerf() if which == "table" else _REAL
+    perf = {"table": TablePerf(), "ds-table": DsTablePerf(), "real": _REAL, "ds-min": _DS, "link": _LINK}[which]
     led = ContentionLedger(perf, num_nodes)
     jobs: dict = {}  # the model: id -> (model, placement), in add order
     nxt = 0
@@ -320,6 +394,58 @@ def test_incremental_equals_recompute(ops, which, num_nodes) -> None:
 
 
 _REAL = ContentionModel()
+_DS = ContentionModel(contention="ds-min")
+_LINK = ContentionModel(contention="link")
+_RULES = {"sum": _REAL, "ds-min": _DS, "link": _LINK}
+
+
+def _progressive_filling(capacity: float, demands: list[float]) -> list[float]:
+    """Max-min fair shares by progressive filling, written independently of :func:`fair_share`: raise
+    every unsatisfied flow's rate together until the capacity is used or each flow has its demand."""
+    rate = [0.0] * len(demands)
+    active = [i for i, d in enumerate(demands) if d > 0]
+    left = capacity
+    while active and left > 1e-12 * capacity:
+        inc = min(left / len(active), min(demands[i] - rate[i] for i in active))
+        for i in active:
+            rate[i] += inc
+        left -= inc * len(active)
+        active = [i for i in active if demands[i] - rate[i] > 1e-12 * demands[i]]
+    return rate
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(1.0, 1e4), st.lists(st.floats(0.0, 2e4), min_size=1, max_size=8))
+def test_fair_share_is_max_min_fair(capacity, demands) -> None:
+    shares = [fair_share(capacity, d, demands[:i] + demands[i + 1:]) for i, d in enumerate(demands)]
+    want = _progressive_filling(capacity, demands)
+    for got, w, d in zip(shares, want, demands):
+        assert got == pytest.approx(w, rel=1e-9, abs=1e-9 * capacity)
+        assert got <= d
+    assert sum(shares) <= capacity * (1 + 1e-12) or sum(shares) == pytest.approx(sum(demands))
+    # the order of the others does not matter
+    assert fair_share(capacity, demands[0], demands[1:]) == fair_share(capacity, demands[0], demands[:0:-1])
+
+
+@pytest.mark.parametrize("rule", CONTENTION_RULES)
+def test_what_if_and_fork_for_every_rule(rule) -> None:
+    """``what_if`` prices exactly what adding on a fork gives, and a fork leaves its origin alone, under every rule."""
+    perf = _RULES[rule]
+    led = ContentionLedger(perf, 8)
+    led.add("a", "MoE", P((0, 4), (1, 4)))
+    led.add("b", "FSDP", P((1, 2), (2, 2)))
+    led.add("c", "Transformer-XL", P((0, 2), (2, 2), (3, 2)))
+    before = {k: led.cs(k) for k in led}
+    cs_new, others = led.what_if("DLRM", P((0, 2), (1, 2)))
+    f = led.fork()
+    f.add("new", "DLRM", P((0, 2), (1, 2)))
+    assert f.cs("new") == cs_new
+    assert others == {k: f.cs(k) for k in ("a", "b", "c") if k in others} and set(others) == {"a", "b", "c"}
+    assert {k: led.cs(k) for k in led} == before
+    f.check()
+    f.remove("a")
+    f.check()
+    assert led.what_if("DLRM", P((0, 2), (1, 2)), exclude="a")[0] == f.cs("new")
 
 
 # ---------------------------------------------------------------------- the ledger a state carries

@@ -8,6 +8,7 @@ updated).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from itertools import pairwise
@@ -583,3 +584,129 @@ def test_comm_share(model: ContentionModel) -> None:
         for g, n in ((8, 1), (8, 2), (16, 4)):
             assert 0.0 <= model.comm_share(name, g, n) < 1.0
         assert model.type_speedup(name, 8, 2, 1.0) == pytest.approx(1.0, rel=1e-15)
+
+
+# ---------------------------------------------------------------------- contention rules: link and ds-min
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from policies.ledger import CONTENTION_RULES, CS_CAP, DS_CS_CAP, job_cs, node_cs  # noqa: E402
+from policies.perf import (  # noqa: E402
+    TESTBED_LINK_MBPS,
+    fit_link_demand,
+    link_fit_markdown,
+    neighbours_markdown,
+    neighbours_table,
+)
+
+
+@pytest.fixture(scope="module")
+def rules() -> dict[str, ContentionModel]:
+    return {rule: ContentionModel(contention=rule) for rule in CONTENTION_RULES}
+
+
+_KEYS = sorted({a for a, _b in load_measured_data().ratio})
+_key = st.one_of(st.sampled_from(_KEYS), st.tuples(st.sampled_from(list(MODELS)), st.sampled_from([8, 16, 32]),
+                                                   st.sampled_from([1, 2, 4, 8])))
+
+
+def test_contention_is_recorded(rules) -> None:
+    for rule, m in rules.items():
+        assert m.contention == rule and m.fit_report()["contention"] == rule
+    assert rules["link"].fit_report()["link"]["mae"] == rules["link"].link_fit().mae
+    assert "link" not in rules["sum"].fit_report()
+
+
+def test_link_fit_is_the_ledger_rule_on_one_neighbour(rules) -> None:
+    """The calibration's vectorised one-neighbour prediction is :func:`policies.ledger.node_cs` under ``link``."""
+    m = rules["link"]
+    fit = m.link_fit()
+    errs = [abs(1.0 / node_cs(m, a, [b]) - r) for (a, b), r in m.data.ratio.items()]
+    assert len(errs) == fit.pairs == 36 * 36
+    assert sum(errs) / len(errs) == pytest.approx(fit.mae, rel=1e-12)
+    assert max(errs) == pytest.approx(fit.max_abs_err, rel=1e-12)
+    # the fit beats taking Table I's bandwidths as they are (sigma = 1 for every model)
+    flat = ContentionModel(contention="link")
+    flat._link_fit = dataclasses.replace(fit, sigma={k: 1.0 for k in fit.sigma})
+    flat_mae = sum(abs(1.0 / node_cs(flat, a, [b]) - r) for (a, b), r in m.data.ratio.items()) / len(errs)
+    assert fit.mae < flat_mae
+
+
+def test_link_fit_pinned_and_quoted_in_the_docs(rules) -> None:
+    fit = rules["link"].link_fit()
+    assert fit.capacity_mbps == TESTBED_LINK_MBPS == 5000.0
+    assert fit.mae == pytest.approx(0.1279, abs=5e-4) and fit.sum_mae == pytest.approx(0.1058, abs=5e-4)
+    text = DOCS.read_text()
+    assert link_fit_markdown() in text
+    assert neighbours_markdown() in text
+
+
+def test_link_one_neighbour_physics(rules) -> None:
+    """One neighbour at most halves a saturated link: CS <= 1 + chi; jobs whose demands fit the link do not slow."""
+    m = rules["link"]
+    for a in _KEYS:
+        d, chi = m.link_terms(a)
+        for b in _KEYS:
+            cs = node_cs(m, a, [b])
+            assert 1.0 <= cs <= 1.0 + chi + 1e-12
+            if d + m.link_terms(b)[0] <= m.link_capacity_mbps:
+                assert cs == 1.0
+    assert m.link_terms(("MoE", 8, 1)) == (0.0, 0.0)
+
+
+def test_link_has_no_cap_and_a_wider_link_helps() -> None:
+    m = ContentionModel(contention="link")
+    me = ("FSDP", 8, 8)
+    assert job_cs(m, me, [[me] * 40]) > CS_CAP  # no arbitrary cap
+    assert m.link_capacity_mbps == 5000.0
+    # 100 Gbps links (intra-node bandwidth scaled alike, so eta and the fitted a, b, c stay)
+    cl = dataclasses.replace(ClusterSpec.homogeneous(4, 8), inter_bw_gbps=12.5, intra_bw_gbps=40.0)
+    fast = ContentionModel(cl, contention="link")
+    assert fast.link_capacity_mbps == 12500.0 and fast.link_fit() == m.link_fit()
+    for k in (1, 2, 4, 8):
+        assert job_cs(fast, me, [[me] * k]) <= job_cs(m, me, [[me] * k])
+
+
+@settings(max_examples=150, deadline=None)
+@given(_key, st.lists(_key, max_size=6), _key, st.sampled_from(CONTENTION_RULES))
+def test_every_rule_is_at_least_one_and_monotone_in_neighbours(me, others, extra, rule) -> None:
+    """CS >= 1 under every rule, and a further neighbour on a node never lowers it (nor reordering changes
+    ``ds-min`` and ``link``); ``ds-min`` stays within 1 / 0.35, ``sum`` within its cap."""
+    m = _RULE_MODELS[rule]
+    base = job_cs(m, me, [others])
+    more = job_cs(m, me, [others + [extra]])
+    assert base >= 1.0 and more >= base - 1e-12
+    if me[2] <= 1:
+        assert base == more == 1.0
+    if rule == "ds-min":
+        assert more <= DS_CS_CAP
+    if rule == "sum":
+        assert more <= CS_CAP
+    if rule != "sum":
+        assert job_cs(m, me, [others[::-1]]) == base
+
+
+_RULE_MODELS = {rule: ContentionModel(contention=rule) for rule in CONTENTION_RULES}
+
+
+def test_neighbours_table(rules) -> None:
+    """One neighbour: ``sum`` and ``ds-min`` give the measured pair, ``link`` its fit; more identical
+    neighbours: ``sum`` grows by the pair's excess each, ``ds-min`` stays, ``link`` grows."""
+    rows = neighbours_table()
+    assert len(rows) == 6 * 3
+    r = load_measured_data().ratio
+    for model_name, rule, cs in rows:
+        me = (model_name, 4, 4)
+        one = 1.0 / r[(me, me)]
+        assert cs == sorted(cs)  # monotone in k
+        if rule == "sum":
+            assert cs == pytest.approx([1 + k * (one - 1) for k in (1, 2, 3, 4)], rel=1e-12)
+        elif rule == "ds-min":
+            assert cs == pytest.approx([min(one, DS_CS_CAP)] * 4, rel=1e-12)
+        else:
+            assert cs[0] == pytest.approx(node_cs(rules["link"], me, [me]), rel=1e-12)
+
+
+def test_fit_link_demand_is_deterministic(rules) -> None:
+    a, b = fit_link_demand(rules["sum"]), rules["link"].link_fit()
+    assert a == b

@@ -9,7 +9,15 @@ from hypothesis import strategies as st
 
 from policies.cluster import ClusterSpec, NodeSpec, Placement
 from policies.perf import ContentionModel
-from policies.placement import ContentionAwarePlacement, FloorPacking, balanced_by_load, balanced_candidates, pack, spread
+from policies.placement import (
+    PLACEMENT_RULES,
+    ContentionAwarePlacement,
+    FloorPacking,
+    balanced_by_load,
+    balanced_candidates,
+    pack,
+    spread,
+)
 from policies.state import ClusterState, JobInfo
 
 C48 = ClusterSpec.parse("4x8")
@@ -219,6 +227,82 @@ def test_floor_packing_floor(perf: ContentionModel) -> None:
     assert FloorPacking(cperf, min_efficiency=min(1.0, eff + 1e-3))(new, free, state) is None
     with pytest.raises(ValueError, match="min_efficiency"):
         FloorPacking(cperf, min_efficiency=-0.1)
+
+
+# ---------------------------------------------------------------------- nosplit (worked out by hand)
+#: (free GPUs per node of a 4x8 cluster, demand, the nosplit placement or None)
+NOSPLIT_CASES = [
+    ([8, 8, 8, 8], 3, {0: 3}),  # every node fits: the lowest index
+    ([5, 8, 4, 6], 4, {2: 4}),  # best fit: the node with the fewest free GPUs that holds it
+    ([3, 3, 2, 0], 4, None),  # 8 free but no node holds 4: it waits (pack would take 3 + 1)
+    ([7, 7, 7, 7], 8, None),  # a whole-node job never spans two nodes
+    ([8, 2, 8, 8], 10, {0: 8, 1: 2}),  # 2 nodes: the fullest node whole, then the best fit for the rest
+    ([6, 6, 6, 6], 12, {0: 6, 1: 6}),  # 2 nodes is the fewest
+    ([8, 6, 4, 3], 16, {0: 8, 1: 6, 3: 2}),  # 8 + 6 < 16: 3 nodes, the rest on the best fit
+    ([4, 4, 4, 4], 16, {0: 4, 1: 4, 2: 4, 3: 4}),
+    ([4, 4, 4, 3], 16, None),  # 15 free
+]
+
+
+@pytest.mark.parametrize("free, gpus, want", NOSPLIT_CASES)
+def test_nosplit_table(perf: ContentionModel, free, gpus, want) -> None:
+    rule = PLACEMENT_RULES["nosplit"](perf)
+    assert isinstance(rule, FloorPacking) and not rule.uses_running
+    f = np.array(free, dtype=np.int64)
+    state = ClusterState(0.0, C48, f.copy(), [], [])
+    got = rule(info("j", gpus), f, state)
+    assert got == (None if want is None else Placement.of(want))
+    assert f.tolist() == free
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 8), min_size=4, max_size=4), st.integers(9, 32))
+def test_nosplit_uses_the_fewest_nodes(free, gpus) -> None:
+    """A job larger than a node takes the fewest nodes the free GPUs allow (the fullest nodes first)."""
+    f = np.array(free, dtype=np.int64)
+    state = ClusterState(0.0, C48, f.copy(), [], [])
+    p = FloorPacking(ContentionModel(C48))(info("j", gpus), f, state)
+    if sum(free) < gpus:
+        assert p is None
+        return
+    fewest = int(np.searchsorted(np.cumsum(sorted(free, reverse=True)), gpus)) + 1
+    assert p is not None and p.total_gpus == gpus and p.num_nodes == fewest
+
+
+def test_greedy_is_nosplit_with_contention_aware_multi_node_choice(perf: ContentionModel) -> None:
+    """``greedy``'s placement: single-node jobs exactly as ``nosplit``; a multi-node job on the fewest nodes,
+    away from the running multi-node jobs when such a placement exists."""
+    rule = PLACEMENT_RULES["greedy"](perf)
+    assert isinstance(rule, ContentionAwarePlacement) and rule.nosplit
+    for free, gpus, want in NOSPLIT_CASES:
+        f = np.array(free, dtype=np.int64)
+        state = ClusterState(0.0, C48, f.copy(), [], [])
+        # no job runs: nothing to avoid, so the nosplit placement
+        assert rule(info("j", gpus, perf=perf), f, state) == (None if want is None else Placement.of(want)), (free, gpus)
+    # An FSDP job on 8 + 4 GPUs of nodes 0 and 1; a 12-GPU MoE job: pack takes node 2 whole and the 4 free GPUs
+    # of node 1 (beside FSDP); greedy takes 8 + 4 on nodes 2 and 3, also 2 nodes, without contention.
+    running = [info("fsdp", 12, "FSDP", Placement.of({0: 8, 1: 4}), perf)]
+    free = free_after(running)
+    new = info("new", 12, "MoE", perf=perf)
+    state = ClusterState(0.0, C48, free, running, [new])
+    assert pack(new, free) == Placement.of({1: 4, 2: 8})
+    assert FloorPacking(perf)(new, free, state) == Placement.of({1: 4, 2: 8})
+    assert rule(new, free, state) == Placement.of({2: 8, 3: 4})
+    # the bar: another placement must beat pack's by more than switch_gain effective GPUs per GPU
+    gain = (rule.score(new, Placement.of({2: 8, 3: 4}), state) - rule.score(new, Placement.of({1: 4, 2: 8}), state)) / 12
+    assert gain > rule.switch_gain
+    high = ContentionAwarePlacement(perf, nosplit=True, switch_gain=gain + 1e-3)
+    assert high(new, free, state) == Placement.of({1: 4, 2: 8})
+    assert ContentionAwarePlacement(perf, nosplit=True, switch_gain=gain - 1e-3)(new, free, state) == Placement.of({2: 8, 3: 4})
+    for bad in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="switch_gain"):
+            ContentionAwarePlacement(perf, nosplit=True, switch_gain=bad)
+    # a 4-GPU job fits node 1 beside FSDP: single-node jobs do not contend, so best fit as nosplit
+    small = info("small", 4, perf=perf)
+    assert rule(small, free, state) == FloorPacking(perf)(small, free, state) == Placement.of({1: 4})
+    # 20 GPUs need 3 nodes whatever greedy prefers: it never takes more nodes than nosplit
+    big = info("big", 20, perf=perf)
+    assert rule(big, free, state).num_nodes == FloorPacking(perf)(big, free, state).num_nodes == 3
 
 
 MIXED = ClusterSpec((NodeSpec("a", 8), NodeSpec("b", 4), NodeSpec("c", 4), NodeSpec("d", 6)))

@@ -20,10 +20,12 @@ PERF = ContentionModel(C48)
 
 def test_policy_names_cover_heuristics_and_rl():
     names = policy_names()
-    assert names == ("fifo", "sjf", "srtf", "las", "greedy", "rl-base", "rl-hybrid", "rl-prior")
+    assert names == ("fifo", "sjf", "sif", "lrf", "srtf", "lgtf", "las", "las2d", "greedy", "rl-base", "rl-hybrid",
+                     "rl-prior")
     assert set(RL_NAMES) <= set(names)
     text = describe_names()
     assert all(n in text for n in names) and ":/path/to/checkpoint" in text and "-np" in text
+    assert all(f":{p}" in text for p in ("pack", "nosplit", "spread", "greedy"))
 
 
 @pytest.mark.parametrize(
@@ -33,6 +35,11 @@ def test_policy_names_cover_heuristics_and_rl():
         ("  LAS-np  ", OrderedPolicy, "las-np"),
         ("srtf:spread", OrderedPolicy, "srtf:spread"),
         ("greedy", OrderedPolicy, "greedy"),
+        ("srtf:nosplit", OrderedPolicy, "srtf:nosplit"),
+        ("LGTF", OrderedPolicy, "lgtf"),
+        ("las2d:nosplit", OrderedPolicy, "las2d:nosplit"),
+        ("sif", OrderedPolicy, "sif"),
+        ("lrf-np:spread", OrderedPolicy, "lrf-np:spread"),
         ("rl-base", RLPolicy, "rl-base"),
         ("rl-hybrid", RLPolicy, "rl-hybrid"),
         ("RL-Prior", RLPolicy, "rl-prior"),
@@ -50,6 +57,7 @@ def test_an_unknown_name_lists_every_policy(bad):
     msg = str(ei.value)
     assert len(msg.splitlines()) == 1
     assert all(n in msg for n in policy_names())
+    assert ":nosplit" in msg
     if bad.strip():
         assert repr(bad) in msg and ("unknown RL policy" if bad.startswith("rl") else "unknown policy") in msg
 

@@ -384,3 +384,46 @@ def test_readme_keeps_two_setup_commands():
     text = (REPO / "README.md").read_text()
     section = text.split("## Two commands", 1)[1].split("\n## ", 1)[0]
     assert re.findall(r"```bash\n(.*?)\n```", section, re.S) == ["bash scripts/quickstart.sh", "bash scripts/test.sh"]
+
+
+# --------------------------------------------------------------------------- scripts/setup.sh
+def test_setup_shows_pips_output(tmp_path):
+    """setup.sh runs pip without -q: what pip downloads (torch from PyPI: GBs, minutes) and its progress
+    reach the user, with a line saying what comes before each install."""
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    for name in ("setup.sh", "python-env.sh"):
+        shutil.copy(SCRIPTS / name, repo / "scripts")
+    log = tmp_path / "pip.log"
+    py = tmp_path / "python"
+    py.write_text(
+        "#!/bin/sh\n"
+        'case "$1" in\n'
+        f'  -m) shift; if [ "$2" = install ]; then echo "$*" >>{shlex.quote(str(log))}; '
+        'echo "Downloading fake-2.13.0.whl (2100.0 MB)"; fi; exit 0 ;;\n'
+        '  -c) echo /fake/prefix; exit 0 ;;\n'
+        '  *) cat >/dev/null; exit 1 ;;\n'
+        "esac\n"
+    )
+    py.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PIP_QUIET")}
+    env.update(PYTHON=str(py), PATH="/usr/bin:/bin")
+    p = _bash(f"bash {shlex.quote(str(repo / 'scripts' / 'setup.sh'))} --no-slurm", env=env, cwd=repo)
+    assert p.returncode == 0, p.stderr
+    calls = log.read_text().splitlines()
+    assert len(calls) == 2 and all(c.startswith("pip install") and " -q" not in c and "--progress-bar on" in c
+                                   for c in calls), calls
+    assert p.stdout.count("Downloading fake-2.13.0.whl (2100.0 MB)") == 2
+    assert "==> pip install torch==2.13.0" in p.stdout and "==> pip install -e" in p.stdout
+
+
+def test_reproduce_shipped_usage_and_bad_arguments(tmp_path):
+    s = SCRIPTS / "reproduce_shipped.sh"
+    p = _bash(f"bash {shlex.quote(str(s))} --help", cwd=tmp_path)
+    assert p.returncode == 0 and "reproduce_shipped.sh DIR" in p.stdout
+    for args in ("--bogus", "a b", "''"):
+        p = _bash(f"bash {shlex.quote(str(s))} {args}", cwd=tmp_path)
+        assert p.returncode == 2 and p.stderr.count("reproduce_shipped.sh: error: ") == 1, (args, p.stderr)
+    (tmp_path / "d" / "runs" / "g").mkdir(parents=True)
+    p = _bash(f"bash {shlex.quote(str(s))} d", cwd=tmp_path)
+    assert p.returncode == 2 and "holds earlier runs" in p.stderr

@@ -205,6 +205,35 @@ def test_contention_ends_when_neighbour_finishes() -> None:
     assert got["long"] == pytest.approx(100.0 + 900.0 / cs)
 
 
+@pytest.mark.parametrize("rule", ["sum", "ds-min", "link"])
+def test_three_jobs_on_a_link_by_rule(rule: str) -> None:
+    """Three 8-GPU MoE jobs spread over the same two nodes: each has two identical neighbours on both links;
+    its CS is, by hand, ``1 + 2 (p - 1)`` (sum), ``min(p, 1 / 0.35)`` (ds-min) or
+    ``1 + chi (min(d, C) / share - 1)`` with the max-min share of C among three demands ``d`` (link)."""
+    from policies.ledger import DS_CS_CAP, fair_share
+
+    cluster = ClusterSpec.parse("2x12")
+    perf = ContentionModel(cluster, contention=rule)
+    k = ("MoE", 8, 2)
+    p = perf.pair_cs(k, k)
+    if rule == "sum":
+        want = 1 + 2 * (p - 1)
+    elif rule == "ds-min":
+        want = min(p, DS_CS_CAP)
+    else:
+        d, chi = perf.link_terms(k)
+        c = perf.link_capacity_mbps
+        want = 1 + chi * (min(d, c) / fair_share(c, d, [d, d]) - 1)
+    iso = perf.isolated_throughput(*k)
+    jobs = [JobSpec(f"j{i}", 0, "MoE", 8, 1e4) for i in range(3)]
+    res = Simulator(cluster, jobs, make_heuristic("fifo:spread", perf), perf, SimConfig(check_invariants=True)).run()
+    assert want > 1.0
+    for r in res.jobs:
+        assert r.num_nodes == 2
+        assert r.avg_cs == pytest.approx(want, rel=1e-12)
+        assert r.jct == pytest.approx(1e4 / (iso / want), rel=1e-9)
+
+
 # ---------------------------------------------------------------------- property tests
 @st.composite
 def clusters(draw) -> ClusterSpec:
@@ -227,6 +256,17 @@ def scenarios(draw) -> tuple[ClusterSpec, list[JobSpec]]:
         duration = float(draw(st.integers(10, 4000)))
         jobs.append(job(perf, f"j{i}", submit, gpus, duration, model))
     return cluster, jobs
+
+
+@pytest.mark.parametrize("rule", ["ds-min", "link"])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sc=scenarios())
+def test_invariants_under_other_contention_rules(rule: str, sc) -> None:
+    """The simulator's incremental CS equals a recomputation after every event under every rule."""
+    cluster, jobs = sc
+    perf = ContentionModel(cluster, contention=rule)
+    res = Simulator(cluster, jobs, make_heuristic("las:spread", perf), perf, SimConfig(check_invariants=True)).run()
+    _check_result(res, jobs, cluster)
 
 
 def _check_result(res: SimResult, jobs: list[JobSpec], cluster: ClusterSpec) -> None:
@@ -838,3 +878,25 @@ def test_a_large_trace_runs_with_the_existing_objects_frozen_and_unfreezes_them(
     frozen = Simulator(cluster, jobs, Spy(), perf).run()
     assert min(seen) > 0 and gc.get_freeze_count() == 0
     assert [(r.first_start, r.finish_time) for r in frozen.jobs] == [(r.first_start, r.finish_time) for r in plain.jobs]
+
+
+def test_elastic_demand_is_shown_and_resizes_pause():
+    """A job with a ResourceDemand shows it (JobInfo.extra["demand"]) and its range; a resize pays
+    resize_overhead, a hot one (HOT_RESIZE_OVERHEAD_S) a few hundredths of a second."""
+    from policies.resources import ResourceDemand
+    from trainer.sim_backend import SimBackend
+    from trainer.simulator import HOT_RESIZE_OVERHEAD_S
+
+    cl = ClusterSpec.homogeneous(2, 8)
+    d = ResourceDemand(gpus=2, min_gpus=1, max_gpus=8)
+    job = JobSpec("e", 0.0, "MoE", 2, 1e6, {}, d)
+    for pause in (45.0, HOT_RESIZE_OVERHEAD_S):
+        sim = Simulator(cl, [job], None, ContentionModel(cl), SimConfig(resize_overhead=pause))
+        sim.advance_to_next_event()
+        info = sim.by_id["e"].info
+        assert info.extra["demand"] is d and (info.min_gpus, info.max_gpus) == (1, 8)
+        be = SimBackend(sim)
+        be.apply(Decision([("e", Placement.of({0: 2}))]))
+        sim.advance_to_round(100.0)
+        be.apply(Decision(resize=[("e", Placement.of({0: 4}))]))
+        assert sim.by_id["e"].t_ref == pytest.approx(100.0 + pause) and info.gpu_demand == 4

@@ -753,3 +753,106 @@ def test_write_refuses_a_demand_the_columns_cannot_hold(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match="declares parameter servers or an elastic range"):
         write_trace(tmp_path / "t.csv", [job])
     assert not (tmp_path / "t.csv").exists()
+# ---- bounds: size and job limits, streaming, JSON limits, escaped text ----
+
+_HEADER = "job_id,submit_time,model,gpu_demand,total_samples\n"
+
+
+def test_a_file_over_the_size_limit_is_refused_before_reading(tmp_path: Path, monkeypatch) -> None:
+    """A 200 MB trace (sparse here) is refused from its size alone, in every text format, naming the limit."""
+    import trainer.traces as tr
+
+    for name in ("big.csv", "big.json", "big"):
+        p = tmp_path / name
+        with p.open("wb") as f:
+            f.write(_HEADER.encode())
+            f.truncate(200 * 10**6)
+        opened = []
+        monkeypatch.setattr(Path, "open", lambda self, *a, **k: opened.append(self) or (_ for _ in ()).throw(AssertionError))
+        monkeypatch.setattr(Path, "read_bytes", lambda self: opened.append(self) or b"")
+        with pytest.raises(TraceError, match=r"190\.7 MiB is over the 32 MiB limit for a trace file"):
+            read_canonical(p) if name != "big.json" else read_deepshare_json(p)
+        monkeypatch.undo()
+        assert opened == []
+    assert tr.MAX_TRACE_BYTES == 32 * 2**20 and tr.MAX_TRACE_JOBS == 1_000_000
+
+
+def test_philly_file_over_the_size_limit_is_refused(tmp_path: Path) -> None:
+    p = tmp_path / "philly.csv"
+    with p.open("wb") as f:
+        f.write(b"timestamp,duration,num_gpus,gpu_time,cluster\n")
+        f.truncate(40 * 2**20)
+    with pytest.raises(TraceError, match="over the 32 MiB limit for a Philly trace file"):
+        load_trace(p, CLUSTER)
+
+
+def test_rows_beyond_the_job_limit_stop_the_read(tmp_path: Path, monkeypatch) -> None:
+    import trainer.traces as tr
+
+    monkeypatch.setattr(tr, "MAX_TRACE_JOBS", 3)
+    p = tmp_path / "t.csv"
+    p.write_text(_HEADER + "".join(f"j{i},0,IMG,1,10\n" for i in range(5)))
+    with pytest.raises(TraceError, match=r"row 5: more than 3 jobs"):
+        read_canonical(p)
+    write_trace(tmp_path / "t.parquet", [JobSpec(f"j{i}", 0.0, "IMG", 1, 10.0) for i in range(5)])
+    with pytest.raises(TraceError, match="more than 3 jobs"):
+        read_canonical(tmp_path / "t.parquet")
+
+
+def test_csv_rows_become_jobs_one_at_a_time(tmp_path: Path, monkeypatch) -> None:
+    """A bad row is reported when it is reached: rows after it are never parsed, and the rows before it
+    were turned into jobs as they were read (no list of all rows' text first)."""
+    import trainer.traces as tr
+
+    p = tmp_path / "t.csv"
+    p.write_text(_HEADER + "a,0,IMG,1,10\nb,0,IMG,1,oops\n" + "".join(f"c{i},0,IMG,1,10\n" for i in range(1000)))
+    seen = []
+    real = tr._read_csv_rows
+
+    def rows(path):
+        for n, rec in real(path):
+            seen.append(n)
+            yield n, rec
+
+    monkeypatch.setattr(tr, "_read_csv_rows", rows)
+    with pytest.raises(TraceError, match=r"row 3, field 'total_samples': expected a number"):
+        read_canonical(p)
+    assert seen == [2, 3]
+
+
+def test_parquet_rows_stream(tmp_path: Path) -> None:
+    jobs = [JobSpec(f"j{i}", float(i), "IMG", 1 + i % 4, 10.0 + i) for i in range(70_000)]
+    write_trace(tmp_path / "t.parquet", jobs)
+    back = read_canonical(tmp_path / "t.parquet")
+    assert [j.job_id for j in back] == [j.job_id for j in jobs] and back[-1].total_samples == jobs[-1].total_samples
+
+
+def test_deepshare_json_long_integer_and_lone_surrogate(tmp_path: Path) -> None:
+    p = tmp_path / "long.json"
+    p.write_text('{"a": {"model": "IMG", "gpu_demand": ' + "7" * 5000 + ', "total_samples_to_train": 10}}')
+    with pytest.raises(TraceError, match=r"an integer of 5000 digits \(at most 4300\)"):
+        read_deepshare_json(p)
+    p = tmp_path / "sur.json"
+    p.write_text('{"\\ud800x": {"model": "IMG", "gpu_demand": 1, "total_samples_to_train": 10}}')
+    with pytest.raises(TraceError, match=r"the key '\\ud800x' holds a lone surrogate") as ei:
+        read_deepshare_json(p)
+    str(ei.value).encode("utf-8")  # the message itself is valid text
+    p.write_text('{"a": {"model": "IMG", "gpu_demand": 1, "total_samples_to_train": 10, "user": ["\\udc00"]}}')
+    with pytest.raises(TraceError, match=r"the value of key 'user' holds a lone surrogate"):
+        read_deepshare_json(p)
+
+
+def test_file_text_in_errors_is_escaped(tmp_path: Path) -> None:
+    """Header names, JSON keys and values reach messages with control characters escaped (one line, no
+    terminal escape sequences)."""
+    p = tmp_path / "h.csv"
+    p.write_text("job_id,submit_time,\x1b[2Jmodel,gpu_demand,total_samples\nj,0,IMG,1,10\n")
+    with pytest.raises(TraceError) as ei:
+        read_canonical(p)
+    assert "\x1b" not in str(ei.value) and "\\x1b[2Jmodel" in str(ei.value)
+    p = tmp_path / "k.json"
+    p.write_text('{"a\\u001b]0;x\\u0007\\nb": {"model": "no\\u009bsuch", "gpu_demand": 1, "total_samples_to_train": 1}}')
+    with pytest.raises(TraceError) as ei:
+        read_deepshare_json(p)
+    msg = str(ei.value)
+    assert msg.isprintable() and "a\\x1b]0;x\\x07\\nb" in msg and "\\x9b" in msg

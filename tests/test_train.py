@@ -1107,3 +1107,45 @@ def test_resumed_run_evaluates_on_the_eval_freq_grid(tmp_path):
     assert _eval_steps(run) == [0.0, 64.0]
     train(_tiny_cfg(eval_freq=96, timesteps=256), [trace], [trace], run, resume=True)
     assert _eval_steps(run) == [0.0, 64.0, 96.0, 192.0, 256.0]
+
+
+def test_progress_reports_episodes_and_their_reward(tmp_path):
+    """train's ``episodes`` callback counts finished episodes and gives each one's return (Monitor's raw sum)."""
+    eps: list[tuple[int, float]] = []
+    ticks: list[tuple[int, int]] = []
+    train(_tiny_cfg(timesteps=256), [_trace(2, 4)], [], tmp_path / "run",
+          progress=lambda d, t: ticks.append((d, t)), episodes=lambda n, r: eps.append((n, r)))
+    assert len(eps) >= 2 and [n for n, _ in eps] == list(range(1, len(eps) + 1))
+    assert all(np.isfinite(r) for _, r in eps)
+    assert ticks[-1][0] == ticks[-1][1]
+
+
+def test_train_progress_display(caplog):
+    """The CLI's display: on a terminal a bar with steps, episodes, last reward and the time left; in a log,
+    an INFO line per 1/20 of the steps with the same fields (never silent between evaluations)."""
+    import io
+    import logging
+
+    from rich.console import Console
+
+    from trainer.cli_rl import PROGRESS_LINES, train_progress
+
+    buf = io.StringIO()
+    with caplog.at_level(logging.INFO, logger="trainer"):
+        with train_progress(Console(file=buf, width=200)) as (update, episode):
+            update(0, 1000)
+            for done in range(64, 1001, 64):
+                episode(done // 64, -1.5 * done)
+                update(done, 1000)
+            update(1000, 1000)
+    assert buf.getvalue() == ""
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("train: ")]
+    assert PROGRESS_LINES // 2 <= len(lines) <= PROGRESS_LINES + 1
+    assert lines[-1].startswith("train: 1,000/1,000 steps (100%), 15 episodes, last reward -1440") and "done" in lines[-1]
+    assert "min left" in lines[0] and "episodes" in lines[0]
+    buf = io.StringIO()
+    with train_progress(Console(file=buf, width=200, force_terminal=True)) as (update, episode):
+        episode(3, 12.5)
+        update(500, 1000)
+    text = buf.getvalue()  # the bar's last frame, drawn when the block ends
+    assert "500/1000" in text and "3 episodes, last reward 12.5" in text and "left" in text

@@ -285,6 +285,21 @@ def test_cli_writes_simulates_outputs_and_the_controller_state(tmp_path, capsys)
         json.loads((sim_out / "summary.json").read_text())["summaries"]["fifo"]["avg_jct_s"], rel=1e-9)
 
 
+def test_cli_contention_rule_is_the_simulated_clusters(tmp_path, capsys):
+    """``twin --contention ds-min`` simulates the cluster under that rule: recorded, and the per-job results
+    equal ``simulate --contention ds-min`` (FIFO's decisions do not read contention)."""
+    out, sim_out = tmp_path / "twin", tmp_path / "sim"
+    common = ["--trace", str(HEAVY), "--policy", "fifo", "--cluster", "4x8", "--quiet", "--contention", "ds-min"]
+    assert main(["twin", *common, "--out", str(out)]) == 0, capsys.readouterr().err
+    assert main(["simulate", *common, "--out", str(sim_out)]) == 0, capsys.readouterr().err
+    doc = json.loads((out / "summary.json").read_text())
+    assert doc["config"]["contention"] == "ds-min"
+    a = pq.read_table(sim_out / "jobs_fifo.parquet").to_pylist()
+    b = pq.read_table(out / "jobs_fifo.parquet").to_pylist()
+    for x, y in zip(a, b, strict=True):
+        assert math.isclose(x["finish_time"], y["finish_time"], rel_tol=1e-6)
+
+
 @pytest.mark.slow
 def test_cli_several_policies_and_overwrite(tmp_path, capsys):
     out = tmp_path / "out"
@@ -326,7 +341,8 @@ def test_bad_input_is_one_line_exit_2_and_no_output(tmp_path, capsys, extra, nee
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("extra", [["--slurm-split", "exact"], ["--round", "0"], ["--seed", "-1"]])
+@pytest.mark.parametrize("extra", [["--slurm-split", "exact"], ["--round", "0"], ["--seed", "-1"],
+                                   ["--contention", "max"]])
 def test_bad_options_are_refused_by_the_parser(tmp_path, capsys, extra):
     with pytest.raises(SystemExit) as exc:
         main(["twin", "--trace", str(HEAVY), "--out", str(tmp_path / "o"), *extra])

@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,8 @@ from typing import Any
 from policies.checkpoint import MAX_AGING_S, MIN_AGING_S
 from rlsched.argtypes import float_in_range
 from rlsched.argtypes import positive_int as _positive_int
-from trainer.cli_sim import non_negative_float, positive_float, seed_int
+from rlsched.text import printable
+from trainer.cli_sim import add_contention_argument, non_negative_float, positive_float, seed_int
 
 __all__ = ["register"]
 
@@ -49,7 +51,7 @@ _unit = float_in_range(0.0, 1.0)
 
 def _fail(command: str, exc: BaseException) -> int:
     """One line on stderr and exit status 2, as ``rlsched.cli`` does for the shared user errors."""
-    print(f"rlsched {command}: error: {exc}", file=sys.stderr)
+    print(f"rlsched {command}: error: {printable(exc)}", file=sys.stderr)
     return 2
 
 
@@ -179,6 +181,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="directory of trace sets: one sub-directory per mix (normal/, heavy/, ...) or trace files",
     )
     e.add_argument("--cluster", default="4x8", help="cluster (default 4x8)")
+    add_contention_argument(e)
     e.add_argument(
         "--branches",
         default=None,
@@ -196,9 +199,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     e.add_argument(
         "--figure-groups",
-        default="normal,uniform",
-        help="comma-separated trace groups that get the JCT CDF, CS distribution and utilisation KDE figures "
-        "(those present; the first group when none is) (default: %(default)s)",
+        default="all",
+        help="comma-separated trace groups that get the JCT CDF, CS distribution and utilisation KDE figures, "
+        "or 'all' (default: all, every group of --traces, e.g. the ones scripts/rl_traces.sh writes)",
     )
     e.set_defaults(func=_cmd_evaluate)
 
@@ -314,15 +317,20 @@ def _train(args: argparse.Namespace) -> int:
     cluster = check_run(cfg, args.out, resume=args.resume, overwrite=args.overwrite).cluster
     train_sets = [t for d in cfg.traces for t in load_trace_dir(d, cluster)]
     val_sets = [t for d in cfg.val_traces for t in load_trace_dir(d, cluster)]
-    with _progress_bar("train", "steps") as update:
+    with train_progress() as (update, episode):
         summary = train(
-            cfg, train_sets, val_sets, args.out, resume=args.resume, overwrite=args.overwrite, progress=update
+            cfg, train_sets, val_sets, args.out, resume=args.resume, overwrite=args.overwrite, progress=update,
+            episodes=episode,
         )
     if args.export_shipped:
         from trainer.train import ship_checkpoint
 
         # the command lines are in the checkpoint already (training.commands, every option written out)
-        for path in ship_checkpoint(Path(args.out) / "best", cluster):
+        # paths relative to the directory the run's files share (its --out, traces and --init), so the
+        # shipped files name no directory of this machine (training.recipe says how to train them again)
+        used = [os.path.abspath(args.out), *cfg.traces, *cfg.val_traces, *([cfg.init] if cfg.init else [])]
+        base = os.path.commonpath(used)
+        for path in ship_checkpoint(Path(args.out) / "best", cluster, relative_to=base if base != os.sep else None):
             print(f"shipped {path}")
     print(json.dumps({k: v for k, v in summary.items() if k != "evals"}, indent=2, default=str))
     return 0
@@ -358,6 +366,81 @@ def _progress_bar(what: str, unit: str) -> Iterator[Callable[[int, int], None]]:
         yield lambda done, total: bar.update(task, completed=done, total=total)
 
 
+#: Lines :func:`train_progress` writes to a log or pipe over a run (one per this share of the steps).
+PROGRESS_LINES = 20
+
+
+@contextlib.contextmanager
+def train_progress(console: Any = None) -> Iterator[tuple[Callable[[int, int], None], Callable[[int, float], None]]]:
+    """``rlsched train``'s progress: yields ``(update(steps done, steps in all), episode(episodes, return))``
+    for :func:`trainer.train.train`'s ``progress`` and ``episodes``.
+
+    On a terminal: a rich bar on stderr with steps done / in all, episodes finished, the last episode's
+    return, elapsed time and the time left (rich's estimate from the recent rate). In a log or pipe: one
+    INFO log line (as the evaluations' lines, shown without ``-v``) per 1/:data:`PROGRESS_LINES` of the
+    steps with the same fields, so a long run is never silent between evaluations. ``console``: the
+    terminal of the bar (default: stderr's)."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    err = console or Console(stderr=True)
+    state = {"episodes": 0, "reward": None, "t0": time.monotonic(), "next": 0.0}
+
+    def reward_text() -> str:
+        return "-" if state["reward"] is None else f"{state['reward']:.4g}"
+
+    def episode(n: int, ret: float) -> None:
+        state["episodes"], state["reward"] = n, ret
+
+    if err.is_terminal:
+        with Progress(
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("steps, {task.fields[episodes]} episodes, last reward {task.fields[reward]}"),
+            TimeElapsedColumn(),
+            TextColumn("left"),
+            TimeRemainingColumn(),
+            console=err,
+            transient=True,
+        ) as bar:
+            task = bar.add_task("train", total=None, episodes=0, reward="-")
+
+            def update(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total, episodes=state["episodes"], reward=reward_text())
+
+            yield update, episode
+        return
+
+    first: list[float] = []
+
+    def update_log(done: int, total: int) -> None:
+        now = time.monotonic()
+        if not first:  # the first report: steps and time the rate is measured from
+            first.extend((done, now))
+            state["next"] = done + max(1, total // PROGRESS_LINES)
+            return
+        if (done < state["next"] and done < total) or done == state.get("shown"):
+            return
+        state["shown"] = done
+        while state["next"] <= done:
+            state["next"] += max(1, total // PROGRESS_LINES)
+        elapsed = now - state["t0"]
+        rate = (done - first[0]) / (now - first[1]) if now > first[1] else 0.0
+        left = f"{(total - done) / rate / 60:.1f} min left" if rate > 0 and done < total else "done"
+        log.info("train: %s/%s steps (%.0f%%), %s episodes, last reward %s, %.1f min, %s", f"{done:,}", f"{total:,}",
+                 100 * done / max(total, 1), f"{state['episodes']:,}", reward_text(), elapsed / 60, left)
+
+    yield update_log, episode
+
+
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from trainer.evaluate import EvaluationError, print_tables, run_evaluation
 
@@ -372,10 +455,12 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
                 policies=policies,
                 traces=args.traces,
                 cluster=args.cluster,
+                contention=args.contention,
                 out=args.out,
                 branches=args.branches,
                 results_md=args.results_md,
-                figure_groups=[g.strip() for g in args.figure_groups.split(",") if g.strip()],
+                figure_groups=None if args.figure_groups.strip() == "all"
+                else [g.strip() for g in args.figure_groups.split(",") if g.strip()],
                 progress=update,
             )
     except EvaluationError as exc:
@@ -467,6 +552,7 @@ def checkpoint_summary(ck) -> dict:
             "source": _field(tr.get("source"), _is_source),
             "traces_sha256": _field(tr.get("traces_sha256"), lambda v: isinstance(v, str)),
             "val_traces_sha256": _field(tr.get("val_traces_sha256"), lambda v: isinstance(v, str)),
+            "recipe": _field(tr.get("recipe"), lambda v: isinstance(v, dict) and isinstance(v.get("command"), str)),
         },
     }
 
@@ -504,8 +590,12 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
         return 0
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    t = Table(title=f"{info['mode']} checkpoint: {info['checkpoint']}", show_header=False, title_justify="left")
+    from rlsched.text import printable
+
+    t = Table(title=Text(f"{info['mode']} checkpoint: {printable(info['checkpoint'])}"), show_header=False,
+              title_justify="left")
     t.add_column("field", style="bold")
     t.add_column("value", overflow="fold")
     ob, net, trn = info["observation"], info["network"], info["training"]
@@ -536,14 +626,17 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
         ("trained", trained),
         ("initialised from", str(trn["init"] or "the prior")),
         ("training traces", traces if traces == MALFORMED else ", ".join(traces or []) or "-"),
-        ("commands", trn["commands"] if trn["commands"] == MALFORMED else "\n".join(trn["commands"] or [])
-         or "(not recorded)"),
+        ("commands", trn["commands"] if trn["commands"] == MALFORMED
+         else "\n".join(printable(c) for c in trn["commands"] or []) or "(not recorded)"),
         ("code", code),
+        ("recipe", "(not recorded)" if trn["recipe"] is None else MALFORMED if trn["recipe"] == MALFORMED
+         else trn["recipe"]["command"] + (f" (paths {trn['recipe']['paths']})" if isinstance(
+             trn["recipe"].get("paths"), str) else "")),
         ("traces sha256", trn["traces_sha256"] or "(not recorded)"),
         ("weights sha256", f"{info['weights_sha256']} (verified)"),
         ("rlsched version", str(info["project_version"])),
     ]
-    for k, v in rows:
-        t.add_row(k, v)
+    for k, v in rows:  # file text: escaped (rlsched.text.printable), shown as plain Text (no rich markup)
+        t.add_row(k, Text("\n".join(printable(line) for line in str(v).split("\n"))))
     Console(width=max(100, Console().width)).print(t)
     return 0

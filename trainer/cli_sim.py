@@ -42,6 +42,7 @@ from typing import Any, Callable, Iterator
 
 from policies.base import Policy, PolicyError
 from rlsched.argtypes import float_at_least, non_negative_float, positive_float
+from rlsched.text import printable
 from trainer.outputs import unwritable
 
 __all__ = [
@@ -83,6 +84,17 @@ def seed_int(text: str) -> int:
     return v
 
 
+def add_contention_argument(p: argparse.ArgumentParser, what: str = "the simulator's") -> None:
+    """``--contention``: the contention rule of the performance model (shared by ``simulate``, ``twin``
+    and ``evaluate``; rules in ``docs/PERFORMANCE_MODEL.md``, section 2)."""
+    from policies.ledger import CONTENTION_RULES
+
+    p.add_argument("--contention", choices=CONTENTION_RULES, default="sum",
+                   help=f"{what} rule for several jobs sharing a node's link: 'sum' of the pairwise slowdowns "
+                        "(capped at 10x), 'link' (max-min sharing of the link's capacity, no cap) or 'ds-min' "
+                        "(DeepShare's: the worst pair, at most 1/0.35x) (default: %(default)s)")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``simulate`` to the ``rlsched`` subcommands."""
     p = sub.add_parser(
@@ -96,12 +108,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--trace",
         default=DEFAULT_TRACE,
-        help="job trace: DeepShare JSON, canonical CSV/Parquet or Philly CSV (default: %(default)s)",
+        help="job trace: DeepShare JSON, canonical CSV/Parquet, Philly CSV or an elastic trace (docs/ELASTIC.md) (default: %(default)s)",
     )
     p.add_argument(
         "--policy",
         default=DEFAULT_POLICIES,
-        help="comma-separated policies: fifo, sjf, srtf, las, greedy (optionally :pack|:spread|:greedy and -np), or rl-base / rl-hybrid (shipped 4x8 checkpoints) / rl-base:CHECKPOINT / rl-hybrid:CHECKPOINT (default: %(default)s)",
+        help="comma-separated policies: fifo, sjf, sif, lrf, srtf, lgtf, las, las2d, greedy (optionally -np and :pack|:nosplit|:spread|:greedy, e.g. srtf:nosplit), or rl-base / rl-hybrid (shipped 4x8 checkpoints) / rl-base:CHECKPOINT / rl-hybrid:CHECKPOINT, or the elastic baselines drf, tetris, optimus (docs/ELASTIC.md) (default: %(default)s)",
     )
     p.add_argument("--cluster", default="4x8", help="NODESxGPUS or a YAML/TOML cluster file (default: %(default)s)")
     p.add_argument("--out", required=True, help="output directory (must not exist or be empty, see --overwrite)")
@@ -119,6 +131,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="schedule only at round boundaries, not also right after arrivals and completions",
     )
     p.add_argument("--restart-overhead", type=non_negative_float, default=30.0, help="seconds without progress each time a preempted job restarts (default: %(default)s)")
+    p.add_argument("--resize-overhead", type=non_negative_float, default=None, help="seconds without progress "
+                   "after an elastic job is resized: a checkpoint-restart takes tens of seconds, DL2's hot scaling "
+                   "0.05 (default: --restart-overhead)")
     p.add_argument("--noise-cv", type=non_negative_float, default=0.0, help="coefficient of variation of a per-job speed factor, 0 = off (default: %(default)s)")
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the speed noise, in [0, 2**32 - 1] (default: %(default)s)")
     p.add_argument(
@@ -127,6 +142,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="minimum seconds between fragmentation/CS samples (default: the round length)",
     )
+    add_contention_argument(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar and no table")
     p.set_defaults(func=run_simulate)
 
@@ -221,7 +237,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     try:
         return _run(args)
     except OutputDirError as exc:
-        print(f"rlsched simulate: error: {exc}", file=sys.stderr)
+        print(f"rlsched simulate: error: {printable(exc)}", file=sys.stderr)
         return 2
 
 
@@ -231,12 +247,17 @@ def _run(args: argparse.Namespace) -> int:
     from trainer import metrics
     from trainer.simulator import Simulator
     from trainer.traces import load_trace
+    from policies.psmodel import PSPerformanceModel
+    from trainer.elastic import is_elastic_trace, read_elastic_trace
 
     # 1. Validate everything before running anything.
     out = Path(os.path.normpath(args.out))  # "a/b/.." -> "a": out.name is the directory's own name
     _check_out(out, args.overwrite)
     cluster = ClusterSpec.parse(args.cluster)
-    perf = ContentionModel(cluster)
+    perf = ContentionModel(cluster, contention=args.contention)
+    elastic = is_elastic_trace(resolve_trace(args.trace))
+    if elastic:  # workers and parameter servers (trainer/elastic.py, docs/ELASTIC.md)
+        perf = PSPerformanceModel(perf)
     names = parse_policy_list(args.policy)
     stems = {n: _file_stem(n) for n in names}
     if len(set(stems.values())) != len(stems):
@@ -246,7 +267,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.overwrite and out.exists() and out.resolve() in trace_path.resolve().parents:
         raise OutputDirError(f"--trace {args.trace} is inside --out {out}, which --overwrite would delete; "
                              "move the trace or choose another --out")
-    jobs = load_trace(trace_path, cluster, perf)
+    jobs = read_elastic_trace(trace_path) if elastic else load_trace(trace_path, cluster, perf)
     cfg = sim_config(args)
     sims = {n: Simulator(cluster, jobs, policies[n], perf, cfg) for n in names}  # checks trace vs cluster
 
@@ -261,8 +282,11 @@ def _run(args: argparse.Namespace) -> int:
         write_results(tmp, results, summaries, doc, stems, subtitle)
 
     if not args.quiet:
+        from trainer.report import identical_notes
+
+        notes = identical_notes(results, {n: getattr(policies[n], "stats", None) for n in names})
         print_results(summaries, f"rlsched simulate: {subtitle}",
-                      f"Simulated {len(names)} policies in {total_wall:.2f} s; wrote {out}/")
+                      f"Simulated {len(names)} policies in {total_wall:.2f} s; wrote {out}/", notes)
     return 0
 
 
@@ -286,6 +310,7 @@ def sim_config(args: argparse.Namespace):
         round_len=args.round,
         event_triggered=not args.no_event_trigger,
         restart_overhead=args.restart_overhead,
+        resize_overhead=getattr(args, "resize_overhead", None),
         noise_cv=args.noise_cv,
         seed=args.seed,
         metrics_interval=args.metrics_interval if args.metrics_interval is not None else args.round,
@@ -307,6 +332,7 @@ def summary_doc(args: argparse.Namespace, trace_path: Path, jobs: list, cluster,
             "noise_cv": cfg.noise_cv,
             "seed": cfg.seed,
             "metrics_interval_s": cfg.metrics_interval,
+            "contention": getattr(args, "contention", "sum"),
         },
         "policies": list(names),
         "files": {n: f"jobs_{stems[n]}.parquet" for n in names},
@@ -376,18 +402,13 @@ def run_all(runs: dict[str, Callable[..., Any]], jobs: int, quiet: bool) -> tupl
     return results, time.perf_counter() - t0
 
 
-def print_results(summaries: dict, title: str, footer: str) -> None:
-    """The comparison table (metrics as rows when the terminal is too narrow), then ``footer``."""
-    from rich.console import Console
-
+def print_results(summaries: dict, title: str, footer: str, notes: list[str] | None = None) -> None:
+    """The comparison table, at most :data:`trainer.report.TABLE_WIDTH` (100) columns wide (split into
+    several tables when wider), the ``notes`` (e.g. :func:`trainer.report.identical_notes`), then ``footer``."""
     from trainer import report
 
-    out_console = Console()
-    if not out_console.is_terminal:  # logs / pipes: do not squeeze the table into 80 columns
-        out_console = Console(width=200)
-    table = report.comparison_table(summaries, title=title)
-    natural = out_console.measure(table, options=out_console.options.update_width(10_000)).maximum
-    if natural > out_console.width:  # narrow terminal: metrics as rows
-        table = report.comparison_table(summaries, title=title, transpose=True)
-    out_console.print(table)
+    out_console = report.table_console()
+    width = min(out_console.width, report.TABLE_WIDTH) if out_console.is_terminal else report.TABLE_WIDTH
+    tables = report.comparison_tables(summaries, title=title, width=width)
+    report.print_tables_fitted(out_console, tables, notes or ())
     out_console.print(footer)

@@ -24,6 +24,7 @@ from typing import Any
 
 from policies.cluster import ClusterSpec
 from rlsched.argtypes import float_in_range, non_negative_int, positive_float, positive_int
+from rlsched.text import printable
 from trainer.generate import (
     DEMAND_DISTRIBUTIONS,
     MAX_JOBS,
@@ -41,7 +42,7 @@ __all__ = ["register"]
 
 
 def _fail(args: argparse.Namespace, msg: str) -> int:
-    print(f"rlsched trace {args.trace_command}: error: {msg}", file=sys.stderr)
+    print(f"rlsched trace {args.trace_command}: error: {printable(msg)}", file=sys.stderr)
     return 2
 
 
@@ -232,8 +233,8 @@ def _cmd_from_sacct(args: argparse.Namespace) -> int:
         return _fail(args, str(exc))
     _make_parent(out)
     write_trace(out, jobs)
-    for line in summary.lines():
-        print(line)
+    for line in summary.lines():  # sacct text (comments, job ids) escaped
+        print(printable(line))
     print(f"wrote {len(jobs)} jobs to {out}")
     return 0
 
@@ -362,3 +363,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--overwrite", "--force", dest="overwrite", action="store_true", help="replace an existing output"
     )
     f.set_defaults(func=_cmd_from_sacct)
+
+    from trainer.elastic import register_gen_elastic
+
+    register_gen_elastic(tsub)

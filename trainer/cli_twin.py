@@ -40,6 +40,7 @@ from trainer.cli_sim import (
     DEFAULT_TRACE,
     MIN_ROUND_S,
     OutputDirError,
+    add_contention_argument,
     _check_out,
     _file_stem,
     parse_policy_list,
@@ -82,8 +83,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trace", default=DEFAULT_TRACE,
                    help="job trace: DeepShare JSON, canonical CSV/Parquet or Philly CSV (default: %(default)s)")
     p.add_argument("--policy", default="greedy",
-                   help="the controller's policy, or a comma-separated list run one after the other: fifo, sjf, srtf, "
-                        "las, greedy (optionally :pack|:spread|:greedy and -np), rl-base / rl-hybrid (shipped "
+                   help="the controller's policy, or a comma-separated list run one after the other: fifo, sjf, sif, lrf, "
+                        "srtf, lgtf, las, las2d, greedy (optionally -np and :pack|:nosplit|:spread|:greedy), rl-base / rl-hybrid (shipped "
                         "checkpoints) or rl-base:CHECKPOINT / rl-hybrid:CHECKPOINT (default: %(default)s)")
     p.add_argument("--cluster", default="4x8",
                    help="NODESxGPUS or a YAML/TOML cluster file; its node names are the Slurm node names "
@@ -110,6 +111,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "it (what simulate assumes; exact for balanced placements); 'fill', as cons_tres splits "
                         "a total (one GPU per node, the rest filled in node order), jobs that do not fit waiting "
                         "released (default: %(default)s)")
+    add_contention_argument(p, "the simulated cluster's (the controller's own model keeps 'sum')")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no table")
     p.set_defaults(func=run_twin)
 
@@ -167,7 +169,7 @@ def _run(args: argparse.Namespace) -> int:
     out = Path(os.path.normpath(args.out))
     _check_out(out, args.overwrite, command="twin", not_ours=_not_twin_output)
     cluster = ClusterSpec.parse(args.cluster)
-    perf = ContentionModel(cluster)
+    perf = ContentionModel(cluster, contention=args.contention)
     names = parse_policy_list(args.policy)
     stems = {n: _file_stem(n) for n in names}
     if len(set(stems.values())) != len(stems):

@@ -8,8 +8,8 @@ group (a sub-directory of ``--traces``, e.g. ``normal/``, ``heavy/``,
   :func:`trainer.metrics.summarize`; and per group and policy the mean and
   95% confidence half-width (Student t over sets) of average JCT, p90 JCT,
   utilisation and average CS;
-* ``OUT/figures/``: for each of the ``figure_groups`` that exists (default
-  ``normal`` and ``uniform``; the first group when none does) the JCT CDF
+* ``OUT/figures/``: for each of the ``figure_groups`` (default: every group;
+  a named group that does not exist is an error) the JCT CDF
   (seed Fig. 5, jobs of all sets pooled), the CS distribution (Fig. 6) and
   the utilisation KDE (Fig. 7), named after the group; and, with ``branches``, average JCT versus
   utilisation of RL branches A-E next to the heuristics, one panel per group
@@ -90,9 +90,9 @@ METRICS = (
 )
 #: branch -> W1 of the seed reward its checkpoint was trained with (``rlsched train --reward seed --w1 W1``)
 BRANCHES = {"A": 0.3, "B": 0.4, "C": 0.5, "D": 0.6, "E": 0.7}
-#: the groups whose JCT CDF, CS distribution and utilisation KDE are drawn by default: the seed's
-#: normal mix, and its `uniform` demands (1..32 GPUs), the setting where placements contend
-FIGURE_GROUPS = ("normal", "uniform")
+#: the groups whose JCT CDF, CS distribution and utilisation KDE are drawn by default: ``None``, every group
+#: of ``--traces`` (whatever ``scripts/rl_traces.sh`` or the RESULTS.md commands named them)
+FIGURE_GROUPS: Sequence[str] | None = None
 
 #: evaluate's own files in ``OUT/figures/`` (:func:`fnmatch.fnmatchcase` patterns; ``*`` is a group name)
 FIGURE_PATTERNS = ("rl_jct_cdf_*.png", "rl_cs_distribution_*.png", "rl_util_kde_*.png", "rl_branches_jct_vs_util.png")
@@ -224,6 +224,8 @@ def evaluate_group(
     """
     out: dict[str, Any] = {}
     traces = list(jobs) if jobs is not None else load_job_sets(files, cluster, perf)
+    node_gpus = max(n.gpus for n in cluster.nodes)
+    needs_span = sum(1 for job_set in traces for j in job_set if j.gpu_demand > node_gpus)
     for name, pol in policies.items():
         sets, jcts, cs, util = [], [], [], []
         for f, job_set in zip(files, traces, strict=True):
@@ -259,12 +261,13 @@ def evaluate_group(
             m, h = mean_ci([r[key] for r in sets])
             # JSON null where there is no interval (one job set), rather than a NaN no strict parser reads
             summary[key] = {"mean": m, "ci95": h if math.isfinite(h) else None}
-        out[name] = {"sets": sets, "summary": summary}
+        # needs_span: jobs of the group that ask for more GPUs than a node has (print_tables' notes)
+        out[name] = {"sets": sets, "summary": summary, "needs_span": needs_span}
         if keep_jobs:
             out[name]["jobs_jct_s"] = jcts
             out[name]["jobs_avg_cs"] = cs
             out[name]["util_samples"] = util
-        log.info(
+        log.debug(  # the printed tables show these numbers (print_tables): at INFO they would show twice
             "  %-14s avg JCT %.2f h, util %.1f%%",
             name,
             summary["avg_jct_s"]["mean"] / 3600,
@@ -365,8 +368,17 @@ def _cell(summary: Mapping[str, Any], key: str, scale: float) -> str:
     return fmt.format(m * scale) + ("" if h is None else f" ± {fmt.format(h * scale)}")
 
 
+def _best_first(data: Mapping[str, Any]) -> list[str]:
+    """A group's policies, its best heuristic (lowest mean average JCT) first
+    (:func:`trainer.report.best_heuristic_first`)."""
+    from trainer.report import best_heuristic_first  # matplotlib: only when tables are made
+
+    return best_heuristic_first({n: d["summary"]["avg_jct_s"]["mean"] for n, d in data.items()})
+
+
 def markdown_tables(results: Mapping[str, Any], cluster: str) -> str:
-    """Markdown: one table per group, mean +- 95% CI over sets, plus ratios to the baselines."""
+    """Markdown: one table per group (its best heuristic first), mean +- 95% CI over sets, plus ratios
+    to the baselines (the best heuristic first)."""
     lines: list[str] = []
     for g, data in results.items():
         nsets = len(next(iter(data.values()))["sets"])
@@ -374,11 +386,13 @@ def markdown_tables(results: Mapping[str, Any], cluster: str) -> str:
         lines.append(f"### {g} ({what}, {cluster})\n")
         lines.append("| Policy | " + " | ".join(h for _, h, _ in METRICS) + " |")
         lines.append("|---|" + "---|" * len(METRICS))
-        for name, d in data.items():
+        order = _best_first(data)
+        for name in order:
+            d = data[name]
             lines.append(f"| {name} | " + " | ".join(_cell(d["summary"], key, scale) for key, _, scale in METRICS) + " |")
         ratios = []
         for rl in [n for n in data if n in ("rl-base", "rl-hybrid")]:
-            for base in [n for n in data if not n.startswith("rl-")]:
+            for base in [n for n in order if not n.startswith("rl-")]:
                 a = data[rl]["summary"]["avg_jct_s"]["mean"] / data[base]["summary"]["avg_jct_s"]["mean"]
                 p = data[rl]["summary"]["p90_jct_s"]["mean"] / data[base]["summary"]["p90_jct_s"]["mean"]
                 ratios.append(f"{rl}/{base}: avg {a:.3f}, p90 {p:.3f}")
@@ -395,20 +409,28 @@ def print_tables(results: Mapping[str, Any], cluster: str, console: Any = None) 
     :param results: :func:`run_evaluation`'s results (groups -> policies -> ``summary``).
     :param console: a :class:`rich.console.Console` (default: standard output).
     """
-    from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    console = console or Console()
+    from rlsched.text import printable
+    from trainer.report import TABLE_WIDTH, identical_set_notes, print_tables_fitted, table_console
+
+    console = console or table_console()
     for g, data in results.items():
         nsets = len(next(iter(data.values()))["sets"])
         what = "1 job set, no interval" if nsets == 1 else f"{nsets} job sets, mean ± 95% interval"
         table = Table(title=f"{g} ({what}, {cluster})", title_justify="left")
-        table.add_column("Policy")
+        # a long name (rl-base:/path/to/checkpoint) folds, so the table stays within TABLE_WIDTH columns
+        table.add_column("Policy", overflow="fold", max_width=TABLE_WIDTH - 16 * len(METRICS) - 4)
         for _, head, _ in METRICS:
             table.add_column(head, justify="right")
-        for name, d in data.items():
-            table.add_row(name, *(_cell(d["summary"], key, scale) for key, _, scale in METRICS))
-        console.print(table)
+        for name in _best_first(data):
+            d = data[name]
+            table.add_row(Text(printable(name)), *(_cell(d["summary"], key, scale) for key, _, scale in METRICS))
+        span = {d.get("needs_span") for d in data.values()}
+        notes = identical_set_notes(data, [k for k, _, _ in METRICS] + ["makespan_s"],
+                                    span.pop() if len(span) == 1 else None)
+        print_tables_fitted(console, [table], notes)
 
 
 def _check_outputs(outdir: Path, results_md: Path | None) -> None:
@@ -466,13 +488,15 @@ def run_evaluation(
     out: str | Path = "docs",
     branches: str | Path | None = None,
     results_md: str | Path | None = None,
-    figure_groups: Sequence[str] = FIGURE_GROUPS,
+    figure_groups: Sequence[str] | None = FIGURE_GROUPS,
     progress: Callable[[int, int], None] | None = None,
+    contention: str = "sum",
 ) -> dict[str, Any]:
     """Evaluate and write results (see module docstring); returns the results dict.
 
-    :param figure_groups: the groups that get the JCT CDF, CS distribution and utilisation KDE (those
-        that exist; the first group when none does).
+    :param contention: the performance model's contention rule (:data:`policies.ledger.CONTENTION_RULES`).
+    :param figure_groups: the groups that get the JCT CDF, CS distribution and utilisation KDE (``None``:
+        every group); :class:`EvaluationError` naming the trace groups when one of them does not exist.
     :param progress: called as ``progress(done, total)`` after each simulation of one policy on one
         job set (``total`` = policies x job sets over all groups), e.g. to drive a progress bar.
     """
@@ -481,7 +505,7 @@ def run_evaluation(
     specs = policy_specs(policies)
     _check_outputs(Path(out), Path(results_md) if results_md else None)
     cl = ClusterSpec.parse(cluster)
-    perf = ContentionModel(cl)
+    perf = ContentionModel(cl, contention=contention)
     pols: dict[str, Policy] = {}
     for alias, name in specs.items():
         pols[alias] = make_policy(name, cl, perf)
@@ -508,9 +532,18 @@ def run_evaluation(
                 branch_names.append(nm)
             _check_branch(getattr(pols[nm], "checkpoint", None), br, w1, ck)
     groups = _groups(Path(traces))
+    if figure_groups is None:
+        fig_groups = list(groups)
+    else:
+        unknown = [g for g in dict.fromkeys(figure_groups) if g not in groups]
+        if unknown or not figure_groups:
+            raise EvaluationError(
+                f"--figure-groups: no trace group {', '.join(map(repr, unknown)) or '(none given)'} in {traces}; "
+                f"its groups: {', '.join(groups)} (default: all of them)"
+            )
+        fig_groups = [g for g in groups if g in set(figure_groups)]
     # every file of every group is read and checked before the first (long) simulation
     job_sets = {g: load_job_sets(files, cl, perf) for g, files in groups.items()}
-    fig_groups = [g for g in groups if g in set(figure_groups)] or [next(iter(groups))]
     results: dict[str, Any] = {}
     t0 = time.perf_counter()
     total = len(pols) * sum(len(files) for files in groups.values())
@@ -562,6 +595,7 @@ def run_evaluation(
             figs.append(_branch_plot(results, branch_names, staged))
         meta = {
             "cluster": cl.describe(),
+            "contention": contention,
             "policies": list(pols),
             "traces": str(traces),
             "wall_s": time.perf_counter() - t0,

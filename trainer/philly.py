@@ -33,7 +33,8 @@ Jobs are returned sorted by submit time (ties in row order). Each keeps
 ``extra = {"vc": cluster id, "philly_gpus": original num_gpus, "duration":
 isolated seconds}``.
 
-The whole 82,247-job file reads in about 0.5 s of CPU: parsing is ``csv``
+Bounds: the file is at most :data:`trainer.traces.MAX_TRACE_BYTES` (32 MiB, checked before reading)
+and :data:`trainer.traces.MAX_TRACE_JOBS` rows. The whole 82,247-job file reads in about 0.5 s of CPU: parsing is ``csv``
 plus vectorised numpy; per-row Python only builds the jobs and locates a bad
 value.
 """
@@ -53,7 +54,15 @@ from policies.job import JobSpec
 from policies.perf import ContentionModel
 from policies.workloads import MODELS
 from trainer.generate import GeneratorError, parse_mix
-from trainer.traces import MAX_SUBMIT_TIME_S, MAX_SUBMIT_TIME_TEXT, TraceError, not_utf8_error, plain_number
+from trainer.traces import (
+    MAX_SUBMIT_TIME_S,
+    MAX_SUBMIT_TIME_TEXT,
+    MAX_TRACE_JOBS,
+    TraceError,
+    check_trace_size,
+    not_utf8_error,
+    plain_number,
+)
 
 __all__ = ["PHILLY_COLUMNS", "read_philly", "draw_models", "isolated_samples"]
 
@@ -195,6 +204,7 @@ def read_philly(
     if cap < 1:
         raise ValueError(f"max_gpus must be >= 1, got {max_gpus}")
 
+    check_trace_size(path, what="Philly trace")  # bounds memory: the rows are held as text until vectorised
     try:
         f = path.open(newline="", encoding="utf-8-sig")
     except OSError as exc:
@@ -210,7 +220,14 @@ def read_philly(
             for c in PHILLY_COLUMNS:
                 if c not in header:
                     raise TraceError(path, f"missing column (header has: {', '.join(header)})", 1, c)
-            rows = list(reader)
+            rows = []
+            for r in reader:
+                rows.append(r)
+                if len(rows) > MAX_TRACE_JOBS:
+                    raise TraceError(
+                        path, f"more than {MAX_TRACE_JOBS:,} rows, the limit for one trace; split it by submit time",
+                        reader.line_num,
+                    )
     except UnicodeDecodeError:
         raise not_utf8_error(path) from None
     except csv.Error as exc:

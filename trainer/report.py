@@ -12,13 +12,20 @@ Plots (matplotlib, Agg backend, nothing shown on screen):
 
 Inputs are :class:`trainer.simulator.SimResult` objects and the dicts of
 :func:`trainer.metrics.summarize`, keyed by policy name in display order.
+
+Tables: :func:`comparison_tables` fits the comparison into :data:`TABLE_WIDTH`
+(100) columns by splitting the metric columns over as many tables as needed
+(each repeats the policy column); :func:`identical_notes` says, under the
+table, which policies made identical decisions and what in the runs explains
+it (the hybrid's safety rule never fired, no job was slowed by contention, no
+preemption), computed from the runs.
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping, Sequence
 
 import matplotlib
 
@@ -31,7 +38,14 @@ from trainer.simulator import SimResult  # noqa: E402
 
 __all__ = [
     "PLOT_FILES",
+    "TABLE_WIDTH",
+    "best_heuristic_first",
     "comparison_table",
+    "comparison_tables",
+    "identical_notes",
+    "identical_set_notes",
+    "print_tables_fitted",
+    "table_console",
     "plot_jct_cdf",
     "plot_util_timeline",
     "plot_util_kde",
@@ -222,10 +236,32 @@ def _num(v) -> float:
         return math.nan
 
 
-def comparison_table(summaries: Mapping[str, Mapping], title: str | None = None, transpose: bool = False) -> Table:
+def best_heuristic_first(avg_jct: Mapping[str, float]) -> list[str]:
+    """The policy names of ``avg_jct`` (name -> average JCT) with the best heuristic first: the name of the
+    lowest finite value among the heuristics (names not starting with ``rl``: the learned policies and
+    the aliases of their checkpoints do); the other names keep their order (first on ties)."""
+    names = list(avg_jct)
+    vals = {n: _num(v) for n, v in avg_jct.items() if not n.lower().startswith("rl")}
+    vals = {n: v for n, v in vals.items() if math.isfinite(v)}
+    if vals:
+        best = min(vals, key=vals.__getitem__)
+        names.remove(best)
+        names.insert(0, best)
+    return names
+
+
+def comparison_table(
+    summaries: Mapping[str, Mapping],
+    title: str | None = None,
+    transpose: bool = False,
+    columns: Sequence[str] | None = None,
+) -> Table:
     """A rich table, one row per policy, one column per metric (``transpose``:
-    one row per metric, one column per policy, for narrow terminals); the
-    best value of each comparable metric is bold green (ties all bold)."""
+    one row per metric, one column per policy, for narrow terminals); the best
+    heuristic (:func:`best_heuristic_first`) comes first; the best value of each
+    comparable metric is bold green (ties all bold).
+    ``columns``: the summary keys of :data:`_COLUMNS` to show (default all), in that order."""
+    summaries = {n: summaries[n] for n in best_heuristic_first({n: s.get("avg_jct_s") for n, s in summaries.items()})}
     best: dict[str, float] = {}
     for key, _, _, _, lower in _COLUMNS:
         vals = [_num(s.get(key)) for s in summaries.values()]
@@ -240,17 +276,217 @@ def comparison_table(summaries: Mapping[str, Mapping], title: str | None = None,
             text = f"[bold green]{text}[/]"
         return text
 
+    shown = [c for c in _COLUMNS if columns is None or c[0] in columns]
     table = Table(title=title or "Policy comparison", header_style="bold", title_justify="left")
     if transpose:
         table.add_column("Metric", style="cyan", no_wrap=True)
         for name in summaries:
-            table.add_column(name, justify="right", no_wrap=True)
-        for key, head, scale, fmt, _ in _COLUMNS:
+            table.add_column(_plain(name), justify="right", no_wrap=True)
+        for key, head, scale, fmt, _ in shown:
             table.add_row(head, *(cell(s, key, scale, fmt) for s in summaries.values()))
         return table
-    table.add_column("Policy", style="cyan", no_wrap=True)
-    for _, head, _, _, _ in _COLUMNS:
+    # a long name (rl-base:/path/to/checkpoint) folds rather than widening the table
+    table.add_column("Policy", style="cyan", overflow="fold", max_width=_NAME_WIDTH)
+    for _, head, _, _, _ in shown:
         table.add_column(head, justify="right")
     for name, s in summaries.items():
-        table.add_row(name, *(cell(s, key, scale, fmt) for key, _, scale, fmt, _ in _COLUMNS))
+        table.add_row(_plain(name), *(cell(s, key, scale, fmt) for key, _, scale, fmt, _ in shown))
     return table
+
+
+#: Widest a printed results table is (terminal columns): wider comparisons are split (:func:`comparison_tables`).
+TABLE_WIDTH = 100
+#: Widest the policy-name column grows before a name folds onto more lines.
+_NAME_WIDTH = 28
+
+
+def _plain(name: str) -> str:
+    """A policy name for a rich table cell: escaped (:func:`rlsched.text.markup_safe`), so ``[x]`` in a
+    checkpoint path is shown as written and a control character as an escape."""
+    from rlsched.text import markup_safe
+
+    return markup_safe(name)
+
+
+def _table_width(table: Table) -> int:
+    """Columns ``table`` takes when nothing limits its width."""
+    from rich.console import Console
+
+    con = Console(width=10_000)
+    return con.measure(table, options=con.options.update_width(10_000)).maximum
+
+
+def comparison_tables(
+    summaries: Mapping[str, Mapping], title: str | None = None, width: int = TABLE_WIDTH
+) -> list[Table]:
+    """:func:`comparison_table` fitted into ``width`` columns: one table when it fits, else the metric
+    columns in order over as few tables as fit (each with the policy column; titles ``... (1/2)``).
+    A single metric that does not fit beside the policy column still gets a table of its own."""
+    keys = [c[0] for c in _COLUMNS]
+    whole = comparison_table(summaries, title)
+    if _table_width(whole) <= width:
+        return [whole]
+    chunks: list[list[str]] = []
+    for key in keys:
+        if chunks and _table_width(comparison_table(summaries, title, columns=chunks[-1] + [key])) <= width:
+            chunks[-1].append(key)
+        else:
+            chunks.append([key])
+    base = title or "Policy comparison"
+    return [
+        comparison_table(summaries, f"{base} ({i}/{len(chunks)})", columns=chunk)
+        for i, chunk in enumerate(chunks, start=1)
+    ]
+
+
+def print_tables_fitted(console: Any, tables: Sequence[Table], notes: Sequence[str] = ()) -> None:
+    """Print ``tables`` and then ``notes`` (plain text, wrapped) on ``console``, at most :data:`TABLE_WIDTH`
+    columns wide."""
+    from rich.text import Text
+
+    width = min(console.width, TABLE_WIDTH) if console.is_terminal else TABLE_WIDTH
+    for t in tables:
+        console.print(t, width=width)
+    for note in notes:
+        console.print(Text(note), width=width)
+
+
+def table_console(stderr: bool = False) -> Any:
+    """A rich console for results tables: the terminal's, or :data:`TABLE_WIDTH` columns in logs and pipes
+    (rich would otherwise assume 80)."""
+    from rich.console import Console
+
+    con = Console(stderr=stderr)
+    return con if con.is_terminal else Console(stderr=stderr, width=TABLE_WIDTH)
+
+
+# ---------------------------------------------------------------------- identical decisions
+def _same_jobs(a: SimResult, b: SimResult) -> bool:
+    """Whether every job started and finished at the same times (1e-9 s relative) on as many nodes, with as
+    many preemptions, in both runs: the observable trace of identical decisions."""
+    if len(a.jobs) != len(b.jobs):
+        return False
+    rb = {r.job_id: r for r in b.jobs}
+    for r in a.jobs:
+        o = rb.get(r.job_id)
+        if o is None or r.num_nodes != o.num_nodes or r.preemptions != o.preemptions:
+            return False
+        for x, y in ((r.first_start, o.first_start), (r.finish_time, o.finish_time)):
+            if not (x == y or (math.isfinite(x) and math.isfinite(y) and abs(x - y) <= 1e-9 * max(1.0, abs(x)))):
+                return False
+    return True
+
+
+def _kind(name: str) -> tuple[str, str, str, bool]:
+    """``(family, order or checkpoint, placement or mode, preemptive)`` of a policy name as the registry reads
+    it: ``greedy`` is the SRTF order with the contention-aware placement, a heuristic's placement defaults
+    to ``pack``, ``-np`` turns preemption off; RL names are ``rl-base`` / ``rl-hybrid`` (``:CHECKPOINT``)."""
+    n = name.strip().lower()
+    if n.startswith("rl-"):
+        mode, _, ckpt = n.partition(":")
+        return "rl", ckpt, mode, True
+    preemptive = not n.endswith("-np")
+    base = n[:-3] if not preemptive else n
+    order, _, place = base.partition(":")
+    if order in ("greedy", "contention-greedy"):
+        order, place = "srtf", place or "greedy"
+    return "heuristic", order, place or "pack", preemptive
+
+
+def _why_identical(names: Sequence[str], facts: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """What the runs of ``names`` (``facts`` per policy: ``fallback`` safety-rule placements or None,
+    ``preemptions``, ``needs_span`` jobs asking for more GPUs than a node has or None, ``max_cs`` the worst
+    job's average CS, ``max_wait`` the longest queueing time in seconds or None) say about why the rule that tells them apart never changed a decision."""
+    kinds = {n: _kind(n) for n in names}
+    ref = kinds[names[0]]
+    why: list[str] = []
+    for n in names:
+        fb = facts[n].get("fallback")
+        if fb is not None and kinds[n][2] == "rl-hybrid":
+            why.append(f"{n}'s safety rule never fired" if fb == 0 else f"{n}'s safety rule placed {fb} jobs")
+    if any(k[0] == "heuristic" and k[2] != ref[2] for k in kinds.values()):  # placements differ
+        span = [facts[n].get("needs_span") for n in names]
+        if all(x == 0 for x in span):
+            why.append("no job needed to span nodes (none asked for more GPUs than a node has), so the "
+                       "placements differ only in which node")
+        elif all(x is not None for x in span):
+            why.append(f"{max(span)} jobs needed to span nodes, and the placements put them alike")
+        worst = max((facts[n].get("max_cs", math.nan) for n in names), default=math.nan)
+        if math.isfinite(worst) and worst <= 1.0 + 1e-9:
+            why.append("no job was slowed by contention (average CS 1.000 for every job)")
+    if any(k[0] == "heuristic" and k[1] != ref[1] for k in kinds.values()):  # orders differ
+        if all(facts[n].get("max_wait") == 0 for n in names):
+            why.append("no job waited (each started at its submit time), so the orders had nothing to rank")
+    if any(k[0] == "heuristic" and k[3] != ref[3] for k in kinds.values()):  # preemption on in one only
+        if all(facts[n].get("preemptions") == 0 for n in names):
+            why.append("no job was preempted, so turning preemption off changed nothing")
+    return why
+
+
+def _groups_of_equal(names: Sequence[str], same: Any) -> list[list[str]]:
+    groups: list[list[str]] = []
+    for n in names:
+        for g in groups:
+            if same(g[0], n):
+                g.append(n)
+                break
+        else:
+            groups.append([n])
+    return [g for g in groups if len(g) > 1]
+
+
+def _note(group: Sequence[str], evidence: str, why: Sequence[str]) -> str:
+    names = ", ".join(group[:-1]) + f" and {group[-1]}"
+    reason = "; ".join(why) if why else "the runs do not show why (the policies' rules chose alike)"
+    return f"Note: {names} made identical decisions ({evidence}): {reason}."
+
+
+def identical_notes(
+    results: Mapping[str, SimResult], stats: Mapping[str, Mapping[str, Any] | None] | None = None
+) -> list[str]:
+    """One note per set of policies whose runs made identical decisions (:func:`_same_jobs`), saying what in
+    the runs explains it (:func:`_why_identical`). ``stats``: each policy's ``stats`` dict after its run, if
+    any (rl-hybrid counts ``fallback_placements``, its safety rule's placements)."""
+    stats = stats or {}
+    names = list(results)
+    facts = {}
+    for n in names:
+        st = stats.get(n) or {}
+        jobs = results[n].jobs
+        node = max(x.gpus for x in results[n].cluster.nodes)
+        facts[n] = {
+            "fallback": st.get("fallback_placements"),
+            "preemptions": results[n].preemptions,
+            "needs_span": sum(1 for r in jobs if r.gpu_demand > node),
+            "max_wait": max((r.queueing for r in jobs), default=0.0),
+            "max_cs": max((r.avg_cs for r in jobs if math.isfinite(r.avg_cs)), default=math.nan),
+        }
+    evidence = "every job started and finished at the same times on as many nodes"
+    return [_note(g, evidence, _why_identical(g, facts))
+            for g in _groups_of_equal(names, lambda a, b: _same_jobs(results[a], results[b]))]
+
+
+def identical_set_notes(
+    data: Mapping[str, Mapping[str, Any]], keys: Sequence[str], needs_span: int | None = None
+) -> list[str]:
+    """:func:`identical_notes` for :mod:`trainer.evaluate`'s results of one group (``{policy: {"sets": [...]}}``,
+    per-set metric rows): policies whose every job set gave the same ``keys`` metrics (and preemptions), with
+    the facts those rows hold (summed ``policy_stats``, preemptions, per-set average CS, which is 1 only when
+    every job's is, CS being at least 1). ``needs_span``: jobs of the group asking for more GPUs than a node has."""
+    names = list(data)
+
+    def rows(n: str) -> list[tuple]:
+        return [tuple(r.get(k) for k in (*keys, "preemptions")) for r in data[n]["sets"]]
+
+    facts = {}
+    for n in names:
+        sets = data[n]["sets"]
+        fb = [r.get("policy_stats", {}).get("fallback_placements") for r in sets]
+        facts[n] = {
+            "fallback": sum(fb) if fb and all(isinstance(x, int) for x in fb) else None,
+            "preemptions": sum(int(r.get("preemptions") or 0) for r in sets),
+            "needs_span": needs_span,
+            "max_cs": max((float(r["avg_cs"]) for r in sets if r.get("avg_cs") is not None), default=math.nan),
+        }
+    evidence = "the same metrics on every job set"
+    return [_note(g, evidence, _why_identical(g, facts)) for g in _groups_of_equal(names, lambda a, b: rows(a) == rows(b))]

@@ -78,15 +78,16 @@ from policies.perf import ContentionModel
 from policies.workloads import MODELS, canonical_model
 from trainer.generate import GeneratorError, parse_mix
 from trainer.philly import draw_models, isolated_samples
-from trainer.traces import MAX_SUBMIT_TIME_S, MAX_SUBMIT_TIME_TEXT, TraceError, not_utf8_error
+from rlsched.text import printable
+from trainer.traces import MAX_SUBMIT_TIME_S, MAX_SUBMIT_TIME_TEXT, MAX_TRACE_JOBS, TraceError, not_utf8_error
 
 __all__ = ["MAX_JSON_BYTES", "SACCT_FORMAT", "SKIP_REASONS", "SacctError", "SacctSummary", "read_sacct"]
 
 #: ``sacct --format`` with every field the ``-P`` reader uses.
 SACCT_FORMAT = "JobID,JobName,Submit,Start,End,Elapsed,State,AllocTRES,ReqTRES,Comment,Partition,User"
-#: Largest ``sacct --json`` file read (bytes): the document is parsed whole, which takes several times its size
-#: in memory. Longer histories: one file per period (``sacct -S/-E``), or the ``-P`` format, read line by line.
-MAX_JSON_BYTES = 256 * 1024 * 1024
+#: Largest ``sacct --json`` file read (bytes): 64 MiB. The document is parsed whole, which takes several times
+#: its size in memory. Longer histories: one file per period (``sacct -S/-E``), or the ``-P`` format, read line by line.
+MAX_JSON_BYTES = 64 * 1024 * 1024
 #: Why a job record is not in the trace (rule 2, checked in this order; ``step``: ``-P`` step lines).
 SKIP_REASONS = {
     "step": "job steps",
@@ -117,7 +118,7 @@ class SacctError(TraceError):
 
     def __init__(self, path: str | Path, message: str, where: str | None = None, column: str | None = None):
         loc = str(path) + (f", {where}" if where else "") + (f", field {column!r}" if column else "")
-        ValueError.__init__(self, f"{loc}: {message}")
+        ValueError.__init__(self, printable(f"{loc}: {message}"))
         self.path, self.row, self.column = str(path), where, column
 
 
@@ -562,6 +563,9 @@ def read_sacct(
             summary.skipped[reason] += 1
         else:
             kept.append((index, rec))
+            if len(kept) > MAX_TRACE_JOBS:
+                raise SacctError(path, f"more than {MAX_TRACE_JOBS:,} GPU jobs, the limit for one trace: export a "
+                                 "shorter period per file (sacct -S/-E)", rec.where)
     if not kept:
         raise SacctError(path, f"no GPU job that ran is left of its {summary.records} job records "
                          f"(skipped: {summary.skip_text()})")

@@ -27,7 +27,8 @@ When rounds happen (:meth:`SimBackend.next_round`, with ``round_len`` and ``even
   no arrival to come and nothing started counts as idle, and ``max_idle_rounds`` idle rounds in
   a row raise :class:`~trainer.simulator.SimulationError` (a policy that never places).
 
-Decisions are validated by :func:`policies.validate.check_decision` and applied all or nothing:
+Decisions are validated by :func:`policies.validate.check_decision` (then, when it finds nothing, by
+:func:`policies.validate.resource_problems`: CPUs, memory, parameter servers) and applied all or nothing:
 an invalid entry raises :class:`~trainer.simulator.SimulationError` with the first problem's
 message before anything is applied.
 
@@ -48,7 +49,7 @@ from collections.abc import Callable, Sequence
 
 from policies.backend import ApplyReport
 from policies.state import ClusterState, Decision, JobInfo
-from policies.validate import Problem, check_decision
+from policies.validate import Problem, check_decision, resource_problems
 from trainer.simulator import SimulationError, Simulator
 
 __all__ = ["SimBackend"]
@@ -111,7 +112,10 @@ class SimBackend:
 
     def check(self, decision: Decision) -> list[Problem]:
         """``check_decision`` of ``decision`` on a snapshot taken now."""
-        return check_decision(self.snapshot(), decision) if decision else []
+        if not decision:
+            return []
+        st = self.snapshot()
+        return check_decision(st, decision) or resource_problems(st, decision)
 
     def apply(self, decision: Decision, problems: Sequence[Problem] | None = None) -> ApplyReport:
         """Apply all of ``decision`` or, if any entry is invalid, none of it: :class:`SimulationError`

@@ -24,6 +24,13 @@ A preempted job keeps its progress (checkpointed) and pays
 starts again. A resized elastic job keeps its progress and pays
 ``resize_overhead`` seconds without progress on its new placement.
 
+A job with a :class:`~policies.resources.ResourceDemand` (``JobSpec.demand``) shows it to policies as
+``JobInfo.extra["demand"]`` and its elastic range as ``min_gpus`` / ``max_gpus``. A placement that is
+a :class:`policies.elastic.ElasticPlacement` also sets the job's parameter-server count, which the
+performance model (:class:`policies.psmodel.PSPerformanceModel`) prices; a resize to the same GPUs
+with another count changes the PSs only (same pause). CPUs and memory are checked by the decision
+rules (:func:`policies.validate.resource_problems`), not here.
+
 When rounds happen, and how decisions are validated and applied, is the round loop's
 (:mod:`policies.rounds`) over this simulator's backend (:mod:`trainer.sim_backend`);
 :meth:`Simulator.run` runs that loop. This module holds the mechanics.
@@ -59,6 +66,7 @@ __all__ = [
     "JobRecord",
     "RunningView",
     "MAX_ISOLATED_RUN_S",
+    "HOT_RESIZE_OVERHEAD_S",
 ]
 
 _EPS = 1e-9
@@ -68,6 +76,11 @@ _EPS = 1e-9
 #: days. A time-variant policy is asked every round while jobs run, so one job of 1e8 s already costs
 #: 333,334 rounds (about 6 s per policy); 1e10 samples of MoE (4.8e8 s) ran for minutes.
 MAX_ISOLATED_RUN_S = 1e8
+
+
+#: Pause (s) of a "hot" resize: DL2 adds a parameter server without a checkpoint in tens of
+#: milliseconds (DL2, Fig. 11); checkpoint-restart takes tens of seconds.
+HOT_RESIZE_OVERHEAD_S = 0.05
 
 
 class SimulationError(RuntimeError):
@@ -83,7 +96,9 @@ class SimConfig:
     :param restart_overhead: seconds without progress after each (re)start
         of a preempted job (checkpoint restore, warm-up).
     :param resize_overhead: seconds without progress after an elastic job is
-        resized (:attr:`~policies.state.Decision.resize`); ``None``: ``restart_overhead``.
+        resized (:attr:`~policies.state.Decision.resize`); ``None``: ``restart_overhead``
+        (checkpoint-restart, tens of seconds in DL2's Fig. 11). DL2's "hot" scaling pauses
+        tens of milliseconds (:data:`HOT_RESIZE_OVERHEAD_S`).
     :param noise_cv: coefficient of variation of a per-job speed factor
         (log-normal, mean 1); 0 disables it. DL2 reports 0.273.
     :param seed: seeds the speed noise.
@@ -172,6 +187,11 @@ class _Job:
             best_thp=best_thp,
             demand=spec.demand,
         )
+        d = spec.demand
+        if d is not None:  # elastic range and resources (policies.elastic reads extra["demand"])
+            if d.min_gpus is not None:
+                self.info.min_gpus, self.info.max_gpus = d.min_gpus, d.max_gpus
+            self.info.extra["demand"] = d
         self.key: tuple | None = None
         self.iso = 0.0  # isolated samples/s on the current placement (noise included)
         self.rate = 0.0  # achieved samples/s

@@ -17,7 +17,19 @@ Every reader reports a bad row as ``TraceError`` naming file, row and field;
 text files must be UTF-8, CSV rows must have as many fields as the header,
 job ids must be unique (also as JSON keys) and submit times at most
 :data:`MAX_SUBMIT_TIME_S` seconds. CSV numbers are plain decimal literals
-(:func:`plain_number`), JSON and Parquet numbers real numbers (not strings).
+(:func:`plain_number`), JSON and Parquet numbers real numbers (not strings);
+JSON text must be encodable as UTF-8 (no lone surrogate such as ``"\\ud800"``)
+and JSON integers have at most :data:`MAX_JSON_DIGITS` digits.
+
+Bounds: a trace file is at most :data:`MAX_TRACE_BYTES` (32 MiB, about ten
+times the whole Philly trace) and :data:`MAX_TRACE_JOBS` (1,000,000) jobs. A
+larger file is refused before it is read (its size from ``stat``; a Parquet
+file's row count from its footer), and a CSV with more rows stops at the first
+row beyond the limit. CSV rows are parsed one at a time into jobs, so a bad row
+is reported as soon as it is reached, holding only the jobs before it. Measured
+(``/usr/bin/time -v rlsched trace stats``, docs/TRACES.md, "Limits"): a
+1,000,000-job CSV peaks at 538 MB RSS, the same with a bad last row at 492 MB;
+a 200 MB CSV is refused before reading, at 85 MB (the interpreter and imports).
 """
 
 from __future__ import annotations
@@ -34,12 +46,13 @@ import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any, Sequence
+from typing import IO, Any, Iterable, Iterator, Sequence
 
 from policies.cluster import ClusterSpec
 from policies.job import JobSpec
 from policies.perf import ContentionModel
 from policies.workloads import UnknownModelError, canonical_model
+from rlsched.text import printable
 
 __all__ = [
     "TraceError",
@@ -60,6 +73,10 @@ __all__ = [
     "MAX_SUBMIT_TIME_TEXT",
     "DEEPSHARE_KEYS",
     "DEMAND_COLUMNS",
+    "MAX_TRACE_BYTES",
+    "MAX_TRACE_JOBS",
+    "MAX_JSON_DIGITS",
+    "check_trace_size",
 ]
 
 CANONICAL_COLUMNS = ("job_id", "submit_time", "model", "gpu_demand", "total_samples")
@@ -76,6 +93,36 @@ MAX_SUBMIT_TIME_S = 1e9
 #: :data:`MAX_SUBMIT_TIME_S` in words, for messages.
 MAX_SUBMIT_TIME_TEXT = f"{MAX_SUBMIT_TIME_S:g} s (about {MAX_SUBMIT_TIME_S / (365.25 * 86400):.1f} years)"
 
+#: Largest trace file any reader opens (bytes): 32 MiB, about ten times the whole Philly trace (3.3 MB, 82,247
+#: jobs). Checked with ``stat`` before reading, so a larger file costs no memory.
+MAX_TRACE_BYTES = 32 * 2**20
+#: Most jobs (data rows) a trace may hold: 1,000,000. A CSV stops at the first row beyond it.
+MAX_TRACE_JOBS = 1_000_000
+#: Most digits of a JSON integer (Python's own limit for converting text to ``int``, ``sys.get_int_max_str_digits``).
+MAX_JSON_DIGITS = 4300
+
+
+def check_trace_size(path: str | Path, limit: int | None = None, what: str = "trace") -> int:
+    """The size of ``path`` in bytes; :class:`TraceError` if it is over ``limit`` (default
+    :data:`MAX_TRACE_BYTES`) or cannot be read. Nothing of the file is read."""
+    limit = MAX_TRACE_BYTES if limit is None else limit
+    try:
+        size = Path(path).stat().st_size
+    except OSError as exc:
+        raise TraceError(path, f"cannot open: {exc.strerror}") from exc
+    if size > limit:
+        raise TraceError(
+            path,
+            f"{size / 2**20:.1f} MiB is over the {limit / 2**20:.0f} MiB limit for a {what} file "
+            f"(at most {MAX_TRACE_JOBS:,} jobs); split it by submit time and simulate the parts",
+        )
+    return size
+
+
+def _too_many_jobs(path: Path, row: int | str | None = None) -> TraceError:
+    return TraceError(path, f"more than {MAX_TRACE_JOBS:,} jobs, the limit for one trace; split it by submit time", row)
+
+
 #: What :func:`trace_format` returns, and how messages name it.
 TRACE_FORMATS = {"canonical": "canonical CSV/Parquet", "deepshare": "DeepShare JSON", "philly": "Philly CSV"}
 
@@ -89,7 +136,8 @@ class TraceError(ValueError):
             where += f", row {row}"
         if column is not None:
             where += f", field {column!r}"
-        super().__init__(f"{where}: {message}")
+        # File text (a JSON key as row, a header name, a value) may hold terminal escapes: shown escaped.
+        super().__init__(printable(f"{where}: {message}"))
         self.path, self.row, self.column = str(path), row, column
 
 
@@ -278,41 +326,63 @@ def validate_jobs(path: str | Path, jobs: Sequence[JobSpec], rows: Sequence[int 
 
 
 def read_canonical(path: str | Path, cluster: ClusterSpec | None = None, perf: ContentionModel | None = None) -> list[JobSpec]:
-    """Read a canonical CSV or Parquet trace (see module docstring)."""
+    """Read a canonical CSV or Parquet trace (see module docstring; bounds: :data:`MAX_TRACE_BYTES`,
+    :data:`MAX_TRACE_JOBS`). Rows become jobs one at a time, so memory holds the jobs, not the rows' text."""
     path = Path(path)
     if cluster is not None and perf is None:
         perf = ContentionModel(cluster)
-    rows: list[tuple[int, dict[str, Any]]]
+    check_trace_size(path)
+    rows: Iterable[tuple[int, dict[str, Any]]]
     if path.suffix.lower() in PARQUET_SUFFIXES:
-        import pyarrow.parquet as pq
-
-        try:
-            table = pq.read_table(path)
-        except Exception as exc:  # noqa: BLE001
-            raise TraceError(path, f"cannot read Parquet: {exc}") from exc
-        _check_header(path, table.column_names)
-        rows = list(enumerate(table.to_pylist(), start=1))
+        rows = _read_parquet_rows(path)
         text = False
     else:
         rows = _read_csv_rows(path)
         text = True
-    jobs = [_job_from_row(path, n, rec, cluster, perf, text=text) for n, rec in rows]
-    validate_jobs(path, jobs, [n for n, _ in rows])
+    jobs: list[JobSpec] = []
+    lines: list[int] = []
+    for n, rec in rows:
+        jobs.append(_job_from_row(path, n, rec, cluster, perf, text=text))
+        lines.append(n)
+    validate_jobs(path, jobs, lines)
     return jobs
 
 
-def _read_csv_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
-    """The data rows of a canonical CSV as ``(line, {column: text})``, blank lines skipped.
+def _read_parquet_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The rows of a Parquet trace as ``(row, {column: value})``, row 1 first, read in record batches; the
+    row count is checked against :data:`MAX_TRACE_JOBS` from the footer before any row is read."""
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as exc:  # noqa: BLE001
+        raise TraceError(path, f"cannot read Parquet: {exc}") from exc
+    _check_header(path, pf.schema_arrow.names)
+    if pf.metadata.num_rows > MAX_TRACE_JOBS:
+        raise _too_many_jobs(path)
+    n = 0
+    try:
+        for batch in pf.iter_batches(batch_size=65536):
+            for rec in batch.to_pylist():
+                n += 1
+                yield n, rec
+    except TraceError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a corrupt page, an unreadable type
+        raise TraceError(path, f"cannot read Parquet: {exc}", n + 1) from exc
+
+
+def _read_csv_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The data rows of a canonical CSV as ``(line, {column: text})``, one at a time, blank lines skipped.
 
     ``line`` is the row's first line in the file as a person counts them (the
     header is on line 1 unless blank lines precede it). A row with more or
-    fewer fields than the header is an error.
+    fewer fields than the header is an error, as is a row beyond :data:`MAX_TRACE_JOBS`.
     """
     try:
         f = path.open(newline="", encoding="utf-8-sig")
     except OSError as exc:
         raise TraceError(path, f"cannot open: {exc.strerror}") from exc
-    rows: list[tuple[int, dict[str, Any]]] = []
     reader = csv.reader(f)
     try:
         with f:
@@ -321,19 +391,21 @@ def _read_csv_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
                 if cols:
                     break
             _check_header(path, cols, reader.line_num)
-            width, last = len(cols), reader.line_num
+            width, last, count = len(cols), reader.line_num, 0
             for rec in reader:
                 first, last = last + 1, reader.line_num
                 if not rec:
                     continue
                 if len(rec) != width:
                     raise TraceError(path, f"expected {width} fields as in the header, got {len(rec)}", first)
-                rows.append((first, dict(zip(cols, rec))))
+                count += 1
+                if count > MAX_TRACE_JOBS:
+                    raise _too_many_jobs(path, first)
+                yield first, dict(zip(cols, rec))
     except UnicodeDecodeError:
         raise not_utf8_error(path) from None
     except csv.Error as exc:
         raise TraceError(path, f"not CSV: {exc}", reader.line_num) from None
-    return rows
 
 
 def _check_header(path: Path, cols: Sequence[str], row: int = 1) -> None:
@@ -382,6 +454,42 @@ _DEEPSHARE_REFUSED = {
 }
 
 
+class _JsonIntTooLong(ValueError):
+    """A JSON integer with more than :data:`MAX_JSON_DIGITS` digits."""
+
+
+def _json_int(text: str) -> int:
+    """``json.loads``'s ``parse_int``: ``int(text)``, refusing more than :data:`MAX_JSON_DIGITS` digits
+    with a message of its own (``int()`` raises a ValueError that ``json`` does not place)."""
+    digits = len(text.lstrip("-"))
+    if digits > MAX_JSON_DIGITS:
+        raise _JsonIntTooLong(f"an integer of {digits} digits (at most {MAX_JSON_DIGITS}) starting {text[:12]}...")
+    return int(text)
+
+
+def _unencodable(doc: Any, where: str = "") -> str | None:
+    """Where ``doc`` (parsed JSON) holds a string that is not valid Unicode text (a lone surrogate, which
+    JSON's ``\\ud800`` escape can write and no UTF-8 file, Parquet column or terminal can hold), or None."""
+    stack: list[tuple[Any, str]] = [(doc, where)]
+    while stack:
+        obj, at = stack.pop()
+        if isinstance(obj, str):
+            try:
+                obj.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                return f"{at or 'a value'} holds a lone surrogate {obj[exc.start]!r}, not Unicode text"
+        elif isinstance(obj, dict):
+            for k, v in obj.items():
+                try:
+                    k.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    return f"the key {k!r} holds a lone surrogate {k[exc.start]!r}, not Unicode text"
+                stack.append((v, f"the value of key {k!r}"))
+        elif isinstance(obj, list):
+            stack.extend((v, at) for v in obj)
+    return None
+
+
 def read_deepshare_json(
     path: str | Path, cluster: ClusterSpec | None = None, perf: ContentionModel | None = None, **_: Any
 ) -> list[JobSpec]:
@@ -397,6 +505,7 @@ def read_deepshare_json(
     path = Path(path)
     if cluster is not None and perf is None:
         perf = ContentionModel(cluster)
+    check_trace_size(path)
     try:
         raw = path.read_bytes()
     except OSError as exc:
@@ -405,14 +514,21 @@ def read_deepshare_json(
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError:
         raise not_utf8_error(path, raw) from None
+    del raw
     if not text.strip():
         raise TraceError(path, "empty file: no JSON job set and no jobs")
     try:
-        doc = json.loads(text, object_pairs_hook=_JsonObject)
+        doc = json.loads(text, object_pairs_hook=_JsonObject, parse_int=_json_int)
     except json.JSONDecodeError as exc:
         raise TraceError(path, f"not a readable JSON job set: {exc}") from exc
+    except _JsonIntTooLong as exc:
+        raise TraceError(path, f"not a readable JSON job set: {exc}") from None
     except RecursionError:
         raise TraceError(path, "not a readable JSON job set: nested too deeply") from None
+    del text
+    bad = _unencodable(doc)
+    if bad is not None:
+        raise TraceError(path, f"not a usable JSON job set: {bad}")
     if not isinstance(doc, dict):
         raise TraceError(path, "expected a JSON object mapping job ids to jobs")
     if doc.repeated:

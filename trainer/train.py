@@ -51,7 +51,7 @@ import os
 import shlex
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -908,6 +908,7 @@ def train(
     resume: bool = False,
     progress: Callable[[int, int], None] | None = None,
     overwrite: bool = False,
+    episodes: Callable[[int, float], None] | None = None,
 ) -> dict:
     """Train, evaluate periodically, keep the best; returns a summary dict (also ``OUT/summary.json``).
 
@@ -923,6 +924,10 @@ def train(
         so and once at the end (steps counted from 0, a resumed run starting where it left off; "in
         all" is ``cfg.timesteps`` rounded up to whole rollouts, :func:`rollout_steps`), e.g. to drive a
         progress bar.
+    :param episodes: called as ``episodes(episodes finished, that episode's return)`` when an episode of
+        any training environment ends (the count from 0 in this segment; the return is the raw reward sum
+        of the episode, before :class:`~stable_baselines3.common.vec_env.VecNormalize`, as SB3's ``Monitor``
+        records it), e.g. for the progress bar's episode count and last reward.
     :raises TrainConfigError, CheckpointError: from :func:`check_run` and the validation traces' check,
         before any work; a :class:`TrainConfigError` if another run holds ``out``.
     """
@@ -938,7 +943,7 @@ def train(
         plan = check_run(cfg, out, resume=resume, overwrite=overwrite)
         if plan.last is not None:
             _check_resume_val_traces(plan.last, cfg, val_traces)
-        return _train_locked(cfg, plan, train_traces, val_traces, out, resume, progress)
+        return _train_locked(cfg, plan, train_traces, val_traces, out, resume, progress, episodes)
 
 
 def _segment_commands(plan: RunPlan, cfg: TrainConfig, out: Path, start_steps: int) -> list[dict[str, Any]]:
@@ -960,6 +965,7 @@ def _train_locked(
     out: Path,
     resume: bool,
     progress: Callable[[int, int], None] | None,
+    episodes: Callable[[int, float], None] | None = None,
 ) -> dict:
     """:func:`train` once ``out`` is locked and ``plan`` checked."""
     import torch
@@ -1117,8 +1123,15 @@ def _train_locked(
             # on the --eval-freq grid (a resumed run too: it evaluates where an uninterrupted one would)
             self.next_eval = (start_steps // cfg.eval_freq + 1) * cfg.eval_freq
             self.shown = start_steps
+            self.episodes = 0  # finished in this segment, over all environments
 
         def _on_step(self) -> bool:
+            if episodes is not None:
+                for info in self.locals.get("infos", ()):
+                    ep = info.get("episode") if isinstance(info, dict) else None
+                    if ep is not None:  # Monitor's record of an episode that just ended
+                        self.episodes += 1
+                        episodes(self.episodes, float(ep["r"]))
             if progress is not None and self.num_timesteps - self.shown >= 64:
                 self.shown = self.num_timesteps
                 progress(self.num_timesteps, planned)
@@ -1187,6 +1200,7 @@ def ship_checkpoint(
     dest: str | Path | None = None,
     command: str | None = None,
     aging_s: float | None = None,
+    relative_to: str | Path | None = None,
 ) -> list[Path]:
     """Copy a trained checkpoint's policy network as ``rl-base-<shape>`` and ``rl-hybrid-<shape>``.
 
@@ -1200,6 +1214,10 @@ def ship_checkpoint(
         :attr:`~policies.codecs.deepshare.ObsSpec.aging_s`) instead of the one it was trained with. The
         weights are unchanged; the trained value stays in ``training.config`` (``aging_s``;
         written in as :data:`~policies.orders.LEGACY_AGING_S` for a config without it).
+    :param relative_to: a directory: the paths under it that ``training`` records (trace directories,
+        ``--init``, ``--out``, in the config and the command lines) are written relative to it
+        (:func:`relative_provenance`), so the shipped files name no directory of the machine they were
+        trained on; ``training.recipe`` then records the one command that trains them again.
     """
     from importlib import resources
 
@@ -1217,6 +1235,8 @@ def ship_checkpoint(
     if isinstance(training.get("config"), dict) and "aging_s" not in training["config"]:
         # a config without aging_s was trained with LEGACY_AGING_S: record it (the spec may differ when re-shipped)
         training["config"] = {**training["config"], "aging_s": LEGACY_AGING_S}
+    if relative_to is not None:
+        training = relative_provenance(training, relative_to)
     spec = ck.spec if aging_s is None else replace(ck.spec, aging_s=aging_s)
     out = []
     for mode in ("rl-base", "rl-hybrid"):
@@ -1236,4 +1256,54 @@ def ship_checkpoint(
                 prior=ck.prior,
             )
         )
+    return out
+
+
+#: ``training.recipe`` of checkpoints shipped with paths relative to a run directory: the one command that
+#: trains the shipped 4x8 checkpoints again, in a directory DIR the recorded paths are relative to.
+SHIPPED_RECIPE = {
+    "command": "bash scripts/reproduce_shipped.sh DIR",
+    "paths": "relative to DIR (trace directories, --init, --out)",
+    "docs": "docs/RL.md, Reproducing the shipped checkpoints",
+}
+
+
+def relative_provenance(training: Mapping[str, Any], base: str | Path) -> dict[str, Any]:
+    """``training`` (a checkpoint's metadata section) with every path under ``base`` written relative to it:
+    ``config.traces`` / ``config.val_traces`` entries, ``config.init``, and those paths inside the command
+    lines (``command``, ``commands[].command``); adds ``recipe`` (:data:`SHIPPED_RECIPE`). Paths elsewhere
+    are kept as they are. Pure: ``training`` is not changed."""
+    root = os.path.abspath(base)
+
+    def rel(p: Any) -> Any:
+        if not isinstance(p, str) or not os.path.isabs(p):
+            return p
+        q = os.path.normpath(p)
+        return os.path.relpath(q, root) if q == root or q.startswith(root.rstrip(os.sep) + os.sep) else p
+
+    def rel_command(cmd: Any) -> Any:
+        if not isinstance(cmd, str):
+            return cmd
+        try:
+            words = shlex.split(cmd)
+        except ValueError:
+            return cmd
+        return shlex.join(rel(w) for w in words)
+
+    out = dict(training)
+    cfg = out.get("config")
+    if isinstance(cfg, dict):
+        cfg = dict(cfg)
+        for key in ("traces", "val_traces"):
+            if isinstance(cfg.get(key), list):
+                cfg[key] = [rel(p) for p in cfg[key]]
+        if "init" in cfg:
+            cfg["init"] = rel(cfg["init"])
+        out["config"] = cfg
+    if "command" in out:
+        out["command"] = rel_command(out["command"])
+    if isinstance(out.get("commands"), list):
+        out["commands"] = [{**c, "command": rel_command(c.get("command"))} if isinstance(c, dict) else c
+                           for c in out["commands"]]
+    out["recipe"] = dict(SHIPPED_RECIPE)
     return out

@@ -25,9 +25,10 @@ CASES = [
     ("trace0-4x8", "4x8", "data/traces/deepshare/simulate/trace0.json",
      ["fifo", "sjf", "srtf", "las", "greedy", "srtf-np", "las:spread", "fifo:pack", "rl-base", "rl-hybrid"]),
     ("poisson-16x8", "16x8", "tests/golden/poisson-16x8.csv",
-     ["fifo", "srtf", "las", "greedy", "srtf-np:spread"]),
+     ["fifo", "srtf", "las", "greedy", "srtf-np:spread", "srtf:nosplit", "lgtf", "las2d:nosplit"]),
     ("heavy-4x8", "4x8", "tests/golden/heavy-4x8.csv",
-     ["fifo", "srtf", "las", "greedy", "srtf:spread", "rl-base", "rl-hybrid"]),
+     ["fifo", "srtf", "las", "greedy", "srtf:spread", "rl-base", "rl-hybrid", "srtf:nosplit", "lgtf", "las2d",
+      "sif", "lrf"]),
 ]
 
 
