@@ -20,13 +20,21 @@ Every ``interval_s`` seconds one :meth:`Controller.round`:
 Placement in Slurm: jobs ask for a total (``--gpus=N``, recorded by
 job_submit.lua in the admin comment). The controller pins the node set and
 node count and rewrites the GPU request: a balanced placement (k GPUs on each
-node) becomes ``TresPerNode=gres:gpu:k`` (exact); any other placement keeps
-``TresPerJob=gres:gpu:N`` and Slurm's cons_tres gives each node one GPU and
-fills the rest in node order (exact for packing placements). The controller
-compares each started job's per-node GRES with the plan, counts mismatches
+node) becomes ``TresPerNode=gres:gpu:k``, which Slurm honours exactly; any
+other placement keeps ``TresPerJob=gres:gpu:N``, and Slurm's cons_tres then
+chooses the split itself: one GPU on each node, the rest filled in node order,
+each node up to the GPUs free when the job starts
+(:func:`trainer.twin.cons_tres_split` models it). That equals the plan only
+when the plan also fills the nodes before its last in node order up to their
+free GPUs; a packing split with its partial node earlier in node order, or a
+change of free GPUs between the round and the start, gives another split (or
+no start until the job fits: it waits ``Resources``). The controller compares
+each started job's per-node GRES with the plan, counts mismatches
 (``rlsched_placement_mismatch_total``), and the next round's state is built
-from what Slurm actually allocated. The GPU total and the node set (the
-performance model's key) are always exactly the plan.
+from what Slurm actually allocated. The GPU total and the node set are always
+exactly the plan; the split within them is guaranteed for balanced placements only
+(``rlsched twin --slurm-split fill`` replays a trace with cons_tres's splits;
+docs/SLURM.md, "Per-node split").
 
 Crash-only: all state is rebuilt from Slurm each round. The journal
 (``state_dir/journal.json``, written atomically) only remembers what Slurm

@@ -170,6 +170,11 @@ def partition_warning(j: SlurmJob, partition: str | None) -> str | None:
     return None
 
 
+def _submitted(j: SlurmJob, now: float) -> float:
+    """``j``'s submit time (epoch s), or ``now`` when Slurm gives none (``None``; a time of 0 is a time)."""
+    return now if j.submit_time is None else j.submit_time
+
+
 def build_state(
     now: float,
     cluster: ClusterSpec,
@@ -226,9 +231,11 @@ def build_state(
     pending: list[JobInfo] = []
     ledger = ContentionLedger(perf, cluster.num_nodes)  # the running jobs' contention, by job id
 
-    # Slurm's submit times have 1 s resolution: within a second, job id order is
-    # arrival order, so break ties with a microsecond offset per position.
-    for rank, j in enumerate(sorted(jobs, key=lambda x: (x.submit_time or 0.0, x.job_id))):
+    # Jobs in arrival order: submit time (a job without one counts as submitted now), then Slurm job id
+    # (Slurm numbers jobs in submission order, and its submit times have 1 s resolution). Submit times are
+    # passed on as Slurm gives them; policies break ties between equal submit times by job id as text, which
+    # is submission order among ids of one width.
+    for j in sorted(jobs, key=lambda x: (_submitted(x, now), x.job_id)):
         if not j.managed or not j.in_partition(partition):
             w = partition_warning(j, partition)
             if w is not None:
@@ -276,7 +283,7 @@ def build_state(
             job_id=str(j.job_id),
             model=model,
             gpu_demand=j.gpus,
-            submit_time=(j.submit_time or now) + rank * 1e-6,
+            submit_time=_submitted(j, now),
             total_samples=total,
             done_samples=done,
             best_thp=best,

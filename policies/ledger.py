@@ -31,7 +31,8 @@ multi-node jobs on the job's nodes (every rule is local to a node: a job's CS de
 the jobs sharing its nodes; their CS is recomputed from the rule, so the result does not depend
 on the order of earlier adds and removes beyond the order of jobs on a node, and for ``ds-min``
 and ``link`` not even on that);
-:meth:`~ContentionLedger.what_if` prices a placement without changing anything;
+:meth:`~ContentionLedger.what_if` prices a placement without changing anything (:meth:`~ContentionLedger.price`:
+the newcomer alone, its neighbours taken in add order or in job-id order);
 :meth:`~ContentionLedger.fork` is O(1) and gives a writable overlay for trying changes.
 """
 
@@ -277,7 +278,8 @@ class ContentionLedger:
 
     Every job (single- or multi-node) is added with :meth:`add` under a unique id; only multi-node
     jobs enter the per-node link index and have a CS above 1. On one node, jobs are kept in the
-    order they were added, and the sums of :func:`node_cs` follow that order.
+    order they were added, and the sums of :func:`node_cs` follow that order (:meth:`price` and
+    :meth:`node_keys` can use increasing job id instead, an order that does not depend on the adds).
 
     A ledger built by :meth:`fork` is an overlay on its origin: O(1) to make, it reads through
     to the origin and keeps its own changes. It is valid while the origin is unchanged; any use
@@ -317,13 +319,13 @@ class ContentionLedger:
             :meth:`check` compares against a recomputation.
         """
         led = cls(perf, num_nodes)
+        have = led._jobs
+        insert = led._insert
         for job_id, model, placement, info in jobs:
-            if led._get(job_id) is not None:
+            if job_id in have:
                 raise ValueError(f"job {job_id!r} is already in the contention ledger")
-            key = job_key(model, placement)
-            led._insert(job_id, key, placement, info)
-            if known_cs is not None and key[2] > 1:
-                led._set_cs(job_id, led._jobs[job_id], float(known_cs(info)))  # type: ignore[arg-type]
+            key = (model, placement.total_gpus, placement.num_nodes)  # job_key(model, placement)
+            insert(job_id, key, placement, info, float(known_cs(info)) if known_cs is not None and key[2] > 1 else 1.0)
         if known_cs is None:
             led._refresh_all()
         return led
@@ -465,9 +467,10 @@ class ContentionLedger:
 
     # ------------------------------------------------------------------ the rule, on ledger data
     def _cs_on(self, job_id: Hashable, key: JobKey, nodes: Iterable[int], extra: dict[int, JobKey] | None = None,
-               exclude: Hashable = _MISSING) -> float:
+               exclude: Hashable = _MISSING, by_id: bool = False) -> float:
         """CS of ``key`` on ``nodes`` against the multi-node jobs there other than ``job_id`` and
-        ``exclude``, plus ``extra[v]`` (a job placed last on node ``v``)."""
+        ``exclude``, plus ``extra[v]`` (a job placed last on node ``v``); summed on each node in add
+        order, or in increasing job id when ``by_id``."""
         if key[2] <= 1:
             return 1.0
         perf = self.perf
@@ -476,7 +479,9 @@ class ContentionLedger:
         skip = [x for x in (job_id, exclude) if x is not _MISSING]  # ids to leave out (compared by value)
         for v in nodes:
             d = self._node(v)
-            if not skip:
+            if by_id:
+                others = [d[o] for o in sorted(d) if o not in skip]
+            elif not skip:
                 others = list(d.values())
             elif len(skip) == 1:
                 s0 = skip[0]
@@ -490,15 +495,36 @@ class ContentionLedger:
                 worst = c
         return cap_cs(worst, perf)
 
+    def node_keys(self, node: int, by_id: bool = False) -> tuple[JobKey, ...]:
+        """Keys (:func:`job_key`) of the multi-node jobs on ``node``: in the order they were added, or
+        in increasing job id when ``by_id`` (the ids must then be comparable, e.g. all ``str``)."""
+        self._check()
+        d = self._node(node)
+        if by_id:
+            return tuple(d[o] for o in sorted(d))
+        return tuple(d.values())
+
+    def price(self, model: str, placement: "Placement", exclude: Hashable = None, by_id: bool = False) -> float:
+        """The CS a new job ``model`` would have on ``placement`` (:meth:`what_if`'s first value),
+        without pricing its neighbours and without changing anything.
+
+        :param exclude: a job id to leave out (e.g. the job itself, if the ledger holds it); ``None``: none.
+        :param by_id: sum each node's neighbours in increasing job id (a canonical order, whatever
+            order the jobs were added in) rather than in add order.
+        """
+        self._check()
+        return self._cs_on(_MISSING, job_key(model, placement), placement.nodes,
+                           exclude=_MISSING if exclude is None else exclude, by_id=by_id)
+
     def what_if(self, model: str, placement: "Placement", exclude: Hashable = None) -> tuple[float, dict[Hashable, float]]:
         """Price a new job without adding it.
 
         :param exclude: a job id to leave out (e.g. the job itself, if the ledger holds it); ``None``:
             none.
-        :returns: the newcomer's CS on ``placement``, and ``{id: CS it would have}`` for every
-            multi-node job on the placement's nodes (first seen over the nodes in placement order,
-            then in add order on a node) when the newcomer spans several nodes; ``{}`` otherwise
-            (a single-node job slows nobody).
+        :returns: the newcomer's CS on ``placement`` (:meth:`price`), and ``{id: CS it would have}``
+            for every multi-node job on the placement's nodes (first seen over the nodes in placement
+            order, then in add order on a node) when the newcomer spans several nodes; ``{}``
+            otherwise (a single-node job slows nobody).
         """
         self._check()
         ex = _MISSING if exclude is None else exclude
@@ -546,11 +572,11 @@ class ContentionLedger:
             self._lb_own = True
         return self._lb
 
-    def _insert(self, job_id: Hashable, key: JobKey, placement: "Placement", info: Any) -> None:
+    def _insert(self, job_id: Hashable, key: JobKey, placement: "Placement", info: Any, cs: float = 1.0) -> None:
         if key[2] > 1 and self._lb is not None and max(placement.nodes) >= len(self._lb):
             raise ValueError(f"job {job_id!r}: placement {placement} uses a node beyond the ledger's {len(self._lb)}")
         self._seq += 1
-        self._jobs[job_id] = _Entry(key, placement, 1.0, info, self._seq)
+        self._jobs[job_id] = _Entry(key, placement, cs, info, self._seq)
         if key[2] > 1:
             lb = self._lb_w()
             for v in placement.nodes:
@@ -687,7 +713,11 @@ class ContentionLedger:
         self._check()
         c = ContentionLedger(self.perf)
         c._lb = None if self._lb is None else bytearray(self._lb)
-        if self._base is None:
+        b = self._base
+        if b is not None and not self._jobs and not self._nodes:  # a fork without changes: its origin's
+            c._jobs = dict(b._jobs)
+            c._nodes = {v: dict(d) for v, d in b._nodes.items() if d}
+        elif b is None:
             c._jobs = dict(self._jobs)
             c._nodes = {v: dict(d) for v, d in self._nodes.items()}
         else:

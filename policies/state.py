@@ -10,13 +10,14 @@ Units: times in seconds, work in samples, service in GPU-seconds.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 import numpy as np
 
 from policies.cluster import ClusterSpec, Placement
 from policies.ledger import ContentionLedger, PairContention
+from policies.resources import Allocation, ResourceDemand, free_cpu_mem
 
 __all__ = ["JobInfo", "ClusterState", "Decision", "time_key", "TIME_KEY_DECIMALS", "TIME_KEY_SCALE"]
 
@@ -68,6 +69,11 @@ class JobInfo:
     :param max_gpus: most GPUs an elastic job can use; ``None`` (with ``min_gpus``): not elastic.
         A running elastic job may be resized (:attr:`Decision.resize`) to any total in
         ``[min_gpus, max_gpus]``; a job that is not elastic keeps ``gpu_demand`` GPUs.
+    :param demand: the job's full resource demand (:class:`~policies.resources.ResourceDemand`: GPU
+        type, CPUs and memory per GPU, parameter servers), or ``None``: GPUs of any type and nothing
+        else, which fits wherever the GPUs do. Its per-GPU amounts apply to whatever GPU total the
+        job is placed on; :func:`policies.validate.check_decision` refuses a placement where the GPU
+        type, CPUs or memory do not fit (:func:`policies.resources.placement_misfit`).
 
     Construction checks the fields policies compute with (:class:`ValueError` naming the job
     and the field): ``gpu_demand`` an integer >= 1 (not a bool, not ``2.5``); ``submit_time``,
@@ -96,6 +102,7 @@ class JobInfo:
     preemptible: bool = True
     min_gpus: int | None = None
     max_gpus: int | None = None
+    demand: ResourceDemand | None = None
 
     def __post_init__(self) -> None:
         # one expression on the common path (every value finite, demand a plain int);
@@ -116,11 +123,22 @@ class JobInfo:
                 and (st is None or _isfinite(st))
                 and self.min_gpus is None
                 and self.max_gpus is None
+                and self.demand is None
             )
         except TypeError:  # a non-number
             ok = False
         if not ok:
             _check_job_fields(self)
+
+    def demand_on(self, gpus: int) -> ResourceDemand | None:
+        """:attr:`demand` at a GPU total of ``gpus`` (same type and per-GPU / parameter-server amounts),
+        or ``None`` when the job declares nothing beyond GPUs (no type, CPUs or memory)."""
+        d = self.demand
+        if d is None or (d.gpu_type is None and not d.declares_cpu_mem):
+            return None
+        if d.gpus == gpus and d.min_gpus is None:
+            return d
+        return replace(d, gpus=gpus, min_gpus=None, max_gpus=None)
 
     @property
     def elastic(self) -> bool:
@@ -174,6 +192,9 @@ def _check_job_fields(j: JobInfo) -> None:
     st = j.start_time
     if st is not None and (not _is_number(st) or not math.isfinite(st)):
         raise ValueError(f"job {j.job_id!r}: start_time must be a finite number or None, got {st!r}")
+    d = j.demand
+    if d is not None and not isinstance(d, ResourceDemand):
+        raise ValueError(f"job {j.job_id!r}: demand must be a ResourceDemand or None, got {d!r}")
     lo, hi = j.min_gpus, j.max_gpus
     if lo is None and hi is None:
         return
@@ -291,6 +312,30 @@ class ClusterState:
         self.__dict__["_free_bytes"] = (self.free_gpus, (data, bound))
         if total is not None:
             self.__dict__["_free_total"] = (self.free_gpus, int(total))
+
+    def free_cpu_mem(self) -> tuple[list[int | None], list[float | None]]:
+        """Free CPU cores and memory (GB) per node: each node's declared CPUs / memory
+        (:attr:`~policies.cluster.NodeSpec.cpus`, ``mem_gb``) less what the running jobs' demands
+        (:attr:`JobInfo.demand`, placed as :meth:`~policies.resources.Allocation.from_placement` does) hold
+        there; ``None`` for a node that declares none (no limit). Computed on first use
+        (:func:`policies.resources.free_cpu_mem`) and kept with this state; O(1) after the first pass when
+        no node declares CPUs or memory."""
+        got = self.__dict__.get("_free_cpu_mem")
+        if got is None:
+            cluster = self.cluster
+            cpus, mem = cluster.cpus_per_node, cluster.mem_gb_per_node
+            if all(c is None for c in cpus) and all(m is None for m in mem):
+                got = (list(cpus), list(mem))
+            else:
+                allocs = []
+                for j in self.running:
+                    p = j.placement
+                    d = None if p is None else j.demand_on(p.total_gpus)
+                    if d is not None and d.declares_cpu_mem:
+                        allocs.append(Allocation.from_placement(p, d, cluster))  # type: ignore[arg-type]
+                got = free_cpu_mem(cluster, allocs)
+            self.__dict__["_free_cpu_mem"] = got
+        return got
 
     def contention(self, perf: PairContention) -> ContentionLedger:
         """The contention ledger (:class:`~policies.ledger.ContentionLedger`) of ``running`` priced by

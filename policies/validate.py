@@ -27,16 +27,27 @@ Rules (the message of each problem names the job and the reason):
 A valid placement (:func:`placement_problem`) has distinct nodes each with at least one GPU
 (``Placement.of`` builds such), every node a node of the cluster and usable, and fits the free
 GPUs of each of its nodes. GPUs freed on an unusable node do not count as free.
+
+Beyond GPU counts, a job with a resource demand (:attr:`~policies.state.JobInfo.demand` with a GPU
+type, CPUs or memory) is placed or resized only where :func:`policies.resources.placement_misfit`
+finds it fits: every node has GPUs of its type, and its workers' and parameter servers' CPUs and
+memory fit each node's free CPUs / memory (:meth:`~policies.state.ClusterState.free_cpu_mem`, plus
+what the decision's valid preemptions and resizes release, less what its earlier valid entries
+take; an elastic placement's parameter-server count replaces the demand's). A job without such a
+demand fits wherever its GPUs do, so policies that ignore GPU types, CPUs and memory are checked
+exactly as on a cluster that declares none. :func:`resource_problems` adds the parameter-server
+rules of elastic jobs (:mod:`policies.elastic`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from policies.cluster import Placement
-from policies.state import ClusterState, Decision
+from policies.resources import Allocation, placement_misfit
+from policies.state import ClusterState, Decision, JobInfo
 
 __all__ = ["AFTER_EARLIER", "Problem", "check_decision", "placement_problem", "resource_problems", "without"]
 
@@ -103,6 +114,62 @@ def _take(delta: dict[int, int], p: Placement, sign: int, usable) -> None:
             delta[n] = delta.get(n, 0) + sign * c
 
 
+class _Free(Sequence):
+    """Free CPUs (or memory) per node: the snapshot's, plus a per-node change (``None`` entries stay None)."""
+
+    __slots__ = ("base", "delta")
+
+    def __init__(self, base: Sequence, delta: dict) -> None:
+        self.base, self.delta = base, delta
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, n):  # type: ignore[override]
+        b = self.base[n]
+        return None if b is None else b + self.delta.get(n, 0)
+
+
+class _CpuMem:
+    """The CPUs and memory a decision's accepted entries release and take, per node; reads the snapshot's
+    free CPUs / memory only when a job with a demand is placed."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+        self.cpus: dict[int, int] = {}
+        self.mem: dict[int, float] = {}
+
+    @staticmethod
+    def demand(info: JobInfo, p: Placement):
+        """``info``'s demand on ``p``: its GPU total, and the placement's parameter-server count where it
+        names one (an elastic placement, :class:`policies.elastic.ElasticPlacement`)."""
+        d = info.demand_on(p.total_gpus)
+        ps = getattr(p, "ps", None)
+        if d is not None and isinstance(ps, int) and ps != d.ps:
+            d = replace(d, ps=ps, ps_cpus=d.ps_cpus if ps else 0, ps_mem_gb=d.ps_mem_gb if ps else 0.0)
+        return d
+
+    def take(self, info: JobInfo, p: Placement, sign: int) -> None:
+        """Add ``sign`` times what ``info``'s demand holds on ``p`` (nothing for a plain demand)."""
+        d = self.demand(info, p)
+        if d is None or not d.declares_cpu_mem:
+            return
+        for n, (_g, c, m) in Allocation.from_placement(p, d, self.state.cluster).per_node().items():
+            if c:
+                self.cpus[n] = self.cpus.get(n, 0) + sign * c
+            if m:
+                self.mem[n] = self.mem.get(n, 0.0) + sign * m
+
+    def misfit(self, info: JobInfo, p: Placement) -> str | None:
+        """Why ``info``'s demand does not fit on ``p`` beyond GPU counts, or None."""
+        d = self.demand(info, p)
+        if d is None:
+            return None
+        cpus, mem = self.state.free_cpu_mem()
+        why = placement_misfit(d, p, self.state.cluster, _Free(cpus, self.cpus), _Free(mem, self.mem))
+        return None if why is None else f"job {info.job_id}: placement {p} does not fit: {why}"
+
+
 def check_decision(state: ClusterState, decision: Decision) -> list[Problem]:
     """Every entry of ``decision`` that cannot be applied to ``state``, in the order of application
     (preemptions, resizes, placements; see the module docstring for the rules). Empty: all of it
@@ -112,6 +179,7 @@ def check_decision(state: ClusterState, decision: Decision) -> list[Problem]:
     free = state.free_gpus
     delta: dict[int, int] = {}  # node -> change of its free GPUs by the entries accepted so far
     job = state.job
+    res = _CpuMem(state)  # CPUs and memory released and taken by the accepted entries
 
     gone: set[str] = set()
     for i, jid in enumerate(decision.preempt):
@@ -123,6 +191,8 @@ def check_decision(state: ClusterState, decision: Decision) -> list[Problem]:
         else:
             gone.add(jid)
             _take(delta, info.placement, +1, usable)
+            if info.demand is not None:
+                res.take(info, info.placement, +1)
 
     resized: set[str] = set()
     for i, (jid, p) in enumerate(decision.resize):
@@ -143,6 +213,13 @@ def check_decision(state: ClusterState, decision: Decision) -> list[Problem]:
             _take(delta, own, +1, usable)  # its own GPUs are free for its new placement
             why = placement_problem(jid, p.total_gpus, p, free, usable,
                                     " (with its own GPUs, after the decision's preemptions and earlier resizes)", delta)
+            if why is None and info.demand is not None:
+                res.take(info, own, +1)  # and its own CPUs and memory
+                why = res.misfit(info, p)
+                if why is None:
+                    res.take(info, p, -1)
+                else:
+                    res.take(info, own, -1)
             if why is None:
                 _take(delta, p, -1, None)
             else:
@@ -164,9 +241,15 @@ def check_decision(state: ClusterState, decision: Decision) -> list[Problem]:
             why = f"job {jid}: already running (decision places it without preempting it)"
         else:
             why = placement_problem(jid, info.gpu_demand, p, free, usable, AFTER_EARLIER, delta)
+            if why is None and info.demand is not None:
+                why = res.misfit(info, p)
+                if why is not None and (res.cpus or res.mem):
+                    why += AFTER_EARLIER
         if why is None:
             placed.add(jid)
             _take(delta, p, -1, None)
+            if info.demand is not None:  # type: ignore[union-attr]
+                res.take(info, p, -1)  # type: ignore[arg-type]
         else:
             problems.append(Problem("place", i, jid, why))
     return problems

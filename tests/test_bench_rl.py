@@ -38,5 +38,20 @@ def test_main_writes_json_with_machine_reference(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr("sys.argv", ["bench_rl.py", "--only", "episode", "--json", str(out)])
     bench.main()
     data = json.loads(out.read_text())
-    assert set(data) == {"machine_reference", "episode"}
+    assert set(data) == {"machine_reference", "clock", "episode"} and data["clock"] == "wall"
     assert "machine reference:" in capsys.readouterr().out
+
+
+def test_clock_cpu_reads_process_time(tmp_path, monkeypatch, capsys):
+    """--clock cpu: every figure comes from time.process_time (recorded in the JSON and printed)."""
+    import time
+
+    seen = []
+    monkeypatch.setattr(bench, "bench_episode", lambda: seen.append(bench._now) or
+                        {"episode_jobs": 256, "wall_s": [0.1], "steps": [256], "max_wall_s": 0.1})
+    out = tmp_path / "c.json"
+    monkeypatch.setattr("sys.argv", ["bench_rl.py", "--only", "episode", "--clock", "cpu", "--json", str(out)])
+    monkeypatch.setattr(bench, "_now", bench._now)  # main() sets the module's clock; put it back after the test
+    bench.main()
+    assert seen == [time.process_time]
+    assert json.loads(out.read_text())["clock"] == "cpu" and "clock: cpu" in capsys.readouterr().out

@@ -2344,3 +2344,31 @@ def test_status_shows_waiting_jobs_and_agents_that_do_not_answer(tmp_path, capsy
     assert main(["controller", "status", "--state-dir", str(tmp_path / "state")]) == 0
     out = capsys.readouterr().out
     assert "waiting 1 (dependency or begin time)" in out and "agents: 2 configured, not answering: node2" in out
+
+
+def test_build_state_keeps_slurm_submit_times_and_orders_ties_by_job_id():
+    """Submit times reach the policy as Slurm gives them (no offset per position); jobs submitted in the same
+    second are in job id order; a submit time of 0 is a time, a missing one counts as now."""
+    from controller.slurm import MANAGED_MARK
+
+    nodes = [SlurmNode("node1", 8, 0, "idle", partitions=("gpu",))]
+    cl = build_cluster(nodes, "gpu", 16.0, 5.0)
+    perf = ContentionModel(cl)
+
+    def job(i, submit):
+        return SlurmJob(job_id=i, name=f"j{i}", user="u", user_id=1, state="PENDING", reason="", priority=0,
+                        partition="gpu", gpus=1, nodes=[], comment="rlsched:model=MoE,samples=1e3",
+                        admin_comment=MANAGED_MARK, submit_time=submit)
+
+    jobs = [job(12, 500.0), job(11, 500.0), job(10, None), job(9, 0.0), job(13, 500.0)]
+    view = build_state(1000.0, cl, nodes, jobs, perf, partition="gpu", default_model="MoE", default_runtime_s=3600)
+    got = [(j.job_id, j.submit_time) for j in view.state.pending]
+    assert got == [("9", 0.0), ("11", 500.0), ("12", 500.0), ("13", 500.0), ("10", 1000.0)]
+    # the same jobs in another input order give the same state (ties broken by job id, not by input position)
+    again = build_state(1000.0, cl, nodes, jobs[::-1], perf, partition="gpu", default_model="MoE", default_runtime_s=3600)
+    assert [(j.job_id, j.submit_time) for j in again.state.pending] == got
+    # FIFO starts the job submitted at time 0 first, then the same-second jobs in id order
+    from policies.heuristics import make_heuristic
+
+    dec = make_heuristic("fifo", perf).schedule(view.state)
+    assert [jid for jid, _ in dec.place] == ["9", "11", "12", "13", "10"]

@@ -698,3 +698,56 @@ def test_heterogeneous_layout_is_checked_and_described():
         spec.check_cluster(C48)
     with pytest.raises(EncodingError, match=r"trained for a 4x8 cluster \(4 nodes, 32 GPUs\) but the cluster is an 8x8 cluster"):
         ObsSpec.for_cluster(C48).check_cluster(ClusterSpec.parse("8x8"))
+
+
+class _OrderPerf(ContentionModel):
+    """The shipped model with pair slowdowns whose excesses (by the other job's model) sum to different
+    floats in different orders on one node."""
+
+    X = {"MoE": 1.62, "FSDP": 2.82, "DLRM": 1.14}
+
+    def pair_cs(self, a, b) -> float:
+        if a[2] <= 1 or b[2] <= 1:
+            return 1.0
+        return 1.0 + self.X.get(b[0], 0.5)
+
+
+def test_option_speeds_sum_neighbours_in_job_id_order_from_the_ledger():
+    """Option speeds come from the round's contention ledger, each node's neighbours summed in job-id
+    order (the oracle's), not in running order; starts update the ledger in running order."""
+    cluster = ClusterSpec.parse("2x8")
+    perf = _OrderPerf(cluster)
+    codec = DeepShareCodec(cluster, perf)
+
+    def run(jid, model):
+        p = Placement.of({0: 2, 1: 2})
+        iso = perf.isolated_throughput(model, 4, 2)
+        return JobInfo(jid, model, 4, 0.0, 3600.0 * iso, placement=p, isolated_thp=iso, achieved_thp=iso,
+                       best_thp=perf.best_isolated_throughput(model, 4))
+
+    running = [run("c", "DLRM"), run("b", "FSDP"), run("a", "MoE")]  # running order != id order
+    best = perf.best_isolated_throughput("MoE", 4)
+    pending = [JobInfo("d", "MoE", 4, 0.0, 3600.0 * best, best_thp=best)]
+    state = ClusterState(0.0, cluster, np.array([2, 2]), running, pending)
+    rnd = codec.begin(state)
+    enc = rnd.encode()
+    ref = encode_reference(codec, state)
+    _same(enc, ref)
+    me = ("MoE", 4, 2)
+    by_id = perf.node_cs(me, [("MoE", 4, 2), ("FSDP", 4, 2), ("DLRM", 4, 2)])
+    by_running = perf.node_cs(me, [("DLRM", 4, 2), ("FSDP", 4, 2), ("MoE", 4, 2)])
+    assert by_id != by_running  # the two orders round differently: the test tells them apart
+    two = Placement.of({0: 2, 1: 2})
+    s = next(s for s, p in enumerate(enc.options[0]) if p == two)
+    iso = perf.isolated_throughput("MoE", 4, 2)
+    assert enc.sparse.speeds[s] == min(iso / by_id / best, 1.0)
+    # the start goes through the same ledger: every neighbour's CS is the ledger's, which equals a recomputation
+    rnd.place("d", two)
+    led = rnd._cont.ledger
+    led.check()
+    assert list(led) == ["c", "b", "a", "d"]
+    after = rnd.state()
+    assert [j.job_id for j in after.running] == ["c", "b", "a", "d"]
+    assert [j.cs for j in after.running] == pytest.approx([led.cs(j) for j in "cbad"], rel=1e-12)
+    cur = apply_placement(state, "d", two, perf)
+    assert after.running == cur.running

@@ -522,3 +522,60 @@ def test_simulator_hands_its_ledger_and_an_old_state_rebuilds_its_own() -> None:
     assert not led.valid
     own = st2.contention(perf)  # built from st2's running jobs (a, b), not the simulator's (a, b, c)
     assert list(own) == ["a", "b"] and own.cs("b") == pytest.approx(perf.pair_cs(("FSDP", 8, 2), ("MoE", 8, 2)))
+
+
+class OrderPerf:
+    """pair_cs whose excesses (by the other job's model) sum to different floats in different orders."""
+
+    X = {"MoE": 1.62, "FSDP": 2.82, "DLRM": 1.14}
+
+    def pair_cs(self, a, b) -> float:
+        if a[2] <= 1 or b[2] <= 1:
+            return 1.0
+        return 1.0 + self.X[b[0]]
+
+
+def test_price_sums_in_add_order_or_by_job_id() -> None:
+    perf = OrderPerf()
+    led = ContentionLedger(perf, 4)
+    # added in the order c, b, a; by id the order is a (MoE), b (FSDP), c (DLRM)
+    led.add("c", "DLRM", P((0, 2), (1, 2)))
+    led.add("b", "FSDP", P((0, 2), (1, 2)))
+    led.add("a", "MoE", P((0, 2), (1, 2)))
+    led.add("single", "DLRM", P((0, 1)))  # on no link: not a neighbour
+    assert led.node_keys(0) == (("DLRM", 4, 2), ("FSDP", 4, 2), ("MoE", 4, 2))
+    assert led.node_keys(0, by_id=True) == (("MoE", 4, 2), ("FSDP", 4, 2), ("DLRM", 4, 2))
+    assert led.node_keys(2) == ()
+    p = P((0, 1), (1, 1))
+    me = ("MoE", 2, 2)
+    added = node_cs(perf, me, led.node_keys(0))
+    by_id = node_cs(perf, me, led.node_keys(0, by_id=True))
+    assert added == 1.0 + ((1.14 + 2.82) + 1.62) and by_id == 1.0 + ((1.62 + 2.82) + 1.14)
+    assert added != by_id  # the two orders round differently: the test tells them apart
+    assert led.price("MoE", p) == added == led.what_if("MoE", p)[0]
+    assert led.price("MoE", p, by_id=True) == by_id
+    # leaving a job out
+    assert led.price("MoE", p, exclude="b", by_id=True) == led.what_if("MoE", p, exclude="b")[0] == 1.0 + (1.62 + 1.14)
+    # a single-node newcomer is never slowed; pricing changes nothing
+    assert led.price("MoE", P((3, 4)), by_id=True) == 1.0
+    led.check()
+    # a fork prices what it holds, in job-id order whatever the adds
+    f = led.fork()
+    f.remove("c")
+    f.add("c", "DLRM", P((0, 2), (1, 2)))
+    assert f.node_keys(0, by_id=True) == led.node_keys(0, by_id=True)
+    assert f.price("MoE", p, by_id=True) == by_id
+
+
+def test_copy_of_an_unchanged_fork_is_its_origin_and_independent() -> None:
+    led = ContentionLedger(TablePerf(), 4)
+    led.add("x", "MoE", P((0, 2), (1, 2)))
+    led.add("y", "FSDP", P((1, 2), (2, 2)))
+    led.add("s", "DLRM", P((3, 1)))
+    f = led.fork(read_only=True)
+    c = f.copy()
+    assert list(c) == list(led) and c.loads() == led.loads() and c.load_bytes() == led.load_bytes()
+    assert [c.cs(j) for j in c] == [led.cs(j) for j in led]
+    c.check()
+    c.add("z", "MoE", P((0, 1), (1, 1)))  # the copy changes; the origin and its fork do not
+    assert "z" not in led and f.valid and led.load(1) == 2 and c.load(1) == 3

@@ -78,7 +78,8 @@ def test_fixture_history_becomes_the_documented_trace(path):
         # the work takes the measured run time alone on the job's best placement
         assert j.total_samples / perf.best_isolated_throughput(j.model, gpus) == pytest.approx(elapsed, rel=1e-12)
     by_id = {j.job_id: j for j in jobs}
-    assert by_id["4103"].extra["gpu_type"] == "a100" and "gpu_type" not in by_id["4101"].extra
+    assert by_id["4103"].extra["alloc_gpu_type"] == "a100" and "alloc_gpu_type" not in by_id["4101"].extra
+    assert all(j.demand is None for j in by_id.values())  # the type a job ran on is no demand of the replay
     assert by_id["4116"].extra["partition"] == "debug" and by_id["4110_2"].extra["state"] == "FAILED"
     assert by_id["4115"].extra["user"] == "frank" and by_id["4115"].extra["job_name"] == "gpt2-fsdp"
     assert summary.records == 16 and summary.kept == 9

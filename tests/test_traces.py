@@ -682,6 +682,77 @@ def test_json_errors_name_the_key_as_written(tmp_path: Path) -> None:
     assert str(ei.value) == f"{path}, row a, field 'total_samples_to_train': must not be negative, got -1"
 
 
+# ---------------------------------------------------------------------- resource demand columns
+def _demand_jobs() -> list[JobSpec]:
+    from policies.resources import ResourceDemand
+
+    return [
+        JobSpec("a", 0.0, "MoE", 4, 1000.0, {"user": "x"}, ResourceDemand(4, gpu_type="v100", cpus_per_gpu=4, mem_gb_per_gpu=16.5)),
+        JobSpec("b", 1.0, "DLRM", 2, 500.0, {"user": "y"}),
+        JobSpec("c", 2.0, "DLRM", 2, 500.0, {"user": "z"}, ResourceDemand(2, cpus_per_gpu=2)),
+    ]
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet", ".json"])
+def test_demand_columns_round_trip(tmp_path: Path, suffix: str) -> None:
+    from trainer.traces import DEMAND_COLUMNS
+
+    jobs = _demand_jobs()
+    path = tmp_path / f"t{suffix}"
+    write_trace(path, jobs)
+    back = load_trace(path)
+    assert back == jobs and [j.demand for j in back] == [j.demand for j in jobs]
+    assert [j.extra for j in back] == [j.extra for j in jobs]  # the demand columns are not extra
+    if suffix == ".csv":
+        header = path.read_text().splitlines()[0].split(",")
+        assert header[5:8] == list(DEMAND_COLUMNS)
+        assert path.read_text().splitlines()[2].startswith("b,1.0,DLRM,2,500.0,,,,")  # blank: not declared
+
+
+def test_trace_without_demands_writes_no_demand_columns(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    write_trace(path, [JobSpec("a", 0.0, "MoE", 4, 1000.0)])
+    assert path.read_text().splitlines()[0] == "job_id,submit_time,model,gpu_demand,total_samples"
+    assert load_trace(path)[0].demand is None
+
+
+@pytest.mark.parametrize(
+    "column, value, words",
+    [
+        ("gpu_type", "v 100", "field 'gpu_type': expected a GPU type name"),
+        ("cpus_per_gpu", "2.5", "field 'cpus_per_gpu': expected an integer, got '2.5'"),
+        ("cpus_per_gpu", "-1", "field 'cpus_per_gpu': must not be negative"),
+        ("mem_gb_per_gpu", "lots", "field 'mem_gb_per_gpu': expected a number, got 'lots'"),
+        ("mem_gb_per_gpu", "inf", "field 'mem_gb_per_gpu': expected a finite number"),
+    ],
+)
+def test_bad_demand_values_name_file_row_and_column(tmp_path: Path, column: str, value: str, words: str) -> None:
+    path = tmp_path / "bad.csv"
+    path.write_text(f"job_id,submit_time,model,gpu_demand,total_samples,{column}\na,0,MoE,4,100,\nb,0,MoE,4,100,{value}\n")
+    with pytest.raises(TraceError) as ei:
+        load_trace(path)
+    msg = str(ei.value)
+    assert msg.startswith(f"{path}, row 3, ") and words in msg and "\n" not in msg
+
+
+def test_demand_type_must_exist_in_the_cluster(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"a": {"model": "MoE", "gpu_demand": 2, "total_samples_to_train": 100, "gpu_type": "k80"}}))
+    with pytest.raises(TraceError, match=r"row a, field 'gpu_type': no node of the cluster has GPUs of type k80"):
+        load_trace(path, ClusterSpec.parse("2x8:v100"))
+    assert load_trace(path, ClusterSpec.parse("1x8:K80+1x8"))[0].demand.gpu_type == "k80"
+    path.write_text(json.dumps({"a": {"model": "MoE", "gpu_demand": 2, "total_samples_to_train": 100, "cpus_per_gpu": "4"}}))
+    with pytest.raises(TraceError, match=r"field 'cpus_per_gpu': expected a number, got '4' \(a string\)"):
+        load_trace(path)
+
+
+def test_write_refuses_a_demand_the_columns_cannot_hold(tmp_path: Path) -> None:
+    from policies.resources import ResourceDemand
+
+    job = JobSpec("a", 0.0, "MoE", 4, 1000.0, demand=ResourceDemand(4, ps=1, ps_cpus=2))
+    with pytest.raises(TraceError, match="declares parameter servers or an elastic range"):
+        write_trace(tmp_path / "t.csv", [job])
+    assert not (tmp_path / "t.csv").exists()
 # ---- bounds: size and job limits, streaming, JSON limits, escaped text ----
 
 _HEADER = "job_id,submit_time,model,gpu_demand,total_samples\n"

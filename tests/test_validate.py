@@ -224,6 +224,122 @@ def test_controller_rejects_resize_of_an_elastic_job(tmp_path) -> None:
     assert report.resized == [] and s.job_list[r].running
 
 
+# ---------------------------------------------------------------------- resource fit: GPU type, CPUs, memory
+def _typed_cluster() -> ClusterSpec:
+    """node 0: 4 V100, 16 CPUs, 64 GB; node 1: 4 K80, 8 CPUs, 32 GB; node 2: 4 GPUs, nothing declared."""
+    from policies.cluster import NodeSpec
+
+    return ClusterSpec((NodeSpec("a", 4, "v100", cpus=16, mem_gb=64.0), NodeSpec("b", 4, "k80", cpus=8, mem_gb=32.0),
+                        NodeSpec("c", 4)))
+
+
+def _res_state() -> ClusterState:
+    """Running: h (2 GPUs on node 0, 6 CPUs and 24 GB per GPU), plain (1 GPU on node 1, no demand).
+    Pending: v (2 V100), cpu (2 GPUs, 4 CPUs each), mem (1 GPU, 20 GB), any (2 GPUs, no demand).
+    Free CPUs [4, 8, None], memory [16, 32, None]."""
+    from policies.resources import ResourceDemand as RD
+
+    cluster = _typed_cluster()
+    running = [_info("h", 2, {0: 2}, demand=RD(2, cpus_per_gpu=6, mem_gb_per_gpu=24.0)), _info("plain", 1, {1: 1})]
+    pending = [_info("v", 2, demand=RD(2, gpu_type="V100")), _info("cpu", 2, demand=RD(2, cpus_per_gpu=4)),
+               _info("mem", 1, demand=RD(1, mem_gb_per_gpu=20.0)), _info("any", 2)]
+    return ClusterState(0.0, cluster, np.array([2, 3, 4]), running, pending)
+
+
+RES_CASES = [
+    ("type fits", Decision([("v", P({0: 2}))]), []),
+    ("type misfit", Decision([("v", P({1: 2}))]), [("place", 0, "v", "node 1 (b) has GPUs of type k80, the job asks for V100")]),
+    ("type misfit on an untyped node", Decision([("v", P({0: 1, 2: 1}))]), [("place", 0, "v", "node 2 (c) has GPUs of type titanxp")]),
+    ("cpus fit", Decision([("cpu", P({1: 2}))]), []),
+    ("cpus misfit", Decision([("cpu", P({0: 2}))]), [("place", 0, "cpu", "node 0 (a): 8 CPUs needed, 4 free")]),
+    ("cpus fit after preemption", Decision([("cpu", P({0: 2}))], ["h"]), []),
+    ("cpus where none are declared", Decision([("cpu", P({2: 2}))]), []),
+    ("memory misfit", Decision([("mem", P({0: 1}))]), [("place", 0, "mem", "20 GB of memory needed, 16 GB free")]),
+    ("memory and cpus of two jobs on one node", Decision([("mem", P({1: 1})), ("cpu", P({1: 2}))]), []),
+    ("no demand fits anywhere", Decision([("any", P({0: 2}))]), []),
+    ("migration frees its own CPUs", Decision([("h", P({0: 2}))], ["h"]), []),
+    ("migration to a node without its CPUs", Decision([("h", P({1: 2}))], ["h"]),
+     [("place", 0, "h", "node 1 (b): 12 CPUs needed, 8 free")]),
+]
+
+
+@pytest.mark.parametrize("name, decision, want", RES_CASES, ids=[c[0] for c in RES_CASES])
+def test_resource_fit_rules(name, decision, want) -> None:
+    state = _res_state()
+    got = check_decision(state, decision)
+    assert [(p.action, p.index, p.job_id) for p in got] == [w[:3] for w in want]
+    for p, w in zip(got, want):
+        assert w[3] in p.message and p.job_id in p.message
+    assert check_decision(state, without(decision, got)) == []
+
+
+def test_resource_fit_counts_earlier_entries() -> None:
+    from policies.resources import ResourceDemand as RD
+
+    state = _res_state()
+    # two jobs of 4 CPUs per GPU on node 1 (8 CPUs): the second finds them taken; with memory likewise
+    pending = [*state.pending, _info("cpu2", 1, demand=RD(1, cpus_per_gpu=4)), _info("mem2", 1, demand=RD(1, mem_gb_per_gpu=20.0))]
+    st = ClusterState(0.0, state.cluster, state.free_gpus, state.running, pending)
+    got = check_decision(st, Decision([("cpu", P({1: 2})), ("cpu2", P({1: 1}))]))
+    assert [(p.index, p.job_id) for p in got] == [(1, "cpu2")]
+    assert "4 CPUs needed, 0 free" in got[0].message and "after the decision's" in got[0].message
+    got = check_decision(st, Decision([("mem", P({1: 1})), ("mem2", P({1: 1}))]))
+    assert [(p.index, p.job_id) for p in got] == [(1, "mem2")]
+    assert "20 GB of memory needed, 12 GB free" in got[0].message
+
+
+def test_snapshot_free_cpus_and_memory() -> None:
+    state = _res_state()
+    assert state.free_cpu_mem() == ([4, 8, None], [16.0, 32.0, None])
+    plain = ClusterState(0.0, CLUSTER, np.array([4, 4, 4]), [_info("r", 2, {0: 2})], [])
+    assert plain.free_cpu_mem() == ([None] * 3, [None] * 3)
+
+
+def test_jobinfo_demand_is_checked_and_resized() -> None:
+    from policies.resources import ResourceDemand as RD
+
+    with pytest.raises(ValueError, match="demand must be a ResourceDemand"):
+        _info("x", 2, demand={"gpus": 2})
+    j = _info("x", 2, demand=RD(2, cpus_per_gpu=3))
+    assert j.demand_on(4) == RD(4, cpus_per_gpu=3)
+    assert _info("y", 2, demand=RD(2)).demand_on(2) is None  # declares nothing beyond GPUs
+
+
+def test_simulator_refuses_a_misfit_and_runs_policies_that_ignore_resources() -> None:
+    from policies.resources import ResourceDemand as RD
+
+    cluster = _typed_cluster()
+    jobs = [JobSpec("t", 0, "MoE", 2, 1e5, demand=RD(2, gpu_type="k80")), JobSpec("n", 0, "MoE", 4, 1e5)]
+    sim = Simulator(cluster, jobs, None, ContentionModel(cluster), SimConfig(check_invariants=True))
+    sim.reset_state()
+    sim.advance_to_next_event()
+    with pytest.raises(SimulationError, match="node 0 \\(a\\) has GPUs of type v100, the job asks for k80"):
+        sim.apply(Decision([("t", P({0: 2}))]))
+    assert sim.apply(Decision([("t", P({1: 2})), ("n", P({0: 4}))])) == 2
+    # a trace without demands on a cluster that declares types, CPUs and memory: FIFO runs as on a plain one
+    from policies.registry import make_policy
+
+    plain = [JobSpec(f"j{i}", 10.0 * i, "MoE", 1 + i % 4, 1e5) for i in range(8)]
+    perf = ContentionModel(cluster)
+    res = Simulator(cluster, plain, make_policy("fifo", cluster, perf), perf, SimConfig()).run()
+    assert len(res.jobs) == 8 and all(r.finish_time > 0 for r in res.jobs)
+
+
+def test_resize_counts_its_own_cpus_and_the_new_ones() -> None:
+    from policies.resources import ResourceDemand as RD
+
+    cluster = _typed_cluster()
+    # e: elastic 1..4, 2 GPUs on node 1 with 3 CPUs each (6 of node 1's 8 CPUs)
+    e = _info("e", 2, {1: 2}, min_gpus=1, max_gpus=4, demand=RD(2, cpus_per_gpu=3, min_gpus=1, max_gpus=4))
+    st = ClusterState(0.0, cluster, np.array([4, 2, 4]), [e], [_info("c", 1, demand=RD(1, cpus_per_gpu=4))])
+    assert st.free_cpu_mem()[0] == [16, 2, None]
+    assert check_decision(st, Decision(resize=[("e", P({1: 2}))])) == []  # its own CPUs count as free
+    got = check_decision(st, Decision(resize=[("e", P({1: 3}))]))  # 9 CPUs on an 8-CPU node
+    assert [(p.action, p.job_id) for p in got] == [("resize", "e")] and "9 CPUs needed, 8 free" in got[0].message
+    # shrinking frees CPUs for a later placement; a refused resize frees nothing
+    assert check_decision(st, Decision([("c", P({1: 1}))], resize=[("e", P({1: 1}))])) == []
+    got = check_decision(st, Decision([("c", P({1: 1}))], resize=[("e", P({1: 1, 0: 9}))]))
+    assert [(p.action, p.job_id) for p in got] == [("resize", "e"), ("place", "c")]
 # ---------------------------------------------------------------------- CPUs, memory, parameter servers
 def _cpu_state() -> ClusterState:
     """2 nodes x 4 GPUs, 10 CPUs, 40 GB each. Running: r (PS job, 2 workers on node 0 with 2 PSs: 2 x 2

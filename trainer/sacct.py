@@ -53,7 +53,9 @@ The rule (also in ``docs/TRACES.md``):
 
 Jobs are returned sorted by submit time (ties in input order). Each keeps
 ``extra = {"user", "partition", "job_name", "state", "duration"}`` (the elapsed
-seconds), plus ``"gpu_type"`` where its GPU TRES name one type. Bad input is a
+seconds), plus ``"alloc_gpu_type"`` where its GPU TRES name one type (what the job ran on, kept as
+information: it is not a demand column, :data:`trainer.traces.DEMAND_COLUMNS`, so a replay does not
+require that type). Bad input is a
 :class:`SacctError` naming the file, the line or job, and the field.
 """
 
@@ -609,7 +611,7 @@ def read_sacct(
         extra: dict[str, Any] = {"user": rec.user, "partition": rec.partition, "job_name": rec.name,
                                  "state": rec.state, "duration": rec.elapsed}
         if rec.gpu_type:
-            extra["gpu_type"] = rec.gpu_type
+            extra["alloc_gpu_type"] = rec.gpu_type
         jobs.append(JobSpec(rec.job_id, rec.submit - t0, model, rec.gpus, work, extra))
     order = sorted(range(len(jobs)), key=lambda i: jobs[i].submit_time)  # stable: ties in input order
     return [jobs[i] for i in order], summary

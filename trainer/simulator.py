@@ -201,6 +201,7 @@ class _Job:
             submit_time=spec.submit_time,
             total_samples=spec.total_samples,
             best_thp=best_thp,
+            demand=spec.demand,
         )
         d = spec.demand
         if d is not None:  # elastic range and resources (policies.elastic reads extra["demand"])

@@ -7,7 +7,9 @@ Canonical columns (CSV or Parquet)::
 ``submit_time`` in seconds from the trace start; ``model`` any name or alias
 known to :mod:`policies.workloads`; ``total_samples`` may be replaced by
 ``duration`` (seconds in isolation on the best placement of the target
-cluster). Other columns (user, vc, ...) are kept in ``JobSpec.extra``.
+cluster). Optional resource columns (:data:`DEMAND_COLUMNS`: ``gpu_type``,
+``cpus_per_gpu``, ``mem_gb_per_gpu``; blank: not declared) give ``JobSpec.demand``.
+Other columns (user, vc, ...) are kept in ``JobSpec.extra``.
 
 Readers: canonical CSV / Parquet, DeepShare's JSON job sets, the Philly CSV
 (:mod:`trainer.philly`). :func:`load_trace` picks one by file content.
@@ -70,6 +72,7 @@ __all__ = [
     "MAX_SUBMIT_TIME_S",
     "MAX_SUBMIT_TIME_TEXT",
     "DEEPSHARE_KEYS",
+    "DEMAND_COLUMNS",
     "MAX_TRACE_BYTES",
     "MAX_TRACE_JOBS",
     "MAX_JSON_DIGITS",
@@ -302,10 +305,10 @@ def _job_from_row(
         if perf is None:
             raise TraceError(path, "a 'duration' column needs the target cluster to convert to samples", rownum, "duration")
         samples = duration * perf.best_isolated_throughput(model, demand)
-    extra = {k: v for k, v in rec.items() if k not in CANONICAL_COLUMNS and k != "duration"}
+    extra = {k: v for k, v in rec.items() if k not in CANONICAL_COLUMNS and k not in DEMAND_COLUMNS and k != "duration"}
     if "duration" in rec and rec.get("duration") not in (None, ""):
         extra["duration"] = rec["duration"]
-    return JobSpec(job_id, submit, model, demand, samples, extra)
+    return JobSpec(job_id, submit, model, demand, samples, extra, _demand_of_row(path, rownum, rec, demand, cluster, text))
 
 
 def validate_jobs(path: str | Path, jobs: Sequence[JobSpec], rows: Sequence[int | str] | None = None) -> None:
@@ -548,9 +551,10 @@ def read_deepshare_json(
             "model": props["model"],
             "gpu_demand": props["gpu_demand"],
             "total_samples": props["total_samples_to_train"],
+            **{k: props[k] for k in DEMAND_COLUMNS if k in props},
         }
         job = _job_from_row(path, jid, rec, cluster, perf, names=_DEEPSHARE_NAMES)
-        job.extra.update((k, v) for k, v in props.items() if k not in DEEPSHARE_KEYS)
+        job.extra.update((k, v) for k, v in props.items() if k not in DEEPSHARE_KEYS and k not in DEMAND_COLUMNS)
         jobs.append(job)
     validate_jobs(path, jobs, list(doc))
     return jobs
@@ -626,7 +630,7 @@ _WRITE_RULES: tuple[tuple[str, Callable[[float], bool], str], ...] = (
 def _unwritable_number(jobs: Sequence[JobSpec], json_out: bool = False) -> str | None:
     """Why ``jobs`` cannot be written as a trace the readers accept again (e.g. an overflow to ``inf``, or
     an ``extra`` field named like a field of the format, which would overwrite it), or None."""
-    taken = set(CANONICAL_COLUMNS) | (set(DEEPSHARE_KEYS) | set(_DEEPSHARE_REFUSED) if json_out else set())
+    taken = set(CANONICAL_COLUMNS) | set(DEMAND_COLUMNS) | (set(DEEPSHARE_KEYS) | set(_DEEPSHARE_REFUSED) if json_out else set())
     for j in jobs:
         clash = next((k for k in j.extra if k in taken), None)
         if clash is not None:
@@ -650,7 +654,7 @@ def write_trace(path: str | Path, jobs: Sequence[JobSpec]) -> None:
     one), then renamed over ``path``; on any error the temporary file is removed.
     """
     path = Path(path)
-    why = _unwritable_number(jobs, json_out=path.suffix.lower() == ".json")
+    why = _unwritable_number(jobs, json_out=path.suffix.lower() == ".json") or _unwritable_demand(jobs)
     if why is not None:
         raise TraceError(path, f"not written: {why}")
     suffix = path.suffix.lower()
@@ -672,8 +676,10 @@ def write_trace(path: str | Path, jobs: Sequence[JobSpec]) -> None:
 
 
 def _rows(jobs: Sequence[JobSpec]) -> tuple[list[dict[str, Any]], list[str]]:
-    """The canonical rows of ``jobs`` and the (sorted) ``extra`` columns they add."""
-    extra_cols = sorted({k for j in jobs for k in j.extra})
+    """The canonical rows of ``jobs`` and the columns they add: :data:`DEMAND_COLUMNS` if some job has a
+    demand, then the (sorted) ``extra`` columns."""
+    has_demand = any(j.demand is not None for j in jobs)
+    extra_cols = (list(DEMAND_COLUMNS) if has_demand else []) + sorted({k for j in jobs for k in j.extra})
     rows = [
         {
             "job_id": j.job_id,
@@ -682,6 +688,7 @@ def _rows(jobs: Sequence[JobSpec]) -> tuple[list[dict[str, Any]], list[str]]:
             "gpu_demand": j.gpu_demand,
             "total_samples": j.total_samples,
             **{k: j.extra.get(k) for k in extra_cols},
+            **(_demand_fields(j) if has_demand else {}),
         }
         for j in jobs
     ]
@@ -698,6 +705,7 @@ def _write_json(f: IO[bytes], jobs: Sequence[JobSpec]) -> None:
             "total_samples_to_train": j.total_samples,
             "submit_time": j.submit_time,
             **j.extra,
+            **_demand_fields(j, declared_only=True),
         }
         for j in jobs
     }
@@ -721,3 +729,61 @@ def _write_csv(f: IO[bytes], jobs: Sequence[JobSpec]) -> None:
     w.writerows(rows)
     text.flush()
     text.detach()  # ``f`` is closed by the caller
+
+
+# ---------------------------------------------------------------------- resource demand columns
+#: Optional columns (CSV / Parquet) or keys (DeepShare JSON) of a job's resource demand
+#: (:class:`policies.resources.ResourceDemand`): the GPU type it needs (a name as in cluster specs, e.g.
+#: ``v100``; matched like :func:`policies.gputypes.normalize_gpu_type`), CPU cores per GPU (an integer
+#: >= 0) and memory per GPU (GB, a number >= 0). Blank (or absent, or null) means not declared; a job
+#: declaring none of them has ``JobSpec.demand = None`` (any GPU type, no CPUs or memory).
+DEMAND_COLUMNS = ("gpu_type", "cpus_per_gpu", "mem_gb_per_gpu")
+
+
+def _demand_of_row(path: Path, row: int | str, rec: dict[str, Any], gpus: int, cluster: ClusterSpec | None,
+                   text: bool) -> "ResourceDemand | None":
+    """The :class:`~policies.resources.ResourceDemand` of one row's :data:`DEMAND_COLUMNS`, or None when it
+    declares none; :class:`TraceError` naming the row and column of a bad value."""
+    from policies.cluster import GPU_TYPE_RE
+    from policies.resources import ResourceDemand
+
+    raw_t, raw_c, raw_m = (rec.get(c) for c in DEMAND_COLUMNS)
+    if _blank(raw_t) and _blank(raw_c) and _blank(raw_m):
+        return None
+    gpu_type = None
+    if not _blank(raw_t):
+        if not isinstance(raw_t, str) or not GPU_TYPE_RE.fullmatch(raw_t.strip()):
+            raise TraceError(path, f"expected a GPU type name (letters, digits, '_', '.', '-'), got {_show(raw_t)}",
+                             row, "gpu_type")
+        gpu_type = raw_t.strip()
+        if cluster is not None:
+            from policies.gputypes import REFERENCE_TYPE, normalize_gpu_type
+
+            want = normalize_gpu_type(gpu_type)
+            have = {normalize_gpu_type(n.gpu_type) if n.gpu_type else REFERENCE_TYPE for n in cluster.nodes}
+            if want not in have:
+                raise TraceError(path, f"no node of the cluster has GPUs of type {gpu_type} "
+                                 f"(its types: {', '.join(sorted(have))})", row, "gpu_type")
+    cpus = 0 if _blank(raw_c) else int(_num(path, row, "cpus_per_gpu", raw_c, integer=True, text=text))
+    mem = 0.0 if _blank(raw_m) else _num(path, row, "mem_gb_per_gpu", raw_m, text=text)
+    return ResourceDemand(gpus, gpu_type=gpu_type, cpus_per_gpu=cpus, mem_gb_per_gpu=mem)
+
+
+def _demand_fields(j: JobSpec, declared_only: bool = False) -> dict[str, Any]:
+    """``j.demand`` as :data:`DEMAND_COLUMNS` values, None where not declared (a CSV / Parquet row); with
+    ``declared_only`` (a JSON job) only the declared ones."""
+    d = j.demand
+    out = {c: None for c in DEMAND_COLUMNS}
+    if d is not None:
+        out = {"gpu_type": d.gpu_type, "cpus_per_gpu": d.cpus_per_gpu or None, "mem_gb_per_gpu": d.mem_gb_per_gpu or None}
+    return {k: v for k, v in out.items() if v is not None} if declared_only else out
+
+
+def _unwritable_demand(jobs: Sequence[JobSpec]) -> str | None:
+    """Why a job's demand cannot be written in :data:`DEMAND_COLUMNS` (parameter servers or an elastic range), or None."""
+    for j in jobs:
+        d = j.demand
+        if d is not None and (d.ps or d.min_gpus is not None):
+            return (f"job {j.job_id!r} declares parameter servers or an elastic range; a trace's demand columns "
+                    f"hold only {', '.join(DEMAND_COLUMNS)}")
+    return None

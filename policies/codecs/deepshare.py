@@ -67,8 +67,9 @@ network's linear first layer evaluates without building the tensor (:meth:`DeepS
 :meth:`Encoded.first_layer`). Balanced options come from a :class:`NodeIndex` (nodes bucketed by
 free GPUs and multi-node load) and are memoised on the free GPUs and loads; option speeds are
 memoised on the job's shape and the multi-node neighbours of its nodes. Contention (predicted
-option speeds, running jobs' slowdown after a start) is read only through
-:class:`_RoundContention`. A straightforward encoder in the tests
+option speeds, multi-node loads, running jobs' slowdown after a start) is read only through
+:class:`_RoundContention`, from one :class:`~policies.ledger.ContentionLedger`: a copy of the state's
+(:meth:`~policies.state.ClusterState.contention`) with the round's starts added. A straightforward encoder in the tests
 (``tests/oracles/deepshare_reference.py``) is the specification these must match bit for bit.
 """
 
@@ -87,7 +88,7 @@ import numpy as np
 from policies.cluster import ClusterSpec, Placement
 from policies.codecs.base import Box, CodecError, Discrete
 from policies.orders import AGING_S, CANDIDATE_ORDERS, LEGACY_AGING_S, CandidateOrder
-from policies.ledger import ContentionLedger, JobKey, cap_cs, node_cs
+from policies.ledger import JobKey
 from policies.perf import ContentionModel
 from policies.placement import sced2_pack
 from policies.state import ClusterState, JobInfo
@@ -701,7 +702,6 @@ class DeepShareCodec:
         self._sigs: dict[tuple, int] = {}  # neighbour tuples -> ids (_signature)
         self._next_sid = 0
         self._single: dict[tuple[str, int], float] = {}  # single-node option speeds by (model, demand)
-        self._node_cs: dict[tuple, float] = {}  # node CS by (job key, neighbour signature)
         self._mspeed: dict[tuple, float] = {}  # multi-node option speeds
         self._plan_key = (self.name, self.spec, exists.tobytes())
 
@@ -776,11 +776,11 @@ class DeepShareCodec:
         bw, cc = self._model_feats(job.model)
         return (bw, cc, _rem(job), math.log2(1 + job.gpu_demand) / self._logtot, wait)
 
-    def _okey(self, free: np.ndarray, mload: np.ndarray) -> bytes:
-        """Options-memo key of free GPUs and multi-node load (compact: 4 bytes per node)."""
+    def _okey(self, free: np.ndarray, loads: bytes) -> bytes:
+        """Options-memo key of free GPUs and multi-node loads (``loads``: :meth:`_RoundContention.loads`)."""
         if self._small:
-            return free.astype(np.int16).tobytes() + mload.astype(np.int16).tobytes()
-        return free.tobytes() + mload.tobytes()
+            return free.astype(np.int16).tobytes() + loads
+        return free.tobytes() + loads
 
     def _options(self, g: int, nix: NodeIndex) -> tuple[Placement | None, ...]:
         """The ``S`` placement options of a ``g``-GPU job on the free GPUs of ``nix`` (module docstring)."""
@@ -825,9 +825,8 @@ class DeepShareCodec:
         t = tuple(keys)
         sid = self._sigs.get(t)
         if sid is None:
-            if len(self._sigs) >= _MEMO_MAX:  # node-CS and speed entries under dropped ids go too
+            if len(self._sigs) >= _MEMO_MAX:  # speed entries under dropped ids go too
                 self._sigs.clear()
-                self._node_cs.clear()
                 self._mspeed.clear()
             self._next_sid += 1
             sid = self._sigs[t] = self._next_sid
@@ -835,29 +834,58 @@ class DeepShareCodec:
 
 
 class _RoundContention:
-    """The contention a round's encodings and placements read: the multi-node jobs on each node and the
-    performance model's slowdown terms.
+    """The contention a round's encodings and placements read, all of it from one
+    :class:`~policies.ledger.ContentionLedger`: a copy of the state's own
+    (:meth:`ClusterState.contention <policies.state.ClusterState.contention>`: the one a backend keeps and
+    hands in, else built from the running jobs in running order; O(jobs + loaded nodes)), to which the round
+    adds its multi-node starts. Single-node starts use no network link: they change no CS and no multi-node load.
 
-    The only code of the codec that reads contention: the predicted speed of a placement option
-    (:meth:`single_speed`, :meth:`multi_speed`: ``isolated(shape) / CS / best_isolated``, CS the contention
-    ledger's rule: :func:`policies.ledger.cap_cs` of the worst node's :func:`policies.ledger.node_cs` over the
-    multi-node neighbours there, in job-id order)
-    and the slowdown of the running multi-node jobs a start touches (:meth:`start`: their CS in a
-    :class:`~policies.ledger.ContentionLedger` of the round's running jobs, in running order). Memoised: single-node
-    speeds by shape; multi-node speeds by shape and the neighbour signatures of the nodes
-    (:meth:`DeepShareCodec._signature`, computed per node on first use), per-node CS by job key and
-    signature.
+    The only code of the codec that reads contention:
+
+    * the predicted speed of a placement option (:meth:`single_speed`, :meth:`multi_speed`:
+      ``isolated(shape) / CS / best_isolated``, CS the ledger's :meth:`~policies.ledger.ContentionLedger.price`
+      of the option with each node's multi-node neighbours summed in job-id order);
+    * every node's number of multi-node jobs (:meth:`loads`, :meth:`load_list`, :meth:`load`: the ledger's
+      counts), which orders the balanced options' nodes and keys the options memo;
+    * the slowdown of the running multi-node jobs a start touches (:meth:`start`: their CS in the ledger
+      after adding the started job, each summed in the ledger's order: the backend's start order, which is
+      the order of the state's running jobs, then the round's starts).
+
+    Memoised: single-node speeds by shape; multi-node speeds by shape and the neighbour signatures of the
+    nodes (:meth:`DeepShareCodec._signature` of the ledger's :meth:`~policies.ledger.ContentionLedger.node_keys`
+    in job-id order, computed per node on first use and dropped for the nodes a start touches).
 
     :param codec: the codec (its memos and performance model).
-    :param multi_ids: per node, ids of the multi-node jobs there in job-id order; ``multi_keys``: their keys.
+    :param state: the round's state (its contention ledger is copied, not changed).
     """
 
-    def __init__(self, codec: DeepShareCodec, multi_ids: list[list[str]], multi_keys: list[list[JobKey]]) -> None:
+    def __init__(self, codec: DeepShareCodec, state: ClusterState) -> None:
         self.codec, self.perf = codec, codec.perf
-        self._multi_ids, self.multi_keys = multi_ids, multi_keys
-        self._sig: list[int | None] = [None] * len(multi_keys)  # per node, the signature of multi_keys[v]
-        self._ledger: ContentionLedger | None = None  # the running jobs' contention (info: running index), at the first start
+        N = codec.spec.num_nodes
+        # a copy, not a fork: a backend may apply the round's placements to its own ledger while the round goes on
+        self.ledger = state.contention(self.perf).copy()
+        # a node's multi-node jobs (<= its GPUs) fit in a byte where the ledger keeps them so
+        self._bytes = codec.spec.gpus_per_node <= 255 and self.ledger.load_bytes() is not None
+        self._sig: list[int | None] = [None] * N  # per node, the signature of its neighbours' keys in id order
         self._pspeed: dict[tuple, tuple[Placement, float]] = {}  # multi-node option speeds while signatures hold
+
+    def loads(self) -> bytes:
+        """Every node's number of multi-node jobs as bytes (one byte per node where every node has at most
+        255 GPUs, else 8): part of the options-memo key."""
+        if self._bytes:
+            return self.ledger.load_bytes()  # type: ignore[return-value]
+        return np.array(self.load_list(), dtype=np.int64).tobytes()
+
+    def load_list(self) -> list[int]:
+        """Every node's number of multi-node jobs, in node order."""
+        if self._bytes:
+            return list(self.ledger.load_bytes())  # type: ignore[arg-type]
+        load = self.ledger.load
+        return [load(v) for v in range(len(self._sig))]
+
+    def load(self, v: int) -> int:
+        """Number of multi-node jobs on node ``v``."""
+        return self.ledger.load(v)
 
     def _sigs(self, nodes: Sequence[int]) -> frozenset[int]:
         """The neighbour signatures of ``nodes``."""
@@ -866,7 +894,7 @@ class _RoundContention:
         for v in nodes:
             s = sig[v]
             if s is None:
-                s = sig[v] = self.codec._signature(self.multi_keys[v])
+                s = sig[v] = self.codec._signature(self.ledger.node_keys(v, by_id=True))
             out.append(s)
         return frozenset(out)
 
@@ -888,24 +916,11 @@ class _RoundContention:
         if e is not None and e[0] is p:
             return e[1]
         codec = self.codec
-        sig = self._sig
         key = (job.model, job.gpu_demand, p.total_gpus, p.num_nodes, self._sigs(p.nodes))
         speed = codec._mspeed.get(key)
         if speed is None:
             perf = self.perf
-            me = key[0], key[2], key[3]
-            memo = codec._node_cs
-            worst = 1.0
-            for v in p.nodes:
-                sid = sig[v]
-                if sid:
-                    c = memo.get((me, sid))
-                    if c is None:
-                        if len(memo) >= _MEMO_MAX:
-                            memo.clear()
-                        c = memo[(me, sid)] = node_cs(perf, me, self.multi_keys[v])
-                    worst = max(worst, c)
-            cs = cap_cs(worst, perf)
+            cs = self.ledger.price(job.model, p, by_id=True)
             iso = perf.isolated_throughput(job.model, p.total_gpus, p.num_nodes)
             best = perf.best_isolated_throughput(job.model, job.gpu_demand)
             if len(codec._mspeed) >= _MEMO_MAX:
@@ -914,22 +929,19 @@ class _RoundContention:
         self._pspeed[pk] = (p, speed)
         return speed
 
-    def start(self, idx: int, job: JobInfo, p: Placement, running: Sequence[JobInfo]) -> list[tuple[int, float]]:
-        """Register ``job`` (``running[idx]``), just started on the multi-node placement ``p`` (its key is
-        already in ``multi_keys``); returns ``(running index, CS)`` of every multi-node job on ``p``'s nodes,
-        itself included, in running order: their CS in the round's :class:`~policies.ledger.ContentionLedger`
-        (the running jobs added in running order, then the round's starts)."""
+    def start(self, job: JobInfo, p: Placement, pos: dict[str, int]) -> list[tuple[int, float]]:
+        """Add ``job``, just started on ``p``, to the ledger when ``p`` spans several nodes; returns
+        ``(running index, CS)`` of every multi-node job on ``p``'s nodes, itself included, in running order
+        (``pos``: running index by job id); ``[]`` for a single-node start (it slows nobody)."""
+        if len(p.alloc) <= 1:
+            return []
+        led = self.ledger
+        led.add(job.job_id, job.model, p)
         for v in p.nodes:
             self._sig[v] = None  # its neighbours changed
         self._pspeed.clear()
-        led = self._ledger
-        if led is None:  # the first multi-node start of the round: the jobs before it
-            led = self._ledger = ContentionLedger.from_jobs(
-                self.perf, ((j.job_id, j.model, j.placement, i) for i, j in enumerate(running[:idx])
-                            if j.placement is not None), known_cs=lambda i: cap_cs(running[i].cs, self.perf))
-        led.add(job.job_id, job.model, p, idx)
-        touched = {led.info(o) for v in p.nodes for o in led.neighbours(v)}
-        return [(i, led.cs(running[i].job_id)) for i in sorted(touched)]
+        touched = {o for v in p.nodes for o in led.neighbours(v)}
+        return sorted((pos[o], led.cs(o)) for o in touched)
 
 
 class DeepShareRound:
@@ -961,7 +973,6 @@ class DeepShareRound:
         self.free = np.asarray(state.free_gpus, dtype=np.int64).copy()
         self._free_total = int(self.free.sum())
         self.used = [0] * N
-        self.mload = np.zeros(N, dtype=np.int64)
         self.running: list[JobInfo] = list(state.running)  # running order; starts append
         # built at the round's first start (_index): running index by job id, running job ids per node
         # in id order and their GPUs there
@@ -976,9 +987,7 @@ class DeepShareRound:
         self._waiting: dict[str, JobInfo] | None = None  # job id -> waiting job (built on first need)
         self._cands: list[JobInfo] = []  # the last encoding's candidates
         self._state: ClusterState | None = None
-        multi_ids: list[list[str]] = [[] for _ in range(N)]
-        multi_keys: list[list[JobKey]] = [[] for _ in range(N)]
-        used, mload = self.used, self.mload
+        used = self.used
         js = self._js
         feats_of = codec._job_feats
         for j in sorted(self.running, key=_job_id):  # id order: the left half's column order
@@ -987,7 +996,6 @@ class DeepShareRound:
                 continue
             jid = j.job_id
             multi = p.num_nodes > 1
-            key = (j.model, p.total_gpus, p.num_nodes) if multi else None
             spans = []
             for v, c in p.alloc:
                 a = used[v]
@@ -996,17 +1004,13 @@ class DeepShareRound:
                     b = G
                 if b > a:
                     spans.append((v, a, b))
-                if multi:
-                    mload[v] += 1
-                    multi_ids[v].append(jid)
-                    multi_keys[v].append(key)  # type: ignore[arg-type]
             js[jid] = (feats_of(j, multi), tuple(spans))
         # the running jobs' linear-plan contributions, row i for running[i] (built when an encoding's
         # `left` is first read, then kept by placement); placements so far; the last `left`
         self._contrib: np.ndarray | None = None
         self._version = 0
         self._left_memo: tuple[int, np.ndarray] | None = None
-        self._cont = _RoundContention(codec, multi_ids, multi_keys)
+        self._cont = _RoundContention(codec, state)
         self._nodes: NodeIndex | None = None  # built at the first options-memo miss
 
     # ------------------------------------------------------------------ internals
@@ -1066,7 +1070,7 @@ class DeepShareRound:
 
     def _node_index(self) -> NodeIndex:
         if self._nodes is None:
-            self._nodes = NodeIndex(self.free.tolist(), self.mload.tolist())
+            self._nodes = NodeIndex(self.free.tolist(), self._cont.load_list())
         return self._nodes
 
     def _waiting_job(self, job_id: str) -> JobInfo:
@@ -1095,10 +1099,10 @@ class DeepShareRound:
         cands = self.queue.candidates(self._free_total)
         self._cands = cands
         q = min(math.log1p(self.queue.left) / _QUEUE_NORM, 1.0)
-        free, mload, used = self.free, self.mload, self.used
-        okey = codec._okey(free, mload)
-        memo = codec._opt_memo
+        free, used = self.free, self.used
         cont = self._cont
+        okey = codec._okey(free, cont.loads())
+        memo = codec._opt_memo
         cf_memo = self._cf
         valid: list[int] = []
         options: list[Sequence[Placement | None]] = []
@@ -1241,27 +1245,20 @@ class DeepShareRound:
         self.running.append(new)
         jid = new.job_id
         self._pos[jid] = idx
-        multi = len(p.alloc) > 1
         cont = self._cont
-        key = (new.model, p.total_gpus, len(p.alloc)) if multi else None
         for v, c in p.alloc:
             ids = self._node_ids[v]
             ids.insert(bisect.bisect_right(ids, jid), jid)
             self._node_c[v][jid] = c
             self.used[v] += c
-            if multi:
-                self.mload[v] += 1
-                mids = cont._multi_ids[v]
-                at = bisect.bisect_right(mids, jid)
-                mids.insert(at, jid)
-                cont.multi_keys[v].insert(at, key)  # type: ignore[arg-type]
+        touched = cont.start(new, p, self._pos)
         if self._nodes is not None:
             for v, _c in p.alloc:
-                self._nodes.update(v, int(free[v]), int(self.mload[v]))
+                self._nodes.update(v, int(free[v]), cont.load(v))
         changed: set[str] = {jid}
-        if multi:
+        if touched:
             run = self.running
-            for i, cs in cont.start(idx, new, p, run):
+            for i, cs in touched:
                 j = run[i]
                 jp = j.placement
                 iso_j = j.isolated_thp or perf.isolated_throughput(j.model, jp.total_gpus, jp.num_nodes)
