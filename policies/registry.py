@@ -15,6 +15,9 @@ Names (case-insensitive, blanks around them ignored):
 ``rl-prior``                           the untrained admission prior alone (an ablation, no checkpoint)
 ``drf``, ``tetris``, ``optimus``       elastic baselines deciding workers and parameter servers
                                        (:mod:`policies.elastic`, re-plan every 600 s)
+``planner``                            the lookahead planner (:mod:`policies.planner`): candidate
+                                       decisions scored by simulator rollouts; options as
+                                       ``planner:budget_s=2,horizon=0`` or keyword arguments
 =====================================  ===================================================================
 
 Options (keyword arguments of :func:`make_policy`; :data:`OPTIONS`):
@@ -23,6 +26,8 @@ Options (keyword arguments of :func:`make_policy`; :data:`OPTIONS`):
   ``None``: the heuristic's default). The RL policies never preempt and ignore it.
 * ``deterministic``, ``seed``, ``fast``, ``hybrid_floor``, ``hybrid_rule``: the RL policies'
   (:class:`policies.rl.RLPolicy`); a heuristic refuses them.
+* ``budget_s``, ``horizon``, ``holds``, ``base``, ``alternatives``: the planner's
+  (:func:`policies.planner.make_planner`); other policies refuse them.
 
 Building a policy reads nothing but its checkpoint file.
 """
@@ -44,8 +49,10 @@ __all__ = ["OPTIONS", "RL_NAMES", "describe_names", "make_policy", "policy_names
 RL_NAMES = ("rl-base", "rl-hybrid", "rl-prior")
 #: The RL policies' options (:class:`policies.rl.RLPolicy`'s parameters).
 _RL_OPTIONS = ("deterministic", "seed", "fast", "hybrid_floor", "hybrid_rule")
+#: The planner's options (:data:`policies.planner.PLANNER_OPTIONS`).
+_PLANNER_OPTIONS = ("budget_s", "horizon", "holds", "base", "alternatives")
 #: Every option :func:`make_policy` accepts.
-OPTIONS = ("min_run_s", *_RL_OPTIONS)
+OPTIONS = ("min_run_s", *_RL_OPTIONS, *_PLANNER_OPTIONS)
 #: Heuristic base names besides the orders (:func:`policies.heuristics.make_heuristic`).
 _HEURISTIC_ALIASES = ("greedy", "contention-greedy")
 
@@ -53,14 +60,15 @@ _HEURISTIC_ALIASES = ("greedy", "contention-greedy")
 def policy_names() -> tuple[str, ...]:
     """Every policy name (heuristics, then the RL policies), without variants (``-np``, ``:PLACEMENT``,
     ``:/path``)."""
-    return (*HEURISTIC_NAMES, *RL_NAMES)
+    return (*HEURISTIC_NAMES, *RL_NAMES, "planner")
 
 
 def describe_names() -> str:
     """Every policy name with its variants, for error messages."""
     return (
         f"{', '.join(HEURISTIC_NAMES)} (optionally -np and :{'|:'.join(PLACEMENT_NAMES)}), "
-        "rl-base, rl-hybrid (optionally :/path/to/checkpoint), rl-prior, drf, tetris, optimus"
+        "rl-base, rl-hybrid (optionally :/path/to/checkpoint), rl-prior, drf, tetris, optimus, "
+        "planner (optionally :KEY=VALUE,...)"
     )
 
 
@@ -101,6 +109,16 @@ def make_policy(
         or min_run_s < 0
     ):
         raise PolicyError(f"policy {name!r}: min_run_s must be a finite number of seconds >= 0, got {min_run_s!r}")
+    if base == "planner":  # the lookahead planner (policies/planner.py)
+        other = sorted(k for k in options if k not in _PLANNER_OPTIONS)
+        if other or min_run_s is not None:
+            raise PolicyError(f"policy {name!r}: option {(other or ['min_run_s'])[0]!r} does not apply to the planner")
+        from policies.planner import make_planner
+
+        return make_planner(raw, cluster, perf, **options)
+    planner_opts = sorted(k for k in options if k in _PLANNER_OPTIONS)
+    if planner_opts:
+        raise PolicyError(f"policy {name!r}: option {planner_opts[0]!r} applies to the planner only")
     if base in ("drf", "tetris", "optimus"):  # elastic baselines (policies/elastic.py)
         if options:
             raise PolicyError(f"policy {name!r}: option {sorted(options)[0]!r} applies to the RL policies only")
