@@ -11,9 +11,12 @@ What a round does (:meth:`PlannerPolicy.schedule`):
    :func:`policies.heuristics.make_heuristic`; default ``greedy`` then ``srtf:nosplit``,
    ``lgtf:nosplit``, ``lgtf``): its decision for this snapshot, paired with the heuristic itself as
    the *default policy* of the rollout ("follow this heuristic from now on"). Then up to
-   ``holds`` *hold* variants of the base heuristic's decision when it preempts nothing: the same
-   decision without its ``i``-th placement (that job waits this round), rolled out with the base
-   heuristic. A candidate whose decision and default policy equal an earlier one's is dropped.
+   ``holds`` *hold* variants of the base heuristic's decision when it preempts nothing and jobs run:
+   the same decision without its ``i``-th placement, rolled out with :class:`HoldPolicy` (the base
+   heuristic, with that job held back until the first of the jobs running after the decision stops: waiting for GPUs to
+   free up rather than backfilling a job that would block a wider one, or splitting a job that a
+   node would soon take whole). A candidate whose decision and default policy equal an earlier
+   one's is dropped.
 2. **Horizon**: the base candidate is rolled out until ``horizon`` jobs have completed (all known
    jobs when ``horizon`` is 0); the time it reaches is the horizon ``t_end`` of every other
    candidate, so all are scored over the same window.
@@ -65,6 +68,7 @@ __all__ = [
     "DEFAULT_HOLDS",
     "DEFAULT_HORIZON",
     "PLANNER_OPTIONS",
+    "HoldPolicy",
     "PlannerPolicy",
     "RolloutModel",
     "RoundStats",
@@ -81,7 +85,7 @@ DEFAULT_ALTERNATIVES = ("srtf:nosplit", "lgtf:nosplit", "lgtf")
 DEFAULT_HOLDS = 2
 #: Completions the base rollout runs to (0: every job of the snapshot).
 DEFAULT_HORIZON = 16
-#: The planner's options (keyword arguments of :func:`make_planner`, ``planner:KEY=VALUE,...``).
+#: The planner's options (keyword arguments of :func:`make_planner`, ``planner:KEY=VALUE/KEY=VALUE``).
 PLANNER_OPTIONS = ("budget_s", "horizon", "holds", "base", "alternatives")
 
 
@@ -112,6 +116,36 @@ class RoundStats:
     scored: int = 0
     chosen: int = 0
     cut: bool = False
+
+
+class HoldPolicy(Policy):
+    """``base`` with the jobs ``held`` left out of the queue while every job of ``running_at`` still
+    runs (the rollout policy of a hold candidate); afterwards ``base`` alone. Pure."""
+
+    def __init__(self, base: OrderedPolicy, held: frozenset[str], running_at: frozenset[str]) -> None:
+        self.base = base
+        self.held = held
+        self.running_at = running_at
+        self.name = f"{base.name}+hold"
+
+    @property
+    def time_invariant(self) -> bool:
+        return self.base.time_invariant
+
+    def reset(self) -> None:
+        self.base.reset()
+
+    def schedule(self, state: ClusterState) -> Decision:
+        if self.running_at and self.running_at <= {j.job_id for j in state.running}:
+            pending = [j for j in state.pending if j.job_id not in self.held]
+            if len(pending) != len(state.pending):
+                st = ClusterState(state.time, state.cluster, state.free_gpus, state.running, pending,
+                                  state.usable, state.lookup)
+                for k in ("_handed", "_contention"):  # the same running jobs: the same contention ledger
+                    if k in state.__dict__:
+                        st.__dict__[k] = state.__dict__[k]
+                state = st
+        return self.base.schedule(state)
 
 
 def _key(dec: Decision) -> tuple:
@@ -156,13 +190,13 @@ class PlannerPolicy(Policy):
         finally:
             h.place_limit = None
 
-    def candidates(self, state: ClusterState) -> list[tuple[Decision, OrderedPolicy]]:
+    def candidates(self, state: ClusterState) -> list[tuple[Decision, Policy]]:
         """The round's candidates ``(first decision, default policy)`` in their fixed order."""
-        out: list[tuple[Decision, OrderedPolicy]] = []
+        out: list[tuple[Decision, Policy]] = []
         seen: set[tuple] = set()
 
-        def add(dec: Decision, h: OrderedPolicy) -> None:
-            k = (_key(dec), id(h))
+        def add(dec: Decision, h: Policy, held: str = "") -> None:
+            k = (_key(dec), id(h) if not held else id(self.base), held)
             if k not in seen:
                 seen.add(k)
                 out.append((dec, h))
@@ -172,8 +206,13 @@ class PlannerPolicy(Policy):
         for h in self.alternatives:
             add(self._decide(h, state), h)
         if not first.preempt and not first.resize:
+            now_running = frozenset(j.job_id for j in state.running)
             for i in range(min(self.holds, len(first.place))):
-                add(Decision(place=[x for k, x in enumerate(first.place) if k != i]), self.base)
+                jid = first.place[i][0]
+                rest = [x for k, x in enumerate(first.place) if k != i]
+                running_at = now_running | {j for j, _p in rest}
+                if running_at:  # something runs to wait for
+                    add(Decision(place=rest), HoldPolicy(self.base, frozenset((jid,)), running_at), jid)
         return out
 
     def schedule(self, state: ClusterState) -> Decision:
@@ -210,18 +249,20 @@ class PlannerPolicy(Policy):
 
 
 def parse_planner_name(name: str) -> dict[str, str]:
-    """``planner`` or ``planner:KEY=VALUE,KEY=VALUE`` -> ``{KEY: VALUE}`` (``alternatives`` joined by
-    ``+``). :class:`PolicyError` (one line) for a malformed or unknown option."""
+    """``planner`` or ``planner:KEY=VALUE/KEY=VALUE`` -> ``{KEY: VALUE}`` (``/`` separates options because
+    ``--policy`` lists are comma-separated and heuristic names hold ``:``; ``alternatives`` are joined
+    by ``+``: ``planner:base=lgtf/alternatives=srtf:nosplit+greedy``). :class:`PolicyError` (one line)
+    for a malformed or unknown option."""
     raw = name.strip()
     _, sep, rest = raw.partition(":")
     out: dict[str, str] = {}
     if not sep:
         return out
-    for item in rest.split(","):
+    for item in rest.split("/"):
         k, eq, v = item.partition("=")
         k = k.strip().lower()
         if not eq or not k or not v.strip():
-            raise PolicyError(f"policy {name!r}: planner options are KEY=VALUE separated by commas, got {item!r}")
+            raise PolicyError(f"policy {name!r}: planner options are KEY=VALUE separated by /, got {item!r}")
         if k not in PLANNER_OPTIONS:
             raise PolicyError(f"policy {name!r}: unknown planner option {k!r}; options: {', '.join(PLANNER_OPTIONS)}")
         out[k] = v.strip()
@@ -245,7 +286,7 @@ def _number(name: str, key: str, v: object, integer: bool, low: float, strict: b
 
 def make_planner(name: str, cluster: ClusterSpec, perf: ContentionModel | None = None,
                  model: RolloutModel | None = None, **options: object) -> PlannerPolicy:
-    """The planner for ``cluster``: options from ``name`` (``planner:budget_s=2,horizon=0``) and
+    """The planner for ``cluster``: options from ``name`` (``planner:budget_s=2/horizon=0``) and
     keyword arguments (:data:`PLANNER_OPTIONS`; keyword arguments win). ``model`` defaults to
     :class:`trainer.rollout.SimRollout` over ``perf`` (imported here, not at module level).
 

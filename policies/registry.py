@@ -17,7 +17,7 @@ Names (case-insensitive, blanks around them ignored):
                                        (:mod:`policies.elastic`, re-plan every 600 s)
 ``planner``                            the lookahead planner (:mod:`policies.planner`): candidate
                                        decisions scored by simulator rollouts; options as
-                                       ``planner:budget_s=2,horizon=0`` or keyword arguments
+                                       ``planner:budget_s=2/horizon=0`` or keyword arguments
 =====================================  ===================================================================
 
 Options (keyword arguments of :func:`make_policy`; :data:`OPTIONS`):
@@ -68,7 +68,7 @@ def describe_names() -> str:
     return (
         f"{', '.join(HEURISTIC_NAMES)} (optionally -np and :{'|:'.join(PLACEMENT_NAMES)}), "
         "rl-base, rl-hybrid (optionally :/path/to/checkpoint), rl-prior, drf, tetris, optimus, "
-        "planner (optionally :KEY=VALUE,...)"
+        "planner (optionally :KEY=VALUE/KEY=VALUE)"
     )
 
 

@@ -113,7 +113,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--policy",
         default=DEFAULT_POLICIES,
-        help="comma-separated policies: fifo, sjf, sif, lrf, srtf, lgtf, las, las2d, greedy (optionally -np and :pack|:nosplit|:spread|:greedy, e.g. srtf:nosplit), or rl-base / rl-hybrid (shipped 4x8 checkpoints) / rl-base:CHECKPOINT / rl-hybrid:CHECKPOINT, or the elastic baselines drf, tetris, optimus (docs/ELASTIC.md) (default: %(default)s)",
+        help="comma-separated policies: fifo, sjf, sif, lrf, srtf, lgtf, las, las2d, greedy (optionally -np and :pack|:nosplit|:spread|:greedy, e.g. srtf:nosplit), or rl-base / rl-hybrid (shipped 4x8 checkpoints) / rl-base:CHECKPOINT / rl-hybrid:CHECKPOINT, or the elastic baselines drf, tetris, optimus (docs/ELASTIC.md), or planner (lookahead; options planner:budget_s=2/horizon=0, policies/planner.py) (default: %(default)s)",
     )
     p.add_argument("--cluster", default="4x8", help="NODESxGPUS or a YAML/TOML cluster file (default: %(default)s)")
     p.add_argument("--out", required=True, help="output directory (must not exist or be empty, see --overwrite)")
