@@ -134,3 +134,21 @@ def test_from_state_continues_the_run_exactly():
     # the rollout's score is the sum of those completion times minus the snapshot's time
     assert score == pytest.approx(sum(fin_ref[j.spec.job_id] - state.time for j in cont.jobs), rel=1e-9)
     assert t_stop >= max(fin_ref[j.spec.job_id] for j in cont.jobs) - 1e-6
+
+
+def test_bench_planner_table_on_tiny_sets(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_planner", Path(__file__).resolve().parents[1] / "benchmarks" / "bench_planner.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--sets", "2", "--jobs", "6", "--groups", "248-zero"]) == 0
+    out = capsys.readouterr().out
+    row = next(ln for ln in out.splitlines() if ln.startswith("| 248-zero | ") and "/ 2 |" in ln)
+    cells = [c.strip() for c in row.split("|")]
+    assert cells[2] in bench.HEURISTICS and float(cells[5].split()[0]) > 0
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--groups", "nosuch"])
+    assert e.value.code == 2 and "unknown 4x8 group" in capsys.readouterr().err
