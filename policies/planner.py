@@ -40,7 +40,8 @@ the jobs in the snapshot: arrivals after now are not simulated.
 10 s at 128 nodes, log-linear in the node count in between, at most 10 s). Candidates are scored
 in their fixed order until the budget is spent; a rollout that would run past it is abandoned
 and its candidate dropped; when only the base candidate is left, its decision is taken without a
-rollout. A round therefore takes at most ``budget_s`` plus the time of one rollout step (one
+rollout (also when the model cannot simulate the snapshot, e.g. a job of a model the performance
+model does not know). A round therefore takes at most ``budget_s`` plus the time of one rollout step (one
 simulated round) and the candidates' own decisions.
 
 **Determinism**: the rollouts are deterministic (the simulator is event-driven and sees no
@@ -224,8 +225,8 @@ class PlannerPolicy(Policy):
             return cands[0][0]
         first, base = cands[0]
         got = self.model.rollout(state, first, base, completions=self.horizon, deadline=deadline)
-        if got is None:
-            stats.cut = True
+        if got is None:  # out of time, or a snapshot the model cannot simulate: the base decision
+            stats.cut = time.perf_counter() >= deadline
             return first
         best_score, t_end = got
         stats.scored = 1

@@ -23,7 +23,8 @@ Names (case-insensitive, blanks around them ignored):
 Options (keyword arguments of :func:`make_policy`; :data:`OPTIONS`):
 
 * ``min_run_s``: preemptive heuristics choose no job as a victim before it has run this long (s;
-  ``None``: the heuristic's default). The RL policies never preempt and ignore it.
+  ``None``: the heuristic's default); the planner passes it to its heuristics. The RL policies never
+  preempt and ignore it.
 * ``deterministic``, ``seed``, ``fast``, ``hybrid_floor``, ``hybrid_rule``: the RL policies'
   (:class:`policies.rl.RLPolicy`); a heuristic refuses them.
 * ``budget_s``, ``horizon``, ``holds``, ``base``, ``alternatives``: the planner's
@@ -111,11 +112,15 @@ def make_policy(
         raise PolicyError(f"policy {name!r}: min_run_s must be a finite number of seconds >= 0, got {min_run_s!r}")
     if base == "planner":  # the lookahead planner (policies/planner.py)
         other = sorted(k for k in options if k not in _PLANNER_OPTIONS)
-        if other or min_run_s is not None:
-            raise PolicyError(f"policy {name!r}: option {(other or ['min_run_s'])[0]!r} does not apply to the planner")
+        if other:
+            raise PolicyError(f"policy {name!r}: option {other[0]!r} does not apply to the planner")
         from policies.planner import make_planner
 
-        return make_planner(raw, cluster, perf, **options)
+        planner = make_planner(raw, cluster, perf, **options)
+        if min_run_s is not None:  # the planner's heuristics (decisions and rollouts) choose victims with it
+            for h in (planner.base, *planner.alternatives):
+                h.min_run = float(min_run_s)
+        return planner
     planner_opts = sorted(k for k in options if k in _PLANNER_OPTIONS)
     if planner_opts:
         raise PolicyError(f"policy {name!r}: option {planner_opts[0]!r} applies to the planner only")

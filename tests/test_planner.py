@@ -87,7 +87,11 @@ def test_budget_default_scales_with_nodes():
     assert default_budget(ClusterSpec.parse("4x8")) == pytest.approx(1.0)
     assert default_budget(ClusterSpec.parse("128x8")) == pytest.approx(10.0)
     assert 1.0 < default_budget(ClusterSpec.parse("16x8")) < 10.0
-    assert make_policy("planner:budget_s=2.5/horizon=0", CL, PERF).budget_s == 2.5
+    pol = make_policy("planner:budget_s=2.5/horizon=0/base=lgtf/alternatives=srtf:nosplit+greedy", CL, PERF,
+                      min_run_s=60)
+    assert (pol.budget_s, pol.horizon, pol.base.name, [h.name for h in pol.alternatives]) == (
+        2.5, 0, "lgtf", ["srtf:nosplit", "greedy"])
+    assert all(h.min_run == 60.0 for h in (pol.base, *pol.alternatives))  # the controller's min_run_s
 
 
 @pytest.mark.parametrize("name, opts, text", [
@@ -97,7 +101,7 @@ def test_budget_default_scales_with_nodes():
     ("planner:horizon", {}, "KEY=VALUE"),
     ("planner:base=nope", {}, "unknown policy 'nope'"),
     ("planner", {"horizon": 1.5}, "horizon must be an integer"),
-    ("planner", {"min_run_s": 10}, "does not apply to the planner"),
+    ("planner", {"seed": 1}, "does not apply to the planner"),
     ("srtf", {"budget_s": 1.0}, "applies to the planner only"),
 ])
 def test_bad_options_one_line(name, opts, text):

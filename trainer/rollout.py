@@ -60,7 +60,7 @@ class SimRollout:
                 k += 1
                 if k % _CLOCK_EVERY == 0 and time.perf_counter() > deadline:
                     return None
-        except SimulationError:
+        except (SimulationError, ValueError):  # a snapshot the simulator cannot model (unknown model, no work)
             return None
         t_stop = sim.time
         score = 0.0
