@@ -4,6 +4,9 @@ Run (the Markdown goes to stdout, progress to stderr)::
 
     nice -n 10 python benchmarks/bench_planner.py --sets 3 --jobs 64 > /tmp/planner.md
 
+(docs/RESULTS.md, "Planner", ran the four groups with 64 jobs this way and the two 1..32 zero-arrival
+groups with ``--jobs 32``, one ``--groups`` each.)
+
 It writes the tables of docs/RESULTS.md, "Planner". The groups are the 4x8 groups of
 ``benchmarks/bench_baselines.py`` (same generator settings and base seeds 950 + group index:
 held-out sets), drawn smaller (``--sets`` sets of ``--jobs`` jobs). On every set every heuristic of
@@ -91,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         res: dict[str, list[dict]] = {h: [] for h in HEURISTICS}
         for h in HEURISTICS:
             for jobs in sets:
-                res[h].append(summarize(Simulator(cluster, jobs, make_policy(h, cluster, perf), perf, SimConfig()).run()))
+                pol = make_policy(h, cluster, perf)
+                res[h].append(summarize(Simulator(cluster, jobs, pol, perf, SimConfig()).run()))
         res["planner"] = []
         lats: list[float] = []
         sw = [0, 0]

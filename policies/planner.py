@@ -296,7 +296,8 @@ def make_planner(name: str, cluster: ClusterSpec, perf: ContentionModel | None =
     opts: dict[str, object] = dict(parse_planner_name(name))
     unknown = sorted(set(options) - set(PLANNER_OPTIONS))
     if unknown:
-        raise PolicyError(f"policy {name!r}: unknown planner option {unknown[0]!r}; options: {', '.join(PLANNER_OPTIONS)}")
+        raise PolicyError(
+            f"policy {name!r}: unknown planner option {unknown[0]!r}; options: {', '.join(PLANNER_OPTIONS)}")
     opts.update({k: v for k, v in options.items() if v is not None})
     perf = perf or ContentionModel(cluster)
     budget = (_number(name, "budget_s", opts["budget_s"], False, 0.0, True) if "budget_s" in opts
