@@ -156,3 +156,35 @@ def test_bench_planner_table_on_tiny_sets(capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(["--groups", "nosuch"])
     assert e.value.code == 2 and "unknown 4x8 group" in capsys.readouterr().err
+
+
+def test_rollout_of_an_epoch_based_snapshot():
+    """The controller's snapshots carry epoch seconds (beyond the simulator's submit-time range): the
+    rollout shifts them and scores as on the same snapshot from time 0."""
+    import dataclasses
+
+    from policies.state import ClusterState
+
+    jobs = blocking_trace() + [_job("y", 0.0, 2, 0.5)]
+    sim = Simulator(CL, jobs, make_policy("greedy", CL, PERF), PERF)
+    from policies.rounds import run_round
+    from trainer.sim_backend import SimBackend
+
+    be = SimBackend(sim)
+    assert be.next_round()
+    run_round(be, sim.policy)
+    assert be.next_round()
+    st = sim.state()
+    E = 1_704_067_200.0
+
+    def moved(j):
+        return dataclasses.replace(j, submit_time=j.submit_time + E,
+                                   start_time=None if j.start_time is None else j.start_time + E)
+
+    st_e = ClusterState(st.time + E, st.cluster, st.free_gpus, [moved(j) for j in st.running],
+                        [moved(j) for j in st.pending])
+    base = make_policy("greedy", CL, PERF)
+    got = SimRollout(PERF).rollout(st, Decision(), base)
+    got_e = SimRollout(PERF).rollout(st_e, Decision(), base)
+    assert got is not None and got_e is not None
+    assert got_e[0] == pytest.approx(got[0], rel=1e-9) and got_e[1] == pytest.approx(got[1] + E, rel=1e-12)

@@ -49,6 +49,8 @@ class SimRollout:
                 if backend.check(first):
                     return None
                 backend.apply(first, [])
+            shift = sim.time_shift  # the simulator's clock is the snapshot's minus this
+            until -= shift
             t0 = sim.time
             n0 = sim.finished
             goal = len(sim.jobs) if completions <= 0 else min(completions, len(sim.jobs))
@@ -71,4 +73,4 @@ class SimRollout:
             else:
                 left = max(j.spec.total_samples - j.progress(t_stop), 0.0)
                 score += t_stop - t0 + left / j.info.best_thp
-        return score, t_stop
+        return score, t_stop + shift

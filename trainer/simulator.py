@@ -536,16 +536,26 @@ class Simulator:
         (1 when that is unknown), so a noisy run's speeds carry over. A job restarted less than
         ``restart_overhead`` seconds ago makes no progress for the rest of it. Nodes marked
         unusable (``state.usable``) keep no free GPUs at the start. Nothing of ``state`` is changed.
+
+        Times are shifted by ``time_shift`` (set on the result): a whole number of ``round_len`` at or
+        below the earliest submit time, so that epoch-based snapshots (the controller's) fit the
+        simulator's submit-time range and round boundaries fall where the snapshot's would. The
+        simulator's time ``t`` is the snapshot's ``t - time_shift``.
         """
         running, pending = list(state.running), list(state.pending)
+        rl = (config or SimConfig()).round_len
+        first = min((min(i.submit_time, state.time) for i in (*running, *pending)), default=state.time)
+        shift = math.floor(first / rl) * rl if first > 0 and rl > 0 else 0.0
         specs = []
         for info in (*running, *pending):
             d = info.extra.get("demand")
-            specs.append(JobSpec(job_id=info.job_id, submit_time=min(info.submit_time, state.time), model=info.model,
+            specs.append(JobSpec(job_id=info.job_id, submit_time=min(info.submit_time, state.time) - shift,
+                                 model=info.model,
                                  gpu_demand=info.gpu_demand, total_samples=info.total_samples,
                                  demand=d if d is not None and d.gpus == info.gpu_demand else None))
         sim = cls(state.cluster, specs, policy, perf, config)
-        sim.time = float(state.time)
+        sim.time_shift = shift
+        sim.time = float(state.time) - shift
         sim.next_arrival = len(sim.jobs)
         sim.pending = list(sim.jobs)  # arrival order: submit time, then trace order
         sim.dirty = True
@@ -562,7 +572,7 @@ class Simulator:
             st = info.start_time if info.start_time is not None else state.time
             left = st + ro - state.time if info.preemptions > 0 else 0.0
             sim.start(info.job_id, p, overhead=max(left, 0.0))
-            j.info.start_time = st
+            j.info.start_time = st - shift
         if state.usable is not None:
             free = sim._own_free()
             free[~np.asarray(state.usable)] = 0
