@@ -9,6 +9,12 @@ on the groups whose cluster the shipped checkpoints fit (4x8). Per group: mean u
 policy (%), the per-set difference rl-hybrid - rl-base in utilisation points and the per-set ratio of
 average and p90 JCT (mean and 95 % half-width, Student t over sets: paired), and the number of sets on
 which the two policies' per-job results differ at all (where rl-hybrid's safety rule changed something).
+
+``--figure PATH`` also draws the trade-off (PNG): per set, rl-hybrid's utilisation gain over rl-base
+(points, x) against its average JCT over rl-base's (y), one colour per group, each group's mean with
+its paired 95 % intervals as error bars; the seed's claim (utilisation up at about 3 % JCT cost) is the
+region right of 0 and below 1.03. docs/figures/hybrid_jct_vs_util.png is drawn by
+``nice -n 10 python benchmarks/bench_hybrid.py --sets 6 --figure docs/figures/hybrid_jct_vs_util.png``.
 """
 
 from __future__ import annotations
@@ -31,9 +37,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sets", type=int, default=6, help="job sets per group (default 6)")
     ap.add_argument("--jobs", type=int, default=256, help="jobs per set (default 256)")
     ap.add_argument("--seed", type=int, default=950, help="base seed, as bench_baselines (default 950)")
+    ap.add_argument("--figure", type=Path, default=None, help="also draw the JCT vs utilisation trade-off (PNG)")
     args = ap.parse_args(argv)
     if args.sets < 2:
         ap.error("--sets must be >= 2 (a paired interval needs two sets)")
+    if args.figure is not None and not args.figure.parent.is_dir():
+        ap.error(f"--figure {args.figure}: folder {args.figure.parent} does not exist")
+    points: list[tuple[str, list[float], list[float], tuple, tuple]] = []
     print("| group | util rl-base (%) | util rl-hybrid (%) | util difference (points, paired 95 %) | "
           "avg JCT hybrid / base | p90 JCT hybrid / base | sets that differ |")
     print("|---|---|---|---|---|---|---|")
@@ -47,10 +57,42 @@ def main(argv: list[str] | None = None) -> int:
         du = mean_ci([100 * (h["avg_util"] - b["avg_util"]) for h, b in zip(hyb, base)])
         ja = mean_ci([h["avg_jct_s"] / b["avg_jct_s"] for h, b in zip(hyb, base)])
         jp = mean_ci([h["p90_jct_s"] / b["p90_jct_s"] for h, b in zip(hyb, base)])
+        points.append((g.name, [100 * (h["avg_util"] - b["avg_util"]) for h, b in zip(hyb, base)],
+                       [h["avg_jct_s"] / b["avg_jct_s"] for h, b in zip(hyb, base)], du, ja))
         differ = sum(h["avg_jct_s"] != b["avg_jct_s"] or h["avg_util"] != b["avg_util"] for h, b in zip(hyb, base))
         print(f"| {g.name} | {ub:.1f} | {uh:.1f} | {du[0]:+.2f} +- {du[1]:.2f} | {ja[0]:.3f} +- {ja[1]:.3f} | "
               f"{jp[0]:.3f} +- {jp[1]:.3f} | {differ} / {args.sets} |")
+    if args.figure is not None:
+        draw(points, args.figure, args.sets, args.jobs)
+        print(f"\nFigure: {args.figure}", file=sys.stderr)
     return 0
+
+
+def draw(points, path: Path, sets: int, jobs: int) -> None:
+    """The trade-off figure (module docstring): per-set points and per-group means with 95 % bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 5.0))
+    ax.axhline(1.0, color="0.6", lw=0.8)
+    ax.axvline(0.0, color="0.6", lw=0.8)
+    ax.axhline(1.03, color="0.6", lw=0.8, ls=":")
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for k, (name, du, ja, mdu, mja) in enumerate(points):
+        c = colours[k % len(colours)]
+        ax.scatter(du, ja, s=14, color=c, alpha=0.45)
+        ax.errorbar([mdu[0]], [mja[0]], xerr=[mdu[1]], yerr=[mja[1]], fmt="o", color=c, ms=7, capsize=3,
+                    label=f"{name}: {mdu[0]:+.2f} pt, {mja[0]:.3f} x")
+    ax.set_xlabel("utilisation, rl-hybrid - rl-base (percentage points)")
+    ax.set_ylabel("average JCT, rl-hybrid / rl-base")
+    ax.set_title(f"rl-hybrid vs rl-base, 4x8 held-out groups ({sets} sets x {jobs} jobs; bars: paired 95 %)",
+                 fontsize=9)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -22,14 +22,20 @@ Names (case-insensitive, blanks around them ignored):
                                        (:mod:`policies.compat`); they take no options
 ``chic``, ``chic-pair``                Chic / Chic-Pair (:mod:`policies.chic`) with the shipped checkpoint,
                                        the ``checkpoint`` argument, or ``NAME:/path``
+``planner``                            the lookahead planner (:mod:`policies.planner`): candidate
+                                       decisions scored by simulator rollouts; options as
+                                       ``planner:budget_s=2/horizon=0`` or keyword arguments
 =====================================  ===================================================================
 
 Options (keyword arguments of :func:`make_policy`; :data:`OPTIONS`):
 
 * ``min_run_s``: preemptive heuristics choose no job as a victim before it has run this long (s;
-  ``None``: the heuristic's default). The RL policies never preempt and ignore it.
+  ``None``: the heuristic's default); the planner passes it to its heuristics. The RL policies never
+  preempt and ignore it.
 * ``deterministic``, ``seed``, ``fast``, ``hybrid_floor``, ``hybrid_rule``: the RL policies'
   (:class:`policies.rl.RLPolicy`); a heuristic refuses them.
+* ``budget_s``, ``horizon``, ``holds``, ``base``, ``alternatives``: the planner's
+  (:func:`policies.planner.make_planner`); other policies refuse them.
 
 Building a policy reads nothing but its checkpoint file.
 """
@@ -64,16 +70,18 @@ def is_learned(name: str) -> bool:
 
 #: The RL policies' options (:class:`policies.rl.RLPolicy`'s parameters).
 _RL_OPTIONS = ("deterministic", "seed", "fast", "hybrid_floor", "hybrid_rule")
+#: The planner's options (:data:`policies.planner.PLANNER_OPTIONS`).
+_PLANNER_OPTIONS = ("budget_s", "horizon", "holds", "base", "alternatives")
 #: Every option :func:`make_policy` accepts.
-OPTIONS = ("min_run_s", *_RL_OPTIONS)
+OPTIONS = ("min_run_s", *_RL_OPTIONS, *_PLANNER_OPTIONS)
 #: Heuristic base names besides the orders (:func:`policies.heuristics.make_heuristic`).
 _HEURISTIC_ALIASES = ("greedy", "contention-greedy")
 
 
 def policy_names() -> tuple[str, ...]:
-    """Every policy name (heuristics, the RL policies, SCED2, DeepShare's own orders, the elastic baselines and
-    Chic), without variants (``-np``, ``:PLACEMENT``, ``:/path``)."""
-    return (*HEURISTIC_NAMES, *RL_NAMES, "sced2", *DS_POLICY_NAMES, "drf", "tetris", "optimus", "chic", "chic-pair")
+    """Every policy name (heuristics, the RL policies, SCED2, DeepShare's own orders, the elastic baselines,
+    Chic and the planner), without variants (``-np``, ``:PLACEMENT``, ``:/path``)."""
+    return (*HEURISTIC_NAMES, *RL_NAMES, "sced2", *DS_POLICY_NAMES, "drf", "tetris", "optimus", "chic", "chic-pair", "planner")
 
 
 def describe_names() -> str:
@@ -81,7 +89,7 @@ def describe_names() -> str:
     return (
         f"{', '.join(HEURISTIC_NAMES)} (optionally -np and :{'|:'.join(PLACEMENT_NAMES)}), "
         "rl-base, rl-hybrid (optionally :/path/to/checkpoint), rl-prior, sced2 (optionally :/path/to/checkpoint), "
-        "drf, tetris, optimus, ds-las, ds-srtf, chic, chic-pair (optionally :/path/to/checkpoint)"
+        "drf, tetris, optimus, ds-las, ds-srtf, chic, chic-pair (optionally :/path/to/checkpoint), planner (optionally :KEY=VALUE/KEY=VALUE)"
     )
 
 
@@ -122,6 +130,20 @@ def make_policy(
         or min_run_s < 0
     ):
         raise PolicyError(f"policy {name!r}: min_run_s must be a finite number of seconds >= 0, got {min_run_s!r}")
+    if base == "planner":  # the lookahead planner (policies/planner.py)
+        other = sorted(k for k in options if k not in _PLANNER_OPTIONS)
+        if other:
+            raise PolicyError(f"policy {name!r}: option {other[0]!r} does not apply to the planner")
+        from policies.planner import make_planner
+
+        planner = make_planner(raw, cluster, perf, **options)
+        if min_run_s is not None:  # the planner's heuristics (decisions and rollouts) choose victims with it
+            for h in (planner.base, *planner.alternatives):
+                h.min_run = float(min_run_s)
+        return planner
+    planner_opts = sorted(k for k in options if k in _PLANNER_OPTIONS)
+    if planner_opts:
+        raise PolicyError(f"policy {name!r}: option {planner_opts[0]!r} applies to the planner only")
     if base in ("drf", "tetris", "optimus"):  # elastic baselines (policies/elastic.py)
         if options:
             raise PolicyError(f"policy {name!r}: option {sorted(options)[0]!r} applies to the RL policies only")

@@ -51,3 +51,16 @@ def test_hybrid_table_on_tiny_sets(capsys):
         differ = int(r[7].split("/")[0])
         if differ == 0:  # identical runs: no difference, ratios 1
             assert r[4].strip() == "+0.00 +- 0.00" and r[5].strip() == "1.000 +- 0.000"
+
+
+def test_hybrid_figure_on_tiny_sets(tmp_path, capsys):
+    _h = importlib.util.spec_from_file_location(
+        "bench_hybrid", Path(__file__).resolve().parents[1] / "benchmarks" / "bench_hybrid.py")
+    hyb = importlib.util.module_from_spec(_h)
+    _h.loader.exec_module(hyb)
+    out = tmp_path / "trade.png"
+    assert hyb.main(["--sets", "2", "--jobs", "6", "--figure", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(SystemExit) as e:
+        hyb.main(["--sets", "2", "--figure", str(tmp_path / "nodir" / "x.png")])
+    assert e.value.code == 2 and "does not exist" in capsys.readouterr().err

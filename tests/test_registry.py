@@ -21,7 +21,8 @@ PERF = ContentionModel(C48)
 def test_policy_names_cover_heuristics_and_rl():
     names = policy_names()
     assert names == ("fifo", "sjf", "sif", "lrf", "srtf", "lgtf", "las", "las2d", "greedy", "rl-base", "rl-hybrid",
-                     "rl-prior", "sced2", "ds-las", "ds-srtf", "drf", "tetris", "optimus", "chic", "chic-pair")
+                     "rl-prior", "sced2", "ds-las", "ds-srtf", "drf", "tetris", "optimus", "chic", "chic-pair",
+                     "planner")
     assert set(RL_NAMES) <= set(names)
     text = describe_names()
     assert all(n in text for n in names) and ":/path/to/checkpoint" in text and "-np" in text
@@ -81,7 +82,8 @@ def test_options_reach_the_policies():
     rl = make_policy("rl-hybrid", C48, PERF, min_run_s=42, deterministic=False, seed=3, fast=False, hybrid_floor=0.5)
     assert (rl.deterministic, rl.seed, rl.fast, rl.rule.min_efficiency) == (False, 3, False, 0.5)
     assert make_policy("rl-prior", C48, PERF, seed=9).seed == 9
-    assert set(OPTIONS) == {"min_run_s", "deterministic", "seed", "fast", "hybrid_floor", "hybrid_rule"}
+    assert set(OPTIONS) == {"min_run_s", "deterministic", "seed", "fast", "hybrid_floor", "hybrid_rule",
+                            "budget_s", "horizon", "holds", "base", "alternatives"}
 
 
 @pytest.mark.parametrize(

@@ -99,6 +99,8 @@ def add_contention_argument(p: argparse.ArgumentParser, what: str = "the simulat
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``simulate`` to the ``rlsched`` subcommands."""
+    from policies.registry import describe_names
+
     p = sub.add_parser(
         "simulate",
         help="run scheduling policies over a job trace in the simulator and compare them",
@@ -115,7 +117,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--policy",
         default=DEFAULT_POLICIES,
-        help="comma-separated policies: fifo, sjf, sif, lrf, srtf, lgtf, las, las2d, greedy (optionally -np and :pack|:nosplit|:spread|:greedy, e.g. srtf:nosplit), or rl-base / rl-hybrid (shipped 4x8 checkpoints) / rl-base:CHECKPOINT / rl-hybrid:CHECKPOINT, or ds-las / ds-srtf / ORDER:ds (for --compat deepshare), or the elastic baselines drf, tetris, optimus and chic / chic-pair (optionally :CHECKPOINT) (docs/ELASTIC.md) (default: %(default)s)",
+        help=f"comma-separated policies: {describe_names()}; docs/RESULTS.md, ELASTIC.md, SCED2.md (default: %(default)s)",
     )
     p.add_argument("--cluster", default="4x8", help="NODESxGPUS or a YAML/TOML cluster file (default: %(default)s)")
     p.add_argument("--out", required=True, help="output directory (must not exist or be empty, see --overwrite)")

@@ -560,6 +560,68 @@ class Simulator:
         if self.policy is not None:
             self.policy.reset()
 
+    @classmethod
+    def from_state(
+        cls,
+        state: ClusterState,
+        policy: Policy | None,
+        perf: ContentionModel | None = None,
+        config: SimConfig | None = None,
+    ) -> "Simulator":
+        """A simulator that continues from the snapshot ``state`` (a lookahead policy's model,
+        :mod:`trainer.rollout`): its clock is ``state.time``, its jobs are the snapshot's running
+        jobs (on their placements, with their progress, attained service, preemption count and
+        start time) and pending jobs (queued), and no job arrives later. A running job's speed
+        factor is its ``isolated_thp`` over the performance model's throughput on its placement
+        (1 when that is unknown), so a noisy run's speeds carry over. A job restarted less than
+        ``restart_overhead`` seconds ago makes no progress for the rest of it. Nodes marked
+        unusable (``state.usable``) keep no free GPUs at the start. Nothing of ``state`` is changed.
+
+        Times are shifted by ``time_shift`` (set on the result): a whole number of ``round_len`` at or
+        below the earliest submit time, so that epoch-based snapshots (the controller's) fit the
+        simulator's submit-time range and round boundaries fall where the snapshot's would. The
+        simulator's time ``t`` is the snapshot's ``t - time_shift``.
+        """
+        running, pending = list(state.running), list(state.pending)
+        rl = (config or SimConfig()).round_len
+        first = min((min(i.submit_time, state.time) for i in (*running, *pending)), default=state.time)
+        shift = math.floor(first / rl) * rl if first > 0 and rl > 0 else 0.0
+        specs = []
+        for info in (*running, *pending):
+            d = info.extra.get("demand")
+            specs.append(JobSpec(job_id=info.job_id, submit_time=min(info.submit_time, state.time) - shift,
+                                 model=info.model,
+                                 gpu_demand=info.gpu_demand, total_samples=info.total_samples,
+                                 demand=d if d is not None and d.gpus == info.gpu_demand else None))
+        sim = cls(state.cluster, specs, policy, perf, config)
+        sim.time_shift = shift
+        sim.time = float(state.time) - shift
+        sim.next_arrival = len(sim.jobs)
+        sim.pending = list(sim.jobs)  # arrival order: submit time, then trace order
+        sim.dirty = True
+        ro = sim.cfg.restart_overhead
+        for info in running:
+            j = sim.by_id[info.job_id]
+            p = info.placement
+            j.done = j.info.done_samples = min(info.done_samples, info.total_samples)
+            j.att_base = j.info.attained_service = info.attained_service
+            j.info.preemptions = info.preemptions
+            iso = sim.perf.throughput(j.spec, p, sim.cluster)
+            if info.isolated_thp > 0 and iso > 0:
+                j.noise = info.isolated_thp / iso
+            st = info.start_time if info.start_time is not None else state.time
+            left = st + ro - state.time if info.preemptions > 0 else 0.0
+            sim.start(info.job_id, p, overhead=max(left, 0.0))
+            j.info.start_time = st - shift
+        if state.usable is not None:
+            free = sim._own_free()
+            free[~np.asarray(state.usable)] = 0
+            if sim._free_bytes is not None:
+                for n in np.flatnonzero(~np.asarray(state.usable)).tolist():
+                    sim._free_bytes[n] = 0
+        sim.util_t, sim.util_used = [sim.time], [sim._used]
+        return sim
+
     @property
     def done(self) -> bool:
         return self.finished == len(self.jobs)

@@ -1,0 +1,76 @@
+"""The planner's rollout model (:class:`policies.planner.RolloutModel`) over the event-driven simulator.
+
+:class:`SimRollout` builds a private :class:`~trainer.simulator.Simulator` from a frozen snapshot
+(:meth:`Simulator.from_state <trainer.simulator.Simulator.from_state>`: the snapshot's running and
+pending jobs, no later arrivals), applies the candidate's first decision, and lets the default policy
+decide every round (the :class:`~trainer.sim_backend.SimBackend` round times: boundaries every
+``round_len`` s and right after arrivals / completions) until the horizon. It lives in ``trainer``
+because the simulator does; :mod:`policies.planner` only knows the protocol.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from policies.base import Policy
+from policies.perf import ContentionModel
+from policies.rounds import run_round
+from policies.state import ClusterState, Decision
+from trainer.sim_backend import SimBackend
+from trainer.simulator import SimConfig, SimulationError, Simulator
+
+__all__ = ["SimRollout"]
+
+#: Rounds between two looks at the clock during a rollout.
+_CLOCK_EVERY = 8
+
+
+class SimRollout:
+    """:class:`policies.planner.RolloutModel` over :class:`Simulator`.
+
+    :param perf: the performance model (its contention rule prices the rollouts).
+    :param config: the simulator's settings for the rollouts (default :class:`SimConfig`: 300 s rounds,
+        event-triggered, 30 s restart overhead, no speed noise).
+    """
+
+    def __init__(self, perf: ContentionModel, config: SimConfig | None = None) -> None:
+        self.perf = perf
+        self.config = config or SimConfig()
+
+    def rollout(self, state: ClusterState, first: Decision, policy: Policy, *, completions: int = 0,
+                until: float = math.inf, deadline: float = math.inf) -> tuple[float, float] | None:
+        """See :meth:`policies.planner.RolloutModel.rollout`. Score: the sum over the snapshot's jobs of
+        (completion time in the rollout, or stop time + remaining isolated run time) - now, in s."""
+        try:
+            sim = Simulator.from_state(state, policy, self.perf, self.config)
+            backend = SimBackend(sim)
+            if first:
+                if backend.check(first):
+                    return None
+                backend.apply(first, [])
+            shift = sim.time_shift  # the simulator's clock is the snapshot's minus this
+            until -= shift
+            t0 = sim.time
+            n0 = sim.finished
+            goal = len(sim.jobs) if completions <= 0 else min(completions, len(sim.jobs))
+            k = 0
+            while not sim.done and sim.finished - n0 < goal and backend.next_round():
+                if sim.time >= until or sim.finished - n0 >= goal:
+                    break
+                run_round(backend, policy)
+                k += 1
+                if k % _CLOCK_EVERY == 0 and time.perf_counter() > deadline:
+                    return None
+        except (SimulationError, ValueError):  # a snapshot the simulator cannot model (unknown model, no work)
+            return None
+        t_stop = sim.time
+        score = 0.0
+        for j in sim.jobs:
+            f = j.finish
+            if f == f:  # finished
+                score += f - t0
+            else:
+                left = max(j.spec.total_samples - j.progress(t_stop), 0.0)
+                score += t_stop - t0 + left / j.info.best_thp
+        return score, t_stop + shift
