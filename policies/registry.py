@@ -18,6 +18,9 @@ Names (case-insensitive, blanks around them ignored):
 ``sced2``                              SCED2 (:mod:`policies.sced2`): a shared-weight Q-network picks jobs,
                                        packing places them; the shipped checkpoint for the servers' GPU
                                        count (any number of servers), ``sced2:/path`` another one
+``rl-sf``                              the cluster-size-free learned policy (:mod:`policies.sizefree`):
+                                       a shared scorer over candidate (job, placement) pairs; any
+                                       cluster; ``rl-sf:/path`` another checkpoint
 =====================================  ===================================================================
 
 Options (keyword arguments of :func:`make_policy`; :data:`OPTIONS`):
@@ -46,7 +49,7 @@ __all__ = ["LEARNED_NAMES", "OPTIONS", "RL_NAMES", "is_learned", "describe_names
 #: The learned policies' names (:mod:`policies.rl`).
 RL_NAMES = ("rl-base", "rl-hybrid", "rl-prior")
 #: Every learned policy's base name (a checkpoint decides): the RL policies and SCED2.
-LEARNED_NAMES = (*RL_NAMES, "sced2")
+LEARNED_NAMES = (*RL_NAMES, "sced2", "rl-sf")
 
 
 def is_learned(name: str) -> bool:
@@ -68,14 +71,14 @@ _HEURISTIC_ALIASES = ("greedy", "contention-greedy")
 def policy_names() -> tuple[str, ...]:
     """Every policy name (heuristics, then the RL policies), without variants (``-np``, ``:PLACEMENT``,
     ``:/path``)."""
-    return (*HEURISTIC_NAMES, *RL_NAMES, "sced2")
+    return (*HEURISTIC_NAMES, *RL_NAMES, "sced2", "rl-sf")
 
 
 def describe_names() -> str:
     """Every policy name with its variants, for error messages."""
     return (
         f"{', '.join(HEURISTIC_NAMES)} (optionally -np and :{'|:'.join(PLACEMENT_NAMES)}), "
-        "rl-base, rl-hybrid (optionally :/path/to/checkpoint), rl-prior, sced2 (optionally :/path/to/checkpoint), "
+        "rl-base, rl-hybrid (optionally :/path/to/checkpoint), rl-prior, sced2, rl-sf (optionally :/path/to/checkpoint), "
         "drf, tetris, optimus"
     )
 
@@ -123,6 +126,12 @@ def make_policy(
         from policies.elastic import make_elastic_policy
 
         return make_elastic_policy(base, perf)
+    if base == "rl-sf":  # the cluster-size-free learned policy (policies/sizefree.py)
+        if options:
+            raise PolicyError(f"policy {name!r}: option {sorted(options)[0]!r} does not apply to rl-sf")
+        from policies.sizefree import make_sizefree_policy
+
+        return make_sizefree_policy(raw, cluster, perf, checkpoint=checkpoint)
     if base == "sced2":  # SCED2 (seed 003): its own checkpoint format and codec
         if options:
             raise PolicyError(f"policy {name!r}: option {sorted(options)[0]!r} does not apply to sced2")
