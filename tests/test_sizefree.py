@@ -175,6 +175,7 @@ def test_env_checker_and_episode():
     assert res is None or len(res.jobs) == 10
 
 
+@pytest.mark.slow
 def test_simulate_rl_sf_on_16x8(tmp_path):
     from trainer.traces import write_trace
 

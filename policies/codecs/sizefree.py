@@ -268,7 +268,9 @@ class SizeFreeRound:
             if j.gpu_demand > total:
                 continue
             seen: list[Placement] = []
-            for s, rule in enumerate(codec.rules):
+            # a job that fits on one node: greedy's choice is nosplit's and quiet has none (exactly)
+            rules = codec.rules if j.gpu_demand > codec.max_node else codec.rules[:1]
+            for s, rule in enumerate(rules):
                 p = rule(j, self.free, st)
                 if p is None or p in seen:
                     continue
@@ -351,11 +353,11 @@ def _replace_job(j: JobInfo, p: Placement, now: float, iso: float) -> JobInfo:
 class _QuietPack:
     """:func:`pack` on the nodes without multi-node jobs, for jobs larger than a node (else ``None``)."""
 
-    def __init__(self, perf: ContentionModel) -> None:
-        self.perf = perf
+    def __init__(self, perf: ContentionModel, max_node: int) -> None:
+        self.perf, self.max_node = perf, max_node
 
     def __call__(self, job: JobInfo, free: np.ndarray, state: ClusterState) -> Placement | None:
-        if job.gpu_demand <= state.cluster.max_gpus_per_node:
+        if job.gpu_demand <= self.max_node:
             return None
         loads = state.contention(self.perf).loads()
         if not loads:
@@ -376,7 +378,9 @@ class SizeFreeCodec:
             raise CodecError(f"sizefree codec needs a SizeFreeSpec, got {type(spec).__name__}")
         spec.check_cluster(cluster)
         self.cluster, self.perf, self.spec = cluster, perf, spec
-        self.rules = (FloorPacking(perf), ContentionAwarePlacement(perf, nosplit=True), _QuietPack(perf))
+        #: GPUs of the largest node
+        self.max_node = int(cluster.max_gpus_per_node)
+        self.rules = (FloorPacking(perf), ContentionAwarePlacement(perf, nosplit=True), _QuietPack(perf, self.max_node))
         self._best: dict[tuple[str, int], float] = {}
 
     @classmethod
