@@ -21,7 +21,7 @@ PERF = ContentionModel(C48)
 def test_policy_names_cover_heuristics_and_rl():
     names = policy_names()
     assert names == ("fifo", "sjf", "sif", "lrf", "srtf", "lgtf", "las", "las2d", "greedy", "rl-base", "rl-hybrid",
-                     "rl-prior", "sced2")
+                     "rl-prior", "sced2", "rl-sf")
     assert set(RL_NAMES) <= set(names)
     text = describe_names()
     assert all(n in text for n in names) and ":/path/to/checkpoint" in text and "-np" in text
