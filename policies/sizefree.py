@@ -132,7 +132,7 @@ class SizeFreePolicy(Policy):
 # ---------------------------------------------------------------------- checkpoints
 def shipped_sizefree() -> Path:
     """Path (``.json``) of the shipped ``rl-sf`` checkpoint."""
-    p = Path(str(resources.files("policies") / "checkpoints" / "rl-sf.json"))
+    p = Path(str(resources.files("policies") / "checkpoints" / "sizefree" / "rl-sf.json"))
     if not p.is_file():
         raise PolicyError("no shipped rl-sf checkpoint; train one with `rlsched train-sizefree` and use rl-sf:/path")
     return p

@@ -1,6 +1,6 @@
 """``rlsched train-sizefree``: the training run of ``rl-sf`` (:func:`trainer.sizefree.train.train`).
 
-``rlsched train-sizefree --out policies/checkpoints/rl-sf`` clones the ``greedy`` heuristic (with
+``rlsched train-sizefree --out policies/checkpoints/sizefree/rl-sf`` clones the ``greedy`` heuristic (with
 DAgger rounds), fine-tunes with MaskablePPO on uniform 1..32-GPU job sets on 4x8 and 16x8, and writes
 ``OUT.json`` + ``OUT.safetensors``.
 """
