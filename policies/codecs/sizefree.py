@@ -3,9 +3,9 @@ one by one.
 
 Each scheduling round, with time frozen, the policy picks among *candidates* until it picks "hold":
 
-* **jobs**: up to ``J`` waiting jobs, the union of the first ``ceil(J / 2)`` by SRTF order (remaining
-  isolated time, then submit time, then id) and the first by LGTF order (remaining GPU-time:
-  remaining time x GPUs), filled up from SRTF order, listed in SRTF order;
+* **jobs**: up to ``J`` waiting jobs: the first ``ceil(J / 2)`` by SRTF order (remaining isolated
+  time, then submit time, then id), then further jobs in LGTF order (remaining GPU-time: remaining
+  time x GPUs) until there are ``J``; listed in SRTF order;
 * **placements** per job (``P = 3`` slots): ``nosplit`` (:class:`policies.placement.FloorPacking`),
   ``greedy`` (:class:`policies.placement.ContentionAwarePlacement` with ``nosplit=True``) and
   ``quiet`` (:func:`policies.placement.pack` on the nodes without multi-node jobs; for jobs larger
