@@ -206,3 +206,25 @@ def test_shipped_checkpoint_runs_on_several_sizes():
         pol = make_policy("rl-sf", cluster)
         res = Simulator(cluster, _jobs(10, 5, cluster), pol, ContentionModel(cluster), SimConfig()).run()
         assert len(res.jobs) == 10
+
+
+def test_train_cli_refuses_bad_input(capsys):
+    from rlsched.cli import main
+
+    assert main(["train-sizefree", "--out", "/nonexistent/x", "--clusters", "4y8"]) == 2
+    assert main(["train-sizefree", "--out", "/nonexistent/x", "--ppo-lr", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("rlsched train-sizefree: error:") == 2
+
+
+@pytest.mark.slow
+def test_tiny_training_run_writes_a_loadable_checkpoint(tmp_path):
+    pytest.importorskip("sb3_contrib")
+    from trainer.sizefree.train import SizeFreeTrainConfig, train
+
+    cfg = SizeFreeTrainConfig(clusters=("4x8",), jobs_per_set=6, sets_per_kind=1, loads=(0.9,), val_sets=1, hidden=8,
+                              bc_epochs=2, dagger=1, ppo_timesteps=64, n_steps=64, jobs=4)
+    path = train(cfg, tmp_path / "ck", log=lambda s: None)
+    net, meta, _ = load_sizefree(path)
+    assert meta["training"]["chosen"] in ("bc", "ppo") and net.spec.jobs == 4
+    assert make_policy(f"rl-sf:{path}", ClusterSpec.parse("16x8")).name == "rl-sf"

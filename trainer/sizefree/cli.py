@@ -29,6 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dagger", type=int, default=d.dagger, help="DAgger rounds after cloning (default: %(default)s)")
     p.add_argument("--bc-epochs", type=_positive_int, default=d.bc_epochs, help="epochs per cloning fit (default: %(default)s)")
     p.add_argument("--ppo-timesteps", type=int, default=d.ppo_timesteps, help="PPO steps, 0: none (default: %(default)s)")
+    p.add_argument("--ppo-lr", type=float, default=d.ppo_lr, help="PPO learning rate (default: %(default)s)")
+    p.add_argument("--ent-coef", type=float, default=d.ent_coef, help="PPO entropy coefficient (default: %(default)s)")
     p.add_argument("--expert", choices=("greedy", "nosplit"), default=d.expert, help="heuristic cloned (default: %(default)s)")
     p.add_argument("--subproc", action="store_true", help="PPO rollouts in subprocesses (SubprocVecEnv)")
     p.add_argument("--seed", type=int, default=d.seed, help="seed (default: %(default)s)")
@@ -47,12 +49,15 @@ def _run(args: argparse.Namespace) -> int:
             ClusterSpec.parse(c)
         if args.dagger < 0 or args.ppo_timesteps < 0:
             raise ValueError("--dagger and --ppo-timesteps must be >= 0")
+        if not (0 < args.ppo_lr < 1) or not (0 <= args.ent_coef < 1):
+            raise ValueError("--ppo-lr must be in (0, 1) and --ent-coef in [0, 1)")
     except (ClusterSpecError, ValueError) as exc:
         print(f"rlsched train-sizefree: error: {exc}", file=sys.stderr)
         return 2
     cfg = SizeFreeTrainConfig(clusters=clusters, max_gpus=args.max_gpus, jobs_per_set=args.jobs_per_set,
                               sets_per_kind=args.sets, dagger=args.dagger, bc_epochs=args.bc_epochs,
-                              ppo_timesteps=args.ppo_timesteps, expert=args.expert, subproc=args.subproc,
+                              ppo_timesteps=args.ppo_timesteps, ppo_lr=args.ppo_lr, ent_coef=args.ent_coef,
+                              expert=args.expert, subproc=args.subproc,
                               seed=args.seed)
     train(cfg, args.out, log=lambda s: print(s, flush=True))
     return 0

@@ -50,6 +50,7 @@ class SizeFreeTrainConfig:
     dagger: int = 2
     ppo_timesteps: int = 8192
     ppo_lr: float = 1e-4
+    ent_coef: float = 0.001
     n_steps: int = 512
     subproc: bool = False
     seed: int = 7000
@@ -200,7 +201,7 @@ def train(cfg: SizeFreeTrainConfig, out: str | Path, log: Callable[[str], None] 
     venv_cls = SubprocVecEnv if cfg.subproc else DummyVecEnv
     venv = venv_cls([make(i) for i in range(len(sets))])
     model = MaskablePPO(SizeFreeMaskablePolicy, venv, learning_rate=cfg.ppo_lr, n_steps=cfg.n_steps, batch_size=256,
-                        n_epochs=4, gamma=1.0, gae_lambda=0.95, ent_coef=0.001, seed=cfg.seed, verbose=0,
+                        n_epochs=4, gamma=1.0, gae_lambda=0.95, ent_coef=cfg.ent_coef, seed=cfg.seed, verbose=0,
                         policy_kwargs={"spec": spec.to_dict(), "hidden": cfg.hidden})
     scorer = model.policy.scorer
     acc = behaviour_clone(envs, scorer, cfg, log)
