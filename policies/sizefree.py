@@ -197,7 +197,8 @@ def load_sizefree(path: str | Path) -> tuple[SizeFreeNet, dict[str, Any], Path]:
 
     jpath = _resolve(path)
     if not jpath.is_file():
-        raise CheckpointError(f"{jpath}: rl-sf checkpoint metadata not found (expected NAME.json beside NAME.safetensors)")
+        raise CheckpointError(
+            f"{jpath}: rl-sf checkpoint metadata not found (expected NAME.json beside NAME.safetensors)")
     try:
         raw = jpath.read_bytes()[: _MAX_JSON + 1]
         if len(raw) > _MAX_JSON:
@@ -225,7 +226,8 @@ def load_sizefree(path: str | Path) -> tuple[SizeFreeNet, dict[str, Any], Path]:
     except OSError as exc:
         raise CheckpointError(f"{wpath}: cannot read the rl-sf weights: {exc}") from None
     if hashlib.sha256(data).hexdigest() != str(meta.get("weights_sha256", "")).lower():
-        raise CheckpointError(f"{wpath}: sha256 does not match the metadata; the weights are truncated or were modified")
+        raise CheckpointError(
+            f"{wpath}: sha256 does not match the metadata; the weights are truncated or were modified")
     from safetensors import SafetensorError
     from safetensors.numpy import load as st_load
 

@@ -47,7 +47,8 @@ def _jobs(n: int, seed: int, cluster: ClusterSpec, max_g: int = 16) -> list[JobS
     return out
 
 
-def _state(cluster: ClusterSpec, running: list[tuple[str, int, Placement]], pending: list[tuple[str, int]]) -> ClusterState:
+def _state(cluster: ClusterSpec, running: list[tuple[str, int, Placement]],
+           pending: list[tuple[str, int]]) -> ClusterState:
     perf = ContentionModel(cluster)
     free = np.array(cluster.gpus_per_node, dtype=np.int64)
     run = []

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -345,8 +345,7 @@ class SizeFreeRound:
 
 
 def _replace_job(j: JobInfo, p: Placement, now: float, iso: float) -> JobInfo:
-    from dataclasses import replace
-
+    """``j`` running on ``p`` from ``now`` at its isolated speed ``iso`` (samples/s)."""
     return replace(j, placement=p, start_time=now, isolated_thp=iso, achieved_thp=iso)
 
 

@@ -23,15 +23,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="checkpoint path NAME (writes NAME.json + NAME.safetensors)")
     p.add_argument("--clusters", default=",".join(d.clusters), help="training clusters (default: %(default)s)")
     p.add_argument("--max-gpus", type=_positive_int, default=d.max_gpus, help="largest demand (default: %(default)s)")
-    p.add_argument("--jobs-per-set", type=_positive_int, default=d.jobs_per_set, help="jobs per set (default: %(default)s)")
+    p.add_argument("--jobs-per-set", type=_positive_int, default=d.jobs_per_set,
+                   help="jobs per set (default: %(default)s)")
     p.add_argument("--sets", type=_positive_int, default=d.sets_per_kind,
                    help="training sets per cluster and arrival kind (default: %(default)s)")
     p.add_argument("--dagger", type=int, default=d.dagger, help="DAgger rounds after cloning (default: %(default)s)")
-    p.add_argument("--bc-epochs", type=_positive_int, default=d.bc_epochs, help="epochs per cloning fit (default: %(default)s)")
-    p.add_argument("--ppo-timesteps", type=int, default=d.ppo_timesteps, help="PPO steps, 0: none (default: %(default)s)")
+    p.add_argument("--bc-epochs", type=_positive_int, default=d.bc_epochs,
+                   help="epochs per cloning fit (default: %(default)s)")
+    p.add_argument("--ppo-timesteps", type=int, default=d.ppo_timesteps,
+                   help="PPO steps, 0: none (default: %(default)s)")
     p.add_argument("--ppo-lr", type=float, default=d.ppo_lr, help="PPO learning rate (default: %(default)s)")
     p.add_argument("--ent-coef", type=float, default=d.ent_coef, help="PPO entropy coefficient (default: %(default)s)")
-    p.add_argument("--expert", choices=("greedy", "nosplit"), default=d.expert, help="heuristic cloned (default: %(default)s)")
+    p.add_argument("--expert", choices=("greedy", "nosplit"), default=d.expert,
+                   help="heuristic cloned (default: %(default)s)")
     p.add_argument("--subproc", action="store_true", help="PPO rollouts in subprocesses (SubprocVecEnv)")
     p.add_argument("--seed", type=int, default=d.seed, help="seed (default: %(default)s)")
     p.set_defaults(func=_run)

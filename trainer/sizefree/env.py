@@ -92,7 +92,8 @@ class SizeFreeEnv(gym.Env):
     def _sim_for(self, i: int) -> Simulator:
         sim = self._sims.get(i)
         if sim is None:
-            cfg = SimConfig(metrics_interval=math.inf, max_idle_rounds=max(SimConfig.max_idle_rounds, self.max_steps + 1))
+            cfg = SimConfig(metrics_interval=math.inf,
+                            max_idle_rounds=max(SimConfig.max_idle_rounds, self.max_steps + 1))
             sim = self._sims[i] = Simulator(self.cluster, self.traces[i], _EventRounds(), self.perf, cfg)
         else:
             sim.reset_state()

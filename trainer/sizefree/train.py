@@ -173,7 +173,8 @@ def _heuristic_val(name: str, val: dict[str, list[list[JobSpec]]]) -> float:
         cl = ClusterSpec.parse(c)
         perf = ContentionModel(cl)
         for jobs in sets:
-            out.append(summarize(Simulator(cl, jobs, make_policy(name, cl, perf), perf, SimConfig()).run())["avg_jct_s"] / 3600)
+            res = Simulator(cl, jobs, make_policy(name, cl, perf), perf, SimConfig()).run()
+            out.append(summarize(res)["avg_jct_s"] / 3600)
     return float(np.mean(out))
 
 
@@ -217,7 +218,8 @@ def train(cfg: SizeFreeTrainConfig, out: str | Path, log: Callable[[str], None] 
         model.learn(total_timesteps=cfg.ppo_timesteps)
         ppo_tensors = scorer.tensors()
         ppo_val = validate(SizeFreeNet(spec, ppo_tensors), val)
-        log(f"validation avg JCT after {cfg.ppo_timesteps} PPO steps: {ppo_val:.3f} h ({time.perf_counter() - t0:.0f} s)")
+        log(f"validation avg JCT after {cfg.ppo_timesteps} PPO steps: {ppo_val:.3f} h "
+            f"({time.perf_counter() - t0:.0f} s)")
         if ppo_val < bc_val:
             chosen, tensors = "ppo", ppo_tensors
     venv.close()
