@@ -46,11 +46,11 @@ class SizeFreeTrainConfig:
     val_sets: int = 2
     hidden: int = 64
     expert: str = "greedy"
-    bc_epochs: int = 30
-    dagger: int = 2
+    bc_epochs: int = 10
+    dagger: int = 1
     ppo_timesteps: int = 8192
-    ppo_lr: float = 1e-4
-    ent_coef: float = 0.001
+    ppo_lr: float = 3e-4
+    ent_coef: float = 0.01
     n_steps: int = 512
     subproc: bool = False
     seed: int = 7000
