@@ -354,16 +354,23 @@ class _QuietPack:
 
     def __init__(self, perf: ContentionModel, max_node: int) -> None:
         self.perf, self.max_node = perf, max_node
+        #: ``(state, free counts, quiet counts or None)`` of the last call: the quiet counts are built
+        #: once per state (a round makes a new state at every pick) and free-GPU vector
+        self._last: tuple[ClusterState, bytes, np.ndarray | None] | None = None
 
     def __call__(self, job: JobInfo, free: np.ndarray, state: ClusterState) -> Placement | None:
         if job.gpu_demand <= self.max_node:
             return None
-        loads = state.contention(self.perf).loads()
-        if not loads:
-            return None
-        quiet = np.array(free, dtype=np.int64)
-        quiet[list(loads)] = 0
-        return pack(job, quiet)
+        fb = np.asarray(free).tobytes()
+        last = self._last
+        if last is None or last[0] is not state or last[1] != fb:
+            loads = state.contention(self.perf).loads()
+            quiet = None
+            if loads:
+                quiet = np.array(free, dtype=np.int64)
+                quiet[list(loads)] = 0
+            last = self._last = (state, fb, quiet)
+        return None if last[2] is None else pack(job, last[2])
 
 
 class SizeFreeCodec:
@@ -379,7 +386,8 @@ class SizeFreeCodec:
         self.cluster, self.perf, self.spec = cluster, perf, spec
         #: GPUs of the largest node
         self.max_node = int(cluster.max_gpus_per_node)
-        self.rules = (FloorPacking(perf), ContentionAwarePlacement(perf, nosplit=True), _QuietPack(perf, self.max_node))
+        self.rules = (FloorPacking(perf), ContentionAwarePlacement(perf, nosplit=True),
+                      _QuietPack(perf, self.max_node))
         self._best: dict[tuple[str, int], float] = {}
 
     @classmethod
