@@ -25,6 +25,9 @@ Names (case-insensitive, blanks around them ignored):
 ``planner``                            the lookahead planner (:mod:`policies.planner`): candidate
                                        decisions scored by simulator rollouts; options as
                                        ``planner:budget_s=2/horizon=0`` or keyword arguments
+``rl-sf``                              the cluster-size-free learned policy (:mod:`policies.sizefree`):
+                                       a shared scorer over candidate (job, placement) pairs; any
+                                       cluster; ``rl-sf:/path`` another checkpoint
 =====================================  ===================================================================
 
 Options (keyword arguments of :func:`make_policy`; :data:`OPTIONS`):
@@ -56,8 +59,8 @@ __all__ = ["LEARNED_NAMES", "OPTIONS", "RL_NAMES", "is_learned", "describe_names
 
 #: The learned policies' names (:mod:`policies.rl`).
 RL_NAMES = ("rl-base", "rl-hybrid", "rl-prior")
-#: Every learned policy's base name (a checkpoint decides): the RL policies, SCED2, Chic and Chic-Pair.
-LEARNED_NAMES = (*RL_NAMES, "sced2", "chic", "chic-pair")
+#: Every learned policy's base name (a checkpoint decides): the RL policies, SCED2, rl-sf, Chic and Chic-Pair.
+LEARNED_NAMES = (*RL_NAMES, "sced2", "rl-sf", "chic", "chic-pair")
 
 
 def is_learned(name: str) -> bool:
@@ -81,14 +84,15 @@ _HEURISTIC_ALIASES = ("greedy", "contention-greedy")
 def policy_names() -> tuple[str, ...]:
     """Every policy name (heuristics, the RL policies, SCED2, DeepShare's own orders, the elastic baselines,
     Chic and the planner), without variants (``-np``, ``:PLACEMENT``, ``:/path``)."""
-    return (*HEURISTIC_NAMES, *RL_NAMES, "sced2", *DS_POLICY_NAMES, "drf", "tetris", "optimus", "chic", "chic-pair", "planner")
+    return (*HEURISTIC_NAMES, *RL_NAMES, "sced2", "rl-sf", *DS_POLICY_NAMES, "drf", "tetris", "optimus", "chic",
+            "chic-pair", "planner")
 
 
 def describe_names() -> str:
     """Every policy name with its variants, for error messages."""
     return (
         f"{', '.join(HEURISTIC_NAMES)} (optionally -np and :{'|:'.join(PLACEMENT_NAMES)}), "
-        "rl-base, rl-hybrid (optionally :/path/to/checkpoint), rl-prior, sced2 (optionally :/path/to/checkpoint), "
+        "rl-base, rl-hybrid (optionally :/path/to/checkpoint), rl-prior, sced2, rl-sf (optionally :/path/to/checkpoint), "
         "drf, tetris, optimus, ds-las, ds-srtf, chic, chic-pair (optionally :/path/to/checkpoint), planner (optionally :KEY=VALUE/KEY=VALUE)"
     )
 
@@ -150,6 +154,12 @@ def make_policy(
         from policies.elastic import make_elastic_policy
 
         return make_elastic_policy(base, perf)
+    if base == "rl-sf":  # the cluster-size-free learned policy (policies/sizefree.py)
+        if options:
+            raise PolicyError(f"policy {name!r}: option {sorted(options)[0]!r} does not apply to rl-sf")
+        from policies.sizefree import make_sizefree_policy
+
+        return make_sizefree_policy(raw, cluster, perf, checkpoint=checkpoint)
     if base == "sced2":  # SCED2 (seed 003): its own checkpoint format and codec
         if options:
             raise PolicyError(f"policy {name!r}: option {sorted(options)[0]!r} does not apply to sced2")

@@ -33,6 +33,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "trainer.cli_rl",
     "trainer.sced2.cli",
     "trainer.chic.cli",
+    "trainer.sizefree.cli",
     "controller.cli",
 )
 

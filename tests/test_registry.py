@@ -21,7 +21,7 @@ PERF = ContentionModel(C48)
 def test_policy_names_cover_heuristics_and_rl():
     names = policy_names()
     assert names == ("fifo", "sjf", "sif", "lrf", "srtf", "lgtf", "las", "las2d", "greedy", "rl-base", "rl-hybrid",
-                     "rl-prior", "sced2", "ds-las", "ds-srtf", "drf", "tetris", "optimus", "chic", "chic-pair",
+                     "rl-prior", "sced2", "rl-sf", "ds-las", "ds-srtf", "drf", "tetris", "optimus", "chic", "chic-pair",
                      "planner")
     assert set(RL_NAMES) <= set(names)
     text = describe_names()

@@ -10,6 +10,8 @@ Registered codecs:
   two-half observation (:mod:`policies.codecs.deepshare`) of ``rl-base``, ``rl-hybrid`` and ``rl-prior``.
 * ``sced2-v1``: :class:`~policies.codecs.sced2.Sced2Codec`, SCED2's GPU-state / job-state observation
   and job-selection actions (:mod:`policies.codecs.sced2`) of ``sced2``.
+* ``sizefree-v1``: :class:`~policies.codecs.sizefree.SizeFreeCodec`, candidate (job, placement) rows
+  and pooled node context, independent of the cluster's size (:mod:`policies.codecs.sizefree`) of ``rl-sf``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from policies.cluster import ClusterSpec
 from policies.codecs.base import Box, Codec, CodecError, CodecRound, CodecSpec, Discrete, Encoding
 from policies.codecs.deepshare import DeepShareCodec, EncodingError, ObsSpec
 from policies.codecs.sced2 import Sced2Codec, Sced2Spec
+from policies.codecs.sizefree import SizeFreeCodec, SizeFreeSpec
 from policies.perf import ContentionModel
 
 __all__ = [
@@ -36,6 +39,8 @@ __all__ = [
     "ObsSpec",
     "Sced2Codec",
     "Sced2Spec",
+    "SizeFreeCodec",
+    "SizeFreeSpec",
     "codec_class",
     "codec_names",
     "make_codec",
@@ -90,3 +95,4 @@ def make_codec(name: str, cluster: ClusterSpec, perf: ContentionModel, spec: Cod
 
 register_codec(DeepShareCodec)
 register_codec(Sced2Codec)
+register_codec(SizeFreeCodec)

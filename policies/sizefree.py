@@ -1,0 +1,260 @@
+"""The cluster-size-free learned policy ``rl-sf``: a pointer-style scorer over candidate
+(job, placement) pairs of :mod:`policies.codecs.sizefree`.
+
+Network (:class:`SizeFreeNet`, numpy; the torch mirror is :mod:`trainer.sizefree.model`): one MLP
+shared by every candidate row, ``score_i = w2 . relu(W1 . relu(W0 [x_i, ctx] + b0) + b1) + b2``
+(``F + C -> H -> H -> 1``), where ``x_i`` is the candidate's ``F`` features and ``ctx`` the ``C``
+pooled node / queue features; a softmax over the valid candidates (hold included) is the action
+distribution. Nothing in it depends on the number of nodes or of waiting jobs beyond the codec's
+``J``, so one checkpoint runs on any cluster.
+
+Policy (:class:`SizeFreePolicy`, name ``rl-sf``): each round, with time frozen, it encodes the
+round, starts the valid candidate of highest score (lowest index on ties) and repeats until it
+picks hold or nothing fits. It never preempts; it is asked at events only (``time_invariant``).
+
+Checkpoints: ``NAME.safetensors`` (float32 tensors :data:`TENSOR_NAMES`, ``.weight`` ``(out, in)``
+and ``.bias``) plus ``NAME.json`` (format ``rlsched-sizefree``, the codec's name and spec, the
+network's sizes, the training section, the weights' sha256); :func:`load_sizefree` checks all of it
+and never unpickles. The critic of PPO is not stored (only the actor acts). Pure apart from reading
+/ writing checkpoint files; no torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from policies.base import Policy, PolicyError
+from policies.cluster import ClusterSpec
+from policies.codecs.base import CodecError
+from policies.codecs.sizefree import N_CAND, N_CTX, SizeFreeCodec, SizeFreeSpec
+from policies.perf import ContentionModel
+from policies.state import ClusterState, Decision
+
+__all__ = ["FORMAT", "TENSOR_NAMES", "SizeFreeNet", "SizeFreePolicy", "load_sizefree", "make_sizefree_policy",
+           "save_sizefree", "shipped_sizefree", "tensor_shapes"]
+
+FORMAT = "rlsched-sizefree"
+FORMAT_VERSION = 1
+TENSOR_NAMES = ("cand.0", "cand.1", "cand.2")
+_MAX_JSON = 1 << 20
+
+
+def tensor_shapes(hidden: int) -> dict[str, tuple[tuple[int, int], tuple[int]]]:
+    """``prefix -> (weight shape, bias shape)`` for hidden width ``hidden``."""
+    H = hidden
+    dims = {"cand.0": (H, N_CAND + N_CTX), "cand.1": (H, H), "cand.2": (1, H)}
+    return {k: (v, (v[0],)) for k, v in dims.items()}
+
+
+class SizeFreeNet:
+    """The shared candidate scorer in numpy (module docstring)."""
+
+    def __init__(self, spec: SizeFreeSpec, tensors: Mapping[str, np.ndarray]) -> None:
+        H = int(np.asarray(tensors["cand.0.weight"]).shape[0])
+        self.spec, self.hidden = spec, H
+        self.layers: list[tuple[np.ndarray, np.ndarray]] = []
+        for p, (ws, bs) in tensor_shapes(H).items():
+            W, b = np.asarray(tensors[p + ".weight"]), np.asarray(tensors[p + ".bias"])
+            if W.shape != ws or b.shape != bs:
+                raise ValueError(f"sizefree network: {p} has shape {W.shape} / {b.shape}, expected {ws} / {bs}")
+            self.layers.append((np.ascontiguousarray(W.T, dtype=np.float32), b.astype(np.float32)))
+
+    def scores(self, obs: np.ndarray) -> np.ndarray:
+        """float32 ``[J * P + 1]``: the score of every candidate row of a flat observation."""
+        spec = self.spec
+        x = np.asarray(obs, dtype=np.float32).reshape(-1)
+        if x.size != spec.size:
+            raise ValueError(f"sizefree network: observation of {x.size} values, expected {spec.size}")
+        rows = x[: spec.n_candidates * N_CAND].reshape(spec.n_candidates, N_CAND)
+        ctx = x[spec.n_candidates * N_CAND:]
+        (W0, b0), (W1, b1), (W2, b2) = self.layers
+        h = np.maximum(rows @ W0[:N_CAND] + (ctx @ W0[N_CAND:] + b0), 0.0)
+        h = np.maximum(h @ W1 + b1, 0.0)
+        return (h @ W2 + b2).reshape(-1)
+
+    @staticmethod
+    def choose(scores: np.ndarray, mask: np.ndarray) -> int:
+        m = np.where(mask, scores, -np.inf)
+        i = int(m.argmax())
+        if not math.isfinite(m[i]):
+            raise ValueError(f"sizefree: no usable score (best valid action {i} has {m[i]})")
+        return i
+
+
+class SizeFreePolicy(Policy):
+    """``rl-sf`` (module docstring)."""
+
+    time_invariant = True
+
+    def __init__(self, net: SizeFreeNet, codec: SizeFreeCodec, name: str = "rl-sf", max_decisions: int = 10_000,
+                 checkpoint: Path | None = None) -> None:
+        if net.spec.jobs != codec.spec.jobs:
+            raise PolicyError(f"rl-sf: network spec {net.spec} does not match the codec's {codec.spec}")
+        self.net, self.codec, self.name = net, codec, name
+        self.max_decisions = max_decisions
+        self.checkpoint = checkpoint
+        self.stats = {"rounds": 0, "placements": 0, "holds": 0}
+
+    def reset(self) -> None:
+        self.stats = {k: 0 for k in self.stats}
+
+    def schedule(self, state: ClusterState) -> Decision:
+        dec = Decision()
+        self.stats["rounds"] += 1
+        if not state.pending:
+            return dec
+        rnd = self.codec.begin(state)
+        limit = self.place_limit
+        for _ in range(self.max_decisions):
+            if not rnd.waiting or (limit is not None and len(dec.place) >= limit):
+                break
+            enc = rnd.encode()
+            if not enc.any_placement:
+                break
+            choice = enc.decode(self.net.choose(self.net.scores(enc.obs), enc.mask))
+            if choice is None:
+                self.stats["holds"] += 1
+                break
+            rnd.place(*choice)
+            dec.place.append(choice)
+            self.stats["placements"] += 1
+        return dec
+
+
+# ---------------------------------------------------------------------- checkpoints
+def shipped_sizefree() -> Path:
+    """Path (``.json``) of the shipped ``rl-sf`` checkpoint."""
+    p = Path(str(resources.files("policies") / "checkpoints" / "sizefree" / "rl-sf.json"))
+    if not p.is_file():
+        raise PolicyError("no shipped rl-sf checkpoint; train one with `rlsched train-sizefree` and use rl-sf:/path")
+    return p
+
+
+def _resolve(path: str | Path) -> Path:
+    p = Path(path)
+    if p.suffix == ".safetensors":
+        return p.with_suffix(".json")
+    return p if p.suffix == ".json" else p.with_name(p.name + ".json")
+
+
+def _check_tensors(tensors: Mapping[str, np.ndarray], spec: SizeFreeSpec, where: str) -> SizeFreeNet:
+    for p in TENSOR_NAMES:
+        for x in ("weight", "bias"):
+            t = tensors.get(f"{p}.{x}")
+            if t is None:
+                raise ValueError(f"{where}: tensor {p}.{x} is missing")
+            if t.dtype != np.float32 or not np.isfinite(t).all() or np.abs(t).max(initial=0.0) > 1e6:
+                raise ValueError(f"{where}: tensor {p}.{x} must be finite float32 of magnitude <= 1e6")
+    try:
+        return SizeFreeNet(spec, tensors)
+    except (ValueError, KeyError) as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def save_sizefree(path: str | Path, tensors: Mapping[str, np.ndarray], spec: SizeFreeSpec,
+                  training: Mapping[str, Any]) -> Path:
+    """Write ``NAME.safetensors`` + ``NAME.json``; returns the JSON path (weights checked first)."""
+    from safetensors.numpy import save as st_save
+
+    from policies.checkpoint import _json_default, write_atomic
+    from rlsched import __version__
+
+    jpath = _resolve(path)
+    arrays = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items() if k.split(".")[0] == "cand"}
+    net = _check_tensors(arrays, spec, str(jpath))
+    data = st_save(arrays)
+    wpath = jpath.with_suffix(".safetensors")
+    meta = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "project_version": __version__,
+        "policy": "rl-sf",
+        "codec": SizeFreeCodec.name,
+        "obs_spec": spec.to_dict(),
+        "network": {"kind": "sizefree-pointer", "hidden": net.hidden, "activation": "relu",
+                    "tensors": list(TENSOR_NAMES)},
+        "training": dict(training),
+        "weights_file": wpath.name,
+        "weights_sha256": hashlib.sha256(data).hexdigest(),
+    }
+    write_atomic(wpath, data)
+    write_atomic(jpath, (json.dumps(meta, indent=2, default=_json_default) + "\n").encode())
+    return jpath
+
+
+def load_sizefree(path: str | Path) -> tuple[SizeFreeNet, dict[str, Any], Path]:
+    """``(network, metadata, json path)``, fully checked; never unpickles.
+    :raises CheckpointError: one line naming the file and the problem."""
+    from policies.checkpoint import CheckpointError
+
+    jpath = _resolve(path)
+    if not jpath.is_file():
+        raise CheckpointError(
+            f"{jpath}: rl-sf checkpoint metadata not found (expected NAME.json beside NAME.safetensors)")
+    try:
+        raw = jpath.read_bytes()[: _MAX_JSON + 1]
+        if len(raw) > _MAX_JSON:
+            raise CheckpointError(f"{jpath}: metadata is larger than {_MAX_JSON} bytes")
+        meta = json.loads(raw.decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise CheckpointError(f"{jpath}: unreadable rl-sf checkpoint metadata: {exc}") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        got = meta.get("format") if isinstance(meta, dict) else None
+        raise CheckpointError(f"{jpath}: not an rl-sf checkpoint (format={got!r}, expected {FORMAT!r})")
+    if meta.get("format_version") != FORMAT_VERSION or isinstance(meta.get("format_version"), bool):
+        raise CheckpointError(f"{jpath}: unsupported format_version {meta.get('format_version')!r}")
+    if meta.get("codec") != SizeFreeCodec.name:
+        raise CheckpointError(f"{jpath}: codec {meta.get('codec')!r} is not {SizeFreeCodec.name!r}")
+    try:
+        spec = SizeFreeSpec.from_dict(meta.get("obs_spec"))
+    except (CodecError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{jpath}: bad obs_spec: {exc}") from None
+    wname = meta.get("weights_file")
+    if not isinstance(wname, str) or not wname or Path(wname).name != wname or any(c in wname for c in "/\\:\0"):
+        raise CheckpointError(f"{jpath}: weights_file must be a plain file name, got {wname!r}")
+    wpath = jpath.with_name(wname)
+    try:
+        data = wpath.read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"{wpath}: cannot read the rl-sf weights: {exc}") from None
+    if hashlib.sha256(data).hexdigest() != str(meta.get("weights_sha256", "")).lower():
+        raise CheckpointError(
+            f"{wpath}: sha256 does not match the metadata; the weights are truncated or were modified")
+    from safetensors import SafetensorError
+    from safetensors.numpy import load as st_load
+
+    try:
+        tensors = st_load(data)
+    except (SafetensorError, ValueError, OSError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{wpath}: not a readable safetensors file: {exc}") from None
+    try:
+        net = _check_tensors(tensors, spec, str(wpath))
+    except ValueError as exc:
+        raise CheckpointError(str(exc)) from None
+    return net, meta, jpath
+
+
+def make_sizefree_policy(name: str, cluster: ClusterSpec, perf: ContentionModel | None = None,
+                         checkpoint: str | Path | None = None) -> SizeFreePolicy:
+    """``rl-sf`` (the shipped checkpoint, or ``checkpoint``) or ``rl-sf:/path`` on any cluster."""
+    raw = name.strip()
+    base, sep, path = raw.partition(":")
+    if base.strip().lower() != "rl-sf":
+        raise PolicyError(f"unknown policy {name!r}: expected rl-sf or rl-sf:/path/to/checkpoint")
+    if sep and not path.strip():
+        raise PolicyError(f"policy {name!r}: empty checkpoint path after ':'")
+    ckpt = Path(path.strip()) if sep else (Path(checkpoint) if checkpoint else shipped_sizefree())
+    net, _meta, jpath = load_sizefree(ckpt)
+    try:
+        codec = SizeFreeCodec(cluster, perf or ContentionModel(cluster), net.spec)
+    except CodecError as exc:
+        raise PolicyError(f"{jpath}: {exc}") from None
+    return SizeFreePolicy(net, codec, checkpoint=jpath)

@@ -1,0 +1,67 @@
+"""``rlsched train-sizefree``: the training run of ``rl-sf`` (:func:`trainer.sizefree.train.train`).
+
+``rlsched train-sizefree --out policies/checkpoints/sizefree/rl-sf`` clones the ``greedy`` heuristic (with
+DAgger rounds), fine-tunes with MaskablePPO on uniform 1..32-GPU job sets on 4x8 and 16x8, and writes
+``OUT.json`` + ``OUT.safetensors``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rlsched.argtypes import positive_int as _positive_int
+
+__all__ = ["register"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from trainer.sizefree.train import SizeFreeTrainConfig
+
+    d = SizeFreeTrainConfig()
+    p = sub.add_parser("train-sizefree", help="train the cluster-size-free policy rl-sf (cloning, then MaskablePPO)")
+    p.add_argument("--out", required=True, help="checkpoint path NAME (writes NAME.json + NAME.safetensors)")
+    p.add_argument("--clusters", default=",".join(d.clusters), help="training clusters (default: %(default)s)")
+    p.add_argument("--max-gpus", type=_positive_int, default=d.max_gpus, help="largest demand (default: %(default)s)")
+    p.add_argument("--jobs-per-set", type=_positive_int, default=d.jobs_per_set,
+                   help="jobs per set (default: %(default)s)")
+    p.add_argument("--sets", type=_positive_int, default=d.sets_per_kind,
+                   help="training sets per cluster and arrival kind (default: %(default)s)")
+    p.add_argument("--dagger", type=int, default=d.dagger, help="DAgger rounds after cloning (default: %(default)s)")
+    p.add_argument("--bc-epochs", type=_positive_int, default=d.bc_epochs,
+                   help="epochs per cloning fit (default: %(default)s)")
+    p.add_argument("--ppo-timesteps", type=int, default=d.ppo_timesteps,
+                   help="PPO steps, 0: none (default: %(default)s)")
+    p.add_argument("--ppo-lr", type=float, default=d.ppo_lr, help="PPO learning rate (default: %(default)s)")
+    p.add_argument("--ent-coef", type=float, default=d.ent_coef, help="PPO entropy coefficient (default: %(default)s)")
+    p.add_argument("--expert", choices=("greedy", "nosplit"), default=d.expert,
+                   help="heuristic cloned (default: %(default)s)")
+    p.add_argument("--subproc", action="store_true", help="PPO rollouts in subprocesses (SubprocVecEnv)")
+    p.add_argument("--seed", type=int, default=d.seed, help="seed (default: %(default)s)")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from policies.cluster import ClusterSpec, ClusterSpecError
+    from trainer.sizefree.train import SizeFreeTrainConfig, train
+
+    clusters = tuple(c.strip() for c in args.clusters.split(",") if c.strip())
+    try:
+        if not clusters:
+            raise ValueError("--clusters is empty")
+        for c in clusters:
+            ClusterSpec.parse(c)
+        if args.dagger < 0 or args.ppo_timesteps < 0:
+            raise ValueError("--dagger and --ppo-timesteps must be >= 0")
+        if not (0 < args.ppo_lr < 1) or not (0 <= args.ent_coef < 1):
+            raise ValueError("--ppo-lr must be in (0, 1) and --ent-coef in [0, 1)")
+    except (ClusterSpecError, ValueError) as exc:
+        print(f"rlsched train-sizefree: error: {exc}", file=sys.stderr)
+        return 2
+    cfg = SizeFreeTrainConfig(clusters=clusters, max_gpus=args.max_gpus, jobs_per_set=args.jobs_per_set,
+                              sets_per_kind=args.sets, dagger=args.dagger, bc_epochs=args.bc_epochs,
+                              ppo_timesteps=args.ppo_timesteps, ppo_lr=args.ppo_lr, ent_coef=args.ent_coef,
+                              expert=args.expert, subproc=args.subproc,
+                              seed=args.seed)
+    train(cfg, args.out, log=lambda s: print(s, flush=True))
+    return 0

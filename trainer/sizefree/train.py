@@ -1,0 +1,235 @@
+"""Training of ``rl-sf``: behaviour cloning of a heuristic with DAgger rounds, then MaskablePPO.
+
+1. **Job sets** (:func:`training_sets`): :func:`trainer.generate.generate_sets`, uniform demands
+   ``1..max_gpus`` on each training cluster, zero arrivals and Poisson arrivals at each load of
+   ``loads``; training seeds ``seed + 10 * k`` (``k`` the set kind), validation sets from
+   ``seed + 5000``. Both ranges are disjoint from the benchmark's held-out seeds (950..957).
+2. **Behaviour cloning** (:func:`behaviour_clone`): states from episodes played by the heuristic
+   (``expert``: the ``greedy`` slot, i.e. SRTF order with the contention-aware nosplit placement),
+   labelled with its pick; then ``dagger`` rounds that play the current network (its argmax) and
+   label the states it visits with the heuristic's pick; cross-entropy over the masked scores.
+3. **MaskablePPO** (sb3-contrib, :class:`trainer.sizefree.model.SizeFreeMaskablePolicy`) from the
+   cloned weights, one environment per training cluster (``DummyVecEnv``, or ``SubprocVecEnv`` with
+   ``subproc``), reward minus average JCT (:mod:`trainer.sizefree.env`).
+4. **Selection**: the cloned and the fine-tuned network are run on the validation sets (the policy
+   itself, :class:`policies.sizefree.SizeFreePolicy`, in the simulator); the one with the lower mean
+   average JCT is written, with both numbers in the checkpoint's ``training`` section.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from policies.cluster import ClusterSpec
+from policies.codecs.sizefree import SizeFreeCodec, SizeFreeSpec
+from policies.job import JobSpec
+from policies.perf import ContentionModel
+from policies.sizefree import SizeFreeNet, SizeFreePolicy, save_sizefree
+
+__all__ = ["SizeFreeTrainConfig", "behaviour_clone", "train", "training_sets", "validate"]
+
+
+@dataclass(frozen=True)
+class SizeFreeTrainConfig:
+    """``rlsched train-sizefree``'s settings (module docstring)."""
+
+    clusters: tuple[str, ...] = ("4x8", "16x8")
+    max_gpus: int = 32
+    jobs_per_set: int = 48
+    sets_per_kind: int = 4
+    loads: tuple[float, ...] = (0.85, 0.9)
+    val_sets: int = 2
+    hidden: int = 64
+    expert: str = "greedy"
+    bc_epochs: int = 10
+    dagger: int = 1
+    ppo_timesteps: int = 8192
+    ppo_lr: float = 3e-4
+    ent_coef: float = 0.01
+    n_steps: int = 512
+    subproc: bool = False
+    seed: int = 7000
+    jobs: int = 8
+    extra: dict = field(default_factory=dict)
+
+
+def _sets(cluster: ClusterSpec, cfg: SizeFreeTrainConfig, base: int, count: int) -> list[list[JobSpec]]:
+    from trainer.generate import GeneratorConfig, generate_sets
+
+    perf = ContentionModel(cluster)
+    out: list[list[JobSpec]] = []
+    kinds = [("zero", 0.9)] + [("poisson", ld) for ld in cfg.loads]
+    for k, (arrival, load) in enumerate(kinds):
+        g = GeneratorConfig(num_jobs=cfg.jobs_per_set, demand="uniform", max_gpus=cfg.max_gpus, arrival=arrival,
+                            load=load, seed=base + 10 * k)
+        out.extend(generate_sets(cluster, g, count, perf))
+    return out
+
+
+def training_sets(cfg: SizeFreeTrainConfig) -> dict[str, tuple[list[list[JobSpec]], list[list[JobSpec]]]]:
+    """``{cluster: (training sets, validation sets)}``."""
+    out = {}
+    for i, c in enumerate(cfg.clusters):
+        cl = ClusterSpec.parse(c)
+        out[c] = (_sets(cl, cfg, cfg.seed + 100 * i, cfg.sets_per_kind),
+                  _sets(cl, cfg, cfg.seed + 5000 + 100 * i, cfg.val_sets))
+    return out
+
+
+def _collect(env, scorer, episodes: list[int], expert: str, use_net: bool) -> tuple[list, list, list]:
+    """States, masks and the heuristic's labels along episodes played by the heuristic or the network."""
+    import torch
+
+    obs_l, mask_l, lab_l = [], [], []
+    for idx in episodes:
+        obs, _ = env.reset(options={"trace": idx})
+        done = False
+        while not done:
+            m = env.action_masks()
+            label = env.expert_action(expert)
+            if m.sum() > 1:  # a choice to learn
+                obs_l.append(obs.copy())
+                mask_l.append(m)
+                lab_l.append(label)
+            if use_net:
+                with torch.no_grad():
+                    s = scorer(torch.as_tensor(obs[None]))[0].numpy()
+                a = int(np.where(m, s, -np.inf).argmax())
+            else:
+                a = label
+            obs, _r, term, trunc, _ = env.step(a)
+            done = term or trunc
+    return obs_l, mask_l, lab_l
+
+
+def _fit(scorer, data: tuple[list, list, list], epochs: int, seed: int, log: Callable[[str], None]) -> float:
+    import torch
+
+    obs = torch.as_tensor(np.asarray(data[0], dtype=np.float32))
+    mask = torch.as_tensor(np.asarray(data[1], dtype=bool))
+    lab = torch.as_tensor(np.asarray(data[2], dtype=np.int64))
+    opt = torch.optim.Adam(scorer.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(seed)
+    n = len(lab)
+    acc = 0.0
+    for ep in range(epochs):
+        perm = torch.randperm(n, generator=g)
+        for i in range(0, n, 256):
+            b = perm[i: i + 256]
+            s = scorer(obs[b]).masked_fill(~mask[b], -1e9)
+            loss = torch.nn.functional.cross_entropy(s, lab[b])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        if ep == epochs - 1 or ep % 10 == 0:
+            with torch.no_grad():
+                s = scorer(obs).masked_fill(~mask, -1e9)
+                acc = float((s.argmax(1) == lab).float().mean())
+            log(f"  bc epoch {ep}: loss {loss.item():.4f}, agreement with the heuristic {acc:.3f} ({n} states)")
+    return acc
+
+
+def behaviour_clone(envs: list, scorer, cfg: SizeFreeTrainConfig, log: Callable[[str], None]) -> float:
+    """Clone ``cfg.expert`` into ``scorer`` (module docstring, step 2); returns the final agreement."""
+    data: tuple[list, list, list] = ([], [], [])
+    acc = 0.0
+    for rnd in range(cfg.dagger + 1):
+        for env in envs:
+            got = _collect(env, scorer, list(range(len(env.traces))), cfg.expert, use_net=rnd > 0)
+            for d, x in zip(data, got):
+                d.extend(x)
+        log(f"bc round {rnd} ({'heuristic' if rnd == 0 else 'dagger'}): {len(data[2])} labelled states")
+        acc = _fit(scorer, data, cfg.bc_epochs, cfg.seed + rnd, log)
+    return acc
+
+
+def validate(net: SizeFreeNet, val: dict[str, list[list[JobSpec]]]) -> float:
+    """Mean average JCT (h) of ``rl-sf`` with ``net`` over the validation sets of every cluster."""
+    from trainer.metrics import summarize
+    from trainer.simulator import SimConfig, Simulator
+
+    out = []
+    for c, sets in val.items():
+        cl = ClusterSpec.parse(c)
+        perf = ContentionModel(cl)
+        for jobs in sets:
+            pol = SizeFreePolicy(net, SizeFreeCodec(cl, perf, net.spec))
+            out.append(summarize(Simulator(cl, jobs, pol, perf, SimConfig()).run())["avg_jct_s"] / 3600)
+    return float(np.mean(out))
+
+
+def _heuristic_val(name: str, val: dict[str, list[list[JobSpec]]]) -> float:
+    from policies.registry import make_policy
+    from trainer.metrics import summarize
+    from trainer.simulator import SimConfig, Simulator
+
+    out = []
+    for c, sets in val.items():
+        cl = ClusterSpec.parse(c)
+        perf = ContentionModel(cl)
+        for jobs in sets:
+            res = Simulator(cl, jobs, make_policy(name, cl, perf), perf, SimConfig()).run()
+            out.append(summarize(res)["avg_jct_s"] / 3600)
+    return float(np.mean(out))
+
+
+def train(cfg: SizeFreeTrainConfig, out: str | Path, log: Callable[[str], None] = print) -> Path:
+    """The whole run (module docstring); writes ``out.json`` + ``out.safetensors``; returns the JSON path."""
+    import torch
+    from sb3_contrib import MaskablePPO
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+
+    from trainer.sizefree.env import SizeFreeEnv
+    from trainer.sizefree.model import SizeFreeMaskablePolicy
+
+    t0 = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    spec = SizeFreeSpec(jobs=cfg.jobs)
+    sets = training_sets(cfg)
+    val = {c: v for c, (_t, v) in sets.items()}
+    envs = [SizeFreeEnv(tr, c, spec) for c, (tr, _v) in sets.items()]
+    log(f"training sets: {', '.join(f'{c}: {len(t)}' for c, (t, _v) in sets.items())} x {cfg.jobs_per_set} jobs")
+
+    def make(i: int):
+        c, (tr, _v) = list(sets.items())[i]
+        return lambda: SizeFreeEnv(tr, c, spec)
+
+    venv_cls = SubprocVecEnv if cfg.subproc else DummyVecEnv
+    venv = venv_cls([make(i) for i in range(len(sets))])
+    model = MaskablePPO(SizeFreeMaskablePolicy, venv, learning_rate=cfg.ppo_lr, n_steps=cfg.n_steps, batch_size=256,
+                        n_epochs=4, gamma=1.0, gae_lambda=0.95, ent_coef=cfg.ent_coef, seed=cfg.seed, verbose=0,
+                        policy_kwargs={"spec": spec.to_dict(), "hidden": cfg.hidden})
+    scorer = model.policy.scorer
+    acc = behaviour_clone(envs, scorer, cfg, log)
+    bc_tensors = scorer.tensors()
+    bc_val = validate(SizeFreeNet(spec, bc_tensors), val)
+    heur_val = _heuristic_val(cfg.expert, val)
+    log(f"validation avg JCT: heuristic {cfg.expert} {heur_val:.3f} h, cloned {bc_val:.3f} h "
+        f"({time.perf_counter() - t0:.0f} s)")
+    ppo_val = float("nan")
+    chosen = "bc"
+    tensors = bc_tensors
+    if cfg.ppo_timesteps > 0:
+        model.learn(total_timesteps=cfg.ppo_timesteps)
+        ppo_tensors = scorer.tensors()
+        ppo_val = validate(SizeFreeNet(spec, ppo_tensors), val)
+        log(f"validation avg JCT after {cfg.ppo_timesteps} PPO steps: {ppo_val:.3f} h "
+            f"({time.perf_counter() - t0:.0f} s)")
+        if ppo_val < bc_val:
+            chosen, tensors = "ppo", ppo_tensors
+    venv.close()
+    training = {
+        "algo": "bc+dagger, then maskable-ppo", "config": {k: (list(v) if isinstance(v, tuple) else v)
+                                                          for k, v in asdict(cfg).items()},
+        "bc_agreement": acc, "val_avg_jct_h": {"heuristic": heur_val, "bc": bc_val, "ppo": ppo_val},
+        "chosen": chosen, "wall_s": round(time.perf_counter() - t0, 1),
+        "command": "rlsched train-sizefree --out OUT",
+    }
+    path = save_sizefree(out, tensors, spec, training)
+    log(f"wrote {path} ({chosen}; {time.perf_counter() - t0:.0f} s)")
+    return path
