@@ -12,7 +12,7 @@ another ``ps`` changes the PS count only. A plain ``Placement`` of a PS job runs
 the ``i % k``-th of the placement's ``k`` nodes (ascending). A job's CPU / memory use on a node is
 its workers' there (``cpus_per_gpu`` / ``mem_gb_per_gpu`` each) plus its PSs' (``ps_cpus`` /
 ``ps_mem_gb`` each) (:func:`node_usage`). Jobs carry their :class:`~policies.resources.ResourceDemand`
-in ``JobInfo.extra["demand"]`` (the simulator sets it); a job without one uses no CPU or memory.
+in ``JobInfo.demand`` (the simulator sets it from the trace's ``JobSpec.demand``); a job without one uses no CPU or memory.
 
 **Baselines** (each a named policy, :func:`make_elastic_policy`): every ``interval`` seconds (600,
 Optimus' interval that Chic compares with) they re-plan the worker / PS counts of every job in the
@@ -97,8 +97,8 @@ class ElasticPlacement(Placement):
 
 
 def job_demand(job: JobInfo) -> ResourceDemand | None:
-    """The job's resource demand (``JobInfo.extra["demand"]``), or None."""
-    d = job.extra.get("demand") if job.extra else None
+    """The job's resource demand (:attr:`JobInfo.demand <policies.state.JobInfo.demand>`), or None."""
+    d = job.demand
     return d if isinstance(d, ResourceDemand) else None
 
 

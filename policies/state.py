@@ -140,6 +140,16 @@ class JobInfo:
             return d
         return replace(d, gpus=gpus, min_gpus=None, max_gpus=None)
 
+    def demand_for(self, p: Placement) -> ResourceDemand | None:
+        """:meth:`demand_on` for ``p``'s GPU total, with ``p``'s parameter-server count where it names one
+        (an elastic placement, :class:`policies.elastic.ElasticPlacement`, has ``ps``): what the job holds
+        on ``p`` beyond GPUs, or ``None``."""
+        d = self.demand_on(p.total_gpus)
+        ps = getattr(p, "ps", None)
+        if d is not None and isinstance(ps, int) and ps != d.ps:
+            d = replace(d, ps=ps, ps_cpus=d.ps_cpus if ps else 0, ps_mem_gb=d.ps_mem_gb if ps else 0.0)
+        return d
+
     @property
     def elastic(self) -> bool:
         """Whether the job can be resized (it has a ``[min_gpus, max_gpus]`` range)."""
@@ -316,7 +326,7 @@ class ClusterState:
     def free_cpu_mem(self) -> tuple[list[int | None], list[float | None]]:
         """Free CPU cores and memory (GB) per node: each node's declared CPUs / memory
         (:attr:`~policies.cluster.NodeSpec.cpus`, ``mem_gb``) less what the running jobs' demands
-        (:attr:`JobInfo.demand`, placed as :meth:`~policies.resources.Allocation.from_placement` does) hold
+        (:meth:`JobInfo.demand_for` their placements, placed as :meth:`~policies.resources.Allocation.from_placement` does) hold
         there; ``None`` for a node that declares none (no limit). Computed on first use
         (:func:`policies.resources.free_cpu_mem`) and kept with this state; O(1) after the first pass when
         no node declares CPUs or memory."""
@@ -330,7 +340,7 @@ class ClusterState:
                 allocs = []
                 for j in self.running:
                     p = j.placement
-                    d = None if p is None else j.demand_on(p.total_gpus)
+                    d = None if p is None else j.demand_for(p)
                     if d is not None and d.declares_cpu_mem:
                         allocs.append(Allocation.from_placement(p, d, cluster))  # type: ignore[arg-type]
                 got = free_cpu_mem(cluster, allocs)

@@ -35,21 +35,22 @@ memory fit each node's free CPUs / memory (:meth:`~policies.state.ClusterState.f
 what the decision's valid preemptions and resizes release, less what its earlier valid entries
 take; an elastic placement's parameter-server count replaces the demand's). A job without such a
 demand fits wherever its GPUs do, so policies that ignore GPU types, CPUs and memory are checked
-exactly as on a cluster that declares none. :func:`resource_problems` adds the parameter-server
-rules of elastic jobs (:mod:`policies.elastic`).
+exactly as on a cluster that declares none. A placement that names a parameter-server count
+(:class:`policies.elastic.ElasticPlacement`) gives a job whose demand has parameter servers at
+least one and a job without them none.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 from policies.cluster import Placement
 from policies.resources import Allocation, placement_misfit
 from policies.state import ClusterState, Decision, JobInfo
 
-__all__ = ["AFTER_EARLIER", "Problem", "check_decision", "placement_problem", "resource_problems", "without"]
+__all__ = ["AFTER_EARLIER", "Problem", "check_decision", "placement_problem", "without"]
 
 #: what "does not fit" messages of :func:`check_decision` add: the free GPUs are counted after the earlier entries
 AFTER_EARLIER = " (after the decision's preemptions and earlier placements)"
@@ -139,19 +140,9 @@ class _CpuMem:
         self.cpus: dict[int, int] = {}
         self.mem: dict[int, float] = {}
 
-    @staticmethod
-    def demand(info: JobInfo, p: Placement):
-        """``info``'s demand on ``p``: its GPU total, and the placement's parameter-server count where it
-        names one (an elastic placement, :class:`policies.elastic.ElasticPlacement`)."""
-        d = info.demand_on(p.total_gpus)
-        ps = getattr(p, "ps", None)
-        if d is not None and isinstance(ps, int) and ps != d.ps:
-            d = replace(d, ps=ps, ps_cpus=d.ps_cpus if ps else 0, ps_mem_gb=d.ps_mem_gb if ps else 0.0)
-        return d
-
     def take(self, info: JobInfo, p: Placement, sign: int) -> None:
         """Add ``sign`` times what ``info``'s demand holds on ``p`` (nothing for a plain demand)."""
-        d = self.demand(info, p)
+        d = info.demand_for(p)
         if d is None or not d.declares_cpu_mem:
             return
         for n, (_g, c, m) in Allocation.from_placement(p, d, self.state.cluster).per_node().items():
@@ -161,13 +152,32 @@ class _CpuMem:
                 self.mem[n] = self.mem.get(n, 0.0) + sign * m
 
     def misfit(self, info: JobInfo, p: Placement) -> str | None:
-        """Why ``info``'s demand does not fit on ``p`` beyond GPU counts, or None."""
-        d = self.demand(info, p)
+        """Why ``info``'s demand does not fit on ``p`` beyond GPU counts (parameter-server count, GPU type,
+        CPUs, memory), or None."""
+        why = _ps_problem(info, p)
+        if why is not None:
+            return why
+        d = info.demand_for(p)
         if d is None:
             return None
         cpus, mem = self.state.free_cpu_mem()
         why = placement_misfit(d, p, self.state.cluster, _Free(cpus, self.cpus), _Free(mem, self.mem))
         return None if why is None else f"job {info.job_id}: placement {p} does not fit: {why}"
+
+
+def _ps_problem(info: JobInfo, p: Placement) -> str | None:
+    """The parameter-server rule of a placement that names a PS count (``p.ps``, an elastic placement):
+    a job whose demand has parameter servers gets at least one, a job without them none."""
+    ps = getattr(p, "ps", None)
+    if not isinstance(ps, int):
+        return None
+    d = info.demand
+    if d is None or d.ps == 0:
+        if ps:
+            return f"job {info.job_id}: placement {p} gives {ps} parameter servers to a job without PSs"
+    elif ps < 1:
+        return f"job {info.job_id}: placement {p} gives a parameter-server job no PS"
+    return None
 
 
 def check_decision(state: ClusterState, decision: Decision) -> list[Problem]:
@@ -213,7 +223,7 @@ def check_decision(state: ClusterState, decision: Decision) -> list[Problem]:
             _take(delta, own, +1, usable)  # its own GPUs are free for its new placement
             why = placement_problem(jid, p.total_gpus, p, free, usable,
                                     " (with its own GPUs, after the decision's preemptions and earlier resizes)", delta)
-            if why is None and info.demand is not None:
+            if why is None and (info.demand is not None or hasattr(p, "ps")):
                 res.take(info, own, +1)  # and its own CPUs and memory
                 why = res.misfit(info, p)
                 if why is None:
@@ -241,7 +251,7 @@ def check_decision(state: ClusterState, decision: Decision) -> list[Problem]:
             why = f"job {jid}: already running (decision places it without preempting it)"
         else:
             why = placement_problem(jid, info.gpu_demand, p, free, usable, AFTER_EARLIER, delta)
-            if why is None and info.demand is not None:
+            if why is None and (info.demand is not None or hasattr(p, "ps")):
                 why = res.misfit(info, p)
                 if why is not None and (res.cpus or res.mem):
                     why += AFTER_EARLIER
@@ -252,47 +262,6 @@ def check_decision(state: ClusterState, decision: Decision) -> list[Problem]:
                 res.take(info, p, -1)  # type: ignore[arg-type]
         else:
             problems.append(Problem("place", i, jid, why))
-    return problems
-
-
-def resource_problems(state: ClusterState, decision: Decision) -> list[Problem]:
-    """The entries of ``decision`` that break the CPU, memory or parameter-server rules, in the order of
-    application; run it on a decision :func:`check_decision` passes (or on ``without`` its problems).
-
-    Jobs with a resource demand (``JobInfo.extra["demand"]``, :mod:`policies.elastic`) use CPUs and
-    memory on the nodes of their placement: their workers' and their PSs' (placed as
-    :meth:`policies.resources.Allocation.from_placement` places them). Rules: on every node whose
-    CPUs (memory) are declared, the running jobs' use after the decision's preemptions and earlier
-    resizes and placements, plus the entry's, stays within them (a resized job's own use is freed
-    first); a PS job gets at least one PS, a job without PSs none. Pure: reads ``state`` only.
-    """
-    from policies.elastic import free_resources, job_demand, job_ps, node_usage, resource_problem
-
-    entries = [("resize", i, jid, p) for i, (jid, p) in enumerate(decision.resize)]
-    entries += [("place", i, jid, p) for i, (jid, p) in enumerate(decision.place)]
-    job = state.job
-    if not any(job(jid) is not None and (job_demand(job(jid)) is not None or hasattr(p, "ps"))  # type: ignore[arg-type]
-               for _a, _i, jid, p in entries):
-        return []
-    cpus, mem = free_resources(state)
-    usable = state.usable
-    for jid in dict.fromkeys(decision.preempt):
-        info = job(jid)
-        if info is not None and info.placement is not None:  # a preempted job's use is free again
-            for n, (c, m) in node_usage(info.placement, job_demand(info), job_ps(info)).items():
-                cpus[n] += c
-                mem[n] += m
-    problems: list[Problem] = []
-    for action, i, jid, p in entries:
-        info = job(jid)
-        if info is None:
-            continue
-        release = info.placement if action == "resize" else None
-        if any(n >= len(cpus) or (usable is not None and not usable[n]) for n in p.nodes):
-            continue  # check_decision reports it
-        why = resource_problem(info, p, cpus, mem, release)
-        if why is not None:
-            problems.append(Problem(action, i, jid, why))  # type: ignore[arg-type]
     return problems
 
 

@@ -29,7 +29,7 @@ def _slot(model="VGG-16", epochs=150.0, w=0, p=0, hi=16, wv=(1.0, 2.0, 10.0), pv
     d = ResourceDemand(gpus=1, cpus_per_gpu=int(wv[1]), mem_gb_per_gpu=wv[2], ps=1, ps_cpus=int(pv[1]),
                        ps_mem_gb=pv[2], min_gpus=1, max_gpus=hi)
     info = JobInfo(job_id=f"j{model}", model=model, gpu_demand=1, submit_time=0.0,
-                   total_samples=epochs * EPOCH_SIZE[model], min_gpus=1, max_gpus=hi, extra={"demand": d})
+                   total_samples=epochs * EPOCH_SIZE[model], min_gpus=1, max_gpus=hi, demand=d)
     j = _Job(info, d, True, 1, hi, wv, pv, w=w, p=p)
     return Slot(j, PS_MODELS.index(model))
 

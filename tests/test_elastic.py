@@ -27,7 +27,7 @@ from policies.psmodel import EPOCH_SIZE, PSPerformanceModel, fit_ps_models
 from policies.registry import make_policy
 from policies.resources import Allocation, ResourceDemand
 from policies.state import Decision
-from policies.validate import resource_problems
+from policies.validate import check_decision
 from trainer.elastic import (
     CHIC_RESOURCES,
     FORMAT,
@@ -189,12 +189,12 @@ def test_cpu_and_memory_rules():
     st = SimBackend(sim).snapshot()
     # 2 workers + 6 PSs on one node: 4 + 18 = 22 CPUs of 24: fits; 7 PSs: 25 CPUs do not
     ok = Decision(place=[("a", ElasticPlacement.make({0: 1}, 7))])
-    assert resource_problems(st, ok) == []
+    assert check_decision(st, ok) == []
     bad = Decision(place=[("a", ElasticPlacement.make({0: 1}, 8))])
-    (pr,) = resource_problems(st, bad)
-    assert pr.action == "place" and "node 0 has 24 free CPUs, it needs 26" in pr.message
+    (pr,) = check_decision(st, bad)
+    assert pr.action == "place" and "node 0 (chic1): 26 CPUs needed, 24 free" in pr.message
     none = Decision(place=[("a", ElasticPlacement.make({0: 1}, 0))])
-    assert "no PS" in resource_problems(st, none)[0].message
+    assert "no PS" in check_decision(st, none)[0].message
     with pytest.raises(SimulationError, match="26"):
         SimBackend(sim).apply(bad)
 

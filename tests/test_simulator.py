@@ -881,7 +881,7 @@ def test_a_large_trace_runs_with_the_existing_objects_frozen_and_unfreezes_them(
 
 
 def test_elastic_demand_is_shown_and_resizes_pause():
-    """A job with a ResourceDemand shows it (JobInfo.extra["demand"]) and its range; a resize pays
+    """A job with a ResourceDemand shows it (JobInfo.demand) and its range; a resize pays
     resize_overhead, a hot one (HOT_RESIZE_OVERHEAD_S) a few hundredths of a second."""
     from policies.resources import ResourceDemand
     from trainer.sim_backend import SimBackend
@@ -894,7 +894,7 @@ def test_elastic_demand_is_shown_and_resizes_pause():
         sim = Simulator(cl, [job], None, ContentionModel(cl), SimConfig(resize_overhead=pause))
         sim.advance_to_next_event()
         info = sim.by_id["e"].info
-        assert info.extra["demand"] is d and (info.min_gpus, info.max_gpus) == (1, 8)
+        assert info.demand is d and (info.min_gpus, info.max_gpus) == (1, 8)
         be = SimBackend(sim)
         be.apply(Decision([("e", Placement.of({0: 2}))]))
         sim.advance_to_round(100.0)

@@ -351,46 +351,44 @@ def _cpu_state() -> ClusterState:
     cl = ClusterSpec(tuple(NodeSpec(f"n{i}", 4, cpus=10, mem_gb=40.0) for i in range(2)))
     d = ResourceDemand(gpus=2, cpus_per_gpu=2, mem_gb_per_gpu=8, ps=2, ps_cpus=3, ps_mem_gb=9, min_gpus=1, max_gpus=4)
     r = JobInfo("r", "ResNet-50", 2, 0.0, 1e4, placement=ElasticPlacement.make({0: 2}, 2), min_gpus=1, max_gpus=4,
-                extra={"demand": d})
-    q = JobInfo("q", "ResNet-50", 1, 0.0, 1e4, min_gpus=1, max_gpus=4, extra={"demand": d.resized(1)})
+                demand=d)
+    q = JobInfo("q", "ResNet-50", 1, 0.0, 1e4, min_gpus=1, max_gpus=4, demand=d.resized(1))
     a = JobInfo("a", "MoE", 1, 0.0, 1e4)
     return ClusterState(0.0, cl, np.array([2, 4]), [r], [q, a])
 
 
 def test_resource_rules_cpus_memory_and_ps():
     from policies.elastic import ElasticPlacement
-    from policies.validate import resource_problems
 
     E = ElasticPlacement.make
     st = _cpu_state()
-    assert resource_problems(st, Decision([("a", P({0: 1}))])) == []  # no demand: no CPUs
-    (pr,) = resource_problems(st, Decision([("q", E({0: 1}, 1))]))  # node 0's CPUs are all r's
-    assert (pr.action, pr.job_id) == ("place", "q") and "node 0 has 0 free CPUs, it needs 5" in pr.message
-    assert resource_problems(st, Decision([("q", E({0: 1}, 1))], ["r"])) == []  # r's CPUs freed
-    assert resource_problems(st, Decision([("q", E({1: 1}, 1))])) == []
+    assert check_decision(st, Decision([("a", P({0: 1}))])) == []  # no demand: no CPUs
+    (pr,) = check_decision(st, Decision([("q", E({0: 1}, 1))]))  # node 0's CPUs are all r's
+    assert (pr.action, pr.job_id) == ("place", "q") and "node 0 (n0): 5 CPUs needed, 0 free" in pr.message
+    assert check_decision(st, Decision([("q", E({0: 1}, 1))], ["r"])) == []  # r's CPUs freed
+    assert check_decision(st, Decision([("q", E({1: 1}, 1))])) == []
     # r resized: its own use is freed first; 1 worker + 2 PSs = 8 CPUs fits, 3 workers + 2 PSs on node 0 do not
-    assert resource_problems(st, Decision(resize=[("r", E({0: 1}, 2))])) == []
-    (pr,) = resource_problems(st, Decision(resize=[("r", E({0: 3}, 2))]))
-    assert pr.action == "resize" and "node 0 has 10 free CPUs, it needs 12" in pr.message
+    assert check_decision(st, Decision(resize=[("r", E({0: 1}, 2))])) == []
+    (pr,) = check_decision(st, Decision(resize=[("r", E({0: 3}, 2))]))
+    assert pr.action == "resize" and "node 0 (n0): 12 CPUs needed, 10 free" in pr.message
     # 1 worker + 3 PSs of q on node 1: 11 CPUs of 10 (memory 35 GB of 40 would fit)
-    (pr,) = resource_problems(st, Decision([("q", E({1: 1}, 3))]))
-    assert "node 1 has 10 free CPUs, it needs 11" in pr.message
+    (pr,) = check_decision(st, Decision([("q", E({1: 1}, 3))]))
+    assert "node 1 (n1): 11 CPUs needed, 10 free" in pr.message
     # PS counts: a PS job gets >= 1 PS, a job without PSs none
-    (pr,) = resource_problems(st, Decision([("q", E({1: 1}, 0))]))
+    (pr,) = check_decision(st, Decision([("q", E({1: 1}, 0))]))
     assert "no PS" in pr.message
-    (pr,) = resource_problems(st, Decision([("a", E({1: 1}, 2))]))
+    (pr,) = check_decision(st, Decision([("a", E({1: 1}, 2))]))
     assert "to a job without PSs" in pr.message
     # a later entry sees what the earlier ones took: q's 8 CPUs on node 1 leave 2, r's move there needs 10
-    (pr,) = resource_problems(st, Decision([("q", E({1: 1}, 2))], resize=[("r", E({1: 2}, 2))]))
-    assert (pr.action, pr.job_id) == ("place", "q") and "node 1 has 0 free CPUs, it needs 8" in pr.message
+    (pr,) = check_decision(st, Decision([("q", E({1: 1}, 2))], resize=[("r", E({1: 2}, 2))]))
+    assert (pr.action, pr.job_id) == ("place", "q") and "node 1 (n1): 8 CPUs needed, 0 free" in pr.message
 
 
 def test_resource_rules_memory():
     from policies.resources import ResourceDemand
-    from policies.validate import resource_problems
 
     st = _cpu_state()
-    z = JobInfo("z", "MoE", 1, 0.0, 1e4, extra={"demand": ResourceDemand(1, cpus_per_gpu=1, mem_gb_per_gpu=41.0)})
+    z = JobInfo("z", "MoE", 1, 0.0, 1e4, demand=ResourceDemand(1, cpus_per_gpu=1, mem_gb_per_gpu=41.0))
     st = ClusterState(0.0, st.cluster, st.free_gpus, st.running, [*st.pending, z])
-    (pr,) = resource_problems(st, Decision([("z", P({1: 1}))]))
-    assert "node 1 has 40 GB of free memory, it needs 41" in pr.message
+    (pr,) = check_decision(st, Decision([("z", P({1: 1}))]))
+    assert "node 1 (n1): 41 GB of memory needed, 40 GB free" in pr.message

@@ -31,8 +31,8 @@ When rounds happen (:meth:`SimBackend.next_round`, with ``round_len`` and ``even
 With a compat mode (:attr:`~trainer.simulator.SimConfig.compat`) every round is opened (the peer
 re-places running jobs every round) and a placement the mode forbids is an invalid entry.
 
-Decisions are validated by :func:`policies.validate.check_decision` (then, when it finds nothing, by
-:func:`policies.validate.resource_problems`: CPUs, memory, parameter servers) and applied all or nothing:
+Decisions are validated by :func:`policies.validate.check_decision` (GPUs, GPU type, CPUs, memory,
+parameter servers) and applied all or nothing:
 an invalid entry raises :class:`~trainer.simulator.SimulationError` with the first problem's
 message before anything is applied.
 
@@ -53,7 +53,7 @@ from collections.abc import Callable, Sequence
 
 from policies.backend import ApplyReport
 from policies.state import ClusterState, Decision, JobInfo
-from policies.validate import Problem, check_decision, resource_problems
+from policies.validate import Problem, check_decision
 from trainer.simulator import SimulationError, Simulator
 
 __all__ = ["SimBackend"]
@@ -123,7 +123,7 @@ class SimBackend:
         if not decision:
             return []
         st = self.snapshot()
-        return check_decision(st, decision) or resource_problems(st, decision)
+        return check_decision(st, decision)
 
     def apply(self, decision: Decision, problems: Sequence[Problem] | None = None) -> ApplyReport:
         """Apply all of ``decision`` or, if any entry is invalid, none of it: :class:`SimulationError`

@@ -25,11 +25,11 @@ starts again. A resized elastic job keeps its progress and pays
 ``resize_overhead`` seconds without progress on its new placement.
 
 A job with a :class:`~policies.resources.ResourceDemand` (``JobSpec.demand``) shows it to policies as
-``JobInfo.extra["demand"]`` and its elastic range as ``min_gpus`` / ``max_gpus``. A placement that is
+``JobInfo.demand`` and its elastic range as ``min_gpus`` / ``max_gpus``. A placement that is
 a :class:`policies.elastic.ElasticPlacement` also sets the job's parameter-server count, which the
 performance model (:class:`policies.psmodel.PSPerformanceModel`) prices; a resize to the same GPUs
-with another count changes the PSs only (same pause). CPUs and memory are checked by the decision
-rules (:func:`policies.validate.resource_problems`), not here.
+with another count changes the PSs only (same pause). CPUs, memory and parameter-server counts are checked by
+the decision rules (:func:`policies.validate.check_decision`), not here.
 
 When rounds happen, and how decisions are validated and applied, is the round loop's
 (:mod:`policies.rounds`) over this simulator's backend (:mod:`trainer.sim_backend`);
@@ -204,10 +204,8 @@ class _Job:
             demand=spec.demand,
         )
         d = spec.demand
-        if d is not None:  # elastic range and resources (policies.elastic reads extra["demand"])
-            if d.min_gpus is not None:
-                self.info.min_gpus, self.info.max_gpus = d.min_gpus, d.max_gpus
-            self.info.extra["demand"] = d
+        if d is not None and d.min_gpus is not None:  # elastic range
+            self.info.min_gpus, self.info.max_gpus = d.min_gpus, d.max_gpus
         self.key: tuple | None = None
         self.iso = 0.0  # isolated samples/s on the current placement (noise included)
         self.rate = 0.0  # achieved samples/s
@@ -588,7 +586,7 @@ class Simulator:
         shift = math.floor(first / rl) * rl if first > 0 and rl > 0 else 0.0
         specs = []
         for info in (*running, *pending):
-            d = info.extra.get("demand")
+            d = info.demand
             specs.append(JobSpec(job_id=info.job_id, submit_time=min(info.submit_time, state.time) - shift,
                                  model=info.model,
                                  gpu_demand=info.gpu_demand, total_samples=info.total_samples,
