@@ -18,6 +18,8 @@ Names (case-insensitive, blanks around them ignored):
 ``sced2``                              SCED2 (:mod:`policies.sced2`): a shared-weight Q-network picks jobs,
                                        packing places them; the shipped checkpoint for the servers' GPU
                                        count (any number of servers), ``sced2:/path`` another one
+``dl2``                                DL2 (:mod:`policies.dl2`): an actor network adds workers / PSs to
+                                       elastic jobs each slot; the shipped checkpoint, ``dl2:/path`` another
 =====================================  ===================================================================
 
 Options (keyword arguments of :func:`make_policy`; :data:`OPTIONS`):
@@ -45,8 +47,8 @@ __all__ = ["LEARNED_NAMES", "OPTIONS", "RL_NAMES", "is_learned", "describe_names
 
 #: The learned policies' names (:mod:`policies.rl`).
 RL_NAMES = ("rl-base", "rl-hybrid", "rl-prior")
-#: Every learned policy's base name (a checkpoint decides): the RL policies and SCED2.
-LEARNED_NAMES = (*RL_NAMES, "sced2")
+#: Every learned policy's base name (a checkpoint decides): the RL policies, SCED2 and DL2.
+LEARNED_NAMES = (*RL_NAMES, "sced2", "dl2")
 
 
 def is_learned(name: str) -> bool:
@@ -76,7 +78,7 @@ def describe_names() -> str:
     return (
         f"{', '.join(HEURISTIC_NAMES)} (optionally -np and :{'|:'.join(PLACEMENT_NAMES)}), "
         "rl-base, rl-hybrid (optionally :/path/to/checkpoint), rl-prior, sced2 (optionally :/path/to/checkpoint), "
-        "drf, tetris, optimus"
+        "drf, tetris, optimus, dl2 (optionally :/path/to/checkpoint)"
     )
 
 
@@ -123,6 +125,12 @@ def make_policy(
         from policies.elastic import make_elastic_policy
 
         return make_elastic_policy(base, perf)
+    if base == "dl2":  # DL2 (seed 000): elastic workers / PSs, its own checkpoint format
+        if options:
+            raise PolicyError(f"policy {name!r}: option {sorted(options)[0]!r} does not apply to dl2")
+        from policies.dl2 import make_dl2_policy
+
+        return make_dl2_policy(raw, perf, checkpoint=checkpoint)
     if base == "sced2":  # SCED2 (seed 003): its own checkpoint format and codec
         if options:
             raise PolicyError(f"policy {name!r}: option {sorted(options)[0]!r} does not apply to sced2")

@@ -32,6 +32,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "trainer.cli_trace",
     "trainer.cli_rl",
     "trainer.sced2.cli",
+    "trainer.dl2.cli",
     "controller.cli",
 )
 
