@@ -17,7 +17,10 @@ servers each elastic job gets, one increment per inference.
 **Action** (``3J + 1``): ``3i`` one more worker to job ``i``, ``3i + 1`` one more PS, ``3i + 2`` one of
 each, ``3J`` stop. :func:`action_mask` marks what is feasible: a job row that exists, at most its
 ``max_gpus`` workers and :data:`policies.psmodel.MAX_PS` PSs, no PS for a job without PSs, and the
-increment fits the cluster's aggregate free GPUs / CPUs / memory. Stop is always feasible.
+increment fits the cluster's aggregate free GPUs / CPUs / memory. Stop is feasible once some job of
+the slot has a runnable allocation (at least its minimum workers, and a PS if it is a PS job), or when
+nothing else is: a slot never leaves every job waiting while it could start one (without this rule an
+untrained or unlucky actor can stop at once and idle the cluster forever).
 
 **A slot** (:class:`DL2Policy`, every ``slot_s`` seconds, 600 by default, the baselines' interval):
 every job in the system starts the slot at 0 workers and 0 PSs (DL2 decides each job anew each slot);
@@ -206,16 +209,18 @@ def _increment(j: _Job, kind: int) -> tuple[int, int] | None:
     return dw, dp
 
 
-def action_mask(batch: Sequence[_Job], used: Sequence[float], cap: Sequence[float], spec: DL2Spec) -> np.ndarray:
+def action_mask(batch: Sequence[_Job], used: Sequence[float], cap: Sequence[float], spec: DL2Spec,
+                allow_stop: bool = True) -> np.ndarray:
     """Feasible actions (module docstring), shape ``(3J + 1,)`` bool; ``used`` is the aggregate
-    (GPUs, CPUs, GB) the slot's decisions take so far."""
+    (GPUs, CPUs, GB) the slot's decisions take so far. Stop is feasible unless ``allow_stop`` is False
+    and another action is."""
     m = np.zeros(spec.n_actions, bool)
-    m[-1] = True
     for i, j in enumerate(batch[: spec.J]):
         for kind in range(3):
             inc = _increment(j, kind)
             if inc is not None and _fits(used, j.use(*inc), cap):
                 m[3 * i + kind] = True
+    m[-1] = allow_stop or not m[:-1].any()
     return m
 
 
@@ -278,15 +283,18 @@ class DL2Policy(ElasticBaseline):
     def plan(self, jobs, cap, state) -> None:
         used = self.used = [0.0, 0.0, 0.0]  # aggregate (GPUs, CPUs, GB) taken so far this slot
         limit = int(sum(min(j.hi, 10**6) for j in jobs)) * 2 + 2
+        runnable = any(j.w >= max(j.lo, 1) and (j.p >= 1 or not j.ps_job) for j in jobs)
         for start in range(0, len(jobs), self.spec.J):
             batch = jobs[start : start + self.spec.J]
             for _ in range(limit):
-                mask = action_mask(batch, used, cap, self.spec)
+                mask = action_mask(batch, used, cap, self.spec, allow_stop=runnable)
                 if not mask[:-1].any():
                     break
                 a = self.choose(encode(batch, cap, state.time, self.spec), mask, batch)
                 if not mask[a] or not apply_action(batch, used, a, self.spec):
                     break
+                j = batch[a // 3]
+                runnable = runnable or (j.w >= max(j.lo, 1) and (j.p >= 1 or not j.ps_job))
 
 
 # ---------------------------------------------------------------------- checkpoints
