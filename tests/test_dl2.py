@@ -94,6 +94,7 @@ def test_supervised_warmup_reduces_imitation_loss():
     masks = np.ones((64, spec.n_actions), bool)
     acts = (obs[:, 0] > 0.5).astype(np.int64) * 3  # a rule the actor can learn
     torch.manual_seed(0)
+    torch.set_num_threads(1)
     actor = _mlp([spec.obs_size, 32, spec.n_actions])
     losses = supervised(actor, obs, masks, acts, epochs=20, lr=0.005, batch=16)
     assert losses[-1] < 0.5 * losses[0]
@@ -124,6 +125,24 @@ def test_checkpoint_round_trip_and_refusals(tmp_path):
         load_dl2(tmp_path / "missing")
 
 
+def test_dl2_policy_runs_jobs_to_completion(tmp_path):
+    from policies.perf import ContentionModel
+    from policies.psmodel import PSPerformanceModel
+    from policies.registry import make_policy
+    from trainer.elastic import generate, parse_elastic_trace
+    from trainer.simulator import SimConfig, Simulator
+
+    cl = ClusterSpec.parse(str(ROOT / "data/clusters/chic.yaml"))
+    perf = PSPerformanceModel(ContentionModel(cl))
+    spec = DL2Spec(J=4)
+    save_dl2(tmp_path / "ck", _random_actor(spec), spec)
+    jobs = parse_elastic_trace(generate("chic", seed=5, jobs=3))
+    pol = make_policy(f"dl2:{tmp_path / 'ck'}", cl, perf)
+    res = Simulator(cl, jobs, pol, perf, SimConfig()).run()
+    assert len(res.jobs) == 3 and all(r.jct > 0 for r in res.jobs) and pol.inferences > 0
+
+
+@pytest.mark.slow
 def test_simulate_dl2_and_drf_on_an_elastic_trace(tmp_path):
     from trainer.elastic import generate, write_trace
 
