@@ -160,3 +160,15 @@ def test_simulate_dl2_and_drf_on_an_elastic_trace(tmp_path):
                         "--trace", str(trace), "--cluster", str(ROOT / "data/clusters/dl2.yaml"),
                         "--out", str(tmp_path / "out2")], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "nope" in r.stderr
+
+
+def test_shipped_checkpoint_loads_through_the_registry():
+    from policies.dl2 import DL2Policy
+    from policies.registry import is_learned, make_policy
+
+    cl = ClusterSpec.parse(str(ROOT / "data/clusters/dl2.yaml"))
+    pol = make_policy("dl2", cl)
+    assert isinstance(pol, DL2Policy) and pol.spec.J == 40 and pol.spec.n_actions == 121
+    assert is_learned("dl2") and is_learned("dl2:/x")
+    with pytest.raises(Exception, match="empty checkpoint path"):
+        make_policy("dl2:", cl)
