@@ -148,10 +148,8 @@ def test_simulate_dl2_and_drf_on_an_elastic_trace(tmp_path):
 
     trace = tmp_path / "t.json"
     write_trace(generate("dl2", seed=3, jobs=4), trace)
-    spec = DL2Spec(J=4)
-    save_dl2(tmp_path / "ck", _random_actor(spec), spec)
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
-    r = subprocess.run([sys.executable, "-m", "rlsched.cli", "simulate", "--policy", f"dl2:{tmp_path / 'ck'},drf",
+    r = subprocess.run([sys.executable, "-m", "rlsched.cli", "simulate", "--policy", "dl2,drf",
                         "--trace", str(trace), "--cluster", str(ROOT / "data/clusters/dl2.yaml"),
                         "--out", str(tmp_path / "out")], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
