@@ -327,7 +327,7 @@ def ac_update(actor, critic, opt_a, opt_c, sample, gamma: float, beta: float) ->
     opt_a.zero_grad()
     la.backward()
     opt_a.step()
-    return float(la), float(lc)
+    return la.item(), lc.item()
 
 
 def evaluate(cfg: DL2TrainConfig, net: DL2Net, seeds: Sequence[int]) -> float:
