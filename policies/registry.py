@@ -28,6 +28,8 @@ Names (case-insensitive, blanks around them ignored):
 ``rl-sf``                              the cluster-size-free learned policy (:mod:`policies.sizefree`):
                                        a shared scorer over candidate (job, placement) pairs; any
                                        cluster; ``rl-sf:/path`` another checkpoint
+``dl2``                                DL2 (:mod:`policies.dl2`): an actor network adds workers / PSs to
+                                       elastic jobs each slot; the shipped checkpoint, ``dl2:/path`` another
 =====================================  ===================================================================
 
 Options (keyword arguments of :func:`make_policy`; :data:`OPTIONS`):
@@ -59,8 +61,8 @@ __all__ = ["LEARNED_NAMES", "OPTIONS", "RL_NAMES", "is_learned", "describe_names
 
 #: The learned policies' names (:mod:`policies.rl`).
 RL_NAMES = ("rl-base", "rl-hybrid", "rl-prior")
-#: Every learned policy's base name (a checkpoint decides): the RL policies, SCED2, rl-sf, Chic and Chic-Pair.
-LEARNED_NAMES = (*RL_NAMES, "sced2", "rl-sf", "chic", "chic-pair")
+#: Every learned policy's base name (a checkpoint decides): the RL policies, SCED2, rl-sf, Chic, Chic-Pair and DL2.
+LEARNED_NAMES = (*RL_NAMES, "sced2", "rl-sf", "chic", "chic-pair", "dl2")
 
 
 def is_learned(name: str) -> bool:
@@ -83,9 +85,9 @@ _HEURISTIC_ALIASES = ("greedy", "contention-greedy")
 
 def policy_names() -> tuple[str, ...]:
     """Every policy name (heuristics, the RL policies, SCED2, DeepShare's own orders, the elastic baselines,
-    Chic and the planner), without variants (``-np``, ``:PLACEMENT``, ``:/path``)."""
+    Chic, DL2 and the planner), without variants (``-np``, ``:PLACEMENT``, ``:/path``)."""
     return (*HEURISTIC_NAMES, *RL_NAMES, "sced2", "rl-sf", *DS_POLICY_NAMES, "drf", "tetris", "optimus", "chic",
-            "chic-pair", "planner")
+            "chic-pair", "dl2", "planner")
 
 
 def describe_names() -> str:
@@ -93,7 +95,7 @@ def describe_names() -> str:
     return (
         f"{', '.join(HEURISTIC_NAMES)} (optionally -np and :{'|:'.join(PLACEMENT_NAMES)}), "
         "rl-base, rl-hybrid (optionally :/path/to/checkpoint), rl-prior, sced2, rl-sf (optionally :/path/to/checkpoint), "
-        "drf, tetris, optimus, ds-las, ds-srtf, chic, chic-pair (optionally :/path/to/checkpoint), planner (optionally :KEY=VALUE/KEY=VALUE)"
+        "drf, tetris, optimus, ds-las, ds-srtf, chic, chic-pair (optionally :/path/to/checkpoint), planner (optionally :KEY=VALUE/KEY=VALUE), dl2 (optionally :/path/to/checkpoint)"
     )
 
 
@@ -160,6 +162,12 @@ def make_policy(
         from policies.sizefree import make_sizefree_policy
 
         return make_sizefree_policy(raw, cluster, perf, checkpoint=checkpoint)
+    if base == "dl2":  # DL2 (seed 000): elastic workers / PSs, its own checkpoint format
+        if options:
+            raise PolicyError(f"policy {name!r}: option {sorted(options)[0]!r} does not apply to dl2")
+        from policies.dl2 import make_dl2_policy
+
+        return make_dl2_policy(raw, perf, checkpoint=checkpoint)
     if base == "sced2":  # SCED2 (seed 003): its own checkpoint format and codec
         if options:
             raise PolicyError(f"policy {name!r}: option {sorted(options)[0]!r} does not apply to sced2")

@@ -34,6 +34,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "trainer.sced2.cli",
     "trainer.chic.cli",
     "trainer.sizefree.cli",
+    "trainer.dl2.cli",
     "controller.cli",
 )
 

@@ -22,7 +22,7 @@ def test_policy_names_cover_heuristics_and_rl():
     names = policy_names()
     assert names == ("fifo", "sjf", "sif", "lrf", "srtf", "lgtf", "las", "las2d", "greedy", "rl-base", "rl-hybrid",
                      "rl-prior", "sced2", "rl-sf", "ds-las", "ds-srtf", "drf", "tetris", "optimus", "chic", "chic-pair",
-                     "planner")
+                     "dl2", "planner")
     assert set(RL_NAMES) <= set(names)
     text = describe_names()
     assert all(n in text for n in names) and ":/path/to/checkpoint" in text and "-np" in text

@@ -1,0 +1,419 @@
+"""DL2 (seed 000): a policy network that decides, every scheduling slot, how many workers and parameter
+servers each elastic job gets, one increment per inference.
+
+**State** (:class:`DL2Spec`, :func:`encode`): the first ``J`` jobs of a batch, in arrival order
+(``submit_time``, then ``job_id``), each a row of ``L + 5`` numbers, flattened to ``J * (L + 5)``
+(rows of absent jobs are 0):
+
+* ``L`` numbers: the one-hot job type (:data:`JOB_TYPES`: DL2's eight PS models, then the platform's
+  all-reduce models);
+* slots run: seconds since submission / ``slot_s``, times ``scales["slots"]``;
+* remaining epochs: remaining work / the model's epoch size (:data:`policies.psmodel.EPOCH_SIZE`; for
+  an all-reduce model, 100 x the fraction of its work left), times ``scales["epochs"]``;
+* dominant share allocated this slot: the largest of (GPUs, CPUs, memory) of the ``w`` workers and
+  ``p`` PSs decided so far in this slot, each over the cluster's total;
+* workers and PSs decided so far in this slot, times ``scales["tasks"]`` each.
+
+**Action** (``3J + 1``): ``3i`` one more worker to job ``i``, ``3i + 1`` one more PS, ``3i + 2`` one of
+each, ``3J`` stop. :func:`action_mask` marks what is feasible: a job row that exists, at most its
+``max_gpus`` workers and :data:`policies.psmodel.MAX_PS` PSs, no PS for a job without PSs, and the
+increment fits the cluster's aggregate free GPUs / CPUs / memory. Stop is feasible once some job of
+the slot has a runnable allocation (at least its minimum workers, and a PS if it is a PS job), or when
+nothing else is: a slot never leaves every job waiting while it could start one (without this rule an
+untrained or unlucky actor can stop at once and idle the cluster forever).
+
+**A slot** (:class:`DL2Policy`, every ``slot_s`` seconds, 600 by default, the baselines' interval):
+every job in the system starts the slot at 0 workers and 0 PSs (DL2 decides each job anew each slot);
+the jobs are taken in batches of ``J`` in arrival order (the seed's section 6.5); within a batch the
+actor (a numpy MLP, ReLU hidden layers, softmax output) is run repeatedly, each time taking its most
+likely feasible action (:meth:`DL2Policy.choose`; training overrides it to sample and explore), until
+it says stop or nothing but stop is feasible. The counts are then laid onto nodes as the elastic
+baselines lay theirs (:func:`policies.elastic._materialize`: shrinking resizes, growing ones, new jobs
+at their submitted size; a job planned below its minimum waits).
+
+**Checkpoint**: ``NAME.safetensors`` (``actor.{k}.weight`` ``(out, in)`` / ``actor.{k}.bias``, float32;
+an optional critic is ignored here) + ``NAME.json`` (:data:`FORMAT`, the spec: ``J``, job types,
+feature names, scales, slot, action layout; the weights' sha256). :func:`load_dl2` checks all of it
+and never unpickles.
+
+Pure: a frozen snapshot in, a :class:`~policies.state.Decision` out; reads only its checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from policies.base import PolicyError
+from policies.elastic import DEFAULT_INTERVAL_S, ElasticBaseline, _add, _fits, _Job, _share
+from policies.psmodel import EPOCH_SIZE, MAX_PS, PS_MODELS
+from policies.state import ClusterState
+from policies.workloads import MODELS
+
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "JOB_TYPES",
+    "FEATURES",
+    "DL2Spec",
+    "DL2Net",
+    "DL2Policy",
+    "encode",
+    "action_mask",
+    "apply_action",
+    "slot_reward",
+    "save_dl2",
+    "load_dl2",
+    "shipped_dl2",
+    "make_dl2_policy",
+]
+
+FORMAT = "rlsched-dl2"
+FORMAT_VERSION = 1
+#: Job types of the one-hot encoding: DL2's PS models, then the all-reduce models.
+JOB_TYPES: tuple[str, ...] = (*PS_MODELS, *(m for m in MODELS if m not in PS_MODELS))
+#: Per-job features after the one-hot type.
+FEATURES = ("slots_run", "remaining_epochs", "dominant_share", "workers", "ps")
+_MAX_JSON = 1 << 20
+_CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
+
+
+@dataclass(frozen=True)
+class DL2Spec:
+    """The state / action layout (module docstring). ``J`` jobs a batch, ``types`` the one-hot order."""
+
+    J: int = 40
+    types: tuple[str, ...] = JOB_TYPES
+    slot_s: float = DEFAULT_INTERVAL_S
+    scales: Mapping[str, float] = field(default_factory=lambda: {"slots": 0.02, "epochs": 0.01, "tasks": 0.1})
+
+    def __post_init__(self) -> None:
+        if isinstance(self.J, bool) or not isinstance(self.J, int) or self.J < 1:
+            raise ValueError(f"DL2 spec: J must be an integer >= 1, got {self.J!r}")
+        if not self.types or len(set(self.types)) != len(self.types):
+            raise ValueError("DL2 spec: types must be distinct model names, at least one")
+        if not (isinstance(self.slot_s, (int, float)) and math.isfinite(self.slot_s) and self.slot_s > 0):
+            raise ValueError(f"DL2 spec: slot_s must be a positive number of seconds, got {self.slot_s!r}")
+        for k in ("slots", "epochs", "tasks"):
+            v = self.scales.get(k) if isinstance(self.scales, Mapping) else None
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise ValueError(f"DL2 spec: scales[{k!r}] must be a positive number, got {v!r}")
+
+    @property
+    def row(self) -> int:
+        return len(self.types) + len(FEATURES)
+
+    @property
+    def obs_size(self) -> int:
+        return self.J * self.row
+
+    @property
+    def n_actions(self) -> int:
+        return 3 * self.J + 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"J": self.J, "types": list(self.types), "features": list(FEATURES), "slot_s": float(self.slot_s),
+                "scales": {k: float(v) for k, v in self.scales.items()}, "obs_size": self.obs_size,
+                "n_actions": self.n_actions,
+                "actions": "3*i: +1 worker to job i; 3*i+1: +1 PS; 3*i+2: +1 worker and +1 PS; 3*J: stop"}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "DL2Spec":
+        if not isinstance(d, dict):
+            raise ValueError("spec must be an object")
+        if list(d.get("features", [])) != list(FEATURES):
+            raise ValueError(f"features {d.get('features')!r} are not {list(FEATURES)!r}")
+        types = d.get("types")
+        if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+            raise ValueError("types must be a list of model names")
+        spec = cls(J=d.get("J"), types=tuple(types), slot_s=d.get("slot_s"), scales=dict(d.get("scales") or {}))
+        if d.get("obs_size") != spec.obs_size or d.get("n_actions") != spec.n_actions:
+            raise ValueError(f"obs_size / n_actions {d.get('obs_size')!r} / {d.get('n_actions')!r} do not match "
+                             f"J={spec.J} and {len(spec.types)} types ({spec.obs_size} / {spec.n_actions})")
+        return spec
+
+
+class DL2Net:
+    """The actor: ReLU MLP, ``weights`` = ``[(W (out, in), b (out,)), ...]``; :meth:`probs` softmax over
+    the feasible actions."""
+
+    def __init__(self, weights: Sequence[tuple[np.ndarray, np.ndarray]], spec: DL2Spec) -> None:
+        self.weights = [(np.asarray(w, np.float32), np.asarray(b, np.float32)) for w, b in weights]
+        self.spec = spec
+        if self.weights[0][0].shape[1] != spec.obs_size or self.weights[-1][0].shape[0] != spec.n_actions:
+            raise ValueError(f"actor shape {self.weights[0][0].shape[1]} -> {self.weights[-1][0].shape[0]} does not "
+                             f"match the spec ({spec.obs_size} -> {spec.n_actions})")
+
+    def logits(self, obs: np.ndarray) -> np.ndarray:
+        x = np.asarray(obs, np.float32)
+        for k, (w, b) in enumerate(self.weights):
+            x = x @ w.T + b
+            if k < len(self.weights) - 1:
+                np.maximum(x, 0.0, out=x)
+        return x
+
+    def probs(self, obs: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        z = np.where(mask, self.logits(obs).astype(np.float64), -np.inf)
+        z -= z.max()
+        e = np.exp(z)
+        return e / e.sum()
+
+
+# ---------------------------------------------------------------------- state / action
+def _type_index(spec: DL2Spec) -> dict[str, int]:
+    return {t: i for i, t in enumerate(spec.types)}
+
+
+def _remaining_epochs(j: _Job) -> float:
+    info = j.info
+    rem = max(info.total_samples - info.done_samples, 0.0)
+    size = EPOCH_SIZE.get(info.model)
+    if size:
+        return rem / size
+    return 100.0 * rem / info.total_samples if info.total_samples > 0 else 0.0
+
+
+def encode(batch: Sequence[_Job], cap: Sequence[float], now: float, spec: DL2Spec) -> np.ndarray:
+    """The state (module docstring) of ``batch`` (at most ``J`` jobs, arrival order) with their ``w`` /
+    ``p`` decided so far this slot, on a cluster of aggregate ``cap`` (GPUs, CPUs, GB) at ``now`` (s);
+    shape ``(J * (L + 5),)``, float32."""
+    L = len(spec.types)
+    out = np.zeros((spec.J, spec.row), np.float32)
+    ti = _type_index(spec)
+    sc = spec.scales
+    for i, j in enumerate(batch[: spec.J]):
+        k = ti.get(j.info.model)
+        if k is not None:
+            out[i, k] = 1.0
+        out[i, L] = max(now - j.info.submit_time, 0.0) / spec.slot_s * sc["slots"]
+        out[i, L + 1] = _remaining_epochs(j) * sc["epochs"]
+        out[i, L + 2] = _share(j.use(j.w, j.p), cap)
+        out[i, L + 3] = j.w * sc["tasks"]
+        out[i, L + 4] = j.p * sc["tasks"]
+    return out.reshape(-1)
+
+
+def _increment(j: _Job, kind: int) -> tuple[int, int] | None:
+    """(workers, PSs) that action ``kind`` (0 worker, 1 PS, 2 both) adds to ``j``, or None when it cannot."""
+    dw, dp = (1, 0) if kind == 0 else (0, 1) if kind == 1 else (1, 1)
+    if dp and not j.ps_job:
+        return None
+    if j.w + dw > j.hi or j.p + dp > MAX_PS:
+        return None
+    return dw, dp
+
+
+def action_mask(batch: Sequence[_Job], used: Sequence[float], cap: Sequence[float], spec: DL2Spec,
+                allow_stop: bool = True) -> np.ndarray:
+    """Feasible actions (module docstring), shape ``(3J + 1,)`` bool; ``used`` is the aggregate
+    (GPUs, CPUs, GB) the slot's decisions take so far. Stop is feasible unless ``allow_stop`` is False
+    and another action is."""
+    m = np.zeros(spec.n_actions, bool)
+    for i, j in enumerate(batch[: spec.J]):
+        for kind in range(3):
+            inc = _increment(j, kind)
+            if inc is not None and _fits(used, j.use(*inc), cap):
+                m[3 * i + kind] = True
+    m[-1] = allow_stop or not m[:-1].any()
+    return m
+
+
+def apply_action(batch: Sequence[_Job], used: list[float], action: int, spec: DL2Spec) -> bool:
+    """Apply ``action`` to ``batch`` / ``used`` in place; False for stop. ValueError for an action the
+    mask forbids structurally (no such job, past its range, a PS to a job without PSs)."""
+    if action == spec.n_actions - 1:
+        return False
+    i, kind = divmod(int(action), 3)
+    if not 0 <= i < min(len(batch), spec.J):
+        raise ValueError(f"action {action}: no job in row {i}")
+    j = batch[i]
+    inc = _increment(j, kind)
+    if inc is None:
+        raise ValueError(f"action {action}: job {j.info.job_id} cannot take it")
+    j.w += inc[0]
+    j.p += inc[1]
+    _add(used, j.use(*inc))
+    return True
+
+
+def slot_reward(prev: Mapping[str, tuple[float, float]], state: ClusterState) -> float:
+    """DL2's reward of the slot that ends at ``state``: the sum over the jobs of ``prev`` (``job_id ->
+    (remaining work, total work)`` at the slot's start) of the work done in the slot over the job's total
+    (epochs trained / total epochs); a job no longer in ``state`` finished its remaining work."""
+    now = {j.job_id: max(j.total_samples - j.done_samples, 0.0) for j in (*state.running, *state.pending)}
+    r = 0.0
+    for jid, (rem, total) in prev.items():
+        if total > 0:
+            r += (rem - now.get(jid, 0.0)) / total
+    return r
+
+
+def progress(state: ClusterState) -> dict[str, tuple[float, float]]:
+    """``job_id -> (remaining work, total work)`` of every job in ``state`` (:func:`slot_reward`'s ``prev``)."""
+    return {j.job_id: (max(j.total_samples - j.done_samples, 0.0), j.total_samples)
+            for j in (*state.running, *state.pending)}
+
+
+# ---------------------------------------------------------------------- the policy
+class DL2Policy(ElasticBaseline):
+    """DL2 (module docstring) with the actor ``net``."""
+
+    name = "dl2"
+
+    def __init__(self, net: DL2Net, perf=None, checkpoint: Path | None = None) -> None:
+        super().__init__(perf, net.spec.slot_s)
+        self.net = net
+        self.spec = net.spec
+        self.checkpoint = checkpoint
+        self.inferences = 0
+        self.used: list[float] = [0.0, 0.0, 0.0]
+
+    def choose(self, obs: np.ndarray, mask: np.ndarray, batch: Sequence[_Job]) -> int:
+        """The action taken in state ``obs``: the most likely feasible one."""
+        self.inferences += 1
+        z = np.where(mask, self.net.logits(obs), -np.inf)
+        return int(np.argmax(z))
+
+    def plan(self, jobs, cap, state) -> None:
+        used = self.used = [0.0, 0.0, 0.0]  # aggregate (GPUs, CPUs, GB) taken so far this slot
+        limit = int(sum(min(j.hi, 10**6) for j in jobs)) * 2 + 2
+        runnable = any(j.w >= max(j.lo, 1) and (j.p >= 1 or not j.ps_job) for j in jobs)
+        for start in range(0, len(jobs), self.spec.J):
+            batch = jobs[start : start + self.spec.J]
+            for _ in range(limit):
+                mask = action_mask(batch, used, cap, self.spec, allow_stop=runnable)
+                if not mask[:-1].any():
+                    break
+                a = self.choose(encode(batch, cap, state.time, self.spec), mask, batch)
+                if not mask[a] or not apply_action(batch, used, a, self.spec):
+                    break
+                j = batch[a // 3]
+                runnable = runnable or (j.w >= max(j.lo, 1) and (j.p >= 1 or not j.ps_job))
+
+
+# ---------------------------------------------------------------------- checkpoints
+def save_dl2(path: str | Path, actor: Sequence[tuple[np.ndarray, np.ndarray]], spec: DL2Spec,
+             extra: Mapping[str, Any] | None = None,
+             critic: Sequence[tuple[np.ndarray, np.ndarray]] | None = None) -> Path:
+    """Write ``path.safetensors`` + ``path.json`` (module docstring); returns the JSON path."""
+    from safetensors.numpy import save as st_save
+
+    DL2Net(actor, spec)  # shape check
+    base = Path(path)
+    if base.suffix in (".json", ".safetensors"):
+        base = base.with_suffix("")
+    tensors = {}
+    for k, (w, b) in enumerate(actor):
+        tensors[f"actor.{k}.weight"] = np.ascontiguousarray(w, np.float32)
+        tensors[f"actor.{k}.bias"] = np.ascontiguousarray(b, np.float32)
+    for k, (w, b) in enumerate(critic or ()):
+        tensors[f"critic.{k}.weight"] = np.ascontiguousarray(w, np.float32)
+        tensors[f"critic.{k}.bias"] = np.ascontiguousarray(b, np.float32)
+    data = st_save(tensors)
+    wpath = base.with_name(base.name + ".safetensors")
+    wpath.parent.mkdir(parents=True, exist_ok=True)
+    wpath.write_bytes(data)
+    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "spec": spec.to_dict(),
+            "actor_layers": len(actor), "weights_file": wpath.name,
+            "weights_sha256": hashlib.sha256(data).hexdigest(), **dict(extra or {})}
+    jpath = base.with_name(base.name + ".json")
+    jpath.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    return jpath
+
+
+def _resolve(path: str | Path) -> Path:
+    p = Path(path)
+    if p.suffix == ".safetensors":
+        return p.with_suffix(".json")
+    if p.suffix == ".json":
+        return p
+    return p.with_name(p.name + ".json")
+
+
+def load_dl2(path: str | Path) -> tuple[DL2Net, dict[str, Any], Path]:
+    """``(actor, metadata, json path)`` of a DL2 checkpoint (``NAME``, ``NAME.json`` or
+    ``NAME.safetensors``), checked: format, spec, sha256, tensor names, shapes, finite values.
+
+    :raises CheckpointError: one line naming the file and the problem.
+    """
+    from policies.checkpoint import CheckpointError, _read_weights
+
+    jpath = _resolve(path)
+    try:
+        raw = jpath.read_bytes()[: _MAX_JSON + 1]
+    except OSError as exc:
+        raise CheckpointError(f"{jpath}: cannot read the dl2 checkpoint metadata: {exc.strerror or exc}") from None
+    if len(raw) > _MAX_JSON:
+        raise CheckpointError(f"{jpath}: metadata is larger than {_MAX_JSON} bytes")
+    try:
+        meta = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise CheckpointError(f"{jpath}: unreadable dl2 checkpoint metadata: {exc}") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        got = meta.get("format") if isinstance(meta, dict) else None
+        raise CheckpointError(f"{jpath}: not a dl2 checkpoint (format={got!r}, expected {FORMAT!r})")
+    if meta.get("format_version") != FORMAT_VERSION or isinstance(meta.get("format_version"), bool):
+        raise CheckpointError(f"{jpath}: unsupported format_version {meta.get('format_version')!r}")
+    try:
+        spec = DL2Spec.from_dict(meta.get("spec"))
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{jpath}: bad spec: {exc}") from None
+    wname = meta.get("weights_file")
+    if not isinstance(wname, str) or not wname or Path(wname).name != wname or any(c in wname for c in "/\\:\0"):
+        raise CheckpointError(f"{jpath}: weights_file must be a plain file name, got {wname!r}")
+    wpath = jpath.with_name(wname)
+    try:
+        data, digest = _read_weights(wpath)
+    except OSError as exc:
+        raise CheckpointError(f"{wpath}: cannot read the dl2 weights: {exc.strerror or exc}") from None
+    if digest != str(meta.get("weights_sha256", "")).lower():
+        raise CheckpointError(f"{wpath}: sha256 does not match the metadata; the weights are truncated or were modified")
+    from safetensors import SafetensorError
+    from safetensors.numpy import load as st_load
+
+    try:
+        tensors = st_load(data)
+    except (SafetensorError, ValueError, OSError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{wpath}: not a readable safetensors file: {exc}") from None
+    n = meta.get("actor_layers")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise CheckpointError(f"{jpath}: actor_layers must be an integer >= 1, got {n!r}")
+    layers = []
+    for k in range(n):
+        w, b = tensors.get(f"actor.{k}.weight"), tensors.get(f"actor.{k}.bias")
+        if w is None or b is None:
+            raise CheckpointError(f"{wpath}: missing tensor actor.{k}.weight or actor.{k}.bias")
+        if w.ndim != 2 or b.shape != (w.shape[0],) or (layers and layers[-1][0].shape[0] != w.shape[1]):
+            raise CheckpointError(f"{wpath}: actor.{k} has shapes {w.shape} / {b.shape} that do not chain")
+        if not (np.isfinite(w).all() and np.isfinite(b).all()):
+            raise CheckpointError(f"{wpath}: actor.{k} holds NaN or infinite values")
+        layers.append((w, b))
+    try:
+        net = DL2Net(layers, spec)
+    except ValueError as exc:
+        raise CheckpointError(f"{wpath}: {exc}") from None
+    return net, meta, jpath
+
+
+def shipped_dl2() -> Path:
+    """The shipped DL2 checkpoint (``policies/checkpoints/dl2/dl2``)."""
+    return _CHECKPOINT_DIR / "dl2" / "dl2"
+
+
+def make_dl2_policy(name: str, perf=None, checkpoint: str | Path | None = None) -> DL2Policy:
+    """``dl2`` (the shipped checkpoint, or ``checkpoint``) or ``dl2:/path``. :class:`PolicyError` with one line."""
+    raw = name.strip()
+    base, sep, path = raw.partition(":")
+    if base.strip().lower() != "dl2":
+        raise PolicyError(f"unknown policy {name!r}: expected dl2 or dl2:/path/to/checkpoint")
+    if sep and not path.strip():
+        raise PolicyError(f"policy {name!r}: empty checkpoint path after ':'")
+    ckpt = Path(path.strip()) if sep else (Path(checkpoint) if checkpoint else shipped_dl2())
+    net, _meta, jpath = load_dl2(ckpt)
+    return DL2Policy(net, perf, checkpoint=jpath)

@@ -1,0 +1,171 @@
+"""DL2 (policies/dl2.py, trainer/dl2/): state / action layout and masks, the slot reward, the supervised
+warm-up, checkpoints, and a simulate run on an elastic trace."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from policies.checkpoint import CheckpointError
+from policies.cluster import ClusterSpec
+from policies.dl2 import (DL2Net, DL2Spec, FEATURES, JOB_TYPES, action_mask, apply_action, encode, load_dl2,
+                          save_dl2, slot_reward)
+from policies.elastic import _Job
+from policies.resources import ResourceDemand
+from policies.state import ClusterState, JobInfo
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _job(jid: str, model: str = "ResNet-50", ps: bool = True, hi: int = 4, t: float = 0.0,
+         total: float = 1000.0, done: float = 0.0) -> _Job:
+    d = ResourceDemand(1, cpus_per_gpu=2, mem_gb_per_gpu=10, ps=1 if ps else 0, ps_cpus=3 if ps else 0,
+                       ps_mem_gb=10 if ps else 0, min_gpus=1, max_gpus=hi)
+    info = JobInfo(jid, model, 1, t, total, done, min_gpus=1, max_gpus=hi, extra={"demand": d})
+    return _Job(info, d, ps, 1, hi, (1.0, 2.0, 10.0), (0.0, 3.0 if ps else 0.0, 10.0 if ps else 0.0))
+
+
+def _random_actor(spec: DL2Spec, seed: int = 0, hidden: int = 16):
+    rng = np.random.default_rng(seed)
+    sizes = [spec.obs_size, hidden, spec.n_actions]
+    return [(rng.normal(0, 0.1, (b, a)).astype(np.float32), rng.normal(0, 0.1, b).astype(np.float32))
+            for a, b in zip(sizes, sizes[1:])]
+
+
+def test_state_and_action_shapes():
+    spec = DL2Spec(J=3)
+    assert spec.row == len(JOB_TYPES) + len(FEATURES) and spec.n_actions == 10
+    a, b = _job("a", t=0.0, total=2 * 3.0, done=0.0), _job("b", model="VGG-16", t=600.0)
+    a.w, a.p = 2, 1
+    obs = encode([a, b], (10.0, 100.0, 1000.0), 1200.0, spec)
+    assert obs.shape == (spec.obs_size,) and obs.dtype == np.float32
+    rows = obs.reshape(spec.J, spec.row)
+    L = len(JOB_TYPES)
+    assert rows[0, JOB_TYPES.index("ResNet-50")] == 1 and rows[1, JOB_TYPES.index("VGG-16")] == 1
+    assert rows[0, L] == pytest.approx(2 * 0.02)  # two slots since submission, scaled
+    # dominant share of 2 workers + 1 PS: GPUs 2/10 vs CPUs 7/100 vs memory 30/1000 -> 0.2
+    assert rows[0, L + 2] == pytest.approx(0.2) and rows[0, L + 3] == pytest.approx(0.2) and rows[0, L + 4] == pytest.approx(0.1)
+    assert not rows[2].any()  # an absent job is a zero row
+
+
+def test_masks():
+    spec = DL2Spec(J=3)
+    ps_job, flat, full = _job("a"), _job("b", model="GPT-2", ps=False), _job("c", hi=1)
+    full.w = 1
+    m = action_mask([ps_job, flat, full], [0.0, 0.0, 0.0], (10.0, 100.0, 1000.0), spec)
+    assert m.shape == (10,) and m[-1]
+    assert list(m[0:3]) == [True, True, True]
+    assert list(m[3:6]) == [True, False, False]  # no PS for an all-reduce job
+    assert list(m[6:9]) == [False, True, False]  # at max_gpus: a PS only
+    # an exhausted cluster: only stop
+    m = action_mask([ps_job, flat], [10.0, 0.0, 0.0], (10.0, 100.0, 1000.0), spec)
+    assert m[:-1].sum() == 1 and m[1]  # a PS needs no GPU: it still fits
+    m = action_mask([ps_job, flat], [10.0, 100.0, 1000.0], (10.0, 100.0, 1000.0), spec)
+    assert m.sum() == 1 and m[-1]
+    used = [0.0, 0.0, 0.0]
+    assert apply_action([ps_job], used, 2, spec) and (ps_job.w, ps_job.p) == (1, 1) and used == [1.0, 5.0, 20.0]
+    assert not apply_action([ps_job], used, spec.n_actions - 1, spec)
+    with pytest.raises(ValueError, match="no job in row 1"):
+        apply_action([ps_job], used, 3, spec)
+
+
+def test_slot_reward_hand_worked():
+    # a: 50 of 100 left at the slot's start, 30 at its end; b: 10 of 40 left, finished in the slot
+    prev = {"a": (50.0, 100.0), "b": (10.0, 40.0)}
+    cl = ClusterSpec.parse("1x4")
+    st = ClusterState(time=600.0, cluster=cl, free_gpus=np.array([4]), running=(),
+                      pending=(JobInfo("a", "ResNet-50", 1, 0.0, 100.0, 70.0),))
+    assert slot_reward(prev, st) == pytest.approx(20 / 100 + 10 / 40)
+
+
+def test_supervised_warmup_reduces_imitation_loss():
+    torch = pytest.importorskip("torch")
+    from trainer.dl2.train import _mlp, supervised
+
+    spec = DL2Spec(J=2)
+    rng = np.random.default_rng(0)
+    obs = rng.random((64, spec.obs_size)).astype(np.float32)
+    masks = np.ones((64, spec.n_actions), bool)
+    acts = (obs[:, 0] > 0.5).astype(np.int64) * 3  # a rule the actor can learn
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    actor = _mlp([spec.obs_size, 32, spec.n_actions])
+    losses = supervised(actor, obs, masks, acts, epochs=20, lr=0.005, batch=16)
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_checkpoint_round_trip_and_refusals(tmp_path):
+    spec = DL2Spec(J=2)
+    actor = _random_actor(spec)
+    jpath = save_dl2(tmp_path / "ck", actor, spec, extra={"note": "test"})
+    net, meta, jp = load_dl2(tmp_path / "ck.safetensors")
+    assert jp == jpath and meta["spec"]["n_actions"] == spec.n_actions and net.spec == spec
+    obs = np.random.default_rng(1).random(spec.obs_size).astype(np.float32)
+    assert np.allclose(net.logits(obs), DL2Net(actor, spec).logits(obs))
+    w = tmp_path / "ck.safetensors"
+    data = bytearray(w.read_bytes())
+    data[-1] ^= 1
+    w.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="sha256 does not match"):
+        load_dl2(tmp_path / "ck")
+    meta["format"] = "pickle"
+    jpath.write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="not a dl2 checkpoint"):
+        load_dl2(jpath)
+    (tmp_path / "x.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="unreadable dl2 checkpoint metadata"):
+        load_dl2(tmp_path / "x.json")
+    with pytest.raises(CheckpointError, match="cannot read"):
+        load_dl2(tmp_path / "missing")
+
+
+def test_dl2_policy_runs_jobs_to_completion(tmp_path):
+    from policies.perf import ContentionModel
+    from policies.psmodel import PSPerformanceModel
+    from policies.registry import make_policy
+    from trainer.elastic import generate, parse_elastic_trace
+    from trainer.simulator import SimConfig, Simulator
+
+    cl = ClusterSpec.parse(str(ROOT / "data/clusters/chic.yaml"))
+    perf = PSPerformanceModel(ContentionModel(cl))
+    spec = DL2Spec(J=4)
+    save_dl2(tmp_path / "ck", _random_actor(spec), spec)
+    jobs = parse_elastic_trace(generate("chic", seed=5, jobs=3))
+    pol = make_policy(f"dl2:{tmp_path / 'ck'}", cl, perf)
+    res = Simulator(cl, jobs, pol, perf, SimConfig()).run()
+    assert len(res.jobs) == 3 and all(r.jct > 0 for r in res.jobs) and pol.inferences > 0
+
+
+@pytest.mark.slow
+def test_simulate_dl2_and_drf_on_an_elastic_trace(tmp_path):
+    from trainer.elastic import generate, write_trace
+
+    trace = tmp_path / "t.json"
+    write_trace(generate("dl2", seed=3, jobs=4), trace)
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    r = subprocess.run([sys.executable, "-m", "rlsched.cli", "simulate", "--policy", "dl2,drf",
+                        "--trace", str(trace), "--cluster", str(ROOT / "data/clusters/dl2.yaml"),
+                        "--out", str(tmp_path / "out")], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "dl2" in r.stdout and "drf" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "rlsched.cli", "simulate", "--policy", f"dl2:{tmp_path / 'nope'}",
+                        "--trace", str(trace), "--cluster", str(ROOT / "data/clusters/dl2.yaml"),
+                        "--out", str(tmp_path / "out2")], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "nope" in r.stderr
+
+
+def test_shipped_checkpoint_loads_through_the_registry():
+    from policies.dl2 import DL2Policy
+    from policies.registry import is_learned, make_policy
+
+    cl = ClusterSpec.parse(str(ROOT / "data/clusters/dl2.yaml"))
+    pol = make_policy("dl2", cl)
+    assert isinstance(pol, DL2Policy) and pol.spec.J == 40 and pol.spec.n_actions == 121
+    assert is_learned("dl2") and is_learned("dl2:/x")
+    with pytest.raises(Exception, match="empty checkpoint path"):
+        make_policy("dl2:", cl)

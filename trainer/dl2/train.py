@@ -1,0 +1,401 @@
+"""DL2's training (seed 000 section 4): offline supervised warm-up that imitates DRF, then online RL
+with actor-critic, experience replay and job-aware exploration, on the simulator.
+
+**Episodes.** One episode simulates one generated sequence (:func:`trainer.elastic.generate`, setting
+``dl2``, ``jobs`` jobs, seeds ``seed0 + k``) on ``data/clusters/dl2.yaml`` with the PS performance
+model; the policy (:class:`RecordingDL2`) decides every slot (``DL2Spec.slot_s`` s).
+
+**Warm-up** (:func:`collect_drf`, :func:`supervised`): DRF written in DL2's action space (the teacher,
+:func:`drf_action`: the batch's job with the smallest dominant share gets one worker, plus one PS for a
+PS job, until that does not fit, then stop, as :class:`policies.elastic.DRFPolicy` plans) drives the
+episodes; every (state, mask, DRF's action) is a sample (at most ``sl_samples`` kept, uniformly); the
+actor is fitted by cross-entropy (logits of infeasible actions masked) with Adam at ``sl_lr``.
+
+**Online RL** (:func:`online`): the actor samples its actions; job-aware exploration (:func:`poor_action`)
+replaces the sample with probability ``epsilon`` by the seed's fixed action when the batch holds a job
+with several workers and no PS, several PSs and no worker, or workers / PSs in a ratio above 10. Every
+inference of slot ``t`` is a sample ``(s, mask, a, r_t, s'_t)`` with ``r_t`` the slot's reward
+(:func:`policies.dl2.slot_reward`) and ``s'_t`` the first state of slot ``t + 1`` (none at the end of the
+episode); samples go to a replay buffer of ``replay`` samples; at the end of each slot one mini-batch of
+``batch`` samples updates the critic to the TD target ``r + gamma V(s')`` and the actor by
+``-log pi(a|s) * (r + gamma V(s') - V(s)) - beta * H(pi(.|s))`` (Adam at ``rl_lr``).
+
+Defaults are the seed's hyper-parameters (section 6.1): 2 hidden layers of 256, Adam, learning rates
+0.005 (supervised) and 0.0001 (RL), mini-batch 256, gamma 0.9, epsilon 0.4, beta 0.1, replay 8192; J = 40
+(its section 6.5: around 40 concurrent jobs at most). The run length (episodes, jobs per episode, the
+supervised epochs) is ours, sized for a short CPU run.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from policies.dl2 import (DL2Net, DL2Policy, DL2Spec, action_mask, encode, progress, save_dl2, slot_reward)
+from policies.elastic import _fits, _Job, _share
+
+ROOT = Path(__file__).resolve().parents[2]
+
+__all__ = ["DL2TrainConfig", "drf_action", "poor_action", "RecordingDL2", "collect_drf", "supervised", "online",
+           "evaluate", "train"]
+
+
+@dataclass
+class DL2TrainConfig:
+    """What :func:`train` runs (module docstring)."""
+
+    J: int = 40
+    hidden: tuple[int, ...] = (256, 256)
+    jobs: int = 60  # jobs per training sequence
+    sl_traces: int = 4
+    sl_samples: int = 40000
+    sl_epochs: int = 30
+    sl_lr: float = 0.005
+    rl_episodes: int = 8
+    rl_lr: float = 1e-4
+    batch: int = 256
+    gamma: float = 0.9
+    epsilon: float = 0.4
+    beta: float = 0.1
+    replay: int = 8192
+    ratio: float = 10.0  # job-aware exploration's worker / PS ratio threshold
+    val_seeds: int = 2
+    seed0: int = 1000  # training sequences: seeds seed0, seed0 + 1, ...; validation: 2000, 2001, ...
+    seed: int = 0
+    cluster: str = "data/clusters/dl2.yaml"
+
+
+# ---------------------------------------------------------------------- teacher and exploration
+def drf_action(batch: Sequence[_Job], used: Sequence[float], cap: Sequence[float], spec: DL2Spec) -> int:
+    """DRF's next action in DL2's action space (module docstring): ``3i + 2`` (a PS job) or ``3i`` for the
+    batch's job ``i`` with the smallest dominant share among those below their ``max_gpus``; stop when
+    that job's increment does not fit or no job can grow."""
+    best = None
+    for i, j in enumerate(batch[: spec.J]):
+        if j.w + 1 > j.hi:
+            continue
+        key = (_share(j.use(j.w, j.p), cap), i)
+        if best is None or key < best[0]:
+            best = (key, i, j)
+    if best is None:
+        return spec.n_actions - 1
+    _k, i, j = best
+    kind = 2 if j.ps_job else 0
+    dw, dp = 1, (1 if j.ps_job else 0)
+    if not _fits(used, j.use(dw, dp), cap):
+        return spec.n_actions - 1
+    return 3 * i + kind
+
+
+def poor_action(batch: Sequence[_Job], mask: np.ndarray, ratio: float) -> int | None:
+    """The seed's job-aware exploration action for the first job of ``batch`` in a poor state (several
+    workers and no PS: +PS; several PSs and no worker: +worker; workers / PSs above ``ratio`` either way:
+    one of the fewer), when the mask allows it; None when no job is in a poor state."""
+    for i, j in enumerate(batch):
+        if 3 * i + 2 >= len(mask) - 1:
+            break
+        if not j.ps_job:
+            continue
+        a = None
+        if j.w > 1 and j.p == 0:
+            a = 3 * i + 1
+        elif j.p > 1 and j.w == 0:
+            a = 3 * i
+        elif j.w and j.p and j.w / j.p > ratio:
+            a = 3 * i + 1
+        elif j.w and j.p and j.p / j.w > ratio:
+            a = 3 * i
+        if a is not None and mask[a]:
+            return a
+    return None
+
+
+class RecordingDL2(DL2Policy):
+    """DL2 that records its slots for training: ``mode`` ``"teacher"`` (DRF's actions, :func:`drf_action`),
+    ``"explore"`` (sampled actions with job-aware exploration) or ``"greedy"`` (the policy itself).
+    ``slots`` collects ``(samples, reward, first state of the next slot or None)``, ``samples`` a list of
+    ``(obs, mask, action)``; ``on_slot`` (if set) is called with each finished slot."""
+
+    def __init__(self, net: DL2Net, perf, mode: str, rng: np.random.Generator, epsilon: float = 0.4,
+                 ratio: float = 10.0, keep: float = 1.0, on_slot: Callable | None = None) -> None:
+        super().__init__(net, perf)
+        self.mode, self.rng, self.epsilon, self.ratio, self.keep = mode, rng, epsilon, ratio, keep
+        self.on_slot = on_slot
+        self.slots: list[tuple[list, float, np.ndarray | None]] = []
+        self._cur: list | None = None
+        self._prev: dict | None = None
+        self._cap: tuple = ()
+
+    def _close(self, reward: float, next_obs: np.ndarray | None) -> None:
+        if self._cur is not None:
+            item = (self._cur, reward, next_obs)
+            self.slots.append(item)
+            if self.on_slot is not None:
+                self.on_slot(item)
+        self._cur = None
+
+    def finish(self) -> None:
+        """Close the last slot at the end of the episode (every job done: the rest of its work counted)."""
+        if self._prev is not None:
+            self._close(sum(rem / tot for rem, tot in self._prev.values() if tot > 0), None)
+            self._prev = None
+
+    def plan(self, jobs, cap, state) -> None:
+        obs0 = encode(jobs[: self.spec.J], cap, state.time, self.spec)
+        if self._prev is not None:
+            self._close(slot_reward(self._prev, state), obs0)
+        self._prev = progress(state)
+        self._cur = []
+        self._cap = cap
+        super().plan(jobs, cap, state)
+
+    def choose(self, obs, mask, batch) -> int:
+        self.inferences += 1
+        if self.mode == "teacher":
+            a = drf_action(batch, self.used, self._cap, self.spec)
+            if a != self.spec.n_actions - 1 and not mask[a]:
+                a = self.spec.n_actions - 1
+        elif self.mode == "explore":
+            a = None
+            if self.rng.random() < self.epsilon:
+                a = poor_action(batch, mask, self.ratio)
+            if a is None:
+                a = int(self.rng.choice(len(mask), p=self.net.probs(obs, mask)))
+        else:
+            a = int(np.argmax(np.where(mask, self.net.logits(obs), -np.inf)))
+        if self._cur is not None and (self.keep >= 1.0 or self.rng.random() < self.keep):
+            self._cur.append((obs, mask.copy(), a))
+        return a
+
+
+# ---------------------------------------------------------------------- episodes
+def _setup(cfg: DL2TrainConfig):
+    from policies.cluster import ClusterSpec
+    from policies.perf import ContentionModel
+    from policies.psmodel import PSPerformanceModel
+
+    path = Path(cfg.cluster)
+    cluster = ClusterSpec.parse(str(path if path.is_absolute() or path.exists() else ROOT / path))
+    return cluster, PSPerformanceModel(ContentionModel(cluster))
+
+
+def _jobs(seed: int, n: int):
+    from trainer.elastic import generate, parse_elastic_trace
+
+    return parse_elastic_trace(generate("dl2", seed=seed, jobs=n))
+
+
+def run_episode(cluster, perf, jobs, policy) -> float:
+    """Simulate ``jobs`` under ``policy``; the average JCT (s)."""
+    from trainer.simulator import SimConfig, Simulator
+
+    res = Simulator(cluster, jobs, policy, perf, SimConfig()).run()
+    if isinstance(policy, RecordingDL2):
+        policy.finish()
+    return float(np.mean([r.jct for r in res.jobs]))
+
+
+# ---------------------------------------------------------------------- torch parts
+def _mlp(sizes: Sequence[int]):
+    import torch.nn as nn
+
+    layers: list = []
+    for k in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[k], sizes[k + 1]))
+        if k < len(sizes) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def _weights(model) -> list[tuple[np.ndarray, np.ndarray]]:
+    import torch.nn as nn
+
+    return [(m.weight.detach().cpu().numpy().copy(), m.bias.detach().cpu().numpy().copy())
+            for m in model if isinstance(m, nn.Linear)]
+
+
+def _masked_logits(actor, obs, mask):
+    import torch
+
+    return actor(obs).masked_fill(~mask, -1e9)
+
+
+def collect_drf(cfg: DL2TrainConfig, spec: DL2Spec, net: DL2Net, log=None) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[float]]:
+    """(obs, masks, actions) of DRF-teacher episodes on sequences ``seed0 .. seed0 + sl_traces - 1`` (at
+    most ``sl_samples``, kept uniformly) and each episode's average JCT."""
+    cluster, perf = _setup(cfg)
+    rng = np.random.default_rng(cfg.seed)
+    obs, masks, acts, jcts = [], [], [], []
+    for k in range(cfg.sl_traces):
+        pol = RecordingDL2(net, perf, "teacher", rng)
+        jcts.append(run_episode(cluster, perf, _jobs(cfg.seed0 + k, cfg.jobs), pol))
+        for samples, _r, _n in pol.slots:
+            for o, m, a in samples:
+                obs.append(o)
+                masks.append(m)
+                acts.append(a)
+        if log:
+            log(k, len(acts), jcts[-1])
+    idx = np.arange(len(acts))
+    if len(idx) > cfg.sl_samples:
+        idx = np.sort(rng.choice(idx, cfg.sl_samples, replace=False))
+    return (np.stack([obs[i] for i in idx]), np.stack([masks[i] for i in idx]), np.array([acts[i] for i in idx]),
+            jcts)
+
+
+def supervised(actor, obs: np.ndarray, masks: np.ndarray, acts: np.ndarray, epochs: int, lr: float,
+               batch: int, seed: int = 0, on_epoch: Callable | None = None) -> list[float]:
+    """Fit ``actor`` to ``acts`` by masked cross-entropy (Adam, ``lr``, mini-batches of ``batch``); the
+    mean loss of each epoch."""
+    import torch
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(seed)
+    o, m, a = torch.as_tensor(obs), torch.as_tensor(masks), torch.as_tensor(acts, dtype=torch.long)
+    opt = torch.optim.Adam(actor.parameters(), lr=lr)
+    losses = []
+    for _e in range(epochs):
+        perm = torch.randperm(len(a), generator=g)
+        tot, n = 0.0, 0
+        for s in range(0, len(a), batch):
+            b = perm[s : s + batch]
+            loss = F.cross_entropy(_masked_logits(actor, o[b], m[b]), a[b])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            tot += loss.item() * len(b)
+            n += len(b)
+        losses.append(tot / max(n, 1))
+        if on_epoch:
+            on_epoch(losses[-1])
+    return losses
+
+
+class Replay:
+    """A ring buffer of ``(obs, mask, action, reward, next obs, has next)`` samples."""
+
+    def __init__(self, size: int, obs_size: int, n_actions: int) -> None:
+        self.size, self.n = size, 0
+        self.o = np.zeros((size, obs_size), np.float32)
+        self.o2 = np.zeros((size, obs_size), np.float32)
+        self.m = np.zeros((size, n_actions), bool)
+        self.a = np.zeros(size, np.int64)
+        self.r = np.zeros(size, np.float32)
+        self.d = np.zeros(size, np.float32)
+        self._i = 0
+
+    def add_slot(self, samples, reward: float, next_obs: np.ndarray | None) -> None:
+        for o, m, a in samples:
+            k = self._i
+            self.o[k], self.m[k], self.a[k], self.r[k] = o, m, a, reward
+            if next_obs is not None:
+                self.o2[k], self.d[k] = next_obs, 1.0
+            else:
+                self.o2[k], self.d[k] = 0.0, 0.0
+            self._i = (k + 1) % self.size
+            self.n = min(self.n + 1, self.size)
+
+    def sample(self, rng: np.random.Generator, batch: int):
+        idx = rng.integers(0, self.n, size=min(batch, self.n))
+        return self.o[idx], self.m[idx], self.a[idx], self.r[idx], self.o2[idx], self.d[idx]
+
+
+def ac_update(actor, critic, opt_a, opt_c, sample, gamma: float, beta: float) -> tuple[float, float]:
+    """One actor-critic step on a replay mini-batch (module docstring); (actor loss, critic loss)."""
+    import torch
+    import torch.nn.functional as F
+
+    o, m, a, r, o2, d = (torch.as_tensor(x) for x in sample)
+    with torch.no_grad():
+        target = r + gamma * d * critic(o2).squeeze(-1)
+    v = critic(o).squeeze(-1)
+    lc = F.mse_loss(v, target)
+    opt_c.zero_grad()
+    lc.backward()
+    opt_c.step()
+    adv = (target - v.detach())
+    logits = _masked_logits(actor, o, m)
+    logp = F.log_softmax(logits, -1)
+    p = logp.exp()
+    ent = -(p * logp.masked_fill(~m, 0.0)).sum(-1)
+    la = -(logp.gather(1, a[:, None]).squeeze(1) * adv).mean() - beta * ent.mean()
+    opt_a.zero_grad()
+    la.backward()
+    opt_a.step()
+    return la.item(), lc.item()
+
+
+def evaluate(cfg: DL2TrainConfig, net: DL2Net, seeds: Sequence[int]) -> float:
+    """Mean over ``seeds`` of the greedy policy's average JCT (s) on ``cfg.jobs``-job sequences."""
+    cluster, perf = _setup(cfg)
+    return float(np.mean([run_episode(cluster, perf, _jobs(s, cfg.jobs), DL2Policy(net, perf)) for s in seeds]))
+
+
+def train(cfg: DL2TrainConfig, out: str | Path, progress_bar: bool = True, log: Callable[[str], None] = print) -> Path:
+    """Warm-up then online RL (module docstring); writes the checkpoint ``out`` (the actor with the best
+    validation JCT among: after warm-up, after each RL episode); returns its JSON path."""
+    import torch
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    spec = DL2Spec(J=cfg.J)
+    actor = _mlp([spec.obs_size, *cfg.hidden, spec.n_actions])
+    critic = _mlp([spec.obs_size, *cfg.hidden, 1])
+    net = DL2Net(_weights(actor), spec)
+    val_seeds = [2000 + k for k in range(cfg.val_seeds)]
+    t0 = time.perf_counter()
+    history: dict = {"sl_loss": [], "rl": []}
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[info]}"), disable=not progress_bar) as bar:
+        t = bar.add_task("DRF episodes", total=cfg.sl_traces, info="")
+        obs, masks, acts, drf_jct = collect_drf(
+            cfg, spec, net, log=lambda k, n, j: bar.update(t, advance=1, info=f"{n} samples, DRF JCT {j:.0f} s"))
+        history["drf_train_jct"] = drf_jct
+        t = bar.add_task("supervised warm-up", total=cfg.sl_epochs, info="")
+        history["sl_loss"] = supervised(actor, obs, masks, acts, cfg.sl_epochs, cfg.sl_lr, cfg.batch, cfg.seed,
+                                        on_epoch=lambda l: bar.update(t, advance=1, info=f"cross-entropy {l:.4f}"))
+        del obs, masks, acts
+        net = DL2Net(_weights(actor), spec)
+        best = (evaluate(cfg, net, val_seeds), _weights(actor), _weights(critic), "warm-up")
+        history["val_warmup_jct"] = best[0]
+        log(f"warm-up: imitation loss {history['sl_loss'][0]:.3f} -> {history['sl_loss'][-1]:.3f}, "
+            f"validation JCT {best[0]:.0f} s")
+        opt_a = torch.optim.Adam(actor.parameters(), lr=cfg.rl_lr)
+        opt_c = torch.optim.Adam(critic.parameters(), lr=cfg.rl_lr)
+        replay = Replay(cfg.replay, spec.obs_size, spec.n_actions)
+        t = bar.add_task("online RL episodes", total=cfg.rl_episodes, info="")
+        cluster, perf = _setup(cfg)
+        for ep in range(cfg.rl_episodes):
+            losses: list = []
+            pol = RecordingDL2(DL2Net(_weights(actor), spec), perf, "explore", rng, cfg.epsilon, cfg.ratio)
+
+            def on_slot(item, pol=pol, losses=losses):
+                replay.add_slot(*item)
+                if replay.n >= cfg.batch:
+                    losses.append(ac_update(actor, critic, opt_a, opt_c, replay.sample(rng, cfg.batch),
+                                            cfg.gamma, cfg.beta))
+                    pol.net = DL2Net(_weights(actor), spec)
+
+            pol.on_slot = on_slot
+            jct = run_episode(cluster, perf, _jobs(cfg.seed0 + cfg.sl_traces + ep, cfg.jobs), pol)
+            net = DL2Net(_weights(actor), spec)
+            val = evaluate(cfg, net, val_seeds)
+            rew = float(sum(r for _s, r, _n in pol.slots))
+            history["rl"].append({"episode": ep, "train_jct": jct, "val_jct": val, "reward": rew, "updates": len(losses),
+                                  "actor_loss": float(np.mean([x[0] for x in losses])) if losses else None,
+                                  "critic_loss": float(np.mean([x[1] for x in losses])) if losses else None})
+            if val < best[0]:
+                best = (val, _weights(actor), _weights(critic), f"RL episode {ep}")
+            bar.update(t, advance=1, info=f"train JCT {jct:.0f} s, val JCT {val:.0f} s, reward {rew:.2f}")
+    extra = {"training": {"config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
+                          "history": history, "selected": best[3], "val_jct": best[0],
+                          "cpu_wall_s": round(time.perf_counter() - t0, 1)}}
+    jpath = save_dl2(out, best[1], spec, extra=extra, critic=best[2])
+    log(f"wrote {jpath} (selected: {best[3]}, validation JCT {best[0]:.0f} s, {time.perf_counter() - t0:.0f} s)")
+    return jpath
