@@ -26,7 +26,7 @@ def _job(jid: str, model: str = "ResNet-50", ps: bool = True, hi: int = 4, t: fl
          total: float = 1000.0, done: float = 0.0) -> _Job:
     d = ResourceDemand(1, cpus_per_gpu=2, mem_gb_per_gpu=10, ps=1 if ps else 0, ps_cpus=3 if ps else 0,
                        ps_mem_gb=10 if ps else 0, min_gpus=1, max_gpus=hi)
-    info = JobInfo(jid, model, 1, t, total, done, min_gpus=1, max_gpus=hi, extra={"demand": d})
+    info = JobInfo(jid, model, 1, t, total, done, min_gpus=1, max_gpus=hi, demand=d)
     return _Job(info, d, ps, 1, hi, (1.0, 2.0, 10.0), (0.0, 3.0 if ps else 0.0, 10.0 if ps else 0.0))
 
 
