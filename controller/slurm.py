@@ -583,15 +583,17 @@ class SlurmCLI:
     def _cmd(self, name: str) -> str:
         return os.path.join(self.bin_dir, name) if self.bin_dir else name
 
-    def run(self, args: Sequence[str]) -> str:
-        """Run one Slurm command, return its stdout; raise SlurmError on any failure."""
+    def run(self, args: Sequence[str], stdin: str | None = None) -> str:
+        """Run one Slurm command (``stdin``: text fed to it), return its stdout; raise SlurmError on any
+        failure."""
         cmd = [self._cmd(args[0]), *args[1:]]
         env = dict(os.environ)
         if self.conf:
             env["SLURM_CONF"] = self.conf
         self.calls += 1
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout_s, env=env, check=False)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout_s, env=env, check=False,
+                                  input=stdin, stdin=None if stdin is not None else subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             raise SlurmError(cmd, f"timed out after {self.timeout_s:g} s", timed_out=True) from None
         except OSError as exc:
@@ -625,27 +627,43 @@ class SlurmCLI:
         return next((j for j in self.jobs() if j.job_id == int(job_id)), None)
 
     # ------------------------------------------------------------------ acting
+    @staticmethod
+    def pin_args(job_id: int, nodes: Sequence[str], gpus: int, per_node: int | None = None,
+                 tres_style: str = "gres:gpu", delay_s: int = 0) -> list[str]:
+        """The ``scontrol update`` arguments (after ``update``) that pin a held job: see :meth:`place`."""
+        if not nodes:
+            raise ValueError("place: empty node list")
+        if per_node is not None and per_node * len(nodes) != gpus:
+            raise ValueError(f"place: {per_node} GPUs on each of {len(nodes)} nodes is not {gpus}")
+        for v in (*nodes, tres_style):
+            if not v or any(ch.isspace() or ch in "\"'=" for ch in v):
+                raise ValueError(f"place: {v!r} cannot be written into an scontrol command")
+        tres = (["TresPerJob=", f"TresPerNode={tres_style}:{per_node}"] if per_node is not None
+                else ["TresPerNode=", f"TresPerJob={tres_style}:{gpus}"])
+        start = f"StartTime=now+{int(delay_s)}" if delay_s > 0 else "StartTime=now"
+        return [f"JobId={int(job_id)}", f"ReqNodeList={compress_nodes(nodes)}", f"NumNodes={len(nodes)}", *tres, start]
+
     def place(self, job_id: int, nodes: Sequence[str], gpus: int, per_node: int | None = None,
-              tres_style: str = "gres:gpu") -> None:
+              tres_style: str = "gres:gpu", delay_s: int = 0) -> None:
         """Pin a held job to exactly ``nodes`` (it stays held until :meth:`release`).
 
         ``per_node``: a balanced placement, ``per_node`` GPUs on each node,
         expressed exactly as ``TresPerNode`` (``TresPerJob`` cleared in the
         same update, which 22.05 accepts). Otherwise ``TresPerJob=gpus`` and
         Slurm splits the total over the nodes, filling them in node order.
-        The same update sets ``StartTime=now`` (the job stays held; this
-        replaces the 120 s BeginTime Slurm adds after a requeue), so that
-        :meth:`release` needs no update of its own for an immediate start: one
-        ``scontrol`` process less per placement.
+        The same update sets ``StartTime=now`` (``now+delay_s`` with ``delay_s > 0``;
+        the job stays held; this replaces the 120 s BeginTime Slurm adds after a
+        requeue), so that :meth:`release` needs no update of its own.
         """
-        if not nodes:
-            raise ValueError("place: empty node list")
-        if per_node is not None and per_node * len(nodes) != gpus:
-            raise ValueError(f"place: {per_node} GPUs on each of {len(nodes)} nodes is not {gpus}")
-        tres = (["TresPerJob=", f"TresPerNode={tres_style}:{per_node}"] if per_node is not None
-                else ["TresPerNode=", f"TresPerJob={tres_style}:{gpus}"])
-        self.run(["scontrol", "update", f"JobId={job_id}", f"ReqNodeList={compress_nodes(nodes)}",
-                  f"NumNodes={len(nodes)}", *tres, "StartTime=now"])
+        self.run(["scontrol", "update", *self.pin_args(job_id, nodes, gpus, per_node, tres_style, delay_s)])
+
+    def place_many(self, pins: Sequence[Sequence[str]]) -> None:
+        """Apply several pins (each :meth:`pin_args`) in one ``scontrol`` process: its command mode
+        reads one ``update ...`` line per job from stdin (the values hold no spaces or quotes, which
+        that mode would keep). :class:`SlurmError` when any of them failed (scontrol's exit status
+        says that one did, not which): the caller pins them one by one then (a pin is idempotent)."""
+        if pins:
+            self.run(["scontrol"], stdin="".join("update " + " ".join(p) + "\n" for p in pins) + "quit\n")
 
     def release(self, job_id: int, delay_s: int = 0) -> None:
         """Release a held job that :meth:`place` pinned, to start in ``delay_s`` seconds.
@@ -658,6 +676,14 @@ class SlurmCLI:
         if delay_s > 0:
             self.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{int(delay_s)}"])
         self.run(["scontrol", "release", str(job_id)])
+
+    def release_many(self, job_ids: Sequence[int]) -> None:
+        """Release held jobs in one ``scontrol release a,b,c`` per 200 jobs (their start times were set
+        when pinned). :class:`SlurmError` when Slurm refused any of them: the caller reads the queue to
+        see which were released."""
+        ids = [int(j) for j in job_ids]
+        for k in range(0, len(ids), 200):
+            self.run(["scontrol", "release", ",".join(str(j) for j in ids[k:k + 200])])
 
     def hold(self, job_id: int) -> None:
         """Hold a pending job again, as a *user* hold (``uhold``, reason ``JobHeldUser``).
