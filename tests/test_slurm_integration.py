@@ -189,6 +189,31 @@ def test_sced2_policy_places_jobs_on_real_slurm(live_cluster, test_user, tmp_pat
     assert ctl.metrics.value("rlsched_placement_mismatch_total") == 0
 
 
+def test_batched_pins_and_releases_report_any_refusal(live_cluster, tmp_path):
+    """What the controller's batched placement relies on (slurmctld 22.05): one scontrol process applies
+    every pin read from stdin and fails when any one of them was refused; ``scontrol release a,b,c``
+    releases every job it can and fails when it could not release one."""
+    from controller.slurm import SlurmCLI, SlurmError
+
+    cluster = live_cluster
+    a, b = (cluster.sbatch("sleep 2", g, comment="rlsched:model=GNN") for g in (4, 8))
+    slurm = cluster.slurm()
+    gone = max(a, b) + 1000
+    slurm.place_many([SlurmCLI.pin_args(a, ["node1"], 4), SlurmCLI.pin_args(b, ["node2", "node3"], 8, 4)])
+    assert cluster.job(a).required_nodes == ["node1"] and cluster.job(b).required_nodes == ["node2", "node3"]
+    with pytest.raises(SlurmError):
+        slurm.place_many([SlurmCLI.pin_args(gone, ["node4"], 4), SlurmCLI.pin_args(a, ["node4"], 4)])
+    assert cluster.job(a).required_nodes == ["node4"]  # the lines after a refused one are still applied
+    assert cluster.job(a).held and cluster.job(b).held
+    with pytest.raises(SlurmError):
+        slurm.release_many([a, gone, b])
+    for jid, plan in ((a, {"node4": 4}), (b, {"node2": 4, "node3": 4})):
+        cluster.wait(lambda jid=jid: _state(cluster, jid) in ("RUNNING", "COMPLETED"), 20, f"job {jid} to start")
+        j = cluster.job(jid)
+        if j.state == "RUNNING":
+            assert j.gpus_per_node == plan, (jid, j.gpus_per_node)
+
+
 def test_owner_cannot_release_or_repin_a_held_job(live_cluster, test_user):
     cluster = live_cluster
     jid = cluster.sbatch("sleep 1", 4, comment="rlsched:model=MoE", user=test_user)
