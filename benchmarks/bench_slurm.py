@@ -200,12 +200,13 @@ def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float,
         calls: dict[str, int] = {}
         run = ctl.slurm.run
 
-        def timed(args):
+        def timed(args, stdin=None):
             t = time.perf_counter()
             try:
-                return run(args)
+                return run(args, stdin=stdin)
             finally:
-                key = args[0] if args[0] != "scontrol" else f"scontrol {args[1]}"
+                key = args[0] if args[0] != "scontrol" else (f"scontrol {args[1]}" if len(args) > 1 else
+                                                               "scontrol (batch of updates on stdin)")
                 spent[key] = spent.get(key, 0.0) + time.perf_counter() - t
                 calls[key] = calls.get(key, 0) + 1
 

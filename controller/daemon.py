@@ -468,7 +468,7 @@ class Controller:
         # jobs before nodes: a released job that starts in between then shows as in flight (its GPUs
         # reserved) while sinfo already counts them used, which errs towards fewer free GPUs; the
         # other order would show it running while sinfo still had its GPUs free (double booking)
-        jobs = self.slurm.jobs()
+        jobs = self._read_jobs()
         nodes = self.slurm.nodes()
         try:
             cluster = build_cluster(nodes, self.cfg.slurm.partition, c.intra_bw_gbps, c.inter_bw_gbps)
@@ -483,7 +483,7 @@ class Controller:
         self._slurm_failed = False  # the grace of in-flight releases was restarted (_check_released)
         self._adopt_unreleased = False  # adopted once, from the first queue read after the start
         if changed:
-            jobs = self.slurm.jobs()
+            jobs = self._read_jobs()
             nodes = self.slurm.nodes()
         # stats only from the agents of each job's nodes (Slurm's view), not from any agent claiming it
         job_nodes = {str(j.job_id): list(j.nodes) for j in jobs if j.state in ("RUNNING", "CONFIGURING")}
@@ -506,10 +506,16 @@ class Controller:
             # again at once, without that victim (_preempt_failed), from a fresh read of Slurm (this round's
             # preemptions included), so other held jobs get the free GPUs in this round
             log.info("a preemption failed: deciding again without that victim", extra={"event": "replan"})
-            jobs = self.slurm.jobs()
+            jobs = self._read_jobs()
             nodes = self.slurm.nodes()
             self._decide(self.clock(), cluster, nodes, jobs, stats, rep, last=True)
         self._update_reasons(rep)
+
+    def _read_jobs(self) -> list[SlurmJob]:
+        """Every job Slurm shows: :meth:`SlurmCLI.queue` (a cheap text read laid over the last JSON read)
+        where the adapter has it, else its ``jobs()``."""
+        queue = getattr(self.slurm, "queue", None)
+        return queue() if queue is not None else self.slurm.jobs()
 
     def _decide(self, now: float, cluster: ClusterSpec, nodes: list, jobs: list[SlurmJob], stats: dict[str, dict],
                 rep: RoundReport, last: bool) -> bool:

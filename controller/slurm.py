@@ -26,9 +26,12 @@ from __future__ import annotations
 
 import json
 import logging
+import dataclasses
 import os
 import re
+import secrets
 import subprocess
+import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -45,6 +48,9 @@ __all__ = [
     "parse_gres_type",
     "parse_squeue_json",
     "parse_sinfo_json",
+    "parse_squeue_text",
+    "overlay_text",
+    "QUEUE_FIELDS",
     "MANAGED_MARK",
     "REASON_SEP",
     "with_reason",
@@ -564,6 +570,87 @@ def dependency_met(job: SlurmJob, by_id: Mapping[int, SlurmJob]) -> bool | None:
     return False if False in results else (None if None in results else True)
 
 
+# --------------------------------------------------------------------------- squeue's text output
+#: ``squeue -O`` fields of the cheap queue read (:meth:`SlurmCLI.queue`), in output order: everything
+#: that changes while a job waits or runs. ``Comment`` (the user's workload declaration, free text)
+#: comes last; AdminComment and the per-node GRES of a running job are not among 22.05's ``-O`` fields
+QUEUE_FIELDS = ("JobID", "State", "PriorityLong", "Reason", "Partition", "NodeList", "NumNodes", "tres-per-job",
+                "tres-per-node", "RestartCnt", "Requeue", "BatchHost", "ReqNodes", "StartTime", "EligibleTime",
+                "Dependency", "Comment")
+
+
+def _text_none(v: str) -> str:
+    return "" if v in ("N/A", "n/a", "(null)", "None") else v
+
+
+def _text_time(v: str) -> float | None:
+    """squeue's local ``2026-11-26T20:23:41`` as epoch seconds; None for ``N/A``, ``Unknown``, ``None``."""
+    try:
+        return time.mktime(time.strptime(v, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+def parse_squeue_text(text: str, sep: str, end: str) -> list[dict[str, str]]:
+    """Rows of ``squeue -h -O F1:<sep>,...,Comment:<end>``: one dict per job, :data:`QUEUE_FIELDS` -> text.
+
+    ``sep`` / ``end`` are random per call (:meth:`SlurmCLI.queue`), so no job's text can contain them:
+    a row is everything up to ``end`` and a newline, its fields are split at ``sep``. A row with another
+    number of fields is an error (ValueError)."""
+    rows = []
+    chunks = text.split(end + "\n")
+    if chunks[-1].strip():
+        raise ValueError("squeue: output does not end with a complete row")
+    for chunk in chunks[:-1]:
+        vals = chunk.split(sep)
+        if len(vals) != len(QUEUE_FIELDS):
+            raise ValueError(f"squeue: a row has {len(vals)} fields, expected {len(QUEUE_FIELDS)}")
+        rows.append(dict(zip(QUEUE_FIELDS, (v.strip() if k != "Comment" else v for k, v in zip(QUEUE_FIELDS, vals)))))
+    return rows
+
+
+def _running_split(nodes: list[str], gpus: int, tres_per_node: str) -> dict[str, int] | None:
+    """The per-node GPUs of a running job when its text row tells them: all on its one node, or
+    ``TresPerNode`` on each node (the controller's balanced placements); None otherwise."""
+    if len(nodes) == 1 and gpus > 0:
+        return {nodes[0]: gpus}
+    per = gpus_from_tres(tres_per_node)
+    if nodes and per > 0 and per * len(nodes) == gpus:
+        return {n: per for n in nodes}
+    return None
+
+
+def overlay_text(job: SlurmJob, row: Mapping[str, str]) -> SlurmJob | None:
+    """``job`` (from the last ``squeue --json``) with the fields of its text ``row`` (:func:`parse_squeue_text`),
+    or None when the row is a change the text cannot describe (it started on several nodes with an
+    uneven split: its per-node GPUs are only in the JSON)."""
+    nodes = expand_hostlist(_text_none(row["NodeList"]))
+    tres_job, tres_node = _text_none(row["tres-per-job"]), _text_none(row["tres-per-node"])
+    gpus = gpus_from_tres(tres_job)
+    if not gpus:
+        gpus = gpus_from_tres(tres_node) * max(len(nodes), int(row["NumNodes"] or 1))
+    gpus = managed_gpus(job.admin_comment) or gpus or job.gpus
+    restarts = int(row["RestartCnt"])
+    state = row["State"].upper()
+    per_node: dict[str, int] = {}
+    if nodes:
+        if job.nodes == nodes and job.restarts == restarts and job.gpus_per_node:
+            per_node = dict(job.gpus_per_node)  # the allocation of a running job does not change
+        else:
+            split = _running_split(nodes, gpus, tres_node)
+            if split is None:
+                return None
+            per_node = split
+    prio = int(row["PriorityLong"])
+    return dataclasses.replace(
+        job, state=state, reason=row["Reason"], priority=prio, partition=row["Partition"], gpus=gpus, nodes=nodes,
+        gpus_per_node=per_node, required_nodes=expand_hostlist(_text_none(row["ReqNodes"])),
+        num_nodes=int(row["NumNodes"] or 0), restarts=restarts, requeue=row["Requeue"] != "0",
+        batch_host=_text_none(row["BatchHost"]), start_time=_text_time(row["StartTime"]) if nodes else job.start_time,
+        eligible_time=_text_time(row["EligibleTime"]), dependency=_text_none(row["Dependency"]),
+        comment=_text_none(row["Comment"]), tres_style=_tres_style(tres_job, tres_node))
+
+
 # --------------------------------------------------------------------------- the adapter
 class SlurmCLI:
     """Runs Slurm commands with a timeout; every failure is a :class:`SlurmError`.
@@ -573,11 +660,18 @@ class SlurmCLI:
     :param bin_dir: where the Slurm commands are (``None``: ``PATH``).
     """
 
-    def __init__(self, conf: str | None = None, timeout_s: float = 20.0, bin_dir: str | None = None) -> None:
+    def __init__(self, conf: str | None = None, timeout_s: float = 20.0, bin_dir: str | None = None,
+                 full_read_s: float = 60.0) -> None:
         self.conf = conf
         self.timeout_s = timeout_s
         self.bin_dir = bin_dir
+        self.full_read_s = full_read_s
         self.calls = 0  # commands run (for metrics/tests)
+        #: the last ``squeue --json`` read by :meth:`queue`: job id -> job, and when (monotonic s)
+        self._known: dict[int, SlurmJob] = {}
+        self._known_t = -float("inf")
+        #: how :meth:`queue` read the queue: "json" or "text" reads so far
+        self.queue_reads = {"json": 0, "text": 0}
 
     # ------------------------------------------------------------------ plumbing
     def _cmd(self, name: str) -> str:
@@ -625,6 +719,40 @@ class SlurmCLI:
         Not ``scontrol show job``: its ``Key=Value`` text cannot be parsed safely
         (a user's comment or job name may hold `` JobState=...``)."""
         return next((j for j in self.jobs() if j.job_id == int(job_id)), None)
+
+    def queue(self) -> list[SlurmJob]:
+        """All jobs, as :meth:`jobs` gives them, from a cheaper read where it can: ``squeue -h -t all -O``
+        of :data:`QUEUE_FIELDS` (about a fifth of ``squeue --json``'s time for 1,000 jobs on 22.05),
+        laid over the jobs of the last ``squeue --json`` (:func:`overlay_text`). The JSON is read again
+        when the text shows a job it does not have, a job started on several nodes with an uneven
+        split, or when it is ``full_read_s`` old (the fields only it has, AdminComment aside, which
+        :meth:`set_admin_comment` keeps, are at most that stale: job name, user, time limit, submit
+        time). The text's separators are random per call, so no job's text can forge a field."""
+        if time.monotonic() - self._known_t < self.full_read_s:
+            sep, end = "S" + secrets.token_hex(8), "E" + secrets.token_hex(8)
+            fmt = ",".join(f"{f}:{sep}" for f in QUEUE_FIELDS[:-1]) + f",{QUEUE_FIELDS[-1]}:{end}"
+            args = ["squeue", "-h", "-t", "all", "-O", fmt]
+            rows = self._parse(args, lambda t: parse_squeue_text(t, sep, end), self.run(args))
+            out: list[SlurmJob] | None = []
+            for row in rows:
+                try:
+                    old = self._known.get(int(row["JobID"]))
+                    new = overlay_text(old, row) if old is not None else None
+                except ValueError:  # an array element's "12_3", an unexpected number: the JSON knows
+                    new = None
+                if new is None:
+                    out = None
+                    break
+                out.append(new)
+            if out is not None:
+                self.queue_reads["text"] += 1
+                return out
+        t = time.monotonic()
+        jobs = self.jobs()
+        self.queue_reads["json"] += 1
+        self._known, self._known_t = {j.job_id: j for j in jobs}, t
+        return [dataclasses.replace(j, nodes=list(j.nodes), gpus_per_node=dict(j.gpus_per_node),
+                                    required_nodes=list(j.required_nodes)) for j in jobs]
 
     # ------------------------------------------------------------------ acting
     @staticmethod
@@ -702,8 +830,11 @@ class SlurmCLI:
         (``scontrol show job``, ``squeue --json``)."""
         ids = [int(j) for j in job_ids]
         for k in range(0, len(ids), 200):
-            self.run(["scontrol", "update", "JobId=" + ",".join(str(j) for j in ids[k:k + 200]),
-                      f"AdminComment={text}"])
+            part = ids[k:k + 200]
+            self.run(["scontrol", "update", "JobId=" + ",".join(str(j) for j in part), f"AdminComment={text}"])
+            for j in part:  # what queue() lays the text read over
+                if j in self._known:
+                    self._known[j] = dataclasses.replace(self._known[j], admin_comment=text)
 
     def unplace(self, job_id: int) -> None:
         """Clear a held job's node pin (it goes back to the pool)."""

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from controller.slurm import SlurmCLI, SlurmError
+from controller.slurm import QUEUE_FIELDS, SlurmCLI, SlurmError, parse_squeue_text
 from tests.test_controller import FakeSlurm, _ctl
 
 
@@ -128,3 +128,96 @@ def test_pin_and_release_commands(monkeypatch):
     assert seen[1][0][2] == ",".join(str(i) for i in range(1, 201)) and seen[3][0][2] == "401"
     with pytest.raises(ValueError, match="cannot be written"):
         SlurmCLI.pin_args(7, ["n1 TresPerJob=gres:gpu:64"], 8)
+
+
+# --------------------------------------------------------------------------- the cheap queue read
+def _json_job(jid: int, **kw) -> dict:
+    j = {"job_id": jid, "name": f"j{jid}", "user_name": "alice", "user_id": 1001, "job_state": "PENDING",
+         "state_reason": "JobHeldUser", "priority": 0, "partition": "gpu", "tres_per_job": "gres:gpu:4",
+         "tres_per_node": "", "nodes": "", "node_count": 1, "required_nodes": "", "comment": "rlsched:model=GNN",
+         "admin_comment": "rlsched:managed gpus=4", "time_limit": 60, "submit_time": 1000 + jid, "start_time": 0,
+         "eligible_time": 0, "restart_cnt": 0, "dependency": "", "requeue": True, "batch_host": ""}
+    j.update(kw)
+    return j
+
+
+class TextSlurm(SlurmCLI):
+    """SlurmCLI whose commands answer from ``self.json_jobs`` (``squeue --json``) and ``self.rows``
+    (``squeue -O``: field -> text per job, the rest as a pending held job prints it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.json_jobs: list[dict] = []
+        self.rows: list[dict] = []
+        self.ran: list[str] = []
+
+    def run(self, args, stdin=None):
+        if list(args[:2]) == ["squeue", "--json"]:
+            self.ran.append("json")
+            return json.dumps({"jobs": self.json_jobs})
+        if args[0] == "scontrol":
+            self.ran.append(" ".join(args[:2]))
+            return ""
+        assert args[:5] == ["squeue", "-h", "-t", "all", "-O"], args
+        self.ran.append("text")
+        fmt = args[5].split(",")
+        sep, end = fmt[0].split(":", 1)[1], fmt[-1].split(":", 1)[1]
+        out = []
+        for r in self.rows:
+            row = {"State": "PENDING", "PriorityLong": "0", "Reason": "JobHeldUser", "Partition": "gpu", "NodeList": "",
+                   "NumNodes": "1", "tres-per-job": "gres:gpu:4", "tres-per-node": "N/A", "RestartCnt": "0",
+                   "Requeue": "1", "BatchHost": "n/a", "ReqNodes": "", "StartTime": "N/A", "EligibleTime": "N/A",
+                   "Dependency": "(null)", "Comment": "rlsched:model=GNN", **r}
+            out.append(sep.join(row[f] for f in QUEUE_FIELDS) + end + "\n")
+        return "".join(out)
+
+
+def test_queue_reads_text_over_the_last_json_and_json_when_it_must():
+    s = TextSlurm()
+    s.json_jobs = [_json_job(1), _json_job(2, tres_per_job="gres:gpu:8", admin_comment="rlsched:managed gpus=8")]
+    s.rows = [{"JobID": "1"}, {"JobID": "2", "tres-per-job": "gres:gpu:8"}]
+    first = s.queue()
+    assert s.ran == ["json"] and [j.job_id for j in first] == [1, 2]
+    # job 1 released and started on one node; job 2 pinned to two nodes, balanced, and started
+    s.rows = [{"JobID": "1", "State": "RUNNING", "PriorityLong": "4294901757", "Reason": "None", "NodeList": "node3",
+               "StartTime": "2026-11-26T20:23:41", "BatchHost": "node3", "ReqNodes": "node3"},
+              {"JobID": "2", "State": "RUNNING", "Reason": "None", "NodeList": "node[1-2]", "NumNodes": "2",
+               "tres-per-job": "N/A", "tres-per-node": "gres:gpu:4", "PriorityLong": "5",
+               "Comment": "rlsched:model=LM S0000 E1111\nmore text"}]
+    a, b = s.queue()
+    assert s.ran == ["json", "text"]
+    assert a.running and a.nodes == ["node3"] and a.gpus_per_node == {"node3": 4} and not a.held
+    assert a.start_time is not None and a.batch_host == "node3" and a.admin_comment == "rlsched:managed gpus=4"
+    assert b.gpus == 8 and b.gpus_per_node == {"node1": 4, "node2": 4} and b.comment.endswith("more text")
+    assert b.tres_style == "gres:gpu" and b.name == "j2" and b.time_limit_s == 3600.0
+    # an uneven split over several nodes is only in the JSON; so is a new job
+    s.rows[1].update({"tres-per-job": "gres:gpu:8", "tres-per-node": "N/A"})
+    s.queue()
+    assert s.ran[-1] == "json"
+    s.json_jobs.append(_json_job(3))
+    s.rows = [{"JobID": "1"}, {"JobID": "2"}]
+    s.queue()
+    assert s.ran[-1] == "text"
+    s.rows.append({"JobID": "3"})
+    assert [j.job_id for j in s.queue()] == [1, 2, 3] and s.ran[-1] == "json"
+
+
+def test_queue_keeps_the_admin_comments_it_wrote_and_reads_json_when_stale(monkeypatch):
+    s = TextSlurm()
+    s.json_jobs = [_json_job(1)]
+    s.rows = [{"JobID": "1"}]
+    s.queue()
+    s.set_admin_comment([1], "rlsched:managed gpus=4 | rlsched: waiting for placement, position 1 of 1")
+    (j,) = s.queue()
+    assert s.ran[-1] == "text" and j.admin_comment.endswith("position 1 of 1") and j.managed
+    s.full_read_s = 0.0
+    s.queue()
+    assert s.ran[-1] == "json"
+
+
+def test_text_rows_with_a_wrong_field_count_are_an_error():
+    with pytest.raises(ValueError, match="fields"):
+        parse_squeue_text("1SxPENDINGEy\n", "Sx", "Ey")
+    with pytest.raises(ValueError, match="complete row"):
+        parse_squeue_text("1Sx2", "Sx", "Ey")
+    assert parse_squeue_text("", "Sx", "Ey") == []

@@ -214,6 +214,39 @@ def test_batched_pins_and_releases_report_any_refusal(live_cluster, tmp_path):
             assert j.gpus_per_node == plan, (jid, j.gpus_per_node)
 
 
+def test_cheap_queue_read_agrees_with_squeue_json(live_cluster, test_user):
+    """SlurmCLI.queue()'s text read laid over the last ``squeue --json`` gives the jobs the JSON gives:
+    held, pinned and released, running on one node and on two (balanced), a comment with newlines and
+    field-like text."""
+    from controller.slurm import SlurmCLI
+
+    cluster = live_cluster
+    tricky = "rlsched:model=GNN|x\nJobId=1 State=RUNNING:S0:E0,"
+    a = cluster.sbatch("sleep 20", 4, comment=tricky, user=test_user)
+    b = cluster.sbatch("sleep 20", 8, comment="rlsched:model=LM", user=test_user)
+    c = cluster.sbatch("sleep 20", 2, comment="rlsched:model=IMG", user=test_user)
+    slurm = cluster.slurm()
+    slurm.queue()
+    assert slurm.queue_reads == {"json": 1, "text": 0}
+    slurm.place_many([SlurmCLI.pin_args(a, ["node1"], 4), SlurmCLI.pin_args(b, ["node2", "node3"], 8, 4)])
+    slurm.release_many([a, b])
+    cluster.wait(lambda: all(_state(cluster, j) == "RUNNING" for j in (a, b)), 20, "jobs to start")
+    fields = ("job_id", "state", "reason", "partition", "gpus", "nodes", "gpus_per_node", "required_nodes",
+              "num_nodes", "comment", "admin_comment", "restarts", "dependency", "requeue", "batch_host", "tres_style")
+    for _ in range(2):
+        text = {j.job_id: j for j in slurm.queue()}
+        assert slurm.queue_reads["text"] >= 1, slurm.queue_reads
+        full = {j.job_id: j for j in slurm.jobs()}
+        assert set(text) == set(full)
+        for jid in (a, b, c):
+            t, f = text[jid], full[jid]
+            assert {k: getattr(t, k) for k in fields} == {k: getattr(f, k) for k in fields}, jid
+            assert t.held == f.held and t.running == f.running
+            if f.running:
+                assert abs(t.start_time - f.start_time) <= 1.0
+    assert text[a].comment == tricky and text[b].gpus_per_node == {"node2": 4, "node3": 4}
+
+
 def test_owner_cannot_release_or_repin_a_held_job(live_cluster, test_user):
     cluster = live_cluster
     jid = cluster.sbatch("sleep 1", 4, comment="rlsched:model=MoE", user=test_user)
