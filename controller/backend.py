@@ -23,9 +23,13 @@ Applying a decision (:meth:`SlurmBackend.apply`), in order:
    preempts (a move, :attr:`policies.base.Policy.moves`) is placed in the same round once its
    preemption was made (it is requeued held, then pinned and released like any held job, with
    ``requeue_settle_s``), else rejected; each is checked again against the GPUs actually free (a
-   preemption not made frees nothing), then pinned
-   (``scontrol update``), recorded in the journal and released. A release the journal cannot
-   record is not made (nor any other this round).
+   preemption not made frees nothing), then all pinned (``scontrol update`` lines through one
+   ``scontrol`` process; one by one when that fails, to tell which was refused; a requeued job's
+   pin carries its ``StartTime=now+requeue_settle_s``), all recorded in the journal (one write)
+   and all released (one ``scontrol release a,b,c``; when Slurm refuses one, a queue read tells
+   which are still held: those were not released). A release the journal cannot record is not
+   made (nor any other this round). An adapter without ``place_many`` / ``release_many`` gets
+   pin, journal, release one job at a time.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Every ``interval_s`` seconds one :meth:`Controller.round`:
 
-1. reads nodes (``sinfo --json``) and jobs (``squeue --json``) and, from the
+1. reads nodes (``sinfo --json``) and jobs (``squeue`` text laid over the last
+   ``squeue --json``: :meth:`controller.slurm.SlurmCLI.queue`) and, from the
    node agents, measured progress/throughput/CS;
 2. finishes any preemption a previous (possibly crashed) round started;
 3. holds back released jobs that did not start within ``start_grace_s``;
@@ -13,7 +14,8 @@ Every ``interval_s`` seconds one :meth:`Controller.round`:
    and counted);
 5. applies it: preemptions first (agent checkpoint -> ``scontrol requeuehold``),
    then placements (``scontrol update ReqNodeList=.. NumNodes=.. TresPer*=..``,
-   ``StartTime=now``, ``scontrol release``). A preemption that fails drops the
+   ``StartTime=now`` for every placement through one ``scontrol`` process, one
+   journal write, one ``scontrol release a,b,c``). A preemption that fails drops the
    rest of the decision; the job is no victim for the policy for a while
    (30 s doubling to 10 min) and the policy decides again at once without it.
 
