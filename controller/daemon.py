@@ -612,11 +612,23 @@ class Controller:
         the user's (it declares the workload, and they may edit it at any time), the admin comment only
         operators can write, so no user can forge it. Only changed texts are written, jobs with the
         same text in one ``scontrol update`` call, at most ``reason_updates_per_round`` calls per round
-        (the head of the queue first; the rest follow in later rounds). A failed call is logged and
-        counted and ends the round's updates; the round itself stays ok."""
+        (the head of the queue first; the rest follow in later rounds), run side by side where the
+        adapter has ``set_admin_comments`` (each failed one logged and counted), else one after another
+        (a failed call is logged and counted and ends the round's updates). The round itself stays ok."""
         budget = self.cfg.controller.reason_updates_per_round
         setter = getattr(self.slurm, "set_admin_comment", None)
         if budget <= 0 or setter is None or self.cfg.controller.dry_run:
+            return
+        many = getattr(self.slurm, "set_admin_comments", None)
+        if many is not None:  # the calls at once (SlurmCLI): each failed one is logged and counted
+            groups = self._reasons(rep)[:budget]
+            for (text, ids), exc in zip(groups, many(groups)):
+                if exc is None:
+                    rep.reasons += len(ids)
+                    continue
+                self.metrics.slurm_errors.inc()
+                log.warning("writing the reason of job(s) %s failed: %s", _names([str(i) for i in ids]), exc,
+                            extra={"event": "reason_failed"})
             return
         for text, ids in self._reasons(rep)[:budget]:
             try:

@@ -38,7 +38,9 @@ import os
 import re
 import secrets
 import subprocess
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -674,6 +676,7 @@ class SlurmCLI:
         self.bin_dir = bin_dir
         self.full_read_s = full_read_s
         self.calls = 0  # commands run (for metrics/tests)
+        self._lock = threading.Lock()
         #: the last ``squeue --json`` read by :meth:`queue`: job id -> job, and when (monotonic s)
         self._known: dict[int, SlurmJob] = {}
         self._known_t = -float("inf")
@@ -691,7 +694,8 @@ class SlurmCLI:
         env = dict(os.environ)
         if self.conf:
             env["SLURM_CONF"] = self.conf
-        self.calls += 1
+        with self._lock:
+            self.calls += 1
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout_s, env=env, check=False,
                                   input=stdin, stdin=None if stdin is not None else subprocess.DEVNULL)
@@ -842,6 +846,23 @@ class SlurmCLI:
             for j in part:  # what queue() lays the text read over
                 if j in self._known:
                     self._known[j] = dataclasses.replace(self._known[j], admin_comment=text)
+
+    def set_admin_comments(self, groups: Sequence[tuple[str, Sequence[int]]], workers: int = 8) -> list[SlurmError | None]:
+        """:meth:`set_admin_comment` for each ``(text, job ids)`` of ``groups``, up to ``workers`` ``scontrol``
+        processes at a time (each text needs a process of its own; slurmctld takes the updates one after
+        another, the processes' start-up and credentials overlap). Returns, per group, None when it was
+        written, else its :class:`SlurmError`."""
+        def one(g: tuple[str, Sequence[int]]) -> SlurmError | None:
+            try:
+                self.set_admin_comment(g[1], g[0])
+            except SlurmError as exc:
+                return exc
+            return None
+
+        if len(groups) <= 1:
+            return [one(g) for g in groups]
+        with ThreadPoolExecutor(max(1, min(workers, len(groups)))) as ex:
+            return list(ex.map(one, groups))
 
     def unplace(self, job_id: int) -> None:
         """Clear a held job's node pin (it goes back to the pool)."""

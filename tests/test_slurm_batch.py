@@ -221,3 +221,23 @@ def test_text_rows_with_a_wrong_field_count_are_an_error():
     with pytest.raises(ValueError, match="complete row"):
         parse_squeue_text("1Sx2", "Sx", "Ey")
     assert parse_squeue_text("", "Sx", "Ey") == []
+
+
+def test_reason_updates_run_side_by_side_and_report_each_failure():
+    s = TextSlurm()
+    s.json_jobs = [_json_job(1), _json_job(2), _json_job(3)]
+    s.rows = [{"JobID": "1"}, {"JobID": "2"}, {"JobID": "3"}]
+    s.queue()
+    run = s.run
+
+    def refusing(args, stdin=None):
+        if args[0] == "scontrol" and "JobId=2" in args:
+            raise SlurmError(list(args), "exit status 1: Invalid job id specified")
+        return run(args, stdin)
+
+    s.run = refusing  # type: ignore[method-assign]
+    groups = [(f"rlsched:managed gpus=4 | rlsched: waiting for placement, position {i} of 3", [i]) for i in (1, 2, 3)]
+    out = s.set_admin_comments(groups)
+    assert out[0] is None and isinstance(out[1], SlurmError) and out[2] is None
+    got = {j.job_id: j.admin_comment for j in s.queue()}
+    assert got[1].endswith("position 1 of 3") and got[2] == "rlsched:managed gpus=4" and got[3].endswith("3 of 3")
