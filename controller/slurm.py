@@ -632,7 +632,8 @@ def _running_split(nodes: list[str], gpus: int, tres_per_node: str) -> dict[str,
 def overlay_text(job: SlurmJob, row: Mapping[str, str]) -> SlurmJob | None:
     """``job`` (from the last ``squeue --json``) with the fields of its text ``row`` (:func:`parse_squeue_text`),
     or None when the row is a change the text cannot describe (it started on several nodes with an
-    uneven split: its per-node GPUs are only in the JSON)."""
+    uneven split since that JSON read and still holds them: its per-node GPUs are only in the JSON).
+    An ended job that was not running at that read gets the split its row tells, else none."""
     nodes = expand_hostlist(_text_none(row["NodeList"]))
     tres_job, tres_node = _text_none(row["tres-per-job"]), _text_none(row["tres-per-node"])
     gpus = gpus_from_tres(tres_job)
@@ -643,13 +644,13 @@ def overlay_text(job: SlurmJob, row: Mapping[str, str]) -> SlurmJob | None:
     state = row["State"].upper()
     per_node: dict[str, int] = {}
     if nodes:
-        if job.nodes == nodes and job.restarts == restarts and job.gpus_per_node:
-            per_node = dict(job.gpus_per_node)  # the allocation of a running job does not change
+        if job.nodes == nodes and job.restarts == restarts:
+            per_node = dict(job.gpus_per_node)  # a job's allocation does not change while it has it
         else:
             split = _running_split(nodes, gpus, tres_node)
-            if split is None:
-                return None
-            per_node = split
+            if split is None and state in ("RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED"):
+                return None  # the controller needs the split of a job that holds GPUs
+            per_node = split or {}
     prio = int(row["PriorityLong"])
     return dataclasses.replace(
         job, state=state, reason=row["Reason"], priority=prio, partition=row["Partition"], gpus=gpus, nodes=nodes,
