@@ -848,7 +848,8 @@ class SlurmCLI:
                 if j in self._known:
                     self._known[j] = dataclasses.replace(self._known[j], admin_comment=text)
 
-    def set_admin_comments(self, groups: Sequence[tuple[str, Sequence[int]]], workers: int = 8) -> list[SlurmError | None]:
+    def set_admin_comments(self, groups: Sequence[tuple[str, Sequence[int]]],
+                           workers: int = 8) -> list[SlurmError | None]:
         """:meth:`set_admin_comment` for each ``(text, job ids)`` of ``groups``, up to ``workers`` ``scontrol``
         processes at a time (each text needs a process of its own; slurmctld takes the updates one after
         another, the processes' start-up and credentials overlap). Returns, per group, None when it was

@@ -31,7 +31,8 @@ class BatchSlurm(FakeSlurm):
     def place(self, job_id, nodes, gpus=None, per_node=None, tres_style="gres:gpu", delay_s=0):
         if job_id in self.refuse_pin:
             self._call("place", job_id, list(nodes))
-            raise SlurmError(["scontrol", "update", f"JobId={job_id}"], "exit status 1: Requested node configuration is not available")
+            raise SlurmError(["scontrol", "update", f"JobId={job_id}"],
+                             "exit status 1: Requested node configuration is not available")
         super().place(job_id, nodes, gpus, per_node, tres_style)
         self.delays[job_id] = delay_s
 
@@ -39,7 +40,8 @@ class BatchSlurm(FakeSlurm):
         ids = [int(p[0].split("=", 1)[1]) for p in pins]
         self.batches.append(("place_many", ids))
         if self.refuse_pin & set(ids):
-            raise SlurmError(["scontrol"], "exit status 1: slurm_update error: Requested node configuration is not available")
+            raise SlurmError(["scontrol"],
+                             "exit status 1: slurm_update error: Requested node configuration is not available")
         for p in pins:
             kv = dict(a.split("=", 1) for a in p)
             jid = int(kv["JobId"])
