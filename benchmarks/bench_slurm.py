@@ -16,7 +16,9 @@ lock). Every job must be accepted (and with the plugin held and marked) or the r
 ``--jobs`` managed jobs queued (GPU demands 1, 2, 4, 8, 16 in turn, model comments, each job sleeps
 ``--job-s`` s once started). The controller runs in this process (policy ``--policy``) for
 ``--rounds`` rounds ``--interval`` s apart; each round's wall time is measured around
-``Controller.round`` (Slurm reads, decision, placements, reason updates). Every placement is then
+``Controller.round`` (Slurm reads, decision, placements, reason updates), and the time of every Slurm
+command it ran (``scontrol (batch of updates on stdin)``: a round's pins in one process), and how many
+queue reads were ``squeue --json`` and how many the cheaper text read (``queue_reads``). Every placement is then
 checked against Slurm: each placed job that started must run on exactly the planned nodes with
 exactly the planned GPUs per node (squeue's ``gres_detail``); the counts of exact, different and
 not-yet-started placements are reported.
@@ -200,12 +202,13 @@ def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float,
         calls: dict[str, int] = {}
         run = ctl.slurm.run
 
-        def timed(args):
+        def timed(args, stdin=None):
             t = time.perf_counter()
             try:
-                return run(args)
+                return run(args, stdin=stdin)
             finally:
-                key = args[0] if args[0] != "scontrol" else f"scontrol {args[1]}"
+                key = args[0] if args[0] != "scontrol" else (f"scontrol {args[1]}" if len(args) > 1 else
+                                                               "scontrol (batch of updates on stdin)")
                 spent[key] = spent.get(key, 0.0) + time.perf_counter() - t
                 calls[key] = calls.get(key, 0) + 1
 
@@ -250,6 +253,7 @@ def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float,
                "not_started_seen": len(never), "differences": {str(k): v for k, v in list(differ.items())[:10]},
                "mismatch_metric": ctl.metrics.value("rlsched_placement_mismatch_total"),
                "slurm_calls": ctl.slurm.calls, "reason_updates_per_round": reason_calls,
+               "queue_reads": dict(getattr(ctl.slurm, "queue_reads", {})),
                "slurm_command_s": {k: round(v, 3) for k, v in spent.items()},
                "slurm_command_calls": calls,
                "slurm_command_mean_ms": {k: round(1000 * spent[k] / calls[k], 1) for k in spent}}

@@ -23,9 +23,13 @@ Applying a decision (:meth:`SlurmBackend.apply`), in order:
    preempts (a move, :attr:`policies.base.Policy.moves`) is placed in the same round once its
    preemption was made (it is requeued held, then pinned and released like any held job, with
    ``requeue_settle_s``), else rejected; each is checked again against the GPUs actually free (a
-   preemption not made frees nothing), then pinned
-   (``scontrol update``), recorded in the journal and released. A release the journal cannot
-   record is not made (nor any other this round).
+   preemption not made frees nothing), then all pinned (``scontrol update`` lines through one
+   ``scontrol`` process; one by one when that fails, to tell which was refused; a requeued job's
+   pin carries its ``StartTime=now+requeue_settle_s``), all recorded in the journal (one write)
+   and all released (one ``scontrol release a,b,c``; when Slurm refuses one, a queue read tells
+   which are still held: those were not released). A release the journal cannot record is not
+   made (nor any other this round). An adapter without ``place_many`` / ``release_many`` gets
+   pin, journal, release one job at a time.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -261,6 +266,7 @@ class SlurmBackend:
         assert view is not None and ctl.cluster is not None
         c = ctl.cfg.controller
         free, usable = self._free, self._usable
+        todo: list[_Pin] = []
         for i, (jid, p) in enumerate(decision.place):
             if ("place", i) in bad:
                 continue
@@ -283,47 +289,152 @@ class SlurmBackend:
             if c.dry_run:
                 log.info("dry run: would place job %s on %s", jid, plan_by_name, extra={"event": "dry_run"})
                 continue
-            releasing = False
-            try:
-                counts = {g for _, g in p.alloc}
-                per_node = counts.pop() if len(counts) == 1 and p.num_nodes > 1 else None
-                ctl.slurm.place(sj.job_id, names, sj.gpus, per_node, sj.tres_style)
-                # intent before release: the journal records every release before it is made. That is what
-                # makes restarts safe: a job pending without a hold that the journal does not list was not
-                # released by rlsched and is held again (_check_released), and a crash right after the
-                # release cannot release it twice. So a release the journal cannot record is not made
-                # (the job stays held, placed again once the state dir is writable)
-                ctl.journal["released"][jid] = {"t": ctl.clock(), "plan_by_name": plan_by_name}
-                if not ctl._save():
-                    ctl.journal["released"].pop(jid, None)
-                    log.warning("not releasing job %s (nor any other this round): the journal cannot record it",
-                                jid, extra={"event": "place_skipped", "job": sj.job_id})
-                    break
-                settle = round(c.requeue_settle_s) if sj.restarts > 0 or moved else 0
-                releasing = True
-                ctl.slurm.release(sj.job_id, settle)
-            except SlurmError as exc:
-                ctl.metrics.slurm_errors.inc()
-                if releasing and exc.timed_out:
-                    # slurmctld may have released it after all: keep its GPUs (and its journal entry, which
-                    # reserves them in later rounds while it is pending and unheld) so this round places
-                    # nothing else there; the next round sees it held (a candidate again) or released
-                    log.warning("releasing job %s timed out (%s): its GPUs stay reserved until Slurm shows "
-                                "whether it was released", jid, exc,
-                                extra={"event": "release_timeout", "job": sj.job_id})
-                    for n, g in p.alloc:
-                        free[n] -= g
-                    continue
-                ctl.journal["released"].pop(jid, None)
-                ctl._save()
-                log.error("placing job %s failed: %s", jid, exc, extra={"event": "place_failed", "job": sj.job_id})
-                ctl._slurm_hint(exc)
-                continue
-            for n, g in p.alloc:
+            counts = {g for _, g in p.alloc}
+            per_node = counts.pop() if len(counts) == 1 and p.num_nodes > 1 else None
+            settle = round(c.requeue_settle_s) if sj.restarts > 0 or moved else 0
+            for n, g in p.alloc:  # reserved now: later placements of this decision see them taken
                 free[n] -= g
-            rep.placed.append((sj.job_id, plan_by_name))
-            report.placed.append(jid)
-            ctl.metrics.decisions.labels(action="place").inc()
-            ctl._note("place", sj.job_id, plan_by_name)
-            log.info("placed job %s on %s", jid, plan_by_name,
-                     extra={"event": "placed", "job": sj.job_id, "plan": plan_by_name})
+            todo.append(_Pin(jid, sj, p, names, plan_by_name, per_node, settle))
+        if not todo:
+            return
+        if getattr(ctl.slurm, "place_many", None) is None or getattr(ctl.slurm, "release_many", None) is None:
+            for x in todo:  # an adapter without batch calls: pin, journal, release one job at a time
+                if not self._place_one(x, rep, report):
+                    break
+            return
+        self._place_batch(todo, rep, report)
+
+    def _unreserve(self, x: _Pin) -> None:
+        for n, g in x.p.alloc:
+            self._free[n] += g
+
+    def _placed(self, x: _Pin, rep: RoundReport, report: ApplyReport) -> None:
+        ctl = self.ctl
+        rep.placed.append((x.sj.job_id, x.plan_by_name))
+        report.placed.append(x.jid)
+        ctl.metrics.decisions.labels(action="place").inc()
+        ctl._note("place", x.sj.job_id, x.plan_by_name)
+        log.info("placed job %s on %s", x.jid, x.plan_by_name,
+                 extra={"event": "placed", "job": x.sj.job_id, "plan": x.plan_by_name})
+
+    def _failed(self, x: _Pin, exc: SlurmError) -> None:
+        """A pin or release Slurm refused: the job stays held, its GPUs free, its journal entry dropped."""
+        ctl = self.ctl
+        ctl.metrics.slurm_errors.inc()
+        self._unreserve(x)
+        log.error("placing job %s failed: %s", x.jid, exc, extra={"event": "place_failed", "job": x.sj.job_id})
+        ctl._slurm_hint(exc)
+
+    def _release_timed_out(self, x: _Pin, exc: SlurmError) -> None:
+        """slurmctld may have released it after all: its GPUs stay reserved (and its journal entry, which
+        reserves them in later rounds while it is pending and unheld), so this round places nothing else
+        there; the next round sees it held (a candidate again) or released."""
+        self.ctl.metrics.slurm_errors.inc()
+        log.warning("releasing job %s timed out (%s): its GPUs stay reserved until Slurm shows whether it was "
+                    "released", x.jid, exc, extra={"event": "release_timeout", "job": x.sj.job_id})
+
+    def _record(self, todo: list[_Pin]) -> bool:
+        """Journal the releases of ``todo`` before they are made (one write). That is what makes restarts
+        safe: a job pending without a hold that the journal does not list was not released by rlsched and
+        is held again (``_check_released``), and a crash right after a release cannot release it twice.
+        False (entries dropped, nothing released this round) when the journal cannot record them."""
+        ctl = self.ctl
+        rel = ctl.journal["released"]
+        t = ctl.clock()
+        for x in todo:
+            rel[x.jid] = {"t": t, "plan_by_name": x.plan_by_name}
+        if ctl._save():
+            return True
+        for x in todo:
+            rel.pop(x.jid, None)
+            self._unreserve(x)
+        log.warning("not releasing job(s) %s this round: the journal cannot record them",
+                    ", ".join(x.jid for x in todo), extra={"event": "place_skipped", "job": todo[0].sj.job_id})
+        return False
+
+    def _place_one(self, x: _Pin, rep: RoundReport, report: ApplyReport) -> bool:
+        """Pin, journal and release one job (three steps, one ``scontrol`` each but the journal). False when
+        the journal could not record it (no other job is released this round)."""
+        ctl = self.ctl
+        try:
+            ctl.slurm.place(x.sj.job_id, x.names, x.sj.gpus, x.per_node, x.sj.tres_style)
+        except SlurmError as exc:
+            self._failed(x, exc)
+            return True
+        if not self._record([x]):
+            return False
+        try:
+            ctl.slurm.release(x.sj.job_id, x.settle)
+        except SlurmError as exc:
+            if exc.timed_out:
+                self._release_timed_out(x, exc)
+                return True
+            ctl.journal["released"].pop(x.jid, None)
+            ctl._save()
+            self._failed(x, exc)
+            return True
+        self._placed(x, rep, report)
+        return True
+
+    def _place_batch(self, todo: list[_Pin], rep: RoundReport, report: ApplyReport) -> None:
+        """All of a decision's placements in three steps: every pin through one ``scontrol`` process (one
+        by one if that fails, to tell which), one journal write recording every release, one ``scontrol
+        release a,b,c``. A refused release is found out from a queue read: jobs still held were not
+        released (journal entries dropped, GPUs free again); the rest were."""
+        ctl = self.ctl
+        slurm = ctl.slurm
+        pins = [slurm.pin_args(x.sj.job_id, x.names, x.sj.gpus, x.per_node, x.sj.tres_style, x.settle)
+                for x in todo]
+        try:
+            slurm.place_many(pins)
+            pinned = todo
+        except SlurmError as exc:
+            log.info("pinning %d job(s) in one scontrol call failed (%s): pinning them one by one", len(todo), exc,
+                     extra={"event": "pin_batch_failed"})
+            pinned = []
+            for x in todo:
+                try:
+                    slurm.place(x.sj.job_id, x.names, x.sj.gpus, x.per_node, x.sj.tres_style, x.settle)
+                    pinned.append(x)
+                except SlurmError as exc1:
+                    self._failed(x, exc1)
+        if not pinned or not self._record(pinned):
+            return
+        try:
+            slurm.release_many([x.sj.job_id for x in pinned])
+        except SlurmError as exc:
+            if exc.timed_out:
+                for x in pinned:
+                    self._release_timed_out(x, exc)
+                return
+            try:
+                now_jobs = {str(j.job_id): j for j in slurm.jobs()}
+            except SlurmError as exc2:  # cannot tell which were released: keep their GPUs and entries
+                for x in pinned:
+                    self._release_timed_out(x, exc2)
+                return
+            released = []
+            for x in pinned:
+                j = now_jobs.get(x.jid)
+                if j is not None and j.held:
+                    ctl.journal["released"].pop(x.jid, None)
+                    self._failed(x, exc)
+                else:
+                    released.append(x)
+            ctl._save()
+            pinned = released
+        for x in pinned:
+            self._placed(x, rep, report)
+
+
+@dataclass
+class _Pin:
+    """One placement of a decision on its way to Slurm."""
+
+    jid: str
+    sj: SlurmJob
+    p: Any  # policies.state.Placement
+    names: list[str]
+    plan_by_name: dict[str, int]
+    per_node: int | None
+    settle: int

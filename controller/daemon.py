@@ -2,7 +2,8 @@
 
 Every ``interval_s`` seconds one :meth:`Controller.round`:
 
-1. reads nodes (``sinfo --json``) and jobs (``squeue --json``) and, from the
+1. reads nodes (``sinfo --json``) and jobs (``squeue`` text laid over the last
+   ``squeue --json``: :meth:`controller.slurm.SlurmCLI.queue`) and, from the
    node agents, measured progress/throughput/CS;
 2. finishes any preemption a previous (possibly crashed) round started;
 3. holds back released jobs that did not start within ``start_grace_s``;
@@ -13,7 +14,8 @@ Every ``interval_s`` seconds one :meth:`Controller.round`:
    and counted);
 5. applies it: preemptions first (agent checkpoint -> ``scontrol requeuehold``),
    then placements (``scontrol update ReqNodeList=.. NumNodes=.. TresPer*=..``,
-   ``StartTime=now``, ``scontrol release``). A preemption that fails drops the
+   ``StartTime=now`` for every placement through one ``scontrol`` process, one
+   journal write, one ``scontrol release a,b,c``). A preemption that fails drops the
    rest of the decision; the job is no victim for the policy for a while
    (30 s doubling to 10 min) and the policy decides again at once without it.
 
@@ -476,7 +478,7 @@ class Controller:
         # jobs before nodes: a released job that starts in between then shows as in flight (its GPUs
         # reserved) while sinfo already counts them used, which errs towards fewer free GPUs; the
         # other order would show it running while sinfo still had its GPUs free (double booking)
-        jobs = self.slurm.jobs()
+        jobs = self._read_jobs()
         nodes = self.slurm.nodes()
         try:
             cluster = build_cluster(nodes, self.cfg.slurm.partition, c.intra_bw_gbps, c.inter_bw_gbps)
@@ -491,7 +493,7 @@ class Controller:
         self._slurm_failed = False  # the grace of in-flight releases was restarted (_check_released)
         self._adopt_unreleased = False  # adopted once, from the first queue read after the start
         if changed:
-            jobs = self.slurm.jobs()
+            jobs = self._read_jobs()
             nodes = self.slurm.nodes()
         # stats only from the agents of each job's nodes (Slurm's view), not from any agent claiming it
         job_nodes = {str(j.job_id): list(j.nodes) for j in jobs if j.state in ("RUNNING", "CONFIGURING")}
@@ -514,10 +516,16 @@ class Controller:
             # again at once, without that victim (_preempt_failed), from a fresh read of Slurm (this round's
             # preemptions included), so other held jobs get the free GPUs in this round
             log.info("a preemption failed: deciding again without that victim", extra={"event": "replan"})
-            jobs = self.slurm.jobs()
+            jobs = self._read_jobs()
             nodes = self.slurm.nodes()
             self._decide(self.clock(), cluster, nodes, jobs, stats, rep, last=True)
         self._update_reasons(rep)
+
+    def _read_jobs(self) -> list[SlurmJob]:
+        """Every job Slurm shows: :meth:`SlurmCLI.queue` (a cheap text read laid over the last JSON read)
+        where the adapter has it, else its ``jobs()``."""
+        queue = getattr(self.slurm, "queue", None)
+        return queue() if queue is not None else self.slurm.jobs()
 
     def _decide(self, now: float, cluster: ClusterSpec, nodes: list, jobs: list[SlurmJob], stats: dict[str, dict],
                 rep: RoundReport, last: bool) -> bool:
@@ -612,11 +620,23 @@ class Controller:
         the user's (it declares the workload, and they may edit it at any time), the admin comment only
         operators can write, so no user can forge it. Only changed texts are written, jobs with the
         same text in one ``scontrol update`` call, at most ``reason_updates_per_round`` calls per round
-        (the head of the queue first; the rest follow in later rounds). A failed call is logged and
-        counted and ends the round's updates; the round itself stays ok."""
+        (the head of the queue first; the rest follow in later rounds), run side by side where the
+        adapter has ``set_admin_comments`` (each failed one logged and counted), else one after another
+        (a failed call is logged and counted and ends the round's updates). The round itself stays ok."""
         budget = self.cfg.controller.reason_updates_per_round
         setter = getattr(self.slurm, "set_admin_comment", None)
         if budget <= 0 or setter is None or self.cfg.controller.dry_run:
+            return
+        many = getattr(self.slurm, "set_admin_comments", None)
+        if many is not None:  # the calls at once (SlurmCLI): each failed one is logged and counted
+            groups = self._reasons(rep)[:budget]
+            for (text, ids), exc in zip(groups, many(groups)):
+                if exc is None:
+                    rep.reasons += len(ids)
+                    continue
+                self.metrics.slurm_errors.inc()
+                log.warning("writing the reason of job(s) %s failed: %s", _names([str(i) for i in ids]), exc,
+                            extra={"event": "reason_failed"})
             return
         for text, ids in self._reasons(rep)[:budget]:
             try:

@@ -142,6 +142,111 @@ def test_rl_policy_places_jobs_on_real_slurm(live_cluster, tmp_path):
     assert ctl.policy.name.startswith("rl-hybrid")
 
 
+def test_sced2_policy_places_jobs_on_real_slurm(live_cluster, test_user, tmp_path):
+    """``policy: sced2`` (the shipped checkpoint for 8-GPU servers) drives the live cluster: the jobs
+    sbatch held are placed where the policy's own decision put them (that decision is recorded as the
+    round asks for it) and Slurm runs each on exactly those nodes and GPUs."""
+    cluster = live_cluster
+    ids = [cluster.sbatch("sleep 3", g, comment=f"rlsched:model={m},samples=1000", user=test_user)
+           for g, m in ((8, "MoE"), (4, "GNN"), (2, "IMG"))]
+    time.sleep(1.5)
+    for jid in ids:
+        j = cluster.job(jid)
+        assert j.state == "PENDING" and j.held and j.managed, j
+    ctl = _controller(cluster, tmp_path, policy="sced2")
+    decided: list = []  # every decision the round loop hands to the backend, as the policy made it
+    apply = ctl.backend.apply
+
+    def recording(decision, problems=None):
+        decided.append(decision)
+        return apply(decision, problems)
+
+    ctl.backend.apply = recording  # type: ignore[method-assign]
+    rep = ctl.round()
+    assert rep.ok, rep.error
+    assert ctl.policy is not None and ctl.policy.name.startswith("sced2"), ctl.policy
+    placed = dict(rep.placed)
+    for _ in range(5):  # sced2 may start some jobs at a later event (one round each)
+        if len(placed) == len(ids):
+            break
+        rep = ctl.round()
+        assert rep.ok, rep.error
+        placed.update(dict(rep.placed))
+    assert sorted(placed) == sorted(ids), placed
+    # what was applied is the policy's decision, node for node and GPU for GPU
+    names = [n.name for n in ctl.cluster.nodes]
+    wanted = {int(jid): {names[n]: g for n, g in p.alloc} for d in decided for jid, p in d.place}
+    assert wanted == placed, (wanted, placed)
+    for jid in ids:
+        assert sum(placed[jid].values()) == cluster.job(jid).gpus
+        cluster.wait(lambda jid=jid: _state(cluster, jid) in ("RUNNING", "COMPLETED"), 20, f"job {jid} to start")
+        j = cluster.job(jid)
+        if j.state == "RUNNING":
+            assert j.gpus_per_node == placed[jid], (jid, j.gpus_per_node, placed[jid])
+    for jid in ids:
+        cluster.wait(lambda jid=jid: _state(cluster, jid) == "COMPLETED", 30, f"job {jid} to complete",
+                     tick=ctl.round)
+    assert ctl.metrics.value("rlsched_placement_mismatch_total") == 0
+
+
+def test_batched_pins_and_releases_report_any_refusal(live_cluster, tmp_path):
+    """What the controller's batched placement relies on (slurmctld 22.05): one scontrol process applies
+    every pin read from stdin and fails when any one of them was refused; ``scontrol release a,b,c``
+    releases every job it can and fails when it could not release one."""
+    from controller.slurm import SlurmCLI, SlurmError
+
+    cluster = live_cluster
+    a, b = (cluster.sbatch("sleep 2", g, comment="rlsched:model=GNN") for g in (4, 8))
+    slurm = cluster.slurm()
+    gone = max(a, b) + 1000
+    slurm.place_many([SlurmCLI.pin_args(a, ["node1"], 4), SlurmCLI.pin_args(b, ["node2", "node3"], 8, 4)])
+    assert cluster.job(a).required_nodes == ["node1"] and cluster.job(b).required_nodes == ["node2", "node3"]
+    with pytest.raises(SlurmError):
+        slurm.place_many([SlurmCLI.pin_args(gone, ["node4"], 4), SlurmCLI.pin_args(a, ["node4"], 4)])
+    assert cluster.job(a).required_nodes == ["node4"]  # the lines after a refused one are still applied
+    assert cluster.job(a).held and cluster.job(b).held
+    with pytest.raises(SlurmError):
+        slurm.release_many([a, gone, b])
+    for jid, plan in ((a, {"node4": 4}), (b, {"node2": 4, "node3": 4})):
+        cluster.wait(lambda jid=jid: _state(cluster, jid) in ("RUNNING", "COMPLETED"), 20, f"job {jid} to start")
+        j = cluster.job(jid)
+        if j.state == "RUNNING":
+            assert j.gpus_per_node == plan, (jid, j.gpus_per_node)
+
+
+def test_cheap_queue_read_agrees_with_squeue_json(live_cluster, test_user):
+    """SlurmCLI.queue()'s text read laid over the last ``squeue --json`` gives the jobs the JSON gives:
+    held, pinned and released, running on one node and on two (balanced), a comment with newlines and
+    field-like text."""
+    from controller.slurm import SlurmCLI
+
+    cluster = live_cluster
+    tricky = "rlsched:model=GNN|x\nJobId=1 State=RUNNING:S0:E0,"
+    a = cluster.sbatch("sleep 20", 4, comment=tricky, user=test_user)
+    b = cluster.sbatch("sleep 20", 8, comment="rlsched:model=LM", user=test_user)
+    c = cluster.sbatch("sleep 20", 2, comment="rlsched:model=IMG", user=test_user)
+    slurm = cluster.slurm()
+    slurm.queue()
+    assert slurm.queue_reads == {"json": 1, "text": 0}
+    slurm.place_many([SlurmCLI.pin_args(a, ["node1"], 4), SlurmCLI.pin_args(b, ["node2", "node3"], 8, 4)])
+    slurm.release_many([a, b])
+    cluster.wait(lambda: all(_state(cluster, j) == "RUNNING" for j in (a, b)), 20, "jobs to start")
+    fields = ("job_id", "state", "reason", "partition", "gpus", "nodes", "gpus_per_node", "required_nodes",
+              "num_nodes", "comment", "admin_comment", "restarts", "dependency", "requeue", "batch_host", "tres_style")
+    for _ in range(2):
+        text = {j.job_id: j for j in slurm.queue()}
+        assert slurm.queue_reads["text"] >= 1, slurm.queue_reads
+        full = {j.job_id: j for j in slurm.jobs()}
+        assert set(text) == set(full)
+        for jid in (a, b, c):
+            t, f = text[jid], full[jid]
+            assert {k: getattr(t, k) for k in fields} == {k: getattr(f, k) for k in fields}, jid
+            assert t.held == f.held and t.running == f.running
+            if f.running:
+                assert abs(t.start_time - f.start_time) <= 1.0
+    assert text[a].comment == tricky and text[b].gpus_per_node == {"node2": 4, "node3": 4}
+
+
 def test_owner_cannot_release_or_repin_a_held_job(live_cluster, test_user):
     cluster = live_cluster
     jid = cluster.sbatch("sleep 1", 4, comment="rlsched:model=MoE", user=test_user)

@@ -1,0 +1,245 @@
+"""A round's placements in batched Slurm calls (controller.backend ``_place_batch``, SlurmCLI's
+``place_many`` / ``release_many``), without Slurm daemons: the in-memory FakeSlurm of
+tests/test_controller.py with the two batch calls added. Against real daemons:
+tests/test_slurm_integration.py and benchmarks/bench_slurm.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from controller.slurm import QUEUE_FIELDS, SlurmCLI, SlurmError, parse_squeue_text
+from tests.test_controller import FakeSlurm, _ctl
+
+
+class BatchSlurm(FakeSlurm):
+    """FakeSlurm with ``pin_args`` / ``place_many`` / ``release_many`` as SlurmCLI has them.
+
+    ``refuse_pin``: job ids whose pin Slurm refuses; ``refuse_release``: job ids it will not release;
+    ``journal``: where the controller's journal is, to check that every release was recorded first."""
+
+    pin_args = staticmethod(SlurmCLI.pin_args)
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.refuse_pin: set[int] = set()
+        self.refuse_release: set[int] = set()
+        self.journal = None
+        self.batches: list[tuple[str, list[int]]] = []
+
+    def place(self, job_id, nodes, gpus=None, per_node=None, tres_style="gres:gpu", delay_s=0):
+        if job_id in self.refuse_pin:
+            self._call("place", job_id, list(nodes))
+            raise SlurmError(["scontrol", "update", f"JobId={job_id}"],
+                             "exit status 1: Requested node configuration is not available")
+        super().place(job_id, nodes, gpus, per_node, tres_style)
+        self.delays[job_id] = delay_s
+
+    def place_many(self, pins):
+        ids = [int(p[0].split("=", 1)[1]) for p in pins]
+        self.batches.append(("place_many", ids))
+        if self.refuse_pin & set(ids):
+            raise SlurmError(["scontrol"],
+                             "exit status 1: slurm_update error: Requested node configuration is not available")
+        for p in pins:
+            kv = dict(a.split("=", 1) for a in p)
+            jid = int(kv["JobId"])
+            per = kv["TresPerNode"].rsplit(":", 1)[1] if kv["TresPerNode"] else None
+            j, nodes = self.job_list[jid], kv["ReqNodeList"].split(",")
+            j.required_nodes, j.num_nodes, self.per_node[jid] = nodes, len(nodes), int(per) if per else None
+            self.delays[jid] = int(kv["StartTime"].partition("+")[2] or 0)
+
+    def release_many(self, job_ids):
+        ids = [int(j) for j in job_ids]
+        self.batches.append(("release_many", ids))
+        recorded = json.loads(self.journal.read_text())["released"]
+        assert all(str(j) in recorded for j in ids), "released before the journal recorded it"
+        for j in ids:
+            if j not in self.refuse_release:
+                assert self.job_list[j].priority == 0, "released twice"
+                self.job_list[j].priority, self.job_list[j].reason = 1000, "None"
+        if self.refuse_release & set(ids):
+            raise SlurmError(["scontrol", "release"], "exit status 1: Invalid job id specified")
+
+
+def _round(tmp_path, s: BatchSlurm):
+    ctl = _ctl(tmp_path, s, policy="fifo")
+    s.journal = ctl.journal.path
+    return ctl, ctl.round()
+
+
+def test_a_rounds_placements_take_one_pin_call_and_one_release_call(tmp_path):
+    s = BatchSlurm()
+    ids = [s.submit(g, comment="rlsched:model=GNN") for g in (8, 4, 4, 2)]
+    ctl, rep = _round(tmp_path, s)
+    assert rep.ok, rep.error
+    assert sorted(j for j, _ in rep.placed) == ids
+    assert [b for b, _ in s.batches] == ["place_many", "release_many"]
+    assert s.batches[0][1] == s.batches[1][1] and sorted(s.batches[1][1]) == ids
+    assert not [c for c in s.calls if c[0] in ("place", "release")]  # no per-job calls
+    s.schedule()
+    for jid, plan in rep.placed:
+        assert s.job_list[jid].gpus_per_node == plan
+    assert ctl.round().ok
+
+
+def test_a_refused_pin_is_found_one_by_one_and_the_others_are_placed(tmp_path):
+    s = BatchSlurm()
+    a, b, c = (s.submit(g, comment="rlsched:model=GNN") for g in (4, 4, 4))
+    s.refuse_pin = {b}
+    ctl, rep = _round(tmp_path, s)
+    assert sorted(j for j, _ in rep.placed) == [a, c]
+    assert s.batches[-1] == ("release_many", [a, c])
+    assert str(b) not in ctl.journal["released"] and s.job_list[b].held
+    assert ctl.metrics.value("rlsched_slurm_errors_total") == 1
+    s.refuse_pin = set()
+    rep = ctl.round()  # placed again by the next round
+    assert [j for j, _ in rep.placed] == [b]
+
+
+def test_a_refused_release_leaves_that_job_held_and_unjournaled(tmp_path):
+    s = BatchSlurm()
+    a, b = (s.submit(g, comment="rlsched:model=GNN") for g in (8, 8))
+    s.refuse_release = {a}
+    ctl, rep = _round(tmp_path, s)
+    assert [j for j, _ in rep.placed] == [b]
+    assert str(a) not in ctl.journal["released"] and str(b) in ctl.journal["released"]
+    assert s.job_list[a].held and not s.job_list[b].held
+
+
+def test_requeued_jobs_get_their_settle_time_in_the_pin(tmp_path):
+    s = BatchSlurm()
+    jid = s.submit(4, comment="rlsched:model=GNN")
+    s.job_list[jid].restarts = 1
+    ctl, rep = _round(tmp_path, s)
+    assert [j for j, _ in rep.placed] == [jid]
+    assert s.delays[jid] == round(ctl.cfg.controller.requeue_settle_s) > 0
+
+
+def test_pin_and_release_commands(monkeypatch):
+    cli = SlurmCLI()
+    seen = []
+    monkeypatch.setattr(cli, "run", lambda args, stdin=None: seen.append((list(args), stdin)) or "")
+    cli.place_many([SlurmCLI.pin_args(7, ["n1", "n2"], 8, 4), SlurmCLI.pin_args(9, ["n3"], 2, delay_s=5)])
+    cli.release_many(list(range(1, 402)))
+    assert seen[0] == (["scontrol"], "update JobId=7 ReqNodeList=n1,n2 NumNodes=2 TresPerJob= TresPerNode=gres:gpu:4 "
+                       "StartTime=now\nupdate JobId=9 ReqNodeList=n3 NumNodes=1 TresPerNode= TresPerJob=gres:gpu:2 "
+                       "StartTime=now+5\nquit\n")
+    assert [a[:2] for a, _ in seen[1:]] == [["scontrol", "release"]] * 3  # 200 job ids a call
+    assert seen[1][0][2] == ",".join(str(i) for i in range(1, 201)) and seen[3][0][2] == "401"
+    with pytest.raises(ValueError, match="cannot be written"):
+        SlurmCLI.pin_args(7, ["n1 TresPerJob=gres:gpu:64"], 8)
+
+
+# --------------------------------------------------------------------------- the cheap queue read
+def _json_job(jid: int, **kw) -> dict:
+    j = {"job_id": jid, "name": f"j{jid}", "user_name": "alice", "user_id": 1001, "job_state": "PENDING",
+         "state_reason": "JobHeldUser", "priority": 0, "partition": "gpu", "tres_per_job": "gres:gpu:4",
+         "tres_per_node": "", "nodes": "", "node_count": 1, "required_nodes": "", "comment": "rlsched:model=GNN",
+         "admin_comment": "rlsched:managed gpus=4", "time_limit": 60, "submit_time": 1000 + jid, "start_time": 0,
+         "eligible_time": 0, "restart_cnt": 0, "dependency": "", "requeue": True, "batch_host": ""}
+    j.update(kw)
+    return j
+
+
+class TextSlurm(SlurmCLI):
+    """SlurmCLI whose commands answer from ``self.json_jobs`` (``squeue --json``) and ``self.rows``
+    (``squeue -O``: field -> text per job, the rest as a pending held job prints it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.json_jobs: list[dict] = []
+        self.rows: list[dict] = []
+        self.ran: list[str] = []
+
+    def run(self, args, stdin=None):
+        if list(args[:2]) == ["squeue", "--json"]:
+            self.ran.append("json")
+            return json.dumps({"jobs": self.json_jobs})
+        if args[0] == "scontrol":
+            self.ran.append(" ".join(args[:2]))
+            return ""
+        assert args[:5] == ["squeue", "-h", "-t", "all", "-O"], args
+        self.ran.append("text")
+        fmt = args[5].split(",")
+        sep, end = fmt[0].split(":", 1)[1], fmt[-1].split(":", 1)[1]
+        out = []
+        for r in self.rows:
+            row = {"State": "PENDING", "PriorityLong": "0", "Reason": "JobHeldUser", "Partition": "gpu", "NodeList": "",
+                   "NumNodes": "1", "tres-per-job": "gres:gpu:4", "tres-per-node": "N/A", "RestartCnt": "0",
+                   "Requeue": "1", "BatchHost": "n/a", "ReqNodes": "", "StartTime": "N/A", "EligibleTime": "N/A",
+                   "Dependency": "(null)", "Comment": "rlsched:model=GNN", **r}
+            out.append(sep.join(row[f] for f in QUEUE_FIELDS) + end + "\n")
+        return "".join(out)
+
+
+def test_queue_reads_text_over_the_last_json_and_json_when_it_must():
+    s = TextSlurm()
+    s.json_jobs = [_json_job(1), _json_job(2, tres_per_job="gres:gpu:8", admin_comment="rlsched:managed gpus=8")]
+    s.rows = [{"JobID": "1"}, {"JobID": "2", "tres-per-job": "gres:gpu:8"}]
+    first = s.queue()
+    assert s.ran == ["json"] and [j.job_id for j in first] == [1, 2]
+    # job 1 released and started on one node; job 2 pinned to two nodes, balanced, and started
+    s.rows = [{"JobID": "1", "State": "RUNNING", "PriorityLong": "4294901757", "Reason": "None", "NodeList": "node3",
+               "StartTime": "2026-11-26T20:23:41", "BatchHost": "node3", "ReqNodes": "node3"},
+              {"JobID": "2", "State": "RUNNING", "Reason": "None", "NodeList": "node[1-2]", "NumNodes": "2",
+               "tres-per-job": "N/A", "tres-per-node": "gres:gpu:4", "PriorityLong": "5",
+               "Comment": "rlsched:model=LM S0000 E1111\nmore text"}]
+    a, b = s.queue()
+    assert s.ran == ["json", "text"]
+    assert a.running and a.nodes == ["node3"] and a.gpus_per_node == {"node3": 4} and not a.held
+    assert a.start_time is not None and a.batch_host == "node3" and a.admin_comment == "rlsched:managed gpus=4"
+    assert b.gpus == 8 and b.gpus_per_node == {"node1": 4, "node2": 4} and b.comment.endswith("more text")
+    assert b.tres_style == "gres:gpu" and b.name == "j2" and b.time_limit_s == 3600.0
+    # an uneven split over several nodes is only in the JSON; so is a new job
+    s.rows[1].update({"tres-per-job": "gres:gpu:8", "tres-per-node": "N/A"})
+    s.queue()
+    assert s.ran[-1] == "json"
+    s.json_jobs.append(_json_job(3))
+    s.rows = [{"JobID": "1"}, {"JobID": "2"}]
+    s.queue()
+    assert s.ran[-1] == "text"
+    s.rows.append({"JobID": "3"})
+    assert [j.job_id for j in s.queue()] == [1, 2, 3] and s.ran[-1] == "json"
+
+
+def test_queue_keeps_the_admin_comments_it_wrote_and_reads_json_when_stale(monkeypatch):
+    s = TextSlurm()
+    s.json_jobs = [_json_job(1)]
+    s.rows = [{"JobID": "1"}]
+    s.queue()
+    s.set_admin_comment([1], "rlsched:managed gpus=4 | rlsched: waiting for placement, position 1 of 1")
+    (j,) = s.queue()
+    assert s.ran[-1] == "text" and j.admin_comment.endswith("position 1 of 1") and j.managed
+    s.full_read_s = 0.0
+    s.queue()
+    assert s.ran[-1] == "json"
+
+
+def test_text_rows_with_a_wrong_field_count_are_an_error():
+    with pytest.raises(ValueError, match="fields"):
+        parse_squeue_text("1SxPENDINGEy\n", "Sx", "Ey")
+    with pytest.raises(ValueError, match="complete row"):
+        parse_squeue_text("1Sx2", "Sx", "Ey")
+    assert parse_squeue_text("", "Sx", "Ey") == []
+
+
+def test_reason_updates_run_side_by_side_and_report_each_failure():
+    s = TextSlurm()
+    s.json_jobs = [_json_job(1), _json_job(2), _json_job(3)]
+    s.rows = [{"JobID": "1"}, {"JobID": "2"}, {"JobID": "3"}]
+    s.queue()
+    run = s.run
+
+    def refusing(args, stdin=None):
+        if args[0] == "scontrol" and "JobId=2" in args:
+            raise SlurmError(list(args), "exit status 1: Invalid job id specified")
+        return run(args, stdin)
+
+    s.run = refusing  # type: ignore[method-assign]
+    groups = [(f"rlsched:managed gpus=4 | rlsched: waiting for placement, position {i} of 3", [i]) for i in (1, 2, 3)]
+    out = s.set_admin_comments(groups)
+    assert out[0] is None and isinstance(out[1], SlurmError) and out[2] is None
+    got = {j.job_id: j.admin_comment for j in s.queue()}
+    assert got[1].endswith("position 1 of 3") and got[2] == "rlsched:managed gpus=4" and got[3].endswith("3 of 3")
