@@ -80,7 +80,10 @@ from policies.codecs import DEFAULT_CODEC, Codec, CodecError, CodecSpec, ObsSpec
 from policies.perf import ContentionModel
 from policies.prior import AdmissionPrior, PriorError
 
-__all__ = ["FORMAT", "MAX_WEIGHTS_BYTES", "Checkpoint", "CheckpointError", "MLPNet", "load_checkpoint", "resolve_paths", "save_checkpoint"]
+__all__ = [
+    "FORMAT", "MAX_WEIGHTS_BYTES", "Checkpoint", "CheckpointError", "MLPNet", "load_checkpoint", "read_policy_files",
+    "resolve_paths", "save_checkpoint", "write_policy_files",
+]
 
 FORMAT = "rlsched-policy"
 FORMAT_VERSION = 1
@@ -244,6 +247,77 @@ def resolve_paths(path: str | Path) -> tuple[Path, Path | None]:
     elif p.suffix != ".json":
         p = p.with_name(p.name + ".json")
     return p, None
+
+
+def read_policy_files(path: str | Path, *, fmt: str, version: int, label: str) -> tuple[dict, dict, Path, Path]:
+    """The metadata and tensors of a learned-policy checkpoint of any family (``NAME.json`` beside the
+    safetensors weights it names), the checks every family shares done once:
+
+    * the JSON (``NAME``, ``NAME.json`` or ``NAME.safetensors`` given) is at most :data:`_MAX_JSON` bytes, an
+      object with ``format == fmt`` and ``format_version == version``;
+    * ``weights_file`` is a plain file name in the JSON's directory;
+    * the weights' size is checked against their safetensors header before the data is read, and their
+      sha256, computed while reading, must equal ``weights_sha256`` (:func:`_read_weights`).
+
+    The family then checks its own fields (codec, spec, tensor names and shapes). Never unpickles.
+
+    :param label: the family's name in messages (``sced2``, ``rl-sf``, ...).
+    :returns: ``(metadata, {name: numpy array}, json path, weights path)``.
+    :raises CheckpointError: one line naming the file and the problem.
+    """
+    jpath, _ = resolve_paths(path)
+    raw = _read_json_bytes(jpath)
+    try:
+        meta = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise CheckpointError(f"{jpath}: unreadable {label} checkpoint metadata: {exc}") from None
+    if not isinstance(meta, dict) or meta.get("format") != fmt:
+        got = meta.get("format") if isinstance(meta, dict) else None
+        raise CheckpointError(f"{jpath}: not a {label} checkpoint (format={got!r}, expected {fmt!r})")
+    fv = meta.get("format_version")
+    if fv != version or isinstance(fv, bool):
+        raise CheckpointError(f"{jpath}: unsupported format_version {fv!r} (expected {version})")
+    wname = meta.get("weights_file")
+    problem = _weights_name_problem(wname) if isinstance(wname, str) else f"weights_file must be a string, got {wname!r}"
+    if problem:
+        raise CheckpointError(f"{jpath}: {problem}")
+    wpath = jpath.with_name(wname)
+    try:
+        data, digest = _read_weights(wpath)
+    except FileNotFoundError:
+        raise CheckpointError(f"{wpath}: {label} weights file not found") from None
+    except OSError as exc:
+        raise CheckpointError(f"{wpath}: cannot read the {label} weights: {exc.strerror or exc}") from None
+    if digest != str(meta.get("weights_sha256", "")).lower():
+        raise CheckpointError(f"{wpath}: sha256 does not match the metadata; the weights are truncated or were modified")
+    from safetensors import SafetensorError
+    from safetensors.numpy import load as st_load
+
+    try:
+        tensors = st_load(data)
+    except (SafetensorError, ValueError, OSError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{wpath}: not a readable safetensors file: {exc}") from None
+    return meta, tensors, jpath, wpath
+
+
+def _refuse_constant(name: str) -> Any:
+    """``json.loads`` hook: NaN / Infinity are not JSON."""
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def write_policy_files(path: str | Path, tensors: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> Path:
+    """Write a learned-policy checkpoint of any family: ``NAME.safetensors`` (``tensors`` as float32) and
+    ``NAME.json`` (``meta`` plus ``weights_file`` and ``weights_sha256``), each atomically, weights first;
+    returns the JSON path (:func:`read_policy_files` reads it back)."""
+    from safetensors.numpy import save as st_save
+
+    jpath, _ = resolve_paths(path)
+    data = st_save({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()})
+    wpath = jpath.with_suffix(".safetensors")
+    doc = {**meta, "weights_file": wpath.name, "weights_sha256": hashlib.sha256(data).hexdigest()}
+    write_atomic(wpath, data)
+    write_atomic(jpath, (json.dumps(doc, indent=2, default=_json_default) + "\n").encode())
+    return jpath
 
 
 #: Largest weights file accepted (bytes): 256 MiB. The shipped networks hold about 40 kB; a policy MLP

@@ -56,13 +56,11 @@ Pure: no I/O except reading and writing checkpoints.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -97,7 +95,6 @@ COUNT_SCALE = 10.0
 QUEUE_SCALE = 10.0
 FORMAT = "rlsched-chic"
 FORMAT_VERSION = 1
-_MAX_JSON = 1 << 20
 _CKPT_DIR = Path(__file__).resolve().parent / "checkpoints" / "chic"
 
 
@@ -430,18 +427,16 @@ class ChicCheckpoint:
 
 
 def _resolve(path: str | Path) -> Path:
-    p = Path(path)
-    if p.suffix == ".safetensors":
-        return p.with_suffix(".json")
-    return p if p.suffix == ".json" else p.with_name(p.name + ".json")
+    """The checkpoint's JSON path for ``NAME``, ``NAME.json`` or ``NAME.safetensors``."""
+    from policies.checkpoint import resolve_paths
+
+    return resolve_paths(path)[0]
 
 
 def save_chic_checkpoint(path: str | Path, spec: ChicSpec, net: ChicNet, training: dict | None = None,
                          reward: dict | None = None, task_mask: bool = True) -> Path:
     """Write ``NAME.safetensors`` + ``NAME.json`` (atomically, weights first); returns the JSON path."""
-    from safetensors.numpy import save
-
-    from policies.checkpoint import _json_default, write_atomic
+    from policies.checkpoint import write_policy_files
 
     jpath = _resolve(path)
     tensors = {}
@@ -450,8 +445,6 @@ def save_chic_checkpoint(path: str | Path, spec: ChicSpec, net: ChicNet, trainin
             raise PolicyError(f"{jpath}: refusing to save non-finite weights (layer {k})")
         tensors[f"l{k}.weight"] = np.ascontiguousarray(W, np.float32)
         tensors[f"l{k}.bias"] = np.ascontiguousarray(b, np.float32)
-    blob = save(tensors)
-    wname = jpath.with_suffix(".safetensors").name
     meta = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "variant": spec.variant, "slots": spec.slots,
         "models": list(PS_MODELS), "obs_size": spec.obs_size, "n_actions": spec.n_actions,
@@ -460,57 +453,24 @@ def save_chic_checkpoint(path: str | Path, spec: ChicSpec, net: ChicNet, trainin
         "scales": {"backlog_epochs": BACKLOG_SCALE, "count": COUNT_SCALE, "queue": QUEUE_SCALE},
         "reward": reward or {"p1": P1, "p2": P2, "unit_s": REWARD_UNIT_S},
         "training": training or {},
-        "weights_file": wname, "weights_sha256": hashlib.sha256(blob).hexdigest(),
     }
-    write_atomic(jpath.with_suffix(".safetensors"), blob)
-    write_atomic(jpath, json.dumps(meta, indent=1, default=_json_default).encode())
-    return jpath
+    return write_policy_files(jpath, tensors, meta)
 
 
 def load_chic_checkpoint(path: str | Path) -> ChicCheckpoint:
     """Load and check a Chic checkpoint; :class:`~policies.checkpoint.CheckpointError` (one line naming the
     file) when it is missing, not JSON, of another format, its weights missing / of another hash / of
     shapes that do not chain from the state size to the action count, or not finite float32."""
-    from safetensors.numpy import load
+    from policies.checkpoint import CheckpointError, read_policy_files
 
-    from policies.checkpoint import CheckpointError, _read_weights, _weights_name_problem
-
-    jpath = _resolve(path)
-    if not jpath.is_file():
-        raise CheckpointError(f"{jpath}: Chic checkpoint metadata not found (expected NAME.json beside NAME.safetensors)")
-    raw = jpath.read_bytes()[: _MAX_JSON + 1]
-    if len(raw) > _MAX_JSON:
-        raise CheckpointError(f"{jpath}: metadata is larger than {_MAX_JSON} bytes")
-    try:
-        meta = json.loads(raw.decode("utf-8"), parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise CheckpointError(f"{jpath}: metadata is not valid JSON ({exc})") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise CheckpointError(f"{jpath}: not a Chic checkpoint (format must be {FORMAT!r})")
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"{jpath}: format_version {meta.get('format_version')!r} is not {FORMAT_VERSION}")
+    meta, tensors, jpath, wpath = read_policy_files(path, fmt=FORMAT, version=FORMAT_VERSION, label="Chic")
     if meta.get("models") != list(PS_MODELS):
         raise CheckpointError(f"{jpath}: models {meta.get('models')!r} are not this build's PS models")
     try:
         spec = ChicSpec(meta.get("variant"), meta.get("slots"))
     except PolicyError as exc:
         raise CheckpointError(f"{jpath}: {exc}") from None
-    wname = meta.get("weights_file")
-    if not isinstance(wname, str) or _weights_name_problem(wname):
-        raise CheckpointError(f"{jpath}: weights_file must be a plain file name in the metadata's directory")
-    wpath = jpath.parent / wname
-    try:
-        blob, sha = _read_weights(wpath)
-    except FileNotFoundError:
-        raise CheckpointError(f"{wpath}: weights file not found") from None
-    except OSError as exc:
-        raise CheckpointError(f"{wpath}: cannot read the weights: {exc}") from None
-    if sha != meta.get("weights_sha256"):
-        raise CheckpointError(f"{wpath}: sha256 {sha[:16]}... does not match the metadata's weights_sha256")
-    try:
-        tensors = load(blob)
-    except Exception as exc:  # safetensors raises its own error types
-        raise CheckpointError(f"{wpath}: not a safetensors file ({exc})") from None
+    wname = wpath.name
     layers = meta.get("network", {}).get("layers") if isinstance(meta.get("network"), dict) else None
     if not isinstance(layers, list) or not layers or set(tensors) != {f"{n}.{t}" for n in layers for t in ("weight", "bias")}:
         raise CheckpointError(f"{jpath}: network.layers does not name exactly the tensors of {wname}")

@@ -41,8 +41,6 @@ Pure: a frozen snapshot in, a :class:`~policies.state.Decision` out; reads only 
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,7 +78,6 @@ FORMAT_VERSION = 1
 JOB_TYPES: tuple[str, ...] = (*PS_MODELS, *(m for m in MODELS if m not in PS_MODELS))
 #: Per-job features after the one-hot type.
 FEATURES = ("slots_run", "remaining_epochs", "dominant_share", "workers", "ps")
-_MAX_JSON = 1 << 20
 _CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
 
 
@@ -301,8 +298,8 @@ class DL2Policy(ElasticBaseline):
 def save_dl2(path: str | Path, actor: Sequence[tuple[np.ndarray, np.ndarray]], spec: DL2Spec,
              extra: Mapping[str, Any] | None = None,
              critic: Sequence[tuple[np.ndarray, np.ndarray]] | None = None) -> Path:
-    """Write ``path.safetensors`` + ``path.json`` (module docstring); returns the JSON path."""
-    from safetensors.numpy import save as st_save
+    """Write ``path.safetensors`` + ``path.json`` (module docstring), each atomically; returns the JSON path."""
+    from policies.checkpoint import write_policy_files
 
     DL2Net(actor, spec)  # shape check
     base = Path(path)
@@ -315,25 +312,16 @@ def save_dl2(path: str | Path, actor: Sequence[tuple[np.ndarray, np.ndarray]], s
     for k, (w, b) in enumerate(critic or ()):
         tensors[f"critic.{k}.weight"] = np.ascontiguousarray(w, np.float32)
         tensors[f"critic.{k}.bias"] = np.ascontiguousarray(b, np.float32)
-    data = st_save(tensors)
-    wpath = base.with_name(base.name + ".safetensors")
-    wpath.parent.mkdir(parents=True, exist_ok=True)
-    wpath.write_bytes(data)
     meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "spec": spec.to_dict(),
-            "actor_layers": len(actor), "weights_file": wpath.name,
-            "weights_sha256": hashlib.sha256(data).hexdigest(), **dict(extra or {})}
-    jpath = base.with_name(base.name + ".json")
-    jpath.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
-    return jpath
+            "actor_layers": len(actor), **dict(extra or {})}
+    return write_policy_files(base.with_name(base.name + ".json"), tensors, meta)
 
 
 def _resolve(path: str | Path) -> Path:
-    p = Path(path)
-    if p.suffix == ".safetensors":
-        return p.with_suffix(".json")
-    if p.suffix == ".json":
-        return p
-    return p.with_name(p.name + ".json")
+    """The checkpoint's JSON path for ``NAME``, ``NAME.json`` or ``NAME.safetensors``."""
+    from policies.checkpoint import resolve_paths
+
+    return resolve_paths(path)[0]
 
 
 def load_dl2(path: str | Path) -> tuple[DL2Net, dict[str, Any], Path]:
@@ -342,45 +330,13 @@ def load_dl2(path: str | Path) -> tuple[DL2Net, dict[str, Any], Path]:
 
     :raises CheckpointError: one line naming the file and the problem.
     """
-    from policies.checkpoint import CheckpointError, _read_weights
+    from policies.checkpoint import CheckpointError, read_policy_files
 
-    jpath = _resolve(path)
-    try:
-        raw = jpath.read_bytes()[: _MAX_JSON + 1]
-    except OSError as exc:
-        raise CheckpointError(f"{jpath}: cannot read the dl2 checkpoint metadata: {exc.strerror or exc}") from None
-    if len(raw) > _MAX_JSON:
-        raise CheckpointError(f"{jpath}: metadata is larger than {_MAX_JSON} bytes")
-    try:
-        meta = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise CheckpointError(f"{jpath}: unreadable dl2 checkpoint metadata: {exc}") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        got = meta.get("format") if isinstance(meta, dict) else None
-        raise CheckpointError(f"{jpath}: not a dl2 checkpoint (format={got!r}, expected {FORMAT!r})")
-    if meta.get("format_version") != FORMAT_VERSION or isinstance(meta.get("format_version"), bool):
-        raise CheckpointError(f"{jpath}: unsupported format_version {meta.get('format_version')!r}")
+    meta, tensors, jpath, wpath = read_policy_files(path, fmt=FORMAT, version=FORMAT_VERSION, label="dl2")
     try:
         spec = DL2Spec.from_dict(meta.get("spec"))
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{jpath}: bad spec: {exc}") from None
-    wname = meta.get("weights_file")
-    if not isinstance(wname, str) or not wname or Path(wname).name != wname or any(c in wname for c in "/\\:\0"):
-        raise CheckpointError(f"{jpath}: weights_file must be a plain file name, got {wname!r}")
-    wpath = jpath.with_name(wname)
-    try:
-        data, digest = _read_weights(wpath)
-    except OSError as exc:
-        raise CheckpointError(f"{wpath}: cannot read the dl2 weights: {exc.strerror or exc}") from None
-    if digest != str(meta.get("weights_sha256", "")).lower():
-        raise CheckpointError(f"{wpath}: sha256 does not match the metadata; the weights are truncated or were modified")
-    from safetensors import SafetensorError
-    from safetensors.numpy import load as st_load
-
-    try:
-        tensors = st_load(data)
-    except (SafetensorError, ValueError, OSError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{wpath}: not a readable safetensors file: {exc}") from None
     n = meta.get("actor_layers")
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise CheckpointError(f"{jpath}: actor_layers must be an integer >= 1, got {n!r}")

@@ -31,8 +31,6 @@ reading / writing checkpoint files; no torch.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from collections.abc import Mapping
 from importlib import resources
@@ -64,7 +62,6 @@ FORMAT = "rlsched-sced2"
 FORMAT_VERSION = 1
 #: The network's tensors, in order (``.weight`` of shape ``(out, in)`` and ``.bias`` each).
 TENSOR_NAMES = ("srv.0", "srv.1", "job.0", "job.1", "q.0", "q.1", "none.0", "none.1")
-_MAX_JSON = 1 << 20
 #: Masked Q-value (torch mirror too): far below any reachable Q, finite so that no NaN arises.
 MASKED_Q = -1e6
 
@@ -206,26 +203,22 @@ def shipped_sced2(gpus_per_node: int) -> Path:
 
 
 def _resolve(path: str | Path) -> Path:
-    p = Path(path)
-    if p.suffix == ".safetensors":
-        return p.with_suffix(".json")
-    return p if p.suffix == ".json" else p.with_name(p.name + ".json")
+    """The checkpoint's JSON path for ``NAME``, ``NAME.json`` or ``NAME.safetensors``."""
+    from policies.checkpoint import resolve_paths
+
+    return resolve_paths(path)[0]
 
 
 def save_sced2(path: str | Path, tensors: Mapping[str, np.ndarray], spec: Sced2Spec, cluster: ClusterSpec,
                training: Mapping[str, Any]) -> Path:
     """Write ``NAME.safetensors`` + ``NAME.json`` (module docstring); returns the JSON path. The weights
     are checked as :func:`load_sced2` checks them before anything is written (:class:`ValueError`)."""
-    from safetensors.numpy import save as st_save
-
-    from policies.checkpoint import _json_default, write_atomic
+    from policies.checkpoint import write_policy_files
     from rlsched import __version__
 
     jpath = _resolve(path)
     arrays = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()}
     net = _check_tensors(arrays, spec, str(jpath))
-    data = st_save(arrays)
-    wpath = jpath.with_suffix(".safetensors")
     meta = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -240,13 +233,8 @@ def save_sced2(path: str | Path, tensors: Mapping[str, np.ndarray], spec: Sced2S
         "cluster_shape": cluster.describe(),
         "reward": {"kind": "effectiveness", "per": "scheduled job", "formula": "T_ideal / (T_wait + T_actual)"},
         "training": dict(training),
-        "weights_file": wpath.name,
-        "weights_sha256": hashlib.sha256(data).hexdigest(),
     }
-    text = json.dumps(meta, indent=2, default=_json_default) + "\n"
-    write_atomic(wpath, data)
-    write_atomic(jpath, text.encode())
-    return jpath
+    return write_policy_files(jpath, arrays, meta)
 
 
 def _check_tensors(tensors: Mapping[str, np.ndarray], spec: Sced2Spec, where: str) -> Sced2Net:
@@ -269,46 +257,15 @@ def load_sced2(path: str | Path) -> tuple[Sced2Net, dict[str, Any], Path]:
 
     :raises PolicyError: one line naming the file and the problem.
     """
-    from policies.checkpoint import CheckpointError
+    from policies.checkpoint import CheckpointError, read_policy_files
 
-    jpath = _resolve(path)
-    if not jpath.is_file():
-        raise CheckpointError(f"{jpath}: sced2 checkpoint metadata not found (expected NAME.json beside NAME.safetensors)")
-    try:
-        raw = jpath.read_bytes()[: _MAX_JSON + 1]
-        if len(raw) > _MAX_JSON:
-            raise CheckpointError(f"{jpath}: metadata is larger than {_MAX_JSON} bytes")
-        meta = json.loads(raw.decode("utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise CheckpointError(f"{jpath}: unreadable sced2 checkpoint metadata: {exc}") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        got = meta.get("format") if isinstance(meta, dict) else None
-        raise CheckpointError(f"{jpath}: not a sced2 checkpoint (format={got!r}, expected {FORMAT!r})")
-    if meta.get("format_version") != FORMAT_VERSION or isinstance(meta.get("format_version"), bool):
-        raise CheckpointError(f"{jpath}: unsupported format_version {meta.get('format_version')!r}")
+    meta, tensors, jpath, wpath = read_policy_files(path, fmt=FORMAT, version=FORMAT_VERSION, label="sced2")
     if meta.get("codec") != Sced2Codec.name:
         raise CheckpointError(f"{jpath}: codec {meta.get('codec')!r} is not {Sced2Codec.name!r}")
     try:
         spec = Sced2Spec.from_dict(meta.get("obs_spec"))
     except (CodecError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{jpath}: bad obs_spec: {exc}") from None
-    wname = meta.get("weights_file")
-    if not isinstance(wname, str) or not wname or Path(wname).name != wname or any(c in wname for c in "/\\:\0"):
-        raise CheckpointError(f"{jpath}: weights_file must be a plain file name, got {wname!r}")
-    wpath = jpath.with_name(wname)
-    try:
-        data = wpath.read_bytes()
-    except OSError as exc:
-        raise CheckpointError(f"{wpath}: cannot read the sced2 weights: {exc}") from None
-    if hashlib.sha256(data).hexdigest() != str(meta.get("weights_sha256", "")).lower():
-        raise CheckpointError(f"{wpath}: sha256 does not match the metadata; the weights are truncated or were modified")
-    from safetensors import SafetensorError
-    from safetensors.numpy import load as st_load
-
-    try:
-        tensors = st_load(data)
-    except (SafetensorError, ValueError, OSError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{wpath}: not a readable safetensors file: {exc}") from None
     try:
         net = _check_tensors(tensors, spec, str(wpath))
     except ValueError as exc:

@@ -21,8 +21,6 @@ and never unpickles. The critic of PPO is not stored (only the actor acts). Pure
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from collections.abc import Mapping
 from importlib import resources
@@ -44,7 +42,6 @@ __all__ = ["FORMAT", "TENSOR_NAMES", "SizeFreeNet", "SizeFreePolicy", "load_size
 FORMAT = "rlsched-sizefree"
 FORMAT_VERSION = 1
 TENSOR_NAMES = ("cand.0", "cand.1", "cand.2")
-_MAX_JSON = 1 << 20
 
 
 def tensor_shapes(hidden: int) -> dict[str, tuple[tuple[int, int], tuple[int]]]:
@@ -139,10 +136,10 @@ def shipped_sizefree() -> Path:
 
 
 def _resolve(path: str | Path) -> Path:
-    p = Path(path)
-    if p.suffix == ".safetensors":
-        return p.with_suffix(".json")
-    return p if p.suffix == ".json" else p.with_name(p.name + ".json")
+    """The checkpoint's JSON path for ``NAME``, ``NAME.json`` or ``NAME.safetensors``."""
+    from policies.checkpoint import resolve_paths
+
+    return resolve_paths(path)[0]
 
 
 def _check_tensors(tensors: Mapping[str, np.ndarray], spec: SizeFreeSpec, where: str) -> SizeFreeNet:
@@ -162,16 +159,12 @@ def _check_tensors(tensors: Mapping[str, np.ndarray], spec: SizeFreeSpec, where:
 def save_sizefree(path: str | Path, tensors: Mapping[str, np.ndarray], spec: SizeFreeSpec,
                   training: Mapping[str, Any]) -> Path:
     """Write ``NAME.safetensors`` + ``NAME.json``; returns the JSON path (weights checked first)."""
-    from safetensors.numpy import save as st_save
-
-    from policies.checkpoint import _json_default, write_atomic
+    from policies.checkpoint import write_policy_files
     from rlsched import __version__
 
     jpath = _resolve(path)
     arrays = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items() if k.split(".")[0] == "cand"}
     net = _check_tensors(arrays, spec, str(jpath))
-    data = st_save(arrays)
-    wpath = jpath.with_suffix(".safetensors")
     meta = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -182,59 +175,22 @@ def save_sizefree(path: str | Path, tensors: Mapping[str, np.ndarray], spec: Siz
         "network": {"kind": "sizefree-pointer", "hidden": net.hidden, "activation": "relu",
                     "tensors": list(TENSOR_NAMES)},
         "training": dict(training),
-        "weights_file": wpath.name,
-        "weights_sha256": hashlib.sha256(data).hexdigest(),
     }
-    write_atomic(wpath, data)
-    write_atomic(jpath, (json.dumps(meta, indent=2, default=_json_default) + "\n").encode())
-    return jpath
+    return write_policy_files(jpath, arrays, meta)
 
 
 def load_sizefree(path: str | Path) -> tuple[SizeFreeNet, dict[str, Any], Path]:
     """``(network, metadata, json path)``, fully checked; never unpickles.
     :raises CheckpointError: one line naming the file and the problem."""
-    from policies.checkpoint import CheckpointError
+    from policies.checkpoint import CheckpointError, read_policy_files
 
-    jpath = _resolve(path)
-    if not jpath.is_file():
-        raise CheckpointError(
-            f"{jpath}: rl-sf checkpoint metadata not found (expected NAME.json beside NAME.safetensors)")
-    try:
-        raw = jpath.read_bytes()[: _MAX_JSON + 1]
-        if len(raw) > _MAX_JSON:
-            raise CheckpointError(f"{jpath}: metadata is larger than {_MAX_JSON} bytes")
-        meta = json.loads(raw.decode("utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise CheckpointError(f"{jpath}: unreadable rl-sf checkpoint metadata: {exc}") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        got = meta.get("format") if isinstance(meta, dict) else None
-        raise CheckpointError(f"{jpath}: not an rl-sf checkpoint (format={got!r}, expected {FORMAT!r})")
-    if meta.get("format_version") != FORMAT_VERSION or isinstance(meta.get("format_version"), bool):
-        raise CheckpointError(f"{jpath}: unsupported format_version {meta.get('format_version')!r}")
+    meta, tensors, jpath, wpath = read_policy_files(path, fmt=FORMAT, version=FORMAT_VERSION, label="rl-sf")
     if meta.get("codec") != SizeFreeCodec.name:
         raise CheckpointError(f"{jpath}: codec {meta.get('codec')!r} is not {SizeFreeCodec.name!r}")
     try:
         spec = SizeFreeSpec.from_dict(meta.get("obs_spec"))
     except (CodecError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{jpath}: bad obs_spec: {exc}") from None
-    wname = meta.get("weights_file")
-    if not isinstance(wname, str) or not wname or Path(wname).name != wname or any(c in wname for c in "/\\:\0"):
-        raise CheckpointError(f"{jpath}: weights_file must be a plain file name, got {wname!r}")
-    wpath = jpath.with_name(wname)
-    try:
-        data = wpath.read_bytes()
-    except OSError as exc:
-        raise CheckpointError(f"{wpath}: cannot read the rl-sf weights: {exc}") from None
-    if hashlib.sha256(data).hexdigest() != str(meta.get("weights_sha256", "")).lower():
-        raise CheckpointError(
-            f"{wpath}: sha256 does not match the metadata; the weights are truncated or were modified")
-    from safetensors import SafetensorError
-    from safetensors.numpy import load as st_load
-
-    try:
-        tensors = st_load(data)
-    except (SafetensorError, ValueError, OSError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{wpath}: not a readable safetensors file: {exc}") from None
     try:
         net = _check_tensors(tensors, spec, str(wpath))
     except ValueError as exc:

@@ -159,7 +159,7 @@ def test_checkpoint_round_trip_and_refusals(tmp_path):
     with pytest.raises(CheckpointError, match="not a Chic checkpoint"):
         load_chic_checkpoint(tmp_path / "o.json")
     (tmp_path / "n.json").write_text("{not json")
-    with pytest.raises(CheckpointError, match="not valid JSON"):
+    with pytest.raises(CheckpointError, match="unreadable Chic checkpoint metadata"):
         load_chic_checkpoint(tmp_path / "n.json")
     with pytest.raises(CheckpointError, match="not found"):
         load_chic_checkpoint(tmp_path / "missing")

@@ -120,7 +120,7 @@ def test_checkpoint_round_trip_and_refusals(tmp_path):
     (tmp_path / "x.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="unreadable dl2 checkpoint metadata"):
         load_dl2(tmp_path / "x.json")
-    with pytest.raises(CheckpointError, match="cannot read"):
+    with pytest.raises(CheckpointError, match="not found"):
         load_dl2(tmp_path / "missing")
 
 
