@@ -357,7 +357,7 @@ class SlurmBackend:
         the journal could not record it (no other job is released this round)."""
         ctl = self.ctl
         try:
-            ctl.slurm.place(x.sj.job_id, x.names, x.sj.gpus, x.per_node, x.sj.tres_style)
+            ctl.slurm.place(x.sj.job_id, x.names, x.sj.gpus, x.per_node, x.sj.pin_tres)
         except SlurmError as exc:
             self._failed(x, exc)
             return True
@@ -383,7 +383,7 @@ class SlurmBackend:
         released (journal entries dropped, GPUs free again); the rest were."""
         ctl = self.ctl
         slurm = ctl.slurm
-        pins = [slurm.pin_args(x.sj.job_id, x.names, x.sj.gpus, x.per_node, x.sj.tres_style, x.settle)
+        pins = [slurm.pin_args(x.sj.job_id, x.names, x.sj.gpus, x.per_node, x.sj.pin_tres, x.settle)
                 for x in todo]
         try:
             slurm.place_many(pins)
@@ -394,7 +394,7 @@ class SlurmBackend:
             pinned = []
             for x in todo:
                 try:
-                    slurm.place(x.sj.job_id, x.names, x.sj.gpus, x.per_node, x.sj.tres_style, x.settle)
+                    slurm.place(x.sj.job_id, x.names, x.sj.gpus, x.per_node, x.sj.pin_tres, x.settle)
                     pinned.append(x)
                 except SlurmError as exc1:
                     self._failed(x, exc1)

@@ -52,6 +52,8 @@ __all__ = [
     "expand_hostlist",
     "compress_nodes",
     "gpus_from_tres",
+    "gpu_type_from_tres",
+    "per_gpu_from_tres",
     "managed_gpus",
     "parse_gres_count",
     "parse_gres_type",
@@ -124,6 +126,11 @@ class SlurmJob:
     """One job as ``squeue``/``scontrol`` report it.
 
     :param gpus: total GPUs requested (``--gpus=N``; ``tres_per_job``).
+    :param gpu_type: the GPU type asked for (``--gpus=v100:4`` / ``--gres=gpu:v100:4``: ``tres_per_job`` /
+        ``tres_per_node`` ``gres:gpu:v100:4``); None: any type (also when several types are named).
+    :param cpus_per_gpu: ``--cpus-per-gpu`` (squeue ``cpus_per_tres`` ``gres:gpu:C``); 0: not asked.
+    :param mem_gb_per_gpu: ``--mem-per-gpu`` (squeue ``memory_per_tres`` ``gres:gpu:M``, M in MB) in GB of
+        1024 MB; 0.0: not asked.
     :param gpus_per_node: for a running job, node name -> allocated GPUs
         (from ``gres_detail``), in Slurm's node order.
     :param priority: 0 while held; ``None`` when unknown.
@@ -160,6 +167,15 @@ class SlurmJob:
     batch_host: str = ""
 
     tres_style: str = "gres:gpu"  # how this Slurm writes GPU TRES: "gres:gpu" (22.05) or "gres/gpu" (23+)
+    gpu_type: str | None = None
+    cpus_per_gpu: int = 0
+    mem_gb_per_gpu: float = 0.0
+
+    @property
+    def pin_tres(self) -> str:
+        """The GPU TRES prefix a pin of this job writes (:meth:`SlurmCLI.pin_args` ``tres_style``):
+        ``gres:gpu``, with the requested type kept (``gres:gpu:v100``), so a requeued job still asks for it."""
+        return f"{self.tres_style}:{self.gpu_type}" if self.gpu_type else self.tres_style
 
     @property
     def managed(self) -> bool:
@@ -274,6 +290,29 @@ def parse_gres_type(gres: str | None, name: str = "gpu") -> str | None:
             continue
         types.add(parts[1] if len(parts) == 3 and parts[1] else None)  # name:type:count, else untyped
     return types.pop() if len(types) == 1 else None
+
+
+def gpu_type_from_tres(tres: str | None) -> str | None:
+    """The GPU type a TRES string asks for: ``gres:gpu:v100:4`` (22.05), ``gres/gpu:v100:4`` or
+    ``gres/gpu:v100=4`` (23+) -> ``"v100"``; None for untyped GPUs (``gres:gpu:4``), no GPUs, and
+    GPUs of several types (``gres:gpu:v100:2,gres:gpu:k80:2``: no single type to check)."""
+    types = set()
+    for entry in (tres or "").split(","):
+        m = re.fullmatch(r"(?:gres[:/])?gpu(?::([^:=,]+))?(?:[:=](\d+))?", entry.strip())
+        if m:
+            t, count = m.groups()
+            types.add(None if t is not None and count is None and t.isdigit() else t)  # gres:gpu:4: a count
+    return types.pop() if len(types) == 1 else None
+
+
+def per_gpu_from_tres(tres: str | None) -> int:
+    """The per-GPU amount in a per-TRES string (``cpus_per_tres`` / ``memory_per_tres`` of 22.05's squeue:
+    ``gres:gpu:3``; ``gres/gpu:3``, ``gres:gpu:v100:3`` too); 0 when it names no GPU entry."""
+    for entry in (tres or "").split(","):
+        m = re.fullmatch(r"(?:gres[:/])?gpu(?::[^:=,]+)?[:=](\d+)", entry.strip())
+        if m:
+            return int(m.group(1))
+    return 0
 
 
 def _positive_int(v: Any) -> int | None:
@@ -401,6 +440,7 @@ def _job_from_json(j: dict) -> SlurmJob:
         gpus = per * max(len(nodes), int(_num(j.get("node_count")) or 1))
     admin = _str(j.get("admin_comment"))
     gpus = managed_gpus(admin) or gpus
+    gpu_type = gpu_type_from_tres(tres) if gpus_from_tres(tres) else gpu_type_from_tres(_str(j.get("tres_per_node")))
     prio = _num(j.get("priority"))
     return SlurmJob(
         job_id=int(_num(j.get("job_id")) or 0),
@@ -427,6 +467,9 @@ def _job_from_json(j: dict) -> SlurmJob:
         dependency="" if _str(j.get("dependency")) == "(null)" else _str(j.get("dependency")),
         requeue=j.get("requeue") is not False,
         batch_host=_str(j.get("batch_host")),
+        gpu_type=gpu_type,
+        cpus_per_gpu=per_gpu_from_tres(_str(j.get("cpus_per_tres"))),
+        mem_gb_per_gpu=per_gpu_from_tres(_str(j.get("memory_per_tres"))) / 1024.0,
     )
 
 
@@ -739,7 +782,12 @@ class SlurmCLI:
         when the text shows a job it does not have, a job started on several nodes with an uneven
         split, or when it is ``full_read_s`` old (the fields only it has, AdminComment aside, which
         :meth:`set_admin_comment` keeps, are at most that stale: job name, user, time limit, submit
-        time). The text's separators are random per call, so no job's text can forge a field."""
+        time). A job's requested GPU type, CPUs per GPU and memory per GPU (:class:`SlurmJob`
+        ``gpu_type``, ``cpus_per_gpu``, ``mem_gb_per_gpu``) come from that JSON read too: a user cannot
+        change them (job_submit.lua's allowlist) and a pin keeps them (its TRES keeps the type:
+        :attr:`SlurmJob.pin_tres`; ``cpus_per_tres`` / ``memory_per_tres`` survive the update and a
+        requeue, checked on slurmctld 22.05). The text's separators are random per call, so no job's
+        text can forge a field."""
         if time.monotonic() - self._known_t < self.full_read_s:
             sep, end = "S" + secrets.token_hex(8), "E" + secrets.token_hex(8)
             fmt = ",".join(f"{f}:{sep}" for f in QUEUE_FIELDS[:-1]) + f",{QUEUE_FIELDS[-1]}:{end}"
@@ -791,6 +839,8 @@ class SlurmCLI:
         expressed exactly as ``TresPerNode`` (``TresPerJob`` cleared in the
         same update, which 22.05 accepts). Otherwise ``TresPerJob=gpus`` and
         Slurm splits the total over the nodes, filling them in node order.
+        ``tres_style`` is the TRES prefix written before the count: ``gres:gpu`` (22.05), ``gres/gpu``
+        (23+), with the job's GPU type where it asked for one (``gres:gpu:v100``; :attr:`SlurmJob.pin_tres`).
         The same update sets ``StartTime=now`` (``now+delay_s`` with ``delay_s > 0``;
         the job stays held; this replaces the 120 s BeginTime Slurm adds after a
         requeue), so that :meth:`release` needs no update of its own.

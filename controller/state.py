@@ -28,13 +28,15 @@ import numpy as np
 
 from controller.slurm import MANAGED_MARK, SlurmJob, SlurmNode, dependency_met
 from policies.cluster import GPU_TYPE_RE, ClusterSpec, NodeSpec, Placement
-from policies.gputypes import is_known_gpu_type
+from policies.gputypes import REFERENCE_TYPE, is_known_gpu_type, normalize_gpu_type
 from policies.ledger import ContentionLedger
 from policies.perf import ContentionModel
+from policies.resources import ResourceDemand, ResourceError
 from policies.state import ClusterState, JobInfo
 from policies.workloads import UnknownModelError, canonical_model
 
-__all__ = ["JobRequest", "parse_comment", "natural_key", "build_cluster", "SlurmView", "build_state", "partition_warning"]
+__all__ = ["JobRequest", "parse_comment", "natural_key", "build_cluster", "SlurmView", "build_state", "partition_warning",
+           "job_demand"]
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +172,38 @@ def partition_warning(j: SlurmJob, partition: str | None) -> str | None:
     return None
 
 
+def _type_key(gpu_type: str | None) -> str:
+    """A GPU type as the decision validator matches it: normalized, an untyped node the reference type."""
+    return REFERENCE_TYPE if gpu_type is None else normalize_gpu_type(gpu_type)
+
+
+def job_demand(j: SlurmJob, cluster: ClusterSpec, partition: str | None) -> tuple[ResourceDemand | None, str | None]:
+    """The resource demand of ``j`` for :attr:`~policies.state.JobInfo.demand`, or why it is left held.
+
+    A job that asks for a GPU type (``--gpus=v100:4``), CPUs per GPU (``--cpus-per-gpu``) or memory per
+    GPU (``--mem-per-gpu``) gets ``ResourceDemand(j.gpus, gpu_type, cpus_per_gpu, mem_gb_per_gpu)``; one
+    that asks for none of them ``(None, None)`` (checked on GPU counts only). Left held (``(None, why)``):
+    a type that is not a valid type name, a type no node of the partition has, and more GPUs of the type
+    than the partition's nodes of that type have together."""
+    if j.gpu_type is None and not j.cpus_per_gpu and not j.mem_gb_per_gpu:
+        return None, None
+    try:
+        d = ResourceDemand(j.gpus, gpu_type=j.gpu_type, cpus_per_gpu=j.cpus_per_gpu, mem_gb_per_gpu=j.mem_gb_per_gpu)
+    except ResourceError as exc:
+        return None, f"job {j.job_id}: its request cannot be checked ({exc}); left held"
+    if d.gpu_type is not None:
+        want = _type_key(d.gpu_type)
+        have = sum(n.gpus for n in cluster.nodes if _type_key(n.gpu_type) == want)
+        where = f"partition {partition}" if partition else "the managed nodes"
+        if have == 0:
+            types = sorted({n.gpu_type or "untyped" for n in cluster.nodes})
+            return None, (f"job {j.job_id}: asks for GPU type {d.gpu_type}, which no node of {where} has "
+                          f"(types there: {', '.join(types)}); left held")
+        if j.gpus > have:
+            return None, f"job {j.job_id}: asks for {j.gpus} {d.gpu_type} GPUs, {where} has {have}; left held"
+    return d, None
+
+
 def _submitted(j: SlurmJob, now: float) -> float:
     """``j``'s submit time (epoch s), or ``now`` when Slurm gives none (``None``; a time of 0 is a time)."""
     return now if j.submit_time is None else j.submit_time
@@ -211,6 +245,11 @@ def build_state(
     future (a job that never ran: after a requeue the begin time is Slurm's own delay, which
     the controller overrides on release). So is a job an operator held with ``scontrol hold``
     (:attr:`~controller.slurm.SlurmJob.admin_held`).
+
+    Each job's :attr:`~policies.state.JobInfo.demand` is :func:`job_demand` (its GPU type, CPUs and
+    memory per GPU where it asked for any). A held job whose request no node set of the partition can
+    meet (more GPUs than it has, a GPU type it lacks) stays held, with a warning, out of ``state``; a
+    running job is kept where Slurm runs it (with no demand where its type check fails).
     """
     progress = progress or {}
     planned = planned or {}
@@ -270,6 +309,10 @@ def build_state(
         if j.gpus > cluster.total_gpus:
             view.warnings.append(f"job {j.job_id}: asks for {j.gpus} GPUs, the partition has {cluster.total_gpus}; left held")
             continue
+        demand, why = job_demand(j, cluster, partition)
+        if why is not None and j.pending:
+            view.warnings.append(why)
+            continue
         best = perf.best_isolated_throughput(model, j.gpus)
         if req.samples is not None:
             total = req.samples
@@ -288,6 +331,7 @@ def build_state(
             done_samples=done,
             best_thp=best,
             preemptions=j.restarts,
+            demand=demand,
             extra={"slurm_job_id": j.job_id, "user": j.user, "name": j.name, "nodes": list(j.nodes)},
         )
         view.jobs[info.job_id] = j

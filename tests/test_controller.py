@@ -25,7 +25,10 @@ from controller.preemption import AgentPreempter, NoAgents, PreemptOutcome
 from controller.slurm import SlurmError, SlurmJob, SlurmNode
 from controller.state import build_cluster, build_state, parse_comment
 from policies.base import PolicyError
-from policies.cluster import ClusterSpec
+from policies.cluster import ClusterSpec, Placement
+from policies.resources import ResourceDemand
+from policies.state import Decision
+from policies.validate import check_decision
 from policies.perf import ContentionModel
 
 REPO = Path(__file__).resolve().parents[1]
@@ -250,6 +253,74 @@ def test_build_cluster_passes_gpu_type_cpus_and_memory():
     assert perf.best_isolated_throughput("MoE", 8) > perf.isolated_throughput("MoE", 8, 1)
     plain = build_cluster([SlurmNode("n1", 8, 0, "idle", partitions=("gpu",))], "gpu", 16.0, 5.0)
     assert plain.describe() == "1x8" and not plain.has_attributes  # no GRES type, CPUs or memory reported
+
+
+def _typed_nodes() -> list[SlurmNode]:
+    """Two V100 nodes (16 CPUs, 64 GB) and one K80 node (8 CPUs, 32 GB), 4 GPUs each."""
+    return [SlurmNode("node1", 4, 0, "idle", partitions=("gpu",), gpu_type="v100", cpus=16, mem_gb=64.0),
+            SlurmNode("node2", 4, 0, "idle", partitions=("gpu",), gpu_type="v100", cpus=16, mem_gb=64.0),
+            SlurmNode("node3", 4, 0, "idle", partitions=("gpu",), gpu_type="k80", cpus=8, mem_gb=32.0)]
+
+
+def _asking(jid: int, gpus: int, state: str = "PENDING", **ask) -> SlurmJob:
+    return SlurmJob(job_id=jid, name=f"j{jid}", user="alice", user_id=1001, state=state,
+                    reason="JobHeldUser" if state == "PENDING" else "None", priority=0 if state == "PENDING" else 1,
+                    partition="gpu", gpus=gpus, admin_comment=f"rlsched:managed gpus={gpus}",
+                    comment="rlsched:model=GNN", submit_time=1000.0 + jid, **ask)
+
+
+def test_build_state_passes_each_jobs_requested_type_cpus_and_memory_to_policies():
+    """A job's --gpus=TYPE:N, --cpus-per-gpu and --mem-per-gpu become JobInfo.demand; a job that asks for none
+    of them has no demand. A type no node of the partition has, or more GPUs of a type than the partition's
+    nodes of it have, leaves the job held with a warning. A running job's CPUs and memory are taken from its
+    nodes' free CPUs / memory."""
+    nodes = _typed_nodes()
+    cluster = build_cluster(nodes, "gpu", 16.0, 5.0)
+    jobs = [
+        _asking(1, 2),  # asks for nothing beyond GPUs
+        _asking(2, 4, gpu_type="v100", cpus_per_gpu=3, mem_gb_per_gpu=2.0),
+        _asking(3, 2, cpus_per_gpu=4),  # CPUs only, any type
+        _asking(4, 2, gpu_type="a100"),  # no a100 node
+        _asking(5, 12, gpu_type="v100"),  # 8 V100s in the partition
+        _asking(6, 1, gpu_type="Tesla_K80", mem_gb_per_gpu=1.5),  # matched as the validator does: k80
+        _asking(7, 2, "RUNNING", mem_gb_per_gpu=10.0, cpus_per_gpu=2, nodes=["node3"], gpus_per_node={"node3": 2}),
+    ]
+    nodes[2].gpus_used = 2
+    v = build_state(2000.0, cluster, nodes, jobs, ContentionModel(cluster), partition="gpu", default_model="MoE",
+                    default_runtime_s=600.0)
+    demand = {j.job_id: j.demand for j in (*v.state.pending, *v.state.running)}
+    assert set(demand) == {"1", "2", "3", "6", "7"}
+    assert demand["1"] is None
+    assert demand["2"] == ResourceDemand(4, gpu_type="v100", cpus_per_gpu=3, mem_gb_per_gpu=2.0)
+    assert demand["3"] == ResourceDemand(2, cpus_per_gpu=4)
+    assert demand["6"] == ResourceDemand(1, gpu_type="Tesla_K80", mem_gb_per_gpu=1.5)
+    assert demand["7"] == ResourceDemand(2, cpus_per_gpu=2, mem_gb_per_gpu=10.0)
+    (w4,) = [w for w in v.warnings if w.startswith("job 4:")]
+    assert "GPU type a100" in w4 and "no node of partition gpu" in w4 and "k80, v100" in w4 and "left held" in w4
+    (w5,) = [w for w in v.warnings if w.startswith("job 5:")]
+    assert "12 v100 GPUs" in w5 and "has 8" in w5
+    assert v.state.free_cpu_mem() == ([16, 16, 4], [64.0, 64.0, 12.0])
+
+
+def test_requested_type_cpus_and_memory_are_checked_by_the_decision_validator():
+    """check_decision on the controller's snapshot refuses a placement of a live job on GPUs of another type
+    or on a node without the CPUs / memory it asked for, and accepts one that fits; a job without a demand
+    is checked on GPU counts only."""
+    nodes = _typed_nodes()
+    cluster = build_cluster(nodes, "gpu", 16.0, 5.0)
+    jobs = [_asking(1, 4, gpu_type="v100"), _asking(2, 4, cpus_per_gpu=4), _asking(3, 2, mem_gb_per_gpu=20.0),
+            _asking(4, 4)]
+    st = build_state(2000.0, cluster, nodes, jobs, ContentionModel(cluster), partition="gpu", default_model="MoE",
+                     default_runtime_s=600.0).state
+
+    def why(*place):
+        return [p.message for p in check_decision(st, Decision(list(place)))]
+
+    assert "type k80" in why(("1", Placement.of({2: 4})))[0]
+    assert "CPU" in why(("2", Placement.of({2: 4})))[0]  # 16 CPUs asked, node3 has 8
+    assert "mem" in why(("3", Placement.of({2: 2})))[0]  # 40 GB asked, node3 has 32
+    assert why(("1", Placement.of({0: 4})), ("2", Placement.of({1: 2, 2: 2})), ("3", Placement.of({1: 2}))) == []
+    assert why(("4", Placement.of({2: 4}))) == []
 
 
 # --------------------------------------------------------------------------- rounds

@@ -19,12 +19,14 @@ from controller.slurm import (
     SlurmCLI,
     SlurmError,
     expand_hostlist,
+    gpu_type_from_tres,
     gpus_from_tres,
     managed_gpus,
     parse_gres_count,
     parse_gres_type,
     parse_sinfo_json,
     parse_squeue_json,
+    per_gpu_from_tres,
 )
 
 DATA = Path(__file__).parent / "data" / "slurm"
@@ -268,3 +270,62 @@ def test_place_expresses_balanced_and_total_requests(tmp_path):
     ]
     with pytest.raises(ValueError, match="is not 12"):
         cli.place(7, ["a", "b"], 12, per_node=5)
+
+
+def test_squeue_json_reads_requested_gpu_type_cpus_and_memory_per_gpu():
+    """Recorded on the test cluster (slurmctld 22.05.8): job 1 held, submitted with --gpus=4 --cpus-per-gpu=3
+    --mem-per-gpu=2G (``cpus_per_tres`` ``gres:gpu:3``, ``memory_per_tres`` ``gres:gpu:2048``); job 2 with
+    --gpus=2 --cpus-per-gpu=5 --mem-per-gpu=1500M, running after a balanced pin (TresPerNode, no TresPerJob).
+    Its nodes have untyped GPUs, so the typed request is the same JSON with ``tres_per_job`` as 22.05 writes
+    ``--gpus=v100:4``."""
+    doc = json.loads(_read("squeue_demand_22.05.json"))
+    jobs = {j.job_id: j for j in parse_squeue_json(json.dumps(doc))}
+    a, b = jobs[1], jobs[2]
+    assert (a.gpus, a.gpu_type, a.cpus_per_gpu, a.mem_gb_per_gpu) == (4, None, 3, 2.0) and a.held
+    assert (b.gpus, b.gpu_type, b.cpus_per_gpu, b.mem_gb_per_gpu) == (2, None, 5, 1500 / 1024) and b.running
+    doc["jobs"][0]["tres_per_job"] = "gres:gpu:v100:4"
+    doc["jobs"][1]["tres_per_node"] = "gres:gpu:k80:1"
+    jobs = {j.job_id: j for j in parse_squeue_json(json.dumps(doc))}
+    assert jobs[1].gpu_type == "v100" and jobs[1].gpus == 4 and jobs[1].pin_tres == "gres:gpu:v100"
+    assert jobs[2].gpu_type == "k80" and jobs[2].gpus == 2 and jobs[2].pin_tres == "gres:gpu:k80"
+    # a job that asks for none of them (the older recording)
+    plain = parse_squeue_json(_read("squeue_22.05.json"))
+    assert all((j.gpu_type, j.cpus_per_gpu, j.mem_gb_per_gpu) == (None, 0, 0.0) for j in plain)
+    assert all(j.pin_tres == j.tres_style for j in plain)
+
+
+@pytest.mark.parametrize(
+    "tres, gpu_type",
+    [
+        ("gres:gpu:v100:4", "v100"),
+        ("gres/gpu:a100:2", "a100"),
+        ("gres/gpu:a100=2", "a100"),
+        ("gres:gpu:tesla_k80", "tesla_k80"),  # a type without a count is one GPU
+        ("gres:gpu:4", None),
+        ("gres:gpu", None),
+        ("gres:gpu:v100:2,gres:gpu:k80:2", None),  # several types: no single one
+        ("gres:gpu:v100:2,gres:mps:100", "v100"),
+        ("gres:mps:100", None),
+        ("", None),
+        (None, None),
+    ],
+)
+def test_gpu_type_from_tres(tres, gpu_type):
+    assert gpu_type_from_tres(tres) == gpu_type
+
+
+def test_per_gpu_amounts_from_tres():
+    assert per_gpu_from_tres("gres:gpu:3") == 3 and per_gpu_from_tres("gres:gpu:2048") == 2048
+    assert per_gpu_from_tres("gres/gpu:5") == 5 and per_gpu_from_tres("gres:gpu:v100:6") == 6
+    assert per_gpu_from_tres("gres:mps:100") == 0 and per_gpu_from_tres("") == 0 and per_gpu_from_tres(None) == 0
+
+
+def test_pins_keep_the_requested_gpu_type(tmp_path):
+    d = _fake_bin(tmp_path, "scontrol", 'echo "$@" >> "$(dirname "$0")/calls"')
+    cli = SlurmCLI(bin_dir=str(d))
+    cli.place(7, ["node3", "node4"], 8, per_node=4, tres_style="gres:gpu:v100")
+    cli.place(8, ["node1"], 2, tres_style="gres:gpu:v100")
+    assert (d / "calls").read_text().splitlines() == [
+        "update JobId=7 ReqNodeList=node3,node4 NumNodes=2 TresPerJob= TresPerNode=gres:gpu:v100:4 StartTime=now",
+        "update JobId=8 ReqNodeList=node1 NumNodes=1 TresPerNode= TresPerJob=gres:gpu:v100:2 StartTime=now",
+    ]

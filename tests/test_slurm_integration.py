@@ -247,6 +247,36 @@ def test_cheap_queue_read_agrees_with_squeue_json(live_cluster, test_user):
     assert text[a].comment == tricky and text[b].gpus_per_node == {"node2": 4, "node3": 4}
 
 
+def test_requested_cpus_and_memory_per_gpu_reach_the_controllers_snapshot(live_cluster, test_user, tmp_path):
+    """A job submitted with --gpus=2 --cpus-per-gpu=3 --mem-per-gpu=2G is in the controller's snapshot with
+    that demand while held and, read through the cheap text queue read, once running (the pin keeps it),
+    where its 6 CPUs and 4 GB are taken from its node's free CPUs / memory (nodes: 32 CPUs, 64000 MB). A job
+    that asks for GPUs only has no demand. The test cluster's GPUs are untyped (``Gres=gpu:8``: Slurm
+    refuses ``--gpus=v100:2`` there), so the GPU type is checked in the adapter and state unit tests."""
+    from policies.resources import ResourceDemand
+
+    cluster = live_cluster
+    a = cluster.sbatch("sleep 30", 2, comment="rlsched:model=GNN", user=test_user,
+                       extra=["--cpus-per-gpu=3", "--mem-per-gpu=2G"])
+    b = cluster.sbatch("sleep 30", 2, comment="rlsched:model=GNN", user=test_user)
+    want = ResourceDemand(2, cpus_per_gpu=3, mem_gb_per_gpu=2.0)
+    ctl = _controller(cluster, tmp_path, policy="fifo")
+    assert ctl.round().ok
+    held = {j.job_id: j.demand for j in ctl.backend.view.state.pending}
+    assert held == {str(a): want, str(b): None}
+    cluster.wait(lambda: all(_state(cluster, j) == "RUNNING" for j in (a, b)), 20, "jobs to start")
+    assert ctl.round().ok
+    assert ctl.slurm.queue_reads["text"] >= 1, ctl.slurm.queue_reads
+    view = ctl.backend.view
+    running = {j.job_id: j for j in view.state.running}
+    assert running[str(a)].demand == want and running[str(b)].demand is None
+    (node,) = running[str(a)].placement.as_dict()
+    cpus, mem = view.state.free_cpu_mem()
+    assert cpus[node] == 32 - 6 and mem[node] == pytest.approx(64000 / 1024 - 4.0)
+    # Slurm gave it what it asked for
+    assert cluster.job(a).cpus_per_gpu == 3 and "cpu=6," in _show(cluster, a, "TRES")
+
+
 def test_owner_cannot_release_or_repin_a_held_job(live_cluster, test_user):
     cluster = live_cluster
     jid = cluster.sbatch("sleep 1", 4, comment="rlsched:model=MoE", user=test_user)
