@@ -323,6 +323,45 @@ def test_requested_type_cpus_and_memory_are_checked_by_the_decision_validator():
     assert why(("4", Placement.of({2: 4}))) == []
 
 
+def test_round_refuses_a_policys_placement_on_the_wrong_type_and_pins_keep_the_type(tmp_path, caplog):
+    """fifo ignores GPU types: its placement of a --gpus=k80:2 job on a V100 node is refused by the decision
+    validator (the job stays held); with the V100 nodes busy it lands on the K80 node, pinned with
+    ``gres:gpu:k80`` (a requeued job still asks for K80s). A job asking for a type the partition lacks stays
+    held, with the warning logged; an untyped job's pin keeps the plain ``gres:gpu``."""
+
+    class TypedSlurm(FakeSlurm):
+        def __init__(self) -> None:
+            super().__init__()
+            self.node_list = _typed_nodes()
+            self.tres: dict[int, str] = {}
+
+        def nodes(self):
+            self._call("nodes")
+            return [SlurmNode(**vars(n)) for n in self.node_list]
+
+        def place(self, job_id, nodes, gpus=None, per_node=None, tres_style="gres:gpu"):
+            self.tres[job_id] = tres_style
+            super().place(job_id, nodes, gpus, per_node, tres_style)
+
+    s = TypedSlurm()
+    k80, a100 = s.submit(2, "rlsched:model=GNN"), s.submit(2, "rlsched:model=GNN")
+    s.job_list[k80].gpu_type, s.job_list[k80].cpus_per_gpu = "k80", 4
+    s.job_list[a100].gpu_type = "a100"
+    ctl = _ctl(tmp_path, s)
+    with caplog.at_level(logging.WARNING, logger="controller"):
+        rep = ctl.round()
+    assert rep.ok and rep.placed == [] and s.tres == {}
+    assert f"job {k80}: placement {{0:2}} does not fit: node 0 (node1) has GPUs of type v100" in caplog.text
+    assert f"job {a100}: asks for GPU type a100, which no node of partition gpu has" in caplog.text
+    for n in s.node_list[:2]:
+        n.gpus_used = 4  # the V100s are busy
+    plain = s.submit(2, "rlsched:model=GNN")
+    rep = ctl.round()
+    assert rep.ok, rep.error
+    assert dict(rep.placed) == {k80: {"node3": 2}, plain: {"node3": 2}}
+    assert s.tres == {k80: "gres:gpu:k80", plain: "gres:gpu"} and s.job_list[a100].held
+
+
 # --------------------------------------------------------------------------- rounds
 def test_round_places_held_jobs_and_slurm_runs_them(tmp_path):
     s = FakeSlurm()
