@@ -19,7 +19,11 @@ code gives as quoted in issue 34 (trace0, and the means over the 11 sets) only.
 
 rlsched is run with ``--compat deepshare`` (:mod:`policies.compat`) on the same sets: ``ds-las``,
 ``ds-srtf``, our heuristics with the seed's placement rule (``fifo:ds``, ``sjf:ds``, ``srtf:ds``,
-``las:ds``) and the shipped learned policies ``rl-base`` and ``rl-hybrid``.
+``las:ds``) and the shipped learned policies ``rl-base`` and ``rl-hybrid``; ``--policy NAME=SPEC``
+(repeatable) adds a policy under the name ``NAME`` (``SPEC`` a policy name for
+:func:`policies.registry.make_policy`, e.g. ``rl-base-compat=rl-base:/path/to/best`` for a checkpoint
+trained with ``rlsched train --compat deepshare``). With ``--from-json`` only the added policies are
+simulated; their rows are merged into the raw results (written back to ``--json``).
 
 Nothing here is needed by the tests.
 """
@@ -134,8 +138,9 @@ def _run_deepshare(shim: Path, checkout: Path, sets_dir: Path, jobs: int) -> dic
         return dict(ex.map(one, tasks))
 
 
-def run_rlsched(sets_dir: Path) -> dict:
-    """``{(set, policy): summary}`` of rlsched under ``--compat deepshare``."""
+def run_rlsched(sets_dir: Path, policies: dict[str, str] | None = None) -> dict:
+    """``{(set, policy): summary}`` of rlsched under ``--compat deepshare``; ``policies``: shown name -> the
+    name :func:`policies.registry.make_policy` builds (default: :data:`POLICIES`, each under its own name)."""
     from policies.cluster import ClusterSpec
     from policies.compat import adapt_policy, compat_mode
     from policies.perf import ContentionModel
@@ -147,11 +152,12 @@ def run_rlsched(sets_dir: Path) -> dict:
     cl = ClusterSpec.parse("4x8")
     mode = compat_mode("deepshare")
     perf = ContentionModel(cl, contention=mode.contention)
+    policies = policies if policies is not None else {p: p for p in POLICIES}
     out = {}
     for s in SETS:
         jobs = load_trace(sets_dir / f"{s}.json", cl, perf)
-        for name in POLICIES:
-            pol = adapt_policy(make_policy(name, cl, perf), mode)
+        for name, spec in policies.items():
+            pol = adapt_policy(make_policy(spec, cl, perf), mode)
             t0 = time.perf_counter()
             res = Simulator(cl, jobs, pol, perf, SimConfig(compat=mode)).run()
             sm = summarize(res)
@@ -248,6 +254,50 @@ def speed_table(ours: dict, ds: dict | None) -> str:
     return "\n".join(rows)
 
 
+def _policies(ours: dict) -> list[str]:
+    """The policies in ``ours``: :data:`POLICIES`, then the added ones (``--policy``) in the order run."""
+    extra = []
+    for _s, p in ours:
+        if p not in POLICIES and p not in extra:
+            extra.append(p)
+    return [*POLICIES, *extra]
+
+
+#: the two of DeepShare's 11 job sets that are not among its training episodes (``train/...``)
+HELD_OUT = ["simulate/trace0", "real/trace0"]
+
+
+def extra_note(extras: dict[str, str]) -> str:
+    """What the added policies are (``--policy``), in words."""
+    if not extras:
+        return ""
+    lines = ["Added policies (`--policy NAME=SPEC`):", ""]
+    lines += [f"* `{n}` = `{spec}`" for n, spec in extras.items()]
+    return "\n".join(lines) + "\n"
+
+
+def held_out_table(ours: dict, extras: dict[str, str]) -> str:
+    """Per held-out set (:data:`HELD_OUT`): every policy's run-only JCT and JCT with queueing (h), and each
+    against ds-las, ds-srtf and that set's best heuristic (per metric)."""
+    names = _policies(ours)
+    out = []
+    for s in HELD_OUT:
+        out.append(f"**{s}**\n")
+        out.append("| policy | run-only JCT (h) | vs ds-las | vs ds-srtf | vs best heuristic | JCT with queueing (h) "
+                   "| vs ds-las | vs ds-srtf | vs best heuristic |")
+        out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        best = {m: min(HEURISTICS, key=lambda p: ours[(s, p)][m]) for m in ("avg_run_jct_rounds_s", "avg_jct_s")}
+        for p in names:
+            cells = [p]
+            for m in ("avg_run_jct_rounds_s", "avg_jct_s"):
+                v = ours[(s, p)][m]
+                cells += [f"{v / 3600:.3f}", _pct(v, ours[(s, 'ds-las')][m]), _pct(v, ours[(s, 'ds-srtf')][m]),
+                          f"{_pct(v, ours[(s, best[m])][m])} ({best[m]})"]
+            out.append("| " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
 def claim_summary(ours: dict) -> str:
     """The seed's claim against these runs, in words (numbers from the runs)."""
     def mean(p, m):
@@ -277,12 +327,13 @@ def seed_claim_table(ours: dict) -> str:
     out = []
     for metric, label in (("avg_run_jct_rounds_s", "run-only JCT, whole rounds (the seed's metric)"),
                           ("avg_jct_s", "JCT with queueing (ours)")):
-        per = {p: np.array([ours[(s, p)][metric] for s in SETS]) / 3600 for p in POLICIES}
+        names = _policies(ours)
+        per = {p: np.array([ours[(s, p)][metric] for s in SETS]) / 3600 for p in names}
         best = min(HEURISTICS, key=lambda p: per[p].mean())
         out.append(f"**{label}**; best of our heuristics: `{best}`\n")
         out.append("| policy | mean (h) | 95 % CI | vs best heuristic, paired | vs ds-las | vs ds-srtf |")
         out.append("|---|---:|---:|---:|---:|---:|")
-        for p in POLICIES:
+        for p in names:
             m, h = _ci(per[p])
             d, dh = _ci(per[p] - per[best])
             rel = lambda q: f"{100 * (per[p].mean() - per[q].mean()) / per[q].mean():+.1f} %"  # noqa: E731
@@ -291,7 +342,56 @@ def seed_claim_table(ours: dict) -> str:
     return "\n".join(out)
 
 
-def fidelity_doc(ours: dict, ds: dict | None, checkout: Path | None, wall: float) -> str:
+def training_note(extras: dict[str, str]) -> str:
+    """Each added checkpoint's training run, read from its metadata (``training``: compat mode, steps, the
+    validation score and the command); a policy without a readable checkpoint is named as given."""
+    lines = []
+    for name, spec in extras.items():
+        path = spec.partition(":")[2]
+        meta_path = Path(path if path.endswith(".json") else path + ".json")
+        if not path or not meta_path.is_file():
+            continue
+        try:
+            tr = json.loads(meta_path.read_text()).get("training", {})
+        except (OSError, ValueError):
+            continue
+        cfg = tr.get("config", {}) if isinstance(tr.get("config"), dict) else {}
+        val = tr.get("val_avg_jct_s")
+        lines.append(
+            f"* `{name}`: trained with `--compat {tr.get('compat')}`, {tr.get('timesteps')} steps, "
+            f"{len(cfg.get('traces', []))} training set(s), validation {', '.join(_rel(v) for v in cfg.get('val_traces', [])) or 'none'}"
+            + (f" (best validation JCT with queueing {val / 3600:.2f} h, {tr.get('val_rel_jct', math.nan):.3f} x greedy-np:ds)"
+               if isinstance(val, (int, float)) else "") + ".")
+    return ("\n".join(lines) + "\n") if lines else ""
+
+
+def _rel(path: str) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(ROOT))
+    except ValueError:
+        return path
+
+
+def compat_trained_section(ours: dict, extras: dict[str, str]) -> str:
+    """The added policies (checkpoints trained in compat mode) on the two held-out sets, for both documents."""
+    if not extras:
+        return ""
+    return f"""
+### Checkpoints trained in compat mode, on the two held-out job sets
+
+{extra_note(extras)}
+{training_note(extras)}
+The 11-set means above include the policies' own training episodes (DeepShare's 9 `train/...` sets;
+see docs/FIDELITY.md for which were trained on and which validated), so for a checkpoint trained in
+compat mode only `simulate/trace0` and `real/trace0` are held out. One set each, one simulation each
+(the mode is deterministic): no interval.
+
+{held_out_table(ours, extras)}"""
+
+
+def fidelity_doc(ours: dict, ds: dict | None, checkout: Path | None, wall: float,
+                 extras: dict[str, str] | None = None) -> str:
+    extras = extras or {}
     src = (f"DeepShare's own simulator from the checkout given ({checkout.name}), run by this command"
            if ds else "no DeepShare checkout given: reference figures are those quoted in issue 34 (trace0 and the "
                       "11-set means); per-set references need `--deepshare PATH`")
@@ -359,10 +459,9 @@ Student t 95 % interval over the 11 sets.
 
 The shipped checkpoints were trained on rlsched's own generated job sets (`scripts/rl_traces.sh`,
 docs/RL.md), so DeepShare's 11 sets are held out for them.
-
-Left: checkpoints trained in compat mode (none are shipped), and DeepShare's own RL checkpoints (SB3
-PPO files) run through its simulator (issue 34 quotes 1.27-1.55 h run-only and 29.4-50.7 h with
-queueing on trace0 for them; not re-measured here).
+{compat_trained_section(ours, extras)}
+Left: DeepShare's own RL checkpoints (SB3 PPO files) run through its simulator (issue 34 quotes
+1.27-1.55 h run-only and 29.4-50.7 h with queueing on trace0 for them; not re-measured here).
 
 ## Speed
 
@@ -403,8 +502,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=str(ROOT / "docs/fidelity_results.json"),
                     help="where the raw results go (default: docs/fidelity_results.json)")
     ap.add_argument("--from-json", default=None,
-                    help="rewrite the documents from an earlier run's raw results, without simulating")
+                    help="rewrite the documents from an earlier run's raw results, without simulating (only the "
+                         "--policy additions are simulated and merged in)")
+    ap.add_argument("--policy", action="append", default=[], metavar="NAME=SPEC",
+                    help="also run SPEC (a policy name, e.g. rl-base:/path/to/best) under the name NAME "
+                         "(repeatable), e.g. rl-base-compat=rl-base:runs/compat/best")
     args = ap.parse_args(argv)
+    extras: dict[str, str] = {}
+    for item in args.policy:
+        name, eq, spec = (x.strip() for x in item.partition("="))
+        if not eq or not name or not spec:
+            print(f"peers: error: --policy {item!r}: expected NAME=SPEC, e.g. rl-base-compat=rl-base:/path/best",
+                  file=sys.stderr)
+            return 2
+        if name in POLICIES or name in extras or "|" in name:
+            print(f"peers: error: --policy {item!r}: the name {name!r} is taken (or has a '|')", file=sys.stderr)
+            return 2
+        extras[name] = spec
     sets_dir = Path(args.sets)
     missing = [s for s in SETS if not (sets_dir / f"{s}.json").is_file()]
     if missing:
@@ -425,16 +539,31 @@ def main(argv: list[str] | None = None) -> int:
         ours = {tuple(k.split("|")): v for k, v in raw["rlsched"].items()}
         wall = raw["wall_s"]
         checkout = Path(raw["checkout"]) if raw.get("checkout") else None
+        known = {**raw.get("extra_policies", {}), **extras}
+        if extras:
+            try:
+                ours.update(run_rlsched(sets_dir, extras))
+            except ValueError as exc:  # PolicyError / CheckpointError / SimulationError: one line
+                print(f"peers: error: {exc}", file=sys.stderr)
+                return 2
+            raw["rlsched"] = {f"{s}|{p}": v for (s, p), v in ours.items()}
+            raw["extra_policies"] = known
+            Path(args.json).write_text(json.dumps(raw, indent=1) + "\n")
+        extras = known
     else:
         ds = run_deepshare(checkout, sets_dir, max(1, args.jobs)) if checkout is not None else None
-        ours = run_rlsched(sets_dir)
+        try:
+            ours = run_rlsched(sets_dir, {**{p: p for p in POLICIES}, **extras})
+        except ValueError as exc:
+            print(f"peers: error: {exc}", file=sys.stderr)
+            return 2
         wall = time.perf_counter() - t0
         raw = {"checkout": str(checkout) if checkout else None, "wall_s": wall,
                "deepshare": {f"{s}|{sch}|{'fixed' if fx else 'as-is'}": v for (s, sch, fx), v in ds.items()} if ds else None,
-               "rlsched": {f"{s}|{p}": v for (s, p), v in ours.items()}}
+               "rlsched": {f"{s}|{p}": v for (s, p), v in ours.items()}, "extra_policies": extras}
         Path(args.json).write_text(json.dumps(raw, indent=1) + "\n")
-    Path(args.out).write_text(fidelity_doc(ours, ds, checkout, wall))
-    _replace_section(Path(args.results_md), seed_claim_table(ours))
+    Path(args.out).write_text(fidelity_doc(ours, ds, checkout, wall, extras))
+    _replace_section(Path(args.results_md), seed_claim_table(ours) + compat_trained_section(ours, extras))
     print(f"peers: wrote {args.out} and the seed-claim section of {args.results_md} ({wall:.0f} s)")
     return 0
 
