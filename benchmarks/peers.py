@@ -272,7 +272,7 @@ def extra_note(extras: dict[str, str]) -> str:
     if not extras:
         return ""
     lines = ["Added policies (`--policy NAME=SPEC`):", ""]
-    lines += [f"* `{n}` = `{spec}`" for n, spec in extras.items()]
+    lines += [f"* `{n}` = `{_rel_spec(spec)}`" for n, spec in extras.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -313,6 +313,11 @@ def claim_summary(ours: dict) -> str:
             f"* `{p}`: run-only JCT {rel(p, 'ds-srtf', run):+.1f} % / {rel(p, 'ds-las', run):+.1f} % against "
             f"ds-srtf / ds-las (the seed's claim for RL-base: -15.4 % / -18.2 %); with queueing "
             f"{rel(p, 'ds-srtf', q):+.1f} % / {rel(p, 'ds-las', q):+.1f} %.")
+    for p in _policies(ours)[len(POLICIES):]:
+        lines.append(
+            f"* `{p}` (added; its 11-set means include its training sets): run-only JCT {rel(p, 'ds-srtf', run):+.1f} % / "
+            f"{rel(p, 'ds-las', run):+.1f} % against ds-srtf / ds-las; with queueing {rel(p, 'ds-srtf', q):+.1f} % / "
+            f"{rel(p, 'ds-las', q):+.1f} %.")
     lines.append(
         f"* The run-only metric rewards running few jobs at a time: `rl-base` has the shortest run-only JCT "
         f"({mean('rl-base', run) / 3600:.2f} h) and the longest JCT with queueing ({mean('rl-base', q) / 3600:.1f} h) "
@@ -342,10 +347,11 @@ def seed_claim_table(ours: dict) -> str:
     return "\n".join(out)
 
 
-def training_note(extras: dict[str, str]) -> str:
-    """Each added checkpoint's training run, read from its metadata (``training``: compat mode, steps, the
-    validation score and the command); a policy without a readable checkpoint is named as given."""
-    lines = []
+def checkpoint_training(extras: dict[str, str]) -> dict[str, dict]:
+    """For each added policy whose SPEC names a checkpoint (``rl-base:/path``), its training run from the
+    checkpoint's metadata: compat mode, steps, validation score, training / validation sets (repo-relative)
+    and the commands of its segments. Stored in the raw results so ``--from-json`` keeps it."""
+    out = {}
     for name, spec in extras.items():
         path = spec.partition(":")[2]
         meta_path = Path(path if path.endswith(".json") else path + ".json")
@@ -356,13 +362,50 @@ def training_note(extras: dict[str, str]) -> str:
         except (OSError, ValueError):
             continue
         cfg = tr.get("config", {}) if isinstance(tr.get("config"), dict) else {}
-        val = tr.get("val_avg_jct_s")
+        out[name] = {"compat": tr.get("compat"), "timesteps": tr.get("timesteps"),
+                     "val_avg_jct_s": tr.get("val_avg_jct_s"), "val_rel_jct": tr.get("val_rel_jct"),
+                     "traces": [_rel(t) for t in cfg.get("traces", [])],
+                     "val_traces": [_rel(t) for t in cfg.get("val_traces", [])],
+                     "commands": [c.get("command") for c in tr.get("commands", []) if isinstance(c, dict)]}
+    return out
+
+
+def training_note(training: dict[str, dict]) -> str:
+    """The added checkpoints' training runs (:func:`checkpoint_training`), in words (one line per run: the
+    policies that share a checkpoint's run share the line)."""
+    runs: list[tuple[list[str], dict]] = []
+    for name, t in training.items():
+        for names, u in runs:
+            if u == t:
+                names.append(name)
+                break
+        else:
+            runs.append(([name], t))
+    lines = []
+    for names, t in runs:
+        val = t.get("val_avg_jct_s")
         lines.append(
-            f"* `{name}`: trained with `--compat {tr.get('compat')}`, {tr.get('timesteps')} steps, "
-            f"{len(cfg.get('traces', []))} training set(s), validation {', '.join(_rel(v) for v in cfg.get('val_traces', [])) or 'none'}"
-            + (f" (best validation JCT with queueing {val / 3600:.2f} h, {tr.get('val_rel_jct', math.nan):.3f} x greedy-np:ds)"
+            f"* {' and '.join(f'`{n}`' for n in names)}: trained with `--compat {t.get('compat')}`, {t.get('timesteps')} steps, on "
+            f"{', '.join('`' + x + '`' for x in t.get('traces', []))}; validation (best-checkpoint selection) on "
+            f"{', '.join('`' + x + '`' for x in t.get('val_traces', [])) or 'none'}"
+            + (f" (its best: JCT with queueing {val / 3600:.2f} h, {t.get('val_rel_jct'):.3f} x greedy-np:ds)"
                if isinstance(val, (int, float)) else "") + ".")
     return ("\n".join(lines) + "\n") if lines else ""
+
+
+def added_line(extras: dict[str, str]) -> str:
+    """The sentence that says which rows ``--policy`` added (simulated after the rest, ``--from-json``)."""
+    if not extras:
+        return ""
+    names = ", ".join(f"`{n}`" for n in extras)
+    return (f" The rows of {names} were added with `--policy` (see \"Training in compat mode\"): with "
+            "`--from-json` only they are simulated, the other rows are the raw results of the run above.")
+
+
+def _rel_spec(spec: str) -> str:
+    """``NAME:PATH`` with ``PATH`` written relative to the repository when it lies in it."""
+    base, colon, path = spec.partition(":")
+    return f"{base}:{_rel(path)}" if colon and path else spec
 
 
 def _rel(path: str) -> str:
@@ -372,7 +415,36 @@ def _rel(path: str) -> str:
         return path
 
 
-def compat_trained_section(ours: dict, extras: dict[str, str]) -> str:
+#: how the compat-mode checkpoint of docs/FIDELITY.md is trained and added (the commands, no results)
+COMPAT_RECIPE = """
+### Training in compat mode
+
+`rlsched train --compat deepshare` trains under the mode's rules (`trainer/env.py`: the episodes'
+simulator runs with `SimConfig(compat=...)`, the codec offers only the mode's placements, the
+`jct-rel` reference is `greedy-np:ds` under the mode, validation runs under the mode, and the
+checkpoint records `training.compat`). The run below starts from scratch (the admission prior's
+initialisation): `--init` takes a training run's checkpoint with its value network, which the shipped
+files do not carry. DeepShare's 9 training episodes less one are trained on;
+`train/jobset2/episode2` is held out for validation (best-checkpoint selection). The network is not
+shipped (0.9 MB per policy file); these commands make it again (about 3 CPU-minutes on this machine),
+then add it to these tables without re-running DeepShare's simulator or the other rows:
+
+```
+T=data/traces/deepshare/train
+nice -n 10 rlsched train --compat deepshare \\
+    $(for f in jobset0/episode0 jobset0/episode1 jobset0/episode2 jobset1/episode0 jobset1/episode1 \\
+               jobset1/episode2 jobset2/episode0 jobset2/episode1; do echo --traces $T/$f.json; done) \\
+    --val-traces $T/jobset2/episode2.json --timesteps 60000 --n-envs 2 --eval-freq 4000 --seed 0 --out runs/compat-ds
+nice -n 10 rlsched train --resume --timesteps 250000 --out runs/compat-ds
+python benchmarks/peers.py --from-json docs/fidelity_results.json \\
+    --policy rl-base-compat=rl-base:runs/compat-ds/best --policy rl-hybrid-compat=rl-hybrid:runs/compat-ds/best
+```
+
+`rl-base-compat` and `rl-hybrid-compat` are the same network, run as rl-base and as rl-hybrid.
+"""
+
+
+def compat_trained_section(ours: dict, extras: dict[str, str], training: dict[str, dict] | None = None) -> str:
     """The added policies (checkpoints trained in compat mode) on the two held-out sets, for both documents."""
     if not extras:
         return ""
@@ -380,17 +452,17 @@ def compat_trained_section(ours: dict, extras: dict[str, str]) -> str:
 ### Checkpoints trained in compat mode, on the two held-out job sets
 
 {extra_note(extras)}
-{training_note(extras)}
-The 11-set means above include the policies' own training episodes (DeepShare's 9 `train/...` sets;
-see docs/FIDELITY.md for which were trained on and which validated), so for a checkpoint trained in
-compat mode only `simulate/trace0` and `real/trace0` are held out. One set each, one simulation each
+{training_note(training or {})}
+The 11-set means above include these policies' own training episodes (8 of DeepShare's 9 `train/...`
+sets were trained on and the 9th validated, as listed), so for a checkpoint trained in compat mode only
+`simulate/trace0` and `real/trace0` are held out: the tables below are those two sets alone. One set each, one simulation each
 (the mode is deterministic): no interval.
 
 {held_out_table(ours, extras)}"""
 
 
 def fidelity_doc(ours: dict, ds: dict | None, checkout: Path | None, wall: float,
-                 extras: dict[str, str] | None = None) -> str:
+                 extras: dict[str, str] | None = None, training: dict[str, dict] | None = None) -> str:
     extras = extras or {}
     src = (f"DeepShare's own simulator from the checkout given ({checkout.name}), run by this command"
            if ds else "no DeepShare checkout given: reference figures are those quoted in issue 34 (trace0 and the "
@@ -398,7 +470,7 @@ def fidelity_doc(ours: dict, ds: dict | None, checkout: Path | None, wall: float
     return f"""# Fidelity: rlsched beside the peers' own simulators
 
 Generated by `python benchmarks/peers.py --deepshare PATH` (PATH: a checkout of gajagajago/deepshare;
-also `RLSCHED_DEEPSHARE`); {wall:.0f} s of wall time here. Reference: {src}.
+also `RLSCHED_DEEPSHARE`); {wall:.0f} s of wall time here. Reference: {src}.{added_line(extras)}
 
 ## DeepShare-compatible mode (`--compat deepshare`)
 
@@ -459,7 +531,7 @@ Student t 95 % interval over the 11 sets.
 
 The shipped checkpoints were trained on rlsched's own generated job sets (`scripts/rl_traces.sh`,
 docs/RL.md), so DeepShare's 11 sets are held out for them.
-{compat_trained_section(ours, extras)}
+{COMPAT_RECIPE if extras else ""}{compat_trained_section(ours, extras, training)}
 Left: DeepShare's own RL checkpoints (SB3 PPO files) run through its simulator (issue 34 quotes
 1.27-1.55 h run-only and 29.4-50.7 h with queueing on trace0 for them; not re-measured here).
 
@@ -540,6 +612,7 @@ def main(argv: list[str] | None = None) -> int:
         wall = raw["wall_s"]
         checkout = Path(raw["checkout"]) if raw.get("checkout") else None
         known = {**raw.get("extra_policies", {}), **extras}
+        training = {**raw.get("extra_training", {}), **checkpoint_training(extras)}
         if extras:
             try:
                 ours.update(run_rlsched(sets_dir, extras))
@@ -548,6 +621,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             raw["rlsched"] = {f"{s}|{p}": v for (s, p), v in ours.items()}
             raw["extra_policies"] = known
+            raw["extra_training"] = training
             Path(args.json).write_text(json.dumps(raw, indent=1) + "\n")
         extras = known
     else:
@@ -560,10 +634,12 @@ def main(argv: list[str] | None = None) -> int:
         wall = time.perf_counter() - t0
         raw = {"checkout": str(checkout) if checkout else None, "wall_s": wall,
                "deepshare": {f"{s}|{sch}|{'fixed' if fx else 'as-is'}": v for (s, sch, fx), v in ds.items()} if ds else None,
-               "rlsched": {f"{s}|{p}": v for (s, p), v in ours.items()}, "extra_policies": extras}
+               "rlsched": {f"{s}|{p}": v for (s, p), v in ours.items()}, "extra_policies": extras,
+               "extra_training": checkpoint_training(extras)}
+        training = raw["extra_training"]
         Path(args.json).write_text(json.dumps(raw, indent=1) + "\n")
-    Path(args.out).write_text(fidelity_doc(ours, ds, checkout, wall, extras))
-    _replace_section(Path(args.results_md), seed_claim_table(ours) + compat_trained_section(ours, extras))
+    Path(args.out).write_text(fidelity_doc(ours, ds, checkout, wall, extras, training))
+    _replace_section(Path(args.results_md), seed_claim_table(ours) + compat_trained_section(ours, extras, training))
     print(f"peers: wrote {args.out} and the seed-claim section of {args.results_md} ({wall:.0f} s)")
     return 0
 
