@@ -426,7 +426,8 @@ checkpoint records `training.compat`). The run below starts from scratch (the ad
 initialisation): `--init` takes a training run's checkpoint with its value network, which the shipped
 files do not carry. DeepShare's 9 training episodes less one are trained on;
 `train/jobset2/episode2` is held out for validation (best-checkpoint selection). The network is not
-shipped (0.9 MB per policy file); these commands make it again (about 3 CPU-minutes on this machine),
+shipped (0.9 MB per policy file); these commands make it again (about 10 minutes of wall time here,
+one core at nice 10, 250,880 steps),
 then add it to these tables without re-running DeepShare's simulator or the other rows:
 
 ```
