@@ -19,7 +19,11 @@ code gives as quoted in issue 34 (trace0, and the means over the 11 sets) only.
 
 rlsched is run with ``--compat deepshare`` (:mod:`policies.compat`) on the same sets: ``ds-las``,
 ``ds-srtf``, our heuristics with the seed's placement rule (``fifo:ds``, ``sjf:ds``, ``srtf:ds``,
-``las:ds``) and the shipped learned policies ``rl-base`` and ``rl-hybrid``.
+``las:ds``) and the shipped learned policies ``rl-base`` and ``rl-hybrid``; ``--policy NAME=SPEC``
+(repeatable) adds a policy under the name ``NAME`` (``SPEC`` a policy name for
+:func:`policies.registry.make_policy`, e.g. ``rl-base-compat=rl-base:/path/to/best`` for a checkpoint
+trained with ``rlsched train --compat deepshare``). With ``--from-json`` only the added policies are
+simulated; their rows are merged into the raw results (written back to ``--json``).
 
 Nothing here is needed by the tests.
 """
@@ -134,8 +138,9 @@ def _run_deepshare(shim: Path, checkout: Path, sets_dir: Path, jobs: int) -> dic
         return dict(ex.map(one, tasks))
 
 
-def run_rlsched(sets_dir: Path) -> dict:
-    """``{(set, policy): summary}`` of rlsched under ``--compat deepshare``."""
+def run_rlsched(sets_dir: Path, policies: dict[str, str] | None = None) -> dict:
+    """``{(set, policy): summary}`` of rlsched under ``--compat deepshare``; ``policies``: shown name -> the
+    name :func:`policies.registry.make_policy` builds (default: :data:`POLICIES`, each under its own name)."""
     from policies.cluster import ClusterSpec
     from policies.compat import adapt_policy, compat_mode
     from policies.perf import ContentionModel
@@ -147,11 +152,12 @@ def run_rlsched(sets_dir: Path) -> dict:
     cl = ClusterSpec.parse("4x8")
     mode = compat_mode("deepshare")
     perf = ContentionModel(cl, contention=mode.contention)
+    policies = policies if policies is not None else {p: p for p in POLICIES}
     out = {}
     for s in SETS:
         jobs = load_trace(sets_dir / f"{s}.json", cl, perf)
-        for name in POLICIES:
-            pol = adapt_policy(make_policy(name, cl, perf), mode)
+        for name, spec in policies.items():
+            pol = adapt_policy(make_policy(spec, cl, perf), mode)
             t0 = time.perf_counter()
             res = Simulator(cl, jobs, pol, perf, SimConfig(compat=mode)).run()
             sm = summarize(res)
@@ -248,6 +254,47 @@ def speed_table(ours: dict, ds: dict | None) -> str:
     return "\n".join(rows)
 
 
+def _policies(ours: dict) -> list[str]:
+    """The policies in ``ours``: :data:`POLICIES`, then the added ones (``--policy``) in the order run."""
+    extra = []
+    for _s, p in ours:
+        if p not in POLICIES and p not in extra:
+            extra.append(p)
+    return [*POLICIES, *extra]
+
+
+#: the two of DeepShare's 11 job sets that are not among its training episodes (``train/...``)
+HELD_OUT = ["simulate/trace0", "real/trace0"]
+
+
+def extra_note(extras: dict[str, str]) -> str:
+    """What the added policies are (``--policy``), in words."""
+    if not extras:
+        return ""
+    lines = ["Added policies (`--policy NAME=SPEC`):", ""]
+    lines += [f"* `{n}` = `{_rel_spec(spec)}`" for n, spec in extras.items()]
+    return "\n".join(lines) + "\n"
+
+
+def held_out_table(ours: dict, extras: dict[str, str]) -> str:
+    """Per held-out set (:data:`HELD_OUT`) and metric: every policy's average JCT (h), and it against ds-las,
+    ds-srtf and that set's best heuristic for that metric."""
+    names = _policies(ours)
+    out = []
+    for s in HELD_OUT:
+        for m, label in (("avg_run_jct_rounds_s", "run-only JCT, whole rounds"), ("avg_jct_s", "JCT with queueing")):
+            best = min(HEURISTICS, key=lambda p: ours[(s, p)][m])
+            out.append(f"**{s}, {label}**; best of our heuristics: `{best}`\n")
+            out.append("| policy | JCT (h) | vs ds-las | vs ds-srtf | vs best heuristic |")
+            out.append("|---|---:|---:|---:|---:|")
+            for p in names:
+                v = ours[(s, p)][m]
+                out.append(f"| {p} | {v / 3600:.3f} | {_pct(v, ours[(s, 'ds-las')][m])} | "
+                           f"{_pct(v, ours[(s, 'ds-srtf')][m])} | {_pct(v, ours[(s, best)][m])} |")
+            out.append("")
+    return "\n".join(out)
+
+
 def claim_summary(ours: dict) -> str:
     """The seed's claim against these runs, in words (numbers from the runs)."""
     def mean(p, m):
@@ -263,6 +310,11 @@ def claim_summary(ours: dict) -> str:
             f"* `{p}`: run-only JCT {rel(p, 'ds-srtf', run):+.1f} % / {rel(p, 'ds-las', run):+.1f} % against "
             f"ds-srtf / ds-las (the seed's claim for RL-base: -15.4 % / -18.2 %); with queueing "
             f"{rel(p, 'ds-srtf', q):+.1f} % / {rel(p, 'ds-las', q):+.1f} %.")
+    for p in _policies(ours)[len(POLICIES):]:
+        lines.append(
+            f"* `{p}` (added; its 11-set means include its training sets): run-only JCT {rel(p, 'ds-srtf', run):+.1f} % / "
+            f"{rel(p, 'ds-las', run):+.1f} % against ds-srtf / ds-las; with queueing {rel(p, 'ds-srtf', q):+.1f} % / "
+            f"{rel(p, 'ds-las', q):+.1f} %.")
     lines.append(
         f"* The run-only metric rewards running few jobs at a time: `rl-base` has the shortest run-only JCT "
         f"({mean('rl-base', run) / 3600:.2f} h) and the longest JCT with queueing ({mean('rl-base', q) / 3600:.1f} h) "
@@ -277,12 +329,13 @@ def seed_claim_table(ours: dict) -> str:
     out = []
     for metric, label in (("avg_run_jct_rounds_s", "run-only JCT, whole rounds (the seed's metric)"),
                           ("avg_jct_s", "JCT with queueing (ours)")):
-        per = {p: np.array([ours[(s, p)][metric] for s in SETS]) / 3600 for p in POLICIES}
+        names = _policies(ours)
+        per = {p: np.array([ours[(s, p)][metric] for s in SETS]) / 3600 for p in names}
         best = min(HEURISTICS, key=lambda p: per[p].mean())
         out.append(f"**{label}**; best of our heuristics: `{best}`\n")
         out.append("| policy | mean (h) | 95 % CI | vs best heuristic, paired | vs ds-las | vs ds-srtf |")
         out.append("|---|---:|---:|---:|---:|---:|")
-        for p in POLICIES:
+        for p in names:
             m, h = _ci(per[p])
             d, dh = _ci(per[p] - per[best])
             rel = lambda q: f"{100 * (per[p].mean() - per[q].mean()) / per[q].mean():+.1f} %"  # noqa: E731
@@ -291,14 +344,139 @@ def seed_claim_table(ours: dict) -> str:
     return "\n".join(out)
 
 
-def fidelity_doc(ours: dict, ds: dict | None, checkout: Path | None, wall: float) -> str:
+def checkpoint_training(extras: dict[str, str]) -> dict[str, dict]:
+    """For each added policy whose SPEC names a checkpoint (``rl-base:/path``), its training run from the
+    checkpoint's metadata: compat mode, steps, validation score, training / validation sets (repo-relative)
+    and the commands of its segments. Stored in the raw results so ``--from-json`` keeps it."""
+    out = {}
+    for name, spec in extras.items():
+        path = spec.partition(":")[2]
+        meta_path = Path(path if path.endswith(".json") else path + ".json")
+        if not path or not meta_path.is_file():
+            continue
+        try:
+            tr = json.loads(meta_path.read_text()).get("training", {})
+        except (OSError, ValueError):
+            continue
+        cfg = tr.get("config", {}) if isinstance(tr.get("config"), dict) else {}
+        out[name] = {"compat": tr.get("compat"), "timesteps": tr.get("timesteps"),
+                     "val_avg_jct_s": tr.get("val_avg_jct_s"), "val_rel_jct": tr.get("val_rel_jct"),
+                     "traces": [_rel(t) for t in cfg.get("traces", [])],
+                     "val_traces": [_rel(t) for t in cfg.get("val_traces", [])],
+                     "commands": [c.get("command") for c in tr.get("commands", []) if isinstance(c, dict)]}
+    return out
+
+
+def training_note(training: dict[str, dict]) -> str:
+    """The added checkpoints' training runs (:func:`checkpoint_training`), in words (one line per run: the
+    policies that share a checkpoint's run share the line)."""
+    runs: list[tuple[list[str], dict]] = []
+    for name, t in training.items():
+        for names, u in runs:
+            if u == t:
+                names.append(name)
+                break
+        else:
+            runs.append(([name], t))
+    lines = []
+    for names, t in runs:
+        val = t.get("val_avg_jct_s")
+        lines.append(
+            f"* {' and '.join(f'`{n}`' for n in names)}: trained with `--compat {t.get('compat')}` (its best checkpoint: "
+            f"{t.get('timesteps')} steps) on {_files(t.get('traces', []))}; validation (best-checkpoint "
+            f"selection) on {_files(t.get('val_traces', [])) or 'none'}"
+            + (f" (its best: JCT with queueing {val / 3600:.2f} h, {t.get('val_rel_jct'):.3f} x greedy-np:ds)"
+               if isinstance(val, (int, float)) else "") + ".")
+    return ("\n".join(lines) + "\n") if lines else ""
+
+
+def added_line(extras: dict[str, str]) -> str:
+    """The sentence that says which rows ``--policy`` added (simulated after the rest, ``--from-json``)."""
+    if not extras:
+        return ""
+    names = ", ".join(f"`{n}`" for n in extras)
+    return (f" The rows of {names} were added with `--policy` (see \"Training in compat mode\"): with "
+            "`--from-json` only they are simulated, the other rows are the raw results of the run above.")
+
+
+def _files(paths: list[str]) -> str:
+    """``paths`` in words: their common directory once, then each file under it."""
+    if len(paths) < 2:
+        return ", ".join(f"`{p}`" for p in paths)
+    base = os.path.commonpath(paths)
+    return f"`{base}/` " + ", ".join(f"`{os.path.relpath(p, base)}`" for p in paths)
+
+
+def _rel_spec(spec: str) -> str:
+    """``NAME:PATH`` with ``PATH`` written relative to the repository when it lies in it."""
+    base, colon, path = spec.partition(":")
+    return f"{base}:{_rel(path)}" if colon and path else spec
+
+
+def _rel(path: str) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(ROOT))
+    except ValueError:
+        return path
+
+
+#: how the compat-mode checkpoint of docs/FIDELITY.md is trained and added (the commands, no results)
+COMPAT_RECIPE = """
+### Training in compat mode
+
+`rlsched train --compat deepshare` trains under the mode's rules (`trainer/env.py`: the episodes'
+simulator runs with `SimConfig(compat=...)`, the codec offers only the mode's placements, the
+`jct-rel` reference is `greedy-np:ds` under the mode, validation runs under the mode, and the
+checkpoint records `training.compat`). The run below starts from scratch (the admission prior's
+initialisation): `--init` takes a training run's checkpoint with its value network, which the shipped
+files do not carry. DeepShare's 9 training episodes less one are trained on;
+`train/jobset2/episode2` is held out for validation (best-checkpoint selection). The network is not
+shipped (0.9 MB per policy file); these commands make it again (about 10 minutes of wall time here,
+one core at nice 10, 250,880 steps),
+then add it to these tables without re-running DeepShare's simulator or the other rows:
+
+```
+T=data/traces/deepshare/train
+nice -n 10 rlsched train --compat deepshare \\
+    $(for f in jobset0/episode0 jobset0/episode1 jobset0/episode2 jobset1/episode0 jobset1/episode1 \\
+               jobset1/episode2 jobset2/episode0 jobset2/episode1; do echo --traces $T/$f.json; done) \\
+    --val-traces $T/jobset2/episode2.json --timesteps 60000 --n-envs 2 --eval-freq 4000 --seed 0 --out runs/compat-ds
+nice -n 10 rlsched train --resume --timesteps 250000 --out runs/compat-ds
+python benchmarks/peers.py --from-json docs/fidelity_results.json \\
+    --policy rl-base-compat=rl-base:runs/compat-ds/best --policy rl-hybrid-compat=rl-hybrid:runs/compat-ds/best
+```
+
+`rl-base-compat` and `rl-hybrid-compat` are the same network, run as rl-base and as rl-hybrid.
+"""
+
+
+def compat_trained_section(ours: dict, extras: dict[str, str], training: dict[str, dict] | None = None) -> str:
+    """The added policies (checkpoints trained in compat mode) on the two held-out sets, for both documents."""
+    if not extras:
+        return ""
+    return f"""
+### Checkpoints trained in compat mode, on the two held-out job sets
+
+{extra_note(extras)}
+{training_note(training or {})}
+The 11-set means above include these policies' own training episodes (8 of DeepShare's 9 `train/...`
+sets were trained on and the 9th validated, as listed), so for a checkpoint trained in compat mode only
+`simulate/trace0` and `real/trace0` are held out: the tables below are those two sets alone. One set each, one simulation each
+(the mode is deterministic): no interval.
+
+{held_out_table(ours, extras)}"""
+
+
+def fidelity_doc(ours: dict, ds: dict | None, checkout: Path | None, wall: float,
+                 extras: dict[str, str] | None = None, training: dict[str, dict] | None = None) -> str:
+    extras = extras or {}
     src = (f"DeepShare's own simulator from the checkout given ({checkout.name}), run by this command"
            if ds else "no DeepShare checkout given: reference figures are those quoted in issue 34 (trace0 and the "
                       "11-set means); per-set references need `--deepshare PATH`")
     return f"""# Fidelity: rlsched beside the peers' own simulators
 
 Generated by `python benchmarks/peers.py --deepshare PATH` (PATH: a checkout of gajagajago/deepshare;
-also `RLSCHED_DEEPSHARE`); {wall:.0f} s of wall time here. Reference: {src}.
+also `RLSCHED_DEEPSHARE`); {wall:.0f} s of wall time here. Reference: {src}.{added_line(extras)}
 
 ## DeepShare-compatible mode (`--compat deepshare`)
 
@@ -359,10 +537,9 @@ Student t 95 % interval over the 11 sets.
 
 The shipped checkpoints were trained on rlsched's own generated job sets (`scripts/rl_traces.sh`,
 docs/RL.md), so DeepShare's 11 sets are held out for them.
-
-Left: checkpoints trained in compat mode (none are shipped), and DeepShare's own RL checkpoints (SB3
-PPO files) run through its simulator (issue 34 quotes 1.27-1.55 h run-only and 29.4-50.7 h with
-queueing on trace0 for them; not re-measured here).
+{COMPAT_RECIPE if extras else ""}{compat_trained_section(ours, extras, training)}
+Left: DeepShare's own RL checkpoints (SB3 PPO files) run through its simulator (issue 34 quotes
+1.27-1.55 h run-only and 29.4-50.7 h with queueing on trace0 for them; not re-measured here).
 
 ## Speed
 
@@ -379,10 +556,16 @@ AdaptDL's measurements and the restart path are measured and documented in
 """
 
 
-def _replace_section(path: Path, body: str) -> None:
+def _replace_section(path: Path, body: str, extras: dict[str, str] | None = None) -> None:
     text = path.read_text() if path.is_file() else "# Results\n"
+    added = ""
+    if extras:
+        added = (" The rows of " + ", ".join(f"`{n}`" for n in extras) + " are added by `python benchmarks/peers.py "
+                 "--from-json docs/fidelity_results.json "
+                 + " ".join(f"--policy {n}={_rel_spec(sp)}" for n, sp in extras.items())
+                 + "` (how that checkpoint is trained: docs/FIDELITY.md, \"Training in compat mode\").")
     block = f"{BEGIN}\n\n## The seed's claim in DeepShare-compatible mode\n\n" \
-            f"Generated by `python benchmarks/peers.py` (details: docs/FIDELITY.md).\n\n{body}\n{END}"
+            f"Generated by `python benchmarks/peers.py` (details: docs/FIDELITY.md).{added}\n\n{body}\n{END}"
     if BEGIN in text and END in text:
         pre, rest = text.split(BEGIN, 1)
         _, post = rest.split(END, 1)
@@ -403,8 +586,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=str(ROOT / "docs/fidelity_results.json"),
                     help="where the raw results go (default: docs/fidelity_results.json)")
     ap.add_argument("--from-json", default=None,
-                    help="rewrite the documents from an earlier run's raw results, without simulating")
+                    help="rewrite the documents from an earlier run's raw results, without simulating (only the "
+                         "--policy additions are simulated and merged in)")
+    ap.add_argument("--policy", action="append", default=[], metavar="NAME=SPEC",
+                    help="also run SPEC (a policy name, e.g. rl-base:/path/to/best) under the name NAME "
+                         "(repeatable), e.g. rl-base-compat=rl-base:runs/compat/best")
     args = ap.parse_args(argv)
+    extras: dict[str, str] = {}
+    for item in args.policy:
+        name, eq, spec = (x.strip() for x in item.partition("="))
+        if not eq or not name or not spec:
+            print(f"peers: error: --policy {item!r}: expected NAME=SPEC, e.g. rl-base-compat=rl-base:/path/best",
+                  file=sys.stderr)
+            return 2
+        if name in POLICIES or name in extras or "|" in name:
+            print(f"peers: error: --policy {item!r}: the name {name!r} is taken (or has a '|')", file=sys.stderr)
+            return 2
+        extras[name] = spec
     sets_dir = Path(args.sets)
     missing = [s for s in SETS if not (sets_dir / f"{s}.json").is_file()]
     if missing:
@@ -425,16 +623,36 @@ def main(argv: list[str] | None = None) -> int:
         ours = {tuple(k.split("|")): v for k, v in raw["rlsched"].items()}
         wall = raw["wall_s"]
         checkout = Path(raw["checkout"]) if raw.get("checkout") else None
+        known = {**raw.get("extra_policies", {}), **extras}
+        training = {**raw.get("extra_training", {}), **checkpoint_training(extras)}
+        if extras:
+            try:
+                ours.update(run_rlsched(sets_dir, extras))
+            except ValueError as exc:  # PolicyError / CheckpointError / SimulationError: one line
+                print(f"peers: error: {exc}", file=sys.stderr)
+                return 2
+            raw["rlsched"] = {f"{s}|{p}": v for (s, p), v in ours.items()}
+            raw["extra_policies"] = known
+            raw["extra_training"] = training
+            Path(args.json).write_text(json.dumps(raw, indent=1) + "\n")
+        extras = known
     else:
         ds = run_deepshare(checkout, sets_dir, max(1, args.jobs)) if checkout is not None else None
-        ours = run_rlsched(sets_dir)
+        try:
+            ours = run_rlsched(sets_dir, {**{p: p for p in POLICIES}, **extras})
+        except ValueError as exc:
+            print(f"peers: error: {exc}", file=sys.stderr)
+            return 2
         wall = time.perf_counter() - t0
         raw = {"checkout": str(checkout) if checkout else None, "wall_s": wall,
                "deepshare": {f"{s}|{sch}|{'fixed' if fx else 'as-is'}": v for (s, sch, fx), v in ds.items()} if ds else None,
-               "rlsched": {f"{s}|{p}": v for (s, p), v in ours.items()}}
+               "rlsched": {f"{s}|{p}": v for (s, p), v in ours.items()}, "extra_policies": extras,
+               "extra_training": checkpoint_training(extras)}
+        training = raw["extra_training"]
         Path(args.json).write_text(json.dumps(raw, indent=1) + "\n")
-    Path(args.out).write_text(fidelity_doc(ours, ds, checkout, wall))
-    _replace_section(Path(args.results_md), seed_claim_table(ours))
+    Path(args.out).write_text(fidelity_doc(ours, ds, checkout, wall, extras, training))
+    _replace_section(Path(args.results_md), seed_claim_table(ours) + compat_trained_section(ours, extras, training),
+                     extras)
     print(f"peers: wrote {args.out} and the seed-claim section of {args.results_md} ({wall:.0f} s)")
     return 0
 

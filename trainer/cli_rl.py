@@ -151,6 +151,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "algorithm and observation shape) instead of the prior initialisation; the step count starts at 0 (a new "
         "run: not with --resume)",
     )
+    p.add_argument(
+        "--compat", default=None, metavar="MODE",
+        help="train under a peer simulator's rules: 'deepshare' (4x8 cluster, its 7 node sets, no single-node "
+             "placement, worst-pair contention floored at 0.35, all jobs at t = 0, 300 s rounds, free restarts; "
+             "policies/compat.py): episodes, the jct-rel reference (greedy-np:ds) and validation run by them, the "
+             "codec offers only its placements, and the checkpoint records the mode (training.compat)",
+    )
     p.add_argument("--out", required=True, help="output directory (best.*, last.*, eval.csv, tb/)")
     again = p.add_mutually_exclusive_group()
     again.add_argument(
@@ -256,7 +263,7 @@ _RUN_OPTIONS = {
     "n_envs": "n_envs", "eval_freq": "eval_freq", "net_arch": "net_arch", "lr": "learning_rate",
     "ent_coef": "ent_coef", "gamma": "gamma", "seed": "seed", "prior_scale": "prior_scale", "prior": "prior",
     "prior_theta": "prior_theta", "order": "order", "aging": "aging_s", "traces": "traces",
-    "val_traces": "val_traces",
+    "val_traces": "val_traces", "compat": "compat",
 }
 
 

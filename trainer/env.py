@@ -81,6 +81,7 @@ import numpy as np
 from gymnasium import spaces
 
 from policies.cluster import ClusterSpec
+from policies.compat import CompatMode, compat_codec, compat_mode
 from policies.codecs.deepshare import DeepShareCodec, DeepShareRound, Encoded, ObsSpec
 from policies.job import JobSpec
 from policies.orders import AGING_S
@@ -101,14 +102,20 @@ def reference_jct(
     perf: ContentionModel | None = None,
     round_len: float = 300.0,
     policy: str = "greedy-np",
+    compat: CompatMode | None = None,
 ) -> list[float]:
-    """Average JCT (s) of the heuristic ``policy`` on each trace (the ``"jct-rel"`` reference)."""
+    """Average JCT (s) of the heuristic ``policy`` on each trace (the ``"jct-rel"`` reference). Under a
+    compat mode the simulator runs by its rules and the heuristic places with the mode's rule
+    (``policy:ds``, e.g. ``greedy-np:ds``); ``perf`` must then have the mode's contention rule."""
     from policies.heuristics import make_heuristic
 
-    perf = perf or ContentionModel(cluster)
+    perf = perf or ContentionModel(cluster, contention=compat.contention if compat is not None else "sum")
+    if compat is not None and ":" not in policy:
+        policy = f"{policy}:ds"
     out = []
     for jobs in traces:
-        res = Simulator(cluster, list(jobs), make_heuristic(policy, perf), perf, SimConfig(round_len=round_len)).run()
+        cfg = SimConfig(round_len=round_len, compat=compat)
+        res = Simulator(cluster, list(jobs), make_heuristic(policy, perf), perf, cfg).run()
         out.append(float(np.mean([r.jct for r in res.jobs])))
     return out
 
@@ -150,6 +157,12 @@ class PlacementEnv(gym.Env):
     :param gamma: discount used by the shaping term.
     :param reference: ``"jct-rel"`` only: reference average JCT (s) per trace;
         default :func:`reference_jct` (greedy-np) computed here.
+    :param compat: a peer simulator's rules (:class:`policies.compat.CompatMode` or its name, e.g.
+        ``"deepshare"``; ``None``: rlsched's own). The episodes' simulator runs under
+        :attr:`trainer.simulator.SimConfig.compat` (its round length, contention rule, t = 0 submission),
+        the codec offers only the mode's placements (:func:`policies.compat.compat_codec`), and the
+        ``"jct-rel"`` reference is greedy-np with the mode's placement rule. ``perf`` (default: the mode's
+        contention rule) and ``round_len`` must agree with the mode (``ValueError`` naming them otherwise).
     """
 
     metadata: ClassVar[dict] = {"render_modes": []}
@@ -170,6 +183,7 @@ class PlacementEnv(gym.Env):
         shaping: bool | None = None,
         gamma: float = 0.99,
         reference: Sequence[float] | None = None,
+        compat: CompatMode | str | None = None,
     ) -> None:
         super().__init__()
         if not traces:
@@ -186,14 +200,30 @@ class PlacementEnv(gym.Env):
         if not 0.0 <= w1 <= 1.0:
             raise ValueError(f"w1 must be in [0, 1], got {w1}")
         self.cluster = ClusterSpec.parse(cluster)
-        self.perf = perf or ContentionModel(self.cluster)
+        #: the peer simulator's rules the episodes run under (``None``: rlsched's own)
+        self.compat = compat_mode(compat) if isinstance(compat, str) else compat
+        mode = self.compat
+        if mode is not None:
+            mode.check_cluster(self.cluster)  # CompatError (a ValueError-like PolicyError), one line
+            if perf is not None and getattr(perf, "contention", "sum") != mode.contention:
+                raise ValueError(f"compat {mode.name}: perf must use the contention rule {mode.contention!r}, "
+                                 f"got {getattr(perf, 'contention', 'sum')!r}")
+            if float(round_len) != float(mode.round_len):
+                raise ValueError(f"compat {mode.name}: round_len must be the mode's {mode.round_len:g} s, got {round_len!r}")
+            for i, t in enumerate(traces):
+                for j in t:
+                    mode.check_job(f"{j.job_id} (trace {i})", j.gpu_demand)
+        self.perf = perf or ContentionModel(self.cluster, contention=mode.contention if mode is not None else "sum")
         self.spec_obs = ObsSpec.for_cluster(self.cluster, k, order, aging_s)
         self.codec = DeepShareCodec(self.cluster, self.perf, self.spec_obs)
+        if mode is not None:
+            compat_codec(self.codec, mode)
         self._round: DeepShareRound | None = None  # the codec's round of the current simulator round
         self.traces = [list(t) for t in traces]
         self.reference: list[float] | None = None
         if reward == "jct-rel":
-            ref = reference if reference is not None else reference_jct(self.traces, self.cluster, self.perf, round_len)
+            ref = reference if reference is not None else reference_jct(self.traces, self.cluster, self.perf, round_len,
+                                                                      compat=mode)
             if len(ref) != len(self.traces) or not all(math.isfinite(r) and r > 0 for r in ref):
                 raise ValueError(f"reference: need one positive average JCT per trace ({len(self.traces)}), got {list(ref)[:5]}...")
             self.reference = [float(r) for r in ref]
@@ -229,7 +259,7 @@ class PlacementEnv(gym.Env):
             # started) stays above max_steps: an agent that ignores the mask truncates first. No
             # fragmentation / CS samples (metrics_interval): the rewards do not read them.
             cfg = SimConfig(round_len=self.round_len, metrics_interval=math.inf,
-                            max_idle_rounds=max(SimConfig.max_idle_rounds, self.max_steps + 1))
+                            max_idle_rounds=max(SimConfig.max_idle_rounds, self.max_steps + 1), compat=self.compat)
             sim = Simulator(self.cluster, self.traces[i], None, self.perf, cfg)
             self._sims[i] = sim
         else:

@@ -70,6 +70,7 @@ from policies.checkpoint import (
 )
 from policies.cluster import ClusterSpec
 from policies.codecs.deepshare import DeepShareCodec, ObsSpec
+from policies.compat import CompatError, CompatMode, adapt_policy, compat_mode
 from policies.job import JobSpec
 from policies.orders import AGING_S, CANDIDATE_ORDERS, LEGACY_AGING_S
 from policies.perf import ContentionModel
@@ -172,6 +173,10 @@ class TrainConfig:
     prior_theta: float = 0.8
     traces: list[str] = field(default_factory=list)
     val_traces: list[str] = field(default_factory=list)
+    #: a peer simulator's rules to train under (:data:`policies.compat.COMPAT_NAMES`, ``--compat``):
+    #: episodes, references and validation run by them and the codec offers only their placements;
+    #: ``None``: rlsched's own rules
+    compat: str | None = None
 
 
 # ---------------------------------------------------------------------- weights
@@ -223,6 +228,7 @@ _FLAGS = {
     "prior": "--prior",
     "prior_scale": "--prior-scale",
     "prior_theta": "--prior-theta",
+    "compat": "--compat",
 }
 
 
@@ -324,11 +330,24 @@ def check_config(cfg: TrainConfig) -> ClusterSpec:
         raise bad("init", "a checkpoint path")
     if cfg.prior == "admission" and cfg.algo != "maskable-ppo":
         raise TrainConfigError(f"--prior admission needs --algo maskable-ppo (got {cfg.algo}); use --prior bias")
+    if cfg.compat is not None:
+        from policies.compat import COMPAT_NAMES
+
+        if cfg.compat not in COMPAT_NAMES:
+            raise bad("compat", f"one of {', '.join(COMPAT_NAMES)}")
+        if cfg.round_len != compat_mode(cfg.compat).round_len:
+            raise bad("round_len", f"the {cfg.compat} mode's round length, {compat_mode(cfg.compat).round_len:g} s")
     try:
         admission_prior(cfg)
     except (PriorError, ValueError) as exc:  # the checks above leave nothing for these; kept as a net
         raise TrainConfigError(f"bad prior settings: {exc}") from None
-    return ClusterSpec.parse(cfg.cluster)
+    cluster = ClusterSpec.parse(cfg.cluster)
+    if cfg.compat is not None:
+        try:
+            compat_mode(cfg.compat).check_cluster(cluster)
+        except CompatError as exc:
+            raise TrainConfigError(str(exc)) from None
+    return cluster
 
 
 def rollout_steps(cfg: TrainConfig) -> int:
@@ -472,6 +491,10 @@ def _check_resume(last: Checkpoint, cfg: TrainConfig, cluster: ClusterSpec, spec
     run_seed = run_cfg.get("seed") if isinstance(run_cfg, dict) else None
     if _is_int(run_seed) and run_seed != cfg.seed:
         raise differs("--seed", cfg.seed, run_seed)
+    run_compat = run_cfg.get("compat") if isinstance(run_cfg, dict) else None
+    if run_compat != cfg.compat:
+        raise differs("--compat", cfg.compat or "(none)", run_compat or "(none)",
+                      f"pass --compat {run_compat}" if run_compat else "drop --compat")
 
 
 def _check_resume_val_traces(last: Checkpoint, cfg: TrainConfig, val_traces: Sequence[Sequence[JobSpec]]) -> None:
@@ -684,13 +707,16 @@ def evaluate_net(
     prior: AdmissionPrior | None = None,
     order: str = "area",
     aging_s: float = AGING_S,
+    compat: CompatMode | None = None,
 ) -> list[float]:
-    """Average JCT (s) of ``net`` as rl-base (or rl-hybrid) on each trace, via the full simulator."""
+    """Average JCT (s, with queueing) of ``net`` as rl-base (or rl-hybrid) on each trace, via the full
+    simulator; under ``compat`` by the mode's rules (:func:`policies.compat.adapt_policy`; ``perf`` must have
+    the mode's contention rule)."""
     codec = DeepShareCodec(cluster, perf, ObsSpec.for_cluster(cluster, k, order, aging_s))
     out = []
     for jobs in traces:
-        pol = RLPolicy(net, codec, hybrid=hybrid, prior=prior)
-        res = Simulator(cluster, jobs, pol, perf, SimConfig(round_len=round_len)).run()
+        pol = adapt_policy(RLPolicy(net, codec, hybrid=hybrid, prior=prior), compat)
+        res = Simulator(cluster, jobs, pol, perf, SimConfig(round_len=round_len, compat=compat)).run()
         out.append(float(np.mean([r.jct for r in res.jobs])))
     return out
 
@@ -840,7 +866,9 @@ def _save(
 ) -> Path:
     _check_finite(model, path.name)
     layers, act = _layer_names(cfg.algo, model)
-    training = {"config": asdict(cfg), "timesteps": int(model.num_timesteps), **extra}
+    # the compat mode (or None) also at the top of the training section: a checkpoint trained under a peer's
+    # rules says so where `rlsched evaluate` / peers.py readers look first
+    training = {"config": asdict(cfg), "compat": cfg.compat, "timesteps": int(model.num_timesteps), **extra}
     try:
         return save_checkpoint(
             path,
@@ -936,6 +964,15 @@ def train(
     plan = check_run(cfg, out, resume=resume, overwrite=overwrite)
     if not train_traces:
         raise TrainConfigError("no training traces")
+    if cfg.compat is not None:  # every job must be one the mode places (one line naming the first that is not)
+        mode = compat_mode(cfg.compat)
+        for what, sets in (("training", train_traces), ("validation", val_traces)):
+            for i, t in enumerate(sets):
+                for j in t:
+                    try:
+                        mode.check_job(j.job_id, j.gpu_demand)
+                    except CompatError as exc:
+                        raise TrainConfigError(f"{what} trace {i} (0-based): {exc}") from None
     if plan.last is not None:
         _check_resume_val_traces(plan.last, cfg, val_traces)
     with _run_lock(out):
@@ -989,13 +1026,15 @@ def _train_locked(
 
     # 2. build the run (nothing written yet)
     torch.set_num_threads(1)
-    perf = ContentionModel(cluster)
+    mode = compat_mode(cfg.compat) if cfg.compat is not None else None
+    perf = ContentionModel(cluster) if mode is None else ContentionModel(cluster, contention=mode.contention)
     if not val_traces:
         log.warning("no validation traces: no periodic evaluation, and best = last (give --val-traces to select)")
     t_ref = time.perf_counter()
-    train_ref = reference_jct(train_traces, cluster, perf, cfg.round_len) if cfg.reward == "jct-rel" else None
-    val_ref = reference_jct(val_traces, cluster, perf, cfg.round_len) if val_traces else []
-    log.info("reference JCTs (greedy-np) of %d traces in %.1f s", len(train_traces) + len(val_traces), time.perf_counter() - t_ref)
+    train_ref = reference_jct(train_traces, cluster, perf, cfg.round_len, compat=mode) if cfg.reward == "jct-rel" else None
+    val_ref = reference_jct(val_traces, cluster, perf, cfg.round_len, compat=mode) if val_traces else []
+    log.info("reference JCTs (%s) of %d traces in %.1f s", "greedy-np" if mode is None else "greedy-np:ds",
+             len(train_traces) + len(val_traces), time.perf_counter() - t_ref)
     # provenance in every checkpoint's metadata: the code's git revision, the traces' content and the
     # segment of the run that wrote it (where it started and its seed, segment_seed)
     prov = {
@@ -1021,6 +1060,7 @@ def _train_locked(
                 aging_s=cfg.aging_s,
                 gamma=cfg.gamma,
                 reference=train_ref,
+                compat=mode,
             )
             env.reset(seed=seed * 1000 + i)
             return Monitor(env)
@@ -1100,7 +1140,8 @@ def _train_locked(
             return
         steps = int(model.num_timesteps)
         net = inference_net(cfg.algo, model)
-        jcts = evaluate_net(net, cluster, perf, val_traces, round_len=cfg.round_len, k=cfg.k, prior=prior, order=cfg.order, aging_s=cfg.aging_s)
+        jcts = evaluate_net(net, cluster, perf, val_traces, round_len=cfg.round_len, k=cfg.k, prior=prior, order=cfg.order, aging_s=cfg.aging_s,
+                            compat=mode)
         m = float(np.mean(jcts))
         rel = float(np.mean(np.asarray(jcts) / np.asarray(val_ref)))
         if rel < best:
