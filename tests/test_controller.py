@@ -323,7 +323,7 @@ def test_requested_type_cpus_and_memory_are_checked_by_the_decision_validator():
     assert why(("4", Placement.of({2: 4}))) == []
 
 
-def test_round_refuses_a_policys_placement_on_the_wrong_type_and_pins_keep_the_type(tmp_path, caplog):
+def test_round_refuses_a_policys_placement_on_the_wrong_type_and_pins_keep_the_type(tmp_path, caplog, monkeypatch):
     """fifo ignores GPU types: its placement of a --gpus=k80:2 job on a V100 node is refused by the decision
     validator (the job stays held); with the V100 nodes busy it lands on the K80 node, pinned with
     ``gres:gpu:k80`` (a requeued job still asks for K80s). A job asking for a type the partition lacks stays
@@ -348,6 +348,7 @@ def test_round_refuses_a_policys_placement_on_the_wrong_type_and_pins_keep_the_t
     s.job_list[k80].gpu_type, s.job_list[k80].cpus_per_gpu = "k80", 4
     s.job_list[a100].gpu_type = "a100"
     ctl = _ctl(tmp_path, s)
+    monkeypatch.setattr(logging.getLogger("controller"), "propagate", True)  # see the malformed-journal test
     with caplog.at_level(logging.WARNING, logger="controller"):
         rep = ctl.round()
     assert rep.ok and rep.placed == [] and s.tres == {}
