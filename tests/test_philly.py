@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -231,14 +230,10 @@ def test_any_valid_rows(tmp_path: Path, perf: ContentionModel, rows, seed: int) 
 
 
 def test_full_file(perf: ContentionModel) -> None:
-    """The whole 82,247-job file: fast, complete, and the model mix close to 1:1:1:1:1:1."""
-    t_cpu = time.process_time()
-    t_wall = time.perf_counter()
+    """The whole 82,247-job file: complete, and the model mix close to 1:1:1:1:1:1 (its read time is a
+    benchmark figure, docs/BENCHMARKS.md, not a test)."""
     jobs = read_philly(PHILLY, CLUSTER, seed=0, perf=perf)
-    cpu, wall = time.process_time() - t_cpu, time.perf_counter() - t_wall
     assert len(jobs) == 82247
-    # CPU time, not wall time: the test machine is shared. Measured ~0.5 s.
-    assert cpu < 2.0, f"read_philly took {cpu:.2f} s CPU ({wall:.2f} s wall)"
     assert len({j.job_id for j in jobs}) == len(jobs)
     assert max(j.gpu_demand for j in jobs) == 32
     assert Counter(j.gpu_demand for j in jobs)[1] == 76627
