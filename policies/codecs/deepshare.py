@@ -669,7 +669,7 @@ class DeepShareCodec:
     """The ``deepshare-v1`` codec for one cluster (see the module docstring).
 
     :param cluster: the cluster the policy runs on.
-    :param perf: performance model used to predict options' speeds and running jobs' slowdown.
+    :param perf: the performance model that predicts options' speeds and running jobs' slowdowns.
     :param spec: observation spec; defaults to :meth:`ObsSpec.for_cluster`. A spec from a
         checkpoint is checked against ``cluster``.
 
