@@ -384,11 +384,10 @@ class ChicPolicy(ElasticBaseline):
             j.p += dp
 
     # ------------------------------------------------------------------ the round
-    def plan(self, jobs, cap, state) -> None:  # pragma: no cover - schedule() below plans
-        raise NotImplementedError
-
-    def schedule(self, state: ClusterState) -> Decision:
-        jobs = _plan_jobs(state)
+    def plan(self, jobs, cap, state) -> None:
+        """Set ``w`` / ``p`` of every job from Chic's plan for its first ``I`` jobs (the slots), planned
+        again by the network (:meth:`decide`) only when the set of slot jobs changes (the seed's two
+        triggers); jobs beyond the slots get 0 / 0."""
         spec = self.spec
         ids = tuple(j.info.job_id for j in jobs[:spec.slots])
         if ids != self._slots_ids:
@@ -401,7 +400,7 @@ class ChicPolicy(ElasticBaseline):
                                       f"parameter-server job; Chic schedules PS jobs only")
                 slots.append(Slot(j, PS_MODELS.index(m)))
             slots += [None] * (spec.slots - len(slots))
-            self.decide(slots, len(jobs) - len(ids), _capacity(state))
+            self.decide(slots, len(jobs) - len(ids), cap)
             self._plan = {}
             for s in slots:
                 if s is not None:
@@ -409,6 +408,10 @@ class ChicPolicy(ElasticBaseline):
                     self._plan[s.job.info.job_id] = (s.job.w, s.job.p) if ok else (0, 0)
         for j in jobs:
             j.w, j.p = self._plan.get(j.info.job_id, (0, 0))
+
+    def schedule(self, state: ClusterState) -> Decision:
+        jobs = _plan_jobs(state)
+        self.plan(jobs, _capacity(state), state)
         dec = Decision() if all((j.w, j.p) == (j.cur_w, j.cur_p) for j in jobs) else _materialize(state, jobs)
         if jobs and not dec.place and all(j.cur_w == 0 or j.info.job_id in dec.preempt for j in jobs):
             self._slots_ids = ()  # this plan runs nothing: the next round plans again

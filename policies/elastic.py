@@ -41,6 +41,8 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+from abc import abstractmethod
+
 import heapq
 import math
 from dataclasses import dataclass
@@ -282,10 +284,10 @@ class ElasticBaseline(Policy):
     def reset(self) -> None:
         self._next = 0.0
 
-    # -------------------------------------------------------------- to write
+    # -------------------------------------------------------------- each baseline's own
+    @abstractmethod
     def plan(self, jobs: list[_Job], cap: tuple[float, float, float], state: ClusterState) -> None:
         """Set ``w`` / ``p`` of every job (0 / 0: it does not run) within the aggregate ``cap``."""
-        raise NotImplementedError
 
     # -------------------------------------------------------------- helpers
     def speed(self, j: _Job, w: int, p: int) -> float:
