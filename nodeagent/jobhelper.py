@@ -20,9 +20,12 @@ What the session does:
   agent from a background thread (latest report wins; an unreachable agent is
   logged and never stops training). The first report registers this PID.
 * **profile**: for ``profile_steps`` steps after ``profile_warmup`` steps it
-  runs ``torch.profiler`` and reports ``comm_fraction`` = (wall time during
-  which a communication op -- gloo/nccl all_reduce, all_gather, broadcast,
-  ... -- was in flight) / (wall time of the profiled steps).
+  runs ``torch.profiler`` (CPU activity, and CUDA activity when CUDA is
+  available) and reports ``comm_fraction`` (:mod:`nodeagent.profiling`): with
+  device activity recorded, (GPU time during which an NCCL kernel ran) /
+  (GPU busy time); otherwise (wall time during which a communication op --
+  gloo/nccl all_reduce, all_gather, broadcast, ... -- was in flight) / (wall
+  time of the profiled steps). ``session.profile`` holds the window's numbers.
 * **preemption**: SIGUSR2 sets a flag; at the next step boundary (all ranks
   agree through a MAX all-reduce of the flag when torch.distributed is
   initialised) rank 0 saves ``state_fn()`` at the completed step, every rank
@@ -45,6 +48,8 @@ Environment (all optional except where noted):
                      ``$SLURMD_NODENAME``); empty/``none`` disables reporting.
 ``RLSCHED_AUTH``     ``munge`` (default), ``munge:/socket``, ``jobkey:/dir`` (per-job key, no MUNGE).
 ``RLSCHED_STORE``    checkpoint store URL; else the agent's store (Health).
+``RLSCHED_PROFILE_TRACE``  if set, each rank writes its profiling window's Chrome trace to
+                     ``$RLSCHED_PROFILE_TRACE.rank<r>.json``.
 """
 
 from __future__ import annotations
@@ -62,6 +67,9 @@ import time
 from typing import Any, Callable, Iterator
 
 from nodeagent.convention import job_key_for, parse_comment
+from nodeagent.profiling import STOP_CHECK as _STOP_CHECK
+from nodeagent.profiling import ProfileSummary, summarize_events
+from nodeagent.profiling import comm_fraction_from_events  # noqa: F401  (public name of this module too)
 from nodeagent.store import CheckpointInfo, CheckpointNotFound, CheckpointStore, open_store, validate_job_key
 
 log = logging.getLogger("rlsched.jobhelper")
@@ -70,9 +78,6 @@ log = logging.getLogger("rlsched.jobhelper")
 EXIT_PREEMPTED = 75
 DEFAULT_AGENT = "127.0.0.1:50051"
 
-#: Profiler event names of collective communication (gloo:all_reduce, nccl:all_gather, c10d::allreduce_, ...).
-_COMM_RE = re.compile(r"^(gloo|nccl|mpi|ucc|xccl):|^c10d::|^record_param_comms$|^ncclKernel|^ncclDevKernel")
-_STOP_CHECK = "rlsched::stop_check"
 _UNSET = object()
 
 
@@ -128,36 +133,6 @@ def _comment_from_slurm(job_id: str) -> str | None:
     if r.returncode != 0:
         return None
     return scontrol_field(r.stdout.splitlines()[0] if r.stdout.strip() else "", "Comment")
-
-
-def comm_fraction_from_events(events: list[Any], wall_us: float) -> float:
-    """Fraction of ``wall_us`` covered by communication-op intervals (union), from profiler events.
-
-    Events inside our own stop-flag all-reduce (``rlsched::stop_check``) are ignored.
-    """
-    if wall_us <= 0:
-        return 0.0
-    excl = [(e.time_range.start, e.time_range.end) for e in events if e.name == _STOP_CHECK]
-
-    def excluded(s: float, e: float) -> bool:
-        return any(a <= s and e <= b for a, b in excl)
-
-    iv = sorted(
-        (e.time_range.start, e.time_range.end)
-        for e in events
-        if e.name != _STOP_CHECK and _COMM_RE.search(e.name) and not excluded(e.time_range.start, e.time_range.end)
-    )
-    total, cur_s, cur_e = 0.0, None, None
-    for s, e in iv:
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        total += cur_e - cur_s
-    return max(0.0, min(1.0, total / wall_us))
 
 
 class _Reporter(threading.Thread):
@@ -282,6 +257,7 @@ class JobSession:
         self.step = 0
         self.checkpoint_step = -1
         self.comm_fraction = -1.0
+        self.profile: ProfileSummary | None = None  # the last profiling window's measurements
         self.preempted = False
         self._ctl_group: Any = _UNSET
 
@@ -638,15 +614,25 @@ class JobSession:
         raise SystemExit(EXIT_PREEMPTED)
 
     def _start_profiler(self) -> Any:
+        """Start ``torch.profiler`` with CPU activity, plus CUDA activity when CUDA is available (if the
+        CUDA profiler cannot start, e.g. no CUPTI, the window is profiled on the CPU only)."""
         try:
+            import torch
             from torch.profiler import ProfilerActivity, profile
-
-            p = profile(activities=[ProfilerActivity.CPU])
-            p.__enter__()
-            return p
         except Exception as exc:
             log.warning("torch.profiler unavailable: %s", exc)
             return None
+        tries = [[ProfilerActivity.CPU]]
+        if torch.cuda.is_available():
+            tries.insert(0, [ProfilerActivity.CPU, ProfilerActivity.CUDA])
+        for activities in tries:
+            try:
+                p = profile(activities=activities)
+                p.__enter__()
+                return p
+            except Exception as exc:
+                log.warning("torch.profiler with %s failed to start: %s", [a.name for a in activities], exc)
+        return None
 
     @staticmethod
     def _stop_profiler(prof: Any) -> None:
@@ -657,10 +643,22 @@ class JobSession:
             log.warning("stopping the profiler failed: %s", exc)
 
     def _finish_profiler(self, prof: Any, wall_s: float) -> None:
+        """Stop the profiler and set ``comm_fraction`` and ``profile`` from its events (see
+        :mod:`nodeagent.profiling`: NCCL kernels over device busy time when the window recorded CUDA
+        activity, host collective ops over wall time otherwise). With ``RLSCHED_PROFILE_TRACE=PATH`` rank
+        r also writes the window's Chrome trace to ``PATH.rank<r>.json``."""
         try:
             prof.__exit__(None, None, None)
-            self.comm_fraction = comm_fraction_from_events(list(prof.events()), wall_s * 1e6)
-            log.info("profiled %d steps: comm_fraction=%.3f", self.profile_steps, self.comm_fraction)
+            summary = summarize_events(list(prof.events()), wall_s * 1e6)
+            self.profile, self.comm_fraction = summary, summary.comm_fraction
+            log.info("profiled %d steps (%s activity): comm_fraction=%.3f", self.profile_steps, summary.source,
+                     self.comm_fraction)
         except Exception as exc:
             log.warning("profiling failed: %s", exc)
-
+            return
+        trace = os.environ.get("RLSCHED_PROFILE_TRACE", "").strip()
+        if trace:
+            try:
+                prof.export_chrome_trace(f"{trace}.rank{self.rank}.json")
+            except Exception as exc:
+                log.warning("cannot write the profiler trace %s.rank%d.json: %s", trace, self.rank, exc)

@@ -2,7 +2,7 @@
 """Example job: a tiny causal Transformer language model on a synthetic token stream.
 
     python scripts/examples/train_tiny_lm.py                               # ~45 s on one core
-    srun -n 2 python scripts/examples/train_tiny_lm.py --total-steps 200   # gloo, DDP
+    srun -n 2 python scripts/examples/train_tiny_lm.py --total-steps 200   # DDP: NCCL on GPUs, else gloo
 
 The "language" is noisy modular arithmetic sequences (x_{t+1} = x_t + d mod V, with 5%
 random tokens), so the loss visibly falls within a few hundred steps on a CPU. Batches
@@ -21,9 +21,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-from _common import base_parser, configure, emit, param_digest, setup_distributed, step_generator  # noqa: E402
+from _common import (base_parser, configure, device_fields, emit, param_digest, setup_device,  # noqa: E402
+                     setup_distributed, step_generator, wrap_ddp)
 from nodeagent.jobhelper import JobSession  # noqa: E402
 
 
@@ -67,9 +67,10 @@ def main() -> int:
     p.set_defaults(batch_size=16, total_steps=5000, lr=3e-3)  # ~45 s single-process on one core
     args = p.parse_args()
     configure(args)
-    rank, world = setup_distributed()
-    net = TinyLM(args.vocab, args.d_model, args.layers, args.heads, args.seq_len)
-    model = DDP(net) if world > 1 else net
+    dev = setup_device(args)
+    rank, world = setup_distributed(dev, always=args.process_group)
+    net = TinyLM(args.vocab, args.d_model, args.layers, args.heads, args.seq_len).to(dev.device)
+    model = wrap_ddp(net, dev)
     opt = torch.optim.AdamW(net.parameters(), lr=args.lr, weight_decay=0.01)
     with JobSession.from_env(job_key=args.job_key, store=args.store, model=args.model_name,
                              total_steps=args.total_steps, report_every=args.report_every,
@@ -79,11 +80,12 @@ def main() -> int:
         if state is not None:
             net.load_state_dict(state["model"])
             opt.load_state_dict(state["optim"])
-        emit(event="start", rank=rank, world=world, start_step=start, job_key=s.job_key)
+        emit(event="start", rank=rank, world=world, start_step=start, job_key=s.job_key,
+             **device_fields(dev))
         loss_v, steps_run, t0 = math.nan, 0, time.perf_counter()
         for step in s.steps(start, state_fn=lambda: {"model": net.state_dict(), "optim": opt.state_dict()},
                             samples_per_step=args.batch_size * world):
-            tokens = batch(args, step, rank)
+            tokens = batch(args, step, rank).to(dev.device)
             logits = model(tokens[:, :-1])
             loss = nn.functional.cross_entropy(logits.reshape(-1, args.vocab), tokens[:, 1:].reshape(-1))
             opt.zero_grad(set_to_none=True)
@@ -97,6 +99,7 @@ def main() -> int:
                 time.sleep(args.step_sleep)
         emit(event="done", rank=rank, final_step=s.step, steps_this_run=steps_run, start_step=start,
              loss=loss_v, params_sha256=param_digest(net), comm_fraction=s.comm_fraction,
+             profile=s.profile.as_dict() if s.profile else None,
              seconds=round(time.perf_counter() - t0, 3))
     return 0
 
