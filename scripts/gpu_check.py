@@ -99,10 +99,11 @@ def check(cpu: bool, total_steps: int, preempt_at: int, step_sleep: float, work:
               f"the profiler recorded no CUDA activity ({prof['source']} source; see {work / 'job2.log'})")
         lines.append(f"profile    CUDA activity: {prof['device_events']} device records, GPU busy "
                      f"{prof['busy_us'] / 1e3:.2f} ms of {prof['wall_us'] / 1e3:.2f} ms wall; NCCL kernels "
-                     f"{prof['comm_kernels']}, {prof['comm_us'] / 1e3:.3f} ms; comm_fraction {prof['comm_fraction']:.3f}")
+                     f"{prof['comm_kernels']}, {prof['comm_us'] / 1e3:.3f} ms; "
+                     f"comm_fraction {prof['comm_fraction']:.3f}")
     else:
-        lines.append(f"profile    CPU activity: collectives {prof['comm_us'] / 1e3:.3f} ms of {prof['wall_us'] / 1e3:.2f} "
-                     f"ms wall; comm_fraction {prof['comm_fraction']:.3f}")
+        lines.append(f"profile    CPU activity: collectives {prof['comm_us'] / 1e3:.3f} ms of "
+                     f"{prof['wall_us'] / 1e3:.2f} ms wall; comm_fraction {prof['comm_fraction']:.3f}")
     tfile = Path(f"{trace}.rank0.json")
     _need(tfile.is_file(), "trace", f"the profiler wrote no trace at {tfile}")
     t = summarize_chrome_trace(tfile)

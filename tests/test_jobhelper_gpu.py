@@ -55,7 +55,8 @@ def test_device_and_backend_follow_local_rank_and_visible_gpus(env, count, want,
 
 @pytest.mark.parametrize("env, count, want, words", [
     ({"CUDA_VISIBLE_DEVICES": ""}, 0, "cuda", ["no CUDA device", "CUDA_VISIBLE_DEVICES=''"]),
-    ({"SLURM_LOCALID": "2", "CUDA_VISIBLE_DEVICES": "0,1"}, 2, "auto", ["local rank 2", "2 visible", "--gpus-per-task"]),
+    ({"SLURM_LOCALID": "2", "CUDA_VISIBLE_DEVICES": "0,1"}, 2, "auto",
+     ["local rank 2", "2 visible", "--gpus-per-task"]),
     ({}, 1, "tpu", ["'tpu'", "auto, cuda, cpu"]),
     ({"LOCAL_RANK": "x"}, 1, "auto", ["LOCAL_RANK='x'"]),
     ({"SLURM_LOCALID": "-1"}, 1, "auto", ["SLURM_LOCALID='-1'"]),
@@ -230,7 +231,8 @@ class _FakeProfile:
     def events(self):
         if "CUDA" not in self.activities:
             return [_fe("aten::mm", 0, 100), _fe("gloo:all_reduce", 0, 25)]
-        return [_fe("aten::mm", 0, 100), _fe("sgemm", 0, 60, cuda=True), _fe("ncclDevKernel_AllReduce", 50, 90, cuda=True)]
+        return [_fe("aten::mm", 0, 100), _fe("sgemm", 0, 60, cuda=True),
+                _fe("ncclDevKernel_AllReduce", 50, 90, cuda=True)]
 
 
 @pytest.mark.parametrize("refuse_cuda", [False, True])
