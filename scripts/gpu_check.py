@@ -48,7 +48,11 @@ def gpu_inventory() -> tuple[str | None, str]:
              + (f"CUDA_VISIBLE_DEVICES={cvd!r}" if cvd is not None else "CUDA_VISIBLE_DEVICES unset"))
     if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
         return None, where
-    nccl = ".".join(map(str, torch.cuda.nccl.version())) if hasattr(torch.cuda, "nccl") else "?"
+    try:
+        v = torch.cuda.nccl.version()
+        nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    except Exception as exc:  # a build without NCCL: the job's init_process_group("nccl") will say so
+        nccl = f"unavailable ({exc})"
     return torch.cuda.get_device_name(0), f"{where}, NCCL {nccl}"
 
 
@@ -63,9 +67,12 @@ def check(cpu: bool, total_steps: int, preempt_at: int, step_sleep: float, work:
 
     device = "cpu" if cpu else "cuda"
     trace = work / "profile"
-    out = run_demo("train_mlp.py", total_steps, preempt_at, step_sleep,
-                   job_args=["--device", device, "--process-group", "--report-every", "2"],
-                   job_env={"RLSCHED_PROFILE_TRACE": str(trace)}, work=work)
+    try:
+        out = run_demo("train_mlp.py", total_steps, preempt_at, step_sleep,
+                       job_args=["--device", device, "--process-group", "--report-every", "2"],
+                       job_env={"RLSCHED_PROFILE_TRACE": str(trace)}, work=work)
+    except RuntimeError as exc:  # the job ended before the agent saw --preempt-at steps
+        raise CheckFailed("job", str(exc)) from None
     (work / "gpu-check.json").write_text(json.dumps(out, indent=2, default=str))
     lines = []
     start = out.get("start") or {}

@@ -296,3 +296,63 @@ def test_gpu_check_cpu_mode_end_to_end(tmp_path: Path) -> None:
     assert "on cpu, process group gloo" in body["job"] and "exit 75" in body["checkpoint"]
     assert "150 of 150 in total" in body["resume"] and "CPU activity" in body["profile"]
     assert (tmp_path / "gpu-check.json").is_file() and (tmp_path / "profile.rank0.json").is_file()
+
+
+def _fake_demo_record(work: Path, device: str, backend: str, profile: dict, **over) -> dict:
+    """A run_demo record shaped like a real one (keys as preempt_demo.run_demo returns them)."""
+    rec = {
+        "start": {"event": "start", "device": device, "backend": backend, "rank": 0, "world": 1, "start_step": 0},
+        "stats_before_preempt": {"step": 82, "samples_per_s": 5000.0, "isolated_samples_per_s": 5100.0,
+                                 "isolated_source": "profiled-alone", "cs": 1.02, "comm_fraction": 0.1},
+        "preempt": {"ok": True, "checkpoint_step": 84, "message": "checkpoint at step 84 is durable and verified"},
+        "job_exit_code": 75, "checkpoint_bytes": 262235, "resume_exit_code": 0, "exact_total": True,
+        "resume": {"start_step": 84, "steps_this_run": 216, "final_step": 300},
+        "resume_done": {"event": "done", "profile": profile}, "workdir": str(work),
+    }
+    rec.update(over)
+    return rec
+
+
+def _patched_gpu_check(monkeypatch, tmp_path: Path, record: dict, trace: dict | None, gpu: str | None):
+    import json
+
+    mod = _gpu_check()
+    import preempt_demo  # on sys.path through gpu_check
+
+    def fake_run_demo(script, total, preempt_at, sleep, job_args=None, job_env=None, work=None):
+        assert job_args[:3] == ["--device", "cpu" if gpu is None else "cuda", "--process-group"]
+        if trace is not None:
+            Path(job_env["RLSCHED_PROFILE_TRACE"] + ".rank0.json").write_text(json.dumps(trace))
+        return record
+
+    monkeypatch.setattr(preempt_demo, "run_demo", fake_run_demo)
+    monkeypatch.setattr(mod, "gpu_inventory", lambda: (gpu, "torch 2.x, CUDA build 12.4, NCCL 2.21.5"))
+    return mod
+
+
+def test_gpu_check_gpu_mode_prints_the_cuda_profile(monkeypatch, tmp_path: Path, capsys) -> None:
+    """The GPU mode's checks and lines, fed a constructed record (no GPU here to produce a real one)."""
+    prof = summarize_chrome_trace(_kineto_trace()).as_dict()
+    rec = _fake_demo_record(tmp_path, "cuda:0", "nccl", prof)
+    mod = _patched_gpu_check(monkeypatch, tmp_path, rec, _kineto_trace(), "NVIDIA H100 80GB HBM3")
+    assert mod.main(["--workdir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("gpu-check: GPU NVIDIA H100 80GB HBM3 (cuda:0), NCCL") and out[-1] == "gpu-check: PASS"
+    assert "on cuda:0, process group nccl" in out[1]
+    prof_line = next(ln for ln in out if ln.strip().startswith("profile"))
+    assert "CUDA activity: 4 device records" in prof_line and "NCCL kernels 1" in prof_line
+    assert "comm_fraction 0.312" in prof_line
+
+
+@pytest.mark.parametrize("case, step", [("cpu-profile", "profile"), ("no-checkpoint", "checkpoint"),
+                                        ("short", "resume"), ("gloo", "device")])
+def test_gpu_check_names_the_failed_step(monkeypatch, tmp_path: Path, capsys, case: str, step: str) -> None:
+    cpu_prof = {"source": "cpu", "comm_fraction": 0.0, "wall_us": 10.0, "busy_us": 10.0, "comm_us": 0.0,
+                "device_events": 0, "comm_kernels": 0}
+    over = {"no-checkpoint": {"job_exit_code": 1, "preempt": {"ok": False, "message": "no new checkpoint"}},
+            "short": {"exact_total": False, "resume_exit_code": 1}}.get(case, {})
+    rec = _fake_demo_record(tmp_path, "cuda:0", "gloo" if case == "gloo" else "nccl", cpu_prof, **over)
+    mod = _patched_gpu_check(monkeypatch, tmp_path, rec, None, "Some GPU")
+    assert mod.main(["--workdir", str(tmp_path)]) == 1
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith(f"gpu-check: FAIL: {step}: "), last
