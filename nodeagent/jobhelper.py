@@ -20,8 +20,8 @@ What the session does:
   agent from a background thread (latest report wins; an unreachable agent is
   logged and never stops training). The first report registers this PID.
 * **profile**: for ``profile_steps`` steps after ``profile_warmup`` steps it
-  runs ``torch.profiler`` (CPU activity, and CUDA activity when CUDA is
-  available) and reports ``comm_fraction`` (:mod:`nodeagent.profiling`): with
+  runs ``torch.profiler`` (CPU activity, and CUDA activity when the job has
+  initialised CUDA) and reports ``comm_fraction`` (:mod:`nodeagent.profiling`): with
   device activity recorded, (GPU time during which an NCCL kernel ran) /
   (GPU busy time); otherwise (wall time during which a communication op --
   gloo/nccl all_reduce, all_gather, broadcast, ... -- was in flight) / (wall
@@ -614,8 +614,9 @@ class JobSession:
         raise SystemExit(EXIT_PREEMPTED)
 
     def _start_profiler(self) -> Any:
-        """Start ``torch.profiler`` with CPU activity, plus CUDA activity when CUDA is available (if the
-        CUDA profiler cannot start, e.g. no CUPTI, the window is profiled on the CPU only)."""
+        """Start ``torch.profiler`` with CPU activity, plus CUDA activity when CUDA is available and the job
+        has initialised it (a CPU job on a GPU host gets no CUDA context from the helper). If the CUDA
+        profiler cannot start (e.g. no CUPTI), the window is profiled on the CPU only."""
         try:
             import torch
             from torch.profiler import ProfilerActivity, profile
@@ -623,7 +624,7 @@ class JobSession:
             log.warning("torch.profiler unavailable: %s", exc)
             return None
         tries = [[ProfilerActivity.CPU]]
-        if torch.cuda.is_available():
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
             tries.insert(0, [ProfilerActivity.CPU, ProfilerActivity.CUDA])
         for activities in tries:
             try:

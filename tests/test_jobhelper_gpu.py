@@ -238,6 +238,7 @@ class _FakeProfile:
 @pytest.mark.parametrize("refuse_cuda", [False, True])
 def test_session_profiles_cuda_activity_when_cuda_is_available(tmp_path: Path, monkeypatch, refuse_cuda) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # the job put its model on the GPU
     monkeypatch.setattr(torch.profiler, "profile", _FakeProfile)
     monkeypatch.setattr(_FakeProfile, "started", [])
     monkeypatch.setattr(_FakeProfile, "refuse_cuda", refuse_cuda)
@@ -253,7 +254,10 @@ def test_session_profiles_cuda_activity_when_cuda_is_available(tmp_path: Path, m
         assert s.comm_fraction == pytest.approx(40 / 90)
 
 
-def test_cpu_only_host_profiles_cpu_activity_only(tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("available", [False, True])
+def test_cpu_job_profiles_cpu_activity_only(tmp_path: Path, monkeypatch, available: bool) -> None:
+    """A CPU-only host, or a GPU host whose job never initialised CUDA: no CUDA activity is asked for."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
     monkeypatch.setattr(torch.profiler, "profile", _FakeProfile)
     monkeypatch.setattr(_FakeProfile, "started", [])
     with JobSession("cpu-job", "1", LocalFSStore(tmp_path / "store"), None, None, total_steps=6,
