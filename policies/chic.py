@@ -429,19 +429,12 @@ class ChicCheckpoint:
     path: Path
 
 
-def _resolve(path: str | Path) -> Path:
-    """The checkpoint's JSON path for ``NAME``, ``NAME.json`` or ``NAME.safetensors``."""
-    from policies.checkpoint import resolve_paths
-
-    return resolve_paths(path)[0]
-
-
 def save_chic_checkpoint(path: str | Path, spec: ChicSpec, net: ChicNet, training: dict | None = None,
                          reward: dict | None = None, task_mask: bool = True) -> Path:
     """Write ``NAME.safetensors`` + ``NAME.json`` (atomically, weights first); returns the JSON path."""
-    from policies.checkpoint import write_policy_files
+    from policies.checkpoint import json_path, write_policy_files
 
-    jpath = _resolve(path)
+    jpath = json_path(path)
     tensors = {}
     for k, (W, b) in enumerate(net.weights):
         if not (np.isfinite(W).all() and np.isfinite(b).all()):

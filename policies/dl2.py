@@ -48,7 +48,6 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from policies.base import PolicyError
 from policies.elastic import DEFAULT_INTERVAL_S, ElasticBaseline, PlanJob, add_use, dominant_share, fits_capacity
 from policies.psmodel import EPOCH_SIZE, MAX_PS, PS_MODELS
 from policies.state import ClusterState
@@ -317,13 +316,6 @@ def save_dl2(path: str | Path, actor: Sequence[tuple[np.ndarray, np.ndarray]], s
     return write_policy_files(base.with_name(base.name + ".json"), tensors, meta)
 
 
-def _resolve(path: str | Path) -> Path:
-    """The checkpoint's JSON path for ``NAME``, ``NAME.json`` or ``NAME.safetensors``."""
-    from policies.checkpoint import resolve_paths
-
-    return resolve_paths(path)[0]
-
-
 def load_dl2(path: str | Path) -> tuple[DL2Net, dict[str, Any], Path]:
     """``(actor, metadata, json path)`` of a DL2 checkpoint (``NAME``, ``NAME.json`` or
     ``NAME.safetensors``), checked: format, spec, sha256, tensor names, shapes, finite values.
@@ -364,12 +356,8 @@ def shipped_dl2() -> Path:
 
 def make_dl2_policy(name: str, perf=None, checkpoint: str | Path | None = None) -> DL2Policy:
     """``dl2`` (the shipped checkpoint, or ``checkpoint``) or ``dl2:/path``. :class:`PolicyError` with one line."""
-    raw = name.strip()
-    base, sep, path = raw.partition(":")
-    if base.strip().lower() != "dl2":
-        raise PolicyError(f"unknown policy {name!r}: expected dl2 or dl2:/path/to/checkpoint")
-    if sep and not path.strip():
-        raise PolicyError(f"policy {name!r}: empty checkpoint path after ':'")
-    ckpt = Path(path.strip()) if sep else (Path(checkpoint) if checkpoint else shipped_dl2())
+    from policies.checkpoint import checkpoint_of_name
+
+    ckpt = checkpoint_of_name(name, "dl2") or (Path(checkpoint) if checkpoint else shipped_dl2())
     net, _meta, jpath = load_dl2(ckpt)
     return DL2Policy(net, perf, checkpoint=jpath)
