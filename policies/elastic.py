@@ -53,6 +53,7 @@ from policies.cluster import ClusterSpec, Placement
 from policies.psmodel import PSPerformanceModel
 from policies.resources import ResourceDemand
 from policies.state import ClusterState, Decision, JobInfo
+from policies.validate import ps_problem
 
 __all__ = [
     "ElasticPlacement",
@@ -166,12 +167,9 @@ def resource_problem(job: JobInfo, placement: Placement, cpus: list[float], mem:
     taken). A PS job (demand ``ps >= 1``) needs ``ps >= 1``; a job without PSs takes none."""
     d = job_demand(job)
     if isinstance(placement, ElasticPlacement):
-        want = placement.ps
-        if d is None or d.ps == 0:
-            if want:
-                return f"job {job.job_id}: placement {placement} gives {want} parameter servers to a job without PSs"
-        elif want < 1:
-            return f"job {job.job_id}: placement {placement} gives a parameter-server job no PS"
+        why = ps_problem(job, placement)
+        if why is not None:
+            return why
     if d is None:
         return None
     old = node_usage(release, d, job_ps(job, release)) if release is not None else {}
