@@ -5,8 +5,6 @@ elastic trace."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +19,7 @@ from policies.psmodel import EPOCH_SIZE, PS_MODELS
 from policies.resources import ResourceDemand
 from policies.state import JobInfo
 from trainer.chic.train import Episode, cem_iteration, chic_setup, simulate_episode
+from cli_helpers import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -186,16 +185,12 @@ def test_episode_runs_in_the_simulator():
 
 def test_cli_simulate_chic_pair_optimus(tmp_path):
     trace = tmp_path / "tiny.json"
-    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
-    r = subprocess.run([sys.executable, "-m", "rlsched.cli", "trace", "gen-elastic", "--setting", "chic", "--jobs", "6",
-                        "--out", str(trace)], capture_output=True, text=True, env=env, cwd=tmp_path)
+    r = run_cli("trace", "gen-elastic", "--setting", "chic", "--jobs", "6", "--out", str(trace), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    r = subprocess.run([sys.executable, "-m", "rlsched.cli", "simulate", "--trace", str(trace), "--cluster",
-                        str(ROOT / "data/clusters/chic.yaml"), "--policy", "chic,chic-pair,optimus", "--out",
-                        str(tmp_path / "out")], capture_output=True, text=True, env=env, cwd=tmp_path)
+    r = run_cli("simulate", "--trace", str(trace), "--cluster", str(ROOT / "data/clusters/chic.yaml"), "--policy",
+                "chic,chic-pair,optimus", "--out", str(tmp_path / "out"), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert all(p in r.stdout for p in ("chic", "chic-pair", "optimus"))
-    r = subprocess.run([sys.executable, "-m", "rlsched.cli", "simulate", "--trace", str(trace), "--cluster",
-                        str(ROOT / "data/clusters/chic.yaml"), "--policy", f"chic:{tmp_path / 'nope'}", "--out",
-                        str(tmp_path / "out2")], capture_output=True, text=True, env=env, cwd=tmp_path)
+    r = run_cli("simulate", "--trace", str(trace), "--cluster", str(ROOT / "data/clusters/chic.yaml"), "--policy",
+                f"chic:{tmp_path / 'nope'}", "--out", str(tmp_path / "out2"), cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not found" in r.stderr

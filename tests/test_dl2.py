@@ -4,8 +4,6 @@ warm-up, checkpoints, and a simulate run on an elastic trace."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +16,7 @@ from policies.dl2 import (DL2Net, DL2Spec, FEATURES, JOB_TYPES, action_mask, app
 from policies.elastic import PlanJob
 from policies.resources import ResourceDemand
 from policies.state import ClusterState, JobInfo
+from cli_helpers import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -147,15 +146,12 @@ def test_simulate_dl2_and_drf_on_an_elastic_trace(tmp_path):
 
     trace = tmp_path / "t.json"
     write_trace(generate("dl2", seed=3, jobs=4), trace)
-    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
-    r = subprocess.run([sys.executable, "-m", "rlsched.cli", "simulate", "--policy", "dl2,drf",
-                        "--trace", str(trace), "--cluster", str(ROOT / "data/clusters/dl2.yaml"),
-                        "--out", str(tmp_path / "out")], capture_output=True, text=True, env=env, cwd=tmp_path)
+    r = run_cli("simulate", "--policy", "dl2,drf", "--trace", str(trace), "--cluster",
+                str(ROOT / "data/clusters/dl2.yaml"), "--out", str(tmp_path / "out"), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "dl2" in r.stdout and "drf" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "rlsched.cli", "simulate", "--policy", f"dl2:{tmp_path / 'nope'}",
-                        "--trace", str(trace), "--cluster", str(ROOT / "data/clusters/dl2.yaml"),
-                        "--out", str(tmp_path / "out2")], capture_output=True, text=True, env=env, cwd=tmp_path)
+    r = run_cli("simulate", "--policy", f"dl2:{tmp_path / 'nope'}", "--trace", str(trace), "--cluster",
+                str(ROOT / "data/clusters/dl2.yaml"), "--out", str(tmp_path / "out2"), cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "nope" in r.stderr
 
 
