@@ -23,7 +23,8 @@ the codec's actions.
 
 A subclass builds its codec (``self.codec``), its observation and action spaces and the index of
 its "nothing" action, gives the observation of the current encoding (:meth:`PickEnv._obs`), and
-adds its reward through the hooks :meth:`PickEnv._on_reset`, :meth:`PickEnv._on_pick` and
+adds its reward through the hooks :meth:`PickEnv._backend_for` (e.g. a backend that reports each move
+of time), :meth:`PickEnv._on_reset`, :meth:`PickEnv._on_pick`, :meth:`PickEnv._step_begin` and
 :meth:`PickEnv._step_reward`.
 """
 
