@@ -75,14 +75,14 @@ from typing import Any
 import numpy as np
 
 from policies.base import PolicyError
-from policies.cluster import ClusterSpec
+from policies.cluster import ClusterSpec, is_finite_number
 from policies.codecs import DEFAULT_CODEC, Codec, CodecError, CodecSpec, ObsSpec, codec_class, spec_from_dict
 from policies.perf import ContentionModel
 from policies.prior import AdmissionPrior, PriorError
 
 __all__ = [
-    "FORMAT", "MAX_WEIGHTS_BYTES", "Checkpoint", "CheckpointError", "MLPNet", "load_checkpoint", "read_policy_files",
-    "resolve_paths", "save_checkpoint", "write_policy_files",
+    "FORMAT", "MAX_WEIGHTS_BYTES", "Checkpoint", "CheckpointError", "MLPNet", "checkpoint_of_name", "json_path",
+    "load_checkpoint", "read_policy_files", "resolve_paths", "save_checkpoint", "write_policy_files",
 ]
 
 FORMAT = "rlsched-policy"
@@ -247,6 +247,25 @@ def resolve_paths(path: str | Path) -> tuple[Path, Path | None]:
     elif p.suffix != ".json":
         p = p.with_name(p.name + ".json")
     return p, None
+
+
+def json_path(path: str | Path) -> Path:
+    """The checkpoint's JSON path for ``NAME``, ``NAME.json`` or ``NAME.safetensors``."""
+    return resolve_paths(path)[0]
+
+
+def checkpoint_of_name(name: str, base: str) -> Path | None:
+    """The checkpoint named in policy name ``base:/path`` (``None`` for plain ``base``; case and spaces
+    around ``base`` ignored).
+
+    :raises PolicyError: the name is not ``base`` nor ``base:PATH``, or ``PATH`` is empty.
+    """
+    head, sep, path = name.strip().partition(":")
+    if head.strip().lower() != base:
+        raise PolicyError(f"unknown policy {name!r}: expected {base} or {base}:/path/to/checkpoint")
+    if sep and not path.strip():
+        raise PolicyError(f"policy {name!r}: empty checkpoint path after ':'")
+    return Path(path.strip()) if sep else None
 
 
 def read_policy_files(path: str | Path, *, fmt: str, version: int, label: str) -> tuple[dict, dict, Path, Path]:
@@ -477,7 +496,7 @@ def _range_problem(spec: CodecSpec, reward: Mapping) -> str | None:
     if not isinstance(kind, str) or kind not in REWARD_KINDS:
         return f"metadata field 'reward.kind' must be one of {', '.join(REWARD_KINDS)}, got {kind!r}"
     for key in ("w1", "w2"):  # optional (w1 weighs the seed reward; w2 = 1 - w1)
-        if key in reward and not (_is_number(reward[key]) and 0 <= reward[key] <= 1):
+        if key in reward and not (is_finite_number(reward[key]) and 0 <= reward[key] <= 1):
             return f"metadata field 'reward.{key}' must be a number in [0, 1], got {reward[key]!r}"
     return None
 
@@ -625,16 +644,6 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_number(v: Any) -> bool:
-    """A finite JSON number (``json.loads`` accepts ``NaN`` / ``Infinity``), not a bool."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return False
-    try:
-        return math.isfinite(v)
-    except OverflowError:  # an int beyond float range
-        return False
-
-
 def _cluster_from_dict(d: Mapping, where: Path) -> ClusterSpec:
     """The training cluster of the metadata, every field type-checked (no ``int(8.9)`` truncation,
     no ``NaN`` bandwidths): :class:`CheckpointError` naming the field otherwise."""
@@ -656,7 +665,7 @@ def _cluster_from_dict(d: Mapping, where: Path) -> ClusterSpec:
     bw = {}
     for key, default in (("intra_bw_gbps", 16.0), ("inter_bw_gbps", 5.0)):
         v = d.get(key, default)
-        if not _is_number(v) or v <= 0:
+        if not is_finite_number(v) or v <= 0:
             raise CheckpointError(f"{where}: metadata field 'cluster.{key}' must be a finite number > 0, got {v!r}")
         bw[key] = float(v)
     try:

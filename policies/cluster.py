@@ -21,6 +21,7 @@ from typing import Iterable, Mapping
 
 __all__ = [
     "ClusterSpecError", "NodeSpec", "ClusterSpec", "Placement", "MAX_NODES", "MAX_GPUS_PER_NODE", "NODE_ATTRS",
+    "is_finite_number",
 ]
 
 #: Keys a cluster file may hold at its top level and in each ``nodes`` entry (anything else is a typo).
@@ -113,7 +114,7 @@ def _node_attrs(path: Path, i: int, entry: Mapping) -> dict:
     for key in ("gpu_speed", "mem_gb"):
         v = entry.get(key)
         if v is not None:
-            if not _is_number(v) or v <= 0:
+            if not is_finite_number(v) or v <= 0:
                 raise ClusterSpecError(f"{where}{key}: expected a positive finite number, got {v!r}")
             out[key] = float(v)
     c = entry.get("cpus")
@@ -133,8 +134,9 @@ def _node_attrs(path: Path, i: int, entry: Mapping) -> dict:
     return out
 
 
-def _is_number(v: object) -> bool:
-    """A finite real number (not a bool)."""
+def is_finite_number(v: object) -> bool:
+    """A finite real number, not a bool (``True == 1``); also what a JSON number must be, as ``json.loads``
+    accepts ``NaN`` / ``Infinity``."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return False
     try:
@@ -182,7 +184,7 @@ class NodeSpec:
             raise ClusterSpecError(f"{where}cpus must be a positive integer, got {c!r}")
         for key in ("mem_gb", "gpu_speed"):
             v = getattr(self, key)
-            if v is not None and (not _is_number(v) or v <= 0):
+            if v is not None and (not is_finite_number(v) or v <= 0):
                 raise ClusterSpecError(f"{where}{key} must be a positive finite number, got {v!r}")
         sw = self.switch
         if sw is not None and (not isinstance(sw, str) or not sw.strip()):

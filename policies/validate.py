@@ -50,7 +50,7 @@ from policies.cluster import Placement
 from policies.resources import Allocation, placement_misfit
 from policies.state import ClusterState, Decision, JobInfo
 
-__all__ = ["AFTER_EARLIER", "Problem", "check_decision", "placement_problem", "without"]
+__all__ = ["AFTER_EARLIER", "Problem", "check_decision", "placement_problem", "ps_problem", "without"]
 
 #: what "does not fit" messages of :func:`check_decision` add: the free GPUs are counted after the earlier entries
 AFTER_EARLIER = " (after the decision's preemptions and earlier placements)"
@@ -154,7 +154,7 @@ class _CpuMem:
     def misfit(self, info: JobInfo, p: Placement) -> str | None:
         """Why ``info``'s demand does not fit on ``p`` beyond GPU counts (parameter-server count, GPU type,
         CPUs, memory), or None."""
-        why = _ps_problem(info, p)
+        why = ps_problem(info, p)
         if why is not None:
             return why
         d = info.demand_for(p)
@@ -165,7 +165,7 @@ class _CpuMem:
         return None if why is None else f"job {info.job_id}: placement {p} does not fit: {why}"
 
 
-def _ps_problem(info: JobInfo, p: Placement) -> str | None:
+def ps_problem(info: JobInfo, p: Placement) -> str | None:
     """The parameter-server rule of a placement that names a PS count (``p.ps``, an elastic placement):
     a job whose demand has parameter servers gets at least one, a job without them none."""
     ps = getattr(p, "ps", None)

@@ -41,6 +41,28 @@ def _integer(text: str, expected: str) -> int:
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
 
 
+def _count(text: str, lo: int, expected: str) -> int:
+    """An integer >= ``lo``; else "expected ``expected``, got 'text'"."""
+    v = _integer(text, expected)
+    if v < lo:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return v
+
+
+def _int_type(ok: Callable[[int], bool], want: str) -> Callable[[str], int]:
+    """The type of an integer option whose values pass ``ok``; else "must be an integer ``want``, got 'text'".
+    Its ``__name__`` (argparse's name of the type) is ``integer want``."""
+
+    def parse(text: str) -> int:
+        v = _integer(text, "an integer")
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"must be an integer {want}, got {text!r}")
+        return v
+
+    parse.__name__ = f"integer {want}"
+    return parse
+
+
 def _at_least(text: str, lo: float) -> float:
     v = _number(text)
     if not math.isfinite(v) or v < lo:
@@ -89,44 +111,22 @@ def float_in_range(lo: float, hi: float, *, lo_open: bool = False, hi_open: bool
 
 def positive_int(text: str) -> int:
     """An integer >= 1."""
-    v = _integer(text, "a positive integer")
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
+    return _count(text, 1, "a positive integer")
 
 
 def int_at_least(lo: int) -> Callable[[str], int]:
     """The type of an integer option >= ``lo``."""
-
-    def parse(text: str) -> int:
-        v = _integer(text, "an integer")
-        if v < lo:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {lo}, got {text!r}")
-        return v
-
-    parse.__name__ = f"integer >= {lo}"
-    return parse
+    return _int_type(lambda v: v >= lo, f">= {lo}")
 
 
 def non_negative_int(text: str) -> int:
     """An integer >= 0 (a count that may be zero, a seed)."""
-    v = _integer(text, "a non-negative integer")
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
-    return v
+    return _count(text, 0, "a non-negative integer")
 
 
 def int_in_range(lo: int, hi: int) -> Callable[[str], int]:
     """The type of an integer option in [lo, hi]."""
-
-    def parse(text: str) -> int:
-        v = _integer(text, "an integer")
-        if not lo <= v <= hi:
-            raise argparse.ArgumentTypeError(f"must be an integer in [{lo}, {hi}], got {text!r}")
-        return v
-
-    parse.__name__ = f"integer in [{lo}, {hi}]"
-    return parse
+    return _int_type(lambda v: lo <= v <= hi, f"in [{lo}, {hi}]")
 
 
 def port_or_zero(text: str) -> int:

@@ -34,6 +34,7 @@ from policies.state import Decision  # noqa: E402
 from policies.perf import ContentionModel  # noqa: E402
 from policies.registry import make_policy  # noqa: E402
 from trainer.sced2.sequences import TEST_SEEDS, philly_pool, sample_sequence  # noqa: E402
+from trainer.outputs import replace_marked  # noqa: E402
 from trainer.simulator import SimConfig, Simulator  # noqa: E402
 
 SEED_BASELINES = ("fifo", "sif", "lrf")
@@ -251,8 +252,7 @@ def _update_results_md(path: Path, headline: list[str], full: Path) -> None:
         raise SystemExit(f"{path}: no {BEGIN} ... {END} block to replace")
     rel = full.resolve().relative_to(REPO) if full.resolve().is_relative_to(REPO) else full
     block = "\n".join([BEGIN, "", *headline, "", f"All tables (load sweep, latency): `{rel}`.", "", END])
-    a, b = text.index(BEGIN), text.index(END) + len(END)
-    path.write_text(text[:a] + block + text[b:])
+    path.write_text(replace_marked(text, BEGIN, END, block))
 
 
 if __name__ == "__main__":

@@ -5,8 +5,6 @@ elastic trace."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,11 +14,12 @@ from policies.checkpoint import CheckpointError
 from policies.base import PolicyError
 from policies.chic import (P1, P2, ChicNet, ChicPolicy, ChicSpec, Slot, action_mask, encode, load_chic_checkpoint,
                            make_chic_policy, save_chic_checkpoint, step_penalty, time_reward, _choose)
-from policies.elastic import _Job
+from policies.elastic import PlanJob
 from policies.psmodel import EPOCH_SIZE, PS_MODELS
 from policies.resources import ResourceDemand
 from policies.state import JobInfo
 from trainer.chic.train import Episode, cem_iteration, chic_setup, simulate_episode
+from cli_helpers import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,7 +29,7 @@ def _slot(model="VGG-16", epochs=150.0, w=0, p=0, hi=16, wv=(1.0, 2.0, 10.0), pv
                        ps_mem_gb=pv[2], min_gpus=1, max_gpus=hi)
     info = JobInfo(job_id=f"j{model}", model=model, gpu_demand=1, submit_time=0.0,
                    total_samples=epochs * EPOCH_SIZE[model], min_gpus=1, max_gpus=hi, demand=d)
-    j = _Job(info, d, True, 1, hi, wv, pv, w=w, p=p)
+    j = PlanJob(info, d, True, 1, hi, wv, pv, w=w, p=p)
     return Slot(j, PS_MODELS.index(model))
 
 
@@ -186,16 +185,12 @@ def test_episode_runs_in_the_simulator():
 
 def test_cli_simulate_chic_pair_optimus(tmp_path):
     trace = tmp_path / "tiny.json"
-    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
-    r = subprocess.run([sys.executable, "-m", "rlsched.cli", "trace", "gen-elastic", "--setting", "chic", "--jobs", "6",
-                        "--out", str(trace)], capture_output=True, text=True, env=env, cwd=tmp_path)
+    r = run_cli("trace", "gen-elastic", "--setting", "chic", "--jobs", "6", "--out", str(trace), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    r = subprocess.run([sys.executable, "-m", "rlsched.cli", "simulate", "--trace", str(trace), "--cluster",
-                        str(ROOT / "data/clusters/chic.yaml"), "--policy", "chic,chic-pair,optimus", "--out",
-                        str(tmp_path / "out")], capture_output=True, text=True, env=env, cwd=tmp_path)
+    r = run_cli("simulate", "--trace", str(trace), "--cluster", str(ROOT / "data/clusters/chic.yaml"), "--policy",
+                "chic,chic-pair,optimus", "--out", str(tmp_path / "out"), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert all(p in r.stdout for p in ("chic", "chic-pair", "optimus"))
-    r = subprocess.run([sys.executable, "-m", "rlsched.cli", "simulate", "--trace", str(trace), "--cluster",
-                        str(ROOT / "data/clusters/chic.yaml"), "--policy", f"chic:{tmp_path / 'nope'}", "--out",
-                        str(tmp_path / "out2")], capture_output=True, text=True, env=env, cwd=tmp_path)
+    r = run_cli("simulate", "--trace", str(trace), "--cluster", str(ROOT / "data/clusters/chic.yaml"), "--policy",
+                f"chic:{tmp_path / 'nope'}", "--out", str(tmp_path / "out2"), cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not found" in r.stderr

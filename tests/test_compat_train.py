@@ -4,7 +4,6 @@ policies (``--policy NAME=SPEC``)."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from policies.perf import ContentionModel
 from trainer.env import PlacementEnv
 from trainer.traces import load_trace
 from trainer.train import TrainConfig, TrainConfigError, check_config, check_run
+from cli_helpers import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 TRACE0 = REPO / "data" / "traces" / "deepshare" / "simulate" / "trace0.json"
@@ -82,12 +82,6 @@ def test_check_config_compat():
         check_config(TrainConfig(compat="deepshare", cluster="2x4"))
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
-    return subprocess.run([sys.executable, "-m", "rlsched.cli", *args], capture_output=True, text=True, cwd=REPO,
-                          env=env, check=False)
-
-
 def test_train_compat_writes_checkpoint_with_mode(tmp_path):
     from trainer.env import load_trace_dir
     from trainer.train import train
@@ -109,7 +103,7 @@ def test_train_compat_writes_checkpoint_with_mode(tmp_path):
 def test_train_cli_compat(tmp_path):
     tiny = _tiny_trace(tmp_path, 8)
     out = tmp_path / "run"
-    r = _cli("train", "--compat", "deepshare", "--traces", str(tiny), "--timesteps", "300", "--n-envs", "1",
+    r = run_cli("train", "--compat", "deepshare", "--traces", str(tiny), "--timesteps", "300", "--n-envs", "1",
              "--out", str(out))
     assert r.returncode == 0, r.stderr[-2000:]
     assert load_checkpoint(out / "last").meta["training"]["compat"] == "deepshare"
@@ -117,14 +111,14 @@ def test_train_cli_compat(tmp_path):
 
 def test_train_cli_compat_bad_input(tmp_path):
     tiny = _tiny_trace(tmp_path)
-    r = _cli("train", "--compat", "deepshare", "--cluster", "2x4", "--traces", str(tiny), "--out", str(tmp_path / "a"))
+    r = run_cli("train", "--compat", "deepshare", "--cluster", "2x4", "--traces", str(tiny), "--out", str(tmp_path / "a"))
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         "rlsched train: error: --compat deepshare needs the seed's cluster, 4 nodes of 8 GPUs (4x8); got 2x4"]
     raw = json.loads(tiny.read_text())
     raw["0"]["gpu_demand"] = 1  # the seed never places a 1-GPU job
     bad = tmp_path / "one_gpu.json"
     bad.write_text(json.dumps(raw))
-    r = _cli("train", "--compat", "deepshare", "--traces", str(bad), "--out", str(tmp_path / "b"))
+    r = run_cli("train", "--compat", "deepshare", "--traces", str(bad), "--out", str(tmp_path / "b"))
     assert r.returncode == 2, r.stderr[-2000:]
     assert len(r.stderr.strip().splitlines()) == 1 and "gpu_demand 1" in r.stderr
     assert not (tmp_path / "b" / "last.json").exists()

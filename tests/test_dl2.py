@@ -4,8 +4,6 @@ warm-up, checkpoints, and a simulate run on an elastic trace."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,19 +13,20 @@ from policies.checkpoint import CheckpointError
 from policies.cluster import ClusterSpec
 from policies.dl2 import (DL2Net, DL2Spec, FEATURES, JOB_TYPES, action_mask, apply_action, encode, load_dl2,
                           save_dl2, slot_reward)
-from policies.elastic import _Job
+from policies.elastic import PlanJob
 from policies.resources import ResourceDemand
 from policies.state import ClusterState, JobInfo
+from cli_helpers import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _job(jid: str, model: str = "ResNet-50", ps: bool = True, hi: int = 4, t: float = 0.0,
-         total: float = 1000.0, done: float = 0.0) -> _Job:
+         total: float = 1000.0, done: float = 0.0) -> PlanJob:
     d = ResourceDemand(1, cpus_per_gpu=2, mem_gb_per_gpu=10, ps=1 if ps else 0, ps_cpus=3 if ps else 0,
                        ps_mem_gb=10 if ps else 0, min_gpus=1, max_gpus=hi)
     info = JobInfo(jid, model, 1, t, total, done, min_gpus=1, max_gpus=hi, demand=d)
-    return _Job(info, d, ps, 1, hi, (1.0, 2.0, 10.0), (0.0, 3.0 if ps else 0.0, 10.0 if ps else 0.0))
+    return PlanJob(info, d, ps, 1, hi, (1.0, 2.0, 10.0), (0.0, 3.0 if ps else 0.0, 10.0 if ps else 0.0))
 
 
 def _random_actor(spec: DL2Spec, seed: int = 0, hidden: int = 16):
@@ -147,15 +146,12 @@ def test_simulate_dl2_and_drf_on_an_elastic_trace(tmp_path):
 
     trace = tmp_path / "t.json"
     write_trace(generate("dl2", seed=3, jobs=4), trace)
-    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
-    r = subprocess.run([sys.executable, "-m", "rlsched.cli", "simulate", "--policy", "dl2,drf",
-                        "--trace", str(trace), "--cluster", str(ROOT / "data/clusters/dl2.yaml"),
-                        "--out", str(tmp_path / "out")], capture_output=True, text=True, env=env, cwd=tmp_path)
+    r = run_cli("simulate", "--policy", "dl2,drf", "--trace", str(trace), "--cluster",
+                str(ROOT / "data/clusters/dl2.yaml"), "--out", str(tmp_path / "out"), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "dl2" in r.stdout and "drf" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "rlsched.cli", "simulate", "--policy", f"dl2:{tmp_path / 'nope'}",
-                        "--trace", str(trace), "--cluster", str(ROOT / "data/clusters/dl2.yaml"),
-                        "--out", str(tmp_path / "out2")], capture_output=True, text=True, env=env, cwd=tmp_path)
+    r = run_cli("simulate", "--policy", f"dl2:{tmp_path / 'nope'}", "--trace", str(trace), "--cluster",
+                str(ROOT / "data/clusters/dl2.yaml"), "--out", str(tmp_path / "out2"), cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "nope" in r.stderr
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -39,6 +37,7 @@ from trainer.elastic import (
 )
 from trainer.sim_backend import SimBackend
 from trainer.simulator import SimConfig, SimulationError, Simulator
+from cli_helpers import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 CHIC = ClusterSpec.parse(str(ROOT / "data" / "clusters" / "chic.yaml"))
@@ -141,23 +140,19 @@ def test_dl2_setting():
 
 def test_cli_gen_and_simulate(tmp_path):
     trace = tmp_path / "chic.json"
-    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
-    r = subprocess.run([sys.executable, "-m", "rlsched.cli", "trace", "gen-elastic", "--setting", "chic", "--jobs", "8",
-                        "--out", str(trace)], capture_output=True, text=True, env=env, cwd=tmp_path)
+    r = run_cli("trace", "gen-elastic", "--setting", "chic", "--jobs", "8", "--out", str(trace), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert is_elastic_trace(trace) and len(read_elastic_trace(trace)) == 8
-    r = subprocess.run([sys.executable, "-m", "rlsched.cli", "trace", "gen-elastic", "--setting", "chic", "--rate", "-1",
-                        "--out", str(tmp_path / "x.json")], capture_output=True, text=True, env=env, cwd=tmp_path)
+    r = run_cli("trace", "gen-elastic", "--setting", "chic", "--rate", "-1", "--out", str(tmp_path / "x.json"),
+                cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "rate must be" in r.stderr
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(_doc(_job(epochs="many"))))
-    r = subprocess.run([sys.executable, "-m", "rlsched.cli", "simulate", "--trace", str(bad), "--cluster",
-                        str(ROOT / "data/clusters/chic.yaml"), "--policy", "optimus", "--out", str(tmp_path / "o")],
-                       capture_output=True, text=True, env=env, cwd=tmp_path)
+    r = run_cli("simulate", "--trace", str(bad), "--cluster", str(ROOT / "data/clusters/chic.yaml"), "--policy",
+                "optimus", "--out", str(tmp_path / "o"), cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "epochs must be a number" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "rlsched.cli", "simulate", "--trace", str(trace), "--cluster",
-                        str(ROOT / "data/clusters/chic.yaml"), "--policy", "optimus,drf,tetris", "--out",
-                        str(tmp_path / "out")], capture_output=True, text=True, env=env, cwd=tmp_path)
+    r = run_cli("simulate", "--trace", str(trace), "--cluster", str(ROOT / "data/clusters/chic.yaml"), "--policy",
+                "optimus,drf,tetris", "--out", str(tmp_path / "out"), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert all(p in r.stdout for p in ("optimus", "drf", "tetris"))
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +26,7 @@ from policies.sced2 import (
 )
 from policies.state import ClusterState, JobInfo
 from trainer.simulator import SimConfig, Simulator
+from cli_helpers import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 C48 = ClusterSpec.parse("4x8")
@@ -301,12 +300,8 @@ def test_simulate_runs_sced2(tmp_path):
     trace = tmp_path / "t.csv"
     write_trace(trace, _jobs(20, 4))
     out = tmp_path / "out"
-    r = subprocess.run(
-        [sys.executable, "-m", "rlsched.cli", "simulate", "--policy", f"sced2:{ck},fifo", "--cluster", "4x8",
-         "--trace", str(trace), "--out", str(out), "--quiet"],
-        capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
-                                                      "MPLBACKEND": "Agg", "HOME": str(tmp_path)},
-    )
+    r = run_cli("simulate", "--policy", f"sced2:{ck},fifo", "--cluster", "4x8", "--trace", str(trace), "--out",
+                str(out), "--quiet", home=tmp_path)
     assert r.returncode == 0, r.stderr
     summary = json.loads((out / "summary.json").read_text())
     names = list(summary["summaries"]) if isinstance(summary["summaries"], dict) else summary["policies"]

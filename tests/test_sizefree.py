@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,8 +17,8 @@ from policies.registry import is_learned, make_policy
 from policies.sizefree import SizeFreeNet, SizeFreePolicy, load_sizefree, save_sizefree, tensor_shapes
 from policies.state import ClusterState, JobInfo
 from trainer.simulator import SimConfig, Simulator
+from cli_helpers import run_cli
 
-REPO = Path(__file__).resolve().parents[1]
 SPEC = SizeFreeSpec(jobs=4)
 
 
@@ -185,12 +182,8 @@ def test_simulate_rl_sf_on_16x8(tmp_path):
     trace = tmp_path / "t.csv"
     write_trace(trace, _jobs(16, 4, ClusterSpec.parse("16x8"), max_g=32))
     out = tmp_path / "out"
-    r = subprocess.run(
-        [sys.executable, "-m", "rlsched.cli", "simulate", "--policy", f"rl-sf:{ck}", "--cluster", "16x8",
-         "--trace", str(trace), "--out", str(out), "--quiet"],
-        capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
-                                                      "MPLBACKEND": "Agg", "HOME": str(tmp_path)},
-    )
+    r = run_cli("simulate", "--policy", f"rl-sf:{ck}", "--cluster", "16x8", "--trace", str(trace), "--out", str(out),
+                "--quiet", home=tmp_path)
     assert r.returncode == 0, r.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert "rl-sf" in json.dumps(summary)

@@ -97,6 +97,21 @@ def add_contention_argument(p: argparse.ArgumentParser, what: str = "the simulat
                         "(DeepShare's: the worst pair, at most 1/0.35x) (default: %(default)s)")
 
 
+def add_out_arguments(p: argparse.ArgumentParser, command: str) -> None:
+    """``--out`` and ``--overwrite`` (shared by ``simulate`` and ``twin``; ``command`` names the outputs
+    ``--overwrite`` may replace)."""
+    p.add_argument("--out", required=True, help="output directory (must not exist or be empty, see --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help=f"replace --out if it holds an earlier {command} output "
+                   "(anything else in it is refused, never deleted)")
+
+
+def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
+    """``--seed`` (of the speed noise) and ``--metrics-interval`` (shared by ``simulate`` and ``twin``)."""
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the speed noise, in [0, 2**32 - 1] (default: %(default)s)")
+    p.add_argument("--metrics-interval", type=positive_float, default=None,
+                   help="minimum seconds between fragmentation/CS samples (default: the round length)")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``simulate`` to the ``rlsched`` subcommands."""
     from policies.registry import describe_names
@@ -120,9 +135,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=f"comma-separated policies: {describe_names()}; docs/RESULTS.md, ELASTIC.md, SCED2.md (default: %(default)s)",
     )
     p.add_argument("--cluster", default="4x8", help="NODESxGPUS or a YAML/TOML cluster file (default: %(default)s)")
-    p.add_argument("--out", required=True, help="output directory (must not exist or be empty, see --overwrite)")
-    p.add_argument("--overwrite", action="store_true", help="replace --out if it holds an earlier simulate output "
-                   "(anything else in it is refused, never deleted)")
+    add_out_arguments(p, "simulate")
     p.add_argument(
         "--round",
         type=float_at_least(MIN_ROUND_S),
@@ -139,13 +152,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "after an elastic job is resized: a checkpoint-restart takes tens of seconds, DL2's hot scaling "
                    "0.05 (default: --restart-overhead)")
     p.add_argument("--noise-cv", type=non_negative_float, default=0.0, help="coefficient of variation of a per-job speed factor, 0 = off (default: %(default)s)")
-    p.add_argument("--seed", type=seed_int, default=0, help="seed of the speed noise, in [0, 2**32 - 1] (default: %(default)s)")
-    p.add_argument(
-        "--metrics-interval",
-        type=positive_float,
-        default=None,
-        help="minimum seconds between fragmentation/CS samples (default: the round length)",
-    )
+    add_sampling_arguments(p)
     add_compat_arg(p)
     add_contention_argument(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar and no table")

@@ -35,19 +35,20 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from policies.base import PolicyError
-from rlsched.argtypes import float_at_least, non_negative_float, positive_float
+from rlsched.argtypes import float_at_least, non_negative_float
 from trainer.cli_sim import (
     DEFAULT_TRACE,
     MIN_ROUND_S,
     OutputDirError,
     add_contention_argument,
+    add_out_arguments,
+    add_sampling_arguments,
     _check_out,
     _file_stem,
     parse_policy_list,
     print_results,
     resolve_trace,
     run_all,
-    seed_int,
     sim_config,
     staged_output,
     summary_doc,
@@ -89,9 +90,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cluster", default="4x8",
                    help="NODESxGPUS or a YAML/TOML cluster file; its node names are the Slurm node names "
                         "(default: %(default)s)")
-    p.add_argument("--out", required=True, help="output directory (must not exist or be empty, see --overwrite)")
-    p.add_argument("--overwrite", action="store_true", help="replace --out if it holds an earlier twin output "
-                   "(anything else in it is refused, never deleted)")
+    add_out_arguments(p, "twin")
     p.add_argument("--round", type=float_at_least(MIN_ROUND_S), default=300.0,
                    help=f"round length in seconds, >= {MIN_ROUND_S:g}: the controller's interval_s; rounds also "
                         "follow arrivals and completions, as in simulate (default: %(default)s)")
@@ -103,9 +102,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--noise-cv", type=non_negative_float, default=0.0,
                    help="coefficient of variation of a per-job speed factor, 0 = off; the agents report the "
                         "jobs' noisy throughput (default: %(default)s)")
-    p.add_argument("--seed", type=seed_int, default=0, help="seed of the speed noise, in [0, 2**32 - 1] (default: %(default)s)")
-    p.add_argument("--metrics-interval", type=positive_float, default=None,
-                   help="minimum seconds between fragmentation/CS samples (default: the round length)")
+    add_sampling_arguments(p)
     p.add_argument("--slurm-split", choices=("plan", "fill"), default="plan",
                    help="how Slurm splits a released job's GPUs over its nodes: 'plan', as the controller planned "
                         "it (what simulate assumes; exact for balanced placements); 'fill', as cons_tres splits "

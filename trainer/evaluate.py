@@ -61,7 +61,7 @@ from policies.cluster import ClusterSpec
 from policies.job import JobSpec
 from policies.perf import ContentionModel
 from trainer.metrics import summarize
-from trainer.outputs import nearest_existing, unwritable
+from trainer.outputs import nearest_existing, replace_marked, unwritable
 from trainer.simulator import SimConfig, Simulator
 from trainer.traces import TRACE_SUFFIXES
 
@@ -594,12 +594,7 @@ def run_evaluation(
         if branch_names:
             gen += "\n### Branches A-E (W1 = 0.3 .. 0.7), mean over sets\n\n" + _branch_table(slim, branch_names)
         gen += f"\n{END}"
-        if BEGIN in text and END in text:
-            pre, rest = text.split(BEGIN, 1)
-            _, post = rest.split(END, 1)
-            md_text = pre + gen + post
-        else:
-            md_text = text.rstrip() + "\n\n" + gen + "\n"
+        md_text = replace_marked(text, BEGIN, END, gen)
     # everything is written to a temporary directory inside OUT (the Markdown file beside itself), then
     # renamed into place by _commit: an error or interrupt before that leaves the previous outputs intact
     created = _make_dirs(figdir) + (_make_dirs(md.parent) if md is not None else [])

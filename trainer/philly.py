@@ -41,7 +41,6 @@ value.
 
 from __future__ import annotations
 
-import csv
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -60,7 +59,7 @@ from trainer.traces import (
     MAX_TRACE_JOBS,
     TraceError,
     check_trace_size,
-    not_utf8_error,
+    open_csv,
     plain_number,
 )
 
@@ -205,33 +204,23 @@ def read_philly(
         raise ValueError(f"max_gpus must be >= 1, got {max_gpus}")
 
     check_trace_size(path, what="Philly trace")  # bounds memory: the rows are held as text until vectorised
-    try:
-        f = path.open(newline="", encoding="utf-8-sig")
-    except OSError as exc:
-        raise TraceError(path, f"cannot open: {exc.strerror}") from exc
-    reader = csv.reader(f)
-    try:
-        with f:
-            try:
-                header = next(reader)
-            except StopIteration:
-                raise TraceError(path, "empty file: no header and no jobs") from None
-            header = [h.strip() for h in header]
-            for c in PHILLY_COLUMNS:
-                if c not in header:
-                    raise TraceError(path, f"missing column (header has: {', '.join(header)})", 1, c)
-            rows = []
-            for r in reader:
-                rows.append(r)
-                if len(rows) > MAX_TRACE_JOBS:
-                    raise TraceError(
-                        path, f"more than {MAX_TRACE_JOBS:,} rows, the limit for one trace; split it by submit time",
-                        reader.line_num,
-                    )
-    except UnicodeDecodeError:
-        raise not_utf8_error(path) from None
-    except csv.Error as exc:
-        raise TraceError(path, f"not CSV: {exc}", reader.line_num) from None
+    with open_csv(path) as reader:
+        try:
+            header = next(reader)
+        except StopIteration:
+            raise TraceError(path, "empty file: no header and no jobs") from None
+        header = [h.strip() for h in header]
+        for c in PHILLY_COLUMNS:
+            if c not in header:
+                raise TraceError(path, f"missing column (header has: {', '.join(header)})", 1, c)
+        rows = []
+        for r in reader:
+            rows.append(r)
+            if len(rows) > MAX_TRACE_JOBS:
+                raise TraceError(
+                    path, f"more than {MAX_TRACE_JOBS:,} rows, the limit for one trace; split it by submit time",
+                    reader.line_num,
+                )
     width = len(header)
     # Line numbers as a person counts them (header = line 1); blank lines skipped.
     keep = [(i + 2, r) for i, r in enumerate(rows) if r]

@@ -89,14 +89,10 @@ def plot_jct_cdf(results: Mapping[str, SimResult], path: str | Path, subtitle: s
         y = np.arange(1, jct.size + 1) / jct.size
         label = f"{n} (mean {jct.mean():.2f} h, p90 {np.percentile(jct, 90):.2f} h)"
         ax.step(np.concatenate([[0.0], jct]), np.concatenate([[0.0], y]), where="post", color=col[n], ls=ls[n], label=label, lw=1.8)
-    ax.set_xlabel("Job completion time (hours, queueing included)")
-    ax.set_ylabel("Fraction of jobs")
     ax.set_ylim(0, 1.02)
     ax.set_xlim(left=0)
-    ax.grid(alpha=0.3)
-    ax.set_title(_title("CDF of job completion time", subtitle))
-    ax.legend(loc="lower right", fontsize=8)
-    return _save(fig, path)
+    return _finish(fig, ax, path, "Job completion time (hours, queueing included)", "Fraction of jobs",
+                   _title("CDF of job completion time", subtitle), legend="lower right")
 
 
 def plot_util_timeline(results: Mapping[str, SimResult], path: str | Path, subtitle: str | None = None) -> Path:
@@ -180,12 +176,8 @@ def plot_util_kde(summaries: Mapping[str, Mapping], path: str | Path, subtitle: 
             ax.hist(s, bins=np.linspace(0, 100, 21), density=True, color=col[n], alpha=0.5, label=label + " [histogram]")
     ax.set_xlim(0, 100)
     ax.set_ylim(bottom=0)
-    ax.set_xlabel("GPU utilisation (% of cluster GPUs allocated, sampled every round)")
-    ax.set_ylabel("Density (1 / %)")
-    ax.grid(alpha=0.3)
-    ax.set_title(_title("Distribution of GPU utilisation (KDE)", subtitle))
-    ax.legend(loc="upper left", fontsize=8)
-    return _save(fig, path)
+    return _finish(fig, ax, path, "GPU utilisation (% of cluster GPUs allocated, sampled every round)",
+                   "Density (1 / %)", _title("Distribution of GPU utilisation (KDE)", subtitle), legend="upper left")
 
 
 def plot_cs_distribution(summaries: Mapping[str, Mapping], path: str | Path, subtitle: str | None = None) -> Path:
@@ -201,12 +193,20 @@ def plot_cs_distribution(summaries: Mapping[str, Mapping], path: str | Path, sub
         avg = _num(summaries[n].get("avg_cs"))
         ax.bar(x + (i - (len(names) - 1) / 2) * width, vals, width, color=col[n], label=f"{n} (avg CS {avg:.3f})")
     ax.set_xticks(x, labels)
-    ax.set_xlabel("Job's average contention sensitivity (isolated / achieved throughput)")
-    ax.set_ylabel("Jobs (%)")
     ax.set_ylim(0, 105)
-    ax.grid(axis="y", alpha=0.3)
-    ax.set_title(_title("Proportion of jobs by average contention sensitivity", subtitle))
-    ax.legend(fontsize=8)
+    return _finish(fig, ax, path, "Job's average contention sensitivity (isolated / achieved throughput)", "Jobs (%)",
+                   _title("Proportion of jobs by average contention sensitivity", subtitle), grid="y")
+
+
+def _finish(fig, ax, path: str | Path, xlabel: str, ylabel: str, title: str, legend: str = "best",
+            grid: str = "both") -> Path:
+    """Label ``ax`` (axes, ``title``), draw its grid on ``grid`` axes and its legend at ``legend``, and save
+    ``fig`` to ``path`` (:func:`_save`)."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(axis=grid, alpha=0.3)
+    ax.set_title(title)
+    ax.legend(loc=legend, fontsize=8)
     return _save(fig, path)
 
 

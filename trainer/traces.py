@@ -45,6 +45,7 @@ import os
 import re
 import tempfile
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Iterable, Iterator, Sequence
 
@@ -62,6 +63,7 @@ __all__ = [
     "TRACE_FORMATS",
     "current_umask",
     "not_utf8_error",
+    "open_csv",
     "load_trace",
     "trace_format",
     "read_canonical",
@@ -372,12 +374,13 @@ def _read_parquet_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         raise TraceError(path, f"cannot read Parquet: {exc}", n + 1) from exc
 
 
-def _read_csv_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """The data rows of a canonical CSV as ``(line, {column: text})``, one at a time, blank lines skipped.
+@contextmanager
+def open_csv(path: Path) -> Iterator[Any]:
+    """A :func:`csv.reader` over text file ``path`` (UTF-8, a BOM skipped), closed on leaving the block.
 
-    ``line`` is the row's first line in the file as a person counts them (the
-    header is on line 1 unless blank lines precede it). A row with more or
-    fewer fields than the header is an error, as is a row beyond :data:`MAX_TRACE_JOBS`.
+    Reading errors in the block become one-line :class:`TraceError` s: a file that cannot be opened
+    (``cannot open``), bytes that are not UTF-8 (:func:`not_utf8_error`), a malformed CSV (``not CSV``,
+    with the reader's line).
     """
     try:
         f = path.open(newline="", encoding="utf-8-sig")
@@ -386,26 +389,37 @@ def _read_csv_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     reader = csv.reader(f)
     try:
         with f:
-            cols: list[str] = []
-            for cols in reader:  # the header: the first row that is not blank
-                if cols:
-                    break
-            _check_header(path, cols, reader.line_num)
-            width, last, count = len(cols), reader.line_num, 0
-            for rec in reader:
-                first, last = last + 1, reader.line_num
-                if not rec:
-                    continue
-                if len(rec) != width:
-                    raise TraceError(path, f"expected {width} fields as in the header, got {len(rec)}", first)
-                count += 1
-                if count > MAX_TRACE_JOBS:
-                    raise _too_many_jobs(path, first)
-                yield first, dict(zip(cols, rec))
+            yield reader
     except UnicodeDecodeError:
         raise not_utf8_error(path) from None
     except csv.Error as exc:
         raise TraceError(path, f"not CSV: {exc}", reader.line_num) from None
+
+
+def _read_csv_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The data rows of a canonical CSV as ``(line, {column: text})``, one at a time, blank lines skipped.
+
+    ``line`` is the row's first line in the file as a person counts them (the
+    header is on line 1 unless blank lines precede it). A row with more or
+    fewer fields than the header is an error, as is a row beyond :data:`MAX_TRACE_JOBS`.
+    """
+    with open_csv(path) as reader:
+        cols: list[str] = []
+        for cols in reader:  # the header: the first row that is not blank
+            if cols:
+                break
+        _check_header(path, cols, reader.line_num)
+        width, last, count = len(cols), reader.line_num, 0
+        for rec in reader:
+            first, last = last + 1, reader.line_num
+            if not rec:
+                continue
+            if len(rec) != width:
+                raise TraceError(path, f"expected {width} fields as in the header, got {len(rec)}", first)
+            count += 1
+            if count > MAX_TRACE_JOBS:
+                raise _too_many_jobs(path, first)
+            yield first, dict(zip(cols, rec))
 
 
 def _check_header(path: Path, cols: Sequence[str], row: int = 1) -> None:

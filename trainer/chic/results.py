@@ -31,6 +31,7 @@ from typing import Sequence
 import numpy as np
 
 from trainer.chic.train import TEST_SEED0, VAL_SEED0, chic_setup, run_policy, sequences
+from trainer.outputs import replace_marked
 
 BASELINES = ("optimus", "drf", "tetris")
 LEARNED = ("chic", "chic-pair")
@@ -200,15 +201,7 @@ def markdown(res: dict, histories: dict[str, dict]) -> str:
 
 def replace_section(path: Path, body: str) -> None:
     """Put ``body`` between the markers in ``path`` (appending the markers at the end when absent)."""
-    text = path.read_text()
-    block = f"{BEGIN}\n{body}\n{END}"
-    if BEGIN in text and END in text:
-        head, _, rest = text.partition(BEGIN)
-        _, _, tail = rest.partition(END)
-        text = head + block + tail
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    path.write_text(text)
+    path.write_text(replace_marked(path.read_text(), BEGIN, END, f"{BEGIN}\n{body}\n{END}"))
 
 
 def load_histories(checkpoints: dict[str, str | None]) -> dict[str, dict]:
