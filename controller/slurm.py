@@ -819,7 +819,10 @@ class SlurmCLI:
     def pin_args(job_id: int, nodes: Sequence[str], gpus: int, per_node: int | None = None,
                  tres_style: str = "gres:gpu", delay_s: int = 0, tasks: int | None = None) -> list[str]:
         """The ``scontrol update`` arguments (after ``update``) that pin a held job: see :meth:`place`.
-        ``tasks``: also set the job's task count (``NumTasks``; a resized job runs one task per GPU)."""
+        ``tasks``: also set the job's task count and its minimum CPUs to it (``NumTasks``, ``NumCPUs``; a
+        resized job runs one task per GPU). Slurm 22.05 keeps a requeued job's node count at its last
+        allocation's when ``NumNodes`` is lowered without ``NumCPUs`` (the job then never starts on fewer
+        nodes: ``BadConstraints``); with ``NumCPUs`` in the same update it takes both."""
         if not nodes:
             raise ValueError("place: empty node list")
         if per_node is not None and per_node * len(nodes) != gpus:
@@ -830,7 +833,7 @@ class SlurmCLI:
         tres = (["TresPerJob=", f"TresPerNode={tres_style}:{per_node}"] if per_node is not None
                 else ["TresPerNode=", f"TresPerJob={tres_style}:{gpus}"])
         start = f"StartTime=now+{int(delay_s)}" if delay_s > 0 else "StartTime=now"
-        ntasks = [f"NumTasks={int(tasks)}"] if tasks is not None else []
+        ntasks = [f"NumTasks={int(tasks)}", f"NumCPUs={int(tasks)}"] if tasks is not None else []
         return [f"JobId={int(job_id)}", f"ReqNodeList={compress_nodes(nodes)}", f"NumNodes={len(nodes)}", *ntasks, *tres,
                 start]
 
