@@ -140,13 +140,13 @@ def test_elastic_job_resizes_2_4_1_and_finishes_its_exact_steps(live_cluster, tm
 
     ev = _events(out)
     starts = [e for e in ev if e.get("event") == "start"]
-    runs = []  # rank-0 start of each run, with the nodes of all its ranks
+    by_step: dict[int, list[dict]] = {}  # the ranks' start lines of each run (runs start at distinct steps)
     for e in starts:
-        if e["rank"] == 0:
-            runs.append({**e, "nodes": set()})
-        runs[-1]["nodes"].add(e["node"])
+        by_step.setdefault(e["start_step"], []).append(e)
+    runs = [{**next(e for e in group if e["rank"] == 0), "nodes": {e["node"] for e in group},
+             "ranks": sorted(e["rank"] for e in group)} for group in by_step.values()]
     assert [r["world"] for r in runs] == [2, 4, 1], starts
-    assert [sum(1 for e in starts if e["start_step"] == r["start_step"]) for r in runs] == [2, 4, 1], starts
+    assert [r["ranks"] for r in runs] == [[0, 1], [0, 1, 2, 3], [0]], starts
     assert [r["per_worker_batch"] for r in runs] == [12, 6, 24]
     assert [r["resumed_world"] for r in runs] == [None, 2, 4]
     assert runs[1]["nodes"] == {"node1", "node2"} and runs[2]["nodes"] == {"node3"}, runs
