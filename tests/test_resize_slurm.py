@@ -26,6 +26,7 @@ from controller.daemon import Controller
 from policies.base import Policy
 from policies.cluster import Placement
 from policies.state import ClusterState, Decision
+from tests.test_slurm_integration import _events
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -69,17 +70,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _events(path: Path) -> list[dict]:
-    out = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        if line.startswith("{"):
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass
-    return out
 
 
 def _reference(tmp_path: Path) -> dict:
@@ -138,7 +128,7 @@ def test_elastic_job_resizes_2_4_1_and_finishes_its_exact_steps(live_cluster, tm
     assert [(r, g) for r, g, _ in seen] == [(0, 2), (1, 4), (2, 1)], seen
     assert seen[1][2] == {"node1": 2, "node2": 2} and seen[2][2] == {"node3": 1}, seen
 
-    ev = _events(out)
+    ev = _events(cluster, jid)
     starts = [e for e in ev if e.get("event") == "start"]
     by_step: dict[int, list[dict]] = {}  # the ranks' start lines of each run (runs start at distinct steps)
     for e in starts:

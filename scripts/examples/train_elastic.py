@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -30,18 +29,18 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-from _common import base_parser, configure, emit, param_digest, setup_distributed  # noqa: E402
+from _common import base_parser, configure, emit, param_digest, setup_distributed, train_step  # noqa: E402
 from nodeagent.jobhelper import JobSession, launch  # noqa: E402
 
 IN, OUT = 16, 4
 
 
-def batch(seed: int, positions: range) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def batch(seed: int, positions: range) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs and targets of the samples at ``positions`` of the job's stream (each sample from its own seed)."""
     target = torch.randn(IN, OUT, generator=torch.Generator().manual_seed(seed + 7))
     xs = [torch.randn(IN, generator=torch.Generator().manual_seed(seed * 1_000_003 + i)) for i in positions]
     x = torch.stack(xs)
-    return x, torch.tanh(x @ target), target
+    return x, torch.tanh(x @ target)
 
 
 def main() -> int:
@@ -72,14 +71,9 @@ def main() -> int:
         loss = torch.tensor(float("nan"))
         steps_run = 0
         for step in s.steps(start, state_fn=lambda: {"model": net.state_dict(), "optim": opt.state_dict()}):
-            x, y, _ = batch(args.seed, plan.samples(step))
-            loss = nn.functional.mse_loss(model(x), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            x, y = batch(args.seed, plan.samples(step))
+            loss = train_step(model, opt, x, y, args.step_sleep)
             steps_run += 1
-            if args.step_sleep:
-                time.sleep(args.step_sleep)
         flat = torch.cat([t.detach().flatten() for t in net.state_dict().values()])
         emit(event="done", rank=rank, world=world, final_step=s.step, samples=plan.position(s.step),
              steps_this_run=steps_run, start_step=start, loss=float(loss.detach()),
