@@ -22,7 +22,8 @@ Applying a decision (:meth:`SlurmBackend.apply`), in order:
    a running elastic job (its comment's ``min_gpus`` / ``max_gpus``) is a checkpoint and a requeue
    held, as a preemption (:meth:`Controller._preempt`), then a placement at the new size: its
    AdminComment mark becomes ``rlsched:managed gpus=M`` (what the controller reads as its GPUs
-   from then on), and its pin sets the new node list, GPUs and ``NumTasks=M`` (one task per GPU),
+   from then on), and its pin sets the new node list, GPUs and ``NumTasks=M NumCPUs=M`` (one task
+   per GPU; :meth:`controller.slurm.SlurmCLI.pin_args`),
    ahead of the decision's placements. A resize whose checkpoint fails or is not tried
    (``min_run_s``, ``--no-requeue``) is rejected and the job keeps running at its size; one that
    names parameter servers is rejected (PS jobs are simulation-only), and so is every resize when
@@ -53,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 from controller.slurm import MANAGED_MARK, SlurmError, SlurmJob
 from controller.state import SlurmView, build_state
 from policies.backend import ApplyReport
-from policies.cluster import ClusterSpec
+from policies.cluster import ClusterSpec, Placement
 from policies.state import ClusterState, Decision
 from policies.validate import Problem, check_decision, placement_problem
 
@@ -285,8 +286,10 @@ class SlurmBackend:
             sj = view.jobs[jid]
             info = view.state.job(jid)
             assert info is not None and info.placement is not None
-            why = None
-            if getattr(p, "ps", 0):
+            why, text = None, ""
+            if Placement.of(dict(p.alloc)) == Placement.of(dict(info.placement.alloc)):
+                why = f"job {jid}: already runs on that placement (a resize would only restart it)"
+            elif getattr(p, "ps", 0):
                 why = f"job {jid}: a resize with parameter servers is simulation-only (no live PS jobs)"
             elif getattr(ctl.slurm, "set_admin_comment", None) is None:
                 why = f"job {jid}: this Slurm adapter cannot rewrite a job's GPU count, so it cannot resize"

@@ -113,6 +113,13 @@ def test_resizes_that_cannot_be_made_are_rejected_and_the_job_keeps_running(tmp_
     with caplog.at_level(logging.WARNING, logger="controller.daemon"):
         assert ctl.round().ok
     assert "rejected resize" in caplog.text and s.job_list[e].state == "RUNNING"
+    # a resize to where it runs would only restart it
+    ctl.policy = type("Same", (Policy,), {"name": "same", "resizes": True, "schedule": lambda self, st: Decision(
+        resize=[(str(e), Placement.of({0: 2}))])})()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="controller.daemon"):
+        assert ctl.round().ok
+    assert "already runs on that placement" in caplog.text and s.job_list[e].restarts == 0
     # an adapter that cannot rewrite the GPU count (the twin's) cannot resize
     plain_slurm = FakeSlurm()
     e2 = _running(plain_slurm, 2, "rlsched:model=MoE,min_gpus=1,max_gpus=8")
