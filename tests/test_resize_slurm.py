@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "scripts" / "examples" / "train_elastic.py"
-TOTAL_STEPS = 90
+TOTAL_STEPS = 120
 GLOBAL_BATCH = 24
 
 
@@ -91,13 +91,14 @@ def test_elastic_job_resizes_2_4_1_and_finishes_its_exact_steps(live_cluster, tm
         pytest.skip("no `rlsched agent` command: node agents not available (a resize checkpoints through them)")
     script = (f"export MASTER_PORT={_free_port()} PYTHONPATH={REPO}\n"
               f"exec {sys.executable} {EXAMPLE} --launch --total-steps {TOTAL_STEPS} --global-batch {GLOBAL_BATCH} "
-              f"--step-sleep 0.12 --report-every 2 --threads 1")
-    jid = cluster.sbatch(script, 2, comment="rlsched:model=MoE,samples=90000,min_gpus=1,max_gpus=4",
+              f"--step-sleep 0.15 --report-every 2 --threads 1")
+    jid = cluster.sbatch(script, 2, comment="rlsched:model=MoE,samples=120000,min_gpus=1,max_gpus=4",
                          extra=["--ntasks=2", "--requeue"])
     ctl = Controller(load_config(cluster.controller_config(tmp_path, min_run_s=0.0)))
     assert ctl.round().ok  # builds the cluster and the configured policy; nothing runs yet
-    # 2 GPUs on node1 -> 4 GPUs on node1 + node2 (2 each) at a quarter of its steps -> 1 GPU on node3 at 60 %
-    ctl.policy = ResizeSchedule([(2, 0.25, {0: 2, 1: 2}), (4, 0.6, {2: 1})])
+    # 2 GPUs on node1 -> 4 GPUs on node1 + node2 (2 each) at a quarter of its steps -> 1 GPU on node3 at half;
+    # each resize leaves the job at least a quarter of its steps (18 s of sleep alone) to be seen by a round
+    ctl.policy = ResizeSchedule([(2, 0.25, {0: 2, 1: 2}), (4, 0.5, {2: 1})])
     seen: list[tuple[int, int, dict[str, int]]] = []  # (restarts, GPUs, per-node GPUs) of each run Slurm started
     errors: list[str] = []
 
