@@ -834,8 +834,8 @@ class SlurmCLI:
                 else ["TresPerNode=", f"TresPerJob={tres_style}:{gpus}"])
         start = f"StartTime=now+{int(delay_s)}" if delay_s > 0 else "StartTime=now"
         ntasks = [f"NumTasks={int(tasks)}", f"NumCPUs={int(tasks)}"] if tasks is not None else []
-        return [f"JobId={int(job_id)}", f"ReqNodeList={compress_nodes(nodes)}", f"NumNodes={len(nodes)}", *ntasks, *tres,
-                start]
+        return [f"JobId={int(job_id)}", f"ReqNodeList={compress_nodes(nodes)}", f"NumNodes={len(nodes)}", *ntasks,
+                *tres, start]
 
     def place(self, job_id: int, nodes: Sequence[str], gpus: int, per_node: int | None = None,
               tres_style: str = "gres:gpu", delay_s: int = 0, tasks: int | None = None) -> None:

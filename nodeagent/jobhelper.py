@@ -205,7 +205,8 @@ def launch(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
     the node agent signals the ranks themselves, and Slurm ends the step on a requeue."""
     cmd, run_env = srun_command(argv, env)
     log.info("launching %d task(s): %s", int(run_env["SLURM_NTASKS"]), " ".join(cmd))
-    prev = signal.signal(signal.SIGUSR2, signal.SIG_IGN) if threading.current_thread() is threading.main_thread() else None
+    main = threading.current_thread() is threading.main_thread()
+    prev = signal.signal(signal.SIGUSR2, signal.SIG_IGN) if main else None
     try:
         return subprocess.run(cmd, env=run_env, check=False).returncode
     finally:

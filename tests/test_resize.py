@@ -84,7 +84,8 @@ def test_a_resize_is_checkpoint_requeue_and_a_pin_at_the_new_size(tmp_path):
     assert dict(rep.placed) == {jid: {"node1": 2, "node2": 2}}
     names = [c[0] for c in s.calls[k:]]
     # checkpoint + requeue held, then the new GPU count, then the pin, then the release
-    assert names.index("requeue_hold") < names.index("set_admin_comment") < names.index("place") < names.index("release")
+    order = [names.index(n) for n in ("requeue_hold", "set_admin_comment", "place", "release")]
+    assert order == sorted(order), names
     j = s.job_list[jid]
     assert j.admin_comment.startswith("rlsched:managed gpus=4") and j.gpus == 4
     assert s.tasks[jid] == 4 and s.per_node[jid] == 2 and s.delays[jid] > 0  # requeue_settle_s

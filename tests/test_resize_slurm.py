@@ -119,7 +119,8 @@ def test_elastic_job_resizes_2_4_1_and_finishes_its_exact_steps(live_cluster, tm
     except AssertionError as exc:
         show = cluster.run(["scontrol", "-o", "show", "job", str(jid)], check=False).stdout
         text = out.read_text()[-4000:] if out.exists() else "(no output)"
-        raise AssertionError(f"{exc}\nslurm: {show}\nruns: {seen}\nround errors: {errors[-3:]}\noutput:\n{text}") from None
+        raise AssertionError(f"{exc}\nslurm: {show}\nruns: {seen}\nround errors: {errors[-3:]}\n"
+                             f"output:\n{text}") from None
     assert not errors, errors
     j = cluster.job(jid)
     assert j.restarts == 2, j
