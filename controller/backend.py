@@ -18,7 +18,16 @@ Applying a decision (:meth:`SlurmBackend.apply`), in order:
    (the checkpoint did not come) stops the others (deferred): unless this is the round's second
    decision, the rest of the decision is dropped and :attr:`ApplyReport.decide_again` is set
    (the policy had counted the victim's GPUs as free; it decides again without that victim);
-4. resizes: Slurm cannot resize a running job's GPUs, so each is rejected;
+4. resizes (:meth:`SlurmBackend._resize`): Slurm cannot change a running job's GPUs, so a resize of
+   a running elastic job (its comment's ``min_gpus`` / ``max_gpus``) is a checkpoint and a requeue
+   held, as a preemption (:meth:`Controller._preempt`), then a placement at the new size: its
+   AdminComment mark becomes ``rlsched:managed gpus=M`` (what the controller reads as its GPUs
+   from then on), and its pin sets the new node list, GPUs and ``NumTasks=M NumCPUs=M`` (one task
+   per GPU; :meth:`controller.slurm.SlurmCLI.pin_args`),
+   ahead of the decision's placements. A resize whose checkpoint fails or is not tried
+   (``min_run_s``, ``--no-requeue``) is rejected and the job keeps running at its size; one that
+   names parameter servers is rejected (PS jobs are simulation-only), and so is every resize when
+   the adapter cannot rewrite an AdminComment (the twin's simulated Slurm);
 5. placements, at most the round's place limit (cut by the round loop): a job this decision
    preempts (a move, :attr:`policies.base.Policy.moves`) is placed in the same round once its
    preemption was made (it is requeued held, then pinned and released like any held job, with
@@ -35,16 +44,17 @@ Applying a decision (:meth:`SlurmBackend.apply`), in order:
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from controller.slurm import SlurmError, SlurmJob
+from controller.slurm import MANAGED_MARK, SlurmError, SlurmJob
 from controller.state import SlurmView, build_state
 from policies.backend import ApplyReport
-from policies.cluster import ClusterSpec
+from policies.cluster import ClusterSpec, Placement
 from policies.state import ClusterState, Decision
 from policies.validate import Problem, check_decision, placement_problem
 
@@ -179,10 +189,8 @@ class SlurmBackend:
         bad = {(p.action, p.index) for p in problems}
         if not self._preempt(decision, bad, now, rep, last, report):
             return report
-        for i, (jid, _p) in enumerate(decision.resize):
-            if ("resize", i) not in bad:
-                self._reject(report, Problem("resize", i, jid, f"job {jid}: Slurm cannot resize a running job's GPUs"))
-        self._place(decision, bad, rep, report)
+        resized = self._resize(decision, bad, now, rep, report)
+        self._place(decision, bad, rep, report, resized)
         return report
 
     def next_round(self) -> bool:
@@ -259,14 +267,100 @@ class SlurmBackend:
                 ctl._slurm_hint(exc)
         return True
 
-    def _place(self, decision: Decision, bad: set, rep: RoundReport, report: ApplyReport) -> None:
-        """The valid placements, in order: pin, journal, release (see the module docstring)."""
+    def _resize(self, decision: Decision, bad: set, now: float, rep: RoundReport,
+                report: ApplyReport) -> list[_Pin]:
+        """The valid resizes, in order: each job is checkpointed and requeued held (as a preemption;
+        its GPUs count as free once that is made), its AdminComment mark is rewritten to the new GPU
+        total, and it becomes a pin at its new placement with ``NumTasks`` = its new GPUs (returned, for
+        :meth:`_place` to pin, journal and release ahead of the placements). Rejected (the job keeps
+        running at its size): resizes with parameter servers, resizes the adapter cannot write, and
+        resizes whose checkpoint or requeue was not made."""
+        ctl = self.ctl
+        view = self.view
+        assert view is not None and ctl.cluster is not None
+        free, usable = self._free, self._usable
+        out: list[_Pin] = []
+        for i, (jid, p) in enumerate(decision.resize):
+            if ("resize", i) in bad:
+                continue
+            sj = view.jobs[jid]
+            info = view.state.job(jid)
+            assert info is not None and info.placement is not None
+            why, text = None, ""
+            if Placement.of(dict(p.alloc)) == Placement.of(dict(info.placement.alloc)):
+                why = f"job {jid}: already runs on that placement (a resize would only restart it)"
+            elif getattr(p, "ps", 0):
+                why = f"job {jid}: a resize with parameter servers is simulation-only (no live PS jobs)"
+            elif getattr(ctl.slurm, "set_admin_comment", None) is None:
+                why = f"job {jid}: this Slurm adapter cannot rewrite a job's GPU count, so it cannot resize"
+            elif ctl.cfg.controller.dry_run:
+                log.info("dry run: would resize job %s to %s", jid, dict(p.alloc), extra={"event": "dry_run"})
+                continue
+            if why is None:
+                try:
+                    done = ctl._preempt(sj, now)
+                except SlurmError as exc:
+                    ctl.metrics.slurm_errors.inc()
+                    ctl._slurm_hint(exc)
+                    done, why = False, f"job {jid}: requeue for its resize failed: {exc}"
+                if not done and why is None:
+                    why = (f"job {jid}: not checkpointed and requeued (see the log: too young for min_run_s, "
+                           "--no-requeue, or its checkpoint failed); it keeps running at its size")
+                if done:
+                    rep.preempted.append(sj.job_id)
+                    for n, g in info.placement.alloc:
+                        if usable[n]:
+                            free[n] += g
+                    text = _with_gpus(sj.admin_comment, p.total_gpus)
+                    try:
+                        ctl.slurm.set_admin_comment([sj.job_id], text)
+                    except SlurmError as exc:  # held, checkpointed: placed again at its old size by a later round
+                        ctl.metrics.slurm_errors.inc()
+                        ctl._slurm_hint(exc)
+                        why = f"job {jid}: requeued, but its new GPU count could not be written: {exc}"
+            if why is not None:
+                self._reject(report, Problem("resize", i, jid, why))
+                continue
+            # what the round's reasons and later reads of this snapshot see: the new GPU count
+            sj = replace(sj, gpus=p.total_gpus, admin_comment=text)
+            view.jobs[jid] = sj
+            self.jobs_by_id[jid] = sj
+            problem = placement_problem(jid, p.total_gpus, p, free, usable, " (after the preemptions and resizes "
+                                                                           "made this round)")
+            if problem is not None:  # requeued held at its new size: a later round places it
+                self._reject(report, Problem("resize", i, jid, problem))
+                continue
+            report.resized.append(jid)
+            ctl.metrics.decisions.labels(action="resize").inc()
+            ctl._note("resize", sj.job_id, {"from": info.placement.total_gpus, "to": p.total_gpus})
+            log.info("resizing job %s from %d to %d GPUs", jid, info.placement.total_gpus, p.total_gpus,
+                     extra={"event": "resize", "job": sj.job_id, "gpus": p.total_gpus})
+            out.append(self._pin(jid, sj, p, moved=True, tasks=p.total_gpus))
+        return out
+
+    def _pin(self, jid: str, sj: SlurmJob, p: Any, moved: bool, tasks: int | None = None) -> _Pin:
+        """A placement on its way to Slurm; its GPUs are reserved in ``self._free``."""
+        ctl = self.ctl
+        assert ctl.cluster is not None
+        names = [ctl.cluster.nodes[n].name for n in p.nodes]
+        plan_by_name = {ctl.cluster.nodes[n].name: g for n, g in p.alloc}
+        counts = {g for _, g in p.alloc}
+        per_node = counts.pop() if len(counts) == 1 and p.num_nodes > 1 else None
+        settle = round(ctl.cfg.controller.requeue_settle_s) if sj.restarts > 0 or moved else 0
+        for n, g in p.alloc:  # reserved now: later placements of this decision see them taken
+            self._free[n] -= g
+        return _Pin(jid, sj, p, names, plan_by_name, per_node, settle, p.total_gpus, tasks)
+
+    def _place(self, decision: Decision, bad: set, rep: RoundReport, report: ApplyReport,
+               resized: Sequence[_Pin] = ()) -> None:
+        """The valid placements, in order, after the resized jobs' pins (``resized``): pin, journal,
+        release (see the module docstring)."""
         ctl = self.ctl
         view = self.view
         assert view is not None and ctl.cluster is not None
         c = ctl.cfg.controller
         free, usable = self._free, self._usable
-        todo: list[_Pin] = []
+        todo: list[_Pin] = list(resized)
         for i, (jid, p) in enumerate(decision.place):
             if ("place", i) in bad:
                 continue
@@ -284,17 +378,11 @@ class SlurmBackend:
             if why is not None:
                 self._reject(report, Problem("place", i, jid, why))
                 continue
-            names = [ctl.cluster.nodes[n].name for n in p.nodes]
-            plan_by_name = {ctl.cluster.nodes[n].name: g for n, g in p.alloc}
             if c.dry_run:
-                log.info("dry run: would place job %s on %s", jid, plan_by_name, extra={"event": "dry_run"})
+                log.info("dry run: would place job %s on %s", jid, {ctl.cluster.nodes[n].name: g for n, g in p.alloc},
+                         extra={"event": "dry_run"})
                 continue
-            counts = {g for _, g in p.alloc}
-            per_node = counts.pop() if len(counts) == 1 and p.num_nodes > 1 else None
-            settle = round(c.requeue_settle_s) if sj.restarts > 0 or moved else 0
-            for n, g in p.alloc:  # reserved now: later placements of this decision see them taken
-                free[n] -= g
-            todo.append(_Pin(jid, sj, p, names, plan_by_name, per_node, settle))
+            todo.append(self._pin(jid, sj, p, moved))
         if not todo:
             return
         if getattr(ctl.slurm, "place_many", None) is None or getattr(ctl.slurm, "release_many", None) is None:
@@ -357,7 +445,7 @@ class SlurmBackend:
         the journal could not record it (no other job is released this round)."""
         ctl = self.ctl
         try:
-            ctl.slurm.place(x.sj.job_id, x.names, x.sj.gpus, x.per_node, x.sj.pin_tres)
+            ctl.slurm.place(x.sj.job_id, x.names, x.gpus, x.per_node, x.sj.pin_tres, **x.extra)
         except SlurmError as exc:
             self._failed(x, exc)
             return True
@@ -383,7 +471,7 @@ class SlurmBackend:
         released (journal entries dropped, GPUs free again); the rest were."""
         ctl = self.ctl
         slurm = ctl.slurm
-        pins = [slurm.pin_args(x.sj.job_id, x.names, x.sj.gpus, x.per_node, x.sj.pin_tres, x.settle)
+        pins = [slurm.pin_args(x.sj.job_id, x.names, x.gpus, x.per_node, x.sj.pin_tres, x.settle, **x.extra)
                 for x in todo]
         try:
             slurm.place_many(pins)
@@ -394,7 +482,7 @@ class SlurmBackend:
             pinned = []
             for x in todo:
                 try:
-                    slurm.place(x.sj.job_id, x.names, x.sj.gpus, x.per_node, x.sj.pin_tres, x.settle)
+                    slurm.place(x.sj.job_id, x.names, x.gpus, x.per_node, x.sj.pin_tres, x.settle, **x.extra)
                     pinned.append(x)
                 except SlurmError as exc1:
                     self._failed(x, exc1)
@@ -438,3 +526,18 @@ class _Pin:
     plan_by_name: dict[str, int]
     per_node: int | None
     settle: int
+    gpus: int  # the job's GPU total on this placement (a resized job's new one)
+    tasks: int | None = None  # a resized job's new task count (NumTasks), else None: left as it is
+
+    @property
+    def extra(self) -> dict[str, int]:
+        """Keyword arguments of the adapter's pin beyond the common ones (none for a plain placement)."""
+        return {} if self.tasks is None else {"tasks": self.tasks}
+
+
+def _with_gpus(admin_comment: str | None, gpus: int) -> str:
+    """``admin_comment`` with job_submit.lua's mark (``rlsched:managed gpus=N``) set to ``gpus``, the rest
+    (the reason after it) kept: after a resize the controller reads the job's GPUs from there."""
+    text = admin_comment or ""
+    new, n = re.subn(re.escape(MANAGED_MARK) + r"\s+gpus=\d+", f"{MANAGED_MARK} gpus={int(gpus)}", text, count=1)
+    return new if n else f"{MANAGED_MARK} gpus={int(gpus)}"

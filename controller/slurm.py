@@ -817,8 +817,12 @@ class SlurmCLI:
     # ------------------------------------------------------------------ acting
     @staticmethod
     def pin_args(job_id: int, nodes: Sequence[str], gpus: int, per_node: int | None = None,
-                 tres_style: str = "gres:gpu", delay_s: int = 0) -> list[str]:
-        """The ``scontrol update`` arguments (after ``update``) that pin a held job: see :meth:`place`."""
+                 tres_style: str = "gres:gpu", delay_s: int = 0, tasks: int | None = None) -> list[str]:
+        """The ``scontrol update`` arguments (after ``update``) that pin a held job: see :meth:`place`.
+        ``tasks``: also set the job's task count and its minimum CPUs to it (``NumTasks``, ``NumCPUs``; a
+        resized job runs one task per GPU). Slurm 22.05 keeps a requeued job's node count at its last
+        allocation's when ``NumNodes`` is lowered without ``NumCPUs`` (the job then never starts on fewer
+        nodes: ``BadConstraints``); with ``NumCPUs`` in the same update it takes both."""
         if not nodes:
             raise ValueError("place: empty node list")
         if per_node is not None and per_node * len(nodes) != gpus:
@@ -829,10 +833,12 @@ class SlurmCLI:
         tres = (["TresPerJob=", f"TresPerNode={tres_style}:{per_node}"] if per_node is not None
                 else ["TresPerNode=", f"TresPerJob={tres_style}:{gpus}"])
         start = f"StartTime=now+{int(delay_s)}" if delay_s > 0 else "StartTime=now"
-        return [f"JobId={int(job_id)}", f"ReqNodeList={compress_nodes(nodes)}", f"NumNodes={len(nodes)}", *tres, start]
+        ntasks = [f"NumTasks={int(tasks)}", f"NumCPUs={int(tasks)}"] if tasks is not None else []
+        return [f"JobId={int(job_id)}", f"ReqNodeList={compress_nodes(nodes)}", f"NumNodes={len(nodes)}", *ntasks,
+                *tres, start]
 
     def place(self, job_id: int, nodes: Sequence[str], gpus: int, per_node: int | None = None,
-              tres_style: str = "gres:gpu", delay_s: int = 0) -> None:
+              tres_style: str = "gres:gpu", delay_s: int = 0, tasks: int | None = None) -> None:
         """Pin a held job to exactly ``nodes`` (it stays held until :meth:`release`).
 
         ``per_node``: a balanced placement, ``per_node`` GPUs on each node,
@@ -845,7 +851,7 @@ class SlurmCLI:
         the job stays held; this replaces the 120 s BeginTime Slurm adds after a
         requeue), so that :meth:`release` needs no update of its own.
         """
-        self.run(["scontrol", "update", *self.pin_args(job_id, nodes, gpus, per_node, tres_style, delay_s)])
+        self.run(["scontrol", "update", *self.pin_args(job_id, nodes, gpus, per_node, tres_style, delay_s, tasks)])
 
     def place_many(self, pins: Sequence[Sequence[str]]) -> None:
         """Apply several pins (each :meth:`pin_args`) in one ``scontrol`` process: its command mode

@@ -9,7 +9,11 @@ Times are epoch seconds, work is in samples, throughput in samples/s.
 
 Workload declaration (the job's ``--comment``)::
 
-    rlsched:model=MoE,samples=200000[,key=value...]
+    rlsched:model=MoE,samples=200000[,min_gpus=1,max_gpus=4][,key=value...]
+
+``min_gpus`` / ``max_gpus`` (both or neither) make the job elastic: a policy may resize it within that
+range (:func:`elastic_range`; live, a resize is checkpoint -> requeue -> restart at the new size,
+:mod:`controller.backend`).
 
 No model: the configured default profile. No ``samples``: the work is
 estimated as (time limit, else ``default_runtime_s``) x the model's best
@@ -36,7 +40,7 @@ from policies.state import ClusterState, JobInfo
 from policies.workloads import UnknownModelError, canonical_model
 
 __all__ = ["JobRequest", "parse_comment", "natural_key", "build_cluster", "SlurmView", "build_state", "partition_warning",
-           "job_demand"]
+           "job_demand", "elastic_range"]
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +94,28 @@ def parse_comment(comment: str | None) -> JobRequest:
         else:
             opts.append((k, v))
     return JobRequest(model, samples, tuple(opts), "; ".join(problems) or None)
+
+
+def elastic_range(options: Sequence[tuple[str, str]], gpus: int, total_gpus: int
+                  ) -> tuple[int | None, int | None, str | None]:
+    """``(min_gpus, max_gpus, problem)`` from a comment's ``min_gpus`` / ``max_gpus`` options: both
+    integers with ``1 <= min_gpus <= gpus <= max_gpus`` (``gpus``: the job's GPUs now); ``max_gpus``
+    beyond the partition's ``total_gpus`` is cut to it. ``(None, None, None)`` without them;
+    ``(None, None, why)`` when they are malformed (the job is then not elastic)."""
+    opts = dict(options)
+    lo_s, hi_s = opts.get("min_gpus"), opts.get("max_gpus")
+    if lo_s is None and hi_s is None:
+        return None, None, None
+    if lo_s is None or hi_s is None:
+        return None, None, "min_gpus and max_gpus go together"
+    try:
+        lo, hi = int(lo_s), int(hi_s)
+    except ValueError:
+        return None, None, f"min_gpus={lo_s!r}, max_gpus={hi_s!r} are not integers"
+    hi = min(hi, total_gpus)
+    if not 1 <= lo <= gpus <= hi:
+        return None, None, f"elastic range needs 1 <= min_gpus <= GPUs ({gpus}) <= max_gpus, got {lo}..{hi}"
+    return lo, hi, None
 
 
 def natural_key(name: str) -> tuple:
@@ -313,6 +339,9 @@ def build_state(
         if why is not None and j.pending:
             view.warnings.append(why)
             continue
+        lo, hi, bad_range = elastic_range(req.options, j.gpus, cluster.total_gpus)
+        if bad_range:
+            view.warnings.append(f"job {j.job_id}: comment {j.comment!r}: {bad_range}; not elastic")
         best = perf.best_isolated_throughput(model, j.gpus)
         if req.samples is not None:
             total = req.samples
@@ -332,6 +361,8 @@ def build_state(
             best_thp=best,
             preemptions=j.restarts,
             demand=demand,
+            min_gpus=lo,
+            max_gpus=hi,
             extra={"slurm_job_id": j.job_id, "user": j.user, "name": j.name, "nodes": list(j.nodes)},
         )
         view.jobs[info.job_id] = j

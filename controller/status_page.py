@@ -69,8 +69,9 @@ ROUNDS_KEPT = 10
 ACTIONS_KEPT = 200
 #: log events of ``controller.daemon`` that are actions (or failed ones) of a round
 ACTION_EVENTS = frozenset({
-    "placed", "preempted", "held_back", "rehold", "placement_rejected", "preempt_rejected", "resize_rejected",
-    "preempt_failed", "preempt_skipped", "preempt_deferred", "preempt_request", "place_failed", "place_skipped",
+    "placed", "preempted", "resize", "held_back", "rehold", "placement_rejected", "preempt_rejected",
+    "resize_rejected", "preempt_failed", "preempt_skipped", "preempt_deferred", "preempt_request", "place_failed",
+    "place_skipped",
     "release_timeout", "dry_run", "replan", "preempt_too_late", "preempt_dropped", "requeue_failed",
     "placement_mismatch", "policy_error", "slurm_error", "round_error",
 })

@@ -40,6 +40,24 @@ What the session does:
 * **finish**: after ``total_steps`` steps a final checkpoint is saved (so a
   requeue after completion does not redo work) and a final report sent.
 
+Elastic data parallelism (a job the controller may resize: checkpoint -> requeue at another GPU
+count and node list -> restart at the new world size; docs/ELASTIC.md, "Live on Slurm"):
+
+* ``JobSession(..., global_batch=G)``: the job trains with a fixed *global* batch of ``G`` samples
+  per step whatever its world size ``W``; :attr:`JobSession.plan` (:class:`DataParallelPlan`) gives
+  each rank its per-worker batch ``G / W`` and its sample positions at each step (step ``s`` covers
+  the job's samples ``s*G .. s*G+G-1``, rank ``r`` the ``r``-th slice of ``G / W``), so the step
+  counter and the data position continue exactly across a resize. Checkpoints record ``G``, the
+  world size and the data position (``ELASTIC_KEY``); :meth:`JobSession.resume` takes them out of
+  the returned state, refuses a checkpoint of another global batch, and notes the world size the
+  checkpoint was written at (:attr:`JobSession.resumed_world_size`).
+* :func:`launch`: the batch script's launcher (``python job.py --launch``-style): starts one task
+  per task of the job's *current* allocation with ``srun``. After a resize the batch environment's
+  ``SLURM_NTASKS`` / ``SLURM_NPROCS`` / ``SLURM_GPUS`` are those of the submission (sbatch stores
+  them; checked on Slurm 22.05.8), while ``SLURM_TASKS_PER_NODE`` is the allocation's: the launcher
+  counts that (:func:`allocation_world_size`), overrides the stale ones, and returns ``srun``'s exit
+  status (75 after a preemption checkpoint, so Slurm requeues the job held).
+
 Environment (all optional except where noted):
 
 ``RLSCHED_JOB_KEY``  stable key; else comment ``key=``; else ``slurm-$SLURM_JOB_ID``.
@@ -56,6 +74,7 @@ from __future__ import annotations
 
 import atexit
 import io
+import math
 import logging
 import os
 import queue
@@ -64,7 +83,8 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Any, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from nodeagent.convention import job_key_for, parse_comment
 from nodeagent.profiling import STOP_CHECK as _STOP_CHECK
@@ -76,6 +96,8 @@ log = logging.getLogger("rlsched.jobhelper")
 
 #: Exit status after a preemption checkpoint (EX_TEMPFAIL): requeue me.
 EXIT_PREEMPTED = 75
+#: Key of the helper's own entry in a checkpoint of a job with a global batch (see :class:`JobSession`).
+ELASTIC_KEY = "rlsched_elastic"
 DEFAULT_AGENT = "127.0.0.1:50051"
 
 _UNSET = object()
@@ -104,6 +126,97 @@ def resolve_agent_address(spec: str | None, node: str | None) -> str | None:
     if not addr:
         raise ValueError(f"RLSCHED_AGENT={spec!r} has an empty address for node {node!r}")
     return addr
+
+
+# ----------------------------------------------------------------------------- elastic data parallelism
+@dataclass(frozen=True)
+class DataParallelPlan:
+    """How one rank of a data-parallel job with a fixed global batch splits each step's samples.
+
+    :param global_batch: samples the whole job processes per optimizer step (``G``).
+    :param world_size: ranks (workers) at this run (``W``); ``G`` must be a multiple of it.
+    :param rank: this rank, ``0 .. W-1``.
+    """
+
+    global_batch: int
+    world_size: int
+    rank: int
+
+    def __post_init__(self) -> None:
+        g, w, r = self.global_batch, self.world_size, self.rank
+        if not (isinstance(g, int) and isinstance(w, int) and isinstance(r, int)) or g < 1 or w < 1:
+            raise ValueError(f"data-parallel plan needs global_batch >= 1 and world_size >= 1, got {g!r}, {w!r}")
+        if not 0 <= r < w:
+            raise ValueError(f"rank {r} is outside world size {w}")
+        if g % w:
+            raise ValueError(f"global batch {g} is not a multiple of the world size {w}: the workers' shares "
+                             f"would differ (a multiple of {math.lcm(*range(1, w + 1))} divides every size up to {w})")
+
+    @property
+    def per_worker(self) -> int:
+        """Samples this rank processes per step: ``global_batch / world_size``."""
+        return self.global_batch // self.world_size
+
+    def position(self, step: int) -> int:
+        """The job's data position before ``step``: samples processed by all ranks in steps ``0 .. step-1``."""
+        return int(step) * self.global_batch
+
+    def samples(self, step: int) -> range:
+        """This rank's sample positions at ``step`` (global indices into the job's sample stream)."""
+        start = self.position(step) + self.rank * self.per_worker
+        return range(start, start + self.per_worker)
+
+
+def tasks_per_node(value: str) -> list[int]:
+    """Slurm's ``SLURM_TASKS_PER_NODE`` (``"3,1"``, ``"2(x3),1"``) as one count per node."""
+    out: list[int] = []
+    for part in filter(None, (p.strip() for p in (value or "").split(","))):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part)
+        if m is None:
+            raise ValueError(f"SLURM_TASKS_PER_NODE={value!r}: {part!r} is not N or N(xK)")
+        out += [int(m.group(1))] * int(m.group(2) or 1)
+    return out
+
+
+def allocation_world_size(env: Mapping[str, str] | None = None) -> int:
+    """Tasks of the job's current allocation (the sum of ``SLURM_TASKS_PER_NODE``, which slurmd sets at
+    each start); ``SLURM_NTASKS`` only where that is missing. A resized job runs one task per GPU (the
+    controller sets ``NumTasks`` to its new GPU count), so this is its world size."""
+    env = os.environ if env is None else env
+    tpn = env.get("SLURM_TASKS_PER_NODE", "").strip()
+    n = sum(tasks_per_node(tpn)) if tpn else int(env.get("SLURM_NTASKS", "") or 1)
+    if n < 1:
+        raise ValueError(f"SLURM_TASKS_PER_NODE={tpn!r}: no tasks")
+    return n
+
+
+def srun_command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """``(command, environment)`` that start ``argv`` once per task of the current allocation with
+    ``srun`` (see :func:`allocation_world_size`): the submission's stale ``SLURM_NTASKS`` /
+    ``SLURM_NPROCS`` are replaced by the allocation's task count and its ``SLURM_GPUS`` is dropped
+    (srun reads them as ``--ntasks`` / ``--gpus``)."""
+    if not argv:
+        raise ValueError("launch: no command to start")
+    env = dict(os.environ if env is None else env)
+    world = allocation_world_size(env)
+    env["SLURM_NTASKS"] = env["SLURM_NPROCS"] = str(world)
+    env.pop("SLURM_GPUS", None)
+    return ["srun", f"--ntasks={world}", "--kill-on-bad-exit=0", *argv], env
+
+
+def launch(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
+    """Run :func:`srun_command` of ``argv`` and return its exit status (``EXIT_PREEMPTED`` when the ranks
+    stopped at a preemption checkpoint). SIGTERM / SIGUSR2 reaching the launcher are not passed on:
+    the node agent signals the ranks themselves, and Slurm ends the step on a requeue."""
+    cmd, run_env = srun_command(argv, env)
+    log.info("launching %d task(s): %s", int(run_env["SLURM_NTASKS"]), " ".join(cmd))
+    main = threading.current_thread() is threading.main_thread()
+    prev = signal.signal(signal.SIGUSR2, signal.SIG_IGN) if main else None
+    try:
+        return subprocess.run(cmd, env=run_env, check=False).returncode
+    finally:
+        if prev is not None:
+            signal.signal(signal.SIGUSR2, prev)
 
 
 #: Where a field of ``scontrol show job`` output begins: whitespace, then a capitalised ``Name=``
@@ -208,6 +321,9 @@ class JobSession:
 
     ``total_steps``: optimizer steps the job runs in total (across restarts).
     ``samples_per_step`` (in :meth:`steps`): samples the *whole job* processes per step.
+    ``global_batch``: > 0 for an elastic data-parallel job: samples per step across all ranks, the
+    same at every world size (:attr:`plan`; the default ``samples_per_step``); its checkpoints record
+    it with the world size and data position (module docstring).
     """
 
     def __init__(
@@ -229,6 +345,7 @@ class JobSession:
         profile_steps: int = 3,
         save_final: bool = True,
         install_signal: bool = True,
+        global_batch: int = 0,
     ) -> None:
         self.job_key = validate_job_key(job_key)
         self.slurm_job_id = str(slurm_job_id)
@@ -260,6 +377,11 @@ class JobSession:
         self.profile: ProfileSummary | None = None  # the last profiling window's measurements
         self.preempted = False
         self._ctl_group: Any = _UNSET
+        self.global_batch = int(global_batch)
+        if self.global_batch < 0:
+            raise ValueError(f"global_batch must be >= 0, got {global_batch!r}")
+        #: world size the resumed checkpoint was written at (None: fresh start, or no record of it)
+        self.resumed_world_size: int | None = None
 
     # ------------------------------------------------------------ creation
     @classmethod
@@ -407,6 +529,28 @@ class JobSession:
             d.all_reduce(flag, op=d.ReduceOp.MAX, group=group)
         return bool(flag.item())
 
+    @property
+    def plan(self) -> DataParallelPlan:
+        """This rank's share of each step at the current world size (needs ``global_batch``)."""
+        if self.global_batch <= 0:
+            raise ValueError("JobSession.plan needs global_batch > 0")
+        return DataParallelPlan(self.global_batch, self.world_size, self.rank)
+
+    def _take_elastic(self, state: Any, step: int) -> None:
+        """Take the helper's record out of a resumed ``state`` and check it against this run."""
+        meta = state.pop(ELASTIC_KEY, None) if isinstance(state, dict) else None
+        if not isinstance(meta, dict):
+            return
+        g, w = meta.get("global_batch"), meta.get("world_size")
+        if self.global_batch and isinstance(g, int) and g != self.global_batch:
+            raise ValueError(f"job {self.job_key!r}: checkpoint step {step} was trained with global batch {g}, "
+                             f"this run asks for {self.global_batch}: a resized job must keep its global batch")
+        self.resumed_world_size = w if isinstance(w, int) else None
+        if self.global_batch and self.resumed_world_size is not None:
+            log.info("job %s resumes at step %d (data position %d) at world size %d (checkpoint written at %d): "
+                     "%d samples per worker per step", self.job_key, step, step * self.global_batch,
+                     self.world_size, self.resumed_world_size, self.global_batch // max(1, self.world_size))
+
     # ------------------------------------------------------------- public
     def resume(self) -> tuple[int, dict | None]:
         """(step, state) of the newest valid checkpoint, or (0, None)."""
@@ -432,6 +576,7 @@ class JobSession:
                 self.step = 0
                 return 0, None
         state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+        self._take_elastic(state, info.step)
         self.step = self.checkpoint_step = info.step
         log.info("resumed job %s from step %d (%s)", self.job_key, info.step, info.uri)
         return info.step, state
@@ -500,6 +645,9 @@ class JobSession:
             # same on all ranks, as state_fn() may be collective (e.g. gathering a sharded state dict)
             self.checkpoint_step = int(step)
             return None
+        if self.global_batch and isinstance(state, dict):
+            state = {**state, ELASTIC_KEY: {"global_batch": self.global_batch, "world_size": self.world_size,
+                                            "step": int(step), "position": int(step) * self.global_batch}}
         buf = io.BytesIO()
         torch.save(state, buf)
         info = self.store.save(self.job_key, int(step), buf.getvalue())
@@ -555,11 +703,16 @@ class JobSession:
         self,
         start: int,
         state_fn: Callable[[], dict],
-        samples_per_step: int,
+        samples_per_step: int | None = None,
     ) -> Iterator[int]:
-        """Yield step indices ``start .. total_steps-1``; handle reports, profiling, checkpoints, preemption."""
+        """Yield step indices ``start .. total_steps-1``; handle reports, profiling, checkpoints, preemption.
+        ``samples_per_step`` defaults to ``global_batch``."""
         if self.total_steps <= 0:
             raise ValueError("JobSession.steps needs total_steps > 0")
+        if samples_per_step is None:
+            if self.global_batch <= 0:
+                raise ValueError("JobSession.steps needs samples_per_step (or a session with global_batch)")
+            samples_per_step = self.global_batch
         step = start
         self.report(step, self._samples)  # registers the PID with the agent
         prof = None

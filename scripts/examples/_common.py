@@ -116,3 +116,16 @@ def step_generator(seed: int, step: int, rank: int) -> torch.Generator:
 
 def now() -> float:
     return time.perf_counter()
+
+
+def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+               step_sleep: float = 0.0) -> torch.Tensor:
+    """One optimizer step of mean-squared-error regression of ``y`` on ``x`` (then ``step_sleep`` s of
+    sleep, to slow tests down); returns the loss."""
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    if step_sleep:
+        time.sleep(step_sleep)
+    return loss
