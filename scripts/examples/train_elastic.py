@@ -13,7 +13,7 @@ covering the samples ``s*G .. s*G+G-1`` of one deterministic stream (sample ``i`
 generator seeded by ``(seed, i)``), rank ``r`` the ``r``-th slice (:class:`nodeagent.jobhelper.DataParallelPlan`).
 DDP averages the ranks' mean gradients, which is the mean over the global batch, so a run resized
 2 -> 4 -> 1 workers computes the same updates as one that never changed size (up to float rounding
-of the all-reduce). Prints JSON lines: ``start`` (world size, start step, data position, per-worker
+of the all-reduce). CUDA + NCCL when the worker sees a GPU, CPU + gloo otherwise (``--device``). Prints JSON lines: ``start`` (world size, start step, data position, per-worker
 batch, the world size of the checkpoint it resumed), ``done`` (final step, samples, loss, parameters).
 """
 
@@ -27,9 +27,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-from _common import base_parser, configure, emit, param_digest, setup_distributed, train_step  # noqa: E402
+from _common import (base_parser, configure, device_fields, emit, param_digest, setup_device,  # noqa: E402
+                     setup_distributed, train_step, wrap_ddp)
 from nodeagent.jobhelper import JobSession, launch  # noqa: E402
 
 IN, OUT = 16, 4
@@ -53,9 +53,10 @@ def main() -> int:
     if args.launch:
         return launch([sys.executable, os.path.abspath(__file__), *[a for a in sys.argv[1:] if a != "--launch"]])
     configure(args)
-    rank, world = setup_distributed()
-    net = nn.Sequential(nn.Linear(IN, args.hidden), nn.Tanh(), nn.Linear(args.hidden, OUT))
-    model = DDP(net) if world > 1 else net
+    dev = setup_device(args)
+    rank, world = setup_distributed(dev)
+    net = nn.Sequential(nn.Linear(IN, args.hidden), nn.Tanh(), nn.Linear(args.hidden, OUT)).to(dev.device)
+    model = wrap_ddp(net, dev)
     opt = torch.optim.SGD(net.parameters(), lr=args.lr)
     with JobSession.from_env(job_key=args.job_key, store=args.store, model=args.model_name,
                              total_steps=args.total_steps, report_every=args.report_every,
@@ -67,12 +68,12 @@ def main() -> int:
             opt.load_state_dict(state["optim"])
         emit(event="start", rank=rank, world=world, start_step=start, position=plan.position(start),
              per_worker_batch=plan.per_worker, resumed_world=s.resumed_world_size, job_key=s.job_key,
-             node=os.environ.get("SLURMD_NODENAME", ""))
+             node=os.environ.get("SLURMD_NODENAME", ""), **device_fields(dev))
         loss = torch.tensor(float("nan"))
         steps_run = 0
         for step in s.steps(start, state_fn=lambda: {"model": net.state_dict(), "optim": opt.state_dict()}):
             x, y = batch(args.seed, plan.samples(step))
-            loss = train_step(model, opt, x, y, args.step_sleep)
+            loss = train_step(model, opt, x.to(dev.device), y.to(dev.device), args.step_sleep)
             steps_run += 1
         flat = torch.cat([t.detach().flatten() for t in net.state_dict().values()])
         emit(event="done", rank=rank, world=world, final_step=s.step, samples=plan.position(s.step),
