@@ -272,7 +272,8 @@ def train(cfg: SizeFreeTrainConfig, out: str | Path, log: Callable[[str], None] 
         "config": {k: (list(v) if isinstance(v, tuple) else v)
                                                           for k, v in asdict(cfg).items()},
         "bc_agreement": acc,
-        "val_avg_jct_h": {"heuristic": heur_val, "reference": cmp_val, "bc": bc_val, "ppo": ppo_val},
+        "val_avg_jct_h": {k: (v if np.isfinite(v) else None)  # None: not run (JSON has no NaN)
+                          for k, v in {"heuristic": heur_val, "reference": cmp_val, "bc": bc_val, "ppo": ppo_val}.items()},
         "chosen": chosen, "wall_s": round(time.perf_counter() - t0, 1),
         "command": command,
     }
