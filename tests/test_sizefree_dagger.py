@@ -57,7 +57,7 @@ def test_teacher_labels_follow_the_planner_and_reuse_its_plan():
     teacher.reset()
     done, steps, first = False, 0, True
     while not done:
-        enc = env._enc
+        enc = env.encoding
         if enc is None:
             a = env.obs_spec.hold
         else:

@@ -100,7 +100,7 @@ def _collect(env, scorer, episodes: list[int], expert: str, use_net: bool, teach
         done = False
         while not done:
             m = env.action_masks()
-            enc = env._enc  # the encoding the mask and the observation came from
+            enc = env.encoding  # the encoding the mask and the observation came from
             state = env.backend.snapshot() if teacher is not None and enc is not None else None
             if teacher is None:
                 label = env.expert_action(expert)
