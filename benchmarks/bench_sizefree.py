@@ -136,7 +136,12 @@ def main(argv: list[str] | None = None) -> int:
                       f"{a:.3f} +- {ah:.3f} | {b:.3f} +- {bh:.3f} | {sum(v <= 1 + 1e-12 for v in r)} / {len(r)} |",
                       flush=True)
     if args.lat:
-        print(f"\n| cluster | policy | clock | rounds | p50 (ms) | p99 (ms) |\n|---|---|---|---|---|---|")
+        import benchmarks.bench_rl as bench_rl
+
+        bench_rl._now = time.process_time if args.clock == "cpu" else time.perf_counter
+        ref = bench_rl.machine_reference()
+        print(f"\nmachine reference (benchmarks/bench_rl.py, {args.clock} clock): {ref['total_ms']:.1f} ms")
+        print("\n| cluster | policy | clock | rounds | p50 (ms) | p99 (ms) |\n|---|---|---|---|---|---|")
         for shape, n in (("128x8", args.rounds), ("1024x8", max(args.rounds // 2, 2))):
             p50, p99 = latency(shape, n, learned[0], clock=args.clock)
             print(f"| {shape} | {learned[0]} | {args.clock} | {n} | {p50 * 1e3:.1f} | {p99 * 1e3:.1f} |", flush=True)

@@ -112,3 +112,21 @@ def test_tiny_planner_dagger_run(tmp_path):
     tr = meta["training"]
     assert tr["algo"].startswith("bc+dagger (planner teacher)") and tr["command"].endswith("--expert planner")
     assert any(ln.startswith("bc round 1 (dagger)") and "planner:" in ln for ln in lines)
+
+
+def test_init_weights_load_into_the_torch_scorer():
+    torch = pytest.importorskip("torch")
+    from policies.sizefree import TENSOR_NAMES, load_sizefree, shipped_sizefree
+    from trainer.sizefree.model import CandidateScorer
+
+    net, _meta, _path = load_sizefree(shipped_sizefree())
+    scorer = CandidateScorer(net.spec, net.hidden)
+    scorer.load_tensors({f"{p}.{x}": w for p, (W, b) in zip(TENSOR_NAMES, net.layers)
+                         for x, w in (("weight", W.T), ("bias", b))})
+    obs = np.random.default_rng(0).uniform(-1, 1, size=(3, net.spec.size)).astype(np.float32)
+    with torch.no_grad():
+        got = scorer(torch.as_tensor(obs)).numpy()
+    want = np.stack([net.scores(o) for o in obs])
+    assert np.allclose(got, want, atol=1e-5)  # the shipped network, as numpy scores it
+    with pytest.raises(ValueError, match="does not match the scorer's"):
+        CandidateScorer(net.spec, 8).load_tensors(scorer.tensors())

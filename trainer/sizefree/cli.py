@@ -43,6 +43,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compare", default=d.compare,
                    help="checkpoint (or rl-sf, the shipped one) also run on the validation sets, 'none' for none "
                         "(default: %(default)s)")
+    p.add_argument("--init", default=None,
+                   help="start from this size-free checkpoint's weights (rl-sf: the shipped one); the first "
+                        "round then labels the network's own states")
     p.add_argument("--ppo-n-steps", type=_positive_int, default=d.n_steps,
                    help="PPO rollout steps per environment per update (default: %(default)s)")
     p.add_argument("--subproc", action="store_true", help="PPO rollouts in subprocesses (SubprocVecEnv)")
@@ -53,7 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 #: (option, attribute) of every option, in the order the recorded command names them
 _OPTIONS = (("--out", "out"), ("--clusters", "clusters"), ("--max-gpus", "max_gpus"), ("--jobs-per-set", "jobs_per_set"),
             ("--sets", "sets"), ("--dagger", "dagger"), ("--bc-epochs", "bc_epochs"), ("--expert", "expert"),
-            ("--teacher", "teacher"), ("--compare", "compare"), ("--ppo-timesteps", "ppo_timesteps"),
+            ("--teacher", "teacher"), ("--compare", "compare"), ("--init", "init"), ("--ppo-timesteps", "ppo_timesteps"),
             ("--ppo-lr", "ppo_lr"), ("--ppo-n-steps", "ppo_n_steps"), ("--ent-coef", "ent_coef"), ("--seed", "seed"))
 
 
@@ -61,7 +64,7 @@ def _command(args: argparse.Namespace) -> str:
     """The run's command line with every option spelled out (recorded in the checkpoint)."""
     parts = ["rlsched", "train-sizefree"]
     for flag, attr in _OPTIONS:
-        if attr == "teacher" and args.expert != "planner":
+        if (attr == "teacher" and args.expert != "planner") or (attr == "init" and args.init is None):
             continue
         parts += [flag, str(getattr(args, attr))]
     if args.subproc:
@@ -99,7 +102,7 @@ def _run(args: argparse.Namespace) -> int:
                               ppo_timesteps=args.ppo_timesteps, ppo_lr=args.ppo_lr, ent_coef=args.ent_coef,
                               expert=args.expert, teacher=args.teacher, n_steps=args.ppo_n_steps,
                               compare=None if args.compare.lower() == "none" else args.compare,
-                              subproc=args.subproc, seed=args.seed)
+                              init=args.init, subproc=args.subproc, seed=args.seed)
     command = _command(args)
     train(cfg, args.out, log=lambda s: print(s, flush=True), command=command)
     return 0

@@ -29,7 +29,7 @@ from policies.cluster import ClusterSpec
 from policies.codecs.sizefree import SizeFreeCodec, SizeFreeSpec
 from policies.job import JobSpec
 from policies.perf import ContentionModel
-from policies.sizefree import SizeFreeNet, SizeFreePolicy, save_sizefree
+from policies.sizefree import TENSOR_NAMES, SizeFreeNet, SizeFreePolicy, save_sizefree
 from trainer.sizefree.dagger import TEACHER
 
 __all__ = ["SizeFreeTrainConfig", "behaviour_clone", "train", "training_sets", "validate"]
@@ -49,6 +49,7 @@ class SizeFreeTrainConfig:
     expert: str = "greedy"
     teacher: str = TEACHER
     compare: str | None = "rl-sf"
+    init: str | None = None
     bc_epochs: int = 10
     dagger: int = 1
     ppo_timesteps: int = 8192
@@ -155,8 +156,9 @@ def _fit(scorer, data: tuple[list, list, list], epochs: int, seed: int, log: Cal
 def behaviour_clone(envs: list, scorer, cfg: SizeFreeTrainConfig, log: Callable[[str], None]) -> float:
     """Clone the teacher into ``scorer`` (module docstring, step 2); returns the final agreement.
 
-    Round 0 plays the teacher's own picks, rounds ``1..cfg.dagger`` the network's (DAgger); every round
-    adds its labelled states to the data set and refits on all of it."""
+    Round 0 plays the teacher's own picks (the network's when ``cfg.init`` gave it trained weights),
+    rounds ``1..cfg.dagger`` the network's (DAgger); every round adds its labelled states to the data set
+    and refits on all of it."""
     teachers = None
     if cfg.expert == "planner":
         from trainer.sizefree.dagger import PlannerTeacher
@@ -167,7 +169,7 @@ def behaviour_clone(envs: list, scorer, cfg: SizeFreeTrainConfig, log: Callable[
     for rnd in range(cfg.dagger + 1):
         t0 = time.perf_counter()
         for k, env in enumerate(envs):
-            got = _collect(env, scorer, list(range(len(env.traces))), cfg.expert, use_net=rnd > 0,
+            got = _collect(env, scorer, list(range(len(env.traces))), cfg.expert, use_net=rnd > 0 or bool(cfg.init),
                            teacher=None if teachers is None else teachers[k])
             for d, x in zip(data, got):
                 d.extend(x)
@@ -176,7 +178,7 @@ def behaviour_clone(envs: list, scorer, cfg: SizeFreeTrainConfig, log: Callable[
             st = {k: sum(t.stats()[k] for t in teachers) for k in teachers[0].stats()}
             extra = (f"; planner: {st['searches']} searches ({st['cut']} cut by the budget), "
                      f"{st['unlabelled']} states unlabelled so far")
-        log(f"bc round {rnd} ({'teacher' if rnd == 0 else 'dagger'}): {len(data[2])} labelled states "
+        log(f"bc round {rnd} ({'teacher' if rnd == 0 and not cfg.init else 'dagger'}): {len(data[2])} labelled states "
             f"({time.perf_counter() - t0:.0f} s{extra})")
         acc = _fit(scorer, data, cfg.bc_epochs, cfg.seed + rnd, log)
     return acc
@@ -241,6 +243,15 @@ def train(cfg: SizeFreeTrainConfig, out: str | Path, log: Callable[[str], None] 
                         n_epochs=4, gamma=1.0, gae_lambda=0.95, ent_coef=cfg.ent_coef, seed=cfg.seed, verbose=0,
                         policy_kwargs={"spec": spec.to_dict(), "hidden": cfg.hidden})
     scorer = model.policy.scorer
+    if cfg.init:
+        from policies.sizefree import load_sizefree, shipped_sizefree
+
+        init_net, _m, init_path = load_sizefree(shipped_sizefree() if cfg.init == "rl-sf" else cfg.init)
+        if init_net.spec != spec:
+            raise ValueError(f"--init {init_path}: its codec spec {init_net.spec} is not the run's {spec}")
+        scorer.load_tensors({f"{p}.{x}": w for p, (W, b) in zip(TENSOR_NAMES, init_net.layers)
+                             for x, w in (("weight", W.T), ("bias", b))})
+        log(f"initial weights: {init_path}")
     acc = behaviour_clone(envs, scorer, cfg, log)
     bc_tensors = scorer.tensors()
     bc_val = validate(SizeFreeNet(spec, bc_tensors), val)
