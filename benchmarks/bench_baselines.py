@@ -11,7 +11,7 @@ validation and evaluation traces of RESULTS.md, "How to reproduce", and from 900
 :data:`policies.placement.SWITCH_GAIN` was chosen); every policy runs every set in the simulator (defaults of
 :class:`trainer.simulator.SimConfig`: 300 s rounds, event-triggered, 30 s restart overhead).
 
-``rl-base`` (the shipped 4x8 checkpoint) runs beside them on the 4x8 groups; the first table states
+``rl-base-4x8`` (the fixed-shape 4x8 checkpoint) runs beside them on the 4x8 groups; the first table states
 its average and p90 JCT over the best heuristic's, per set (paired). Per group and policy the tables give the mean average JCT (h) and p90 JCT (h) over the sets, and the
 per-set ratio of the policy's average JCT to SRTF's on the same set (mean and 95 % half-width,
 Student t over sets: a paired interval). The best heuristic of the group (lowest mean average JCT,
@@ -79,7 +79,7 @@ def groups(num_jobs: int, seed: int = 950) -> list[Group]:
 POLICIES = ("srtf", "srtf:nosplit", "lgtf", "lgtf:nosplit", "las", "las2d", "las2d:nosplit", "sjf", "lrf",
             "fifo", "greedy", "greedy-balanced")
 #: The learned policy run beside them where its shipped checkpoint fits the cluster (4x8).
-RL = "rl-base"
+RL = "rl-base-4x8"
 
 
 def build(name: str, cluster: ClusterSpec, perf: ContentionModel) -> Policy:

@@ -38,20 +38,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=256, help="jobs per set (default 256)")
     ap.add_argument("--seed", type=int, default=950, help="base seed, as bench_baselines (default 950)")
     ap.add_argument("--figure", type=Path, default=None, help="also draw the JCT vs utilisation trade-off (PNG)")
+    ap.add_argument("--pair", default=",".join(POLICIES),
+                    help="BASE,HYBRID: the two policies compared (default %(default)s, the size-free ones; "
+                         "rl-base-4x8,rl-hybrid-4x8 for the fixed-shape checkpoints)")
     args = ap.parse_args(argv)
     if args.sets < 2:
         ap.error("--sets must be >= 2 (a paired interval needs two sets)")
+    pair = tuple(p.strip() for p in args.pair.split(","))
+    if len(pair) != 2 or not all(pair):
+        ap.error(f"--pair {args.pair!r}: expected BASE,HYBRID")
     if args.figure is not None and not args.figure.parent.is_dir():
         ap.error(f"--figure {args.figure}: folder {args.figure.parent} does not exist")
     points: list[tuple[str, list[float], list[float], tuple, tuple]] = []
-    print("| group | util rl-base (%) | util rl-hybrid (%) | util difference (points, paired 95 %) | "
+    print(f"| group | util {pair[0]} (%) | util {pair[1]} (%) | util difference (points, paired 95 %) | "
           "avg JCT hybrid / base | p90 JCT hybrid / base | sets that differ |")
     print("|---|---|---|---|---|---|---|")
     for g in groups(args.jobs, args.seed):
         if g.cluster != "4x8":
             continue
-        res = run_group(g, args.sets, POLICIES)
-        base, hyb = res["rl-base"], res["rl-hybrid"]
+        res = run_group(g, args.sets, pair)
+        base, hyb = res[pair[0]], res[pair[1]]
         ub = mean_ci([100 * s["avg_util"] for s in base])[0]
         uh = mean_ci([100 * s["avg_util"] for s in hyb])[0]
         du = mean_ci([100 * (h["avg_util"] - b["avg_util"]) for h, b in zip(hyb, base)])

@@ -1,5 +1,5 @@
-"""``rl-sf`` against the best heuristic per group, on 4x8 and 16x8 with one checkpoint, and its
-per-round latency at 128x8 and 1024x8.
+"""The size-free policies (``rl-base``, ``rl-hybrid``, ``rl-sf``, or ``NAME:/checkpoint``) against the best
+heuristic per group, on 4x8 and 16x8 with one checkpoint, and their per-round latency at 128x8 and 1024x8.
 
 Run (a few minutes of one core; Markdown to stdout, progress to stderr)::
 
@@ -7,13 +7,18 @@ Run (a few minutes of one core; Markdown to stdout, progress to stderr)::
 
 Groups are :func:`benchmarks.bench_baselines.groups` (held-out base seeds 950..957, disjoint from
 ``rlsched train-sizefree``'s 7000.. training and 12000.. validation seeds). Per group every
-heuristic of :data:`HEURISTICS` and ``rl-sf`` run every set; the best heuristic is the one of lowest
-mean average JCT over the sets, and ``rl-sf`` is compared with it per set (paired ratios of average
-and p90 JCT, mean and 95 % half-width, Student t over sets).
+heuristic of :data:`HEURISTICS` and every policy of ``--policy`` run every set; the best heuristic
+is the one of lowest mean average JCT over the sets, and each policy is compared with it per set
+(paired ratios of average and p90 JCT, mean and 95 % half-width, Student t over sets).
 
 Latency: :func:`latency` fills a cluster to about 90 % with running jobs of 1..32 GPUs (pack
-placements), queues 64 jobs, and times ``SizeFreePolicy.schedule`` (one whole round: every pick
-until hold) on ``--rounds`` such random states; one core, wall clock.
+placements), queues 64 jobs, and times the policy's ``schedule`` (one whole controller round: every
+pick until hold; for ``rl-hybrid`` also its safety rule) on ``--rounds`` such random states; one
+process, BLAS pinned to one thread (run it under ``taskset -c 0`` for one core), wall clock or, with
+``--clock cpu``, the process's CPU time (docs/BENCHMARKS.md, "Size-free policy latency")::
+
+    OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 nice -n 10 taskset -c 0 \
+        python benchmarks/bench_sizefree.py --policy rl-base --no-groups --rounds 40 --clock cpu
 """
 
 from __future__ import annotations
@@ -40,8 +45,11 @@ GROUPS = ("248-poisson-90", "uniform32-zero", "uniform32-poisson-90", "uniform32
           "16x8-uniform64-zero", "16x8-uniform64-poisson-90")
 
 
-def latency(shape: str, rounds: int, policy: str, seed: int = 0) -> tuple[float, float]:
-    """``(p50, p99)`` seconds of one ``policy`` round on random ~90 %-full states of ``shape``."""
+def latency(shape: str, rounds: int, policy: str, seed: int = 0, clock: str = "wall") -> tuple[float, float]:
+    """``(p50, p99)`` seconds of one ``policy`` round on random ~90 %-full states of ``shape``, on the wall
+    clock (``time.perf_counter``) or this process's CPU time (``clock="cpu"``, ``time.process_time``: what
+    one core spends, not counting time the process waited for a CPU on a loaded machine)."""
+    now = time.process_time if clock == "cpu" else time.perf_counter
     cluster = ClusterSpec.parse(shape)
     perf = ContentionModel(cluster)
     pol = make_policy(policy, cluster, perf)
@@ -74,9 +82,9 @@ def latency(shape: str, rounds: int, policy: str, seed: int = 0) -> tuple[float,
             best = perf.best_isolated_throughput(m, g)
             pending.append(JobInfo(f"p{i}", m, g, float(i), best * 3600, best_thp=best))
         st = ClusterState(4 * 3600.0, cluster, free, running, pending)
-        t0 = time.perf_counter()
+        t0 = now()
         pol.schedule(st)
-        times.append(time.perf_counter() - t0)
+        times.append(now() - t0)
         print(f"latency {shape} round {r}: {times[-1] * 1e3:.1f} ms", file=sys.stderr, flush=True)
     return float(np.percentile(times, 50)), float(np.percentile(times, 99))
 
@@ -93,9 +101,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sets", type=int, default=3, help="job sets per group (default 3)")
     ap.add_argument("--jobs", type=int, default=128, help="jobs per set (default 128)")
-    ap.add_argument("--policy", default="rl-sf", help="the learned policy (default rl-sf, the shipped checkpoint)")
+    ap.add_argument("--policy", default="rl-base",
+                    help="the learned policies, comma-separated, each against the same best heuristic; the "
+                         "latency is measured for the first (default rl-base, the shipped size-free checkpoint)")
     ap.add_argument("--groups", default=",".join(GROUPS), help="comma-separated groups")
     ap.add_argument("--rounds", type=int, default=20, help="latency rounds per cluster (default 20)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="latency clock: wall time, or the process's CPU time (default wall)")
     ap.add_argument("--no-latency", dest="lat", action="store_false")
     ap.add_argument("--no-groups", dest="grp", action="store_false")
     args = ap.parse_args(argv)
@@ -103,26 +115,36 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--sets must be >= 2 (a paired interval needs two sets)")
     want = [g for g in args.groups.split(",") if g]
     chosen = [g for g in groups(args.jobs) if g.name in want]
+    learned = [p.strip() for p in args.policy.split(",") if p.strip()]
+    if not learned:
+        ap.error("--policy names no policy")
     if args.grp:
-        print(f"| group | cluster | best heuristic | its avg JCT (h) | {args.policy} avg JCT (h) | avg JCT / best "
+        print("| group | cluster | best heuristic | its avg JCT (h) | policy | its avg JCT (h) | avg JCT / best "
               "(paired 95 %) | p90 / best (paired 95 %) | sets not worse |")
-        print("|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|")
         for g in chosen:
-            res = run_group(g, args.sets, (*HEURISTICS, args.policy))
+            res = run_group(g, args.sets, (*HEURISTICS, *learned))
             means = {p: float(np.mean([s["avg_jct_s"] for s in res[p]])) for p in HEURISTICS}
             top = min(means, key=means.__getitem__)
-            r = [x["avg_jct_s"] / y["avg_jct_s"] for x, y in zip(res[args.policy], res[top])]
-            r90 = [x["p90_jct_s"] / y["p90_jct_s"] for x, y in zip(res[args.policy], res[top])]
-            a, ah = mean_ci(r)
-            b, bh = mean_ci(r90)
-            mine = float(np.mean([s["avg_jct_s"] for s in res[args.policy]])) / 3600
-            print(f"| {g.name} | {g.cluster} | {top} | {means[top] / 3600:.2f} | {mine:.2f} | {a:.3f} +- {ah:.3f} | "
-                  f"{b:.3f} +- {bh:.3f} | {sum(v <= 1 + 1e-12 for v in r)} / {len(r)} |", flush=True)
+            for pol in learned:
+                r = [x["avg_jct_s"] / y["avg_jct_s"] for x, y in zip(res[pol], res[top])]
+                r90 = [x["p90_jct_s"] / y["p90_jct_s"] for x, y in zip(res[pol], res[top])]
+                a, ah = mean_ci(r)
+                b, bh = mean_ci(r90)
+                mine = float(np.mean([s["avg_jct_s"] for s in res[pol]])) / 3600
+                print(f"| {g.name} | {g.cluster} | {top} | {means[top] / 3600:.2f} | {pol} | {mine:.2f} | "
+                      f"{a:.3f} +- {ah:.3f} | {b:.3f} +- {bh:.3f} | {sum(v <= 1 + 1e-12 for v in r)} / {len(r)} |",
+                      flush=True)
     if args.lat:
-        print("\n| cluster | rounds | p50 (ms) | p99 (ms) |\n|---|---|---|---|")
+        import benchmarks.bench_rl as bench_rl
+
+        bench_rl._now = time.process_time if args.clock == "cpu" else time.perf_counter
+        ref = bench_rl.machine_reference()
+        print(f"\nmachine reference (benchmarks/bench_rl.py, {args.clock} clock): {ref['total_ms']:.1f} ms")
+        print("\n| cluster | policy | clock | rounds | p50 (ms) | p99 (ms) |\n|---|---|---|---|---|---|")
         for shape, n in (("128x8", args.rounds), ("1024x8", max(args.rounds // 2, 2))):
-            p50, p99 = latency(shape, n, args.policy)
-            print(f"| {shape} | {n} | {p50 * 1e3:.1f} | {p99 * 1e3:.1f} |", flush=True)
+            p50, p99 = latency(shape, n, learned[0], clock=args.clock)
+            print(f"| {shape} | {learned[0]} | {args.clock} | {n} | {p50 * 1e3:.1f} | {p99 * 1e3:.1f} |", flush=True)
     return 0
 
 

@@ -418,7 +418,17 @@ def cmd_check(args: argparse.Namespace) -> int:
         else:
             cluster = ClusterSpec.parse(_RL_DEFAULT_SHAPE)  # heuristics work on any shape
             ckpt = _named_checkpoint(name, c.policy_checkpoint) if rl else None
-            if ckpt is not None:
+            from policies.registry import is_sizefree
+
+            if rl and is_sizefree(name, c.policy_checkpoint):  # rl-base / rl-hybrid / rl-sf: one network, any shape
+                if ckpt is not None:
+                    from policies.sizefree import load_sizefree
+
+                    if ":" not in name:
+                        key = "controller.policy_checkpoint"
+                    load_sizefree(ckpt)
+                shape = "; size-free: runs on any cluster shape"
+            elif ckpt is not None:
                 from policies.checkpoint import load_checkpoint
 
                 if ":" not in name:

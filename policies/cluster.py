@@ -402,15 +402,17 @@ class ClusterSpec:
     def num_nodes(self) -> int:
         return len(self.nodes)
 
-    @property
+    # the nodes never change: these sums over them are computed once per spec (placement rules read them
+    # for every job they place)
+    @cached_property
     def total_gpus(self) -> int:
         return sum(n.gpus for n in self.nodes)
 
-    @property
+    @cached_property
     def max_gpus_per_node(self) -> int:
         return max(n.gpus for n in self.nodes)
 
-    @property
+    @cached_property
     def gpus_per_node(self) -> tuple[int, ...]:
         return tuple(n.gpus for n in self.nodes)
 

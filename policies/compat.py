@@ -307,13 +307,16 @@ class CompatRule:
 
 def adapt_policy(policy: Policy, mode: CompatMode | None) -> Policy:
     """``policy`` under compat ``mode`` (changed in place and returned): a learned policy's codec offers only
-    the mode's placements (:func:`compat_codec`) and rl-hybrid's safety rule places only as the mode allows
+    the mode's placements (:func:`compat_codec`; the size-free codec's placement slots through
+    :class:`CompatRule`) and rl-hybrid's safety rule places only as the mode allows
     (:class:`CompatRule`); other policies are left as they are (a heuristic must use the ``ds`` placement
     rule, ``ORDER:ds``, or the simulator refuses its placements)."""
     if mode is None:
         return policy
     codec = getattr(policy, "codec", None)
-    if codec is not None:
+    if codec is not None and hasattr(codec, "rules"):  # the size-free codec: each placement slot as the mode allows
+        codec.rules = tuple(r if isinstance(r, CompatRule) else CompatRule(r, mode) for r in codec.rules)
+    elif codec is not None:
         compat_codec(codec, mode)
     rule = getattr(policy, "rule", None)
     if rule is not None and not isinstance(rule, CompatRule):

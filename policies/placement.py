@@ -13,7 +13,7 @@ machine work plus O(nodes it picks) Python work, not a Python loop over the clus
 from __future__ import annotations
 
 import math
-from typing import Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
 
@@ -34,6 +34,7 @@ __all__ = [
     "balanced_candidates",
     "balanced_by_load",
     "PLACEMENT_RULES",
+    "safety_fill",
 ]
 
 
@@ -595,3 +596,30 @@ PLACEMENT_RULES: dict[str, Callable[..., PlacementRule]] = {
     "spread": lambda perf: spread,
     "greedy": lambda perf: ContentionAwarePlacement(perf, nosplit=True),
 }
+
+
+def safety_fill(rnd: Any, rule: PlacementRule, room: int | None = None) -> list[tuple[str, Placement]]:
+    """The hybrid policies' safety rule (``rl-hybrid``, ``rl-hybrid-4x8``): one pass over the round's waiting
+    jobs in its queue order (``rnd.queue_order()``), starting in the round (``rnd.place``) every job that is
+    estimated to end no later than the longest-remaining job running in the round's state (remaining
+    isolated time, s) and that ``rule`` places in the round's current state (``rnd.state()``). At most
+    ``room`` starts (``None``: no limit). Returns the starts, in order.
+
+    ``rnd`` is a codec round (:class:`policies.codecs.base.CodecRound`: ``state()``, ``queue_order()``,
+    ``place(job_id, placement)``)."""
+    out: list[tuple[str, Placement]] = []
+    state = rnd.state()
+    horizon = max((r.remaining_time for r in state.running), default=0.0)
+    free = int(np.asarray(state.free_gpus).sum())
+    for job in rnd.queue_order():
+        if room is not None and len(out) >= room:
+            break
+        if job.gpu_demand > free or job.remaining_time > horizon:
+            continue
+        p = rule(job, state.free_gpus, state)
+        if p is not None:
+            rnd.place(job.job_id, p)
+            out.append((job.job_id, p))
+            state = rnd.state()
+            free -= job.gpu_demand
+    return out

@@ -42,7 +42,9 @@ in their fixed order until the budget is spent; a rollout that would run past it
 and its candidate dropped; when only the base candidate is left, its decision is taken without a
 rollout (also when the model cannot simulate the snapshot, e.g. a job of a model the performance
 model does not know). A round therefore takes at most ``budget_s`` plus the time of one rollout step (one
-simulated round) and the candidates' own decisions.
+simulated round) and the candidates' own decisions. The budget is read on :attr:`PlannerPolicy.clock`
+(default :func:`time.perf_counter`; tests hand a simulated clock), and :attr:`RoundStats.rollouts` /
+:attr:`RoundStats.scored` say how many rollouts a round started and how many it scored.
 
 **Determinism**: the rollouts are deterministic (the simulator is event-driven and sees no
 arrivals), so for a given snapshot the decision is a function of the snapshot and the options as
@@ -54,6 +56,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -98,7 +101,8 @@ class RolloutModel(Protocol):
         """Apply ``first`` to a private copy of ``state``, then let ``policy`` decide every round
         until ``completions`` jobs have completed (0: all) or the time ``until`` (s) is reached.
         Returns ``(score, stop time)`` (score: module docstring, s), or ``None`` when ``first`` is
-        invalid, the rollout fails, or ``time.perf_counter()`` passed ``deadline``."""
+        invalid, the rollout fails, or the model's clock (the planner's, :attr:`PlannerPolicy.clock`)
+        passed ``deadline``."""
         ...
 
 
@@ -111,9 +115,12 @@ def default_budget(cluster: ClusterSpec) -> float:
 
 @dataclass(slots=True)
 class RoundStats:
-    """One round of the planner: candidates built, scored, and the winner's index (0: base)."""
+    """One round of the planner: candidates built, rollouts started (``rollouts``), rollouts that
+    returned a score (``scored``), the winner's index (0: base), and whether the budget cut the
+    search (``cut``)."""
 
     candidates: int = 0
+    rollouts: int = 0
     scored: int = 0
     chosen: int = 0
     cut: bool = False
@@ -163,6 +170,9 @@ class PlannerPolicy(Policy):
     :param budget_s: wall seconds per round (> 0).
     :param horizon: completions of the base rollout that set the horizon (0: all jobs).
     :param holds: hold variants of the base decision per round (>= 0).
+    :param clock: seconds, monotonic (default :func:`time.perf_counter`); the budget is measured on it
+        and the model is handed deadlines on it (a model built by :func:`make_planner` reads the same
+        clock).
     """
 
     model: RolloutModel
@@ -172,6 +182,7 @@ class PlannerPolicy(Policy):
     horizon: int = DEFAULT_HORIZON
     holds: int = DEFAULT_HOLDS
     name: str = "planner"
+    clock: Callable[[], float] = time.perf_counter
     #: the last round's statistics
     last_round: RoundStats = field(default_factory=RoundStats)
 
@@ -218,27 +229,30 @@ class PlannerPolicy(Policy):
 
     def schedule(self, state: ClusterState) -> Decision:
         """Score the candidates by rollouts within the budget and return the best decision."""
-        deadline = time.perf_counter() + self.budget_s
+        clock = self.clock
+        deadline = clock() + self.budget_s
         cands = self.candidates(state)
         stats = self.last_round = RoundStats(candidates=len(cands))
         if len(cands) == 1:
             return cands[0][0]
         first, base = cands[0]
+        stats.rollouts = 1
         got = self.model.rollout(state, first, base, completions=self.horizon, deadline=deadline)
         if got is None:  # out of time, or a snapshot the model cannot simulate: the base decision
-            stats.cut = time.perf_counter() >= deadline
+            stats.cut = clock() >= deadline
             return first
         best_score, t_end = got
         stats.scored = 1
         best = 0
         for i in range(1, len(cands)):
-            if time.perf_counter() >= deadline:
+            if clock() >= deadline:
                 stats.cut = True
                 break
             dec, h = cands[i]
+            stats.rollouts += 1
             res = self.model.rollout(state, dec, h, until=t_end, deadline=deadline)
             if res is None:
-                if time.perf_counter() >= deadline:
+                if clock() >= deadline:
                     stats.cut = True
                     break
                 continue
@@ -286,10 +300,12 @@ def _number(name: str, key: str, v: object, integer: bool, low: float, strict: b
 
 
 def make_planner(name: str, cluster: ClusterSpec, perf: ContentionModel | None = None,
-                 model: RolloutModel | None = None, **options: object) -> PlannerPolicy:
+                 model: RolloutModel | None = None, clock: Callable[[], float] = time.perf_counter,
+                 **options: object) -> PlannerPolicy:
     """The planner for ``cluster``: options from ``name`` (``planner:budget_s=2/horizon=0``) and
     keyword arguments (:data:`PLANNER_OPTIONS`; keyword arguments win). ``model`` defaults to
-    :class:`trainer.rollout.SimRollout` over ``perf`` (imported here, not at module level).
+    :class:`trainer.rollout.SimRollout` over ``perf`` reading ``clock`` (imported here, not at module
+    level); ``clock`` is the planner's (:attr:`PlannerPolicy.clock`).
 
     :raises PolicyError: an unknown option, a bad value or an unknown heuristic; one line naming it.
     """
@@ -316,6 +332,6 @@ def make_planner(name: str, cluster: ClusterSpec, perf: ContentionModel | None =
     if model is None:
         from trainer.rollout import SimRollout  # the simulator lives in trainer (module docstring)
 
-        model = SimRollout(perf)
+        model = SimRollout(perf, clock=clock)
     return PlannerPolicy(model=model, base=base, alternatives=alternatives, budget_s=budget, horizon=horizon,
-                         holds=holds, name=name.strip())
+                         holds=holds, name=name.strip(), clock=clock)

@@ -9,9 +9,16 @@ Names (case-insensitive, blanks around them ignored):
 ``las2d``, ``greedy``                  ``:pack`` / ``:nosplit`` / ``:spread`` / ``:greedy`` picks the
                                        placement (``srtf:nosplit``); ``greedy`` is SRTF with the
                                        ``greedy`` placement
-``rl-base``, ``rl-hybrid``             learned policies (:mod:`policies.rl`) with the shipped checkpoint for
-                                       the cluster's shape, or the ``checkpoint`` argument; ``NAME:/path``
-                                       names a checkpoint (``ckpt``, ``ckpt.json`` or ``ckpt.safetensors``)
+``rl-base``, ``rl-hybrid``             the shipped learned policies, cluster-size-free (:mod:`policies.sizefree`):
+                                       the shipped size-free network on any cluster; ``rl-hybrid`` adds the
+                                       greedy safety rule; ``NAME:/path`` (or the ``checkpoint`` argument)
+                                       names a checkpoint (``ckpt``, ``ckpt.json`` or ``ckpt.safetensors``):
+                                       a size-free one runs as above, a fixed-shape one (format
+                                       ``rlsched-policy``) as ``rl-base-SHAPE`` / ``rl-hybrid-SHAPE`` do
+``rl-base-4x8``, ``rl-hybrid-4x8``     the fixed-shape learned policies (:mod:`policies.rl`, DeepShare-style
+                                       codec) with their shipped checkpoint
+                                       (``policies/checkpoints/rl-base-4x8.*``); a cluster of that GPU
+                                       layout only; ``NAME:/path`` another fixed-shape checkpoint
 ``rl-prior``                           the untrained admission prior alone (an ablation, no checkpoint)
 ``drf``, ``tetris``, ``optimus``       elastic baselines deciding workers and parameter servers
                                        (:mod:`policies.elastic`, re-plan every 600 s)
@@ -25,9 +32,8 @@ Names (case-insensitive, blanks around them ignored):
 ``planner``                            the lookahead planner (:mod:`policies.planner`): candidate
                                        decisions scored by simulator rollouts; options as
                                        ``planner:budget_s=2/horizon=0`` or keyword arguments
-``rl-sf``                              the cluster-size-free learned policy (:mod:`policies.sizefree`):
-                                       a shared scorer over candidate (job, placement) pairs; any
-                                       cluster; ``rl-sf:/path`` another checkpoint
+``rl-sf``                              the size-free network without a safety rule, as ``rl-base`` (the
+                                       same shipped checkpoint); ``rl-sf:/path`` another size-free one
 ``dl2``                                DL2 (:mod:`policies.dl2`): an actor network adds workers / PSs to
                                        elastic jobs each slot; the shipped checkpoint, ``dl2:/path`` another
 =====================================  ===================================================================
@@ -37,8 +43,10 @@ Options (keyword arguments of :func:`make_policy`; :data:`OPTIONS`):
 * ``min_run_s``: preemptive heuristics choose no job as a victim before it has run this long (s;
   ``None``: the heuristic's default); the planner passes it to its heuristics. The RL policies never
   preempt and ignore it.
-* ``deterministic``, ``seed``, ``fast``, ``hybrid_floor``, ``hybrid_rule``: the RL policies'
-  (:class:`policies.rl.RLPolicy`); a heuristic refuses them.
+* ``deterministic``, ``seed``, ``fast``, ``hybrid_floor``, ``hybrid_rule``: the fixed-shape RL policies'
+  (:class:`policies.rl.RLPolicy`); a heuristic refuses them. The size-free ones take ``hybrid_floor`` and
+  ``hybrid_rule`` (``rl-hybrid``'s safety rule) and ``deterministic=True`` (they are deterministic), and
+  refuse the others.
 * ``budget_s``, ``horizon``, ``holds``, ``base``, ``alternatives``: the planner's
   (:func:`policies.planner.make_planner`); other policies refuse them.
 
@@ -47,7 +55,9 @@ Building a policy reads nothing but its checkpoint file.
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -57,10 +67,18 @@ from policies.compat import DS_POLICY_NAMES, make_ds_policy
 from policies.heuristics import HEURISTIC_NAMES, ORDERS, PLACEMENT_NAMES, make_heuristic
 from policies.perf import ContentionModel
 
-__all__ = ["LEARNED_NAMES", "OPTIONS", "RL_NAMES", "is_learned", "describe_names", "make_policy", "policy_names"]
+__all__ = ["FIXED_RL_NAMES", "LEARNED_NAMES", "OPTIONS", "RL_NAMES", "SIZEFREE_NAMES", "describe_names", "is_learned",
+           "is_sizefree", "make_policy", "policy_names"]
 
-#: The learned policies' names (:mod:`policies.rl`).
-RL_NAMES = ("rl-base", "rl-hybrid", "rl-prior")
+#: The shipped learned policies' names: ``rl-base`` / ``rl-hybrid`` (size-free), the fixed-shape
+#: checkpoints they replaced (``rl-base-4x8`` / ``rl-hybrid-4x8``, :mod:`policies.rl`) and ``rl-prior``.
+RL_NAMES = ("rl-base", "rl-hybrid", "rl-base-4x8", "rl-hybrid-4x8", "rl-prior")
+#: Names the size-free network runs under (:mod:`policies.sizefree`).
+SIZEFREE_NAMES = ("rl-base", "rl-hybrid", "rl-sf")
+#: The shipped fixed-shape checkpoints (``policies/checkpoints/MODE-SHAPE.*``).
+FIXED_RL_NAMES = ("rl-base-4x8", "rl-hybrid-4x8")
+#: ``rl-base-SHAPE`` / ``rl-hybrid-SHAPE``: a fixed-shape checkpoint by its shipped name
+_FIXED = re.compile(r"^(rl-base|rl-hybrid)-(\d+x\d+)$")
 #: Every learned policy's base name (a checkpoint decides): the RL policies, SCED2, rl-sf, Chic, Chic-Pair and DL2.
 LEARNED_NAMES = (*RL_NAMES, "sced2", "rl-sf", "chic", "chic-pair", "dl2")
 
@@ -94,9 +112,54 @@ def describe_names() -> str:
     """Every policy name with its variants, for error messages."""
     return (
         f"{', '.join(HEURISTIC_NAMES)} (optionally -np and :{'|:'.join(PLACEMENT_NAMES)}), "
-        "rl-base, rl-hybrid (optionally :/path/to/checkpoint), rl-prior, sced2, rl-sf (optionally :/path/to/checkpoint), "
+        "rl-base, rl-hybrid (size-free; optionally :/path/to/checkpoint), rl-base-4x8, rl-hybrid-4x8 (fixed shape; "
+        "optionally :/path/to/checkpoint), rl-prior, sced2, rl-sf (optionally :/path/to/checkpoint), "
         "drf, tetris, optimus, ds-las, ds-srtf, chic, chic-pair (optionally :/path/to/checkpoint), planner (optionally :KEY=VALUE/KEY=VALUE), dl2 (optionally :/path/to/checkpoint)"
     )
+
+
+def _names_fixed_checkpoint(raw: str, checkpoint: str | Path | None) -> bool:
+    """Whether the checkpoint ``raw`` (``NAME:/path``) or ``checkpoint`` names is a fixed-shape one (its JSON's
+    ``format`` is ``rlsched-policy``, :mod:`policies.checkpoint`). An unreadable or missing file counts as not
+    (the size-free loader then names the problem)."""
+    from policies.checkpoint import FORMAT, resolve_paths
+
+    _, sep, path = raw.partition(":")
+    where = path.strip() if sep else checkpoint
+    if not where:
+        return False
+    try:
+        jpath = resolve_paths(where)[0]
+        with jpath.open("rb") as f:
+            meta = json.loads(f.read(1 << 20).decode("utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+        return False
+    return isinstance(meta, dict) and meta.get("format") == FORMAT
+
+
+def is_sizefree(name: str, checkpoint: str | Path | None = None) -> bool:
+    """Whether the registry builds ``name`` (with the ``checkpoint`` argument) on the size-free network:
+    ``rl-sf``, and ``rl-base`` / ``rl-hybrid`` unless they name a fixed-shape checkpoint."""
+    raw = name.strip()
+    base = raw.partition(":")[0].strip().lower()
+    return base == "rl-sf" or (base in SIZEFREE_NAMES and not _names_fixed_checkpoint(raw, checkpoint))
+
+
+def _sizefree(name: str, raw: str, base: str, cluster: ClusterSpec, perf: ContentionModel,
+              checkpoint: str | Path | None, options: dict[str, Any]) -> Policy:
+    """``rl-base`` / ``rl-hybrid`` / ``rl-sf`` on the size-free network (module docstring)."""
+    hybrid = base == "rl-hybrid"
+    opts = dict(options)
+    if opts.pop("deterministic", True) is not True:
+        raise PolicyError(f"policy {name!r}: the size-free policies are deterministic (deterministic=False applies "
+                          "to rl-base-4x8 / rl-hybrid-4x8 only)")
+    hyb = {k: opts.pop(k) for k in ("hybrid_floor", "hybrid_rule") if k in opts}
+    if opts or (hyb and not hybrid):
+        bad = sorted(opts or hyb)[0]
+        raise PolicyError(f"policy {name!r}: option {bad!r} does not apply to {base} (size-free)")
+    from policies.sizefree import make_sizefree_policy
+
+    return make_sizefree_policy(raw, cluster, perf, checkpoint=checkpoint, hybrid=hybrid, **hyb)
 
 
 def _is_heuristic(base: str) -> bool:
@@ -156,12 +219,9 @@ def make_policy(
         from policies.elastic import make_elastic_policy
 
         return make_elastic_policy(base, perf)
-    if base == "rl-sf":  # the cluster-size-free learned policy (policies/sizefree.py)
-        if options:
-            raise PolicyError(f"policy {name!r}: option {sorted(options)[0]!r} does not apply to rl-sf")
-        from policies.sizefree import make_sizefree_policy
-
-        return make_sizefree_policy(raw, cluster, perf, checkpoint=checkpoint)
+    fixed = _FIXED.match(base)
+    if is_sizefree(raw, checkpoint):
+        return _sizefree(name, raw, base, cluster, perf, checkpoint, options)
     if base == "dl2":  # DL2 (seed 000): elastic workers / PSs, its own checkpoint format
         if options:
             raise PolicyError(f"policy {name!r}: option {sorted(options)[0]!r} does not apply to dl2")
@@ -185,13 +245,26 @@ def make_policy(
 
         return make_chic_policy(raw, perf, checkpoint)
     if base.startswith("rl"):
-        if base not in RL_NAMES:
+        if base not in RL_NAMES and fixed is None and base not in SIZEFREE_NAMES:
             raise PolicyError(f"unknown RL policy {name!r}; policies: {describe_names()}")
         try:
-            from policies.rl import make_rl_policy
+            from policies.rl import make_rl_policy, shipped_checkpoint
         except ImportError as exc:  # pragma: no cover - an install without the RL policies' dependencies
             raise PolicyError(f"policy {name!r}: the RL policies cannot be imported ({exc})") from None
-        return make_rl_policy(raw, cluster, perf, checkpoint=checkpoint, **options)
+        if fixed is None:  # rl-base:/fixed-shape-checkpoint, rl-prior
+            return make_rl_policy(raw, cluster, perf, checkpoint=checkpoint, **options)
+        mode, shape = fixed.groups()
+        _, sep, path = raw.partition(":")
+        if sep and not path.strip():
+            raise PolicyError(f"policy {name!r}: empty checkpoint path after ':'")
+        if not sep and checkpoint is None:
+            if shape != cluster.describe_gpus():
+                raise PolicyError(f"policy {name!r}: the shipped {base} checkpoint runs on a {shape} cluster only, "
+                                  f"not {cluster.describe_gpus()}; rl-base / rl-hybrid (size-free) run on any cluster")
+            checkpoint = shipped_checkpoint(mode, cluster)
+        pol = make_rl_policy(f"{mode}:{path.strip()}" if sep else mode, cluster, perf, checkpoint=checkpoint, **options)
+        pol.name = base
+        return pol
     if not _is_heuristic(base):
         raise PolicyError(f"unknown policy {name!r}; policies: {describe_names()}")
     if options:

@@ -55,7 +55,7 @@ from policies.checkpoint import Checkpoint, CheckpointError, MLPNet, load_checkp
 from policies.cluster import ClusterSpec, Placement
 from policies.codecs.deepshare import DeepShareCodec, DeepShareRound, Encoded, ObsSpec
 from policies.perf import ContentionModel
-from policies.placement import ContentionAwarePlacement, FloorPacking
+from policies.placement import ContentionAwarePlacement, FloorPacking, safety_fill
 from policies.prior import AdmissionPrior
 from policies.state import ClusterState, Decision
 
@@ -268,28 +268,11 @@ class RLPolicy(Policy):
         raise PolicyError(f"{self.name}: {msg}") from exc
 
     def _safety_fill(self, rnd: DeepShareRound, room: int | None = None) -> list[tuple[str, Placement]]:
-        """rl-hybrid's safety rule: one pass over the round's waiting jobs in the candidate order
-        (:meth:`DeepShareRound.queue_order`), starting in ``rnd`` every job that is estimated to end no
-        later than the longest-running job already started (remaining isolated time, s) and that the
-        rule (``hybrid_rule``: :class:`~policies.placement.FloorPacking` by default, with the efficiency
-        floor) can place in the round's current state. ``room``: at most this many starts (``None``:
-        no limit). Returns the starts."""
-        out: list[tuple[str, Placement]] = []
-        state = rnd.state()
-        horizon = max((r.remaining_time for r in state.running), default=0.0)
-        free = rnd.total_free
-        for job in rnd.queue_order():
-            if room is not None and len(out) >= room:
-                break
-            if job.gpu_demand > free or job.remaining_time > horizon:
-                continue
-            p = self.rule(job, state.free_gpus, state)
-            if p is not None:
-                rnd.place(job.job_id, p)
-                out.append((job.job_id, p))
-                state = rnd.state()
-                free -= job.gpu_demand
-        return out
+        """rl-hybrid's safety rule (:func:`policies.placement.safety_fill` with ``hybrid_rule``:
+        :class:`~policies.placement.FloorPacking` by default, with the efficiency floor) in the codec
+        round ``rnd``, in its candidate order (:meth:`DeepShareRound.queue_order`); at most ``room``
+        starts (``None``: no limit). Returns the starts."""
+        return safety_fill(rnd, self.rule, room)
 
     def schedule(self, state: ClusterState) -> Decision:
         """All decisions of one round (see module docstring): one codec round

@@ -8,9 +8,16 @@ pooled node / queue features; a softmax over the valid candidates (hold included
 distribution. Nothing in it depends on the number of nodes or of waiting jobs beyond the codec's
 ``J``, so one checkpoint runs on any cluster.
 
-Policy (:class:`SizeFreePolicy`, name ``rl-sf``): each round, with time frozen, it encodes the
-round, starts the valid candidate of highest score (lowest index on ties) and repeats until it
-picks hold or nothing fits. It never preempts; it is asked at events only (``time_invariant``).
+Policy (:class:`SizeFreePolicy`; the registry's ``rl-base`` and ``rl-sf``, and ``rl-hybrid`` with the
+safety rule): each round, with time frozen, it encodes the round, starts the valid candidate of
+highest score (lowest index on ties) and repeats until it picks hold or nothing fits. With a safety
+rule (``rl-hybrid``), when the network picks hold while a candidate was valid, the rule then starts
+what it can in the same round (:func:`policies.placement.safety_fill`: one pass over the waiting
+jobs in SRTF order, each job estimated to end no later than the longest-remaining running job,
+placed by :class:`~policies.placement.FloorPacking` with the efficiency floor ``hybrid_floor``, or
+:class:`~policies.placement.ContentionAwarePlacement` with ``hybrid_rule="contention-aware"``), the
+rule of the fixed-shape ``rl-hybrid-4x8`` (:mod:`policies.rl`). It never preempts; it is asked at
+events only (``time_invariant``).
 
 Checkpoints: ``NAME.safetensors`` (float32 tensors :data:`TENSOR_NAMES`, ``.weight`` ``(out, in)``
 and ``.bias``) plus ``NAME.json`` (format ``rlsched-sizefree``, the codec's name and spec, the
@@ -34,9 +41,17 @@ from policies.codecs.base import CodecError
 from policies.codecs.sizefree import N_CAND, N_CTX, SizeFreeCodec, SizeFreeSpec
 from policies.perf import ContentionModel
 from policies.pick import PickPolicy, check_float_tensors, load_pick_checkpoint, masked_argmax, save_pick_checkpoint
+from policies.placement import ContentionAwarePlacement, FloorPacking, safety_fill
+from policies.state import ClusterState, Decision
 
-__all__ = ["FORMAT", "TENSOR_NAMES", "SizeFreeNet", "SizeFreePolicy", "load_sizefree", "make_sizefree_policy",
-           "save_sizefree", "shipped_sizefree", "tensor_shapes"]
+__all__ = ["FORMAT", "NAMES", "TENSOR_NAMES", "SizeFreeNet", "SizeFreePolicy", "load_sizefree",
+           "make_sizefree_policy", "save_sizefree", "shipped_sizefree", "tensor_shapes"]
+
+#: The names the size-free network runs under: without a safety rule (``rl-base``, ``rl-sf``) and with it
+#: (``rl-hybrid``).
+NAMES = ("rl-base", "rl-hybrid", "rl-sf")
+#: The safety rule's placements by ``hybrid_rule`` (those of :class:`policies.rl.RLPolicy`).
+SAFETY_RULES = {"packing": FloorPacking, "contention-aware": ContentionAwarePlacement}
 
 FORMAT = "rlsched-sizefree"
 FORMAT_VERSION = 1
@@ -83,16 +98,39 @@ class SizeFreeNet:
 
 
 class SizeFreePolicy(PickPolicy):
-    """``rl-sf`` (module docstring; the round loop is :class:`policies.pick.PickPolicy`'s)."""
+    """The size-free policy (module docstring; the round loop is :class:`policies.pick.PickPolicy`'s).
+
+    :param rule: the safety rule's placement (a :class:`~policies.placement.PlacementRule`), ``None``
+        for none (``rl-base``, ``rl-sf``). :attr:`stats` counts its starts as ``fallback_placements``.
+    """
 
     def __init__(self, net: SizeFreeNet, codec: SizeFreeCodec, name: str = "rl-sf", max_decisions: int = 10_000,
-                 checkpoint: Path | None = None) -> None:
+                 checkpoint: Path | None = None, rule: Any = None) -> None:
         if net.spec.jobs != codec.spec.jobs:
-            raise PolicyError(f"rl-sf: network spec {net.spec} does not match the codec's {codec.spec}")
+            raise PolicyError(f"{name}: network spec {net.spec} does not match the codec's {codec.spec}")
         super().__init__(net, codec, name, max_decisions, checkpoint)
+        self.rule = rule
+        self.stats["fallback_placements"] = 0
 
     def pick(self, enc) -> int:
         return self.net.choose(self.net.scores(enc.obs), enc.mask)
+
+    def schedule(self, state: ClusterState) -> Decision:
+        holds = self.stats["holds"]
+        dec = super().schedule(state)
+        if self.rule is None or self.stats["holds"] == holds:  # no safety rule, or the network did not hold
+            return dec
+        limit = self.place_limit
+        room = None if limit is None else limit - len(dec.place)
+        if room is not None and room <= 0:
+            return dec
+        rnd = self.codec.begin(state)  # the round as the network left it: its starts applied
+        for jid, p in dec.place:
+            rnd.place(jid, p)
+        filled = safety_fill(rnd, self.rule, room)
+        dec.place.extend(filled)
+        self.stats["fallback_placements"] += len(filled)
+        return dec
 
 
 # ---------------------------------------------------------------------- checkpoints
@@ -128,14 +166,40 @@ def load_sizefree(path: str | Path) -> tuple[SizeFreeNet, dict[str, Any], Path]:
 
 
 def make_sizefree_policy(name: str, cluster: ClusterSpec, perf: ContentionModel | None = None,
-                         checkpoint: str | Path | None = None) -> SizeFreePolicy:
-    """``rl-sf`` (the shipped checkpoint, or ``checkpoint``) or ``rl-sf:/path`` on any cluster."""
+                         checkpoint: str | Path | None = None, hybrid: bool | None = None,
+                         hybrid_floor: float | None = None, hybrid_rule: str = "packing") -> SizeFreePolicy:
+    """The size-free policy ``name`` (:data:`NAMES`, optionally ``NAME:/path``; else ``checkpoint``, else
+    the shipped checkpoint) on any cluster.
+
+    :param hybrid: add the safety rule (default: for ``rl-hybrid`` only).
+    :param hybrid_floor: the safety rule's efficiency floor in ``[0, 1]`` (default
+        :data:`policies.rl.HYBRID_FLOOR`).
+    :param hybrid_rule: the safety rule's placement, a key of :data:`SAFETY_RULES`.
+    :raises PolicyError: an unknown name or rule, a bad floor, or (a :class:`CheckpointError`) an unusable
+        checkpoint; one line.
+    """
     from policies.checkpoint import checkpoint_of_name
 
-    ckpt = checkpoint_of_name(name, "rl-sf") or (Path(checkpoint) if checkpoint else shipped_sizefree())
+    base = name.strip().partition(":")[0].strip().lower()
+    if base not in NAMES:
+        raise PolicyError(f"unknown policy {name!r}: expected {', '.join(NAMES)} (optionally :/path/to/checkpoint)")
+    ckpt = checkpoint_of_name(name, base) or (Path(checkpoint) if checkpoint else shipped_sizefree())
+    if hybrid_rule not in SAFETY_RULES:
+        raise PolicyError(f"rl-hybrid safety rule {hybrid_rule!r}: expected one of {', '.join(SAFETY_RULES)}")
+    if hybrid_floor is None:
+        from policies.rl import HYBRID_FLOOR
+
+        hybrid_floor = HYBRID_FLOOR
+    perf = perf or ContentionModel(cluster)
+    rule = None
+    if base == "rl-hybrid" if hybrid is None else hybrid:
+        try:
+            rule = SAFETY_RULES[hybrid_rule](perf, min_efficiency=hybrid_floor)
+        except ValueError as exc:
+            raise PolicyError(f"rl-hybrid safety rule: {exc}") from None
     net, _meta, jpath = load_sizefree(ckpt)
     try:
-        codec = SizeFreeCodec(cluster, perf or ContentionModel(cluster), net.spec)
+        codec = SizeFreeCodec(cluster, perf, net.spec)
     except CodecError as exc:
         raise PolicyError(f"{jpath}: {exc}") from None
-    return SizeFreePolicy(net, codec, checkpoint=jpath)
+    return SizeFreePolicy(net, codec, name=base, checkpoint=jpath, rule=rule)

@@ -1348,16 +1348,20 @@ def test_check_config_builds_rl_policies_for_the_checkpoint_or_the_given_shape(t
     pytest.importorskip("policies.rl")
     shipped = REPO / "policies" / "checkpoints" / "rl-base-4x8.json"
     rc, out, err = _check_config(tmp_path, capsys, 'policy = "rl-hybrid"\n')
-    assert (rc, err) == (0, "") and "OK (policy rl-hybrid" in out and "shipped 4x8" in out
+    assert (rc, err) == (0, "") and "OK (policy rl-hybrid" in out and "size-free: runs on any cluster shape" in out
+    rc, out, err = _check_config(tmp_path, capsys, 'policy = "rl-hybrid-4x8"\n')
+    assert (rc, err) == (0, "") and "OK (policy rl-hybrid-4x8" in out and "shipped 4x8" in out
     rc, out, err = _check_config(tmp_path, capsys, f'policy = "rl-base"\npolicy_checkpoint = "{shipped}"\n')
     assert (rc, err) == (0, "") and "trained on 4x8" in out
     rc, out, err = _check_config(tmp_path, capsys, f'policy = "rl-hybrid:{shipped}"\n')
     assert (rc, err) == (0, "") and "trained on 4x8" in out
     rc, out, err = _check_config(tmp_path, capsys, 'policy = "rl-prior"\n', "--cluster", "2x8")
     assert (rc, err) == (0, "") and "built for 2x8" in out
-    # --cluster: the live partition's shape; no shipped checkpoint for 2x8
+    # --cluster: the live partition's shape; the size-free rl-hybrid runs there, the 4x8 checkpoint does not
     rc, out, err = _check_config(tmp_path, capsys, 'policy = "rl-hybrid"\n', "--cluster", "2x8")
-    assert rc == 2 and "no shipped rl-hybrid checkpoint for a 2x8 cluster" in err and err.count("\n") == 1
+    assert (rc, err) == (0, "") and "built for 2x8" in out
+    rc, out, err = _check_config(tmp_path, capsys, 'policy = "rl-hybrid-4x8"\n', "--cluster", "2x8")
+    assert rc == 2 and "runs on a 4x8 cluster only, not 2x8" in err and err.count("\n") == 1
     rc, out, err = _check_config(tmp_path, capsys, 'policy = "greedy:spread"\n', "--cluster", "2x8")
     assert (rc, err) == (0, "")
     rc, out, err = _check_config(tmp_path, capsys, 'policy = "greedy"\n', "--cluster", "4y8")

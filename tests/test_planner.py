@@ -4,7 +4,6 @@ Simulator.from_state)."""
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
 
@@ -14,8 +13,9 @@ from policies.job import JobSpec
 from policies.perf import ContentionModel
 from policies.planner import PlannerPolicy, default_budget, make_planner
 from policies.registry import make_policy, policy_names
-from policies.state import Decision
+from policies.state import ClusterState, Decision
 from trainer.rollout import SimRollout
+from trainer.sim_backend import SimBackend
 from trainer.simulator import SimConfig, Simulator
 
 CL = ClusterSpec.parse("2x8")
@@ -34,6 +34,13 @@ def blocking_trace() -> list[JobSpec]:
     preemption margin over B's 1 h). Holding S for the 10 min until R ends lets B run first:
     average JCT of B and S 2.07 h instead of 2.3 h."""
     return [_job("R", 0.0, 4, 1 / 6), _job("B", 0.0, 16, 1.0), _job("S", 0.0, 4, 1.8)]
+
+
+def first_round(jobs: list[JobSpec], pol) -> ClusterState:
+    """The snapshot of the simulator's first round (the jobs submitted at t = 0 waiting)."""
+    backend = SimBackend(Simulator(CL, jobs, pol, PERF))
+    assert backend.next_round()
+    return backend.snapshot()
 
 
 def _avg_jct(res) -> float:
@@ -63,24 +70,74 @@ def test_planner_is_deterministic_and_registered():
     assert runs[0] == runs[1]
 
 
-def test_budget_is_respected_with_a_slow_model():
-    class Slow:
-        calls = 0
+class _SimClock:
+    """A simulated clock (s): it moves only when a rollout advances it."""
 
-        def rollout(self, state, first, policy, *, completions=0, until=math.inf, deadline=math.inf):
-            Slow.calls += 1
-            time.sleep(0.05)
-            return (float(Slow.calls), 1.0) if time.perf_counter() <= deadline else None
+    def __init__(self) -> None:
+        self.t = 0.0
 
-    pol = make_planner("planner", CL, PERF, model=Slow(), budget_s=0.12, holds=3)
-    sim = Simulator(CL, blocking_trace(), pol, PERF)
-    st = sim.state()
-    t0 = time.perf_counter()
+    def __call__(self) -> float:
+        return self.t
+
+
+class _SlowModel:
+    """A rollout model whose every rollout takes ``step`` s on ``clock``; scores rise with each call
+    (so the base decision stays best), and a rollout that ends past the deadline returns nothing."""
+
+    def __init__(self, clock: _SimClock, step: float) -> None:
+        self.clock, self.step, self.calls = clock, step, 0
+
+    def rollout(self, state, first, policy, *, completions=0, until=math.inf, deadline=math.inf):
+        self.calls += 1
+        self.clock.t += self.step
+        return (float(self.calls), 1.0) if self.clock() <= deadline else None
+
+
+@pytest.mark.parametrize("budget, rollouts, scored", [(0.12, 3, 2), (0.05, 1, 1), (0.01, 1, 0)])
+def test_budget_stops_the_search(budget, rollouts, scored):
+    """On a simulated clock where each rollout takes 0.05 s, the planner starts rollouts while the budget
+    lasts and no more: the one that ends past the deadline is dropped, and the round stops there."""
+    clock = _SimClock()
+    model = _SlowModel(clock, 0.05)
+    pol = make_planner("planner", CL, PERF, model=model, budget_s=budget, holds=3, clock=clock)
+    st = first_round(blocking_trace(), pol)
+    n_cands = len(pol.candidates(st))
+    assert n_cands > rollouts
     dec = pol.schedule(st)
-    took = time.perf_counter() - t0
-    assert took < 0.12 + 0.1  # budget plus one rollout
-    assert pol.last_round.cut and pol.last_round.scored < pol.last_round.candidates
-    assert dec == pol.candidates(st)[0][0]  # scores rise with each call: the base decision stays best
+    stats = pol.last_round
+    assert (stats.rollouts, stats.scored, stats.cut) == (rollouts, scored, True)
+    assert model.calls == rollouts and stats.candidates == n_cands
+    assert clock() == pytest.approx(0.05 * rollouts) and clock() <= budget + 0.05 + 1e-12  # budget + one rollout
+    assert dec == pol.candidates(st)[0][0]  # the base decision: it scored best, or nothing was scored
+
+
+def test_budget_large_enough_scores_every_candidate():
+    clock = _SimClock()
+    model = _SlowModel(clock, 0.05)
+    pol = make_planner("planner", CL, PERF, model=model, budget_s=100.0, holds=3, clock=clock)
+    st = first_round(blocking_trace(), pol)
+    pol.schedule(st)
+    n = pol.last_round.candidates
+    assert (pol.last_round.rollouts, pol.last_round.scored, pol.last_round.cut) == (n, n, False)
+
+
+def test_sim_rollout_reads_the_planners_clock():
+    """make_planner hands its clock to the simulator model: a clock already past every deadline
+    stops the base rollout (run to the last of 43 jobs, so past the model's first look at the clock), and
+    the planner takes the base decision unscored."""
+    t = [0.0]
+
+    def clock() -> float:
+        t[0] += 1.0  # every look moves the clock by 1 s: past a 0.5 s budget at once
+        return t[0]
+
+    pol = make_planner("planner", CL, PERF, budget_s=0.5, horizon=0, clock=clock)
+    assert pol.model.clock is clock
+    jobs = blocking_trace() + [_job(f"x{i}", 0.0, 1 + i % 4, 2.0 + i) for i in range(40)]
+    st = first_round(jobs, pol)
+    dec = pol.schedule(st)
+    assert pol.last_round.scored == 0 and pol.last_round.cut
+    assert dec == pol.candidates(st)[0][0]
 
 
 def test_budget_default_scales_with_nodes():

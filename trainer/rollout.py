@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 from policies.base import Policy
 from policies.perf import ContentionModel
@@ -32,11 +33,14 @@ class SimRollout:
     :param perf: the performance model (its contention rule prices the rollouts).
     :param config: the simulator's settings for the rollouts (default :class:`SimConfig`: 300 s rounds,
         event-triggered, 30 s restart overhead, no speed noise).
+    :param clock: the clock (s) the rollout's ``deadline`` is measured on (default :func:`time.perf_counter`).
     """
 
-    def __init__(self, perf: ContentionModel, config: SimConfig | None = None) -> None:
+    def __init__(self, perf: ContentionModel, config: SimConfig | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.perf = perf
         self.config = config or SimConfig()
+        self.clock = clock
 
     def rollout(self, state: ClusterState, first: Decision, policy: Policy, *, completions: int = 0,
                 until: float = math.inf, deadline: float = math.inf) -> tuple[float, float] | None:
@@ -60,7 +64,7 @@ class SimRollout:
                     break
                 run_round(backend, policy)
                 k += 1
-                if k % _CLOCK_EVERY == 0 and time.perf_counter() > deadline:
+                if k % _CLOCK_EVERY == 0 and self.clock() > deadline:
                     return None
         except (SimulationError, ValueError):  # a snapshot the simulator cannot model (unknown model, no work)
             return None

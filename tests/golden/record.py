@@ -23,11 +23,11 @@ from trainer.traces import load_trace  # noqa: E402
 #: ``rlsched trace generate`` (uniform demands up to 32; Poisson at 90 % load, seed 11; heavy mix, seed 5).
 CASES = [
     ("trace0-4x8", "4x8", "data/traces/deepshare/simulate/trace0.json",
-     ["fifo", "sjf", "srtf", "las", "greedy", "srtf-np", "las:spread", "fifo:pack", "rl-base", "rl-hybrid"]),
+     ["fifo", "sjf", "srtf", "las", "greedy", "srtf-np", "las:spread", "fifo:pack", "rl-base-4x8", "rl-hybrid-4x8"]),
     ("poisson-16x8", "16x8", "tests/golden/poisson-16x8.csv",
      ["fifo", "srtf", "las", "greedy", "srtf-np:spread", "srtf:nosplit", "lgtf", "las2d:nosplit"]),
     ("heavy-4x8", "4x8", "tests/golden/heavy-4x8.csv",
-     ["fifo", "srtf", "las", "greedy", "srtf:spread", "rl-base", "rl-hybrid", "srtf:nosplit", "lgtf", "las2d",
+     ["fifo", "srtf", "las", "greedy", "srtf:spread", "rl-base-4x8", "rl-hybrid-4x8", "srtf:nosplit", "lgtf", "las2d",
       "sif", "lrf"]),
 ]
 

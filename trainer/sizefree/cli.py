@@ -8,6 +8,7 @@ DAgger rounds), fine-tunes with MaskablePPO on uniform 1..32-GPU job sets on 4x8
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 
 from rlsched.argtypes import positive_int as _positive_int
@@ -34,14 +35,45 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="PPO steps, 0: none (default: %(default)s)")
     p.add_argument("--ppo-lr", type=float, default=d.ppo_lr, help="PPO learning rate (default: %(default)s)")
     p.add_argument("--ent-coef", type=float, default=d.ent_coef, help="PPO entropy coefficient (default: %(default)s)")
-    p.add_argument("--expert", choices=("greedy", "nosplit"), default=d.expert,
-                   help="heuristic cloned (default: %(default)s)")
+    p.add_argument("--expert", choices=("greedy", "nosplit", "planner"), default=d.expert,
+                   help="the teacher: a heuristic slot, or the lookahead planner (DAgger labels from its "
+                        "decisions on the states the network visits) (default: %(default)s)")
+    p.add_argument("--teacher", default=d.teacher,
+                   help="the planner with --expert planner, as a policy name (default: %(default)s)")
+    p.add_argument("--compare", default=d.compare,
+                   help="checkpoint (or rl-sf, the shipped one) also run on the validation sets, 'none' for none "
+                        "(default: %(default)s)")
+    p.add_argument("--init", default=None,
+                   help="start from this size-free checkpoint's weights (rl-sf: the shipped one); the first "
+                        "round then labels the network's own states")
+    p.add_argument("--ppo-n-steps", type=_positive_int, default=d.n_steps,
+                   help="PPO rollout steps per environment per update (default: %(default)s)")
     p.add_argument("--subproc", action="store_true", help="PPO rollouts in subprocesses (SubprocVecEnv)")
     p.add_argument("--seed", type=int, default=d.seed, help="seed (default: %(default)s)")
     p.set_defaults(func=_run)
 
 
+#: (option, attribute) of every option, in the order the recorded command names them
+_OPTIONS = (("--out", "out"), ("--clusters", "clusters"), ("--max-gpus", "max_gpus"), ("--jobs-per-set", "jobs_per_set"),
+            ("--sets", "sets"), ("--dagger", "dagger"), ("--bc-epochs", "bc_epochs"), ("--expert", "expert"),
+            ("--teacher", "teacher"), ("--compare", "compare"), ("--init", "init"), ("--ppo-timesteps", "ppo_timesteps"),
+            ("--ppo-lr", "ppo_lr"), ("--ppo-n-steps", "ppo_n_steps"), ("--ent-coef", "ent_coef"), ("--seed", "seed"))
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The run's command line with every option spelled out (recorded in the checkpoint)."""
+    parts = ["rlsched", "train-sizefree"]
+    for flag, attr in _OPTIONS:
+        if (attr == "teacher" and args.expert != "planner") or (attr == "init" and args.init is None):
+            continue
+        parts += [flag, str(getattr(args, attr))]
+    if args.subproc:
+        parts.append("--subproc")
+    return " ".join(shlex.quote(p) for p in parts)
+
+
 def _run(args: argparse.Namespace) -> int:
+    from policies.base import PolicyError
     from policies.cluster import ClusterSpec, ClusterSpecError
     from trainer.sizefree.train import SizeFreeTrainConfig, train
 
@@ -55,13 +87,22 @@ def _run(args: argparse.Namespace) -> int:
             raise ValueError("--dagger and --ppo-timesteps must be >= 0")
         if not (0 < args.ppo_lr < 1) or not (0 <= args.ent_coef < 1):
             raise ValueError("--ppo-lr must be in (0, 1) and --ent-coef in [0, 1)")
+        if args.expert == "planner":
+            from policies.planner import make_planner
+
+            make_planner(args.teacher, ClusterSpec.parse(clusters[0]))
+    except PolicyError as exc:
+        print(f"rlsched train-sizefree: error: --teacher: {exc}", file=sys.stderr)
+        return 2
     except (ClusterSpecError, ValueError) as exc:
         print(f"rlsched train-sizefree: error: {exc}", file=sys.stderr)
         return 2
     cfg = SizeFreeTrainConfig(clusters=clusters, max_gpus=args.max_gpus, jobs_per_set=args.jobs_per_set,
                               sets_per_kind=args.sets, dagger=args.dagger, bc_epochs=args.bc_epochs,
                               ppo_timesteps=args.ppo_timesteps, ppo_lr=args.ppo_lr, ent_coef=args.ent_coef,
-                              expert=args.expert, subproc=args.subproc,
-                              seed=args.seed)
-    train(cfg, args.out, log=lambda s: print(s, flush=True))
+                              expert=args.expert, teacher=args.teacher, n_steps=args.ppo_n_steps,
+                              compare=None if args.compare.lower() == "none" else args.compare,
+                              init=args.init, subproc=args.subproc, seed=args.seed)
+    command = _command(args)
+    train(cfg, args.out, log=lambda s: print(s, flush=True), command=command)
     return 0

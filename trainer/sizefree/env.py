@@ -92,6 +92,12 @@ class SizeFreeEnv(PickEnv):
         assert sim is not None
         return reward - (self._in_system(sim.time) - self._s0) / (3600.0 * len(sim.jobs))
 
+    @property
+    def encoding(self):
+        """The codec's encoding of the current state (:class:`policies.codecs.sizefree.SizeFreeEncoding`: its
+        mask and candidates are the step's), ``None`` once every job has finished."""
+        return self._enc
+
     def expert_action(self, slot: str = "greedy") -> int:
         """The heuristic's pick now (:meth:`SizeFreeCodec.expert_action`)."""
         if self._enc is None:

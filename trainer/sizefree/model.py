@@ -48,6 +48,17 @@ class CandidateScorer(nn.Module):
         h = torch.relu(self.l1(self.first(rows, ctx)))
         return self.l2(h).squeeze(-1)
 
+    def load_tensors(self, tensors: dict[str, np.ndarray]) -> None:
+        """Set the weights from :meth:`tensors`' layout (a checkpoint's, :data:`policies.sizefree.TENSOR_NAMES`)."""
+        with torch.no_grad():
+            for name, layer in (("cand.0", self.l0), ("cand.1", self.l1), ("cand.2", self.l2)):
+                w, b = tensors[name + ".weight"], tensors[name + ".bias"]
+                if tuple(w.shape) != tuple(layer.weight.shape) or tuple(b.shape) != tuple(layer.bias.shape):
+                    raise ValueError(f"{name}: shape {tuple(w.shape)} does not match the scorer's "
+                                     f"{tuple(layer.weight.shape)} (hidden {self.hidden})")
+                layer.weight.copy_(torch.as_tensor(w))
+                layer.bias.copy_(torch.as_tensor(b))
+
     def tensors(self) -> dict[str, np.ndarray]:
         out = {}
         for name, layer in (("cand.0", self.l0), ("cand.1", self.l1), ("cand.2", self.l2)):

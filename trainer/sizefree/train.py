@@ -29,7 +29,8 @@ from policies.cluster import ClusterSpec
 from policies.codecs.sizefree import SizeFreeCodec, SizeFreeSpec
 from policies.job import JobSpec
 from policies.perf import ContentionModel
-from policies.sizefree import SizeFreeNet, SizeFreePolicy, save_sizefree
+from policies.sizefree import TENSOR_NAMES, SizeFreeNet, SizeFreePolicy, save_sizefree
+from trainer.sizefree.dagger import TEACHER
 
 __all__ = ["SizeFreeTrainConfig", "behaviour_clone", "train", "training_sets", "validate"]
 
@@ -46,6 +47,9 @@ class SizeFreeTrainConfig:
     val_sets: int = 2
     hidden: int = 64
     expert: str = "greedy"
+    teacher: str = TEACHER
+    compare: str | None = "rl-sf"
+    init: str | None = None
     bc_epochs: int = 10
     dagger: int = 1
     ppo_timesteps: int = 8192
@@ -81,18 +85,31 @@ def training_sets(cfg: SizeFreeTrainConfig) -> dict[str, tuple[list[list[JobSpec
     return out
 
 
-def _collect(env, scorer, episodes: list[int], expert: str, use_net: bool) -> tuple[list, list, list]:
-    """States, masks and the heuristic's labels along episodes played by the heuristic or the network."""
+def _collect(env, scorer, episodes: list[int], expert: str, use_net: bool, teacher=None) -> tuple[list, list, list]:
+    """States, masks and the teacher's labels along episodes played by the teacher or the network.
+
+    ``teacher``: a :class:`trainer.sizefree.dagger.PlannerTeacher` (labels from the planner), else the
+    heuristic slot ``expert`` labels. A state the teacher leaves unlabelled is not kept; the teacher's
+    own episodes then take the ``greedy`` slot's pick there."""
     import torch
 
     obs_l, mask_l, lab_l = [], [], []
     for idx in episodes:
         obs, _ = env.reset(options={"trace": idx})
+        if teacher is not None:
+            teacher.reset()
         done = False
         while not done:
             m = env.action_masks()
-            label = env.expert_action(expert)
-            if m.sum() > 1:  # a choice to learn
+            enc = env.encoding  # the encoding the mask and the observation came from
+            state = env.backend.snapshot() if teacher is not None and enc is not None else None
+            if teacher is None:
+                label = env.expert_action(expert)
+            elif enc is None:
+                label = env.obs_spec.hold
+            else:
+                label = teacher.label(state, enc)
+            if label is not None and m.sum() > 1:  # a choice to learn
                 obs_l.append(obs.copy())
                 mask_l.append(m)
                 lab_l.append(label)
@@ -101,7 +118,9 @@ def _collect(env, scorer, episodes: list[int], expert: str, use_net: bool) -> tu
                     s = scorer(torch.as_tensor(obs[None]))[0].numpy()
                 a = int(np.where(m, s, -np.inf).argmax())
             else:
-                a = label
+                a = label if label is not None else env.expert_action("greedy")
+            if teacher is not None and enc is not None:
+                teacher.taken(state, a, label, enc)
             obs, _r, term, trunc, _ = env.step(a)
             done = term or trunc
     return obs_l, mask_l, lab_l
@@ -130,20 +149,37 @@ def _fit(scorer, data: tuple[list, list, list], epochs: int, seed: int, log: Cal
             with torch.no_grad():
                 s = scorer(obs).masked_fill(~mask, -1e9)
                 acc = float((s.argmax(1) == lab).float().mean())
-            log(f"  bc epoch {ep}: loss {loss.item():.4f}, agreement with the heuristic {acc:.3f} ({n} states)")
+            log(f"  bc epoch {ep}: loss {loss.item():.4f}, agreement with the teacher {acc:.3f} ({n} states)")
     return acc
 
 
 def behaviour_clone(envs: list, scorer, cfg: SizeFreeTrainConfig, log: Callable[[str], None]) -> float:
-    """Clone ``cfg.expert`` into ``scorer`` (module docstring, step 2); returns the final agreement."""
+    """Clone the teacher into ``scorer`` (module docstring, step 2); returns the final agreement.
+
+    Round 0 plays the teacher's own picks (the network's when ``cfg.init`` gave it trained weights),
+    rounds ``1..cfg.dagger`` the network's (DAgger); every round adds its labelled states to the data set
+    and refits on all of it."""
+    teachers = None
+    if cfg.expert == "planner":
+        from trainer.sizefree.dagger import PlannerTeacher
+
+        teachers = [PlannerTeacher(env.cluster, env.perf, cfg.teacher) for env in envs]
     data: tuple[list, list, list] = ([], [], [])
     acc = 0.0
     for rnd in range(cfg.dagger + 1):
-        for env in envs:
-            got = _collect(env, scorer, list(range(len(env.traces))), cfg.expert, use_net=rnd > 0)
+        t0 = time.perf_counter()
+        for k, env in enumerate(envs):
+            got = _collect(env, scorer, list(range(len(env.traces))), cfg.expert, use_net=rnd > 0 or bool(cfg.init),
+                           teacher=None if teachers is None else teachers[k])
             for d, x in zip(data, got):
                 d.extend(x)
-        log(f"bc round {rnd} ({'heuristic' if rnd == 0 else 'dagger'}): {len(data[2])} labelled states")
+        extra = ""
+        if teachers is not None:
+            st = {k: sum(t.stats()[k] for t in teachers) for k in teachers[0].stats()}
+            extra = (f"; planner: {st['searches']} searches ({st['cut']} cut by the budget), "
+                     f"{st['unlabelled']} states unlabelled so far")
+        log(f"bc round {rnd} ({'teacher' if rnd == 0 and not cfg.init else 'dagger'}): {len(data[2])} labelled states "
+            f"({time.perf_counter() - t0:.0f} s{extra})")
         acc = _fit(scorer, data, cfg.bc_epochs, cfg.seed + rnd, log)
     return acc
 
@@ -178,8 +214,10 @@ def _heuristic_val(name: str, val: dict[str, list[list[JobSpec]]]) -> float:
     return float(np.mean(out))
 
 
-def train(cfg: SizeFreeTrainConfig, out: str | Path, log: Callable[[str], None] = print) -> Path:
-    """The whole run (module docstring); writes ``out.json`` + ``out.safetensors``; returns the JSON path."""
+def train(cfg: SizeFreeTrainConfig, out: str | Path, log: Callable[[str], None] = print,
+          command: str = "rlsched train-sizefree --out OUT") -> Path:
+    """The whole run (module docstring); writes ``out.json`` + ``out.safetensors``; returns the JSON path.
+    ``command`` is recorded in the checkpoint's ``training`` section."""
     import torch
     from sb3_contrib import MaskablePPO
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
@@ -205,12 +243,29 @@ def train(cfg: SizeFreeTrainConfig, out: str | Path, log: Callable[[str], None] 
                         n_epochs=4, gamma=1.0, gae_lambda=0.95, ent_coef=cfg.ent_coef, seed=cfg.seed, verbose=0,
                         policy_kwargs={"spec": spec.to_dict(), "hidden": cfg.hidden})
     scorer = model.policy.scorer
+    if cfg.init:
+        from policies.sizefree import load_sizefree, shipped_sizefree
+
+        init_net, _m, init_path = load_sizefree(shipped_sizefree() if cfg.init == "rl-sf" else cfg.init)
+        if init_net.spec != spec:
+            raise ValueError(f"--init {init_path}: its codec spec {init_net.spec} is not the run's {spec}")
+        scorer.load_tensors({f"{p}.{x}": w for p, (W, b) in zip(TENSOR_NAMES, init_net.layers)
+                             for x, w in (("weight", W.T), ("bias", b))})
+        log(f"initial weights: {init_path}")
     acc = behaviour_clone(envs, scorer, cfg, log)
     bc_tensors = scorer.tensors()
     bc_val = validate(SizeFreeNet(spec, bc_tensors), val)
-    heur_val = _heuristic_val(cfg.expert, val)
-    log(f"validation avg JCT: heuristic {cfg.expert} {heur_val:.3f} h, cloned {bc_val:.3f} h "
-        f"({time.perf_counter() - t0:.0f} s)")
+    heur = "greedy" if cfg.expert == "planner" else cfg.expert
+    heur_val = _heuristic_val(heur, val)
+    cmp_val = float("nan")
+    if cfg.compare:
+        from policies.sizefree import load_sizefree, make_sizefree_policy
+
+        ref = make_sizefree_policy("rl-sf", ClusterSpec.parse(cfg.clusters[0])) if cfg.compare == "rl-sf" else None
+        ref_net = ref.net if ref is not None else load_sizefree(cfg.compare)[0]
+        cmp_val = validate(ref_net, val) if ref_net.spec == spec else float("nan")
+    log(f"validation avg JCT: heuristic {heur} {heur_val:.3f} h, {cfg.compare or 'no reference'} {cmp_val:.3f} h, "
+        f"cloned {bc_val:.3f} h ({time.perf_counter() - t0:.0f} s)")
     ppo_val = float("nan")
     chosen = "bc"
     tensors = bc_tensors
@@ -224,11 +279,14 @@ def train(cfg: SizeFreeTrainConfig, out: str | Path, log: Callable[[str], None] 
             chosen, tensors = "ppo", ppo_tensors
     venv.close()
     training = {
-        "algo": "bc+dagger, then maskable-ppo", "config": {k: (list(v) if isinstance(v, tuple) else v)
+        "algo": f"bc+dagger ({'planner' if cfg.expert == 'planner' else 'heuristic'} teacher), then maskable-ppo",
+        "config": {k: (list(v) if isinstance(v, tuple) else v)
                                                           for k, v in asdict(cfg).items()},
-        "bc_agreement": acc, "val_avg_jct_h": {"heuristic": heur_val, "bc": bc_val, "ppo": ppo_val},
+        "bc_agreement": acc,
+        "val_avg_jct_h": {k: (v if np.isfinite(v) else None)  # None: not run (JSON has no NaN)
+                          for k, v in {"heuristic": heur_val, "reference": cmp_val, "bc": bc_val, "ppo": ppo_val}.items()},
         "chosen": chosen, "wall_s": round(time.perf_counter() - t0, 1),
-        "command": "rlsched train-sizefree --out OUT",
+        "command": command,
     }
     path = save_sizefree(out, tensors, spec, training)
     log(f"wrote {path} ({chosen}; {time.perf_counter() - t0:.0f} s)")
