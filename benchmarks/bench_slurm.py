@@ -174,7 +174,7 @@ def _controller_toml(cl: Cluster, policy: str, interval: float, state: Path, rea
 
 
 def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float, policy: str, job_s: float,
-                 clients: int, reason_calls: int) -> dict:
+                 clients: int, reason_calls: int, profile: str | None = None) -> dict:
     from controller.config import load_config
     from controller.daemon import Controller
 
@@ -216,9 +216,18 @@ def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float,
         times, placed, queue, per_round = [], {}, [], []
         slurm = cl.slurm()
         started: dict[int, dict[str, int]] = {}
+        prof = None
+        if profile:
+            import cProfile
+
+            prof = cProfile.Profile()
         for r in range(rounds):
             t = time.perf_counter()
+            if prof is not None and r > 0:  # the first round (imports, policy build) is left out
+                prof.enable()
             rep = ctl.round()
+            if prof is not None:
+                prof.disable()
             dt = time.perf_counter() - t
             if not rep.ok:
                 raise SystemExit(f"bench_slurm: round {r} failed: {rep.error}")
@@ -232,6 +241,8 @@ def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float,
                 if j.job_id in placed and j.job_id not in started and j.state == "RUNNING" and j.gpus_per_node:
                     started[j.job_id] = dict(j.gpus_per_node)
             time.sleep(max(0.0, interval - dt))
+        if prof is not None:
+            prof.dump_stats(profile)
         exact = sum(1 for jid, plan in placed.items() if started.get(jid) == plan)
         differ = {jid: (placed[jid], started[jid]) for jid in started if started[jid] != placed[jid]}
         never = [jid for jid in placed if jid not in started]
@@ -284,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--job-s", type=float, default=15.0, help="how long each job of `rounds` sleeps (default 15)")
     ap.add_argument("--reason-calls", type=int, default=10,
                     help="controller.reason_updates_per_round for `rounds` (default 10, the controller's default)")
+    ap.add_argument("--profile", help="rounds: write a cProfile of rounds 2 to --rounds here (pstats format; the main "
+                                      "thread's wall time, Slurm commands included)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
@@ -295,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         out["submit"] = bench_submit(args.jobs or 2000, args.clients, args.nodes or 4, args.gpus)
     if args.what in ("rounds", "all"):
         out["rounds"] = bench_rounds(args.nodes or 64, args.gpus, args.jobs or 1000, args.rounds, args.interval,
-                                     args.policy, args.job_s, args.clients, args.reason_calls)
+                                     args.policy, args.job_s, args.clients, args.reason_calls, args.profile)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1, default=str) + "\n")
     return 0

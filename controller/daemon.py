@@ -596,11 +596,12 @@ class Controller:
             sj = self.backend.jobs_by_id.get(sid)
             if sj is not None and not sj.admin_held:
                 want.append((30, sj.job_id, f"rlsched: not placed yet: {why}"))
+        total = self.cluster.total_gpus
         for sj in self.backend.jobs_by_id.values():
-            if (sj.managed and sj.held and not sj.admin_held and sj.in_partition(self.cfg.slurm.partition)
-                    and sj.gpus > self.cluster.total_gpus):
+            if (sj.gpus > total and sj.managed and sj.held and not sj.admin_held
+                    and sj.in_partition(self.cfg.slurm.partition)):
                 want.append((40, sj.job_id, f"rlsched: can never start: asks for {sj.gpus} GPUs, the partition "
-                                            f"has {self.cluster.total_gpus}"))
+                                            f"has {total}"))
         groups: dict[str, tuple[int, list[int]]] = {}
         seen: set[int] = set()
         for rank, jid, reason in sorted(want, key=lambda w: w[0]):

@@ -255,6 +255,7 @@ def build_state(
     planned = planned or {}
     skip = skip or {}
     all_by_id = {j.job_id: j for j in jobs}
+    total_gpus = cluster.total_gpus  # a sum over the nodes at each use: once here
     index = {n.name: i for i, n in enumerate(cluster.nodes)}
     by_name = {n.name: n for n in nodes}
     free = np.zeros(cluster.num_nodes, dtype=np.int64)
@@ -306,8 +307,8 @@ def build_state(
         model = req.model or default_model
         if j.gpus < 1:
             continue
-        if j.gpus > cluster.total_gpus:
-            view.warnings.append(f"job {j.job_id}: asks for {j.gpus} GPUs, the partition has {cluster.total_gpus}; left held")
+        if j.gpus > total_gpus:
+            view.warnings.append(f"job {j.job_id}: asks for {j.gpus} GPUs, the partition has {total_gpus}; left held")
             continue
         demand, why = job_demand(j, cluster, partition)
         if why is not None and j.pending:
