@@ -16,7 +16,9 @@ lock). Every job must be accepted (and with the plugin held and marked) or the r
 ``--jobs`` managed jobs queued (GPU demands 1, 2, 4, 8, 16 in turn, model comments, each job sleeps
 ``--job-s`` s once started). The controller runs in this process (policy ``--policy``) for
 ``--rounds`` rounds ``--interval`` s apart; each round's wall time is measured around
-``Controller.round`` (Slurm reads, decision, placements, reason updates), and the time of every Slurm
+``Controller.round`` (Slurm reads, decision, placements; the reason updates it hands to a writer thread
+are waited for after it, outside the round, and reported apart: ``reasons_behind_s``, and
+``round_with_reasons_s`` for the round and its writes together), and the time of every Slurm
 command it ran (``scontrol (batch of updates on stdin)``: a round's pins in one process), and how many
 queue reads were ``squeue --json`` and how many the cheaper text read (``queue_reads``). Every placement is then
 checked against Slurm: each placed job that started must run on exactly the planned nodes with
@@ -46,6 +48,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -201,6 +204,7 @@ def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float,
         spent: dict[str, float] = {}
         calls: dict[str, int] = {}
         run = ctl.slurm.run
+        lock = threading.Lock()
 
         def timed(args, stdin=None):
             t = time.perf_counter()
@@ -209,11 +213,12 @@ def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float,
             finally:
                 key = args[0] if args[0] != "scontrol" else (f"scontrol {args[1]}" if len(args) > 1 else
                                                                "scontrol (batch of updates on stdin)")
-                spent[key] = spent.get(key, 0.0) + time.perf_counter() - t
-                calls[key] = calls.get(key, 0) + 1
+                with lock:  # the reason writes run in threads of their own
+                    spent[key] = spent.get(key, 0.0) + time.perf_counter() - t
+                    calls[key] = calls.get(key, 0) + 1
 
         ctl.slurm.run = timed  # type: ignore[method-assign]
-        times, placed, queue, per_round = [], {}, [], []
+        times, placed, queue, per_round, behind, reasons_written = [], {}, [], [], [], []
         slurm = cl.slurm()
         started: dict[int, dict[str, int]] = {}
         prof = None
@@ -229,10 +234,16 @@ def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float,
             if prof is not None:
                 prof.disable()
             dt = time.perf_counter() - t
+            # the reason writes the round handed off (Controller.wait_reasons), waited for here, outside the
+            # round, as the next round would at its start
+            tw = time.perf_counter()
+            ctl.wait_reasons()
+            behind.append(time.perf_counter() - tw)
             if not rep.ok:
                 raise SystemExit(f"bench_slurm: round {r} failed: {rep.error}")
             times.append(dt)
             queue.append(rep.queue)
+            reasons_written.append(rep.reasons)
             per_round.append(len(rep.placed))
             for jid, plan in rep.placed:
                 placed[jid] = plan
@@ -240,7 +251,7 @@ def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float,
             for j in slurm.jobs():
                 if j.job_id in placed and j.job_id not in started and j.state == "RUNNING" and j.gpus_per_node:
                     started[j.job_id] = dict(j.gpus_per_node)
-            time.sleep(max(0.0, interval - dt))
+            time.sleep(max(0.0, interval - (time.perf_counter() - t)))
         if prof is not None:
             prof.dump_stats(profile)
         exact = sum(1 for jid, plan in placed.items() if started.get(jid) == plan)
@@ -250,13 +261,21 @@ def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float,
         ts = sorted(times[1:] or times)
         quiet = sorted(t for t, n in zip(times[1:], per_round[1:]) if n == 0) or [float("nan")]
 
-        def pct(q: float) -> float:
-            return ts[min(len(ts) - 1, int(round(q * (len(ts) - 1))))]
+        def pct(q: float, xs: list[float] | None = None) -> float:
+            xs = ts if xs is None else xs
+            return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+        # a round with its reason writes: what the round would take if it waited for them itself
+        whole = sorted(t + b for t, b in zip(times[1:], behind[1:])) or ts
 
         res = {"nodes": nodes, "gpus_per_node": gpus, "jobs": jobs, "rounds": rounds, "interval_s": interval,
                "policy": policy, "job_s": job_s, "slurmd_up_s": round(up_s, 2),
                "round_s": {"p50": round(pct(0.5), 4), "p90": round(pct(0.9), 4), "p99": round(pct(0.99), 4),
                            "max": round(ts[-1], 4), "mean": round(sum(ts) / len(ts), 4)},
+               "round_with_reasons_s": {"p50": round(pct(0.5, whole), 4), "p90": round(pct(0.9, whole), 4),
+                                        "p99": round(pct(0.99, whole), 4), "max": round(whole[-1], 4)},
+               "reasons_behind_s": [round(b, 4) for b in behind],
+               "reasons_written": sum(r for r in reasons_written),
                "first_round_s": round(times[0], 4), "queue_first": queue[0], "queue_last": queue[-1],
                "placed_per_round": per_round, "round_times_s": [round(t, 4) for t in times],
                "rounds_without_placements_p50_s": round(quiet[len(quiet) // 2], 4),
@@ -269,7 +288,9 @@ def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float,
                "slurm_command_calls": calls,
                "slurm_command_mean_ms": {k: round(1000 * spent[k] / calls[k], 1) for k in spent}}
         print(f"rounds: {nodes} nodes x {gpus} GPUs, {jobs} queued, {policy}: round p50 {res['round_s']['p50']:.3f} s, "
-              f"p99 {res['round_s']['p99']:.3f} s, max {res['round_s']['max']:.3f} s over rounds 2-{rounds} (first {times[0]:.2f} s); "
+              f"p99 {res['round_s']['p99']:.3f} s, max {res['round_s']['max']:.3f} s over rounds 2-{rounds} (first {times[0]:.2f} s; "
+              f"with the reason writes behind each round: p50 {res['round_with_reasons_s']['p50']:.3f} s, "
+              f"p99 {res['round_with_reasons_s']['p99']:.3f} s); "
               f"{len(placed)} placed, {exact} started exactly as planned, {len(differ)} differently, "
               f"{len(never)} not seen running", flush=True)
         return res

@@ -61,6 +61,7 @@ import stat
 import tempfile
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -328,6 +329,9 @@ class Controller:
         self._unwritable: dict[str, str] = {}  # state-dir file -> its last write error (logged once until it works)
         #: the decide-and-act path: snapshot from Slurm, apply to Slurm (controller/backend.py)
         self.backend = SlurmBackend(self)
+        #: the reason writes the last round handed off (:meth:`_update_reasons`), and the thread writing them
+        self._reason_writes: Future | None = None
+        self._reason_writer: ThreadPoolExecutor | None = None
 
     @property
     def requests_dir(self) -> Path:
@@ -439,8 +443,10 @@ class Controller:
 
     # ------------------------------------------------------------------ one round
     def round(self) -> RoundReport:
-        """Read Slurm, decide, act. Never raises for Slurm/agent/policy failures."""
+        """Read Slurm, decide, act. Never raises for Slurm/agent/policy failures. The reason writes of the
+        round before are waited for first (:meth:`wait_reasons`), within this round's time."""
         t0 = time.perf_counter()
+        self.wait_reasons()
         now = self.clock()
         rep = RoundReport(time=now, ok=True)
         self._state_error = None
@@ -621,23 +627,21 @@ class Controller:
         the user's (it declares the workload, and they may edit it at any time), the admin comment only
         operators can write, so no user can forge it. Only changed texts are written, jobs with the
         same text in one ``scontrol update`` call, at most ``reason_updates_per_round`` calls per round
-        (the head of the queue first; the rest follow in later rounds), run side by side where the
-        adapter has ``set_admin_comments`` (each failed one logged and counted), else one after another
-        (a failed call is logged and counted and ends the round's updates). The round itself stays ok."""
+        (the head of the queue first; the rest follow in later rounds), run side by side and behind the
+        round where the adapter has ``set_admin_comments`` (each failed one logged and counted; see
+        :meth:`wait_reasons`), else one after another (a failed call is logged and counted and ends the
+        round's updates). The round itself stays ok."""
         budget = self.cfg.controller.reason_updates_per_round
         setter = getattr(self.slurm, "set_admin_comment", None)
         if budget <= 0 or setter is None or self.cfg.controller.dry_run:
             return
         many = getattr(self.slurm, "set_admin_comments", None)
-        if many is not None:  # the calls at once (SlurmCLI): each failed one is logged and counted
+        if many is not None:  # the calls at once (SlurmCLI), behind the round: see wait_reasons
             groups = self._reasons(rep)[:budget]
-            for (text, ids), exc in zip(groups, many(groups)):
-                if exc is None:
-                    rep.reasons += len(ids)
-                    continue
-                self.metrics.slurm_errors.inc()
-                log.warning("writing the reason of job(s) %s failed: %s", _names([str(i) for i in ids]), exc,
-                            extra={"event": "reason_failed"})
+            if groups:
+                if self._reason_writer is None:
+                    self._reason_writer = ThreadPoolExecutor(1, thread_name_prefix="rlsched-reasons")
+                self._reason_writes = self._reason_writer.submit(self._write_reasons, many, groups, rep)
             return
         for text, ids in self._reasons(rep)[:budget]:
             try:
@@ -648,6 +652,36 @@ class Controller:
                             extra={"event": "reason_failed"})
                 return
             rep.reasons += len(ids)
+
+    def _write_reasons(self, many: Callable, groups: list[tuple[str, list[int]]], rep: RoundReport) -> None:
+        """Write ``groups`` with the adapter's ``set_admin_comments`` (its ``scontrol`` calls side by side), each
+        failed one logged and counted; ``rep.reasons`` counts the jobs written."""
+        for (text, ids), exc in zip(groups, many(groups)):
+            if exc is None:
+                rep.reasons += len(ids)
+                continue
+            self.metrics.slurm_errors.inc()
+            log.warning("writing the reason of job(s) %s failed: %s", _names([str(i) for i in ids]), exc,
+                        extra={"event": "reason_failed"})
+
+    def wait_reasons(self) -> None:
+        """Wait until the reason writes the last round handed off are done.
+
+        With an adapter that has ``set_admin_comments`` (:class:`SlurmCLI`) a round does not wait for its
+        own reason writes: it hands them to a writer thread and returns once its placements are applied
+        (they are the round's last Slurm commands, and the slowest part of a round that moves the head of
+        a long queue: up to ``reason_updates_per_round`` ``scontrol`` processes). The next round, and
+        :meth:`run` when it ends, waits for them before anything else, so no two rounds' Slurm work
+        overlaps and each round reads the comments written before it. The round's report counts the jobs
+        written (``RoundReport.reasons``) once they are."""
+        fut, self._reason_writes = self._reason_writes, None
+        if fut is None:
+            return
+        try:
+            fut.result()
+        except Exception:  # noqa: BLE001 - crash-only: a failed write must not end the daemon
+            self.metrics.slurm_errors.inc()
+            log.exception("writing reasons failed unexpectedly", extra={"event": "reason_failed"})
 
     # ------------------------------------------------------------------ preemption
     def _admin_requests(self, view: SlurmView) -> tuple[list[str], list[Path]]:
@@ -1119,5 +1153,6 @@ class Controller:
                     break
                 idle_gc(thresholds[2])
         finally:
+            self.wait_reasons()
             gc.set_threshold(*thresholds)
         log.info("controller stopped after %d rounds", self.rounds, extra={"event": "stop"})

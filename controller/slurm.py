@@ -790,6 +790,7 @@ class SlurmCLI:
         #: the last ``squeue --json`` read by :meth:`queue`: job id -> job, and when (monotonic s)
         self._known: dict[int, SlurmJob] = {}
         self._known_t = -float("inf")
+        self._pools: dict[int, ThreadPoolExecutor] = {}  # set_admin_comments' threads, by worker count
         #: whether :meth:`nodes` reads sinfo's text (until its output is found not to be the rows asked for)
         self._node_text = True
         #: how :meth:`queue` read the queue: "json" or "text" reads so far
@@ -1010,8 +1011,11 @@ class SlurmCLI:
 
         if len(groups) <= 1:
             return [one(g) for g in groups]
-        with ThreadPoolExecutor(max(1, min(workers, len(groups)))) as ex:
-            return list(ex.map(one, groups))
+        with self._lock:  # one pool for the adapter's life: starting threads each round costs more than the
+            pool = self._pools.get(workers)  # calls on a loaded host
+            if pool is None:
+                pool = self._pools[workers] = ThreadPoolExecutor(max(1, workers), thread_name_prefix="rlsched-slurm")
+        return list(pool.map(one, groups))
 
     def unplace(self, job_id: int) -> None:
         """Clear a held job's node pin (it goes back to the pool)."""
