@@ -12,6 +12,10 @@ time per ``REQUEST_SUBMIT_BATCH_JOB`` RPC from ``sdiag`` (server side, job_submi
 the rate it bounds (1 / mean time: slurmctld handles submissions one at a time under its job write
 lock). Every job must be accepted (and with the plugin held and marked) or the run fails.
 
+``lua``: CPU time per call of job_submit.lua's ``slurm_job_submit`` / ``slurm_job_modify`` in lua5.3 under a
+stub ``slurm`` table (``--jobs`` calls each, default 100,000; the capacity file is read at every submission, as
+in slurmctld): what the script itself adds to a submission, without slurmctld's work around it.
+
 ``rounds``: the controller on a ``--nodes``-node cluster (one slurmd per node on this host) with
 ``--jobs`` managed jobs queued (GPU demands 1, 2, 4, 8, 16 in turn, model comments, each job sleeps
 ``--job-s`` s once started). The controller runs in this process (policy ``--policy``) for
@@ -30,6 +34,7 @@ Usage (as root; each part brings its clusters up and down itself)::
     nice -n 10 python benchmarks/bench_slurm.py submit --jobs 2000 --clients 4
     nice -n 10 python benchmarks/bench_slurm.py rounds --nodes 64 --jobs 1000 --rounds 40
     nice -n 10 python benchmarks/bench_slurm.py all --json slurm-bench.json
+    python benchmarks/bench_slurm.py lua              # no root, no daemons
 
 Targets (issue 33): at least 100 jobs/s through the plugin; a round at 64 nodes with 1,000 queued
 jobs p99 under 1 s, every placement applied exactly.
@@ -164,6 +169,51 @@ def bench_submit(jobs: int, clients: int, nodes: int, gpus: int) -> list[dict]:
         finally:
             cl.down()
     return rows
+
+
+#: ``lua`` part: the script under a stub ``slurm`` table, N calls of each kind timed with os.clock (CPU time)
+_LUA_BENCH = r"""
+slurm = {SUCCESS = 0, ERROR = -1, NO_VAL = 4294967294, NO_VAL16 = 65534, NO_VAL64 = 18446744073709551614,
+         JOB_SHARED_OK = 1, ESLURM_ACCESS_DENIED = 2002, log_info = function(...) end, log_user = function(...) end}
+dofile(SCRIPT)
+local parts = {gpu = {flag_default = 1}, other = {flag_default = 0}}
+local function timed(what, f)
+  local t = os.clock()
+  for i = 1, N do f(i) end
+  print(string.format("%s %.3f", what, (os.clock() - t) / N * 1e6))
+end
+timed("submit", function(i)
+  local d = {tres_per_job = "gres:gpu:4", priority = 4294967294, comment = "rlsched:model=GNN", name = "j"}
+  assert(slurm_job_submit(d, parts, 1001) == 0 and d.priority == 0)
+end)
+local rec = {job_id = 7, admin_comment = "rlsched:managed gpus=4 | rlsched: placed", priority = 0, partition = "gpu"}
+timed("modify_admin", function(i) assert(slurm_job_modify({req_nodes = "node1"}, rec, parts, 0) == 0) end)
+timed("modify_user_allowed", function(i) assert(slurm_job_modify({comment = "x"}, rec, parts, 1001) == 0) end)
+timed("modify_user_refused", function(i) assert(slurm_job_modify({nice = 5}, rec, parts, 1001) ~= 0) end)
+"""
+
+
+def bench_lua(calls: int, nodes: int, gpus: int) -> dict:
+    """CPU time per call of slurm_conf/job_submit.lua's functions in lua5.3 (the script alone: slurmctld's own
+    work around it, such as building the ``slurm.jobs`` table of every job before each call, is not in it)."""
+    lua = shutil.which("lua5.3") or shutil.which("lua")
+    if lua is None:
+        raise SystemExit("bench_slurm: lua: no lua5.3 interpreter")
+    with tempfile.TemporaryDirectory(prefix="rlsched-lua-") as d:
+        cap = Path(d) / "capacity"
+        cap.write_text(f"partition=gpu\ngpus={nodes * gpus}\nnodes={nodes}\nmax_node_gpus={gpus}\n")
+        src = (REPO / "slurm_conf" / "job_submit.lua").read_text()
+        src = src.replace("local CAPACITY_FILE = nil", f"local CAPACITY_FILE = {json.dumps(str(cap))}")
+        script = Path(d) / "job_submit.lua"
+        script.write_text(src)
+        prog = f"SCRIPT = {json.dumps(str(script))}\nN = {int(calls)}\n" + _LUA_BENCH
+        p = subprocess.run([lua, "-"], input=prog, capture_output=True, text=True, timeout=600, check=False)
+    if p.returncode != 0:
+        raise SystemExit(f"bench_slurm: lua: {p.stderr.strip()}")
+    res = {k: float(v) for k, v in (line.split() for line in p.stdout.split("\n") if line.strip())}
+    print("job_submit.lua CPU time per call (lua5.3, " + f"{calls} calls each): "
+          + ", ".join(f"{k} {v:.1f} us" for k, v in res.items()), flush=True)
+    return {"calls": calls, "cpu_us_per_call": res}
 
 
 def _controller_toml(cl: Cluster, policy: str, interval: float, state: Path, reason_calls: int) -> Path:
@@ -305,7 +355,7 @@ def _slurm_version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["submit", "rounds", "all"])
+    ap.add_argument("what", choices=["submit", "rounds", "lua", "all"])
     ap.add_argument("--jobs", type=int, default=None, help="jobs to submit (submit: 2000, rounds: 1000)")
     ap.add_argument("--clients", type=int, default=4, help="concurrent sbatch processes (default 4)")
     ap.add_argument("--nodes", type=int, default=None, help="slurmd (submit: 4, rounds: 64)")
@@ -320,6 +370,12 @@ def main(argv: list[str] | None = None) -> int:
                                       "thread's wall time, Slurm commands included)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
+    if args.what == "lua":  # no daemons: any user
+        out = {"host": {"cpus": os.cpu_count(), "python": platform.python_version()},
+               "lua": bench_lua(args.jobs or 100000, args.nodes or 4, args.gpus)}
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+        return 0
     if os.geteuid() != 0:
         print("bench_slurm: error: needs root (it starts slurmctld and slurmd)", file=sys.stderr)
         return 2

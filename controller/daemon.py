@@ -1080,7 +1080,8 @@ class Controller:
             "metrics_port": self.metrics.port,
         }
         try:
-            atomic_write(self.state_dir / "status.json", json.dumps(doc, indent=1), ".status.")
+            # one line: json's C encoder (indent=1 takes its pure-Python one, ~10 times slower)
+            atomic_write(self.state_dir / "status.json", json.dumps(doc), ".status.")
         except StateDirError as exc:
             self._write_failed("status", exc)
         else:

@@ -256,6 +256,9 @@ def build_state(
     skip = skip or {}
     all_by_id = {j.job_id: j for j in jobs}
     total_gpus = cluster.total_gpus  # a sum over the nodes at each use: once here
+    # within this call: each distinct comment parsed once, each (model, GPUs) priced once
+    comments: dict[str | None, JobRequest] = {}
+    fastest: dict[tuple[str, int], float] = {}
     index = {n.name: i for i, n in enumerate(cluster.nodes)}
     by_name = {n.name: n for n in nodes}
     free = np.zeros(cluster.num_nodes, dtype=np.int64)
@@ -301,7 +304,9 @@ def build_state(
             if why is not None:
                 view.waiting[str(j.job_id)] = why
                 continue
-        req = parse_comment(j.comment)
+        req = comments.get(j.comment)
+        if req is None:
+            req = comments[j.comment] = parse_comment(j.comment)
         if req.problem:
             view.warnings.append(f"job {j.job_id}: comment {j.comment!r}: {req.problem}; using defaults")
         model = req.model or default_model
@@ -314,7 +319,9 @@ def build_state(
         if why is not None and j.pending:
             view.warnings.append(why)
             continue
-        best = perf.best_isolated_throughput(model, j.gpus)
+        best = fastest.get((model, j.gpus))
+        if best is None:
+            best = fastest[(model, j.gpus)] = perf.best_isolated_throughput(model, j.gpus)
         if req.samples is not None:
             total = req.samples
         else:
