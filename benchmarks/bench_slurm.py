@@ -270,7 +270,7 @@ def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float,
                     calls[key] = calls.get(key, 0) + 1
 
         ctl.slurm.run = timed  # type: ignore[method-assign]
-        times, placed, queue, per_round, behind, reasons_written = [], {}, [], [], [], []
+        times, placed, queue, per_round, behind, reasons_written, cpu = [], {}, [], [], [], [], []
         slurm = cl.slurm()
         started: dict[int, dict[str, int]] = {}
         # full garbage collections between rounds, not in them, as Controller.run runs its rounds
@@ -284,13 +284,14 @@ def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float,
 
             prof = cProfile.Profile()
         for r in range(rounds):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             if prof is not None and r > 0:  # the first round (imports, policy build) is left out
                 prof.enable()
             rep = ctl.round()
             if prof is not None:
                 prof.disable()
             dt = time.perf_counter() - t
+            cpu.append(time.process_time() - c)
             # the reason writes the round handed off (Controller.wait_reasons), waited for here, outside the
             # round, as the next round would at its start
             tw = time.perf_counter()
@@ -336,6 +337,10 @@ def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float,
                "round_with_reasons_s": {"p50": round(pct(0.5, whole), 4), "p90": round(pct(0.9, whole), 4),
                                         "p99": round(pct(0.99, whole), 4), "max": round(whole[-1], 4)},
                "reasons_behind_s": [round(b, 4) for b in behind],
+               # the controller's own CPU time in each round (this process, its threads included; not the Slurm
+               # commands it runs): less sensitive to the host's load than the wall times
+               "round_cpu_s": [round(x, 4) for x in cpu],
+               "round_cpu_s_mean": round(sum(cpu[1:]) / max(1, len(cpu) - 1), 4),
                "reasons_written": sum(r for r in reasons_written),
                "first_round_s": round(times[0], 4), "queue_first": queue[0], "queue_last": queue[-1],
                "placed_per_round": per_round, "round_times_s": [round(t, 4) for t in times],

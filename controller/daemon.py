@@ -2,9 +2,10 @@
 
 Every ``interval_s`` seconds one :meth:`Controller.round`:
 
-1. reads nodes (``sinfo --json``) and jobs (``squeue`` text laid over the last
-   ``squeue --json``: :meth:`controller.slurm.SlurmCLI.queue`) and, from the
-   node agents, measured progress/throughput/CS;
+1. reads jobs (``squeue`` text laid over the last ``squeue --json``:
+   :meth:`controller.slurm.SlurmCLI.queue`), then nodes (``sinfo`` text:
+   :meth:`controller.slurm.SlurmCLI.nodes`) and, from the node agents, measured
+   progress/throughput/CS;
 2. finishes any preemption a previous (possibly crashed) round started;
 3. holds back released jobs that did not start within ``start_grace_s``;
 4. builds the same :class:`~policies.state.ClusterState` the simulator builds
@@ -17,7 +18,9 @@ Every ``interval_s`` seconds one :meth:`Controller.round`:
    ``StartTime=now`` for every placement through one ``scontrol`` process, one
    journal write, one ``scontrol release a,b,c``). A preemption that fails drops the
    rest of the decision; the job is no victim for the policy for a while
-   (30 s doubling to 10 min) and the policy decides again at once without it.
+   (30 s doubling to 10 min) and the policy decides again at once without it;
+6. hands the held jobs' changed reasons (AdminComment) to a writer thread, which the
+   next round waits for first (:meth:`Controller.wait_reasons`).
 
 Placement in Slurm: jobs ask for a total (``--gpus=N``, recorded by
 job_submit.lua in the admin comment). The controller pins the node set and

@@ -1,7 +1,7 @@
 """The one adapter between rlsched and Slurm: its command-line tools.
 
 pyslurm matches no packaged Slurm, so the controller runs the Slurm commands
-(``squeue --json``, ``sinfo --json``, ``scontrol``) with a timeout each. A
+(``squeue``, ``sinfo``, ``scontrol``) with a timeout each. A
 command that fails, times out or prints something unparseable raises
 :class:`SlurmError`; the daemon logs it and tries again next round.
 
@@ -12,6 +12,10 @@ Reading is split in two layers so that Slurm version changes stay local:
   v0.0.39+ (23.x-25.x: ``{"set", "infinite", "number"}`` objects, state lists);
 * :func:`parse_squeue_json`, :func:`parse_sinfo_json` turn one command's
   output into :class:`SlurmJob` / :class:`SlurmNode`.
+
+Nodes are read from ``sinfo -h -N -a -O`` text (:func:`parse_sinfo_text`, random separators; the same
+:class:`SlurmNode` fields as the JSON in about half of ``sinfo --json``'s time for 64 nodes on 22.05),
+``sinfo --json`` where that text is not the rows asked for.
 
 Jobs are read from ``squeue --json`` and, between JSON reads, from ``squeue -O``
 text (:meth:`SlurmCLI.queue`, about a fifth of the JSON's time for 1,000 jobs on
@@ -832,7 +836,7 @@ class SlurmCLI:
 
     # ------------------------------------------------------------------ reading
     def nodes(self) -> list[SlurmNode]:
-        """Every node in a partition, from ``sinfo -h -N -a -O`` text (:func:`parse_sinfo_text`; a quarter of
+        """Every node in a partition, from ``sinfo -h -N -a -O`` text (:func:`parse_sinfo_text`; about half of
         ``sinfo --json``'s time for 64 nodes on 22.05) with field and row separators random per call.
         Where that output is not the rows asked for (a Slurm whose ``-O`` fields differ, a wrapper that
         answers in JSON), ``sinfo --json`` (:func:`parse_sinfo_json`), from then on."""
@@ -1011,8 +1015,8 @@ class SlurmCLI:
 
         if len(groups) <= 1:
             return [one(g) for g in groups]
-        with self._lock:  # one pool for the adapter's life: starting threads each round costs more than the
-            pool = self._pools.get(workers)  # calls on a loaded host
+        with self._lock:  # one pool for the adapter's life (starting 8 threads a round cost tens of ms on a
+            pool = self._pools.get(workers)  # loaded host)
             if pool is None:
                 pool = self._pools[workers] = ThreadPoolExecutor(max(1, workers), thread_name_prefix="rlsched-slurm")
         return list(pool.map(one, groups))
