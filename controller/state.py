@@ -255,10 +255,7 @@ def build_state(
     planned = planned or {}
     skip = skip or {}
     all_by_id = {j.job_id: j for j in jobs}
-    total_gpus = cluster.total_gpus  # a sum over the nodes at each use: once here
-    # within this call: each distinct comment parsed once, each (model, GPUs) priced once
-    comments: dict[str | None, JobRequest] = {}
-    fastest: dict[tuple[str, int], float] = {}
+    comments: dict[str | None, JobRequest] = {}  # each distinct comment parsed once in this call
     index = {n.name: i for i, n in enumerate(cluster.nodes)}
     by_name = {n.name: n for n in nodes}
     free = np.zeros(cluster.num_nodes, dtype=np.int64)
@@ -312,16 +309,14 @@ def build_state(
         model = req.model or default_model
         if j.gpus < 1:
             continue
-        if j.gpus > total_gpus:
-            view.warnings.append(f"job {j.job_id}: asks for {j.gpus} GPUs, the partition has {total_gpus}; left held")
+        if j.gpus > cluster.total_gpus:
+            view.warnings.append(f"job {j.job_id}: asks for {j.gpus} GPUs, the partition has {cluster.total_gpus}; left held")
             continue
         demand, why = job_demand(j, cluster, partition)
         if why is not None and j.pending:
             view.warnings.append(why)
             continue
-        best = fastest.get((model, j.gpus))
-        if best is None:
-            best = fastest[(model, j.gpus)] = perf.best_isolated_throughput(model, j.gpus)
+        best = perf.best_isolated_throughput(model, j.gpus)
         if req.samples is not None:
             total = req.samples
         else:

@@ -400,8 +400,9 @@ class ClusterSpec:
     def num_nodes(self) -> int:
         return len(self.nodes)
 
-    @property
+    @cached_property
     def total_gpus(self) -> int:
+        """GPUs of all nodes (summed once: the spec is frozen; the controller reads it per job each round)."""
         return sum(n.gpus for n in self.nodes)
 
     @property
