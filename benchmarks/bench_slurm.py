@@ -12,11 +12,18 @@ time per ``REQUEST_SUBMIT_BATCH_JOB`` RPC from ``sdiag`` (server side, job_submi
 the rate it bounds (1 / mean time: slurmctld handles submissions one at a time under its job write
 lock). Every job must be accepted (and with the plugin held and marked) or the run fails.
 
+``lua``: CPU time per call of job_submit.lua's ``slurm_job_submit`` / ``slurm_job_modify`` in lua5.3 under a
+stub ``slurm`` table (``--jobs`` calls each, default 100,000; the capacity file is read at every submission, as
+in slurmctld): what the script itself adds to a submission, without slurmctld's work around it.
+
 ``rounds``: the controller on a ``--nodes``-node cluster (one slurmd per node on this host) with
 ``--jobs`` managed jobs queued (GPU demands 1, 2, 4, 8, 16 in turn, model comments, each job sleeps
 ``--job-s`` s once started). The controller runs in this process (policy ``--policy``) for
-``--rounds`` rounds ``--interval`` s apart; each round's wall time is measured around
-``Controller.round`` (Slurm reads, decision, placements, reason updates), and the time of every Slurm
+``--rounds`` rounds ``--interval`` s apart, as ``Controller.run`` runs them (no automatic full garbage
+collection inside a round; one between rounds when due); each round's wall time is measured around
+``Controller.round`` (Slurm reads, decision, placements; the reason updates it hands to a writer thread
+are waited for after it, outside the round, and reported apart: ``reasons_behind_s``, and
+``round_with_reasons_s`` for the round and its writes together), and the time of every Slurm
 command it ran (``scontrol (batch of updates on stdin)``: a round's pins in one process), and how many
 queue reads were ``squeue --json`` and how many the cheaper text read (``queue_reads``). Every placement is then
 checked against Slurm: each placed job that started must run on exactly the planned nodes with
@@ -28,6 +35,7 @@ Usage (as root; each part brings its clusters up and down itself)::
     nice -n 10 python benchmarks/bench_slurm.py submit --jobs 2000 --clients 4
     nice -n 10 python benchmarks/bench_slurm.py rounds --nodes 64 --jobs 1000 --rounds 40
     nice -n 10 python benchmarks/bench_slurm.py all --json slurm-bench.json
+    python benchmarks/bench_slurm.py lua              # no root, no daemons
 
 Targets (issue 33): at least 100 jobs/s through the plugin; a round at 64 nodes with 1,000 queued
 jobs p99 under 1 s, every placement applied exactly.
@@ -37,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import gc
 import json
 import os
 import platform
@@ -46,6 +55,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -163,6 +173,51 @@ def bench_submit(jobs: int, clients: int, nodes: int, gpus: int) -> list[dict]:
     return rows
 
 
+#: ``lua`` part: the script under a stub ``slurm`` table, N calls of each kind timed with os.clock (CPU time)
+_LUA_BENCH = r"""
+slurm = {SUCCESS = 0, ERROR = -1, NO_VAL = 4294967294, NO_VAL16 = 65534, NO_VAL64 = 18446744073709551614,
+         JOB_SHARED_OK = 1, ESLURM_ACCESS_DENIED = 2002, log_info = function(...) end, log_user = function(...) end}
+dofile(SCRIPT)
+local parts = {gpu = {flag_default = 1}, other = {flag_default = 0}}
+local function timed(what, f)
+  local t = os.clock()
+  for i = 1, N do f(i) end
+  print(string.format("%s %.3f", what, (os.clock() - t) / N * 1e6))
+end
+timed("submit", function(i)
+  local d = {tres_per_job = "gres:gpu:4", priority = 4294967294, comment = "rlsched:model=GNN", name = "j"}
+  assert(slurm_job_submit(d, parts, 1001) == 0 and d.priority == 0)
+end)
+local rec = {job_id = 7, admin_comment = "rlsched:managed gpus=4 | rlsched: placed", priority = 0, partition = "gpu"}
+timed("modify_admin", function(i) assert(slurm_job_modify({req_nodes = "node1"}, rec, parts, 0) == 0) end)
+timed("modify_user_allowed", function(i) assert(slurm_job_modify({comment = "x"}, rec, parts, 1001) == 0) end)
+timed("modify_user_refused", function(i) assert(slurm_job_modify({nice = 5}, rec, parts, 1001) ~= 0) end)
+"""
+
+
+def bench_lua(calls: int, nodes: int, gpus: int) -> dict:
+    """CPU time per call of slurm_conf/job_submit.lua's functions in lua5.3 (the script alone: slurmctld's own
+    work around it, such as building the ``slurm.jobs`` table of every job before each call, is not in it)."""
+    lua = shutil.which("lua5.3") or shutil.which("lua")
+    if lua is None:
+        raise SystemExit("bench_slurm: lua: no lua5.3 interpreter")
+    with tempfile.TemporaryDirectory(prefix="rlsched-lua-") as d:
+        cap = Path(d) / "capacity"
+        cap.write_text(f"partition=gpu\ngpus={nodes * gpus}\nnodes={nodes}\nmax_node_gpus={gpus}\n")
+        src = (REPO / "slurm_conf" / "job_submit.lua").read_text()
+        src = src.replace("local CAPACITY_FILE = nil", f"local CAPACITY_FILE = {json.dumps(str(cap))}")
+        script = Path(d) / "job_submit.lua"
+        script.write_text(src)
+        prog = f"SCRIPT = {json.dumps(str(script))}\nN = {int(calls)}\n" + _LUA_BENCH
+        p = subprocess.run([lua, "-"], input=prog, capture_output=True, text=True, timeout=600, check=False)
+    if p.returncode != 0:
+        raise SystemExit(f"bench_slurm: lua: {p.stderr.strip()}")
+    res = {k: float(v) for k, v in (line.split() for line in p.stdout.split("\n") if line.strip())}
+    print("job_submit.lua CPU time per call (lua5.3, " + f"{calls} calls each): "
+          + ", ".join(f"{k} {v:.1f} us" for k, v in res.items()), flush=True)
+    return {"calls": calls, "cpu_us_per_call": res}
+
+
 def _controller_toml(cl: Cluster, policy: str, interval: float, state: Path, reason_calls: int) -> Path:
     f = state.parent / "controller.toml"
     f.write_text("\n".join([
@@ -174,7 +229,7 @@ def _controller_toml(cl: Cluster, policy: str, interval: float, state: Path, rea
 
 
 def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float, policy: str, job_s: float,
-                 clients: int, reason_calls: int) -> dict:
+                 clients: int, reason_calls: int, profile: str | None = None) -> dict:
     from controller.config import load_config
     from controller.daemon import Controller
 
@@ -201,6 +256,7 @@ def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float,
         spent: dict[str, float] = {}
         calls: dict[str, int] = {}
         run = ctl.slurm.run
+        lock = threading.Lock()
 
         def timed(args, stdin=None):
             t = time.perf_counter()
@@ -209,21 +265,45 @@ def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float,
             finally:
                 key = args[0] if args[0] != "scontrol" else (f"scontrol {args[1]}" if len(args) > 1 else
                                                                "scontrol (batch of updates on stdin)")
-                spent[key] = spent.get(key, 0.0) + time.perf_counter() - t
-                calls[key] = calls.get(key, 0) + 1
+                with lock:  # the reason writes run in threads of their own
+                    spent[key] = spent.get(key, 0.0) + time.perf_counter() - t
+                    calls[key] = calls.get(key, 0) + 1
 
         ctl.slurm.run = timed  # type: ignore[method-assign]
-        times, placed, queue, per_round = [], {}, [], []
+        times, placed, queue, per_round, behind, reasons_written, cpu = [], {}, [], [], [], [], []
         slurm = cl.slurm()
         started: dict[int, dict[str, int]] = {}
+        # full garbage collections between rounds, not in them, as Controller.run runs its rounds
+        from controller.daemon import _NO_AUTO_FULL_GC, idle_gc
+
+        thresholds = gc.get_threshold()
+        gc.set_threshold(thresholds[0], thresholds[1], _NO_AUTO_FULL_GC)
+        prof = None
+        if profile:
+            import cProfile
+
+            prof = cProfile.Profile()
         for r in range(rounds):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
+            if prof is not None and r > 0:  # the first round (imports, policy build) is left out
+                prof.enable()
             rep = ctl.round()
+            if prof is not None:
+                prof.disable()
             dt = time.perf_counter() - t
+            cpu.append(time.process_time() - c)
+            # the reason writes the round handed off (Controller.wait_reasons), waited for here, outside the
+            # round, as the next round would at its start
+            tw = time.perf_counter()
+            wait = getattr(ctl, "wait_reasons", None)  # (a controller that writes them in the round has none)
+            if wait is not None:
+                wait()
+            behind.append(time.perf_counter() - tw)
             if not rep.ok:
                 raise SystemExit(f"bench_slurm: round {r} failed: {rep.error}")
             times.append(dt)
             queue.append(rep.queue)
+            reasons_written.append(rep.reasons)
             per_round.append(len(rep.placed))
             for jid, plan in rep.placed:
                 placed[jid] = plan
@@ -231,7 +311,11 @@ def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float,
             for j in slurm.jobs():
                 if j.job_id in placed and j.job_id not in started and j.state == "RUNNING" and j.gpus_per_node:
                     started[j.job_id] = dict(j.gpus_per_node)
-            time.sleep(max(0.0, interval - dt))
+            idle_gc(thresholds[2])
+            time.sleep(max(0.0, interval - (time.perf_counter() - t)))
+        gc.set_threshold(*thresholds)
+        if prof is not None:
+            prof.dump_stats(profile)
         exact = sum(1 for jid, plan in placed.items() if started.get(jid) == plan)
         differ = {jid: (placed[jid], started[jid]) for jid in started if started[jid] != placed[jid]}
         never = [jid for jid in placed if jid not in started]
@@ -239,13 +323,25 @@ def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float,
         ts = sorted(times[1:] or times)
         quiet = sorted(t for t, n in zip(times[1:], per_round[1:]) if n == 0) or [float("nan")]
 
-        def pct(q: float) -> float:
-            return ts[min(len(ts) - 1, int(round(q * (len(ts) - 1))))]
+        def pct(q: float, xs: list[float] | None = None) -> float:
+            xs = ts if xs is None else xs
+            return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+        # a round with its reason writes: what the round would take if it waited for them itself
+        whole = sorted(t + b for t, b in zip(times[1:], behind[1:])) or ts
 
         res = {"nodes": nodes, "gpus_per_node": gpus, "jobs": jobs, "rounds": rounds, "interval_s": interval,
                "policy": policy, "job_s": job_s, "slurmd_up_s": round(up_s, 2),
                "round_s": {"p50": round(pct(0.5), 4), "p90": round(pct(0.9), 4), "p99": round(pct(0.99), 4),
                            "max": round(ts[-1], 4), "mean": round(sum(ts) / len(ts), 4)},
+               "round_with_reasons_s": {"p50": round(pct(0.5, whole), 4), "p90": round(pct(0.9, whole), 4),
+                                        "p99": round(pct(0.99, whole), 4), "max": round(whole[-1], 4)},
+               "reasons_behind_s": [round(b, 4) for b in behind],
+               # the controller's own CPU time in each round (this process, its threads included; not the Slurm
+               # commands it runs): less sensitive to the host's load than the wall times
+               "round_cpu_s": [round(x, 4) for x in cpu],
+               "round_cpu_s_mean": round(sum(cpu[1:]) / max(1, len(cpu) - 1), 4),
+               "reasons_written": sum(r for r in reasons_written),
                "first_round_s": round(times[0], 4), "queue_first": queue[0], "queue_last": queue[-1],
                "placed_per_round": per_round, "round_times_s": [round(t, 4) for t in times],
                "rounds_without_placements_p50_s": round(quiet[len(quiet) // 2], 4),
@@ -258,7 +354,9 @@ def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float,
                "slurm_command_calls": calls,
                "slurm_command_mean_ms": {k: round(1000 * spent[k] / calls[k], 1) for k in spent}}
         print(f"rounds: {nodes} nodes x {gpus} GPUs, {jobs} queued, {policy}: round p50 {res['round_s']['p50']:.3f} s, "
-              f"p99 {res['round_s']['p99']:.3f} s, max {res['round_s']['max']:.3f} s over rounds 2-{rounds} (first {times[0]:.2f} s); "
+              f"p99 {res['round_s']['p99']:.3f} s, max {res['round_s']['max']:.3f} s over rounds 2-{rounds} (first {times[0]:.2f} s; "
+              f"with the reason writes behind each round: p50 {res['round_with_reasons_s']['p50']:.3f} s, "
+              f"p99 {res['round_with_reasons_s']['p99']:.3f} s); "
               f"{len(placed)} placed, {exact} started exactly as planned, {len(differ)} differently, "
               f"{len(never)} not seen running", flush=True)
         return res
@@ -273,7 +371,7 @@ def _slurm_version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["submit", "rounds", "all"])
+    ap.add_argument("what", choices=["submit", "rounds", "lua", "all"])
     ap.add_argument("--jobs", type=int, default=None, help="jobs to submit (submit: 2000, rounds: 1000)")
     ap.add_argument("--clients", type=int, default=4, help="concurrent sbatch processes (default 4)")
     ap.add_argument("--nodes", type=int, default=None, help="slurmd (submit: 4, rounds: 64)")
@@ -284,8 +382,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--job-s", type=float, default=15.0, help="how long each job of `rounds` sleeps (default 15)")
     ap.add_argument("--reason-calls", type=int, default=10,
                     help="controller.reason_updates_per_round for `rounds` (default 10, the controller's default)")
+    ap.add_argument("--profile", help="rounds: write a cProfile of rounds 2 to --rounds here (pstats format; the main "
+                                      "thread's wall time, Slurm commands included)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
+    if args.what == "lua":  # no daemons: any user
+        out = {"host": {"cpus": os.cpu_count(), "python": platform.python_version()},
+               "lua": bench_lua(args.jobs or 100000, args.nodes or 4, args.gpus)}
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+        return 0
     if os.geteuid() != 0:
         print("bench_slurm: error: needs root (it starts slurmctld and slurmd)", file=sys.stderr)
         return 2
@@ -295,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         out["submit"] = bench_submit(args.jobs or 2000, args.clients, args.nodes or 4, args.gpus)
     if args.what in ("rounds", "all"):
         out["rounds"] = bench_rounds(args.nodes or 64, args.gpus, args.jobs or 1000, args.rounds, args.interval,
-                                     args.policy, args.job_s, args.clients, args.reason_calls)
+                                     args.policy, args.job_s, args.clients, args.reason_calls, args.profile)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1, default=str) + "\n")
     return 0

@@ -1,7 +1,7 @@
 """The one adapter between rlsched and Slurm: its command-line tools.
 
 pyslurm matches no packaged Slurm, so the controller runs the Slurm commands
-(``squeue --json``, ``sinfo --json``, ``scontrol``) with a timeout each. A
+(``squeue``, ``sinfo``, ``scontrol``) with a timeout each. A
 command that fails, times out or prints something unparseable raises
 :class:`SlurmError`; the daemon logs it and tries again next round.
 
@@ -12,6 +12,10 @@ Reading is split in two layers so that Slurm version changes stay local:
   v0.0.39+ (23.x-25.x: ``{"set", "infinite", "number"}`` objects, state lists);
 * :func:`parse_squeue_json`, :func:`parse_sinfo_json` turn one command's
   output into :class:`SlurmJob` / :class:`SlurmNode`.
+
+Nodes are read from ``sinfo -h -N -a -O`` text (:func:`parse_sinfo_text`, random separators; the same
+:class:`SlurmNode` fields as the JSON in about half of ``sinfo --json``'s time for 64 nodes on 22.05),
+``sinfo --json`` where that text is not the rows asked for.
 
 Jobs are read from ``squeue --json`` and, between JSON reads, from ``squeue -O``
 text (:meth:`SlurmCLI.queue`, about a fifth of the JSON's time for 1,000 jobs on
@@ -34,6 +38,7 @@ from __future__ import annotations
 import json
 import logging
 import dataclasses
+import datetime
 import os
 import re
 import secrets
@@ -59,7 +64,11 @@ __all__ = [
     "parse_gres_type",
     "parse_squeue_json",
     "parse_sinfo_json",
+    "parse_sinfo_text",
+    "NODE_FIELDS",
     "parse_squeue_text",
+    "squeue_chunks",
+    "squeue_row",
     "overlay_text",
     "QUEUE_FIELDS",
     "MANAGED_MARK",
@@ -518,6 +527,50 @@ def parse_sinfo_json(text: str) -> list[SlurmNode]:
     return list(seen.values())
 
 
+#: ``sinfo -h -N -a -O`` fields of the node read (:meth:`SlurmCLI.nodes`), in output order: one row per node
+#: and partition
+NODE_FIELDS = ("NodeList", "PartitionName", "StateComplete", "Gres", "GresUsed", "CPUs", "Memory")
+
+
+def parse_sinfo_text(text: str, sep: str, end: str) -> list[SlurmNode]:
+    """Nodes from ``sinfo -h -N -a -O NodeList:<sep>,...,Memory:<end>`` (:data:`NODE_FIELDS`), the same
+    :class:`SlurmNode` fields as :func:`parse_sinfo_json` gives: ``StateComplete`` is the base state and
+    its flags joined by ``+`` (``idle+drain``, as 22.05 prints it), ``Gres`` / ``GresUsed`` the node's GRES
+    strings, ``Memory`` its RealMemory (MB). A node in several partitions has a row for each; they are
+    merged. ``sep`` / ``end`` are random per call; a row with another number of fields, or output that
+    does not end with a complete row, is a ValueError. Nodes in no partition are not listed."""
+    chunks = text.split(end + "\n")
+    if chunks[-1].strip():
+        raise ValueError("sinfo: output does not end with a complete row")
+    seen: dict[str, SlurmNode] = {}
+    for chunk in chunks[:-1]:
+        vals = [v.strip() for v in chunk.split(sep)]
+        if len(vals) != len(NODE_FIELDS):
+            raise ValueError(f"sinfo: a row has {len(vals)} fields, expected {len(NODE_FIELDS)}")
+        name, part, state, gres, used, cpus, mem = vals
+        if not name:
+            continue
+        part = _text_none(part)
+        if name in seen:
+            old = seen[name]
+            if part and part not in old.partitions:
+                old.partitions = old.partitions + (part,)
+            continue
+        base, *flags = state.split("+")
+        seen[name] = SlurmNode(
+            name=name,
+            gpus=parse_gres_count(_text_none(gres)),
+            gpus_used=parse_gres_count(_text_none(used)),
+            state=base.rstrip("*~#!%$@^-").lower(),
+            flags=tuple(f.upper() for f in flags if f),
+            partitions=(part,) if part else (),
+            gpu_type=parse_gres_type(_text_none(gres)),
+            cpus=_positive_int(cpus if cpus.isdigit() else None),
+            mem_gb=_mem_gb(mem if mem.isdigit() else None),
+        )
+    return list(seen.values())
+
+
 def _sinfo_entry_nodes(entry: dict) -> list[dict]:
     """Slurm 24.x ``sinfo --json`` groups nodes by partition and state: ``nodes.nodes`` is a list of
     host names (one per node; a host-list expression is expanded too). CPUs and memory (MB) per node
@@ -635,11 +688,17 @@ def _text_none(v: str) -> str:
     return "" if v in ("N/A", "n/a", "(null)", "None") else v
 
 
+_TEXT_TIME = re.compile(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)")
+
+
 def _text_time(v: str) -> float | None:
     """squeue's local ``2026-11-26T20:23:41`` as epoch seconds; None for ``N/A``, ``Unknown``, ``None``."""
-    try:
-        return time.mktime(time.strptime(v, "%Y-%m-%dT%H:%M:%S"))
-    except ValueError:
+    m = _TEXT_TIME.fullmatch(v)
+    if m is None:
+        return None
+    try:  # time.strptime costs ~50 us a call (it looks the locale up each time); this a few
+        return datetime.datetime(*map(int, m.groups())).timestamp()
+    except (OverflowError, ValueError):
         return None
 
 
@@ -649,16 +708,27 @@ def parse_squeue_text(text: str, sep: str, end: str) -> list[dict[str, str]]:
     ``sep`` / ``end`` are random per call (:meth:`SlurmCLI.queue`), so no job's text can contain them:
     a row is everything up to ``end`` and a newline, its fields are split at ``sep``. A row with another
     number of fields is an error (ValueError)."""
-    rows = []
+    return [squeue_row(chunk, sep) for chunk in squeue_chunks(text, end)]
+
+
+def squeue_chunks(text: str, end: str) -> list[str]:
+    """The rows of ``squeue -h -O ...,Comment:<end>`` output as text, each without its ``end`` and newline
+    (ValueError when the output does not end with a complete row)."""
     chunks = text.split(end + "\n")
     if chunks[-1].strip():
         raise ValueError("squeue: output does not end with a complete row")
-    for chunk in chunks[:-1]:
-        vals = chunk.split(sep)
-        if len(vals) != len(QUEUE_FIELDS):
-            raise ValueError(f"squeue: a row has {len(vals)} fields, expected {len(QUEUE_FIELDS)}")
-        rows.append(dict(zip(QUEUE_FIELDS, (v.strip() if k != "Comment" else v for k, v in zip(QUEUE_FIELDS, vals)))))
-    return rows
+    return chunks[:-1]
+
+
+def squeue_row(chunk: str | Sequence[str], sep: str) -> dict[str, str]:
+    """One row of :func:`squeue_chunks` (or its fields, split at ``sep``): :data:`QUEUE_FIELDS` -> text
+    (stripped, the comment as it is); ValueError when it has another number of fields."""
+    vals = chunk.split(sep) if isinstance(chunk, str) else chunk
+    if len(vals) != len(QUEUE_FIELDS):
+        raise ValueError(f"squeue: a row has {len(vals)} fields, expected {len(QUEUE_FIELDS)}")
+    row = dict(zip(QUEUE_FIELDS, (v.strip() for v in vals)))
+    row["Comment"] = vals[-1]
+    return row
 
 
 def _running_split(nodes: list[str], gpus: int, tres_per_node: str) -> dict[str, int] | None:
@@ -724,8 +794,14 @@ class SlurmCLI:
         #: the last ``squeue --json`` read by :meth:`queue`: job id -> job, and when (monotonic s)
         self._known: dict[int, SlurmJob] = {}
         self._known_t = -float("inf")
+        self._pools: dict[int, ThreadPoolExecutor] = {}  # set_admin_comments' threads, by worker count
+        #: whether :meth:`nodes` reads sinfo's text (until its output is found not to be the rows asked for)
+        self._node_text = True
         #: how :meth:`queue` read the queue: "json" or "text" reads so far
         self.queue_reads = {"json": 0, "text": 0}
+        #: :meth:`queue`'s text rows as of its last read: job id text -> (row fields, the job they were
+        #: laid over, the job they gave); a row that reads the same over the same job gives that job again
+        self._rows: dict[str, tuple[list[str], SlurmJob, SlurmJob]] = {}
 
     # ------------------------------------------------------------------ plumbing
     def _cmd(self, name: str) -> str:
@@ -760,6 +836,20 @@ class SlurmCLI:
 
     # ------------------------------------------------------------------ reading
     def nodes(self) -> list[SlurmNode]:
+        """Every node in a partition, from ``sinfo -h -N -a -O`` text (:func:`parse_sinfo_text`; about half of
+        ``sinfo --json``'s time for 64 nodes on 22.05) with field and row separators random per call.
+        Where that output is not the rows asked for (a Slurm whose ``-O`` fields differ, a wrapper that
+        answers in JSON), ``sinfo --json`` (:func:`parse_sinfo_json`), from then on."""
+        if self._node_text:
+            sep, end = "S" + secrets.token_hex(8), "E" + secrets.token_hex(8)
+            fmt = ",".join(f"{f}:{sep}" for f in NODE_FIELDS[:-1]) + f",{NODE_FIELDS[-1]}:{end}"
+            args = ["sinfo", "-h", "-N", "-a", "-O", fmt]
+            out = self.run(args)
+            try:
+                return parse_sinfo_text(out, sep, end)
+            except ValueError as exc:
+                self._node_text = False
+                log.info("sinfo -O output not as asked (%s): reading nodes with sinfo --json", exc)
         args = ["sinfo", "--json"]
         return self._parse(args, parse_sinfo_json, self.run(args))
 
@@ -787,25 +877,37 @@ class SlurmCLI:
         change them (job_submit.lua's allowlist) and a pin keeps them (its TRES keeps the type:
         :attr:`SlurmJob.pin_tres`; ``cpus_per_tres`` / ``memory_per_tres`` survive the update and a
         requeue, checked on slurmctld 22.05). The text's separators are random per call, so no job's
-        text can forge a field."""
+        text can forge a field. A row that reads as at the last read, over the same JSON job, gives the
+        job object of that read again (for 1,000 queued jobs most rows do): the jobs returned are shared
+        between reads, to be read, not changed."""
         if time.monotonic() - self._known_t < self.full_read_s:
             sep, end = "S" + secrets.token_hex(8), "E" + secrets.token_hex(8)
             fmt = ",".join(f"{f}:{sep}" for f in QUEUE_FIELDS[:-1]) + f",{QUEUE_FIELDS[-1]}:{end}"
             args = ["squeue", "-h", "-t", "all", "-O", fmt]
-            rows = self._parse(args, lambda t: parse_squeue_text(t, sep, end), self.run(args))
+            chunks = self._parse(args, lambda t: squeue_chunks(t, end), self.run(args))
             out: list[SlurmJob] | None = []
-            for row in rows:
+            rows: dict[str, tuple[list[str], SlurmJob, SlurmJob]] = {}
+            for chunk in chunks:
+                vals = chunk.split(sep)
+                jid = vals[0].strip()
+                seen = self._rows.get(jid)
                 try:
-                    old = self._known.get(int(row["JobID"]))
-                    new = overlay_text(old, row) if old is not None else None
+                    old = self._known.get(int(jid))
+                    if seen is not None and seen[1] is old and seen[0] == vals:
+                        new: SlurmJob | None = seen[2]  # unchanged since the last read
+                    else:
+                        row = self._parse(args, lambda v: squeue_row(v, sep), vals)
+                        new = overlay_text(old, row) if old is not None else None
                 except ValueError:  # an array element's "12_3", an unexpected number: the JSON knows
                     new = None
-                if new is None:
+                if new is None or old is None:
                     out = None
                     break
                 out.append(new)
+                rows[jid] = (vals, old, new)
             if out is not None:
                 self.queue_reads["text"] += 1
+                self._rows = rows
                 return out
         t = time.monotonic()
         jobs = self.jobs()
@@ -919,8 +1021,11 @@ class SlurmCLI:
 
         if len(groups) <= 1:
             return [one(g) for g in groups]
-        with ThreadPoolExecutor(max(1, min(workers, len(groups)))) as ex:
-            return list(ex.map(one, groups))
+        with self._lock:  # one pool for the adapter's life (starting 8 threads a round cost tens of ms on a
+            pool = self._pools.get(workers)  # loaded host)
+            if pool is None:
+                pool = self._pools[workers] = ThreadPoolExecutor(max(1, workers), thread_name_prefix="rlsched-slurm")
+        return list(pool.map(one, groups))
 
     def unplace(self, job_id: int) -> None:
         """Clear a held job's node pin (it goes back to the pool)."""

@@ -281,6 +281,7 @@ def build_state(
     planned = planned or {}
     skip = skip or {}
     all_by_id = {j.job_id: j for j in jobs}
+    comments: dict[str | None, JobRequest] = {}  # each distinct comment parsed once in this call
     index = {n.name: i for i, n in enumerate(cluster.nodes)}
     by_name = {n.name: n for n in nodes}
     free = np.zeros(cluster.num_nodes, dtype=np.int64)
@@ -326,7 +327,9 @@ def build_state(
             if why is not None:
                 view.waiting[str(j.job_id)] = why
                 continue
-        req = parse_comment(j.comment)
+        req = comments.get(j.comment)
+        if req is None:
+            req = comments[j.comment] = parse_comment(j.comment)
         if req.problem:
             view.warnings.append(f"job {j.job_id}: comment {j.comment!r}: {req.problem}; using defaults")
         model = req.model or default_model

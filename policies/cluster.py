@@ -402,10 +402,11 @@ class ClusterSpec:
     def num_nodes(self) -> int:
         return len(self.nodes)
 
-    # the nodes never change: these sums over them are computed once per spec (placement rules read them
-    # for every job they place)
+    # the nodes never change: these sums over them are computed once per spec (placement rules and the
+    # controller read them for every job they place)
     @cached_property
     def total_gpus(self) -> int:
+        """GPUs of all nodes (summed once: the spec is frozen; the controller reads it per job each round)."""
         return sum(n.gpus for n in self.nodes)
 
     @cached_property

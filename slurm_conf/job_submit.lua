@@ -278,12 +278,16 @@ local function allowed_list()
 end
 local USER_MAY_CHANGE_TEXT = allowed_list()
 
--- Slurm discards log_user() from job_modify (22.05 up to 25.x log "Use of log.user() in job_modify is
--- not supported. Message discarded"), so what the caller sees is the error code's text: for a held
--- managed job "Job is in held state, pending scheduler release" (its AdminComment says where it
--- stands: scontrol show job), else "Access/permission denied". The full reason goes to the slurmctld log.
+-- The reason goes to the caller through log_user() where Slurm passes it on: from 23.02 job_modify has an
+-- err_msg argument and scontrol prints the text. Slurm 22.05's job_modify has none: slurmctld drops the
+-- text (logging "Use of log.user() in job_modify is not supported. Message discarded: (...)" at error
+-- level) and its reply to scontrol carries only the return code, so the caller sees that code's text:
+-- for a held managed job ESLURM_JOB_HELD's "Job is in held state, pending scheduler release" (its
+-- AdminComment says where it stands: scontrol show job), else "Access/permission denied". The full
+-- reason is also logged at info level in every version.
 local function refuse_modify(modify_uid, what, held)
    slurm.log_info("rlsched: refused uid %d: cannot %s", modify_uid, what)
+   slurm.log_user("rlsched: cannot %s", what)
    if held then return ESLURM_JOB_HELD end
    return slurm.ESLURM_ACCESS_DENIED or slurm.ERROR
 end

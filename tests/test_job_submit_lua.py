@@ -38,7 +38,7 @@ for i, case in ipairs(CASES) do
     out[i] = {rc = rc, priority = case.desc.priority, admin_comment = case.desc.admin_comment, msg = user_msg}
   else
     rc = slurm_job_modify(case.desc, case.rec, parts, case.uid)
-    out[i] = {rc = rc}
+    out[i] = {rc = rc, msg = user_msg}
   end
 end
 -- minimal JSON writer (flat tables of numbers/strings)
@@ -366,11 +366,14 @@ def test_requests_larger_than_the_partition_are_refused_at_submission(tmp_path):
 
 
 def test_refused_update_of_a_held_job_says_it_is_held():
-    """Slurm discards log_user() from job_modify, so the refusal's error code is what the user reads:
+    """Slurm 22.05 discards log_user() from job_modify, so the refusal's error code is what the user reads:
     ESLURM_JOB_HELD (2042, "Job is in held state, pending scheduler release") while the managed job is
-    held, ESLURM_ACCESS_DENIED (2002) once it was released or runs; allowed fields pass either way."""
+    held, ESLURM_ACCESS_DENIED (2002) once it was released or runs; allowed fields pass either way. The
+    reason goes to log_user() too, which Slurm 23.02 and later print to the caller."""
     untouched = {"priority": NO_VAL, "min_nodes": NO_VAL, "max_nodes": NO_VAL}
     release = {**untouched, "priority": INFINITE}
     r = run_cases([_modify(release, priority=0), _modify({**untouched, "nice": 1}, priority=0),
                    _modify(release, priority=1000, state=1), _modify({**untouched, "comment": "x"}, priority=0)])
     assert [x["rc"] for x in r] == [2042, 2042, 2002, 0]
+    assert r[1]["msg"].startswith("rlsched: cannot change nice of managed job") and "its owner may change only" in r[1]["msg"]
+    assert "priority" in r[0]["msg"] and "msg" not in r[3]

@@ -6,10 +6,11 @@ tests/test_slurm_integration.py and benchmarks/bench_slurm.py."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
-from controller.slurm import QUEUE_FIELDS, SlurmCLI, SlurmError, parse_squeue_text
+from controller.slurm import QUEUE_FIELDS, SlurmCLI, SlurmError, parse_sinfo_json, parse_sinfo_text, parse_squeue_text
 from tests.test_controller import FakeSlurm, _ctl
 
 
@@ -217,6 +218,39 @@ def test_queue_keeps_the_admin_comments_it_wrote_and_reads_json_when_stale(monke
     assert s.ran[-1] == "json"
 
 
+def test_queue_gives_the_same_job_for_an_unchanged_row_and_a_new_one_for_any_change():
+    s = TextSlurm()
+    s.json_jobs = [_json_job(1), _json_job(2)]
+    s.rows = [{"JobID": "1"}, {"JobID": "2"}]
+    s.queue()
+    a1, b1 = s.queue()
+    a2, b2 = s.queue()
+    assert s.ran == ["json", "text", "text"] and a2 is a1 and b2 is b1
+    # a changed row, and a job whose admin comment the adapter wrote, read anew; the other stays
+    s.rows[0].update({"State": "RUNNING", "NodeList": "node3", "StartTime": "2026-11-26T20:23:41"})
+    s.set_admin_comment([2], "rlsched:managed gpus=4 | rlsched: placed")
+    a3, b3 = s.queue()
+    assert a3 is not a1 and a3.running and a3.nodes == ["node3"]
+    assert a3.start_time == time.mktime((2026, 11, 26, 20, 23, 41, 0, 0, -1))
+    assert b3 is not b1 and b3.admin_comment.endswith("rlsched: placed") and b3.state == "PENDING"
+    a4, b4 = s.queue()
+    assert a4 is a3 and b4 is b3
+    # a row that changes into one with a wrong field count is an error, whatever the job's last row was
+    run = s.run
+    s.run = lambda args, stdin=None: run(args, stdin).replace("JobHeldUser", "JobHeldUser" + args[5].split(":")[2].split(",")[0], 1)  # type: ignore[method-assign]
+    with pytest.raises(SlurmError, match="fields"):
+        s.queue()
+
+
+def test_text_times_are_local_epoch_seconds():
+    from controller.slurm import _text_time
+
+    for t in ("2026-11-26T20:23:41", "2027-01-01T00:00:00", "2026-07-31T23:59:59"):
+        assert _text_time(t) == time.mktime(time.strptime(t, "%Y-%m-%dT%H:%M:%S"))
+    for t in ("N/A", "Unknown", "None", "2026-13-45T99:99:99", "2026-11-26T20:23:41Z"):
+        assert _text_time(t) is None
+
+
 def test_text_rows_with_a_wrong_field_count_are_an_error():
     with pytest.raises(ValueError, match="fields"):
         parse_squeue_text("1SxPENDINGEy\n", "Sx", "Ey")
@@ -243,3 +277,55 @@ def test_reason_updates_run_side_by_side_and_report_each_failure():
     assert out[0] is None and isinstance(out[1], SlurmError) and out[2] is None
     got = {j.job_id: j.admin_comment for j in s.queue()}
     assert got[1].endswith("position 1 of 3") and got[2] == "rlsched:managed gpus=4" and got[3].endswith("3 of 3")
+
+
+# --------------------------------------------------------------------------- the node read
+#: ``sinfo -h -N -a -O NodeList:|,PartitionName:|,StateComplete:|,Gres:|,GresUsed:|,CPUs:|,Memory:#`` on this
+#: machine's slurmctld 22.05.8 (local-cluster.sh, node2 drained, a job of 2 GPUs on node4), and the JSON
+#: sinfo --json gave at the same time for those nodes; node7 (two partitions, typed GRES, not responding,
+#: no memory configured) is made up in both forms
+SINFO_TEXT = ("node1|gpu|idle|gpu:8|gpu:0|32|64000#\nnode2|gpu|idle+drain|gpu:8|gpu:0|32|64000#\n"
+              "node4|gpu|mixed|gpu:8|gpu:2|32|64000#\nnode7|gpu|mixed+drain+not_responding|gpu:v100:4(S:0-1)|"
+              "gpu:v100:1(IDX:0)|16|1#\nnode7|other|mixed+drain+not_responding|gpu:v100:4(S:0-1)|gpu:v100:1(IDX:0)|16|1#\n")
+SINFO_JSON = {"nodes": [
+    {"name": "node1", "state": "idle", "state_flags": [], "gres": "gpu:8", "gres_used": "gpu:0", "partitions": ["gpu"],
+     "cpus": 32, "real_memory": 64000},
+    {"name": "node2", "state": "idle", "state_flags": ["DRAIN"], "gres": "gpu:8", "gres_used": "gpu:0",
+     "partitions": ["gpu"], "cpus": 32, "real_memory": 64000},
+    {"name": "node4", "state": "mixed", "state_flags": [], "gres": "gpu:8", "gres_used": "gpu:2", "partitions": ["gpu"],
+     "cpus": 32, "real_memory": 64000},
+    {"name": "node7", "state": "mixed", "state_flags": ["DRAIN", "NOT_RESPONDING"], "gres": "gpu:v100:4(S:0-1)",
+     "gres_used": "gpu:v100:1(IDX:0)", "partitions": ["gpu", "other"], "cpus": 16, "real_memory": 1}]}
+
+
+def test_sinfo_text_gives_the_nodes_sinfo_json_gives():
+    text = parse_sinfo_text(SINFO_TEXT.replace("|", "Sx").replace("#", "Ey"), "Sx", "Ey")
+    assert text == parse_sinfo_json(json.dumps(SINFO_JSON))
+    n7 = text[-1]
+    assert (n7.partitions, n7.gpu_type, n7.gpus, n7.gpus_used, n7.mem_gb) == (("gpu", "other"), "v100", 4, 1, None)
+    assert not text[1].usable and not n7.usable and text[0].usable
+    with pytest.raises(ValueError, match="fields"):
+        parse_sinfo_text("node1SxgpuEy\n", "Sx", "Ey")
+    with pytest.raises(ValueError, match="complete row"):
+        parse_sinfo_text('{"nodes": []}', "Sx", "Ey")
+
+
+def test_nodes_read_sinfo_text_and_json_where_the_text_is_not_what_was_asked():
+    class Answers(SlurmCLI):
+        def __init__(self, text_ok: bool) -> None:
+            super().__init__()
+            self.text_ok, self.ran = text_ok, []
+
+        def run(self, args, stdin=None):
+            self.ran.append(args[1])
+            if args[1] == "--json":
+                return json.dumps(SINFO_JSON)
+            assert args[:5] == ["sinfo", "-h", "-N", "-a", "-O"], args
+            fmt = args[5].split(",")
+            sep, end = fmt[0].split(":", 1)[1], fmt[-1].split(":", 1)[1]
+            return SINFO_TEXT.replace("|", sep).replace("#", end) if self.text_ok else json.dumps(SINFO_JSON)
+
+    ok, wrapped = Answers(True), Answers(False)
+    want = parse_sinfo_json(json.dumps(SINFO_JSON))
+    assert ok.nodes() == want and ok.nodes() == want and ok.ran == ["-h", "-h"]
+    assert wrapped.nodes() == want and wrapped.nodes() == want and wrapped.ran == ["-h", "--json", "--json"]

@@ -577,6 +577,7 @@ def test_users_see_why_their_jobs_wait_and_impossible_requests_are_refused(live_
     assert j["admin_comment"] == "rlsched:managed gpus=8 | rlsched: waiting for the scheduler's next round"
     rep = ctl.round()
     assert rep.ok and sorted(x for x, _ in rep.placed) == sorted(first), rep
+    ctl.wait_reasons()  # written behind the round
     seen = _as_user_json(cluster, test_user)
     for k, jid in enumerate(held, 1):
         assert seen[jid]["admin_comment"].endswith(f"| rlsched: waiting for placement, position {k} of 3"), seen[jid]

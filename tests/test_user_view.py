@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+
 import pytest
 
 from controller.metrics import setup_logging
@@ -103,6 +105,52 @@ def test_failed_reason_write_keeps_the_round_ok_and_dry_run_writes_none(tmp_path
     assert off.round().ok and s.comment_calls == []
     dry = _ctl(tmp_path / "c", s, dry_run=True)
     assert dry.round().ok and s.comment_calls == []
+
+
+class SideBySideSlurm(ReasonSlurm):
+    """ReasonSlurm with ``set_admin_comments`` (as SlurmCLI has): the controller writes reasons behind the round.
+    Each call waits for ``gate`` and records the thread it ran in."""
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.gate = threading.Event()
+        self.threads: set[str] = set()
+
+    def set_admin_comments(self, groups, workers=8):
+        self.gate.wait(10)
+        self.threads.add(threading.current_thread().name)
+        out = []
+        for text, ids in groups:
+            try:
+                self.set_admin_comment(ids, text)
+                out.append(None)
+            except SlurmError as exc:
+                out.append(exc)
+        return out
+
+
+def test_reasons_are_written_behind_the_round_and_waited_for_before_the_next(tmp_path):
+    s = SideBySideSlurm(nodes=1, gpus=8)
+    big = s.submit(8, "rlsched:model=MoE")
+    small = [s.submit(8, "rlsched:model=GNN") for _ in range(2)]
+    ctl = _ctl(tmp_path, s)
+    rep = ctl.round()  # returns with its placements applied, its reason writes still held at the gate
+    assert rep.ok and [j for j, _ in rep.placed] == [big]
+    assert s.comment_calls == [] and rep.reasons == 0
+    # the next round waits for them before anything else
+    threading.Timer(0.2, s.gate.set).start()
+    rep2 = ctl.round()
+    assert rep2.ok and rep.reasons == 3 and threading.current_thread().name not in s.threads
+    assert s.job_list[small[1]].admin_comment.endswith("position 2 of 2")
+    # a failed write is logged and counted, and its jobs keep their text
+    s.schedule()
+    s.finish(big)
+    s.fail_comments = True
+    rep3 = ctl.round()
+    assert [j for j, _ in rep3.placed] == [small[0]]
+    ctl.wait_reasons()
+    assert rep3.ok and rep3.reasons == 0 and ctl.metrics.value("rlsched_slurm_errors_total") == 2
+    assert s.job_list[small[1]].admin_comment.endswith("position 2 of 2")
 
 
 def test_capacity_file_for_job_submit_lua_is_written_when_it_changes(tmp_path):
