@@ -206,3 +206,22 @@ def live_cluster(slurm_cluster: SlurmTestCluster) -> SlurmTestCluster:
     slurm_cluster.cancel_all()
     yield slurm_cluster
     slurm_cluster.cancel_all()
+
+
+@pytest.fixture(autouse=True)
+def _controller_logger_restored():
+    """Each test starts with the ``controller`` logger as the previous test found it: the daemon's CLI
+    (``controller.metrics.setup_logging``) turns its propagation off and attaches stream handlers to the
+    test's captured stderr, which would hide later tests' log records from ``caplog``."""
+    import logging
+
+    lg = logging.getLogger("controller")
+    saved = list(lg.handlers), lg.propagate, lg.level
+    yield
+    for h in list(lg.handlers):
+        if h not in saved[0]:
+            lg.removeHandler(h)
+    for h in saved[0]:
+        if h not in lg.handlers:
+            lg.addHandler(h)
+    lg.propagate, lg.level = saved[1], saved[2]
