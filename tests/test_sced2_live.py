@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from test_controller import FakeAgents, FakeSlurm, _ctl, _request_preempt
 
 from controller.state import PROFILED_ALONE, build_cluster, build_state, record_speed
+from policies.cluster import ClusterSpec, Placement
+from policies.codecs.sced2 import Sced2Codec, profile_nodes
 from policies.perf import ContentionModel
-from policies.state import JobInfo, MeasuredSpeeds
+from policies.state import ClusterState, JobInfo, MeasuredSpeeds
 
 
 # --------------------------------------------------------------------------- MeasuredSpeeds / JobInfo
@@ -137,7 +140,63 @@ def test_controller_rounds_keep_agent_profiles_for_sced2(tmp_path):
     assert [x for x, _ in rep.placed] == [jid]
     (p,) = [j for st in seen for j in st.pending if j.job_id == sid]
     assert p.measured_speeds == MeasuredSpeeds(((8, 2, 111.0),))
+    codec = ctl.policy.codec
+    assert codec.job_speed(p, Placement.of({0: 4, 1: 4})) == 111.0
+    model = p.remaining_samples / np.asarray(codec.modelled_speeds(p), dtype=np.float64)
+    assert not np.allclose(codec.profile_times(p), model)
     s.finish(jid)
     del s.job_list[jid]
     ctl.round()
     assert ctl.backend.speeds == {}
+
+
+# --------------------------------------------------------------------------- the codec's mapping
+def _codec_job(speeds=None, g=8, model="MoE"):
+    cluster = ClusterSpec.parse("4x8")
+    perf = ContentionModel(cluster)
+    codec = Sced2Codec(cluster, perf)
+    job = JobInfo("j", model, g, 0.0, 1e6, done_samples=2e5, best_thp=perf.best_isolated_throughput(model, g),
+                  measured_speeds=speeds)
+    return codec, perf, job
+
+
+def test_codec_uses_measured_speeds_and_scales_the_model_elsewhere():
+    codec, perf, plain = _codec_job()
+    nodes = profile_nodes(8, 8, 4)
+    assert nodes == (1, 3, 6, 8)
+    model = [perf.isolated_throughput("MoE", 8, n) for n in nodes]
+    assert codec.modelled_speeds(plain) == tuple(model)
+    assert list(codec.profile_times(plain)) == [8e5 / v for v in model]  # nothing measured: the model, exactly
+    measured = 0.5 * model[1]
+    _, _, job = _codec_job(MeasuredSpeeds(((4, 1, 1.0), (8, 3, measured))))
+    want = [model[0] * measured / model[1], measured, model[2] * measured / model[1], model[3] * measured / model[1]]
+    assert np.allclose(codec.profile_speeds(job), want, rtol=1e-12)
+    assert np.allclose(codec.profile_times(job), [8e5 / v for v in want], rtol=1e-12)
+    # a placement's speed: measured at its server count, else scaled; relative to the best of the profile
+    p3 = Placement.of({0: 4, 1: 2, 2: 2})
+    assert codec.job_speed(job, p3) == measured
+    assert codec.run_time(job, p3) == pytest.approx(8e5 / measured)
+    p1 = Placement.of({0: 8})
+    assert codec.relative_speed(job, p3) == pytest.approx(min(measured / max(want), 1.0))
+    assert codec.relative_speed(job, p1) == pytest.approx(1.0)
+    # only shapes of the job's GPU count count: measured at 4 GPUs says nothing about 8
+    _, _, other = _codec_job(MeasuredSpeeds(((4, 1, 1.0),)))
+    assert codec.profile_speeds(other) == tuple(model)
+    assert codec.run_time(other, p3) == codec.run_time(plain, p3)
+
+
+def test_encoding_changes_only_the_measured_jobs_features():
+    codec, perf, plain = _codec_job()
+    spec = codec.spec
+    other = JobInfo("k", "DLRM", 2, 1.0, 5e5, best_thp=perf.best_isolated_throughput("DLRM", 2))
+    st = ClusterState(100.0, codec.cluster, np.array([8, 8, 8, 8]), [], [plain, other])
+    measured = JobInfo(**{**plain.__dict__, "measured_speeds": MeasuredSpeeds(((8, 1, 1.0),))})
+    st2 = ClusterState(100.0, codec.cluster, np.array([8, 8, 8, 8]), [], [measured, other])
+    a = codec.begin(st).encode().obs
+    b = codec.begin(st2).encode().obs
+    F = spec.job_features
+    o = spec.gpu_size
+    changed = np.flatnonzero(a != b)
+    assert changed.size and set(changed) <= set(range(o, o + spec.k))  # the first job's k profile values
+    assert np.all(b[o: o + spec.k] > a[o: o + spec.k])  # 1 sample/s: far slower than the model
+    assert np.array_equal(a[o + F:], b[o + F:])
