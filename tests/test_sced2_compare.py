@@ -10,7 +10,7 @@ SHIPPED = str(Path(__file__).resolve().parents[1] / "policies" / "checkpoints" /
 
 
 def test_compare_prints_paired_ratio_of_two_checkpoints(capsys):
-    assert main([SHIPPED, SHIPPED, "--sequences", "2", "--jobs", "40", "--cluster", "4x8"]) == 0
+    assert main([SHIPPED, SHIPPED, "--sequences", "2", "--skip", "0", "--jobs", "40", "--cluster", "4x8"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("| validation seed |")
     rows = [line.split("|")[1:-1] for line in out[2:]]
@@ -24,3 +24,4 @@ def test_compare_refuses_a_missing_checkpoint_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("sced2 compare:") and "nope" in err[0]
     assert main([SHIPPED, SHIPPED, "--sequences", "0"]) == 2
+    assert main([SHIPPED, SHIPPED, "--skip", "-1"]) == 2
