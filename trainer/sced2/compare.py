@@ -23,7 +23,7 @@ from policies.perf import ContentionModel
 from trainer.sced2.sequences import VAL_SEEDS, philly_pool, sample_sequence
 from trainer.sced2.train import avg_jct
 
-__all__ = ["compare", "main"]
+__all__ = ["compare", "main", "t_interval"]
 
 
 def compare(old: str, new: str, cluster: ClusterSpec, sequences: int = 10, jobs: int = 1000, skip: int = 3
@@ -42,7 +42,8 @@ def compare(old: str, new: str, cluster: ClusterSpec, sequences: int = 10, jobs:
     return out
 
 
-def _interval(x: np.ndarray) -> str:
+def t_interval(x: np.ndarray) -> str:
+    """``"mean [lo, hi]"`` of ``x`` (3 decimals) with its 95 % Student-t interval; the mean alone for one value."""
     from scipy.stats import t
 
     m = float(np.mean(x))
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {s} | {o / 3600:.2f} | {n / 3600:.2f} | {o / n:.3f} |")
     o = np.asarray([r[1] for r in rows])
     n = np.asarray([r[2] for r in rows])
-    print(f"| mean | {o.mean() / 3600:.2f} | {n.mean() / 3600:.2f} | {_interval(o / n)} |")
+    print(f"| mean | {o.mean() / 3600:.2f} | {n.mean() / 3600:.2f} | {t_interval(o / n)} |")
     return 0
 
 
