@@ -55,7 +55,7 @@ from controller.slurm import MANAGED_MARK, SlurmError, SlurmJob
 from controller.state import SlurmView, build_state
 from policies.backend import ApplyReport
 from policies.cluster import ClusterSpec, Placement
-from policies.state import ClusterState, Decision
+from policies.state import ClusterState, Decision, MeasuredSpeeds
 from policies.validate import Problem, check_decision, placement_problem
 
 if TYPE_CHECKING:
@@ -88,6 +88,9 @@ class SlurmBackend:
         self.victims: list[str] = []
         #: every job of the last snapshot's Slurm read, by job id (managed or not, any state)
         self.jobs_by_id: dict[str, SlurmJob] = {}
+        #: Slurm job id -> isolated throughputs its agents measured, by placement shape (kept from round to
+        #: round and updated by :func:`controller.state.build_state`; policies see them as JobInfo.measured_speeds)
+        self.speeds: dict[str, MeasuredSpeeds] = {}
         self._snapshot_end = 0.0
         self._next_due: float | None = None
         # GPUs free per node as this apply() goes (after the preemptions made), and the usable nodes
@@ -133,7 +136,7 @@ class SlurmBackend:
             now, cluster, nodes, jobs, ctl.perf,
             partition=ctl.cfg.slurm.partition, default_model=c.default_model,
             default_runtime_s=c.default_runtime_s, progress=progress, planned=plans, skip=skip,
-            no_preempt=no_preempt,
+            no_preempt=no_preempt, speeds=self.speeds,
         )
         for w in view.warnings:  # each distinct warning once, not every round
             if w not in ctl._warned:

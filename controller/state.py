@@ -26,7 +26,7 @@ import logging
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Collection, Mapping, Sequence
+from typing import Collection, Mapping, MutableMapping, Sequence
 
 import numpy as np
 
@@ -36,11 +36,11 @@ from policies.gputypes import REFERENCE_TYPE, is_known_gpu_type, normalize_gpu_t
 from policies.ledger import ContentionLedger
 from policies.perf import ContentionModel
 from policies.resources import ResourceDemand, ResourceError
-from policies.state import ClusterState, JobInfo
+from policies.state import ClusterState, JobInfo, MeasuredSpeeds
 from policies.workloads import UnknownModelError, canonical_model
 
 __all__ = ["JobRequest", "parse_comment", "natural_key", "build_cluster", "SlurmView", "build_state", "partition_warning",
-           "job_demand", "elastic_range"]
+           "job_demand", "elastic_range", "PROFILED_ALONE", "record_speed"]
 
 log = logging.getLogger(__name__)
 
@@ -230,6 +230,30 @@ def job_demand(j: SlurmJob, cluster: ClusterSpec, partition: str | None) -> tupl
     return d, None
 
 
+#: The agents' ``isolated_source`` of a throughput measured while the job ran alone on its nodes
+#: (:mod:`nodeagent.server`); only such a figure goes into :attr:`~policies.state.JobInfo.measured_speeds`.
+PROFILED_ALONE = "profiled-alone"
+
+
+def record_speed(book: MutableMapping[str, MeasuredSpeeds], sid: str, gpus: int, servers: int,
+                 stats: Mapping | None) -> None:
+    """Add a running job's measured isolated throughput to ``book`` (Slurm job id -> speeds): its agents'
+    ``isolated_samples_per_s`` when ``isolated_source`` is :data:`PROFILED_ALONE` and the figure is a finite
+    number > 0, under the shape ``(gpus, servers)`` it runs on. Anything else (no stats, a job-supplied
+    ``reference`` figure, the twin's ``simulator`` figure) records nothing."""
+    if not stats or stats.get("isolated_source") != PROFILED_ALONE:
+        return
+    try:
+        v = float(stats.get("isolated_samples_per_s") or 0.0)
+    except (TypeError, ValueError):
+        return
+    if not (v > 0 and math.isfinite(v)) or not 1 <= servers <= gpus:
+        return
+    old = book.get(sid)
+    if old is None or old.at(gpus, servers) != v:
+        book[sid] = (old or MeasuredSpeeds()).with_speed(gpus, servers, v)
+
+
 def _submitted(j: SlurmJob, now: float) -> float:
     """``j``'s submit time (epoch s), or ``now`` when Slurm gives none (``None``; a time of 0 is a time)."""
     return now if j.submit_time is None else j.submit_time
@@ -249,6 +273,7 @@ def build_state(
     planned: Mapping[str, Mapping[str, int]] | None = None,
     skip: Mapping[str, str] | None = None,
     no_preempt: Collection[str] = (),
+    speeds: MutableMapping[str, MeasuredSpeeds] | None = None,
 ) -> SlurmView:
     """Assemble the ClusterState for one round.
 
@@ -264,6 +289,12 @@ def build_state(
         this round (the daemon's back-off for jobs whose preemption failed). Jobs submitted
         with ``--no-requeue`` are never victims either: both get
         :attr:`~policies.state.JobInfo.preemptible` ``False``.
+    :param speeds: Slurm job id -> isolated throughputs measured so far, kept by the caller from round
+        to round and updated here: each running job's agent-measured isolated throughput on its
+        placement's shape is added (:func:`record_speed`), entries of jobs no longer in ``jobs`` are
+        dropped, and every job of the state gets its entry as
+        :attr:`~policies.state.JobInfo.measured_speeds` (so a requeued job waits with the speeds it
+        was measured at). ``None``: no job gets measured speeds.
 
     Held jobs that Slurm would not start yet are kept out of the queue too (listed in
     ``SlurmView.waiting``): an unmet ``--dependency`` (:func:`~controller.slurm.dependency_met`;
@@ -388,11 +419,20 @@ def build_state(
         ran = max(now - info.start_time, 0.0)
         info.attained_service = float(prog.get("attained_service", 0.0)) + j.gpus * ran
         info.isolated_thp = float(prog.get("isolated_samples_per_s") or 0.0) or perf.throughput_for(model, p)
+        if speeds is not None:
+            record_speed(speeds, info.job_id, j.gpus, len(alloc), prog)
         if not prog.get("total_steps"):
             # no agent: assume progress at the isolated rate since the last start
             info.done_samples = min(total, done + info.isolated_thp * ran)
         ledger.add(info.job_id, model, p, info)
         running.append(info)
+
+    if speeds is not None:
+        present = {str(j.job_id) for j in jobs}
+        for sid in [k for k in speeds if k not in present]:
+            del speeds[sid]
+        for info in (*running, *pending):
+            info.measured_speeds = speeds.get(info.job_id)
 
     # achieved throughput: measured by the agent, else predicted from co-located jobs
     for info in running:

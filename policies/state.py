@@ -19,7 +19,7 @@ from policies.cluster import ClusterSpec, Placement
 from policies.ledger import ContentionLedger, PairContention
 from policies.resources import Allocation, ResourceDemand, free_cpu_mem
 
-__all__ = ["JobInfo", "ClusterState", "Decision", "time_key", "TIME_KEY_DECIMALS", "TIME_KEY_SCALE"]
+__all__ = ["JobInfo", "MeasuredSpeeds", "ClusterState", "Decision", "time_key", "TIME_KEY_DECIMALS", "TIME_KEY_SCALE"]
 
 _isfinite = math.isfinite
 
@@ -38,6 +38,59 @@ def time_key(seconds: float) -> float:
     another), and unrounded that noise, not the tie-break that follows (submit time, then
     job id), would decide their order."""
     return math.floor(seconds * TIME_KEY_SCALE + 0.5) / TIME_KEY_SCALE
+
+
+@dataclass(frozen=True)
+class MeasuredSpeeds:
+    """A job's isolated throughput measured live, by placement shape.
+
+    :param by_shape: ``((gpus, servers, samples_per_s), ...)``: the job ran alone at ``samples_per_s``
+        (samples/s) on a placement of ``gpus`` GPUs over ``servers`` servers, as its node agents
+        measured it (their ``profiled-alone`` measurement). Sorted by ``(gpus, servers)``, one entry
+        per shape; ``1 <= servers <= gpus``, speeds finite and > 0 (:class:`ValueError` otherwise).
+
+    The controller fills :attr:`JobInfo.measured_speeds` from agent reports
+    (:func:`controller.state.build_state`); the simulator never does (its performance model is the
+    truth there). Shapes not measured are for the reader to model (:mod:`policies.codecs.sced2`
+    scales the performance model by the nearest measured shape).
+    """
+
+    by_shape: tuple[tuple[int, int, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        last: tuple[int, int] | None = None
+        for e in self.by_shape:
+            if not (isinstance(e, tuple) and len(e) == 3):
+                raise ValueError(f"measured speeds: entry {e!r} is not (gpus, servers, samples_per_s)")
+            g, n, v = e
+            if any(isinstance(x, bool) or not isinstance(x, (int, np.integer)) for x in (g, n)) or not 1 <= n <= g:
+                raise ValueError(f"measured speeds: entry {e!r} needs integers 1 <= servers <= gpus")
+            if not _is_number(v) or not math.isfinite(v) or v <= 0:
+                raise ValueError(f"measured speeds: entry {e!r} needs a finite samples_per_s > 0")
+            if last is not None and (g, n) <= last:
+                raise ValueError(f"measured speeds: shapes must be sorted and distinct, got {(g, n)} after {last}")
+            last = (g, n)
+
+    def at(self, gpus: int, servers: int) -> float | None:
+        """Samples/s measured on ``gpus`` GPUs over ``servers`` servers, or ``None``."""
+        for g, n, v in self.by_shape:
+            if g == gpus and n == servers:
+                return v
+        return None
+
+    def nearest(self, gpus: int, servers: int) -> tuple[int, float] | None:
+        """``(servers', samples_per_s)`` of the measured ``gpus``-GPU shape whose server count is closest
+        to ``servers`` (the fewer servers on a tie), or ``None`` when none of ``gpus`` GPUs was measured."""
+        best: tuple[int, float] | None = None
+        for g, n, v in self.by_shape:
+            if g == gpus and (best is None or abs(n - servers) < abs(best[0] - servers)):
+                best = (n, v)
+        return best
+
+    def with_speed(self, gpus: int, servers: int, samples_per_s: float) -> "MeasuredSpeeds":
+        """These speeds with ``(gpus, servers)`` set to ``samples_per_s`` (added or replaced)."""
+        rest = [e for e in self.by_shape if (e[0], e[1]) != (gpus, servers)]
+        return MeasuredSpeeds(tuple(sorted([*rest, (int(gpus), int(servers), float(samples_per_s))])))
 
 
 @dataclass
@@ -74,6 +127,8 @@ class JobInfo:
         else, which fits wherever the GPUs do. Its per-GPU amounts apply to whatever GPU total the
         job is placed on; :func:`policies.validate.check_decision` refuses a placement where the GPU
         type, CPUs or memory do not fit (:func:`policies.resources.placement_misfit`).
+    :param measured_speeds: isolated throughputs the node agents measured for this job, by placement
+        shape (:class:`MeasuredSpeeds`), or ``None``: nothing measured (the performance model alone).
 
     Construction checks the fields policies compute with (:class:`ValueError` naming the job
     and the field): ``gpu_demand`` an integer >= 1 (not a bool, not ``2.5``); ``submit_time``,
@@ -103,6 +158,7 @@ class JobInfo:
     min_gpus: int | None = None
     max_gpus: int | None = None
     demand: ResourceDemand | None = None
+    measured_speeds: MeasuredSpeeds | None = None
 
     def __post_init__(self) -> None:
         # one expression on the common path (every value finite, demand a plain int);
@@ -124,6 +180,7 @@ class JobInfo:
                 and self.min_gpus is None
                 and self.max_gpus is None
                 and self.demand is None
+                and self.measured_speeds is None
             )
         except TypeError:  # a non-number
             ok = False
@@ -205,6 +262,9 @@ def _check_job_fields(j: JobInfo) -> None:
     d = j.demand
     if d is not None and not isinstance(d, ResourceDemand):
         raise ValueError(f"job {j.job_id!r}: demand must be a ResourceDemand or None, got {d!r}")
+    ms = j.measured_speeds
+    if ms is not None and not isinstance(ms, MeasuredSpeeds):
+        raise ValueError(f"job {j.job_id!r}: measured_speeds must be MeasuredSpeeds or None, got {ms!r}")
     lo, hi = j.min_gpus, j.max_gpus
     if lo is None and hi is None:
         return

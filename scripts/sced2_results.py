@@ -33,6 +33,7 @@ from policies.codecs.sced2 import Sced2Codec  # noqa: E402
 from policies.state import Decision  # noqa: E402
 from policies.perf import ContentionModel  # noqa: E402
 from policies.registry import make_policy  # noqa: E402
+from trainer.sced2.compare import t_interval as _interval  # noqa: E402
 from trainer.sced2.sequences import TEST_SEEDS, philly_pool, sample_sequence  # noqa: E402
 from trainer.outputs import replace_marked  # noqa: E402
 from trainer.simulator import SimConfig, Simulator  # noqa: E402
@@ -66,20 +67,6 @@ class WindowSIF(Policy):
             choice = enc.decode(i)
             rnd.place(*choice)
             dec.place.append(choice)
-
-
-def _t95(n: int) -> float:
-    from scipy.stats import t
-
-    return float(t.ppf(0.975, n - 1)) if n > 1 else math.nan
-
-
-def _interval(x: np.ndarray) -> str:
-    m = float(np.mean(x))
-    if len(x) < 2:
-        return f"{m:.3f}"
-    h = _t95(len(x)) * float(np.std(x, ddof=1)) / math.sqrt(len(x))
-    return f"{m:.3f} [{m - h:.3f}, {m + h:.3f}]"
 
 
 #: the policy name run as "sced2" (``sced2:/path`` with --checkpoint)

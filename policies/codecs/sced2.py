@@ -20,8 +20,12 @@ Observation (float32, every value in ``[0, 1]``; ``squash(t) = t / (t + tau)``, 
 
   - ``0 .. k-1``: the job's *profile*, its run time alone under ``k`` placements from concentrated
     to scattered (``n_i`` nodes, ``n_0 = ceil(g / M)`` up to ``n_{k-1} = g``, evenly spaced and
-    rounded), ``squash(remaining samples / isolated_throughput(model, g, n_i))``: the
-    performance model here, what SCED2's profiling tool measures in a few mini-batches;
+    rounded), ``squash(remaining samples / speed(g, n_i))`` (what SCED2's profiling tool measures
+    in a few mini-batches). ``speed`` (:meth:`Sced2Codec.profile_speeds`) is the performance
+    model's ``isolated_throughput(model, g, n_i)`` unless the job carries
+    :attr:`~policies.state.JobInfo.measured_speeds` (live, from the node agents): then the measured
+    samples/s on a measured ``(g, n_i)``, and on the other shapes the model times measured /
+    modelled at the nearest measured server count;
   - ``k``: GPU demand ``g / (g + M)``;
   - ``k + 1``: waiting time ``squash(now - submit)``;
   - ``k + 2``: the job's speed on the placement packing gives it *now*, relative to its best
@@ -222,10 +226,8 @@ class Sced2Round:
         st = self._state
         if not self.started:
             return st
-        perf = self.codec.perf
-        add = []
-        for j, p in self.started:
-            add.append(as_started(j, p, self.now, perf.throughput_for(j.model, p)))
+        speed = self.codec.job_speed
+        add = [as_started(j, p, self.now, speed(j, p)) for j, p in self.started]
         taken = {j.job_id for j, _p in self.started}
         return ClusterState(st.time, st.cluster, self.free.copy(), [*st.running, *add],
                             [j for j in st.pending if j.job_id not in taken], st.usable)
@@ -331,18 +333,59 @@ class Sced2Codec(PickCodec):
             )
         return v
 
+    def modelled_speeds(self, job: JobInfo) -> tuple[float, ...]:
+        """The performance model's isolated samples/s of ``job`` under the ``k`` profiled placements
+        (:func:`profile_nodes` servers; cached per model and GPU count)."""
+        return self._profile_thp(job.model, job.gpu_demand)
+
+    def _scaled(self, job: JobInfo, servers: int, modelled: float) -> float:
+        """Samples/s of ``job`` alone on ``servers`` servers given the model's figure ``modelled`` there:
+        the measured figure at ``(gpu_demand, servers)``; else ``modelled`` times measured / modelled at the
+        nearest measured server count of ``gpu_demand`` GPUs; else ``modelled``."""
+        ms = job.measured_speeds
+        if ms is None:
+            return modelled
+        g = job.gpu_demand
+        v = ms.at(g, servers)
+        if v is not None:
+            return v
+        near = ms.nearest(g, servers)
+        if near is None:
+            return modelled
+        return modelled * near[1] / self.perf.isolated_throughput(job.model, g, near[0])
+
+    def profile_speeds(self, job: JobInfo) -> tuple[float, ...]:
+        """``job``'s isolated samples/s under the ``k`` profiled placements: measured where the node agents
+        measured the shape (:attr:`~policies.state.JobInfo.measured_speeds`), the model scaled to the nearest
+        measured shape elsewhere, the model (:meth:`modelled_speeds`) when nothing of its GPU count was measured."""
+        model = self._profile_thp(job.model, job.gpu_demand)
+        if job.measured_speeds is None:
+            return model
+        nodes = profile_nodes(job.gpu_demand, self.spec.gpus_per_node, self.spec.k)
+        return tuple(self._scaled(job, n, v) for n, v in zip(nodes, model))
+
+    def job_speed(self, job: JobInfo, placement: Placement) -> float:
+        """``job``'s isolated samples/s on ``placement``: the model's figure
+        (:meth:`~policies.perf.ContentionModel.throughput_for`), measured or scaled by the job's measured
+        speeds at ``placement``'s server count as in :meth:`profile_speeds`."""
+        v = self.perf.throughput_for(job.model, placement)
+        return v if job.measured_speeds is None else self._scaled(job, placement.num_nodes, v)
+
     def profile_times(self, job: JobInfo) -> np.ndarray:
-        """float64 ``[k]``: ``job``'s remaining run time (s) alone under the ``k`` profiled placements."""
-        thp = self._profile_thp(job.model, job.gpu_demand)
-        return job.remaining_samples / np.asarray(thp, dtype=np.float64)
+        """float64 ``[k]``: ``job``'s remaining run time (s) alone under the ``k`` profiled placements
+        (remaining samples / :meth:`profile_speeds`)."""
+        return job.remaining_samples / np.asarray(self.profile_speeds(job), dtype=np.float64)
 
     def relative_speed(self, job: JobInfo, placement: Placement) -> float:
-        """``job``'s isolated speed on ``placement`` over its best (in ``(0, 1]``)."""
-        return min(self.perf.throughput_for(job.model, placement) / self.best_thp(job), 1.0)
+        """``job``'s isolated speed on ``placement`` over its best (in ``(0, 1]``): :meth:`job_speed` over the
+        model's best, or, with measured speeds, over the fastest of :meth:`profile_speeds`."""
+        if job.measured_speeds is None:
+            return min(self.perf.throughput_for(job.model, placement) / self.best_thp(job), 1.0)
+        return min(self.job_speed(job, placement) / max(self.profile_speeds(job)), 1.0)
 
     def run_time(self, job: JobInfo, placement: Placement) -> float:
-        """Seconds ``job`` runs alone on ``placement`` (its remaining samples at the isolated speed)."""
-        return job.remaining_samples / self.perf.throughput_for(job.model, placement)
+        """Seconds ``job`` runs alone on ``placement`` (its remaining samples at :meth:`job_speed`)."""
+        return job.remaining_samples / self.job_speed(job, placement)
 
     def ideal_time(self, job: JobInfo) -> float:
         """Seconds ``job`` runs alone on its best placement (seed: ``T_ideal``)."""
