@@ -12,19 +12,11 @@ import pytest
 from policies.cluster import ClusterSpec
 from policies.codecs.sizefree import SizeFreeSpec
 from policies.job import JobSpec
-from policies.sizefree import save_sizefree, tensor_shapes
+from policies.sizefree import save_sizefree
+from test_sizefree import _tensors  # random size-free weights
 
 SPEC = SizeFreeSpec(jobs=4)
 C48 = ClusterSpec.parse("4x8")
-
-
-def _tensors(seed: int = 0, hidden: int = 8) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    out = {}
-    for p, (ws, bs) in tensor_shapes(hidden).items():
-        out[p + ".weight"] = (rng.normal(size=ws) * 0.5).astype(np.float32)
-        out[p + ".bias"] = (rng.normal(size=bs) * 0.1).astype(np.float32)
-    return out
 
 
 def _jobs(n: int, seed: int, max_g: int) -> list[JobSpec]:

@@ -536,7 +536,7 @@ def run_evaluation(
                 ck = bdir / f"branch-{br}" / "last.json"
             if not ck.is_file():
                 raise PolicyError(
-                    f"{bdir}: branch {br} checkpoint missing (expected {br}.json, as scripts/train_branches.sh "
+                    f"{bdir}: branch {br} checkpoint missing (expected {br}.json, as `scripts/rl_branches.sh train` "
                     "writes, or branch-{br}/last.json, i.e. the `rlsched train --out DIR/branch-X` runs)"
                 )
             for mode in ("rl-base", "rl-hybrid"):
@@ -665,7 +665,7 @@ def _check_branch(ckpt: Any, branch: str, w1: float, path: Path) -> None:
         raise EvaluationError(
             f"--branches: {path} is not a branch {branch} checkpoint: it was trained with reward {kind!r}, "
             f"W1 {got!r}; branch {branch} is reward 'seed', W1 {w1} (rlsched train-sizefree --w1 {w1}, "
-            f"scripts/train_branches.sh; or the fixed-shape rlsched train --reward seed --w1 {w1})"
+            f"scripts/rl_branches.sh train; or the fixed-shape rlsched train --reward seed --w1 {w1})"
         )
 
 
