@@ -133,3 +133,46 @@ def test_evaluate_takes_sizefree_branches_and_refuses_a_wrong_w1(tmp_path):
     with pytest.raises(EvaluationError, match="branch D is reward 'seed', W1 0.6"):
         run_evaluation(["srtf"], tmp_path / "traces", "4x8", out=tmp_path / "o2", branches=tmp_path / "bad")
     assert json.loads((tmp_path / "out" / "rl_results.json").read_text())["meta"]["policies"][1:] == names
+
+
+def test_rl_branches_script_runs_the_documented_commands(tmp_path):
+    """scripts/rl_branches.sh: 'train' runs train-sizefree once per branch with its W1, 'results' generates the
+    five trace groups and runs one evaluate with the shipped branches; anything else: exit 2, one line."""
+    import os
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    for name in ("python-env.sh", "rl_branches.sh"):
+        shutil.copy(scripts / name, repo / "scripts")
+    calls = tmp_path / "calls"
+    py = tmp_path / "python"
+    py.write_text(f'#!/bin/sh\nprintf "%s|" "$@" >>"{calls}"\necho >>"{calls}"\n')
+    py.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(py), "VIRTUAL_ENV": str(tmp_path / "venv")}
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(repo / "scripts" / "rl_branches.sh"), *args], capture_output=True,
+                              text=True, env=env, cwd=tmp_path, timeout=60, check=False)
+
+    from trainer.evaluate import BRANCHES
+
+    assert run("train", "out").returncode == 0
+    lines = [ln for ln in calls.read_text().splitlines() if "train-sizefree" in ln]
+    assert len(lines) == len(BRANCHES)
+    for ln, (br, w1) in zip(lines, BRANCHES.items()):
+        assert f"--out|out/{br}|--w1|{w1}|" in ln
+    calls.unlink()
+    assert run("results", "ev dir").returncode == 0
+    lines = calls.read_text().splitlines()
+    gens = [ln for ln in lines if "|trace|generate|" in ln]
+    evals = [ln for ln in lines if "|evaluate|" in ln]
+    assert len(gens) == 5 and all("|--out|ev dir/" in g for g in gens) and len(evals) == 1
+    assert "|--branches|policies/checkpoints/branches|--traces|ev dir|" in evals[0]
+    assert "|--results-md|docs/RESULTS.md|" in evals[0]
+    for args in ((), ("foo",), ("train", "a", "b")):
+        p = run(*args)
+        assert p.returncode == 2 and "rl_branches.sh: error: " in p.stderr, (args, p.stderr)
