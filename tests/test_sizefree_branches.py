@@ -141,13 +141,11 @@ def test_rl_branches_script_runs_the_documented_commands(tmp_path):
     import os
     import shutil
     import subprocess
-    from pathlib import Path
 
-    scripts = Path(__file__).resolve().parents[1] / "scripts"
-    repo = tmp_path / "repo"
-    (repo / "scripts").mkdir(parents=True)
-    for name in ("python-env.sh", "rl_branches.sh"):
-        shutil.copy(scripts / name, repo / "scripts")
+    from test_scripts import SCRIPTS, _fake_repo  # a repository with scripts/python-env.sh
+
+    repo = _fake_repo(tmp_path, venv=False)
+    shutil.copy(SCRIPTS / "rl_branches.sh", repo / "scripts")
     calls = tmp_path / "calls"
     py = tmp_path / "python"
     py.write_text(f'#!/bin/sh\nprintf "%s|" "$@" >>"{calls}"\necho >>"{calls}"\n')
