@@ -664,7 +664,8 @@ def _show_family(info: dict) -> None:
         ("network", f"{compact(info['network'])} ({info['parameters']:,} parameters)"),
         ("tensors", ", ".join(f"{k} {v}" for k, v in info["tensors"].items())),
         ("reward", compact(info["reward"])),
-        ("training", compact({k: v for k, v in tr.items() if k not in ("command", "config")}) if tr else "(not recorded)"),
+        ("training", compact({k: v for k, v in tr.items() if k not in ("command", "config")})
+         if tr else "(not recorded)"),
         ("config", compact(tr.get("config"))),
         ("command", str(tr.get("command") or "(not recorded)")),
         ("weights sha256", f"{info['weights_sha256']} (verified)"),

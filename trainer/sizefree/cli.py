@@ -64,7 +64,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 _OPTIONS = (("--out", "out"), ("--clusters", "clusters"), ("--max-gpus", "max_gpus"), ("--jobs-per-set", "jobs_per_set"),
             ("--sets", "sets"), ("--dagger", "dagger"), ("--bc-epochs", "bc_epochs"), ("--expert", "expert"),
             ("--teacher", "teacher"), ("--compare", "compare"), ("--init", "init"), ("--ppo-timesteps", "ppo_timesteps"),
-            ("--ppo-lr", "ppo_lr"), ("--ppo-n-steps", "ppo_n_steps"), ("--ent-coef", "ent_coef"), ("--w1", "w1"), ("--seed", "seed"))
+            ("--ppo-lr", "ppo_lr"), ("--ppo-n-steps", "ppo_n_steps"), ("--ent-coef", "ent_coef"), ("--w1", "w1"),
+            ("--seed", "seed"))
 
 
 def _command(args: argparse.Namespace) -> str:
