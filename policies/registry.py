@@ -67,8 +67,8 @@ from policies.compat import DS_POLICY_NAMES, make_ds_policy
 from policies.heuristics import HEURISTIC_NAMES, ORDERS, PLACEMENT_NAMES, make_heuristic
 from policies.perf import ContentionModel
 
-__all__ = ["FIXED_RL_NAMES", "LEARNED_NAMES", "OPTIONS", "RL_NAMES", "SIZEFREE_NAMES", "describe_names", "is_learned",
-           "is_sizefree", "make_policy", "policy_names"]
+__all__ = ["FIXED_RL_NAMES", "LEARNED_NAMES", "OPTIONS", "RL_NAMES", "SIZEFREE_NAMES", "checkpoint_path",
+           "describe_names", "is_learned", "is_sizefree", "make_policy", "policy_names"]
 
 #: The shipped learned policies' names: ``rl-base`` / ``rl-hybrid`` (size-free), the fixed-shape
 #: checkpoints they replaced (``rl-base-4x8`` / ``rl-hybrid-4x8``, :mod:`policies.rl`) and ``rl-prior``.
@@ -143,6 +143,57 @@ def is_sizefree(name: str, checkpoint: str | Path | None = None) -> bool:
     raw = name.strip()
     base = raw.partition(":")[0].strip().lower()
     return base == "rl-sf" or (base in SIZEFREE_NAMES and not _names_fixed_checkpoint(raw, checkpoint))
+
+
+def checkpoint_path(name: str, cluster: ClusterSpec | None = None) -> Path:
+    """The checkpoint (its ``.json``) the learned policy ``name`` runs with, as :func:`make_policy` resolves
+    it: the one ``NAME:/path`` names, else the shipped one of the name: ``rl-base`` / ``rl-hybrid`` /
+    ``rl-sf`` the size-free ``policies/checkpoints/sizefree/rl-sf``, ``rl-base-SHAPE`` /
+    ``rl-hybrid-SHAPE`` the fixed-shape ``policies/checkpoints/NAME``, ``sced2`` the one for ``cluster``'s
+    GPUs per server (default 8), ``chic`` / ``chic-pair`` and ``dl2`` theirs.
+
+    :raises PolicyError: a name that is not a learned policy's, ``rl-prior`` (no checkpoint), an empty
+        path after ``:``, or no shipped checkpoint of that name (one line).
+    """
+    from policies.checkpoint import resolve_paths
+
+    raw = name.strip() if isinstance(name, str) else ""
+    head, sep, path = raw.partition(":")
+    base = head.strip().lower()
+    fixed = _FIXED.match(base)
+    if base not in LEARNED_NAMES and fixed is None:
+        raise PolicyError(f"{name!r} is not a learned policy's name; learned policies: "
+                          f"{', '.join(n for n in LEARNED_NAMES if n != 'rl-prior')}, rl-base-SHAPE, rl-hybrid-SHAPE")
+    if base == "rl-prior":
+        raise PolicyError("rl-prior is the untrained admission prior: it has no checkpoint")
+    if sep:
+        if not path.strip():
+            raise PolicyError(f"policy {name!r}: empty checkpoint path after ':'")
+        return resolve_paths(path.strip())[0]
+    if base in SIZEFREE_NAMES:
+        from policies.sizefree import shipped_sizefree
+
+        return shipped_sizefree()
+    if fixed is not None:
+        from policies.rl import shipped_checkpoint
+
+        return shipped_checkpoint(fixed.group(1), ClusterSpec.parse(fixed.group(2)))
+    if base == "sced2":
+        from policies.sced2 import shipped_sced2
+
+        gpn = cluster.gpus_per_node[0] if cluster is not None and cluster.is_homogeneous else 8
+        return shipped_sced2(gpn)
+    if base == "dl2":
+        from policies.dl2 import shipped_dl2
+
+        got = resolve_paths(shipped_dl2())[0]
+    else:  # chic, chic-pair
+        from policies.chic import shipped_checkpoint as shipped_chic
+
+        got = shipped_chic(base)
+    if not got.is_file():
+        raise PolicyError(f"no shipped {base} checkpoint ({got} is missing)")
+    return got
 
 
 def _sizefree(name: str, raw: str, base: str, cluster: ClusterSpec, perf: ContentionModel,

@@ -147,14 +147,16 @@ def _check_tensors(tensors: Mapping[str, np.ndarray], spec: SizeFreeSpec, where:
 
 
 def save_sizefree(path: str | Path, tensors: Mapping[str, np.ndarray], spec: SizeFreeSpec,
-                  training: Mapping[str, Any]) -> Path:
-    """Write ``NAME.safetensors`` + ``NAME.json``; returns the JSON path (weights checked first)."""
+                  training: Mapping[str, Any], reward: Mapping[str, Any] | None = None) -> Path:
+    """Write ``NAME.safetensors`` + ``NAME.json``; returns the JSON path (weights checked first).
+    ``reward``, when given, is written as the JSON's ``reward`` section (the training reward, e.g.
+    ``{"kind": "seed", "w1": 0.3, "w2": 0.7}``)."""
     return save_pick_checkpoint(
         path, {k: v for k, v in tensors.items() if k.split(".")[0] == "cand"}, spec, fmt=FORMAT,
         version=FORMAT_VERSION, codec=SizeFreeCodec, check=_check_tensors, head={"policy": "rl-sf"},
         network=lambda net: {"kind": "sizefree-pointer", "hidden": net.hidden, "activation": "relu",
                              "tensors": list(TENSOR_NAMES)},
-        tail={"training": dict(training)},
+        tail={"training": dict(training), **({"reward": dict(reward)} if reward is not None else {})},
     )
 
 

@@ -230,7 +230,7 @@ def test_cli_checkpoint_show(tmp_path, capsys):
     """`rlsched checkpoint`: the shipped one by name, a file, JSON; exit 2 with one line when unusable."""
     from rlsched.cli import main
 
-    assert main(["checkpoint", "rl-base"]) == 0
+    assert main(["checkpoint", "rl-base-4x8"]) == 0
     out = capsys.readouterr().out
     assert "maskable-ppo" in out and "order plan" in out and "(verified)" in out and "dba8ae7" in out
     # re-shipped with another aging (table borders and line wraps removed: independent of the terminal width)
@@ -258,8 +258,52 @@ def test_cli_checkpoint_show(tmp_path, capsys):
     assert "modified" in err and err.count("\n") == 1
     assert main(["checkpoint", str(tmp_path / "missing")]) == 2
     assert "not found" in capsys.readouterr().err
-    assert main(["checkpoint", "rl-hybrid", "--cluster", "16x4"]) == 2
+    assert main(["checkpoint", "rl-hybrid-4x8", "--cluster", "16x4"]) == 2
+    assert "4x8" in capsys.readouterr().err
+    assert main(["checkpoint", "rl-hybrid-16x4"]) == 2
     assert "no shipped rl-hybrid checkpoint" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["rl-base", "rl-hybrid", "rl-sf", "rl-base-4x8", "rl-hybrid-4x8", "sced2", "chic",
+                                  "chic-pair", "dl2"])
+def test_cli_checkpoint_describes_what_the_name_resolves_to(name, capsys):
+    """`rlsched checkpoint NAME` shows the checkpoint `make_policy(NAME)` runs with, for every learned name."""
+    from policies.registry import checkpoint_path, make_policy
+    from rlsched.cli import main
+
+    cluster = ClusterSpec.parse("4x8")
+    pol = make_policy(name, cluster)
+    used = getattr(pol, "checkpoint", None)
+    used = getattr(used, "json_path", used)  # the fixed-shape policies hold the loaded Checkpoint
+    path = checkpoint_path(name, cluster)
+    if used is not None:
+        assert Path(used).resolve() == path.resolve()
+    assert main(["checkpoint", name, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert Path(info["checkpoint"]).resolve() == path.resolve()
+    meta = json.loads(path.read_text())
+    assert info.get("format", meta["format"]) == meta["format"]
+    assert info["weights_sha256"] == meta["weights_sha256"]
+    if name in ("rl-base", "rl-hybrid", "rl-sf"):
+        assert info["format"] == "rlsched-sizefree" and info["name"] == name and info["parameters"] > 0
+    if name.endswith("-4x8"):
+        assert info["mode"] == name[: -len("-4x8")] and info["cluster"] == "4x8"
+    assert main(["checkpoint", name]) == 0  # the table
+    assert path.name in " ".join(capsys.readouterr().out.split())
+
+
+def test_cli_checkpoint_sizefree_cluster_and_errors(tmp_path, capsys):
+    """A size-free checkpoint fits any cluster; rl-prior, a non-learned name and an unknown format: exit 2, one line."""
+    from rlsched.cli import main
+
+    assert main(["checkpoint", "rl-base", "--cluster", "16x8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["fits_cluster"] == "16x8"
+    assert main(["checkpoint", "rl-prior"]) == 2
+    assert "no checkpoint" in capsys.readouterr().err
+    (tmp_path / "odd.json").write_text(json.dumps({"format": "something-else"}))
+    assert main(["checkpoint", str(tmp_path / "odd")]) == 2
+    err = capsys.readouterr().err
+    assert "unknown checkpoint format" in err and err.count("\n") == 1
 
 
 def test_cli_output_to_a_closed_pipe_is_quiet():

@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -219,14 +220,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "checkpoint",
         help="check a policy checkpoint and show what it holds (never unpickles; exit 2 if unusable)",
         description="Load a checkpoint as the simulator and the controller would (metadata, sha256 of the "
-        "weights, layer shapes, finite values; nothing is unpickled) and show its cluster, observation spec, "
-        "network, reward and training provenance. With --cluster, also check that it fits that cluster.",
+        "weights, layer shapes, finite values; nothing is unpickled) and show its format, observation spec, "
+        "network, reward and training provenance. With --cluster, also check that it runs on that cluster.",
     )
     c.add_argument(
         "checkpoint",
         metavar="CKPT",
-        help="a checkpoint (PATH.json, PATH.safetensors or PATH without suffix), or rl-base / rl-hybrid "
-        "for the shipped one of --cluster's shape",
+        help="a checkpoint of any learned family (PATH.json, PATH.safetensors or PATH without suffix), or a "
+        "learned policy's name (rl-base, rl-hybrid, rl-sf, rl-base-4x8, rl-hybrid-4x8, sced2, chic, chic-pair, "
+        "dl2, optionally NAME:/path) for the checkpoint that name runs with (policies.registry.checkpoint_path)",
     )
     c.add_argument("--cluster", default=None, help="check that it fits this cluster (NODESxGPUS or a file)")
     c.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -579,17 +581,129 @@ def _commands(tr: dict) -> list[str] | str | None:
     return [c["command"] for c in got] if ok else MALFORMED
 
 
+#: checkpoint format (the JSON's ``format``) -> (module, loader, label) of the families other than the
+#: fixed-shape ``rlsched-policy`` one (:func:`policies.checkpoint.load_checkpoint`)
+_FAMILIES = {
+    "rlsched-sizefree": ("policies.sizefree", "load_sizefree", "size-free"),
+    "rlsched-sced2": ("policies.sced2", "load_sced2", "sced2"),
+    "rlsched-chic": ("policies.chic", "load_chic_checkpoint", "chic"),
+    "rlsched-dl2": ("policies.dl2", "load_dl2", "dl2"),
+}
+
+
+def _json_format(jpath: Path) -> Any:
+    """The ``format`` field of the checkpoint JSON ``jpath``; ``None`` when unreadable (the loader then
+    names the problem)."""
+    try:
+        with jpath.open("rb") as f:
+            meta = json.loads(f.read(1 << 20).decode("utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    return meta.get("format") if isinstance(meta, dict) else None
+
+
+def family_summary(path: Path, cluster=None) -> dict:
+    """What :func:`_cmd_checkpoint` shows of a size-free, SCED2, Chic or DL2 checkpoint (``path``: its JSON):
+    the family's loader checks it (format, hash, tensor names and shapes, finite values; never unpickles),
+    then its fields and tensor shapes are listed. With ``cluster``, the policy is built on that cluster
+    (``fits_cluster``), which refuses one it cannot run on.
+
+    :raises PolicyError: an unknown format or an unusable checkpoint (one line)."""
+    import importlib
+
+    from policies.base import PolicyError
+    from policies.checkpoint import read_policy_files
+
+    fmt = _json_format(path)
+    if fmt not in _FAMILIES:
+        raise PolicyError(f"{path}: unknown checkpoint format {fmt!r}; known: rlsched-policy, {', '.join(_FAMILIES)}")
+    module, loader, label = _FAMILIES[fmt]
+    got = getattr(importlib.import_module(module), loader)(path)
+    meta = got.meta if hasattr(got, "meta") else got[1]
+    meta, tensors, jpath, wpath = read_policy_files(path, fmt=fmt, version=meta.get("format_version"), label=label)
+    policy = meta.get("variant") if fmt == "rlsched-chic" else meta.get("policy") if fmt != "rlsched-dl2" else "dl2"
+    training = meta.get("training") if isinstance(meta.get("training"), dict) else {}
+    info = {
+        "checkpoint": str(jpath),
+        "weights": str(wpath),
+        "format": fmt,
+        "policy": policy,
+        "codec": meta.get("codec"),
+        "observation": meta.get("obs_spec", meta.get("spec")),
+        "network": meta.get("network"),
+        "tensors": {k: list(v.shape) for k, v in sorted(tensors.items())},
+        "parameters": int(sum(v.size for v in tensors.values())),
+        "reward": meta.get("reward"),
+        "training": {k: v for k, v in training.items() if k != "history"},
+        "weights_sha256": meta.get("weights_sha256"),
+        "project_version": meta.get("project_version"),
+    }
+    if cluster is not None and fmt != "rlsched-dl2":  # DL2 decides per job, on no cluster shape
+        from policies.registry import make_policy
+
+        make_policy(f"{'rl-sf' if fmt == 'rlsched-sizefree' else policy}:{jpath}", cluster)
+        info["fits_cluster"] = cluster.describe()
+    return info
+
+
+def _show_family(info: dict) -> None:
+    """The table of :func:`family_summary` (file text escaped, no rich markup)."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    def compact(v: Any) -> str:
+        return "(not recorded)" if v is None else json.dumps(v, separators=(", ", ": "), default=str)
+
+    tr = info["training"]
+    rows = [
+        ("format", info["format"]),
+        ("policy", str(info["policy"])),
+        ("codec", str(info["codec"] or "-")),
+        ("observation", compact(info["observation"])),
+        ("network", f"{compact(info['network'])} ({info['parameters']:,} parameters)"),
+        ("tensors", ", ".join(f"{k} {v}" for k, v in info["tensors"].items())),
+        ("reward", compact(info["reward"])),
+        ("training", compact({k: v for k, v in tr.items() if k not in ("command", "config")})
+         if tr else "(not recorded)"),
+        ("config", compact(tr.get("config"))),
+        ("command", str(tr.get("command") or "(not recorded)")),
+        ("weights sha256", f"{info['weights_sha256']} (verified)"),
+        ("rlsched version", str(info["project_version"])),
+    ]
+    if "fits_cluster" in info:
+        rows.insert(2, ("cluster", f"runs on {info['fits_cluster']}"))
+    if "name" in info:
+        rows.insert(1, ("name", f"{info['name']} runs with this checkpoint"))
+    t = Table(title=Text(f"{info.get('name', info['policy'])} checkpoint: {printable(info['checkpoint'])}"),
+              show_header=False,
+              title_justify="left")
+    t.add_column("field", style="bold")
+    t.add_column("value", overflow="fold")
+    for k, v in rows:
+        t.add_row(k, Text("\n".join(printable(line) for line in str(v).split("\n"))))
+    Console(width=max(100, Console().width)).print(t)
+
+
 def _cmd_checkpoint(args: argparse.Namespace) -> int:
-    from policies.checkpoint import load_checkpoint
+    from policies.checkpoint import FORMAT, load_checkpoint, resolve_paths
     from policies.cluster import ClusterSpec
-    from policies.rl import RL_POLICY_NAMES, shipped_checkpoint
+    from policies.registry import LEARNED_NAMES, checkpoint_path
 
     cluster = ClusterSpec.parse(args.cluster) if args.cluster else None
     name = args.checkpoint
-    if name in RL_POLICY_NAMES and name != "rl-prior":
-        path = shipped_checkpoint(name, cluster or ClusterSpec.parse("4x8"))
-    else:
-        path = Path(name)
+    base = name.partition(":")[0].strip().lower()
+    named = base in LEARNED_NAMES or re.fullmatch(r"rl-(base|hybrid)-\d+x\d+", base) is not None
+    path = checkpoint_path(name, cluster) if named else resolve_paths(name)[0]
+    if _json_format(path) not in (None, FORMAT):
+        info = family_summary(path, cluster)
+        if named:
+            info["name"] = name
+        if args.json:
+            print(json.dumps(info, indent=2, default=str))
+        else:
+            _show_family(info)
+        return 0
     ck = load_checkpoint(path)
     if cluster is not None:
         ck.check_cluster(cluster)

@@ -536,8 +536,8 @@ def run_evaluation(
                 ck = bdir / f"branch-{br}" / "last.json"
             if not ck.is_file():
                 raise PolicyError(
-                    f"{bdir}: branch {br} checkpoint missing (expected {br}.json or branch-{br}/last.json, i.e. the "
-                    "`rlsched train --out DIR/branch-X` runs)"
+                    f"{bdir}: branch {br} checkpoint missing (expected {br}.json, as `scripts/rl_branches.sh train` "
+                    "writes, or branch-{br}/last.json, i.e. the `rlsched train --out DIR/branch-X` runs)"
                 )
             for mode in ("rl-base", "rl-hybrid"):
                 nm = f"{mode}@{br}"
@@ -647,15 +647,25 @@ def _own_figure(name: str) -> bool:
 
 
 def _check_branch(ckpt: Any, branch: str, w1: float, path: Path) -> None:
-    """Refuse a branch checkpoint not trained with the seed reward and the branch's W1 (:data:`BRANCHES`)."""
-    reward = ckpt.meta.get("reward") if ckpt is not None else None
+    """Refuse a branch checkpoint not trained with the seed reward and the branch's W1 (:data:`BRANCHES`).
+    ``ckpt``: the policy's checkpoint, a loaded fixed-shape :class:`~policies.checkpoint.Checkpoint` (its
+    ``meta``) or the JSON path of a size-free one (its ``reward`` section is read)."""
+    if isinstance(ckpt, Path):
+        try:
+            meta = json.loads(ckpt.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise EvaluationError(f"--branches: {ckpt}: unreadable ({exc})") from None
+    else:
+        meta = ckpt.meta if ckpt is not None else None
+    reward = meta.get("reward") if isinstance(meta, dict) else None
     reward = reward if isinstance(reward, dict) else {}
     kind, got = reward.get("kind"), reward.get("w1")
     number = isinstance(got, (int, float)) and not isinstance(got, bool)
     if kind != "seed" or not number or not math.isclose(got, w1, rel_tol=0.0, abs_tol=1e-9):
         raise EvaluationError(
             f"--branches: {path} is not a branch {branch} checkpoint: it was trained with reward {kind!r}, "
-            f"W1 {got!r}; branch {branch} is reward 'seed', W1 {w1} (rlsched train --reward seed --w1 {w1})"
+            f"W1 {got!r}; branch {branch} is reward 'seed', W1 {w1} (rlsched train-sizefree --w1 {w1}, "
+            f"scripts/rl_branches.sh train; or the fixed-shape rlsched train --reward seed --w1 {w1})"
         )
 
 

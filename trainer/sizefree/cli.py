@@ -11,9 +11,13 @@ import argparse
 import shlex
 import sys
 
+from rlsched.argtypes import float_in_range
 from rlsched.argtypes import positive_int as _positive_int
 
 __all__ = ["register"]
+
+#: argparse type: a number in [0, 1]
+_unit = float_in_range(0.0, 1.0)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,6 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ppo-n-steps", type=_positive_int, default=d.n_steps,
                    help="PPO rollout steps per environment per update (default: %(default)s)")
     p.add_argument("--subproc", action="store_true", help="PPO rollouts in subprocesses (SubprocVecEnv)")
+    p.add_argument("--w1", type=_unit, default=None,
+                   help="PPO maximises the seed's reward -W1*CS + W2*Util (W2 = 1 - W1, a reward-weight branch; "
+                        "the fine-tuned network is written) instead of minus the average JCT (default)")
     p.add_argument("--seed", type=int, default=d.seed, help="seed (default: %(default)s)")
     p.set_defaults(func=_run)
 
@@ -57,14 +64,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 _OPTIONS = (("--out", "out"), ("--clusters", "clusters"), ("--max-gpus", "max_gpus"), ("--jobs-per-set", "jobs_per_set"),
             ("--sets", "sets"), ("--dagger", "dagger"), ("--bc-epochs", "bc_epochs"), ("--expert", "expert"),
             ("--teacher", "teacher"), ("--compare", "compare"), ("--init", "init"), ("--ppo-timesteps", "ppo_timesteps"),
-            ("--ppo-lr", "ppo_lr"), ("--ppo-n-steps", "ppo_n_steps"), ("--ent-coef", "ent_coef"), ("--seed", "seed"))
+            ("--ppo-lr", "ppo_lr"), ("--ppo-n-steps", "ppo_n_steps"), ("--ent-coef", "ent_coef"), ("--w1", "w1"),
+            ("--seed", "seed"))
 
 
 def _command(args: argparse.Namespace) -> str:
     """The run's command line with every option spelled out (recorded in the checkpoint)."""
     parts = ["rlsched", "train-sizefree"]
     for flag, attr in _OPTIONS:
-        if (attr == "teacher" and args.expert != "planner") or (attr == "init" and args.init is None):
+        if (attr == "teacher" and args.expert != "planner") or (attr in ("init", "w1") and getattr(args, attr) is None):
             continue
         parts += [flag, str(getattr(args, attr))]
     if args.subproc:
@@ -102,7 +110,7 @@ def _run(args: argparse.Namespace) -> int:
                               ppo_timesteps=args.ppo_timesteps, ppo_lr=args.ppo_lr, ent_coef=args.ent_coef,
                               expert=args.expert, teacher=args.teacher, n_steps=args.ppo_n_steps,
                               compare=None if args.compare.lower() == "none" else args.compare,
-                              init=args.init, subproc=args.subproc, seed=args.seed)
+                              init=args.init, subproc=args.subproc, seed=args.seed, w1=args.w1)
     command = _command(args)
     train(cfg, args.out, log=lambda s: print(s, flush=True), command=command)
     return 0

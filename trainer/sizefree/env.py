@@ -15,6 +15,12 @@ to the next event at which some candidate is valid.
 submitted by ``t``, ``n`` the trace's jobs: the undiscounted return of an episode is minus its
 average JCT in hours (the quantity the policy is judged on).
 
+With ``w1`` (the reward-weight branches A-E, seed 002's eq. 2): the reward is instead the time
+integral of ``-W1 * CS + W2 * Util`` over the step, ``W2 = 1 - W1``, in hours (rate per hour times
+the step's simulated hours; placement steps, which do not move time, earn 0): ``CS`` the mean
+contention sensitivity of the running jobs (1 when none runs), ``Util`` the allocated fraction of
+the cluster's GPUs. The time before the first decision earns nothing.
+
 An episode ends (``terminated``) when every job has finished, or is ``truncated`` after
 ``max_steps`` steps. An invalid action earns ``invalid_penalty`` and is treated as hold (or, where
 hold is masked, leaves the state).
@@ -32,6 +38,8 @@ from policies.codecs.sizefree import N_CAND, SizeFreeCodec, SizeFreeSpec
 from policies.job import JobSpec
 from policies.perf import ContentionModel
 from trainer.common.pick_env import EventRounds, PickEnv, register_env
+from trainer.sim_backend import SimBackend
+from trainer.simulator import Simulator
 
 __all__ = ["ENV_ID", "SizeFreeEnv"]
 
@@ -46,12 +54,21 @@ class SizeFreeEnv(PickEnv):
         ``reset(options={"trace": i})``.
     :param cluster: cluster spec or ``"4x8"``.
     :param spec: the codec spec (default :class:`SizeFreeSpec` with the cluster's largest node).
+    :param w1: ``None`` for the JCT reward; else W1 in ``[0, 1]`` of the seed reward (module docstring).
     """
 
     def __init__(self, traces: Sequence[Sequence[JobSpec]], cluster: ClusterSpec | str = "4x8",
                  spec: SizeFreeSpec | None = None, max_steps: int = 100_000, invalid_penalty: float = -0.1,
-                 perf: ContentionModel | None = None) -> None:
+                 perf: ContentionModel | None = None, w1: float | None = None) -> None:
+        if w1 is not None and not 0.0 <= w1 <= 1.0:
+            raise ValueError(f"SizeFreeEnv: w1 must be in [0, 1] or None, got {w1!r}")
         super().__init__(traces, cluster, max_steps, invalid_penalty, sim_policy=EventRounds("rl-sf", "SizeFreeEnv"))
+        self.w1 = None if w1 is None else float(w1)
+        # the seed reward's integration (w1 set): reward earned and not paid yet, time of the last
+        # on_advance call (s) and the reward rate (per hour) of the state since then
+        self._acc = 0.0
+        self._t_prev = 0.0
+        self._rate_prev = 0.0
         self.perf = perf or ContentionModel(self.cluster)
         self.codec = SizeFreeCodec(self.cluster, self.perf, spec)
         self.obs_spec = self.codec.spec
@@ -77,19 +94,47 @@ class SizeFreeEnv(PickEnv):
         assert self._enc.obs is not None
         return np.clip(self._enc.obs, -1.0, 1.0)
 
+    def _seed_rate(self) -> float:
+        """``-W1 * CS + W2 * Util`` of the current (constant) state, per hour."""
+        sim = self.sim
+        assert sim is not None and self.w1 is not None
+        cs = float(np.mean([j.cs for j in sim.running.values()])) if sim.running else 1.0
+        util = 1.0 - float(sim.free.sum()) / float(sim.capacity.sum())
+        return -self.w1 * cs + (1.0 - self.w1) * util
+
+    def _integrate(self, t: float) -> None:
+        """The backend's ``on_advance`` hook at time ``t`` (s), before time moves on: add the seed reward of
+        the state held since the last call, then take the rate of the state at ``t``."""
+        self._acc += self._rate_prev * (t - self._t_prev) / 3600.0
+        self._t_prev = t
+        self._rate_prev = self._seed_rate()
+
+    def _backend_for(self, sim: Simulator) -> SimBackend:
+        return SimBackend(sim) if self.w1 is None else SimBackend(sim, on_advance=self._integrate)
+
     def _on_reset(self, settled: bool) -> None:
+        assert self.sim is not None
         if not settled:
-            assert self.sim is not None
             self._submit = np.array([j.spec.submit_time for j in self.sim.jobs], dtype=np.float64)
+            self._acc, self._t_prev, self._rate_prev = 0.0, self.sim.time, 0.0
+        elif self.w1 is not None:  # the time before the first decision earns nothing
+            self._integrate(self.sim.time)
+            self._acc = 0.0
 
     def _step_begin(self) -> None:
         assert self.sim is not None
-        self._s0 = self._in_system(self.sim.time)
+        if self.w1 is None:
+            self._s0 = self._in_system(self.sim.time)
 
     def _step_reward(self, reward: float) -> float:
-        """Minus the growth of ``S`` over the step, in hours per job (module docstring)."""
+        """Minus the growth of ``S`` over the step, in hours per job, or the seed reward earned over the
+        step (module docstring)."""
         sim = self.sim
         assert sim is not None
+        if self.w1 is not None:
+            self._integrate(sim.time)
+            r, self._acc = self._acc, 0.0
+            return reward + r
         return reward - (self._in_system(sim.time) - self._s0) / (3600.0 * len(sim.jobs))
 
     @property

@@ -14,6 +14,11 @@
 4. **Selection**: the cloned and the fine-tuned network are run on the validation sets (the policy
    itself, :class:`policies.sizefree.SizeFreePolicy`, in the simulator); the one with the lower mean
    average JCT is written, with both numbers in the checkpoint's ``training`` section.
+
+With ``w1`` (a reward-weight branch, seed 002's ``-W1 * CS + W2 * Util``, :mod:`trainer.sizefree.env`)
+PPO maximises that reward instead, and the fine-tuned network is written whatever its validation
+JCT (the branch is defined by its reward; both validation numbers are recorded). The checkpoint's
+``reward`` section names the reward: ``{"kind": "jct"}`` or ``{"kind": "seed", "w1": W1, "w2": W2}``.
 """
 
 from __future__ import annotations
@@ -59,7 +64,15 @@ class SizeFreeTrainConfig:
     subproc: bool = False
     seed: int = 7000
     jobs: int = 8
+    #: ``None``: PPO's reward is minus the average JCT; else W1 of the seed reward (module docstring)
+    w1: float | None = None
     extra: dict = field(default_factory=dict)
+
+    def reward(self) -> dict:
+        """The checkpoint's ``reward`` section (module docstring)."""
+        if self.w1 is None:
+            return {"kind": "jct"}
+        return {"kind": "seed", "w1": float(self.w1), "w2": round(1.0 - float(self.w1), 12)}
 
 
 def _sets(cluster: ClusterSpec, cfg: SizeFreeTrainConfig, base: int, count: int) -> list[list[JobSpec]]:
@@ -235,7 +248,7 @@ def train(cfg: SizeFreeTrainConfig, out: str | Path, log: Callable[[str], None] 
 
     def make(i: int):
         c, (tr, _v) = list(sets.items())[i]
-        return lambda: SizeFreeEnv(tr, c, spec)
+        return lambda: SizeFreeEnv(tr, c, spec, w1=cfg.w1)
 
     venv_cls = SubprocVecEnv if cfg.subproc else DummyVecEnv
     venv = venv_cls([make(i) for i in range(len(sets))])
@@ -275,7 +288,7 @@ def train(cfg: SizeFreeTrainConfig, out: str | Path, log: Callable[[str], None] 
         ppo_val = validate(SizeFreeNet(spec, ppo_tensors), val)
         log(f"validation avg JCT after {cfg.ppo_timesteps} PPO steps: {ppo_val:.3f} h "
             f"({time.perf_counter() - t0:.0f} s)")
-        if ppo_val < bc_val:
+        if ppo_val < bc_val or cfg.w1 is not None:
             chosen, tensors = "ppo", ppo_tensors
     venv.close()
     training = {
@@ -288,6 +301,6 @@ def train(cfg: SizeFreeTrainConfig, out: str | Path, log: Callable[[str], None] 
         "chosen": chosen, "wall_s": round(time.perf_counter() - t0, 1),
         "command": command,
     }
-    path = save_sizefree(out, tensors, spec, training)
+    path = save_sizefree(out, tensors, spec, training, reward=cfg.reward())
     log(f"wrote {path} ({chosen}; {time.perf_counter() - t0:.0f} s)")
     return path
