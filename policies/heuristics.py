@@ -40,8 +40,10 @@ from __future__ import annotations
 
 import bisect
 import copy
+import itertools
+import operator
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -76,8 +78,8 @@ LAS2D_THRESHOLDS: tuple[float, ...] = (3600.0,)
 LAS2D_PROMOTE_KNOB = 8.0
 
 
-def _fifo(j: JobInfo) -> tuple:
-    return (j.submit_time, j.job_id)
+#: FIFO's key of a job: ``(submit_time, job_id)`` (an attrgetter: the key is built in C).
+_fifo: Callable[[JobInfo], tuple] = operator.attrgetter("submit_time", "job_id")
 
 
 def _sjf(j: JobInfo) -> tuple:
@@ -217,9 +219,14 @@ class OrderedPolicy(Policy):
             return dec
         # Keys are computed once per job and round (they are the hot path on
         # long queues); sorting (key, job) pairs by key is the same stable sort
-        # as sorting jobs by ``order``.
-        pending = [(order(j), j) for j in state.pending]
-        pending.sort(key=_first)
+        # as sorting jobs by ``order``. Only preemption reads a job's key: without it
+        # the jobs are sorted by ``order`` directly and paired with None.
+        pending: Iterable[tuple[tuple | None, JobInfo]]
+        if self.preemptive:
+            pending = [(order(j), j) for j in state.pending]
+            pending.sort(key=_first)
+        else:
+            pending = zip(itertools.repeat(None), sorted(state.pending, key=order))
         # Victims (running jobs, lowest priority first) are ranked the first time a job does not
         # fit: a round in which every job fits never reads the running jobs.
         victims: list[tuple[tuple, JobInfo]] | None = None if self.preemptive else []

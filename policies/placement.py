@@ -204,13 +204,26 @@ def spread(job: JobInfo, free: np.ndarray, state: ClusterState | None = None) ->
     need = job.gpu_demand
     if need > int(free.sum()):
         return None
-    avail = free.astype(np.int64).copy()
     alloc: dict[int, int] = {}
+    if len(free) <= _SPREAD_LIST_MAX_NODES:  # a Python list: max() takes the first largest, as argmax does
+        left = free.tolist()
+        nodes = range(len(left))
+        at = left.__getitem__
+        for _ in range(need):
+            n = max(nodes, key=at)
+            alloc[n] = alloc.get(n, 0) + 1
+            left[n] -= 1
+        return Placement.of(alloc)
+    avail = free.astype(np.int64).copy()
     for _ in range(need):
         n = int(np.argmax(avail))
         alloc[n] = alloc.get(n, 0) + 1
         avail[n] -= 1
     return Placement.of(alloc)
+
+
+#: :func:`spread` searches clusters of at most this many nodes in a Python list, larger ones with numpy.
+_SPREAD_LIST_MAX_NODES = 64
 
 
 def balanced_candidates(gpus: int, free: np.ndarray, order: np.ndarray) -> list[Placement]:
