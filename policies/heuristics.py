@@ -51,6 +51,7 @@ from policies.base import Policy, PolicyError
 from policies.cluster import Placement
 from policies.perf import ContentionModel
 from policies.placement import PLACEMENT_RULES, PlacementRule
+from policies.resources import nodes_of_type
 from policies.state import ClusterState, Decision, JobInfo, time_key
 
 __all__ = [
@@ -151,7 +152,9 @@ PLACEMENT_NAMES = tuple(PLACEMENT_RULES)
 
 @dataclass(kw_only=True)
 class OrderedPolicy(Policy):
-    """Schedule pending jobs in ``order``; place each with ``placement``.
+    """Schedule pending jobs in ``order``; place each with ``placement``. A job that asks for a GPU
+    type (``JobInfo.demand.gpu_type``, e.g. ``--gpus=v100:2`` on Slurm) is placed only on nodes of
+    that type (:meth:`_place`).
 
     :param strict: stop at the first pending job that does not fit (FIFO
         semantics). Otherwise later jobs may backfill around it.
@@ -254,7 +257,7 @@ class OrderedPolicy(Policy):
                 cur = cur.with_running(add=[_placed(j, q) for j, q in started], remove=stopped)
                 started, stopped = [], []
             # No rule can place more GPUs than are free: skip the call.
-            p = self.placement(job, free, cur) if job.gpu_demand <= free_total else None
+            p = self._place(job, free, cur) if job.gpu_demand <= free_total else None
             if p is None and victims is None:
                 victims = self._victims(state, order)
                 can_preempt = bool(victims)
@@ -348,7 +351,7 @@ class OrderedPolicy(Policy):
             for n, c in own.alloc:
                 if usable is None or usable[n]:
                     trial[n] += c
-            q = self.placement(j, trial, cur)
+            q = self._place(j, trial, cur)
             if q is None or q.num_nodes >= own.num_nodes:
                 continue
             dec.preempt.append(j.job_id)
@@ -359,6 +362,18 @@ class OrderedPolicy(Policy):
             if aware:  # one change from `base` (a chain would drop a job it removes and adds back)
                 moved.append((j, q))
                 cur = base.with_running(add=[_placed(x, y) for x, y in moved], remove=[x for x, _ in moved])
+
+    def _place(self, job: JobInfo, free: np.ndarray, state: ClusterState) -> Placement | None:
+        """The placement rule for ``job`` on ``free``; a job that asks for a GPU type
+        (``job.demand.gpu_type``) sees only the free GPUs of the nodes of that type."""
+        d = job.demand
+        if d is not None and d.gpu_type is not None:
+            ok = nodes_of_type(state.cluster, d.gpu_type)
+            if not all(ok):
+                free = np.where(ok, free, 0)
+                if job.gpu_demand > int(free.sum()):
+                    return None
+        return self.placement(job, free, state)
 
     def _victims(self, state: ClusterState, order: Callable[[JobInfo], tuple]) -> list[tuple[tuple, JobInfo]]:
         """``(order key, job)`` of the running jobs this policy may preempt, lowest priority first:
@@ -419,7 +434,7 @@ class OrderedPolicy(Policy):
                 if usable is None or usable[n]:
                     trial[n] += c
             chosen.append(v)
-            p = self.placement(job, trial, state)
+            p = self._place(job, trial, state)
             if p is not None:
                 return p, _needed_victims(p, free, chosen)
         return None, []

@@ -13,6 +13,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
@@ -20,6 +21,7 @@ from typing import Iterable, Mapping, Sequence
 from policies.cluster import GPU_TYPE_RE, ClusterSpec, Placement
 
 __all__ = [
+    "nodes_of_type",
     "ResourceError",
     "ResourceDemand",
     "NodeShare",
@@ -153,6 +155,17 @@ def _type_key(gpu_type: str | None) -> str:
     from policies.gputypes import REFERENCE_TYPE, normalize_gpu_type
 
     return REFERENCE_TYPE if gpu_type is None else normalize_gpu_type(gpu_type)
+
+
+def nodes_of_type(cluster: ClusterSpec, gpu_type: str) -> tuple[bool, ...]:
+    """Whether each node of ``cluster`` has GPUs of ``gpu_type``, matched as :func:`placement_misfit`
+    matches (normalized names; an untyped node has the reference type)."""
+    return _nodes_of_type(cluster, _type_key(gpu_type))
+
+
+@functools.lru_cache(maxsize=64)
+def _nodes_of_type(cluster: ClusterSpec, want: str) -> tuple[bool, ...]:
+    return tuple(_type_key(n.gpu_type) == want for n in cluster.nodes)
 
 
 @dataclass(frozen=True)
