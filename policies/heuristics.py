@@ -226,7 +226,8 @@ class OrderedPolicy(Policy):
         # the jobs are sorted by ``order`` directly and paired with None.
         pending: Iterable[tuple[tuple | None, JobInfo]]
         if self.preemptive:
-            pending = [(order(j), j) for j in state.pending]
+            jobs = state.pending
+            pending = list(zip(map(order, jobs), jobs))
             pending.sort(key=_first)
         else:
             pending = zip(itertools.repeat(None), sorted(state.pending, key=order))
@@ -440,8 +441,8 @@ class OrderedPolicy(Policy):
         return None, []
 
 
-def _first(pair: tuple) -> tuple:
-    return pair[0]
+#: The first item of a ``(key, job)`` pair (an itemgetter: sorting by it calls no Python function).
+_first: Callable[[tuple], tuple] = operator.itemgetter(0)
 
 
 def _placed(job: JobInfo, p: Placement) -> JobInfo:

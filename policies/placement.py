@@ -79,7 +79,11 @@ def _as_bytes(free: np.ndarray, state: ClusterState | None = None) -> tuple[np.n
 
 def pack(job: JobInfo, free: np.ndarray, state: ClusterState | None = None) -> Placement | None:
     """Packing placement (seed 003, SCED2): as few nodes, as few free GPUs as possible
-    (:func:`sced2_pack` on ``free``)."""
+    (:func:`sced2_pack` on ``free``; a Python list of at most ``_SMALL`` nodes, else bytes or an array)."""
+    if 0 < len(free) <= _SMALL:
+        counts = np.asarray(free).tolist()
+        if type(counts[0]) is int:
+            return sced2_pack(job.gpu_demand, _ListCounts(counts))
     return _pack(job.gpu_demand, *_as_bytes(free, state), state)
 
 
@@ -156,6 +160,34 @@ class _ByteCounts:
 
     def total(self) -> int:
         return _total(self.arr, self.state)
+
+
+class _ListCounts:
+    """:class:`FreeCounts` of a Python list of free GPUs per node (a small cluster: no numpy call)."""
+
+    __slots__ = ("avail",)
+
+    def __init__(self, counts: list[int]) -> None:
+        self.avail = counts
+
+    def best_fit(self, need: int) -> int:
+        best, fewest = -1, 0
+        for n, c in enumerate(self.avail):
+            if c >= need and (best < 0 or c < fewest):
+                best, fewest = n, c
+        return best
+
+    def take_most(self) -> tuple[int, int]:
+        avail = self.avail
+        n = max(range(len(avail)), key=avail.__getitem__)  # the first of the largest
+        take = avail[n]
+        if take <= 0:
+            return -1, 0
+        avail[n] = 0
+        return n, take
+
+    def total(self) -> int:
+        return sum(self.avail)
 
 
 class _ArrayCounts:
