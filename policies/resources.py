@@ -13,7 +13,6 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
@@ -159,13 +158,21 @@ def _type_key(gpu_type: str | None) -> str:
 
 def nodes_of_type(cluster: ClusterSpec, gpu_type: str) -> tuple[bool, ...]:
     """Whether each node of ``cluster`` has GPUs of ``gpu_type``, matched as :func:`placement_misfit`
-    matches (normalized names; an untyped node has the reference type)."""
-    return _nodes_of_type(cluster, _type_key(gpu_type))
+    matches (normalized names; an untyped node has the reference type). Kept per cluster object and
+    type (the 64 latest)."""
+    key = (id(cluster), gpu_type)
+    hit = _TYPE_NODES.get(key)
+    if hit is not None and hit[0] is cluster:
+        return hit[1]
+    want = _type_key(gpu_type)
+    got = tuple(_type_key(n.gpu_type) == want for n in cluster.nodes)
+    if len(_TYPE_NODES) >= 64:
+        _TYPE_NODES.clear()
+    _TYPE_NODES[key] = (cluster, got)
+    return got
 
 
-@functools.lru_cache(maxsize=64)
-def _nodes_of_type(cluster: ClusterSpec, want: str) -> tuple[bool, ...]:
-    return tuple(_type_key(n.gpu_type) == want for n in cluster.nodes)
+_TYPE_NODES: dict[tuple[int, str], tuple[ClusterSpec, tuple[bool, ...]]] = {}
 
 
 @dataclass(frozen=True)
