@@ -297,7 +297,7 @@ class ContentionLedger:
     def __init__(self, perf: PairContention, num_nodes: int | None = None) -> None:
         self.perf = perf
         self._sum = contention_of(perf) == "sum"  # the rule is read from `perf` once, here
-        self._pairs: dict[tuple[JobKey, JobKey], float] = {}  # perf.pair_cs memo (shared by forks and copies)
+        self._pairs: dict[JobKey, dict[JobKey, float]] = {}  # perf.pair_cs memo, [a][b] (shared by forks and copies)
         self._lb: bytearray | None = None if num_nodes is None else bytearray(num_nodes)
         self._lb_own = True  # whether _lb is this ledger's own (a fork shares its origin's until it writes)
         self._lb_bytes: bytes | None = None
@@ -503,7 +503,9 @@ class ContentionLedger:
         """:meth:`_cs_on` under the ``sum`` rule without ``extra``, ``exclude`` or ``by_id``: the same
         additions in the same order as :func:`node_cs` (so the same float), with ``pair_cs`` read
         through this ledger's memo."""
-        pairs = self._pairs
+        row = self._pairs.get(key)
+        if row is None:
+            row = self._pairs[key] = {}
         pair = self.perf.pair_cs
         own = self._nodes
         b = self._base
@@ -518,10 +520,9 @@ class ContentionLedger:
             extra = 0.0
             for o, k in d.items():
                 if o != job_id:
-                    pk = (key, k)
-                    c = pairs.get(pk)
+                    c = row.get(k)
                     if c is None:
-                        c = pairs[pk] = pair(key, k)
+                        c = row[k] = pair(key, k)
                     extra += c - 1.0
             c = 1.0 + extra
             if c > worst:
