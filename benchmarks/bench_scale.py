@@ -20,7 +20,8 @@ Usage::
     python benchmarks/bench_scale.py --jobs 300 --cluster 16x8 --check-invariants   # a smoke run
     python benchmarks/bench_scale.py --json out.json --check          # exit 1 if a target is missed
 
-``--profile FILE`` writes a cProfile of the run (one policy only). ``Simulator.run`` itself keeps
+``--code DIR`` times the simulator of another checkout (e.g. a ``git worktree`` of an older commit)
+with the same trace and clock. ``--profile FILE`` writes a cProfile of the run (one policy only). ``Simulator.run`` itself keeps
 the objects that exist when it starts (the trace, the per-job records) out of Python's cyclic
 garbage collector for traces of ``trainer.simulator.GC_FREEZE_MIN_JOBS`` jobs or more; ``--gc-freeze``
 also calls ``gc.freeze()`` right after building the simulator (what ``rlsched simulate`` does not do),
@@ -29,29 +30,23 @@ which changes only the collector's passes between the build and the run.
 
 from __future__ import annotations
 
-import os
-
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
-
-import argparse
-import gc
-import json
-import platform
-import resource
-import subprocess
 import sys
-import tempfile
-import time
-from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import simbench  # noqa: E402  (single-threaded BLAS before numpy)
 
-import numpy as np
+import argparse  # noqa: E402
+import gc  # noqa: E402
+import json  # noqa: E402
+import resource  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+from typing import NamedTuple  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 #: Targets in seconds (build + run) at the issue's scale, by policy.
 TARGETS_S = {"fifo": 60.0, "greedy": 300.0}
@@ -87,15 +82,6 @@ class Row(NamedTuple):
         return None if self.target_s is None else self.total_s < self.target_s
 
 
-def _pin_one_core() -> str:
-    try:
-        cpu = min(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cpu})
-        return f"pinned to CPU {cpu}"
-    except (AttributeError, OSError):
-        return "not pinned (no sched_setaffinity)"
-
-
 def _peak_rss_mib() -> float:
     kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     return kib / 1024.0 if sys.platform != "darwin" else kib / 2**20
@@ -127,9 +113,7 @@ def run_one(args: argparse.Namespace, policy: str) -> Row:
 
         prof = cProfile.Profile()
         prof.enable()
-    t0, c0 = time.perf_counter(), time.process_time()
-    res = sim.run()
-    run, run_cpu = time.perf_counter() - t0, time.process_time() - c0
+    res, run, run_cpu = simbench.timed(sim.run)
     if prof is not None:
         prof.disable()
         prof.dump_stats(args.profile)
@@ -166,6 +150,8 @@ def _child(args: argparse.Namespace, policy: str) -> Row:
             cmd.append("--check-invariants")
         if args.gc_freeze:
             cmd.append("--gc-freeze")
+        if args.code is not None:
+            cmd += ["--code", str(args.code)]
         subprocess.run(cmd, check=True)
         d = json.loads(out.read_text())
     d.pop("ok", None)
@@ -188,6 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="also write the rows and the machine as JSON here")
     ap.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
     ap.add_argument("--no-pin", action="store_true", help="do not pin to one CPU core")
+    ap.add_argument("--code", type=Path, help="time the simulator of this checkout instead of this repository's")
     ap.add_argument("--row-json", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -198,7 +185,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("--policy names no policy")
     if args.profile and len(policies) > 1:
         ap.error("--profile takes one policy")
-    pin = "not pinned" if args.no_pin else _pin_one_core()
+    if args.code is not None:
+        simbench.use_code(args.code)
+    pin = "not pinned" if args.no_pin else simbench.pin_one_core()
 
     if len(policies) == 1:
         rows = [run_one(args, policies[0])]
@@ -213,12 +202,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from rich.table import Table
 
     console = Console(width=max(Console().width, 140))
-    load_avg = os.getloadavg() if hasattr(os, "getloadavg") else None
-    console.print(
-        f"[bold]rlsched simulator scale benchmark[/] - {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} CPUs, Python {platform.python_version()}, numpy {np.__version__}, {pin}"
-        + (f", load average {load_avg[0]:.2f} / {load_avg[1]:.2f} / {load_avg[2]:.2f}" if load_avg else "")
-    )
+    m = simbench.machine(pin)
+    console.print(simbench.machine_line("rlsched simulator scale benchmark", m))
     table = Table(title=f"{rows[0].jobs:,} jobs on {rows[0].cluster}, Poisson arrivals at load {rows[0].load:g}"
                   + (", gc.freeze() after the build" if args.gc_freeze else ""))
     for col in ("policy", "generate s", "build s", "run s", "run CPU s", "total s", "jobs/s", "peak RSS MiB", "rounds", "preempt",
@@ -234,9 +219,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     console.print(table)
     if args.json:
         doc = {
-            "machine": {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-                        "python": platform.python_version(), "numpy": np.__version__, "pinning": pin,
-                        "load_average": list(load_avg) if load_avg else None},
+            "machine": m,
+            "code": str(args.code) if args.code is not None else None,
             "gc_freeze": args.gc_freeze,
             "rows": [r._asdict() | {"total_s": r.total_s, "ok": r.ok} for r in rows],
         }

@@ -40,8 +40,10 @@ from __future__ import annotations
 
 import bisect
 import copy
+import itertools
+import operator
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -49,6 +51,7 @@ from policies.base import Policy, PolicyError
 from policies.cluster import Placement
 from policies.perf import ContentionModel
 from policies.placement import PLACEMENT_RULES, PlacementRule
+from policies.resources import nodes_of_type
 from policies.state import ClusterState, Decision, JobInfo, time_key
 
 __all__ = [
@@ -76,8 +79,8 @@ LAS2D_THRESHOLDS: tuple[float, ...] = (3600.0,)
 LAS2D_PROMOTE_KNOB = 8.0
 
 
-def _fifo(j: JobInfo) -> tuple:
-    return (j.submit_time, j.job_id)
+#: FIFO's key of a job: ``(submit_time, job_id)`` (an attrgetter: the key is built in C).
+_fifo: Callable[[JobInfo], tuple] = operator.attrgetter("submit_time", "job_id")
 
 
 def _sjf(j: JobInfo) -> tuple:
@@ -149,7 +152,9 @@ PLACEMENT_NAMES = tuple(PLACEMENT_RULES)
 
 @dataclass(kw_only=True)
 class OrderedPolicy(Policy):
-    """Schedule pending jobs in ``order``; place each with ``placement``.
+    """Schedule pending jobs in ``order``; place each with ``placement``. A job that asks for a GPU
+    type (``JobInfo.demand.gpu_type``, e.g. ``--gpus=v100:2`` on Slurm) is placed only on nodes of
+    that type (:meth:`_place`).
 
     :param strict: stop at the first pending job that does not fit (FIFO
         semantics). Otherwise later jobs may backfill around it.
@@ -217,9 +222,15 @@ class OrderedPolicy(Policy):
             return dec
         # Keys are computed once per job and round (they are the hot path on
         # long queues); sorting (key, job) pairs by key is the same stable sort
-        # as sorting jobs by ``order``.
-        pending = [(order(j), j) for j in state.pending]
-        pending.sort(key=_first)
+        # as sorting jobs by ``order``. Only preemption reads a job's key: without it
+        # the jobs are sorted by ``order`` directly and paired with None.
+        pending: Iterable[tuple[tuple | None, JobInfo]]
+        if self.preemptive:
+            jobs = state.pending
+            pending = list(zip(map(order, jobs), jobs))
+            pending.sort(key=_first)
+        else:
+            pending = zip(itertools.repeat(None), sorted(state.pending, key=order))
         # Victims (running jobs, lowest priority first) are ranked the first time a job does not
         # fit: a round in which every job fits never reads the running jobs.
         victims: list[tuple[tuple, JobInfo]] | None = None if self.preemptive else []
@@ -247,7 +258,7 @@ class OrderedPolicy(Policy):
                 cur = cur.with_running(add=[_placed(j, q) for j, q in started], remove=stopped)
                 started, stopped = [], []
             # No rule can place more GPUs than are free: skip the call.
-            p = self.placement(job, free, cur) if job.gpu_demand <= free_total else None
+            p = self._place(job, free, cur) if job.gpu_demand <= free_total else None
             if p is None and victims is None:
                 victims = self._victims(state, order)
                 can_preempt = bool(victims)
@@ -341,7 +352,7 @@ class OrderedPolicy(Policy):
             for n, c in own.alloc:
                 if usable is None or usable[n]:
                     trial[n] += c
-            q = self.placement(j, trial, cur)
+            q = self._place(j, trial, cur)
             if q is None or q.num_nodes >= own.num_nodes:
                 continue
             dec.preempt.append(j.job_id)
@@ -352,6 +363,18 @@ class OrderedPolicy(Policy):
             if aware:  # one change from `base` (a chain would drop a job it removes and adds back)
                 moved.append((j, q))
                 cur = base.with_running(add=[_placed(x, y) for x, y in moved], remove=[x for x, _ in moved])
+
+    def _place(self, job: JobInfo, free: np.ndarray, state: ClusterState) -> Placement | None:
+        """The placement rule for ``job`` on ``free``; a job that asks for a GPU type
+        (``job.demand.gpu_type``) sees only the free GPUs of the nodes of that type."""
+        d = job.demand
+        if d is not None and d.gpu_type is not None:
+            ok = nodes_of_type(state.cluster, d.gpu_type)
+            if not all(ok):
+                free = np.where(ok, free, 0)
+                if job.gpu_demand > int(free.sum()):
+                    return None
+        return self.placement(job, free, state)
 
     def _victims(self, state: ClusterState, order: Callable[[JobInfo], tuple]) -> list[tuple[tuple, JobInfo]]:
         """``(order key, job)`` of the running jobs this policy may preempt, lowest priority first:
@@ -412,14 +435,14 @@ class OrderedPolicy(Policy):
                 if usable is None or usable[n]:
                     trial[n] += c
             chosen.append(v)
-            p = self.placement(job, trial, state)
+            p = self._place(job, trial, state)
             if p is not None:
                 return p, _needed_victims(p, free, chosen)
         return None, []
 
 
-def _first(pair: tuple) -> tuple:
-    return pair[0]
+#: The first item of a ``(key, job)`` pair (an itemgetter: sorting by it calls no Python function).
+_first: Callable[[tuple], tuple] = operator.itemgetter(0)
 
 
 def _placed(job: JobInfo, p: Placement) -> JobInfo:

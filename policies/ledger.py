@@ -292,10 +292,12 @@ class ContentionLedger:
     """
 
     __slots__ = ("perf", "_jobs", "_nodes", "_base", "_base_version", "_version", "_read_only", "_seq",
-                 "_lb", "_lb_own", "_lb_bytes")
+                 "_lb", "_lb_own", "_lb_bytes", "_sum", "_pairs")
 
     def __init__(self, perf: PairContention, num_nodes: int | None = None) -> None:
         self.perf = perf
+        self._sum = contention_of(perf) == "sum"  # the rule is read from `perf` once, here
+        self._pairs: dict[JobKey, dict[JobKey, float]] = {}  # perf.pair_cs memo, [a][b] (shared by forks and copies)
         self._lb: bytearray | None = None if num_nodes is None else bytearray(num_nodes)
         self._lb_own = True  # whether _lb is this ledger's own (a fork shares its origin's until it writes)
         self._lb_bytes: bytes | None = None
@@ -473,6 +475,8 @@ class ContentionLedger:
         order, or in increasing job id when ``by_id``."""
         if key[2] <= 1:
             return 1.0
+        if self._sum and extra is None and exclude is _MISSING and not by_id:
+            return self._sum_cs(job_id, key, nodes)
         perf = self.perf
         rule = _node_rule(perf)
         worst = 1.0
@@ -494,6 +498,36 @@ class ContentionLedger:
             if c > worst:
                 worst = c
         return cap_cs(worst, perf)
+
+    def _sum_cs(self, job_id: Hashable, key: JobKey, nodes: Iterable[int]) -> float:
+        """:meth:`_cs_on` under the ``sum`` rule without ``extra``, ``exclude`` or ``by_id``: the same
+        additions in the same order as :func:`node_cs` (so the same float), with ``pair_cs`` read
+        through this ledger's memo."""
+        row = self._pairs.get(key)
+        if row is None:
+            row = self._pairs[key] = {}
+        pair = self.perf.pair_cs
+        own = self._nodes
+        b = self._base
+        base = None if b is None else b._nodes
+        worst = 1.0
+        for v in nodes:
+            d = own.get(v)
+            if d is None and base is not None:
+                d = base.get(v)
+            if not d:
+                continue  # no neighbour: CS 1 on this node
+            extra = 0.0
+            for o, k in d.items():
+                if o != job_id:
+                    c = row.get(k)
+                    if c is None:
+                        c = row[k] = pair(key, k)
+                    extra += c - 1.0
+            c = 1.0 + extra
+            if c > worst:
+                worst = c
+        return worst if worst < CS_CAP else CS_CAP
 
     def node_keys(self, node: int, by_id: bool = False) -> tuple[JobKey, ...]:
         """Keys (:func:`job_key`) of the multi-node jobs on ``node``: in the order they were added, or
@@ -690,6 +724,7 @@ class ContentionLedger:
         self._check()
         f = ContentionLedger.__new__(ContentionLedger)
         f.perf = self.perf
+        f._sum, f._pairs = self._sum, self._pairs
         f._read_only = read_only
         f._seq = self._seq
         f._version = 0
@@ -712,6 +747,7 @@ class ContentionLedger:
         O(jobs + loaded nodes)."""
         self._check()
         c = ContentionLedger(self.perf)
+        c._pairs = self._pairs
         c._lb = None if self._lb is None else bytearray(self._lb)
         b = self._base
         if b is not None and not self._jobs and not self._nodes:  # a fork without changes: its origin's

@@ -80,7 +80,11 @@ def _as_bytes(free: np.ndarray, state: ClusterState | None = None) -> tuple[np.n
 
 def pack(job: JobInfo, free: np.ndarray, state: ClusterState | None = None) -> Placement | None:
     """Packing placement (seed 003, SCED2): as few nodes, as few free GPUs as possible
-    (:func:`sced2_pack` on ``free``)."""
+    (:func:`sced2_pack` on ``free``; a Python list of at most ``_SMALL`` nodes, else bytes or an array)."""
+    if 0 < len(free) <= _SMALL:
+        counts = np.asarray(free).tolist()
+        if type(counts[0]) is int:
+            return sced2_pack(job.gpu_demand, _ListCounts(counts))
     return _pack(job.gpu_demand, *_as_bytes(free, state), state)
 
 
@@ -159,6 +163,34 @@ class _ByteCounts:
         return _total(self.arr, self.state)
 
 
+class _ListCounts:
+    """:class:`FreeCounts` of a Python list of free GPUs per node (a small cluster: no numpy call)."""
+
+    __slots__ = ("avail",)
+
+    def __init__(self, counts: list[int]) -> None:
+        self.avail = counts
+
+    def best_fit(self, need: int) -> int:
+        best, fewest = -1, 0
+        for n, c in enumerate(self.avail):
+            if c >= need and (best < 0 or c < fewest):
+                best, fewest = n, c
+        return best
+
+    def take_most(self) -> tuple[int, int]:
+        avail = self.avail
+        n = max(range(len(avail)), key=avail.__getitem__)  # the first of the largest
+        take = avail[n]
+        if take <= 0:
+            return -1, 0
+        avail[n] = 0
+        return n, take
+
+    def total(self) -> int:
+        return sum(self.avail)
+
+
 class _ArrayCounts:
     """:class:`FreeCounts` of an array of free GPUs (counts beyond a byte); searches are numpy scans."""
 
@@ -205,13 +237,26 @@ def spread(job: JobInfo, free: np.ndarray, state: ClusterState | None = None) ->
     need = job.gpu_demand
     if need > int(free.sum()):
         return None
-    avail = free.astype(np.int64).copy()
     alloc: dict[int, int] = {}
+    if len(free) <= _SPREAD_LIST_MAX_NODES:  # a Python list: max() takes the first largest, as argmax does
+        left = free.tolist()
+        nodes = range(len(left))
+        at = left.__getitem__
+        for _ in range(need):
+            n = max(nodes, key=at)
+            alloc[n] = alloc.get(n, 0) + 1
+            left[n] -= 1
+        return Placement.of(alloc)
+    avail = free.astype(np.int64).copy()
     for _ in range(need):
         n = int(np.argmax(avail))
         alloc[n] = alloc.get(n, 0) + 1
         avail[n] -= 1
     return Placement.of(alloc)
+
+
+#: :func:`spread` searches clusters of at most this many nodes in a Python list, larger ones with numpy.
+_SPREAD_LIST_MAX_NODES = 64
 
 
 def balanced_candidates(gpus: int, free: np.ndarray, order: np.ndarray) -> list[Placement]:

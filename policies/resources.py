@@ -20,6 +20,7 @@ from typing import Iterable, Mapping, Sequence
 from policies.cluster import GPU_TYPE_RE, ClusterSpec, Placement
 
 __all__ = [
+    "nodes_of_type",
     "ResourceError",
     "ResourceDemand",
     "NodeShare",
@@ -153,6 +154,25 @@ def _type_key(gpu_type: str | None) -> str:
     from policies.gputypes import REFERENCE_TYPE, normalize_gpu_type
 
     return REFERENCE_TYPE if gpu_type is None else normalize_gpu_type(gpu_type)
+
+
+def nodes_of_type(cluster: ClusterSpec, gpu_type: str) -> tuple[bool, ...]:
+    """Whether each node of ``cluster`` has GPUs of ``gpu_type``, matched as :func:`placement_misfit`
+    matches (normalized names; an untyped node has the reference type). Kept per cluster object and
+    type (the 64 latest)."""
+    key = (id(cluster), gpu_type)
+    hit = _TYPE_NODES.get(key)
+    if hit is not None and hit[0] is cluster:
+        return hit[1]
+    want = _type_key(gpu_type)
+    got = tuple(_type_key(n.gpu_type) == want for n in cluster.nodes)
+    if len(_TYPE_NODES) >= 64:
+        _TYPE_NODES.clear()
+    _TYPE_NODES[key] = (cluster, got)
+    return got
+
+
+_TYPE_NODES: dict[tuple[int, str], tuple[ClusterSpec, tuple[bool, ...]]] = {}
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 #
 #   scripts/local-cluster.sh up     [--nodes 4] [--gpus 8] [--dir DIR] [--port 6900]
 #                                   [--policy greedy] [--interval 5] [--no-controller] [--no-agents]
-#                                   [--other-nodes 1] [--no-job-submit]
+#                                   [--other-nodes 1] [--no-job-submit] [--gpu-type TYPE|TYPE:K,...]
 #   scripts/local-cluster.sh status [--dir DIR]
 #   scripts/local-cluster.sh down   [--dir DIR]
 #
@@ -30,6 +30,10 @@
 # in jobs (no cgroup device constraint here: the global index on the node).
 # Logs: each fresh `up` starts a run directory DIR/runs/<UTC time>/ (DIR/log points
 # at the newest; the 10 newest are kept); controller.log rotates at 10 MiB x 5.
+# --gpu-type: typed GPU GRES (`Gres=gpu:TYPE:G` in slurm.conf, `Name=gpu Type=TYPE` in gres.conf), so
+# jobs can ask `--gpus=TYPE:N`: `--gpu-type a100` gives every node A100s; `--gpu-type a100:2,v100:2`
+# gives node1-2 A100s and node3-4 V100s (the counts add up to --nodes, in node order); the
+# unmanaged nodes get the first type. Without it the GPUs are untyped (`Gres=gpu:G`).
 # --no-job-submit: slurm.conf without JobSubmitPlugins=lua (benchmarks only: nothing is
 # held, nothing is managed).
 # Ports: slurmctld PORT, slurmd of nodeK PORT+K, of otherK PORT+N+K, the agent of
@@ -70,6 +74,8 @@ JOB_SUBMIT=1
 CPUS=32
 REAL_MEMORY=64000   # MB per node (nothing enforces it: TaskPlugin=task/none)
 METRICS_PORT=""
+GPU_TYPE=""   # --gpu-type as given; NODE_GPU_TYPE[name]: each node's GRES type (none: untyped)
+declare -A NODE_GPU_TYPE=()
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # rlsched's Python environment (activates REPO/.venv when setup.sh made one, see there)
 source "$REPO/scripts/python-env.sh"
@@ -79,7 +85,7 @@ log() { echo "local-cluster: $*" >&2; }
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --nodes|--gpus|--dir|--port|--policy|--interval|--metrics-port|--other-nodes)
+    --nodes|--gpus|--dir|--port|--policy|--interval|--metrics-port|--other-nodes|--gpu-type)
       # a missing value, or the next option taken for one ("--nodes --gpus 4"), is an error of its own
       [[ $# -ge 2 && "$2" != --* ]] || die "$1 needs a value (see --help)"
       case "$1" in
@@ -91,6 +97,7 @@ while [[ $# -gt 0 ]]; do
         --interval) INTERVAL="$2"; INTERVAL_GIVEN=1 ;;
         --metrics-port) METRICS_PORT="$2" ;;
         --other-nodes) OTHER_NODES="$2" ;;
+        --gpu-type) GPU_TYPE="$2" ;;
       esac
       shift 2 ;;
     --no-controller) WITH_CONTROLLER=0; shift ;;
@@ -127,6 +134,33 @@ RUN="$DIR/run"
 ALL_NODES=()
 for i in $(seq 1 "$NODES"); do ALL_NODES+=("node$i"); done
 for i in $(seq 1 "$OTHER_NODES"); do ALL_NODES+=("other$i"); done
+if [[ -n "$GPU_TYPE" ]]; then  # each node's GRES type, in node order
+  type_re='^[A-Za-z][A-Za-z0-9_.-]{0,31}$'  # a name Slurm takes as a GRES type (a leading digit reads as a count)
+  if [[ "$GPU_TYPE" != *:* ]]; then
+    [[ "$GPU_TYPE" =~ $type_re ]] || die "--gpu-type: '$GPU_TYPE' is not a GPU type name (a letter, then letters, digits, . _ -)"
+    for nd in "${ALL_NODES[@]}"; do NODE_GPU_TYPE[$nd]="$GPU_TYPE"; done
+  else
+    k=0; first=""
+    IFS=',' read -r -a type_parts <<<"$GPU_TYPE"
+    for part in "${type_parts[@]}"; do
+      t="${part%%:*}"; c="${part#*:}"
+      [[ "$part" == *:* && "$t" =~ $type_re && "$c" =~ ^[1-9][0-9]{0,3}$ ]] \
+        || die "--gpu-type: '$part' in '$GPU_TYPE' is not TYPE:COUNT (e.g. a100:2,v100:2)"
+      [[ -n "$first" ]] || first="$t"
+      for _ in $(seq 1 "$c"); do
+        k=$((k + 1))
+        [[ "$k" -le "$NODES" ]] && NODE_GPU_TYPE[node$k]="$t"
+      done
+    done
+    [[ "$k" -eq "$NODES" ]] || die "--gpu-type '$GPU_TYPE' types $k nodes; --nodes is $NODES"
+    for i in $(seq 1 "$OTHER_NODES"); do NODE_GPU_TYPE[other$i]="$first"; done
+  fi
+fi
+node_gres() {  # node_gres NAME: its GPUs as slurm.conf's Gres= (gpu:TYPE:G or gpu:G)
+  local t="${NODE_GPU_TYPE[$1]:-}"
+  echo "gpu:${t:+$t:}$GPUS"
+}
+
 node_port() {  # node_port NAME: its slurmd's port
   case "$1" in
     node*) echo $((PORT + ${1#node})) ;;
@@ -206,7 +240,7 @@ write_config() {
   chmod 755 "$DIR" "$DIR/etc" "$DIR/run" "$DIR/gres"
   chmod 1777 "$DIR/jobs"   # job output for any user
   chmod 700 "$DIR/state"
-  local host; host="$(hostname -s)"
+  local host t; host="$(hostname -s)"
   local nodelist="node[1-$NODES]"
   [[ "$NODES" -eq 1 ]] && nodelist="node1"
   {
@@ -253,7 +287,7 @@ write_config() {
     echo "JobAcctGatherType=jobacct_gather/none"
     echo "JobCompType=jobcomp/none"
     for nd in "${ALL_NODES[@]}"; do
-      echo "NodeName=$nd NodeHostname=$host NodeAddr=127.0.0.1 Port=$(node_port "$nd") CPUs=$CPUS RealMemory=$REAL_MEMORY Gres=gpu:$GPUS State=UNKNOWN"
+      echo "NodeName=$nd NodeHostname=$host NodeAddr=127.0.0.1 Port=$(node_port "$nd") CPUs=$CPUS RealMemory=$REAL_MEMORY Gres=$(node_gres "$nd") State=UNKNOWN"
     done
     echo "PartitionName=$PARTITION Nodes=$nodelist Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO"
     if [[ "$OTHER_NODES" -gt 0 ]]; then  # not managed: job_submit.lua leaves its jobs alone
@@ -270,7 +304,8 @@ write_config() {
     # File= (a plain file is dropped with "not a valid character or block device", and the job then
     # gets no CUDA_VISIBLE_DEVICES); Slurm numbers the GPUs by the digits ending the file name
     for g in $(seq 0 $((GPUS - 1))); do ln -sfn /dev/null "$DIR/gres/$nd/gpu$g"; done
-    echo "NodeName=$nd Name=gpu File=$DIR/gres/$nd/gpu[0-$((GPUS - 1))]" >>"$DIR/etc/gres.conf.tmp"
+    t="${NODE_GPU_TYPE[$nd]:-}"
+    echo "NodeName=$nd Name=gpu${t:+ Type=$t} File=$DIR/gres/$nd/gpu[0-$((GPUS - 1))]" >>"$DIR/etc/gres.conf.tmp"
   done
   mv "$DIR/etc/gres.conf.tmp" "$DIR/etc/gres.conf"
   # The managed partition is this cluster's default partition.

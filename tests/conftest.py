@@ -58,6 +58,7 @@ class SlurmTestCluster:
     gpus: int
     env: dict[str, str]
     agents: bool
+    up_args: tuple[str, ...] = ()  # more options of `local-cluster.sh up` (e.g. --gpu-type)
     _procs: list[subprocess.Popen] = field(default_factory=list)
 
     @property
@@ -150,6 +151,8 @@ class SlurmTestCluster:
                "--nodes", str(self.nodes), "--gpus", str(self.gpus), "--no-controller"]
         if not self.agents:
             cmd.append("--no-agents")
+        if args[:1] == ("up",):
+            cmd += self.up_args
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
         if p.returncode != 0:
             raise RuntimeError(f"local-cluster.sh {' '.join(args)} failed ({p.returncode}): {p.stderr.strip()[-2000:]}")
@@ -163,6 +166,19 @@ def _read_env_sh(path: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def slurm_cluster(request) -> SlurmTestCluster:
+    yield from start_test_cluster(nodes=4, gpus=8)
+
+
+@pytest.fixture(scope="module")
+def typed_slurm_cluster(request) -> SlurmTestCluster:
+    """A cluster of its own for a module: 4 nodes x 4 GPUs with typed GRES (node1-2 ``a100``, node3-4
+    ``v100``, the unmanaged other1 ``a100``: ``local-cluster.sh up --gpu-type a100:2,v100:2``)."""
+    yield from start_test_cluster(nodes=4, gpus=4, up_args=("--gpu-type", "a100:2,v100:2"))
+
+
+def start_test_cluster(nodes: int, gpus: int, up_args: tuple[str, ...] = ()):
+    """A fixture body: a fresh cluster of ``nodes`` x ``gpus`` (``local-cluster.sh up`` with ``up_args``)
+    is yielded, and stopped and removed afterwards; skips without root or the Slurm binaries."""
     if os.geteuid() != 0:
         pytest.skip("real-Slurm tests need root (they start slurmctld/slurmd and add a test user)")
     missing = [b for b in ("slurmctld", "slurmd", "sbatch", "munged") if shutil.which(b) is None]
@@ -173,7 +189,7 @@ def slurm_cluster(request) -> SlurmTestCluster:
     d = Path(tempfile.mkdtemp(prefix="rlsched-slurm-", dir="/tmp"))
     d.chmod(0o755)
     agents = subprocess.run(["rlsched", "agent", "--help"], capture_output=True, check=False).returncode == 0 if shutil.which("rlsched") else False
-    cl = SlurmTestCluster(dir=d, port=_pick_port(4), nodes=4, gpus=8, env={}, agents=agents)
+    cl = SlurmTestCluster(dir=d, port=_pick_port(nodes), nodes=nodes, gpus=gpus, env={}, agents=agents, up_args=up_args)
     try:
         cl.script("up")
     except (RuntimeError, subprocess.TimeoutExpired) as exc:

@@ -323,11 +323,11 @@ def test_requested_type_cpus_and_memory_are_checked_by_the_decision_validator():
     assert why(("4", Placement.of({2: 4}))) == []
 
 
-def test_round_refuses_a_policys_placement_on_the_wrong_type_and_pins_keep_the_type(tmp_path, caplog, monkeypatch):
-    """fifo ignores GPU types: its placement of a --gpus=k80:2 job on a V100 node is refused by the decision
-    validator (the job stays held); with the V100 nodes busy it lands on the K80 node, pinned with
-    ``gres:gpu:k80`` (a requeued job still asks for K80s). A job asking for a type the partition lacks stays
-    held, with the warning logged; an untyped job's pin keeps the plain ``gres:gpu``."""
+def test_round_places_a_typed_job_on_its_type_and_pins_keep_the_type(tmp_path, caplog, monkeypatch):
+    """fifo places a --gpus=k80:2 job on the K80 node, not on the first (V100) node its packing would
+    take (a heuristic gives a typed job only the free GPUs of its type), pinned with ``gres:gpu:k80``
+    (a requeued job still asks for K80s). A job asking for a type the partition lacks stays held, with
+    the warning logged; an untyped job's pin keeps the plain ``gres:gpu``."""
 
     class TypedSlurm(FakeSlurm):
         def __init__(self) -> None:
@@ -351,15 +351,14 @@ def test_round_refuses_a_policys_placement_on_the_wrong_type_and_pins_keep_the_t
     monkeypatch.setattr(logging.getLogger("controller"), "propagate", True)  # see the malformed-journal test
     with caplog.at_level(logging.WARNING, logger="controller"):
         rep = ctl.round()
-    assert rep.ok and rep.placed == [] and s.tres == {}
-    assert f"job {k80}: placement {{0:2}} does not fit: node 0 (node1) has GPUs of type v100" in caplog.text
+    assert rep.ok and dict(rep.placed) == {k80: {"node3": 2}}, rep
+    assert s.tres == {k80: "gres:gpu:k80"}
     assert f"job {a100}: asks for GPU type a100, which no node of partition gpu has" in caplog.text
-    for n in s.node_list[:2]:
-        n.gpus_used = 4  # the V100s are busy
+    assert "does not fit" not in caplog.text
     plain = s.submit(2, "rlsched:model=GNN")
     rep = ctl.round()
     assert rep.ok, rep.error
-    assert dict(rep.placed) == {k80: {"node3": 2}, plain: {"node3": 2}}
+    assert dict(rep.placed) == {plain: {"node3": 2}}  # packing: the node whose 2 free GPUs fit it exactly
     assert s.tres == {k80: "gres:gpu:k80", plain: "gres:gpu"} and s.job_list[a100].held
 
 

@@ -580,3 +580,22 @@ def test_cluster_state_usable_mask() -> None:
         with pytest.raises(ValueError, match=r"usable must be a bool array of shape \(2,\)"):
             ClusterState(0.0, C28, free, [], [], bad)
     assert ClusterState(0.0, C28, free, [], [], [True, False]).free_gpus.tolist() == [8, 0]
+
+
+@pytest.mark.parametrize("name", ["fifo", "srtf", "las", "greedy", "fifo:spread"])
+def test_a_typed_job_is_placed_only_on_nodes_of_its_type(name: str) -> None:
+    """On 2 K80 nodes then 2 V100 nodes, a job asking for V100s lands on V100 nodes only (where the
+    type-blind rule would take node 0), and one asking for more V100s than are free waits although
+    the cluster has that many GPUs free; an untyped job may go anywhere."""
+    from dataclasses import replace
+
+    from policies.resources import ResourceDemand
+
+    cluster = ClusterSpec.parse("2x4:k80+2x4:v100")
+    v2 = replace(job("v2", 2, submit=0.0), demand=ResourceDemand(2, gpu_type="v100"))
+    plain = job("plain", 2, submit=1.0)
+    v7 = replace(job("v7", 7, submit=2.0), demand=ResourceDemand(7, gpu_type="V100"))
+    dec = make_heuristic(name, ContentionModel(cluster)).schedule(state(cluster, [], [v2, plain, v7]))
+    where = dict(dec.place)
+    assert set(where) == {"v2", "plain"}, dec
+    assert set(where["v2"].nodes) <= {2, 3} and where["v2"].total_gpus == 2

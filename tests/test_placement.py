@@ -351,7 +351,8 @@ def _pack_by_definition(need: int, free: np.ndarray) -> Placement | None:
     return Placement.of(alloc)
 
 
-free_arrays = st.lists(st.integers(0, 8), min_size=1, max_size=40) | st.lists(st.integers(0, 300), min_size=1, max_size=12)
+free_arrays = (st.lists(st.integers(0, 8), min_size=1, max_size=40) | st.lists(st.integers(0, 300), min_size=1, max_size=12)
+               | st.lists(st.integers(0, 8), min_size=65, max_size=90))  # beyond 64 nodes pack searches bytes
 
 
 @settings(max_examples=200, deadline=None)

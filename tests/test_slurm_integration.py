@@ -252,7 +252,7 @@ def test_requested_cpus_and_memory_per_gpu_reach_the_controllers_snapshot(live_c
     that demand while held and, read through the cheap text queue read, once running (the pin keeps it),
     where its 6 CPUs and 4 GB are taken from its node's free CPUs / memory (nodes: 32 CPUs, 64000 MB). A job
     that asks for GPUs only has no demand. The test cluster's GPUs are untyped (``Gres=gpu:8``: Slurm
-    refuses ``--gpus=v100:2`` there), so the GPU type is checked in the adapter and state unit tests."""
+    refuses ``--gpus=v100:2`` there): tests/test_slurm_typed.py runs typed jobs on a cluster of its own."""
     from policies.resources import ResourceDemand
 
     cluster = live_cluster
