@@ -81,8 +81,8 @@ from policies.perf import ContentionModel
 from policies.prior import AdmissionPrior, PriorError
 
 __all__ = [
-    "FORMAT", "MAX_WEIGHTS_BYTES", "Checkpoint", "CheckpointError", "MLPNet", "load_checkpoint", "read_policy_files",
-    "resolve_paths", "save_checkpoint", "write_policy_files",
+    "FORMAT", "MAX_WEIGHTS_BYTES", "Checkpoint", "CheckpointError", "MLPNet", "checkpoint_of_name", "json_path",
+    "load_checkpoint", "read_policy_files", "resolve_paths", "save_checkpoint", "write_policy_files",
 ]
 
 FORMAT = "rlsched-policy"
@@ -247,6 +247,25 @@ def resolve_paths(path: str | Path) -> tuple[Path, Path | None]:
     elif p.suffix != ".json":
         p = p.with_name(p.name + ".json")
     return p, None
+
+
+def json_path(path: str | Path) -> Path:
+    """The checkpoint's JSON path for ``NAME``, ``NAME.json`` or ``NAME.safetensors``."""
+    return resolve_paths(path)[0]
+
+
+def checkpoint_of_name(name: str, base: str) -> Path | None:
+    """The checkpoint named in policy name ``base:/path`` (``None`` for plain ``base``; case and spaces
+    around ``base`` ignored).
+
+    :raises PolicyError: the name is not ``base`` nor ``base:PATH``, or ``PATH`` is empty.
+    """
+    head, sep, path = name.strip().partition(":")
+    if head.strip().lower() != base:
+        raise PolicyError(f"unknown policy {name!r}: expected {base} or {base}:/path/to/checkpoint")
+    if sep and not path.strip():
+        raise PolicyError(f"policy {name!r}: empty checkpoint path after ':'")
+    return Path(path.strip()) if sep else None
 
 
 def read_policy_files(path: str | Path, *, fmt: str, version: int, label: str) -> tuple[dict, dict, Path, Path]:

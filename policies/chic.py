@@ -65,7 +65,7 @@ from typing import Sequence
 import numpy as np
 
 from policies.base import PolicyError
-from policies.elastic import ElasticBaseline, _capacity, _fits, _Job, _materialize, _plan_jobs
+from policies.elastic import ElasticBaseline, PlanJob, fits_capacity, materialize, plan_capacity, plan_jobs
 from policies.psmodel import EPOCH_SIZE, MAX_PS, PS_MODELS, canonical_ps_model
 from policies.state import ClusterState, Decision
 
@@ -141,10 +141,10 @@ class ChicSpec:
 
 @dataclass
 class Slot:
-    """A slot job during a decision phase: the planner's view (:class:`policies.elastic._Job`) and
+    """A slot job during a decision phase: the planner's view (:class:`policies.elastic.PlanJob`) and
     its model's index in :data:`PS_MODELS`."""
 
-    job: _Job
+    job: PlanJob
     model_index: int
 
     @property
@@ -182,7 +182,7 @@ def _task_ok(s: Slot, dw: int, dp: int, used: Sequence[float], cap: Sequence[flo
         elif speed(j, j.w + dw, j.p + dp) <= speed(j, j.w, j.p):
             return False
     add = tuple(dw * a + dp * b for a, b in zip(j.wv, j.pv))
-    return _fits(used, add, cap)
+    return fits_capacity(used, add, cap)
 
 
 def action_mask(spec: ChicSpec, slots: Sequence[Slot | None], used: Sequence[float], cap: Sequence[float],
@@ -410,9 +410,9 @@ class ChicPolicy(ElasticBaseline):
             j.w, j.p = self._plan.get(j.info.job_id, (0, 0))
 
     def schedule(self, state: ClusterState) -> Decision:
-        jobs = _plan_jobs(state)
-        self.plan(jobs, _capacity(state), state)
-        dec = Decision() if all((j.w, j.p) == (j.cur_w, j.cur_p) for j in jobs) else _materialize(state, jobs)
+        jobs = plan_jobs(state)
+        self.plan(jobs, plan_capacity(state), state)
+        dec = Decision() if all((j.w, j.p) == (j.cur_w, j.cur_p) for j in jobs) else materialize(state, jobs)
         if jobs and not dec.place and all(j.cur_w == 0 or j.info.job_id in dec.preempt for j in jobs):
             self._slots_ids = ()  # this plan runs nothing: the next round plans again
         return dec
@@ -429,19 +429,12 @@ class ChicCheckpoint:
     path: Path
 
 
-def _resolve(path: str | Path) -> Path:
-    """The checkpoint's JSON path for ``NAME``, ``NAME.json`` or ``NAME.safetensors``."""
-    from policies.checkpoint import resolve_paths
-
-    return resolve_paths(path)[0]
-
-
 def save_chic_checkpoint(path: str | Path, spec: ChicSpec, net: ChicNet, training: dict | None = None,
                          reward: dict | None = None, task_mask: bool = True) -> Path:
     """Write ``NAME.safetensors`` + ``NAME.json`` (atomically, weights first); returns the JSON path."""
-    from policies.checkpoint import write_policy_files
+    from policies.checkpoint import json_path, write_policy_files
 
-    jpath = _resolve(path)
+    jpath = json_path(path)
     tensors = {}
     for k, (W, b) in enumerate(net.weights):
         if not (np.isfinite(W).all() and np.isfinite(b).all()):

@@ -28,7 +28,7 @@ the jobs are taken in batches of ``J`` in arrival order (the seed's section 6.5)
 actor (a numpy MLP, ReLU hidden layers, softmax output) is run repeatedly, each time taking its most
 likely feasible action (:meth:`DL2Policy.choose`; training overrides it to sample and explore), until
 it says stop or nothing but stop is feasible. The counts are then laid onto nodes as the elastic
-baselines lay theirs (:func:`policies.elastic._materialize`: shrinking resizes, growing ones, new jobs
+baselines lay theirs (:func:`policies.elastic.materialize`: shrinking resizes, growing ones, new jobs
 at their submitted size; a job planned below its minimum waits).
 
 **Experience** (:attr:`DL2Policy.record`, :meth:`DL2Policy.take_experience`): with ``record`` on, the
@@ -55,8 +55,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from policies.base import PolicyError
-from policies.elastic import DEFAULT_INTERVAL_S, ElasticBaseline, _add, _fits, _Job, _share
+from policies.elastic import DEFAULT_INTERVAL_S, ElasticBaseline, PlanJob, add_use, dominant_share, fits_capacity
 from policies.psmodel import EPOCH_SIZE, MAX_PS, PS_MODELS
 from policies.state import ClusterState
 from policies.workloads import MODELS
@@ -176,7 +175,7 @@ def _type_index(spec: DL2Spec) -> dict[str, int]:
     return {t: i for i, t in enumerate(spec.types)}
 
 
-def _remaining_epochs(j: _Job) -> float:
+def _remaining_epochs(j: PlanJob) -> float:
     info = j.info
     rem = max(info.total_samples - info.done_samples, 0.0)
     size = EPOCH_SIZE.get(info.model)
@@ -185,7 +184,7 @@ def _remaining_epochs(j: _Job) -> float:
     return 100.0 * rem / info.total_samples if info.total_samples > 0 else 0.0
 
 
-def encode(batch: Sequence[_Job], cap: Sequence[float], now: float, spec: DL2Spec) -> np.ndarray:
+def encode(batch: Sequence[PlanJob], cap: Sequence[float], now: float, spec: DL2Spec) -> np.ndarray:
     """The state (module docstring) of ``batch`` (at most ``J`` jobs, arrival order) with their ``w`` /
     ``p`` decided so far this slot, on a cluster of aggregate ``cap`` (GPUs, CPUs, GB) at ``now`` (s);
     shape ``(J * (L + 5),)``, float32."""
@@ -199,13 +198,13 @@ def encode(batch: Sequence[_Job], cap: Sequence[float], now: float, spec: DL2Spe
             out[i, k] = 1.0
         out[i, L] = max(now - j.info.submit_time, 0.0) / spec.slot_s * sc["slots"]
         out[i, L + 1] = _remaining_epochs(j) * sc["epochs"]
-        out[i, L + 2] = _share(j.use(j.w, j.p), cap)
+        out[i, L + 2] = dominant_share(j.use(j.w, j.p), cap)
         out[i, L + 3] = j.w * sc["tasks"]
         out[i, L + 4] = j.p * sc["tasks"]
     return out.reshape(-1)
 
 
-def _increment(j: _Job, kind: int) -> tuple[int, int] | None:
+def _increment(j: PlanJob, kind: int) -> tuple[int, int] | None:
     """(workers, PSs) that action ``kind`` (0 worker, 1 PS, 2 both) adds to ``j``, or None when it cannot."""
     dw, dp = (1, 0) if kind == 0 else (0, 1) if kind == 1 else (1, 1)
     if dp and not j.ps_job:
@@ -215,7 +214,7 @@ def _increment(j: _Job, kind: int) -> tuple[int, int] | None:
     return dw, dp
 
 
-def action_mask(batch: Sequence[_Job], used: Sequence[float], cap: Sequence[float], spec: DL2Spec,
+def action_mask(batch: Sequence[PlanJob], used: Sequence[float], cap: Sequence[float], spec: DL2Spec,
                 allow_stop: bool = True) -> np.ndarray:
     """Feasible actions (module docstring), shape ``(3J + 1,)`` bool; ``used`` is the aggregate
     (GPUs, CPUs, GB) the slot's decisions take so far. Stop is feasible unless ``allow_stop`` is False
@@ -224,13 +223,13 @@ def action_mask(batch: Sequence[_Job], used: Sequence[float], cap: Sequence[floa
     for i, j in enumerate(batch[: spec.J]):
         for kind in range(3):
             inc = _increment(j, kind)
-            if inc is not None and _fits(used, j.use(*inc), cap):
+            if inc is not None and fits_capacity(used, j.use(*inc), cap):
                 m[3 * i + kind] = True
     m[-1] = allow_stop or not m[:-1].any()
     return m
 
 
-def apply_action(batch: Sequence[_Job], used: list[float], action: int, spec: DL2Spec) -> bool:
+def apply_action(batch: Sequence[PlanJob], used: list[float], action: int, spec: DL2Spec) -> bool:
     """Apply ``action`` to ``batch`` / ``used`` in place; False for stop. ValueError for an action the
     mask forbids structurally (no such job, past its range, a PS to a job without PSs)."""
     if action == spec.n_actions - 1:
@@ -244,7 +243,7 @@ def apply_action(batch: Sequence[_Job], used: list[float], action: int, spec: DL
         raise ValueError(f"action {action}: job {j.info.job_id} cannot take it")
     j.w += inc[0]
     j.p += inc[1]
-    _add(used, j.use(*inc))
+    add_use(used, j.use(*inc))
     return True
 
 
@@ -311,7 +310,7 @@ class DL2Policy(ElasticBaseline):
         self._start: tuple[float, dict[str, tuple[float, float]]] | None = None  # (time, progress) at its start
         self._closed: list[Transition] = []
 
-    def choose(self, obs: np.ndarray, mask: np.ndarray, batch: Sequence[_Job]) -> int:
+    def choose(self, obs: np.ndarray, mask: np.ndarray, batch: Sequence[PlanJob]) -> int:
         """The action taken in state ``obs``: the most likely feasible one."""
         self.inferences += 1
         z = np.where(mask, self.net.logits(obs), -np.inf)
@@ -389,13 +388,6 @@ def save_dl2(path: str | Path, actor: Sequence[tuple[np.ndarray, np.ndarray]], s
     return write_policy_files(base.with_name(base.name + ".json"), tensors, meta)
 
 
-def _resolve(path: str | Path) -> Path:
-    """The checkpoint's JSON path for ``NAME``, ``NAME.json`` or ``NAME.safetensors``."""
-    from policies.checkpoint import resolve_paths
-
-    return resolve_paths(path)[0]
-
-
 def _chain(tensors: Mapping[str, np.ndarray], prefix: str, n: int, wpath: Path) -> list[tuple[np.ndarray, np.ndarray]]:
     """Layers ``prefix.{0..n-1}.weight`` / ``.bias`` of ``tensors``, checked (present, chaining, finite)."""
     from policies.checkpoint import CheckpointError
@@ -464,13 +456,9 @@ def shipped_dl2() -> Path:
 
 def make_dl2_policy(name: str, perf=None, checkpoint: str | Path | None = None) -> DL2Policy:
     """``dl2`` (the shipped checkpoint, or ``checkpoint``) or ``dl2:/path``. :class:`PolicyError` with one line."""
-    raw = name.strip()
-    base, sep, path = raw.partition(":")
-    if base.strip().lower() != "dl2":
-        raise PolicyError(f"unknown policy {name!r}: expected dl2 or dl2:/path/to/checkpoint")
-    if sep and not path.strip():
-        raise PolicyError(f"policy {name!r}: empty checkpoint path after ':'")
-    ckpt = Path(path.strip()) if sep else (Path(checkpoint) if checkpoint else shipped_dl2())
+    from policies.checkpoint import checkpoint_of_name
+
+    ckpt = checkpoint_of_name(name, "dl2") or (Path(checkpoint) if checkpoint else shipped_dl2())
     net, meta, jpath = load_dl2(ckpt)
     pol = DL2Policy(net, perf, checkpoint=jpath)
     pol.weights_sha256 = str(meta.get("weights_sha256") or "") or None

@@ -63,6 +63,13 @@ __all__ = [
     "node_usage",
     "free_resources",
     "resource_problem",
+    "PlanJob",
+    "plan_jobs",
+    "plan_capacity",
+    "fits_capacity",
+    "add_use",
+    "dominant_share",
+    "materialize",
     "ElasticBaseline",
     "DRFPolicy",
     "TetrisPolicy",
@@ -188,9 +195,15 @@ def resource_problem(job: JobInfo, placement: Placement, cpus: list[float], mem:
 
 
 # ---------------------------------------------------------------------- planning
+# The planning API the elastic policies share (the baselines here, Chic, DL2 and DL2's trainer): a plan
+# sets the worker / PS counts ``w`` / ``p`` of every PlanJob within the aggregate capacity; amounts are
+# ``(GPUs, CPUs, GB)`` triples throughout.
 @dataclass
-class _Job:
-    """A job as the planners see it."""
+class PlanJob:
+    """A job as the planners see it: its snapshot entry ``info``, its resource ``demand``, whether it runs
+    parameter servers (``ps_job``), its worker range ``lo`` .. ``hi``, one worker's and one PS's
+    ``(GPUs, CPUs, GB)`` (``wv``, ``pv``), the planned counts ``w`` / ``p``, its current counts
+    ``cur_w`` / ``cur_p`` (0 / 0 while it waits) and its rank ``order`` (submit time, then id)."""
 
     info: JobInfo
     demand: ResourceDemand
@@ -206,10 +219,13 @@ class _Job:
     order: int = 0
 
     def use(self, w: int, p: int) -> tuple[float, float, float]:
+        """``(GPUs, CPUs, GB)`` of ``w`` workers and ``p`` PSs of this job."""
         return tuple(w * a + p * b for a, b in zip(self.wv, self.pv))  # type: ignore[return-value]
 
 
-def _plan_jobs(state: ClusterState) -> list[_Job]:
+def plan_jobs(state: ClusterState) -> list[PlanJob]:
+    """Every job of ``state``, running or waiting, as a :class:`PlanJob` (planned counts 0), sorted by
+    submit time then id. A waiting job's ``lo`` is at least its ``gpu_demand`` (it starts on exactly that)."""
     jobs = []
     for k, info in enumerate(list(state.running) + list(state.pending)):
         d = job_demand(info) or ResourceDemand(info.gpu_demand)
@@ -218,7 +234,7 @@ def _plan_jobs(state: ClusterState) -> list[_Job]:
         if info.placement is None:  # a waiting job starts on exactly its gpu_demand workers
             lo = max(lo, info.gpu_demand)
         ps_job = d.ps > 0
-        j = _Job(info, d, ps_job, lo, hi, (1.0, float(d.cpus_per_gpu), float(d.mem_gb_per_gpu)),
+        j = PlanJob(info, d, ps_job, lo, hi, (1.0, float(d.cpus_per_gpu), float(d.mem_gb_per_gpu)),
                  (0.0, float(d.ps_cpus), float(d.ps_mem_gb)), order=k)
         if info.placement is not None:
             j.cur_w = info.placement.total_gpus
@@ -230,7 +246,8 @@ def _plan_jobs(state: ClusterState) -> list[_Job]:
     return jobs
 
 
-def _capacity(state: ClusterState) -> tuple[float, float, float]:
+def plan_capacity(state: ClusterState) -> tuple[float, float, float]:
+    """The aggregate ``(GPUs, CPUs, GB)`` of the usable nodes (``inf`` CPUs / GB where a node declares none)."""
     cl = state.cluster
     usable = state.usable
     g = c = m = 0.0
@@ -243,16 +260,18 @@ def _capacity(state: ClusterState) -> tuple[float, float, float]:
     return g, c, m
 
 
-def _fits(used: Sequence[float], add: Sequence[float], cap: Sequence[float]) -> bool:
+def fits_capacity(used: Sequence[float], add: Sequence[float], cap: Sequence[float]) -> bool:
+    """Whether ``used + add`` stays within ``cap`` in every resource (to 1e-9)."""
     return all(u + a <= c + _EPS for u, a, c in zip(used, add, cap))
 
 
-def _add(used: list[float], add: Sequence[float]) -> None:
+def add_use(used: list[float], add: Sequence[float]) -> None:
+    """Add the amounts ``add`` to ``used`` (modified)."""
     for i, a in enumerate(add):
         used[i] += a
 
 
-def _share(v: Sequence[float], cap: Sequence[float]) -> float:
+def dominant_share(v: Sequence[float], cap: Sequence[float]) -> float:
     """Dominant share of the amounts ``v`` of a cluster of capacity ``cap``."""
     return max((a / c for a, c in zip(v, cap) if c > 0 and c != math.inf), default=0.0)
 
@@ -286,11 +305,11 @@ class ElasticBaseline(Policy):
 
     # -------------------------------------------------------------- each baseline's own
     @abstractmethod
-    def plan(self, jobs: list[_Job], cap: tuple[float, float, float], state: ClusterState) -> None:
+    def plan(self, jobs: list[PlanJob], cap: tuple[float, float, float], state: ClusterState) -> None:
         """Set ``w`` / ``p`` of every job (0 / 0: it does not run) within the aggregate ``cap``."""
 
     # -------------------------------------------------------------- helpers
-    def speed(self, j: _Job, w: int, p: int) -> float:
+    def speed(self, j: PlanJob, w: int, p: int) -> float:
         """Estimated samples/s of job ``j`` with ``w`` workers (on one node) and ``p`` PSs
         (``estimator.throughput``: the fitted PS form, or ``perf`` itself for other models)."""
         if w < 1 or (j.ps_job and p < 1):
@@ -303,7 +322,7 @@ class ElasticBaseline(Policy):
             got = self._speeds[key] = float(self.estimator.throughput(j.info.model, ElasticPlacement(((0, w),), key[2])))
         return got
 
-    def remaining_time(self, j: _Job, w: int, p: int) -> float:
+    def remaining_time(self, j: PlanJob, w: int, p: int) -> float:
         s = self.speed(j, w, p)
         return math.inf if s <= 0 else j.info.remaining_samples / s
 
@@ -312,24 +331,24 @@ class ElasticBaseline(Policy):
         if state.time + _EPS < self._next:
             return Decision()
         self._next = state.time + self.interval
-        jobs = _plan_jobs(state)
+        jobs = plan_jobs(state)
         if not jobs:
             return Decision()
-        cap = _capacity(state)
+        cap = plan_capacity(state)
         self.plan(jobs, cap, state)
         for j in jobs:  # a plan below a job's minimum, or a PS job without a PS, does not run it
             if j.w < j.lo or (j.ps_job and j.p < 1):
                 j.w = j.p = 0
             if not j.ps_job:
                 j.p = 0
-        dec = _materialize(state, jobs)
+        dec = materialize(state, jobs)
         planned = {j.info.job_id: j.w for j in jobs}
         if any(planned[jid] > p.total_gpus for jid, p in dec.place):
             self._next = state.time  # a job placed below its plan (it starts at its gpu_demand) grows next round
         return dec
 
 
-def _materialize(state: ClusterState, jobs: list[_Job]) -> Decision:
+def materialize(state: ClusterState, jobs: list[PlanJob]) -> Decision:
     """The decision that brings the jobs to their planned counts, node by node (module docstring)."""
     cl = state.cluster
     usable = state.usable
@@ -349,11 +368,11 @@ def _materialize(state: ClusterState, jobs: list[_Job]) -> Decision:
                 cpus[n] += c
                 mem[n] += m
 
-    def room(n: int, j: _Job) -> bool:
+    def room(n: int, j: PlanJob) -> bool:
         return (usable is None or usable[n]) and free[n] > 0 and cpus[n] + _EPS >= j.wv[1] \
             and mem[n] + 1e-6 >= j.wv[2]
 
-    def try_take(j: _Job, counts: dict[int, int], p: int, old: Placement | None) -> ElasticPlacement | None:
+    def try_take(j: PlanJob, counts: dict[int, int], p: int, old: Placement | None) -> ElasticPlacement | None:
         pl = ElasticPlacement.make(counts, p)
         for n, c in pl.alloc:
             own = dict(old.alloc).get(n, 0) if old is not None else 0
@@ -370,7 +389,7 @@ def _materialize(state: ClusterState, jobs: list[_Job]) -> Decision:
         cpus[:], mem[:] = c2, m2
         return pl
 
-    def grow_options(j: _Job, counts: dict[int, int], add: int) -> list[dict[int, int]]:
+    def grow_options(j: PlanJob, counts: dict[int, int], add: int) -> list[dict[int, int]]:
         """Ways to add ``add`` GPUs to ``counts``: packed (:func:`grow`), then at most ``c`` new workers a
         node for ``c`` = the largest node's GPUs - 1 .. 1 (room left for the job's PSs on its nodes)."""
         out: list[dict[int, int]] = []
@@ -380,7 +399,7 @@ def _materialize(state: ClusterState, jobs: list[_Job]) -> Decision:
                 out.append(g)
         return out
 
-    def grow(j: _Job, counts: dict[int, int], add: int, per_node: int | None = None) -> dict[int, int] | None:
+    def grow(j: PlanJob, counts: dict[int, int], add: int, per_node: int | None = None) -> dict[int, int] | None:
         """``counts`` plus ``add`` GPUs (at most ``per_node`` on a node): on the job's nodes first, then
         the nodes with most free GPUs."""
         out = dict(counts)
@@ -470,14 +489,14 @@ class DRFPolicy(ElasticBaseline):
         while heap:
             _s, _o, j = heapq.heappop(heap)
             add = j.use(1, 1 if j.ps_job else 0)
-            if j.w + 1 > j.hi or not _fits(used, add, cap):
+            if j.w + 1 > j.hi or not fits_capacity(used, add, cap):
                 if j.w + 1 > j.hi:
                     continue
                 break  # DL2's DRF stops at the first task that does not fit
             j.w += 1
             j.p += 1 if j.ps_job else 0
-            _add(used, add)
-            heapq.heappush(heap, (_share(j.use(j.w, j.p), cap), j.order, j))
+            add_use(used, add)
+            heapq.heappush(heap, (dominant_share(j.use(j.w, j.p), cap), j.order, j))
 
 
 class TetrisPolicy(ElasticBaseline):
@@ -503,10 +522,10 @@ class TetrisPolicy(ElasticBaseline):
             best = max(cand, key=lambda j: (align[j.order] / ma + short[j.order] / ms, -j.order))
             cand.remove(best)
             add = best.use(1, 1 if best.ps_job else 0)
-            while best.w < best.hi and _fits(used, add, cap):
+            while best.w < best.hi and fits_capacity(used, add, cap):
                 best.w += 1
                 best.p += 1 if best.ps_job else 0
-                _add(used, add)
+                add_use(used, add)
 
 
 class OptimusPolicy(ElasticBaseline):
@@ -515,16 +534,16 @@ class OptimusPolicy(ElasticBaseline):
 
     name = "optimus"
 
-    def _gain(self, j: _Job, cap) -> tuple[float, str]:
+    def _gain(self, j: PlanJob, cap) -> tuple[float, str]:
         now = self.remaining_time(j, j.w, j.p)
         best, role = -math.inf, ""
         if j.w < j.hi:
             t = self.remaining_time(j, j.w + 1, j.p)
-            g = (now - t) / max(_share(j.wv, cap), 1e-12) if now != math.inf else math.inf
+            g = (now - t) / max(dominant_share(j.wv, cap), 1e-12) if now != math.inf else math.inf
             best, role = g, "worker"
         if j.ps_job and j.p < j.hi:
             t = self.remaining_time(j, j.w, j.p + 1)
-            g = (now - t) / max(_share(j.pv, cap), 1e-12) if now != math.inf else math.inf
+            g = (now - t) / max(dominant_share(j.pv, cap), 1e-12) if now != math.inf else math.inf
             if g > best:
                 best, role = g, "ps"
         return best, role
@@ -534,9 +553,9 @@ class OptimusPolicy(ElasticBaseline):
         for j in jobs:  # at least one worker (its minimum) and one PS each, in arrival order
             w0 = max(j.lo, 1)
             add = j.use(w0, 1 if j.ps_job else 0)
-            if _fits(used, add, cap):
+            if fits_capacity(used, add, cap):
                 j.w, j.p = w0, (1 if j.ps_job else 0)
-                _add(used, add)
+                add_use(used, add)
         heap = []
         for j in jobs:
             if j.w:
@@ -547,13 +566,13 @@ class OptimusPolicy(ElasticBaseline):
         while heap:
             ng, _o, role, j = heapq.heappop(heap)
             add = j.wv if role == "worker" else j.pv
-            if not _fits(used, add, cap):
+            if not fits_capacity(used, add, cap):
                 continue  # this task does not fit; others (smaller) may
             if role == "worker":
                 j.w += 1
             else:
                 j.p += 1
-            _add(used, add)
+            add_use(used, add)
             g, role = self._gain(j, cap)
             if role and g > 0:
                 heapq.heappush(heap, (-g, j.order, role, j))

@@ -31,7 +31,6 @@ reading / writing checkpoint files; no torch.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
@@ -39,12 +38,12 @@ from typing import Any
 
 import numpy as np
 
-from policies.base import Policy, PolicyError
+from policies.base import PolicyError
 from policies.cluster import ClusterSpec
 from policies.codecs.base import CodecError
 from policies.codecs.sced2 import N_STATS, Sced2Codec, Sced2Spec
 from policies.perf import ContentionModel
-from policies.state import ClusterState, Decision
+from policies.pick import PickPolicy, check_float_tensors, load_pick_checkpoint, masked_argmax, save_pick_checkpoint
 
 __all__ = [
     "FORMAT",
@@ -135,57 +134,26 @@ class Sced2Net:
     @staticmethod
     def choose(q: np.ndarray, mask: np.ndarray) -> int:
         """The valid action of highest Q (lowest index on ties); :class:`ValueError` if none is usable."""
-        m = np.where(mask, q, -np.inf)
-        i = int(m.argmax())
-        if not math.isfinite(m[i]):
-            raise ValueError(f"sced2: no usable Q-value (best valid action {i} has {m[i]})")
-        return i
+        return masked_argmax(q, mask, "sced2", "Q-value")
 
 
-class Sced2Policy(Policy):
-    """SCED2 as a :class:`Policy` (module docstring): the network picks jobs, packing places them.
+class Sced2Policy(PickPolicy):
+    """SCED2 as a :class:`Policy` (module docstring): the network picks jobs, packing places them (the
+    round loop is :class:`policies.pick.PickPolicy`'s; seed: time goes to the next event after "none").
 
     :param net: the Q-network.
     :param codec: the codec for the cluster.
     :param max_decisions: safety cap on starts per round.
     """
 
-    #: asked at arrivals and completions only (seed: time goes to the next event after "none")
-    time_invariant = True
-
     def __init__(self, net: Sced2Net, codec: Sced2Codec, name: str = "sced2", max_decisions: int = 10_000,
                  checkpoint: Path | None = None) -> None:
         if (net.spec.gpus_per_node, net.spec.jobs, net.spec.k) != (codec.spec.gpus_per_node, codec.spec.jobs, codec.spec.k):
             raise PolicyError(f"sced2: network spec {net.spec} does not match the codec's {codec.spec}")
-        self.net, self.codec, self.name = net, codec, name
-        self.max_decisions = max_decisions
-        self.checkpoint = checkpoint
-        #: counters since the last reset(): rounds, starts, "none" picked while a job fitted
-        self.stats = {"rounds": 0, "placements": 0, "holds": 0}
+        super().__init__(net, codec, name, max_decisions, checkpoint)
 
-    def reset(self) -> None:
-        self.stats = {k: 0 for k in self.stats}
-
-    def schedule(self, state: ClusterState) -> Decision:
-        dec = Decision()
-        self.stats["rounds"] += 1
-        rnd = self.codec.begin(state)
-        limit = self.place_limit
-        for _ in range(self.max_decisions):
-            if not rnd.waiting or (limit is not None and len(dec.place) >= limit):
-                break
-            enc = rnd.encode()
-            if not enc.any_placement:
-                break
-            a = self.net.choose(self.net.q_values(enc.obs), enc.mask)
-            choice = enc.decode(a)
-            if choice is None:
-                self.stats["holds"] += 1
-                break
-            rnd.place(*choice)
-            dec.place.append(choice)
-            self.stats["placements"] += 1
-        return dec
+    def pick(self, enc) -> int:
+        return self.net.choose(self.net.q_values(enc.obs), enc.mask)
 
 
 # ---------------------------------------------------------------------- checkpoints
@@ -202,53 +170,26 @@ def shipped_sced2(gpus_per_node: int) -> Path:
     return p
 
 
-def _resolve(path: str | Path) -> Path:
-    """The checkpoint's JSON path for ``NAME``, ``NAME.json`` or ``NAME.safetensors``."""
-    from policies.checkpoint import resolve_paths
-
-    return resolve_paths(path)[0]
-
-
 def save_sced2(path: str | Path, tensors: Mapping[str, np.ndarray], spec: Sced2Spec, cluster: ClusterSpec,
                training: Mapping[str, Any]) -> Path:
     """Write ``NAME.safetensors`` + ``NAME.json`` (module docstring); returns the JSON path. The weights
     are checked as :func:`load_sced2` checks them before anything is written (:class:`ValueError`)."""
-    from policies.checkpoint import write_policy_files
-    from rlsched import __version__
-
-    jpath = _resolve(path)
-    arrays = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()}
-    net = _check_tensors(arrays, spec, str(jpath))
-    meta = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "project_version": __version__,
-        "algo": "dqn",
-        "policy": "sced2",
-        "codec": Sced2Codec.name,
-        "obs_spec": spec.to_dict(),
-        "network": {"kind": "sced2-shared", "hidden": net.hidden, "head": net.head, "activation": "relu",
-                    "tensors": list(TENSOR_NAMES)},
-        "cluster": cluster.to_dict(),
-        "cluster_shape": cluster.describe(),
-        "reward": {"kind": "effectiveness", "per": "scheduled job", "formula": "T_ideal / (T_wait + T_actual)"},
-        "training": dict(training),
-    }
-    return write_policy_files(jpath, arrays, meta)
+    return save_pick_checkpoint(
+        path, tensors, spec, fmt=FORMAT, version=FORMAT_VERSION, codec=Sced2Codec, check=_check_tensors,
+        head={"algo": "dqn", "policy": "sced2"},
+        network=lambda net: {"kind": "sced2-shared", "hidden": net.hidden, "head": net.head, "activation": "relu",
+                             "tensors": list(TENSOR_NAMES)},
+        tail={
+            "cluster": cluster.to_dict(),
+            "cluster_shape": cluster.describe(),
+            "reward": {"kind": "effectiveness", "per": "scheduled job", "formula": "T_ideal / (T_wait + T_actual)"},
+            "training": dict(training),
+        },
+    )
 
 
 def _check_tensors(tensors: Mapping[str, np.ndarray], spec: Sced2Spec, where: str) -> Sced2Net:
-    for p in TENSOR_NAMES:
-        for x in ("weight", "bias"):
-            t = tensors.get(f"{p}.{x}")
-            if t is None:
-                raise ValueError(f"{where}: tensor {p}.{x} is missing")
-            if t.dtype != np.float32 or not np.isfinite(t).all() or np.abs(t).max(initial=0.0) > 1e6:
-                raise ValueError(f"{where}: tensor {p}.{x} must be finite float32 of magnitude <= 1e6")
-    try:
-        return Sced2Net(spec, tensors)
-    except (ValueError, KeyError) as exc:
-        raise ValueError(f"{where}: {exc}") from None
+    return check_float_tensors(tensors, TENSOR_NAMES, where, lambda: Sced2Net(spec, tensors))
 
 
 def load_sced2(path: str | Path) -> tuple[Sced2Net, dict[str, Any], Path]:
@@ -257,35 +198,20 @@ def load_sced2(path: str | Path) -> tuple[Sced2Net, dict[str, Any], Path]:
 
     :raises PolicyError: one line naming the file and the problem.
     """
-    from policies.checkpoint import CheckpointError, read_policy_files
-
-    meta, tensors, jpath, wpath = read_policy_files(path, fmt=FORMAT, version=FORMAT_VERSION, label="sced2")
-    if meta.get("codec") != Sced2Codec.name:
-        raise CheckpointError(f"{jpath}: codec {meta.get('codec')!r} is not {Sced2Codec.name!r}")
-    try:
-        spec = Sced2Spec.from_dict(meta.get("obs_spec"))
-    except (CodecError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"{jpath}: bad obs_spec: {exc}") from None
-    try:
-        net = _check_tensors(tensors, spec, str(wpath))
-    except ValueError as exc:
-        raise CheckpointError(str(exc)) from None
-    return net, meta, jpath
+    return load_pick_checkpoint(path, fmt=FORMAT, version=FORMAT_VERSION, label="sced2", codec=Sced2Codec,
+                                check=_check_tensors)
 
 
 def make_sced2_policy(name: str, cluster: ClusterSpec, perf: ContentionModel | None = None,
                       checkpoint: str | Path | None = None) -> Sced2Policy:
     """``sced2`` (the shipped checkpoint for the cluster's GPUs per server, or ``checkpoint``) or
     ``sced2:/path/ckpt`` for ``cluster`` (any number of servers). :class:`PolicyError` with one line."""
-    raw = name.strip()
-    base, sep, path = raw.partition(":")
-    if base.strip().lower() != "sced2":
-        raise PolicyError(f"unknown policy {name!r}: expected sced2 or sced2:/path/to/checkpoint")
-    if sep and not path.strip():
-        raise PolicyError(f"policy {name!r}: empty checkpoint path after ':'")
+    from policies.checkpoint import checkpoint_of_name
+
+    named = checkpoint_of_name(name, "sced2")
     if not cluster.is_homogeneous:
         raise PolicyError(f"policy {name!r}: sced2 needs servers with equal GPU counts, got {cluster.describe_gpus()}")
-    ckpt = Path(path.strip()) if sep else (Path(checkpoint) if checkpoint else shipped_sced2(cluster.gpus_per_node[0]))
+    ckpt = named or (Path(checkpoint) if checkpoint else shipped_sced2(cluster.gpus_per_node[0]))
     net, _meta, jpath = load_sced2(ckpt)
     try:
         codec = Sced2Codec(cluster, perf or ContentionModel(cluster), net.spec)

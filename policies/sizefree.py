@@ -21,7 +21,6 @@ and never unpickles. The critic of PPO is not stored (only the actor acts). Pure
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
@@ -29,12 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from policies.base import Policy, PolicyError
+from policies.base import PolicyError
 from policies.cluster import ClusterSpec
 from policies.codecs.base import CodecError
 from policies.codecs.sizefree import N_CAND, N_CTX, SizeFreeCodec, SizeFreeSpec
 from policies.perf import ContentionModel
-from policies.state import ClusterState, Decision
+from policies.pick import PickPolicy, check_float_tensors, load_pick_checkpoint, masked_argmax, save_pick_checkpoint
 
 __all__ = ["FORMAT", "TENSOR_NAMES", "SizeFreeNet", "SizeFreePolicy", "load_sizefree", "make_sizefree_policy",
            "save_sizefree", "shipped_sizefree", "tensor_shapes"]
@@ -79,51 +78,21 @@ class SizeFreeNet:
 
     @staticmethod
     def choose(scores: np.ndarray, mask: np.ndarray) -> int:
-        m = np.where(mask, scores, -np.inf)
-        i = int(m.argmax())
-        if not math.isfinite(m[i]):
-            raise ValueError(f"sizefree: no usable score (best valid action {i} has {m[i]})")
-        return i
+        """The valid action of highest score (lowest index on ties); :class:`ValueError` if none is usable."""
+        return masked_argmax(scores, mask, "sizefree")
 
 
-class SizeFreePolicy(Policy):
-    """``rl-sf`` (module docstring)."""
-
-    time_invariant = True
+class SizeFreePolicy(PickPolicy):
+    """``rl-sf`` (module docstring; the round loop is :class:`policies.pick.PickPolicy`'s)."""
 
     def __init__(self, net: SizeFreeNet, codec: SizeFreeCodec, name: str = "rl-sf", max_decisions: int = 10_000,
                  checkpoint: Path | None = None) -> None:
         if net.spec.jobs != codec.spec.jobs:
             raise PolicyError(f"rl-sf: network spec {net.spec} does not match the codec's {codec.spec}")
-        self.net, self.codec, self.name = net, codec, name
-        self.max_decisions = max_decisions
-        self.checkpoint = checkpoint
-        self.stats = {"rounds": 0, "placements": 0, "holds": 0}
+        super().__init__(net, codec, name, max_decisions, checkpoint)
 
-    def reset(self) -> None:
-        self.stats = {k: 0 for k in self.stats}
-
-    def schedule(self, state: ClusterState) -> Decision:
-        dec = Decision()
-        self.stats["rounds"] += 1
-        if not state.pending:
-            return dec
-        rnd = self.codec.begin(state)
-        limit = self.place_limit
-        for _ in range(self.max_decisions):
-            if not rnd.waiting or (limit is not None and len(dec.place) >= limit):
-                break
-            enc = rnd.encode()
-            if not enc.any_placement:
-                break
-            choice = enc.decode(self.net.choose(self.net.scores(enc.obs), enc.mask))
-            if choice is None:
-                self.stats["holds"] += 1
-                break
-            rnd.place(*choice)
-            dec.place.append(choice)
-            self.stats["placements"] += 1
-        return dec
+    def pick(self, enc) -> int:
+        return self.net.choose(self.net.scores(enc.obs), enc.mask)
 
 
 # ---------------------------------------------------------------------- checkpoints
@@ -135,79 +104,35 @@ def shipped_sizefree() -> Path:
     return p
 
 
-def _resolve(path: str | Path) -> Path:
-    """The checkpoint's JSON path for ``NAME``, ``NAME.json`` or ``NAME.safetensors``."""
-    from policies.checkpoint import resolve_paths
-
-    return resolve_paths(path)[0]
-
-
 def _check_tensors(tensors: Mapping[str, np.ndarray], spec: SizeFreeSpec, where: str) -> SizeFreeNet:
-    for p in TENSOR_NAMES:
-        for x in ("weight", "bias"):
-            t = tensors.get(f"{p}.{x}")
-            if t is None:
-                raise ValueError(f"{where}: tensor {p}.{x} is missing")
-            if t.dtype != np.float32 or not np.isfinite(t).all() or np.abs(t).max(initial=0.0) > 1e6:
-                raise ValueError(f"{where}: tensor {p}.{x} must be finite float32 of magnitude <= 1e6")
-    try:
-        return SizeFreeNet(spec, tensors)
-    except (ValueError, KeyError) as exc:
-        raise ValueError(f"{where}: {exc}") from None
+    return check_float_tensors(tensors, TENSOR_NAMES, where, lambda: SizeFreeNet(spec, tensors))
 
 
 def save_sizefree(path: str | Path, tensors: Mapping[str, np.ndarray], spec: SizeFreeSpec,
                   training: Mapping[str, Any]) -> Path:
     """Write ``NAME.safetensors`` + ``NAME.json``; returns the JSON path (weights checked first)."""
-    from policies.checkpoint import write_policy_files
-    from rlsched import __version__
-
-    jpath = _resolve(path)
-    arrays = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items() if k.split(".")[0] == "cand"}
-    net = _check_tensors(arrays, spec, str(jpath))
-    meta = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "project_version": __version__,
-        "policy": "rl-sf",
-        "codec": SizeFreeCodec.name,
-        "obs_spec": spec.to_dict(),
-        "network": {"kind": "sizefree-pointer", "hidden": net.hidden, "activation": "relu",
-                    "tensors": list(TENSOR_NAMES)},
-        "training": dict(training),
-    }
-    return write_policy_files(jpath, arrays, meta)
+    return save_pick_checkpoint(
+        path, {k: v for k, v in tensors.items() if k.split(".")[0] == "cand"}, spec, fmt=FORMAT,
+        version=FORMAT_VERSION, codec=SizeFreeCodec, check=_check_tensors, head={"policy": "rl-sf"},
+        network=lambda net: {"kind": "sizefree-pointer", "hidden": net.hidden, "activation": "relu",
+                             "tensors": list(TENSOR_NAMES)},
+        tail={"training": dict(training)},
+    )
 
 
 def load_sizefree(path: str | Path) -> tuple[SizeFreeNet, dict[str, Any], Path]:
     """``(network, metadata, json path)``, fully checked; never unpickles.
     :raises CheckpointError: one line naming the file and the problem."""
-    from policies.checkpoint import CheckpointError, read_policy_files
-
-    meta, tensors, jpath, wpath = read_policy_files(path, fmt=FORMAT, version=FORMAT_VERSION, label="rl-sf")
-    if meta.get("codec") != SizeFreeCodec.name:
-        raise CheckpointError(f"{jpath}: codec {meta.get('codec')!r} is not {SizeFreeCodec.name!r}")
-    try:
-        spec = SizeFreeSpec.from_dict(meta.get("obs_spec"))
-    except (CodecError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"{jpath}: bad obs_spec: {exc}") from None
-    try:
-        net = _check_tensors(tensors, spec, str(wpath))
-    except ValueError as exc:
-        raise CheckpointError(str(exc)) from None
-    return net, meta, jpath
+    return load_pick_checkpoint(path, fmt=FORMAT, version=FORMAT_VERSION, label="rl-sf", codec=SizeFreeCodec,
+                                check=_check_tensors)
 
 
 def make_sizefree_policy(name: str, cluster: ClusterSpec, perf: ContentionModel | None = None,
                          checkpoint: str | Path | None = None) -> SizeFreePolicy:
     """``rl-sf`` (the shipped checkpoint, or ``checkpoint``) or ``rl-sf:/path`` on any cluster."""
-    raw = name.strip()
-    base, sep, path = raw.partition(":")
-    if base.strip().lower() != "rl-sf":
-        raise PolicyError(f"unknown policy {name!r}: expected rl-sf or rl-sf:/path/to/checkpoint")
-    if sep and not path.strip():
-        raise PolicyError(f"policy {name!r}: empty checkpoint path after ':'")
-    ckpt = Path(path.strip()) if sep else (Path(checkpoint) if checkpoint else shipped_sizefree())
+    from policies.checkpoint import checkpoint_of_name
+
+    ckpt = checkpoint_of_name(name, "rl-sf") or (Path(checkpoint) if checkpoint else shipped_sizefree())
     net, _meta, jpath = load_sizefree(ckpt)
     try:
         codec = SizeFreeCodec(cluster, perf or ContentionModel(cluster), net.spec)

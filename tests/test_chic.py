@@ -16,7 +16,7 @@ from policies.checkpoint import CheckpointError
 from policies.base import PolicyError
 from policies.chic import (P1, P2, ChicNet, ChicPolicy, ChicSpec, Slot, action_mask, encode, load_chic_checkpoint,
                            make_chic_policy, save_chic_checkpoint, step_penalty, time_reward, _choose)
-from policies.elastic import _Job
+from policies.elastic import PlanJob
 from policies.psmodel import EPOCH_SIZE, PS_MODELS
 from policies.resources import ResourceDemand
 from policies.state import JobInfo
@@ -30,7 +30,7 @@ def _slot(model="VGG-16", epochs=150.0, w=0, p=0, hi=16, wv=(1.0, 2.0, 10.0), pv
                        ps_mem_gb=pv[2], min_gpus=1, max_gpus=hi)
     info = JobInfo(job_id=f"j{model}", model=model, gpu_demand=1, submit_time=0.0,
                    total_samples=epochs * EPOCH_SIZE[model], min_gpus=1, max_gpus=hi, demand=d)
-    j = _Job(info, d, True, 1, hi, wv, pv, w=w, p=p)
+    j = PlanJob(info, d, True, 1, hi, wv, pv, w=w, p=p)
     return Slot(j, PS_MODELS.index(model))
 
 

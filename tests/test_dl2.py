@@ -15,7 +15,7 @@ from policies.checkpoint import CheckpointError
 from policies.cluster import ClusterSpec
 from policies.dl2 import (DL2Net, DL2Spec, FEATURES, JOB_TYPES, action_mask, apply_action, encode, load_dl2,
                           save_dl2, slot_reward)
-from policies.elastic import _Job
+from policies.elastic import PlanJob
 from policies.resources import ResourceDemand
 from policies.state import ClusterState, JobInfo
 
@@ -23,11 +23,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _job(jid: str, model: str = "ResNet-50", ps: bool = True, hi: int = 4, t: float = 0.0,
-         total: float = 1000.0, done: float = 0.0) -> _Job:
+         total: float = 1000.0, done: float = 0.0) -> PlanJob:
     d = ResourceDemand(1, cpus_per_gpu=2, mem_gb_per_gpu=10, ps=1 if ps else 0, ps_cpus=3 if ps else 0,
                        ps_mem_gb=10 if ps else 0, min_gpus=1, max_gpus=hi)
     info = JobInfo(jid, model, 1, t, total, done, min_gpus=1, max_gpus=hi, demand=d)
-    return _Job(info, d, ps, 1, hi, (1.0, 2.0, 10.0), (0.0, 3.0 if ps else 0.0, 10.0 if ps else 0.0))
+    return PlanJob(info, d, ps, 1, hi, (1.0, 2.0, 10.0), (0.0, 3.0 if ps else 0.0, 10.0 if ps else 0.0))
 
 
 def _random_actor(spec: DL2Spec, seed: int = 0, hidden: int = 16):

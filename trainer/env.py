@@ -74,19 +74,18 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
-import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
 from policies.cluster import ClusterSpec
 from policies.compat import CompatMode, compat_codec, compat_mode
-from policies.codecs.deepshare import DeepShareCodec, DeepShareRound, Encoded, ObsSpec
+from policies.codecs.deepshare import DeepShareCodec, ObsSpec
 from policies.job import JobSpec
 from policies.orders import AGING_S
 from policies.perf import ContentionModel
-from policies.state import Decision
+from trainer.common.pick_env import PickEnv, register_env
 from trainer.sim_backend import SimBackend
 from trainer.simulator import SimConfig, Simulator
 
@@ -138,8 +137,9 @@ def load_trace_dir(path: str | Path, cluster: ClusterSpec) -> list[list[JobSpec]
     return [load_trace(f, cluster) for f in files]
 
 
-class PlacementEnv(gym.Env):
-    """Scheduling decisions on a simulated cluster.
+class PlacementEnv(PickEnv):
+    """Scheduling decisions on a simulated cluster (the step / reset bookkeeping is
+    :class:`trainer.common.pick_env.PickEnv`'s; an invalid action closes the round).
 
     :param traces: job sets; each episode draws one uniformly (seeded by ``reset``), or plays the one of
         ``reset(options={"trace": i})`` (an integer, ``0 <= i < len(traces)``; anything else is a ValueError).
@@ -165,7 +165,7 @@ class PlacementEnv(gym.Env):
         contention rule) and ``round_len`` must agree with the mode (``ValueError`` naming them otherwise).
     """
 
-    metadata: ClassVar[dict] = {"render_modes": []}
+    invalid_closes_round: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -185,24 +185,12 @@ class PlacementEnv(gym.Env):
         reference: Sequence[float] | None = None,
         compat: CompatMode | str | None = None,
     ) -> None:
-        super().__init__()
-        if not traces:
-            raise ValueError("PlacementEnv needs at least one trace")
-        empty = [i for i, t in enumerate(traces) if len(t) == 0]
-        if empty:
-            raise ValueError(
-                f"PlacementEnv: trace {empty[0]} (0-based) has no jobs"
-                + (f" ({len(empty)} empty traces)" if len(empty) > 1 else "")
-                + "; an episode needs at least one job"
-            )
+        mode = compat_mode(compat) if isinstance(compat, str) else compat
+        super().__init__(traces, cluster, max_steps, invalid_penalty, round_len, compat=mode)
         if reward not in REWARDS:
             raise ValueError(f"reward {reward!r}: expected one of {', '.join(REWARDS)}")
         if not 0.0 <= w1 <= 1.0:
             raise ValueError(f"w1 must be in [0, 1], got {w1}")
-        self.cluster = ClusterSpec.parse(cluster)
-        #: the peer simulator's rules the episodes run under (``None``: rlsched's own)
-        self.compat = compat_mode(compat) if isinstance(compat, str) else compat
-        mode = self.compat
         if mode is not None:
             mode.check_cluster(self.cluster)  # CompatError (a ValueError-like PolicyError), one line
             if perf is not None and getattr(perf, "contention", "sum") != mode.contention:
@@ -218,8 +206,6 @@ class PlacementEnv(gym.Env):
         self.codec = DeepShareCodec(self.cluster, self.perf, self.spec_obs)
         if mode is not None:
             compat_codec(self.codec, mode)
-        self._round: DeepShareRound | None = None  # the codec's round of the current simulator round
-        self.traces = [list(t) for t in traces]
         self.reference: list[float] | None = None
         if reward == "jct-rel":
             ref = reference if reference is not None else reference_jct(self.traces, self.cluster, self.perf, round_len,
@@ -229,43 +215,20 @@ class PlacementEnv(gym.Env):
             self.reference = [float(r) for r in ref]
         self.reward_kind = reward
         self.w1 = float(w1)
-        self.round_len = float(round_len)
-        self.max_steps = int(max_steps)
-        self.invalid_penalty = float(invalid_penalty)
         self.shaping = (reward == "progress") if shaping is None else bool(shaping)
         self.gamma = float(gamma)
         self._phi = 0.0
         box = self.codec.observation_space
         self.observation_space = spaces.Box(box.low, box.high, shape=box.shape, dtype=box.dtype)
         self.action_space = spaces.Discrete(self.codec.action_space.n)
-        self._sims: dict[int, Simulator] = {}
-        self.sim: Simulator | None = None
-        #: the round timing of the episode's simulator (created by ``reset``)
-        self.backend: SimBackend | None = None
-        self._enc: Encoded | None = None  # the current encoding; None once every job has finished
-        self._steps = 0
+        self.noop_action = self.spec_obs.noop
         # reward integration (the backend's on_advance hook): reward earned and not paid yet, the time
         # of the last hook call and the reward rate (per round) of the state since then
         self._acc = 0.0
         self._t_prev = 0.0
         self._rate_prev = 0.0
-        self.trace_index = -1
 
     # ------------------------------------------------------------------ helpers
-    def _sim_for(self, i: int) -> Simulator:
-        sim = self._sims.get(i)
-        if sim is None:
-            # the backend's idle guard (rounds in a row with the cluster idle, jobs waiting and nothing
-            # started) stays above max_steps: an agent that ignores the mask truncates first. No
-            # fragmentation / CS samples (metrics_interval): the rewards do not read them.
-            cfg = SimConfig(round_len=self.round_len, metrics_interval=math.inf,
-                            max_idle_rounds=max(SimConfig.max_idle_rounds, self.max_steps + 1), compat=self.compat)
-            sim = Simulator(self.cluster, self.traces[i], None, self.perf, cfg)
-            self._sims[i] = sim
-        else:
-            sim.reset_state()
-        return sim
-
     def _potential(self) -> float:
         sim = self.sim
         assert sim is not None
@@ -304,101 +267,37 @@ class PlacementEnv(gym.Env):
         r, self._acc = self._acc, 0.0
         return r
 
-    def _settle(self) -> None:
-        """Close the round and move on to the next round with a decision to make: ``backend.next_round()``
-        (rounds in which jobs wait), a new codec round on its snapshot, until some placement is valid.
-        With no round left every job has finished: no encoding (``self._enc`` is ``None``)."""
-        backend = self.backend
-        assert backend is not None
-        while backend.next_round():
-            self._round = self.codec.begin(backend.snapshot())
-            self._enc = self._round.encode()
-            if self._enc.any_placement:
-                return
-        self._round = None
-        self._enc = None
-
     def _obs(self) -> np.ndarray:
         if self._enc is None:
             return np.zeros(self.spec_obs.shape, dtype=np.float32)
         return self._enc.obs
 
-    def _info(self) -> dict[str, Any]:
-        sim = self.sim
-        assert sim is not None
-        return {"time": sim.time, "finished": sim.finished, "jobs": len(sim.jobs), "trace": self.trace_index}
+    # ------------------------------------------------------------------ PickEnv hooks
+    def _backend_for(self, sim: Simulator) -> SimBackend:
+        return SimBackend(sim, on_advance=self._integrate)
 
-    # ------------------------------------------------------------------ gym API
-    def reset(self, *, seed: int | None = None, options: dict | None = None):
-        super().reset(seed=seed)
-        if options and "trace" in options:
-            idx = options["trace"]
-            n = len(self.traces)
-            if isinstance(idx, (bool, np.bool_)) or not isinstance(idx, (int, np.integer)) or not 0 <= idx < n:
-                raise ValueError(
-                    f"reset(options={{'trace': {idx!r}}}): the trace option must be an integer index "
-                    f"in [0, {n - 1}] ({n} trace{'s' if n != 1 else ''})"
-                )
-            idx = int(idx)
+    def _on_reset(self, settled: bool) -> None:
+        if not settled:
+            assert self.sim is not None
+            self._acc, self._t_prev, self._rate_prev = 0.0, self.sim.time, 0.0
         else:
-            idx = int(self.np_random.integers(len(self.traces)))
-        self.trace_index = idx
-        self.sim = sim = self._sim_for(idx)
-        self.backend = SimBackend(sim, on_advance=self._integrate)
-        self._steps = 0
-        self._round = None  # a new episode: no round (nor plan) from the last one
-        self._enc = None
-        self._acc, self._t_prev, self._rate_prev = 0.0, sim.time, 0.0
-        self._settle()
-        self._earned()  # the time before the first decision earns nothing
-        self._phi = self._potential()
-        return self._obs(), self._info()
+            self._earned()  # the time before the first decision earns nothing
+            self._phi = self._potential()
 
-    def action_masks(self) -> np.ndarray:
-        """Valid actions now, bool ``[n_actions]`` (sb3-contrib's MaskablePPO calls this)."""
-        if self._enc is None:
-            m = np.zeros(self.spec_obs.n_actions, dtype=bool)
-            m[self.spec_obs.noop] = True
-            return m
-        return self._enc.mask.copy()
-
-    def step(self, action):
-        sim, backend = self.sim, self.backend
-        if sim is None or backend is None:
-            raise RuntimeError("call reset() before step()")
-        a = int(action)
-        reward = 0.0
-        self._steps += 1
-        enc = self._enc
-        if enc is not None:  # else the episode is over: nothing to do
-            if 0 <= a < len(enc.mask) and enc.mask[a]:
-                d = enc.decode(a)
-            else:
-                d = None
-                reward += self.invalid_penalty
-            if d is not None:
-                backend.apply(Decision(place=[d]))  # validated on a fresh snapshot; time does not move
-                assert self._round is not None
-                self._round.place(*d)
-                self._enc = self._round.encode()
-                if not self._enc.any_placement:
-                    self._settle()
-            else:  # "nothing" (or an invalid action): on to the next round with a decision to make
-                self._settle()
+    def _step_reward(self, reward: float) -> float:
+        """The reward integrated over the step's time, plus the shaping term (module docstring)."""
         reward += self._earned()
-        terminated = sim.done
         if self.shaping:
-            phi = 0.0 if terminated else self._potential()
+            assert self.sim is not None
+            phi = 0.0 if self.sim.done else self._potential()
             reward += self.gamma * phi - self._phi
             self._phi = phi
-        truncated = not terminated and self._steps >= self.max_steps
-        return self._obs(), float(reward), terminated, truncated, self._info()
+        return reward
 
 
 def register() -> None:
     """Register :data:`ENV_ID` with Gymnasium (idempotent)."""
-    if ENV_ID not in gym.registry:
-        gym.register(id=ENV_ID, entry_point="trainer.env:PlacementEnv")
+    register_env(ENV_ID, "trainer.env:PlacementEnv")
 
 
 register()

@@ -46,7 +46,6 @@ servers of ``M`` GPUs. Pure: no I/O.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
@@ -54,7 +53,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from policies.cluster import ClusterSpec, Placement
-from policies.codecs.base import Box, CodecError, Discrete
+from policies.codecs.base import CodecError
+from policies.codecs.pick import (PickCodec, PickEncoding, as_started, check_spec_ints, check_tau, hold_mask,
+                                  running_speed, spec_from_fields, take_waiting)
 from policies.perf import ContentionModel
 from policies.placement import pack
 from policies.state import ClusterState, JobInfo
@@ -100,10 +101,7 @@ class Sced2Spec:
     version: int = LAYOUT_VERSION
 
     def __post_init__(self) -> None:
-        for name in ("nodes", "gpus_per_node", "jobs", "k", "version"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise CodecError(f"sced2 spec: {name} must be an integer >= 1, got {v!r}")
+        check_spec_ints("sced2", self, ("nodes", "gpus_per_node", "jobs", "k", "version"))
         if self.version != LAYOUT_VERSION:
             raise CodecError(f"sced2 spec: layout version {self.version} is not {LAYOUT_VERSION}")
         if self.gpus_per_node > 255 or self.jobs > 1024 or self.k > 64:
@@ -111,9 +109,7 @@ class Sced2Spec:
                 f"sced2 spec: gpus_per_node <= 255, jobs <= 1024, k <= 64 expected, got "
                 f"{self.gpus_per_node}, {self.jobs}, {self.k}"
             )
-        t = self.tau_s
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or not 1.0 <= t <= 1e9:
-            raise CodecError(f"sced2 spec: tau_s must be a number of seconds in [1, 1e9], got {t!r}")
+        check_tau("sced2", self.tau_s)
 
     @classmethod
     def for_cluster(cls, cluster: ClusterSpec, jobs: int = 10, k: int = 4, tau_s: float = 3600.0) -> "Sced2Spec":
@@ -159,15 +155,8 @@ class Sced2Spec:
 
     @classmethod
     def from_dict(cls, d: Any) -> "Sced2Spec":
-        if not isinstance(d, dict):
-            raise CodecError(f"sced2 spec must be an object, got {type(d).__name__}")
-        try:
-            spec = cls(d["nodes"], d["gpus_per_node"], d["jobs"], d["k"], d["tau_s"], d.get("version", LAYOUT_VERSION))
-        except KeyError as exc:
-            raise CodecError(f"sced2 spec: field {exc.args[0]!r} is missing") from None
-        if "shape" in d and list(d["shape"]) != list(spec.shape):
-            raise CodecError(f"sced2 spec: shape {d['shape']} does not match its fields ({list(spec.shape)})")
-        return spec
+        return spec_from_fields("sced2", d, lambda d: cls(d["nodes"], d["gpus_per_node"], d["jobs"], d["k"], d["tau_s"],
+                                                          d.get("version", LAYOUT_VERSION)))
 
     def check_cluster(self, cluster: ClusterSpec, layout: Sequence[int] | None = None) -> None:
         """Any number of servers, each with ``gpus_per_node`` GPUs (``layout`` is not needed: size-free)."""
@@ -178,7 +167,7 @@ class Sced2Spec:
             )
 
 
-class Sced2Encoding:
+class Sced2Encoding(PickEncoding):
     """One encoded state of a :class:`Sced2Round`.
 
     :ivar mask: bool ``[J + 1]``.
@@ -187,6 +176,7 @@ class Sced2Encoding:
     """
 
     __slots__ = ("mask", "jobs", "placements", "_obs", "spec")
+    label = "sced2"
 
     def __init__(self, spec: Sced2Spec, obs: np.ndarray | None, mask: np.ndarray, jobs: list[JobInfo],
                  placements: list[Placement | None]) -> None:
@@ -196,16 +186,7 @@ class Sced2Encoding:
     def obs(self) -> np.ndarray | None:
         return self._obs
 
-    @property
-    def any_placement(self) -> bool:
-        return bool(self.mask[: self.spec.jobs].any())
-
-    def decode(self, action: int) -> tuple[str, Placement] | None:
-        a = int(action)
-        if not 0 <= a < len(self.mask) or not self.mask[a]:
-            raise ValueError(f"sced2: action {action!r} is out of range or masked")
-        if a == self.spec.noop:
-            return None
+    def _entry(self, a: int) -> tuple[str, Placement]:
         p = self.placements[a]
         assert p is not None
         return self.jobs[a].job_id, p
@@ -228,8 +209,7 @@ class Sced2Round:
         for r in state.running:
             if r.placement is None:
                 continue
-            thp = r.achieved_thp if r.achieved_thp > 0 else (r.isolated_thp if r.isolated_thp > 0 else r.best_thp)
-            rem = r.remaining_samples / thp
+            rem = r.remaining_samples / running_speed(r)
             for n, c in r.placement.alloc:
                 rows[n].append((rem, c))
         self._rows = rows
@@ -245,8 +225,7 @@ class Sced2Round:
         perf = self.codec.perf
         add = []
         for j, p in self.started:
-            iso = perf.throughput_for(j.model, p)
-            add.append(replace(j, placement=p, start_time=self.now, isolated_thp=iso, achieved_thp=iso))
+            add.append(as_started(j, p, self.now, perf.throughput_for(j.model, p)))
         taken = {j.job_id for j, _p in self.started}
         return ClusterState(st.time, st.cluster, self.free.copy(), [*st.running, *add],
                             [j for j in st.pending if j.job_id not in taken], st.usable)
@@ -255,20 +234,7 @@ class Sced2Round:
         return list(self.waiting)
 
     def place(self, job_id: str, placement: Placement) -> None:
-        for i, j in enumerate(self.waiting):
-            if j.job_id == job_id:
-                break
-        else:
-            raise ValueError(f"sced2 round: job {job_id!r} is not waiting")
-        if placement.total_gpus != j.gpu_demand:
-            raise ValueError(f"sced2 round: placement of {job_id!r} has {placement.total_gpus} GPUs, "
-                             f"the job needs {j.gpu_demand}")
-        for n, c in placement.alloc:
-            if not 0 <= n < len(self.free) or self.free[n] < c:
-                raise ValueError(f"sced2 round: placement of {job_id!r} does not fit the free GPUs of node {n}")
-        for n, c in placement.alloc:
-            self.free[n] -= c
-        del self.waiting[i]
+        j = take_waiting("sced2", self.waiting, self.free, job_id, placement)
         rem = self.codec.run_time(j, placement)
         for n, c in placement.alloc:
             self._rows[n].append((rem, c))
@@ -286,8 +252,7 @@ class Sced2Round:
             p = pack(j, self.free) if j.gpu_demand <= total else None
             placements.append(p)
             mask[i] = p is not None
-        fits = bool(mask[:J].any())
-        mask[J] = not (fits and self.idle and not self.started)
+        hold_mask(mask, self.idle, bool(self.started))
         obs = self._dense(jobs, placements) if dense else None
         return Sced2Encoding(spec, obs, mask, jobs, placements)
 
@@ -337,7 +302,7 @@ class Sced2Round:
         return out
 
 
-class Sced2Codec:
+class Sced2Codec(PickCodec):
     """SCED2's codec for one cluster of ``M``-GPU servers (module docstring).
 
     :param cluster: the cluster (homogeneous).
@@ -346,33 +311,15 @@ class Sced2Codec:
     """
 
     name: ClassVar[str] = "sced2-v1"
+    spec_class = Sced2Spec
+    round_class = Sced2Round
 
     def __init__(self, cluster: ClusterSpec, perf: ContentionModel, spec: Sced2Spec | None = None) -> None:
         if spec is None:
             spec = Sced2Spec.for_cluster(cluster)
-        if not isinstance(spec, Sced2Spec):
-            raise CodecError(f"sced2 codec needs a Sced2Spec, got {type(spec).__name__}")
-        spec.check_cluster(cluster)
-        self.cluster = cluster
-        self.perf = perf
+        self._init_spec(cluster, perf, spec, "sced2")
         self.spec = spec.for_nodes(cluster.num_nodes)
         self._profiles: dict[tuple[str, int], tuple[float, ...]] = {}  # (model, g) -> k throughputs
-        self._best: dict[tuple[str, int], float] = {}
-
-    @classmethod
-    def spec_from_dict(cls, d: Any) -> Sced2Spec:
-        return Sced2Spec.from_dict(d)
-
-    @property
-    def observation_space(self) -> Box:
-        return Box(self.spec.shape)
-
-    @property
-    def action_space(self) -> Discrete:
-        return Discrete(self.spec.n_actions)
-
-    def begin(self, state: ClusterState) -> Sced2Round:
-        return Sced2Round(self, state)
 
     # ------------------------------------------------------------------ performance model
     def _profile_thp(self, model: str, g: int) -> tuple[float, ...]:
@@ -388,13 +335,6 @@ class Sced2Codec:
         """float64 ``[k]``: ``job``'s remaining run time (s) alone under the ``k`` profiled placements."""
         thp = self._profile_thp(job.model, job.gpu_demand)
         return job.remaining_samples / np.asarray(thp, dtype=np.float64)
-
-    def best_thp(self, job: JobInfo) -> float:
-        key = (job.model, job.gpu_demand)
-        v = self._best.get(key)
-        if v is None:
-            v = self._best[key] = self.perf.best_isolated_throughput(job.model, job.gpu_demand)
-        return v
 
     def relative_speed(self, job: JobInfo, placement: Placement) -> float:
         """``job``'s isolated speed on ``placement`` over its best (in ``(0, 1]``)."""

@@ -55,13 +55,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
 from policies.cluster import ClusterSpec, Placement
-from policies.codecs.base import Box, CodecError, Discrete
+from policies.codecs.base import CodecError
+from policies.codecs.pick import (PickCodec, PickEncoding, as_started, check_spec_ints, check_tau, hold_mask,
+                                  running_speed, spec_from_fields, take_waiting)
 from policies.perf import ContentionModel
 from policies.placement import ContentionAwarePlacement, FloorPacking, pack
 from policies.state import ClusterState, JobInfo
@@ -89,18 +91,13 @@ class SizeFreeSpec:
     version: int = LAYOUT_VERSION
 
     def __post_init__(self) -> None:
-        for name in ("jobs", "gpus_per_node", "version"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise CodecError(f"sizefree spec: {name} must be an integer >= 1, got {v!r}")
+        check_spec_ints("sizefree", self, ("jobs", "gpus_per_node", "version"))
         if self.version != LAYOUT_VERSION:
             raise CodecError(f"sizefree spec: layout version {self.version} is not {LAYOUT_VERSION}")
         if self.jobs > 256 or self.gpus_per_node > 255:
             raise CodecError(f"sizefree spec: jobs <= 256 and gpus_per_node <= 255 expected, got {self.jobs}, "
                              f"{self.gpus_per_node}")
-        t = self.tau_s
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or not 1.0 <= t <= 1e9:
-            raise CodecError(f"sizefree spec: tau_s must be a number of seconds in [1, 1e9], got {t!r}")
+        check_tau("sizefree", self.tau_s)
 
     @property
     def n_candidates(self) -> int:
@@ -130,14 +127,8 @@ class SizeFreeSpec:
 
     @classmethod
     def from_dict(cls, d: Any) -> "SizeFreeSpec":
-        if not isinstance(d, dict):
-            raise CodecError(f"sizefree spec must be an object, got {type(d).__name__}")
-        try:
-            spec = cls(d["jobs"], d["gpus_per_node"], d["tau_s"], d.get("version", LAYOUT_VERSION))
-        except KeyError as exc:
-            raise CodecError(f"sizefree spec: field {exc.args[0]!r} is missing") from None
-        if "shape" in d and list(d["shape"]) != list(spec.shape):
-            raise CodecError(f"sizefree spec: shape {d['shape']} does not match its fields ({list(spec.shape)})")
+        spec = spec_from_fields("sizefree", d, lambda d: cls(d["jobs"], d["gpus_per_node"], d["tau_s"],
+                                                             d.get("version", LAYOUT_VERSION)))
         if "slots" in d and list(d["slots"]) != list(PLACEMENT_SLOTS):
             raise CodecError(f"sizefree spec: placement slots {d['slots']} are not {list(PLACEMENT_SLOTS)}")
         return spec
@@ -148,26 +139,18 @@ class SizeFreeSpec:
             raise CodecError("sizefree: the cluster has no GPUs")
 
 
-class SizeFreeEncoding:
+class SizeFreeEncoding(PickEncoding):
     """One encoded state: ``obs`` float32 ``[spec.size]`` (``None`` when not asked for), ``mask`` bool
     ``[J * P + 1]``, ``cands[i]`` the ``(job, placement)`` of action ``i`` (``None``: empty slot)."""
 
     __slots__ = ("spec", "obs", "mask", "cands")
+    label = "sizefree"
 
     def __init__(self, spec: SizeFreeSpec, obs: np.ndarray | None, mask: np.ndarray,
                  cands: list[tuple[JobInfo, Placement] | None]) -> None:
         self.spec, self.obs, self.mask, self.cands = spec, obs, mask, cands
 
-    @property
-    def any_placement(self) -> bool:
-        return bool(self.mask[: self.spec.hold].any())
-
-    def decode(self, action: int) -> tuple[str, Placement] | None:
-        a = int(action)
-        if not 0 <= a < len(self.mask) or not self.mask[a]:
-            raise ValueError(f"sizefree: action {action!r} is out of range or masked")
-        if a == self.spec.hold:
-            return None
+    def _entry(self, a: int) -> tuple[str, Placement]:
         c = self.cands[a]
         assert c is not None
         return c[0].job_id, c[1]
@@ -197,8 +180,7 @@ class SizeFreeRound:
         for r in state.running:
             if r.placement is None:
                 continue
-            thp = r.achieved_thp if r.achieved_thp > 0 else (r.isolated_thp if r.isolated_thp > 0 else r.best_thp)
-            self._add_node_load(r.placement, r.remaining_samples / max(thp, 1e-12))
+            self._add_node_load(r.placement, r.remaining_samples / max(running_speed(r), 1e-12))
 
     def _add_node_load(self, p: Placement, rem: float) -> None:
         multi = p.num_nodes > 1
@@ -216,24 +198,11 @@ class SizeFreeRound:
         return list(self.waiting)
 
     def place(self, job_id: str, placement: Placement) -> None:
-        for i, j in enumerate(self.waiting):
-            if j.job_id == job_id:
-                break
-        else:
-            raise ValueError(f"sizefree round: job {job_id!r} is not waiting")
-        if placement.total_gpus != j.gpu_demand:
-            raise ValueError(f"sizefree round: placement of {job_id!r} has {placement.total_gpus} GPUs, "
-                             f"the job needs {j.gpu_demand}")
-        for nd, c in placement.alloc:
-            if not 0 <= nd < len(self.free) or self.free[nd] < c:
-                raise ValueError(f"sizefree round: placement of {job_id!r} does not fit the free GPUs of node {nd}")
-        for nd, c in placement.alloc:
-            self.free[nd] -= c
-        del self.waiting[i]
+        j = take_waiting("sizefree", self.waiting, self.free, job_id, placement)
         perf = self.codec.perf
         iso = perf.throughput_for(j.model, placement)
         self._add_node_load(placement, j.remaining_samples / max(iso, 1e-12))
-        run = _replace_job(j, placement, self.now, iso)
+        run = as_started(j, placement, self.now, iso)
         st = self.cur.with_running(add=[run])
         st.free_gpus = self.free.copy()
         st.pending = list(self.waiting)
@@ -277,8 +246,7 @@ class SizeFreeRound:
                 seen.append(p)
                 cands[i * P + s] = (j, p)
                 mask[i * P + s] = True
-        fits = bool(mask[:-1].any())
-        mask[-1] = not (fits and self.idle and not self.started)
+        hold_mask(mask, self.idle, bool(self.started))
         obs = self._dense(jobs, cands) if dense else None
         return SizeFreeEncoding(spec, obs, mask, cands)
 
@@ -344,11 +312,6 @@ class SizeFreeRound:
         return np.concatenate([rows.reshape(-1), ctx])
 
 
-def _replace_job(j: JobInfo, p: Placement, now: float, iso: float) -> JobInfo:
-    """``j`` running on ``p`` from ``now`` at its isolated speed ``iso`` (samples/s)."""
-    return replace(j, placement=p, start_time=now, isolated_thp=iso, achieved_thp=iso)
-
-
 class _QuietPack:
     """:func:`pack` on the nodes without multi-node jobs, for jobs larger than a node (else ``None``)."""
 
@@ -373,44 +336,22 @@ class _QuietPack:
         return None if last[2] is None else pack(job, last[2])
 
 
-class SizeFreeCodec:
+class SizeFreeCodec(PickCodec):
     """The size-free codec for any cluster (module docstring)."""
 
     name: ClassVar[str] = "sizefree-v1"
+    spec_class = SizeFreeSpec
+    round_class = SizeFreeRound
+    obs_low = -1.0
 
     def __init__(self, cluster: ClusterSpec, perf: ContentionModel, spec: SizeFreeSpec | None = None) -> None:
         spec = spec or SizeFreeSpec(gpus_per_node=max(cluster.gpus_per_node))
-        if not isinstance(spec, SizeFreeSpec):
-            raise CodecError(f"sizefree codec needs a SizeFreeSpec, got {type(spec).__name__}")
-        spec.check_cluster(cluster)
-        self.cluster, self.perf, self.spec = cluster, perf, spec
+        self._init_spec(cluster, perf, spec, "sizefree")
+        self.spec = spec
         #: GPUs of the largest node
         self.max_node = int(cluster.max_gpus_per_node)
         self.rules = (FloorPacking(perf), ContentionAwarePlacement(perf, nosplit=True),
                       _QuietPack(perf, self.max_node))
-        self._best: dict[tuple[str, int], float] = {}
-
-    @classmethod
-    def spec_from_dict(cls, d: Any) -> SizeFreeSpec:
-        return SizeFreeSpec.from_dict(d)
-
-    @property
-    def observation_space(self) -> Box:
-        return Box(self.spec.shape, low=-1.0)
-
-    @property
-    def action_space(self) -> Discrete:
-        return Discrete(self.spec.n_actions)
-
-    def begin(self, state: ClusterState) -> SizeFreeRound:
-        return SizeFreeRound(self, state)
-
-    def best_thp(self, job: JobInfo) -> float:
-        key = (job.model, job.gpu_demand)
-        v = self._best.get(key)
-        if v is None:
-            v = self._best[key] = self.perf.best_isolated_throughput(job.model, job.gpu_demand)
-        return v
 
     @staticmethod
     def srtf_key(j: JobInfo) -> tuple:

@@ -37,7 +37,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from policies.dl2 import DL2Net, DL2Policy, DL2Spec, Transition, save_dl2
-from policies.elastic import _fits, _Job, _share
+from policies.elastic import PlanJob, dominant_share, fits_capacity
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,7 +71,7 @@ class DL2TrainConfig:
 
 
 # ---------------------------------------------------------------------- teacher and exploration
-def drf_action(batch: Sequence[_Job], used: Sequence[float], cap: Sequence[float], spec: DL2Spec) -> int:
+def drf_action(batch: Sequence[PlanJob], used: Sequence[float], cap: Sequence[float], spec: DL2Spec) -> int:
     """DRF's next action in DL2's action space (module docstring): ``3i + 2`` (a PS job) or ``3i`` for the
     batch's job ``i`` with the smallest dominant share among those below their ``max_gpus``; stop when
     that job's increment does not fit or no job can grow."""
@@ -79,7 +79,7 @@ def drf_action(batch: Sequence[_Job], used: Sequence[float], cap: Sequence[float
     for i, j in enumerate(batch[: spec.J]):
         if j.w + 1 > j.hi:
             continue
-        key = (_share(j.use(j.w, j.p), cap), i)
+        key = (dominant_share(j.use(j.w, j.p), cap), i)
         if best is None or key < best[0]:
             best = (key, i, j)
     if best is None:
@@ -87,12 +87,12 @@ def drf_action(batch: Sequence[_Job], used: Sequence[float], cap: Sequence[float
     _k, i, j = best
     kind = 2 if j.ps_job else 0
     dw, dp = 1, (1 if j.ps_job else 0)
-    if not _fits(used, j.use(dw, dp), cap):
+    if not fits_capacity(used, j.use(dw, dp), cap):
         return spec.n_actions - 1
     return 3 * i + kind
 
 
-def poor_action(batch: Sequence[_Job], mask: np.ndarray, ratio: float) -> int | None:
+def poor_action(batch: Sequence[PlanJob], mask: np.ndarray, ratio: float) -> int | None:
     """The seed's job-aware exploration action for the first job of ``batch`` in a poor state (several
     workers and no PS: +PS; several PSs and no worker: +worker; workers / PSs above ``ratio`` either way:
     one of the fewer), when the mask allows it; None when no job is in a poor state."""

@@ -12,34 +12,33 @@ Q-network (:func:`trainer.sced2.train.train`) on Philly-derived sequences and wr
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from rlsched.argtypes import positive_float
 from rlsched.argtypes import positive_int as _positive_int
+from trainer.common.train_cli import ConfigOption, add_config_options, cli_error, config_values
 
 __all__ = ["register"]
 
-
-def _fail(command: str, exc: BaseException) -> int:
-    print(f"rlsched {command}: error: {exc}", file=sys.stderr)
-    return 2
+#: The options of ``train-sced2`` that set fields of :class:`trainer.sced2.train.Sced2TrainConfig`.
+TRAIN_OPTIONS = (
+    ConfigOption("--cluster", "training cluster NODESxGPUS"),
+    ConfigOption("--timesteps", "DQN steps", _positive_int),
+    ConfigOption("--seq-jobs", "jobs per sequence", _positive_int),
+    ConfigOption("--n-train", "training sequences", _positive_int),
+    ConfigOption("--n-val", "validation sequences", _positive_int),
+    ConfigOption("--load", "offered load of the sequences", positive_float),
+    ConfigOption("--eval-every", "validate every N steps", _positive_int),
+    ConfigOption("--seed", "seed", int),
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     from trainer.sced2.train import Sced2TrainConfig
 
-    d = Sced2TrainConfig()
     p = sub.add_parser("train-sced2", help="train SCED2's job-selection Q-network (DQN, prioritized replay)")
     p.add_argument("--out", required=True, help="checkpoint path NAME (writes NAME.json + NAME.safetensors)")
-    p.add_argument("--cluster", default=d.cluster, help="training cluster NODESxGPUS (default: %(default)s)")
-    p.add_argument("--timesteps", type=_positive_int, default=d.timesteps, help="DQN steps (default: %(default)s)")
-    p.add_argument("--seq-jobs", type=_positive_int, default=d.seq_jobs, help="jobs per sequence (default: %(default)s)")
-    p.add_argument("--n-train", type=_positive_int, default=d.n_train, help="training sequences (default: %(default)s)")
-    p.add_argument("--n-val", type=_positive_int, default=d.n_val, help="validation sequences (default: %(default)s)")
-    p.add_argument("--load", type=positive_float, default=d.load, help="offered load of the sequences (default: %(default)s)")
-    p.add_argument("--eval-every", type=_positive_int, default=d.eval_every, help="validate every N steps (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=d.seed, help="seed (default: %(default)s)")
+    add_config_options(p, Sced2TrainConfig(), TRAIN_OPTIONS)
     p.set_defaults(func=_run_train)
 
     q = sub.add_parser("sced2-sequences", help="write SCED2's Philly-derived job sequences as trace files")
@@ -60,10 +59,8 @@ def _run_train(args: argparse.Namespace) -> int:
     try:
         ClusterSpec.parse(args.cluster)
     except (ClusterSpecError, ValueError) as exc:
-        return _fail("train-sced2", exc)
-    cfg = Sced2TrainConfig(cluster=args.cluster, timesteps=args.timesteps, seq_jobs=args.seq_jobs,
-                           n_train=args.n_train, n_val=args.n_val, load=args.load, eval_every=args.eval_every,
-                           seed=args.seed)
+        return cli_error("train-sced2", exc)
+    cfg = Sced2TrainConfig(**config_values(args, TRAIN_OPTIONS))
     train(cfg, args.out, log=lambda s: print(s, flush=True))
     return 0
 
@@ -76,12 +73,12 @@ def _run_sequences(args: argparse.Namespace) -> int:
     try:
         cluster = ClusterSpec.parse(args.cluster)
     except (ClusterSpecError, ValueError) as exc:
-        return _fail("sced2-sequences", exc)
+        return cli_error("sced2-sequences", exc)
     if not 0 <= args.one_gpu <= 1:
-        return _fail("sced2-sequences", ValueError(f"--one-gpu must be in [0, 1], got {args.one_gpu}"))
+        return cli_error("sced2-sequences", f"--one-gpu must be in [0, 1], got {args.one_gpu}")
     seeds = {"train": TRAIN_SEEDS, "val": VAL_SEEDS, "test": TEST_SEEDS}[args.split]
     if args.count > len(seeds):
-        return _fail("sced2-sequences", ValueError(f"--count: the {args.split} split has {len(seeds)} seeds"))
+        return cli_error("sced2-sequences", f"--count: the {args.split} split has {len(seeds)} seeds")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     pool = philly_pool(cluster)
