@@ -118,8 +118,13 @@ def main() -> None:
     ap.add_argument("--merge", nargs="+", metavar="JSON", help="print the table of these --json files, run nothing")
     args = ap.parse_args()
     if args.merge:
-        rows = [r for f in args.merge for r in json.loads(Path(f).read_text())]
-        print(table(rows))
+        by_seed: dict = {}
+        for f in args.merge:  # rows of one seed (and job count) from several files are one row
+            for r in json.loads(Path(f).read_text()):
+                row = by_seed.setdefault((r["seed"], r["jobs"]), {"seed": r["seed"], "jobs": r["jobs"], "jct": {}, "timing": {}})
+                row["jct"].update(r["jct"])
+                row["timing"].update(r["timing"])
+        print(table(list(by_seed.values())))
         return
     t0 = time.perf_counter()
     rows = [run(args.seed0 + s, _parse(args.policies), args.jobs) for s in range(args.seeds)]
