@@ -7,7 +7,8 @@ it with the PS performance model, and prints each policy's mean average JCT, the
 paired JCT ratio to each other policy (mean and 95 % t-interval over seeds), and each DL2 policy's time
 per inference and per slot. ``--policies`` names the policies (``LABEL=SPEC`` labels one, e.g.
 ``dl2-long=dl2:/tmp/run/dl2``); ``--json`` writes the per-seed results, and ``--merge`` prints the table
-of such files together (so seeds, or policies, can run in separate processes).
+of such files together, joining a seed's results from several files (so seeds, or policies, can run in
+separate processes).
 
     PYTHONPATH=. nice -n 10 python3 benchmarks/dl2_eval.py --seeds 3          # docs/ELASTIC.md, "DL2"
     PYTHONPATH=. python3 benchmarks/dl2_eval.py --seeds 1 --policies dl2-run=dl2:/tmp/run/dl2,drf,optimus
