@@ -18,7 +18,6 @@ separate processes).
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from pathlib import Path
 
@@ -29,11 +28,10 @@ BASELINES = ("drf", "tetris", "optimus")
 
 
 def _ci(x: np.ndarray) -> float:
-    from scipy import stats
+    """95 % t-interval half-width of ``x`` (NaN for one value)."""
+    from trainer.evaluate import mean_ci
 
-    if len(x) < 2:
-        return math.nan
-    return float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
+    return mean_ci(list(x))[1]
 
 
 def _parse(policies: str) -> list[tuple[str, str]]:

@@ -13,7 +13,6 @@ DeepShare training episodes ``train/jobset0`` (the same cluster and job mix, oth
 from __future__ import annotations
 
 import argparse
-import math
 import tempfile
 import time
 from pathlib import Path
@@ -25,11 +24,10 @@ DS = ROOT / "data" / "traces" / "deepshare"
 
 
 def _ci(x: np.ndarray) -> float:
-    from scipy import stats
+    """95 % t-interval half-width of ``x`` (NaN for one value)."""
+    from trainer.evaluate import mean_ci
 
-    if len(x) < 2:
-        return math.nan
-    return float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
+    return mean_ci(list(x))[1]
 
 
 def main() -> None:

@@ -6,9 +6,6 @@ recording through the twin (its own rounds over the simulator), and ``rlsched tr
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -50,20 +47,6 @@ def _transition(k: int, n: int = 3, spec: DL2Spec = SPEC, last: bool = False) ->
 META = {"policy": "dl2", "spec": json.dumps(SPEC.to_dict()), "checkpoint": "/x/dl2.json", "weights_sha256": "ab" * 32}
 
 
-@pytest.fixture
-def state_path(tmp_path):
-    """The twin's state dir in memory (/dev/shm) when there is one, as ``rlsched twin`` keeps it."""
-    shm = Path("/dev/shm")
-    if not (shm.is_dir() and os.access(shm, os.W_OK | os.X_OK)):
-        yield tmp_path
-        return
-    d = Path(tempfile.mkdtemp(prefix="rlsched-online-test-", dir=shm))
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
-
-
 # --------------------------------------------------------------------------- the journal
 def test_journal_round_trip(tmp_path):
     with ExperienceJournal(tmp_path / "x", max_bytes=10**7) as j:
@@ -81,12 +64,17 @@ def test_journal_round_trip(tmp_path):
     assert b"pickle" not in (tmp_path / "x" / "experience-000001.rlx").read_bytes()
 
 
-def test_torn_last_record_is_skipped_with_a_warning_and_a_reopened_journal_starts_a_segment(tmp_path):
-    d = tmp_path / "x"
+def _three(d: Path) -> Path:
+    """A journal of three records in ``d``; its segment."""
     with ExperienceJournal(d, max_bytes=10**7) as j:
         for k in range(3):
             j.append(_transition(k), META)
-    seg = d / "experience-000001.rlx"
+    return d / "experience-000001.rlx"
+
+
+def test_torn_last_record_is_skipped_with_a_warning_and_a_reopened_journal_starts_a_segment(tmp_path):
+    d = tmp_path / "x"
+    seg = _three(d)
     data = seg.read_bytes()
     for cut in (len(data) - 5, len(data) - (len(data) // 3) + 6):  # inside the payload; inside the header
         seg.write_bytes(data[:cut])
@@ -103,10 +91,7 @@ def test_torn_last_record_is_skipped_with_a_warning_and_a_reopened_journal_start
 
 def test_damaged_record_ends_its_segment_with_a_warning(tmp_path):
     d = tmp_path / "x"
-    with ExperienceJournal(d, max_bytes=10**7) as j:
-        for k in range(3):
-            j.append(_transition(k), META)
-    seg = d / "experience-000001.rlx"
+    seg = _three(d)
     data = bytearray(seg.read_bytes())
     first = 12 + int.from_bytes(data[4:8], "little")
     data[first + 20] ^= 0xFF  # a payload byte of the second record: its CRC fails
@@ -176,7 +161,7 @@ def test_recorded_slots_chain_and_stay_in_their_masks(tmp_path):
 
 # --------------------------------------------------------------------------- end to end through the twin
 @pytest.mark.slow
-def test_twin_records_experience_and_train_online_updates_the_checkpoint(tmp_path, state_path, capsys):
+def test_twin_records_experience_and_train_online_updates_the_checkpoint(tmp_path, capsys):
     cl = ClusterSpec.parse("2x8")
     perf = ContentionModel(cl)
     ck = tmp_path / "ck"
@@ -184,9 +169,9 @@ def test_twin_records_experience_and_train_online_updates_the_checkpoint(tmp_pat
         (np.full((1, 16), 0.01, np.float32), np.zeros(1, np.float32))])
     jobs = load_trace(TRACE0, cluster=cl)[:10]
     # the controller's own rounds on the simulator record the slots...
-    twin = Twin(cl, jobs, f"dl2:{ck}", state_path / "ctl", SimConfig(), log_file=state_path / "ctl.log")
+    twin = Twin(cl, jobs, f"dl2:{ck}", tmp_path / "ctl", SimConfig(), log_file=tmp_path / "ctl.log")
     twin.run()
-    journal = state_path / "ctl" / "experience"
+    journal = tmp_path / "ctl" / "experience"
     recs = list(read_experience(journal))
     assert recs and all(r.meta["policy"] == "dl2" and r.meta["spec"] == SPEC.to_dict() for r in recs)
     # ... exactly as the policy records them in simulate (same states, actions and rewards)
