@@ -84,6 +84,8 @@ class ControllerSection:
     intra_bw_gbps: float = 16.0
     inter_bw_gbps: float = 5.0
     dry_run: bool = False  # log decisions, change nothing
+    experience_dir: str | None = None  # learned elastic policies' experience journal; None: state_dir/experience
+    experience_max_bytes: int = 256 * 1024 * 1024  # cap on that journal (oldest segments go); 0: record nothing
 
 
 @dataclass
@@ -204,7 +206,8 @@ def _validate(cfg: ControllerConfig, where: str) -> None:
     if c.cs_preempt_threshold != 0 and c.cs_preempt_threshold <= 1:
         raise ConfigError(f"{where}controller.cs_preempt_threshold: must be 0 (off) or > 1 (CS >= 1), got {c.cs_preempt_threshold:g}")
     for key, v in (("log_max_bytes", c.log_max_bytes), ("log_backups", c.log_backups),
-                   ("reason_updates_per_round", c.reason_updates_per_round)):
+                   ("reason_updates_per_round", c.reason_updates_per_round),
+                   ("experience_max_bytes", c.experience_max_bytes)):
         if v < 0:
             raise ConfigError(f"{where}controller.{key}: must be >= 0, got {v}")
     if c.max_placements_per_round < 1:

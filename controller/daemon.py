@@ -71,6 +71,7 @@ from typing import Any, Callable
 
 from controller.backend import SlurmBackend
 from controller.config import ConfigError, ControllerConfig, load_config
+from controller.experience import ExperienceRecorder, experience_recorder
 from controller.metrics import Metrics
 from controller.preemption import NoAgents, Preempter, make_preempter
 from controller.slurm import SlurmCLI, SlurmError, SlurmJob, queue_position, with_reason
@@ -335,6 +336,8 @@ class Controller:
         #: the reason writes the last round handed off (:meth:`_update_reasons`), and the thread writing them
         self._reason_writes: Future | None = None
         self._reason_writer: ThreadPoolExecutor | None = None
+        #: a learned elastic policy's experience journal (controller/experience.py), None when not recording
+        self.experience: ExperienceRecorder | None = None
 
     @property
     def requests_dir(self) -> Path:
@@ -397,6 +400,15 @@ class Controller:
                                   min_run_s=self.cfg.controller.min_run_s)
         self.metrics.set_policy(self.policy.name)
         log.info("policy: %s", self.policy.name, extra={"event": "policy", "policy": self.policy.name})
+        self._start_experience()
+
+    def _start_experience(self) -> None:
+        """Record the policy's experience when it learns online (:mod:`controller.experience`)."""
+        if self.experience is not None:
+            self.experience.journal.close()
+        c = self.cfg.controller
+        self.experience = experience_recorder(self.policy, c.experience_dir or self.state_dir / "experience",
+                                              c.experience_max_bytes)
 
     def _check_agent_addresses(self, cluster: ClusterSpec) -> None:
         """Warn (once) about ``[agents] addresses`` keys that name no node of the partition, and about
@@ -440,6 +452,8 @@ class Controller:
             new.controller.state_dir = self.cfg.controller.state_dir  # the journal stays where it is
             self.cfg.controller = new.controller
             self.policy_name = name
+            if self.policy is not None:
+                self._start_experience()
             log.info("reloaded: policy %s", name, extra={"event": "reload", "policy": name})
         except (ConfigError, PolicyError) as exc:
             log.error("reload failed, keeping policy %s: %s", self.policy_name, exc, extra={"event": "reload_failed"})
@@ -547,6 +561,8 @@ class Controller:
         limit = self.cfg.controller.max_placements_per_round - len(rep.placed)
         self.backend.prepare(now, cluster, nodes, jobs, stats, rep, last)
         out = run_round(self.backend, self.policy, place_limit=limit)
+        if self.experience is not None:
+            self.experience.collect()
         if out.asked:
             rep.decision_s += out.decision_s
             self.metrics.latency.observe(out.decision_s)

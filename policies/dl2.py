@@ -31,6 +31,13 @@ it says stop or nothing but stop is feasible. The counts are then laid onto node
 baselines lay theirs (:func:`policies.elastic.materialize`: shrinking resizes, growing ones, new jobs
 at their submitted size; a job planned below its minimum waits).
 
+**Experience** (:attr:`DL2Policy.record`, :meth:`DL2Policy.take_experience`): with ``record`` on, the
+policy keeps each slot's inferences (state, mask, action) and, when the next slot starts, closes the slot
+into a :class:`Transition` with DL2's reward (:func:`slot_reward`: the work each job of the slot's start
+did until the next slot's start, over its total, summed; from the snapshots the policy is given, so live
+it is what the controller observes) and the next slot's first state. What the live controller records
+for ``rlsched train --online``, and what training replays.
+
 **Checkpoint**: ``NAME.safetensors`` (``actor.{k}.weight`` ``(out, in)`` / ``actor.{k}.bias``, float32;
 an optional critic is ignored here) + ``NAME.json`` (:data:`FORMAT`, the spec: ``J``, job types,
 feature names, scales, slot, action layout; the weights' sha256). :func:`load_dl2` checks all of it
@@ -61,12 +68,14 @@ __all__ = [
     "DL2Spec",
     "DL2Net",
     "DL2Policy",
+    "Transition",
     "encode",
     "action_mask",
     "apply_action",
     "slot_reward",
     "save_dl2",
     "load_dl2",
+    "load_dl2_critic",
     "shipped_dl2",
     "make_dl2_policy",
 ]
@@ -257,8 +266,34 @@ def progress(state: ClusterState) -> dict[str, tuple[float, float]]:
 
 
 # ---------------------------------------------------------------------- the policy
+@dataclass(frozen=True)
+class Transition:
+    """One slot of experience: the ``n`` inferences of the slot that started at ``time`` (s, the
+    snapshots' clock) and DL2's reward of the slot, observed at ``end`` (the next slot's start).
+
+    :ivar obs: ``(n, obs_size)`` float32, the state at each inference;
+    :ivar mask: ``(n, n_actions)`` bool, the feasible actions there;
+    :ivar action: ``(n,)`` int64, the action taken;
+    :ivar reward: :func:`slot_reward` of the slot (the same for its ``n`` samples);
+    :ivar next_obs: ``(obs_size,)`` float32, the next slot's first state; None when nothing follows (the
+        end of a simulated episode).
+    """
+
+    time: float
+    end: float
+    obs: np.ndarray
+    mask: np.ndarray
+    action: np.ndarray
+    reward: float
+    next_obs: np.ndarray | None
+
+    def __len__(self) -> int:
+        return len(self.action)
+
+
 class DL2Policy(ElasticBaseline):
-    """DL2 (module docstring) with the actor ``net``."""
+    """DL2 (module docstring) with the actor ``net``. ``record``: keep experience
+    (:meth:`take_experience`)."""
 
     name = "dl2"
 
@@ -267,8 +302,13 @@ class DL2Policy(ElasticBaseline):
         self.net = net
         self.spec = net.spec
         self.checkpoint = checkpoint
+        self.weights_sha256: str | None = None  # of the checkpoint's weights (make_dl2_policy)
         self.inferences = 0
         self.used: list[float] = [0.0, 0.0, 0.0]
+        self.record = False
+        self._samples: list[tuple[np.ndarray, np.ndarray, int]] | None = None  # this slot's, when recording
+        self._start: tuple[float, dict[str, tuple[float, float]]] | None = None  # (time, progress) at its start
+        self._closed: list[Transition] = []
 
     def choose(self, obs: np.ndarray, mask: np.ndarray, batch: Sequence[PlanJob]) -> int:
         """The action taken in state ``obs``: the most likely feasible one."""
@@ -276,7 +316,36 @@ class DL2Policy(ElasticBaseline):
         z = np.where(mask, self.net.logits(obs), -np.inf)
         return int(np.argmax(z))
 
+    # -------------------------------------------------------------- experience
+    def _close(self, end: float, reward: float, next_obs: np.ndarray | None) -> None:
+        if self._start is not None and self._samples:
+            o, m, a = zip(*self._samples)
+            self.on_transition(Transition(self._start[0], end, np.stack(o), np.stack(m), np.asarray(a, np.int64),
+                                          float(reward), next_obs))
+        self._samples, self._start = None, None
+
+    def on_transition(self, t: Transition) -> None:
+        """A slot closed (recording on): kept for :meth:`take_experience`."""
+        self._closed.append(t)
+
+    def take_experience(self) -> list[Transition]:
+        """The transitions closed since the last call (recording on), oldest first; forgets them."""
+        out, self._closed = self._closed, []
+        return out
+
+    def finish(self, time: float) -> None:
+        """Close the open slot at the end of an episode at ``time`` (every job done: each job's remaining
+        work at the slot's start counts; no next state)."""
+        if self._start is not None:
+            self._close(time, sum(rem / tot for rem, tot in self._start[1].values() if tot > 0), None)
+
+    # -------------------------------------------------------------- the slot
     def plan(self, jobs, cap, state) -> None:
+        if self.record:
+            obs0 = encode(jobs[: self.spec.J], cap, state.time, self.spec)
+            if self._start is not None:
+                self._close(state.time, slot_reward(self._start[1], state), obs0)
+            self._start, self._samples = (state.time, progress(state)), []
         used = self.used = [0.0, 0.0, 0.0]  # aggregate (GPUs, CPUs, GB) taken so far this slot
         limit = int(sum(min(j.hi, 10**6) for j in jobs)) * 2 + 2
         runnable = any(j.w >= max(j.lo, 1) and (j.p >= 1 or not j.ps_job) for j in jobs)
@@ -286,7 +355,10 @@ class DL2Policy(ElasticBaseline):
                 mask = action_mask(batch, used, cap, self.spec, allow_stop=runnable)
                 if not mask[:-1].any():
                     break
-                a = self.choose(encode(batch, cap, state.time, self.spec), mask, batch)
+                obs = encode(batch, cap, state.time, self.spec)
+                a = self.choose(obs, mask, batch)
+                if self._samples is not None:
+                    self._samples.append((obs, mask, a))
                 if not mask[a] or not apply_action(batch, used, a, self.spec):
                     break
                 j = batch[a // 3]
@@ -316,12 +388,24 @@ def save_dl2(path: str | Path, actor: Sequence[tuple[np.ndarray, np.ndarray]], s
     return write_policy_files(base.with_name(base.name + ".json"), tensors, meta)
 
 
-def load_dl2(path: str | Path) -> tuple[DL2Net, dict[str, Any], Path]:
-    """``(actor, metadata, json path)`` of a DL2 checkpoint (``NAME``, ``NAME.json`` or
-    ``NAME.safetensors``), checked: format, spec, sha256, tensor names, shapes, finite values.
+def _chain(tensors: Mapping[str, np.ndarray], prefix: str, n: int, wpath: Path) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Layers ``prefix.{0..n-1}.weight`` / ``.bias`` of ``tensors``, checked (present, chaining, finite)."""
+    from policies.checkpoint import CheckpointError
 
-    :raises CheckpointError: one line naming the file and the problem.
-    """
+    layers: list[tuple[np.ndarray, np.ndarray]] = []
+    for k in range(n):
+        w, b = tensors.get(f"{prefix}.{k}.weight"), tensors.get(f"{prefix}.{k}.bias")
+        if w is None or b is None:
+            raise CheckpointError(f"{wpath}: missing tensor {prefix}.{k}.weight or {prefix}.{k}.bias")
+        if w.ndim != 2 or b.shape != (w.shape[0],) or (layers and layers[-1][0].shape[0] != w.shape[1]):
+            raise CheckpointError(f"{wpath}: {prefix}.{k} has shapes {w.shape} / {b.shape} that do not chain")
+        if not (np.isfinite(w).all() and np.isfinite(b).all()):
+            raise CheckpointError(f"{wpath}: {prefix}.{k} holds NaN or infinite values")
+        layers.append((w, b))
+    return layers
+
+
+def _read(path: str | Path) -> tuple[DL2Net, dict[str, Any], Path, Path, dict[str, np.ndarray]]:
     from policies.checkpoint import CheckpointError, read_policy_files
 
     meta, tensors, jpath, wpath = read_policy_files(path, fmt=FORMAT, version=FORMAT_VERSION, label="dl2")
@@ -332,21 +416,37 @@ def load_dl2(path: str | Path) -> tuple[DL2Net, dict[str, Any], Path]:
     n = meta.get("actor_layers")
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise CheckpointError(f"{jpath}: actor_layers must be an integer >= 1, got {n!r}")
-    layers = []
-    for k in range(n):
-        w, b = tensors.get(f"actor.{k}.weight"), tensors.get(f"actor.{k}.bias")
-        if w is None or b is None:
-            raise CheckpointError(f"{wpath}: missing tensor actor.{k}.weight or actor.{k}.bias")
-        if w.ndim != 2 or b.shape != (w.shape[0],) or (layers and layers[-1][0].shape[0] != w.shape[1]):
-            raise CheckpointError(f"{wpath}: actor.{k} has shapes {w.shape} / {b.shape} that do not chain")
-        if not (np.isfinite(w).all() and np.isfinite(b).all()):
-            raise CheckpointError(f"{wpath}: actor.{k} holds NaN or infinite values")
-        layers.append((w, b))
     try:
-        net = DL2Net(layers, spec)
+        net = DL2Net(_chain(tensors, "actor", n, wpath), spec)
     except ValueError as exc:
         raise CheckpointError(f"{wpath}: {exc}") from None
+    return net, meta, jpath, wpath, tensors
+
+
+def load_dl2(path: str | Path) -> tuple[DL2Net, dict[str, Any], Path]:
+    """``(actor, metadata, json path)`` of a DL2 checkpoint (``NAME``, ``NAME.json`` or
+    ``NAME.safetensors``), checked: format, spec, sha256, tensor names, shapes, finite values.
+
+    :raises CheckpointError: one line naming the file and the problem.
+    """
+    net, meta, jpath, _wpath, _t = _read(path)
     return net, meta, jpath
+
+
+def load_dl2_critic(path: str | Path) -> tuple[DL2Net, dict[str, Any], Path, list[tuple[np.ndarray, np.ndarray]] | None]:
+    """:func:`load_dl2` plus the critic's layers (``critic.{k}``: ``obs_size`` -> ... -> 1), or None
+    when the checkpoint has none. :raises CheckpointError: one line, as :func:`load_dl2`."""
+    from policies.checkpoint import CheckpointError
+
+    net, meta, jpath, wpath, tensors = _read(path)
+    n = sum(1 for k in tensors if k.startswith("critic.") and k.endswith(".weight"))
+    if not n:
+        return net, meta, jpath, None
+    critic = _chain(tensors, "critic", n, wpath)
+    if critic[0][0].shape[1] != net.spec.obs_size or critic[-1][0].shape[0] != 1:
+        raise CheckpointError(f"{wpath}: critic maps {critic[0][0].shape[1]} -> {critic[-1][0].shape[0]}, "
+                              f"not {net.spec.obs_size} -> 1")
+    return net, meta, jpath, critic
 
 
 def shipped_dl2() -> Path:
@@ -359,5 +459,7 @@ def make_dl2_policy(name: str, perf=None, checkpoint: str | Path | None = None) 
     from policies.checkpoint import checkpoint_of_name
 
     ckpt = checkpoint_of_name(name, "dl2") or (Path(checkpoint) if checkpoint else shipped_dl2())
-    net, _meta, jpath = load_dl2(ckpt)
-    return DL2Policy(net, perf, checkpoint=jpath)
+    net, meta, jpath = load_dl2(ckpt)
+    pol = DL2Policy(net, perf, checkpoint=jpath)
+    pol.weights_sha256 = str(meta.get("weights_sha256") or "") or None
+    return pol

@@ -4,6 +4,8 @@
 trains a policy (see :mod:`trainer.train`); ``--resume`` continues ``OUT/last``.
 ``--export-shipped`` copies ``OUT/best`` into ``policies/checkpoints`` as the
 ``rl-base`` and ``rl-hybrid`` checkpoints of the cluster's shape.
+``rlsched train --online JOURNAL --out DIR`` is DL2's online mode instead: it updates a DL2 checkpoint
+from the experience the controller recorded while running ``dl2`` (:mod:`trainer.dl2.online`).
 
 ``rlsched evaluate --policies srtf,las,greedy,rl-base,rl-hybrid --traces DIR``
 runs every policy on every trace and writes the tables and figures (see
@@ -174,6 +176,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--export-shipped", action="store_true", help="also copy OUT/best to policies/checkpoints as rl-base/rl-hybrid"
     )
+    from trainer.dl2.online import add_arguments as add_online_arguments
+
+    add_online_arguments(p)  # --online: DL2's updates from the controller's experience (trainer/dl2/online.py)
     p.set_defaults(func=_cmd_train)
 
     e = sub.add_parser("evaluate", help="evaluate policies over trace sets; tables, figures, docs/RESULTS.md")
@@ -246,6 +251,11 @@ def _log_progress() -> None:
 def _cmd_train(args: argparse.Namespace) -> int:
     from policies.prior import PriorError
     from trainer.train import TrainConfigError, TrainingDiverged
+
+    if args.online is not None:
+        from trainer.dl2.online import run_cli
+
+        return run_cli(args)
 
     _log_progress()
     try:

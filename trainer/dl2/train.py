@@ -11,7 +11,7 @@ PS job, until that does not fit, then stop, as :class:`policies.elastic.DRFPolic
 episodes; every (state, mask, DRF's action) is a sample (at most ``sl_samples`` kept, uniformly); the
 actor is fitted by cross-entropy (logits of infeasible actions masked) with Adam at ``sl_lr``.
 
-**Online RL** (:func:`online`): the actor samples its actions; job-aware exploration (:func:`poor_action`)
+**Online RL** (in :func:`train`): the actor samples its actions; job-aware exploration (:func:`poor_action`)
 replaces the sample with probability ``epsilon`` by the seed's fixed action when the batch holds a job
 with several workers and no PS, several PSs and no worker, or workers / PSs in a ratio above 10. Every
 inference of slot ``t`` is a sample ``(s, mask, a, r_t, s'_t)`` with ``r_t`` the slot's reward
@@ -36,13 +36,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from policies.dl2 import (DL2Net, DL2Policy, DL2Spec, action_mask, encode, progress, save_dl2, slot_reward)
+from policies.dl2 import DL2Net, DL2Policy, DL2Spec, Transition, save_dl2
 from policies.elastic import PlanJob, dominant_share, fits_capacity
 
 ROOT = Path(__file__).resolve().parents[2]
 
-__all__ = ["DL2TrainConfig", "drf_action", "poor_action", "RecordingDL2", "collect_drf", "supervised", "online",
-           "evaluate", "train"]
+__all__ = ["DL2TrainConfig", "drf_action", "poor_action", "RecordingDL2", "collect_drf", "supervised", "Replay",
+           "ac_update", "evaluate", "train"]
 
 
 @dataclass
@@ -118,39 +118,24 @@ def poor_action(batch: Sequence[PlanJob], mask: np.ndarray, ratio: float) -> int
 class RecordingDL2(DL2Policy):
     """DL2 that records its slots for training: ``mode`` ``"teacher"`` (DRF's actions, :func:`drf_action`),
     ``"explore"`` (sampled actions with job-aware exploration) or ``"greedy"`` (the policy itself).
-    ``slots`` collects ``(samples, reward, first state of the next slot or None)``, ``samples`` a list of
-    ``(obs, mask, action)``; ``on_slot`` (if set) is called with each finished slot."""
+    ``slots`` collects the :class:`~policies.dl2.Transition` of each slot (the policy's own recording,
+    :attr:`DL2Policy.record`); ``on_slot`` (if set) is called with each."""
 
     def __init__(self, net: DL2Net, perf, mode: str, rng: np.random.Generator, epsilon: float = 0.4,
-                 ratio: float = 10.0, keep: float = 1.0, on_slot: Callable | None = None) -> None:
+                 ratio: float = 10.0, on_slot: Callable | None = None) -> None:
         super().__init__(net, perf)
-        self.mode, self.rng, self.epsilon, self.ratio, self.keep = mode, rng, epsilon, ratio, keep
+        self.mode, self.rng, self.epsilon, self.ratio = mode, rng, epsilon, ratio
         self.on_slot = on_slot
-        self.slots: list[tuple[list, float, np.ndarray | None]] = []
-        self._cur: list | None = None
-        self._prev: dict | None = None
+        self.record = True
+        self.slots: list[Transition] = []
         self._cap: tuple = ()
 
-    def _close(self, reward: float, next_obs: np.ndarray | None) -> None:
-        if self._cur is not None:
-            item = (self._cur, reward, next_obs)
-            self.slots.append(item)
-            if self.on_slot is not None:
-                self.on_slot(item)
-        self._cur = None
-
-    def finish(self) -> None:
-        """Close the last slot at the end of the episode (every job done: the rest of its work counted)."""
-        if self._prev is not None:
-            self._close(sum(rem / tot for rem, tot in self._prev.values() if tot > 0), None)
-            self._prev = None
+    def on_transition(self, t: Transition) -> None:
+        self.slots.append(t)
+        if self.on_slot is not None:
+            self.on_slot(t)
 
     def plan(self, jobs, cap, state) -> None:
-        obs0 = encode(jobs[: self.spec.J], cap, state.time, self.spec)
-        if self._prev is not None:
-            self._close(slot_reward(self._prev, state), obs0)
-        self._prev = progress(state)
-        self._cur = []
         self._cap = cap
         super().plan(jobs, cap, state)
 
@@ -160,17 +145,15 @@ class RecordingDL2(DL2Policy):
             a = drf_action(batch, self.used, self._cap, self.spec)
             if a != self.spec.n_actions - 1 and not mask[a]:
                 a = self.spec.n_actions - 1
-        elif self.mode == "explore":
+            return a
+        if self.mode == "explore":
             a = None
             if self.rng.random() < self.epsilon:
                 a = poor_action(batch, mask, self.ratio)
             if a is None:
                 a = int(self.rng.choice(len(mask), p=self.net.probs(obs, mask)))
-        else:
-            a = int(np.argmax(np.where(mask, self.net.logits(obs), -np.inf)))
-        if self._cur is not None and (self.keep >= 1.0 or self.rng.random() < self.keep):
-            self._cur.append((obs, mask.copy(), a))
-        return a
+            return a
+        return int(np.argmax(np.where(mask, self.net.logits(obs), -np.inf)))
 
 
 # ---------------------------------------------------------------------- episodes
@@ -196,7 +179,7 @@ def run_episode(cluster, perf, jobs, policy) -> float:
 
     res = Simulator(cluster, jobs, policy, perf, SimConfig()).run()
     if isinstance(policy, RecordingDL2):
-        policy.finish()
+        policy.finish(res.makespan)
     return float(np.mean([r.jct for r in res.jobs]))
 
 
@@ -234,11 +217,10 @@ def collect_drf(cfg: DL2TrainConfig, spec: DL2Spec, net: DL2Net, log=None) -> tu
     for k in range(cfg.sl_traces):
         pol = RecordingDL2(net, perf, "teacher", rng)
         jcts.append(run_episode(cluster, perf, _jobs(cfg.seed0 + k, cfg.jobs), pol))
-        for samples, _r, _n in pol.slots:
-            for o, m, a in samples:
-                obs.append(o)
-                masks.append(m)
-                acts.append(a)
+        for tr in pol.slots:
+            obs.extend(tr.obs)
+            masks.extend(tr.mask)
+            acts.extend(int(a) for a in tr.action)
         if log:
             log(k, len(acts), jcts[-1])
     idx = np.arange(len(acts))
@@ -289,12 +271,13 @@ class Replay:
         self.d = np.zeros(size, np.float32)
         self._i = 0
 
-    def add_slot(self, samples, reward: float, next_obs: np.ndarray | None) -> None:
-        for o, m, a in samples:
+    def add(self, t: Transition) -> None:
+        """The samples of one slot (its reward and next state shared by all)."""
+        for o, m, a in zip(t.obs, t.mask, t.action):
             k = self._i
-            self.o[k], self.m[k], self.a[k], self.r[k] = o, m, a, reward
-            if next_obs is not None:
-                self.o2[k], self.d[k] = next_obs, 1.0
+            self.o[k], self.m[k], self.a[k], self.r[k] = o, m, a, t.reward
+            if t.next_obs is not None:
+                self.o2[k], self.d[k] = t.next_obs, 1.0
             else:
                 self.o2[k], self.d[k] = 0.0, 0.0
             self._i = (k + 1) % self.size
@@ -376,7 +359,7 @@ def train(cfg: DL2TrainConfig, out: str | Path, progress_bar: bool = True, log: 
             pol = RecordingDL2(DL2Net(_weights(actor), spec), perf, "explore", rng, cfg.epsilon, cfg.ratio)
 
             def on_slot(item, pol=pol, losses=losses):
-                replay.add_slot(*item)
+                replay.add(item)
                 if replay.n >= cfg.batch:
                     losses.append(ac_update(actor, critic, opt_a, opt_c, replay.sample(rng, cfg.batch),
                                             cfg.gamma, cfg.beta))
@@ -386,7 +369,7 @@ def train(cfg: DL2TrainConfig, out: str | Path, progress_bar: bool = True, log: 
             jct = run_episode(cluster, perf, _jobs(cfg.seed0 + cfg.sl_traces + ep, cfg.jobs), pol)
             net = DL2Net(_weights(actor), spec)
             val = evaluate(cfg, net, val_seeds)
-            rew = float(sum(r for _s, r, _n in pol.slots))
+            rew = float(sum(tr.reward for tr in pol.slots))
             history["rl"].append({"episode": ep, "train_jct": jct, "val_jct": val, "reward": rew, "updates": len(losses),
                                   "actor_loss": float(np.mean([x[0] for x in losses])) if losses else None,
                                   "critic_loss": float(np.mean([x[1] for x in losses])) if losses else None})
