@@ -208,8 +208,9 @@ def test_train_cli_refuses_bad_input(capsys):
 
     assert main(["train-sizefree", "--out", "/nonexistent/x", "--clusters", "4y8"]) == 2
     assert main(["train-sizefree", "--out", "/nonexistent/x", "--ppo-lr", "0"]) == 2
+    assert main(["train-sizefree", "--out", "/nonexistent/x", "--demands", "uniform,pow3"]) == 2
     err = capsys.readouterr().err
-    assert err.count("rlsched train-sizefree: error:") == 2
+    assert err.count("rlsched train-sizefree: error:") == 3 and "--demands: pow3 is not one of" in err
 
 
 @pytest.mark.slow
