@@ -65,11 +65,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 #: (option, attribute) of every option, in the order the recorded command names them
 _OPTIONS = (("--out", "out"), ("--clusters", "clusters"), ("--max-gpus", "max_gpus"), ("--demands", "demands"),
-            ("--jobs-per-set", "jobs_per_set"), ("--sets", "sets"), ("--dagger", "dagger"), ("--bc-epochs", "bc_epochs"),
-            ("--expert", "expert"),
-            ("--teacher", "teacher"), ("--compare", "compare"), ("--init", "init"), ("--ppo-timesteps", "ppo_timesteps"),
-            ("--ppo-lr", "ppo_lr"), ("--ppo-n-steps", "ppo_n_steps"), ("--ent-coef", "ent_coef"), ("--w1", "w1"),
-            ("--seed", "seed"))
+            ("--jobs-per-set", "jobs_per_set"), ("--sets", "sets"), ("--dagger", "dagger"),
+            ("--bc-epochs", "bc_epochs"), ("--expert", "expert"), ("--teacher", "teacher"), ("--compare", "compare"),
+            ("--init", "init"), ("--ppo-timesteps", "ppo_timesteps"), ("--ppo-lr", "ppo_lr"),
+            ("--ppo-n-steps", "ppo_n_steps"), ("--ent-coef", "ent_coef"), ("--w1", "w1"), ("--seed", "seed"))
 
 
 def _command(args: argparse.Namespace) -> str:
@@ -116,7 +115,8 @@ def _run(args: argparse.Namespace) -> int:
         print(f"rlsched train-sizefree: error: {exc}", file=sys.stderr)
         return 2
     cfg = SizeFreeTrainConfig(clusters=clusters, max_gpus=args.max_gpus, demands=demands,
-                              jobs_per_set=args.jobs_per_set, sets_per_kind=args.sets, dagger=args.dagger, bc_epochs=args.bc_epochs,
+                              jobs_per_set=args.jobs_per_set, sets_per_kind=args.sets, dagger=args.dagger,
+                              bc_epochs=args.bc_epochs,
                               ppo_timesteps=args.ppo_timesteps, ppo_lr=args.ppo_lr, ent_coef=args.ent_coef,
                               expert=args.expert, teacher=args.teacher, n_steps=args.ppo_n_steps,
                               compare=None if args.compare.lower() == "none" else args.compare,
