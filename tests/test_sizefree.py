@@ -208,8 +208,9 @@ def test_train_cli_refuses_bad_input(capsys):
 
     assert main(["train-sizefree", "--out", "/nonexistent/x", "--clusters", "4y8"]) == 2
     assert main(["train-sizefree", "--out", "/nonexistent/x", "--ppo-lr", "0"]) == 2
+    assert main(["train-sizefree", "--out", "/nonexistent/x", "--demands", "uniform,pow3"]) == 2
     err = capsys.readouterr().err
-    assert err.count("rlsched train-sizefree: error:") == 2
+    assert err.count("rlsched train-sizefree: error:") == 3 and "--demands: pow3 is not one of" in err
 
 
 @pytest.mark.slow
@@ -223,3 +224,19 @@ def test_tiny_training_run_writes_a_loadable_checkpoint(tmp_path):
     net, meta, _ = load_sizefree(path)
     assert meta["training"]["chosen"] in ("bc", "ppo") and net.spec.jobs == 4
     assert make_policy(f"rl-sf:{path}", ClusterSpec.parse("16x8")).name == "rl-sf"
+
+
+def test_training_sets_draw_every_demand_distribution():
+    """--demands uniform,pow2: the uniform sets are those of the default config (same seeds), then pow2 sets."""
+    from trainer.sizefree.train import SizeFreeTrainConfig, training_sets
+
+    kw = dict(clusters=("4x8",), jobs_per_set=24, sets_per_kind=1, loads=(0.9,), val_sets=1)
+    one = training_sets(SizeFreeTrainConfig(**kw))["4x8"]
+    both = training_sets(SizeFreeTrainConfig(demands=("uniform", "pow2"), **kw))["4x8"]
+    for sets_one, sets_both in zip(one, both):  # training, validation
+        assert len(sets_one) == 2 and len(sets_both) == 4
+        assert [[(j.job_id, j.gpu_demand) for j in s] for s in sets_both[:2]] == \
+            [[(j.job_id, j.gpu_demand) for j in s] for s in sets_one]
+        pow2 = {j.gpu_demand for s in sets_both[2:] for j in s}
+        assert pow2 <= {1, 2, 4, 8, 16, 32} and len(pow2) > 2
+        assert any(j.gpu_demand not in (1, 2, 4, 8, 16, 32) for s in sets_both[:2] for j in s)

@@ -94,7 +94,7 @@ def test_config_reward_section_and_cli_w1(capsys):
     assert exc.value.code == 2 and "--w1" in capsys.readouterr().err
     import argparse
 
-    base = dict(out="o", clusters="4x8", max_gpus=32, jobs_per_set=48, sets=4, dagger=1, bc_epochs=10,
+    base = dict(out="o", clusters="4x8", max_gpus=32, demands="uniform", jobs_per_set=48, sets=4, dagger=1, bc_epochs=10,
                 expert="greedy", teacher="planner", compare="none", init=None, ppo_timesteps=10, ppo_lr=3e-4,
                 ppo_n_steps=512, ent_coef=0.01, seed=0, subproc=False)
     assert "--w1" not in _command(argparse.Namespace(**base, w1=None))

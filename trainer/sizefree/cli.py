@@ -28,6 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="checkpoint path NAME (writes NAME.json + NAME.safetensors)")
     p.add_argument("--clusters", default=",".join(d.clusters), help="training clusters (default: %(default)s)")
     p.add_argument("--max-gpus", type=_positive_int, default=d.max_gpus, help="largest demand (default: %(default)s)")
+    p.add_argument("--demands", default=",".join(d.demands),
+                   help="demand distributions of the training sets, comma-separated (uniform, pow2, deepshare; "
+                        "default: %(default)s)")
     p.add_argument("--jobs-per-set", type=_positive_int, default=d.jobs_per_set,
                    help="jobs per set (default: %(default)s)")
     p.add_argument("--sets", type=_positive_int, default=d.sets_per_kind,
@@ -61,11 +64,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 #: (option, attribute) of every option, in the order the recorded command names them
-_OPTIONS = (("--out", "out"), ("--clusters", "clusters"), ("--max-gpus", "max_gpus"), ("--jobs-per-set", "jobs_per_set"),
-            ("--sets", "sets"), ("--dagger", "dagger"), ("--bc-epochs", "bc_epochs"), ("--expert", "expert"),
-            ("--teacher", "teacher"), ("--compare", "compare"), ("--init", "init"), ("--ppo-timesteps", "ppo_timesteps"),
-            ("--ppo-lr", "ppo_lr"), ("--ppo-n-steps", "ppo_n_steps"), ("--ent-coef", "ent_coef"), ("--w1", "w1"),
-            ("--seed", "seed"))
+_OPTIONS = (("--out", "out"), ("--clusters", "clusters"), ("--max-gpus", "max_gpus"), ("--demands", "demands"),
+            ("--jobs-per-set", "jobs_per_set"), ("--sets", "sets"), ("--dagger", "dagger"),
+            ("--bc-epochs", "bc_epochs"), ("--expert", "expert"), ("--teacher", "teacher"), ("--compare", "compare"),
+            ("--init", "init"), ("--ppo-timesteps", "ppo_timesteps"), ("--ppo-lr", "ppo_lr"),
+            ("--ppo-n-steps", "ppo_n_steps"), ("--ent-coef", "ent_coef"), ("--w1", "w1"), ("--seed", "seed"))
 
 
 def _command(args: argparse.Namespace) -> str:
@@ -85,10 +88,16 @@ def _run(args: argparse.Namespace) -> int:
     from policies.cluster import ClusterSpec, ClusterSpecError
     from trainer.sizefree.train import SizeFreeTrainConfig, train
 
+    from trainer.generate import DEMAND_DISTRIBUTIONS
+
     clusters = tuple(c.strip() for c in args.clusters.split(",") if c.strip())
+    demands = tuple(d.strip() for d in args.demands.split(",") if d.strip())
     try:
         if not clusters:
             raise ValueError("--clusters is empty")
+        bad = [d for d in demands if d not in DEMAND_DISTRIBUTIONS] if demands else ["(none)"]
+        if bad:
+            raise ValueError(f"--demands: {', '.join(bad)} is not one of {', '.join(DEMAND_DISTRIBUTIONS)}")
         for c in clusters:
             ClusterSpec.parse(c)
         if args.dagger < 0 or args.ppo_timesteps < 0:
@@ -105,8 +114,9 @@ def _run(args: argparse.Namespace) -> int:
     except (ClusterSpecError, ValueError) as exc:
         print(f"rlsched train-sizefree: error: {exc}", file=sys.stderr)
         return 2
-    cfg = SizeFreeTrainConfig(clusters=clusters, max_gpus=args.max_gpus, jobs_per_set=args.jobs_per_set,
-                              sets_per_kind=args.sets, dagger=args.dagger, bc_epochs=args.bc_epochs,
+    cfg = SizeFreeTrainConfig(clusters=clusters, max_gpus=args.max_gpus, demands=demands,
+                              jobs_per_set=args.jobs_per_set, sets_per_kind=args.sets, dagger=args.dagger,
+                              bc_epochs=args.bc_epochs,
                               ppo_timesteps=args.ppo_timesteps, ppo_lr=args.ppo_lr, ent_coef=args.ent_coef,
                               expert=args.expert, teacher=args.teacher, n_steps=args.ppo_n_steps,
                               compare=None if args.compare.lower() == "none" else args.compare,

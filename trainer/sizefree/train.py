@@ -1,9 +1,11 @@
 """Training of ``rl-sf``: behaviour cloning of a heuristic with DAgger rounds, then MaskablePPO.
 
-1. **Job sets** (:func:`training_sets`): :func:`trainer.generate.generate_sets`, uniform demands
-   ``1..max_gpus`` on each training cluster, zero arrivals and Poisson arrivals at each load of
-   ``loads``; training seeds ``seed + 10 * k`` (``k`` the set kind), validation sets from
-   ``seed + 5000``. Both ranges are disjoint from the benchmark's held-out seeds (950..957).
+1. **Job sets** (:func:`training_sets`): :func:`trainer.generate.generate_sets`, demands of each
+   distribution of ``demands`` (default ``uniform``: ``1..max_gpus``; ``pow2``: powers of two up to
+   ``max_gpus``) on each training cluster, zero arrivals and Poisson arrivals at each load of
+   ``loads``; training seeds ``seed + 1000 * d + 10 * k`` (``d`` the demand distribution's index,
+   ``k`` the arrival kind), validation sets from ``seed + 5000``. Both ranges are disjoint from the
+   benchmark's held-out seeds (950..957).
 2. **Behaviour cloning** (:func:`behaviour_clone`): states from episodes played by the heuristic
    (``expert``: the ``greedy`` slot, i.e. SRTF order with the contention-aware nosplit placement),
    labelled with its pick; then ``dagger`` rounds that play the current network (its argmax) and
@@ -46,6 +48,8 @@ class SizeFreeTrainConfig:
 
     clusters: tuple[str, ...] = ("4x8", "16x8")
     max_gpus: int = 32
+    #: demand distributions of the training and validation sets (:data:`trainer.generate.DEMAND_DISTRIBUTIONS`)
+    demands: tuple[str, ...] = ("uniform",)
     jobs_per_set: int = 48
     sets_per_kind: int = 4
     loads: tuple[float, ...] = (0.85, 0.9)
@@ -81,10 +85,12 @@ def _sets(cluster: ClusterSpec, cfg: SizeFreeTrainConfig, base: int, count: int)
     perf = ContentionModel(cluster)
     out: list[list[JobSpec]] = []
     kinds = [("zero", 0.9)] + [("poisson", ld) for ld in cfg.loads]
-    for k, (arrival, load) in enumerate(kinds):
-        g = GeneratorConfig(num_jobs=cfg.jobs_per_set, demand="uniform", max_gpus=cfg.max_gpus, arrival=arrival,
-                            load=load, seed=base + 10 * k)
-        out.extend(generate_sets(cluster, g, count, perf))
+    for d, demand in enumerate(cfg.demands):
+        for k, (arrival, load) in enumerate(kinds):
+            # the first demand distribution keeps seeds base + 10 k; the d-th adds 1000 d
+            g = GeneratorConfig(num_jobs=cfg.jobs_per_set, demand=demand, max_gpus=cfg.max_gpus, arrival=arrival,
+                                load=load, seed=base + 1000 * d + 10 * k)
+            out.extend(generate_sets(cluster, g, count, perf))
     return out
 
 
