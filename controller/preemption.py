@@ -41,6 +41,7 @@ from typing import Any, Callable, Protocol
 
 from controller.config import ConfigError
 from controller.slurm import SlurmJob
+from controller.state import PROFILED_ALONE
 
 #: ``AgentError.code`` (``nodeagent.client.UNAUTHENTICATED_REPLY``) of a reply not signed by the node's agent;
 #: spelt out here so that this module needs no agent package.
@@ -49,6 +50,10 @@ UNAUTHENTICATED_REPLY = "UNAUTHENTICATED_REPLY"
 __all__ = ["PreemptOutcome", "Preempter", "NoAgents", "AgentPreempter", "make_auth", "make_preempter"]
 
 log = logging.getLogger(__name__)
+
+#: ``isolated_source`` of a job's merged stats when its reports' node said "profiled-alone" but another of
+#: its nodes' agents did not (or did not report): the throughput is not one measured alone on every node
+NOT_ALONE_EVERYWHERE = "profiled-alone-on-some-nodes"
 
 
 @dataclass(frozen=True)
@@ -210,6 +215,8 @@ class AgentPreempter:
         with ThreadPoolExecutor(max_workers=min(8, len(nodes))) as ex:
             results = list(ex.map(self._node_stats, nodes))
         out: dict[str, dict[str, Any]] = {}
+        reporting: dict[str, set[str]] = {}  # job id -> nodes whose agents report it
+        not_alone: dict[str, set[str]] = {}  # job id -> nodes with a report not measured alone
         for node, per in zip(nodes, results):
             for s in per:
                 sid = str(s.get("slurm_job_id") or "")
@@ -222,10 +229,19 @@ class AgentPreempter:
                     continue
                 if s.get("job_key"):
                     self._keys[sid] = str(s["job_key"])
+                reporting.setdefault(sid, set()).add(node)
+                if s.get("isolated_source") != PROFILED_ALONE:
+                    not_alone.setdefault(sid, set()).add(node)
                 prev = out.get(sid)
                 # several ranks/nodes report the same job: keep the most advanced
                 if prev is None or (s.get("step") or 0) >= (prev.get("step") or 0):
                     out[sid] = s
+        for sid, s in out.items():
+            # each agent judges "alone" for its own node: a job was measured alone only if the agents of
+            # all its nodes (Slurm's view; without it, of all nodes reporting it) say so
+            on = set(job_nodes.get(sid, ())) if job_nodes is not None else reporting[sid]
+            if s.get("isolated_source") == PROFILED_ALONE and (not_alone.get(sid) or not on <= reporting[sid]):
+                out[sid] = {**s, "isolated_source": NOT_ALONE_EVERYWHERE}
         return out
 
     def preempted_step(self, slurm_job_id: str, nodes: Sequence[str]) -> int | None:

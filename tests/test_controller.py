@@ -2486,3 +2486,34 @@ def test_build_state_keeps_slurm_submit_times_and_orders_ties_by_job_id():
 
     dec = make_heuristic("fifo", perf).schedule(view.state)
     assert [jid for jid, _ in dec.place] == ["9", "11", "12", "13", "10"]
+
+
+@pytest.mark.parametrize("reports, job_nodes, alone", [
+    # (node -> isolated_source its agent reports for job 7), Slurm's node list, measured alone?
+    ({"node1": "profiled-alone", "node2": "profiled-alone"}, ["node1", "node2"], True),
+    ({"node1": "profiled-alone", "node2": "reference"}, ["node1", "node2"], False),
+    ({"node1": "profiled-alone"}, ["node1", "node2"], False),  # node2's agent did not report the job
+    ({"node1": "profiled-alone"}, ["node1"], True),
+    ({"node1": "profiled-alone", "node2": ""}, None, False),  # without Slurm's view: every reporting node
+])
+def test_stats_alone_only_when_every_node_says_so(reports, job_nodes, alone):
+    """A multi-node job's throughput counts as measured alone (what SCED2's live job state records) only
+    when the agents of all its nodes measured it alone; the merged stats keep the most advanced report."""
+    from controller.preemption import NOT_ALONE_EVERYWHERE
+    from controller.state import PROFILED_ALONE
+
+    class Client:
+        def __init__(self, addr, node):
+            self.node = node
+
+        def job_stats(self):
+            if self.node not in reports:
+                return []
+            step = 10 if self.node == "node1" else 3
+            return [{"slurm_job_id": "7", "job_key": "k7", "step": step, "state": "running",
+                     "isolated_source": reports[self.node], "isolated_samples_per_s": 100.0}]
+
+    p = AgentPreempter({"node1": "h:1", "node2": "h:2"}, Client)
+    s = p.stats(job_nodes={"7": job_nodes} if job_nodes is not None else None)["7"]
+    assert s["step"] == 10
+    assert s["isolated_source"] == (PROFILED_ALONE if alone else NOT_ALONE_EVERYWHERE)
