@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Training curve of a DL2 checkpoint, drawn from the history its JSON header records.
+
+    python3 scripts/dl2_training_curve.py [--checkpoint policies/checkpoints/dl2/dl2.json] \\
+        [--out docs/figures/dl2_training.png]
+
+Left: the supervised warm-up's cross-entropy per epoch (imitating DRF). Right: average JCT (s) per
+RL episode on the training sequence and on the validation sequences, with DRF's average JCT on the
+training sequences and the warm-up network's validation JCT as reference lines. Reads the JSON only
+(``training.history`` as ``rlsched train-dl2`` writes it); the weights are not opened.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+DEFAULT_CKPT = Path(__file__).resolve().parent.parent / "policies" / "checkpoints" / "dl2" / "dl2.json"
+
+
+def _numbers(xs: object, what: str) -> list[float]:
+    if not isinstance(xs, list) or not all(isinstance(x, (int, float)) and math.isfinite(x) for x in xs):
+        raise ValueError(f"{what} is not a list of finite numbers")
+    return [float(x) for x in xs]
+
+
+def read_history(path: Path) -> dict:
+    """``training.history`` of a DL2 checkpoint header, checked; ValueError (one line) when absent or malformed."""
+    if path.stat().st_size > 16 * 2**20:
+        raise ValueError("larger than 16 MiB: not a checkpoint header")
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"not JSON ({exc})") from None
+    hist = (doc.get("training") or {}).get("history") if isinstance(doc, dict) else None
+    if not isinstance(hist, dict):
+        raise ValueError("no training.history (not a checkpoint written by rlsched train-dl2)")
+    rl = hist.get("rl")
+    if not isinstance(rl, list) or not all(isinstance(r, dict) for r in rl):
+        raise ValueError("training.history.rl is not a list of episodes")
+    return {
+        "sl_loss": _numbers(hist.get("sl_loss", []), "training.history.sl_loss"),
+        "drf_train_jct": _numbers(hist.get("drf_train_jct", []), "training.history.drf_train_jct"),
+        "val_warmup_jct": hist.get("val_warmup_jct"),
+        "episode": _numbers([r.get("episode") for r in rl], "training.history.rl[].episode"),
+        "train_jct": _numbers([r.get("train_jct") for r in rl], "training.history.rl[].train_jct"),
+        "val_jct": _numbers([r.get("val_jct") for r in rl], "training.history.rl[].val_jct"),
+    }
+
+
+def draw(hist: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    a.plot(range(1, len(hist["sl_loss"]) + 1), hist["sl_loss"], marker="o")
+    a.set(xlabel="warm-up epoch", ylabel="cross-entropy (imitating DRF)", title="supervised warm-up")
+    b.plot(hist["episode"], hist["train_jct"], marker="o", label="training sequence")
+    b.plot(hist["episode"], hist["val_jct"], marker="s", label="validation sequences")
+    if hist["drf_train_jct"]:
+        b.axhline(sum(hist["drf_train_jct"]) / len(hist["drf_train_jct"]), color="grey", ls="--",
+                  label="DRF, training sequences (mean)")
+    v = hist["val_warmup_jct"]
+    if isinstance(v, (int, float)) and math.isfinite(v):
+        b.axhline(float(v), color="black", ls=":", label="warm-up network, validation")
+    b.set(xlabel="RL episode", ylabel="average JCT (s)", title="actor-critic RL")
+    for ax in (a, b):
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    b.legend(fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", type=Path, default=DEFAULT_CKPT, help="a DL2 checkpoint's JSON header")
+    p.add_argument("--out", type=Path, default=Path("docs/figures/dl2_training.png"))
+    args = p.parse_args(argv)
+    try:
+        hist = read_history(args.checkpoint)
+    except (OSError, ValueError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        print(f"dl2_training_curve: {ascii(str(args.checkpoint))}: {why}", file=sys.stderr)
+        return 2
+    draw(hist, args.out)
+    print(f"wrote {args.out}: {len(hist['sl_loss'])} warm-up epochs, {len(hist['episode'])} RL episodes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
