@@ -17,6 +17,8 @@ Pure apart from reading checkpoint files; no torch.
 
 from __future__ import annotations
 
+from abc import abstractmethod
+
 import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -129,9 +131,9 @@ class PickPolicy(Policy):
     def reset(self) -> None:
         self.stats = {k: 0 for k in self.stats}
 
+    @abstractmethod
     def pick(self, enc: Any) -> int:
         """The action taken in encoding ``enc``: the valid one of highest score."""
-        raise NotImplementedError
 
     def schedule(self, state: ClusterState) -> Decision:
         dec = Decision()

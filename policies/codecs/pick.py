@@ -20,6 +20,8 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -115,7 +117,7 @@ def hold_mask(mask: np.ndarray, idle: bool, any_started: bool) -> None:
     mask[-1] = not (bool(mask[:-1].any()) and idle and not any_started)
 
 
-class PickEncoding:
+class PickEncoding(ABC):
     """One encoded state of a one-pick round: ``mask`` bool ``[starts + 1]`` (the last action is
     "nothing"); a subclass gives :meth:`_entry`, the ``(job_id, placement)`` of start ``a``."""
 
@@ -128,8 +130,9 @@ class PickEncoding:
     def any_placement(self) -> bool:
         return bool(self.mask[:-1].any())
 
+    @abstractmethod
     def _entry(self, a: int) -> tuple[str, Placement]:
-        raise NotImplementedError
+        """The ``(job_id, placement)`` of start action ``a`` (``0 <= a < len(mask) - 1``)."""
 
     def decode(self, action: int) -> tuple[str, Placement] | None:
         a = int(action)

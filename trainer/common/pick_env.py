@@ -30,6 +30,8 @@ of time), :meth:`PickEnv._on_reset`, :meth:`PickEnv._on_pick`, :meth:`PickEnv._s
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import math
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -101,7 +103,7 @@ def register_env(env_id: str, entry_point: str) -> None:
         gym.register(id=env_id, entry_point=entry_point)
 
 
-class PickEnv(gym.Env):
+class PickEnv(gym.Env, ABC):
     """One pick per step on a simulated cluster (module docstring).
 
     :param traces: job sets; each episode draws one uniformly (seeded by ``reset``), or plays the one of
@@ -145,9 +147,9 @@ class PickEnv(gym.Env):
         self.trace_index = -1
 
     # ------------------------------------------------------------------ subclass hooks
+    @abstractmethod
     def _obs(self) -> np.ndarray:
         """The observation of the current encoding (``self._enc``, ``None`` once every job has finished)."""
-        raise NotImplementedError
 
     def _backend_for(self, sim: Simulator) -> SimBackend:
         """The episode's backend over ``sim``."""
