@@ -811,30 +811,11 @@ def estimate_eta(paths: Iterable[str | Path]) -> dict[str, float]:
         path = Path(path)
         single: dict[int, list[float]] = {}
         multi: dict[int, list[float]] = {}
-        try:
-            f = path.open(newline="", encoding="utf-8-sig")
-        except OSError as exc:
-            raise ValueError(f"{path}: cannot open: {exc.strerror}") from exc
-        with f:
-            reader = csv.DictReader(f)
-            missing = {"placement", "sync_time"} - set(reader.fieldnames or [])
-            if missing:
-                raise ValueError(f"{path}: missing column(s) {', '.join(sorted(missing))}")
-            for row_no, row in enumerate(reader, start=2):
-                pl = (row["placement"] or "").strip()
-                if not pl.isdigit():
-                    raise ValueError(f"{path}, row {row_no}, field 'placement': expected digits, got {pl!r}")
-                try:
-                    sync = float(row["sync_time"])
-                except (TypeError, ValueError):
-                    raise ValueError(
-                        f"{path}, row {row_no}, field 'sync_time': expected a number, got {row['sync_time']!r}"
-                    ) from None
-                per_node = [int(ch) for ch in pl if ch != "0"]
-                gpus, nodes = sum(per_node), len(per_node)
-                if gpus < 2 or not math.isfinite(sync) or sync <= 0:
-                    continue
-                (single if nodes == 1 else multi).setdefault(gpus, []).append(sync)
+        for per_node, (sync,) in _placement_csv(path, ("sync_time",)):
+            gpus, nodes = sum(per_node), len(per_node)
+            if gpus < 2 or not math.isfinite(sync) or sync <= 0:
+                continue
+            (single if nodes == 1 else multi).setdefault(gpus, []).append(sync)
         ratios = [
             float(np.median(single[g]) / np.median(multi[g])) for g in sorted(single) if g in multi
         ]
@@ -845,10 +826,10 @@ def estimate_eta(paths: Iterable[str | Path]) -> dict[str, float]:
     return out
 
 
-def _read_placement_rows(path: Path) -> list[tuple[int, int, int, float, float]]:
-    """``(gpus, nodes, local_bsz, step_time, sync_time)`` of each row of an AdaptDL placements CSV
-    (columns ``placement``, ``local_bsz``, ``step_time``, ``sync_time``); rows with a non-positive or
-    non-finite time are left out. :raises ValueError: naming the file (and row) of a malformed input."""
+def _placement_csv(path: Path, columns: tuple[str, ...]) -> list[tuple[list[int], list[float]]]:
+    """Rows of an AdaptDL placements CSV: the GPUs per used node (``placement``, one digit per node,
+    nodes with 0 left out) and the float values of ``columns``, in file order.
+    :raises ValueError: naming the file (and row and field) of a malformed input."""
     try:
         f = path.open(newline="", encoding="utf-8-sig")
     except OSError as exc:
@@ -856,7 +837,7 @@ def _read_placement_rows(path: Path) -> list[tuple[int, int, int, float, float]]
     out = []
     with f:
         reader = csv.DictReader(f)
-        missing = {"placement", "local_bsz", "step_time", "sync_time"} - set(reader.fieldnames or [])
+        missing = {"placement", *columns} - set(reader.fieldnames or [])
         if missing:
             raise ValueError(f"{path}: missing column(s) {', '.join(sorted(missing))}")
         for row_no, row in enumerate(reader, start=2):
@@ -864,18 +845,27 @@ def _read_placement_rows(path: Path) -> list[tuple[int, int, int, float, float]]
             if not pl.isdigit():
                 raise ValueError(f"{path}, row {row_no}, field 'placement': expected digits, got {pl!r}")
             vals = []
-            for col in ("local_bsz", "step_time", "sync_time"):
+            for col in columns:
                 try:
                     vals.append(float(row[col]))
                 except (TypeError, ValueError):
                     raise ValueError(
                         f"{path}, row {row_no}, field {col!r}: expected a number, got {row[col]!r}"
                     ) from None
-            bsz, step, sync = vals
-            per_node = [int(ch) for ch in pl if ch != "0"]
-            if not per_node or not all(math.isfinite(v) and v > 0 for v in vals):
-                continue
-            out.append((sum(per_node), len(per_node), int(bsz), step, sync))
+            out.append(([int(ch) for ch in pl if ch != "0"], vals))
+    return out
+
+
+def _read_placement_rows(path: Path) -> list[tuple[int, int, int, float, float]]:
+    """``(gpus, nodes, local_bsz, step_time, sync_time)`` of each row of an AdaptDL placements CSV
+    (columns ``placement``, ``local_bsz``, ``step_time``, ``sync_time``); rows with a non-positive or
+    non-finite time are left out. :raises ValueError: naming the file (and row) of a malformed input."""
+    out = []
+    for per_node, vals in _placement_csv(path, ("local_bsz", "step_time", "sync_time")):
+        if not per_node or not all(math.isfinite(v) and v > 0 for v in vals):
+            continue
+        bsz, step, sync = vals
+        out.append((sum(per_node), len(per_node), int(bsz), step, sync))
     return out
 
 
