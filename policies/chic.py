@@ -19,10 +19,13 @@ a PS (0-based ``i``), the last stops. Chic-Pair has ``I + 1``: ``i`` adds a work
 is asked again and again, one task per answer, until it stops or the state is in the seed's S': no
 task of a present workload fits the cluster's free aggregate GPUs / CPUs / memory (the seed's
 condition (1)), or no task lowers any present workload's per-iteration time ``g_i(w, p)`` (condition
-(2), ``g`` by Optimus' fitted PS form, :meth:`policies.psmodel.PSPerformanceModel.fitted`), or no
-workload is present. The mask (:func:`action_mask`) forbids a task that does not fit, more workers
-than ``max_gpus``, more PSs than ``max_gpus`` or :data:`policies.psmodel.MAX_PS`, a task that does not
-lower its workload's ``g`` (condition (2) applied task by task; a workload that cannot run yet, without
+(2)), or no workload is present. ``g`` is the speed the simulator runs PS jobs at (DL2's measured
+profile, ``g = "measured"``, the default: the seed's ``g_i`` is its simulator's own) or Optimus' fitted
+form (``g = "fitted"``, :meth:`policies.psmodel.PSPerformanceModel.fitted`); the checkpoint records
+which. The mask (:func:`action_mask`) forbids a task that does not fit, more workers
+than ``max_gpus``, more PSs than ``max_gpus`` or :data:`policies.psmodel.MAX_PS`, a task after which
+no number of tasks of its kind lowers its workload's ``g`` (condition (2) applied task by task, with a
+look-ahead over the measured profile's dips, :func:`_helps`; a workload that cannot run yet, without
 a PS or below the workers it can start on, takes only the kind it lacks: a preempted elastic job
 restarts on exactly its last size, the platform's rule), and stopping while no workload can run yet.
 An action on an empty slot is a no-op the seed punishes (``-p1``, :func:`step_penalty`); it is masked
@@ -70,7 +73,7 @@ from policies.psmodel import EPOCH_SIZE, MAX_PS, PS_MODELS, canonical_ps_model
 from policies.state import ClusterState, Decision
 
 __all__ = [
-    "VARIANTS", "DEFAULT_I", "HIDDEN", "P1", "P2", "REWARD_UNIT_S", "MAX_PHASE_STEPS",
+    "VARIANTS", "DEFAULT_I", "G_SOURCES", "HIDDEN", "P1", "P2", "REWARD_UNIT_S", "MAX_PHASE_STEPS",
     "ChicSpec", "ChicNet", "Slot", "encode", "action_mask", "step_penalty", "time_reward",
     "ChicPolicy", "ChicCheckpoint", "save_chic_checkpoint", "load_chic_checkpoint", "make_chic_policy",
     "shipped_checkpoint",
@@ -87,6 +90,8 @@ P1 = 5.0
 P2 = 1.0
 #: The unit of r1 (s): the seed's 20 minutes.
 REWARD_UNIT_S = 1200.0
+#: Sources of the per-iteration time ``g`` of condition (2) (:class:`ChicPolicy`); the first is the default.
+G_SOURCES = ("measured", "fitted")
 #: Most answers in one decision phase (a bound on no-op actions while sampling).
 MAX_PHASE_STEPS = 256
 #: Scales of the state's entries: remaining epochs, worker / PS counts, queue length.
@@ -171,15 +176,35 @@ def encode(spec: ChicSpec, slots: Sequence[Slot | None], queue: int) -> np.ndarr
     return x
 
 
+def _helps(s: Slot, dw: int, dp: int, used: Sequence[float], cap: Sequence[float], speed) -> bool:
+    """Whether adding tasks of this kind (``dw`` workers and ``dp`` PSs each) to the workload, one or
+    more of them within its limits and the free aggregate ``cap - used``, raises its speed above the
+    current one: condition (2) with a look-ahead, so that a measured ``g`` that dips between two
+    counts (DL2's ResNet-50 at 1 worker: 47.3, 43.1, 49.3 for 5, 6, 7 PSs) does not end the growth
+    at the dip. For a ``g`` convex along the direction (Optimus' fitted form) it is the one-step test."""
+    j = s.job
+    now = speed(j, j.w, j.p)
+    hi_p = min(j.hi, MAX_PS)
+    k = 1
+    while j.w + k * dw <= j.hi and j.p + k * dp <= hi_p:
+        add = tuple(k * (dw * a + dp * b) for a, b in zip(j.wv, j.pv))
+        if not fits_capacity(used, add, cap):
+            break
+        if speed(j, j.w + k * dw, j.p + k * dp) > now:
+            return True
+        k += 1
+    return False
+
+
 def _task_ok(s: Slot, dw: int, dp: int, used: Sequence[float], cap: Sequence[float], speed=None) -> bool:
     j = s.job
     if j.w + dw > j.hi or j.p + dp > min(j.hi, MAX_PS):
         return False
-    if speed is not None:  # the task must lower the workload's per-iteration time (condition (2) per task)
+    if speed is not None:  # the task must lead to a lower per-iteration time (condition (2) per task)
         if j.w < j.lo or j.p == 0:  # not runnable yet: only the missing kind
             if (dw and j.w >= j.lo) or (dp and j.p >= 1 and not dw):
                 return False
-        elif speed(j, j.w + dw, j.p + dp) <= speed(j, j.w, j.p):
+        elif not _helps(s, dw, dp, used, cap, speed):
             return False
     add = tuple(dw * a + dp * b for a, b in zip(j.wv, j.pv))
     return fits_capacity(used, add, cap)
@@ -191,9 +216,10 @@ def action_mask(spec: ChicSpec, slots: Sequence[Slot | None], used: Sequence[flo
     (GPUs, CPUs, GB) within the workload's limits; actions on empty slots when ``allow_empty``
     (the seed's punished no-op, for sampling); the stop action always.
 
-    With ``speed(job, w, p)`` (estimated speed) a task must also be useful: a workload that cannot
-    run yet (no PS, or fewer workers than it can start on) takes only the kind it lacks; a runnable
-    one only a task that raises its estimated speed (the seed's condition (2), task by task)."""
+    With ``speed(job, w, p)`` a task must also be useful: a workload that cannot run yet (no PS, or
+    fewer workers than it can start on) takes only the kind it lacks; a runnable one only a task
+    after which one or more tasks of the same kind raise its speed (the seed's condition (2), task
+    by task, with the look-ahead of :func:`_helps`)."""
     mask = np.zeros(spec.n_actions, dtype=bool)
     mask[spec.stop] = True
     for a in range(spec.stop):
@@ -299,10 +325,14 @@ class ChicPolicy(ElasticBaseline):
         training) or ``uniform`` (uniform over the unmasked actions: the seed's extra trajectory).
     :param record: keep every step's ``(state, mask, action)`` in :attr:`steps` and the penalties'
         sum in :attr:`penalty` (training).
-    :param task_mask: mask tasks that do not lower their workload's estimated per-iteration time (the
+    :param task_mask: mask tasks that do not lower their workload's per-iteration time ``g`` (the
         default, module docstring); ``False``: only the resources and limits are masked and condition (2)
         ends the phase as the seed states it, when no task helps any workload (the ablation
         ``--no-task-mask``; recorded in the checkpoint).
+    :param g: where the per-iteration time ``g_i(w, p)`` of conditions (2) and the task mask comes from
+        (:data:`G_SOURCES`): ``measured`` (the speeds the simulator runs PS jobs at, DL2's profile: the
+        seed's ``g_i``, which its simulator knows exactly) or ``fitted`` (Optimus' fitted form, what
+        the ``optimus`` baseline plans with). Recorded in the checkpoint.
     Every answer's wall time (s) goes to :attr:`step_times` (mask + encode + network + choice).
     """
 
@@ -310,10 +340,16 @@ class ChicPolicy(ElasticBaseline):
     time_invariant = False
 
     def __init__(self, net: ChicNet, spec: ChicSpec, perf=None, mode: str = "greedy", seed: int = 0,
-                 record: bool = False, p1: float = P1, p2: float = P2, task_mask: bool = True) -> None:
+                 record: bool = False, p1: float = P1, p2: float = P2, task_mask: bool = True,
+                 g: str = "measured") -> None:
         self.name = spec.variant
         self.task_mask = bool(task_mask)
         super().__init__(perf, interval=0.0)
+        if g not in G_SOURCES:
+            raise PolicyError(f"policy {spec.variant}: g must be one of {', '.join(G_SOURCES)}, got {g!r}")
+        self.g = g
+        if g == "measured" and perf is not None:
+            self.estimator = perf
         if net.in_features != spec.obs_size or net.out_features != spec.n_actions:
             raise PolicyError(f"policy {spec.variant}: the network maps {net.in_features} -> {net.out_features}, "
                               f"the state / actions of I={spec.slots} need {spec.obs_size} -> {spec.n_actions}")
@@ -430,7 +466,7 @@ class ChicCheckpoint:
 
 
 def save_chic_checkpoint(path: str | Path, spec: ChicSpec, net: ChicNet, training: dict | None = None,
-                         reward: dict | None = None, task_mask: bool = True) -> Path:
+                         reward: dict | None = None, task_mask: bool = True, g: str = "measured") -> Path:
     """Write ``NAME.safetensors`` + ``NAME.json`` (atomically, weights first); returns the JSON path."""
     from policies.checkpoint import json_path, write_policy_files
 
@@ -444,7 +480,7 @@ def save_chic_checkpoint(path: str | Path, spec: ChicSpec, net: ChicNet, trainin
     meta = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "variant": spec.variant, "slots": spec.slots,
         "models": list(PS_MODELS), "obs_size": spec.obs_size, "n_actions": spec.n_actions,
-        "task_mask": bool(task_mask),
+        "task_mask": bool(task_mask), "g": g,
         "network": {"kind": "mlp", "activation": "relu", "layers": [f"l{k}" for k in range(len(net.weights))]},
         "scales": {"backlog_epochs": BACKLOG_SCALE, "count": COUNT_SCALE, "queue": QUEUE_SCALE},
         "reward": reward or {"p1": P1, "p2": P2, "unit_s": REWARD_UNIT_S},
@@ -486,6 +522,8 @@ def load_chic_checkpoint(path: str | Path) -> ChicCheckpoint:
                               f"has {spec.n_actions} actions")
     if not isinstance(meta.get("task_mask", True), bool):
         raise CheckpointError(f"{jpath}: task_mask must be true or false")
+    if meta.get("g", "fitted") not in G_SOURCES:
+        raise CheckpointError(f"{jpath}: g must be one of {', '.join(G_SOURCES)}, got {meta.get('g')!r}")
     return ChicCheckpoint(spec, ChicNet(ws), meta, jpath)
 
 
@@ -504,4 +542,5 @@ def make_chic_policy(name: str, perf=None, checkpoint: str | Path | None = None)
     ck = load_chic_checkpoint(path.strip() or checkpoint or shipped_checkpoint(base))
     if ck.spec.variant != base:
         raise PolicyError(f"policy {name!r}: checkpoint {ck.path} is a {ck.spec.variant} checkpoint")
-    return ChicPolicy(ck.net, ck.spec, perf, task_mask=ck.meta.get("task_mask", True))
+    return ChicPolicy(ck.net, ck.spec, perf, task_mask=ck.meta.get("task_mask", True),
+                      g=ck.meta.get("g", "fitted"))

@@ -194,3 +194,110 @@ def test_cli_simulate_chic_pair_optimus(tmp_path):
     r = run_cli("simulate", "--trace", str(trace), "--cluster", str(ROOT / "data/clusters/chic.yaml"), "--policy",
                 f"chic:{tmp_path / 'nope'}", "--out", str(tmp_path / "out2"), cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not found" in r.stderr
+
+
+def test_task_mask_looks_past_dips_of_g():
+    """With a g that dips (speed 47 at 5 PSs, 43 at 6, 49 at 7) a PS is still offered at 5 PSs, since 7 are
+    faster; past the best count (and past the limits or the free resources) it is not."""
+    table = {5: 47.0, 6: 43.0, 7: 49.0, 8: 40.0}
+
+    def speed(job, w, p):
+        return table.get(p, 30.0) - 5.0 * (w - 1)
+
+    c = ChicSpec("chic", 1)
+    s = _slot("ResNet-50", w=1, p=5, hi=16, wv=(1.0, 2.0, 8.0), pv=(0.0, 3.0, 9.0))
+    big = (10.0, 120.0, 600.0)
+    assert action_mask(c, [s], [0, 0, 0], big, speed=speed).tolist() == [False, True, True]
+    # the one-step test alone would refuse it: 6 PSs are slower than 5
+    assert speed(s.job, 1, 6) < speed(s.job, 1, 5)
+    # room for one more PS only (3 CPUs free): 6 PSs do not help, so it is refused
+    assert action_mask(c, [s], [0, 117, 0], big, speed=speed).tolist() == [False, False, True]
+    s.job.p = 7
+    assert action_mask(c, [s], [0, 0, 0], big, speed=speed).tolist() == [False, False, True]
+    # Chic-Pair looks along the diagonal
+    cp = ChicSpec("chic-pair", 1)
+    sp = _slot("ResNet-50", w=3, p=3, hi=16)
+    diag = {3: 35.1, 4: 32.4, 5: 38.6, 6: 32.0}
+    assert action_mask(cp, [sp], [0, 0, 0], big, speed=lambda j, w, p: diag.get(w, 10.0)).tolist() == [True, True]
+    sp.job.w = sp.job.p = 5
+    assert action_mask(cp, [sp], [0, 0, 0], big, speed=lambda j, w, p: diag.get(w, 10.0)).tolist() == [False, True]
+
+
+def test_g_source_recorded_and_used(tmp_path):
+    from policies.psmodel import PSPerformanceModel
+
+    spec = ChicSpec("chic-pair", 3)
+    net = ChicNet.init(spec.obs_size, spec.n_actions, seed=1)
+    _cluster, perf = chic_setup()
+    save_chic_checkpoint(tmp_path / "m", spec, net)
+    save_chic_checkpoint(tmp_path / "f", spec, net, g="fitted")
+    pm, pf = make_chic_policy(f"chic-pair:{tmp_path / 'm'}", perf), make_chic_policy(f"chic-pair:{tmp_path / 'f'}", perf)
+    assert (pm.g, pf.g) == ("measured", "fitted")
+    assert pm.estimator is perf and isinstance(pf.estimator, PSPerformanceModel) and not pf.estimator.use_measured
+    s = _slot("VGG-16", w=3, p=3)
+    ms = perf.ps_model("VGG-16")
+    assert pm.speed(s.job, 3, 3) == pytest.approx(ms.measured_speed(3, 3))
+    assert pf.speed(s.job, 3, 3) == pytest.approx(ms.speed(3, 3))
+    # a checkpoint without the key is read as fitted (the rule it was trained with); a bad value is refused
+    meta = json.loads((tmp_path / "m.json").read_text())
+    del meta["g"]
+    (tmp_path / "m.json").write_text(json.dumps(meta))
+    assert make_chic_policy(f"chic-pair:{tmp_path / 'm'}", perf).g == "fitted"
+    meta["g"] = "oracle"
+    (tmp_path / "m.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="g must be one of"):
+        load_chic_checkpoint(tmp_path / "m.json")
+    with pytest.raises(PolicyError, match="g must be one of"):
+        ChicPolicy(net, spec, perf, g="oracle")
+
+
+def test_pair_bound_hand_worked():
+    from policies.psmodel import fit_ps_models
+    from trainer.chic.results import pair_bound
+    from trainer.elastic import generate, parse_elastic_trace
+
+    jobs = parse_elastic_trace(generate("chic", seed=3, jobs=4))
+    ms = fit_ps_models()
+    want = np.mean([j.total_samples / max(ms[j.model].measured_speed(k, k) for k in range(1, 11)) for j in jobs])
+    assert pair_bound(jobs) == pytest.approx(want)
+
+
+@pytest.mark.slow
+def test_train_ship_and_results_on_a_tiny_setting(tmp_path):
+    """One CE iteration on 5-job sequences, shipping by validation (first into an empty directory, then not
+    again: the same network is not better than itself), and `chic-results` on two 5-job sequences writing
+    its files and the marked sections of the documents under a scratch root."""
+    from trainer.chic.results import BEGIN, END, main
+    from trainer.chic.train import CEMConfig, ship_if_better, train
+
+    cfg = CEMConfig(variant="chic-pair", iterations=1, n=2, train_seqs=2, val_seqs=2, jobs=5, val_every=1)
+    hist = train(cfg, tmp_path / "run", progress=False, name="chic-pair-r1.8")
+    assert len(hist["iterations"]) == 2 and "val_act" in hist["iterations"][1]
+    ship = tmp_path / "ship"
+    ship.mkdir()
+    rec = ship_if_better(tmp_path / "run" / "chic-pair-r1.8.json", 1.8, dest=ship, seqs=2)
+    assert rec["shipped"] and rec["as"] == "chic-pair.json" and rec["incumbent"] is None
+    assert (ship / "chic-pair-history.json").is_file()
+    shipped = load_chic_checkpoint(ship / "chic-pair.json")
+    assert shipped.meta["training"]["selection"]["val_act_s"] == pytest.approx(rec["val_act_s"])
+    again = ship_if_better(tmp_path / "run" / "chic-pair-r1.8.json", 1.8, dest=ship, seqs=2)
+    assert not again["shipped"] and again["incumbent"] == "chic-pair.json"
+    assert again["val_act_s"] == pytest.approx(again["incumbent_val_act_s"])
+    root = tmp_path / "root"
+    (root / "docs").mkdir(parents=True)
+    for doc in ("ELASTIC.md", "RESULTS.md"):
+        (root / "docs" / doc).write_text(f"# head\n\n{BEGIN}\nstale\n{END}\n\ntail\n")
+    res = main(tmp_path / "out", [1.8], 2, {"chic-pair": str(ship / "chic-pair.json")}, True, progress=False,
+               root=root, jobs_per_seq=5)
+    p = res["by_rate"]["1.8"]["policies"]
+    assert p["optimus"]["ratio_optimus"] == pytest.approx(1.0) and len(p["chic-pair"]["per_seq_s"]) == 2
+    assert p["chic-pair (1.8/h)"]["per_seq_s"] == p["chic-pair"]["per_seq_s"]  # the same network
+    best = res["by_rate"]["1.8"]["best_baseline"]
+    assert p[best]["act_s"] == min(p[n]["act_s"] for n in ("optimus", "optimus (measured g)", "drf", "tetris"))
+    for doc in ("ELASTIC.md", "RESULTS.md"):
+        text = (root / "docs" / doc).read_text()
+        assert "stale" not in text and text.startswith("# head") and text.rstrip().endswith("tail")
+        assert "| 1.8 |" in text and "chic-pair-r1.8" not in text and "pair bound" in text
+    assert (root / "docs" / "figures" / "chic_act_vs_rate.png").stat().st_size > 0
+    assert (root / "docs" / "figures" / "chic_training.png").stat().st_size > 0
+    assert json.loads((tmp_path / "out" / "chic_results.json").read_text())["seqs"] == 2

@@ -51,10 +51,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--smooth", type=_pos_float, default=d.smooth, help="smoothing alpha (default: %(default)s)")
     p.add_argument("--fit-epochs", type=_pos_int, default=d.fit_epochs, help="Adam passes per iteration (default: %(default)s)")
     p.add_argument("--rate", type=_pos_float, default=d.rate, help="arrival rate of the sequences, jobs/h (default: %(default)s)")
+    p.add_argument("--rates", type=_rates, default=None,
+                   help="train one network per arrival rate (comma-separated jobs/h, the seed's per-rate retraining); "
+                        "writes OUT/VARIANT-rRATE.json each (replaces --rate)")
+    p.add_argument("--g", choices=("measured", "fitted"), default=d.g,
+                   help="per-iteration time g of condition (2): the simulator's measured speeds or Optimus' fitted "
+                        "form (default: %(default)s)")
     p.add_argument("--train-seqs", type=_pos_int, default=d.train_seqs, help="training sequences (default: %(default)s)")
     p.add_argument("--val-seqs", type=_pos_int, default=d.val_seqs, help="validation sequences (default: %(default)s)")
     p.add_argument("--val-every", type=_pos_int, default=d.val_every, help="validate every N iterations (default: %(default)s)")
     p.add_argument("--seed", type=int, default=d.seed, help="(default: %(default)s)")
+    p.add_argument("--ship", action="store_true",
+                   help="after each run, copy the network into policies/checkpoints/chic/ (VARIANT.json at 1.8 jobs/h, "
+                        "VARIANT-rRATE.json at other rates) when its validation ACT at its rate is below the checkpoint's "
+                        "that serves that rate now")
     p.add_argument("--no-task-mask", action="store_true",
                    help="ablation: mask only tasks that do not fit (not those that do not lower the estimated "
                         "per-iteration time); condition (2) then only ends the phase")
@@ -67,6 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--out", required=True, help="output directory")
     r.add_argument("--rates", type=_rates, default=[0.9, 1.8, 2.7], help="jobs/h, comma-separated (default: 0.9,1.8,2.7)")
     r.add_argument("--seqs", type=_pos_int, default=30, help="test sequences per rate (default: %(default)s)")
+    r.add_argument("--jobs", type=_pos_int, default=30, help="jobs per test sequence (default: %(default)s, the seed's W)")
     r.add_argument("--chic", default=None, help="Chic checkpoint (default: the shipped one)")
     r.add_argument("--chic-pair", default=None, help="Chic-Pair checkpoint (default: the shipped one)")
     r.add_argument("--docs", action="store_true", help="also regenerate the docs' Chic sections and figures")
@@ -74,20 +85,33 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from trainer.chic.train import CEMConfig, train
+    import dataclasses
+
+    from trainer.chic.train import CEMConfig, checkpoint_name, ship_if_better, train
 
     cfg = CEMConfig(variant=args.variant, slots=args.slots, iterations=args.iterations, n=args.n, rho=args.rho,
                     lr=args.lr, smooth=args.smooth, fit_epochs=args.fit_epochs, rate=args.rate,
                     train_seqs=args.train_seqs, val_seqs=args.val_seqs, val_every=args.val_every, seed=args.seed,
-                    task_mask=not args.no_task_mask)
+                    task_mask=not args.no_task_mask, g=args.g)
     try:
         cfg.check()
     except ValueError as exc:
         print(f"rlsched train-chic: {exc}", file=sys.stderr)
         return 2
-    h = train(cfg, args.out, progress=sys.stderr.isatty())
-    print(f"{args.variant}: best validation ACT {h['best_val_act']:.0f} s at iteration {h['best_iteration']}; "
-          f"{h['train_seconds']:.0f} s; checkpoint {Path(args.out) / args.variant}.json")
+    if args.rates is not None and not args.rates:
+        print("rlsched train-chic: --rates names no rate", file=sys.stderr)
+        return 2
+    for rate in args.rates or [None]:
+        c = cfg if rate is None else dataclasses.replace(cfg, rate=rate)
+        name = checkpoint_name(args.variant, rate)
+        h = train(c, args.out, progress=sys.stderr.isatty(), name=name)
+        print(f"{name}: best validation ACT {h['best_val_act']:.0f} s at iteration {h['best_iteration']}; "
+              f"{h['train_seconds']:.0f} s; checkpoint {Path(args.out) / name}.json", flush=True)
+        if args.ship:
+            rec = ship_if_better(Path(args.out) / f"{name}.json", c.rate)
+            was = "no checkpoint" if rec["incumbent"] is None else f"{rec['incumbent_val_act_s']:.0f} s of {rec['incumbent']}"
+            print(f"{name}: validation ACT {rec['val_act_s']:.0f} s against {was}: "
+                  f"{'shipped as ' + rec['as'] if rec['shipped'] else 'not shipped'}", flush=True)
     return 0
 
 
@@ -98,6 +122,6 @@ def _cmd_results(args: argparse.Namespace) -> int:
         print("rlsched chic-results: --rates names no rate", file=sys.stderr)
         return 2
     res = main(Path(args.out), args.rates, args.seqs, {"chic": args.chic, "chic-pair": args.chic_pair}, args.docs,
-               progress=sys.stderr.isatty())
+               progress=sys.stderr.isatty(), jobs_per_seq=args.jobs)
     print((Path(args.out) / "chic_results.md").read_text(), end="")
     return 0 if res else 1

@@ -77,6 +77,7 @@ class CEMConfig:
     seed: int = 0
     resize_overhead: float | None = None  # simulator's default (30 s, checkpoint-restart)
     task_mask: bool = True    # mask tasks that do not lower g (policies.chic.ChicPolicy); False: the ablation
+    g: str = "measured"       # where condition (2)'s g comes from (policies.chic.G_SOURCES)
 
     def check(self) -> None:
         if self.variant not in ("chic", "chic-pair"):
@@ -91,6 +92,10 @@ class CEMConfig:
                 raise ValueError(f"{k} must be in ({lo}, {hi}], got {v!r}")
         if not (self.lr > 0 and self.rate > 0 and math.isfinite(self.lr) and math.isfinite(self.rate)):
             raise ValueError("lr and rate must be finite and > 0")
+        from policies.chic import G_SOURCES
+
+        if self.g not in G_SOURCES:
+            raise ValueError(f"g must be one of {', '.join(G_SOURCES)}, got {self.g!r}")
         if VAL_SEED0 + self.val_seqs > TRAIN_SEED0 or TEST_SEED0 + 100 > VAL_SEED0:
             raise ValueError("training, validation and test seeds overlap")
 
@@ -215,7 +220,7 @@ def run_policy(policy, cluster, perf, jobs, resize_overhead: float | None = None
 
 def simulate_episode(net: ChicNet, spec: ChicSpec, cluster, perf, jobs, mode: str, seed: int,
                      p1: float = P1, p2: float = P2, resize_overhead: float | None = None,
-                     task_mask: bool = True) -> Episode:
+                     task_mask: bool = True, g: str = "measured") -> Episode:
     """One trajectory in the simulator. Its return is the seed's: the r1 terms of all steps sum to
     ``-(sum of the jobs' times in the system) / 20 min`` (every job finishes in the episode), plus
     the penalties of the actions taken."""
@@ -223,7 +228,7 @@ def simulate_episode(net: ChicNet, spec: ChicSpec, cluster, perf, jobs, mode: st
 
     from trainer.simulator import SimulationError
 
-    pol = ChicPolicy(net, spec, perf, mode=mode, seed=seed, record=True, p1=p1, p2=p2, task_mask=task_mask)
+    pol = ChicPolicy(net, spec, perf, mode=mode, seed=seed, record=True, p1=p1, p2=p2, task_mask=task_mask, g=g)
     try:
         res = Simulator(cluster, jobs, pol, perf, SimConfig(resize_overhead=resize_overhead, max_idle_rounds=200)).run()
     except SimulationError:  # the policy left waiting jobs idle for 200 rounds: the worst return, never elite
@@ -232,10 +237,17 @@ def simulate_episode(net: ChicNet, spec: ChicSpec, cluster, perf, jobs, mode: st
     return Episode(-float(np.sum(jct)) / REWARD_UNIT_S + pol.penalty, float(np.mean(jct)), pol.steps)
 
 
-def train(cfg: CEMConfig, out: str | Path, progress: bool = True) -> dict:
-    """Train (module docstring); write ``OUT/<variant>.json`` + ``.safetensors`` (the validation-best
-    network) and ``OUT/<variant>-history.json``. Returns the history."""
+def checkpoint_name(variant: str, rate: float | None = None) -> str:
+    """File stem of a checkpoint: ``<variant>`` (trained at the default 1.8 jobs/h, the seed's
+    "Chic(1.8/h)") or ``<variant>-r<rate>`` (trained at ``rate`` jobs/h, the seed's per-rate retraining)."""
+    return variant if rate is None else f"{variant}-r{rate:g}"
+
+
+def train(cfg: CEMConfig, out: str | Path, progress: bool = True, name: str | None = None) -> dict:
+    """Train (module docstring); write ``OUT/<name>.json`` + ``.safetensors`` (the validation-best
+    network) and ``OUT/<name>-history.json`` (``name`` default: the variant). Returns the history."""
     cfg.check()
+    name = name or cfg.variant
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     spec = ChicSpec(cfg.variant, cfg.slots)
@@ -248,13 +260,13 @@ def train(cfg: CEMConfig, out: str | Path, progress: bool = True) -> dict:
     def rollout(nt: ChicNet, mode: str, seed: int) -> Episode:
         jobs = train_set[seed % len(train_set)]
         return simulate_episode(nt, spec, cluster, perf, jobs, mode, seed, cfg.p1, cfg.p2, cfg.resize_overhead,
-                                cfg.task_mask)
+                                cfg.task_mask, cfg.g)
 
     def validate(nt: ChicNet) -> float:
         from trainer.simulator import SimulationError
 
         try:
-            return float(np.mean([run_policy(ChicPolicy(nt, spec, perf, task_mask=cfg.task_mask), cluster, perf, j,
+            return float(np.mean([run_policy(ChicPolicy(nt, spec, perf, task_mask=cfg.task_mask, g=cfg.g), cluster, perf, j,
                                              cfg.resize_overhead)
                                   for j in val_set]))
         except SimulationError:
@@ -263,12 +275,12 @@ def train(cfg: CEMConfig, out: str | Path, progress: bool = True) -> dict:
     history = {"config": asdict(cfg), "iterations": []}
     best_act, best_net, best_it = validate(net), net, 0
     history["iterations"].append({"iteration": 0, "val_act": best_act})
-    t_start = time.perf_counter()
+    t_start, c_start = time.perf_counter(), time.process_time()
     bar = None
     if progress:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        bar = Progress(TextColumn(f"train-chic {cfg.variant}"), BarColumn(), MofNCompleteColumn(),
+        bar = Progress(TextColumn(f"train-chic {name}"), BarColumn(), MofNCompleteColumn(),
                        TimeElapsedColumn(), TextColumn("{task.fields[info]}"))
         bar.start()
         task = bar.add_task("", total=cfg.iterations, info="")
@@ -284,21 +296,77 @@ def train(cfg: CEMConfig, out: str | Path, progress: bool = True) -> dict:
                     best_act, best_net, best_it = st["val_act"], net, k
             st["seconds"] = time.perf_counter() - t0
             history["iterations"].append(st)
-            (out / f"{cfg.variant}-history.json").write_text(json.dumps(history, indent=1))
+            (out / f"{name}-history.json").write_text(json.dumps(history, indent=1))
             if bar is not None:
                 bar.update(task, advance=1, info=f"xi {st['xi']:.1f}  mean R {st['mean_return']:.1f}  "
                            f"val ACT {st.get('val_act', float('nan')):.0f} s (best {best_act:.0f} s @ {best_it})")
     finally:
         if bar is not None:
             bar.stop()
-    history.update(best_iteration=best_it, best_val_act=best_act, train_seconds=time.perf_counter() - t_start)
+    history.update(best_iteration=best_it, best_val_act=best_act, train_seconds=time.perf_counter() - t_start,
+                   train_cpu_seconds=time.process_time() - c_start)
     training = {"algorithm": "modified cross-entropy method (seed 001, Algorithm 1)", "config": asdict(cfg),
                 "best_iteration": best_it, "best_val_act_s": best_act, "train_seconds": history["train_seconds"],
+                "train_cpu_seconds": history["train_cpu_seconds"],
                 "train_seeds": [TRAIN_SEED0, TRAIN_SEED0 + cfg.train_seqs - 1],
                 "val_seeds": [VAL_SEED0, VAL_SEED0 + cfg.val_seqs - 1],
-                "command": f"rlsched train-chic --variant {cfg.variant} --iterations {cfg.iterations}"
+                "command": f"rlsched train-chic --variant {cfg.variant} --iterations {cfg.iterations} "
+                           f"--rate {cfg.rate:g} --g {cfg.g} --seed {cfg.seed}"
                            f"{'' if cfg.task_mask else ' --no-task-mask'} --out DIR"}
-    save_chic_checkpoint(out / cfg.variant, spec, best_net, training,
-                         {"p1": cfg.p1, "p2": cfg.p2, "unit_s": REWARD_UNIT_S}, cfg.task_mask)
-    (out / f"{cfg.variant}-history.json").write_text(json.dumps(history, indent=1))
+    save_chic_checkpoint(out / name, spec, best_net, training,
+                         {"p1": cfg.p1, "p2": cfg.p2, "unit_s": REWARD_UNIT_S}, cfg.task_mask, cfg.g)
+    (out / f"{name}-history.json").write_text(json.dumps(history, indent=1))
     return history
+
+
+# ---------------------------------------------------------------------- shipping
+#: Arrival rate (jobs/h) of the default checkpoint ``<variant>.json`` (the seed's "Chic(1.8/h)").
+DEFAULT_RATE = 1.8
+_SHIPPED = _ROOT / "policies" / "checkpoints" / "chic"
+
+
+def shipped_name(variant: str, rate: float) -> str:
+    """Shipped file stem of ``variant`` trained at ``rate``: ``<variant>`` at :data:`DEFAULT_RATE`,
+    ``<variant>-r<rate>`` otherwise."""
+    return checkpoint_name(variant, None if math.isclose(rate, DEFAULT_RATE) else rate)
+
+
+def validation_act(path: str | Path, rate: float, seqs: int = 30) -> float:
+    """Average JCT (s) of the checkpoint ``path`` (greedy) over the validation sequences at ``rate``."""
+    from policies.chic import make_chic_policy, load_chic_checkpoint
+
+    ck = load_chic_checkpoint(path)
+    cluster, perf = chic_setup()
+    return float(np.mean([run_policy(make_chic_policy(f"{ck.spec.variant}:{ck.path}", perf), cluster, perf, j)
+                          for j in sequences(VAL_SEED0, seqs, rate)]))
+
+
+def ship_if_better(candidate: str | Path, rate: float, dest: str | Path = _SHIPPED, seqs: int = 30) -> dict:
+    """Ship the checkpoint ``candidate`` (trained at ``rate``) as ``dest/<shipped_name>`` when its
+    average JCT on the validation sequences at ``rate`` is below the one of the checkpoint that would
+    serve that rate otherwise (``dest/<shipped_name>`` if present, else the default ``dest/<variant>``).
+    The shipped JSON records the comparison under ``training.selection``; the history file beside the
+    candidate is copied beside it. Returns the comparison."""
+    from policies.chic import load_chic_checkpoint
+
+    dest = Path(dest)
+    ck = load_chic_checkpoint(candidate)
+    variant = ck.spec.variant
+    name = shipped_name(variant, rate)
+    incumbent = dest / f"{name}.json"
+    if not incumbent.is_file():
+        incumbent = dest / f"{variant}.json"
+    new = validation_act(ck.path, rate, seqs)
+    old = validation_act(incumbent, rate, seqs) if incumbent.is_file() else None
+    rec = {"rate": rate, "val_seeds": [VAL_SEED0, VAL_SEED0 + seqs - 1], "val_act_s": new,
+           "incumbent": incumbent.name if incumbent.is_file() else None, "incumbent_val_act_s": old,
+           "shipped": bool(old is None or new < old), "as": f"{name}.json"}
+    if rec["shipped"]:
+        training = dict(ck.meta.get("training", {}))
+        training["selection"] = {k: v for k, v in rec.items() if k != "shipped"}
+        save_chic_checkpoint(dest / name, ck.spec, ck.net, training, ck.meta.get("reward"),
+                             ck.meta.get("task_mask", True), ck.meta.get("g", "fitted"))
+        hist = ck.path.with_name(f"{ck.path.stem}-history.json")
+        if hist.is_file():
+            (dest / f"{name}-history.json").write_text(hist.read_text())
+    return rec
