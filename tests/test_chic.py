@@ -168,6 +168,19 @@ def test_shipped_checkpoints_load():
     for v in ("chic", "chic-pair"):
         pol = make_chic_policy(v)
         assert pol.spec.variant == v and pol.spec.slots == 3
+    # every shipped checkpoint (per-rate ones too) loads, names its variant in its file name, and records a
+    # repo-relative recipe; the ones trained with --ship record the validation comparison that shipped them
+    for j in sorted((ROOT / "policies" / "checkpoints" / "chic").glob("*.json")):
+        if j.name.endswith("-history.json"):
+            continue
+        ck = load_chic_checkpoint(j)
+        assert j.stem == ck.spec.variant or j.stem.startswith(ck.spec.variant + "-r")
+        tr = ck.meta["training"]
+        assert tr["command"].startswith("rlsched train-chic") and "/work" not in json.dumps(ck.meta)
+        sel = tr.get("selection")
+        if sel is not None:
+            assert sel["as"] == j.name and sel["val_act_s"] < (sel["incumbent_val_act_s"] or float("inf"))
+            assert (j.parent / f"{j.stem}-history.json").is_file()
 
 
 def test_episode_runs_in_the_simulator():
