@@ -333,7 +333,8 @@ class ChicPolicy(ElasticBaseline):
         (:data:`G_SOURCES`): ``measured`` (the speeds the simulator runs PS jobs at, DL2's profile: the
         seed's ``g_i``, which its simulator knows exactly) or ``fitted`` (Optimus' fitted form, what
         the ``optimus`` baseline plans with). Recorded in the checkpoint.
-    Every answer's wall time (s) goes to :attr:`step_times` (mask + encode + network + choice).
+    Every answer's CPU time (s, this thread's, :func:`time.thread_time`: other processes on a loaded host
+    do not count) goes to :attr:`step_times` (mask + encode + network + choice).
     """
 
     resizes = True
@@ -392,7 +393,7 @@ class ChicPolicy(ElasticBaseline):
             return
         self.phases += 1
         for _ in range(MAX_PHASE_STEPS):
-            t0 = time.perf_counter()
+            t0 = time.thread_time()
             mask = action_mask(spec, slots, used, cap, False, self.speed if self.task_mask else None)
             real = any(mask[a] for a in range(spec.stop) if slots[spec.target(a)[0]] is not None)
             if not real or (not self.task_mask and not any(self._improvable(s) for s in present)):
@@ -401,7 +402,7 @@ class ChicPolicy(ElasticBaseline):
                 mask[spec.stop] = False  # no stop before a workload can run (else nothing ever changes)
             x = encode(spec, slots, queue)
             a = _choose(self.net.logits(x), mask, self.mode, self.rng)
-            self.step_times.append(time.perf_counter() - t0)
+            self.step_times.append(time.thread_time() - t0)
             if self.record:
                 self.steps.append((x, mask, a))
                 self.penalty += step_penalty(spec, slots, a, self.p1, self.p2)

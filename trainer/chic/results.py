@@ -18,7 +18,7 @@ For each arrival rate (default 0.9, 1.8, 2.7 jobs/h, the seed's) and each test s
 
 Per rate and policy it reports the mean over sequences and the paired ratio to Optimus and to the
 best baseline (mean and 95 % t-interval over the sequences), and the decision time per step (mask +
-encode + network + choice, one answer of a decision phase, this host).
+encode + network + choice, one answer of a decision phase, CPU time of the thread on this host).
 
 Writes, all from this one run: ``OUT/chic_results.json`` (every number), ``OUT/chic_results.md``,
 ``OUT/chic_act_vs_rate.png`` (ACT vs arrival rate with the intervals, the seed's Fig. 4),
@@ -412,16 +412,18 @@ def markdown(res: dict, histories: dict[str, dict]) -> str:
     for r in R:
         p = B[r]["policies"]
         lines.append(f"| {r} | {_cell(p['pair bound'])} | {_cell(p[OPTIMUS_EVERY_ROUND])} | {_cell(p[PAIR_FITTED])} |")
-    lines += ["", "What each policy runs (all sequences of a rate pooled; workers and PSs: per running job, weighted "
-              "by time; resizes: ordered per job, each pauses the job 30 s; waiting: JCT minus running time):", "",
+    ref = "1.8" if "1.8" in R else R[0]
+    lines += ["", f"What each policy runs at {ref} jobs/h (all its sequences pooled; workers and PSs: per running job, "
+              "weighted by time; resizes: ordered per job, each pauses the job 30 s; waiting: JCT minus running time; "
+              "every rate in `chic_results.json`, `shapes`):", "",
               "| rate (jobs/h) | policy | workers | PSs | resizes / job | waiting (s / job) | running (s / job) |",
               "|---|---|---|---|---|---|---|"]
-    for r in R:
+    for r in [ref]:
         for n, sh in B[r].get("shapes", {}).items():
             lines.append(f"| {r} | {n} | {sh['workers']:.2f} | {sh['ps']:.2f} | {sh['resizes_per_job']:.2f} | "
                          f"{sh['wait_s']:.0f} | {sh['run_s']:.0f} |")
-    lines += ["", "Decision time per step (mask + encode + network + choice of one answer in a decision phase, numpy, "
-              "one process on this shared 2-core host, niced; seed: < 0.78 ms on one i5 core):", "",
+    lines += ["", "Decision time per step (CPU time of the thread: mask + encode + network + choice of one answer in a "
+              "decision phase, numpy, one process on this shared 2-core host, niced; seed: < 0.78 ms on one i5 core):", "",
               "| policy | steps timed | median | p99 | mean |", "|---|---|---|---|---|"]
     for n, d in res.get("decision_ms", {}).items():
         lines.append(f"| {n} | {d['steps']} | {d['median']:.3f} ms | {d['p99']:.3f} ms | {d['mean']:.3f} ms |")
