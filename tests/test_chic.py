@@ -314,3 +314,14 @@ def test_train_ship_and_results_on_a_tiny_setting(tmp_path):
     assert (root / "docs" / "figures" / "chic_act_vs_rate.png").stat().st_size > 0
     assert (root / "docs" / "figures" / "chic_training.png").stat().st_size > 0
     assert json.loads((tmp_path / "out" / "chic_results.json").read_text())["seqs"] == 2
+
+
+def test_fixed_shape_study_policy_plans_its_shapes_while_capacity_lasts():
+    from trainer.chic.shapes import FixedShape
+
+    spec = ChicSpec("chic", 3)
+    _cluster, perf = chic_setup()
+    pol = FixedShape(ChicNet.init(spec.obs_size, spec.n_actions), spec, perf, {"VGG-16": (3, 10)})
+    a, b, c = _slot(), _slot(), _slot()  # VGG-16: worker 1 GPU / 2 CPUs / 10 GB, PS 4 CPUs / 10 GB
+    pol.decide([a, b, c], 0, (10.0, 100.0, 600.0))  # 3 x 2 + 10 x 4 = 46 CPUs each: two fit in 100
+    assert [(s.job.w, s.job.p) for s in (a, b, c)] == [(3, 10), (3, 10), (0, 0)]
