@@ -295,7 +295,7 @@ class OrderedPolicy(Policy):
             if aware:
                 started.append((job, p))
         if (self.preemptive and self.consolidate and (limit is None or len(dec.place) < limit)
-                and free_total > 0 and state.running):
+                and free_total > 0 and state.running and _spread_out(state)):
             if taken is not None:
                 if not own_free:
                     free, own_free = free.astype(np.int64), True
@@ -439,6 +439,15 @@ class OrderedPolicy(Policy):
             if p is not None:
                 return p, _needed_victims(p, free, chosen)
         return None, []
+
+
+def _spread_out(state: ClusterState) -> bool:
+    """Whether a running job of ``state`` spans more nodes than its GPUs need on the cluster's largest
+    nodes (``OrderedPolicy._consolidate`` looks only at those): read from the jobs' shapes
+    (:meth:`~policies.state.ClusterState.spans`, O(shapes) where the state keeps a contention ledger),
+    so a round without such a job never reads the running jobs."""
+    per_node = state.cluster.max_gpus_per_node
+    return any(n > -(-g // per_node) for g, n in state.spans())
 
 
 #: The first item of a ``(key, job)`` pair (an itemgetter: sorting by it calls no Python function).

@@ -522,13 +522,16 @@ class ContentionAwarePlacement:
         if p is None:
             return None
         led = state.contention(self.perf)
-        loads = led.loads()
-        if not loads:  # no multi-node job runs: no candidate can score better than pack's
-            return self._choose(job, [p], led)
+        lb = led.load_bytes()
+        if not (led.spans() if lb is not None else led.loads()):
+            return self._choose(job, [p], led)  # no multi-node job runs: no candidate can score better than pack's
         k = p.num_nodes
         cands: list[Placement] = []
-        quiet = np.array(arr, dtype=np.int64)
-        quiet[list(loads)] = 0
+        if lb is not None:  # the nodes without multi-node jobs keep their free GPUs (one vectorised pass)
+            quiet = np.where(np.frombuffer(lb, dtype=np.uint8) > 0, 0, arr).astype(np.int64, copy=False)
+        else:
+            quiet = np.array(arr, dtype=np.int64)
+            quiet[list(led.loads())] = 0
         q = pack(job, quiet)
         if q is not None and q.num_nodes == k and q != p:
             cands.append(q)
