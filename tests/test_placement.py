@@ -430,6 +430,25 @@ C88 = ClusterSpec.parse("8x8")
 PERF88 = ContentionModel(C88)
 
 
+def _draw_running(data, free: np.ndarray, most: int, perf: ContentionModel) -> list[JobInfo]:
+    """Up to ``most`` running jobs of random models on up to 4 random nodes each, drawn from the free
+    GPUs ``free`` (taken off it, in place)."""
+    from policies.workloads import MODELS
+
+    running = []
+    for k in range(data.draw(st.integers(0, most))):
+        nodes = data.draw(st.lists(st.integers(0, len(free) - 1), min_size=1, max_size=4, unique=True))
+        alloc = {v: data.draw(st.integers(0, int(free[v]))) for v in nodes}
+        alloc = {v: c for v, c in alloc.items() if c > 0}
+        if not alloc:
+            continue
+        for v, c in alloc.items():
+            free[v] -= c
+        p = Placement.of(alloc)
+        running.append(info(f"r{k}", p.total_gpus, data.draw(st.sampled_from(MODELS)), p, perf))
+    return running
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.data())
 def test_greedy_equals_its_definition(data) -> None:
@@ -438,17 +457,7 @@ def test_greedy_equals_its_definition(data) -> None:
     from policies.workloads import MODELS
 
     free = np.array(C88.gpus_per_node, dtype=np.int64)
-    running = []
-    for k in range(data.draw(st.integers(0, 10))):
-        nodes = data.draw(st.lists(st.integers(0, 7), min_size=1, max_size=4, unique=True))
-        alloc = {v: data.draw(st.integers(0, int(free[v]))) for v in nodes}
-        alloc = {v: c for v, c in alloc.items() if c > 0}
-        if not alloc:
-            continue
-        for v, c in alloc.items():
-            free[v] -= c
-        p = Placement.of(alloc)
-        running.append(info(f"r{k}", p.total_gpus, data.draw(st.sampled_from(MODELS)), p, PERF88))
+    running = _draw_running(data, free, 10, PERF88)
     if int(free.sum()) == 0:
         return
     new = info("new", data.draw(st.integers(1, int(free.sum()))), data.draw(st.sampled_from(MODELS)), perf=PERF88)
@@ -527,16 +536,7 @@ def test_nosplit_greedy_on_a_large_cluster_equals_its_definition(data) -> None:
     free = np.array(C80.gpus_per_node, dtype=np.int64)
     full = data.draw(st.lists(st.integers(0, 79), max_size=70, unique=True))
     free[full] = data.draw(st.integers(0, 3))  # a crowded cluster: multi-node jobs must span nodes
-    running = []
-    for k in range(data.draw(st.integers(0, 12))):
-        nodes = data.draw(st.lists(st.integers(0, 79), min_size=1, max_size=4, unique=True))
-        alloc = {v: c for v in nodes if (c := data.draw(st.integers(0, int(free[v])))) > 0}
-        if not alloc:
-            continue
-        for v, c in alloc.items():
-            free[v] -= c
-        p = Placement.of(alloc)
-        running.append(info(f"r{k}", p.total_gpus, data.draw(st.sampled_from(MODELS)), p, PERF80))
+    running = _draw_running(data, free, 12, PERF80)
     new = info("new", data.draw(st.sampled_from([1, 2, 4, 8, 12, 16, 24, 32])), data.draw(st.sampled_from(MODELS)),
                perf=PERF80)
     state = ClusterState(0.0, C80, free, running, [new])
