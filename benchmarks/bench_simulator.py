@@ -27,6 +27,7 @@ Usage::
     python benchmarks/bench_simulator.py                         # everything, 5 repeats
     python benchmarks/bench_simulator.py --skip-philly           # only (a)
     python benchmarks/bench_simulator.py --policy fifo:spread --skip-philly --repeat 20
+    python benchmarks/bench_simulator.py --policy greedy --jobset generated --skip-philly   # one case
     python benchmarks/bench_simulator.py --baseline /tmp/base --rounds 5 --repeat 3 --json cmp.json
     python benchmarks/bench_simulator.py --json out.json --check  # exit 1 if a target is missed
     python benchmarks/bench_simulator.py --contention link        # another contention rule
@@ -51,6 +52,8 @@ HEURISTICS = (
     "fifo", "sjf", "srtf", "las", "greedy",
     "fifo:spread", "sjf:spread", "srtf:spread", "las:spread", "greedy:spread",
 )
+#: The 256-job sets by ``--jobset`` name.
+JOBSETS = ("deepshare", "generated")
 JOBSET_TARGET_S = 1.0
 PHILLY_TARGET_S = 60.0
 
@@ -135,11 +138,13 @@ def run_cases(args: argparse.Namespace, say) -> tuple[list[Row], dict[str, float
         c48 = ClusterSpec.parse("4x8")
         perf = _perf(c48, args.contention)
         sets = []
-        jobs, loads["deepshare"], _ = simbench.timed(lambda: load_trace(args.deepshare, c48))
-        sets.append(("deepshare trace0", jobs))
-        cfg = GeneratorConfig(num_jobs=256, max_gpus=32, seed=0)
-        jobs, loads["generated"], _ = simbench.timed(lambda: generate_jobs(c48, cfg, perf))
-        sets.append(("generated 256, <=32 GPUs", jobs))
+        if "deepshare" in args.jobsets:
+            jobs, loads["deepshare"], _ = simbench.timed(lambda: load_trace(args.deepshare, c48))
+            sets.append(("deepshare trace0", jobs))
+        if "generated" in args.jobsets:
+            cfg = GeneratorConfig(num_jobs=256, max_gpus=32, seed=0)
+            jobs, loads["generated"], _ = simbench.timed(lambda: generate_jobs(c48, cfg, perf))
+            sets.append(("generated 256, <=32 GPUs", jobs))
         for name, jobs in sets:
             for pol in args.policies:
                 row = bench(name, c48, jobs, pol, perf, args.repeat, JOBSET_TARGET_S)
@@ -162,7 +167,8 @@ def _child(args: argparse.Namespace, code: Path | None) -> list[Row]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rows.json"
         cmd = [sys.executable, __file__, "--repeat", str(args.repeat), "--philly-repeat", str(args.philly_repeat),
-               "--policy", ",".join(args.policies), "--contention", args.contention, "--deepshare", str(args.deepshare),
+               "--policy", ",".join(args.policies), "--jobset", ",".join(args.jobsets), "--contention", args.contention,
+               "--deepshare", str(args.deepshare),
                "--philly", str(args.philly), "--row-json", str(out), "--quiet"]
         cmd += ["--skip-philly"] if args.skip_philly else []
         cmd += ["--skip-jobsets"] if args.skip_jobsets else []
@@ -216,6 +222,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--skip-philly", action="store_true", help="only the 256-job sets")
     ap.add_argument("--skip-jobsets", action="store_true", help="only Philly")
     ap.add_argument("--policy", default=",".join(HEURISTICS), help="comma-separated heuristics of the 256-job sets (default: all ten)")
+    ap.add_argument("--jobset", default=",".join(JOBSETS),
+                    help="comma-separated 256-job sets: deepshare, generated (default: both)")
     ap.add_argument("--deepshare", type=Path, default=root / "data/traces/deepshare/simulate/trace0.json")
     ap.add_argument("--philly", type=Path, default=root / "data/philly/philly.csv")
     ap.add_argument("--json", type=Path, help="also write the rows (or the comparison) as JSON here")
@@ -231,6 +239,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.repeat < 1 or args.philly_repeat < 1 or args.rounds < 1:
         ap.error("--repeat, --philly-repeat and --rounds must be >= 1")
     args.policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+    args.jobsets = [s.strip() for s in args.jobset.split(",") if s.strip()]
+    bad = [s for s in args.jobsets if s not in JOBSETS]
+    if bad or not args.jobsets:
+        ap.error(f"--jobset {args.jobset!r}: choose from {', '.join(JOBSETS)}")
     if not args.policies and not args.skip_jobsets:
         ap.error("--policy names no policy")
     if args.code is not None and args.baseline is not None:

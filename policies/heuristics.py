@@ -40,10 +40,10 @@ from __future__ import annotations
 
 import bisect
 import copy
-import itertools
+import math
 import operator
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable
 
 import numpy as np
 
@@ -52,7 +52,7 @@ from policies.cluster import Placement
 from policies.perf import ContentionModel
 from policies.placement import PLACEMENT_RULES, PlacementRule
 from policies.resources import nodes_of_type
-from policies.state import ClusterState, Decision, JobInfo, time_key
+from policies.state import TIME_KEY_SCALE, ClusterState, Decision, JobInfo, time_key
 
 __all__ = [
     "OrderedPolicy",
@@ -83,12 +83,22 @@ LAS2D_PROMOTE_KNOB = 8.0
 _fifo: Callable[[JobInfo], tuple] = operator.attrgetter("submit_time", "job_id")
 
 
+# _sjf and _srtf compute time_key(j.total_time) and time_key(j.remaining_time) written out (the same
+# operations in the same order, so the same floats): a preemptive policy computes the key of every
+# pending job in every round.
+_floor = math.floor
+_SCALE = TIME_KEY_SCALE
+
+
 def _sjf(j: JobInfo) -> tuple:
-    return (time_key(j.total_time), j.submit_time, j.job_id)
+    return (_floor(j.total_samples / j.best_thp * _SCALE + 0.5) / _SCALE, j.submit_time, j.job_id)
 
 
 def _srtf(j: JobInfo) -> tuple:
-    return (time_key(j.remaining_time), j.submit_time, j.job_id)
+    left = j.total_samples - j.done_samples  # JobInfo.remaining_samples: max(left, 0.0)
+    if 0.0 > left:
+        left = 0.0
+    return (_floor(left / j.best_thp * _SCALE + 0.5) / _SCALE, j.submit_time, j.job_id)
 
 
 def _las(j: JobInfo) -> tuple:
@@ -220,17 +230,9 @@ class OrderedPolicy(Policy):
         limit = self.place_limit
         if limit is not None and limit <= 0:
             return dec
-        # Keys are computed once per job and round (they are the hot path on
-        # long queues); sorting (key, job) pairs by key is the same stable sort
-        # as sorting jobs by ``order``. Only preemption reads a job's key: without it
-        # the jobs are sorted by ``order`` directly and paired with None.
-        pending: Iterable[tuple[tuple | None, JobInfo]]
-        if self.preemptive:
-            jobs = state.pending
-            pending = list(zip(map(order, jobs), jobs))
-            pending.sort(key=_first)
-        else:
-            pending = zip(itertools.repeat(None), sorted(state.pending, key=order))
+        # The pending jobs sorted by ``order`` (a stable sort that computes each key once, in C);
+        # only preemption reads a job's key again, for the jobs it looks at.
+        pending = sorted(state.pending, key=order)
         # Victims (running jobs, lowest priority first) are ranked the first time a job does not
         # fit: a round in which every job fits never reads the running jobs.
         victims: list[tuple[tuple, JobInfo]] | None = None if self.preemptive else []
@@ -242,7 +244,7 @@ class OrderedPolicy(Policy):
         cur = state
         started: list[tuple[JobInfo, Placement]] = []  # this round's starts and preemptions not yet in `cur`
         stopped: list[JobInfo] = []
-        for key, job in pending:
+        for job in pending:
             if taken is not None:
                 if not own_free:
                     free, own_free = free.astype(np.int64), True
@@ -264,6 +266,7 @@ class OrderedPolicy(Policy):
                 can_preempt = bool(victims)
             if p is None and can_preempt:
                 assert victims is not None
+                key = order(job)
                 if victims and self._lower(victims[0][0][0], key[0]):
                     p, chosen = self._with_preemption(job, key, free, cur, victims)
                     if p is not None:
@@ -295,7 +298,7 @@ class OrderedPolicy(Policy):
             if aware:
                 started.append((job, p))
         if (self.preemptive and self.consolidate and (limit is None or len(dec.place) < limit)
-                and free_total > 0 and state.running):
+                and free_total > 0 and state.running and _spread_out(state)):
             if taken is not None:
                 if not own_free:
                     free, own_free = free.astype(np.int64), True
@@ -439,6 +442,15 @@ class OrderedPolicy(Policy):
             if p is not None:
                 return p, _needed_victims(p, free, chosen)
         return None, []
+
+
+def _spread_out(state: ClusterState) -> bool:
+    """Whether a running job of ``state`` spans more nodes than its GPUs need on the cluster's largest
+    nodes (``OrderedPolicy._consolidate`` looks only at those): read from the jobs' shapes
+    (:meth:`~policies.state.ClusterState.spans`, O(shapes) where the state keeps a contention ledger),
+    so a round without such a job never reads the running jobs."""
+    per_node = state.cluster.max_gpus_per_node
+    return any(n > -(-g // per_node) for g, n in state.spans())
 
 
 #: The first item of a ``(key, job)`` pair (an itemgetter: sorting by it calls no Python function).

@@ -286,13 +286,16 @@ class ContentionLedger:
     after the origin changed raises :class:`StaleLedgerError` (:attr:`valid` says which).
     ``fork(read_only=True)`` gives a view that refuses :meth:`add` and :meth:`remove`.
 
+    It also counts the multi-node jobs by shape, ``(total GPUs, nodes)`` (:meth:`spans`), so that a
+    policy asks whether any job spans more nodes than it needs without a pass over the jobs.
+
     :param num_nodes: the cluster's node count, if known: the ledger then also keeps every node's
         number of multi-node jobs as one byte per node (:meth:`load_bytes`), for searches over the
         whole cluster in C.
     """
 
     __slots__ = ("perf", "_jobs", "_nodes", "_base", "_base_version", "_version", "_read_only", "_seq",
-                 "_lb", "_lb_own", "_lb_bytes", "_sum", "_pairs")
+                 "_lb", "_lb_own", "_lb_bytes", "_sum", "_pairs", "_shapes", "_shapes_own")
 
     def __init__(self, perf: PairContention, num_nodes: int | None = None) -> None:
         self.perf = perf
@@ -301,6 +304,10 @@ class ContentionLedger:
         self._lb: bytearray | None = None if num_nodes is None else bytearray(num_nodes)
         self._lb_own = True  # whether _lb is this ledger's own (a fork shares its origin's until it writes)
         self._lb_bytes: bytes | None = None
+        # multi-node jobs by (total GPUs, nodes): {shape: count}, every count > 0 (a fork shares its
+        # origin's until it writes)
+        self._shapes: dict[tuple[int, int], int] = {}
+        self._shapes_own = True
         self._jobs: dict[Hashable, _Entry | None] = {}  # None: removed (in a fork)
         self._nodes: dict[int, dict[Hashable, JobKey]] = {}  # multi-node jobs per node (a fork: every node it touched)
         self._base: ContentionLedger | None = None
@@ -434,6 +441,12 @@ class ContentionLedger:
         if self._lb_bytes is None:
             self._lb_bytes = bytes(lb)
         return self._lb_bytes
+
+    def spans(self) -> dict[tuple[int, int], int]:
+        """``{(total GPUs, nodes): number of jobs}`` of the multi-node jobs (a copy; O(shapes), not
+        O(jobs): kept up to date by :meth:`add` and :meth:`remove`)."""
+        self._check()
+        return dict(self._shapes)
 
     def load(self, node: int) -> int:
         """Number of multi-node jobs on ``node``."""
@@ -606,12 +619,22 @@ class ContentionLedger:
             self._lb_own = True
         return self._lb
 
+    def _shapes_w(self) -> dict[tuple[int, int], int]:
+        """This ledger's own :meth:`spans` counts, to change (copied from the origin on first write)."""
+        if not self._shapes_own:
+            self._shapes = dict(self._shapes)
+            self._shapes_own = True
+        return self._shapes
+
     def _insert(self, job_id: Hashable, key: JobKey, placement: "Placement", info: Any, cs: float = 1.0) -> None:
         if key[2] > 1 and self._lb is not None and max(placement.nodes) >= len(self._lb):
             raise ValueError(f"job {job_id!r}: placement {placement} uses a node beyond the ledger's {len(self._lb)}")
         self._seq += 1
         self._jobs[job_id] = _Entry(key, placement, cs, info, self._seq)
         if key[2] > 1:
+            shapes = self._shapes_w()
+            shape = (key[1], key[2])
+            shapes[shape] = shapes.get(shape, 0) + 1
             lb = self._lb_w()
             for v in placement.nodes:
                 d = self._node_w(v)
@@ -706,6 +729,13 @@ class ContentionLedger:
             del self._jobs[job_id]
         if e.key[2] <= 1:
             return set()
+        shapes = self._shapes_w()
+        shape = (e.key[1], e.key[2])
+        left = shapes[shape] - 1
+        if left:
+            shapes[shape] = left
+        else:
+            del shapes[shape]
         fork = self._base is not None
         lb = self._lb_w()
         for v in e.placement.nodes:
@@ -729,6 +759,10 @@ class ContentionLedger:
         f._seq = self._seq
         f._version = 0
         f._lb_bytes = self._lb_bytes
+        if self._base is None or not self._shapes_own:  # share the origin's until one writes (_shapes_w)
+            f._shapes, f._shapes_own = self._shapes, False
+        else:  # this fork's own counts, which it may change: the new fork takes a copy
+            f._shapes, f._shapes_own = dict(self._shapes), True
         if self._base is None or not self._lb_own:  # share until one writes
             f._lb, f._lb_own = self._lb, self._lb is None
         else:  # this fork has its own, which it may change: the new fork takes a copy
@@ -749,6 +783,7 @@ class ContentionLedger:
         c = ContentionLedger(self.perf)
         c._pairs = self._pairs
         c._lb = None if self._lb is None else bytearray(self._lb)
+        c._shapes = dict(self._shapes)
         b = self._base
         if b is not None and not self._jobs and not self._nodes:  # a fork without changes: its origin's
             c._jobs = dict(b._jobs)
@@ -801,6 +836,8 @@ class ContentionLedger:
             raise AssertionError(f"contention ledger: {len(a)} loaded nodes, recomputed {len(b)}")
         if self._lb != ref._lb:
             raise AssertionError("contention ledger: per-node load bytes differ from a recomputation")
+        if self._shapes != ref._shapes:
+            raise AssertionError(f"contention ledger: multi-node jobs by shape {self._shapes} != recomputed {ref._shapes}")
 
     def __repr__(self) -> str:
         return f"ContentionLedger({len(self)} jobs, {len(self.loads())} loaded nodes)"

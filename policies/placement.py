@@ -510,25 +510,41 @@ class ContentionAwarePlacement:
     def _fewest_nodes(self, job: JobInfo, free: np.ndarray, state: ClusterState) -> Placement | None:
         """The ``nosplit=True`` choice (class docstring)."""
         gpus = job.gpu_demand
-        if int(free.max(initial=0)) >= gpus:
+        if len(free) <= _SMALL:
+            fits = int(free.max(initial=0)) >= gpus
+            arr = hi = fb = None
+        else:  # pack's first step, the best-fit node, searched in the bytes (C scans): -1 if none holds it
+            arr, hi, fb = _as_bytes(free, state)
+            if fb is None:
+                fits = int(arr.max()) >= gpus
+            else:
+                n = _ByteCounts(fb, hi, arr, state).best_fit(gpus)
+                fits = n >= 0
+                if fits and self.min_efficiency <= 0.0:
+                    return Placement(((n, gpus),))  # = pack(job, free, state)
+        if fits:
             p = pack(job, free, state)  # one node holds it: pack's best fit
             if p is None or self.min_efficiency <= 0.0:
                 return p
             return self._choose(job, [p], state.contention(self.perf))
         if gpus <= state.cluster.max_gpus_per_node:
             return None  # a single-node job is never split
-        arr, hi, fb = _as_bytes(free, state)
+        if arr is None:
+            arr, hi, fb = _as_bytes(free, state)
         p = _pack(gpus, arr, hi, fb, state)
         if p is None:
             return None
         led = state.contention(self.perf)
-        loads = led.loads()
-        if not loads:  # no multi-node job runs: no candidate can score better than pack's
-            return self._choose(job, [p], led)
+        lb = led.load_bytes()
+        if not (led.spans() if lb is not None else led.loads()):
+            return self._choose(job, [p], led)  # no multi-node job runs: no candidate can score better than pack's
         k = p.num_nodes
         cands: list[Placement] = []
-        quiet = np.array(arr, dtype=np.int64)
-        quiet[list(loads)] = 0
+        if lb is not None:  # the nodes without multi-node jobs keep their free GPUs (one vectorised pass)
+            quiet = np.where(np.frombuffer(lb, dtype=np.uint8) > 0, 0, arr).astype(np.int64, copy=False)
+        else:
+            quiet = np.array(arr, dtype=np.int64)
+            quiet[list(led.loads())] = 0
         q = pack(job, quiet)
         if q is not None and q.num_nodes == k and q != p:
             cands.append(q)

@@ -426,6 +426,26 @@ class ClusterState:
         cache.append(led.freeze())
         return led
 
+    def spans(self) -> dict[tuple[int, int], int]:
+        """``{(total GPUs, nodes): number of jobs}`` of the running jobs that span several nodes.
+
+        Read from a contention ledger kept with this state (:meth:`contention`, :meth:`use_contention`;
+        any performance model: the shapes do not depend on it) in O(shapes), else counted in one pass
+        over ``running``."""
+        handed = self.__dict__.get("_handed")
+        if handed is not None and handed[0].version == handed[1]:  # the backend's, unchanged: no fork needed
+            return handed[0].spans()
+        for led in self._ledgers():
+            if led.valid:
+                return led.spans()
+        out: dict[tuple[int, int], int] = {}
+        for j in self.running:
+            p = j.placement
+            if p is not None and p.num_nodes > 1:
+                shape = (p.total_gpus, p.num_nodes)
+                out[shape] = out.get(shape, 0) + 1
+        return out
+
     def _ledgers(self) -> list[ContentionLedger]:
         """The contention ledgers kept with this state (the one a backend handed in, forked now)."""
         cache: list[ContentionLedger] = self.__dict__.setdefault("_contention", [])

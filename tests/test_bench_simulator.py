@@ -41,3 +41,14 @@ def test_bad_arguments_name_the_option(tmp_path, capsys):
     assert ei.value.code == 2 and "--repeat, --philly-repeat and --rounds must be >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="not an rlsched checkout"):
         bench.main(["--code", str(tmp_path), "--skip-philly"])
+
+
+def test_jobset_picks_the_sets(tmp_path, capsys):
+    out = tmp_path / "sim.json"
+    assert bench.main(["--policy", "greedy", "--jobset", "generated", "--skip-philly", "--repeat", "1",
+                       "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["jobset"], r["policy"]) for r in rows] == [("generated 256, <=32 GPUs", "greedy")]
+    with pytest.raises(SystemExit) as ei:
+        bench.main(["--jobset", "generated,philly", "--skip-philly"])
+    assert ei.value.code == 2 and "--jobset 'generated,philly': choose from deepshare, generated" in capsys.readouterr().err

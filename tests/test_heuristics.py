@@ -599,3 +599,19 @@ def test_a_typed_job_is_placed_only_on_nodes_of_its_type(name: str) -> None:
     where = dict(dec.place)
     assert set(where) == {"v2", "plain"}, dec
     assert set(where["v2"].nodes) <= {2, 3} and where["v2"].total_gpus == 2
+
+
+_finite = st.floats(min_value=0.0, max_value=1e12, allow_nan=False, allow_infinity=False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(total=_finite, done=_finite, best=st.floats(min_value=1e-9, max_value=1e9), submit=_finite)
+def test_time_keys_are_time_key_of_the_estimates(total, done, best, submit) -> None:
+    """``sjf`` and ``srtf`` keys (written out for speed) are time_key of JobInfo.total_time /
+    remaining_time, float for float."""
+    from policies.heuristics import ORDERS
+    from policies.state import time_key
+
+    j = JobInfo("j", "MoE", 1, submit, total, done_samples=done, best_thp=best)
+    assert ORDERS["sjf"](j) == (time_key(j.total_time), submit, "j")
+    assert ORDERS["srtf"](j) == (time_key(j.remaining_time), submit, "j")

@@ -313,6 +313,24 @@ def test_load_bytes_follow_forks_and_copies() -> None:
         led.add("far", "MoE", P((3, 4), (4, 4)))
 
 
+def test_spans_count_multi_node_jobs_through_forks_and_copies() -> None:
+    led = ContentionLedger(TablePerf(), num_nodes=4)
+    led.add("a", "MoE", P((0, 4), (1, 4)))
+    led.add("b", "FSDP", P((1, 2), (2, 2)))
+    led.add("s", "MoE", P((3, 8)))  # single-node: no shape
+    assert led.spans() == {(8, 2): 1, (4, 2): 1}
+    f = led.fork()
+    f.remove("a")
+    g = f.fork()
+    f.add("c", "DLRM", P((0, 1), (2, 1), (3, 1)))
+    assert f.spans() == {(4, 2): 1, (3, 3): 1} and g.spans() == {(4, 2): 1}
+    assert led.spans() == {(8, 2): 1, (4, 2): 1} and led.copy().spans() == led.spans()
+    f.check()
+    led.remove("b")
+    assert led.spans() == {(8, 2): 1}
+    led.check()
+
+
 def test_add_and_remove_stay_local() -> None:
     """A change prices only the jobs on the changed job's nodes, however many run elsewhere."""
     perf = TablePerf()
@@ -499,6 +517,9 @@ def test_with_running_carries_the_ledger_incrementally() -> None:
     assert list(got) == list(fresh) and all(got.cs(k) == fresh.cs(k) for k in fresh)
     assert before.valid and list(before) == ["a", "b", "c", "d"]
     got.check()
+    # the shapes of the multi-node jobs: from the ledger kept with a state, or counted from `running`
+    plain = ClusterState(0.0, st_.cluster, st_.free_gpus, list(nxt.running), [])
+    assert nxt.spans() == plain.spans() == got.spans()
 
 
 def test_simulator_hands_its_ledger_and_an_old_state_rebuilds_its_own() -> None:

@@ -430,6 +430,25 @@ C88 = ClusterSpec.parse("8x8")
 PERF88 = ContentionModel(C88)
 
 
+def _draw_running(data, free: np.ndarray, most: int, perf: ContentionModel) -> list[JobInfo]:
+    """Up to ``most`` running jobs of random models on up to 4 random nodes each, drawn from the free
+    GPUs ``free`` (taken off it, in place)."""
+    from policies.workloads import MODELS
+
+    running = []
+    for k in range(data.draw(st.integers(0, most))):
+        nodes = data.draw(st.lists(st.integers(0, len(free) - 1), min_size=1, max_size=4, unique=True))
+        alloc = {v: data.draw(st.integers(0, int(free[v]))) for v in nodes}
+        alloc = {v: c for v, c in alloc.items() if c > 0}
+        if not alloc:
+            continue
+        for v, c in alloc.items():
+            free[v] -= c
+        p = Placement.of(alloc)
+        running.append(info(f"r{k}", p.total_gpus, data.draw(st.sampled_from(MODELS)), p, perf))
+    return running
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.data())
 def test_greedy_equals_its_definition(data) -> None:
@@ -438,17 +457,7 @@ def test_greedy_equals_its_definition(data) -> None:
     from policies.workloads import MODELS
 
     free = np.array(C88.gpus_per_node, dtype=np.int64)
-    running = []
-    for k in range(data.draw(st.integers(0, 10))):
-        nodes = data.draw(st.lists(st.integers(0, 7), min_size=1, max_size=4, unique=True))
-        alloc = {v: data.draw(st.integers(0, int(free[v]))) for v in nodes}
-        alloc = {v: c for v, c in alloc.items() if c > 0}
-        if not alloc:
-            continue
-        for v, c in alloc.items():
-            free[v] -= c
-        p = Placement.of(alloc)
-        running.append(info(f"r{k}", p.total_gpus, data.draw(st.sampled_from(MODELS)), p, PERF88))
+    running = _draw_running(data, free, 10, PERF88)
     if int(free.sum()) == 0:
         return
     new = info("new", data.draw(st.integers(1, int(free.sum()))), data.draw(st.sampled_from(MODELS)), perf=PERF88)
@@ -475,3 +484,63 @@ def test_state_free_bytes() -> None:
         state.use_free_bytes(bytes(3), 64)
     job = info("j", 4)
     assert pack(job, state.free_gpus, state) == pack(job, free.copy()) == Placement.of({3: 4})
+
+
+def _nosplit_greedy_by_definition(perf: ContentionModel, job: JobInfo, free: np.ndarray, state: ClusterState):
+    """``ContentionAwarePlacement(perf, nosplit=True)`` written out from its docstring, on plain arrays."""
+    from policies.placement import SWITCH_GAIN
+
+    gpus = job.gpu_demand
+    if int(free.max()) >= gpus:
+        return _pack_by_definition(gpus, free)
+    if gpus <= state.cluster.max_gpus_per_node:
+        return None
+    p = _pack_by_definition(gpus, free)
+    if p is None:
+        return None
+    load = np.zeros(len(free))
+    for j in state.running:
+        if j.placement.num_nodes > 1:
+            load[list(j.placement.nodes)] += 1
+    if not load.any():
+        return p
+    k = p.num_nodes
+    quiet = np.where(load > 0, 0, free)
+    cands = []
+    q = _pack_by_definition(gpus, quiet)
+    if q is not None and q.num_nodes == k and q != p:
+        cands.append(q)
+    bal = [c for c in balanced_candidates(gpus, free, np.lexsort((free, load))) if c.num_nodes == k]
+    cands += [c for c in bal if c != p and c not in cands]
+    rule = ContentionAwarePlacement(perf, nosplit=True)
+    best, best_score = p, rule.score(job, p, state)
+    bar = best_score + SWITCH_GAIN * gpus
+    for c in cands:
+        s = rule.score(job, c, state)
+        if s > bar + 1e-9 and s > best_score + 1e-9:
+            best, best_score = c, s
+    return best
+
+
+C80 = ClusterSpec.parse("80x8")
+PERF80 = ContentionModel(C80)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_nosplit_greedy_on_a_large_cluster_equals_its_definition(data) -> None:
+    """Beyond 64 nodes the ``greedy`` placement searches the state's free bytes and the ledger's load
+    bytes; it picks what its definition picks (the state's own free GPUs and a copy of them alike)."""
+    from policies.workloads import MODELS
+
+    free = np.array(C80.gpus_per_node, dtype=np.int64)
+    full = data.draw(st.lists(st.integers(0, 79), max_size=70, unique=True))
+    free[full] = data.draw(st.integers(0, 3))  # a crowded cluster: multi-node jobs must span nodes
+    running = _draw_running(data, free, 12, PERF80)
+    new = info("new", data.draw(st.sampled_from([1, 2, 4, 8, 12, 16, 24, 32])), data.draw(st.sampled_from(MODELS)),
+               perf=PERF80)
+    state = ClusterState(0.0, C80, free, running, [new])
+    want = _nosplit_greedy_by_definition(PERF80, new, free, state)
+    rule = ContentionAwarePlacement(PERF80, nosplit=True)
+    assert rule(new, state.free_gpus, state) == want
+    assert rule(new, free.copy(), state) == want
