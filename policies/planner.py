@@ -17,8 +17,8 @@ What a round does (:meth:`PlannerPolicy.schedule`):
    free up rather than backfilling a job that would block a wider one, or splitting a job that a
    node would soon take whole). A candidate whose decision and default policy equal an earlier
    one's is dropped.
-2. **Horizon**: the base candidate is rolled out until ``horizon`` jobs have completed (all known
-   jobs when ``horizon`` is 0); the time it reaches is the horizon ``t_end`` of every other
+2. **Horizon**: the base candidate is rolled out until ``horizon`` jobs have completed (as many
+   as the snapshot holds when ``horizon`` is 0; without arrivals: all of them); the time it reaches is the horizon ``t_end`` of every other
    candidate, so all are scored over the same window.
 3. **Score** (lower is better): the sum over the snapshot's jobs of their estimated completion
    time minus now (s): the completion time in the rollout, or for a job unfinished when the
@@ -150,7 +150,7 @@ class RolloutModel(Protocol):
                 max_rounds: int = 0) -> Rollout | None:
         """Apply ``first`` to a private copy of ``state`` in which the jobs of ``arrivals`` (submitted
         after ``state.time``) arrive later, then let ``policy`` decide every round until
-        ``completions`` jobs have completed (0: as many as the snapshot holds) or the time ``until``
+        ``completions`` jobs have completed (0: every job, the arrivals' too) or the time ``until``
         (s) is reached, or ``max_rounds`` rounds have run (0: no limit; the result's score is then
         ``None``). Returns a :class:`Rollout`, or ``None`` when ``first`` is invalid, the rollout
         fails, or the model's clock (the planner's, :attr:`PlannerPolicy.clock`) passed ``deadline``.
@@ -280,7 +280,7 @@ class PlannerPolicy(Policy):
     :param base: the base heuristic (rollout default policy, first candidate).
     :param alternatives: other heuristics whose decisions are candidates.
     :param budget_s: wall seconds per round (> 0).
-    :param horizon: completions of the base rollout that set the horizon (0: all jobs).
+    :param horizon: completions of the base rollout that set the horizon (0: as many as the snapshot holds).
     :param holds: hold variants of the base decision per round (>= 0).
     :param arrivals: sampled arrival paths per candidate (0: none; module docstring).
     :param work: simulated rounds per planner round over all rollouts (0: no limit).
@@ -372,10 +372,11 @@ class PlannerPolicy(Policy):
         paths = self.arrival_paths(state)
         stats.paths = len(paths)
         first, base = cands[0]
+        goal = self.horizon if self.horizon > 0 else len(state.running) + len(state.pending)
         ends: list[float] = []
         total = 0.0
         for arr in paths:
-            got = self._rollout(state, first, base, arr, deadline, stats, completions=self.horizon)
+            got = self._rollout(state, first, base, arr, deadline, stats, completions=goal)
             if got is None:  # out of time or work, or a snapshot the model cannot simulate: the base decision
                 return first
             total += got.score  # type: ignore[operator]

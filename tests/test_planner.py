@@ -470,3 +470,13 @@ def test_planner_options_match_the_registry():
         make_policy("planner:arrivals=-1", CL, PERF)
     with pytest.raises(PolicyError, match="work must be an integer"):
         make_policy("planner:work=1.5", CL, PERF)
+
+
+def test_every_candidate_is_scored_over_the_base_window_with_arrivals():
+    """A candidate equal to the base (a second ``greedy``) scores exactly as the base on every arrival
+    path, also when the snapshot holds fewer jobs than the horizon, so the base keeps the tie."""
+    st = arrivals_snapshot()
+    assert len(st.running) + len(st.pending) < 16
+    pol = make_planner("planner:alternatives=greedy/holds=0/arrivals=3/budget_s=1000", CL4, PERF4)
+    pol.schedule(st)
+    assert (pol.last_round.candidates, pol.last_round.scored, pol.last_round.chosen, pol.last_round.paths) == (2, 2, 0, 3)

@@ -35,14 +35,15 @@ class SimRollout:
 
     :param perf: the performance model (its contention rule prices the rollouts).
     :param config: the simulator's settings for the rollouts (default :class:`SimConfig`: 300 s rounds,
-        event-triggered, 30 s restart overhead, no speed noise).
+        event-triggered, 30 s restart overhead, no speed noise; fragmentation / CS metrics sampled once,
+        since the score does not read them).
     :param clock: the clock (s) the rollout's ``deadline`` is measured on (default :func:`time.perf_counter`).
     """
 
     def __init__(self, perf: ContentionModel, config: SimConfig | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.perf = perf
-        self.config = config or SimConfig()
+        self.config = config or SimConfig(metrics_interval=math.inf)
         self.clock = clock
 
     def rollout(self, state: ClusterState, first: Decision, policy: Policy, *, completions: int = 0,
@@ -62,8 +63,7 @@ class SimRollout:
             until -= shift
             t0 = sim.time
             n0 = sim.finished
-            n_known = len(sim.jobs) - len(arrivals)
-            goal = n_known if completions <= 0 else min(completions, len(sim.jobs))
+            goal = len(sim.jobs) if completions <= 0 else min(completions, len(sim.jobs))
             k = 0
             while not sim.done and sim.finished - n0 < goal and backend.next_round():
                 if sim.time >= until or sim.finished - n0 >= goal:
