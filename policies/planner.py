@@ -10,7 +10,8 @@ What a round does (:meth:`PlannerPolicy.schedule`):
 1. **Candidates**, in a fixed order. For every heuristic of ``[base, *alternatives]`` (names of
    :func:`policies.heuristics.make_heuristic`; default ``greedy`` then ``srtf:nosplit``,
    ``lgtf:nosplit``, ``lgtf``): its decision for this snapshot, paired with the heuristic itself as
-   the *default policy* of the rollout ("follow this heuristic from now on"). Then up to
+   the *default policy* of the rollout ("follow this heuristic from now on"; with ``follow=base``
+   the base heuristic instead, so that candidates differ in their first decision only). Then up to
    ``holds`` *hold* variants of the base heuristic's decision when it preempts nothing and jobs run:
    the same decision without its ``i``-th placement, rolled out with :class:`HoldPolicy` (the base
    heuristic, with that job held back until the first of the jobs running after the decision stops: waiting for GPUs to
@@ -18,11 +19,12 @@ What a round does (:meth:`PlannerPolicy.schedule`):
    node would soon take whole). A candidate whose decision and default policy equal an earlier
    one's is dropped.
 2. **Horizon**: the base candidate is rolled out until ``horizon`` jobs have completed (as many
-   as the snapshot holds when ``horizon`` is 0; without arrivals: all of them); the time it reaches is the horizon ``t_end`` of every other
-   candidate, so all are scored over the same window.
-3. **Score** (lower is better): the sum over the snapshot's jobs of their estimated completion
-   time minus now (s): the completion time in the rollout, or for a job unfinished when the
-   rollout stops, the stop time plus its remaining isolated run time
+   as the snapshot holds when ``horizon`` is 0; without arrivals: all of them); the time it
+   reaches is the horizon ``t_end`` of every other candidate, so all are scored over the same window.
+3. **Score** (lower is better): the sum over the snapshot's jobs (and the sampled arrivals submitted
+   by the stop time) of their estimated completion time minus the later of now and their submit
+   time (s): the completion time in the rollout, or for a job unfinished when the rollout stops,
+   the stop time plus its remaining isolated run time
    (:attr:`~policies.state.JobInfo.remaining_time`). On a fixed set of jobs this is the rollout's
    average JCT times the job count, up to a constant, so it ranks candidates by average JCT.
 4. The lowest score wins; ties go to the earlier candidate (the base heuristic's decision first).
@@ -38,9 +40,9 @@ the jobs in the snapshot, plus the arrivals the planner samples (next paragraph)
 
 **Sampled arrivals** (option ``arrivals=K``, default :data:`DEFAULT_ARRIVALS`; 0: the rollouts see
 only the snapshot's jobs). An :class:`ArrivalModel` is estimated from the snapshot alone: the
-arrival rate from the submit times of the jobs it holds (running and pending: the jobs submitted
-after the ``window``-th most recent distinct submit time, over the time from that one to the most
-recent; no two distinct submit times, e.g. every job submitted at t = 0: rate 0, no arrivals), and
+arrival rate from the submit times of the jobs it holds (running and pending: the number of jobs
+submitted after the :data:`ARRIVAL_WINDOW` + 1-th most recent distinct submit time, over the time
+from that one to the most recent; no two distinct submit times, e.g. every job submitted at t = 0: rate 0, no arrivals), and
 job shapes (model, GPUs, samples, resource demand) drawn with replacement from those same recent
 jobs. ``K`` sample paths (Poisson at that rate after ``now``, each with
 ``2 x horizon`` jobs, or ``2 x`` the snapshot's job count when ``horizon`` is 0) are drawn from a
@@ -72,9 +74,10 @@ simulated round) and the candidates' own decisions. The budget is read on :attr:
 :attr:`RoundStats.scored` say how many rollouts a round started and how many it scored.
 
 **Determinism**: the rollouts are deterministic (the simulator is event-driven, and the sampled
-arrivals come from a generator seeded by the snapshot), so for a given snapshot the decision is a function of the snapshot and the options as
-long as the budget does not cut the search; where it does, which candidates were scored depends
-on the machine's speed. :attr:`PlannerPolicy.last_round` records how many were scored.
+arrivals come from a generator seeded by the snapshot), so for a given snapshot the decision is a
+function of the snapshot and the options as long as the wall budget does not cut the search; where
+it does, which candidates were scored depends on the machine's speed (the work budget does not
+have this dependence). :attr:`PlannerPolicy.last_round` records how many were scored.
 """
 
 from __future__ import annotations
@@ -129,7 +132,7 @@ DEFAULT_ARRIVALS = 0
 #: Recent distinct submit times the arrival model is estimated from (:class:`ArrivalModel`).
 ARRIVAL_WINDOW = 16
 #: The planner's options (keyword arguments of :func:`make_planner`, ``planner:KEY=VALUE/KEY=VALUE``).
-PLANNER_OPTIONS = ("budget_s", "horizon", "holds", "base", "alternatives", "arrivals", "work")
+PLANNER_OPTIONS = ("budget_s", "horizon", "holds", "base", "alternatives", "arrivals", "work", "follow")
 
 
 class Rollout(NamedTuple):
@@ -284,6 +287,8 @@ class PlannerPolicy(Policy):
     :param holds: hold variants of the base decision per round (>= 0).
     :param arrivals: sampled arrival paths per candidate (0: none; module docstring).
     :param work: simulated rounds per planner round over all rollouts (0: no limit).
+    :param follow: the default policy of a heuristic's candidate: ``"own"`` (that heuristic) or ``"base"``
+        (the base heuristic: the candidates then differ in their first decision only).
     :param clock: seconds, monotonic (default :func:`time.perf_counter`); the budget is measured on it
         and the model is handed deadlines on it (a model built by :func:`make_planner` reads the same
         clock).
@@ -297,6 +302,7 @@ class PlannerPolicy(Policy):
     holds: int = DEFAULT_HOLDS
     arrivals: int = DEFAULT_ARRIVALS
     work: int = 0
+    follow: str = "own"
     name: str = "planner"
     clock: Callable[[], float] = time.perf_counter
     #: the last round's statistics
@@ -332,7 +338,7 @@ class PlannerPolicy(Policy):
         first = self._decide(self.base, state)
         add(first, self.base)
         for h in self.alternatives:
-            add(self._decide(h, state), h)
+            add(self._decide(h, state), self.base if self.follow == "base" else h)
         if not first.preempt and not first.resize:
             now_running = frozenset(j.job_id for j in state.running)
             for i in range(min(self.holds, len(first.place))):
@@ -488,6 +494,9 @@ def make_planner(name: str, cluster: ClusterSpec, perf: ContentionModel | None =
     holds = int(_number(name, "holds", opts.get("holds", DEFAULT_HOLDS), True, 0, False))
     arrivals = int(_number(name, "arrivals", opts.get("arrivals", DEFAULT_ARRIVALS), True, 0, False))
     work = int(_number(name, "work", opts.get("work", 0), True, 0, False))
+    follow = str(opts.get("follow", "own")).strip().lower()
+    if follow not in ("own", "base"):
+        raise PolicyError(f"policy {name!r}: follow must be own or base, got {opts.get('follow')!r}")
     if "budget_s" in opts:
         budget = _number(name, "budget_s", opts["budget_s"], False, 0.0, True)
     else:  # a work budget alone: no wall budget, so the search is the same on any machine
@@ -506,4 +515,5 @@ def make_planner(name: str, cluster: ClusterSpec, perf: ContentionModel | None =
 
         model = SimRollout(perf, clock=clock)
     return PlannerPolicy(model=model, base=base, alternatives=alternatives, budget_s=budget, horizon=horizon,
-                         holds=holds, arrivals=arrivals, work=work, name=name.strip(), clock=clock)
+                         holds=holds, arrivals=arrivals, work=work, follow=follow, name=name.strip(),
+                         clock=clock)

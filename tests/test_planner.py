@@ -470,6 +470,21 @@ def test_planner_options_match_the_registry():
         make_policy("planner:arrivals=-1", CL, PERF)
     with pytest.raises(PolicyError, match="work must be an integer"):
         make_policy("planner:work=1.5", CL, PERF)
+    with pytest.raises(PolicyError, match="follow must be own or base"):
+        make_policy("planner:follow=other", CL, PERF)
+
+
+def test_follow_base_rolls_every_candidate_out_with_the_base():
+    """With follow=base every heuristic's candidate is rolled out with the base heuristic, so a candidate
+    whose first decision equals the base's is dropped; with follow=own it stays (its rollout differs)."""
+    st = first_round(blocking_trace(), None)
+    own = make_planner("planner:holds=0/alternatives=srtf+lgtf", CL, PERF)
+    base = make_planner("planner:holds=0/alternatives=srtf+lgtf/follow=base", CL, PERF)
+    c_own, c_base = own.candidates(st), base.candidates(st)
+    assert all(h is base.base for _d, h in c_base)
+    assert [h.name for _d, h in c_own] == ["greedy", "srtf", "lgtf"]
+    firsts = [d for d, _h in c_own]
+    assert [d for d, _h in c_base] == [d for i, d in enumerate(firsts) if d not in firsts[:i]]
 
 
 def test_every_candidate_is_scored_over_the_base_window_with_arrivals():
