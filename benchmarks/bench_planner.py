@@ -19,7 +19,7 @@ learned policy's average JCT at most 1.03 x the planner's).
 Choosing the planner's options on validation sets: the same command with another ``--seed`` (the
 validation groups are ``--seed 2950``, disjoint from the held-out 950.. and from the size-free
 trainer's 7000.. / 12000.. seeds) and several ``--planner`` specs, e.g.
-``--planner planner:arrivals=0/work=6000,planner:arrivals=2/work=6000 --learned ''``.
+``--sets 2 --jobs 64 --planner planner:arrivals=0/work=6000,planner:arrivals=2/work=6000 --learned ''``.
 
 Per round of each planner: the CPU time of ``planner.schedule`` (:func:`time.process_time`), the
 simulated rounds its rollouts took (``RoundStats.work``), and whether a budget cut it.
@@ -53,9 +53,9 @@ from trainer.generate import generate_sets  # noqa: E402
 from trainer.metrics import summarize  # noqa: E402
 from trainer.simulator import SimConfig, Simulator  # noqa: E402
 
-#: The planner measured by default: sampled arrivals (4 paths) and a work budget of simulated rounds
-#: instead of wall time, so the runs are the same on any machine (docs/RESULTS.md, "Planner").
-DEFAULT_PLANNERS = ("planner:arrivals=2/work=6000", "planner:arrivals=0/work=6000")
+#: The planner measured by default: its default options with a work budget of simulated rounds per round
+#: instead of the wall budget, so the runs are the same on any machine (docs/RESULTS.md, "Planner").
+DEFAULT_PLANNERS = ("planner:work=6000",)
 #: The learned policies compared with the planner by default.
 DEFAULT_LEARNED = ("rl-base",)
 #: "Within 3 %": the learned policy's average JCT over the planner's.
