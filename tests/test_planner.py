@@ -169,22 +169,27 @@ def test_bad_options_one_line(name, opts, text):
     assert text in msg and "\n" not in msg
 
 
+def _mid_run(jobs: list[JobSpec], policy: str, rounds: int = 3):
+    """``(finish time by job id of the whole run, the snapshot after ``rounds`` rounds of the same run)``."""
+    from policies.rounds import run_round
+
+    ref = Simulator(CL, jobs, make_policy(policy, CL, PERF), PERF).run()
+    sim = Simulator(CL, jobs, make_policy(policy, CL, PERF), PERF)
+    be = SimBackend(sim)
+    for _ in range(rounds):
+        assert be.next_round()
+        run_round(be, sim.policy)
+    return {r.job_id: r.finish_time for r in ref.jobs}, sim.state()
+
+
 def test_from_state_continues_the_run_exactly():
     """A simulator rebuilt from a mid-run snapshot and run on with the same heuristic gives the
     original run's completion times (zero arrivals: the snapshot knows every job)."""
+    from policies.rounds import run_round
+
     jobs = [_job(f"j{i}", 0.0, g, h) for i, (g, h) in enumerate([(4, 0.5), (8, 1.0), (12, 0.7), (2, 2.0),
                                                                   (6, 0.4), (16, 0.9), (1, 1.2), (3, 0.8)])]
-    ref = Simulator(CL, jobs, make_policy("lgtf", CL, PERF), PERF).run()
-    fin_ref = {r.job_id: r.finish_time for r in ref.jobs}
-    from policies.rounds import run_round
-    from trainer.sim_backend import SimBackend
-
-    sim = Simulator(CL, jobs, make_policy("lgtf", CL, PERF), PERF)
-    be = SimBackend(sim)
-    for _ in range(3):
-        assert be.next_round()
-        run_round(be, sim.policy)
-    state = sim.state()
+    fin_ref, state = _mid_run(jobs, "lgtf")
     assert state.running and state.pending
     score, t_stop, _rounds = SimRollout(PERF).rollout(state, Decision(), make_policy("lgtf", CL, PERF))
     cont = Simulator.from_state(state, make_policy("lgtf", CL, PERF), PERF)
@@ -329,14 +334,7 @@ def test_from_state_with_arrivals_continues_the_run_exactly():
 
     jobs = [_job(f"j{i}", 900.0 * i, g, h) for i, (g, h) in enumerate(
         [(4, 0.5), (8, 1.0), (12, 0.7), (2, 2.0), (6, 0.4), (16, 0.9), (1, 1.2), (3, 0.8), (5, 0.3)])]
-    ref = Simulator(CL, jobs, make_policy("srtf", CL, PERF), PERF).run()
-    fin_ref = {r.job_id: r.finish_time for r in ref.jobs}
-    sim = Simulator(CL, jobs, make_policy("srtf", CL, PERF), PERF)
-    be = SimBackend(sim)
-    for _ in range(3):
-        assert be.next_round()
-        run_round(be, sim.policy)
-    state = sim.state()
+    fin_ref, state = _mid_run(jobs, "srtf")
     seen = {j.job_id for j in (*state.running, *state.pending)}
     later = [j for j in jobs if j.submit_time > state.time]
     assert later and seen.isdisjoint(j.job_id for j in later)
