@@ -1,25 +1,38 @@
-"""The lookahead planner (``planner``, :mod:`policies.planner`) against the best heuristic per group.
+"""The lookahead planner (``planner``, :mod:`policies.planner`) against the best heuristic, and the
+learned policy against the planner, per group, on the held-out sets of ``benchmarks/bench_sizefree.py``.
 
 Run (the Markdown goes to stdout, progress to stderr)::
 
-    nice -n 10 python benchmarks/bench_planner.py --sets 3 --jobs 64 > /tmp/planner.md
+    nice -n 10 python benchmarks/bench_planner.py --cache /tmp/planner-cache > /tmp/planner.md
 
-(docs/RESULTS.md, "Planner", ran the four groups with 64 jobs this way and the two 1..32 zero-arrival
-groups with ``--jobs 32``, one ``--groups`` each.)
+(docs/RESULTS.md, "Planner", is this command's output.) The groups, sets and best-heuristic reference
+are ``bench_sizefree.py``'s: :data:`benchmarks.bench_sizefree.GROUPS` from
+:func:`benchmarks.bench_baselines.groups` (``--jobs`` jobs per set, base seed ``--seed`` + group index,
+950 by default: held-out), ``--sets`` sets per group, and per group the best of
+:data:`benchmarks.bench_sizefree.HEURISTICS` by mean average JCT over the sets. On every set each
+planner of ``--planner`` and each learned policy of ``--learned`` runs in the simulator (defaults of
+:class:`trainer.simulator.SimConfig`). Ratios are paired per set (the per-set ratio of average and of
+p90 JCTs; mean and 95 % half-width, Student t over sets): each planner against the best heuristic,
+each learned policy against the best heuristic and against the first planner ("within 3 %": the
+learned policy's average JCT at most 1.03 x the planner's).
 
-It writes the tables of docs/RESULTS.md, "Planner". The groups are the 4x8 groups of
-``benchmarks/bench_baselines.py`` (same generator settings and base seeds 950 + group index:
-held-out sets), drawn smaller (``--sets`` sets of ``--jobs`` jobs). On every set every heuristic of
-:data:`HEURISTICS` and the planner (default options, ``budget_s`` as given) run in the simulator (defaults
-of :class:`trainer.simulator.SimConfig`). The best heuristic of a group is the one with the lowest
-mean average JCT over the group's sets; the planner is compared with it per set (paired: the per-set
-ratio of average JCTs and of p90 JCTs, mean and 95 % half-width, Student t over sets). Latency is the
-wall time of each ``planner.schedule`` call (one round), over every round of the group.
+Choosing the planner's options on validation sets: the same command with another ``--seed`` (the
+validation groups are ``--seed 2950``, disjoint from the held-out 950.. and from the size-free
+trainer's 7000.. / 12000.. seeds) and several ``--planner`` specs, e.g.
+``--sets 2 --jobs 64 --planner planner:arrivals=0/work=6000,planner:arrivals=2/work=6000 --learned ''``.
+
+Per round of each planner: the CPU time of ``planner.schedule`` (:func:`time.process_time`), the
+simulated rounds its rollouts took (``RoundStats.work``), and whether a budget cut it.
+
+``--cache DIR`` keeps each (group, set, policy) result as a JSON file and reuses it on the next run
+with the same arguments, so an interrupted run resumes where it stopped.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import sys
 import time
 from pathlib import Path
@@ -28,101 +41,188 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_baselines import groups  # noqa: E402
+from benchmarks.bench_baselines import Group, groups  # noqa: E402
+from benchmarks.bench_sizefree import GROUPS, HEURISTICS  # noqa: E402
+from policies.base import PolicyError  # noqa: E402
 from policies.cluster import ClusterSpec  # noqa: E402
 from policies.perf import ContentionModel  # noqa: E402
+from policies.planner import PlannerPolicy  # noqa: E402
 from policies.registry import make_policy  # noqa: E402
 from trainer.evaluate import mean_ci  # noqa: E402
 from trainer.generate import generate_sets  # noqa: E402
 from trainer.metrics import summarize  # noqa: E402
 from trainer.simulator import SimConfig, Simulator  # noqa: E402
 
-#: The heuristics the planner is compared with: every group's best of bench_baselines, and plain SRTF.
-HEURISTICS = ("srtf", "srtf:nosplit", "lgtf", "lgtf:nosplit", "greedy")
-#: The 4x8 groups run by default.
-DEFAULT_GROUPS = ("248-zero", "248-poisson-90", "uniform32-zero", "uniform32-poisson-90",
-                  "uniform32-heavy-zero", "uniform32-heavy-poisson-90")
+#: The planner measured by default: its default options with a work budget of simulated rounds per round
+#: instead of the wall budget, so the runs are the same on any machine (docs/RESULTS.md, "Planner").
+DEFAULT_PLANNERS = ("planner:work=6000",)
+#: The learned policies compared with the planner by default.
+DEFAULT_LEARNED = ("rl-base",)
+#: "Within 3 %": the learned policy's average JCT over the planner's.
+WITHIN = 1.03
 
 
-def run_planner(cluster: ClusterSpec, perf: ContentionModel, jobs, budget_s: float | None):
-    """The planner's summary on one set and its per-round latencies (s) and switch count."""
-    pol = make_policy("planner", cluster, perf, budget_s=budget_s)
-    inner = pol.schedule
-    lat: list[float] = []
-    switched = [0, 0]
+def run_one(cluster: ClusterSpec, perf: ContentionModel, jobs, policy: str) -> dict:
+    """One policy on one set: the summary of :func:`trainer.metrics.summarize`, the run's CPU seconds
+    (``cpu_s``) and, for a planner, its per-round CPU seconds (``round_cpu_s``), simulated rounds
+    (``round_work``) and cut flags (``round_cut``)."""
+    pol = make_policy(policy, cluster, perf)
+    rounds: dict[str, list] = {"round_cpu_s": [], "round_work": [], "round_cut": [], "round_switch": []}
+    if isinstance(pol, PlannerPolicy):
+        inner = pol.schedule
 
-    def timed(state):
-        t0 = time.perf_counter()
-        dec = inner(state)
-        lat.append(time.perf_counter() - t0)
-        switched[0] += pol.last_round.chosen != 0
-        switched[1] += pol.last_round.cut
-        return dec
+        def timed(state):
+            t0 = time.process_time()
+            dec = inner(state)
+            rounds["round_cpu_s"].append(time.process_time() - t0)
+            st = pol.last_round
+            rounds["round_work"].append(st.work)
+            rounds["round_cut"].append(bool(st.cut))
+            rounds["round_switch"].append(st.chosen != 0)
+            return dec
 
-    pol.schedule = timed  # type: ignore[method-assign]
-    res = Simulator(cluster, jobs, pol, perf, SimConfig()).run()
-    return summarize(res), lat, switched
+        pol.schedule = timed  # type: ignore[method-assign]
+    t0 = time.process_time()
+    s = summarize(Simulator(cluster, jobs, pol, perf, SimConfig()).run())
+    out = {k: float(v) for k, v in s.items() if isinstance(v, (int, float))}
+    out["cpu_s"] = time.process_time() - t0
+    if rounds["round_cpu_s"]:
+        out.update(rounds)
+    return out
+
+
+def run_key(g: Group, policy: str) -> str:
+    """The policy as run on ``g``'s sets: on a zero-arrival group a planner's ``arrivals`` option is left
+    out, because with every job submitted at t = 0 the arrival model's rate is 0 and the planner runs
+    exactly as with ``arrivals=0`` (tests/test_planner.py checks it), so such planners run once."""
+    base, sep, rest = policy.partition(":")
+    if base.strip().lower() != "planner" or g.cfg.arrival != "zero" or not sep:
+        return policy
+    kept = [o for o in rest.split("/") if o.partition("=")[0].strip().lower() != "arrivals"]
+    return base + (":" + "/".join(kept) if kept else "")
+
+
+def _cache_file(cache: Path | None, g: Group, k: int, policy: str) -> Path | None:
+    if cache is None:
+        return None
+    tag = hashlib.sha1(f"{g.name}|{g.cfg!r}|{k}|{run_key(g, policy)}".encode()).hexdigest()[:16]
+    return cache / f"{g.name}-{k}-{tag}.json"
+
+
+def run_group(g: Group, num_sets: int, policies: list[str], cache: Path | None) -> dict[str, list[dict]]:
+    """``{policy: [result of set k]}`` (:func:`run_one`), read from ``cache`` where it holds them."""
+    cluster = ClusterSpec.parse(g.cluster)
+    perf = ContentionModel(cluster)
+    sets = generate_sets(cluster, g.cfg, num_sets, perf)
+    out: dict[str, list[dict]] = {p: [] for p in policies}
+    done: dict[tuple[str, int], dict] = {}
+    for p in policies:
+        for k, jobs in enumerate(sets):
+            f = _cache_file(cache, g, k, p)
+            if (run_key(g, p), k) in done:
+                out[p].append(done[run_key(g, p), k])
+                continue
+            if f is not None and f.exists():
+                out[p].append(json.loads(f.read_text()))
+                continue
+            r = done[run_key(g, p), k] = run_one(cluster, perf, jobs, run_key(g, p))
+            print(f"{g.name} set {k} {p}: avg JCT {r['avg_jct_s'] / 3600:.3f} h, {r['cpu_s']:.1f} s CPU",
+                  file=sys.stderr, flush=True)
+            if f is not None:
+                f.parent.mkdir(parents=True, exist_ok=True)
+                f.write_text(json.dumps(r))
+            out[p].append(r)
+    return out
+
+
+def _paired(a: list[dict], b: list[dict], key: str) -> tuple[float, float]:
+    return mean_ci([x[key] / y[key] for x, y in zip(a, b)])
+
+
+def _count(a: list[dict], b: list[dict]) -> str:
+    better = sum(x["avg_jct_s"] < y["avg_jct_s"] * (1 - 1e-9) for x, y in zip(a, b))
+    worse = sum(x["avg_jct_s"] > y["avg_jct_s"] * (1 + 1e-9) for x, y in zip(a, b))
+    return f"{better} / {worse} / {len(a)}"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sets", type=int, default=3, help="job sets per group (default 3)")
-    ap.add_argument("--jobs", type=int, default=64, help="jobs per set (default 64)")
-    ap.add_argument("--groups", default=",".join(DEFAULT_GROUPS), help="comma-separated 4x8 group names")
-    ap.add_argument("--budget-s", type=float, default=None, help="planner budget per round (default: 1 s at 4x8)")
-    ap.add_argument("--seed", type=int, default=950, help="base seed as in bench_baselines (default 950)")
+    ap.add_argument("--jobs", type=int, default=128, help="jobs per set (default 128, as bench_sizefree.py)")
+    ap.add_argument("--groups", default=",".join(GROUPS), help="comma-separated groups (default bench_sizefree's)")
+    ap.add_argument("--planner", default=",".join(DEFAULT_PLANNERS),
+                    help=f"planner specs, comma-separated (default {','.join(DEFAULT_PLANNERS)}); the first is "
+                         "the one the learned policies are compared with")
+    ap.add_argument("--learned", default=",".join(DEFAULT_LEARNED),
+                    help="learned policies compared with the best heuristic and the first planner, comma-separated "
+                         "('' for none; default rl-base)")
+    ap.add_argument("--seed", type=int, default=950, help="base seed as in bench_baselines (default 950: held out)")
+    ap.add_argument("--cache", type=Path, default=None, help="directory of per-run results to reuse and fill")
     args = ap.parse_args(argv)
     if args.sets < 2:
         ap.error("--sets must be >= 2 (a paired interval needs two sets)")
-    if args.budget_s is not None and not args.budget_s > 0:
-        ap.error("--budget-s must be > 0")
-    known = {g.name: g for g in groups(args.jobs, args.seed) if g.cluster == "4x8"}
+    if args.jobs < 1:
+        ap.error("--jobs must be >= 1")
+    known = {g.name: g for g in groups(args.jobs, args.seed)}
     names = [n.strip() for n in args.groups.split(",") if n.strip()]
     bad = [n for n in names if n not in known]
     if bad or not names:
-        ap.error(f"--groups: unknown 4x8 group {bad[0] if bad else ''!r}; groups: {', '.join(known)}")
-    print(f"Sets: {args.sets} x {args.jobs} jobs per group, base seed {args.seed}, 4x8.\n")
-    print("| group | best heuristic | its avg JCT (h) | planner avg JCT (h) | planner / best avg JCT (paired 95 %) | "
-          "planner / best p90 | sets better / worse / all |")
-    print("|---|---|---|---|---|---|---|", flush=True)
-    lat_rows = []
+        ap.error(f"--groups: unknown group {bad[0] if bad else ''!r}; groups: {', '.join(known)}")
+    planners = [p.strip() for p in args.planner.split(",") if p.strip()]
+    learned = [p.strip() for p in args.learned.split(",") if p.strip()]
+    if not planners:
+        ap.error("--planner names no planner")
+    for p in planners + learned:
+        try:
+            make_policy(p, ClusterSpec.parse("4x8"))
+        except PolicyError as exc:
+            ap.error(f"--planner / --learned: {exc}")
+    if any(not p.partition(":")[0].strip().lower() == "planner" for p in planners):
+        ap.error("--planner: every spec must be a planner (planner or planner:KEY=VALUE/...)")
+    ref = planners[0]
+    print(f"Sets: {args.sets} x {args.jobs} jobs per group, base seed {args.seed}; best heuristic of "
+          f"{', '.join(HEURISTICS)} per group.\n")
+    print("| group | cluster | best heuristic | its avg JCT (h) | policy | its avg JCT (h) | avg JCT / best "
+          "(paired 95 %) | p90 / best (paired 95 %) | sets better / worse / all |")
+    print("|---|---|---|---|---|---|---|---|---|", flush=True)
+    vs_rows, lat_rows = [], []
     for name in names:
         g = known[name]
-        cluster = ClusterSpec.parse(g.cluster)
-        perf = ContentionModel(cluster)
-        sets = generate_sets(cluster, g.cfg, args.sets, perf)
-        res: dict[str, list[dict]] = {h: [] for h in HEURISTICS}
-        for h in HEURISTICS:
-            for jobs in sets:
-                pol = make_policy(h, cluster, perf)
-                res[h].append(summarize(Simulator(cluster, jobs, pol, perf, SimConfig()).run()))
-        res["planner"] = []
-        lats: list[float] = []
-        sw = [0, 0]
-        t0 = time.perf_counter()
-        for jobs in sets:
-            s, lat, switched = run_planner(cluster, perf, jobs, args.budget_s)
-            res["planner"].append(s)
-            lats += lat
-            sw[0] += switched[0]
-            sw[1] += switched[1]
-        print(f"{name}: planner {time.perf_counter() - t0:.1f} s over {len(lats)} rounds", file=sys.stderr, flush=True)
+        res = run_group(g, args.sets, [*HEURISTICS, *planners, *learned], args.cache)
         means = {h: float(np.mean([s["avg_jct_s"] for s in res[h]])) for h in HEURISTICS}
         top = min(means, key=means.__getitem__)
-        r, rh = mean_ci([p["avg_jct_s"] / b["avg_jct_s"] for p, b in zip(res["planner"], res[top])])
-        q, qh = mean_ci([p["p90_jct_s"] / b["p90_jct_s"] for p, b in zip(res["planner"], res[top])])
-        better = sum(p["avg_jct_s"] < b["avg_jct_s"] * (1 - 1e-9) for p, b in zip(res["planner"], res[top]))
-        worse = sum(p["avg_jct_s"] > b["avg_jct_s"] * (1 + 1e-9) for p, b in zip(res["planner"], res[top]))
-        pm = float(np.mean([s["avg_jct_s"] for s in res["planner"]]))
-        print(f"| {name} | {top} | {means[top] / 3600:.3f} | {pm / 3600:.3f} | {r:.3f} +- {rh:.3f} | "
-                    f"{q:.3f} +- {qh:.3f} | {better} / {worse} / {args.sets} |", flush=True)
-        a = np.asarray(lats) * 1e3
-        lat_rows.append(f"| {name} | {len(a)} | {np.percentile(a, 50):.0f} | {np.percentile(a, 99):.0f} | "
-                        f"{a.max():.0f} | {100 * sw[0] / max(len(a), 1):.1f} | {sw[1]} |")
-        print(f"latency {lat_rows[-1]}", file=sys.stderr, flush=True)
-    print("\n| group | planner rounds | p50 (ms) | p99 (ms) | max (ms) | rounds not taking the base decision (%) | "
-          "rounds cut by the budget |")
-    print("|---|---|---|---|---|---|---|")
+        for p in (*planners, *learned):
+            a, ah = _paired(res[p], res[top], "avg_jct_s")
+            b, bh = _paired(res[p], res[top], "p90_jct_s")
+            mine = float(np.mean([s["avg_jct_s"] for s in res[p]]))
+            print(f"| {name} | {g.cluster} | {top} | {means[top] / 3600:.2f} | {p} | {mine / 3600:.2f} | "
+                  f"{a:.3f} +- {ah:.3f} | {b:.3f} +- {bh:.3f} | {_count(res[p], res[top])} |", flush=True)
+        for p in learned:
+            a, ah = _paired(res[p], res[ref], "avg_jct_s")
+            b, bh = _paired(res[p], res[ref], "p90_jct_s")
+            verdict = "yes" if a <= WITHIN else "no"
+            vs_rows.append(f"| {name} | {p} | {a:.3f} +- {ah:.3f} | {b:.3f} +- {bh:.3f} | "
+                           f"{_count(res[p], res[ref])} | {verdict} |")
+        for p in planners:
+            cpu = np.concatenate([np.asarray(s["round_cpu_s"], float) for s in res[p]]) * 1e3
+            work = np.concatenate([np.asarray(s["round_work"], float) for s in res[p]])
+            cut = sum(sum(s["round_cut"]) for s in res[p])
+            sw = sum(sum(s["round_switch"]) for s in res[p])
+            run_cpu = float(np.mean([s["cpu_s"] for s in res[p]]))
+            lat_rows.append(f"| {name} | {p} | {len(cpu)} | {np.percentile(cpu, 50):.0f} | {np.percentile(cpu, 99):.0f} | "
+                            f"{cpu.max():.0f} | {np.percentile(work, 50):.0f} | {work.max():.0f} | "
+                            f"{100 * sw / max(len(cpu), 1):.1f} | {cut} | {run_cpu:.0f} |")
+    if learned:
+        print(f"\nLearned policy against the planner `{ref}` (paired per set; within 3 %: mean ratio <= {WITHIN}):\n")
+        print("| group | policy | avg JCT / planner (paired 95 %) | p90 / planner (paired 95 %) | "
+              "sets better / worse / all | within 3 % |")
+        print("|---|---|---|---|---|---|")
+        print("\n".join(vs_rows))
+    print("\nPlanner rounds (CPU time of one `schedule` call; simulated rounds of its rollouts):\n")
+    print("| group | planner | rounds | p50 CPU (ms) | p99 CPU (ms) | max CPU (ms) | p50 simulated rounds | "
+          "max simulated rounds | rounds not taking the base decision (%) | rounds cut by a budget | "
+          "CPU per set (s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(lat_rows))
     return 0
 

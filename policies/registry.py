@@ -47,7 +47,7 @@ Options (keyword arguments of :func:`make_policy`; :data:`OPTIONS`):
   (:class:`policies.rl.RLPolicy`); a heuristic refuses them. The size-free ones take ``hybrid_floor`` and
   ``hybrid_rule`` (``rl-hybrid``'s safety rule) and ``deterministic=True`` (they are deterministic), and
   refuse the others.
-* ``budget_s``, ``horizon``, ``holds``, ``base``, ``alternatives``: the planner's
+* ``budget_s``, ``horizon``, ``holds``, ``base``, ``alternatives``, ``arrivals``, ``work``, ``follow``: the planner's
   (:func:`policies.planner.make_planner`); other policies refuse them.
 
 Building a policy reads nothing but its checkpoint file.
@@ -94,7 +94,7 @@ def is_learned(name: str) -> bool:
 #: The RL policies' options (:class:`policies.rl.RLPolicy`'s parameters).
 _RL_OPTIONS = ("deterministic", "seed", "fast", "hybrid_floor", "hybrid_rule")
 #: The planner's options (:data:`policies.planner.PLANNER_OPTIONS`).
-_PLANNER_OPTIONS = ("budget_s", "horizon", "holds", "base", "alternatives")
+_PLANNER_OPTIONS = ("budget_s", "horizon", "holds", "base", "alternatives", "arrivals", "work", "follow")
 #: Every option :func:`make_policy` accepts.
 OPTIONS = ("min_run_s", *_RL_OPTIONS, *_PLANNER_OPTIONS)
 #: Heuristic base names besides the orders (:func:`policies.heuristics.make_heuristic`).

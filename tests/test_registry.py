@@ -115,7 +115,7 @@ def test_options_reach_the_policies():
     assert sf.rule.min_efficiency == 0.5
     assert make_policy("rl-prior", C48, PERF, seed=9).seed == 9
     assert set(OPTIONS) == {"min_run_s", "deterministic", "seed", "fast", "hybrid_floor", "hybrid_rule",
-                            "budget_s", "horizon", "holds", "base", "alternatives"}
+                            "budget_s", "horizon", "holds", "base", "alternatives", "arrivals", "work", "follow"}
 
 
 @pytest.mark.parametrize(

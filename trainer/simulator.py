@@ -565,11 +565,13 @@ class Simulator:
         policy: Policy | None,
         perf: ContentionModel | None = None,
         config: SimConfig | None = None,
+        arrivals: Sequence[JobSpec] = (),
     ) -> "Simulator":
         """A simulator that continues from the snapshot ``state`` (a lookahead policy's model,
         :mod:`trainer.rollout`): its clock is ``state.time``, its jobs are the snapshot's running
         jobs (on their placements, with their progress, attained service, preemption count and
-        start time) and pending jobs (queued), and no job arrives later. A running job's speed
+        start time) and pending jobs (queued), and later the jobs of ``arrivals`` (each submitted
+        after ``state.time``, on the snapshot's clock; :class:`ValueError` otherwise) arrive. A running job's speed
         factor is its ``isolated_thp`` over the performance model's throughput on its placement
         (1 when that is unknown), so a noisy run's speeds carry over. A job restarted less than
         ``restart_overhead`` seconds ago makes no progress for the rest of it. Nodes marked
@@ -591,11 +593,17 @@ class Simulator:
                                  model=info.model,
                                  gpu_demand=info.gpu_demand, total_samples=info.total_samples,
                                  demand=d if d is not None and d.gpus == info.gpu_demand else None))
+        known = len(specs)
+        for a in arrivals:
+            if not a.submit_time > state.time:
+                raise ValueError(f"arrival {a.job_id!r}: submit_time {a.submit_time!r} is not after the snapshot's "
+                                 f"time {state.time!r}")
+            specs.append(dataclasses.replace(a, submit_time=a.submit_time - shift))
         sim = cls(state.cluster, specs, policy, perf, config)
         sim.time_shift = shift
         sim.time = float(state.time) - shift
-        sim.next_arrival = len(sim.jobs)
-        sim.pending = list(sim.jobs)  # arrival order: submit time, then trace order
+        sim.next_arrival = known  # the snapshot's jobs sort first (submitted at or before its time)
+        sim.pending = sim.jobs[:known]  # arrival order: submit time, then trace order
         sim.dirty = True
         ro = sim.cfg.restart_overhead
         for info in running:
