@@ -4,14 +4,17 @@
 Network (:class:`SizeFreeNet`, numpy; the torch mirror is :mod:`trainer.sizefree.model`): one MLP
 shared by every candidate row, ``score_i = w2 . relu(W1 . relu(W0 [x_i, ctx] + b0) + b1) + b2``
 (``F + C -> H -> H -> 1``), where ``x_i`` is the candidate's ``F`` features (``spec.cand_features``:
-start, preempt and hold rows alike) and ``ctx`` the ``C`` pooled node / queue features; a softmax over the valid candidates (hold included) is the action
-distribution. Nothing in it depends on the number of nodes or of waiting jobs beyond the codec's
+start, preempt and hold rows alike) and ``ctx`` the ``C`` pooled node / queue features; a
+softmax over the valid candidates (hold included) is the action distribution. Nothing in it depends on the number of nodes or of waiting jobs beyond the codec's
 ``J``, so one checkpoint runs on any cluster.
 
 Policy (:class:`SizeFreePolicy`; the registry's ``rl-base`` and ``rl-sf``, and ``rl-hybrid`` with the
 safety rule): each round, with time frozen, it encodes the round, starts the valid candidate of
-highest score (lowest index on ties) and repeats until it picks hold or nothing fits. With a safety
-rule (``rl-hybrid``), when the network picks hold while a candidate was valid, the rule then starts
+highest score (lowest index on ties) and repeats until it picks hold or nothing fits. With a
+checkpoint whose codec spec has preempt candidates (``preempt`` > 0), a pick of a preempt row stops
+that running job (:meth:`SizeFreePolicy.take_other`, :attr:`~policies.state.Decision.preempt`; it
+waits again with its progress and may start again in the same round, a move) and the round goes
+on; a spec without them never preempts. With a safety rule (``rl-hybrid``), when the network picks hold while a candidate was valid, the rule then starts
 what it can in the same round (:func:`policies.placement.safety_fill`: one pass over the waiting
 jobs in SRTF order, each job estimated to end no later than the longest-remaining running job,
 placed by :class:`~policies.placement.FloorPacking` with the efficiency floor ``hybrid_floor``, or
@@ -119,40 +122,19 @@ class SizeFreePolicy(PickPolicy):
     def pick(self, enc) -> int:
         return self.net.choose(self.net.scores(enc.obs), enc.mask)
 
-    def _preemptive_round(self, state: ClusterState) -> Decision:
-        """The round loop with preempt candidates: like :meth:`PickPolicy.schedule`, and a picked preempt
-        row stops its job (in the codec round and in the decision) before the round goes on."""
-        dec = Decision()
-        self.stats["rounds"] += 1
-        if not state.pending:
-            return dec
-        rnd = self.codec.begin(state)
-        limit = self.place_limit
-        for _ in range(self.max_decisions):
-            if not rnd.waiting or (limit is not None and len(dec.place) >= limit):
-                break
-            enc = rnd.encode()
-            if not enc.any_placement:
-                break
-            a = self.pick(enc)
-            victim = enc.victim(a)
-            if victim is not None:
-                rnd.preempt(victim)
-                dec.preempt.append(victim)
-                self.stats["preemptions"] += 1
-                continue
-            choice = enc.decode(a)
-            if choice is None:
-                self.stats["holds"] += 1
-                break
-            rnd.place(*choice)
-            dec.place.append(choice)
-            self.stats["placements"] += 1
-        return dec
+    def take_other(self, rnd, enc, action: int, dec: Decision) -> bool:
+        """A preempt action (codec spec ``preempt`` > 0): stop its job in the round and in ``dec``."""
+        victim = enc.victim(action) if self.codec.spec.preempt else None
+        if victim is None:
+            return False
+        rnd.preempt(victim)
+        dec.preempt.append(victim)
+        self.stats["preemptions"] += 1
+        return True
 
     def schedule(self, state: ClusterState) -> Decision:
         holds = self.stats["holds"]
-        dec = self._preemptive_round(state) if self.codec.spec.preempt else super().schedule(state)
+        dec = super().schedule(state)
         if self.rule is None or self.stats["holds"] == holds:  # no safety rule, or the network did not hold
             return dec
         limit = self.place_limit
