@@ -4,20 +4,21 @@
 Network (:class:`SizeFreeNet`, numpy; the torch mirror is :mod:`trainer.sizefree.model`): one MLP
 shared by every candidate row, ``score_i = w2 . relu(W1 . relu(W0 [x_i, ctx] + b0) + b1) + b2``
 (``F + C -> H -> H -> 1``), where ``x_i`` is the candidate's ``F`` features (``spec.cand_features``:
-start, preempt and hold rows alike) and ``ctx`` the ``C`` pooled node / queue features; a
-softmax over the valid candidates (hold included) is the action distribution. Nothing in it depends on the number of nodes or of waiting jobs beyond the codec's
-``J``, so one checkpoint runs on any cluster.
+start, preempt and hold rows alike) and ``ctx`` the ``C`` pooled node / queue features; a softmax
+over the valid candidates (hold included) is the action distribution. Nothing in it depends on the
+number of nodes or of waiting jobs beyond the codec's ``J``, so one checkpoint runs on any cluster.
 
-Policy (:class:`SizeFreePolicy`; the registry's ``rl-base`` and ``rl-sf``, and ``rl-hybrid`` with the
-safety rule): each round, with time frozen, it encodes the round, starts the valid candidate of
+Policy (:class:`SizeFreePolicy`; the registry's ``rl-base`` and ``rl-sf``, and ``rl-hybrid`` with
+the safety rule): each round, with time frozen, it encodes the round, starts the valid candidate of
 highest score (lowest index on ties) and repeats until it picks hold or nothing fits. With a
 checkpoint whose codec spec has preempt candidates (``preempt`` > 0), a pick of a preempt row stops
 that running job (:meth:`SizeFreePolicy.take_other`, :attr:`~policies.state.Decision.preempt`; it
-waits again with its progress and may start again in the same round, a move) and the round goes
-on; a spec without them never preempts. With a safety rule (``rl-hybrid``), when the network picks hold while a candidate was valid, the rule then starts
-what it can in the same round (:func:`policies.placement.safety_fill`: one pass over the waiting
-jobs in SRTF order, each job estimated to end no later than the longest-remaining running job,
-placed by :class:`~policies.placement.FloorPacking` with the efficiency floor ``hybrid_floor``, or
+waits again with its progress and may start again in the same round, a move) and the round goes on;
+a spec without them never preempts. With a safety rule (``rl-hybrid``), when the network picks hold
+while a candidate was valid, the rule then starts what it can in the same round
+(:func:`policies.placement.safety_fill`: one pass over the waiting jobs in SRTF order, each job
+estimated to end no later than the longest-remaining running job, placed by
+:class:`~policies.placement.FloorPacking` with the efficiency floor ``hybrid_floor``, or
 :class:`~policies.placement.ContentionAwarePlacement` with ``hybrid_rule="contention-aware"``), the
 rule of the fixed-shape ``rl-hybrid-4x8`` (:mod:`policies.rl`). It is asked at events only
 (``time_invariant``).

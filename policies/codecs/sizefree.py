@@ -92,7 +92,8 @@ from policies.perf import ContentionModel
 from policies.placement import ContentionAwarePlacement, FloorPacking, pack
 from policies.state import ClusterState, JobInfo
 
-__all__ = ["N_CAND", "N_CTX", "N_RUN", "PLACEMENT_SLOTS", "SizeFreeCodec", "SizeFreeEncoding", "SizeFreeRound", "SizeFreeSpec"]
+__all__ = ["N_CAND", "N_CTX", "N_RUN", "PLACEMENT_SLOTS", "SizeFreeCodec", "SizeFreeEncoding", "SizeFreeRound",
+           "SizeFreeSpec"]
 
 #: Features per candidate row.
 N_CAND = 18
@@ -387,8 +388,8 @@ class SizeFreeRound:
         rows[-1, 0] = 1.0
         total_gpus = float(self.cap.sum())
         free_total = float(self.free.sum())
-        led = (self.cur.contention(codec.perf) if any(c is not None for c in cands) or any(v is not None for v in victims)
-               else None)
+        anyone = any(c is not None for c in cands) or any(v is not None for v in victims)
+        led = self.cur.contention(codec.perf) if anyone else None
         lgtf_rank = {id(j): r for r, j in enumerate(sorted(jobs, key=codec.lgtf_key))}
         for i, c in enumerate(cands):
             if c is None:
