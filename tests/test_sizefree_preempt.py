@@ -239,3 +239,22 @@ def test_shipped_checkpoint_has_no_preempt_and_padding_keeps_its_scores():
 def test_cli_preempt_option_checked():
     got = run_cli("train-sizefree", "--out", "/nonexistent/x", "--preempt", "-1")
     assert got.returncode == 2 and "--preempt" in got.stderr and len(got.stderr.strip().splitlines()) == 1
+
+
+def test_kept_preempt_checkpoint_loads_and_runs_on_any_cluster():
+    """``preempt-p1`` (not shipped: docs/RESULTS.md, size-free section) loads with K = 4 and runs."""
+    from pathlib import Path
+
+    from policies.sizefree import make_sizefree_policy
+
+    path = Path(__file__).parents[1] / "policies" / "checkpoints" / "sizefree" / "preempt-p1.json"
+    net, meta, _p = load_sizefree(path)
+    assert net.spec.preempt == 4 and meta["obs_spec"]["cand_features"] == N_CAND + N_RUN
+    for shape in ("4x8", "16x8"):
+        cluster = ClusterSpec.parse(shape)
+        perf = ContentionModel(cluster)
+        pol = make_sizefree_policy(f"rl-sf:{path}", cluster, perf)
+        jobs = [JobSpec(f"j{i}", 300.0 * i, "FSDP", g, 1200.0 * perf.best_isolated_throughput("FSDP", g))
+                for i, g in enumerate((8, 12, 4, 16, 2, 24, 8, 1))]
+        res = Simulator(cluster, jobs, pol, perf, SimConfig()).run()
+        assert len(res.jobs) == 8 and pol.stats["placements"] >= 8
