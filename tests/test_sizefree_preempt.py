@@ -239,6 +239,8 @@ def test_shipped_checkpoint_has_no_preempt_and_padding_keeps_its_scores():
 def test_cli_preempt_option_checked():
     got = run_cli("train-sizefree", "--out", "/nonexistent/x", "--preempt", "-1")
     assert got.returncode == 2 and "--preempt" in got.stderr and len(got.stderr.strip().splitlines()) == 1
+    got = run_cli("train-sizefree", "--out", "/nonexistent/x", "--bc-epochs", "0")  # no cloning needs --init
+    assert got.returncode == 2 and "--bc-epochs" in got.stderr and len(got.stderr.strip().splitlines()) == 1
 
 
 def test_kept_preempt_checkpoint_loads_and_runs_on_any_cluster():

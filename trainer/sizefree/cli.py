@@ -36,8 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sets", type=_positive_int, default=d.sets_per_kind,
                    help="training sets per cluster and arrival kind (default: %(default)s)")
     p.add_argument("--dagger", type=int, default=d.dagger, help="DAgger rounds after cloning (default: %(default)s)")
-    p.add_argument("--bc-epochs", type=_positive_int, default=d.bc_epochs,
-                   help="epochs per cloning fit (default: %(default)s)")
+    p.add_argument("--bc-epochs", type=int, default=d.bc_epochs,
+                   help="epochs per cloning fit; 0: no cloning, PPO fine-tunes the --init network "
+                        "(default: %(default)s)")
     p.add_argument("--ppo-timesteps", type=int, default=d.ppo_timesteps,
                    help="PPO steps, 0: none (default: %(default)s)")
     p.add_argument("--ppo-lr", type=float, default=d.ppo_lr, help="PPO learning rate (default: %(default)s)")
@@ -107,6 +108,8 @@ def _run(args: argparse.Namespace) -> int:
             ClusterSpec.parse(c)
         if args.dagger < 0 or args.ppo_timesteps < 0:
             raise ValueError("--dagger and --ppo-timesteps must be >= 0")
+        if args.bc_epochs < 0 or (args.bc_epochs == 0 and not args.init):
+            raise ValueError("--bc-epochs must be >= 1, or 0 with --init (PPO from that network)")
         if not 0 <= args.preempt <= 256:
             raise ValueError(f"--preempt must be in [0, 256], got {args.preempt}")
         if not (0 < args.ppo_lr < 1) or not (0 <= args.ent_coef < 1):

@@ -301,7 +301,11 @@ def train(cfg: SizeFreeTrainConfig, out: str | Path, log: Callable[[str], None] 
         scorer.load_tensors(init_tensors(init_net, spec, str(init_path)))
         log(f"initial weights: {init_path}")
     # a network that never saw preempt rows does not play round 0: its scores for them are untrained
-    acc = behaviour_clone(envs, scorer, cfg, log, init_acts=init_net is not None and init_net.spec == spec)
+    if cfg.bc_epochs > 0:
+        acc = behaviour_clone(envs, scorer, cfg, log, init_acts=init_net is not None and init_net.spec == spec)
+    else:  # no cloning: PPO fine-tunes the --init network (the "bc" numbers are that network's)
+        acc = float("nan")
+        log("no cloning (bc_epochs 0): PPO starts from the initial weights")
     bc_tensors = scorer.tensors()
     bc_val = validate(SizeFreeNet(spec, bc_tensors), val)
     heur = "greedy" if cfg.expert == "planner" else cfg.expert
@@ -331,7 +335,7 @@ def train(cfg: SizeFreeTrainConfig, out: str | Path, log: Callable[[str], None] 
         "algo": f"bc+dagger ({'planner' if cfg.expert == 'planner' else 'heuristic'} teacher), then maskable-ppo",
         "config": {k: (list(v) if isinstance(v, tuple) else v)
                                                           for k, v in asdict(cfg).items()},
-        "bc_agreement": acc,
+        "bc_agreement": acc if np.isfinite(acc) else None,
         "val_avg_jct_h": {k: (v if np.isfinite(v) else None)  # None: not run (JSON has no NaN)
                           for k, v in {"heuristic": heur_val, "reference": cmp_val, "bc": bc_val, "ppo": ppo_val}.items()},
         "chosen": chosen, "wall_s": round(time.perf_counter() - t0, 1),
