@@ -260,3 +260,27 @@ def test_kept_preempt_checkpoint_loads_and_runs_on_any_cluster():
                 for i, g in enumerate((8, 12, 4, 16, 2, 24, 8, 1))]
         res = Simulator(cluster, jobs, pol, perf, SimConfig()).run()
         assert len(res.jobs) == 8 and pol.stats["placements"] >= 8
+
+
+def test_shipped_checkpoint_per_job_results_pinned():
+    """The shipped ``rl-sf`` behind ``rl-base`` / ``rl-hybrid`` (codec spec without preempt candidates):
+    per-job results on two fixed traces as recorded from the codec without preemption
+    (``tests/data/sizefree-rl-sf-golden.json``: job, first start, finish, nodes, preemptions, mean CS)."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    sys.path.insert(0, str(root / "tests" / "golden"))
+    try:
+        from record import run_case
+    finally:
+        sys.path.pop(0)
+    want = json.loads((root / "tests" / "data" / "sizefree-rl-sf-golden.json").read_text())
+    traces = {"heavy-4x8": ("4x8", "tests/golden/heavy-4x8.csv"), "poisson-16x8": ("16x8", "tests/golden/poisson-16x8.csv")}
+    for key, rows in want.items():
+        name, policy = key.split()
+        got = run_case(*traces[name], policy)
+        assert len(got) == len(rows), key
+        for g, w in zip(got, rows):
+            assert g[0] == w[0] and g[3:5] == w[3:5], (key, g, w)
+            np.testing.assert_allclose(g[1:3] + g[5:], w[1:3] + w[5:], rtol=1e-9, atol=1e-9, err_msg=key)
