@@ -243,13 +243,15 @@ def test_cli_preempt_option_checked():
     assert got.returncode == 2 and "--bc-epochs" in got.stderr and len(got.stderr.strip().splitlines()) == 1
 
 
-def test_kept_preempt_checkpoint_loads_and_runs_on_any_cluster():
-    """``preempt-p1`` (not shipped: docs/RESULTS.md, size-free section) loads with K = 4 and runs."""
+@pytest.mark.parametrize("name", ["preempt-p1", "preempt-p4"])
+def test_kept_preempt_checkpoint_loads_and_runs_on_any_cluster(name):
+    """The kept preempt-candidate checkpoints (not shipped: docs/RESULTS.md, size-free section) load with
+    K = 4 and run."""
     from pathlib import Path
 
     from policies.sizefree import make_sizefree_policy
 
-    path = Path(__file__).parents[1] / "policies" / "checkpoints" / "sizefree" / "preempt-p1.json"
+    path = Path(__file__).parents[1] / "policies" / "checkpoints" / "sizefree" / f"{name}.json"
     net, meta, _p = load_sizefree(path)
     assert net.spec.preempt == 4 and meta["obs_spec"]["cand_features"] == N_CAND + N_RUN
     for shape in ("4x8", "16x8"):
