@@ -135,6 +135,12 @@ class PickPolicy(Policy):
     def pick(self, enc: Any) -> int:
         """The action taken in encoding ``enc``: the valid one of highest score."""
 
+    def take_other(self, rnd: Any, enc: Any, action: int, dec: Decision) -> bool:
+        """Apply ``action`` of ``enc`` to the round ``rnd`` and to ``dec`` when it is neither a start nor
+        "nothing" (a subclass's further actions, e.g. the size-free policy's preemptions) and return
+        ``True``; the round then goes on. The base codecs have no such action: ``False``."""
+        return False
+
     def schedule(self, state: ClusterState) -> Decision:
         dec = Decision()
         self.stats["rounds"] += 1
@@ -148,7 +154,10 @@ class PickPolicy(Policy):
             enc = rnd.encode()
             if not enc.any_placement:
                 break
-            choice = enc.decode(self.pick(enc))
+            a = self.pick(enc)
+            if self.take_other(rnd, enc, a, dec):
+                continue
+            choice = enc.decode(a)
             if choice is None:
                 self.stats["holds"] += 1
                 break

@@ -3,21 +3,25 @@
 
 Network (:class:`SizeFreeNet`, numpy; the torch mirror is :mod:`trainer.sizefree.model`): one MLP
 shared by every candidate row, ``score_i = w2 . relu(W1 . relu(W0 [x_i, ctx] + b0) + b1) + b2``
-(``F + C -> H -> H -> 1``), where ``x_i`` is the candidate's ``F`` features and ``ctx`` the ``C``
-pooled node / queue features; a softmax over the valid candidates (hold included) is the action
-distribution. Nothing in it depends on the number of nodes or of waiting jobs beyond the codec's
-``J``, so one checkpoint runs on any cluster.
+(``F + C -> H -> H -> 1``), where ``x_i`` is the candidate's ``F`` features (``spec.cand_features``:
+start, preempt and hold rows alike) and ``ctx`` the ``C`` pooled node / queue features; a softmax
+over the valid candidates (hold included) is the action distribution. Nothing in it depends on the
+number of nodes or of waiting jobs beyond the codec's ``J``, so one checkpoint runs on any cluster.
 
-Policy (:class:`SizeFreePolicy`; the registry's ``rl-base`` and ``rl-sf``, and ``rl-hybrid`` with the
-safety rule): each round, with time frozen, it encodes the round, starts the valid candidate of
-highest score (lowest index on ties) and repeats until it picks hold or nothing fits. With a safety
-rule (``rl-hybrid``), when the network picks hold while a candidate was valid, the rule then starts
-what it can in the same round (:func:`policies.placement.safety_fill`: one pass over the waiting
-jobs in SRTF order, each job estimated to end no later than the longest-remaining running job,
-placed by :class:`~policies.placement.FloorPacking` with the efficiency floor ``hybrid_floor``, or
+Policy (:class:`SizeFreePolicy`; the registry's ``rl-base`` and ``rl-sf``, and ``rl-hybrid`` with
+the safety rule): each round, with time frozen, it encodes the round, starts the valid candidate of
+highest score (lowest index on ties) and repeats until it picks hold or nothing fits. With a
+checkpoint whose codec spec has preempt candidates (``preempt`` > 0), a pick of a preempt row stops
+that running job (:meth:`SizeFreePolicy.take_other`, :attr:`~policies.state.Decision.preempt`; it
+waits again with its progress and may start again in the same round, a move) and the round goes on;
+a spec without them never preempts. With a safety rule (``rl-hybrid``), when the network picks hold
+while a candidate was valid, the rule then starts what it can in the same round
+(:func:`policies.placement.safety_fill`: one pass over the waiting jobs in SRTF order, each job
+estimated to end no later than the longest-remaining running job, placed by
+:class:`~policies.placement.FloorPacking` with the efficiency floor ``hybrid_floor``, or
 :class:`~policies.placement.ContentionAwarePlacement` with ``hybrid_rule="contention-aware"``), the
-rule of the fixed-shape ``rl-hybrid-4x8`` (:mod:`policies.rl`). It never preempts; it is asked at
-events only (``time_invariant``).
+rule of the fixed-shape ``rl-hybrid-4x8`` (:mod:`policies.rl`). It is asked at events only
+(``time_invariant``).
 
 Checkpoints: ``NAME.safetensors`` (float32 tensors :data:`TENSOR_NAMES`, ``.weight`` ``(out, in)``
 and ``.bias``) plus ``NAME.json`` (format ``rlsched-sizefree``, the codec's name and spec, the
@@ -38,7 +42,7 @@ import numpy as np
 from policies.base import PolicyError
 from policies.cluster import ClusterSpec
 from policies.codecs.base import CodecError
-from policies.codecs.sizefree import N_CAND, N_CTX, SizeFreeCodec, SizeFreeSpec
+from policies.codecs.sizefree import N_CTX, SizeFreeCodec, SizeFreeSpec
 from policies.perf import ContentionModel
 from policies.pick import PickPolicy, check_float_tensors, load_pick_checkpoint, masked_argmax, save_pick_checkpoint
 from policies.placement import ContentionAwarePlacement, FloorPacking, safety_fill
@@ -58,10 +62,12 @@ FORMAT_VERSION = 1
 TENSOR_NAMES = ("cand.0", "cand.1", "cand.2")
 
 
-def tensor_shapes(hidden: int) -> dict[str, tuple[tuple[int, int], tuple[int]]]:
-    """``prefix -> (weight shape, bias shape)`` for hidden width ``hidden``."""
+def tensor_shapes(hidden: int, spec: SizeFreeSpec | None = None) -> dict[str, tuple[tuple[int, int], tuple[int]]]:
+    """``prefix -> (weight shape, bias shape)`` for hidden width ``hidden`` and the candidate features of
+    ``spec`` (default: a spec without preempt candidates)."""
     H = hidden
-    dims = {"cand.0": (H, N_CAND + N_CTX), "cand.1": (H, H), "cand.2": (1, H)}
+    F = (spec or SizeFreeSpec()).cand_features
+    dims = {"cand.0": (H, F + N_CTX), "cand.1": (H, H), "cand.2": (1, H)}
     return {k: (v, (v[0],)) for k, v in dims.items()}
 
 
@@ -72,7 +78,7 @@ class SizeFreeNet:
         H = int(np.asarray(tensors["cand.0.weight"]).shape[0])
         self.spec, self.hidden = spec, H
         self.layers: list[tuple[np.ndarray, np.ndarray]] = []
-        for p, (ws, bs) in tensor_shapes(H).items():
+        for p, (ws, bs) in tensor_shapes(H, spec).items():
             W, b = np.asarray(tensors[p + ".weight"]), np.asarray(tensors[p + ".bias"])
             if W.shape != ws or b.shape != bs:
                 raise ValueError(f"sizefree network: {p} has shape {W.shape} / {b.shape}, expected {ws} / {bs}")
@@ -84,10 +90,11 @@ class SizeFreeNet:
         x = np.asarray(obs, dtype=np.float32).reshape(-1)
         if x.size != spec.size:
             raise ValueError(f"sizefree network: observation of {x.size} values, expected {spec.size}")
-        rows = x[: spec.n_candidates * N_CAND].reshape(spec.n_candidates, N_CAND)
-        ctx = x[spec.n_candidates * N_CAND:]
+        F = spec.cand_features
+        rows = x[: spec.n_candidates * F].reshape(spec.n_candidates, F)
+        ctx = x[spec.n_candidates * F:]
         (W0, b0), (W1, b1), (W2, b2) = self.layers
-        h = np.maximum(rows @ W0[:N_CAND] + (ctx @ W0[N_CAND:] + b0), 0.0)
+        h = np.maximum(rows @ W0[:F] + (ctx @ W0[F:] + b0), 0.0)
         h = np.maximum(h @ W1 + b1, 0.0)
         return (h @ W2 + b2).reshape(-1)
 
@@ -106,14 +113,25 @@ class SizeFreePolicy(PickPolicy):
 
     def __init__(self, net: SizeFreeNet, codec: SizeFreeCodec, name: str = "rl-sf", max_decisions: int = 10_000,
                  checkpoint: Path | None = None, rule: Any = None) -> None:
-        if net.spec.jobs != codec.spec.jobs:
+        if net.spec.jobs != codec.spec.jobs or net.spec.preempt != codec.spec.preempt:
             raise PolicyError(f"{name}: network spec {net.spec} does not match the codec's {codec.spec}")
         super().__init__(net, codec, name, max_decisions, checkpoint)
         self.rule = rule
         self.stats["fallback_placements"] = 0
+        self.stats["preemptions"] = 0
 
     def pick(self, enc) -> int:
         return self.net.choose(self.net.scores(enc.obs), enc.mask)
+
+    def take_other(self, rnd, enc, action: int, dec: Decision) -> bool:
+        """A preempt action (codec spec ``preempt`` > 0): stop its job in the round and in ``dec``."""
+        victim = enc.victim(action) if self.codec.spec.preempt else None
+        if victim is None:
+            return False
+        rnd.preempt(victim)
+        dec.preempt.append(victim)
+        self.stats["preemptions"] += 1
+        return True
 
     def schedule(self, state: ClusterState) -> Decision:
         holds = self.stats["holds"]
@@ -124,7 +142,9 @@ class SizeFreePolicy(PickPolicy):
         room = None if limit is None else limit - len(dec.place)
         if room is not None and room <= 0:
             return dec
-        rnd = self.codec.begin(state)  # the round as the network left it: its starts applied
+        rnd = self.codec.begin(state)  # the round as the network left it: its preemptions and starts applied
+        for jid in dec.preempt:
+            rnd.preempt(jid)
         for jid, p in dec.place:
             rnd.place(jid, p)
         filled = safety_fill(rnd, self.rule, room)

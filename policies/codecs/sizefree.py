@@ -11,13 +11,23 @@ Each scheduling round, with time frozen, the policy picks among *candidates* unt
   ``quiet`` (:func:`policies.placement.pack` on the nodes without multi-node jobs; for jobs larger
   than a node only). A slot is empty (masked) when the rule finds no placement or repeats an
   earlier slot's placement of the same job;
-* **hold** (the last action, index ``J * P``): start nothing more until the next event.
+* **preempt** (only with ``spec.preempt = K > 0``): up to ``K`` running jobs, each a candidate
+  "stop this job and return it to the queue with its progress" (:meth:`SizeFreeRound.preempt`;
+  :attr:`policies.state.Decision.preempt`): the preemptible running jobs
+  (:attr:`~policies.state.JobInfo.preemptible`) not started or preempted in this round, the first
+  ``ceil(K / 2)`` by remaining time (longest first), then further ones by remaining GPU-time
+  (largest first) until there are ``K``; listed by remaining time, longest first;
+* **hold** (the last action): start nothing more until the next event.
 
-Action ``i < J * P`` is job ``i // P`` on placement slot ``i % P``.
+Action ``i < J * P`` is job ``i // P`` on placement slot ``i % P``; with ``K > 0`` action
+``J * P + k`` (``k < K``) preempts victim ``k``; the last action is hold. With ``K = 0`` (the
+default, and every checkpoint whose spec has no ``preempt`` field) the layout, features and masks
+are exactly those without preemption.
 
 Observation (float32, every value in ``[-1, 1]``, ``squash(t) = t / (t + tau)``), flat:
-``[(J * P + 1) * F candidate features, C context features]``, with ``F`` = :data:`N_CAND` and
-``C`` = :data:`N_CTX`; its length does not depend on the cluster's size.
+``[(J * P + K + 1) * F candidate features, C context features]``, with ``F`` = :data:`N_CAND`
+(``K = 0``) or :data:`N_CAND` + :data:`N_RUN` (``K > 0``) and ``C`` = :data:`N_CTX`; its length
+does not depend on the cluster's size.
 
 Candidate features (an empty slot is all 0; the hold row has only feature 0 set):
 
@@ -38,7 +48,19 @@ Candidate features (an empty slot is all 0; the hold row has only feature 0 set)
 15    its rank in LGTF order over ``J``
 16    isolated speed on this placement over its best
 17    the greedy score per GPU (its effective GPUs minus what neighbours lose, over ``g``), clipped
+18    (``K > 0``) 1 for a preempt row
+19    (``K > 0``) ``squash`` of the time since the job last started (preempt rows)
+20    (``K > 0``) times preempted ``p / (p + 1)``
+21    (``K > 0``) fraction of the job's work done
 ====  ==========================================================================================
+
+A preempt row (victim ``r`` running on placement ``p``) carries the same per-job features, read
+on its current placement: 5 its contention now (ledger CS), 6 the effective GPUs its neighbours
+gain when it stops, per GPU of the job, 7-9 its nodes, extra nodes and GPUs, 10 ``squash`` of its
+remaining time at its current speed, 11 its remaining GPU-time per node, 12 ``squash`` of its time
+in the system, 13 free GPUs after it stops over the cluster's GPUs, 14 / 15 its rank among the
+victims by remaining time / remaining GPU-time (longest first) over ``K``, 16 its isolated speed
+on ``p`` over its best, 17 its effective GPUs per GPU (``iso / CS / best``); slots 2-4 are 0.
 
 Context (pooled over nodes, so independent of their number): mean and max over nodes of
 [free GPUs / M, ``L / (L + 1)`` with ``L`` multi-node jobs on the node (link load of spanning jobs),
@@ -48,14 +70,16 @@ over all, jobs started in this round ``s / (s + 1)``, and 1 when nothing runs (4
 
 Masks: a candidate is valid when its slot holds a placement (which fits the round's free GPUs);
 hold is valid unless nothing runs, nothing was started in the round and some candidate is valid
-(an idle cluster with jobs waiting would otherwise stay idle). Pure: no I/O.
+(an idle cluster with jobs waiting would otherwise stay idle). With ``K > 0``: a preempt row is
+valid when it holds a victim and some job waits; hold is valid unless nothing runs now (after the
+round's starts and preemptions) and some start is valid. Pure: no I/O.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -68,12 +92,15 @@ from policies.perf import ContentionModel
 from policies.placement import ContentionAwarePlacement, FloorPacking, pack
 from policies.state import ClusterState, JobInfo
 
-__all__ = ["N_CAND", "N_CTX", "PLACEMENT_SLOTS", "SizeFreeCodec", "SizeFreeEncoding", "SizeFreeRound", "SizeFreeSpec"]
+__all__ = ["N_CAND", "N_CTX", "N_RUN", "PLACEMENT_SLOTS", "SizeFreeCodec", "SizeFreeEncoding", "SizeFreeRound",
+           "SizeFreeSpec"]
 
 #: Features per candidate row.
 N_CAND = 18
 #: Context features.
 N_CTX = 12
+#: Features added to every candidate row when preempt candidates are enabled (``spec.preempt > 0``).
+N_RUN = 4
 #: The placement slots of each job, in order.
 PLACEMENT_SLOTS = ("nosplit", "greedy", "quiet")
 LAYOUT_VERSION = 1
@@ -82,16 +109,20 @@ LAYOUT_VERSION = 1
 @dataclass(frozen=True)
 class SizeFreeSpec:
     """Static shape of the size-free observation: ``jobs`` (``J``) candidate jobs, ``tau_s`` time
-    scale (s). ``gpus_per_node`` is the normaliser ``M`` of GPU counts (not a constraint on the
-    cluster)."""
+    scale (s), ``preempt`` (``K``) preempt candidates (0: none, the layout without preemption).
+    ``gpus_per_node`` is the normaliser ``M`` of GPU counts (not a constraint on the cluster)."""
 
     jobs: int = 8
     gpus_per_node: int = 8
     tau_s: float = 3600.0
     version: int = LAYOUT_VERSION
+    preempt: int = 0
 
     def __post_init__(self) -> None:
         check_spec_ints("sizefree", self, ("jobs", "gpus_per_node", "version"))
+        k = self.preempt
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= 256:
+            raise CodecError(f"sizefree spec: preempt must be an integer in [0, 256], got {k!r}")
         if self.version != LAYOUT_VERSION:
             raise CodecError(f"sizefree spec: layout version {self.version} is not {LAYOUT_VERSION}")
         if self.jobs > 256 or self.gpus_per_node > 255:
@@ -100,9 +131,19 @@ class SizeFreeSpec:
         check_tau("sizefree", self.tau_s)
 
     @property
+    def n_starts(self) -> int:
+        """Start rows ``J * P``."""
+        return self.jobs * len(PLACEMENT_SLOTS)
+
+    @property
     def n_candidates(self) -> int:
-        """Rows ``J * P + 1`` (the last is hold)."""
-        return self.jobs * len(PLACEMENT_SLOTS) + 1
+        """Rows ``J * P + K + 1`` (the last is hold)."""
+        return self.n_starts + self.preempt + 1
+
+    @property
+    def cand_features(self) -> int:
+        """Features per candidate row: :data:`N_CAND`, plus :data:`N_RUN` with preempt rows."""
+        return N_CAND + (N_RUN if self.preempt else 0)
 
     @property
     def n_actions(self) -> int:
@@ -114,23 +155,30 @@ class SizeFreeSpec:
 
     @property
     def size(self) -> int:
-        return self.n_candidates * N_CAND + N_CTX
+        return self.n_candidates * self.cand_features + N_CTX
 
     @property
     def shape(self) -> tuple[int, ...]:
         return (self.size,)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"jobs": self.jobs, "gpus_per_node": self.gpus_per_node, "tau_s": self.tau_s,
-                "version": self.version, "slots": list(PLACEMENT_SLOTS), "cand_features": N_CAND,
-                "ctx_features": N_CTX, "shape": list(self.shape)}
+        """The stored form; ``preempt`` is written only when preempt candidates are enabled (a spec
+        without it reads as ``preempt = 0``)."""
+        out: dict[str, Any] = {"jobs": self.jobs, "gpus_per_node": self.gpus_per_node, "tau_s": self.tau_s,
+                               "version": self.version, "slots": list(PLACEMENT_SLOTS)}
+        if self.preempt:
+            out["preempt"] = self.preempt
+        out.update({"cand_features": self.cand_features, "ctx_features": N_CTX, "shape": list(self.shape)})
+        return out
 
     @classmethod
     def from_dict(cls, d: Any) -> "SizeFreeSpec":
         spec = spec_from_fields("sizefree", d, lambda d: cls(d["jobs"], d["gpus_per_node"], d["tau_s"],
-                                                             d.get("version", LAYOUT_VERSION)))
+                                                             d.get("version", LAYOUT_VERSION), d.get("preempt", 0)))
         if "slots" in d and list(d["slots"]) != list(PLACEMENT_SLOTS):
             raise CodecError(f"sizefree spec: placement slots {d['slots']} are not {list(PLACEMENT_SLOTS)}")
+        if "cand_features" in d and d["cand_features"] != spec.cand_features:
+            raise CodecError(f"sizefree spec: cand_features {d['cand_features']!r} is not {spec.cand_features}")
         return spec
 
     def check_cluster(self, cluster: ClusterSpec, layout: Sequence[int] | None = None) -> None:
@@ -141,16 +189,40 @@ class SizeFreeSpec:
 
 class SizeFreeEncoding(PickEncoding):
     """One encoded state: ``obs`` float32 ``[spec.size]`` (``None`` when not asked for), ``mask`` bool
-    ``[J * P + 1]``, ``cands[i]`` the ``(job, placement)`` of action ``i`` (``None``: empty slot)."""
+    ``[J * P + K + 1]``, ``cands[i]`` the ``(job, placement)`` of start action ``i < J * P``
+    (``None``: empty slot), ``victims[k]`` the running job of preempt action ``J * P + k`` (``None``:
+    empty row; an empty list when ``K = 0``)."""
 
-    __slots__ = ("spec", "obs", "mask", "cands")
+    __slots__ = ("spec", "obs", "mask", "cands", "victims")
     label = "sizefree"
 
     def __init__(self, spec: SizeFreeSpec, obs: np.ndarray | None, mask: np.ndarray,
-                 cands: list[tuple[JobInfo, Placement] | None]) -> None:
+                 cands: list[tuple[JobInfo, Placement] | None], victims: list[JobInfo | None] | None = None) -> None:
         self.spec, self.obs, self.mask, self.cands = spec, obs, mask, cands
+        self.victims: list[JobInfo | None] = victims if victims is not None else []
+
+    def victim(self, action: int) -> str | None:
+        """The job id that action ``action`` preempts, ``None`` for a start or hold action.
+        :raises ValueError: a masked preempt action."""
+        k = int(action) - self.spec.n_starts
+        if not 0 <= k < self.spec.preempt:
+            return None
+        v = self.victims[k]
+        if v is None or not self.mask[int(action)]:
+            raise ValueError(f"sizefree: preempt action {action!r} is masked")
+        return v.job_id
+
+    def preempt_action(self, job_id: str) -> int | None:
+        """The valid action that preempts ``job_id``, ``None`` when it is no victim here."""
+        n = self.spec.n_starts
+        for k, v in enumerate(self.victims):
+            if v is not None and v.job_id == job_id and self.mask[n + k]:
+                return n + k
+        return None
 
     def _entry(self, a: int) -> tuple[str, Placement]:
+        if a >= self.spec.n_starts:
+            raise ValueError(f"sizefree: action {a} preempts a running job; read it with victim()")
         c = self.cands[a]
         assert c is not None
         return c[0].job_id, c[1]
@@ -168,6 +240,8 @@ class SizeFreeRound:
         self.cur = state
         self.idle = not state.running
         self.started: list[tuple[JobInfo, Placement]] = []
+        #: jobs preempted in this round (ids), in order
+        self.preempted: list[str] = []
         self.waiting: list[JobInfo] = sorted(state.pending, key=codec.srtf_key)
         n = len(self.free)
         M = codec.spec.gpus_per_node
@@ -182,13 +256,13 @@ class SizeFreeRound:
                 continue
             self._add_node_load(r.placement, r.remaining_samples / max(running_speed(r), 1e-12))
 
-    def _add_node_load(self, p: Placement, rem: float) -> None:
+    def _add_node_load(self, p: Placement, rem: float, sign: float = 1.0) -> None:
         multi = p.num_nodes > 1
         for nd, c in p.alloc:
-            self.rem_gs[nd] += rem * c
+            self.rem_gs[nd] += sign * rem * c
             if multi:
-                self.span[nd] += 1
-                self.span_gpus[nd] += c
+                self.span[nd] += sign
+                self.span_gpus[nd] += sign * c
 
     # ------------------------------------------------------------------ protocol
     def state(self) -> ClusterState:
@@ -208,6 +282,52 @@ class SizeFreeRound:
         st.pending = list(self.waiting)
         self.cur = st
         self.started.append((j, placement))
+
+    def preempt(self, job_id: str) -> JobInfo:
+        """Stop running job ``job_id`` (a victim: :meth:`victims`): its GPUs become free (on usable
+        nodes), and it waits again with its progress (placement and start time cleared, one more
+        preemption), as the simulator's :meth:`~trainer.simulator.Simulator.preempt` does; returns the
+        waiting job. :raises ValueError: ``job_id`` is not a victim of this round."""
+        r = next((v for v in self.victims() if v.job_id == job_id), None)
+        if r is None:
+            raise ValueError(f"sizefree round: job {job_id!r} is not a preemptible running job of this round")
+        p = r.placement
+        assert p is not None
+        self._add_node_load(p, r.remaining_samples / max(running_speed(r), 1e-12), -1.0)
+        usable = self.cur.usable
+        for nd, c in p.alloc:
+            if usable is None or usable[nd]:
+                self.free[nd] += c
+        back = replace(r, placement=None, start_time=None, isolated_thp=0.0, achieved_thp=0.0,
+                       preemptions=r.preemptions + 1)
+        self.waiting.append(back)
+        self.waiting.sort(key=self.codec.srtf_key)
+        st = self.cur.with_running(remove=[r])
+        st.free_gpus = self.free.copy()
+        st.pending = list(self.waiting)
+        self.cur = st
+        self.preempted.append(job_id)
+        return back
+
+    def victims(self) -> list[JobInfo]:
+        """The round's preempt candidates (module docstring), longest remaining time first; empty when
+        ``spec.preempt`` is 0."""
+        K = self.codec.spec.preempt
+        if not K:
+            return []
+        fresh = {j.job_id for j, _p in self.started}
+        gone = set(self.preempted)
+        run = [r for r in self.cur.running if r.placement is not None and r.preemptible
+               and r.job_id not in fresh and r.job_id not in gone]
+        by_t = sorted(run, key=_victim_key)
+        if len(by_t) <= K:
+            return by_t
+        chosen = {id(r) for r in by_t[: (K + 1) // 2]}
+        for r in sorted(run, key=_victim_gt_key):
+            if len(chosen) >= K:
+                break
+            chosen.add(id(r))
+        return [r for r in by_t if id(r) in chosen]
 
     # ------------------------------------------------------------------ candidates
     def candidate_jobs(self) -> list[JobInfo]:
@@ -246,19 +366,30 @@ class SizeFreeRound:
                 seen.append(p)
                 cands[i * P + s] = (j, p)
                 mask[i * P + s] = True
-        hold_mask(mask, self.idle, bool(self.started))
-        obs = self._dense(jobs, cands) if dense else None
-        return SizeFreeEncoding(spec, obs, mask, cands)
+        victims: list[JobInfo | None] = []
+        if spec.preempt:
+            vs = self.victims() if self.waiting else []
+            victims = [*vs, *([None] * (spec.preempt - len(vs)))]
+            S = spec.n_starts
+            mask[S: S + len(vs)] = True
+            # hold: valid unless nothing runs now and some start is valid
+            mask[-1] = not (bool(mask[:S].any()) and not self.cur.running)
+        else:
+            hold_mask(mask, self.idle, bool(self.started))
+        obs = self._dense(jobs, cands, victims) if dense else None
+        return SizeFreeEncoding(spec, obs, mask, cands, victims)
 
-    def _dense(self, jobs: list[JobInfo], cands: list[tuple[JobInfo, Placement] | None]) -> np.ndarray:
+    def _dense(self, jobs: list[JobInfo], cands: list[tuple[JobInfo, Placement] | None],
+               victims: list[JobInfo | None]) -> np.ndarray:
         codec, spec = self.codec, self.codec.spec
         P, M, J, tau = len(PLACEMENT_SLOTS), float(spec.gpus_per_node), spec.jobs, spec.tau_s
         sq = lambda t: t / (t + tau) if t > 0 else 0.0  # noqa: E731
-        rows = np.zeros((spec.n_candidates, N_CAND), dtype=np.float32)
+        rows = np.zeros((spec.n_candidates, spec.cand_features), dtype=np.float32)
         rows[-1, 0] = 1.0
         total_gpus = float(self.cap.sum())
         free_total = float(self.free.sum())
-        led = self.cur.contention(codec.perf) if any(c is not None for c in cands) else None
+        anyone = any(c is not None for c in cands) or any(v is not None for v in victims)
+        led = self.cur.contention(codec.perf) if anyone else None
         lgtf_rank = {id(j): r for r, j in enumerate(sorted(jobs, key=codec.lgtf_key))}
         for i, c in enumerate(cands):
             if c is None:
@@ -293,6 +424,11 @@ class SizeFreeRound:
             row[15] = lgtf_rank[id(j)] / J
             row[16] = min(iso / max(best, 1e-12), 1.0)
             row[17] = min(max((gain - loss) / g, -1.0), 1.0)
+            if spec.preempt:
+                row[20] = j.preemptions / (j.preemptions + 1.0)
+                row[21] = min(j.done_samples / max(j.total_samples, 1e-12), 1.0)
+        if any(v is not None for v in victims):
+            self._victim_rows(rows, victims, led, free_total, total_gpus)
         ctx = np.zeros(N_CTX, dtype=np.float32)
         cap = self.cap
         per = np.stack([
@@ -310,6 +446,62 @@ class SizeFreeRound:
         ctx[10] = s / (s + 1.0)
         ctx[11] = 1.0 if (self.idle and not self.started) else 0.0
         return np.concatenate([rows.reshape(-1), ctx])
+
+    def _victim_rows(self, rows: np.ndarray, victims: list[JobInfo | None], led: Any, free_total: float,
+                     total_gpus: float) -> None:
+        """Fill the preempt rows of ``rows`` (module docstring)."""
+        codec, spec = self.codec, self.codec.spec
+        M, K, tau = float(spec.gpus_per_node), spec.preempt, spec.tau_s
+        sq = lambda t: t / (t + tau) if t > 0 else 0.0  # noqa: E731
+        real = [v for v in victims if v is not None]
+        gt_rank = {id(r): k for k, r in enumerate(sorted(real, key=_victim_gt_key))}
+        usable = self.cur.usable
+        for k, r in enumerate(victims):
+            if r is None:
+                continue
+            p = r.placement
+            assert p is not None
+            g, n = r.gpu_demand, p.num_nodes
+            cs = max(led.cs(r.job_id), 1.0)
+            gain = 0.0
+            if n > 1:  # a single-node job slows nobody: stopping it frees no link
+                f = led.fork()
+                for o in f.remove(r.job_id):
+                    info = f.info(o)
+                    iso_o = codec.perf.isolated_throughput(*f.key(o))
+                    gain += info.gpu_demand * iso_o * (1.0 / f.cs(o) - 1.0 / led.cs(o)) / max(info.best_thp, 1e-12)
+            iso = codec.perf.throughput_for(r.model, p)
+            best = codec.best_thp(r)
+            freed = sum(c for nd, c in p.alloc if usable is None or usable[nd])
+            row = rows[spec.n_starts + k]
+            row[1] = 1.0
+            row[5] = 1.0 - 1.0 / cs
+            row[6] = min(max(gain / g, 0.0), 1.0)
+            row[7] = n / (n + 4.0)
+            row[8] = (n - math.ceil(g / M)) / n if n > math.ceil(g / M) else 0.0
+            row[9] = g / (g + M)
+            row[10] = sq(r.remaining_samples / max(running_speed(r), 1e-12))
+            row[11] = sq(r.remaining_time * g / M)
+            row[12] = sq(self.now - r.submit_time)
+            row[13] = min((free_total + freed) / total_gpus, 1.0)
+            row[14] = k / K
+            row[15] = gt_rank[id(r)] / K
+            row[16] = min(iso / max(best, 1e-12), 1.0)
+            row[17] = min(iso / cs / max(best, 1e-12), 1.0)
+            row[18] = 1.0
+            row[19] = sq(self.now - r.start_time) if r.start_time is not None else 0.0
+            row[20] = r.preemptions / (r.preemptions + 1.0)
+            row[21] = min(r.done_samples / max(r.total_samples, 1e-12), 1.0)
+
+
+def _victim_key(r: JobInfo) -> tuple:
+    """Victim order: longest remaining time first (then latest submit, then id)."""
+    return (-r.remaining_time, -r.submit_time, r.job_id)
+
+
+def _victim_gt_key(r: JobInfo) -> tuple:
+    """Largest remaining GPU-time first."""
+    return (-r.remaining_time * r.gpu_demand, -r.submit_time, r.job_id)
 
 
 class _QuietPack:

@@ -36,8 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sets", type=_positive_int, default=d.sets_per_kind,
                    help="training sets per cluster and arrival kind (default: %(default)s)")
     p.add_argument("--dagger", type=int, default=d.dagger, help="DAgger rounds after cloning (default: %(default)s)")
-    p.add_argument("--bc-epochs", type=_positive_int, default=d.bc_epochs,
-                   help="epochs per cloning fit (default: %(default)s)")
+    p.add_argument("--bc-epochs", type=int, default=d.bc_epochs,
+                   help="epochs per cloning fit; 0: no cloning, PPO fine-tunes the --init network "
+                        "(default: %(default)s)")
     p.add_argument("--ppo-timesteps", type=int, default=d.ppo_timesteps,
                    help="PPO steps, 0: none (default: %(default)s)")
     p.add_argument("--ppo-lr", type=float, default=d.ppo_lr, help="PPO learning rate (default: %(default)s)")
@@ -45,8 +46,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--expert", choices=("greedy", "nosplit", "planner"), default=d.expert,
                    help="the teacher: a heuristic slot, or the lookahead planner (DAgger labels from its "
                         "decisions on the states the network visits) (default: %(default)s)")
-    p.add_argument("--teacher", default=d.teacher,
-                   help="the planner with --expert planner, as a policy name (default: %(default)s)")
+    p.add_argument("--teacher", default=None,
+                   help="the planner with --expert planner, as a policy name (default: the preemptive planner "
+                        "trainer.sizefree.dagger.TEACHER_PREEMPT with --preempt, else the non-preemptive TEACHER)")
+    p.add_argument("--preempt", type=int, default=d.preempt,
+                   help="preempt candidates K of the codec spec: the network may stop up to K running jobs "
+                        "(0: none; default: %(default)s)")
     p.add_argument("--compare", default=d.compare,
                    help="checkpoint (or rl-sf, the shipped one) also run on the validation sets, 'none' for none "
                         "(default: %(default)s)")
@@ -67,7 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 _OPTIONS = (("--out", "out"), ("--clusters", "clusters"), ("--max-gpus", "max_gpus"), ("--demands", "demands"),
             ("--jobs-per-set", "jobs_per_set"), ("--sets", "sets"), ("--dagger", "dagger"),
             ("--bc-epochs", "bc_epochs"), ("--expert", "expert"), ("--teacher", "teacher"), ("--compare", "compare"),
-            ("--init", "init"), ("--ppo-timesteps", "ppo_timesteps"), ("--ppo-lr", "ppo_lr"),
+            ("--init", "init"), ("--preempt", "preempt"), ("--ppo-timesteps", "ppo_timesteps"), ("--ppo-lr", "ppo_lr"),
             ("--ppo-n-steps", "ppo_n_steps"), ("--ent-coef", "ent_coef"), ("--w1", "w1"), ("--seed", "seed"))
 
 
@@ -75,7 +80,8 @@ def _command(args: argparse.Namespace) -> str:
     """The run's command line with every option spelled out (recorded in the checkpoint)."""
     parts = ["rlsched", "train-sizefree"]
     for flag, attr in _OPTIONS:
-        if (attr == "teacher" and args.expert != "planner") or (attr in ("init", "w1") and getattr(args, attr) is None):
+        if ((attr == "teacher" and args.expert != "planner") or (attr in ("init", "w1") and getattr(args, attr) is None)
+                or (attr == "preempt" and not getattr(args, "preempt", 0))):
             continue
         parts += [flag, str(getattr(args, attr))]
     if args.subproc:
@@ -102,8 +108,16 @@ def _run(args: argparse.Namespace) -> int:
             ClusterSpec.parse(c)
         if args.dagger < 0 or args.ppo_timesteps < 0:
             raise ValueError("--dagger and --ppo-timesteps must be >= 0")
+        if args.bc_epochs < 0 or (args.bc_epochs == 0 and not args.init):
+            raise ValueError("--bc-epochs must be >= 1, or 0 with --init (PPO from that network)")
+        if not 0 <= args.preempt <= 256:
+            raise ValueError(f"--preempt must be in [0, 256], got {args.preempt}")
         if not (0 < args.ppo_lr < 1) or not (0 <= args.ent_coef < 1):
             raise ValueError("--ppo-lr must be in (0, 1) and --ent-coef in [0, 1)")
+        if args.teacher is None:
+            from trainer.sizefree.dagger import TEACHER, TEACHER_PREEMPT
+
+            args.teacher = TEACHER_PREEMPT if args.preempt else TEACHER
         if args.expert == "planner":
             from policies.planner import make_planner
 
@@ -120,7 +134,8 @@ def _run(args: argparse.Namespace) -> int:
                               ppo_timesteps=args.ppo_timesteps, ppo_lr=args.ppo_lr, ent_coef=args.ent_coef,
                               expert=args.expert, teacher=args.teacher, n_steps=args.ppo_n_steps,
                               compare=None if args.compare.lower() == "none" else args.compare,
-                              init=args.init, subproc=args.subproc, seed=args.seed, w1=args.w1)
+                              init=args.init, subproc=args.subproc, seed=args.seed, w1=args.w1,
+                              preempt=args.preempt)
     command = _command(args)
     train(cfg, args.out, log=lambda s: print(s, flush=True), command=command)
     return 0

@@ -5,7 +5,12 @@
 (:class:`policies.codecs.sizefree.SizeFreeRound`): rounds come at events only (arrivals,
 completions); action ``i`` < hold starts candidate ``i`` (``backend.apply``, time does not move) and
 the agent is asked again while some candidate is valid; hold, or nothing valid, runs the simulation
-to the next event at which some candidate is valid.
+to the next event at which some candidate is valid. With preempt candidates in the codec spec
+(``spec.preempt`` > 0), a preempt action stops its running job
+(``backend.apply(Decision(preempt=[job]))``, the simulator's preemption: the job waits again with
+its progress and pays the restart overhead when it starts again) and on the codec round
+(:meth:`~policies.codecs.sizefree.SizeFreeRound.preempt`); time does not move and the agent is
+asked again.
 
 **Observation**: the codec's flat observation (its length is independent of the cluster).
 **Mask**: :meth:`SizeFreeEnv.action_masks` (sb3-contrib's MaskablePPO reads it).
@@ -34,9 +39,10 @@ import numpy as np
 from gymnasium import spaces
 
 from policies.cluster import ClusterSpec
-from policies.codecs.sizefree import N_CAND, SizeFreeCodec, SizeFreeSpec
+from policies.codecs.sizefree import SizeFreeCodec, SizeFreeSpec
 from policies.job import JobSpec
 from policies.perf import ContentionModel
+from policies.state import Decision
 from trainer.common.pick_env import EventRounds, PickEnv, register_env
 from trainer.sim_backend import SimBackend
 from trainer.simulator import Simulator
@@ -89,7 +95,7 @@ class SizeFreeEnv(PickEnv):
     def _obs(self) -> np.ndarray:
         if self._enc is None:
             out = np.zeros(self.obs_spec.shape, dtype=np.float32)
-            out[(self.obs_spec.n_candidates - 1) * N_CAND] = 1.0  # the hold row only
+            out[(self.obs_spec.n_candidates - 1) * self.obs_spec.cand_features] = 1.0  # the hold row only
             return out
         assert self._enc.obs is not None
         return np.clip(self._enc.obs, -1.0, 1.0)
@@ -136,6 +142,29 @@ class SizeFreeEnv(PickEnv):
             r, self._acc = self._acc, 0.0
             return reward + r
         return reward - (self._in_system(sim.time) - self._s0) / (3600.0 * len(sim.jobs))
+
+    def step(self, action):
+        """One pick (module docstring): a valid preempt action here, anything else as
+        :meth:`trainer.common.pick_env.PickEnv.step`."""
+        enc = self._enc
+        a = int(action)
+        if enc is None or not 0 <= a < len(enc.mask) or not enc.mask[a] or enc.victim(a) is None:
+            return super().step(action)
+        sim, backend = self.sim, self.backend
+        assert sim is not None and backend is not None and self._round is not None
+        self._steps += 1
+        self._step_begin()
+        jid = enc.victim(a)
+        # the round first: the simulator's preemption changes the snapshot's job records in place
+        self._round.preempt(jid)
+        backend.apply(Decision(preempt=[jid]))  # validated on a fresh snapshot; time does not move
+        self._enc = self._round.encode()
+        if not self._enc.any_placement:
+            self._settle()
+        reward = self._step_reward(0.0)
+        terminated = sim.done
+        truncated = not terminated and self._steps >= self.max_steps
+        return self._obs(), float(reward), terminated, truncated, self._info()
 
     @property
     def encoding(self):

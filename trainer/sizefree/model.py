@@ -17,7 +17,7 @@ import torch
 from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
 from torch import nn
 
-from policies.codecs.sizefree import N_CAND, N_CTX, SizeFreeSpec
+from policies.codecs.sizefree import N_CTX, SizeFreeSpec
 
 __all__ = ["CandidateScorer", "SizeFreeExtractor", "SizeFreeMaskablePolicy"]
 
@@ -28,14 +28,15 @@ class CandidateScorer(nn.Module):
     def __init__(self, spec: SizeFreeSpec, hidden: int = 64) -> None:
         super().__init__()
         self.spec, self.hidden = spec, hidden
-        self.l0 = nn.Linear(N_CAND + N_CTX, hidden)
+        self.l0 = nn.Linear(spec.cand_features + N_CTX, hidden)
         self.l1 = nn.Linear(hidden, hidden)
         self.l2 = nn.Linear(hidden, 1)
 
     def split(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         R = self.spec.n_candidates
-        rows = obs[:, : R * N_CAND].reshape(-1, R, N_CAND)
-        ctx = obs[:, R * N_CAND:]
+        F = self.spec.cand_features
+        rows = obs[:, : R * F].reshape(-1, R, F)
+        ctx = obs[:, R * F:]
         return rows, ctx
 
     def first(self, rows: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:

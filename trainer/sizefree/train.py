@@ -37,9 +37,9 @@ from policies.codecs.sizefree import SizeFreeCodec, SizeFreeSpec
 from policies.job import JobSpec
 from policies.perf import ContentionModel
 from policies.sizefree import TENSOR_NAMES, SizeFreeNet, SizeFreePolicy, save_sizefree
-from trainer.sizefree.dagger import TEACHER
+from trainer.sizefree.dagger import TEACHER, TEACHER_PREEMPT
 
-__all__ = ["SizeFreeTrainConfig", "behaviour_clone", "train", "training_sets", "validate"]
+__all__ = ["SizeFreeTrainConfig", "behaviour_clone", "init_tensors", "train", "training_sets", "validate"]
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,9 @@ class SizeFreeTrainConfig:
     val_sets: int = 2
     hidden: int = 64
     expert: str = "greedy"
-    teacher: str = TEACHER
+    #: the planner teaching with ``expert="planner"``; ``None``: :data:`TEACHER_PREEMPT` with preempt
+    #: candidates, else :data:`TEACHER`
+    teacher: str | None = None
     compare: str | None = "rl-sf"
     init: str | None = None
     bc_epochs: int = 10
@@ -68,9 +70,15 @@ class SizeFreeTrainConfig:
     subproc: bool = False
     seed: int = 7000
     jobs: int = 8
+    #: preempt candidates of the codec spec (``K``; 0: the network cannot preempt)
+    preempt: int = 0
     #: ``None``: PPO's reward is minus the average JCT; else W1 of the seed reward (module docstring)
     w1: float | None = None
     extra: dict = field(default_factory=dict)
+
+    def teacher_name(self) -> str:
+        """The teacher planner's name (:attr:`teacher`, else the default for :attr:`preempt`)."""
+        return self.teacher or (TEACHER_PREEMPT if self.preempt else TEACHER)
 
     def reward(self) -> dict:
         """The checkpoint's ``reward`` section (module docstring)."""
@@ -172,23 +180,26 @@ def _fit(scorer, data: tuple[list, list, list], epochs: int, seed: int, log: Cal
     return acc
 
 
-def behaviour_clone(envs: list, scorer, cfg: SizeFreeTrainConfig, log: Callable[[str], None]) -> float:
+def behaviour_clone(envs: list, scorer, cfg: SizeFreeTrainConfig, log: Callable[[str], None],
+                    init_acts: bool | None = None) -> float:
     """Clone the teacher into ``scorer`` (module docstring, step 2); returns the final agreement.
 
-    Round 0 plays the teacher's own picks (the network's when ``cfg.init`` gave it trained weights),
-    rounds ``1..cfg.dagger`` the network's (DAgger); every round adds its labelled states to the data set
-    and refits on all of it."""
+    Round 0 plays the teacher's own picks (the network's when ``init_acts``, default: when ``cfg.init``
+    gave it trained weights), rounds ``1..cfg.dagger`` the network's (DAgger); every round adds its
+    labelled states to the data set and refits on all of it."""
+    if init_acts is None:
+        init_acts = bool(cfg.init)
     teachers = None
     if cfg.expert == "planner":
         from trainer.sizefree.dagger import PlannerTeacher
 
-        teachers = [PlannerTeacher(env.cluster, env.perf, cfg.teacher) for env in envs]
+        teachers = [PlannerTeacher(env.cluster, env.perf, cfg.teacher_name()) for env in envs]
     data: tuple[list, list, list] = ([], [], [])
     acc = 0.0
     for rnd in range(cfg.dagger + 1):
         t0 = time.perf_counter()
         for k, env in enumerate(envs):
-            got = _collect(env, scorer, list(range(len(env.traces))), cfg.expert, use_net=rnd > 0 or bool(cfg.init),
+            got = _collect(env, scorer, list(range(len(env.traces))), cfg.expert, use_net=rnd > 0 or init_acts,
                            teacher=None if teachers is None else teachers[k])
             for d, x in zip(data, got):
                 d.extend(x)
@@ -196,11 +207,31 @@ def behaviour_clone(envs: list, scorer, cfg: SizeFreeTrainConfig, log: Callable[
         if teachers is not None:
             st = {k: sum(t.stats()[k] for t in teachers) for k in teachers[0].stats()}
             extra = (f"; planner: {st['searches']} searches ({st['cut']} cut by the budget), "
-                     f"{st['unlabelled']} states unlabelled so far")
-        log(f"bc round {rnd} ({'teacher' if rnd == 0 and not cfg.init else 'dagger'}): {len(data[2])} labelled states "
+                     f"{st['unlabelled']} states unlabelled, {st['preempt_labels']} preempt labels so far")
+        log(f"bc round {rnd} ({'teacher' if rnd == 0 and not init_acts else 'dagger'}): {len(data[2])} labelled states "
             f"({time.perf_counter() - t0:.0f} s{extra})")
         acc = _fit(scorer, data, cfg.bc_epochs, cfg.seed + rnd, log)
     return acc
+
+
+def init_tensors(net: SizeFreeNet, spec: SizeFreeSpec, where: str) -> dict[str, np.ndarray]:
+    """The tensors of ``net`` for a run with codec spec ``spec``: the same when the specs agree; a
+    network without preempt candidates starting a run with them gets zero input weights for the
+    :data:`~policies.codecs.sizefree.N_RUN` added features (inserted after its candidate features),
+    so its start and hold rows score as before. :class:`ValueError` naming ``where`` otherwise."""
+    from policies.codecs.sizefree import N_CAND
+
+    old = net.spec
+    same = (old.jobs, old.gpus_per_node, old.tau_s) == (spec.jobs, spec.gpus_per_node, spec.tau_s)
+    if not same or (old.preempt and old.preempt != spec.preempt):
+        raise ValueError(f"--init {where}: its codec spec {old} does not fit the run's {spec}")
+    out = {f"{p}.{x}": np.asarray(w, dtype=np.float32) for p, (W, b) in zip(TENSOR_NAMES, net.layers)
+           for x, w in (("weight", W.T), ("bias", b))}
+    if not old.preempt and spec.preempt:
+        W0 = out["cand.0.weight"]
+        add = np.zeros((W0.shape[0], spec.cand_features - N_CAND), dtype=np.float32)
+        out["cand.0.weight"] = np.ascontiguousarray(np.concatenate([W0[:, :N_CAND], add, W0[:, N_CAND:]], axis=1))
+    return out
 
 
 def validate(net: SizeFreeNet, val: dict[str, list[list[JobSpec]]]) -> float:
@@ -246,7 +277,7 @@ def train(cfg: SizeFreeTrainConfig, out: str | Path, log: Callable[[str], None] 
 
     t0 = time.perf_counter()
     torch.manual_seed(cfg.seed)
-    spec = SizeFreeSpec(jobs=cfg.jobs)
+    spec = SizeFreeSpec(jobs=cfg.jobs, preempt=cfg.preempt)
     sets = training_sets(cfg)
     val = {c: v for c, (_t, v) in sets.items()}
     envs = [SizeFreeEnv(tr, c, spec) for c, (tr, _v) in sets.items()]
@@ -262,16 +293,19 @@ def train(cfg: SizeFreeTrainConfig, out: str | Path, log: Callable[[str], None] 
                         n_epochs=4, gamma=1.0, gae_lambda=0.95, ent_coef=cfg.ent_coef, seed=cfg.seed, verbose=0,
                         policy_kwargs={"spec": spec.to_dict(), "hidden": cfg.hidden})
     scorer = model.policy.scorer
+    init_net = None
     if cfg.init:
         from policies.sizefree import load_sizefree, shipped_sizefree
 
         init_net, _m, init_path = load_sizefree(shipped_sizefree() if cfg.init == "rl-sf" else cfg.init)
-        if init_net.spec != spec:
-            raise ValueError(f"--init {init_path}: its codec spec {init_net.spec} is not the run's {spec}")
-        scorer.load_tensors({f"{p}.{x}": w for p, (W, b) in zip(TENSOR_NAMES, init_net.layers)
-                             for x, w in (("weight", W.T), ("bias", b))})
+        scorer.load_tensors(init_tensors(init_net, spec, str(init_path)))
         log(f"initial weights: {init_path}")
-    acc = behaviour_clone(envs, scorer, cfg, log)
+    # a network that never saw preempt rows does not play round 0: its scores for them are untrained
+    if cfg.bc_epochs > 0:
+        acc = behaviour_clone(envs, scorer, cfg, log, init_acts=init_net is not None and init_net.spec == spec)
+    else:  # no cloning: PPO fine-tunes the --init network (the "bc" numbers are that network's)
+        acc = float("nan")
+        log("no cloning (bc_epochs 0): PPO starts from the initial weights")
     bc_tensors = scorer.tensors()
     bc_val = validate(SizeFreeNet(spec, bc_tensors), val)
     heur = "greedy" if cfg.expert == "planner" else cfg.expert
@@ -282,7 +316,7 @@ def train(cfg: SizeFreeTrainConfig, out: str | Path, log: Callable[[str], None] 
 
         ref = make_sizefree_policy("rl-sf", ClusterSpec.parse(cfg.clusters[0])) if cfg.compare == "rl-sf" else None
         ref_net = ref.net if ref is not None else load_sizefree(cfg.compare)[0]
-        cmp_val = validate(ref_net, val) if ref_net.spec == spec else float("nan")
+        cmp_val = validate(ref_net, val)
     log(f"validation avg JCT: heuristic {heur} {heur_val:.3f} h, {cfg.compare or 'no reference'} {cmp_val:.3f} h, "
         f"cloned {bc_val:.3f} h ({time.perf_counter() - t0:.0f} s)")
     ppo_val = float("nan")
@@ -301,7 +335,7 @@ def train(cfg: SizeFreeTrainConfig, out: str | Path, log: Callable[[str], None] 
         "algo": f"bc+dagger ({'planner' if cfg.expert == 'planner' else 'heuristic'} teacher), then maskable-ppo",
         "config": {k: (list(v) if isinstance(v, tuple) else v)
                                                           for k, v in asdict(cfg).items()},
-        "bc_agreement": acc,
+        "bc_agreement": acc if np.isfinite(acc) else None,
         "val_avg_jct_h": {k: (v if np.isfinite(v) else None)  # None: not run (JSON has no NaN)
                           for k, v in {"heuristic": heur_val, "reference": cmp_val, "bc": bc_val, "ppo": ppo_val}.items()},
         "chosen": chosen, "wall_s": round(time.perf_counter() - t0, 1),
