@@ -111,5 +111,6 @@ class RoundLoop:
             n += 1
             if on_round is not None:
                 on_round(out)
+            del out  # the round's snapshot goes before the backend moves on (no copy-on-write of it there)
         self.rounds += n
         return n

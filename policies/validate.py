@@ -91,6 +91,15 @@ def placement_problem(job_id: str, demand: int, p: Placement, free: Sequence[int
     if p.total_gpus != demand:
         return f"job {job_id}: placement {p} has {p.total_gpus} GPUs, demand is {demand}"
     num_nodes = len(free)
+    prev = -1
+    for n, c in alloc:  # the common case in one pass: ascending nodes (so none repeats), each usable and fitting
+        if n <= prev or c <= 0 or n >= num_nodes or (usable is not None and not usable[n]):
+            break
+        if c > (free[n] if delta is None else free[n] + delta.get(n, 0)):
+            break
+        prev = n
+    else:
+        return None
     seen = set()
     for n, c in alloc:
         if c <= 0 or n in seen:
@@ -257,7 +266,8 @@ def check_decision(state: ClusterState, decision: Decision) -> list[Problem]:
                     why += AFTER_EARLIER
         if why is None:
             placed.add(jid)
-            _take(delta, p, -1, None)
+            for n, c in p.alloc:  # _take(delta, p, -1, None)
+                delta[n] = delta.get(n, 0) - c
             if info.demand is not None:  # type: ignore[union-attr]
                 res.take(info, p, -1)  # type: ignore[arg-type]
         else:

@@ -73,6 +73,12 @@ __all__ = [
 
 _EPS = 1e-9
 
+#: Fields per slot of the simulator's per-run progress array (total_samples, done, rate, t_ref, cs) and
+#: per row of its allocation array (node, GPUs, slot); a stopped job's slot holds _SL_DEAD.
+_SL = 5
+_RW = 3
+_SL_DEAD = array("d", (0.0, 0.0, 1.0, 0.0, math.nan))
+
 #: Longest isolated run time (s) of one job the simulator accepts: ``total_samples`` over the job's best
 #: isolated throughput on the cluster (noise left out). 1e8 s is about 3.2 years; Philly's longest job ran 54
 #: days. A time-variant policy is asked every round while jobs run, so one job of 1e8 s already costs
@@ -497,11 +503,21 @@ class Simulator:
         self.capacity = np.array(self.cluster.gpus_per_node, dtype=np.int64)
         self.free = self.capacity.copy()
         self._free_lent: weakref.ref | None = None  # the read-only view of `free` the last state holds
+        # A second buffer of free GPUs per node (`_own_free` swaps it in when a state holds `free`):
+        # `_spare` plus the placements in `_free_log` (each with +1: GPUs freed, -1: taken) is `free`.
+        self._spare: np.ndarray | None = None
+        self._spare_lent: weakref.ref | None = None  # the read-only view of `_spare` a state may hold
+        self._free_log: list[tuple[Placement, int]] = []
         self._total_gpus = int(self.capacity.sum())
         self._vec = self.cluster.num_nodes >= self.VECTOR_MIN_NODES
         # a byte mirror of `free` that states hand to placement rules
         self._free_bytes = bytearray(self.capacity.tolist()) if self._vec and int(self.capacity.max()) <= 255 else None
         self._free_bound = int(self.capacity.max())
+        self._log_max = max(16, self.cluster.num_nodes // 8)
+        # isolated throughput by job key, for a plain ContentionModel on a cluster without GPU types
+        # (its throughput depends on the shape alone there)
+        self._iso_memo: dict | None = (
+            {} if type(self.perf).throughput is ContentionModel.throughput and not self.cluster.is_typed else None)
         self._used = 0  # allocated GPUs (sum of capacity - free)
         self.ledger = ContentionLedger(self.perf, self.cluster.num_nodes)  # running jobs by id, each one's CS
         for ref in list(getattr(self, "_views", {}).values()):
@@ -515,16 +531,11 @@ class Simulator:
         # the CS samples read in one vectorised pass, through numpy views without copying). A stopped
         # job's entry stays, neutral (no work, no GPUs), until the arrays are compacted.
         self._sl_job: list[_Job | None] = []
-        self._sl_total = array("d")
-        self._sl_done = array("d")
-        self._sl_rate = array("d")
-        self._sl_tref = array("d")
-        self._sl_cs = array("d")
-        self._rw_node = array("q")  # allocation rows: node, GPUs (0 once stopped), slot
-        self._rw_cnt = array("q")
-        self._rw_slot = array("q")
+        self._sl = array("d")  # per slot, _SL fields: total_samples, done, rate, t_ref, cs
+        self._rw = array("q")  # allocation rows, _RW fields each: node, GPUs (0 once stopped), slot
         self._sl_dead = 0
         self._run_seq = 0
+        self._epoch = 0  # starts and stops so far (a snapshot's placements were checked against this count)
         self.time = 0.0
         self.next_arrival = 0
         self.pending: list[_Job] = []
@@ -614,6 +625,7 @@ class Simulator:
         if state.usable is not None:
             free = sim._own_free()
             free[~np.asarray(state.usable)] = 0
+            sim._free_rewritten()
             if sim._free_bytes is not None:
                 for n in np.flatnonzero(~np.asarray(state.usable)).tolist():
                     sim._free_bytes[n] = 0
@@ -648,13 +660,40 @@ class Simulator:
 
     # ------------------------------------------------------------------ mechanics
     def _own_free(self) -> np.ndarray:
-        """``free``, to change: copied first if a state built earlier still holds a view of it."""
+        """``free``, to change: if a state built earlier still holds a view of it, the spare buffer
+        (brought up to date by the placements changed since it was ``free``: O(their nodes)) or,
+        while a state holds that one too, a copy takes its place. Every change the caller makes is
+        logged with :meth:`_log_free`."""
         lent = self._free_lent
         if lent is not None:
             if lent() is not None:
-                self.free = self.free.copy()
+                spare, sl = self._spare, self._spare_lent
+                if spare is not None and (sl is None or sl() is None):
+                    for p, sign in self._free_log:
+                        for n, c in p.alloc:
+                            spare[n] += sign * c
+                    self._spare, self.free = self.free, spare
+                else:
+                    self._spare, self.free = self.free, self.free.copy()
+                self._spare_lent = lent
+                self._free_log.clear()
             self._free_lent = None
         return self.free
+
+    def _log_free(self, p: Placement, sign: int) -> None:
+        """Record that ``sign`` times ``p``'s GPUs were added to ``free`` (what the spare buffer misses);
+        past about a node's worth of entries the spare is dropped (the next swap copies instead)."""
+        if self._spare is not None:
+            log = self._free_log
+            log.append((p, sign))
+            if len(log) > self._log_max:
+                self._spare = self._spare_lent = None
+                log.clear()
+
+    def _free_rewritten(self) -> None:
+        """``free`` was changed in bulk (not through :meth:`_log_free`): the spare buffer is stale."""
+        self._spare = self._spare_lent = None
+        self._free_log.clear()
 
     def _record_util(self) -> None:
         used = self._used
@@ -696,37 +735,33 @@ class Simulator:
                 j.rate = j.iso / cs
                 s = j.slot
                 if s >= 0:
-                    self._sl_done[s], self._sl_tref[s], self._sl_rate[s], self._sl_cs[s] = j.done, j.t_ref, j.rate, cs
+                    s *= _SL
+                    self._sl[s + 1:s + 5] = array("d", (j.done, j.rate, j.t_ref, cs))
                 self._push_completion(j)
 
     def _slot_open(self, j: _Job, p: Placement) -> None:
         """Append a starting job's progress fields and allocation rows to the per-run lists."""
-        s = j.slot = len(self._sl_job)
-        j.row0 = len(self._rw_node)
-        self._sl_job.append(j)
-        self._sl_total.append(j.spec.total_samples)
-        self._sl_done.append(j.done)
-        self._sl_rate.append(j.rate)
-        self._sl_tref.append(j.t_ref)
-        self._sl_cs.append(j.cs)
-        if len(p.alloc) == 1:
-            (n, c), = p.alloc
-            self._rw_node.append(n)
-            self._rw_cnt.append(c)
-            self._rw_slot.append(s)
+        sl_job = self._sl_job
+        s = j.slot = len(sl_job)
+        rw = self._rw
+        j.row0 = len(rw) // _RW
+        sl_job.append(j)
+        self._sl.extend((j.spec.total_samples, j.done, j.rate, j.t_ref, j.cs))
+        alloc = p.alloc
+        if len(alloc) == 1:
+            (n, c), = alloc
+            rw.extend((n, c, s))
         else:
-            for n, c in p.alloc:
-                self._rw_node.append(n)
-                self._rw_cnt.append(c)
-                self._rw_slot.append(s)
+            rw.extend([x for n, c in alloc for x in (n, c, s)])
 
     def _slot_close(self, j: _Job, p: Placement) -> None:
         """Neutralise a stopping job's entries (no work left, no GPUs); compact when half are dead."""
         s = j.slot
         self._sl_job[s] = None
-        self._sl_total[s], self._sl_done[s], self._sl_rate[s], self._sl_tref[s], self._sl_cs[s] = 0.0, 0.0, 1.0, 0.0, math.nan
-        for r in range(j.row0, j.row0 + len(p.alloc)):
-            self._rw_cnt[r] = 0
+        self._sl[s * _SL:(s + 1) * _SL] = _SL_DEAD
+        rw = self._rw
+        for r in range(j.row0 * _RW + 1, (j.row0 + len(p.alloc)) * _RW, _RW):
+            rw[r] = 0
         j.slot = j.row0 = -1
         self._sl_dead += 1
         if self._sl_dead > self.COMPACT_AFTER and 2 * self._sl_dead > len(self._sl_job):
@@ -736,14 +771,13 @@ class Simulator:
         """Drop the stopped jobs' entries from the per-run lists (order kept)."""
         keep = np.array([x is not None for x in self._sl_job])
         new_slot = np.cumsum(keep) - 1  # old slot -> new slot (for kept ones)
-        for name in ("_sl_total", "_sl_done", "_sl_rate", "_sl_tref", "_sl_cs"):
-            setattr(self, name, array("d", np.frombuffer(getattr(self, name))[keep].tobytes()))
-        rw_slot = np.frombuffer(self._rw_slot, dtype=np.int64)
-        rows = keep[rw_slot]
-        self._rw_node = array("q", np.frombuffer(self._rw_node, dtype=np.int64)[rows].tobytes())
-        self._rw_cnt = array("q", np.frombuffer(self._rw_cnt, dtype=np.int64)[rows].tobytes())
-        kept_slots = rw_slot[rows]
-        self._rw_slot = array("q", new_slot[kept_slots].astype(np.int64).tobytes())
+        self._sl = array("d", np.frombuffer(self._sl).reshape(-1, _SL)[keep].tobytes())
+        rw = np.frombuffer(self._rw, dtype=np.int64).reshape(-1, _RW)
+        rows = keep[rw[:, 2]]
+        kept = rw[rows]
+        kept_slots = kept[:, 2].copy()
+        kept[:, 2] = new_slot[kept_slots]
+        self._rw = array("q", kept.astype(np.int64).tobytes())
         first_row = np.flatnonzero(np.r_[True, kept_slots[1:] != kept_slots[:-1]]) if kept_slots.size else kept_slots
         self._sl_job = [x for x in self._sl_job if x is not None]
         for k, (x, r) in enumerate(zip(self._sl_job, first_row.tolist())):
@@ -764,12 +798,22 @@ class Simulator:
         if j.info.placement is not None:
             raise SimulationError(f"job {job_id} is already running")
         _check_placement(job_id, j.info.gpu_demand, p, self.free)
+        self._start(j, p, overhead)
+
+    def _start(self, j: _Job, p: Placement, overhead: float | None = None) -> None:
+        """:meth:`start` of pending job ``j`` on ``p``, which fits (checked by the caller)."""
+        self._epoch += 1
         free, fb = self._own_free(), self._free_bytes
-        for n, c in p.alloc:
+        alloc = p.alloc
+        for n, c in alloc:
             free[n] -= c
-            if fb is not None:
+        if fb is not None:
+            for n, c in alloc:
                 fb[n] -= c
-        self._used += p.total_gpus
+        if self._spare is not None:
+            self._log_free(p, -1)
+        gpus = p.total_gpus
+        self._used += gpus
         self.pending.remove(j)
         t = self.time
         info = j.info
@@ -777,43 +821,75 @@ class Simulator:
         info.start_time = t
         if j.first_start != j.first_start:  # NaN: never started before
             j.first_start = t
-        model = j.spec.model
-        key = j.key = job_key(model, p)
-        j.iso = self.perf.throughput(j.spec, p, self.cluster) * j.noise  # at the pace of its slowest GPU type
+        spec = j.spec
+        model = spec.model
+        key = j.key = (model, gpus, len(alloc))  # job_key(model, p)
+        memo = self._iso_memo
+        if memo is None:
+            iso = self.perf.throughput(spec, p, self.cluster)  # at the pace of its slowest GPU type
+        else:
+            iso = memo.get(key)
+            if iso is None:
+                iso = memo[key] = self.perf.throughput(spec, p, self.cluster)
+        iso = j.iso = iso * j.noise
         if overhead is None:
             overhead = self.cfg.restart_overhead if info.preemptions > 0 else 0.0
-        j.t_ref = t + overhead if overhead else t
+        t_ref = j.t_ref = t + overhead if overhead else t
         j.seg_start = t
         self._run_seq += 1
         j.run_seq = self._run_seq
         self._touched = True
         self.running[j.idx] = j
         ledger = self.ledger
+        job_id = spec.job_id
         changed = ledger.add(job_id, model, p, info)
         cs = j.cs = ledger.cs(job_id) if key[2] > 1 else 1.0
-        j.rate = j.iso / cs
+        rate = j.rate = iso / cs
         if self._vec:
             self._slot_open(j, p)
-        self._push_completion(j)
+        # _push_completion(j)
+        j.version += 1
+        if rate > 0:
+            remaining = spec.total_samples - j.done
+            self._seq += 1
+            heapq.heappush(self.heap, ((t_ref if t_ref > t else t) + (remaining if remaining > 0.0 else 0.0) / rate,
+                                       self._seq, j.idx, j.version))
         if changed:
             self._update_rates(self._in_order(changed))
-        self._record_util()
+        # _record_util()
+        if self.util_t[-1] == t:
+            self.util_used[-1] = self._used
+        else:
+            self.util_t.append(t)
+            self.util_used.append(self._used)
         self.dirty = True
 
     def _stop(self, j: _Job) -> Placement:
-        self._settle(j)
-        p = j.info.placement
-        assert p is not None
         t = self.time
+        t_ref = j.t_ref
+        if t > t_ref:  # _settle(j)
+            j.cs_time += t - t_ref
+            j.cs_weighted += (t - t_ref) * j.cs
+            j.done = j.progress(t)
+            j.t_ref = t
+        info = j.info
+        p = info.placement
+        assert p is not None
+        gpus = p.total_gpus
         j.run_time += t - j.seg_start
-        j.att_base += p.total_gpus * (t - j.seg_start)
-        j.info.attained_service = j.att_base
+        j.att_base += gpus * (t - j.seg_start)
+        info.attained_service = j.att_base
+        self._epoch += 1
         free, fb = self._own_free(), self._free_bytes
-        for n, c in p.alloc:
+        alloc = p.alloc
+        for n, c in alloc:
             free[n] += c
-            if fb is not None:
+        if fb is not None:
+            for n, c in alloc:
                 fb[n] += c
-        self._used -= p.total_gpus
+        if self._spare is not None:
+            self._log_free(p, 1)
+        self._used -= gpus
         if self._views:
             for ref in list(self._views.values()):
                 v = ref()
@@ -822,14 +898,18 @@ class Simulator:
         del self.running[j.idx]
         if j.slot >= 0:
             self._slot_close(j, p)
-        j.info.placement = None
-        j.info.start_time = None
+        info.placement = None
+        info.start_time = None
         j.rate = 0.0
         j.version += 1
         changed = self.ledger.remove(j.spec.job_id)
         if changed:
             self._update_rates(self._in_order(changed))
-        self._record_util()
+        if self.util_t[-1] == t:  # _record_util()
+            self.util_used[-1] = self._used
+        else:
+            self.util_t.append(t)
+            self.util_used.append(self._used)
         self.dirty = True
         return p
 
@@ -915,10 +995,20 @@ class Simulator:
         Returns ``True`` if an event was processed, ``False`` if none happens
         before ``until`` (time is then moved to ``until``).
         """
-        submit, n_jobs = self._submit, len(self.jobs)
+        submit, jobs = self._submit, self.jobs
+        n_jobs = len(jobs)
         na = self.next_arrival
         t_arr = submit[na] if na < n_jobs else math.inf
-        t_cmp = self._next_completion()
+        heap = self.heap
+        t_cmp = math.inf
+        while heap:  # _next_completion()
+            top = heap[0]
+            j = jobs[top[2]]
+            if top[3] != j.version or j.info.placement is None:
+                heapq.heappop(heap)
+                continue
+            t_cmp = top[0]
+            break
         t = t_arr if t_arr < t_cmp else t_cmp
         if t > until or t == math.inf:  # nothing before `until` (or nothing at all: no job left)
             if until < math.inf:
@@ -931,7 +1021,6 @@ class Simulator:
         # _EPS of now relative to both the clock and the job's own duration at its rate
         # (total_samples / rate), so it is never cut short by more than _EPS of its work; a bound
         # on the clock alone (1e-9 * t) could end a job of a few ms a sizeable part of its work early.
-        heap, jobs = self.heap, self.jobs
         while heap:
             tc, _seq, idx, ver = heap[0]
             j = jobs[idx]
@@ -1018,13 +1107,13 @@ class Simulator:
             a1, a2 = np.array(s1), np.array(s2)
             with np.errstate(divide="ignore", invalid="ignore"):
                 return float(np.where(a2 > 0, 1.0 - a1 * a1 / (self.capacity * a2), 0.0).mean())
-        rate = np.frombuffer(self._sl_rate)
-        total = np.frombuffer(self._sl_total)
-        done, t_ref = np.frombuffer(self._sl_done), np.frombuffer(self._sl_tref)
+        sl = np.frombuffer(self._sl).reshape(-1, _SL)
+        total, done, rate, t_ref = sl[:, 0], sl[:, 1], sl[:, 2], sl[:, 3]
         rem = (total - np.minimum(done + rate * np.maximum(0.0, t - t_ref), total)) / rate
-        r = rem[np.frombuffer(self._rw_slot, dtype=np.int64)]
-        x = np.frombuffer(self._rw_cnt, dtype=np.int64) * r
-        node = np.frombuffer(self._rw_node, dtype=np.int64)
+        rw = np.frombuffer(self._rw, dtype=np.int64).reshape(-1, _RW)
+        r = rem[rw[:, 2]]
+        x = rw[:, 1] * r
+        node = rw[:, 0]
         n_nodes = self.cluster.num_nodes
         a1 = np.bincount(node, weights=x, minlength=n_nodes)
         a2 = np.bincount(node, weights=x * r, minlength=n_nodes)
@@ -1038,7 +1127,7 @@ class Simulator:
             return 1.0
         if not self._vec:
             return float(np.mean([j.cs for j in self.running.values()]))
-        cs = np.frombuffer(self._sl_cs)
+        cs = np.frombuffer(self._sl)[4::_SL]
         return float(np.mean(cs[~np.isnan(cs)]))
 
     def check_invariants(self) -> None:
@@ -1062,9 +1151,10 @@ class Simulator:
             s, r = j.slot, j.row0
             p = j.info.placement
             assert p is not None
-            if (self._sl_done[s], self._sl_tref[s], self._sl_rate[s], self._sl_cs[s]) != (j.done, j.t_ref, j.rate, j.cs) or list(
-                zip(self._rw_node[r:r + p.num_nodes], self._rw_cnt[r:r + p.num_nodes])
-            ) != list(p.alloc) or any(x != s for x in self._rw_slot[r:r + p.num_nodes]):
+            rows = [tuple(self._rw[k * _RW:(k + 1) * _RW]) for k in range(r, r + p.num_nodes)]
+            if tuple(self._sl[s * _SL:(s + 1) * _SL]) != (j.spec.total_samples, j.done, j.rate, j.t_ref, j.cs) or rows != [
+                (n, c, s) for n, c in p.alloc
+            ]:
                 raise AssertionError(f"job {j.spec.job_id}: per-run lists are stale")
         led = self.ledger
         led.check()
