@@ -117,6 +117,12 @@ def placement_problem(job_id: str, demand: int, p: Placement, free: Sequence[int
     return None
 
 
+def _names_ps(p: Placement) -> bool:
+    """Whether ``p`` names a parameter-server count (an elastic placement); a plain :class:`Placement` never
+    does (tested first: a failed attribute look-up costs an exception)."""
+    return p.__class__ is not Placement and hasattr(p, "ps")
+
+
 def _take(delta: dict[int, int], p: Placement, sign: int, usable) -> None:
     """Add ``sign`` times ``p``'s GPUs to ``delta`` (on usable nodes only, when ``usable`` is given)."""
     for n, c in p.alloc:
@@ -197,7 +203,7 @@ def check_decision(state: ClusterState, decision: Decision) -> list[Problem]:
     usable = state.usable
     free = state.free_gpus
     delta: dict[int, int] = {}  # node -> change of its free GPUs by the entries accepted so far
-    job = state.job
+    job = state.lookup or state.job  # ClusterState.job calls the backend's lookup when there is one
     res = _CpuMem(state)  # CPUs and memory released and taken by the accepted entries
 
     gone: set[str] = set()
@@ -232,7 +238,7 @@ def check_decision(state: ClusterState, decision: Decision) -> list[Problem]:
             _take(delta, own, +1, usable)  # its own GPUs are free for its new placement
             why = placement_problem(jid, p.total_gpus, p, free, usable,
                                     " (with its own GPUs, after the decision's preemptions and earlier resizes)", delta)
-            if why is None and (info.demand is not None or hasattr(p, "ps")):
+            if why is None and (info.demand is not None or _names_ps(p)):
                 res.take(info, own, +1)  # and its own CPUs and memory
                 why = res.misfit(info, p)
                 if why is None:
@@ -260,7 +266,7 @@ def check_decision(state: ClusterState, decision: Decision) -> list[Problem]:
             why = f"job {jid}: already running (decision places it without preempting it)"
         else:
             why = placement_problem(jid, info.gpu_demand, p, free, usable, AFTER_EARLIER, delta)
-            if why is None and (info.demand is not None or hasattr(p, "ps")):
+            if why is None and (info.demand is not None or _names_ps(p)):
                 why = res.misfit(info, p)
                 if why is not None and (res.cpus or res.mem):
                     why += AFTER_EARLIER

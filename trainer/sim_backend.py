@@ -163,11 +163,7 @@ class SimBackend:
         self._started += len(place)
         if sim.cfg.check_invariants:
             sim.check_invariants()
-        return ApplyReport(
-            placed=[jid for jid, _p in decision.place],
-            preempted=list(decision.preempt),
-            resized=[jid for jid, _p in decision.resize],
-        )
+        return ApplyReport([jid for jid, _p in place], list(preempt), [jid for jid, _p in resize], [], [], False)
 
     def next_round(self) -> bool:
         """Close the round in progress, process events up to the next round in which jobs wait and
@@ -177,11 +173,13 @@ class SimBackend:
         if self._open:
             self._open = False
             self._close_round()
-            if self._progress_after:
+            if self._progress_after and self.progress is not None:
                 self._report_progress()
         rl = self._rl
         hook = self.on_advance
         n_jobs = len(sim.jobs)
+        event, every = self._event, self._every_round
+        interval = sim.cfg.metrics_interval - _EPS
         while sim.finished != n_jobs:  # not sim.done
             if hook is not None:
                 hook(sim.time)
@@ -200,8 +198,18 @@ class SimBackend:
                     return True
                 continue
             if sim.advance_to_next_event(until=self.next_boundary):
-                if self._event and self._round(True):
-                    return True
+                if event:  # self._round(True), inline
+                    sim.rounds += 1
+                    self._started = 0
+                    if sim.pending or every:
+                        self._open = True
+                        self._progress_after = True
+                        return True
+                    # _close_round() of a round in which no job waits (so it is not idle)
+                    sim.dirty = False
+                    if sim.time - sim._last_sample >= interval:
+                        sim._sample_metrics()
+                    self._idle_rounds = 0
             elif sim.dirty or not self._invariant or (self._keep is not None and self._keep()):
                 self.next_boundary += rl
                 if self._round(True):

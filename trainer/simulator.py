@@ -42,7 +42,9 @@ import contextlib
 import dataclasses
 import gc
 import heapq
+import itertools
 import math
+import operator
 import weakref
 from array import array
 from dataclasses import dataclass, field
@@ -247,7 +249,7 @@ class RunningView(Sequence[JobInfo]):
     looks at running jobs (FIFO) pays nothing for them. ``len`` and ``bool`` need no read.
     """
 
-    __slots__ = ("_sim", "_t", "_n", "_seq", "_gone", "_jobs", "_infos", "_key", "__weakref__")
+    __slots__ = ("_sim", "_t", "_n", "_seq", "_gone", "_jobs", "_infos", "__weakref__")
 
     def __init__(self, sim: "Simulator", t: float) -> None:
         self._sim = sim
@@ -257,7 +259,6 @@ class RunningView(Sequence[JobInfo]):
         self._gone: list[tuple[int, _Job]] = []  # (run_seq, job) of its jobs stopped since
         self._jobs: list[_Job] | None = None
         self._infos: list[JobInfo] | None = None
-        self._key = 0  # the simulator's key for it while unread
 
     def _stopped(self, j: _Job) -> None:
         """The simulator is stopping ``j`` (called while the view is unread)."""
@@ -269,7 +270,7 @@ class RunningView(Sequence[JobInfo]):
         jobs = self._jobs
         if jobs is None:
             sim = self._sim
-            sim._views.pop(self._key, None)
+            sim._views = [r for r in sim._views if r() is not self and r() is not None]
             if not self._gone and sim._run_seq == self._seq:
                 jobs = list(sim.running.values())
             else:
@@ -381,6 +382,13 @@ def _check_spec(j: JobSpec, total_gpus: int) -> None:
         )
 
 
+def _int_buffer(values: np.ndarray) -> tuple[np.ndarray, memoryview]:
+    """A copy of ``values`` as an int64 array over a buffer of its own, and a memoryview of that buffer (single
+    items set through it cost far less than through the array)."""
+    buf = bytearray(np.ascontiguousarray(values, dtype=np.int64).tobytes())
+    return np.frombuffer(buf, dtype=np.int64), memoryview(buf).cast("q")
+
+
 def _check_placement(job_id: str, demand: int, p: Placement, free: np.ndarray, context: str = "") -> None:
     """Raise :class:`SimulationError` unless ``p`` gives job ``job_id`` exactly ``demand`` GPUs on distinct
     nodes of the cluster, each within its ``free`` GPUs (:func:`policies.validate.placement_problem`;
@@ -466,27 +474,47 @@ class Simulator:
     def _build_jobs(self, jobs: Sequence[JobSpec]) -> None:
         """Check every job of the trace and build the simulator's record of each, in arrival order."""
         cluster = self.cluster
-        ids = set()
         total_gpus = cluster.total_gpus  # a property summing over nodes: once, not per job
-        for j in jobs:
-            if j.job_id in ids:
-                raise SimulationError(f"duplicate job id {j.job_id!r} in trace")
-            ids.add(j.job_id)
-            _check_spec(j, total_gpus)
-        order = sorted(range(len(jobs)), key=lambda i: (jobs[i].submit_time, i))
+        n_jobs = len(jobs)
+        # The common case in two passes: distinct ids, and every job's fields in range (_check_spec's first
+        # test); otherwise the loop below names the first problem in trace order.
+        ok = len({j.job_id for j in jobs}) == n_jobs
+        if ok:
+            for j in jobs:
+                g, ts, work = j.gpu_demand, j.submit_time, j.total_samples
+                if not (g.__class__ is int and 1 <= g <= total_gpus and ts.__class__ is float and work.__class__ is float
+                        and 0.0 <= ts <= MAX_SUBMIT_TIME_S and 0.0 < work < math.inf):
+                    ok = False
+                    break
+        if not ok:
+            ids = set()
+            for j in jobs:
+                if j.job_id in ids:
+                    raise SimulationError(f"duplicate job id {j.job_id!r} in trace")
+                ids.add(j.job_id)
+                _check_spec(j, total_gpus)
+        submit = [j.submit_time for j in jobs]
+        if all(map(operator.le, submit, itertools.islice(submit, 1, None))):
+            order: Iterable[int] = range(n_jobs)  # already in arrival order
+        else:
+            order = sorted(range(n_jobs), key=submit.__getitem__)  # stable: ties keep trace order
         rng = np.random.default_rng(self.cfg.seed)
         if self.cfg.noise_cv > 0:
             s2 = math.log1p(self.cfg.noise_cv**2)
-            noise = rng.lognormal(-s2 / 2, math.sqrt(s2), size=len(jobs))
+            noise = rng.lognormal(-s2 / 2, math.sqrt(s2), size=n_jobs).tolist()
         else:
-            noise = np.ones(len(jobs))
+            noise = [1.0] * n_jobs
         self.jobs: list[_Job] = []
+        append = self.jobs.append
+        best_of: dict[tuple[str, int], float] = {}  # perf.best_isolated_throughput by (model, GPUs)
         for rank, i in enumerate(order):
             spec = jobs[i]
-            try:
-                best = self.perf.best_isolated_throughput(spec.model, spec.gpu_demand)
-            except KeyError as exc:  # an unknown model (UnknownModelError): name the job
-                raise SimulationError(f"job {spec.job_id!r}: {exc}") from exc
+            best = best_of.get((spec.model, spec.gpu_demand))
+            if best is None:
+                try:
+                    best = best_of[spec.model, spec.gpu_demand] = self.perf.best_isolated_throughput(spec.model, spec.gpu_demand)
+                except KeyError as exc:  # an unknown model (UnknownModelError): name the job
+                    raise SimulationError(f"job {spec.job_id!r}: {exc}") from exc
             if spec.total_samples > MAX_ISOLATED_RUN_S * best:
                 raise SimulationError(
                     f"job {spec.job_id!r}: total_samples {spec.total_samples:g} take {spec.total_samples / best:.4g} s "
@@ -494,18 +522,19 @@ class Simulator:
                     f"more than the longest isolated run the simulator accepts, {MAX_ISOLATED_RUN_S:g} s "
                     f"(about {MAX_ISOLATED_RUN_S / (365.25 * 86400):.1f} years)"
                 )
-            self.jobs.append(_Job(spec, rank, float(noise[i]), best))
+            append(_Job(spec, rank, noise[i], best))
         self.by_id = {j.spec.job_id: j for j in self.jobs}
         self._submit = [j.spec.submit_time for j in self.jobs]  # arrival order
 
     # ------------------------------------------------------------------ state
     def reset_state(self) -> None:
         self.capacity = np.array(self.cluster.gpus_per_node, dtype=np.int64)
-        self.free = self.capacity.copy()
+        self.free, self._free_mv = _int_buffer(self.capacity)
         self._free_lent: weakref.ref | None = None  # the read-only view of `free` the last state holds
         # A second buffer of free GPUs per node (`_own_free` swaps it in when a state holds `free`):
         # `_spare` plus the placements in `_free_log` (each with +1: GPUs freed, -1: taken) is `free`.
         self._spare: np.ndarray | None = None
+        self._spare_mv: memoryview | None = None
         self._spare_lent: weakref.ref | None = None  # the read-only view of `_spare` a state may hold
         self._free_log: list[tuple[Placement, int]] = []
         self._total_gpus = int(self.capacity.sum())
@@ -520,13 +549,12 @@ class Simulator:
             {} if type(self.perf).throughput is ContentionModel.throughput and not self.cluster.is_typed else None)
         self._used = 0  # allocated GPUs (sum of capacity - free)
         self.ledger = ContentionLedger(self.perf, self.cluster.num_nodes)  # running jobs by id, each one's CS
-        for ref in list(getattr(self, "_views", {}).values()):
+        for ref in list(getattr(self, "_views", ())):
             v = ref()
             if v is not None:
                 v._take()  # views of the previous run keep its jobs
-        self._views: dict[int, weakref.ref[RunningView]] = {}  # unread views (told of stops), by id of the ref
-        views = self._views
-        self._view_gone = lambda ref: views.pop(id(ref), None)  # a view was dropped unread
+        # unread views (told of stops); a dropped one's reference stays until the next state() or stop
+        self._views: list[weakref.ref[RunningView]] = []
         # Running jobs' progress and allocations as flat arrays in start order (what fragmentation() and
         # the CS samples read in one vectorised pass, through numpy views without copying). A stopped
         # job's entry stays, neutral (no work, no GPUs), until the arrays are compacted.
@@ -646,9 +674,10 @@ class Simulator:
         policy that never looks at running jobs (FIFO) pays nothing for them.
         """
         view = RunningView(self, self.time)
-        ref = weakref.ref(view, self._view_gone)
-        view._key = id(ref)
-        self._views[view._key] = ref
+        views = self._views
+        if views:
+            views = self._views = [r for r in views if r() is not None]
+        views.append(weakref.ref(view))
         free = self.free.view()  # read-only, and `free` is copied before it changes while this lives
         free.flags.writeable = False
         self._free_lent = weakref.ref(free)
@@ -669,12 +698,13 @@ class Simulator:
             if lent() is not None:
                 spare, sl = self._spare, self._spare_lent
                 if spare is not None and (sl is None or sl() is None):
+                    mv = self._spare_mv
                     for p, sign in self._free_log:
                         for n, c in p.alloc:
-                            spare[n] += sign * c
-                    self._spare, self.free = self.free, spare
+                            mv[n] += sign * c
                 else:
-                    self._spare, self.free = self.free, self.free.copy()
+                    spare, mv = _int_buffer(self.free)
+                self._spare, self._spare_mv, self.free, self._free_mv = self.free, self._free_mv, spare, mv
                 self._spare_lent = lent
                 self._free_log.clear()
             self._free_lent = None
@@ -687,12 +717,12 @@ class Simulator:
             log = self._free_log
             log.append((p, sign))
             if len(log) > self._log_max:
-                self._spare = self._spare_lent = None
+                self._spare = self._spare_mv = self._spare_lent = None
                 log.clear()
 
     def _free_rewritten(self) -> None:
         """``free`` was changed in bulk (not through :meth:`_log_free`): the spare buffer is stale."""
-        self._spare = self._spare_lent = None
+        self._spare = self._spare_mv = self._spare_lent = None
         self._free_log.clear()
 
     def _record_util(self) -> None:
@@ -803,7 +833,8 @@ class Simulator:
     def _start(self, j: _Job, p: Placement, overhead: float | None = None) -> None:
         """:meth:`start` of pending job ``j`` on ``p``, which fits (checked by the caller)."""
         self._epoch += 1
-        free, fb = self._own_free(), self._free_bytes
+        self._own_free()
+        free, fb = self._free_mv, self._free_bytes
         alloc = p.alloc
         for n, c in alloc:
             free[n] -= c
@@ -880,7 +911,8 @@ class Simulator:
         j.att_base += gpus * (t - j.seg_start)
         info.attained_service = j.att_base
         self._epoch += 1
-        free, fb = self._own_free(), self._free_bytes
+        self._own_free()
+        free, fb = self._free_mv, self._free_bytes
         alloc = p.alloc
         for n, c in alloc:
             free[n] += c
@@ -891,10 +923,14 @@ class Simulator:
             self._log_free(p, 1)
         self._used -= gpus
         if self._views:
-            for ref in list(self._views.values()):
+            live = False
+            for ref in self._views:
                 v = ref()
                 if v is not None:
                     v._stopped(j)
+                    live = True
+            if not live:
+                self._views = []
         del self.running[j.idx]
         if j.slot >= 0:
             self._slot_close(j, p)
