@@ -201,7 +201,8 @@ def check_decision(state: ClusterState, decision: Decision) -> list[Problem]:
     can. Pure: reads ``state`` only."""
     problems: list[Problem] = []
     usable = state.usable
-    free = state.free_gpus
+    fb = state.free_bytes()  # the same counts as free_gpus, read as Python ints (no numpy scalar per node)
+    free = state.free_gpus if fb is None else fb[0]
     delta: dict[int, int] = {}  # node -> change of its free GPUs by the entries accepted so far
     job = state.lookup or state.job  # ClusterState.job calls the backend's lookup when there is one
     res = _CpuMem(state)  # CPUs and memory released and taken by the accepted entries

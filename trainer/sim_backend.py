@@ -107,6 +107,7 @@ class SimBackend:
         self._idle_rounds = 0
         self._last_done = -1
         self._snap_epoch = -1  # the simulator's change count at the last snapshot
+        self._lookup_fn = self._lookup  # the bound method, made once
 
     # ------------------------------------------------------------------ Backend
     def now(self) -> float:
@@ -117,7 +118,7 @@ class SimBackend:
         """:meth:`Simulator.state` with an O(1) job lookup for the validator."""
         sim = self.sim
         st = sim.state()
-        st.lookup = self._lookup
+        st.lookup = self._lookup_fn
         self._snap_epoch = sim._epoch
         return st
 

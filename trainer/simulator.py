@@ -145,7 +145,8 @@ class SimConfig:
 
 @dataclass
 class JobRecord:
-    """Outcome of one job (one row of the per-job Parquet file)."""
+    """Outcome of one job (one row of the per-job Parquet file). :meth:`Simulator.result` passes the
+    fields positionally, in this order."""
 
     job_id: str
     model: str
@@ -543,6 +544,7 @@ class Simulator:
         self._free_bytes = bytearray(self.capacity.tolist()) if self._vec and int(self.capacity.max()) <= 255 else None
         self._free_bound = int(self.capacity.max())
         self._log_max = max(16, self.cluster.num_nodes // 8)
+        self._check_inv = self.cfg.check_invariants
         # isolated throughput by job key, for a plain ContentionModel on a cluster without GPU types
         # (its throughput depends on the shape alone there)
         self._iso_memo: dict | None = (
@@ -833,7 +835,8 @@ class Simulator:
     def _start(self, j: _Job, p: Placement, overhead: float | None = None) -> None:
         """:meth:`start` of pending job ``j`` on ``p``, which fits (checked by the caller)."""
         self._epoch += 1
-        self._own_free()
+        if self._free_lent is not None:
+            self._own_free()
         free, fb = self._free_mv, self._free_bytes
         alloc = p.alloc
         for n, c in alloc:
@@ -876,8 +879,18 @@ class Simulator:
         changed = ledger.add(job_id, model, p, info)
         cs = j.cs = ledger.cs(job_id) if key[2] > 1 else 1.0
         rate = j.rate = iso / cs
-        if self._vec:
-            self._slot_open(j, p)
+        if self._vec:  # _slot_open(j, p)
+            sl_job = self._sl_job
+            s = j.slot = len(sl_job)
+            rw = self._rw
+            j.row0 = len(rw) // _RW
+            sl_job.append(j)
+            self._sl.extend((spec.total_samples, j.done, rate, t_ref, cs))
+            if len(alloc) == 1:
+                (n, c), = alloc
+                rw.extend((n, c, s))
+            else:
+                rw.extend([x for n, c in alloc for x in (n, c, s)])
         # _push_completion(j)
         j.version += 1
         if rate > 0:
@@ -899,9 +912,12 @@ class Simulator:
         t = self.time
         t_ref = j.t_ref
         if t > t_ref:  # _settle(j)
-            j.cs_time += t - t_ref
-            j.cs_weighted += (t - t_ref) * j.cs
-            j.done = j.progress(t)
+            dt = t - t_ref
+            j.cs_time += dt
+            j.cs_weighted += dt * j.cs
+            done = j.done + j.rate * dt  # j.progress(t)
+            total = j.spec.total_samples
+            j.done = total if total < done else done  # min(done, total)
             j.t_ref = t
         info = j.info
         p = info.placement
@@ -911,7 +927,8 @@ class Simulator:
         j.att_base += gpus * (t - j.seg_start)
         info.attained_service = j.att_base
         self._epoch += 1
-        self._own_free()
+        if self._free_lent is not None:
+            self._own_free()
         free, fb = self._free_mv, self._free_bytes
         alloc = p.alloc
         for n, c in alloc:
@@ -961,7 +978,7 @@ class Simulator:
         self.pending.append(j)
 
     def _complete(self, j: _Job) -> None:
-        if self.cfg.check_invariants:
+        if self._check_inv:
             # Uncapped progress: catches completions that come late as well as early.
             got = j.done + j.rate * max(0.0, self.time - j.t_ref)
             total = j.spec.total_samples
@@ -1079,7 +1096,7 @@ class Simulator:
                 na += 1
             self.next_arrival = na
             self.dirty = True
-        if self.cfg.check_invariants:
+        if self._check_inv:
             self.check_invariants()
         return True
 
@@ -1210,28 +1227,16 @@ class Simulator:
 
     def _result(self, wall: float) -> SimResult:
         recs = []
+        append = recs.append
+        rec = JobRecord  # positional arguments in field order (cheaper than keywords on a million jobs)
         for j in self.jobs:
-            p_nodes = j.key[2] if j.key else 0
-            jct = j.finish - j.spec.submit_time
-            recs.append(
-                JobRecord(
-                    job_id=j.spec.job_id,
-                    model=j.spec.model,
-                    gpu_demand=j.spec.gpu_demand,
-                    submit_time=j.spec.submit_time,
-                    first_start=j.first_start,
-                    finish_time=j.finish,
-                    jct=jct,
-                    queueing=jct - j.run_time,
-                    run_time=j.run_time,
-                    ideal_time=j.ideal,
-                    avg_cs=j.cs_weighted / j.cs_time if j.cs_time > 0 else 1.0,
-                    preemptions=j.info.preemptions,
-                    num_nodes=p_nodes,
-                    total_samples=j.spec.total_samples,
-                    done_samples=j.done,
-                )
-            )
+            spec = j.spec
+            jct = j.finish - spec.submit_time
+            run_time = j.run_time
+            cs_time = j.cs_time
+            append(rec(spec.job_id, spec.model, spec.gpu_demand, spec.submit_time, j.first_start, j.finish, jct,
+                       jct - run_time, run_time, j.ideal, j.cs_weighted / cs_time if cs_time > 0 else 1.0,
+                       j.info.preemptions, j.key[2] if j.key else 0, spec.total_samples, j.done))
         makespan = max((r.finish_time for r in recs), default=0.0)
         return SimResult(
             policy=getattr(self.policy, "name", "none"),
