@@ -215,14 +215,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     console.print(simbench.machine_line("rlsched simulator scale benchmark", m))
     table = Table(title=f"{rows[0].jobs:,} jobs on {rows[0].cluster}, Poisson arrivals at load {rows[0].load:g}"
                   + (", gc.freeze() after the build" if args.gc_freeze else ""))
-    for col in ("policy", "generate s", "build s", "build CPU s", "run s", "run CPU s", "total CPU s", "jobs/s", "peak RSS MiB", "rounds", "preempt",
+    for col in ("policy", "generate s", "build s", "build CPU s", "run s", "run CPU s", "total CPU s", "jobs/s",
+                "peak RSS MiB", "rounds", "preempt",
                 "mean JCT h", "makespan h", "target"):
         table.add_column(col, justify="left" if col == "policy" else "right")
     for r in rows:
         mark = "" if r.ok is None else ("[green]ok[/]" if r.ok else "[red]MISSED[/]")
         table.add_row(
-            r.policy, f"{r.generate_s:.1f}", f"{r.build_s:.1f}", f"{r.build_cpu_s:.1f}", f"{r.run_s:.1f}", f"{r.run_cpu_s:.1f}",
-            f"{r.total_cpu_s:.1f}", f"{r.jobs_per_s:,.0f}",
+            r.policy, f"{r.generate_s:.1f}", f"{r.build_s:.1f}", f"{r.build_cpu_s:.1f}", f"{r.run_s:.1f}",
+            f"{r.run_cpu_s:.1f}", f"{r.total_cpu_s:.1f}", f"{r.jobs_per_s:,.0f}",
             f"{r.peak_rss_mib:,.0f}", f"{r.rounds:,}", f"{r.preemptions:,}", f"{r.mean_jct_h:.3f}", f"{r.makespan_h:.1f}",
             "-" if r.target_s is None else f"< {r.target_s:g} s {mark}",
         )

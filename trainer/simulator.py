@@ -56,7 +56,7 @@ from policies.base import Policy
 from policies.cluster import ClusterSpec, Placement
 from policies.compat import CompatError, CompatMode
 from policies.job import JobSpec
-from policies.ledger import ContentionLedger, job_key
+from policies.ledger import ContentionLedger
 from policies.perf import ContentionModel
 from policies.state import ClusterState, Decision, JobInfo
 from policies.validate import placement_problem
@@ -483,8 +483,8 @@ class Simulator:
         if ok:
             for j in jobs:
                 g, ts, work = j.gpu_demand, j.submit_time, j.total_samples
-                if not (g.__class__ is int and 1 <= g <= total_gpus and ts.__class__ is float and work.__class__ is float
-                        and 0.0 <= ts <= MAX_SUBMIT_TIME_S and 0.0 < work < math.inf):
+                if not (g.__class__ is int and 1 <= g <= total_gpus and ts.__class__ is float
+                        and work.__class__ is float and 0.0 <= ts <= MAX_SUBMIT_TIME_S and 0.0 < work < math.inf):
                     ok = False
                     break
         if not ok:
@@ -510,10 +510,11 @@ class Simulator:
         best_of: dict[tuple[str, int], float] = {}  # perf.best_isolated_throughput by (model, GPUs)
         for rank, i in enumerate(order):
             spec = jobs[i]
-            best = best_of.get((spec.model, spec.gpu_demand))
+            shape = (spec.model, spec.gpu_demand)
+            best = best_of.get(shape)
             if best is None:
                 try:
-                    best = best_of[spec.model, spec.gpu_demand] = self.perf.best_isolated_throughput(spec.model, spec.gpu_demand)
+                    best = best_of[shape] = self.perf.best_isolated_throughput(*shape)
                 except KeyError as exc:  # an unknown model (UnknownModelError): name the job
                     raise SimulationError(f"job {spec.job_id!r}: {exc}") from exc
             if spec.total_samples > MAX_ISOLATED_RUN_S * best:
@@ -680,7 +681,8 @@ class Simulator:
         if views:
             views = self._views = [r for r in views if r() is not None]
         views.append(weakref.ref(view))
-        free = self.free.view()  # read-only, and `free` is copied before it changes while this lives
+        # read-only; `free` is swapped for the spare buffer (_own_free) before it changes while this lives
+        free = self.free.view()
         free.flags.writeable = False
         self._free_lent = weakref.ref(free)
         st = ClusterState(self.time, self.cluster, free, view, [j.info for j in self.pending])
@@ -727,14 +729,6 @@ class Simulator:
         self._spare = self._spare_mv = self._spare_lent = None
         self._free_log.clear()
 
-    def _record_util(self) -> None:
-        used = self._used
-        if self.util_t[-1] == self.time:
-            self.util_used[-1] = used
-        else:
-            self.util_t.append(self.time)
-            self.util_used.append(used)
-
     def _push_completion(self, j: _Job) -> None:
         j.version += 1
         if j.rate <= 0:
@@ -770,21 +764,6 @@ class Simulator:
                     s *= _SL
                     self._sl[s + 1:s + 5] = array("d", (j.done, j.rate, j.t_ref, cs))
                 self._push_completion(j)
-
-    def _slot_open(self, j: _Job, p: Placement) -> None:
-        """Append a starting job's progress fields and allocation rows to the per-run lists."""
-        sl_job = self._sl_job
-        s = j.slot = len(sl_job)
-        rw = self._rw
-        j.row0 = len(rw) // _RW
-        sl_job.append(j)
-        self._sl.extend((j.spec.total_samples, j.done, j.rate, j.t_ref, j.cs))
-        alloc = p.alloc
-        if len(alloc) == 1:
-            (n, c), = alloc
-            rw.extend((n, c, s))
-        else:
-            rw.extend([x for n, c in alloc for x in (n, c, s)])
 
     def _slot_close(self, j: _Job, p: Placement) -> None:
         """Neutralise a stopping job's entries (no work left, no GPUs); compact when half are dead."""
@@ -857,7 +836,7 @@ class Simulator:
             j.first_start = t
         spec = j.spec
         model = spec.model
-        key = j.key = (model, gpus, len(alloc))  # job_key(model, p)
+        key = j.key = (model, gpus, len(alloc))  # policies.ledger.job_key(model, p)
         memo = self._iso_memo
         if memo is None:
             iso = self.perf.throughput(spec, p, self.cluster)  # at the pace of its slowest GPU type
@@ -879,7 +858,7 @@ class Simulator:
         changed = ledger.add(job_id, model, p, info)
         cs = j.cs = ledger.cs(job_id) if key[2] > 1 else 1.0
         rate = j.rate = iso / cs
-        if self._vec:  # _slot_open(j, p)
+        if self._vec:  # its record and allocation rows in the per-run arrays
             sl_job = self._sl_job
             s = j.slot = len(sl_job)
             rw = self._rw
@@ -900,7 +879,7 @@ class Simulator:
                                        self._seq, j.idx, j.version))
         if changed:
             self._update_rates(self._in_order(changed))
-        # _record_util()
+        # the utilisation step
         if self.util_t[-1] == t:
             self.util_used[-1] = self._used
         else:
@@ -958,7 +937,7 @@ class Simulator:
         changed = self.ledger.remove(j.spec.job_id)
         if changed:
             self._update_rates(self._in_order(changed))
-        if self.util_t[-1] == t:  # _record_util()
+        if self.util_t[-1] == t:  # the utilisation step
             self.util_used[-1] = self._used
         else:
             self.util_t.append(t)
@@ -1205,9 +1184,9 @@ class Simulator:
             p = j.info.placement
             assert p is not None
             rows = [tuple(self._rw[k * _RW:(k + 1) * _RW]) for k in range(r, r + p.num_nodes)]
-            if tuple(self._sl[s * _SL:(s + 1) * _SL]) != (j.spec.total_samples, j.done, j.rate, j.t_ref, j.cs) or rows != [
-                (n, c, s) for n, c in p.alloc
-            ]:
+            fields = tuple(self._sl[s * _SL:(s + 1) * _SL])
+            if fields != (j.spec.total_samples, j.done, j.rate, j.t_ref, j.cs) or rows != [
+                    (n, c, s) for n, c in p.alloc]:
                 raise AssertionError(f"job {j.spec.job_id}: per-run lists are stale")
         led = self.ledger
         led.check()
