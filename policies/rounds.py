@@ -80,7 +80,7 @@ def run_round(backend: Backend, policy: Policy, place_limit: int | None = None) 
             decision = Decision(place=decision.place[:place_limit], preempt=decision.preempt, resize=decision.resize)
     else:
         decision = Decision()
-    problems = check_decision(state, decision) if decision else []
+    problems = check_decision(state, decision) if (decision.place or decision.preempt or decision.resize) else []
     report = backend.apply(decision, problems)
     return RoundOutcome(state, decision, problems, report, asked, took)
 
@@ -111,5 +111,6 @@ class RoundLoop:
             n += 1
             if on_round is not None:
                 on_round(out)
+            del out  # the round's snapshot goes before the backend moves on (no copy-on-write of it there)
         self.rounds += n
         return n

@@ -91,6 +91,15 @@ def placement_problem(job_id: str, demand: int, p: Placement, free: Sequence[int
     if p.total_gpus != demand:
         return f"job {job_id}: placement {p} has {p.total_gpus} GPUs, demand is {demand}"
     num_nodes = len(free)
+    prev = -1
+    for n, c in alloc:  # the common case in one pass: ascending nodes (so none repeats), each usable and fitting
+        if n <= prev or c <= 0 or n >= num_nodes or (usable is not None and not usable[n]):
+            break
+        if c > (free[n] if delta is None else free[n] + delta.get(n, 0)):
+            break
+        prev = n
+    else:
+        return None
     seen = set()
     for n, c in alloc:
         if c <= 0 or n in seen:
@@ -106,6 +115,12 @@ def placement_problem(job_id: str, demand: int, p: Placement, free: Sequence[int
         if c > f:
             return f"job {job_id}: placement {p} does not fit: node {n} has {int(f)} free GPUs, it needs {c}{context}"
     return None
+
+
+def _names_ps(p: Placement) -> bool:
+    """Whether ``p`` names a parameter-server count (an elastic placement); a plain :class:`Placement` never
+    does (tested first: a failed attribute look-up costs an exception)."""
+    return p.__class__ is not Placement and hasattr(p, "ps")
 
 
 def _take(delta: dict[int, int], p: Placement, sign: int, usable) -> None:
@@ -186,9 +201,10 @@ def check_decision(state: ClusterState, decision: Decision) -> list[Problem]:
     can. Pure: reads ``state`` only."""
     problems: list[Problem] = []
     usable = state.usable
-    free = state.free_gpus
+    fb = state.free_bytes()  # the same counts as free_gpus, read as Python ints (no numpy scalar per node)
+    free = state.free_gpus if fb is None else fb[0]
     delta: dict[int, int] = {}  # node -> change of its free GPUs by the entries accepted so far
-    job = state.job
+    job = state.lookup or state.job  # ClusterState.job calls the backend's lookup when there is one
     res = _CpuMem(state)  # CPUs and memory released and taken by the accepted entries
 
     gone: set[str] = set()
@@ -223,7 +239,7 @@ def check_decision(state: ClusterState, decision: Decision) -> list[Problem]:
             _take(delta, own, +1, usable)  # its own GPUs are free for its new placement
             why = placement_problem(jid, p.total_gpus, p, free, usable,
                                     " (with its own GPUs, after the decision's preemptions and earlier resizes)", delta)
-            if why is None and (info.demand is not None or hasattr(p, "ps")):
+            if why is None and (info.demand is not None or _names_ps(p)):
                 res.take(info, own, +1)  # and its own CPUs and memory
                 why = res.misfit(info, p)
                 if why is None:
@@ -251,13 +267,14 @@ def check_decision(state: ClusterState, decision: Decision) -> list[Problem]:
             why = f"job {jid}: already running (decision places it without preempting it)"
         else:
             why = placement_problem(jid, info.gpu_demand, p, free, usable, AFTER_EARLIER, delta)
-            if why is None and (info.demand is not None or hasattr(p, "ps")):
+            if why is None and (info.demand is not None or _names_ps(p)):
                 why = res.misfit(info, p)
                 if why is not None and (res.cpus or res.mem):
                     why += AFTER_EARLIER
         if why is None:
             placed.add(jid)
-            _take(delta, p, -1, None)
+            for n, c in p.alloc:  # _take(delta, p, -1, None)
+                delta[n] = delta.get(n, 0) - c
             if info.demand is not None:  # type: ignore[union-attr]
                 res.take(info, p, -1)  # type: ignore[arg-type]
         else:

@@ -783,7 +783,7 @@ def test_running_view_keeps_its_jobs_when_the_simulator_moves_on() -> None:
     assert len(early) == 3 and [j.job_id for j in early] == ["a", "b", "c"]
     assert [j.job_id for j in read] == ["a", "b", "c"]
     assert [j.job_id for j in sim.state().running] == ["a", "c", "d", "b"]
-    assert not [ref for ref in sim._views.values() if ref() is not None]  # read views are no longer told of stops
+    assert not [ref for ref in sim._views if ref() is not None]  # read views are no longer told of stops
 
 
 def test_state_free_gpus_is_a_snapshot_without_a_copy_per_round() -> None:
@@ -806,6 +806,36 @@ def test_state_free_gpus_is_a_snapshot_without_a_copy_per_round() -> None:
     assert sim.free is before and sim.free.tolist() == [6, 6]  # changed in place: no state holds it
     st_ = sim.state()
     assert st_.total_free == 12 == int(st_.free_gpus.sum()) and st_.free_bytes()[0] == bytes([6, 6])
+
+
+def test_state_free_gpus_stay_frozen_while_the_simulator_alternates_buffers() -> None:
+    """A start or stop while a state holds the free GPUs swaps in the simulator's spare buffer (brought up
+    to date from the placements changed since) or, while a state holds that one too, a copy: every state
+    keeps the free GPUs of its time."""
+    cluster = ClusterSpec.parse("4x8")
+    perf = perf_for(cluster)
+    sim = Simulator(cluster, [job(perf, n, 0.0, 2, 1000.0) for n in "abcde"], None, perf)
+    sim.reset_state()
+    sim.advance_to_next_event()
+    first = sim.free
+    held = sim.state()
+    sim.start("a", Placement.of({0: 2}))
+    assert held.free_gpus.tolist() == [8, 8, 8, 8] and sim.free.tolist() == [6, 8, 8, 8]
+    del held
+    held2 = sim.state()
+    sim.start("b", Placement.of({1: 2}))  # the first buffer is free again: brought up to date, then changed
+    assert sim.free is first and sim.free.tolist() == [6, 6, 8, 8] and held2.free_gpus.tolist() == [6, 8, 8, 8]
+    held3 = sim.state()
+    sim.start("c", Placement.of({2: 2}))  # both buffers are held: a copy
+    sim.preempt("a")
+    assert sim.free is not first and sim.free.tolist() == [8, 6, 6, 8]
+    assert held2.free_gpus.tolist() == [6, 8, 8, 8] and held3.free_gpus.tolist() == [6, 6, 8, 8]
+    del held2, held3
+    held4 = sim.state()
+    sim.start("d", Placement.of({3: 2}))
+    sim.start("e", Placement.of({0: 2}))
+    assert sim.free.tolist() == [6, 6, 6, 6] and held4.free_gpus.tolist() == [8, 6, 6, 8]
+    sim.check_invariants()
 
 
 def test_every_reset_resets_the_policy_even_before_any_job_started():

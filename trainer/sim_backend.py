@@ -54,7 +54,7 @@ from collections.abc import Callable, Sequence
 from policies.backend import ApplyReport
 from policies.state import ClusterState, Decision, JobInfo
 from policies.validate import Problem, check_decision
-from trainer.simulator import SimulationError, Simulator
+from trainer.simulator import _EPS, SimulationError, Simulator
 
 __all__ = ["SimBackend"]
 
@@ -106,6 +106,8 @@ class SimBackend:
         self._started = 0  # jobs started in the open round
         self._idle_rounds = 0
         self._last_done = -1
+        self._snap_epoch = -1  # the simulator's change count at the last snapshot
+        self._lookup_fn = self._lookup  # the bound method, made once
 
     # ------------------------------------------------------------------ Backend
     def now(self) -> float:
@@ -114,8 +116,10 @@ class SimBackend:
 
     def snapshot(self) -> ClusterState:
         """:meth:`Simulator.state` with an O(1) job lookup for the validator."""
-        st = self.sim.state()
-        st.lookup = self._lookup
+        sim = self.sim
+        st = sim.state()
+        st.lookup = self._lookup_fn
+        self._snap_epoch = sim._epoch
         return st
 
     def check(self, decision: Decision) -> list[Problem]:
@@ -130,33 +134,37 @@ class SimBackend:
         with the first problem (``problems``: as found on the last snapshot; ``None``: checked now).
         Preemptions, then resizes, then placements; each counts as one decision
         (:attr:`Simulator.decisions`)."""
-        if not decision:
+        place, preempt, resize = decision.place, decision.preempt, decision.resize
+        if not (place or preempt or resize):
             return ApplyReport()
+        sim = self.sim
         if problems is None:
             problems = self.check(decision)
         if problems:
             raise SimulationError(problems[0].message)
-        sim = self.sim
+        # the decision was checked on a snapshot of the simulator as it is: its placements fit
+        checked = sim._epoch == self._snap_epoch
         if self._compat is not None:
-            for jid, p in decision.place:
+            for jid, p in place:
                 why = self._compat.placement_problem(jid, sim.by_id[jid].info.gpu_demand, p)
                 if why is not None:
                     raise SimulationError(why)
-        for jid in decision.preempt:
+        for jid in preempt:
             sim.preempt(jid)
-        for jid, p in decision.resize:
+        for jid, p in resize:
             sim.resize(jid, p)
-        for jid, p in decision.place:
-            sim.start(jid, p)
-        sim.decisions += len(decision.place) + len(decision.preempt) + len(decision.resize)
-        self._started += len(decision.place)
+        if checked:
+            by_id, start = sim.by_id, sim._start
+            for jid, p in place:
+                start(by_id[jid], p)
+        else:
+            for jid, p in place:
+                sim.start(jid, p)
+        sim.decisions += len(place) + len(preempt) + len(resize)
+        self._started += len(place)
         if sim.cfg.check_invariants:
             sim.check_invariants()
-        return ApplyReport(
-            placed=[jid for jid, _p in decision.place],
-            preempted=list(decision.preempt),
-            resized=[jid for jid, _p in decision.resize],
-        )
+        return ApplyReport([jid for jid, _p in place], list(preempt), [jid for jid, _p in resize], [], [], False)
 
     def next_round(self) -> bool:
         """Close the round in progress, process events up to the next round in which jobs wait and
@@ -166,11 +174,14 @@ class SimBackend:
         if self._open:
             self._open = False
             self._close_round()
-            if self._progress_after:
+            if self._progress_after and self.progress is not None:
                 self._report_progress()
         rl = self._rl
         hook = self.on_advance
-        while not sim.done:
+        n_jobs = len(sim.jobs)
+        event, every = self._event, self._every_round
+        interval = sim.cfg.metrics_interval - _EPS
+        while sim.finished != n_jobs:  # not sim.done
             if hook is not None:
                 hook(sim.time)
             if not sim.running and not sim.pending:
@@ -188,8 +199,18 @@ class SimBackend:
                     return True
                 continue
             if sim.advance_to_next_event(until=self.next_boundary):
-                if self._event and self._round(True):
-                    return True
+                if event:  # self._round(True), inline
+                    sim.rounds += 1
+                    self._started = 0
+                    if sim.pending or every:
+                        self._open = True
+                        self._progress_after = True
+                        return True
+                    # _close_round() of a round in which no job waits (so it is not idle)
+                    sim.dirty = False
+                    if sim.time - sim._last_sample >= interval:
+                        sim._sample_metrics()
+                    self._idle_rounds = 0
             elif sim.dirty or not self._invariant or (self._keep is not None and self._keep()):
                 self.next_boundary += rl
                 if self._round(True):
@@ -226,7 +247,8 @@ class SimBackend:
     def _close_round(self) -> None:
         sim = self.sim
         sim.dirty = False
-        sim._sample_metrics()
+        if sim.time - sim._last_sample >= sim.cfg.metrics_interval - _EPS:
+            sim._sample_metrics()
         if not sim.running and sim.pending and self._started == 0 and sim.next_arrival >= len(sim.jobs):
             self._idle_rounds += 1
             if self._idle_rounds >= sim.cfg.max_idle_rounds:

@@ -42,7 +42,9 @@ import contextlib
 import dataclasses
 import gc
 import heapq
+import itertools
 import math
+import operator
 import weakref
 from array import array
 from dataclasses import dataclass, field
@@ -54,7 +56,7 @@ from policies.base import Policy
 from policies.cluster import ClusterSpec, Placement
 from policies.compat import CompatError, CompatMode
 from policies.job import JobSpec
-from policies.ledger import ContentionLedger, job_key
+from policies.ledger import ContentionLedger
 from policies.perf import ContentionModel
 from policies.state import ClusterState, Decision, JobInfo
 from policies.validate import placement_problem
@@ -72,6 +74,12 @@ __all__ = [
 ]
 
 _EPS = 1e-9
+
+#: Fields per slot of the simulator's per-run progress array (total_samples, done, rate, t_ref, cs) and
+#: per row of its allocation array (node, GPUs, slot); a stopped job's slot holds _SL_DEAD.
+_SL = 5
+_RW = 3
+_SL_DEAD = array("d", (0.0, 0.0, 1.0, 0.0, math.nan))
 
 #: Longest isolated run time (s) of one job the simulator accepts: ``total_samples`` over the job's best
 #: isolated throughput on the cluster (noise left out). 1e8 s is about 3.2 years; Philly's longest job ran 54
@@ -137,7 +145,8 @@ class SimConfig:
 
 @dataclass
 class JobRecord:
-    """Outcome of one job (one row of the per-job Parquet file)."""
+    """Outcome of one job (one row of the per-job Parquet file). :meth:`Simulator.result` passes the
+    fields positionally, in this order."""
 
     job_id: str
     model: str
@@ -241,7 +250,7 @@ class RunningView(Sequence[JobInfo]):
     looks at running jobs (FIFO) pays nothing for them. ``len`` and ``bool`` need no read.
     """
 
-    __slots__ = ("_sim", "_t", "_n", "_seq", "_gone", "_jobs", "_infos", "_key", "__weakref__")
+    __slots__ = ("_sim", "_t", "_n", "_seq", "_gone", "_jobs", "_infos", "__weakref__")
 
     def __init__(self, sim: "Simulator", t: float) -> None:
         self._sim = sim
@@ -251,7 +260,6 @@ class RunningView(Sequence[JobInfo]):
         self._gone: list[tuple[int, _Job]] = []  # (run_seq, job) of its jobs stopped since
         self._jobs: list[_Job] | None = None
         self._infos: list[JobInfo] | None = None
-        self._key = 0  # the simulator's key for it while unread
 
     def _stopped(self, j: _Job) -> None:
         """The simulator is stopping ``j`` (called while the view is unread)."""
@@ -263,7 +271,7 @@ class RunningView(Sequence[JobInfo]):
         jobs = self._jobs
         if jobs is None:
             sim = self._sim
-            sim._views.pop(self._key, None)
+            sim._views = [r for r in sim._views if r() is not self and r() is not None]
             if not self._gone and sim._run_seq == self._seq:
                 jobs = list(sim.running.values())
             else:
@@ -375,6 +383,13 @@ def _check_spec(j: JobSpec, total_gpus: int) -> None:
         )
 
 
+def _int_buffer(values: np.ndarray) -> tuple[np.ndarray, memoryview]:
+    """A copy of ``values`` as an int64 array over a buffer of its own, and a memoryview of that buffer (single
+    items set through it cost far less than through the array)."""
+    buf = bytearray(np.ascontiguousarray(values, dtype=np.int64).tobytes())
+    return np.frombuffer(buf, dtype=np.int64), memoryview(buf).cast("q")
+
+
 def _check_placement(job_id: str, demand: int, p: Placement, free: np.ndarray, context: str = "") -> None:
     """Raise :class:`SimulationError` unless ``p`` gives job ``job_id`` exactly ``demand`` GPUs on distinct
     nodes of the cluster, each within its ``free`` GPUs (:func:`policies.validate.placement_problem`;
@@ -460,27 +475,48 @@ class Simulator:
     def _build_jobs(self, jobs: Sequence[JobSpec]) -> None:
         """Check every job of the trace and build the simulator's record of each, in arrival order."""
         cluster = self.cluster
-        ids = set()
         total_gpus = cluster.total_gpus  # a property summing over nodes: once, not per job
-        for j in jobs:
-            if j.job_id in ids:
-                raise SimulationError(f"duplicate job id {j.job_id!r} in trace")
-            ids.add(j.job_id)
-            _check_spec(j, total_gpus)
-        order = sorted(range(len(jobs)), key=lambda i: (jobs[i].submit_time, i))
+        n_jobs = len(jobs)
+        # The common case in two passes: distinct ids, and every job's fields in range (_check_spec's first
+        # test); otherwise the loop below names the first problem in trace order.
+        ok = len({j.job_id for j in jobs}) == n_jobs
+        if ok:
+            for j in jobs:
+                g, ts, work = j.gpu_demand, j.submit_time, j.total_samples
+                if not (g.__class__ is int and 1 <= g <= total_gpus and ts.__class__ is float
+                        and work.__class__ is float and 0.0 <= ts <= MAX_SUBMIT_TIME_S and 0.0 < work < math.inf):
+                    ok = False
+                    break
+        if not ok:
+            ids = set()
+            for j in jobs:
+                if j.job_id in ids:
+                    raise SimulationError(f"duplicate job id {j.job_id!r} in trace")
+                ids.add(j.job_id)
+                _check_spec(j, total_gpus)
+        submit = [j.submit_time for j in jobs]
+        if all(map(operator.le, submit, itertools.islice(submit, 1, None))):
+            order: Iterable[int] = range(n_jobs)  # already in arrival order
+        else:
+            order = sorted(range(n_jobs), key=submit.__getitem__)  # stable: ties keep trace order
         rng = np.random.default_rng(self.cfg.seed)
         if self.cfg.noise_cv > 0:
             s2 = math.log1p(self.cfg.noise_cv**2)
-            noise = rng.lognormal(-s2 / 2, math.sqrt(s2), size=len(jobs))
+            noise = rng.lognormal(-s2 / 2, math.sqrt(s2), size=n_jobs).tolist()
         else:
-            noise = np.ones(len(jobs))
+            noise = [1.0] * n_jobs
         self.jobs: list[_Job] = []
+        append = self.jobs.append
+        best_of: dict[tuple[str, int], float] = {}  # perf.best_isolated_throughput by (model, GPUs)
         for rank, i in enumerate(order):
             spec = jobs[i]
-            try:
-                best = self.perf.best_isolated_throughput(spec.model, spec.gpu_demand)
-            except KeyError as exc:  # an unknown model (UnknownModelError): name the job
-                raise SimulationError(f"job {spec.job_id!r}: {exc}") from exc
+            shape = (spec.model, spec.gpu_demand)
+            best = best_of.get(shape)
+            if best is None:
+                try:
+                    best = best_of[shape] = self.perf.best_isolated_throughput(*shape)
+                except KeyError as exc:  # an unknown model (UnknownModelError): name the job
+                    raise SimulationError(f"job {spec.job_id!r}: {exc}") from exc
             if spec.total_samples > MAX_ISOLATED_RUN_S * best:
                 raise SimulationError(
                     f"job {spec.job_id!r}: total_samples {spec.total_samples:g} take {spec.total_samples / best:.4g} s "
@@ -488,43 +524,49 @@ class Simulator:
                     f"more than the longest isolated run the simulator accepts, {MAX_ISOLATED_RUN_S:g} s "
                     f"(about {MAX_ISOLATED_RUN_S / (365.25 * 86400):.1f} years)"
                 )
-            self.jobs.append(_Job(spec, rank, float(noise[i]), best))
+            append(_Job(spec, rank, noise[i], best))
         self.by_id = {j.spec.job_id: j for j in self.jobs}
         self._submit = [j.spec.submit_time for j in self.jobs]  # arrival order
 
     # ------------------------------------------------------------------ state
     def reset_state(self) -> None:
         self.capacity = np.array(self.cluster.gpus_per_node, dtype=np.int64)
-        self.free = self.capacity.copy()
+        self.free, self._free_mv = _int_buffer(self.capacity)
         self._free_lent: weakref.ref | None = None  # the read-only view of `free` the last state holds
+        # A second buffer of free GPUs per node (`_own_free` swaps it in when a state holds `free`):
+        # `_spare` plus the placements in `_free_log` (each with +1: GPUs freed, -1: taken) is `free`.
+        self._spare: np.ndarray | None = None
+        self._spare_mv: memoryview | None = None
+        self._spare_lent: weakref.ref | None = None  # the read-only view of `_spare` a state may hold
+        self._free_log: list[tuple[Placement, int]] = []
         self._total_gpus = int(self.capacity.sum())
         self._vec = self.cluster.num_nodes >= self.VECTOR_MIN_NODES
         # a byte mirror of `free` that states hand to placement rules
         self._free_bytes = bytearray(self.capacity.tolist()) if self._vec and int(self.capacity.max()) <= 255 else None
         self._free_bound = int(self.capacity.max())
+        self._log_max = max(16, self.cluster.num_nodes // 8)
+        self._check_inv = self.cfg.check_invariants
+        # isolated throughput by job key, for a plain ContentionModel on a cluster without GPU types
+        # (its throughput depends on the shape alone there)
+        self._iso_memo: dict | None = (
+            {} if type(self.perf).throughput is ContentionModel.throughput and not self.cluster.is_typed else None)
         self._used = 0  # allocated GPUs (sum of capacity - free)
         self.ledger = ContentionLedger(self.perf, self.cluster.num_nodes)  # running jobs by id, each one's CS
-        for ref in list(getattr(self, "_views", {}).values()):
+        for ref in list(getattr(self, "_views", ())):
             v = ref()
             if v is not None:
                 v._take()  # views of the previous run keep its jobs
-        self._views: dict[int, weakref.ref[RunningView]] = {}  # unread views (told of stops), by id of the ref
-        views = self._views
-        self._view_gone = lambda ref: views.pop(id(ref), None)  # a view was dropped unread
+        # unread views (told of stops); a dropped one's reference stays until the next state() or stop
+        self._views: list[weakref.ref[RunningView]] = []
         # Running jobs' progress and allocations as flat arrays in start order (what fragmentation() and
         # the CS samples read in one vectorised pass, through numpy views without copying). A stopped
         # job's entry stays, neutral (no work, no GPUs), until the arrays are compacted.
         self._sl_job: list[_Job | None] = []
-        self._sl_total = array("d")
-        self._sl_done = array("d")
-        self._sl_rate = array("d")
-        self._sl_tref = array("d")
-        self._sl_cs = array("d")
-        self._rw_node = array("q")  # allocation rows: node, GPUs (0 once stopped), slot
-        self._rw_cnt = array("q")
-        self._rw_slot = array("q")
+        self._sl = array("d")  # per slot, _SL fields: total_samples, done, rate, t_ref, cs
+        self._rw = array("q")  # allocation rows, _RW fields each: node, GPUs (0 once stopped), slot
         self._sl_dead = 0
         self._run_seq = 0
+        self._epoch = 0  # starts and stops so far (a snapshot's placements were checked against this count)
         self.time = 0.0
         self.next_arrival = 0
         self.pending: list[_Job] = []
@@ -622,6 +664,7 @@ class Simulator:
         if state.usable is not None:
             free = sim._own_free()
             free[~np.asarray(state.usable)] = 0
+            sim._free_rewritten()
             if sim._free_bytes is not None:
                 for n in np.flatnonzero(~np.asarray(state.usable)).tolist():
                     sim._free_bytes[n] = 0
@@ -642,10 +685,12 @@ class Simulator:
         policy that never looks at running jobs (FIFO) pays nothing for them.
         """
         view = RunningView(self, self.time)
-        ref = weakref.ref(view, self._view_gone)
-        view._key = id(ref)
-        self._views[view._key] = ref
-        free = self.free.view()  # read-only, and `free` is copied before it changes while this lives
+        views = self._views
+        if views:
+            views = self._views = [r for r in views if r() is not None]
+        views.append(weakref.ref(view))
+        # read-only; `free` is swapped for the spare buffer (_own_free) before it changes while this lives
+        free = self.free.view()
         free.flags.writeable = False
         self._free_lent = weakref.ref(free)
         st = ClusterState(self.time, self.cluster, free, view, [j.info for j in self.pending])
@@ -656,21 +701,57 @@ class Simulator:
 
     # ------------------------------------------------------------------ mechanics
     def _own_free(self) -> np.ndarray:
-        """``free``, to change: copied first if a state built earlier still holds a view of it."""
+        """``free``, to change: if a state built earlier still holds a view of it, the spare buffer
+        (brought up to date by the placements changed since it was ``free``: O(their nodes)) or,
+        while a state holds that one too, a copy takes its place. Every change the caller makes is
+        logged with :meth:`_log_free`."""
         lent = self._free_lent
         if lent is not None:
             if lent() is not None:
-                self.free = self.free.copy()
+                spare, sl = self._spare, self._spare_lent
+                if spare is not None and (sl is None or sl() is None):
+                    mv = self._spare_mv
+                    for p, sign in self._free_log:
+                        for n, c in p.alloc:
+                            mv[n] += sign * c
+                else:
+                    spare, mv = _int_buffer(self.free)
+                self._spare, self._spare_mv, self.free, self._free_mv = self.free, self._free_mv, spare, mv
+                self._spare_lent = lent
+                self._free_log.clear()
             self._free_lent = None
         return self.free
 
-    def _record_util(self) -> None:
-        used = self._used
-        if self.util_t[-1] == self.time:
-            self.util_used[-1] = used
-        else:
-            self.util_t.append(self.time)
-            self.util_used.append(used)
+    def _change_free(self, p: Placement, sign: int) -> None:
+        """Add ``sign`` (+1: a stop, -1: a start) times ``p``'s GPUs to the free GPUs (the array, through its
+        memoryview, and the byte mirror), counting the change (``_epoch``) and logging it for the spare buffer."""
+        self._epoch += 1
+        if self._free_lent is not None:
+            self._own_free()
+        free, fb = self._free_mv, self._free_bytes
+        alloc = p.alloc
+        for n, c in alloc:
+            free[n] += sign * c
+        if fb is not None:
+            for n, c in alloc:
+                fb[n] += sign * c
+        if self._spare is not None:
+            self._log_free(p, sign)
+
+    def _log_free(self, p: Placement, sign: int) -> None:
+        """Record that ``sign`` times ``p``'s GPUs were added to ``free`` (what the spare buffer misses);
+        past about a node's worth of entries the spare is dropped (the next swap copies instead)."""
+        if self._spare is not None:
+            log = self._free_log
+            log.append((p, sign))
+            if len(log) > self._log_max:
+                self._spare = self._spare_mv = self._spare_lent = None
+                log.clear()
+
+    def _free_rewritten(self) -> None:
+        """``free`` was changed in bulk (not through :meth:`_log_free`): the spare buffer is stale."""
+        self._spare = self._spare_mv = self._spare_lent = None
+        self._free_log.clear()
 
     def _push_completion(self, j: _Job) -> None:
         j.version += 1
@@ -704,37 +785,18 @@ class Simulator:
                 j.rate = j.iso / cs
                 s = j.slot
                 if s >= 0:
-                    self._sl_done[s], self._sl_tref[s], self._sl_rate[s], self._sl_cs[s] = j.done, j.t_ref, j.rate, cs
+                    s *= _SL
+                    self._sl[s + 1:s + 5] = array("d", (j.done, j.rate, j.t_ref, cs))
                 self._push_completion(j)
-
-    def _slot_open(self, j: _Job, p: Placement) -> None:
-        """Append a starting job's progress fields and allocation rows to the per-run lists."""
-        s = j.slot = len(self._sl_job)
-        j.row0 = len(self._rw_node)
-        self._sl_job.append(j)
-        self._sl_total.append(j.spec.total_samples)
-        self._sl_done.append(j.done)
-        self._sl_rate.append(j.rate)
-        self._sl_tref.append(j.t_ref)
-        self._sl_cs.append(j.cs)
-        if len(p.alloc) == 1:
-            (n, c), = p.alloc
-            self._rw_node.append(n)
-            self._rw_cnt.append(c)
-            self._rw_slot.append(s)
-        else:
-            for n, c in p.alloc:
-                self._rw_node.append(n)
-                self._rw_cnt.append(c)
-                self._rw_slot.append(s)
 
     def _slot_close(self, j: _Job, p: Placement) -> None:
         """Neutralise a stopping job's entries (no work left, no GPUs); compact when half are dead."""
         s = j.slot
         self._sl_job[s] = None
-        self._sl_total[s], self._sl_done[s], self._sl_rate[s], self._sl_tref[s], self._sl_cs[s] = 0.0, 0.0, 1.0, 0.0, math.nan
-        for r in range(j.row0, j.row0 + len(p.alloc)):
-            self._rw_cnt[r] = 0
+        self._sl[s * _SL:(s + 1) * _SL] = _SL_DEAD
+        rw = self._rw
+        for r in range(j.row0 * _RW + 1, (j.row0 + len(p.alloc)) * _RW, _RW):
+            rw[r] = 0
         j.slot = j.row0 = -1
         self._sl_dead += 1
         if self._sl_dead > self.COMPACT_AFTER and 2 * self._sl_dead > len(self._sl_job):
@@ -744,14 +806,13 @@ class Simulator:
         """Drop the stopped jobs' entries from the per-run lists (order kept)."""
         keep = np.array([x is not None for x in self._sl_job])
         new_slot = np.cumsum(keep) - 1  # old slot -> new slot (for kept ones)
-        for name in ("_sl_total", "_sl_done", "_sl_rate", "_sl_tref", "_sl_cs"):
-            setattr(self, name, array("d", np.frombuffer(getattr(self, name))[keep].tobytes()))
-        rw_slot = np.frombuffer(self._rw_slot, dtype=np.int64)
-        rows = keep[rw_slot]
-        self._rw_node = array("q", np.frombuffer(self._rw_node, dtype=np.int64)[rows].tobytes())
-        self._rw_cnt = array("q", np.frombuffer(self._rw_cnt, dtype=np.int64)[rows].tobytes())
-        kept_slots = rw_slot[rows]
-        self._rw_slot = array("q", new_slot[kept_slots].astype(np.int64).tobytes())
+        self._sl = array("d", np.frombuffer(self._sl).reshape(-1, _SL)[keep].tobytes())
+        rw = np.frombuffer(self._rw, dtype=np.int64).reshape(-1, _RW)
+        rows = keep[rw[:, 2]]
+        kept = rw[rows]
+        kept_slots = kept[:, 2].copy()
+        kept[:, 2] = new_slot[kept_slots]
+        self._rw = array("q", kept.astype(np.int64).tobytes())
         first_row = np.flatnonzero(np.r_[True, kept_slots[1:] != kept_slots[:-1]]) if kept_slots.size else kept_slots
         self._sl_job = [x for x in self._sl_job if x is not None]
         for k, (x, r) in enumerate(zip(self._sl_job, first_row.tolist())):
@@ -772,12 +833,14 @@ class Simulator:
         if j.info.placement is not None:
             raise SimulationError(f"job {job_id} is already running")
         _check_placement(job_id, j.info.gpu_demand, p, self.free)
-        free, fb = self._own_free(), self._free_bytes
-        for n, c in p.alloc:
-            free[n] -= c
-            if fb is not None:
-                fb[n] -= c
-        self._used += p.total_gpus
+        self._start(j, p, overhead)
+
+    def _start(self, j: _Job, p: Placement, overhead: float | None = None) -> None:
+        """:meth:`start` of pending job ``j`` on ``p``, which fits (checked by the caller)."""
+        self._change_free(p, -1)
+        alloc = p.alloc
+        gpus = p.total_gpus
+        self._used += gpus
         self.pending.remove(j)
         t = self.time
         info = j.info
@@ -785,59 +848,103 @@ class Simulator:
         info.start_time = t
         if j.first_start != j.first_start:  # NaN: never started before
             j.first_start = t
-        model = j.spec.model
-        key = j.key = job_key(model, p)
-        j.iso = self.perf.throughput(j.spec, p, self.cluster) * j.noise  # at the pace of its slowest GPU type
+        spec = j.spec
+        model = spec.model
+        key = j.key = (model, gpus, len(alloc))  # policies.ledger.job_key(model, p)
+        memo = self._iso_memo
+        if memo is None:
+            iso = self.perf.throughput(spec, p, self.cluster)  # at the pace of its slowest GPU type
+        else:
+            iso = memo.get(key)
+            if iso is None:
+                iso = memo[key] = self.perf.throughput(spec, p, self.cluster)
+        iso = j.iso = iso * j.noise
         if overhead is None:
             overhead = self.cfg.restart_overhead if info.preemptions > 0 else 0.0
-        j.t_ref = t + overhead if overhead else t
+        t_ref = j.t_ref = t + overhead if overhead else t
         j.seg_start = t
         self._run_seq += 1
         j.run_seq = self._run_seq
         self._touched = True
         self.running[j.idx] = j
         ledger = self.ledger
+        job_id = spec.job_id
         changed = ledger.add(job_id, model, p, info)
         cs = j.cs = ledger.cs(job_id) if key[2] > 1 else 1.0
-        j.rate = j.iso / cs
-        if self._vec:
-            self._slot_open(j, p)
-        self._push_completion(j)
+        rate = j.rate = iso / cs
+        if self._vec:  # its record and allocation rows in the per-run arrays
+            sl_job = self._sl_job
+            s = j.slot = len(sl_job)
+            rw = self._rw
+            j.row0 = len(rw) // _RW
+            sl_job.append(j)
+            self._sl.extend((spec.total_samples, j.done, rate, t_ref, cs))
+            if len(alloc) == 1:
+                (n, c), = alloc
+                rw.extend((n, c, s))
+            else:
+                rw.extend([x for n, c in alloc for x in (n, c, s)])
+        # _push_completion(j)
+        j.version += 1
+        if rate > 0:
+            remaining = spec.total_samples - j.done
+            self._seq += 1
+            heapq.heappush(self.heap, ((t_ref if t_ref > t else t) + (remaining if remaining > 0.0 else 0.0) / rate,
+                                       self._seq, j.idx, j.version))
         if changed:
             self._update_rates(self._in_order(changed))
-        self._record_util()
+        # the utilisation step
+        if self.util_t[-1] == t:
+            self.util_used[-1] = self._used
+        else:
+            self.util_t.append(t)
+            self.util_used.append(self._used)
         self.dirty = True
 
     def _stop(self, j: _Job) -> Placement:
-        self._settle(j)
-        p = j.info.placement
-        assert p is not None
         t = self.time
+        t_ref = j.t_ref
+        if t > t_ref:  # _settle(j)
+            dt = t - t_ref
+            j.cs_time += dt
+            j.cs_weighted += dt * j.cs
+            done = j.done + j.rate * dt  # j.progress(t)
+            total = j.spec.total_samples
+            j.done = total if total < done else done  # min(done, total)
+            j.t_ref = t
+        info = j.info
+        p = info.placement
+        assert p is not None
+        gpus = p.total_gpus
         j.run_time += t - j.seg_start
-        j.att_base += p.total_gpus * (t - j.seg_start)
-        j.info.attained_service = j.att_base
-        free, fb = self._own_free(), self._free_bytes
-        for n, c in p.alloc:
-            free[n] += c
-            if fb is not None:
-                fb[n] += c
-        self._used -= p.total_gpus
+        j.att_base += gpus * (t - j.seg_start)
+        info.attained_service = j.att_base
+        self._change_free(p, 1)
+        self._used -= gpus
         if self._views:
-            for ref in list(self._views.values()):
+            live = False
+            for ref in self._views:
                 v = ref()
                 if v is not None:
                     v._stopped(j)
+                    live = True
+            if not live:
+                self._views = []
         del self.running[j.idx]
         if j.slot >= 0:
             self._slot_close(j, p)
-        j.info.placement = None
-        j.info.start_time = None
+        info.placement = None
+        info.start_time = None
         j.rate = 0.0
         j.version += 1
         changed = self.ledger.remove(j.spec.job_id)
         if changed:
             self._update_rates(self._in_order(changed))
-        self._record_util()
+        if self.util_t[-1] == t:  # the utilisation step
+            self.util_used[-1] = self._used
+        else:
+            self.util_t.append(t)
+            self.util_used.append(self._used)
         self.dirty = True
         return p
 
@@ -853,7 +960,7 @@ class Simulator:
         self.pending.append(j)
 
     def _complete(self, j: _Job) -> None:
-        if self.cfg.check_invariants:
+        if self._check_inv:
             # Uncapped progress: catches completions that come late as well as early.
             got = j.done + j.rate * max(0.0, self.time - j.t_ref)
             total = j.spec.total_samples
@@ -923,10 +1030,20 @@ class Simulator:
         Returns ``True`` if an event was processed, ``False`` if none happens
         before ``until`` (time is then moved to ``until``).
         """
-        submit, n_jobs = self._submit, len(self.jobs)
+        submit, jobs = self._submit, self.jobs
+        n_jobs = len(jobs)
         na = self.next_arrival
         t_arr = submit[na] if na < n_jobs else math.inf
-        t_cmp = self._next_completion()
+        heap = self.heap
+        t_cmp = math.inf
+        while heap:  # _next_completion()
+            top = heap[0]
+            j = jobs[top[2]]
+            if top[3] != j.version or j.info.placement is None:
+                heapq.heappop(heap)
+                continue
+            t_cmp = top[0]
+            break
         t = t_arr if t_arr < t_cmp else t_cmp
         if t > until or t == math.inf:  # nothing before `until` (or nothing at all: no job left)
             if until < math.inf:
@@ -939,7 +1056,6 @@ class Simulator:
         # _EPS of now relative to both the clock and the job's own duration at its rate
         # (total_samples / rate), so it is never cut short by more than _EPS of its work; a bound
         # on the clock alone (1e-9 * t) could end a job of a few ms a sizeable part of its work early.
-        heap, jobs = self.heap, self.jobs
         while heap:
             tc, _seq, idx, ver = heap[0]
             j = jobs[idx]
@@ -962,7 +1078,7 @@ class Simulator:
                 na += 1
             self.next_arrival = na
             self.dirty = True
-        if self.cfg.check_invariants:
+        if self._check_inv:
             self.check_invariants()
         return True
 
@@ -1026,13 +1142,13 @@ class Simulator:
             a1, a2 = np.array(s1), np.array(s2)
             with np.errstate(divide="ignore", invalid="ignore"):
                 return float(np.where(a2 > 0, 1.0 - a1 * a1 / (self.capacity * a2), 0.0).mean())
-        rate = np.frombuffer(self._sl_rate)
-        total = np.frombuffer(self._sl_total)
-        done, t_ref = np.frombuffer(self._sl_done), np.frombuffer(self._sl_tref)
+        sl = np.frombuffer(self._sl).reshape(-1, _SL)
+        total, done, rate, t_ref = sl[:, 0], sl[:, 1], sl[:, 2], sl[:, 3]
         rem = (total - np.minimum(done + rate * np.maximum(0.0, t - t_ref), total)) / rate
-        r = rem[np.frombuffer(self._rw_slot, dtype=np.int64)]
-        x = np.frombuffer(self._rw_cnt, dtype=np.int64) * r
-        node = np.frombuffer(self._rw_node, dtype=np.int64)
+        rw = np.frombuffer(self._rw, dtype=np.int64).reshape(-1, _RW)
+        r = rem[rw[:, 2]]
+        x = rw[:, 1] * r
+        node = rw[:, 0]
         n_nodes = self.cluster.num_nodes
         a1 = np.bincount(node, weights=x, minlength=n_nodes)
         a2 = np.bincount(node, weights=x * r, minlength=n_nodes)
@@ -1046,7 +1162,7 @@ class Simulator:
             return 1.0
         if not self._vec:
             return float(np.mean([j.cs for j in self.running.values()]))
-        cs = np.frombuffer(self._sl_cs)
+        cs = np.frombuffer(self._sl)[4::_SL]
         return float(np.mean(cs[~np.isnan(cs)]))
 
     def check_invariants(self) -> None:
@@ -1070,9 +1186,10 @@ class Simulator:
             s, r = j.slot, j.row0
             p = j.info.placement
             assert p is not None
-            if (self._sl_done[s], self._sl_tref[s], self._sl_rate[s], self._sl_cs[s]) != (j.done, j.t_ref, j.rate, j.cs) or list(
-                zip(self._rw_node[r:r + p.num_nodes], self._rw_cnt[r:r + p.num_nodes])
-            ) != list(p.alloc) or any(x != s for x in self._rw_slot[r:r + p.num_nodes]):
+            rows = [tuple(self._rw[k * _RW:(k + 1) * _RW]) for k in range(r, r + p.num_nodes)]
+            fields = tuple(self._sl[s * _SL:(s + 1) * _SL])
+            if fields != (j.spec.total_samples, j.done, j.rate, j.t_ref, j.cs) or rows != [
+                    (n, c, s) for n, c in p.alloc]:
                 raise AssertionError(f"job {j.spec.job_id}: per-run lists are stale")
         led = self.ledger
         led.check()
@@ -1092,28 +1209,16 @@ class Simulator:
 
     def _result(self, wall: float) -> SimResult:
         recs = []
+        append = recs.append
+        rec = JobRecord  # positional arguments in field order (cheaper than keywords on a million jobs)
         for j in self.jobs:
-            p_nodes = j.key[2] if j.key else 0
-            jct = j.finish - j.spec.submit_time
-            recs.append(
-                JobRecord(
-                    job_id=j.spec.job_id,
-                    model=j.spec.model,
-                    gpu_demand=j.spec.gpu_demand,
-                    submit_time=j.spec.submit_time,
-                    first_start=j.first_start,
-                    finish_time=j.finish,
-                    jct=jct,
-                    queueing=jct - j.run_time,
-                    run_time=j.run_time,
-                    ideal_time=j.ideal,
-                    avg_cs=j.cs_weighted / j.cs_time if j.cs_time > 0 else 1.0,
-                    preemptions=j.info.preemptions,
-                    num_nodes=p_nodes,
-                    total_samples=j.spec.total_samples,
-                    done_samples=j.done,
-                )
-            )
+            spec = j.spec
+            jct = j.finish - spec.submit_time
+            run_time = j.run_time
+            cs_time = j.cs_time
+            append(rec(spec.job_id, spec.model, spec.gpu_demand, spec.submit_time, j.first_start, j.finish, jct,
+                       jct - run_time, run_time, j.ideal, j.cs_weighted / cs_time if cs_time > 0 else 1.0,
+                       j.info.preemptions, j.key[2] if j.key else 0, spec.total_samples, j.done))
         makespan = max((r.finish_time for r in recs), default=0.0)
         return SimResult(
             policy=getattr(self.policy, "name", "none"),
