@@ -36,8 +36,10 @@ Applying a decision (:meth:`SlurmBackend.apply`), in order:
    ``scontrol`` process; one by one when that fails, to tell which was refused; a requeued job's
    pin carries its ``StartTime=now+requeue_settle_s``), all recorded in the journal (one write)
    and all released (one ``scontrol release a,b,c``; when Slurm refuses one, a queue read tells
-   which are still held: those were not released). A release the journal cannot record is not
-   made (nor any other this round). An adapter without ``place_many`` / ``release_many`` gets
+   which are still held: those were not released). Where the adapter pins through libslurm
+   (:meth:`controller.slurm.SlurmCLI.pin_release_many`), the journal write comes first and each
+   placement is then one update RPC that pins and releases (resizes keep the path above). A release
+   the journal cannot record is not made (nor any other this round). An adapter without ``place_many`` / ``release_many`` gets
    pin, journal, release one job at a time.
 """
 
@@ -474,6 +476,10 @@ class SlurmBackend:
         released (journal entries dropped, GPUs free again); the rest were."""
         ctl = self.ctl
         slurm = ctl.slurm
+        if getattr(slurm, "pin_release_many", None) is not None:
+            todo = self._pin_release(todo, rep, report)
+            if not todo:
+                return
         pins = [slurm.pin_args(x.sj.job_id, x.names, x.gpus, x.per_node, x.sj.pin_tres, x.settle, **x.extra)
                 for x in todo]
         try:
@@ -516,6 +522,37 @@ class SlurmBackend:
             pinned = released
         for x in pinned:
             self._placed(x, rep, report)
+
+
+    def _pin_release(self, todo: list[_Pin], rep: RoundReport, report: ApplyReport) -> list[_Pin]:
+        """The plain placements of ``todo`` (not resizes) pinned and released in one update RPC each
+        (:meth:`controller.slurm.SlurmCLI.pin_release_many`, libslurm), after one journal write recording
+        every release. A refused one stays held (journal entry dropped, GPUs free again); one without an
+        answer keeps its GPUs and entry (:meth:`_release_timed_out`). Returns what is left for the
+        pin-then-release path: the resizes, or everything where the adapter does not use libslurm."""
+        ctl = self.ctl
+        plain = [x for x in todo if x.tasks is None]
+        rest = [x for x in todo if x.tasks is not None]
+        if not plain or ctl.slurm.pin_release_many([]) is None:  # (an empty call only says whether it can)
+            return todo
+        if not self._record(plain):
+            return []
+        res = ctl.slurm.pin_release_many([(x.sj.job_id, x.names, x.gpus, x.per_node, x.sj.pin_tres, x.settle)
+                                          for x in plain])
+        assert res is not None
+        dropped = False
+        for x, err in zip(plain, res):
+            if err is None:
+                self._placed(x, rep, report)
+            elif err.timed_out:
+                self._release_timed_out(x, err)
+            else:
+                ctl.journal["released"].pop(x.jid, None)
+                dropped = True
+                self._failed(x, err)
+        if dropped:
+            ctl._save()
+        return rest
 
 
 @dataclass

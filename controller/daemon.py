@@ -292,7 +292,8 @@ class Controller:
         metrics: Metrics | None = None,
     ) -> None:
         self.cfg = cfg
-        self.slurm = slurm or SlurmCLI(cfg.slurm.conf, cfg.slurm.command_timeout_s, cfg.slurm.bin_dir)
+        self.slurm = slurm or SlurmCLI(cfg.slurm.conf, cfg.slurm.command_timeout_s, cfg.slurm.bin_dir,
+                                       libslurm=cfg.slurm.libslurm)
         self._preempter = preempter
         self.clock = clock
         self.metrics = metrics or Metrics()

@@ -784,8 +784,13 @@ class SlurmCLI:
     """
 
     def __init__(self, conf: str | None = None, timeout_s: float = 20.0, bin_dir: str | None = None,
-                 full_read_s: float = 60.0) -> None:
+                 full_read_s: float = 60.0, libslurm: bool = False) -> None:
         self.conf = conf
+        #: whether :meth:`pin_release_many` may use libslurm (it does only with ``conf`` given and no
+        #: ``bin_dir``: commands from a directory of their own are what the caller wants run)
+        self.libslurm = libslurm
+        self._lib: Any = None
+        self._lib_tried = False
         self.timeout_s = timeout_s
         self.bin_dir = bin_dir
         self.full_read_s = full_read_s
@@ -962,6 +967,47 @@ class SlurmCLI:
         says that one did, not which): the caller pins them one by one then (a pin is idempotent)."""
         if pins:
             self.run(["scontrol"], stdin="".join("update " + " ".join(p) + "\n" for p in pins) + "quit\n")
+
+    def _libslurm(self):
+        """The :class:`controller.libslurm.LibSlurm` of this adapter's ``slurm.conf``, or ``None`` (opened once)."""
+        if not self._lib_tried:
+            self._lib_tried = True
+            if self.libslurm and self.conf and not self.bin_dir:
+                from controller.libslurm import open_libslurm
+
+                self._lib = open_libslurm(self.conf)
+                log.info("libslurm %s for pins and releases", "in use" if self._lib is not None else
+                         "not usable (library, release or slurm.conf): scontrol")
+        return self._lib
+
+    def pin_release_many(self, pins: Sequence[tuple[int, Sequence[str], int, int | None, str, int]]
+                         ) -> list[SlurmError | None] | None:
+        """Pin and release each held job of ``pins`` (``(job_id, nodes, gpus, per_node, tres_style,
+        delay_s)``, as :meth:`place` takes them) in ONE update RPC per job, through libslurm in this process
+        (:mod:`controller.libslurm`: ``scontrol`` cannot send a release with other fields on 22.05). Returns
+        one entry per pin: ``None`` when Slurm took it, else its :class:`SlurmError` (``timed_out`` when
+        slurmctld may have applied it: no answer came); a refused pin leaves the job held. ``None`` (nothing
+        sent) where libslurm is not in use: the caller pins with :meth:`place_many` and releases with
+        :meth:`release_many`."""
+        lib = self._libslurm()
+        if lib is None:
+            return None
+        from controller.libslurm import LibSlurmError, pin_update
+
+        out: list[SlurmError | None] = []
+        for job_id, nodes, gpus, per_node, tres_style, delay_s in pins:
+            args = self.pin_args(job_id, nodes, gpus, per_node, tres_style, delay_s)  # checks the values
+            up = pin_update(job_id, args[1].split("=", 1)[1], len(nodes), gpus, per_node, tres_style, delay_s,
+                            release=True)
+            with self._lock:
+                self.calls += 1
+            try:
+                lib.update(up)
+                out.append(None)
+            except LibSlurmError as exc:
+                out.append(SlurmError(["slurm_update_job", *args, "Priority=INFINITE"], exc.message,
+                                      timed_out=exc.unsure))
+        return out
 
     def release(self, job_id: int, delay_s: int = 0) -> None:
         """Release a held job that :meth:`place` pinned, to start in ``delay_s`` seconds.
