@@ -53,7 +53,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from controller.slurm import MANAGED_MARK, SlurmError, SlurmJob
+from controller.slurm import MANAGED_MARK, SlurmError, SlurmJob, cons_tres_split
 from controller.state import SlurmView, build_state
 from policies.backend import ApplyReport
 from policies.cluster import ClusterSpec, Placement
@@ -366,9 +366,20 @@ class SlurmBackend:
         c = ctl.cfg.controller
         free, usable = self._free, self._usable
         todo: list[_Pin] = list(resized)
+        fills = bool(getattr(ctl.slurm, "fills_splits", False))
+        if fills:  # GPUs per node index of the decision's placements not yet looked at (see _slurm_split)
+            later: dict[int, int] = {}
+            for i, (_, p) in enumerate(decision.place):
+                if ("place", i) not in bad:
+                    for n, g in p.alloc:
+                        later[n] = later.get(n, 0) + g
+            in_flight = self._in_flight_gpus()
         for i, (jid, p) in enumerate(decision.place):
             if ("place", i) in bad:
                 continue
+            if fills:
+                for n, g in p.alloc:
+                    later[n] -= g
             sj = view.jobs[jid]
             info = view.state.job(jid)
             moved = info is not None and info.placement is not None
@@ -383,6 +394,19 @@ class SlurmBackend:
             if why is not None:
                 self._reject(report, Problem("place", i, jid, why))
                 continue
+            if fills:
+                exact, why = self._slurm_split(jid, p.total_gpus, p, later, in_flight)
+                if exact is None:
+                    ctl.metrics.decisions.labels(action="split_deferred").inc()
+                    self._reject(report, Problem("place", i, jid, why or ""))
+                    continue
+                if exact != p:
+                    ctl.metrics.decisions.labels(action="split_set").inc()
+                    log.info("job %s: split %s set to %s, the split Slurm gives these nodes", jid,
+                             {ctl.cluster.nodes[n].name: g for n, g in p.alloc},
+                             {ctl.cluster.nodes[n].name: g for n, g in exact.alloc},
+                             extra={"event": "split_set", "job": sj.job_id})
+                    p = exact
             if c.dry_run:
                 log.info("dry run: would place job %s on %s", jid, {ctl.cluster.nodes[n].name: g for n, g in p.alloc},
                          extra={"event": "dry_run"})
@@ -396,6 +420,53 @@ class SlurmBackend:
                     break
             return
         self._place_batch(todo, rep, report)
+
+    def _in_flight_gpus(self) -> dict[int, int]:
+        """GPUs per node index of the jobs released earlier that have not started (the journal's plan, else
+        the job's GPUs on each node it was pinned to: at most that many): in the controller's free GPUs they
+        are taken, in Slurm's they are free until those jobs start."""
+        ctl = self.ctl
+        assert self.view is not None and ctl.cluster is not None
+        index = {nd.name: k for k, nd in enumerate(ctl.cluster.nodes)}
+        out: dict[int, int] = {}
+        for j in self.view.in_flight:
+            plan = (ctl.journal["released"].get(str(j.job_id)) or {}).get("plan_by_name") or \
+                {n: j.gpus for n in j.required_nodes}
+            for name, g in plan.items():
+                if name in index:
+                    out[index[name]] = out.get(index[name], 0) + int(g)
+        return out
+
+    def _slurm_split(self, jid: str, gpus: int, p: Placement, later: dict[int, int], in_flight: dict[int, int]
+                     ) -> tuple[Placement | None, str | None]:
+        """The placement to send Slurm for ``p`` so that it starts exactly as sent, with ``p``'s nodes and GPU
+        total (the performance model's key and the co-located jobs stay the policy's), or ``(None, why)``.
+
+        One node, or the same GPUs on each node (``TresPerNode``): ``p`` itself. Any other split is a
+        ``TresPerJob`` total, which Slurm 22.05 splits itself (:func:`controller.slurm.cons_tres_split`: one
+        GPU per node, the rest in node order up to each node's free GPUs when the job starts). Which GPUs
+        are free then depends on which jobs start first: those released earlier that have not started
+        (``in_flight``) and this decision's later placements (``later``) may start before this job or after
+        it. Its split is computed both ways: with every one of them started (``free`` minus ``later``) and
+        with none (``free`` plus ``in_flight``). When both give the same split, that split is the placement
+        (it is ``p`` when the policy chose Slurm's split); when they differ, no split is sure and the
+        placement waits for the next round, when those jobs have started."""
+        counts = {g for _, g in p.alloc}
+        if p.num_nodes <= 1 or len(counts) == 1:
+            return p, None
+        free = self._free
+        nodes = list(p.nodes)
+        started = {n: int(free[n]) - later.get(n, 0) for n in nodes}
+        none = {n: int(free[n]) + in_flight.get(n, 0) for n in nodes}
+        a = cons_tres_split(nodes, gpus, started)
+        b = cons_tres_split(nodes, gpus, none)
+        if a is not None and a == b:
+            return Placement.of(a), None
+        ctl = self.ctl
+        assert ctl.cluster is not None
+        names = ",".join(ctl.cluster.nodes[n].name for n in nodes)
+        return None, (f"job {jid}: Slurm splits its {gpus} GPUs over {names} by the GPUs free when it starts, "
+                      "which depend on jobs released beside it that have not started; placed again next round")
 
     def _unreserve(self, x: _Pin) -> None:
         for n, g in x.p.alloc:

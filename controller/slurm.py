@@ -76,6 +76,7 @@ __all__ = [
     "with_reason",
     "queue_position",
     "dependency_met",
+    "cons_tres_split",
 ]
 
 log = logging.getLogger(__name__)
@@ -731,6 +732,34 @@ def squeue_row(chunk: str | Sequence[str], sep: str) -> dict[str, str]:
     return row
 
 
+def cons_tres_split(nodes: Sequence[int], gpus: int, free: Sequence[int] | Mapping[int, int],
+                    per_node: int | None = None) -> dict[int, int] | None:
+    """The per-node GPU split Slurm's cons_tres gives a job pinned to ``nodes`` (node indices).
+
+    ``per_node`` (``TresPerNode``): exactly that many on each node. Otherwise (``TresPerJob`` of
+    ``gpus``): one GPU on each node, then the rest filled in node order (ascending index, Slurm's
+    node table order), each node up to its ``free`` GPUs (``free[n]``: a sequence or a mapping by node
+    index). Measured on slurmctld 22.05.8 (docs/SLURM.md, "Per-node split").
+    ``None`` when it does not fit.
+    """
+    order = sorted(set(nodes))
+    if not order:
+        return None
+    if per_node is not None:
+        if per_node * len(order) != gpus or any(free[n] < per_node for n in order):
+            return None
+        return {n: per_node for n in order}
+    if gpus < len(order) or any(free[n] < 1 for n in order):
+        return None
+    split = {n: 1 for n in order}
+    left = gpus - len(order)
+    for n in order:
+        take = min(left, int(free[n]) - 1)
+        split[n] += take
+        left -= take
+    return split if left == 0 else None
+
+
 def _running_split(nodes: list[str], gpus: int, tres_per_node: str) -> dict[str, int] | None:
     """The per-node GPUs of a running job when its text row tells them: all on its one node, or
     ``TresPerNode`` on each node (the controller's balanced placements); None otherwise."""
@@ -782,6 +811,10 @@ class SlurmCLI:
     :param timeout_s: per-command time limit in seconds.
     :param bin_dir: where the Slurm commands are (``None``: ``PATH``).
     """
+
+    #: Slurm gives an uneven (``TresPerJob``) placement its own split (:func:`cons_tres_split`): the controller
+    #: sends only splits it applies exactly (:meth:`controller.backend.SlurmBackend._slurm_split`)
+    fills_splits = True
 
     def __init__(self, conf: str | None = None, timeout_s: float = 20.0, bin_dir: str | None = None,
                  full_read_s: float = 60.0, libslurm: bool = False) -> None:
