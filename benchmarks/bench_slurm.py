@@ -339,6 +339,7 @@ def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float,
 
         ctl.slurm.pin_release_many = timed_pr  # type: ignore[method-assign]
         times, placed, queue, per_round, behind, reasons_written, cpu = [], {}, [], [], [], [], []
+        per_cmd: list[dict[str, float]] = []
         slurm = cl.slurm()
         started: dict[int, dict[str, int]] = {}
         # full garbage collections between rounds, not in them, as Controller.run runs its rounds
@@ -355,10 +356,13 @@ def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float,
             t, c = time.perf_counter(), time.process_time()
             if prof is not None and r > 0:  # the first round (imports, policy build) is left out
                 prof.enable()
+            before = dict(spent)
             rep = ctl.round()
             if prof is not None:
                 prof.disable()
             dt = time.perf_counter() - t
+            with lock:  # the Slurm commands' time in this round (reason writes of the last round's thread included)
+                per_cmd.append({k: round(v - before.get(k, 0.0), 3) for k, v in spent.items() if v > before.get(k, 0.0)})
             cpu.append(time.process_time() - c)
             # the reason writes the round handed off (Controller.wait_reasons), waited for here, outside the
             # round, as the next round would at its start
@@ -414,6 +418,7 @@ def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float,
                "reasons_written": sum(r for r in reasons_written),
                "first_round_s": round(times[0], 4), "queue_first": queue[0], "queue_last": queue[-1],
                "placed_per_round": per_round, "round_times_s": [round(t, 4) for t in times],
+               "round_command_s": per_cmd,
                "rounds_without_placements_p50_s": round(quiet[len(quiet) // 2], 4),
                "placed": len(placed), "started_exact": exact, "started_different": len(differ),
                "not_started_seen": len(never), "differences": {str(k): v for k, v in list(differ.items())[:10]},

@@ -373,7 +373,11 @@ class SlurmBackend:
                 if ("place", i) not in bad:
                     for n, g in p.alloc:
                         later[n] = later.get(n, 0) + g
-            in_flight = self._in_flight_gpus()
+            # GPUs free in Slurm's view were none of this decision's placements and none of the jobs released
+            # earlier that have not started yet to start first
+            unstarted = self._in_flight_gpus()
+            for n, g in enumerate(free):
+                unstarted[n] = int(g) + unstarted.get(n, 0)
         for i, (jid, p) in enumerate(decision.place):
             if ("place", i) in bad:
                 continue
@@ -395,7 +399,7 @@ class SlurmBackend:
                 self._reject(report, Problem("place", i, jid, why))
                 continue
             if fills:
-                exact, why = self._slurm_split(jid, p.total_gpus, p, later, in_flight)
+                exact, why = self._slurm_split(jid, p, later, unstarted)
                 if exact is None:
                     ctl.metrics.decisions.labels(action="split_deferred").inc()
                     self._reject(report, Problem("place", i, jid, why or ""))
@@ -437,7 +441,7 @@ class SlurmBackend:
                     out[index[name]] = out.get(index[name], 0) + int(g)
         return out
 
-    def _slurm_split(self, jid: str, gpus: int, p: Placement, later: dict[int, int], in_flight: dict[int, int]
+    def _slurm_split(self, jid: str, p: Placement, later: dict[int, int], unstarted: dict[int, int]
                      ) -> tuple[Placement | None, str | None]:
         """The placement to send Slurm for ``p`` so that it starts exactly as sent, with ``p``'s nodes and GPU
         total (the performance model's key and the co-located jobs stay the policy's), or ``(None, why)``.
@@ -445,28 +449,27 @@ class SlurmBackend:
         One node, or the same GPUs on each node (``TresPerNode``): ``p`` itself. Any other split is a
         ``TresPerJob`` total, which Slurm 22.05 splits itself (:func:`controller.slurm.cons_tres_split`: one
         GPU per node, the rest in node order up to each node's free GPUs when the job starts). Which GPUs
-        are free then depends on which jobs start first: those released earlier that have not started
-        (``in_flight``) and this decision's later placements (``later``) may start before this job or after
-        it. Its split is computed both ways: with every one of them started (``free`` minus ``later``) and
-        with none (``free`` plus ``in_flight``). When both give the same split, that split is the placement
-        (it is ``p`` when the policy chose Slurm's split); when they differ, no split is sure and the
-        placement waits for the next round, when those jobs have started."""
+        are free then depends on which jobs start first (Slurm's priority order, not this decision's): this
+        decision's other placements and the jobs released earlier that have not started may start before
+        this job or after it. Its split is computed both ways: with all of them started (the GPUs free
+        after this decision's earlier placements, ``self._free``, minus the ``later`` ones') and with none
+        (``unstarted``: the round's free GPUs plus the unstarted jobs'). When both give the same split, that
+        split is the placement (``p`` itself when the policy chose Slurm's split); when they differ, no
+        split is sure, and the placement waits for the next round, when those jobs have started."""
         counts = {g for _, g in p.alloc}
         if p.num_nodes <= 1 or len(counts) == 1:
             return p, None
         free = self._free
         nodes = list(p.nodes)
-        started = {n: int(free[n]) - later.get(n, 0) for n in nodes}
-        none = {n: int(free[n]) + in_flight.get(n, 0) for n in nodes}
-        a = cons_tres_split(nodes, gpus, started)
-        b = cons_tres_split(nodes, gpus, none)
+        a = cons_tres_split(nodes, p.total_gpus, {n: int(free[n]) - later.get(n, 0) for n in nodes})
+        b = cons_tres_split(nodes, p.total_gpus, {n: unstarted.get(n, 0) for n in nodes})
         if a is not None and a == b:
             return Placement.of(a), None
         ctl = self.ctl
         assert ctl.cluster is not None
         names = ",".join(ctl.cluster.nodes[n].name for n in nodes)
-        return None, (f"job {jid}: Slurm splits its {gpus} GPUs over {names} by the GPUs free when it starts, "
-                      "which depend on jobs released beside it that have not started; placed again next round")
+        return None, (f"job {jid}: Slurm splits its {p.total_gpus} GPUs over {names} by the GPUs free when it "
+                      "starts, which depends on jobs placed beside it starting first; placed again next round")
 
     def _unreserve(self, x: _Pin) -> None:
         for n, g in x.p.alloc:
