@@ -86,6 +86,9 @@ def _free_base(span: int) -> int:
 class Cluster:
     """One local cluster in a temporary directory, brought up and down with scripts/local-cluster.sh."""
 
+    #: slurm.conf's SchedulerParameters for the clusters of this run (None: local-cluster.sh's default)
+    sched_params: str | None = None
+
     def __init__(self, nodes: int, gpus: int, job_submit: bool) -> None:
         self.nodes, self.gpus = nodes, gpus
         self.dir = Path(tempfile.mkdtemp(prefix="rlsched-bench-", dir="/tmp"))
@@ -93,6 +96,8 @@ class Cluster:
         self.port = _free_base(nodes + 2)
         self.opts = ["--dir", str(self.dir), "--port", str(self.port), "--nodes", str(nodes), "--gpus", str(gpus),
                      "--other-nodes", "0", "--no-controller", "--no-agents"] + ([] if job_submit else ["--no-job-submit"])
+        if self.sched_params:
+            self.opts += ["--sched-params", self.sched_params]
         self.env: dict[str, str] = {}
 
     def up(self) -> float:
@@ -460,6 +465,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pins", choices=["libslurm", "scontrol"], default="libslurm",
                     help="rounds: the controller's placements as one libslurm update RPC per job that pins and "
                          "releases (default), or scontrol pins then one scontrol release (slurm.libslurm = false)")
+    ap.add_argument("--sched-params", help="slurm.conf SchedulerParameters of the clusters (default: "
+                                           "local-cluster.sh's, sched_interval=2,defer_batch)")
     ap.add_argument("--conf", help=argparse.SUPPRESS)  # _lib_submit: the cluster's slurm.conf
     ap.add_argument("--hold", action="store_true", help=argparse.SUPPRESS)  # _lib_submit: submit held
     ap.add_argument("--jobs", type=int, default=None, help="jobs to submit (submit: 2000, rounds: 1000)")
@@ -488,8 +495,9 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("bench_slurm: error: needs root (it starts slurmctld and slurmd)", file=sys.stderr)
         return 2
+    Cluster.sched_params = args.sched_params
     out: dict = {"host": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                          "slurm": _slurm_version()}}
+                          "slurm": _slurm_version()}, "sched_params": args.sched_params or "sched_interval=2,defer_batch"}
     if args.what in ("submit", "all"):
         kinds = [k.strip() for k in args.client.split(",") if k.strip()]
         if not kinds or any(k not in ("sbatch", "libslurm") for k in kinds):
