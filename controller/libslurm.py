@@ -3,7 +3,9 @@
 Every ``scontrol`` or ``sbatch`` run is a process (start-up, configuration read, a MUNGE credential) and
 sends one RPC per job. :class:`LibSlurm` sends the same RPCs from this process: ``slurm_update_job`` and
 ``slurm_submit_batch_job`` with a ``job_desc_msg_t`` that ``slurm_init_job_desc_msg`` filled with Slurm's
-"not set" values, then the fields given written at their offsets.
+"not set" values, then the fields given written at their offsets. The controller's pins, releases and
+AdminComment reasons use it (:class:`controller.slurm.SlurmCLI`), ``benchmarks/bench_slurm.py`` its
+submissions.
 
 It also does what ``scontrol`` cannot on Slurm 22.05: a pin and its release in one update RPC. A
 release is an update with ``priority = INFINITE`` (``scontrol release``), and ``scontrol update
@@ -46,7 +48,7 @@ NO_VAL = 0xFFFFFFFE
 #: ``slurm/slurm.h``
 LAYOUTS: dict[int, tuple[int, dict[str, tuple[int, str]]]] = {
     38: (880, {
-        "begin_time": (80, "time"), "comment": (120, "str"), "environment": (224, "strv"),
+        "admin_comment": (16, "str"), "begin_time": (80, "time"), "comment": (120, "str"), "environment": (224, "strv"),
         "env_size": (268, "u32"), "group_id": (312, "u32"), "job_id": (324, "u32"),
         "name": (400, "str"), "num_tasks": (420, "u32"), "partition": (448, "str"), "priority": (472, "u32"),
         "req_nodes": (512, "str"), "script": (536, "str"), "tres_per_job": (648, "str"),

@@ -824,6 +824,7 @@ class SlurmCLI:
         self.libslurm = libslurm
         self._lib: Any = None
         self._lib_tried = False
+        self._lib_lock = threading.Lock()
         self.timeout_s = timeout_s
         self.bin_dir = bin_dir
         self.full_read_s = full_read_s
@@ -1003,15 +1004,16 @@ class SlurmCLI:
 
     def _libslurm(self):
         """The :class:`controller.libslurm.LibSlurm` of this adapter's ``slurm.conf``, or ``None`` (opened once)."""
-        if not self._lib_tried:
-            self._lib_tried = True
-            if self.libslurm and self.conf and not self.bin_dir:
-                from controller.libslurm import open_libslurm
+        with self._lib_lock:  # (the reason writes call it from threads of their own)
+            if not self._lib_tried:
+                self._lib_tried = True
+                if self.libslurm and self.conf and not self.bin_dir:
+                    from controller.libslurm import open_libslurm
 
-                self._lib = open_libslurm(self.conf)
-                log.info("libslurm %s for pins and releases", "in use" if self._lib is not None else
-                         "not usable (library, release or slurm.conf): scontrol")
-        return self._lib
+                    self._lib = open_libslurm(self.conf)
+                    log.info("libslurm %s for pins, releases and reasons", "in use" if self._lib is not None else
+                             "not usable (library, release or slurm.conf): scontrol")
+            return self._lib
 
     def pin_release_many(self, pins: Sequence[tuple[int, Sequence[str], int, int | None, str, int]]
                          ) -> list[SlurmError | None] | None:
@@ -1076,8 +1078,29 @@ class SlurmCLI:
         JobId=a,b,c AdminComment=...`` per 200 jobs (scontrol takes a job list; its command mode
         read from stdin would keep quotes in the value, so jobs with different texts take one call
         each). Only an operator (the controller) may set it; users can read it
-        (``scontrol show job``, ``squeue --json``)."""
+        (``scontrol show job``, ``squeue --json``). Through libslurm where :meth:`pin_release_many` uses it:
+        the same update RPC per job, from this process (every job is tried; :class:`SlurmError` names the
+        first refused one)."""
         ids = [int(j) for j in job_ids]
+        lib = self._libslurm()
+        if lib is not None:
+            from controller.libslurm import LibSlurmError, Update
+
+            first: SlurmError | None = None
+            for j in ids:
+                with self._lock:
+                    self.calls += 1
+                try:
+                    lib.update(Update(j, {"admin_comment": text}))
+                except LibSlurmError as exc:
+                    first = first or SlurmError(["slurm_update_job", f"JobId={j}", "AdminComment=..."], exc.message,
+                                                timed_out=exc.unsure)
+                    continue
+                if j in self._known:
+                    self._known[j] = dataclasses.replace(self._known[j], admin_comment=text)
+            if first is not None:
+                raise first
+            return
         for k in range(0, len(ids), 200):
             part = ids[k:k + 200]
             self.run(["scontrol", "update", "JobId=" + ",".join(str(j) for j in part), f"AdminComment={text}"])
