@@ -407,16 +407,20 @@ class FillSlurm(OneRpcSlurm):
             j.state, j.nodes, j.gpus_per_node, j.start_time = "RUNNING", list(split), split, now
 
 
-def test_an_uneven_split_is_sent_as_the_split_slurm_gives_and_starts_exactly(tmp_path):
+def _fill_ctl(tmp_path, *gpus):
+    """A controller over FillSlurm whose policy is built (one empty round), and held jobs of ``gpus``."""
     s = FillSlurm()
     ctl = _ctl(tmp_path, s, policy="fifo")
     s.journal = ctl.journal.path
     ctl.round()
-    a = s.submit(9, comment="rlsched:model=GNN")
-    b = s.submit(8, comment="rlsched:model=GNN")
+    return s, ctl, [s.submit(g, comment="rlsched:model=GNN") for g in gpus]
+
+
+def test_an_uneven_split_is_sent_as_the_split_slurm_gives_and_starts_exactly(tmp_path):
     from policies.cluster import Placement
     from policies.state import Decision
 
+    s, ctl, (a, b) = _fill_ctl(tmp_path, 9, 8)
     ctl.policy.schedule = lambda state: Decision(place=[(str(a), Placement.of({0: 1, 1: 8})),
                                                         (str(b), Placement.of({2: 4, 3: 4}))])
     rep = ctl.round()
@@ -431,15 +435,10 @@ def test_an_uneven_split_is_sent_as_the_split_slurm_gives_and_starts_exactly(tmp
 
 
 def test_a_split_that_depends_on_which_job_starts_first_waits_a_round(tmp_path):
-    s = FillSlurm()
-    ctl = _ctl(tmp_path, s, policy="fifo")
-    s.journal = ctl.journal.path
-    ctl.round()
-    a = s.submit(10, comment="rlsched:model=GNN")
-    b = s.submit(6, comment="rlsched:model=GNN")
     from policies.cluster import Placement
     from policies.state import Decision
 
+    s, ctl, (a, b) = _fill_ctl(tmp_path, 10, 6)
     # a: 2 GPUs of node1 and all of node2; b: the other 6 of node1. Were a to start first, Slurm would give
     # it 8 GPUs of node1 (one per node, then node order), and b could not start.
     decision = Decision(place=[(str(a), Placement.of({0: 2, 1: 8})), (str(b), Placement.of({0: 6}))])
