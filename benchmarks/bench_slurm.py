@@ -1,22 +1,26 @@
 #!/usr/bin/env python
 """Slurm at scale, on real daemons of this machine (scripts/local-cluster.sh; root, Slurm 22.05).
 
-``submit``: accepted jobs per second through ``sbatch``, with rlsched's job_submit.lua and without
-any job_submit plugin. Each mode gets a fresh cluster (``--nodes`` nodes, no controller, no agents;
-the capacity file job_submit.lua reads is written as the controller writes it). ``--jobs`` GPU jobs
-(``--gpus=1``, ``sbatch --wrap true``) are submitted by ``--clients`` concurrent ``sbatch``
-processes; without the plugin they carry ``--hold``, so both modes end with the same number of held
-jobs and slurmctld launches nothing. Reported per mode: jobs/s from the first submission to the
-last acceptance (client side: one ``sbatch`` process per job, included), and slurmctld's own mean
-time per ``REQUEST_SUBMIT_BATCH_JOB`` RPC from ``sdiag`` (server side, job_submit.lua included) with
-the rate it bounds (1 / mean time: slurmctld handles submissions one at a time under its job write
-lock). Every job must be accepted (and with the plugin held and marked) or the run fails.
+``submit``: accepted jobs per second, with rlsched's job_submit.lua and without any job_submit plugin,
+from each client of ``--client``: ``sbatch`` (``--clients`` concurrent ``sbatch --gpus=1 --wrap true``
+processes, one per job) and ``libslurm`` (one process with ``--clients`` threads, one
+``slurm_submit_batch_job`` RPC per job through :mod:`controller.libslurm`, the job ``sbatch --wrap``
+sends; run in a child process, as libslurm serves one cluster per process). Each (client, mode) gets
+a fresh cluster (``--nodes`` nodes, no controller, no agents; the capacity file job_submit.lua reads
+is written as the controller writes it; ``--sched-params``: its SchedulerParameters). Without the
+plugin the jobs are submitted held, so both modes end with the same number of held jobs and
+slurmctld launches nothing. Reported per run: jobs/s from the first submission to the last
+acceptance (client side included), and slurmctld's mean time per ``REQUEST_SUBMIT_BATCH_JOB`` RPC
+from ``sdiag`` (server side, job_submit.lua included; it counts the wait for the job write lock, so
+with concurrent clients ``server_bound_jobs_per_s``, 1 / that mean, is no bound). Every job must be
+accepted (and with the plugin held and marked) or the run fails.
 
 ``lua``: CPU time per call of job_submit.lua's ``slurm_job_submit`` / ``slurm_job_modify`` in lua5.3 under a
 stub ``slurm`` table (``--jobs`` calls each, default 100,000; the capacity file is read at every submission, as
 in slurmctld): what the script itself adds to a submission, without slurmctld's work around it.
 
-``rounds``: the controller on a ``--nodes``-node cluster (one slurmd per node on this host) with
+``rounds``: the controller (placements as one libslurm update RPC per job, or with ``--pins scontrol``
+scontrol pins and one scontrol release) on a ``--nodes``-node cluster (one slurmd per node on this host) with
 ``--jobs`` managed jobs queued (GPU demands 1, 2, 4, 8, 16 in turn, model comments, each job sleeps
 ``--job-s`` s once started). The controller runs in this process (policy ``--policy``) for
 ``--rounds`` rounds ``--interval`` s apart, as ``Controller.run`` runs them (no automatic full garbage
@@ -32,8 +36,8 @@ not-yet-started placements are reported.
 
 Usage (as root; each part brings its clusters up and down itself)::
 
-    nice -n 10 python benchmarks/bench_slurm.py submit --jobs 2000 --clients 4
-    nice -n 10 python benchmarks/bench_slurm.py rounds --nodes 64 --jobs 1000 --rounds 40
+    nice -n 10 python benchmarks/bench_slurm.py submit --jobs 2000 --clients 4 [--client sbatch|libslurm]
+    nice -n 10 python benchmarks/bench_slurm.py rounds --nodes 64 --jobs 1000 --rounds 30 --job-s 20 [--pins scontrol]
     nice -n 10 python benchmarks/bench_slurm.py all --json slurm-bench.json
     python benchmarks/bench_slurm.py lua              # no root, no daemons
 
