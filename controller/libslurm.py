@@ -173,8 +173,9 @@ def pin_update(job_id: int, nodes: str, num_nodes: int, gpus: int, per_node: int
     tres = ({"tres_per_job": "", "tres_per_node": f"{tres_style}:{per_node}"} if per_node is not None
             else {"tres_per_node": "", "tres_per_job": f"{tres_style}:{gpus}"})
     t = int(time.time() if now is None else now) + max(0, int(delay_s))
-    fields: dict[str, int | str] = {"req_nodes": nodes, "min_nodes": num_nodes, "max_nodes": num_nodes, **tres,
-                                    "begin_time": t}
+    # NumNodes=n as scontrol sends it: the minimum only (a maximum set here would stay with the job and make
+    # a later pin to more nodes invalid: "max_nodes < min_nodes", checked on 22.05.8)
+    fields: dict[str, int | str] = {"req_nodes": nodes, "min_nodes": num_nodes, **tres, "begin_time": t}
     if release:
         fields["priority"] = INFINITE
     return Update(int(job_id), fields)

@@ -86,7 +86,7 @@ def test_a_pin_with_its_release_is_one_update_with_the_fields_scontrol_sets():
         sent.append(bytes(buf))
     a, b = sent
     assert (_read(a, "job_id"), _read(a, "req_nodes"), _read(a, "min_nodes"), _read(a, "max_nodes")) == \
-        (7, "node[1-2]", 2, 2)
+        (7, "node[1-2]", 2, 0xFFFFFFFF)  # the maximum is left unset, as scontrol's NumNodes= leaves it
     assert (_read(a, "tres_per_job"), _read(a, "tres_per_node"), _read(a, "begin_time"), _read(a, "priority")) == \
         ("", "gres:gpu:4", 1000, INFINITE)
     assert (_read(b, "tres_per_node"), _read(b, "tres_per_job"), _read(b, "begin_time")) == ("", "gres:gpu:a100:5", 1005)
