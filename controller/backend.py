@@ -39,8 +39,8 @@ Applying a decision (:meth:`SlurmBackend.apply`), in order:
    which are still held: those were not released). Where the adapter pins through libslurm
    (:meth:`controller.slurm.SlurmCLI.pin_release_many`), the journal write comes first and each
    placement is then one update RPC that pins and releases (resizes keep the path above). A release
-   the journal cannot record is not made (nor any other this round). An adapter without ``place_many`` / ``release_many`` gets
-   pin, journal, release one job at a time.
+   the journal cannot record is not made (nor any other this round). An adapter without
+   ``place_many`` / ``release_many`` gets pin, journal, release one job at a time.
 """
 
 from __future__ import annotations
@@ -596,7 +596,6 @@ class SlurmBackend:
             pinned = released
         for x in pinned:
             self._placed(x, rep, report)
-
 
     def _pin_release(self, todo: list[_Pin], rep: RoundReport, report: ApplyReport) -> list[_Pin]:
         """The plain placements of ``todo`` (not resizes) pinned and released in one update RPC each
