@@ -373,11 +373,10 @@ class SlurmBackend:
                 if ("place", i) not in bad:
                     for n, g in p.alloc:
                         later[n] = later.get(n, 0) + g
-            # GPUs free in Slurm's view were none of this decision's placements and none of the jobs released
-            # earlier that have not started yet to start first
-            unstarted = self._in_flight_gpus()
-            for n, g in enumerate(free):
-                unstarted[n] = int(g) + unstarted.get(n, 0)
+            # GPUs of the jobs released earlier that have not started yet, and the decision's placements sent so
+            # far: (Slurm job id, placement)
+            in_flight = self._in_flight_gpus()
+            sent: list[tuple[int, Placement]] = []
         for i, (jid, p) in enumerate(decision.place):
             if ("place", i) in bad:
                 continue
@@ -399,7 +398,14 @@ class SlurmBackend:
                 self._reject(report, Problem("place", i, jid, why))
                 continue
             if fills:
-                exact, why = self._slurm_split(jid, p, later, unstarted)
+                # earlier placements of newer jobs may start after this one (they are sent first, but Slurm
+                # starts released jobs in priority order, which may favour the older job)
+                maybe_after = dict(in_flight)
+                for other, q in sent:
+                    if other > sj.job_id:
+                        for n, g in q.alloc:
+                            maybe_after[n] = maybe_after.get(n, 0) + g
+                exact, why = self._slurm_split(jid, p, later, maybe_after)
                 if exact is None:
                     ctl.metrics.decisions.labels(action="split_deferred").inc()
                     self._reject(report, Problem("place", i, jid, why or ""))
@@ -411,6 +417,7 @@ class SlurmBackend:
                              {ctl.cluster.nodes[n].name: g for n, g in exact.alloc},
                              extra={"event": "split_set", "job": sj.job_id})
                     p = exact
+                sent.append((sj.job_id, p))
             if c.dry_run:
                 log.info("dry run: would place job %s on %s", jid, {ctl.cluster.nodes[n].name: g for n, g in p.alloc},
                          extra={"event": "dry_run"})
@@ -449,20 +456,23 @@ class SlurmBackend:
         One node, or the same GPUs on each node (``TresPerNode``): ``p`` itself. Any other split is a
         ``TresPerJob`` total, which Slurm 22.05 splits itself (:func:`controller.slurm.cons_tres_split`: one
         GPU per node, the rest in node order up to each node's free GPUs when the job starts). Which GPUs
-        are free then depends on which jobs start first (Slurm's priority order, not this decision's): this
-        decision's other placements and the jobs released earlier that have not started may start before
-        this job or after it. Its split is computed both ways: with all of them started (the GPUs free
-        after this decision's earlier placements, ``self._free``, minus the ``later`` ones') and with none
-        (``unstarted``: the round's free GPUs plus the unstarted jobs'). When both give the same split, that
-        split is the placement (``p`` itself when the policy chose Slurm's split); when they differ, no
-        split is sure, and the placement waits for the next round, when those jobs have started."""
+        are free then depends on which jobs start first: Slurm starts released jobs in priority order
+        (release order under ``priority/basic``; age among the factors of ``priority/multifactor``). This
+        decision's earlier placements of older jobs count as started first; its later placements, its
+        earlier placements of newer jobs and the jobs released earlier that have not started may start
+        before this job or after it. Its split is computed both ways: with all of them started (the GPUs
+        free after this decision's earlier placements, ``self._free``, minus the ``later`` ones') and with
+        none (``self._free`` plus ``unstarted``, the GPUs of the jobs that may start after it). When
+        both give the same split, that split is the placement (``p`` itself when the policy chose Slurm's
+        split); when they differ, no split is sure, and the placement waits for the next round, when those
+        jobs have started."""
         counts = {g for _, g in p.alloc}
         if p.num_nodes <= 1 or len(counts) == 1:
             return p, None
         free = self._free
         nodes = list(p.nodes)
         a = cons_tres_split(nodes, p.total_gpus, {n: int(free[n]) - later.get(n, 0) for n in nodes})
-        b = cons_tres_split(nodes, p.total_gpus, {n: unstarted.get(n, 0) for n in nodes})
+        b = cons_tres_split(nodes, p.total_gpus, {n: int(free[n]) + unstarted.get(n, 0) for n in nodes})
         if a is not None and a == b:
             return Placement.of(a), None
         ctl = self.ctl
