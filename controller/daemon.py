@@ -33,8 +33,9 @@ cons_tres then chooses the split itself: one GPU on each node, the rest filled
 in node order, each node up to the GPUs free when the job starts
 (:func:`controller.slurm.cons_tres_split`). So the controller sends an uneven
 placement as that split of its nodes and total, when the split is the same
-whichever of the round's other placements and of the released jobs not yet
-started begin first; otherwise the placement waits a round
+whichever of the jobs that may start before it (the round's later placements
+and its earlier ones of newer jobs, the released jobs not yet started) begin
+first; otherwise the placement waits a round
 (:meth:`controller.backend.SlurmBackend._slurm_split`; docs/SLURM.md,
 "Per-node split"). The controller compares each started job's per-node GRES
 with what it sent, counts mismatches (``rlsched_placement_mismatch_total``: a
