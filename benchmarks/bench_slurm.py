@@ -1,22 +1,26 @@
 #!/usr/bin/env python
 """Slurm at scale, on real daemons of this machine (scripts/local-cluster.sh; root, Slurm 22.05).
 
-``submit``: accepted jobs per second through ``sbatch``, with rlsched's job_submit.lua and without
-any job_submit plugin. Each mode gets a fresh cluster (``--nodes`` nodes, no controller, no agents;
-the capacity file job_submit.lua reads is written as the controller writes it). ``--jobs`` GPU jobs
-(``--gpus=1``, ``sbatch --wrap true``) are submitted by ``--clients`` concurrent ``sbatch``
-processes; without the plugin they carry ``--hold``, so both modes end with the same number of held
-jobs and slurmctld launches nothing. Reported per mode: jobs/s from the first submission to the
-last acceptance (client side: one ``sbatch`` process per job, included), and slurmctld's own mean
-time per ``REQUEST_SUBMIT_BATCH_JOB`` RPC from ``sdiag`` (server side, job_submit.lua included) with
-the rate it bounds (1 / mean time: slurmctld handles submissions one at a time under its job write
-lock). Every job must be accepted (and with the plugin held and marked) or the run fails.
+``submit``: accepted jobs per second, with rlsched's job_submit.lua and without any job_submit plugin,
+from each client of ``--client``: ``sbatch`` (``--clients`` concurrent ``sbatch --gpus=1 --wrap true``
+processes, one per job) and ``libslurm`` (one process with ``--clients`` threads, one
+``slurm_submit_batch_job`` RPC per job through :mod:`controller.libslurm`, the job ``sbatch --wrap``
+sends; run in a child process, as libslurm serves one cluster per process). Each (client, mode) gets
+a fresh cluster (``--nodes`` nodes, no controller, no agents; the capacity file job_submit.lua reads
+is written as the controller writes it; ``--sched-params``: its SchedulerParameters). Without the
+plugin the jobs are submitted held, so both modes end with the same number of held jobs and
+slurmctld launches nothing. Reported per run: jobs/s from the first submission to the last
+acceptance (client side included), and slurmctld's mean time per ``REQUEST_SUBMIT_BATCH_JOB`` RPC
+from ``sdiag`` (server side, job_submit.lua included; it counts the wait for the job write lock, so
+with concurrent clients ``server_bound_jobs_per_s``, 1 / that mean, is no bound). Every job must be
+accepted (and with the plugin held and marked) or the run fails.
 
 ``lua``: CPU time per call of job_submit.lua's ``slurm_job_submit`` / ``slurm_job_modify`` in lua5.3 under a
 stub ``slurm`` table (``--jobs`` calls each, default 100,000; the capacity file is read at every submission, as
 in slurmctld): what the script itself adds to a submission, without slurmctld's work around it.
 
-``rounds``: the controller on a ``--nodes``-node cluster (one slurmd per node on this host) with
+``rounds``: the controller (placements as one libslurm update RPC per job, or with ``--pins scontrol``
+scontrol pins and one scontrol release) on a ``--nodes``-node cluster (one slurmd per node on this host) with
 ``--jobs`` managed jobs queued (GPU demands 1, 2, 4, 8, 16 in turn, model comments, each job sleeps
 ``--job-s`` s once started). The controller runs in this process (policy ``--policy``) for
 ``--rounds`` rounds ``--interval`` s apart, as ``Controller.run`` runs them (no automatic full garbage
@@ -32,8 +36,8 @@ not-yet-started placements are reported.
 
 Usage (as root; each part brings its clusters up and down itself)::
 
-    nice -n 10 python benchmarks/bench_slurm.py submit --jobs 2000 --clients 4
-    nice -n 10 python benchmarks/bench_slurm.py rounds --nodes 64 --jobs 1000 --rounds 40
+    nice -n 10 python benchmarks/bench_slurm.py submit --jobs 2000 --clients 4 [--client sbatch|libslurm]
+    nice -n 10 python benchmarks/bench_slurm.py rounds --nodes 64 --jobs 1000 --rounds 30 --job-s 20 [--pins scontrol]
     nice -n 10 python benchmarks/bench_slurm.py all --json slurm-bench.json
     python benchmarks/bench_slurm.py lua              # no root, no daemons
 
@@ -57,6 +61,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,6 +90,9 @@ def _free_base(span: int) -> int:
 class Cluster:
     """One local cluster in a temporary directory, brought up and down with scripts/local-cluster.sh."""
 
+    #: slurm.conf's SchedulerParameters for the clusters of this run (None: local-cluster.sh's default)
+    sched_params: str | None = None
+
     def __init__(self, nodes: int, gpus: int, job_submit: bool) -> None:
         self.nodes, self.gpus = nodes, gpus
         self.dir = Path(tempfile.mkdtemp(prefix="rlsched-bench-", dir="/tmp"))
@@ -92,6 +100,8 @@ class Cluster:
         self.port = _free_base(nodes + 2)
         self.opts = ["--dir", str(self.dir), "--port", str(self.port), "--nodes", str(nodes), "--gpus", str(gpus),
                      "--other-nodes", "0", "--no-controller", "--no-agents"] + ([] if job_submit else ["--no-job-submit"])
+        if self.sched_params:
+            self.opts += ["--sched-params", self.sched_params]
         self.env: dict[str, str] = {}
 
     def up(self) -> float:
@@ -137,40 +147,90 @@ def _sdiag_submit(cl: Cluster) -> tuple[int, float]:
     return (int(m.group(1)), float(m.group(2))) if m else (0, float("nan"))
 
 
-def bench_submit(jobs: int, clients: int, nodes: int, gpus: int) -> list[dict]:
+def _lib_submit(conf: str, jobs: int, threads: int, hold: bool) -> dict:
+    """The ``libslurm`` client (run in a child process of its own: libslurm serves one cluster per process):
+    ``jobs`` batch jobs as ``sbatch --parsable --gpus=1 -o /dev/null --comment rlsched:model=GNN [--hold]
+    --wrap true`` sends them (this process's environment, its uid and gid), ``threads`` at a time, each one
+    ``slurm_submit_batch_job`` RPC. Returns the job ids, the wall time from the first submission to the last
+    acceptance and this process's CPU time over it."""
+    from controller.libslurm import open_libslurm
+
+    lib = open_libslurm(conf)
+    if lib is None:
+        raise SystemExit("bench_slurm: libslurm client: no usable libslurm (libslurm.so.38, Slurm 22.05)")
+    fields = {"script": "#!/bin/sh\n# This script was created by sbatch --wrap.\n\ntrue\n", "name": "wrap",
+              "work_dir": os.getcwd(), "std_out": "/dev/null", "user_id": os.getuid(), "group_id": os.getgid(),
+              "environment": [f"{k}={v}" for k, v in os.environ.items()], "tres_per_job": "gres:gpu:1",
+              "comment": "rlsched:model=GNN"}
+    if hold:
+        fields["priority"] = 0
+    t0, c0 = time.perf_counter(), time.process_time()
+    with cf.ThreadPoolExecutor(threads) as ex:
+        ids = list(ex.map(lambda _: lib.submit_batch(fields), range(jobs)))
+    return {"ids": ids, "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}
+
+
+def bench_submit(jobs: int, clients: int, nodes: int, gpus: int, kinds: Sequence[str] = ("sbatch", "libslurm"),
+                 plugin_modes: Sequence[bool] = (True, False)) -> list[dict]:
     rows = []
-    for plugin in (True, False):
-        cl = Cluster(nodes, gpus, job_submit=plugin)
-        try:
-            cl.up()
-            if plugin:
-                cl.write_capacity()
-            args = ["sbatch", "--parsable", "--gpus=1", "-o", "/dev/null", "--comment", "rlsched:model=GNN"]
-            if not plugin:
-                args.append("--hold")
-            args += ["--wrap", "true"]
-            cl.run(["scontrol", "setdebug", "info"])  # (the level local-cluster.sh starts with)
+    for client in kinds:
+        for plugin in plugin_modes:
+            rows.append(_submit_once(jobs, clients, nodes, gpus, client, plugin))
+    return rows
+
+
+def _submit_once(jobs: int, clients: int, nodes: int, gpus: int, client: str, plugin: bool) -> dict:
+    cl = Cluster(nodes, gpus, job_submit=plugin)
+    try:
+        cl.up()
+        if plugin:
+            cl.write_capacity()
+        args = ["sbatch", "--parsable", "--gpus=1", "-o", "/dev/null", "--comment", "rlsched:model=GNN"]
+        if not plugin:
+            args.append("--hold")
+        args += ["--wrap", "true"]
+        cl.run(["scontrol", "setdebug", "info"])  # (the level local-cluster.sh starts with)
+        client_cpu = None
+        if client == "sbatch":
             t0 = time.perf_counter()
             with cf.ThreadPoolExecutor(clients) as ex:
                 ids = list(ex.map(lambda _: cl.run(args).strip(), range(jobs)))
             wall = time.perf_counter() - t0
-            count, ave_us = _sdiag_submit(cl)
-            queued = cl.slurm().jobs()
-            held = [j for j in queued if j.held]
-            marked = [j for j in queued if j.managed]
-            if len(set(ids)) != jobs or len(queued) != jobs or len(held) != jobs or (plugin and len(marked) != jobs):
-                raise SystemExit(f"bench_slurm: {'with' if plugin else 'without'} the plugin: {len(set(ids))} ids, "
-                                 f"{len(queued)} queued, {len(held)} held, {len(marked)} marked of {jobs}")
-            rows.append({"plugin": plugin, "jobs": jobs, "clients": clients, "wall_s": round(wall, 3),
-                         "jobs_per_s": round(jobs / wall, 1), "sdiag_submit_count": count,
-                         "sdiag_submit_mean_us": ave_us,
-                         "server_bound_jobs_per_s": round(1e6 / ave_us, 1) if ave_us == ave_us and ave_us > 0 else None})
-            print(f"submit {'with' if plugin else 'without'} job_submit.lua: {jobs} jobs in {wall:.1f} s = "
-                  f"{jobs / wall:.1f} jobs/s ({clients} sbatch at a time); slurmctld {ave_us:.0f} us per submit RPC "
-                  f"(sdiag, {count} RPCs)", flush=True)
-        finally:
-            cl.down()
-    return rows
+        else:  # one process, `clients` threads, one RPC per job (see _lib_submit)
+            p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "_lib_submit", "--jobs", str(jobs),
+                                "--clients", str(clients), "--conf", cl.env["SLURM_CONF"]]
+                               + ([] if plugin else ["--hold"]), capture_output=True, text=True,
+                               env={**cl.env, "PYTHONPATH": str(REPO)}, timeout=1200, check=False, cwd="/tmp")
+            if p.returncode != 0:
+                raise SystemExit(f"bench_slurm: libslurm client failed: {p.stderr.strip()[-1500:]}")
+            got = json.loads(p.stdout.strip().splitlines()[-1])
+            ids, wall, client_cpu = [str(i) for i in got["ids"]], got["wall_s"], got["cpu_s"]
+        count, ave_us = _sdiag_submit(cl)
+        queued = cl.slurm().jobs()
+        held = [j for j in queued if j.held]
+        marked = [j for j in queued if j.managed]
+        if len(set(ids)) != jobs or len(queued) != jobs or len(held) != jobs or (plugin and len(marked) != jobs):
+            raise SystemExit(f"bench_slurm: {'with' if plugin else 'without'} the plugin: {len(set(ids))} ids, "
+                             f"{len(queued)} queued, {len(held)} held, {len(marked)} marked of {jobs}")
+        row = {"client": client, "plugin": plugin, "jobs": jobs, "clients": clients, "wall_s": round(wall, 3),
+               "jobs_per_s": round(jobs / wall, 1), "client_cpu_s": client_cpu, "sdiag_submit_count": count,
+               "sdiag_submit_mean_us": ave_us, "load_at_start": _load(),
+               "server_bound_jobs_per_s": round(1e6 / ave_us, 1) if ave_us == ave_us and ave_us > 0 else None}
+        what = f"{clients} sbatch at a time" if client == "sbatch" else f"libslurm, one process, {clients} threads"
+        print(f"submit ({client}) {'with' if plugin else 'without'} job_submit.lua: {jobs} jobs in {wall:.1f} s = "
+              f"{jobs / wall:.1f} jobs/s ({what}); slurmctld {ave_us:.0f} us per submit RPC "
+              f"(sdiag, {count} RPCs)", flush=True)
+        return row
+    finally:
+        cl.down()
+
+
+def _load() -> float:
+    """The 1-minute load average of this host."""
+    try:
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return float("nan")
 
 
 #: ``lua`` part: the script under a stub ``slurm`` table, N calls of each kind timed with os.clock (CPU time)
@@ -218,10 +278,12 @@ def bench_lua(calls: int, nodes: int, gpus: int) -> dict:
     return {"calls": calls, "cpu_us_per_call": res}
 
 
-def _controller_toml(cl: Cluster, policy: str, interval: float, state: Path, reason_calls: int) -> Path:
+def _controller_toml(cl: Cluster, policy: str, interval: float, state: Path, reason_calls: int,
+                     libslurm: bool = True) -> Path:
     f = state.parent / "controller.toml"
     f.write_text("\n".join([
         "[slurm]", f'conf = "{cl.dir / "etc" / "slurm.conf"}"', 'partition = "gpu"', "command_timeout_s = 60",
+        f"libslurm = {'true' if libslurm else 'false'}",
         "[controller]", f'policy = "{policy}"', f"interval_s = {interval}", f'state_dir = "{state}"',
         "min_run_s = 0.0", "start_grace_s = 120.0", f"reason_updates_per_round = {reason_calls}", f'capacity_file = "{cl.dir / "controller" / "capacity"}"',
         "[agents]", "enabled = false", ""]))
@@ -229,12 +291,13 @@ def _controller_toml(cl: Cluster, policy: str, interval: float, state: Path, rea
 
 
 def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float, policy: str, job_s: float,
-                 clients: int, reason_calls: int, profile: str | None = None) -> dict:
+                 clients: int, reason_calls: int, profile: str | None = None, libslurm: bool = True) -> dict:
     from controller.config import load_config
     from controller.daemon import Controller
 
     cl = Cluster(nodes, gpus, job_submit=True)
     try:
+        load0 = _load()
         up_s = cl.up()
         print(f"rounds: {nodes} slurmd up in {up_s:.1f} s", flush=True)
         cl.write_capacity()
@@ -251,7 +314,7 @@ def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float,
             ids = list(ex.map(submit, range(jobs)))
         print(f"rounds: {jobs} jobs queued in {time.perf_counter() - t0:.1f} s", flush=True)
         state = Path(tempfile.mkdtemp(prefix="ctl-", dir=cl.dir)) / "state"
-        ctl = Controller(load_config(_controller_toml(cl, policy, interval, state, reason_calls)))
+        ctl = Controller(load_config(_controller_toml(cl, policy, interval, state, reason_calls, libslurm)))
         # time spent in each Slurm command (one process each), per round
         spent: dict[str, float] = {}
         calls: dict[str, int] = {}
@@ -270,7 +333,22 @@ def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float,
                     calls[key] = calls.get(key, 0) + 1
 
         ctl.slurm.run = timed  # type: ignore[method-assign]
+        pin_release = ctl.slurm.pin_release_many
+
+        def timed_pr(pins):
+            t = time.perf_counter()
+            try:
+                return pin_release(pins)
+            finally:
+                if pins:
+                    key = "libslurm pin+release (one update RPC per job)"
+                    with lock:
+                        spent[key] = spent.get(key, 0.0) + time.perf_counter() - t
+                        calls[key] = calls.get(key, 0) + 1
+
+        ctl.slurm.pin_release_many = timed_pr  # type: ignore[method-assign]
         times, placed, queue, per_round, behind, reasons_written, cpu = [], {}, [], [], [], [], []
+        per_cmd: list[dict[str, float]] = []
         slurm = cl.slurm()
         started: dict[int, dict[str, int]] = {}
         # full garbage collections between rounds, not in them, as Controller.run runs its rounds
@@ -287,10 +365,13 @@ def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float,
             t, c = time.perf_counter(), time.process_time()
             if prof is not None and r > 0:  # the first round (imports, policy build) is left out
                 prof.enable()
+            before = dict(spent)
             rep = ctl.round()
             if prof is not None:
                 prof.disable()
             dt = time.perf_counter() - t
+            with lock:  # the Slurm commands' time in this round (reason writes of the last round's thread included)
+                per_cmd.append({k: round(v - before.get(k, 0.0), 3) for k, v in spent.items() if v > before.get(k, 0.0)})
             cpu.append(time.process_time() - c)
             # the reason writes the round handed off (Controller.wait_reasons), waited for here, outside the
             # round, as the next round would at its start
@@ -330,7 +411,9 @@ def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float,
         # a round with its reason writes: what the round would take if it waited for them itself
         whole = sorted(t + b for t, b in zip(times[1:], behind[1:])) or ts
 
-        res = {"nodes": nodes, "gpus_per_node": gpus, "jobs": jobs, "rounds": rounds, "interval_s": interval,
+        res = {"pins": "libslurm" if ctl.slurm.pin_release_many([]) is not None else "scontrol",
+               "load_at_start": load0,
+               "nodes": nodes, "gpus_per_node": gpus, "jobs": jobs, "rounds": rounds, "interval_s": interval,
                "policy": policy, "job_s": job_s, "slurmd_up_s": round(up_s, 2),
                "round_s": {"p50": round(pct(0.5), 4), "p90": round(pct(0.9), 4), "p99": round(pct(0.99), 4),
                            "max": round(ts[-1], 4), "mean": round(sum(ts) / len(ts), 4)},
@@ -344,21 +427,27 @@ def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float,
                "reasons_written": sum(r for r in reasons_written),
                "first_round_s": round(times[0], 4), "queue_first": queue[0], "queue_last": queue[-1],
                "placed_per_round": per_round, "round_times_s": [round(t, 4) for t in times],
+               "round_command_s": per_cmd,
                "rounds_without_placements_p50_s": round(quiet[len(quiet) // 2], 4),
                "placed": len(placed), "started_exact": exact, "started_different": len(differ),
                "not_started_seen": len(never), "differences": {str(k): v for k, v in list(differ.items())[:10]},
                "mismatch_metric": ctl.metrics.value("rlsched_placement_mismatch_total"),
+               # uneven splits the controller set to Slurm's split, and placements it kept for the next round
+               # because Slurm's split depended on which jobs start first (SlurmBackend._slurm_split)
+               "splits_set": ctl.metrics.value("rlsched_decisions_total", action="split_set"),
+               "splits_deferred": ctl.metrics.value("rlsched_decisions_total", action="split_deferred"),
                "slurm_calls": ctl.slurm.calls, "reason_updates_per_round": reason_calls,
                "queue_reads": dict(getattr(ctl.slurm, "queue_reads", {})),
                "slurm_command_s": {k: round(v, 3) for k, v in spent.items()},
                "slurm_command_calls": calls,
                "slurm_command_mean_ms": {k: round(1000 * spent[k] / calls[k], 1) for k in spent}}
-        print(f"rounds: {nodes} nodes x {gpus} GPUs, {jobs} queued, {policy}: round p50 {res['round_s']['p50']:.3f} s, "
+        print(f"rounds ({res['pins']} pins): {nodes} nodes x {gpus} GPUs, {jobs} queued, {policy}: round p50 {res['round_s']['p50']:.3f} s, "
               f"p99 {res['round_s']['p99']:.3f} s, max {res['round_s']['max']:.3f} s over rounds 2-{rounds} (first {times[0]:.2f} s; "
               f"with the reason writes behind each round: p50 {res['round_with_reasons_s']['p50']:.3f} s, "
               f"p99 {res['round_with_reasons_s']['p99']:.3f} s); "
               f"{len(placed)} placed, {exact} started exactly as planned, {len(differ)} differently, "
-              f"{len(never)} not seen running", flush=True)
+              f"{len(never)} not seen running; {res['splits_set']:g} split(s) set to Slurm's, "
+              f"{res['splits_deferred']:g} deferred", flush=True)
         return res
     finally:
         cl.down()
@@ -371,7 +460,19 @@ def _slurm_version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["submit", "rounds", "lua", "all"])
+    ap.add_argument("what", choices=["submit", "rounds", "lua", "all", "_lib_submit"])
+    ap.add_argument("--client", default="sbatch,libslurm",
+                    help="submit: the clients, comma-separated: sbatch (one process per job) and/or libslurm (one "
+                         "process, --clients threads, one RPC per job); default both")
+    ap.add_argument("--plugin", choices=["both", "with", "without"], default="both",
+                    help="submit: with job_submit.lua, without a plugin, or both (default)")
+    ap.add_argument("--pins", choices=["libslurm", "scontrol"], default="libslurm",
+                    help="rounds: the controller's placements as one libslurm update RPC per job that pins and "
+                         "releases (default), or scontrol pins then one scontrol release (slurm.libslurm = false)")
+    ap.add_argument("--sched-params", help="slurm.conf SchedulerParameters of the clusters (default: "
+                                           "local-cluster.sh's, sched_interval=2,defer_batch)")
+    ap.add_argument("--conf", help=argparse.SUPPRESS)  # _lib_submit: the cluster's slurm.conf
+    ap.add_argument("--hold", action="store_true", help=argparse.SUPPRESS)  # _lib_submit: submit held
     ap.add_argument("--jobs", type=int, default=None, help="jobs to submit (submit: 2000, rounds: 1000)")
     ap.add_argument("--clients", type=int, default=4, help="concurrent sbatch processes (default 4)")
     ap.add_argument("--nodes", type=int, default=None, help="slurmd (submit: 4, rounds: 64)")
@@ -386,6 +487,9 @@ def main(argv: list[str] | None = None) -> int:
                                       "thread's wall time, Slurm commands included)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
+    if args.what == "_lib_submit":  # the libslurm client of `submit`, in a process of its own
+        print(json.dumps(_lib_submit(args.conf, args.jobs or 2000, args.clients, args.hold)))
+        return 0
     if args.what == "lua":  # no daemons: any user
         out = {"host": {"cpus": os.cpu_count(), "python": platform.python_version()},
                "lua": bench_lua(args.jobs or 100000, args.nodes or 4, args.gpus)}
@@ -395,13 +499,20 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("bench_slurm: error: needs root (it starts slurmctld and slurmd)", file=sys.stderr)
         return 2
+    Cluster.sched_params = args.sched_params
     out: dict = {"host": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                          "slurm": _slurm_version()}}
+                          "slurm": _slurm_version()}, "sched_params": args.sched_params or "sched_interval=2,defer_batch"}
     if args.what in ("submit", "all"):
-        out["submit"] = bench_submit(args.jobs or 2000, args.clients, args.nodes or 4, args.gpus)
+        kinds = [k.strip() for k in args.client.split(",") if k.strip()]
+        if not kinds or any(k not in ("sbatch", "libslurm") for k in kinds):
+            print(f"bench_slurm: error: --client {args.client!r}: give sbatch and/or libslurm", file=sys.stderr)
+            return 2
+        modes = {"both": (True, False), "with": (True,), "without": (False,)}[args.plugin]
+        out["submit"] = bench_submit(args.jobs or 2000, args.clients, args.nodes or 4, args.gpus, kinds, modes)
     if args.what in ("rounds", "all"):
         out["rounds"] = bench_rounds(args.nodes or 64, args.gpus, args.jobs or 1000, args.rounds, args.interval,
-                                     args.policy, args.job_s, args.clients, args.reason_calls, args.profile)
+                                     args.policy, args.job_s, args.clients, args.reason_calls, args.profile,
+                                     args.pins == "libslurm")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1, default=str) + "\n")
     return 0

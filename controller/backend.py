@@ -36,9 +36,11 @@ Applying a decision (:meth:`SlurmBackend.apply`), in order:
    ``scontrol`` process; one by one when that fails, to tell which was refused; a requeued job's
    pin carries its ``StartTime=now+requeue_settle_s``), all recorded in the journal (one write)
    and all released (one ``scontrol release a,b,c``; when Slurm refuses one, a queue read tells
-   which are still held: those were not released). A release the journal cannot record is not
-   made (nor any other this round). An adapter without ``place_many`` / ``release_many`` gets
-   pin, journal, release one job at a time.
+   which are still held: those were not released). Where the adapter pins through libslurm
+   (:meth:`controller.slurm.SlurmCLI.pin_release_many`), the journal write comes first and each
+   placement is then one update RPC that pins and releases (resizes keep the path above). A release
+   the journal cannot record is not made (nor any other this round). An adapter without
+   ``place_many`` / ``release_many`` gets pin, journal, release one job at a time.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from controller.slurm import MANAGED_MARK, SlurmError, SlurmJob
+from controller.slurm import MANAGED_MARK, SlurmError, SlurmJob, cons_tres_split
 from controller.state import SlurmView, build_state
 from policies.backend import ApplyReport
 from policies.cluster import ClusterSpec, Placement
@@ -364,9 +366,23 @@ class SlurmBackend:
         c = ctl.cfg.controller
         free, usable = self._free, self._usable
         todo: list[_Pin] = list(resized)
+        fills = bool(getattr(ctl.slurm, "fills_splits", False))
+        if fills:  # GPUs per node index of the decision's placements not yet looked at (see _slurm_split)
+            later: dict[int, int] = {}
+            for i, (_, p) in enumerate(decision.place):
+                if ("place", i) not in bad:
+                    for n, g in p.alloc:
+                        later[n] = later.get(n, 0) + g
+            # GPUs of the jobs released earlier that have not started yet, and the decision's placements sent so
+            # far: (Slurm job id, placement)
+            in_flight = self._in_flight_gpus()
+            sent: list[tuple[int, Placement]] = []
         for i, (jid, p) in enumerate(decision.place):
             if ("place", i) in bad:
                 continue
+            if fills:
+                for n, g in p.alloc:
+                    later[n] -= g
             sj = view.jobs[jid]
             info = view.state.job(jid)
             moved = info is not None and info.placement is not None
@@ -381,6 +397,27 @@ class SlurmBackend:
             if why is not None:
                 self._reject(report, Problem("place", i, jid, why))
                 continue
+            if fills:
+                # earlier placements of newer jobs may start after this one (they are sent first, but Slurm
+                # starts released jobs in priority order, which may favour the older job)
+                maybe_after = dict(in_flight)
+                for other, q in sent:
+                    if other > sj.job_id:
+                        for n, g in q.alloc:
+                            maybe_after[n] = maybe_after.get(n, 0) + g
+                exact, why = self._slurm_split(jid, p, later, maybe_after)
+                if exact is None:
+                    ctl.metrics.decisions.labels(action="split_deferred").inc()
+                    self._reject(report, Problem("place", i, jid, why or ""))
+                    continue
+                if exact != p:
+                    ctl.metrics.decisions.labels(action="split_set").inc()
+                    log.info("job %s: split %s set to %s, the split Slurm gives these nodes", jid,
+                             {ctl.cluster.nodes[n].name: g for n, g in p.alloc},
+                             {ctl.cluster.nodes[n].name: g for n, g in exact.alloc},
+                             extra={"event": "split_set", "job": sj.job_id})
+                    p = exact
+                sent.append((sj.job_id, p))
             if c.dry_run:
                 log.info("dry run: would place job %s on %s", jid, {ctl.cluster.nodes[n].name: g for n, g in p.alloc},
                          extra={"event": "dry_run"})
@@ -394,6 +431,55 @@ class SlurmBackend:
                     break
             return
         self._place_batch(todo, rep, report)
+
+    def _in_flight_gpus(self) -> dict[int, int]:
+        """GPUs per node index of the jobs released earlier that have not started (the journal's plan, else
+        the job's GPUs on each node it was pinned to: at most that many): in the controller's free GPUs they
+        are taken, in Slurm's they are free until those jobs start."""
+        ctl = self.ctl
+        assert self.view is not None and ctl.cluster is not None
+        index = {nd.name: k for k, nd in enumerate(ctl.cluster.nodes)}
+        out: dict[int, int] = {}
+        for j in self.view.in_flight:
+            plan = (ctl.journal["released"].get(str(j.job_id)) or {}).get("plan_by_name") or \
+                {n: j.gpus for n in j.required_nodes}
+            for name, g in plan.items():
+                if name in index:
+                    out[index[name]] = out.get(index[name], 0) + int(g)
+        return out
+
+    def _slurm_split(self, jid: str, p: Placement, later: dict[int, int], unstarted: dict[int, int]
+                     ) -> tuple[Placement | None, str | None]:
+        """The placement to send Slurm for ``p`` so that it starts exactly as sent, with ``p``'s nodes and GPU
+        total (the performance model's key and the co-located jobs stay the policy's), or ``(None, why)``.
+
+        One node, or the same GPUs on each node (``TresPerNode``): ``p`` itself. Any other split is a
+        ``TresPerJob`` total, which Slurm 22.05 splits itself (:func:`controller.slurm.cons_tres_split`: one
+        GPU per node, the rest in node order up to each node's free GPUs when the job starts). Which GPUs
+        are free then depends on which jobs start first: Slurm starts released jobs in priority order
+        (release order under ``priority/basic``; age among the factors of ``priority/multifactor``). This
+        decision's earlier placements of older jobs count as started first; its later placements, its
+        earlier placements of newer jobs and the jobs released earlier that have not started may start
+        before this job or after it. Its split is computed both ways: with all of them started (the GPUs
+        free after this decision's earlier placements, ``self._free``, minus the ``later`` ones') and with
+        none (``self._free`` plus ``unstarted``, the GPUs of the jobs that may start after it). When
+        both give the same split, that split is the placement (``p`` itself when the policy chose Slurm's
+        split); when they differ, no split is sure, and the placement waits for the next round, when those
+        jobs have started."""
+        counts = {g for _, g in p.alloc}
+        if p.num_nodes <= 1 or len(counts) == 1:
+            return p, None
+        free = self._free
+        nodes = list(p.nodes)
+        a = cons_tres_split(nodes, p.total_gpus, {n: int(free[n]) - later.get(n, 0) for n in nodes})
+        b = cons_tres_split(nodes, p.total_gpus, {n: int(free[n]) + unstarted.get(n, 0) for n in nodes})
+        if a is not None and a == b:
+            return Placement.of(a), None
+        ctl = self.ctl
+        assert ctl.cluster is not None
+        names = ",".join(ctl.cluster.nodes[n].name for n in nodes)
+        return None, (f"job {jid}: Slurm splits its {p.total_gpus} GPUs over {names} by the GPUs free when it "
+                      "starts, which depends on jobs placed beside it starting first; placed again next round")
 
     def _unreserve(self, x: _Pin) -> None:
         for n, g in x.p.alloc:
@@ -474,6 +560,10 @@ class SlurmBackend:
         released (journal entries dropped, GPUs free again); the rest were."""
         ctl = self.ctl
         slurm = ctl.slurm
+        if getattr(slurm, "pin_release_many", None) is not None:
+            todo = self._pin_release(todo, rep, report)
+            if not todo:
+                return
         pins = [slurm.pin_args(x.sj.job_id, x.names, x.gpus, x.per_node, x.sj.pin_tres, x.settle, **x.extra)
                 for x in todo]
         try:
@@ -516,6 +606,36 @@ class SlurmBackend:
             pinned = released
         for x in pinned:
             self._placed(x, rep, report)
+
+    def _pin_release(self, todo: list[_Pin], rep: RoundReport, report: ApplyReport) -> list[_Pin]:
+        """The plain placements of ``todo`` (not resizes) pinned and released in one update RPC each
+        (:meth:`controller.slurm.SlurmCLI.pin_release_many`, libslurm), after one journal write recording
+        every release. A refused one stays held (journal entry dropped, GPUs free again); one without an
+        answer keeps its GPUs and entry (:meth:`_release_timed_out`). Returns what is left for the
+        pin-then-release path: the resizes, or everything where the adapter does not use libslurm."""
+        ctl = self.ctl
+        plain = [x for x in todo if x.tasks is None]
+        rest = [x for x in todo if x.tasks is not None]
+        if not plain or ctl.slurm.pin_release_many([]) is None:  # (an empty call only says whether it can)
+            return todo
+        if not self._record(plain):
+            return []
+        res = ctl.slurm.pin_release_many([(x.sj.job_id, x.names, x.gpus, x.per_node, x.sj.pin_tres, x.settle)
+                                          for x in plain])
+        assert res is not None
+        dropped = False
+        for x, err in zip(plain, res):
+            if err is None:
+                self._placed(x, rep, report)
+            elif err.timed_out:
+                self._release_timed_out(x, err)
+            else:
+                ctl.journal["released"].pop(x.jid, None)
+                dropped = True
+                self._failed(x, err)
+        if dropped:
+            ctl._save()
+        return rest
 
 
 @dataclass

@@ -59,6 +59,7 @@ class SlurmSection:
     partition: str | None = None  # manage only this partition's marked jobs; None: any
     command_timeout_s: float = 20.0
     bin_dir: str | None = None
+    libslurm: bool = True  # pin and release in one RPC through libslurm (22.05; with conf set, no bin_dir)
 
 
 @dataclass

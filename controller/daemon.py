@@ -24,22 +24,24 @@ Every ``interval_s`` seconds one :meth:`Controller.round`:
 
 Placement in Slurm: jobs ask for a total (``--gpus=N``, recorded by
 job_submit.lua in the admin comment). The controller pins the node set and
-node count and rewrites the GPU request: a balanced placement (k GPUs on each
-node) becomes ``TresPerNode=gres:gpu:k``, which Slurm honours exactly; any
-other placement keeps ``TresPerJob=gres:gpu:N``, and Slurm's cons_tres then
-chooses the split itself: one GPU on each node, the rest filled in node order,
-each node up to the GPUs free when the job starts
-(:func:`trainer.twin.cons_tres_split` models it). That equals the plan only
-when the plan also fills the nodes before its last in node order up to their
-free GPUs; a packing split with its partial node earlier in node order, or a
-change of free GPUs between the round and the start, gives another split (or
-no start until the job fits: it waits ``Resources``). The controller compares
-each started job's per-node GRES with the plan, counts mismatches
-(``rlsched_placement_mismatch_total``), and the next round's state is built
-from what Slurm actually allocated. The GPU total and the node set are always
-exactly the plan; the split within them is guaranteed for balanced placements only
-(``rlsched twin --slurm-split fill`` replays a trace with cons_tres's splits;
-docs/SLURM.md, "Per-node split").
+node count, rewrites the GPU request and releases the job, in one update RPC
+per job where libslurm serves (:meth:`controller.slurm.SlurmCLI.pin_release_many`;
+``scontrol`` pins and one ``scontrol release`` otherwise). A balanced placement
+(k GPUs on each node) becomes ``TresPerNode=gres:gpu:k``, which Slurm honours
+exactly; any other placement keeps ``TresPerJob=gres:gpu:N``, and Slurm's
+cons_tres then chooses the split itself: one GPU on each node, the rest filled
+in node order, each node up to the GPUs free when the job starts
+(:func:`controller.slurm.cons_tres_split`). So the controller sends an uneven
+placement as that split of its nodes and total, when the split is the same
+whichever of the jobs that may start before it (the round's later placements
+and its earlier ones of newer jobs, the released jobs not yet started) begin
+first; otherwise the placement waits a round
+(:meth:`controller.backend.SlurmBackend._slurm_split`; docs/SLURM.md,
+"Per-node split"). The controller compares each started job's per-node GRES
+with what it sent, counts mismatches (``rlsched_placement_mismatch_total``: a
+change of free GPUs outside rlsched between the round and the start), and the
+next round's state is built from what Slurm actually allocated
+(``rlsched twin --slurm-split fill`` replays a trace with cons_tres's splits).
 
 Crash-only: all state is rebuilt from Slurm each round. The journal
 (``state_dir/journal.json``, written atomically) only remembers what Slurm
@@ -292,7 +294,8 @@ class Controller:
         metrics: Metrics | None = None,
     ) -> None:
         self.cfg = cfg
-        self.slurm = slurm or SlurmCLI(cfg.slurm.conf, cfg.slurm.command_timeout_s, cfg.slurm.bin_dir)
+        self.slurm = slurm or SlurmCLI(cfg.slurm.conf, cfg.slurm.command_timeout_s, cfg.slurm.bin_dir,
+                                       libslurm=cfg.slurm.libslurm)
         self._preempter = preempter
         self.clock = clock
         self.metrics = metrics or Metrics()

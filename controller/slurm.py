@@ -76,6 +76,7 @@ __all__ = [
     "with_reason",
     "queue_position",
     "dependency_met",
+    "cons_tres_split",
 ]
 
 log = logging.getLogger(__name__)
@@ -731,6 +732,34 @@ def squeue_row(chunk: str | Sequence[str], sep: str) -> dict[str, str]:
     return row
 
 
+def cons_tres_split(nodes: Sequence[int], gpus: int, free: Sequence[int] | Mapping[int, int],
+                    per_node: int | None = None) -> dict[int, int] | None:
+    """The per-node GPU split Slurm's cons_tres gives a job pinned to ``nodes`` (node indices).
+
+    ``per_node`` (``TresPerNode``): exactly that many on each node. Otherwise (``TresPerJob`` of
+    ``gpus``): one GPU on each node, then the rest filled in node order (ascending index, Slurm's
+    node table order), each node up to its ``free`` GPUs (``free[n]``: a sequence or a mapping by node
+    index). Measured on slurmctld 22.05.8 (docs/SLURM.md, "Per-node split").
+    ``None`` when it does not fit.
+    """
+    order = sorted(set(nodes))
+    if not order:
+        return None
+    if per_node is not None:
+        if per_node * len(order) != gpus or any(free[n] < per_node for n in order):
+            return None
+        return {n: per_node for n in order}
+    if gpus < len(order) or any(free[n] < 1 for n in order):
+        return None
+    split = {n: 1 for n in order}
+    left = gpus - len(order)
+    for n in order:
+        take = min(left, int(free[n]) - 1)
+        split[n] += take
+        left -= take
+    return split if left == 0 else None
+
+
 def _running_split(nodes: list[str], gpus: int, tres_per_node: str) -> dict[str, int] | None:
     """The per-node GPUs of a running job when its text row tells them: all on its one node, or
     ``TresPerNode`` on each node (the controller's balanced placements); None otherwise."""
@@ -783,9 +812,19 @@ class SlurmCLI:
     :param bin_dir: where the Slurm commands are (``None``: ``PATH``).
     """
 
+    #: Slurm gives an uneven (``TresPerJob``) placement its own split (:func:`cons_tres_split`): the controller
+    #: sends only splits it applies exactly (:meth:`controller.backend.SlurmBackend._slurm_split`)
+    fills_splits = True
+
     def __init__(self, conf: str | None = None, timeout_s: float = 20.0, bin_dir: str | None = None,
-                 full_read_s: float = 60.0) -> None:
+                 full_read_s: float = 60.0, libslurm: bool = False) -> None:
         self.conf = conf
+        #: whether :meth:`pin_release_many` may use libslurm (it does only with ``conf`` given and no
+        #: ``bin_dir``: commands from a directory of their own are what the caller wants run)
+        self.libslurm = libslurm
+        self._lib: Any = None
+        self._lib_tried = False
+        self._lib_lock = threading.Lock()
         self.timeout_s = timeout_s
         self.bin_dir = bin_dir
         self.full_read_s = full_read_s
@@ -963,6 +1002,48 @@ class SlurmCLI:
         if pins:
             self.run(["scontrol"], stdin="".join("update " + " ".join(p) + "\n" for p in pins) + "quit\n")
 
+    def _libslurm(self):
+        """The :class:`controller.libslurm.LibSlurm` of this adapter's ``slurm.conf``, or ``None`` (opened once)."""
+        with self._lib_lock:  # (the reason writes call it from threads of their own)
+            if not self._lib_tried:
+                self._lib_tried = True
+                if self.libslurm and self.conf and not self.bin_dir:
+                    from controller.libslurm import open_libslurm
+
+                    self._lib = open_libslurm(self.conf)
+                    log.info("libslurm %s for pins, releases and reasons", "in use" if self._lib is not None else
+                             "not usable (library, release or slurm.conf): scontrol")
+            return self._lib
+
+    def pin_release_many(self, pins: Sequence[tuple[int, Sequence[str], int, int | None, str, int]]
+                         ) -> list[SlurmError | None] | None:
+        """Pin and release each held job of ``pins`` (``(job_id, nodes, gpus, per_node, tres_style,
+        delay_s)``, as :meth:`place` takes them) in ONE update RPC per job, through libslurm in this process
+        (:mod:`controller.libslurm`: ``scontrol`` cannot send a release with other fields on 22.05). Returns
+        one entry per pin: ``None`` when Slurm took it, else its :class:`SlurmError` (``timed_out`` when
+        slurmctld may have applied it: no answer came); a refused pin leaves the job held. ``None`` (nothing
+        sent) where libslurm is not in use: the caller pins with :meth:`place_many` and releases with
+        :meth:`release_many`."""
+        lib = self._libslurm()
+        if lib is None:
+            return None
+        from controller.libslurm import LibSlurmError, pin_update
+
+        out: list[SlurmError | None] = []
+        for job_id, nodes, gpus, per_node, tres_style, delay_s in pins:
+            args = self.pin_args(job_id, nodes, gpus, per_node, tres_style, delay_s)  # checks the values
+            up = pin_update(job_id, args[1].split("=", 1)[1], len(nodes), gpus, per_node, tres_style, delay_s,
+                            release=True)
+            with self._lock:
+                self.calls += 1
+            try:
+                lib.update(up)
+                out.append(None)
+            except LibSlurmError as exc:
+                out.append(SlurmError(["slurm_update_job", *args, "Priority=INFINITE"], exc.message,
+                                      timed_out=exc.unsure))
+        return out
+
     def release(self, job_id: int, delay_s: int = 0) -> None:
         """Release a held job that :meth:`place` pinned, to start in ``delay_s`` seconds.
 
@@ -997,8 +1078,29 @@ class SlurmCLI:
         JobId=a,b,c AdminComment=...`` per 200 jobs (scontrol takes a job list; its command mode
         read from stdin would keep quotes in the value, so jobs with different texts take one call
         each). Only an operator (the controller) may set it; users can read it
-        (``scontrol show job``, ``squeue --json``)."""
+        (``scontrol show job``, ``squeue --json``). Through libslurm where :meth:`pin_release_many` uses it:
+        the same update RPC per job, from this process (every job is tried; :class:`SlurmError` names the
+        first refused one)."""
         ids = [int(j) for j in job_ids]
+        lib = self._libslurm()
+        if lib is not None:
+            from controller.libslurm import LibSlurmError, Update
+
+            first: SlurmError | None = None
+            for j in ids:
+                with self._lock:
+                    self.calls += 1
+                try:
+                    lib.update(Update(j, {"admin_comment": text}))
+                except LibSlurmError as exc:
+                    first = first or SlurmError(["slurm_update_job", f"JobId={j}", "AdminComment=..."], exc.message,
+                                                timed_out=exc.unsure)
+                    continue
+                if j in self._known:
+                    self._known[j] = dataclasses.replace(self._known[j], admin_comment=text)
+            if first is not None:
+                raise first
+            return
         for k in range(0, len(ids), 200):
             part = ids[k:k + 200]
             self.run(["scontrol", "update", "JobId=" + ",".join(str(j) for j in part), f"AdminComment={text}"])

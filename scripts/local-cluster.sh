@@ -4,6 +4,7 @@
 #   scripts/local-cluster.sh up     [--nodes 4] [--gpus 8] [--dir DIR] [--port 6900]
 #                                   [--policy greedy] [--interval 5] [--no-controller] [--no-agents]
 #                                   [--other-nodes 1] [--no-job-submit] [--gpu-type TYPE|TYPE:K,...]
+#                                   [--sched-params sched_interval=2,defer_batch]
 #   scripts/local-cluster.sh status [--dir DIR]
 #   scripts/local-cluster.sh down   [--dir DIR]
 #
@@ -34,6 +35,8 @@
 # jobs can ask `--gpus=TYPE:N`: `--gpu-type a100` gives every node A100s; `--gpu-type a100:2,v100:2`
 # gives node1-2 A100s and node3-4 V100s (the counts add up to --nodes, in node order); the
 # unmanaged nodes get the first type. Without it the GPUs are untyped (`Gres=gpu:G`).
+# --sched-params: slurm.conf's SchedulerParameters (default sched_interval=2,defer_batch; letters,
+# digits and _=,.: only), e.g. for benchmarks of slurmctld settings (benchmarks/bench_slurm.py).
 # --no-job-submit: slurm.conf without JobSubmitPlugins=lua (benchmarks only: nothing is
 # held, nothing is managed).
 # Ports: slurmctld PORT, slurmd of nodeK PORT+K, of otherK PORT+N+K, the agent of
@@ -71,6 +74,7 @@ PARTITION="gpu"
 OTHER_PARTITION="other"
 OTHER_NODES=1
 JOB_SUBMIT=1
+SCHED_PARAMS="sched_interval=2,defer_batch"
 CPUS=32
 REAL_MEMORY=64000   # MB per node (nothing enforces it: TaskPlugin=task/none)
 METRICS_PORT=""
@@ -85,7 +89,7 @@ log() { echo "local-cluster: $*" >&2; }
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --nodes|--gpus|--dir|--port|--policy|--interval|--metrics-port|--other-nodes|--gpu-type)
+    --nodes|--gpus|--dir|--port|--policy|--interval|--metrics-port|--other-nodes|--gpu-type|--sched-params)
       # a missing value, or the next option taken for one ("--nodes --gpus 4"), is an error of its own
       [[ $# -ge 2 && "$2" != --* ]] || die "$1 needs a value (see --help)"
       case "$1" in
@@ -98,6 +102,7 @@ while [[ $# -gt 0 ]]; do
         --metrics-port) METRICS_PORT="$2" ;;
         --other-nodes) OTHER_NODES="$2" ;;
         --gpu-type) GPU_TYPE="$2" ;;
+        --sched-params) SCHED_PARAMS="$2" ;;
       esac
       shift 2 ;;
     --no-controller) WITH_CONTROLLER=0; shift ;;
@@ -107,6 +112,7 @@ while [[ $# -gt 0 ]]; do
     *) die "unknown option $1 (see --help)" ;;
   esac
 done
+[[ "$SCHED_PARAMS" =~ ^[A-Za-z0-9_=,.:]+$ ]] || die "--sched-params takes letters, digits and _=,.: only, got '$SCHED_PARAMS'"
 [[ "$NODES" =~ ^[1-9][0-9]{0,3}$ ]] || die "--nodes must be a positive integer (at most 9999), got '$NODES'"
 [[ "$OTHER_NODES" =~ ^[0-9]{1,4}$ ]] || die "--other-nodes must be a number (0: no unmanaged partition), got '$OTHER_NODES'"
 [[ "$GPUS" =~ ^[1-9][0-9]{0,3}$ ]] || die "--gpus must be a positive integer (at most 9999), got '$GPUS'"
@@ -267,7 +273,7 @@ write_config() {
     echo "MpiDefault=none"
     echo "SwitchType=switch/none"
     echo "SchedulerType=sched/backfill"
-    echo "SchedulerParameters=sched_interval=2,defer_batch"
+    echo "SchedulerParameters=$SCHED_PARAMS"
     echo "SelectType=select/cons_tres"
     # as in slurm_conf/slurm.conf.fragment: memory is consumable, and a job that
     # asks for none gets DefMemPerCPU per CPU (not the whole node), so jobs share nodes

@@ -329,3 +329,126 @@ def test_nodes_read_sinfo_text_and_json_where_the_text_is_not_what_was_asked():
     want = parse_sinfo_json(json.dumps(SINFO_JSON))
     assert ok.nodes() == want and ok.nodes() == want and ok.ran == ["-h", "-h"]
     assert wrapped.nodes() == want and wrapped.nodes() == want and wrapped.ran == ["-h", "--json", "--json"]
+
+
+# --------------------------------------------------------------------------- pin and release in one RPC (libslurm)
+class OneRpcSlurm(BatchSlurm):
+    """BatchSlurm with ``pin_release_many`` as SlurmCLI has it with libslurm: each pin and its release in one
+    call. ``refuse``: job ids Slurm refuses (left held); ``unsure``: job ids whose call gets no answer (applied
+    all the same)."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.refuse: set[int] = set()
+        self.unsure: set[int] = set()
+
+    def pin_release_many(self, pins):
+        if not pins:
+            return []
+        ids = [int(p[0]) for p in pins]
+        self.batches.append(("pin_release_many", ids))
+        recorded = json.loads(self.journal.read_text())["released"]
+        assert all(str(j) in recorded for j in ids), "released before the journal recorded it"
+        out = []
+        for job_id, nodes, gpus, per_node, _style, delay_s in pins:
+            if job_id in self.refuse:
+                out.append(SlurmError(["slurm_update_job"], "Invalid node name specified"))
+                continue
+            j = self.job_list[job_id]
+            assert gpus == j.gpus and j.priority == 0, "released twice"
+            j.required_nodes, j.num_nodes, self.per_node[job_id] = list(nodes), len(nodes), per_node
+            self.delays[job_id] = delay_s
+            j.priority, j.reason = 1000, "None"
+            out.append(SlurmError(["slurm_update_job"], "Socket timed out", timed_out=True)
+                       if job_id in self.unsure else None)
+        return out
+
+
+def test_with_libslurm_each_placement_is_one_call_after_one_journal_write(tmp_path):
+    s = OneRpcSlurm()
+    ids = [s.submit(g, comment="rlsched:model=GNN") for g in (4, 4, 8)]
+    ctl, rep = _round(tmp_path, s)
+    assert sorted(j for j, _ in rep.placed) == ids
+    assert s.batches == [("pin_release_many", ids)]  # no scontrol pins, no scontrol release
+    assert all(str(j) in ctl.journal["released"] for j in ids) and not any(s.job_list[j].held for j in ids)
+
+
+def test_with_libslurm_a_refused_placement_stays_held_and_an_unanswered_one_keeps_its_gpus(tmp_path):
+    s = OneRpcSlurm()
+    a, b, c = (s.submit(g, comment="rlsched:model=GNN") for g in (8, 8, 8))
+    s.refuse, s.unsure = {a}, {b}
+    ctl, rep = _round(tmp_path, s)
+    assert [j for j, _ in rep.placed] == [c]
+    assert s.job_list[a].held and str(a) not in ctl.journal["released"]
+    assert str(b) in ctl.journal["released"]  # may have been released: its entry reserves its GPUs
+    assert ctl.metrics.value("rlsched_slurm_errors_total") == 2
+
+
+# --------------------------------------------------------------------------- splits Slurm applies exactly
+class FillSlurm(OneRpcSlurm):
+    """Slurm 22.05's cons_tres split (controller.slurm.cons_tres_split) for TresPerJob placements."""
+
+    fills_splits = True
+
+    def schedule(self, now: float = 2000.0) -> None:
+        from controller.slurm import cons_tres_split
+
+        names = [n.name for n in self.node_list]
+        for j in sorted(self.job_list.values(), key=lambda x: x.job_id):
+            if j.state != "PENDING" or j.priority == 0 or not j.required_nodes:
+                continue
+            free = [n.gpus - n.gpus_used for n in self.node_list]
+            got = cons_tres_split([names.index(x) for x in j.required_nodes], j.gpus, free, self.per_node.get(j.job_id))
+            if got is None:
+                continue
+            split = {names[k]: g for k, g in got.items()}
+            for n in self.node_list:
+                n.gpus_used += split.get(n.name, 0)
+            j.state, j.nodes, j.gpus_per_node, j.start_time = "RUNNING", list(split), split, now
+
+
+def _fill_ctl(tmp_path, *gpus):
+    """A controller over FillSlurm whose policy is built (one empty round), and held jobs of ``gpus``."""
+    s = FillSlurm()
+    ctl = _ctl(tmp_path, s, policy="fifo")
+    s.journal = ctl.journal.path
+    ctl.round()
+    return s, ctl, [s.submit(g, comment="rlsched:model=GNN") for g in gpus]
+
+
+def test_an_uneven_split_is_sent_as_the_split_slurm_gives_and_starts_exactly(tmp_path):
+    from policies.cluster import Placement
+    from policies.state import Decision
+
+    s, ctl, (a, b) = _fill_ctl(tmp_path, 9, 8)
+    ctl.policy.schedule = lambda state: Decision(place=[(str(a), Placement.of({0: 1, 1: 8})),
+                                                        (str(b), Placement.of({2: 4, 3: 4}))])
+    rep = ctl.round()
+    plans = dict(rep.placed)
+    assert plans[a] == {"node1": 8, "node2": 1}  # same nodes and total, Slurm's split
+    assert plans[b] == {"node3": 4, "node4": 4}  # balanced: as planned
+    assert ctl.metrics.value("rlsched_decisions_total", action="split_set") == 1
+    s.schedule()
+    assert {j: s.job_list[j].gpus_per_node for j in (a, b)} == plans
+    ctl.round()
+    assert ctl.metrics.value("rlsched_placement_mismatch_total") == 0
+
+
+def test_a_split_that_depends_on_which_job_starts_first_waits_a_round(tmp_path):
+    from policies.cluster import Placement
+    from policies.state import Decision
+
+    s, ctl, (a, b) = _fill_ctl(tmp_path, 10, 6)
+    # a: 2 GPUs of node1 and all of node2; b: the other 6 of node1. Were a to start first, Slurm would give
+    # it 8 GPUs of node1 (one per node, then node order), and b could not start.
+    decision = Decision(place=[(str(a), Placement.of({0: 2, 1: 8})), (str(b), Placement.of({0: 6}))])
+    ctl.policy.schedule = lambda state: decision
+    rep = ctl.round()
+    assert [j for j, _ in rep.placed] == [b] and s.job_list[a].held
+    assert ctl.metrics.value("rlsched_decisions_total", action="split_deferred") == 1
+    s.schedule()  # b starts; next round a's split no longer depends on anything
+    decision = Decision(place=[(str(a), Placement.of({0: 2, 1: 8}))])
+    rep = ctl.round()
+    assert dict(rep.placed) == {a: {"node1": 2, "node2": 8}}
+    s.schedule()
+    assert s.job_list[a].gpus_per_node == {"node1": 2, "node2": 8}

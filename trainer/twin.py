@@ -90,7 +90,7 @@ from controller.config import MAX_INTERVAL_S, ControllerConfig, parse_config
 from controller.daemon import Controller, make_policy
 from controller.metrics import JsonFormatter
 from controller.preemption import PreemptOutcome
-from controller.slurm import MANAGED_MARK, SlurmError, SlurmJob, SlurmNode
+from controller.slurm import MANAGED_MARK, SlurmError, SlurmJob, SlurmNode, cons_tres_split
 from controller.state import natural_key
 from policies.cluster import ClusterSpec, Placement
 from policies.job import JobSpec
@@ -126,33 +126,6 @@ USER, USER_ID = "twin", 1000
 class TwinError(RuntimeError):
     """The twin cannot go on: a controller round failed, or the simulated Slurm was asked for
     something Slurm would refuse or could not start (the message says what, and which job)."""
-
-
-def cons_tres_split(nodes: Sequence[int], gpus: int, free: Sequence[int], per_node: int | None = None
-                    ) -> dict[int, int] | None:
-    """The per-node GPU split Slurm's cons_tres gives a job pinned to ``nodes`` (node indices).
-
-    ``per_node`` (``TresPerNode``): exactly that many on each node. Otherwise (``TresPerJob`` of
-    ``gpus``): one GPU on each node, then the rest filled in node order (ascending index, Slurm's
-    node table order), each node up to its ``free`` GPUs (``controller/daemon.py``'s model of Slurm).
-    ``None`` when it does not fit.
-    """
-    order = sorted(set(nodes))
-    if not order:
-        return None
-    if per_node is not None:
-        if per_node * len(order) != gpus or any(free[n] < per_node for n in order):
-            return None
-        return {n: per_node for n in order}
-    if gpus < len(order) or any(free[n] < 1 for n in order):
-        return None
-    split = {n: 1 for n in order}
-    left = gpus - len(order)
-    for n in order:
-        take = min(left, int(free[n]) - 1)
-        split[n] += take
-        left -= take
-    return split if left == 0 else None
 
 
 #: how the simulated Slurm splits a job's GPUs over its nodes (see :class:`SimulatedSlurm`)
