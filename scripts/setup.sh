@@ -37,6 +37,15 @@ if [ "$want_slurm" = 1 ]; then
       echo "setup.sh: not root: skipping the Slurm/MUNGE install (the live-cluster tests will be skipped)" >&2
     fi
   fi
+  # slurm.h and a C compiler: tests/test_libslurm.py checks controller/libslurm.py's struct offsets against them
+  if [ ! -f /usr/include/slurm/slurm.h ] || ! command -v gcc >/dev/null; then
+    if [ "$(id -u)" = 0 ]; then
+      echo "==> installing libslurm-dev and gcc from Debian (the libslurm layout test)"
+      apt_install libslurm-dev gcc libc6-dev
+    else
+      echo "setup.sh: not root: skipping libslurm-dev (the libslurm layout test will be skipped)" >&2
+    fi
+  fi
   # headless Chromium: tests/test_status_page.py loads the controller's status page in it
   if ! command -v chromium >/dev/null; then
     if [ "$(id -u)" = 0 ]; then
