@@ -11,8 +11,8 @@ import pytest
 
 from policies.checkpoint import CheckpointError
 from policies.cluster import ClusterSpec
-from policies.dl2 import (DL2Net, DL2Spec, FEATURES, JOB_TYPES, action_mask, apply_action, encode, load_dl2,
-                          save_dl2, slot_reward)
+from policies.dl2 import (DL2Net, DL2Spec, FEATURES, JOB_TYPES, SlotBatch, action_mask, apply_action, encode,
+                          load_dl2, save_dl2, slot_reward)
 from policies.elastic import PlanJob
 from policies.resources import ResourceDemand
 from policies.state import ClusterState, JobInfo
@@ -165,3 +165,26 @@ def test_shipped_checkpoint_loads_through_the_registry():
     assert is_learned("dl2") and is_learned("dl2:/x")
     with pytest.raises(Exception, match="empty checkpoint path"):
         make_policy("dl2:", cl)
+
+
+def test_slot_batch_equals_encode_and_mask_along_a_random_slot():
+    """SlotBatch's incremental state and mask equal encode / action_mask bit for bit after every action."""
+    spec = DL2Spec(J=5)
+    rng = np.random.default_rng(3)
+    batch = [_job("a"), _job("b", model="GPT-2", ps=False, hi=3, t=600.0), _job("c", model="VGG-16", hi=6, done=200.0),
+             _job("d", hi=2, t=1200.0)]
+    cap = (9.0, 40.0, 200.0)
+    used = [1.0, 4.0, 20.0]
+    sb = SlotBatch(batch, cap, 3000.0, spec)
+    for _ in range(60):
+        ref = action_mask(batch, used, cap, spec, allow_stop=False)
+        got = sb.mask(used, allow_stop=False)
+        assert np.array_equal(got, ref)
+        assert np.array_equal(sb.obs, encode(batch, cap, 3000.0, spec))
+        legal = np.flatnonzero(ref[:-1])
+        if not legal.size:
+            break
+        a = int(rng.choice(legal))
+        assert apply_action(batch, used, a, spec)
+        sb.update(a // 3)
+    assert not legal.size  # the slot ran until nothing fit
