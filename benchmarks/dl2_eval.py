@@ -22,7 +22,9 @@ slot); the shipped checkpoint's training (its JSON header) and the selection it 
 one line per policy, 95 % intervals over seeds) and ``dl2_training.png`` (the checkpoint's training
 curve, :mod:`scripts.dl2_training_curve`); with ``--docs`` the figures go to ``docs/figures/`` and the
 section replaces the text between ``<!-- dl2-results:begin -->`` and ``<!-- dl2-results:end -->`` in
-``docs/RESULTS.md`` and ``docs/ELASTIC.md``.
+``docs/RESULTS.md`` and ``docs/ELASTIC.md``. ``--reuse JSON`` takes the runs of an earlier
+``dl2_results.json`` that match (same label and policy, a DL2 policy by its weights' sha256, factor,
+seed, job count) instead of running them again; ``--from-json`` renders a saved result.
 
     PYTHONPATH=. nice -n 10 python3 benchmarks/dl2_eval.py --docs       # the docs' DL2 section
     PYTHONPATH=. nice -n 10 python3 benchmarks/dl2_eval.py --seed0 2000 --seeds 2 --rates 1 \\
@@ -107,15 +109,29 @@ def scaled_sequence(seed: int, jobs: int, rate: float) -> tuple[list, float]:
     return parse_elastic_trace(doc), per_h
 
 
-def run_sequence(seq: list, policies: list[tuple[str, str]], cluster, perf, on_policy=None) -> tuple[dict, dict]:
-    """Average JCT (s) per label on ``seq``, and per DL2 label its planning's thread CPU seconds,
-    inferences and slots."""
+def policy_ids(policies: list[tuple[str, str]], cluster, perf) -> dict[str, str]:
+    """What each label runs: its spec, and for a DL2 policy its weights' sha256 (``dl2`` names whatever
+    checkpoint is shipped). Building each policy here also refuses a bad name or checkpoint before any run."""
+    from policies.dl2 import DL2Policy
+    from policies.registry import make_policy
+
+    out = {}
+    for label, spec in policies:
+        pol = make_policy(spec, cluster, perf)
+        out[label] = f"{spec} sha256:{pol.weights_sha256}" if isinstance(pol, DL2Policy) else spec
+    return out
+
+
+def run_sequence(seq: list, policies: list[tuple[str, str]], cluster, perf, on_policy=None) -> tuple[dict, dict, dict]:
+    """Average JCT (s) per label on ``seq``; per DL2 label its planning's thread CPU seconds, inferences
+    and slots; per label the process CPU seconds of its simulation."""
     from policies.dl2 import DL2Policy
     from policies.registry import make_policy
     from trainer.simulator import SimConfig, Simulator
 
-    jct, timing = {}, {}
+    jct, timing, cpu = {}, {}, {}
     for label, spec in policies:
+        c0 = time.process_time()
         pol = make_policy(spec, cluster, perf)
         spent, slots = [0.0], [0]
         if isinstance(pol, DL2Policy):
@@ -132,14 +148,17 @@ def run_sequence(seq: list, policies: list[tuple[str, str]], cluster, perf, on_p
         jct[label] = float(np.mean([r.jct for r in res.jobs]))
         if isinstance(pol, DL2Policy):
             timing[label] = {"plan_cpu_s": spent[0], "inferences": pol.inferences, "slots": slots[0]}
+        cpu[label] = round(time.process_time() - c0, 2)
         if on_policy:
             on_policy(label, jct[label])
-    return jct, timing
+    return jct, timing, cpu
 
 
 def evaluate(rates: Sequence[float], seeds: int, seed0: int, jobs: int, policies: list[tuple[str, str]],
-             progress: bool = True, log=print) -> dict:
-    """Run every policy on every (rate factor, seed); the per-run results (module docstring)."""
+             progress: bool = True, log=print, reuse: dict | None = None) -> dict:
+    """Run every policy on every (rate factor, seed); the per-run results (module docstring). ``reuse``:
+    an earlier result whose runs of the same label, policy (:func:`policy_ids`), factor, seed and job count
+    are taken from it instead of being run again."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from policies.cluster import ClusterSpec
@@ -150,10 +169,16 @@ def evaluate(rates: Sequence[float], seeds: int, seed0: int, jobs: int, policies
     perf = PSPerformanceModel(ContentionModel(cluster))
     out: dict = {"rates": list(rates), "seeds": list(range(seed0, seed0 + seeds)), "jobs": jobs,
                  "policies": [list(p) for p in policies], "cluster": "data/clusters/dl2.yaml", "runs": []}
-    from policies.registry import make_policy
-
-    for _label, spec in policies:  # a bad name or checkpoint is refused before any run
-        make_policy(spec, cluster, perf)
+    ids = policy_ids(policies, cluster, perf)
+    out["policy_ids"], out["reused"] = ids, 0
+    old: dict = {}
+    if reuse and reuse.get("jobs") == jobs:
+        rids = reuse.get("policy_ids") or {}
+        for r in reuse.get("runs", []):
+            for label in r["jct"]:
+                if label in ids and rids.get(label) == ids[label]:
+                    old[(r["rate"], r["seed"], label)] = (r["jct"][label], r["timing"].get(label),
+                                                          (r.get("cpu_s") or {}).get(label))
     c0 = time.process_time()
     with Progress(TextColumn("dl2-eval {task.fields[info]}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   disable=not progress) as bar:
@@ -167,8 +192,20 @@ def evaluate(rates: Sequence[float], seeds: int, seed0: int, jobs: int, policies
                     if not progress:
                         log(f"x{rate:g} seed {seed}: {label} {jct:.0f} s")
 
-                jct, timing = run_sequence(seq, policies, cluster, perf, on_policy=done)
-                out["runs"].append({"rate": rate, "seed": seed, "jobs_per_h": per_h, "jct": jct, "timing": timing})
+                todo = [p for p in policies if (rate, seed, p[0]) not in old]
+                jct, timing, cpu = run_sequence(seq, todo, cluster, perf, on_policy=done)
+                for label, _spec in policies:
+                    if label in jct:
+                        continue
+                    jct[label], t, cpu[label] = old[(rate, seed, label)]
+                    out["reused"] += 1
+                    if t is not None:
+                        timing[label] = t
+                    done(label, jct[label])
+                out["runs"].append({"rate": rate, "seed": seed, "jobs_per_h": per_h,
+                                    "jct": {p[0]: jct[p[0]] for p in policies},
+                                    "timing": {p[0]: timing[p[0]] for p in policies if p[0] in timing},
+                                    "cpu_s": {p[0]: cpu[p[0]] for p in policies}})
     out["cpu_s"] = round(time.process_time() - c0, 1)
     return out
 
@@ -281,6 +318,11 @@ def _training_lines(meta: dict) -> list[str]:
     return lines
 
 
+def _run_cpu(res: dict) -> float:
+    """CPU seconds of every simulation of ``res`` (reused runs counted at their own measurement)."""
+    return float(sum(v for r in res["runs"] for v in (r.get("cpu_s") or {}).values() if v is not None))
+
+
 def markdown(res: dict, meta: dict, ckpt: Path) -> str:
     """The generated section (tables, figure links) of results ``res`` and the checkpoint header ``meta``."""
     s = summarize(res)
@@ -295,7 +337,7 @@ def markdown(res: dict, meta: dict, ckpt: Path) -> str:
              f"(submit times / factor); cluster `{res['cluster']}`; 30 s resize pause; policies {specs}"
              f" (`{ref}`: `{rel}`). Each cell: mean average JCT over the {len(res['seeds'])} sequences; in brackets "
              f"{ref}'s JCT / the policy's (paired, mean +- 95 % t-interval half-width; < 1: {ref} faster). "
-             f"{res.get('cpu_s', math.nan) / 60:.0f} min of CPU for the whole run.", "",
+             f"{_run_cpu(res) / 60:.0f} min of CPU for all the simulations.", "",
              "| factor | jobs/h | best baseline | " + " | ".join(labels) + " |",
              "|---|---|---|" + "---|" * len(labels)]
     for r, b in s["by_rate"].items():
@@ -368,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("out/dl2-results"), help="directory for the JSON, section, figures")
     ap.add_argument("--from-json", type=Path, help="render the outputs of a dl2_results.json, run nothing")
     ap.add_argument("--docs", action="store_true", help="also write the section and figures into docs/")
+    ap.add_argument("--reuse", type=Path, help="a dl2_results.json whose runs of the same policies (DL2: the "
+                    "same weights), factors, seeds and job count are taken instead of run again")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     try:
@@ -377,8 +421,9 @@ def main(argv: list[str] | None = None) -> int:
             res = json.loads(args.from_json.read_text(encoding="utf-8"))
             res.pop("summary", None)
         else:
+            reuse = json.loads(args.reuse.read_text(encoding="utf-8")) if args.reuse else None
             res = evaluate(parse_rates(args.rates), args.seeds, args.seed0, args.jobs, parse_policies(args.policies),
-                           progress=not args.no_progress)
+                           progress=not args.no_progress, reuse=reuse)
         print(write_outputs(res, args.out, args.docs))
     except (ValueError, OSError) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)

@@ -75,6 +75,15 @@ def test_outputs_and_docs_between_markers(ev, tiny, tmp_path):
     assert again == md
 
 
+def test_reuse_takes_matching_runs_only(ev, tiny):
+    again = ev.evaluate([1.0, 3.0], 2, 100, 5, ev.parse_policies("dl2,drf"), progress=False, log=lambda s: None,
+                        reuse=tiny)
+    assert again["reused"] == 8 and again["runs"] == tiny["runs"]
+    other = dict(tiny, policy_ids={**tiny["policy_ids"], "drf": "something else"})
+    part = ev.evaluate([1.0], 1, 100, 5, ev.parse_policies("dl2,drf"), progress=False, log=lambda s: None, reuse=other)
+    assert part["reused"] == 1 and part["runs"][0]["jct"] == tiny["runs"][0]["jct"]
+
+
 @pytest.mark.parametrize("args, why", [
     (["--rates", "1,0"], "must be a finite factor > 0"),
     (["--rates", "x"], "is not a number"),
