@@ -23,8 +23,9 @@ one line per policy, 95 % intervals over seeds) and ``dl2_training.png`` (the ch
 curve, :mod:`scripts.dl2_training_curve`); with ``--docs`` the figures go to ``docs/figures/`` and the
 section replaces the text between ``<!-- dl2-results:begin -->`` and ``<!-- dl2-results:end -->`` in
 ``docs/RESULTS.md`` and ``docs/ELASTIC.md``. ``--reuse JSON`` takes the runs of an earlier
-``dl2_results.json`` that match (same label and policy, a DL2 policy by its weights' sha256, factor,
-seed, job count) instead of running them again; ``--from-json`` renders a saved result.
+``dl2_results.json`` (or of the ``dl2_results.partial.json`` a run writes after each sequence) that
+match (same label and policy, a DL2 policy by its weights' sha256, factor, seed, job count) instead of
+running them again; ``--from-json`` renders a saved result.
 
     PYTHONPATH=. nice -n 10 python3 benchmarks/dl2_eval.py --docs       # the docs' DL2 section
     PYTHONPATH=. nice -n 10 python3 benchmarks/dl2_eval.py --seed0 2000 --seeds 2 --rates 1 \\
@@ -155,10 +156,11 @@ def run_sequence(seq: list, policies: list[tuple[str, str]], cluster, perf, on_p
 
 
 def evaluate(rates: Sequence[float], seeds: int, seed0: int, jobs: int, policies: list[tuple[str, str]],
-             progress: bool = True, log=print, reuse: dict | None = None) -> dict:
-    """Run every policy on every (rate factor, seed); the per-run results (module docstring). ``reuse``:
-    an earlier result whose runs of the same label, policy (:func:`policy_ids`), factor, seed and job count
-    are taken from it instead of being run again."""
+             progress: bool = True, log=print, reuse: dict | None = None, partial: Path | None = None) -> dict:
+    """Run every policy on every (seed, rate factor), seed by seed; the per-run results (module docstring).
+    ``reuse``: an earlier result whose runs of the same label, policy (:func:`policy_ids`), factor, seed
+    and job count are taken from it instead of being run again. ``partial``: the results so far are
+    written there after each sequence (a ``reuse`` file for a run that was stopped)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from policies.cluster import ClusterSpec
@@ -183,8 +185,8 @@ def evaluate(rates: Sequence[float], seeds: int, seed0: int, jobs: int, policies
     with Progress(TextColumn("dl2-eval {task.fields[info]}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   disable=not progress) as bar:
         task = bar.add_task("", total=len(rates) * seeds * len(policies), info="")
-        for rate in rates:
-            for seed in out["seeds"]:
+        for seed in out["seeds"]:
+            for rate in rates:
                 seq, per_h = scaled_sequence(seed, jobs, rate)
 
                 def done(label, jct, rate=rate, seed=seed):
@@ -206,6 +208,9 @@ def evaluate(rates: Sequence[float], seeds: int, seed0: int, jobs: int, policies
                                     "jct": {p[0]: jct[p[0]] for p in policies},
                                     "timing": {p[0]: timing[p[0]] for p in policies if p[0] in timing},
                                     "cpu_s": {p[0]: cpu[p[0]] for p in policies}})
+                if partial is not None:
+                    partial.parent.mkdir(parents=True, exist_ok=True)
+                    partial.write_text(json.dumps(out, indent=1))
     out["cpu_s"] = round(time.process_time() - c0, 1)
     return out
 
@@ -423,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             reuse = json.loads(args.reuse.read_text(encoding="utf-8")) if args.reuse else None
             res = evaluate(parse_rates(args.rates), args.seeds, args.seed0, args.jobs, parse_policies(args.policies),
-                           progress=not args.no_progress, reuse=reuse)
+                           progress=not args.no_progress, reuse=reuse, partial=args.out / "dl2_results.partial.json")
         print(write_outputs(res, args.out, args.docs))
     except (ValueError, OSError) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)

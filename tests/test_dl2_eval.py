@@ -75,10 +75,12 @@ def test_outputs_and_docs_between_markers(ev, tiny, tmp_path):
     assert again == md
 
 
-def test_reuse_takes_matching_runs_only(ev, tiny):
+def test_reuse_takes_matching_runs_only(ev, tiny, tmp_path):
+    part_file = tmp_path / "p" / "partial.json"
     again = ev.evaluate([1.0, 3.0], 2, 100, 5, ev.parse_policies("dl2,drf"), progress=False, log=lambda s: None,
-                        reuse=tiny)
+                        reuse=tiny, partial=part_file)
     assert again["reused"] == 8 and again["runs"] == tiny["runs"]
+    assert json.loads(part_file.read_text())["runs"] == tiny["runs"]  # written after each sequence
     other = dict(tiny, policy_ids={**tiny["policy_ids"], "drf": "something else"})
     part = ev.evaluate([1.0], 1, 100, 5, ev.parse_policies("dl2,drf"), progress=False, log=lambda s: None, reuse=other)
     assert part["reused"] == 1 and part["runs"][0]["jct"] == tiny["runs"][0]["jct"]
