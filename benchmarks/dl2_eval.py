@@ -22,9 +22,9 @@ slot); the shipped checkpoint's training (its JSON header) and the selection it 
 one line per policy, 95 % intervals over seeds) and ``dl2_training.png`` (the checkpoint's training
 curve, :mod:`scripts.dl2_training_curve`); with ``--docs`` the figures go to ``docs/figures/`` and the
 section replaces the text between ``<!-- dl2-results:begin -->`` and ``<!-- dl2-results:end -->`` in
-``docs/RESULTS.md`` and ``docs/ELASTIC.md``. ``--reuse JSON`` takes the runs of an earlier
-``dl2_results.json`` (or of the ``dl2_results.partial.json`` a run writes after each sequence) that
-match (same label and policy, a DL2 policy by its weights' sha256, factor, seed, job count) instead of
+``docs/RESULTS.md`` and ``docs/ELASTIC.md``. ``--reuse JSON...`` takes the runs of earlier
+``dl2_results.json`` files (or of the ``dl2_results.partial.json`` a run writes after each sequence) that
+match (same policy, a DL2 policy by its weights' sha256 whatever its label, factor, seed, job count) instead of
 running them again; ``--from-json`` renders a saved result.
 
     PYTHONPATH=. nice -n 10 python3 benchmarks/dl2_eval.py --docs       # the docs' DL2 section
@@ -123,6 +123,13 @@ def policy_ids(policies: list[tuple[str, str]], cluster, perf) -> dict[str, str]
     return out
 
 
+def _same(pid: str) -> str:
+    """What decides that two runs are of the same policy: a DL2 policy's weights (whatever its label or
+    path), else the spec."""
+    spec, sep, sha = pid.partition(" sha256:")
+    return f"dl2 sha256:{sha}" if sep else spec
+
+
 def run_sequence(seq: list, policies: list[tuple[str, str]], cluster, perf, on_policy=None) -> tuple[dict, dict, dict]:
     """Average JCT (s) per label on ``seq``; per DL2 label its planning's thread CPU seconds, inferences
     and slots; per label the process CPU seconds of its simulation."""
@@ -158,8 +165,9 @@ def run_sequence(seq: list, policies: list[tuple[str, str]], cluster, perf, on_p
 def evaluate(rates: Sequence[float], seeds: int, seed0: int, jobs: int, policies: list[tuple[str, str]],
              progress: bool = True, log=print, reuse: dict | None = None, partial: Path | None = None) -> dict:
     """Run every policy on every (seed, rate factor), seed by seed; the per-run results (module docstring).
-    ``reuse``: an earlier result whose runs of the same label, policy (:func:`policy_ids`), factor, seed
-    and job count are taken from it instead of being run again. ``partial``: the results so far are
+    ``reuse``: earlier results (one or a list) whose runs of the same policy (:func:`policy_ids`; a DL2
+    policy by its weights, whatever its label), factor, seed and job count are taken from them instead of
+    being run again. ``partial``: the results so far are
     written there after each sequence (a ``reuse`` file for a run that was stopped)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -173,14 +181,16 @@ def evaluate(rates: Sequence[float], seeds: int, seed0: int, jobs: int, policies
                  "policies": [list(p) for p in policies], "cluster": "data/clusters/dl2.yaml", "runs": []}
     ids = policy_ids(policies, cluster, perf)
     out["policy_ids"], out["reused"] = ids, 0
-    old: dict = {}
-    if reuse and reuse.get("jobs") == jobs:
-        rids = reuse.get("policy_ids") or {}
-        for r in reuse.get("runs", []):
+    old: dict = {}  # (rate, seed, what runs) -> (JCT, DL2 timing, CPU s) of the reused results
+    for prev in ([reuse] if isinstance(reuse, dict) else list(reuse or [])):
+        if prev.get("jobs") != jobs:
+            continue
+        rids = prev.get("policy_ids") or {}
+        for r in prev.get("runs", []):
             for label in r["jct"]:
-                if label in ids and rids.get(label) == ids[label]:
-                    old[(r["rate"], r["seed"], label)] = (r["jct"][label], r["timing"].get(label),
-                                                          (r.get("cpu_s") or {}).get(label))
+                if label in rids:
+                    old[(r["rate"], r["seed"], _same(rids[label]))] = (
+                        r["jct"][label], r["timing"].get(label), (r.get("cpu_s") or {}).get(label))
     c0 = time.process_time()
     with Progress(TextColumn("dl2-eval {task.fields[info]}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   disable=not progress) as bar:
@@ -194,12 +204,12 @@ def evaluate(rates: Sequence[float], seeds: int, seed0: int, jobs: int, policies
                     if not progress:
                         log(f"x{rate:g} seed {seed}: {label} {jct:.0f} s")
 
-                todo = [p for p in policies if (rate, seed, p[0]) not in old]
+                todo = [p for p in policies if (rate, seed, _same(ids[p[0]])) not in old]
                 jct, timing, cpu = run_sequence(seq, todo, cluster, perf, on_policy=done)
                 for label, _spec in policies:
                     if label in jct:
                         continue
-                    jct[label], t, cpu[label] = old[(rate, seed, label)]
+                    jct[label], t, cpu[label] = old[(rate, seed, _same(ids[label]))]
                     out["reused"] += 1
                     if t is not None:
                         timing[label] = t
@@ -415,8 +425,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("out/dl2-results"), help="directory for the JSON, section, figures")
     ap.add_argument("--from-json", type=Path, help="render the outputs of a dl2_results.json, run nothing")
     ap.add_argument("--docs", action="store_true", help="also write the section and figures into docs/")
-    ap.add_argument("--reuse", type=Path, help="a dl2_results.json whose runs of the same policies (DL2: the "
-                    "same weights), factors, seeds and job count are taken instead of run again")
+    ap.add_argument("--reuse", type=Path, nargs="+", help="dl2_results.json files whose runs of the same policies "
+                    "(DL2: the same weights), factors, seeds and job count are taken instead of run again")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     try:
@@ -426,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
             res = json.loads(args.from_json.read_text(encoding="utf-8"))
             res.pop("summary", None)
         else:
-            reuse = json.loads(args.reuse.read_text(encoding="utf-8")) if args.reuse else None
+            reuse = [json.loads(f.read_text(encoding="utf-8")) for f in args.reuse or ()]
             res = evaluate(parse_rates(args.rates), args.seeds, args.seed0, args.jobs, parse_policies(args.policies),
                            progress=not args.no_progress, reuse=reuse, partial=args.out / "dl2_results.partial.json")
         print(write_outputs(res, args.out, args.docs))

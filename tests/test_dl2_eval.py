@@ -84,6 +84,10 @@ def test_reuse_takes_matching_runs_only(ev, tiny, tmp_path):
     other = dict(tiny, policy_ids={**tiny["policy_ids"], "drf": "something else"})
     part = ev.evaluate([1.0], 1, 100, 5, ev.parse_policies("dl2,drf"), progress=False, log=lambda s: None, reuse=other)
     assert part["reused"] == 1 and part["runs"][0]["jct"] == tiny["runs"][0]["jct"]
+    shipped = REPO / "policies" / "checkpoints" / "dl2" / "dl2"
+    relabelled = ev.evaluate([1.0], 1, 100, 5, ev.parse_policies(f"mine=dl2:{shipped},drf"), progress=False,
+                             log=lambda s: None, reuse=[tiny])
+    assert relabelled["reused"] == 2 and relabelled["runs"][0]["jct"]["mine"] == tiny["runs"][0]["jct"]["dl2"]
 
 
 @pytest.mark.parametrize("args, why", [
