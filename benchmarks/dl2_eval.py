@@ -323,14 +323,21 @@ def _training_lines(meta: dict) -> list[str]:
             f"{c.get('jobs')} jobs for the warm-up ({c.get('sl_epochs')} epochs, imitation cross-entropy "
             + (f"{h['sl_loss'][0]:.3f} -> {h['sl_loss'][-1]:.3f}" if h.get("sl_loss") else "-")
             + f"), then {len(rl)} RL episodes of {c.get('jobs')} jobs with {updates} actor-critic updates "
-            f"(one per slot); validation on {c.get('val_seeds')} sequences of {c.get('jobs')} jobs (seeds 2000..); "
+            f"(one per slot)"
+            + ("" if tr.get("complete", True) else f" (of {c.get('rl_episodes')} planned: the run was stopped; "
+               "`complete` is false)")
+            + f"; validation on {c.get('val_seeds')} sequences of {c.get('jobs')} jobs (seeds 2000..); "
             f"kept: {tr.get('selected')} (validation JCT {tr.get('val_jct', math.nan):.0f} s); "
             + (f"{cpu / 60:.1f} min of CPU." if isinstance(cpu, (int, float)) else
                f"{tr.get('cpu_wall_s', math.nan) / 60:.1f} min wall (CPU time not recorded).")]
     sel = meta.get("selection") or {}
-    if sel.get("avg_jct_s"):
-        parts = "; ".join(f"{k}: " + " / ".join(f"{v:,.0f}" for v in vs) + " s" for k, vs in sel["avg_jct_s"].items())
-        lines += ["", f"Selection (`selection` in its JSON): {sel.get('rule')}; {sel.get('validation')}: {parts}."]
+    vals = sel.get("avg_jct_s") or sel.get("mean_avg_jct_s") or {}
+    if vals:
+        what = "average JCT" if sel.get("avg_jct_s") else "average JCT, mean over the sequences"
+        parts = "; ".join(f"{k}: " + " / ".join(f"{v:,.0f}" for v in (vs if isinstance(vs, list) else [vs])) + " s"
+                          for k, vs in vals.items())
+        lines += ["", f"Selection (`selection` in its JSON): {sel.get('rule')}; {sel.get('validation')}; {what}: "
+                  f"{parts}."]
     return lines
 
 
