@@ -297,12 +297,7 @@ def act_figure(res: dict, path: Path) -> None:
            title=f"DL2's setting: {res['jobs']} jobs, {len(res['seeds'])} held-out sequences per rate")
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
+    _curve_module().save_png(fig, path)
 
 
 def _fmt_ratio(d: dict) -> str:

@@ -83,6 +83,13 @@ def draw(hist: dict, out: Path) -> None:
     for ax in (a, b):
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     b.legend(fontsize=8)
+    save_png(fig, out)
+
+
+def save_png(fig, out: Path) -> None:
+    """Lay out ``fig``, write it to ``out`` as PNG (110 dpi) atomically (directories made), close it."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp.png")
