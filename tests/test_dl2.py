@@ -188,3 +188,18 @@ def test_slot_batch_equals_encode_and_mask_along_a_random_slot():
         assert apply_action(batch, used, a, spec)
         sb.update(a // 3)
     assert not legal.size  # the slot ran until nothing fit
+
+
+@pytest.mark.slow
+def test_train_writes_checkpoint_history_and_cpu(tmp_path):
+    """A tiny train-dl2 run: warm-up, one RL episode, the checkpoint with its history, CPU seconds, complete."""
+    from trainer.dl2.train import DL2TrainConfig, train
+
+    cfg = DL2TrainConfig(J=4, hidden=(16,), jobs=4, sl_traces=1, sl_samples=300, sl_epochs=2, rl_episodes=1,
+                         val_seeds=1, batch=16, replay=64)
+    jpath = train(cfg, tmp_path / "dl2", progress_bar=False, log=lambda s: None)
+    net, meta, _ = load_dl2(jpath)
+    tr = meta["training"]
+    assert net.spec.J == 4 and tr["complete"] is True and tr["cpu_s"] > 0
+    assert len(tr["history"]["sl_loss"]) == 2 and len(tr["history"]["rl"]) == 1
+    assert tr["history"]["rl"][0]["cpu_s"] <= tr["cpu_s"] and tr["config"]["cluster"] == "data/clusters/dl2.yaml"

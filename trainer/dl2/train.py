@@ -359,7 +359,7 @@ def train(cfg: DL2TrainConfig, out: str | Path, progress_bar: bool = True, log: 
         history["val_warmup_jct"] = best[0]
         log(f"warm-up: imitation loss {history['sl_loss'][0]:.3f} -> {history['sl_loss'][-1]:.3f}, "
             f"validation JCT {best[0]:.0f} s")
-        save(best, cfg.rl_episodes == 0)
+        save(best, False)
         opt_a = torch.optim.Adam(actor.parameters(), lr=cfg.rl_lr)
         opt_c = torch.optim.Adam(critic.parameters(), lr=cfg.rl_lr)
         replay = Replay(cfg.replay, spec.obs_size, spec.n_actions)
@@ -387,7 +387,7 @@ def train(cfg: DL2TrainConfig, out: str | Path, progress_bar: bool = True, log: 
                                   "cpu_s": round(time.process_time() - c0, 1)})
             if val < best[0]:
                 best = (val, _weights(actor), _weights(critic), f"RL episode {ep}")
-            jpath = save(best, ep == cfg.rl_episodes - 1)
+            save(best, False)
             bar.update(t, advance=1, info=f"train JCT {jct:.0f} s, val JCT {val:.0f} s, reward {rew:.2f}")
     jpath = save(best, True)
     log(f"wrote {jpath} (selected: {best[3]}, validation JCT {best[0]:.0f} s, {time.perf_counter() - t0:.0f} s)")
