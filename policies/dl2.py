@@ -55,7 +55,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from policies.elastic import DEFAULT_INTERVAL_S, ElasticBaseline, PlanJob, add_use, dominant_share, fits_capacity
+from policies.elastic import _EPS, DEFAULT_INTERVAL_S, ElasticBaseline, PlanJob, add_use, dominant_share, fits_capacity
 from policies.psmodel import EPOCH_SIZE, MAX_PS, PS_MODELS
 from policies.state import ClusterState
 from policies.workloads import MODELS
@@ -69,6 +69,7 @@ __all__ = [
     "DL2Net",
     "DL2Policy",
     "Transition",
+    "SlotBatch",
     "encode",
     "action_mask",
     "apply_action",
@@ -247,6 +248,60 @@ def apply_action(batch: Sequence[PlanJob], used: list[float], action: int, spec:
     return True
 
 
+class SlotBatch:
+    """One batch of a slot in array form: its state (:func:`encode`) and feasible actions
+    (:func:`action_mask`), kept up to date after each action by recomputing only what the action changes
+    (the acted-on job's row and the capacity fit of every increment), with the same floating-point
+    operations as those two functions, so :attr:`obs` and :meth:`mask` equal theirs bit for bit.
+
+    :ivar obs: ``(J * (L + 5),)`` float32, the current state (updated in place: copy it to keep it).
+    """
+
+    def __init__(self, batch: Sequence[PlanJob], cap: Sequence[float], now: float, spec: DL2Spec) -> None:
+        self.batch = list(batch[: spec.J])
+        self.spec = spec
+        self.obs = encode(self.batch, cap, now, spec)
+        self._rows = self.obs.reshape(spec.J, spec.row)
+        n = len(self.batch)
+        self._cap = np.asarray(cap, np.float64)
+        self._lim = self._cap + _EPS
+        self._share = (self._cap > 0) & (self._cap != math.inf)
+        wv = np.array([j.wv for j in self.batch], np.float64).reshape(n, 3)
+        pv = np.array([j.pv for j in self.batch], np.float64).reshape(n, 3)
+        self._wv, self._pv = wv, pv
+        # increment of kind k (0 worker, 1 PS, 2 both) of job i: j.use(*inc) = dw * wv + dp * pv
+        self._inc = np.stack([1 * wv + 0 * pv, 0 * wv + 1 * pv, 1 * wv + 1 * pv], axis=1)  # (n, 3, 3)
+        self._ok = np.zeros((n, 3), bool)  # structurally feasible (_increment is not None)
+        for i in range(n):
+            self._structure(i)
+
+    def _structure(self, i: int) -> None:
+        j = self.batch[i]
+        for kind in range(3):
+            self._ok[i, kind] = _increment(j, kind) is not None
+
+    def mask(self, used: Sequence[float], allow_stop: bool = True) -> np.ndarray:
+        """:func:`action_mask` of the batch at ``used``."""
+        m = np.zeros(self.spec.n_actions, bool)
+        n = len(self.batch)
+        if n:
+            fit = (np.asarray(used, np.float64) + self._inc <= self._lim).all(axis=2)
+            m[: 3 * n] = (self._ok & fit).reshape(-1)
+        m[-1] = allow_stop or not m[:-1].any()
+        return m
+
+    def update(self, i: int) -> None:
+        """Job ``i``'s ``w`` / ``p`` changed: refresh its row and its feasible increments."""
+        j = self.batch[i]
+        L, sc = len(self.spec.types), self.spec.scales
+        v = j.w * self._wv[i] + j.p * self._pv[i]
+        shares = v[self._share] / self._cap[self._share]
+        self._rows[i, L + 2] = float(shares.max()) if shares.size else 0.0
+        self._rows[i, L + 3] = j.w * sc["tasks"]
+        self._rows[i, L + 4] = j.p * sc["tasks"]
+        self._structure(i)
+
+
 def slot_reward(prev: Mapping[str, tuple[float, float]], state: ClusterState) -> float:
     """DL2's reward of the slot that ends at ``state``: the sum over the jobs of ``prev`` (``job_id ->
     (remaining work, total work)`` at the slot's start) of the work done in the slot over the job's total
@@ -351,16 +406,18 @@ class DL2Policy(ElasticBaseline):
         runnable = any(j.w >= max(j.lo, 1) and (j.p >= 1 or not j.ps_job) for j in jobs)
         for start in range(0, len(jobs), self.spec.J):
             batch = jobs[start : start + self.spec.J]
+            sb = SlotBatch(batch, cap, state.time, self.spec)
             for _ in range(limit):
-                mask = action_mask(batch, used, cap, self.spec, allow_stop=runnable)
+                mask = sb.mask(used, allow_stop=runnable)
                 if not mask[:-1].any():
                     break
-                obs = encode(batch, cap, state.time, self.spec)
+                obs = sb.obs.copy()
                 a = self.choose(obs, mask, batch)
                 if self._samples is not None:
                     self._samples.append((obs, mask, a))
                 if not mask[a] or not apply_action(batch, used, a, self.spec):
                     break
+                sb.update(a // 3)
                 j = batch[a // 3]
                 runnable = runnable or (j.w >= max(j.lo, 1) and (j.p >= 1 or not j.ps_job))
 

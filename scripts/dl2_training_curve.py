@@ -4,9 +4,11 @@
     python3 scripts/dl2_training_curve.py [--checkpoint policies/checkpoints/dl2/dl2.json] \\
         [--out docs/figures/dl2_training.png]
 
-Left: the supervised warm-up's cross-entropy per epoch (imitating DRF). Right: average JCT (s) per
-RL episode on the training sequence and on the validation sequences, with DRF's average JCT on the
-training sequences and the warm-up network's validation JCT as reference lines. Reads the JSON only
+Left: the supervised warm-up's cross-entropy per epoch (imitating DRF). Right: average JCT (s) at the
+end of each RL episode (x: actor-critic updates so far, the seed's "steps", where the history records
+them; else the episode) on the training sequence (while exploring) and on the validation sequences,
+with DRF's average JCT on the training sequences and the warm-up network's validation JCT as reference
+lines. Reads the JSON only
 (``training.history`` as ``rlsched train-dl2`` writes it); the weights are not opened.
 """
 
@@ -41,7 +43,12 @@ def read_history(path: Path) -> dict:
     rl = hist.get("rl")
     if not isinstance(rl, list) or not all(isinstance(r, dict) for r in rl):
         raise ValueError("training.history.rl is not a list of episodes")
+    ups = [r.get("updates") for r in rl]
+    steps = None  # actor-critic updates done by the end of each episode, where the history records them
+    if rl and all(isinstance(u, int) and not isinstance(u, bool) and u >= 0 for u in ups):
+        steps = [float(sum(ups[: k + 1])) for k in range(len(ups))]
     return {
+        "steps": steps,
         "sl_loss": _numbers(hist.get("sl_loss", []), "training.history.sl_loss"),
         "drf_train_jct": _numbers(hist.get("drf_train_jct", []), "training.history.drf_train_jct"),
         "val_warmup_jct": hist.get("val_warmup_jct"),
@@ -61,18 +68,28 @@ def draw(hist: dict, out: Path) -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
     a.plot(range(1, len(hist["sl_loss"]) + 1), hist["sl_loss"], marker="o")
     a.set(xlabel="warm-up epoch", ylabel="cross-entropy (imitating DRF)", title="supervised warm-up")
-    b.plot(hist["episode"], hist["train_jct"], marker="o", label="training sequence")
-    b.plot(hist["episode"], hist["val_jct"], marker="s", label="validation sequences")
+    steps = hist.get("steps")
+    x = steps if steps else hist["episode"]
+    b.plot(x, hist["train_jct"], marker="o", label="training sequence (exploring)")
+    b.plot(x, hist["val_jct"], marker="s", label="validation sequences (greedy)")
     if hist["drf_train_jct"]:
         b.axhline(sum(hist["drf_train_jct"]) / len(hist["drf_train_jct"]), color="grey", ls="--",
                   label="DRF, training sequences (mean)")
     v = hist["val_warmup_jct"]
     if isinstance(v, (int, float)) and math.isfinite(v):
         b.axhline(float(v), color="black", ls=":", label="warm-up network, validation")
-    b.set(xlabel="RL episode", ylabel="average JCT (s)", title="actor-critic RL")
+    b.set(xlabel="actor-critic updates (one per slot), at each RL episode's end" if steps else "RL episode",
+          ylabel="average JCT (s)", title="actor-critic RL")
     for ax in (a, b):
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     b.legend(fontsize=8)
+    save_png(fig, out)
+
+
+def save_png(fig, out: Path) -> None:
+    """Lay out ``fig``, write it to ``out`` as PNG (110 dpi) atomically (directories made), close it."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp.png")

@@ -11,8 +11,8 @@ import pytest
 
 from policies.checkpoint import CheckpointError
 from policies.cluster import ClusterSpec
-from policies.dl2 import (DL2Net, DL2Spec, FEATURES, JOB_TYPES, action_mask, apply_action, encode, load_dl2,
-                          save_dl2, slot_reward)
+from policies.dl2 import (DL2Net, DL2Spec, FEATURES, JOB_TYPES, SlotBatch, action_mask, apply_action, encode,
+                          load_dl2, save_dl2, slot_reward)
 from policies.elastic import PlanJob
 from policies.resources import ResourceDemand
 from policies.state import ClusterState, JobInfo
@@ -165,3 +165,41 @@ def test_shipped_checkpoint_loads_through_the_registry():
     assert is_learned("dl2") and is_learned("dl2:/x")
     with pytest.raises(Exception, match="empty checkpoint path"):
         make_policy("dl2:", cl)
+
+
+def test_slot_batch_equals_encode_and_mask_along_a_random_slot():
+    """SlotBatch's incremental state and mask equal encode / action_mask bit for bit after every action."""
+    spec = DL2Spec(J=5)
+    rng = np.random.default_rng(3)
+    batch = [_job("a"), _job("b", model="GPT-2", ps=False, hi=3, t=600.0), _job("c", model="VGG-16", hi=6, done=200.0),
+             _job("d", hi=2, t=1200.0)]
+    cap = (9.0, 40.0, 200.0)
+    used = [1.0, 4.0, 20.0]
+    sb = SlotBatch(batch, cap, 3000.0, spec)
+    for _ in range(60):
+        ref = action_mask(batch, used, cap, spec, allow_stop=False)
+        got = sb.mask(used, allow_stop=False)
+        assert np.array_equal(got, ref)
+        assert np.array_equal(sb.obs, encode(batch, cap, 3000.0, spec))
+        legal = np.flatnonzero(ref[:-1])
+        if not legal.size:
+            break
+        a = int(rng.choice(legal))
+        assert apply_action(batch, used, a, spec)
+        sb.update(a // 3)
+    assert not legal.size  # the slot ran until nothing fit
+
+
+@pytest.mark.slow
+def test_train_writes_checkpoint_history_and_cpu(tmp_path):
+    """A tiny train-dl2 run: warm-up, one RL episode, the checkpoint with its history, CPU seconds, complete."""
+    from trainer.dl2.train import DL2TrainConfig, train
+
+    cfg = DL2TrainConfig(J=4, hidden=(16,), jobs=4, sl_traces=1, sl_samples=300, sl_epochs=2, rl_episodes=1,
+                         val_seeds=1, batch=16, replay=64)
+    jpath = train(cfg, tmp_path / "dl2", progress_bar=False, log=lambda s: None)
+    net, meta, _ = load_dl2(jpath)
+    tr = meta["training"]
+    assert net.spec.J == 4 and tr["complete"] is True and tr["cpu_s"] > 0
+    assert len(tr["history"]["sl_loss"]) == 2 and len(tr["history"]["rl"]) == 1
+    assert tr["history"]["rl"][0]["cpu_s"] <= tr["cpu_s"] and tr["config"]["cluster"] == "data/clusters/dl2.yaml"

@@ -332,8 +332,18 @@ def train(cfg: DL2TrainConfig, out: str | Path, progress_bar: bool = True, log: 
     critic = _mlp([spec.obs_size, *cfg.hidden, 1])
     net = DL2Net(_weights(actor), spec)
     val_seeds = [2000 + k for k in range(cfg.val_seeds)]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     history: dict = {"sl_loss": [], "rl": []}
+    config = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()}
+
+    def save(best, done: bool) -> Path:
+        """Write the best actor so far with the history so far (after the warm-up and each RL episode,
+        so an interrupted run leaves its best checkpoint and curve)."""
+        extra = {"training": {"config": config, "history": history, "selected": best[3], "val_jct": best[0],
+                              "complete": done, "cpu_wall_s": round(time.perf_counter() - t0, 1),
+                              "cpu_s": round(time.process_time() - c0, 1)}}
+        return save_dl2(out, best[1], spec, extra=extra, critic=best[2])
+
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.fields[info]}"), disable=not progress_bar) as bar:
         t = bar.add_task("DRF episodes", total=cfg.sl_traces, info="")
@@ -349,6 +359,7 @@ def train(cfg: DL2TrainConfig, out: str | Path, progress_bar: bool = True, log: 
         history["val_warmup_jct"] = best[0]
         log(f"warm-up: imitation loss {history['sl_loss'][0]:.3f} -> {history['sl_loss'][-1]:.3f}, "
             f"validation JCT {best[0]:.0f} s")
+        save(best, False)
         opt_a = torch.optim.Adam(actor.parameters(), lr=cfg.rl_lr)
         opt_c = torch.optim.Adam(critic.parameters(), lr=cfg.rl_lr)
         replay = Replay(cfg.replay, spec.obs_size, spec.n_actions)
@@ -372,13 +383,12 @@ def train(cfg: DL2TrainConfig, out: str | Path, progress_bar: bool = True, log: 
             rew = float(sum(tr.reward for tr in pol.slots))
             history["rl"].append({"episode": ep, "train_jct": jct, "val_jct": val, "reward": rew, "updates": len(losses),
                                   "actor_loss": float(np.mean([x[0] for x in losses])) if losses else None,
-                                  "critic_loss": float(np.mean([x[1] for x in losses])) if losses else None})
+                                  "critic_loss": float(np.mean([x[1] for x in losses])) if losses else None,
+                                  "cpu_s": round(time.process_time() - c0, 1)})
             if val < best[0]:
                 best = (val, _weights(actor), _weights(critic), f"RL episode {ep}")
+            save(best, False)
             bar.update(t, advance=1, info=f"train JCT {jct:.0f} s, val JCT {val:.0f} s, reward {rew:.2f}")
-    extra = {"training": {"config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
-                          "history": history, "selected": best[3], "val_jct": best[0],
-                          "cpu_wall_s": round(time.perf_counter() - t0, 1)}}
-    jpath = save_dl2(out, best[1], spec, extra=extra, critic=best[2])
+    jpath = save(best, True)
     log(f"wrote {jpath} (selected: {best[3]}, validation JCT {best[0]:.0f} s, {time.perf_counter() - t0:.0f} s)")
     return jpath
