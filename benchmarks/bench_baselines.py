@@ -4,7 +4,10 @@ Run (about 10 min of one core; the Markdown goes to stdout, progress to stderr):
 
     nice -n 10 python benchmarks/bench_baselines.py --sets 6 > /tmp/baselines.md
 
-It writes the tables of docs/RESULTS.md, "Baselines: every heuristic on held-out sets". Each
+It prints the tables of docs/RESULTS.md, "Baselines: the best heuristic per group" and "Baselines: every
+heuristic"; ``--docs [PATH]`` also writes them, at the end of the run, between the markers of :data:`BLOCKS`
+(``<!-- NAME:begin -->`` / ``<!-- NAME:end -->``) of PATH (default docs/RESULTS.md); a page without those
+markers is refused before anything runs. Each
 group draws ``--sets`` job sets of ``--jobs`` jobs with :func:`trainer.generate.generate_sets` and
 base seed ``--seed`` + group index (default 950..957: held out, disjoint from the seeds of the training,
 validation and evaluation traces of RESULTS.md, "How to reproduce", and from 900..907, the sets on which

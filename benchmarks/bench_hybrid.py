@@ -15,6 +15,10 @@ which the two policies' per-job results differ at all (where rl-hybrid's safety 
 its paired 95 % intervals as error bars; the seed's claim (utilisation up at about 3 % JCT cost) is the
 region right of 0 and below 1.03. docs/figures/hybrid_jct_vs_util.png is drawn by
 ``nice -n 10 python benchmarks/bench_hybrid.py --sets 6 --figure docs/figures/hybrid_jct_vs_util.png``.
+
+``--docs [PATH]`` also writes the table between the ``<!-- hybrid-HYBRID:begin -->`` /
+``<!-- hybrid-HYBRID:end -->`` markers of PATH (default docs/RESULTS.md; HYBRID is the second policy of
+``--pair``) at the end of the run; a page without those markers is refused before anything runs.
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ Run (the Markdown goes to stdout, progress to stderr)::
 
     nice -n 10 python benchmarks/bench_planner.py --cache /tmp/planner-cache > /tmp/planner.md
 
-(docs/RESULTS.md, "Planner", is this command's output.) The groups, sets and best-heuristic reference
+(docs/RESULTS.md, "Planner", is this command's output; ``--docs [PATH]`` writes its three tables between
+the ``<!-- planner-best|planner-vs|planner-rounds:begin/end -->`` markers of PATH, default docs/RESULTS.md,
+at the end of the run; a page without them is refused before anything runs.) The groups, sets and best-heuristic reference
 are ``bench_sizefree.py``'s: :data:`benchmarks.bench_sizefree.GROUPS` from
 :func:`benchmarks.bench_baselines.groups` (``--jobs`` jobs per set, base seed ``--seed`` + group index,
 950 by default: held-out), ``--sets`` sets per group, and per group the best of

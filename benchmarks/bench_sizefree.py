@@ -5,6 +5,10 @@ Run (a few minutes of one core; Markdown to stdout, progress to stderr)::
 
     nice -n 10 python benchmarks/bench_sizefree.py --sets 3 --jobs 128 > /tmp/sizefree.md
 
+``--docs [PATH]`` also writes the groups table between the ``<!-- sizefree-POLICIES:begin -->`` /
+``<!-- sizefree-POLICIES:end -->`` markers of PATH (default docs/RESULTS.md; POLICIES is ``--policy``),
+once the table is complete; a page without those markers is refused before anything runs.
+
 Groups are :func:`benchmarks.bench_baselines.groups` (held-out base seeds 950..957, disjoint from
 ``rlsched train-sizefree``'s 7000.. training and 12000.. validation seeds). Per group every
 heuristic of :data:`HEURISTICS` and every policy of ``--policy`` run every set; the best heuristic

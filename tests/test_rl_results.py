@@ -87,3 +87,22 @@ def test_rl_results_script_names_existing_scripts_and_options():
         assert "--docs" in ln and (REPO / ln.split()[5]).is_file()
     bad = subprocess.run(["bash", str(script), "--nope"], capture_output=True, text=True, env=env, cwd=REPO)
     assert bad.returncode == 2 and "unknown argument '--nope'" in bad.stderr
+
+
+def test_bench_planner_docs_from_cache(tmp_path, capsys):
+    """bench_planner --docs writes its three tables; a second run reads every result from --cache and
+    writes the same page."""
+    from benchmarks import bench_planner
+
+    p = _doc(tmp_path, *bench_planner.BLOCKS)
+    argv = ["--sets", "2", "--jobs", "6", "--groups", "248-poisson-90", "--planner", "planner:work=300",
+            "--cache", str(tmp_path / "cache"), "--docs", str(p)]
+    assert bench_planner.main(argv) == 0
+    first = p.read_text()
+    assert "old table" not in first and "| 248-poisson-90 | rl-base | " in first
+    assert "| 248-poisson-90 | 4x8 | " in first.split("planner-best:begin")[1].split("planner-best:end")[0]
+    capsys.readouterr()
+    assert bench_planner.main(argv) == 0
+    assert "set 0" not in capsys.readouterr().err  # every run read back from the cache
+    # the JCT tables are the same; the rounds table keeps the CPU times measured by the first run
+    assert p.read_text() == first
