@@ -7,12 +7,12 @@
 # Runs, in order, each writing its tables between their markers of docs/RESULTS.md (`--docs`; a run that
 # fails leaves the page as it is):
 #   1. benchmarks/bench_baselines.py --sets 6             "Baselines: the best heuristic per group" and
-#                                                          "Baselines: every heuristic" (2.4 min CPU)
+#                                                          "Baselines: every heuristic" (2.3 min CPU)
 #   2. benchmarks/bench_hybrid.py --sets 6 --pair rl-base-4x8,rl-hybrid-4x8 --figure ...
 #                                                          rl-hybrid-4x8 against rl-base-4x8, with
-#                                                          docs/figures/hybrid_jct_vs_util.png (0.8 min CPU)
+#                                                          docs/figures/hybrid_jct_vs_util.png (50 s CPU)
 #   3. benchmarks/bench_sizefree.py --sets 3 --jobs 128 --policy rl-base,rl-hybrid --no-latency
-#                                                          the size-free table (about 10 min wall)
+#                                                          the size-free table (9 s CPU)
 #   4. benchmarks/bench_planner.py --cache DIR             the planner's tables (9.3 min CPU; DIR keeps
 #                                                          each run, default /tmp/planner-cache)
 #   5. bash scripts/rl_branches.sh results                 "Generated tables", docs/rl_results.json and
