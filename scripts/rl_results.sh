@@ -13,16 +13,17 @@
 #                                                          docs/figures/hybrid_jct_vs_util.png (50 s CPU)
 #   3. benchmarks/bench_sizefree.py --sets 3 --jobs 128 --policy rl-base,rl-hybrid --no-latency
 #                                                          the size-free table (9 s CPU)
-#   4. benchmarks/bench_planner.py --cache DIR             the planner's tables (9.3 min CPU; DIR keeps
+#   4. benchmarks/bench_planner.py --cache DIR             the planner's tables (6.2 min CPU; DIR keeps
 #                                                          each run, default /tmp/planner-cache)
 #   5. bash scripts/rl_branches.sh results                 "Generated tables", docs/rl_results.json and
-#                                                          docs/figures/rl_*.png (about 3 min CPU)
-# Each step niced. --dry-run prints the commands and checks that every script exists and accepts its
-# options (each one's --help lists it), running nothing.
+#                                                          docs/figures/rl_*.png (2-3 min CPU)
+# Each step niced; about 11.5 min of CPU in all (the parts' times, each measured alone). --dry-run
+# prints the commands and checks that every script exists and accepts its options (each one's --help
+# lists it), running nothing.
 set -euo pipefail
 
 die() { echo "rl_results.sh: error: $*" >&2; exit 2; }
-usage() { sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | grep '^#' | sed 's/^# \{0,1\}//'; }
 DRY=0
 CACHE=/tmp/planner-cache
 while [[ $# -gt 0 ]]; do
