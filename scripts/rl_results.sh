@@ -16,8 +16,8 @@
 #   4. benchmarks/bench_planner.py --cache DIR             the planner's tables (6.2 min CPU; DIR keeps
 #                                                          each run, default /tmp/planner-cache)
 #   5. bash scripts/rl_branches.sh results                 "Generated tables", docs/rl_results.json and
-#                                                          docs/figures/rl_*.png (2-3 min CPU)
-# Each step niced; about 11.5 min of CPU in all (the parts' times, each measured alone). --dry-run
+#                                                          docs/figures/rl_*.png (102 s CPU)
+# Each step niced; about 11 min of CPU in all (the parts' times, each measured alone). --dry-run
 # prints the commands and checks that every script exists and accepts its options (each one's --help
 # lists it), running nothing.
 set -euo pipefail
