@@ -4,7 +4,10 @@ Run (about 10 min of one core; the Markdown goes to stdout, progress to stderr):
 
     nice -n 10 python benchmarks/bench_baselines.py --sets 6 > /tmp/baselines.md
 
-It writes the tables of docs/RESULTS.md, "Baselines: every heuristic on held-out sets". Each
+It prints the tables of docs/RESULTS.md, "Baselines: the best heuristic per group" and "Baselines: every
+heuristic"; ``--docs [PATH]`` also writes them, at the end of the run, between the markers of :data:`BLOCKS`
+(``<!-- NAME:begin -->`` / ``<!-- NAME:end -->``) of PATH (default docs/RESULTS.md); a page without those
+markers is refused before anything runs. Each
 group draws ``--sets`` job sets of ``--jobs`` jobs with :func:`trainer.generate.generate_sets` and
 base seed ``--seed`` + group index (default 950..957: held out, disjoint from the seeds of the training,
 validation and evaluation traces of RESULTS.md, "How to reproduce", and from 900..907, the sets on which
@@ -43,6 +46,7 @@ from policies.registry import make_policy  # noqa: E402
 from trainer.evaluate import mean_ci  # noqa: E402
 from trainer.generate import GeneratorConfig, generate_sets  # noqa: E402
 from trainer.metrics import summarize  # noqa: E402
+from trainer.outputs import add_docs_option, doc_problem, write_marked  # noqa: E402
 from trainer.simulator import SimConfig, Simulator  # noqa: E402
 
 
@@ -80,6 +84,9 @@ POLICIES = ("srtf", "srtf:nosplit", "lgtf", "lgtf:nosplit", "las", "las2d", "las
             "fifo", "greedy", "greedy-balanced")
 #: The learned policy run beside them where its shipped checkpoint fits the cluster (4x8).
 RL = "rl-base-4x8"
+#: The generated blocks of docs/RESULTS.md (``--docs``): the best heuristic per group, greedy against
+#: srtf:nosplit, every heuristic per group.
+BLOCKS = ("baselines-best", "baselines-greedy", "baselines-every")
 
 
 def build(name: str, cluster: ClusterSpec, perf: ContentionModel) -> Policy:
@@ -133,7 +140,7 @@ def table(g: Group, res: dict[str, list[dict]], num_sets: int) -> str:
     cfg = g.cfg
     arrivals = "all at t = 0" if cfg.arrival == "zero" else f"Poisson, load {cfg.load:g}"
     demands = "2/4/8" if cfg.demand == "deepshare" else f"1..{cfg.max_gpus}"
-    head = (f"### {g.name}: {g.cluster}, demands {demands}, {cfg.mix} mix, {arrivals} "
+    head = (f"#### {g.name}: {g.cluster}, demands {demands}, {cfg.mix} mix, {arrivals} "
             f"({num_sets} sets x {cfg.num_jobs} jobs, seed {cfg.seed})\n\n"
             "| policy | avg JCT (h) | p90 JCT (h) | avg JCT / SRTF (paired 95 %) | util (%) | avg CS | "
             "small jobs split (%) |\n|---|---|---|---|---|---|---|")
@@ -161,7 +168,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=950,
                     help="base seed: group i draws with seed + i (default 950, the held-out sets; 900 drew "
                          "the sets that chose the greedy placement's switch_gain)")
+    add_docs_option(ap)
     args = ap.parse_args(argv)
+    if args.docs is not None and (problem := doc_problem(args.docs, BLOCKS)):
+        ap.error(f"--docs: {problem}")
     if args.sets < 2:
         ap.error("--sets must be >= 2 (a paired interval needs two sets)")
     chosen = [g for g in groups(args.jobs, args.seed) if not args.groups or g.name in args.groups.split(",")]
@@ -181,18 +191,22 @@ def main(argv: list[str] | None = None) -> int:
             p90 = mean_ci([x["p90_jct_s"] / y["p90_jct_s"] for x, y in zip(res[RL], res[top])])
             vs_rl = f"{a:.3f} +- {ah:.3f} | {p90[0]:.3f} +- {p90[1]:.3f}"
         else:
-            vs_rl = "- (no 16x8 checkpoint) | -"
+            vs_rl = "- (4x8 only) | -"
         best.append(f"| {g.name} | {top} | {means[top] / 3600:.2f} | {m:.3f} +- {h:.3f} | {vs_rl} |")
         gm, gh, gn = paired(res, "greedy", "srtf:nosplit")
         om, oh, _ = paired(res, "greedy-balanced", "srtf:nosplit")
         vs.append(f"| {g.name} | {gm:.3f} +- {gh:.3f} | {gn} / {args.sets} | {om:.3f} +- {oh:.3f} |")
-    print(f"| group | best heuristic | its avg JCT (h) | / SRTF (paired 95 %) | {RL} avg JCT / best | {RL} p90 / best |")
-    print("|---|---|---|---|---|---|")
-    print("\n".join(best) + "\n")
-    print("| group | greedy / srtf:nosplit (paired 95 %) | sets greedy not worse | greedy-balanced / srtf:nosplit |")
-    print("|---|---|---|---|")
-    print("\n".join(vs) + "\n")
-    print("\n".join(tables))
+    out = {
+        "baselines-best": f"| group | best heuristic | its avg JCT (h) | / SRTF (paired 95 %) | {RL} avg JCT / best | "
+                          f"{RL} p90 / best |\n|---|---|---|---|---|---|\n" + "\n".join(best),
+        "baselines-greedy": "| group | greedy / srtf:nosplit (paired 95 %) | sets greedy not worse | "
+                            "greedy-balanced / srtf:nosplit |\n|---|---|---|---|\n" + "\n".join(vs),
+        "baselines-every": "\n".join(tables),
+    }
+    print("\n\n".join(out[b].strip() for b in BLOCKS))
+    if args.docs is not None:
+        write_marked(args.docs, out)
+        print(f"Wrote blocks {', '.join(BLOCKS)} of {args.docs}", file=sys.stderr)
     return 0
 
 

@@ -15,6 +15,10 @@ which the two policies' per-job results differ at all (where rl-hybrid's safety 
 its paired 95 % intervals as error bars; the seed's claim (utilisation up at about 3 % JCT cost) is the
 region right of 0 and below 1.03. docs/figures/hybrid_jct_vs_util.png is drawn by
 ``nice -n 10 python benchmarks/bench_hybrid.py --sets 6 --figure docs/figures/hybrid_jct_vs_util.png``.
+
+``--docs [PATH]`` also writes the table between the ``<!-- hybrid-HYBRID:begin -->`` /
+``<!-- hybrid-HYBRID:end -->`` markers of PATH (default docs/RESULTS.md; HYBRID is the second policy of
+``--pair``) at the end of the run; a page without those markers is refused before anything runs.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_baselines import groups, run_group  # noqa: E402
 
 from trainer.evaluate import mean_ci  # noqa: E402
+from trainer.outputs import add_docs_option, doc_problem, write_marked  # noqa: E402
 
 POLICIES = ("rl-base", "rl-hybrid")
 
@@ -41,7 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pair", default=",".join(POLICIES),
                     help="BASE,HYBRID: the two policies compared (default %(default)s, the size-free ones; "
                          "rl-base-4x8,rl-hybrid-4x8 for the fixed-shape checkpoints)")
+    add_docs_option(ap)
     args = ap.parse_args(argv)
+    block = f"hybrid-{args.pair.split(',')[-1].strip()}"
+    if args.docs is not None and (problem := doc_problem(args.docs, [block])):
+        ap.error(f"--docs: {problem}")
     if args.sets < 2:
         ap.error("--sets must be >= 2 (a paired interval needs two sets)")
     pair = tuple(p.strip() for p in args.pair.split(","))
@@ -50,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.figure is not None and not args.figure.parent.is_dir():
         ap.error(f"--figure {args.figure}: folder {args.figure.parent} does not exist")
     points: list[tuple[str, list[float], list[float], tuple, tuple]] = []
-    print(f"| group | util {pair[0]} (%) | util {pair[1]} (%) | util difference (points, paired 95 %) | "
-          "avg JCT hybrid / base | p90 JCT hybrid / base | sets that differ |")
-    print("|---|---|---|---|---|---|---|")
+    lines = [f"| group | util {pair[0]} (%) | util {pair[1]} (%) | util difference (points, paired 95 %) | "
+             "avg JCT hybrid / base | p90 JCT hybrid / base | sets that differ |", "|---|---|---|---|---|---|---|"]
+    print("\n".join(lines))
     for g in groups(args.jobs, args.seed):
         if g.cluster != "4x8":
             continue
@@ -66,11 +75,15 @@ def main(argv: list[str] | None = None) -> int:
         points.append((g.name, [100 * (h["avg_util"] - b["avg_util"]) for h, b in zip(hyb, base)],
                        [h["avg_jct_s"] / b["avg_jct_s"] for h, b in zip(hyb, base)], du, ja))
         differ = sum(h["avg_jct_s"] != b["avg_jct_s"] or h["avg_util"] != b["avg_util"] for h, b in zip(hyb, base))
-        print(f"| {g.name} | {ub:.1f} | {uh:.1f} | {du[0]:+.2f} +- {du[1]:.2f} | {ja[0]:.3f} +- {ja[1]:.3f} | "
-              f"{jp[0]:.3f} +- {jp[1]:.3f} | {differ} / {args.sets} |")
+        lines.append(f"| {g.name} | {ub:.1f} | {uh:.1f} | {du[0]:+.2f} +- {du[1]:.2f} | {ja[0]:.3f} +- {ja[1]:.3f} | "
+                     f"{jp[0]:.3f} +- {jp[1]:.3f} | {differ} / {args.sets} |")
+        print(lines[-1], flush=True)
     if args.figure is not None:
         draw(points, args.figure, args.sets, args.jobs)
         print(f"\nFigure: {args.figure}", file=sys.stderr)
+    if args.docs is not None:
+        write_marked(args.docs, {block: "\n".join(lines)})
+        print(f"Wrote block {block} of {args.docs}", file=sys.stderr)
     return 0
 
 

@@ -5,7 +5,9 @@ Run (the Markdown goes to stdout, progress to stderr)::
 
     nice -n 10 python benchmarks/bench_planner.py --cache /tmp/planner-cache > /tmp/planner.md
 
-(docs/RESULTS.md, "Planner", is this command's output.) The groups, sets and best-heuristic reference
+(docs/RESULTS.md, "Planner", is this command's output; ``--docs [PATH]`` writes its three tables between
+the ``<!-- planner-best|planner-vs|planner-rounds:begin/end -->`` markers of PATH, default docs/RESULTS.md,
+at the end of the run; a page without them is refused before anything runs.) The groups, sets and best-heuristic reference
 are ``bench_sizefree.py``'s: :data:`benchmarks.bench_sizefree.GROUPS` from
 :func:`benchmarks.bench_baselines.groups` (``--jobs`` jobs per set, base seed ``--seed`` + group index,
 950 by default: held-out), ``--sets`` sets per group, and per group the best of
@@ -51,6 +53,7 @@ from policies.registry import make_policy  # noqa: E402
 from trainer.evaluate import mean_ci  # noqa: E402
 from trainer.generate import generate_sets  # noqa: E402
 from trainer.metrics import summarize  # noqa: E402
+from trainer.outputs import add_docs_option, doc_problem, write_marked  # noqa: E402
 from trainer.simulator import SimConfig, Simulator  # noqa: E402
 
 #: The planner measured by default: its default options with a work budget of simulated rounds per round
@@ -60,6 +63,9 @@ DEFAULT_PLANNERS = ("planner:work=6000",)
 DEFAULT_LEARNED = ("rl-base",)
 #: "Within 3 %": the learned policy's average JCT over the planner's.
 WITHIN = 1.03
+#: The generated blocks of docs/RESULTS.md (``--docs``): against the best heuristic, learned against the first
+#: planner, the planner's rounds.
+BLOCKS = ("planner-best", "planner-vs", "planner-rounds")
 
 
 def run_one(cluster: ClusterSpec, perf: ContentionModel, jobs, policy: str) -> dict:
@@ -158,7 +164,10 @@ def main(argv: list[str] | None = None) -> int:
                          "('' for none; default rl-base)")
     ap.add_argument("--seed", type=int, default=950, help="base seed as in bench_baselines (default 950: held out)")
     ap.add_argument("--cache", type=Path, default=None, help="directory of per-run results to reuse and fill")
+    add_docs_option(ap)
     args = ap.parse_args(argv)
+    if args.docs is not None and (problem := doc_problem(args.docs, BLOCKS)):
+        ap.error(f"--docs: {problem}")
     if args.sets < 2:
         ap.error("--sets must be >= 2 (a paired interval needs two sets)")
     if args.jobs < 1:
@@ -182,9 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     ref = planners[0]
     print(f"Sets: {args.sets} x {args.jobs} jobs per group, base seed {args.seed}; best heuristic of "
           f"{', '.join(HEURISTICS)} per group.\n")
-    print("| group | cluster | best heuristic | its avg JCT (h) | policy | its avg JCT (h) | avg JCT / best "
-          "(paired 95 %) | p90 / best (paired 95 %) | sets better / worse / all |")
-    print("|---|---|---|---|---|---|---|---|---|", flush=True)
+    best_rows = ["| group | cluster | best heuristic | its avg JCT (h) | policy | its avg JCT (h) | avg JCT / best "
+                 "(paired 95 %) | p90 / best (paired 95 %) | sets better / worse / all |",
+                 "|---|---|---|---|---|---|---|---|---|"]
+    print("\n".join(best_rows), flush=True)
     vs_rows, lat_rows = [], []
     for name in names:
         g = known[name]
@@ -195,8 +205,9 @@ def main(argv: list[str] | None = None) -> int:
             a, ah = _paired(res[p], res[top], "avg_jct_s")
             b, bh = _paired(res[p], res[top], "p90_jct_s")
             mine = float(np.mean([s["avg_jct_s"] for s in res[p]]))
-            print(f"| {name} | {g.cluster} | {top} | {means[top] / 3600:.2f} | {p} | {mine / 3600:.2f} | "
-                  f"{a:.3f} +- {ah:.3f} | {b:.3f} +- {bh:.3f} | {_count(res[p], res[top])} |", flush=True)
+            best_rows.append(f"| {name} | {g.cluster} | {top} | {means[top] / 3600:.2f} | {p} | {mine / 3600:.2f} | "
+                             f"{a:.3f} +- {ah:.3f} | {b:.3f} +- {bh:.3f} | {_count(res[p], res[top])} |")
+            print(best_rows[-1], flush=True)
         for p in learned:
             a, ah = _paired(res[p], res[ref], "avg_jct_s")
             b, bh = _paired(res[p], res[ref], "p90_jct_s")
@@ -212,18 +223,21 @@ def main(argv: list[str] | None = None) -> int:
             lat_rows.append(f"| {name} | {p} | {len(cpu)} | {np.percentile(cpu, 50):.0f} | {np.percentile(cpu, 99):.0f} | "
                             f"{cpu.max():.0f} | {np.percentile(work, 50):.0f} | {work.max():.0f} | "
                             f"{100 * sw / max(len(cpu), 1):.1f} | {cut} | {run_cpu:.0f} |")
+    out = {"planner-best": "\n".join(best_rows)}
     if learned:
+        out["planner-vs"] = ("| group | policy | avg JCT / planner (paired 95 %) | p90 / planner (paired 95 %) | "
+                             "sets better / worse / all | within 3 % |\n|---|---|---|---|---|---|\n" + "\n".join(vs_rows))
         print(f"\nLearned policy against the planner `{ref}` (paired per set; within 3 %: mean ratio <= {WITHIN}):\n")
-        print("| group | policy | avg JCT / planner (paired 95 %) | p90 / planner (paired 95 %) | "
-              "sets better / worse / all | within 3 % |")
-        print("|---|---|---|---|---|---|")
-        print("\n".join(vs_rows))
+        print(out["planner-vs"])
+    out["planner-rounds"] = ("| group | planner | rounds | p50 CPU (ms) | p99 CPU (ms) | max CPU (ms) | p50 simulated "
+                             "rounds | max simulated rounds | rounds not taking the base decision (%) | rounds cut by "
+                             "a budget | CPU per set (s) |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
+                             + "\n".join(lat_rows))
     print("\nPlanner rounds (CPU time of one `schedule` call; simulated rounds of its rollouts):\n")
-    print("| group | planner | rounds | p50 CPU (ms) | p99 CPU (ms) | max CPU (ms) | p50 simulated rounds | "
-          "max simulated rounds | rounds not taking the base decision (%) | rounds cut by a budget | "
-          "CPU per set (s) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    print("\n".join(lat_rows))
+    print(out["planner-rounds"])
+    if args.docs is not None:
+        write_marked(args.docs, out)
+        print(f"Wrote blocks {', '.join(out)} of {args.docs}", file=sys.stderr)
     return 0
 
 

@@ -5,6 +5,10 @@ Run (a few minutes of one core; Markdown to stdout, progress to stderr)::
 
     nice -n 10 python benchmarks/bench_sizefree.py --sets 3 --jobs 128 > /tmp/sizefree.md
 
+``--docs [PATH]`` also writes the groups table between the ``<!-- sizefree-POLICIES:begin -->`` /
+``<!-- sizefree-POLICIES:end -->`` markers of PATH (default docs/RESULTS.md; POLICIES is ``--policy``),
+once the table is complete; a page without those markers is refused before anything runs.
+
 Groups are :func:`benchmarks.bench_baselines.groups` (held-out base seeds 950..957, disjoint from
 ``rlsched train-sizefree``'s 7000.. training and 12000.. validation seeds). Per group every
 heuristic of :data:`HEURISTICS` and every policy of ``--policy`` run every set; the best heuristic
@@ -39,6 +43,7 @@ from policies.placement import pack  # noqa: E402
 from policies.registry import make_policy  # noqa: E402
 from policies.state import ClusterState, JobInfo  # noqa: E402
 from trainer.evaluate import mean_ci  # noqa: E402
+from trainer.outputs import add_docs_option, doc_problem, write_marked  # noqa: E402
 
 HEURISTICS = ("srtf:nosplit", "greedy", "lgtf", "lgtf:nosplit")
 GROUPS = ("248-poisson-90", "uniform32-zero", "uniform32-poisson-90", "uniform32-heavy-poisson-90",
@@ -110,7 +115,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="latency clock: wall time, or the process's CPU time (default wall)")
     ap.add_argument("--no-latency", dest="lat", action="store_false")
     ap.add_argument("--no-groups", dest="grp", action="store_false")
+    add_docs_option(ap)
     args = ap.parse_args(argv)
+    block = "sizefree-" + ",".join(p.strip() for p in args.policy.split(",") if p.strip())
+    if args.docs is not None and not args.grp:
+        ap.error("--docs writes the groups table: drop --no-groups")
+    if args.docs is not None and (problem := doc_problem(args.docs, [block])):
+        ap.error(f"--docs: {problem}")
     if args.sets < 2:
         ap.error("--sets must be >= 2 (a paired interval needs two sets)")
     want = [g for g in args.groups.split(",") if g]
@@ -119,9 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     if not learned:
         ap.error("--policy names no policy")
     if args.grp:
-        print("| group | cluster | best heuristic | its avg JCT (h) | policy | its avg JCT (h) | avg JCT / best "
-              "(paired 95 %) | p90 / best (paired 95 %) | sets not worse |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        lines = ["| group | cluster | best heuristic | its avg JCT (h) | policy | its avg JCT (h) | avg JCT / best "
+                 "(paired 95 %) | p90 / best (paired 95 %) | sets not worse |", "|---|---|---|---|---|---|---|---|---|"]
+        print("\n".join(lines))
         for g in chosen:
             res = run_group(g, args.sets, (*HEURISTICS, *learned))
             means = {p: float(np.mean([s["avg_jct_s"] for s in res[p]])) for p in HEURISTICS}
@@ -132,9 +143,12 @@ def main(argv: list[str] | None = None) -> int:
                 a, ah = mean_ci(r)
                 b, bh = mean_ci(r90)
                 mine = float(np.mean([s["avg_jct_s"] for s in res[pol]])) / 3600
-                print(f"| {g.name} | {g.cluster} | {top} | {means[top] / 3600:.2f} | {pol} | {mine:.2f} | "
-                      f"{a:.3f} +- {ah:.3f} | {b:.3f} +- {bh:.3f} | {sum(v <= 1 + 1e-12 for v in r)} / {len(r)} |",
-                      flush=True)
+                lines.append(f"| {g.name} | {g.cluster} | {top} | {means[top] / 3600:.2f} | {pol} | {mine:.2f} | "
+                             f"{a:.3f} +- {ah:.3f} | {b:.3f} +- {bh:.3f} | {sum(v <= 1 + 1e-12 for v in r)} / {len(r)} |")
+                print(lines[-1], flush=True)
+        if args.docs is not None:
+            write_marked(args.docs, {block: "\n".join(lines)})
+            print(f"Wrote block {block} of {args.docs}", file=sys.stderr)
     if args.lat:
         import benchmarks.bench_rl as bench_rl
 

@@ -13,7 +13,10 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["nearest_existing", "replace_marked", "unwritable"]
+__all__ = ["RESULTS_MD", "add_docs_option", "doc_problem", "marked", "nearest_existing", "replace_marked",
+           "unwritable", "write_marked"]
+
+RESULTS_MD = Path(__file__).resolve().parents[1] / "docs" / "RESULTS.md"
 
 
 def replace_marked(text: str, begin: str, end: str, block: str) -> str:
@@ -50,3 +53,47 @@ def unwritable(path: str | Path) -> str | None:
     os.close(fd)
     os.unlink(probe)
     return None
+
+
+def marked(name: str) -> tuple[str, str]:
+    """The begin / end markers of the generated block ``name`` of a Markdown document."""
+    return f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+
+
+def add_docs_option(ap) -> None:
+    """``--docs [PATH]`` on the ``argparse`` parser ``ap``: write the generated tables into PATH
+    (default :data:`RESULTS_MD`) between their markers."""
+    ap.add_argument("--docs", nargs="?", const=RESULTS_MD, default=None, type=Path, metavar="PATH",
+                    help=f"also write the tables between their markers of PATH (default {RESULTS_MD}); "
+                         "the file is left as it is if the run fails")
+
+
+def doc_problem(path: str | Path, names) -> str | None:
+    """Why the blocks ``names`` of the document at ``path`` could not be rewritten (file missing or
+    unwritable, a marker missing or out of order), or ``None``: checked before a long run."""
+    path = Path(path)
+    if not path.is_file():
+        return f"{path}: no such file"
+    if not os.access(path, os.W_OK):
+        return f"{path}: not writable"
+    text = path.read_text()
+    for name in names:
+        begin, end = marked(name)
+        if begin not in text or end not in text or text.index(end) < text.index(begin):
+            return f"{path}: lacks the markers {begin} ... {end}"
+    return None
+
+
+def write_marked(path: str | Path, blocks: dict[str, str]) -> None:
+    """Replace each block ``name`` of the document at ``path`` by ``blocks[name]`` (Markdown without the
+    markers; one blank line is kept on each side inside the markers). Writes once, after every block
+    is in place; raises ``ValueError`` (the file untouched) where a marker is missing."""
+    path = Path(path)
+    problem = doc_problem(path, blocks)
+    if problem:
+        raise ValueError(problem)
+    text = path.read_text()
+    for name, body in blocks.items():
+        begin, end = marked(name)
+        text = replace_marked(text, begin, end, f"{begin}\n\n{body.strip()}\n\n{end}")
+    path.write_text(text)
