@@ -722,22 +722,6 @@ class Simulator:
             self._free_lent = None
         return self.free
 
-    def _change_free(self, p: Placement, sign: int) -> None:
-        """Add ``sign`` (+1: a stop, -1: a start) times ``p``'s GPUs to the free GPUs (the array, through its
-        memoryview, and the byte mirror), counting the change (``_epoch``) and logging it for the spare buffer."""
-        self._epoch += 1
-        if self._free_lent is not None:
-            self._own_free()
-        free, fb = self._free_mv, self._free_bytes
-        alloc = p.alloc
-        for n, c in alloc:
-            free[n] += sign * c
-        if fb is not None:
-            for n, c in alloc:
-                fb[n] += sign * c
-        if self._spare is not None:
-            self._log_free(p, sign)
-
     def _log_free(self, p: Placement, sign: int) -> None:
         """Record that ``sign`` times ``p``'s GPUs were added to ``free`` (what the spare buffer misses);
         past about a node's worth of entries the spare is dropped (the next swap copies instead)."""
@@ -837,8 +821,18 @@ class Simulator:
 
     def _start(self, j: _Job, p: Placement, overhead: float | None = None) -> None:
         """:meth:`start` of pending job ``j`` on ``p``, which fits (checked by the caller)."""
-        self._change_free(p, -1)
         alloc = p.alloc
+        self._epoch += 1  # _change_free(p, -1), inline
+        if self._free_lent is not None:
+            self._own_free()
+        free, fb = self._free_mv, self._free_bytes
+        for n, c in alloc:
+            free[n] -= c
+        if fb is not None:
+            for n, c in alloc:
+                fb[n] -= c
+        if self._spare is not None:
+            self._log_free(p, -1)
         gpus = p.total_gpus
         self._used += gpus
         self.pending.remove(j)
@@ -919,7 +913,18 @@ class Simulator:
         j.run_time += t - j.seg_start
         j.att_base += gpus * (t - j.seg_start)
         info.attained_service = j.att_base
-        self._change_free(p, 1)
+        self._epoch += 1  # _change_free(p, 1), inline
+        if self._free_lent is not None:
+            self._own_free()
+        free, fb = self._free_mv, self._free_bytes
+        alloc = p.alloc
+        for n, c in alloc:
+            free[n] += c
+        if fb is not None:
+            for n, c in alloc:
+                fb[n] += c
+        if self._spare is not None:
+            self._log_free(p, 1)
         self._used -= gpus
         if self._views:
             live = False
