@@ -694,9 +694,14 @@ class Simulator:
         free.flags.writeable = False
         self._free_lent = weakref.ref(free)
         st = ClusterState(self.time, self.cluster, free, view, [j.info for j in self.pending])
-        st.use_contention(self.ledger)  # the ledger of exactly these running jobs, while it is unchanged
+        # what ClusterState.use_contention and use_free_bytes record, written directly (a new state):
+        # the ledger of exactly these running jobs (while it is unchanged), the free GPUs as bytes and their sum
+        ledger = self.ledger
+        d = st.__dict__
+        d["_handed"] = (ledger, ledger._version)
         if self._free_bytes is not None:
-            st.use_free_bytes(bytes(self._free_bytes), self._free_bound, self._total_gpus - self._used)
+            d["_free_bytes"] = (free, (bytes(self._free_bytes), self._free_bound))
+            d["_free_total"] = (free, self._total_gpus - self._used)
         return st
 
     # ------------------------------------------------------------------ mechanics
@@ -704,7 +709,7 @@ class Simulator:
         """``free``, to change: if a state built earlier still holds a view of it, the spare buffer
         (brought up to date by the placements changed since it was ``free``: O(their nodes)) or,
         while a state holds that one too, a copy takes its place. Every change the caller makes is
-        logged with :meth:`_log_free`."""
+        logged in ``_free_log`` (``(placement, sign)``; past ``_log_max`` entries the spare is dropped and the next swap copies)."""
         lent = self._free_lent
         if lent is not None:
             if lent() is not None:
@@ -722,18 +727,8 @@ class Simulator:
             self._free_lent = None
         return self.free
 
-    def _log_free(self, p: Placement, sign: int) -> None:
-        """Record that ``sign`` times ``p``'s GPUs were added to ``free`` (what the spare buffer misses);
-        past about a node's worth of entries the spare is dropped (the next swap copies instead)."""
-        if self._spare is not None:
-            log = self._free_log
-            log.append((p, sign))
-            if len(log) > self._log_max:
-                self._spare = self._spare_mv = self._spare_lent = None
-                log.clear()
-
     def _free_rewritten(self) -> None:
-        """``free`` was changed in bulk (not through :meth:`_log_free`): the spare buffer is stale."""
+        """``free`` was changed in bulk (not logged in ``_free_log``): the spare buffer is stale."""
         self._spare = self._spare_mv = self._spare_lent = None
         self._free_log.clear()
 
@@ -831,8 +826,12 @@ class Simulator:
         if fb is not None:
             for n, c in alloc:
                 fb[n] -= c
-        if self._spare is not None:
-            self._log_free(p, -1)
+        if self._spare is not None:  # log the change for the spare buffer (see _own_free)
+            log = self._free_log
+            log.append((p, -1))
+            if len(log) > self._log_max:
+                self._spare = self._spare_mv = self._spare_lent = None
+                log.clear()
         gpus = p.total_gpus
         self._used += gpus
         self.pending.remove(j)
@@ -923,8 +922,12 @@ class Simulator:
         if fb is not None:
             for n, c in alloc:
                 fb[n] += c
-        if self._spare is not None:
-            self._log_free(p, 1)
+        if self._spare is not None:  # log the change for the spare buffer (see _own_free)
+            log = self._free_log
+            log.append((p, 1))
+            if len(log) > self._log_max:
+                self._spare = self._spare_mv = self._spare_lent = None
+                log.clear()
         self._used -= gpus
         if self._views:
             live = False
