@@ -136,6 +136,7 @@ def sced2_pack(need: int, counts: FreeCounts) -> Placement | None:
     n = counts.best_fit(need)
     if n >= 0:
         return one_node(n, need)
+    total = need
     if need > counts.total():
         return None
     alloc: list[tuple[int, int]] = []
@@ -147,7 +148,10 @@ def sced2_pack(need: int, counts: FreeCounts) -> Placement | None:
         need -= take
         n = counts.best_fit(need)
     alloc.append((n, need))
-    return Placement(tuple(sorted(alloc)))  # distinct nodes (those taken whole have 0 left), counts > 0
+    alloc.sort()  # distinct nodes (those taken whole have 0 left), counts > 0
+    p = _new(Placement)  # Placement(tuple(alloc)), its fields set directly
+    p.__dict__.update(alloc=tuple(alloc), total_gpus=total, nodes=tuple([v for v, _c in alloc]), num_nodes=len(alloc))
+    return p
 
 
 class _ByteCounts:
