@@ -117,8 +117,7 @@ class SimBackend:
     def snapshot(self) -> ClusterState:
         """:meth:`Simulator.state` with an O(1) job lookup for the validator."""
         sim = self.sim
-        st = sim.state()
-        st.lookup = self._lookup_fn
+        st = sim.state(self._lookup_fn)
         self._snap_epoch = sim._epoch
         return st
 

@@ -320,6 +320,13 @@ def _first(pair: tuple):
     return pair[0]
 
 
+_new = object.__new__
+#: ClusterState has exactly these dataclass fields (and no __post_init__ work without ``usable``):
+#: Simulator.state sets them directly
+_STATE_FIELDS_PLAIN = tuple(f.name for f in dataclasses.fields(ClusterState)) == (
+    "time", "cluster", "free_gpus", "running", "pending", "usable", "lookup")
+
+
 @contextlib.contextmanager
 def _gc_paused():
     """Pause the cyclic garbage collector while building one object per job (none of them garbage;
@@ -676,8 +683,8 @@ class Simulator:
         return self.finished == len(self.jobs)
 
     # ------------------------------------------------------------------ views
-    def state(self) -> ClusterState:
-        """Build the policy's view at the current time.
+    def state(self, lookup: Callable[[str], JobInfo | None] | None = None) -> ClusterState:
+        """Build the policy's view at the current time (``lookup``: its :attr:`ClusterState.lookup`).
 
         ``running`` is a :class:`RunningView`: the running jobs' progress
         fields (``done_samples``, ``attained_service``, ``achieved_thp``,
@@ -693,7 +700,13 @@ class Simulator:
         free = self.free.view()
         free.flags.writeable = False
         self._free_lent = weakref.ref(free)
-        st = ClusterState(self.time, self.cluster, free, view, [j.info for j in self.pending])
+        pending = [j.info for j in self.pending]
+        if _STATE_FIELDS_PLAIN:  # ClusterState(...) with usable None and `lookup`, its fields set directly
+            st = _new(ClusterState)
+            st.__dict__.update(time=self.time, cluster=self.cluster, free_gpus=free, running=view, pending=pending,
+                               usable=None, lookup=lookup)
+        else:
+            st = ClusterState(self.time, self.cluster, free, view, pending, lookup=lookup)
         # what ClusterState.use_contention and use_free_bytes record, written directly (a new state):
         # the ledger of exactly these running jobs (while it is unchanged), the free GPUs as bytes and their sum
         ledger = self.ledger
