@@ -626,6 +626,16 @@ class ContentionLedger:
             self._shapes_own = True
         return self._shapes
 
+    def _shape_gone(self, key: JobKey) -> None:
+        """One multi-node job of ``key``'s shape less in the :meth:`spans` counts."""
+        shapes = self._shapes_w()
+        shape = (key[1], key[2])
+        left = shapes[shape] - 1
+        if left:
+            shapes[shape] = left
+        else:
+            del shapes[shape]
+
     def _insert(self, job_id: Hashable, key: JobKey, placement: "Placement", info: Any, cs: float = 1.0) -> None:
         if key[2] > 1 and self._lb is not None and max(placement.nodes) >= len(self._lb):
             raise ValueError(f"job {job_id!r}: placement {placement} uses a node beyond the ledger's {len(self._lb)}")
@@ -750,13 +760,7 @@ class ContentionLedger:
                 else:  # alone on each of its nodes: nobody's CS changes (O(its nodes))
                     del self._jobs[job_id]
                     self._version += 1
-                    shapes = self._shapes_w()
-                    shape = (e.key[1], e.key[2])
-                    left = shapes[shape] - 1
-                    if left:
-                        shapes[shape] = left
-                    else:
-                        del shapes[shape]
+                    self._shape_gone(e.key)
                     lb = self._lb_w()
                     for v in nodes:
                         del own[v]
@@ -775,13 +779,7 @@ class ContentionLedger:
             del self._jobs[job_id]
         if e.key[2] <= 1:
             return set()
-        shapes = self._shapes_w()
-        shape = (e.key[1], e.key[2])
-        left = shapes[shape] - 1
-        if left:
-            shapes[shape] = left
-        else:
-            del shapes[shape]
+        self._shape_gone(e.key)
         fork = self._base is not None
         lb = self._lb_w()
         for v in e.placement.nodes:
