@@ -232,7 +232,9 @@ class OrderedPolicy(Policy):
             return dec
         # The pending jobs sorted by ``order`` (a stable sort that computes each key once, in C);
         # only preemption reads a job's key again, for the jobs it looks at.
-        pending = sorted(state.pending, key=order)
+        pending = state.pending
+        if len(pending) > 1:
+            pending = sorted(pending, key=order)
         # Victims (running jobs, lowest priority first) are ranked the first time a job does not
         # fit: a round in which every job fits never reads the running jobs.
         victims: list[tuple[tuple, JobInfo]] | None = None if self.preemptive else []

@@ -626,6 +626,16 @@ class ContentionLedger:
             self._shapes_own = True
         return self._shapes
 
+    def _shape_gone(self, key: JobKey) -> None:
+        """One multi-node job of ``key``'s shape less in the :meth:`spans` counts."""
+        shapes = self._shapes_w()
+        shape = (key[1], key[2])
+        left = shapes[shape] - 1
+        if left:
+            shapes[shape] = left
+        else:
+            del shapes[shape]
+
     def _insert(self, job_id: Hashable, key: JobKey, placement: "Placement", info: Any, cs: float = 1.0) -> None:
         if key[2] > 1 and self._lb is not None and max(placement.nodes) >= len(self._lb):
             raise ValueError(f"job {job_id!r}: placement {placement} uses a node beyond the ledger's {len(self._lb)}")
@@ -689,6 +699,30 @@ class ContentionLedger:
             self._jobs[job_id] = _Entry(job_key(model, placement), placement, 1.0, info, self._seq)
             self._version += 1
             return set()
+        if self._sum and self._base is None and not self._read_only:
+            own, lb = self._nodes, self._lb
+            nodes = placement.nodes
+            for v in nodes:
+                if own.get(v):
+                    break
+            else:  # no multi-node job on any of its nodes: its CS is 1 and nobody's changes (O(its nodes))
+                if job_id in self._jobs:
+                    raise ValueError(f"job {job_id!r} is already in the contention ledger")
+                if lb is not None and max(nodes) >= len(lb):
+                    raise ValueError(f"job {job_id!r}: placement {placement} uses a node beyond the ledger's {len(lb)}")
+                key = job_key(model, placement)
+                self._seq += 1
+                self._jobs[job_id] = _Entry(key, placement, 1.0, info, self._seq)
+                shapes = self._shapes_w()
+                shape = (key[1], key[2])
+                shapes[shape] = shapes.get(shape, 0) + 1
+                lb = self._lb_w()
+                for v in nodes:
+                    own[v] = {job_id: key}
+                    if lb is not None:
+                        lb[v] = 1
+                self._version += 1
+                return set()
         self._writable()
         if self._get(job_id) is not None:
             raise ValueError(f"job {job_id!r} is already in the contention ledger")
@@ -717,6 +751,22 @@ class ContentionLedger:
                 del self._jobs[job_id]
                 self._version += 1
                 return set()
+            if e is not None:
+                own = self._nodes
+                nodes = e.placement.nodes
+                for v in nodes:
+                    if len(own[v]) != 1:
+                        break
+                else:  # alone on each of its nodes: nobody's CS changes (O(its nodes))
+                    del self._jobs[job_id]
+                    self._version += 1
+                    self._shape_gone(e.key)
+                    lb = self._lb_w()
+                    for v in nodes:
+                        del own[v]
+                        if lb is not None:
+                            lb[v] = 0
+                    return set()
         self._writable()
         e = self._get(job_id)
         if e is None:
@@ -729,13 +779,7 @@ class ContentionLedger:
             del self._jobs[job_id]
         if e.key[2] <= 1:
             return set()
-        shapes = self._shapes_w()
-        shape = (e.key[1], e.key[2])
-        left = shapes[shape] - 1
-        if left:
-            shapes[shape] = left
-        else:
-            del shapes[shape]
+        self._shape_gone(e.key)
         fork = self._base is not None
         lb = self._lb_w()
         for v in e.placement.nodes:

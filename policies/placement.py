@@ -85,7 +85,29 @@ def pack(job: JobInfo, free: np.ndarray, state: ClusterState | None = None) -> P
         counts = np.asarray(free).tolist()
         if type(counts[0]) is int:
             return sced2_pack(job.gpu_demand, _ListCounts(counts))
-    return _pack(job.gpu_demand, *_as_bytes(free, state), state)
+    need = job.gpu_demand
+    if state is not None and free is state.free_gpus:
+        got = state.free_bytes()
+        if got is not None:  # sced2_pack's first step (one node that covers the demand) inline
+            fb, bound = got
+            find = fb.find
+            for f in range(need, bound + 1):
+                n = find(_BYTES[f])
+                if n >= 0:
+                    return one_node(n, need)
+            return sced2_pack(need, _ByteCounts(fb, bound, free, state))
+    return _pack(need, *_as_bytes(free, state), state)
+
+
+_new = object.__new__
+
+
+def one_node(node: int, gpus: int) -> Placement:
+    """``Placement(((node, gpus),))`` (``gpus`` > 0), its fields set directly (the common placement of a
+    packing rule, made once per scheduled job)."""
+    p = _new(Placement)
+    p.__dict__.update(alloc=((node, gpus),), total_gpus=gpus, nodes=(node,), num_nodes=1)
+    return p
 
 
 class FreeCounts(Protocol):
@@ -113,7 +135,8 @@ def sced2_pack(need: int, counts: FreeCounts) -> Placement | None:
     """
     n = counts.best_fit(need)
     if n >= 0:
-        return Placement(((n, need),))
+        return one_node(n, need)
+    total = need
     if need > counts.total():
         return None
     alloc: list[tuple[int, int]] = []
@@ -125,7 +148,10 @@ def sced2_pack(need: int, counts: FreeCounts) -> Placement | None:
         need -= take
         n = counts.best_fit(need)
     alloc.append((n, need))
-    return Placement(tuple(sorted(alloc)))  # distinct nodes (those taken whole have 0 left), counts > 0
+    alloc.sort()  # distinct nodes (those taken whole have 0 left), counts > 0
+    p = _new(Placement)  # Placement(tuple(alloc)), its fields set directly
+    p.__dict__.update(alloc=tuple(alloc), total_gpus=total, nodes=tuple([v for v, _c in alloc]), num_nodes=len(alloc))
+    return p
 
 
 class _ByteCounts:

@@ -199,12 +199,21 @@ def check_decision(state: ClusterState, decision: Decision) -> list[Problem]:
     """Every entry of ``decision`` that cannot be applied to ``state``, in the order of application
     (preemptions, resizes, placements; see the module docstring for the rules). Empty: all of it
     can. Pure: reads ``state`` only."""
-    problems: list[Problem] = []
     usable = state.usable
     fb = state.free_bytes()  # the same counts as free_gpus, read as Python ints (no numpy scalar per node)
     free = state.free_gpus if fb is None else fb[0]
-    delta: dict[int, int] = {}  # node -> change of its free GPUs by the entries accepted so far
     job = state.lookup or state.job  # ClusterState.job calls the backend's lookup when there is one
+    place = decision.place
+    if len(place) == 1 and not decision.preempt and not decision.resize:
+        # one placement alone (most rounds of a simulation): the same rules as the loops below, without
+        # their bookkeeping, for a waiting job with a plain demand on a plain Placement
+        jid, p = place[0]
+        info = job(jid)
+        if info is not None and info.placement is None and info.demand is None and p.__class__ is Placement:
+            why = placement_problem(jid, info.gpu_demand, p, free, usable, AFTER_EARLIER)
+            return [] if why is None else [Problem("place", 0, jid, why)]
+    problems: list[Problem] = []
+    delta: dict[int, int] = {}  # node -> change of its free GPUs by the entries accepted so far
     res = _CpuMem(state)  # CPUs and memory released and taken by the accepted entries
 
     gone: set[str] = set()

@@ -117,8 +117,7 @@ class SimBackend:
     def snapshot(self) -> ClusterState:
         """:meth:`Simulator.state` with an O(1) job lookup for the validator."""
         sim = self.sim
-        st = sim.state()
-        st.lookup = self._lookup_fn
+        st = sim.state(self._lookup_fn)
         self._snap_epoch = sim._epoch
         return st
 
@@ -138,6 +137,16 @@ class SimBackend:
         if not (place or preempt or resize):
             return ApplyReport()
         sim = self.sim
+        if (problems is not None and not problems and not preempt and not resize and self._compat is None
+                and sim._epoch == self._snap_epoch and not sim.cfg.check_invariants):
+            # placements alone, checked on a snapshot of the simulator as it is (the common round)
+            by_id, start = sim.by_id, sim._start
+            for jid, p in place:
+                start(by_id[jid], p)
+            n = len(place)
+            sim.decisions += n
+            self._started += n
+            return ApplyReport([jid for jid, _p in place], [], [], [], [], False)
         if problems is None:
             problems = self.check(decision)
         if problems:

@@ -320,6 +320,13 @@ def _first(pair: tuple):
     return pair[0]
 
 
+_new = object.__new__
+#: ClusterState has exactly these dataclass fields (and no __post_init__ work without ``usable``):
+#: Simulator.state sets them directly
+_STATE_FIELDS_PLAIN = tuple(f.name for f in dataclasses.fields(ClusterState)) == (
+    "time", "cluster", "free_gpus", "running", "pending", "usable", "lookup")
+
+
 @contextlib.contextmanager
 def _gc_paused():
     """Pause the cyclic garbage collector while building one object per job (none of them garbage;
@@ -676,8 +683,8 @@ class Simulator:
         return self.finished == len(self.jobs)
 
     # ------------------------------------------------------------------ views
-    def state(self) -> ClusterState:
-        """Build the policy's view at the current time.
+    def state(self, lookup: Callable[[str], JobInfo | None] | None = None) -> ClusterState:
+        """Build the policy's view at the current time (``lookup``: its :attr:`ClusterState.lookup`).
 
         ``running`` is a :class:`RunningView`: the running jobs' progress
         fields (``done_samples``, ``attained_service``, ``achieved_thp``,
@@ -693,10 +700,21 @@ class Simulator:
         free = self.free.view()
         free.flags.writeable = False
         self._free_lent = weakref.ref(free)
-        st = ClusterState(self.time, self.cluster, free, view, [j.info for j in self.pending])
-        st.use_contention(self.ledger)  # the ledger of exactly these running jobs, while it is unchanged
+        pending = [j.info for j in self.pending]
+        if _STATE_FIELDS_PLAIN:  # ClusterState(...) with usable None and `lookup`, its fields set directly
+            st = _new(ClusterState)
+            st.__dict__.update(time=self.time, cluster=self.cluster, free_gpus=free, running=view, pending=pending,
+                               usable=None, lookup=lookup)
+        else:
+            st = ClusterState(self.time, self.cluster, free, view, pending, lookup=lookup)
+        # what ClusterState.use_contention and use_free_bytes record, written directly (a new state):
+        # the ledger of exactly these running jobs (while it is unchanged), the free GPUs as bytes and their sum
+        ledger = self.ledger
+        d = st.__dict__
+        d["_handed"] = (ledger, ledger._version)
         if self._free_bytes is not None:
-            st.use_free_bytes(bytes(self._free_bytes), self._free_bound, self._total_gpus - self._used)
+            d["_free_bytes"] = (free, (bytes(self._free_bytes), self._free_bound))
+            d["_free_total"] = (free, self._total_gpus - self._used)
         return st
 
     # ------------------------------------------------------------------ mechanics
@@ -704,7 +722,7 @@ class Simulator:
         """``free``, to change: if a state built earlier still holds a view of it, the spare buffer
         (brought up to date by the placements changed since it was ``free``: O(their nodes)) or,
         while a state holds that one too, a copy takes its place. Every change the caller makes is
-        logged with :meth:`_log_free`."""
+        logged in ``_free_log`` (``(placement, sign)``; past ``_log_max`` entries the spare is dropped and the next swap copies)."""
         lent = self._free_lent
         if lent is not None:
             if lent() is not None:
@@ -722,34 +740,8 @@ class Simulator:
             self._free_lent = None
         return self.free
 
-    def _change_free(self, p: Placement, sign: int) -> None:
-        """Add ``sign`` (+1: a stop, -1: a start) times ``p``'s GPUs to the free GPUs (the array, through its
-        memoryview, and the byte mirror), counting the change (``_epoch``) and logging it for the spare buffer."""
-        self._epoch += 1
-        if self._free_lent is not None:
-            self._own_free()
-        free, fb = self._free_mv, self._free_bytes
-        alloc = p.alloc
-        for n, c in alloc:
-            free[n] += sign * c
-        if fb is not None:
-            for n, c in alloc:
-                fb[n] += sign * c
-        if self._spare is not None:
-            self._log_free(p, sign)
-
-    def _log_free(self, p: Placement, sign: int) -> None:
-        """Record that ``sign`` times ``p``'s GPUs were added to ``free`` (what the spare buffer misses);
-        past about a node's worth of entries the spare is dropped (the next swap copies instead)."""
-        if self._spare is not None:
-            log = self._free_log
-            log.append((p, sign))
-            if len(log) > self._log_max:
-                self._spare = self._spare_mv = self._spare_lent = None
-                log.clear()
-
     def _free_rewritten(self) -> None:
-        """``free`` was changed in bulk (not through :meth:`_log_free`): the spare buffer is stale."""
+        """``free`` was changed in bulk (not logged in ``_free_log``): the spare buffer is stale."""
         self._spare = self._spare_mv = self._spare_lent = None
         self._free_log.clear()
 
@@ -837,8 +829,22 @@ class Simulator:
 
     def _start(self, j: _Job, p: Placement, overhead: float | None = None) -> None:
         """:meth:`start` of pending job ``j`` on ``p``, which fits (checked by the caller)."""
-        self._change_free(p, -1)
         alloc = p.alloc
+        self._epoch += 1  # _change_free(p, -1), inline
+        if self._free_lent is not None:
+            self._own_free()
+        free, fb = self._free_mv, self._free_bytes
+        for n, c in alloc:
+            free[n] -= c
+        if fb is not None:
+            for n, c in alloc:
+                fb[n] -= c
+        if self._spare is not None:  # log the change for the spare buffer (see _own_free)
+            log = self._free_log
+            log.append((p, -1))
+            if len(log) > self._log_max:
+                self._spare = self._spare_mv = self._spare_lent = None
+                log.clear()
         gpus = p.total_gpus
         self._used += gpus
         self.pending.remove(j)
@@ -919,7 +925,22 @@ class Simulator:
         j.run_time += t - j.seg_start
         j.att_base += gpus * (t - j.seg_start)
         info.attained_service = j.att_base
-        self._change_free(p, 1)
+        self._epoch += 1  # _change_free(p, 1), inline
+        if self._free_lent is not None:
+            self._own_free()
+        free, fb = self._free_mv, self._free_bytes
+        alloc = p.alloc
+        for n, c in alloc:
+            free[n] += c
+        if fb is not None:
+            for n, c in alloc:
+                fb[n] += c
+        if self._spare is not None:  # log the change for the spare buffer (see _own_free)
+            log = self._free_log
+            log.append((p, 1))
+            if len(log) > self._log_max:
+                self._spare = self._spare_mv = self._spare_lent = None
+                log.clear()
         self._used -= gpus
         if self._views:
             live = False
