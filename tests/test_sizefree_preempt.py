@@ -185,7 +185,7 @@ class _StubPlanner:
         return self.dec
 
     def reset(self):
-        pass
+        """Nothing to reset: the teacher always returns the same decision."""
 
 
 def test_teacher_labels_preemptions_then_the_move():
