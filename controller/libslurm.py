@@ -31,6 +31,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import platform
 import subprocess
 import sys
 import threading
@@ -207,11 +208,11 @@ def _probe(name: str, conf: str, timeout_s: float = 30.0) -> bool:
 def open_libslurm(conf: str, path: str | None = None) -> LibSlurm | None:
     """``libslurm`` initialised for the ``slurm.conf`` file ``conf``, or ``None`` where it cannot be used: no
     library, a release without a layout in :data:`LAYOUTS`, a file that is missing or that ``slurm_init``
-    does not take (:func:`_probe`), or this process initialised the library for another ``slurm.conf``
+    does not take (:func:`_probe`), a host that is not x86-64 Linux, or this process initialised the library for another ``slurm.conf``
     already. ``path``: the library file (default: the soname of each known release)."""
     key = os.path.abspath(conf)
-    if not os.path.isfile(key):
-        return None
+    if not os.path.isfile(key) or platform.machine() != "x86_64" or not sys.platform.startswith("linux"):
+        return None  # the offsets of LAYOUTS are x86-64 Linux's
     with _lock:
         if _opened:
             (k, lib), = _opened.items()

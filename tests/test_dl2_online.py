@@ -99,7 +99,7 @@ def test_damaged_record_ends_its_segment_with_a_warning(tmp_path):
     warned: list[str] = []
     assert len(list(read_experience(d, warn=warned.append))) == 1
     assert len(warned) == 1 and "CRC" in warned[0]
-    data[first:first + 4] = b"XXXX"
+    data[first:first + 4] = bytes(4)  # four zero bytes: not the record magic
     seg.write_bytes(bytes(data))
     warned = []
     assert len(list(read_experience(d, warn=warned.append))) == 1 and "bad magic" in warned[0]
