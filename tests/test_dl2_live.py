@@ -1,0 +1,187 @@
+"""DL2's online learning on real Slurm daemons: the controller runs ``dl2`` beside slurmctld, the policy grows an
+elastic PyTorch job (gloo, CPU) from 2 to 4 workers live, the experience journal records that slot, and
+``rlsched train --online`` turns the journal into a checkpoint that loads.
+
+The cluster is the session's (tests/conftest.py: ``slurm_cluster``, 4 nodes x 8 fake GPUs, node agents),
+started by the test itself; skipped when not root, without the Slurm binaries or without node agents.
+
+**Why the weights are crafted.** A trained DL2 network grows a job only in some states, and which ones
+depends on its training; the test needs a resize it can predict. Its checkpoint (written here in the real
+format: ``save_dl2``, safetensors + JSON) is a 38 -> 8 -> 7 ReLU network (``J = 2`` job rows) whose
+weights are small (standard deviation 0.01) and whose output bias is +10 on action 0 (one more worker to
+the first job), 0 on stop and -10 on the others: the logits move by less than 0.1 over every state this
+test reaches, so each inference takes action 0 while it is feasible, i.e. every slot plans the job at its
+``max_gpus`` (4) workers. The slot is 6 s (``DL2Spec.slot_s``) so that a run of a few dozen seconds spans
+several slots.
+
+**What happens.** The first slot finds the job waiting and plans 4 workers; a waiting job starts at the GPUs
+it asked for (2), so the next slot comes at the next round and resizes it to 4 (checkpoint through the
+agent, ``requeuehold``, pin, release; controller/backend.py). The test runs that next round only once the
+job has reported to its agent, so every slot boundary sees the job's real progress (the agent's ``step`` /
+``total_steps`` while it runs, the checkpoint step the controller recorded while it restarts), never the
+controller's estimate for jobs without reports.
+
+**What is checked.** The journal's slot that holds the resize: its actions are four times action 0, its
+states count the job's planned workers 0 -> 3 while the job ran on 2 GPUs at the slot's start and on 4 at
+its end (Slurm's and the controller's view), and its reward is the job's progress across the slot: the
+steps it reported between the two rounds over its ``total_steps`` (the remaining-work feature of its
+states says the same), with the resumed run's first step (the job's own ``start`` line) in between. Every
+slot's reward is the difference of the job's reported progress at its two rounds, and the slots chain
+(each ``next_obs`` is the next slot's first state). ``rlsched train --online JOURNAL --out DIR`` then
+updates the network from the journal; the written checkpoint loads through the policy registry, names its
+parent, and decides the same resize on the recorded state.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from controller.config import load_config
+from controller.daemon import Controller
+from controller.experience import read_experience
+from policies.cluster import ClusterSpec
+from policies.dl2 import FEATURES, DL2Spec, load_dl2, load_dl2_critic, save_dl2
+from policies.perf import ContentionModel
+from policies.registry import make_policy
+from rlsched.cli import main
+from tests.test_resize_slurm import EXAMPLE, REPO, _free_port
+from tests.test_slurm_integration import _events
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(600)]
+
+TOTAL_STEPS = 120
+GLOBAL_BATCH = 24
+SLOT_S = 6.0
+SPEC = DL2Spec(J=2, slot_s=SLOT_S)
+GROW = 0  # action 3 * 0 + 0: one more worker to job row 0
+STOP = SPEC.n_actions - 1
+L = len(SPEC.types)
+REMAINING, WORKERS = L + FEATURES.index("remaining_epochs"), L + FEATURES.index("workers")
+
+
+def _grow_first_job(path) -> str:
+    """Write the crafted checkpoint (module docstring) to ``path``; its weights' sha256."""
+    rng = np.random.default_rng(7)
+    hidden = 8
+    w1 = rng.normal(0.0, 0.01, (hidden, SPEC.obs_size)).astype(np.float32)
+    b1 = np.full(hidden, 0.1, np.float32)
+    w2 = rng.normal(0.0, 0.01, (SPEC.n_actions, hidden)).astype(np.float32)
+    b2 = np.full(SPEC.n_actions, -10.0, np.float32)
+    b2[GROW], b2[STOP] = 10.0, 0.0
+    save_dl2(path, [(w1, b1), (w2, b2)], SPEC, extra={"training": {"crafted": "grows job row 0 (tests/test_dl2_live.py)"}})
+    return load_dl2(path)[1]["weights_sha256"]
+
+
+def test_dl2_grows_an_elastic_job_live_and_train_online_learns_from_the_journal(live_cluster, tmp_path, capsys):
+    cluster = live_cluster
+    if not cluster.agents:
+        pytest.skip("no `rlsched agent` command: node agents not available (a resize checkpoints through them)")
+    ck = tmp_path / "grow" / "dl2"
+    sha = _grow_first_job(ck)
+    journal = tmp_path / "experience"
+    script = (f"export MASTER_PORT={_free_port()} PYTHONPATH={REPO}\n"
+              f"exec {sys.executable} {EXAMPLE} --launch --total-steps {TOTAL_STEPS} --global-batch {GLOBAL_BATCH} "
+              f"--step-sleep 0.15 --report-every 1 --threads 1")
+    jid = cluster.sbatch(script, 2, comment="rlsched:model=MoE,samples=120000,min_gpus=1,max_gpus=4",
+                         extra=["--ntasks=2", "--requeue"])
+    sid = str(jid)
+    ctl = Controller(load_config(cluster.controller_config(tmp_path, policy=f"dl2:{ck}", experience_dir=str(journal))))
+    errors: list[str] = []
+    # per round that saw the job: (round time, GPUs and done fraction of the job in the policy's snapshot,
+    # the step its agents reported, the step the controller recorded at its checkpoint)
+    rounds: list[tuple[float, int, float, int | None, int | None]] = []
+
+    def tick() -> None:
+        recorded = (ctl.journal["progress"].get(sid) or {}).get("step")
+        rep = ctl.round()
+        if not rep.ok:
+            errors.append(str(rep.error))
+        view = getattr(ctl.backend, "view", None)
+        info = next((j for j in (*view.state.running, *view.state.pending) if j.job_id == sid), None) if view else None
+        if info is not None:
+            gpus = info.placement.total_gpus if info.placement is not None else 0
+            rounds.append((rep.time, gpus, info.done_samples / info.total_samples,
+                           (ctl._stats.get(sid) or {}).get("step"), recorded))
+
+    def reported() -> bool:
+        j = cluster.job(jid)
+        return j is not None and j.state == "RUNNING" and sid in ctl.preempter.stats(job_nodes={sid: list(j.nodes)})
+
+    out = cluster.jobs_dir / f"{jid}.out"
+    try:
+        tick()  # the first slot: the job waits; placed on the 2 GPUs it asked for (the plan is 4)
+        assert ctl.experience is not None and rounds and rounds[0][1] == 0, (rounds, errors)
+        cluster.wait(reported, 120, "the job's first report to its agent")
+        cluster.wait(lambda: (j := cluster.job(jid)) is not None and j.state == "COMPLETED", 240,
+                     "the grown job to finish", tick=tick, step=1.0)
+    except AssertionError as exc:
+        show = cluster.run(["scontrol", "-o", "show", "job", str(jid)], check=False).stdout
+        text = out.read_text()[-4000:] if out.exists() else "(no output)"
+        raise AssertionError(f"{exc}\nslurm: {show}\nrounds: {rounds}\nround errors: {errors[-3:]}\n"
+                             f"output:\n{text}") from None
+    assert not errors, errors
+    assert ctl.metrics.value("rlsched_decisions_total", action="resize") == 1
+    ctl.experience.journal.close()
+
+    # the job ran at 2 workers, then at 4 from the checkpoint the controller recorded, and finished its steps
+    ev = _events(cluster, jid)
+    starts = {}
+    for e in ev:
+        if e.get("event") == "start":
+            starts.setdefault(e["start_step"], e)
+    assert [e["world"] for e in starts.values()] == [2, 4], ev
+    s1 = list(starts)[1]
+    assert 0 < s1 < TOTAL_STEPS and starts[s1]["resumed_world"] == 2
+    done = [e for e in ev if e.get("event") == "done"]
+    assert sorted(e["rank"] for e in done) == [0, 1, 2, 3], done  # only the resumed run reaches the end
+    assert all(e["final_step"] == TOTAL_STEPS and e["world"] == 4 for e in done), done
+
+    # every boundary the policy saw holds the job's real progress: the step it reported to its agents while
+    # it ran, else the checkpoint step recorded when it was resized (the step its resumed run started at)
+    for t, gpus, frac, step, recorded in rounds:
+        want = step if step is not None else (recorded or 0)
+        assert frac == pytest.approx(want / TOTAL_STEPS, abs=1e-12), (t, gpus, frac, step, recorded)
+        if step is None and gpus:
+            assert recorded == s1
+    at = {round(t, 6): (gpus, frac) for t, gpus, frac, _s, _r in rounds}
+
+    recs = list(read_experience(journal))
+    assert len(recs) >= 2, recs
+    for r in recs:
+        assert r.meta["policy"] == "dl2" and r.meta["spec"] == SPEC.to_dict() and r.meta["weights_sha256"] == sha
+        assert r.meta["checkpoint"] == str(ck.with_suffix(".json"))
+    ts = [r.transition for r in recs]
+    for a, b in zip(ts, ts[1:]):
+        assert a.end == b.time and np.array_equal(a.next_obs, b.obs[0])
+    for t in ts:  # DL2's reward: the job's progress between the slot's two rounds, over its total
+        (g0, f0), (g1, f1) = at[round(t.time, 6)], at[round(t.end, 6)]
+        assert t.reward == pytest.approx(f1 - f0, abs=1e-9), (t.time, t.end, t.reward, f0, f1)
+        assert t.obs[0, REMAINING] == pytest.approx(1.0 - f0, abs=1e-6)
+        assert t.next_obs[REMAINING] == pytest.approx(1.0 - f1, abs=1e-6)
+        assert (t.action == GROW).all() and len(t) == 4  # planned at max_gpus each slot
+        assert np.allclose(t.obs[:, WORKERS], [0.0, 0.1, 0.2, 0.3])
+    # the slot of the resize: 2 GPUs at its start, 4 at its end; its reward spans the checkpoint and restart
+    resized = [t for t in ts if at[round(t.time, 6)][0] == 2 and at[round(t.end, 6)][0] == 4]
+    assert len(resized) == 1, [(t.time, t.end, at[round(t.time, 6)], at[round(t.end, 6)]) for t in ts]
+    t = resized[0]
+    f0, f1 = at[round(t.time, 6)][1], at[round(t.end, 6)][1]
+    assert f0 * TOTAL_STEPS <= s1 <= f1 * TOTAL_STEPS and t.reward > 0, (f0, s1, f1, t.reward)
+
+    # rlsched train --online reads the journal and writes a checkpoint that loads and decides the same resize
+    new = tmp_path / "online"
+    capsys.readouterr()
+    assert main(["train", "--online", str(journal), "--out", str(new)]) == 0
+    summary = json.loads(capsys.readouterr().out.split("\n", 1)[1])
+    assert summary["records"] == len(recs) and summary["updates"] == len(recs)
+    assert summary["samples"] == sum(len(t) for t in ts) and summary["weights"] == {sha: summary["samples"]}
+    _net, meta, _j, critic = load_dl2_critic(new / "dl2")
+    assert critic is not None and meta["online"][-1]["parent_weights_sha256"] == sha
+    assert meta["weights_sha256"] != sha
+    cl = ClusterSpec.parse("4x8")
+    pol = make_policy(f"dl2:{new / 'dl2'}", cl, ContentionModel(cl))
+    assert pol.name == "dl2" and pol.weights_sha256 == meta["weights_sha256"]
+    assert pol.choose(t.obs[0], t.mask[0], []) == GROW
