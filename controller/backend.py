@@ -124,6 +124,8 @@ class SlurmBackend:
         progress: dict[str, dict[str, Any]] = {}
         for sid, p in ctl.journal["progress"].items():
             progress[sid] = dict(p)
+        for sid, p in ctl.last_reports(stats).items():  # running, no longer reported: what it reached
+            progress.setdefault(sid, {}).update(p)
         for sid, s in stats.items():
             progress.setdefault(sid, {}).update(s)
         plans = {sid: r.get("plan_by_name") or {} for sid, r in ctl.journal["released"].items()}

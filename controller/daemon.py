@@ -319,6 +319,11 @@ class Controller:
         self.last: RoundReport | None = None
         self._forced: set[str] = set()
         self._stats: dict[str, dict[str, Any]] = {}
+        # job id -> (Slurm's restart count of its run, the last step / total_steps its agents reported in that
+        # run): the progress of a running job whose agents no longer report it (it finished its steps and
+        # Slurm still runs its teardown), which neither a checkpoint step of an earlier run nor the estimate
+        # for jobs without reports may undercut (:meth:`last_reports`)
+        self._last_report: dict[str, tuple[int, dict[str, int]]] = {}
         self._warned: set[str] = set()
         self._stuck_requests: set[tuple[str, int]] = set()  # (name, inode) of requests it could not remove
         # job id -> (failed preemptions in a row, clock time before which the policy may not choose it as a
@@ -524,6 +529,7 @@ class Controller:
         # stats only from the agents of each job's nodes (Slurm's view), not from any agent claiming it
         job_nodes = {str(j.job_id): list(j.nodes) for j in jobs if j.state in ("RUNNING", "CONFIGURING")}
         stats = self._stats = self.preempter.stats(job_nodes=job_nodes)
+        self._note_reports(jobs, stats)
         stale = [sid for sid in self.journal["progress"] if sid not in by_id]
         for sid in stale:  # Slurm forgot the job (MinJobAge): so can we
             self.journal["progress"].pop(sid)
@@ -546,6 +552,24 @@ class Controller:
             nodes = self.slurm.nodes()
             self._decide(self.clock(), cluster, nodes, jobs, stats, rep, last=True)
         self._update_reasons(rep)
+
+    def _note_reports(self, jobs: list[SlurmJob], stats: dict[str, dict]) -> None:
+        """Keep the last step each running job's agents reported in its current run (Slurm's restart count);
+        forget it once the job no longer runs or runs again (a requeue: its checkpoint step counts then)."""
+        runs = {str(j.job_id): j.restarts for j in jobs if j.state in ("RUNNING", "CONFIGURING")}
+        for sid in [sid for sid, (run, _p) in self._last_report.items() if runs.get(sid) != run]:
+            del self._last_report[sid]
+        for sid, s in stats.items():
+            step, total = s.get("step"), s.get("total_steps")
+            if sid in runs and isinstance(step, int) and not isinstance(step, bool) and total:
+                self._last_report[sid] = (runs[sid], {"step": step, "total_steps": total})
+
+    def last_reports(self, stats: dict[str, Any]) -> dict[str, dict[str, int]]:
+        """Job id -> ``{step, total_steps}`` last reported in its current run, for the running jobs ``stats``
+        (this round's agent stats) lacks: a job that finished its steps is no longer reported as running
+        while Slurm still runs it, and its progress stays what it reached (DL2's reward of a slot is the
+        difference of two rounds' progress)."""
+        return {sid: p for sid, (_run, p) in self._last_report.items() if sid not in stats}
 
     def _read_jobs(self) -> list[SlurmJob]:
         """Every job Slurm shows: :meth:`SlurmCLI.queue` (a cheap text read laid over the last JSON read)
