@@ -48,10 +48,11 @@ from policies.dl2 import FEATURES, DL2Spec, load_dl2, load_dl2_critic, save_dl2
 from policies.perf import ContentionModel
 from policies.registry import make_policy
 from rlsched.cli import main
+from tests.test_controller import FakeAgents, FakeSlurm, _ctl
+from tests.test_resize import _running
 from tests.test_resize_slurm import EXAMPLE, REPO, _free_port
 from tests.test_slurm_integration import _events
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(600)]
 
 TOTAL_STEPS = 80
 GLOBAL_BATCH = 24
@@ -76,6 +77,42 @@ def _grow_first_job(path) -> str:
     return load_dl2(path)[1]["weights_sha256"]
 
 
+class StepAgents(FakeAgents):
+    """Agents whose running jobs report ``steps[job id]`` of 100 steps (a job not in ``steps`` is not reported)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps: dict[str, int] = {}
+
+    def stats(self, job_nodes=None):
+        return {sid: {"slurm_job_id": sid, "state": "running", "step": self.steps[sid], "total_steps": 100}
+                for sid in (job_nodes or {}) if sid in self.steps}
+
+
+def test_a_running_job_its_agents_no_longer_report_keeps_the_progress_it_reported(tmp_path):
+    """The agents report a job as running only while it trains; once its steps are done Slurm may run it a while
+    longer (its processes ending). Its progress in the policy's state stays the step it last reported in that
+    run (not the estimate for jobs without reports), and is forgotten when Slurm runs it again (a requeue)."""
+    s = FakeSlurm()
+    jid = _running(s, 2, "rlsched:model=MoE,samples=1000")
+    sid = str(jid)
+    agents = StepAgents()
+    ctl = _ctl(tmp_path, s, agents)
+
+    def done() -> float:
+        return next(i for i in ctl.backend.view.state.running if i.job_id == sid).done_samples
+
+    agents.steps[sid] = 40
+    assert ctl.round().ok and done() == 400.0
+    del agents.steps[sid]  # its training finished: no longer reported as running
+    assert ctl.round().ok and done() == 400.0 and ctl.last_reports({}) == {sid: {"step": 40, "total_steps": 100}}
+    s.job_list[jid].restarts += 1  # requeued and running again: that run has not reported
+    assert ctl.round().ok and ctl.last_reports({}) == {}
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_dl2_grows_an_elastic_job_live_and_train_online_learns_from_the_journal(live_cluster, tmp_path, capsys):
     cluster = live_cluster
     if not cluster.agents:
