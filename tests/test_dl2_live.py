@@ -50,7 +50,7 @@ from policies.registry import make_policy
 from rlsched.cli import main
 from tests.test_controller import FakeAgents, FakeSlurm, _ctl
 from tests.test_resize import _running
-from tests.test_resize_slurm import EXAMPLE, REPO, _free_port
+from tests.test_resize_slurm import EXAMPLE, REPO, _free_port, job_diagnosed
 from tests.test_slurm_integration import _events
 
 
@@ -159,18 +159,12 @@ def test_dl2_grows_an_elastic_job_live_and_train_online_learns_from_the_journal(
             reported_runs.add(j.restarts)
         return ok
 
-    out = cluster.jobs_dir / f"{jid}.out"
-    try:
+    with job_diagnosed(cluster, jid, lambda: f"rounds: {rounds}\nround errors: {errors[-3:]}"):
         tick()  # the first slot: the job waits; placed on the 2 GPUs it asked for (the plan is 4)
         assert ctl.experience is not None and rounds and rounds[0][1] == 0, (rounds, errors)
         cluster.wait(first_steps, 150, "the job's first steps reported to its agent")
         cluster.wait(lambda: (j := cluster.job(jid)) is not None and j.state == "COMPLETED", 300,
                      "the grown job to finish", tick=tick, step=1.0)
-    except AssertionError as exc:
-        show = cluster.run(["scontrol", "-o", "show", "job", str(jid)], check=False).stdout
-        text = out.read_text()[-4000:] if out.exists() else "(no output)"
-        raise AssertionError(f"{exc}\nslurm: {show}\nrounds: {rounds}\nround errors: {errors[-3:]}\n"
-                             f"output:\n{text}") from None
     assert not errors, errors
     assert ctl.metrics.value("rlsched_decisions_total", action="resize") == 1
     ctl.experience.journal.close()

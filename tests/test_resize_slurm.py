@@ -17,7 +17,9 @@ import os
 import socket
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable, Iterator
 
 import pytest
 
@@ -72,6 +74,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextmanager
+def job_diagnosed(cluster, jid: int, detail: Callable[[], str]) -> Iterator[None]:
+    """Re-raise an AssertionError of the block with Slurm's record of job ``jid``, ``detail()`` and the end
+    of the job's output."""
+    try:
+        yield
+    except AssertionError as exc:
+        show = cluster.run(["scontrol", "-o", "show", "job", str(jid)], check=False).stdout
+        out = cluster.jobs_dir / f"{jid}.out"
+        text = out.read_text()[-4000:] if out.exists() else "(no output)"
+        raise AssertionError(f"{exc}\nslurm: {show}\n{detail()}\noutput:\n{text}") from None
+
+
 def _reference(tmp_path: Path) -> dict:
     """The same job run in one process that never changes size (no Slurm, no agent)."""
     env = {**os.environ, "RLSCHED_AGENT": "none", "PYTHONPATH": str(REPO)}
@@ -112,15 +127,9 @@ def test_elastic_job_resizes_2_4_1_and_finishes_its_exact_steps(live_cluster, tm
             if not seen or seen[-1] != obs:
                 seen.append(obs)
 
-    out = cluster.jobs_dir / f"{jid}.out"
-    try:
+    with job_diagnosed(cluster, jid, lambda: f"runs: {seen}\nround errors: {errors[-3:]}"):
         cluster.wait(lambda: (j := cluster.job(jid)) is not None and j.state == "COMPLETED", 480,
                      "the resized job to finish", tick=tick, step=1.0)
-    except AssertionError as exc:
-        show = cluster.run(["scontrol", "-o", "show", "job", str(jid)], check=False).stdout
-        text = out.read_text()[-4000:] if out.exists() else "(no output)"
-        raise AssertionError(f"{exc}\nslurm: {show}\nruns: {seen}\nround errors: {errors[-3:]}\n"
-                             f"output:\n{text}") from None
     assert not errors, errors
     j = cluster.job(jid)
     assert j.restarts == 2, j
