@@ -1,5 +1,5 @@
 """DL2's online learning on real Slurm daemons: the controller runs ``dl2`` beside slurmctld, the policy grows an
-elastic PyTorch job (gloo, CPU) from 2 to 4 workers live, the experience journal records that slot, and
+elastic PyTorch job from 1 worker to 2 (gloo, CPU) live, the experience journal records that slot, and
 ``rlsched train --online`` turns the journal into a checkpoint that loads.
 
 The cluster is the session's (tests/conftest.py: ``slurm_cluster``, 4 nodes x 8 fake GPUs, node agents),
@@ -11,22 +11,24 @@ format: ``save_dl2``, safetensors + JSON) is a 38 -> 8 -> 7 ReLU network (``J = 
 weights are small (standard deviation 0.01) and whose output bias is +10 on action 0 (one more worker to
 the first job), 0 on stop and -10 on the others: the logits move by less than 0.1 over every state this
 test reaches, so each inference takes action 0 while it is feasible, i.e. every slot plans the job at its
-``max_gpus`` (4) workers. The slot is 6 s (``DL2Spec.slot_s``) so that a run of a few dozen seconds spans
+``max_gpus`` (2) workers. The slot is 6 s (``DL2Spec.slot_s``) so that a run of a few dozen seconds spans
 several slots.
 
-**What happens.** The first slot finds the job waiting and plans 4 workers; a waiting job starts at the GPUs
-it asked for (2), so the next slot comes at the next round and resizes it to 4 (checkpoint through the
-agent, ``requeuehold``, pin, release; controller/backend.py). The test runs that next round only once the
-job has reported to its agent, so every slot boundary sees the job's real progress (the agent's ``step`` /
-``total_steps`` while it runs, the checkpoint step the controller recorded while it restarts), never the
+**What happens.** The first slot finds the job waiting and plans 2 workers; a waiting job starts at the GPUs
+it asked for (1), so the next slot comes at the next round and resizes it to 2 (checkpoint through the
+agent, ``requeuehold``, pin, release; controller/backend.py). The test runs a round only once each run of
+the job (Slurm's restart count) has reported to its agents, so every slot boundary sees the job's real
+progress (the agents' ``step`` / ``total_steps`` while it trains, the checkpoint step the controller recorded
+while it restarts, the step last reported while Slurm ends its processes after its last step), never the
 controller's estimate for jobs without reports.
 
-**What is checked.** The journal's slot that holds the resize: its actions are four times action 0, its
-states count the job's planned workers 0 -> 3 while the job ran on 2 GPUs at the slot's start and on 4 at
-its end (Slurm's and the controller's view), and its reward is the job's progress across the slot: the
+**What is checked.** The journal's slot that holds the resize: its actions are twice action 0, its
+states count the job's planned workers 0 -> 1 while the job ran on 1 GPU at the slot's start and on 2 at
+its end (the controller's snapshots), and its reward is the job's progress across the slot: the
 steps it reported between the two rounds over its ``total_steps`` (the remaining-work feature of its
 states says the same), with the resumed run's first step (the job's own ``start`` line) in between. Every
-slot's reward is the difference of the job's reported progress at its two rounds, and the slots chain
+slot's reward is the difference of the job's reported progress at its two rounds, that progress never goes
+back, and the slots chain
 (each ``next_obs`` is the next slot's first state). ``rlsched train --online JOURNAL --out DIR`` then
 updates the network from the journal; the written checkpoint loads through the policy registry, names its
 parent, and decides the same resize on the recorded state.
@@ -54,7 +56,8 @@ from tests.test_resize_slurm import EXAMPLE, REPO, _free_port, job_diagnosed
 from tests.test_slurm_integration import _events
 
 
-TOTAL_STEPS = 80
+TOTAL_STEPS = 60
+FIRST, GROWN = 1, 2  # GPUs (workers) the job asks for, and its max_gpus: what DL2 grows it to
 GLOBAL_BATCH = 24
 SLOT_S = 6.0
 SPEC = DL2Spec(J=2, slot_s=SLOT_S)
@@ -123,8 +126,8 @@ def test_dl2_grows_an_elastic_job_live_and_train_online_learns_from_the_journal(
     script = (f"export MASTER_PORT={_free_port()} PYTHONPATH={REPO}\n"
               f"exec {sys.executable} {EXAMPLE} --launch --total-steps {TOTAL_STEPS} --global-batch {GLOBAL_BATCH} "
               f"--step-sleep 0.15 --report-every 1 --threads 1")
-    jid = cluster.sbatch(script, 2, comment="rlsched:model=MoE,samples=120000,min_gpus=1,max_gpus=4",
-                         extra=["--ntasks=2", "--requeue"])
+    jid = cluster.sbatch(script, FIRST, comment=f"rlsched:model=MoE,samples=120000,min_gpus=1,max_gpus={GROWN}",
+                         extra=[f"--ntasks={FIRST}", "--requeue"])
     sid = str(jid)
     ctl = Controller(load_config(cluster.controller_config(tmp_path, policy=f"dl2:{ck}", experience_dir=str(journal))))
     errors: list[str] = []
@@ -160,7 +163,7 @@ def test_dl2_grows_an_elastic_job_live_and_train_online_learns_from_the_journal(
         return ok
 
     with job_diagnosed(cluster, jid, lambda: f"rounds: {rounds}\nround errors: {errors[-3:]}"):
-        tick()  # the first slot: the job waits; placed on the 2 GPUs it asked for (the plan is 4)
+        tick()  # the first slot: the job waits; placed on the GPU it asked for (the plan is 2)
         assert ctl.experience is not None and rounds and rounds[0][1] == 0, (rounds, errors)
         cluster.wait(first_steps, 150, "the job's first steps reported to its agent")
         cluster.wait(lambda: (j := cluster.job(jid)) is not None and j.state == "COMPLETED", 300,
@@ -175,12 +178,12 @@ def test_dl2_grows_an_elastic_job_live_and_train_online_learns_from_the_journal(
     for e in ev:
         if e.get("event") == "start":
             starts.setdefault(e["world"], e)
-    assert list(starts) == [2, 4], ev
-    s1 = starts[4]["start_step"]
-    assert 3 <= s1 < TOTAL_STEPS and starts[4]["resumed_world"] == 2 and starts[2]["start_step"] == 0, starts
+    assert list(starts) == [FIRST, GROWN], ev
+    s1 = starts[GROWN]["start_step"]
+    assert 3 <= s1 < TOTAL_STEPS and starts[GROWN]["resumed_world"] == FIRST and starts[FIRST]["start_step"] == 0, starts
     done = [e for e in ev if e.get("event") == "done"]
-    assert sorted(e["rank"] for e in done) == [0, 1, 2, 3], done  # only the resumed run reaches the end
-    assert all(e["final_step"] == TOTAL_STEPS and e["world"] == 4 for e in done), done
+    assert sorted(e["rank"] for e in done) == list(range(GROWN)), done  # only the resumed run reaches the end
+    assert all(e["final_step"] == TOTAL_STEPS and e["world"] == GROWN for e in done), done
 
     # every snapshot holds the job's real progress: the step its agents reported that round; without a report
     # (restarting, or its steps done and Slurm still running it) a step it reported before or the checkpoint
@@ -207,10 +210,10 @@ def test_dl2_grows_an_elastic_job_live_and_train_online_learns_from_the_journal(
         assert t.reward == pytest.approx(f1 - f0, abs=1e-9), (t.time, t.end, t.reward, f0, f1)
         assert t.obs[0, REMAINING] == pytest.approx(1.0 - f0, abs=1e-6)
         assert t.next_obs[REMAINING] == pytest.approx(1.0 - f1, abs=1e-6)
-        assert (t.action == GROW).all() and len(t) == 4  # planned at max_gpus each slot
-        assert np.allclose(t.obs[:, WORKERS], [0.0, 0.1, 0.2, 0.3])
-    # the slot of the resize: 2 GPUs at its start, 4 at its end; its reward spans the checkpoint and restart
-    resized = [t for t in ts if at[round(t.time, 6)][0] == 2 and at[round(t.end, 6)][0] == 4]
+        assert (t.action == GROW).all() and len(t) == GROWN  # planned at max_gpus each slot
+        assert np.allclose(t.obs[:, WORKERS], 0.1 * np.arange(GROWN))  # workers planned so far (x scales["tasks"])
+    # the slot of the resize: FIRST GPUs at its start, GROWN at its end; its reward spans the checkpoint and restart
+    resized = [t for t in ts if at[round(t.time, 6)][0] == FIRST and at[round(t.end, 6)][0] == GROWN]
     assert len(resized) == 1, [(t.time, t.end, at[round(t.time, 6)], at[round(t.end, 6)]) for t in ts]
     t = resized[0]
     f0, f1 = at[round(t.time, 6)][1], at[round(t.end, 6)][1]
