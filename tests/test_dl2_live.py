@@ -206,12 +206,12 @@ def test_dl2_grows_an_elastic_job_live_and_train_online_learns_from_the_journal(
     for a, b in zip(ts, ts[1:]):
         assert a.end == b.time and np.array_equal(a.next_obs, b.obs[0])
     for t in ts:  # DL2's reward: the job's progress between the slot's two rounds, over its total
-        (g0, f0), (g1, f1) = at[round(t.time, 6)], at[round(t.end, 6)]
+        f0, f1 = at[round(t.time, 6)][1], at[round(t.end, 6)][1]
         assert t.reward == pytest.approx(f1 - f0, abs=1e-9), (t.time, t.end, t.reward, f0, f1)
         assert t.obs[0, REMAINING] == pytest.approx(1.0 - f0, abs=1e-6)
         assert t.next_obs[REMAINING] == pytest.approx(1.0 - f1, abs=1e-6)
         assert (t.action == GROW).all() and len(t) == GROWN  # planned at max_gpus each slot
-        assert np.allclose(t.obs[:, WORKERS], 0.1 * np.arange(GROWN))  # workers planned so far (x scales["tasks"])
+        assert np.allclose(t.obs[:, WORKERS], SPEC.scales["tasks"] * np.arange(GROWN))  # workers planned so far
     # the slot of the resize: FIRST GPUs at its start, GROWN at its end; its reward spans the checkpoint and restart
     resized = [t for t in ts if at[round(t.time, 6)][0] == FIRST and at[round(t.end, 6)][0] == GROWN]
     assert len(resized) == 1, [(t.time, t.end, at[round(t.time, 6)], at[round(t.end, 6)]) for t in ts]
