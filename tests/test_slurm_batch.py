@@ -434,7 +434,7 @@ def test_an_uneven_split_is_sent_as_the_split_slurm_gives_and_starts_exactly(tmp
     assert ctl.metrics.value("rlsched_placement_mismatch_total") == 0
 
 
-def test_a_split_that_depends_on_which_job_starts_first_waits_a_round(tmp_path):
+def test_a_split_that_depends_on_which_job_starts_or_ends_first_waits_a_round(tmp_path):
     from policies.cluster import Placement
     from policies.state import Decision
 
@@ -446,9 +446,14 @@ def test_a_split_that_depends_on_which_job_starts_first_waits_a_round(tmp_path):
     rep = ctl.round()
     assert [j for j, _ in rep.placed] == [b] and s.job_list[a].held
     assert ctl.metrics.value("rlsched_decisions_total", action="split_deferred") == 1
-    s.schedule()  # b starts; next round a's split no longer depends on anything
+    s.schedule()  # b starts: were it to end before a starts, Slurm would give a 8 GPUs of node1
     decision = Decision(place=[(str(a), Placement.of({0: 2, 1: 8}))])
     rep = ctl.round()
-    assert dict(rep.placed) == {a: {"node1": 2, "node2": 8}}
+    assert rep.placed == [] and s.job_list[a].held
+    assert ctl.metrics.value("rlsched_decisions_total", action="split_deferred") == 2
+    s.finish(b)  # nothing beside a on its nodes: its split is Slurm's whatever starts or ends
+    rep = ctl.round()
+    assert dict(rep.placed) == {a: {"node1": 8, "node2": 2}}
+    assert ctl.metrics.value("rlsched_decisions_total", action="split_set") == 1
     s.schedule()
-    assert s.job_list[a].gpus_per_node == {"node1": 2, "node2": 8}
+    assert s.job_list[a].gpus_per_node == {"node1": 8, "node2": 2}
