@@ -205,6 +205,38 @@ def test_queue_reads_text_over_the_last_json_and_json_when_it_must():
     assert [j.job_id for j in s.queue()] == [1, 2, 3] and s.ran[-1] == "json"
 
 
+def test_an_uneven_start_is_read_for_that_job_alone_through_libslurm():
+    from controller.libslurm import JobDetail
+
+    class Lib:
+        job_info = (904, {})
+
+        def __init__(self) -> None:
+            self.asked: list[int] = []
+            self.answer: JobDetail | None = JobDetail(2, "RUNNING", "node[1-2]", 0, ("gpu:6(IDX:0-5)", "gpu:2(IDX:0-1)"))
+
+        def job_detail(self, job_id):
+            self.asked.append(job_id)
+            return self.answer
+
+    s = TextSlurm()
+    s._lib, s._lib_tried = Lib(), True
+    s.json_jobs = [_json_job(1), _json_job(2, tres_per_job="gres:gpu:8", admin_comment="rlsched:managed gpus=8")]
+    s.rows = [{"JobID": "1"}, {"JobID": "2", "tres-per-job": "gres:gpu:8"}]
+    s.queue()
+    s.rows[1].update({"State": "RUNNING", "NodeList": "node[1-2]", "NumNodes": "2", "Reason": "None"})
+    _, b = s.queue()
+    assert s.ran == ["json", "text"] and s._lib.asked == [2] and s.detail_reads == 1
+    assert b.running and b.gpus_per_node == {"node1": 6, "node2": 2} and b.name == "j2"
+    s.rows[1]["PriorityLong"] = "7"  # a later change of its row keeps the split read
+    _, b2 = s.queue()
+    assert s.ran[-1] == "text" and s._lib.asked == [2] and b2.gpus_per_node == b.gpus_per_node
+    # an answer that is not the allocation the text shows (it was requeued and started again in between)
+    s.rows[1].update({"NodeList": "node[3-4]", "RestartCnt": "1"})
+    s.queue()
+    assert s._lib.asked == [2, 2] and s.ran[-1] == "json"
+
+
 def test_queue_keeps_the_admin_comments_it_wrote_and_reads_json_when_stale(monkeypatch):
     s = TextSlurm()
     s.json_jobs = [_json_job(1)]
