@@ -177,9 +177,11 @@ class LibSlurm:
     # ------------------------------------------------------------------ calls
     def update(self, up: Update) -> None:
         """One ``slurm_update_job`` RPC (what ``scontrol update`` sends for one job). :class:`LibSlurmError`
-        when slurmctld refused it or did not answer."""
+        when slurmctld refused it or did not answer. Threads may call it at once (ctypes lets go of the GIL
+        for the call; the error number is libslurm's per thread)."""
         buf, keep = self._desc({**up.fields, "job_id": int(up.job_id)})
-        self.calls += 1
+        with _lock:  # (updates may be sent from several threads at once)
+            self.calls += 1
         rc = self.lib.slurm_update_job(buf)
         del keep
         if rc != 0:

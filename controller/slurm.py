@@ -810,6 +810,7 @@ class SlurmCLI:
     :param conf: slurm.conf to use (``SLURM_CONF``); ``None``: Slurm's default.
     :param timeout_s: per-command time limit in seconds.
     :param bin_dir: where the Slurm commands are (``None``: ``PATH``).
+    :param rpc_workers: libslurm update RPCs :meth:`pin_release_many` sends at once (1: in order).
     """
 
     #: Slurm gives an uneven (``TresPerJob``) placement its own split (:func:`cons_tres_split`): the controller
@@ -817,7 +818,7 @@ class SlurmCLI:
     fills_splits = True
 
     def __init__(self, conf: str | None = None, timeout_s: float = 20.0, bin_dir: str | None = None,
-                 full_read_s: float = 60.0, libslurm: bool = False) -> None:
+                 full_read_s: float = 60.0, libslurm: bool = False, rpc_workers: int = 8) -> None:
         self.conf = conf
         #: whether :meth:`pin_release_many` may use libslurm (it does only with ``conf`` given and no
         #: ``bin_dir``: commands from a directory of their own are what the caller wants run)
@@ -833,7 +834,9 @@ class SlurmCLI:
         #: the last ``squeue --json`` read by :meth:`queue`: job id -> job, and when (monotonic s)
         self._known: dict[int, SlurmJob] = {}
         self._known_t = -float("inf")
-        self._pools: dict[int, ThreadPoolExecutor] = {}  # set_admin_comments' threads, by worker count
+        self._pools: dict[int, ThreadPoolExecutor] = {}  # threads of set_admin_comments, pin_release_many
+        #: update RPCs :meth:`pin_release_many` keeps in flight at once (1: one after another)
+        self.rpc_workers = rpc_workers
         #: whether :meth:`nodes` reads sinfo's text (until its output is found not to be the rows asked for)
         self._node_text = True
         #: how :meth:`queue` read the queue: "json" or "text" reads so far
@@ -1060,26 +1063,46 @@ class SlurmCLI:
         one entry per pin: ``None`` when Slurm took it, else its :class:`SlurmError` (``timed_out`` when
         slurmctld may have applied it: no answer came); a refused pin leaves the job held. ``None`` (nothing
         sent) where libslurm is not in use: the caller pins with :meth:`place_many` and releases with
-        :meth:`release_many`."""
+        :meth:`release_many`. Up to :attr:`rpc_workers` updates are in flight at once (each waits in
+        slurmctld for its job write lock, which launching jobs also take; the waits overlap), except when a
+        pin is an uneven split over several nodes (``per_node`` None): which split Slurm gives it depends on
+        the order the releases arrive in, so all of that call's updates go one after another, in order."""
         lib = self._libslurm()
         if lib is None:
             return None
         from controller.libslurm import LibSlurmError, pin_update
 
-        out: list[SlurmError | None] = []
+        sends = []
         for job_id, nodes, gpus, per_node, tres_style, delay_s in pins:
             args = self.pin_args(job_id, nodes, gpus, per_node, tres_style, delay_s)  # checks the values
-            up = pin_update(job_id, args[1].split("=", 1)[1], len(nodes), gpus, per_node, tres_style, delay_s,
-                            release=True)
+            sends.append((args, pin_update(job_id, args[1].split("=", 1)[1], len(nodes), gpus, per_node, tres_style,
+                                           delay_s, release=True)))
+
+        def one(send) -> SlurmError | None:
+            args, up = send
             with self._lock:
                 self.calls += 1
             try:
                 lib.update(up)
-                out.append(None)
             except LibSlurmError as exc:
-                out.append(SlurmError(["slurm_update_job", *args, "Priority=INFINITE"], exc.message,
-                                      timed_out=exc.unsure))
-        return out
+                return SlurmError(["slurm_update_job", *args, "Priority=INFINITE"], exc.message, timed_out=exc.unsure)
+            return None
+
+        # an uneven TresPerJob split depends on which jobs start first, which depends on the order their
+        # releases reach slurmctld (controller.backend.SlurmBackend._slurm_split): those rounds go in order
+        uneven = any(per_node is None and len(set(nodes)) > 1 for _, nodes, _, per_node, _, _ in pins)
+        if uneven or self.rpc_workers <= 1 or len(sends) <= 1:
+            return [one(x) for x in sends]
+        return list(self._pool(self.rpc_workers).map(one, sends))
+
+    def _pool(self, workers: int) -> ThreadPoolExecutor:
+        """The adapter's pool of ``workers`` threads (one per worker count, kept for the adapter's life: starting
+        threads each round cost tens of ms on a loaded host)."""
+        with self._lock:
+            pool = self._pools.get(workers)
+            if pool is None:
+                pool = self._pools[workers] = ThreadPoolExecutor(max(1, workers), thread_name_prefix="rlsched-slurm")
+        return pool
 
     def release(self, job_id: int, delay_s: int = 0) -> None:
         """Release a held job that :meth:`place` pinned, to start in ``delay_s`` seconds.
@@ -1160,11 +1183,7 @@ class SlurmCLI:
 
         if len(groups) <= 1:
             return [one(g) for g in groups]
-        with self._lock:  # one pool for the adapter's life (starting 8 threads a round cost tens of ms on a
-            pool = self._pools.get(workers)  # loaded host)
-            if pool is None:
-                pool = self._pools[workers] = ThreadPoolExecutor(max(1, workers), thread_name_prefix="rlsched-slurm")
-        return list(pool.map(one, groups))
+        return list(self._pool(workers).map(one, groups))
 
     def unplace(self, job_id: int) -> None:
         """Clear a held job's node pin (it goes back to the pool)."""

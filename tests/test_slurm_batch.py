@@ -237,6 +237,43 @@ def test_an_uneven_start_is_read_for_that_job_alone_through_libslurm():
     assert s._lib.asked == [2, 2] and s.ran[-1] == "json"
 
 
+def test_libslurm_placements_overlap_unless_one_is_an_uneven_split():
+    import threading
+
+    from controller.libslurm import LibSlurmError
+
+    class Lib:
+        def __init__(self, meet: int) -> None:
+            self.meet = threading.Barrier(meet, timeout=10) if meet > 1 else None
+            self.lock = threading.Lock()
+            self.order: list[int] = []
+            self.busy = self.most = 0
+
+        def update(self, up):
+            with self.lock:
+                self.order.append(up.job_id)
+                self.busy += 1
+                self.most = max(self.most, self.busy)
+            try:
+                if self.meet is not None:
+                    self.meet.wait()  # returns only once that many updates are in flight together
+                if up.job_id == 13:
+                    raise LibSlurmError("update of job 13", 2017, "Invalid job id specified")
+            finally:
+                with self.lock:
+                    self.busy -= 1
+
+    s = SlurmCLI("/etc/slurm/slurm.conf", rpc_workers=4)
+    balanced = [(j, ["node1", "node2"], 8, 4, "gres:gpu", 0) for j in (11, 12, 13, 14)]
+    s._lib, s._lib_tried = Lib(4), True
+    res = s.pin_release_many(balanced)
+    assert res[:2] == [None, None] and res[3] is None and "Invalid job id" in str(res[2])
+    assert s._lib.most == 4 and sorted(s._lib.order) == [11, 12, 13, 14]
+    s._lib = Lib(1)
+    res = s.pin_release_many(balanced[:2] + [(15, ["node3", "node4"], 9, None, "gres:gpu", 0)] + balanced[2:])
+    assert s._lib.order == [11, 12, 15, 13, 14] and s._lib.most == 1 and [r is None for r in res] == [True] * 3 + [False, True]
+
+
 def test_queue_keeps_the_admin_comments_it_wrote_and_reads_json_when_stale(monkeypatch):
     s = TextSlurm()
     s.json_jobs = [_json_job(1)]
