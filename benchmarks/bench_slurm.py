@@ -38,8 +38,16 @@ Usage (as root; each part brings its clusters up and down itself)::
 
     nice -n 10 python benchmarks/bench_slurm.py submit --jobs 2000 --clients 4 [--client sbatch|libslurm]
     nice -n 10 python benchmarks/bench_slurm.py rounds --nodes 64 --jobs 1000 --rounds 30 --job-s 20 [--pins scontrol]
+    nice -n 10 python benchmarks/bench_slurm.py rounds --nodes 64 --jobs 1000 --rounds 30 --job-s 20 \
+        --ctl-cpus 0 --node-cpus 1    # slurmctld + controller on CPU 0, every slurmd and its jobs on CPU 1
     nice -n 10 python benchmarks/bench_slurm.py all --json slurm-bench.json
     python benchmarks/bench_slurm.py lua              # no root, no daemons
+
+``--ctl-cpus`` / ``--node-cpus`` (any part): slurmctld, this process (the controller, its ``squeue`` /
+``sinfo``, the submitting clients) on the first CPU set, every slurmd (so every job step and job) on the
+second (``taskset``, local-cluster.sh's options of the same names): the model of a cluster whose controller
+host runs no jobs. Each ``rounds`` run records the 1-minute load average at its start, when the rounds start
+and at their end, and slurmctld's CPU time over the rounds.
 
 Targets (issue 33): at least 100 jobs/s through the plugin; a round at 64 nodes with 1,000 queued
 jobs p99 under 1 s, every placement applied exactly.
@@ -473,6 +481,8 @@ def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float,
                "splits_deferred": ctl.metrics.value("rlsched_decisions_total", action="split_deferred"),
                "slurm_calls": ctl.slurm.calls, "reason_updates_per_round": reason_calls,
                "queue_reads": dict(getattr(ctl.slurm, "queue_reads", {})),
+               # jobs that started unevenly, read alone through libslurm instead of a JSON read of every job
+               "detail_reads": getattr(ctl.slurm, "detail_reads", 0),
                "slurm_command_s": {k: round(v, 3) for k, v in spent.items()},
                "slurm_command_calls": calls,
                "slurm_command_mean_ms": {k: round(1000 * spent[k] / calls[k], 1) for k in spent}}
