@@ -274,6 +274,36 @@ def test_libslurm_placements_overlap_unless_one_is_an_uneven_split():
     assert s._lib.order == [11, 12, 15, 13, 14] and s._lib.most == 1 and [r is None for r in res] == [True] * 3 + [False, True]
 
 
+def test_the_periodic_json_read_is_made_behind_the_round(tmp_path):
+    s = TextSlurm()
+    s.json_jobs = [_json_job(1)]
+    s.rows = [{"JobID": "1"}]
+    s.queue()
+    assert not s.refresh_due(1.0) and s.refresh_due(s.full_read_s)
+    s.refresh()
+    s.queue()
+    assert s.ran == ["json", "json", "text"] and s.queue_reads == {"json": 2, "text": 1}
+
+    class Due(BatchSlurm):
+        def __init__(self) -> None:
+            super().__init__()
+            self.due, self.refreshed = [], 0
+
+        def refresh_due(self, ahead_s):
+            self.due.append(ahead_s)
+            return len(self.due) == 2
+
+        def refresh(self):
+            self.refreshed += 1
+
+    d = Due()
+    ctl, _ = _round(tmp_path, d)  # not due: nothing behind the round
+    assert d.refreshed == 0
+    ctl.round()
+    ctl.wait_reasons()
+    assert d.refreshed == 1 and d.due == [2 * ctl.cfg.controller.interval_s] * 2
+
+
 def test_queue_keeps_the_admin_comments_it_wrote_and_reads_json_when_stale(monkeypatch):
     s = TextSlurm()
     s.json_jobs = [_json_job(1)]
