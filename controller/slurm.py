@@ -915,7 +915,7 @@ class SlurmCLI:
         laid over the jobs of the last ``squeue --json`` (:func:`overlay_text`). The JSON is read again
         when the text shows a job it does not have, a job started on several nodes with an uneven
         split (where libslurm is in use, that job alone is read through it instead:
-        :meth:`_with_detail`, one RPC of a few ms against 0.3 to 0.5 s for 1,000 jobs of JSON), or when
+        :meth:`_with_detail`, one RPC of a few ms against 0.3 to 1.1 s for 1,000 jobs of JSON on a loaded host), or when
         it is ``full_read_s`` old (the fields only it has, AdminComment aside, which
         :meth:`set_admin_comment` keeps, are at most that stale: job name, user, time limit, submit
         time). A job's requested GPU type, CPUs per GPU and memory per GPU (:class:`SlurmJob`
