@@ -38,8 +38,16 @@ Usage (as root; each part brings its clusters up and down itself)::
 
     nice -n 10 python benchmarks/bench_slurm.py submit --jobs 2000 --clients 4 [--client sbatch|libslurm]
     nice -n 10 python benchmarks/bench_slurm.py rounds --nodes 64 --jobs 1000 --rounds 30 --job-s 20 [--pins scontrol]
+    nice -n 10 python benchmarks/bench_slurm.py rounds --nodes 64 --jobs 1000 --rounds 30 --job-s 20 \
+        --ctl-cpus 0 --node-cpus 1    # slurmctld + controller on CPU 0, every slurmd and its jobs on CPU 1
     nice -n 10 python benchmarks/bench_slurm.py all --json slurm-bench.json
     python benchmarks/bench_slurm.py lua              # no root, no daemons
+
+``--ctl-cpus`` / ``--node-cpus`` (any part): slurmctld, this process (the controller, its ``squeue`` /
+``sinfo``, the submitting clients) on the first CPU set, every slurmd (so every job step and job) on the
+second (``taskset``, local-cluster.sh's options of the same names): the model of a cluster whose controller
+host runs no jobs. Each ``rounds`` run records the 1-minute load average at its start, when the rounds start
+and at their end, and slurmctld's CPU time over the rounds.
 
 Targets (issue 33): at least 100 jobs/s through the plugin; a round at 64 nodes with 1,000 queued
 jobs p99 under 1 s, every placement applied exactly.
@@ -92,6 +100,10 @@ class Cluster:
 
     #: slurm.conf's SchedulerParameters for the clusters of this run (None: local-cluster.sh's default)
     sched_params: str | None = None
+    #: taskset -c lists of slurmctld's side and of every slurmd (local-cluster.sh --ctl-cpus / --node-cpus;
+    #: None: every CPU)
+    ctl_cpus: str | None = None
+    node_cpus: str | None = None
 
     def __init__(self, nodes: int, gpus: int, job_submit: bool) -> None:
         self.nodes, self.gpus = nodes, gpus
@@ -102,6 +114,10 @@ class Cluster:
                      "--other-nodes", "0", "--no-controller", "--no-agents"] + ([] if job_submit else ["--no-job-submit"])
         if self.sched_params:
             self.opts += ["--sched-params", self.sched_params]
+        if self.ctl_cpus:
+            self.opts += ["--ctl-cpus", self.ctl_cpus]
+        if self.node_cpus:
+            self.opts += ["--node-cpus", self.node_cpus]
         self.env: dict[str, str] = {}
 
     def up(self) -> float:
@@ -126,6 +142,15 @@ class Cluster:
         if p.returncode != 0:
             raise RuntimeError(f"{' '.join(args)}: {p.stderr.strip()}")
         return p.stdout
+
+    def slurmctld_cpu_s(self) -> float:
+        """slurmctld's CPU time so far (user + system, s; ``/proc/PID/stat``), NaN when it cannot be read."""
+        try:
+            pid = int((self.dir / "run" / "slurmctld.pid").read_text().split()[0])
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return float("nan")
 
     def write_capacity(self) -> None:
         """What the controller writes at its first round (controller.daemon.Controller._write_capacity)."""
@@ -223,6 +248,17 @@ def _submit_once(jobs: int, clients: int, nodes: int, gpus: int, client: str, pl
         return row
     finally:
         cl.down()
+
+
+def cpu_list(text: str) -> set[int]:
+    """The CPUs of a ``taskset -c`` list (``0``, ``0-3,8``); ValueError naming the list when it is not one."""
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()) or (hi and int(hi) < int(lo)):
+            raise ValueError(f"not a CPU list (as taskset -c takes it, e.g. 0 or 0-3,8): {text!r}")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
 
 
 def _load() -> float:
@@ -361,6 +397,8 @@ def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float,
             import cProfile
 
             prof = cProfile.Profile()
+        load_rounds = _load()
+        ctld0 = cl.slurmctld_cpu_s()
         for r in range(rounds):
             t, c = time.perf_counter(), time.process_time()
             if prof is not None and r > 0:  # the first round (imports, policy build) is left out
@@ -395,6 +433,8 @@ def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float,
             idle_gc(thresholds[2])
             time.sleep(max(0.0, interval - (time.perf_counter() - t)))
         gc.set_threshold(*thresholds)
+        ctld_cpu = cl.slurmctld_cpu_s() - ctld0
+        load_end = _load()
         if prof is not None:
             prof.dump_stats(profile)
         exact = sum(1 for jid, plan in placed.items() if started.get(jid) == plan)
@@ -412,7 +452,10 @@ def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float,
         whole = sorted(t + b for t, b in zip(times[1:], behind[1:])) or ts
 
         res = {"pins": "libslurm" if ctl.slurm.pin_release_many([]) is not None else "scontrol",
-               "load_at_start": load0,
+               "load_at_start": load0, "load_at_rounds": load_rounds, "load_at_end": load_end,
+               "ctl_cpus": Cluster.ctl_cpus, "node_cpus": Cluster.node_cpus,
+               # slurmctld's own CPU time (user + system) over the rounds, all its threads
+               "slurmctld_cpu_s": round(ctld_cpu, 2),
                "nodes": nodes, "gpus_per_node": gpus, "jobs": jobs, "rounds": rounds, "interval_s": interval,
                "policy": policy, "job_s": job_s, "slurmd_up_s": round(up_s, 2),
                "round_s": {"p50": round(pct(0.5), 4), "p90": round(pct(0.9), 4), "p99": round(pct(0.99), 4),
@@ -438,6 +481,8 @@ def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float,
                "splits_deferred": ctl.metrics.value("rlsched_decisions_total", action="split_deferred"),
                "slurm_calls": ctl.slurm.calls, "reason_updates_per_round": reason_calls,
                "queue_reads": dict(getattr(ctl.slurm, "queue_reads", {})),
+               # jobs that started unevenly, read alone through libslurm instead of a JSON read of every job
+               "detail_reads": getattr(ctl.slurm, "detail_reads", 0),
                "slurm_command_s": {k: round(v, 3) for k, v in spent.items()},
                "slurm_command_calls": calls,
                "slurm_command_mean_ms": {k: round(1000 * spent[k] / calls[k], 1) for k in spent}}
@@ -447,7 +492,8 @@ def bench_rounds(nodes: int, gpus: int, jobs: int, rounds: int, interval: float,
               f"p99 {res['round_with_reasons_s']['p99']:.3f} s); "
               f"{len(placed)} placed, {exact} started exactly as planned, {len(differ)} differently, "
               f"{len(never)} not seen running; {res['splits_set']:g} split(s) set to Slurm's, "
-              f"{res['splits_deferred']:g} deferred", flush=True)
+              f"{res['splits_deferred']:g} deferred; load {load0:.1f} / {load_rounds:.1f} / {load_end:.1f} "
+              f"(start, rounds, end); slurmctld {ctld_cpu:.1f} s CPU over the rounds", flush=True)
         return res
     finally:
         cl.down()
@@ -471,6 +517,11 @@ def main(argv: list[str] | None = None) -> int:
                          "releases (default), or scontrol pins then one scontrol release (slurm.libslurm = false)")
     ap.add_argument("--sched-params", help="slurm.conf SchedulerParameters of the clusters (default: "
                                            "local-cluster.sh's, sched_interval=2,defer_batch)")
+    ap.add_argument("--ctl-cpus", help="CPUs (a taskset -c list) of slurmctld and of this process (the controller, "
+                                       "its squeue/sinfo, the submitting clients): local-cluster.sh --ctl-cpus")
+    ap.add_argument("--node-cpus", help="CPUs (a taskset -c list) of every slurmd, hence of the job steps and jobs: "
+                                        "local-cluster.sh --node-cpus. With --ctl-cpus: a controller host that "
+                                        "runs no jobs, on one machine")
     ap.add_argument("--conf", help=argparse.SUPPRESS)  # _lib_submit: the cluster's slurm.conf
     ap.add_argument("--hold", action="store_true", help=argparse.SUPPRESS)  # _lib_submit: submit held
     ap.add_argument("--jobs", type=int, default=None, help="jobs to submit (submit: 2000, rounds: 1000)")
@@ -500,7 +551,20 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_slurm: error: needs root (it starts slurmctld and slurmd)", file=sys.stderr)
         return 2
     Cluster.sched_params = args.sched_params
+    allowed = os.sched_getaffinity(0)
+    for opt, v in (("--node-cpus", args.node_cpus), ("--ctl-cpus", args.ctl_cpus)):
+        try:
+            cpus = cpu_list(v) if v else None
+            if cpus is not None and not cpus <= allowed:
+                raise ValueError(f"CPUs {sorted(cpus - allowed)} are not this process's ({sorted(allowed)})")
+            if cpus is not None and opt == "--ctl-cpus":  # before any thread starts: they all inherit it
+                os.sched_setaffinity(0, cpus)
+        except (ValueError, OSError) as exc:
+            print(f"bench_slurm: error: {opt}: {exc}", file=sys.stderr)
+            return 2
+    Cluster.ctl_cpus, Cluster.node_cpus = args.ctl_cpus, args.node_cpus
     out: dict = {"host": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                          "ctl_cpus": args.ctl_cpus, "node_cpus": args.node_cpus,
                           "slurm": _slurm_version()}, "sched_params": args.sched_params or "sched_interval=2,defer_batch"}
     if args.what in ("submit", "all"):
         kinds = [k.strip() for k in args.client.split(",") if k.strip()]

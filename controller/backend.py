@@ -403,11 +403,12 @@ class SlurmBackend:
                 # earlier placements of newer jobs may start after this one (they are sent first, but Slurm
                 # starts released jobs in priority order, which may favour the older job)
                 maybe_after = dict(in_flight)
+                first: dict[int, int] = {}  # the GPUs of this decision's earlier placements of older jobs
                 for other, q in sent:
-                    if other > sj.job_id:
-                        for n, g in q.alloc:
-                            maybe_after[n] = maybe_after.get(n, 0) + g
-                exact, why = self._slurm_split(jid, p, later, maybe_after)
+                    into = maybe_after if other > sj.job_id else first
+                    for n, g in q.alloc:
+                        into[n] = into.get(n, 0) + g
+                exact, why = self._slurm_split(jid, p, later, maybe_after, first)
                 if exact is None:
                     ctl.metrics.decisions.labels(action="split_deferred").inc()
                     self._reject(report, Problem("place", i, jid, why or ""))
@@ -450,8 +451,8 @@ class SlurmBackend:
                     out[index[name]] = out.get(index[name], 0) + int(g)
         return out
 
-    def _slurm_split(self, jid: str, p: Placement, later: dict[int, int], unstarted: dict[int, int]
-                     ) -> tuple[Placement | None, str | None]:
+    def _slurm_split(self, jid: str, p: Placement, later: dict[int, int], unstarted: dict[int, int],
+                     first: dict[int, int] | None = None) -> tuple[Placement | None, str | None]:
         """The placement to send Slurm for ``p`` so that it starts exactly as sent, with ``p``'s nodes and GPU
         total (the performance model's key and the co-located jobs stay the policy's), or ``(None, why)``.
 
@@ -464,10 +465,13 @@ class SlurmBackend:
         earlier placements of newer jobs and the jobs released earlier that have not started may start
         before this job or after it. Its split is computed both ways: with all of them started (the GPUs
         free after this decision's earlier placements, ``self._free``, minus the ``later`` ones') and with
-        none (``self._free`` plus ``unstarted``, the GPUs of the jobs that may start after it). When
-        both give the same split, that split is the placement (``p`` itself when the policy chose Slurm's
-        split); when they differ, no split is sure, and the placement waits for the next round, when those
-        jobs have started."""
+        none (``self._free`` plus ``unstarted``, the GPUs of the jobs that may start after it). A job that
+        runs on its nodes may also end before it starts: the third split has every GPU of its nodes free but
+        those of ``first`` (this decision's earlier placements of older jobs). Slurm's split only grows on a
+        node as GPUs free up there (node by node, in order), so when the split with the fewest GPUs free and
+        the split with the most are the same, every state in between gives it too: that split is the
+        placement (``p`` itself when the policy chose Slurm's split); when they differ, no split is sure,
+        and the placement waits for the next round, when those jobs have started (or ended)."""
         counts = {g for _, g in p.alloc}
         if p.num_nodes <= 1 or len(counts) == 1:
             return p, None
@@ -475,13 +479,18 @@ class SlurmBackend:
         nodes = list(p.nodes)
         a = cons_tres_split(nodes, p.total_gpus, {n: int(free[n]) - later.get(n, 0) for n in nodes})
         b = cons_tres_split(nodes, p.total_gpus, {n: int(free[n]) + unstarted.get(n, 0) for n in nodes})
-        if a is not None and a == b:
+        cluster = self.ctl.cluster
+        assert cluster is not None
+        first = first or {}
+        c = cons_tres_split(nodes, p.total_gpus, {n: max(int(free[n]) + unstarted.get(n, 0),
+                                                         int(cluster.nodes[n].gpus) - first.get(n, 0)) for n in nodes})
+        if a is not None and a == b == c:
             return Placement.of(a), None
         ctl = self.ctl
         assert ctl.cluster is not None
         names = ",".join(ctl.cluster.nodes[n].name for n in nodes)
         return None, (f"job {jid}: Slurm splits its {p.total_gpus} GPUs over {names} by the GPUs free when it "
-                      "starts, which depends on jobs placed beside it starting first; placed again next round")
+                      "starts, which depends on jobs beside it starting or ending first; placed again next round")
 
     def _unreserve(self, x: _Pin) -> None:
         for n, g in x.p.alloc:

@@ -20,7 +20,8 @@ Every ``interval_s`` seconds one :meth:`Controller.round`:
    rest of the decision; the job is no victim for the policy for a while
    (30 s doubling to 10 min) and the policy decides again at once without it;
 6. hands the held jobs' changed reasons (AdminComment) to a writer thread, which the
-   next round waits for first (:meth:`Controller.wait_reasons`).
+   next round waits for first (:meth:`Controller.wait_reasons`), and after them the periodic JSON read
+   of every job when the next two rounds would make it (:meth:`Controller._refresh_behind`).
 
 Placement in Slurm: jobs ask for a total (``--gpus=N``, recorded by
 job_submit.lua in the admin comment). The controller pins the node set and
@@ -552,6 +553,33 @@ class Controller:
             nodes = self.slurm.nodes()
             self._decide(self.clock(), cluster, nodes, jobs, stats, rep, last=True)
         self._update_reasons(rep)
+        self._refresh_behind()
+
+    def _refresh_behind(self) -> None:
+        """Where the adapter reads the queue as text over a periodic JSON read of every job
+        (:meth:`SlurmCLI.refresh`), make that JSON read behind this round, after its reason writes, when the
+        next two rounds would otherwise make it themselves; :meth:`wait_reasons` waits for it too."""
+        due = getattr(self.slurm, "refresh_due", None)
+        if due is None or not due(2 * self.cfg.controller.interval_s):
+            return
+        if self._reason_writer is None:
+            self._reason_writer = ThreadPoolExecutor(1, thread_name_prefix="rlsched-reasons")
+        self._reason_writes = self._reason_writer.submit(self._refresh, self._reason_writes)
+
+    def _refresh(self, before: Future | None) -> None:
+        """The JSON read of :meth:`_refresh_behind`, in the writer thread once ``before`` (the round's reason
+        writes, if any) is done; a failure is logged (the next round reads the JSON itself)."""
+        if before is not None:
+            try:
+                before.result()
+            except Exception:  # noqa: BLE001 - crash-only: a failed write must not end the daemon
+                self.metrics.slurm_errors.inc()
+                log.exception("writing reasons failed unexpectedly", extra={"event": "reason_failed"})
+        try:
+            self.slurm.refresh()
+        except SlurmError as exc:
+            log.info("reading the queue as JSON behind the round failed (%s); the next round reads it", exc,
+                     extra={"event": "refresh_failed"})
 
     def _note_reports(self, jobs: list[SlurmJob], stats: dict[str, dict]) -> None:
         """Keep the last step each running job's agents reported in its current run (Slurm's restart count);

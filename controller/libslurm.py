@@ -5,7 +5,9 @@ sends one RPC per job. :class:`LibSlurm` sends the same RPCs from this process: 
 ``slurm_submit_batch_job`` with a ``job_desc_msg_t`` that ``slurm_init_job_desc_msg`` filled with Slurm's
 "not set" values, then the fields given written at their offsets. The controller's pins, releases and
 AdminComment reasons use it (:class:`controller.slurm.SlurmCLI`), ``benchmarks/bench_slurm.py`` its
-submissions.
+submissions. :meth:`LibSlurm.job_detail` reads one job's per-node GRES (``slurm_load_job``, fields of
+``slurm_job_info_t`` read at their offsets): the queue read asks it for a job that started on several nodes
+with an uneven split, instead of reading every job as JSON.
 
 It also does what ``scontrol`` cannot on Slurm 22.05: a pin and its release in one update RPC. A
 release is an update with ``priority = INFINITE`` (``scontrol release``), and ``scontrol update
@@ -39,7 +41,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["LAYOUTS", "INFINITE", "NO_VAL", "LibSlurm", "LibSlurmError", "open_libslurm"]
+__all__ = ["LAYOUTS", "JOB_INFO_LAYOUTS", "JOB_INFO_MSG_LAYOUTS", "INFINITE", "NO_VAL", "JobDetail", "LibSlurm",
+           "LibSlurmError", "open_libslurm"]
 
 INFINITE = 0xFFFFFFFF
 NO_VAL = 0xFFFFFFFE
@@ -57,6 +60,22 @@ LAYOUTS: dict[int, tuple[int, dict[str, tuple[int, str]]]] = {
         "min_cpus": (708, "u32"), "min_nodes": (716, "u32"), "max_nodes": (720, "u32"), "std_out": (816, "str"),
     }),
 }
+#: ``slurm_job_info_t`` (one job of ``job_info_msg_t.job_array``): size and the fields :meth:`LibSlurm.job_detail`
+#: reads, and ``job_info_msg_t``: size and its fields; same keys and source as :data:`LAYOUTS`
+JOB_INFO_LAYOUTS: dict[int, tuple[int, dict[str, tuple[int, str]]]] = {
+    38: (904, {"gres_detail_cnt": (344, "u32"), "gres_detail_str": (352, "strv"), "job_id": (388, "u32"),
+               "job_state": (400, "u32"), "nodes": (480, "str"), "restart_cnt": (648, "u16")}),
+}
+JOB_INFO_MSG_LAYOUTS: dict[int, tuple[int, dict[str, tuple[int, str]]]] = {
+    38: (32, {"record_count": (16, "u32"), "job_array": (24, "ptr")}),
+}
+#: slurm.h's ``SHOW_DETAIL`` (per-node resources, ``gres_detail_str`` among them) and slurm_errno.h's
+#: ``ESLURM_INVALID_JOB_ID`` (a job slurmctld no longer has)
+SHOW_DETAIL = 0x0002
+ESLURM_INVALID_JOB_ID = 2017
+#: ``enum job_states`` (``job_state & JOB_STATE_BASE``, 0xff) as squeue names them
+JOB_STATES = ("PENDING", "RUNNING", "SUSPENDED", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL",
+              "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY")
 #: the library file of each API number (Debian 12: libslurm.so.38, Slurm 22.05)
 SONAMES = {38: "libslurm.so.38"}
 #: errno values of a message that may have reached slurmctld without its answer coming back (the update may
@@ -85,6 +104,19 @@ class Update:
     fields: Mapping[str, int | str | Sequence[str]]
 
 
+@dataclass(frozen=True)
+class JobDetail:
+    """What ``slurm_load_job(..., SHOW_DETAIL)`` tells of one job: its state (``JOB_STATES`` name), its nodes
+    (Slurm's compressed list, ``""`` for none), its restart count and ``gres_detail``: one GRES string per
+    allocated node in node-list order (``gpu:8(IDX:0-7)``), as ``squeue --json`` gives it."""
+
+    job_id: int
+    state: str
+    nodes: str
+    restarts: int
+    gres_detail: tuple[str, ...]
+
+
 class LibSlurm:
     """``libslurm`` loaded and initialised for one ``slurm.conf`` (see the module docstring)."""
 
@@ -102,6 +134,12 @@ class LibSlurm:
         lib.slurm_submit_batch_job.restype = ctypes.c_int
         lib.slurm_free_submit_response_response_msg.argtypes = [ctypes.c_void_p]
         lib.slurm_init_job_desc_msg.argtypes = [ctypes.c_void_p]
+        self.job_info = JOB_INFO_LAYOUTS.get(api >> 16)
+        self.job_info_msg = JOB_INFO_MSG_LAYOUTS.get(api >> 16)
+        if self.job_info is not None:
+            lib.slurm_load_job.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint32, ctypes.c_uint16]
+            lib.slurm_load_job.restype = ctypes.c_int
+            lib.slurm_free_job_info_msg.argtypes = [ctypes.c_void_p]
         self.calls = 0
 
     # ------------------------------------------------------------------ job descriptors
@@ -139,9 +177,11 @@ class LibSlurm:
     # ------------------------------------------------------------------ calls
     def update(self, up: Update) -> None:
         """One ``slurm_update_job`` RPC (what ``scontrol update`` sends for one job). :class:`LibSlurmError`
-        when slurmctld refused it or did not answer."""
+        when slurmctld refused it or did not answer. Threads may call it at once (ctypes lets go of the GIL
+        for the call; the error number is libslurm's per thread)."""
         buf, keep = self._desc({**up.fields, "job_id": int(up.job_id)})
-        self.calls += 1
+        with _lock:  # (updates may be sent from several threads at once)
+            self.calls += 1
         rc = self.lib.slurm_update_job(buf)
         del keep
         if rc != 0:
@@ -165,6 +205,45 @@ class LibSlurm:
             return int(ctypes.c_uint32.from_address(resp.value).value)  # submit_response_msg_t.job_id, offset 0
         finally:
             self.lib.slurm_free_submit_response_response_msg(resp)
+
+
+    def job_detail(self, job_id: int) -> JobDetail | None:
+        """One ``slurm_load_job`` RPC with ``SHOW_DETAIL`` (what ``scontrol show job -d`` asks; slurmctld
+        packs that one job only): the job's :class:`JobDetail`, ``None`` when slurmctld no longer has it.
+        :class:`LibSlurmError` when the call failed, ValueError where this release has no
+        :data:`JOB_INFO_LAYOUTS` entry."""
+        if self.job_info is None or self.job_info_msg is None:
+            raise ValueError(f"libslurm: no slurm_job_info_t layout for API {self.api >> 16}")
+        size, f = self.job_info
+        _, m = self.job_info_msg
+        resp = ctypes.c_void_p()
+        self.calls += 1
+        rc = self.lib.slurm_load_job(ctypes.byref(resp), int(job_id), SHOW_DETAIL)
+        if rc != 0:
+            err = self._error(f"job {int(job_id)}'s record")
+            if err.errno == ESLURM_INVALID_JOB_ID:
+                return None
+            raise err
+        try:
+            base = int(resp.value or 0)
+            count = ctypes.c_uint32.from_address(base + m["record_count"][0]).value
+            array = ctypes.c_void_p.from_address(base + m["job_array"][0]).value or 0
+            for k in range(count):
+                rec = array + k * size
+                if ctypes.c_uint32.from_address(rec + f["job_id"][0]).value != int(job_id):
+                    continue
+                state = ctypes.c_uint32.from_address(rec + f["job_state"][0]).value & 0xFF
+                nodes = ctypes.c_char_p.from_address(rec + f["nodes"][0]).value
+                n = ctypes.c_uint32.from_address(rec + f["gres_detail_cnt"][0]).value
+                strs = ctypes.c_void_p.from_address(rec + f["gres_detail_str"][0]).value
+                detail = tuple((ctypes.c_char_p.from_address(strs + 8 * i).value or b"").decode(errors="replace")
+                               for i in range(n)) if strs else ()
+                return JobDetail(int(job_id), JOB_STATES[state] if state < len(JOB_STATES) else str(state),
+                                 (nodes or b"").decode(errors="replace"),
+                                 ctypes.c_uint16.from_address(rec + f["restart_cnt"][0]).value, detail)
+            return None
+        finally:
+            self.lib.slurm_free_job_info_msg(resp)
 
 
 def pin_update(job_id: int, nodes: str, num_nodes: int, gpus: int, per_node: int | None, tres_style: str,

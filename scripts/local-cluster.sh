@@ -5,6 +5,7 @@
 #                                   [--policy greedy] [--interval 5] [--no-controller] [--no-agents]
 #                                   [--other-nodes 1] [--no-job-submit] [--gpu-type TYPE|TYPE:K,...]
 #                                   [--sched-params sched_interval=2,defer_batch]
+#                                   [--ctl-cpus LIST] [--node-cpus LIST]
 #   scripts/local-cluster.sh status [--dir DIR]
 #   scripts/local-cluster.sh down   [--dir DIR]
 #
@@ -37,6 +38,12 @@
 # unmanaged nodes get the first type. Without it the GPUs are untyped (`Gres=gpu:G`).
 # --sched-params: slurm.conf's SchedulerParameters (default sched_interval=2,defer_batch; letters,
 # digits and _=,.: only), e.g. for benchmarks of slurmctld settings (benchmarks/bench_slurm.py).
+# --ctl-cpus / --node-cpus: CPU lists as taskset -c takes them (e.g. 0 and 1, or 0-3 and 4-15):
+# slurmctld and the controller start on --ctl-cpus, every slurmd and agent on --node-cpus, so
+# that each slurmd's slurmstepd and job processes run there too (TaskPlugin=task/none keeps
+# the affinity they inherit). The model of a cluster whose controller host runs no jobs, on one
+# machine (benchmarks/bench_slurm.py --ctl-cpus/--node-cpus). munged is left on every CPU (both
+# sides use it). Daemons already running keep the CPUs they started with.
 # --no-job-submit: slurm.conf without JobSubmitPlugins=lua (benchmarks only: nothing is
 # held, nothing is managed).
 # Ports: slurmctld PORT, slurmd of nodeK PORT+K, of otherK PORT+N+K, the agent of
@@ -78,6 +85,8 @@ SCHED_PARAMS="sched_interval=2,defer_batch"
 CPUS=32
 REAL_MEMORY=64000   # MB per node (nothing enforces it: TaskPlugin=task/none)
 METRICS_PORT=""
+CTL_CPUS=""    # --ctl-cpus: taskset -c list of slurmctld and the controller (empty: every CPU)
+NODE_CPUS=""   # --node-cpus: taskset -c list of every slurmd (so its jobs) and agent (empty: every CPU)
 GPU_TYPE=""   # --gpu-type as given; NODE_GPU_TYPE[name]: each node's GRES type (none: untyped)
 declare -A NODE_GPU_TYPE=()
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -89,7 +98,7 @@ log() { echo "local-cluster: $*" >&2; }
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --nodes|--gpus|--dir|--port|--policy|--interval|--metrics-port|--other-nodes|--gpu-type|--sched-params)
+    --nodes|--gpus|--dir|--port|--policy|--interval|--metrics-port|--other-nodes|--gpu-type|--sched-params|--ctl-cpus|--node-cpus)
       # a missing value, or the next option taken for one ("--nodes --gpus 4"), is an error of its own
       [[ $# -ge 2 && "$2" != --* ]] || die "$1 needs a value (see --help)"
       case "$1" in
@@ -103,6 +112,8 @@ while [[ $# -gt 0 ]]; do
         --other-nodes) OTHER_NODES="$2" ;;
         --gpu-type) GPU_TYPE="$2" ;;
         --sched-params) SCHED_PARAMS="$2" ;;
+        --ctl-cpus) CTL_CPUS="$2" ;;
+        --node-cpus) NODE_CPUS="$2" ;;
       esac
       shift 2 ;;
     --no-controller) WITH_CONTROLLER=0; shift ;;
@@ -113,6 +124,17 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 [[ "$SCHED_PARAMS" =~ ^[A-Za-z0-9_=,.:]+$ ]] || die "--sched-params takes letters, digits and _=,.: only, got '$SCHED_PARAMS'"
+for _cpus in "--ctl-cpus:$CTL_CPUS" "--node-cpus:$NODE_CPUS"; do
+  [[ -z "${_cpus#*:}" ]] && continue
+  [[ "${_cpus#*:}" =~ ^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$ ]] \
+    || die "${_cpus%%:*} takes a CPU list as taskset -c does (e.g. 0 or 0-3,8), got '${_cpus#*:}'"
+  command -v taskset >/dev/null || die "${_cpus%%:*} needs taskset (util-linux)"
+  taskset -c "${_cpus#*:}" true 2>/dev/null \
+    || die "${_cpus%%:*} '${_cpus#*:}': not CPUs this process may run on ($(nproc) CPUs: see taskset -cp $$)"
+done
+# the command prefix of each side (taskset execs the daemon: the pid recorded is the daemon's own)
+CTL_ON=(); [[ -n "$CTL_CPUS" ]] && CTL_ON=(taskset -c "$CTL_CPUS")
+NODE_ON=(); [[ -n "$NODE_CPUS" ]] && NODE_ON=(taskset -c "$NODE_CPUS")
 [[ "$NODES" =~ ^[1-9][0-9]{0,3}$ ]] || die "--nodes must be a positive integer (at most 9999), got '$NODES'"
 [[ "$OTHER_NODES" =~ ^[0-9]{1,4}$ ]] || die "--other-nodes must be a number (0: no unmanaged partition), got '$OTHER_NODES'"
 [[ "$GPUS" =~ ^[1-9][0-9]{0,3}$ ]] || die "--gpus must be a positive integer (at most 9999), got '$GPUS'"
@@ -451,12 +473,12 @@ start_slurm() {
   SLURM_T0=$SECONDS
   if ! pid_alive "$RUN/slurmctld.pid"; then
     rm -f "$RUN/slurmctld.pid"  # a dead pid in it would read as "slurmctld exited" below
-    slurmctld -f "$CONF" || die "slurmctld failed (see $DIR/log/slurmctld.log)"
+    "${CTL_ON[@]}" slurmctld -f "$CONF" || die "slurmctld failed (see $DIR/log/slurmctld.log)"
   fi
   for nd in "${ALL_NODES[@]}"; do
     pid_alive "$RUN/slurmd-$nd.pid" && continue
     rm -f "$RUN/slurmd-$nd.pid"
-    slurmd -f "$CONF" -N "$nd" || die "slurmd $nd failed (see $DIR/log/slurmd-$nd.log)"
+    "${NODE_ON[@]}" slurmd -f "$CONF" -N "$nd" || die "slurmd $nd failed (see $DIR/log/slurmd-$nd.log)"
   done
   local want=${#ALL_NODES[@]}
   log "waiting for $want idle nodes (${UP_TIMEOUT} s at most)"
@@ -568,7 +590,7 @@ start_agents() {
   fi
   for i in $(seq 1 "$NODES"); do
     pid_alive "$RUN/agent-node$i.pid" && continue
-    nohup rlsched agent --node "node$i" --listen "127.0.0.1:$((PORT + 50 + i))" \
+    nohup "${NODE_ON[@]}" rlsched agent --node "node$i" --listen "127.0.0.1:$((PORT + 50 + i))" \
       --store "$DIR/checkpoints" --auth "munge:$DIR/munge/munge.socket" --slurm-conf "$CONF" \
       >>"$DIR/log/agent-node$i.log" 2>&1 &
     echo $! >"$RUN/agent-node$i.pid"
@@ -580,7 +602,7 @@ start_controller() {
   pid_alive "$RUN/controller.pid" && return 0
   local out="$DIR/log/controller.out" from
   from="$(stat -c %s "$out" 2>/dev/null || echo 0)"
-  nohup rlsched controller run --config "$DIR/etc/controller.toml" >>"$out" 2>&1 &
+  nohup "${CTL_ON[@]}" rlsched controller run --config "$DIR/etc/controller.toml" >>"$out" 2>&1 &
   echo $! >"$RUN/controller.pid"
   # it builds the policy at its first round: wait for that round (or its death), 30 s at most
   local status="$DIR/controller/status.json" t0; t0="$(date +%s)"

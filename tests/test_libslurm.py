@@ -1,5 +1,6 @@
-"""controller.libslurm: the job_desc_msg_t layout against slurm.h, the descriptors it writes, and (``-m slurm``)
-a pin and its release in one update RPC on real slurmctld 22.05."""
+"""controller.libslurm: the job_desc_msg_t, slurm_job_info_t and job_info_msg_t layouts against slurm.h, the
+descriptors it writes, the job records it reads, and (``-m slurm``) a pin and its release in one update RPC and
+one job's per-node GRES on real slurmctld 22.05."""
 
 from __future__ import annotations
 
@@ -11,31 +12,34 @@ from types import SimpleNamespace
 
 import pytest
 
-from controller.libslurm import INFINITE, LAYOUTS, LibSlurm, open_libslurm, pin_update
+from controller.libslurm import (INFINITE, JOB_INFO_LAYOUTS, JOB_INFO_MSG_LAYOUTS, LAYOUTS, JobDetail, LibSlurm,
+                                 open_libslurm, pin_update)
 
 HEADER = Path("/usr/include/slurm/slurm.h")
 
 
-def test_layout_matches_slurm_h(tmp_path):
-    """Every offset and the size of LAYOUTS[38] are those gcc computes from the installed slurm.h (22.05)."""
+@pytest.mark.parametrize("struct,layouts", [("job_desc_msg_t", LAYOUTS), ("slurm_job_info_t", JOB_INFO_LAYOUTS),
+                                            ("job_info_msg_t", JOB_INFO_MSG_LAYOUTS)])
+def test_layout_matches_slurm_h(tmp_path, struct, layouts):
+    """Every offset and the size of each layout for API 38 are those gcc computes from the installed slurm.h
+    (22.05)."""
     gcc = shutil.which("gcc")
     if gcc is None or not HEADER.exists():
         pytest.skip("needs gcc and slurm/slurm.h (Debian: libslurm-dev)")
     version = (HEADER.parent / "slurm_version.h").read_text()
     if "SLURM_VERSION_NUMBER 0x1605" not in version:
         pytest.skip("slurm.h is not Slurm 22.05's")
-    size, fields = LAYOUTS[38]
+    size, fields = layouts[38]
     lines = ['#include <stdio.h>', '#include <stddef.h>', '#include <slurm/slurm.h>', 'int main(void) {',
-             'printf("size %zu\\n", sizeof(job_desc_msg_t));']
-    lines += [f'printf("{f} %zu %zu\\n", offsetof(job_desc_msg_t, {f}), sizeof(((job_desc_msg_t*)0)->{f}));'
-              for f in fields]
+             f'printf("size %zu\\n", sizeof({struct}));']
+    lines += [f'printf("{f} %zu %zu\\n", offsetof({struct}, {f}), sizeof((({struct}*)0)->{f}));' for f in fields]
     lines += ["return 0; }"]
     (tmp_path / "off.c").write_text("\n".join(lines) + "\n")
     subprocess.run([gcc, str(tmp_path / "off.c"), "-o", str(tmp_path / "off")], check=True, capture_output=True)
     out = dict((ln.split(" ", 1) for ln in subprocess.run([str(tmp_path / "off")], capture_output=True, text=True,
                                                            check=True).stdout.splitlines()))
     assert int(out.pop("size")) == size
-    widths = {"str": 8, "strv": 8, "u32": 4, "time": 8}
+    widths = {"str": 8, "strv": 8, "ptr": 8, "u32": 4, "u16": 2, "time": 8}
     got = {f: tuple(int(x) for x in v.split()) for f, v in out.items()}
     assert got == {f: (off, widths[kind]) for f, (off, kind) in fields.items()}
 
@@ -61,7 +65,8 @@ def _fake_lib(sent: list):
     return SimpleNamespace(slurm_init_job_desc_msg=_Fn(init), slurm_update_job=_Fn(update),
                            slurm_get_errno=_Fn(lambda: 0), slurm_strerror=_Fn(lambda e: b"No error"),
                            slurm_submit_batch_job=_Fn(lambda *a: -1),
-                           slurm_free_submit_response_response_msg=_Fn(lambda *a: None))
+                           slurm_free_submit_response_response_msg=_Fn(lambda *a: None),
+                           slurm_load_job=_Fn(lambda *a: -1), slurm_free_job_info_msg=_Fn(lambda *a: None))
 
 
 def _read(raw: bytes, field: str):
@@ -99,6 +104,58 @@ def test_no_libslurm_without_a_slurm_conf_file(tmp_path):
     assert open_libslurm(str(tmp_path / "missing.conf")) is None
 
 
+def _job_records(*jobs: dict) -> tuple[ctypes.Array, list]:
+    """A job_info_msg_t holding ``jobs`` (field -> value of slurm_job_info_t), laid out as LAYOUTS say; the list
+    keeps the memory it points to alive."""
+    size, f = JOB_INFO_LAYOUTS[38]
+    msize, m = JOB_INFO_MSG_LAYOUTS[38]
+    msg, array = ctypes.create_string_buffer(msize), ctypes.create_string_buffer(size * len(jobs))
+    keep: list = [array]
+    ctypes.c_uint32.from_buffer(msg, m["record_count"][0]).value = len(jobs)
+    ctypes.c_void_p.from_buffer(msg, m["job_array"][0]).value = ctypes.addressof(array)
+    for k, job in enumerate(jobs):
+        base = k * size
+        for name, value in job.items():
+            off, kind = f[name]
+            if kind == "str":
+                b = ctypes.create_string_buffer(value.encode())
+                keep.append(b)
+                ctypes.c_void_p.from_buffer(array, base + off).value = ctypes.addressof(b)
+            elif kind == "strv":
+                items = [ctypes.create_string_buffer(v.encode()) for v in value]
+                arr = (ctypes.c_void_p * len(items))(*[ctypes.addressof(x) for x in items])
+                keep += [items, arr]
+                ctypes.c_void_p.from_buffer(array, base + off).value = ctypes.addressof(arr)
+            else:
+                (ctypes.c_uint16 if kind == "u16" else ctypes.c_uint32).from_buffer(array, base + off).value = value
+    return msg, keep
+
+
+def test_job_detail_reads_the_record_of_the_job_asked_for():
+    msg, keep = _job_records(
+        {"job_id": 8, "job_state": 1, "nodes": "node[1-2]", "restart_cnt": 0, "gres_detail_cnt": 0},
+        {"job_id": 9, "job_state": 1 | 0x8000, "nodes": "node[3-4]", "restart_cnt": 2, "gres_detail_cnt": 2,
+         "gres_detail_str": ["gpu:8(IDX:0-7)", "gpu:2(IDX:0-1)"]})
+    asked, freed = [], []
+
+    def load(resp, job_id, flags):
+        asked.append((job_id, flags))
+        if job_id == 5:
+            return -1
+        resp._obj.value = ctypes.addressof(msg)
+        return 0
+
+    fake = _fake_lib([])
+    fake.slurm_load_job, fake.slurm_free_job_info_msg = _Fn(load), _Fn(lambda p: freed.append(p))
+    fake.slurm_get_errno = _Fn(lambda: 2017)  # ESLURM_INVALID_JOB_ID: slurmctld no longer has the job
+    lib = LibSlurm(fake, 38 << 16, "/etc/slurm/slurm.conf")
+    assert lib.job_detail(9) == JobDetail(9, "RUNNING", "node[3-4]", 2, ("gpu:8(IDX:0-7)", "gpu:2(IDX:0-1)"))
+    assert lib.job_detail(8) == JobDetail(8, "RUNNING", "node[1-2]", 0, ())
+    assert lib.job_detail(5) is None
+    assert asked == [(9, 2), (8, 2), (5, 2)] and len(freed) == 2  # SHOW_DETAIL; each answer freed
+    del keep
+
+
 @pytest.mark.slurm
 @pytest.mark.slow
 @pytest.mark.timeout(120)
@@ -120,6 +177,12 @@ def test_pin_and_release_in_one_rpc_on_slurm(live_cluster, test_user):
     ja = cluster.job(a)
     if ja.state == "RUNNING":
         assert ja.gpus_per_node == {"node2": 4, "node3": 1}  # one GPU each, then node order
+        # the same split read for this job alone (the queue read's way to a job that started unevenly)
+        lib = slurm._libslurm()
+        d = lib.job_detail(a)
+        assert d is not None and d.state == "RUNNING" and d.nodes == "node[2-3]" and d.restarts == 0
+        assert [x.split("(")[0] for x in d.gres_detail] == ["gpu:4", "gpu:1"]
+        assert lib.job_detail(10 ** 8) is None  # no such job
     jb = cluster.job(b)
     assert jb.held and jb.required_nodes != ["node1", "nodeX"]
     p = cluster.run(["scontrol", "release", str(b)], user=test_user, check=False)

@@ -205,6 +205,106 @@ def test_queue_reads_text_over_the_last_json_and_json_when_it_must():
     assert [j.job_id for j in s.queue()] == [1, 2, 3] and s.ran[-1] == "json"
 
 
+def test_an_uneven_start_is_read_for_that_job_alone_through_libslurm():
+    from controller.libslurm import JobDetail
+
+    class Lib:
+        job_info = (904, {})
+
+        def __init__(self) -> None:
+            self.asked: list[int] = []
+            self.answer = JobDetail(2, "RUNNING", "node[1-2]", 0, ("gpu:6(IDX:0-5)", "gpu:2(IDX:0-1)"))
+
+        def job_detail(self, job_id):
+            self.asked.append(job_id)
+            return self.answer
+
+    s = TextSlurm()
+    s._lib, s._lib_tried = Lib(), True
+    s.json_jobs = [_json_job(1), _json_job(2, tres_per_job="gres:gpu:8", admin_comment="rlsched:managed gpus=8")]
+    s.rows = [{"JobID": "1"}, {"JobID": "2", "tres-per-job": "gres:gpu:8"}]
+    s.queue()
+    s.rows[1].update({"State": "RUNNING", "NodeList": "node[1-2]", "NumNodes": "2", "Reason": "None"})
+    _, b = s.queue()
+    assert s.ran == ["json", "text"] and s._lib.asked == [2] and s.detail_reads == 1
+    assert b.running and b.gpus_per_node == {"node1": 6, "node2": 2} and b.name == "j2"
+    s.rows[1]["PriorityLong"] = "7"  # a later change of its row keeps the split read
+    _, b2 = s.queue()
+    assert s.ran[-1] == "text" and s._lib.asked == [2] and b2.gpus_per_node == b.gpus_per_node
+    # an answer that is not the allocation the text shows (it was requeued and started again in between)
+    s.rows[1].update({"NodeList": "node[3-4]", "RestartCnt": "1"})
+    s.queue()
+    assert s._lib.asked == [2, 2] and s.ran[-1] == "json"
+
+
+def test_libslurm_placements_overlap_unless_one_is_an_uneven_split():
+    import threading
+
+    from controller.libslurm import LibSlurmError
+
+    class Lib:
+        def __init__(self, meet: int) -> None:
+            self.meet = threading.Barrier(meet, timeout=10) if meet > 1 else None
+            self.lock = threading.Lock()
+            self.order: list[int] = []
+            self.busy = self.most = 0
+
+        def update(self, up):
+            with self.lock:
+                self.order.append(up.job_id)
+                self.busy += 1
+                self.most = max(self.most, self.busy)
+            try:
+                if self.meet is not None:
+                    self.meet.wait()  # returns only once that many updates are in flight together
+                if up.job_id == 13:
+                    raise LibSlurmError("update of job 13", 2017, "Invalid job id specified")
+            finally:
+                with self.lock:
+                    self.busy -= 1
+
+    s = SlurmCLI("/etc/slurm/slurm.conf", rpc_workers=4)
+    balanced = [(j, ["node1", "node2"], 8, 4, "gres:gpu", 0) for j in (11, 12, 13, 14)]
+    s._lib, s._lib_tried = Lib(4), True
+    res = s.pin_release_many(balanced)
+    assert res[:2] == [None, None] and res[3] is None and "Invalid job id" in str(res[2])
+    assert s._lib.most == 4 and sorted(s._lib.order) == [11, 12, 13, 14]
+    s._lib = Lib(1)
+    res = s.pin_release_many(balanced[:2] + [(15, ["node3", "node4"], 9, None, "gres:gpu", 0)] + balanced[2:])
+    assert s._lib.order == [11, 12, 15, 13, 14] and s._lib.most == 1
+    assert [r is None for r in res] == [True, True, True, False, True]
+
+
+def test_the_periodic_json_read_is_made_behind_the_round(tmp_path):
+    s = TextSlurm()
+    s.json_jobs = [_json_job(1)]
+    s.rows = [{"JobID": "1"}]
+    s.queue()
+    assert not s.refresh_due(1.0) and s.refresh_due(s.full_read_s)
+    s.refresh()
+    s.queue()
+    assert s.ran == ["json", "json", "text"] and s.queue_reads == {"json": 2, "text": 1}
+
+    class Due(BatchSlurm):
+        def __init__(self) -> None:
+            super().__init__()
+            self.due, self.refreshed = [], 0
+
+        def refresh_due(self, ahead_s):
+            self.due.append(ahead_s)
+            return len(self.due) == 2
+
+        def refresh(self):
+            self.refreshed += 1
+
+    d = Due()
+    ctl, _ = _round(tmp_path, d)  # not due: nothing behind the round
+    assert d.refreshed == 0
+    ctl.round()
+    ctl.wait_reasons()
+    assert d.refreshed == 1 and d.due == [2 * ctl.cfg.controller.interval_s] * 2
+
+
 def test_queue_keeps_the_admin_comments_it_wrote_and_reads_json_when_stale(monkeypatch):
     s = TextSlurm()
     s.json_jobs = [_json_job(1)]
@@ -434,7 +534,7 @@ def test_an_uneven_split_is_sent_as_the_split_slurm_gives_and_starts_exactly(tmp
     assert ctl.metrics.value("rlsched_placement_mismatch_total") == 0
 
 
-def test_a_split_that_depends_on_which_job_starts_first_waits_a_round(tmp_path):
+def test_a_split_that_depends_on_which_job_starts_or_ends_first_waits_a_round(tmp_path):
     from policies.cluster import Placement
     from policies.state import Decision
 
@@ -446,9 +546,14 @@ def test_a_split_that_depends_on_which_job_starts_first_waits_a_round(tmp_path):
     rep = ctl.round()
     assert [j for j, _ in rep.placed] == [b] and s.job_list[a].held
     assert ctl.metrics.value("rlsched_decisions_total", action="split_deferred") == 1
-    s.schedule()  # b starts; next round a's split no longer depends on anything
+    s.schedule()  # b starts: were it to end before a starts, Slurm would give a 8 GPUs of node1
     decision = Decision(place=[(str(a), Placement.of({0: 2, 1: 8}))])
     rep = ctl.round()
-    assert dict(rep.placed) == {a: {"node1": 2, "node2": 8}}
+    assert rep.placed == [] and s.job_list[a].held
+    assert ctl.metrics.value("rlsched_decisions_total", action="split_deferred") == 2
+    s.finish(b)  # nothing beside a on its nodes: its split is Slurm's whatever starts or ends
+    rep = ctl.round()
+    assert dict(rep.placed) == {a: {"node1": 8, "node2": 2}}
+    assert ctl.metrics.value("rlsched_decisions_total", action="split_set") == 1
     s.schedule()
-    assert s.job_list[a].gpus_per_node == {"node1": 2, "node2": 8}
+    assert s.job_list[a].gpus_per_node == {"node1": 8, "node2": 2}
