@@ -1,8 +1,9 @@
 """``rlsched train-sizefree``: the training run of ``rl-sf`` (:func:`trainer.sizefree.train.train`).
 
-``rlsched train-sizefree --out policies/checkpoints/sizefree/rl-sf`` clones the ``greedy`` heuristic (with
-DAgger rounds), fine-tunes with MaskablePPO on uniform 1..32-GPU job sets on 4x8 and 16x8, and writes
-``OUT.json`` + ``OUT.safetensors``.
+``rlsched train-sizefree --out OUT`` clones a teacher (default the ``greedy`` heuristic; with DAgger
+rounds), fine-tunes with MaskablePPO on uniform 1..32-GPU job sets on 4x8 and 16x8, and writes
+``OUT.json`` + ``OUT.safetensors``. The shipped ``rl-sf`` is
+``rlsched train-sizefree --out OUT --clusters 4x8,16x8,16x8:64 --expert best`` (docs/RL.md).
 """
 
 from __future__ import annotations

@@ -2,13 +2,14 @@
 
 1. **Job sets** (:func:`training_sets`): :func:`trainer.generate.generate_sets`, demands of each
    distribution of ``demands`` (default ``uniform``: ``1..max_gpus``; ``pow2``: powers of two up to
-   ``max_gpus``) on each training cluster, zero arrivals and Poisson arrivals at each load of
+   ``max_gpus``; a cluster entry ``CLUSTER:G`` uses ``G`` instead of ``max_gpus``) on each training cluster, zero arrivals and Poisson arrivals at each load of
    ``loads``; training seeds ``seed + 1000 * d + 10 * k`` (``d`` the demand distribution's index,
    ``k`` the arrival kind), validation sets from ``seed + 5000``. Both ranges are disjoint from the
    benchmark's held-out seeds (950..957).
 2. **Behaviour cloning** (:func:`behaviour_clone`): states from episodes played by the heuristic
-   (``expert``: the ``greedy`` slot, i.e. SRTF order with the contention-aware nosplit placement),
-   labelled with its pick; then ``dagger`` rounds that play the current network (its argmax) and
+   (``expert``: :data:`HEURISTIC_EXPERTS`; default ``greedy``, SRTF order with the contention-aware
+   nosplit placement; ``best``: per training set the one of :data:`BEST_OF` with the lower average
+   JCT on it, :func:`best_experts`), labelled with its pick; then ``dagger`` rounds that play the current network (its argmax) and
    label the states it visits with the heuristic's pick; cross-entropy over the masked scores.
 3. **MaskablePPO** (sb3-contrib, :class:`trainer.sizefree.model.SizeFreeMaskablePolicy`) from the
    cloned weights, one environment per training cluster (``DummyVecEnv``, or ``SubprocVecEnv`` with
@@ -39,7 +40,8 @@ from policies.perf import ContentionModel
 from policies.sizefree import TENSOR_NAMES, SizeFreeNet, SizeFreePolicy, save_sizefree
 from trainer.sizefree.dagger import TEACHER, TEACHER_PREEMPT
 
-__all__ = ["SizeFreeTrainConfig", "behaviour_clone", "init_tensors", "train", "training_sets", "validate"]
+__all__ = ["BEST_OF", "HEURISTIC_EXPERTS", "SizeFreeTrainConfig", "behaviour_clone", "best_experts", "init_tensors",
+           "split_cluster", "train", "training_sets", "validate"]
 
 
 @dataclass(frozen=True)
