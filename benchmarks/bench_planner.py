@@ -27,7 +27,8 @@ Per round of each planner: the CPU time of ``planner.schedule`` (:func:`time.pro
 simulated rounds its rollouts took (``RoundStats.work``), and whether a budget cut it.
 
 ``--cache DIR`` keeps each (group, set, policy) result as a JSON file and reuses it on the next run
-with the same arguments, so an interrupted run resumes where it stopped.
+with the same arguments, so an interrupted run resumes where it stopped; a learned policy's key also
+holds its checkpoint's sha256, so a result of another checkpoint under the same name is not reused.
 """
 
 from __future__ import annotations
@@ -108,10 +109,24 @@ def run_key(g: Group, policy: str) -> str:
     return base + (":" + "/".join(kept) if kept else "")
 
 
+def _weights(policy: str) -> str:
+    """For a learned policy with a checkpoint, the sha256 of its checkpoint JSON (which records the weights'
+    sha256), so a cached result of a replaced checkpoint is not reused; ``""`` for any other policy."""
+    from policies.registry import checkpoint_path, is_learned
+
+    if not is_learned(policy):
+        return ""
+    try:
+        return hashlib.sha256(checkpoint_path(policy).read_bytes()).hexdigest()
+    except (PolicyError, OSError):
+        return ""
+
+
 def _cache_file(cache: Path | None, g: Group, k: int, policy: str) -> Path | None:
     if cache is None:
         return None
-    tag = hashlib.sha1(f"{g.name}|{g.cfg!r}|{k}|{run_key(g, policy)}".encode()).hexdigest()[:16]
+    w = _weights(policy)
+    tag = hashlib.sha1(f"{g.name}|{g.cfg!r}|{k}|{run_key(g, policy)}{'|' + w if w else ''}".encode()).hexdigest()[:16]
     return cache / f"{g.name}-{k}-{tag}.json"
 
 

@@ -229,6 +229,16 @@ def test_bench_planner_tables_on_tiny_sets(capsys, tmp_path):
     assert bench.main(argv) == 0
     again = capsys.readouterr()
     assert again.out == cap.out and "set " not in again.err
+    # a learned policy's cached result is keyed by its checkpoint too: another checkpoint is run anew
+    from policies.sizefree import shipped_sizefree
+
+    g = next(x for x in bench.groups(6, 950) if x.name == "248-poisson-90")
+    other = tmp_path / "other.json"
+    other.write_text(shipped_sizefree().read_text())
+    before = bench._cache_file(tmp_path, g, 0, f"rl-sf:{other}")
+    assert bench._cache_file(tmp_path, g, 0, f"rl-sf:{other}") == before
+    other.write_text(shipped_sizefree().read_text().replace('"policy": "rl-sf"', '"policy": "rl-sf" '))
+    assert bench._cache_file(tmp_path, g, 0, f"rl-sf:{other}") != before
     with pytest.raises(SystemExit) as e:
         bench.main(["--groups", "nosuch"])
     assert e.value.code == 2 and "unknown group" in capsys.readouterr().err

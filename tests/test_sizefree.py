@@ -240,3 +240,66 @@ def test_training_sets_draw_every_demand_distribution():
         pow2 = {j.gpu_demand for s in sets_both[2:] for j in s}
         assert pow2 <= {1, 2, 4, 8, 16, 32} and len(pow2) > 2
         assert any(j.gpu_demand not in (1, 2, 4, 8, 16, 32) for s in sets_both[:2] for j in s)
+
+
+def test_expert_action_orders_by_remaining_time_or_gpu_time():
+    """srtf (the default) picks the shortest job; lgtf the least remaining GPU-time (time x GPUs)."""
+    cluster = ClusterSpec.parse("4x8")
+    perf = ContentionModel(cluster)
+    codec = SizeFreeCodec(cluster, perf, SPEC)
+    # "short" runs less time on 8 GPUs (more GPU-time) than "narrow" on 1 GPU
+    pend = [JobInfo("short", "FSDP", 8, 0.0, 1800 * perf.best_isolated_throughput("FSDP", 8),
+                    best_thp=perf.best_isolated_throughput("FSDP", 8)),
+            JobInfo("narrow", "FSDP", 1, 0.0, 3600 * perf.best_isolated_throughput("FSDP", 1),
+                    best_thp=perf.best_isolated_throughput("FSDP", 1))]
+    st = ClusterState(0.0, cluster, np.array(cluster.gpus_per_node, dtype=np.int64), [], pend)
+    enc = codec.begin(st).encode()
+    P = len(PLACEMENT_SLOTS)
+    pick = lambda a: enc.cands[a][0].job_id  # noqa: E731
+    assert pick(codec.expert_action(enc, "greedy")) == "short" == pick(codec.expert_action(enc, "greedy", "srtf"))
+    assert pick(codec.expert_action(enc, "greedy", "lgtf")) == "narrow"
+    assert codec.expert_action(enc, "greedy", "lgtf") % P in (0, 1)
+    with pytest.raises(ValueError, match="order must be srtf or lgtf"):
+        codec.expert_action(enc, "greedy", "fifo")
+
+
+def test_cluster_entries_with_their_own_largest_demand():
+    """CLUSTER:G draws that cluster's sets with demands up to G; the other entries' sets are unchanged."""
+    from trainer.sizefree.train import SizeFreeTrainConfig, split_cluster, training_sets
+
+    assert split_cluster("16x8:64") == ("16x8", 64) and split_cluster("4x8") == ("4x8", None)
+    for bad in ("16x8:0", "16x8:x"):
+        with pytest.raises(ValueError, match="largest demand"):
+            split_cluster(bad)
+    kw = dict(jobs_per_set=24, sets_per_kind=1, loads=(0.9,), val_sets=1)
+    one = training_sets(SizeFreeTrainConfig(clusters=("4x8", "16x8"), **kw))
+    three = training_sets(SizeFreeTrainConfig(clusters=("4x8", "16x8", "16x8:64"), **kw))
+    for c in ("4x8", "16x8"):
+        assert [[j.gpu_demand for j in s] for s in one[c][0]] == [[j.gpu_demand for j in s] for s in three[c][0]]
+    wide = [j.gpu_demand for sets in three["16x8:64"] for s in sets for j in s]
+    assert max(wide) <= 64 and max(wide) > 32
+
+
+def test_best_teacher_takes_the_better_heuristic_per_set():
+    pytest.importorskip("gymnasium")
+    from trainer.sizefree.env import SizeFreeEnv
+    from trainer.sizefree.train import BEST_OF, _expert_jct, best_experts
+
+    cluster = ClusterSpec.parse("4x8")
+    env = SizeFreeEnv([_jobs(12, s, cluster, max_g=32) for s in (6, 7)], cluster, SPEC)
+    got = best_experts(env)
+    assert len(got) == 2
+    for idx, e in enumerate(got):
+        jct = {x: _expert_jct(env, x, idx) for x in BEST_OF}
+        assert jct[e] == min(jct.values()) and e == min(BEST_OF, key=lambda x: (jct[x], BEST_OF.index(x)))
+
+
+def test_validation_groups_split_each_cluster_by_arrival_kind():
+    from trainer.sizefree.validation import KINDS, SUITE, groups
+
+    gs = groups()
+    assert len(gs) == len(SUITE.clusters) * len(KINDS)
+    assert all(len(sets) == SUITE.val_sets for _c, sets in gs.values())
+    zero = gs["16x8:64-zero"][1]
+    assert all(j.submit_time == 0.0 for s in zero for j in s)
+    assert any(j.submit_time > 0 for s in gs["4x8-poisson-90"][1] for j in s)

@@ -553,12 +553,23 @@ class SizeFreeCodec(PickCodec):
     def lgtf_key(j: JobInfo) -> tuple:
         return (j.remaining_time * j.gpu_demand, j.submit_time, j.job_id)
 
-    def expert_action(self, enc: SizeFreeEncoding, slot: str = "nosplit") -> int:
-        """The heuristic's pick in ``enc``: the first job in SRTF order whose ``slot`` placement is valid
-        (``greedy`` falls back on the nosplit slot where it repeats it), else hold."""
+    def expert_action(self, enc: SizeFreeEncoding, slot: str = "nosplit", order: str = "srtf") -> int:
+        """The heuristic's pick in ``enc``: the first candidate job in ``order`` (``srtf``: remaining time,
+        the candidates' own order; ``lgtf``: remaining GPU-time, :meth:`lgtf_key`) whose ``slot``
+        placement is valid (``greedy`` falls back on the nosplit slot where it repeats it), else hold."""
         P = len(PLACEMENT_SLOTS)
         s = PLACEMENT_SLOTS.index(slot)
-        for i in range(self.spec.jobs):
+        if order not in ("srtf", "lgtf"):
+            raise ValueError(f"sizefree expert: order must be srtf or lgtf, got {order!r}")
+        idx: Sequence[int] = range(self.spec.jobs)
+        if order == "lgtf":
+            jobs = {}
+            for i in idx:
+                c = next((enc.cands[i * P + t] for t in range(P) if enc.cands[i * P + t] is not None), None)
+                if c is not None:
+                    jobs[i] = c[0]
+            idx = sorted(jobs, key=lambda i: self.lgtf_key(jobs[i]))
+        for i in idx:
             for t in ((s, 0) if s else (0,)):
                 if enc.mask[i * P + t]:
                     return i * P + t

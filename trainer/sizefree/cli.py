@@ -1,8 +1,9 @@
 """``rlsched train-sizefree``: the training run of ``rl-sf`` (:func:`trainer.sizefree.train.train`).
 
-``rlsched train-sizefree --out policies/checkpoints/sizefree/rl-sf`` clones the ``greedy`` heuristic (with
-DAgger rounds), fine-tunes with MaskablePPO on uniform 1..32-GPU job sets on 4x8 and 16x8, and writes
-``OUT.json`` + ``OUT.safetensors``.
+``rlsched train-sizefree --out OUT`` clones a teacher (default the ``greedy`` heuristic; with DAgger
+rounds), fine-tunes with MaskablePPO on uniform 1..32-GPU job sets on 4x8 and 16x8, and writes
+``OUT.json`` + ``OUT.safetensors``. The shipped ``rl-sf`` is
+``rlsched train-sizefree --out OUT --clusters 4x8,16x8,16x8:64 --expert best`` (docs/RL.md).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     d = SizeFreeTrainConfig()
     p = sub.add_parser("train-sizefree", help="train the cluster-size-free policy rl-sf (cloning, then MaskablePPO)")
     p.add_argument("--out", required=True, help="checkpoint path NAME (writes NAME.json + NAME.safetensors)")
-    p.add_argument("--clusters", default=",".join(d.clusters), help="training clusters (default: %(default)s)")
+    p.add_argument("--clusters", default=",".join(d.clusters), help="training clusters, comma-separated; CLUSTER:G draws that cluster's sets with demands "
+                        "up to G instead of --max-gpus, e.g. 16x8:64 (default: %(default)s)")
     p.add_argument("--max-gpus", type=_positive_int, default=d.max_gpus, help="largest demand (default: %(default)s)")
     p.add_argument("--demands", default=",".join(d.demands),
                    help="demand distributions of the training sets, comma-separated (uniform, pow2, deepshare; "
@@ -43,9 +45,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="PPO steps, 0: none (default: %(default)s)")
     p.add_argument("--ppo-lr", type=float, default=d.ppo_lr, help="PPO learning rate (default: %(default)s)")
     p.add_argument("--ent-coef", type=float, default=d.ent_coef, help="PPO entropy coefficient (default: %(default)s)")
-    p.add_argument("--expert", choices=("greedy", "nosplit", "planner"), default=d.expert,
-                   help="the teacher: a heuristic slot, or the lookahead planner (DAgger labels from its "
-                        "decisions on the states the network visits) (default: %(default)s)")
+    p.add_argument("--expert", choices=("greedy", "nosplit", "lgtf", "best", "planner"), default=d.expert,
+                   help="the teacher: a heuristic (greedy, nosplit: SRTF order on that placement slot; lgtf: "
+                        "least remaining GPU-time first on the greedy slot), best (per training set the one of "
+                        "greedy and lgtf with the lower average JCT on it), or the lookahead planner (DAgger "
+                        "labels from its decisions on the states the network visits) (default: %(default)s)")
     p.add_argument("--teacher", default=None,
                    help="the planner with --expert planner, as a policy name (default: the preemptive planner "
                         "trainer.sizefree.dagger.TEACHER_PREEMPT with --preempt, else the non-preemptive TEACHER)")
@@ -92,7 +96,7 @@ def _command(args: argparse.Namespace) -> str:
 def _run(args: argparse.Namespace) -> int:
     from policies.base import PolicyError
     from policies.cluster import ClusterSpec, ClusterSpecError
-    from trainer.sizefree.train import SizeFreeTrainConfig, train
+    from trainer.sizefree.train import SizeFreeTrainConfig, split_cluster, train
 
     from trainer.generate import DEMAND_DISTRIBUTIONS
 
@@ -105,7 +109,7 @@ def _run(args: argparse.Namespace) -> int:
         if bad:
             raise ValueError(f"--demands: {', '.join(bad)} is not one of {', '.join(DEMAND_DISTRIBUTIONS)}")
         for c in clusters:
-            ClusterSpec.parse(c)
+            ClusterSpec.parse(split_cluster(c)[0])
         if args.dagger < 0 or args.ppo_timesteps < 0:
             raise ValueError("--dagger and --ppo-timesteps must be >= 0")
         if args.bc_epochs < 0 or (args.bc_epochs == 0 and not args.init):
@@ -121,7 +125,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.expert == "planner":
             from policies.planner import make_planner
 
-            make_planner(args.teacher, ClusterSpec.parse(clusters[0]))
+            make_planner(args.teacher, ClusterSpec.parse(split_cluster(clusters[0])[0]))
     except PolicyError as exc:
         print(f"rlsched train-sizefree: error: --teacher: {exc}", file=sys.stderr)
         return 2

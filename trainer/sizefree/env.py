@@ -172,11 +172,11 @@ class SizeFreeEnv(PickEnv):
         mask and candidates are the step's), ``None`` once every job has finished."""
         return self._enc
 
-    def expert_action(self, slot: str = "greedy") -> int:
+    def expert_action(self, slot: str = "greedy", order: str = "srtf") -> int:
         """The heuristic's pick now (:meth:`SizeFreeCodec.expert_action`)."""
         if self._enc is None:
             return self.obs_spec.hold
-        return self.codec.expert_action(self._enc, slot)
+        return self.codec.expert_action(self._enc, slot, order)
 
 
 def register() -> None:

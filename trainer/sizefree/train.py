@@ -2,13 +2,14 @@
 
 1. **Job sets** (:func:`training_sets`): :func:`trainer.generate.generate_sets`, demands of each
    distribution of ``demands`` (default ``uniform``: ``1..max_gpus``; ``pow2``: powers of two up to
-   ``max_gpus``) on each training cluster, zero arrivals and Poisson arrivals at each load of
+   ``max_gpus``; a cluster entry ``CLUSTER:G`` uses ``G`` instead of ``max_gpus``) on each training cluster, zero arrivals and Poisson arrivals at each load of
    ``loads``; training seeds ``seed + 1000 * d + 10 * k`` (``d`` the demand distribution's index,
    ``k`` the arrival kind), validation sets from ``seed + 5000``. Both ranges are disjoint from the
    benchmark's held-out seeds (950..957).
 2. **Behaviour cloning** (:func:`behaviour_clone`): states from episodes played by the heuristic
-   (``expert``: the ``greedy`` slot, i.e. SRTF order with the contention-aware nosplit placement),
-   labelled with its pick; then ``dagger`` rounds that play the current network (its argmax) and
+   (``expert``: :data:`HEURISTIC_EXPERTS`; default ``greedy``, SRTF order with the contention-aware
+   nosplit placement; ``best``: per training set the one of :data:`BEST_OF` with the lower average
+   JCT on it, :func:`best_experts`), labelled with its pick; then ``dagger`` rounds that play the current network (its argmax) and
    label the states it visits with the heuristic's pick; cross-entropy over the masked scores.
 3. **MaskablePPO** (sb3-contrib, :class:`trainer.sizefree.model.SizeFreeMaskablePolicy`) from the
    cloned weights, one environment per training cluster (``DummyVecEnv``, or ``SubprocVecEnv`` with
@@ -39,7 +40,8 @@ from policies.perf import ContentionModel
 from policies.sizefree import TENSOR_NAMES, SizeFreeNet, SizeFreePolicy, save_sizefree
 from trainer.sizefree.dagger import TEACHER, TEACHER_PREEMPT
 
-__all__ = ["SizeFreeTrainConfig", "behaviour_clone", "init_tensors", "train", "training_sets", "validate"]
+__all__ = ["BEST_OF", "HEURISTIC_EXPERTS", "SizeFreeTrainConfig", "behaviour_clone", "best_experts", "init_tensors",
+           "split_cluster", "train", "training_sets", "validate"]
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,30 @@ class SizeFreeTrainConfig:
         return {"kind": "seed", "w1": float(self.w1), "w2": round(1.0 - float(self.w1), 12)}
 
 
-def _sets(cluster: ClusterSpec, cfg: SizeFreeTrainConfig, base: int, count: int) -> list[list[JobSpec]]:
+#: The heuristic teachers (``expert``): ``name -> (placement slot, order)`` of
+#: :meth:`policies.codecs.sizefree.SizeFreeCodec.expert_action`.
+HEURISTIC_EXPERTS = {"greedy": ("greedy", "srtf"), "nosplit": ("nosplit", "srtf"), "lgtf": ("greedy", "lgtf")}
+#: The heuristic teachers ``expert="best"`` chooses from, per training set.
+BEST_OF = ("greedy", "lgtf")
+
+
+def split_cluster(entry: str) -> tuple[str, int | None]:
+    """``"16x8:64"`` -> ``("16x8", 64)`` (the cluster and the largest demand of its sets); ``"4x8"`` ->
+    ``("4x8", None)`` (the run's ``max_gpus``). :raises ValueError: a bad largest demand."""
+    c, sep, m = entry.partition(":")
+    if not sep:
+        return c, None
+    try:
+        g = int(m)
+    except ValueError:
+        g = 0
+    if g < 1:
+        raise ValueError(f"cluster {entry!r}: the largest demand after ':' must be a positive integer")
+    return c, g
+
+
+def _sets(cluster: ClusterSpec, cfg: SizeFreeTrainConfig, base: int, count: int,
+          max_gpus: int | None = None) -> list[list[JobSpec]]:
     from trainer.generate import GeneratorConfig, generate_sets
 
     perf = ContentionModel(cluster)
@@ -96,33 +121,60 @@ def _sets(cluster: ClusterSpec, cfg: SizeFreeTrainConfig, base: int, count: int)
     for d, demand in enumerate(cfg.demands):
         for k, (arrival, load) in enumerate(kinds):
             # the first demand distribution keeps seeds base + 10 k; the d-th adds 1000 d
-            g = GeneratorConfig(num_jobs=cfg.jobs_per_set, demand=demand, max_gpus=cfg.max_gpus, arrival=arrival,
+            g = GeneratorConfig(num_jobs=cfg.jobs_per_set, demand=demand, max_gpus=max_gpus or cfg.max_gpus,
+                                arrival=arrival,
                                 load=load, seed=base + 1000 * d + 10 * k)
             out.extend(generate_sets(cluster, g, count, perf))
     return out
 
 
 def training_sets(cfg: SizeFreeTrainConfig) -> dict[str, tuple[list[list[JobSpec]], list[list[JobSpec]]]]:
-    """``{cluster: (training sets, validation sets)}``."""
+    """``{cluster entry: (training sets, validation sets)}``; an entry ``CLUSTER:G`` draws demands up to
+    ``G`` on that cluster (:func:`split_cluster`), else up to ``max_gpus``."""
     out = {}
     for i, c in enumerate(cfg.clusters):
-        cl = ClusterSpec.parse(c)
-        out[c] = (_sets(cl, cfg, cfg.seed + 100 * i, cfg.sets_per_kind),
-                  _sets(cl, cfg, cfg.seed + 5000 + 100 * i, cfg.val_sets))
+        name, g = split_cluster(c)
+        cl = ClusterSpec.parse(name)
+        out[c] = (_sets(cl, cfg, cfg.seed + 100 * i, cfg.sets_per_kind, g),
+                  _sets(cl, cfg, cfg.seed + 5000 + 100 * i, cfg.val_sets, g))
     return out
 
 
-def _collect(env, scorer, episodes: list[int], expert: str, use_net: bool, teacher=None) -> tuple[list, list, list]:
+def _expert_jct(env, expert: str, idx: int) -> float:
+    """Average JCT (s) of trace ``idx`` played by the heuristic teacher ``expert`` in ``env``."""
+    slot, order = HEURISTIC_EXPERTS[expert]
+    env.reset(options={"trace": idx})
+    done = False
+    while not done:
+        _o, _r, term, trunc, _ = env.step(env.expert_action(slot, order))
+        done = term or trunc
+    return float(np.mean([j.finish - j.spec.submit_time for j in env.sim.jobs]))
+
+
+def best_experts(env, candidates: tuple[str, ...] = BEST_OF) -> list[str]:
+    """Per trace of ``env``, the heuristic teacher of ``candidates`` with the lowest average JCT when it
+    plays the whole trace in ``env`` (the teacher ``expert="best"``; first on ties)."""
+    out = []
+    for idx in range(len(env.traces)):
+        jct = [_expert_jct(env, e, idx) for e in candidates]
+        out.append(candidates[int(np.argmin(jct))])
+    return out
+
+
+def _collect(env, scorer, episodes: list[int], expert: str | list[str], use_net: bool,
+             teacher=None) -> tuple[list, list, list]:
     """States, masks and the teacher's labels along episodes played by the teacher or the network.
 
     ``teacher``: a :class:`trainer.sizefree.dagger.PlannerTeacher` (labels from the planner), else the
-    heuristic slot ``expert`` labels. A state the teacher leaves unlabelled is not kept; the teacher's
+    heuristic teacher ``expert`` (:data:`HEURISTIC_EXPERTS`; a list: one per trace) labels. A state the teacher leaves unlabelled is not kept; the teacher's
     own episodes then take the ``greedy`` slot's pick there."""
     import torch
 
     obs_l, mask_l, lab_l = [], [], []
     for idx in episodes:
         obs, _ = env.reset(options={"trace": idx})
+        slot, order = ("greedy", "srtf") if teacher is not None else \
+            HEURISTIC_EXPERTS[expert if isinstance(expert, str) else expert[idx]]
         if teacher is not None:
             teacher.reset()
         done = False
@@ -131,7 +183,7 @@ def _collect(env, scorer, episodes: list[int], expert: str, use_net: bool, teach
             enc = env.encoding  # the encoding the mask and the observation came from
             state = env.backend.snapshot() if teacher is not None and enc is not None else None
             if teacher is None:
-                label = env.expert_action(expert)
+                label = env.expert_action(slot, order)
             elif enc is None:
                 label = env.obs_spec.hold
             else:
@@ -194,12 +246,16 @@ def behaviour_clone(envs: list, scorer, cfg: SizeFreeTrainConfig, log: Callable[
         from trainer.sizefree.dagger import PlannerTeacher
 
         teachers = [PlannerTeacher(env.cluster, env.perf, cfg.teacher_name()) for env in envs]
+    experts: list = [cfg.expert] * len(envs)
+    if cfg.expert == "best":
+        experts = [best_experts(env) for env in envs]
+        log("per-set teachers: " + "; ".join(f"env {k}: " + ", ".join(e) for k, e in enumerate(experts)))
     data: tuple[list, list, list] = ([], [], [])
     acc = 0.0
     for rnd in range(cfg.dagger + 1):
         t0 = time.perf_counter()
         for k, env in enumerate(envs):
-            got = _collect(env, scorer, list(range(len(env.traces))), cfg.expert, use_net=rnd > 0 or init_acts,
+            got = _collect(env, scorer, list(range(len(env.traces))), experts[k], use_net=rnd > 0 or init_acts,
                            teacher=None if teachers is None else teachers[k])
             for d, x in zip(data, got):
                 d.extend(x)
@@ -241,7 +297,7 @@ def validate(net: SizeFreeNet, val: dict[str, list[list[JobSpec]]]) -> float:
 
     out = []
     for c, sets in val.items():
-        cl = ClusterSpec.parse(c)
+        cl = ClusterSpec.parse(split_cluster(c)[0])
         perf = ContentionModel(cl)
         for jobs in sets:
             pol = SizeFreePolicy(net, SizeFreeCodec(cl, perf, net.spec))
@@ -256,7 +312,7 @@ def _heuristic_val(name: str, val: dict[str, list[list[JobSpec]]]) -> float:
 
     out = []
     for c, sets in val.items():
-        cl = ClusterSpec.parse(c)
+        cl = ClusterSpec.parse(split_cluster(c)[0])
         perf = ContentionModel(cl)
         for jobs in sets:
             res = Simulator(cl, jobs, make_policy(name, cl, perf), perf, SimConfig()).run()
@@ -280,12 +336,12 @@ def train(cfg: SizeFreeTrainConfig, out: str | Path, log: Callable[[str], None] 
     spec = SizeFreeSpec(jobs=cfg.jobs, preempt=cfg.preempt)
     sets = training_sets(cfg)
     val = {c: v for c, (_t, v) in sets.items()}
-    envs = [SizeFreeEnv(tr, c, spec) for c, (tr, _v) in sets.items()]
+    envs = [SizeFreeEnv(tr, split_cluster(c)[0], spec) for c, (tr, _v) in sets.items()]
     log(f"training sets: {', '.join(f'{c}: {len(t)}' for c, (t, _v) in sets.items())} x {cfg.jobs_per_set} jobs")
 
     def make(i: int):
         c, (tr, _v) = list(sets.items())[i]
-        return lambda: SizeFreeEnv(tr, c, spec, w1=cfg.w1)
+        return lambda: SizeFreeEnv(tr, split_cluster(c)[0], spec, w1=cfg.w1)
 
     venv_cls = SubprocVecEnv if cfg.subproc else DummyVecEnv
     venv = venv_cls([make(i) for i in range(len(sets))])
@@ -308,13 +364,13 @@ def train(cfg: SizeFreeTrainConfig, out: str | Path, log: Callable[[str], None] 
         log("no cloning (bc_epochs 0): PPO starts from the initial weights")
     bc_tensors = scorer.tensors()
     bc_val = validate(SizeFreeNet(spec, bc_tensors), val)
-    heur = "greedy" if cfg.expert == "planner" else cfg.expert
+    heur = "greedy" if cfg.expert in ("planner", "best") else cfg.expert
     heur_val = _heuristic_val(heur, val)
     cmp_val = float("nan")
     if cfg.compare:
         from policies.sizefree import load_sizefree, make_sizefree_policy
 
-        ref = make_sizefree_policy("rl-sf", ClusterSpec.parse(cfg.clusters[0])) if cfg.compare == "rl-sf" else None
+        ref = make_sizefree_policy("rl-sf", ClusterSpec.parse(split_cluster(cfg.clusters[0])[0])) if cfg.compare == "rl-sf" else None
         ref_net = ref.net if ref is not None else load_sizefree(cfg.compare)[0]
         cmp_val = validate(ref_net, val)
     log(f"validation avg JCT: heuristic {heur} {heur_val:.3f} h, {cfg.compare or 'no reference'} {cmp_val:.3f} h, "
