@@ -210,3 +210,10 @@ def test_identical_notes_with_spanning_jobs():
     res = {n: Simulator(cluster, jobs, make_heuristic(n, perf), perf, SimConfig()).run() for n in ("srtf", "greedy")}
     notes = report.identical_notes(res)
     assert len(notes) == 1 and "2 jobs needed to span nodes, and the placements put them alike" in notes[0]
+
+
+def test_twenty_policies_get_twenty_colours():
+    names = [f"p{i}" for i in range(20)]
+    cols = report._colours(names)
+    assert len(set(cols.values())) == 20
+    assert report._colours(names[:10]) == {n: cols[n] for n in names[:10]}  # tab10's first ten unchanged

@@ -60,9 +60,15 @@ _H = 3600.0
 _DPI = 120
 
 
+#: colours after tab10's ten, for figures of more policies (dark or saturated, apart from tab10's)
+_MORE_COLOURS = ("#000000", "#e6ab02", "#1b1b8f", "#66a61e", "#7a0019", "#008080", "#ff00ff", "#8c6d31", "#5f5f5f", "#00ced1")
+
+
 def _colours(names: list[str]) -> dict[str, str]:
+    """One colour per policy: tab10's, then :data:`_MORE_COLOURS` (20 distinct, then they repeat)."""
     cycle = plt.get_cmap("tab10")
-    return {n: matplotlib.colors.to_hex(cycle(i % 10)) for i, n in enumerate(names)}
+    palette = [matplotlib.colors.to_hex(cycle(i)) for i in range(10)] + list(_MORE_COLOURS)
+    return {n: palette[i % len(palette)] for i, n in enumerate(names)}
 
 
 def _styles(names: list[str]) -> dict[str, str]:
