@@ -17,7 +17,8 @@
 #                                                          each run, default /tmp/planner-cache)
 #   5. bash scripts/rl_branches.sh results                 "Generated tables", docs/rl_results.json and
 #                                                          docs/figures/rl_*.png (102 s CPU)
-# Each step niced; about 11 min of CPU in all (the parts' times, each measured alone). At the end it
+# Each step niced; one whole run took 12.7 min of CPU with an empty planner cache and 6.4 min with a
+# full one (docs/RESULTS.md's header, on a loaded 2-core machine). At the end it
 # prints each step's CPU (user + system of its processes) and wall seconds and the total. --dry-run
 # prints the commands and checks that every script exists and accepts its options (each one's --help
 # lists it), running nothing.
