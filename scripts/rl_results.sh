@@ -17,7 +17,9 @@
 #                                                          each run, default /tmp/planner-cache)
 #   5. bash scripts/rl_branches.sh results                 "Generated tables", docs/rl_results.json and
 #                                                          docs/figures/rl_*.png (102 s CPU)
-# Each step niced; about 11 min of CPU in all (the parts' times, each measured alone). --dry-run
+# Each step niced; one whole run took 12.7 min of CPU with an empty planner cache and 6.4 min with a
+# full one (docs/RESULTS.md's header, on a loaded 2-core machine). At the end it
+# prints each step's CPU (user + system of its processes) and wall seconds and the total. --dry-run
 # prints the commands and checks that every script exists and accepts its options (each one's --help
 # lists it), running nothing.
 set -euo pipefail
@@ -59,12 +61,41 @@ done
 [[ -f scripts/rl_branches.sh ]] || die "scripts/rl_branches.sh: no such script"
 bash -n scripts/rl_branches.sh || die "scripts/rl_branches.sh: syntax error"
 
+# CPU_S: CPU seconds (user + system) of the finished children of this shell. `times` must run in this
+# shell (in a pipe or $(...) it runs in a subshell, which has no children), so cpu_s sets a variable.
+TIMES="$(mktemp)"
+trap 'rm -f -- "$TIMES"' EXIT
+cpu_s() {
+  times >"$TIMES"
+  CPU_S="$(sed -n 2p "$TIMES" | awk '{ s = 0; for (i = 1; i <= 2; i++) { split($i, p, "m"); sub("s", "", p[2]); s += 60 * p[1] + p[2] } printf "%.1f", s }')"
+}
+now_s() { date +%s.%N; }
+REPORT=()
+timed() {  # timed NAME CMD...: run CMD, record its CPU and wall seconds under NAME
+  local name="$1" c0 w0
+  shift
+  cpu_s; c0="$CPU_S"; w0="$(now_s)"
+  "$@"
+  cpu_s
+  REPORT+=("$(awk -v n="$name" -v c0="$c0" -v c1="$CPU_S" -v w0="$w0" -v w1="$(now_s)" \
+    'BEGIN { printf "%-22s %8.1f s CPU %8.1f s wall", n, c1 - c0, w1 - w0 }')")
+}
+cpu_s; C0="$CPU_S"; W0="$(now_s)"
+
 for s in "${STEPS[@]}"; do
   echo "== nice -n 10 $PY $s"
   if [[ $DRY -eq 0 ]]; then
     read -r -a argv <<< "$s"
-    nice -n 10 "$PY" "${argv[@]}"
+    timed "$(basename "${argv[0]}")" nice -n 10 "$PY" "${argv[@]}"
   fi
 done
 echo "== bash scripts/rl_branches.sh results"
-[[ $DRY -eq 1 ]] || bash scripts/rl_branches.sh results
+[[ $DRY -eq 1 ]] && exit 0
+timed "rl_branches.sh results" bash scripts/rl_branches.sh results
+
+# what each step and the whole command took (CPU: user + system of every process it ran)
+echo "== time"
+printf '%s\n' "${REPORT[@]}"
+cpu_s
+awk -v c0="$C0" -v c1="$CPU_S" -v w0="$W0" -v w1="$(now_s)" \
+  'BEGIN { printf "%-22s %8.1f s CPU %8.1f s wall\n", "total", c1 - c0, w1 - w0 }'

@@ -476,3 +476,21 @@ def test_contention_rule_is_used_and_recorded(tmp_path, capsys):
     doc = json.loads((out / "rl_results.json").read_text())
     assert doc["meta"]["contention"] == "ds-min"
     assert 1.0 <= doc["results"]["normal"]["las"]["sets"][0]["avg_cs"] <= DS_CS_CAP + 1e-6
+
+
+def test_branch_plot_leaves_far_points_off_its_axes(tmp_path):
+    """A policy far above the median JCT (las at 93 h among 55-62 h) is named under the title instead of
+    squeezing the others; the figure is a PNG."""
+    from trainer.evaluate import _branch_plot, _off_scale
+
+    pts = {"srtf": (87.4, 58.3), "las": (88.1, 93.0), "lgtf": (78.8, 61.6), "rl-base@A": (82.0, 59.0),
+           "rl-hybrid@A": (82.3, 58.9), "rl-base@E": (82.1, 58.8), "rl-hybrid@E": (82.2, 58.7)}
+    assert _off_scale(pts) == {"las": (88.1, 93.0)}
+    assert _off_scale({}) == {}
+
+    def res(x, y):
+        return {"summary": {"avg_util": {"mean": x / 100}, "avg_jct_s": {"mean": y * 3600}}}
+
+    results = {"uniform": {n: res(*xy) for n, xy in pts.items()}}
+    p = _branch_plot(results, ["rl-base@A", "rl-hybrid@A", "rl-base@E", "rl-hybrid@E"], tmp_path)
+    assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

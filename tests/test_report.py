@@ -210,3 +210,30 @@ def test_identical_notes_with_spanning_jobs():
     res = {n: Simulator(cluster, jobs, make_heuristic(n, perf), perf, SimConfig()).run() for n in ("srtf", "greedy")}
     notes = report.identical_notes(res)
     assert len(notes) == 1 and "2 jobs needed to span nodes, and the placements put them alike" in notes[0]
+
+
+def test_twenty_policies_get_twenty_colours():
+    names = [f"p{i}" for i in range(20)]
+    cols = report._colours(names)
+    assert len(set(cols.values())) == 20
+    assert report._colours(names[:10]) == {n: cols[n] for n in names[:10]}  # tab10's first ten unchanged
+
+
+def test_kde_axis_starts_below_the_lowest_samples(tmp_path, monkeypatch):
+    """Samples all near 100 % (a saturated group): the x axis starts at 5 points below the lowest 1st
+    percentile (95 %, policy a's) rounded down to a multiple of 5, i.e. at 90 %, not at 0."""
+    import matplotlib.pyplot as plt
+
+    seen = {}
+    real_close = plt.close
+
+    def keep(fig=None):
+        if fig is not None and fig.axes:
+            seen["xlim"] = fig.axes[0].get_xlim()
+        real_close(fig)
+
+    monkeypatch.setattr(plt, "close", keep)
+    summaries = {"a": {"util_samples": [0.95] * 20 + [0.99] * 480 + [1.0] * 500},
+                 "b": {"util_samples": [0.97, 1.0] * 100}}
+    _png_ok(report.plot_util_kde(summaries, tmp_path / "kde.png"))
+    assert seen["xlim"] == (90.0, 100.0)

@@ -98,3 +98,30 @@ def test_best_picks_the_lowest_validation_jct(tmp_path, capsys):
     assert sweep.best(tmp_path) == (tmp_path / "run-1.json", 2.5)
     assert sweep.main(["--best", "--out-dir", str(tmp_path)]) == 0
     assert capsys.readouterr().out == f"{tmp_path / 'run-1.json'}\t2.5000\n"
+
+
+def test_the_smoke_setting_keeps_the_grid_and_shrinks_the_run(tmp_path):
+    parser = build_parser()
+    for i in range(len(sweep.settings())):
+        full = parser.parse_args(sweep.argv(i, tmp_path))
+        small = parser.parse_args(sweep.argv(i, tmp_path, smoke=True))
+        # the same setting, teacher and parallel rollouts; a run of seconds
+        assert (small.seed, small.ppo_lr, small.ent_coef) == (full.seed, full.ppo_lr, full.ent_coef)
+        assert small.expert == "planner" and small.subproc and small.clusters == full.clusters
+        assert small.ppo_timesteps < full.ppo_timesteps and small.jobs_per_set < full.jobs_per_set
+        assert small.compare == "none"
+    assert sweep.smoke_from_env({}) is False
+    assert sweep.smoke_from_env({sweep.SMOKE_ENV: "0"}) is False
+    assert sweep.smoke_from_env({sweep.SMOKE_ENV: "1"}) is True
+    with pytest.raises(ValueError, match="RLSCHED_SWEEP_SMOKE='yes'"):
+        sweep.smoke_from_env({sweep.SMOKE_ENV: "yes"})
+
+
+def test_the_smoke_environment_variable_reaches_the_command(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(sweep.SMOKE_ENV, "1")
+    assert sweep.main(["--index", "2", "--print", "--out-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip() == "rlsched " + " ".join(sweep.argv(2, tmp_path, smoke=True))
+    monkeypatch.setenv(sweep.SMOKE_ENV, "2")
+    assert sweep.main(["--index", "2", "--print"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "RLSCHED_SWEEP_SMOKE='2'" in err

@@ -295,12 +295,16 @@ def _plots(group: str, data: Mapping[str, Any], figdir: Path, cluster: str) -> l
     from trainer.metrics import cs_bucket_labels, cs_buckets
     from trainer.report import plot_cs_distribution, plot_util_kde
 
+    from trainer.report import _colours
+
     paths = []
     fig, ax = plt.subplots(figsize=(7, 4.5))
     styles = ("-", "--", ":", "-.")
+    colours = _colours(list(data))
     for i, (name, d) in enumerate(data.items()):
         x = np.sort(np.asarray(d["jobs_jct_s"], float)) / 3600.0
-        ax.plot(x, np.arange(1, x.size + 1) / x.size, ls=styles[i % 4], lw=1.6, label=f"{name} (avg {x.mean():.1f} h)")
+        ax.plot(x, np.arange(1, x.size + 1) / x.size, ls=styles[i % 4], lw=1.6, color=colours[name],
+                label=f"{name} (avg {x.mean():.1f} h)")
     ax.set_xlabel("JCT (hours)")
     ax.set_ylabel("CDF")
     ax.grid(alpha=0.3)
@@ -328,38 +332,86 @@ def _plots(group: str, data: Mapping[str, Any], figdir: Path, cluster: str) -> l
     return paths
 
 
+#: how far above a group's median average JCT a point may lie and still set the panel's scale (x)
+BRANCH_PLOT_Y_SPAN = 1.5
+
+
+def _off_scale(points: Mapping[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
+    """The points ``{name: (utilisation %, average JCT h)}`` whose JCT exceeds :data:`BRANCH_PLOT_Y_SPAN`
+    x the median JCT of all of them (left out of a panel's axes by :func:`_branch_plot`)."""
+    if not points:
+        return {}
+    ymed = float(np.median([y for _x, y in points.values()]))
+    return {n: xy for n, xy in points.items() if xy[1] > BRANCH_PLOT_Y_SPAN * ymed}
+
+
 def _branch_plot(results: Mapping[str, Any], branch_names: Sequence[str], figdir: Path) -> Path:
+    """The seed's Fig. 8 per group: average JCT (h) against utilisation (%) of every policy and of the
+    branches A-E (``rl-base@X`` / ``rl-hybrid@X``, each mode one line through A..E with A and E
+    labelled). Each policy keeps one marker and colour in every panel (one legend below the panels).
+    A point more than :data:`BRANCH_PLOT_Y_SPAN` x the panel's median average JCT is left out of the
+    axes and named with its numbers under the panel's title, so that the rest stay apart."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     groups = list(results)
-    ncol = min(4, len(groups))
+    ncol = min(3, len(groups))
     nrow = math.ceil(len(groups) / ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(4.4 * ncol, 3.8 * nrow), squeeze=False)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(5.6 * ncol, 4.4 * nrow + 1.2), squeeze=False)
     for ax in axes.flat[len(groups) :]:
         ax.axis("off")
+    others = list(dict.fromkeys(n for g in groups for n in results[g] if n not in branch_names))
+    heur = [n for n in others if not n.startswith("rl-")]
+    learned = [n for n in others if n.startswith("rl-")]
+    markers = "osD^v<>PXh*p"
+    blues = plt.get_cmap("tab10")
+    style: dict[str, dict[str, Any]] = {}
+    for i, n in enumerate(heur):  # heuristics: tab10 colours (reds left out), hollow markers
+        c = blues([0, 2, 4, 5, 7, 8, 9, 1][i % 8])
+        style[n] = {"marker": markers[i % len(markers)], "facecolors": "none", "edgecolors": c, "linewidths": 1.4}
+    reds = plt.get_cmap("Reds")
+    for i, n in enumerate(learned):  # learned policies: filled, in shades of red-brown
+        c = reds(0.55 + 0.45 * i / max(1, len(learned) - 1))
+        style[n] = {"marker": markers[i % len(markers)], "color": c, "edgecolors": "black", "linewidths": 0.4}
+    modes = {"rl-base": "tab:pink", "rl-hybrid": "tab:red"}
     for ax, g in zip(axes.flat, groups):
-        for name, d in results[g].items():
-            x = 100 * d["summary"]["avg_util"]["mean"]
-            y = d["summary"]["avg_jct_s"]["mean"] / 3600
-            if name in branch_names:
-                br = name.split("@")[-1]
-                hyb = name.startswith("rl-hybrid")
-                ax.scatter(x, y, color="red" if hyb else "lightcoral", marker="o", s=36, zorder=3)
-                ax.annotate(br, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-            else:
-                ax.scatter(
-                    x, y, marker="s", s=30, color="tab:blue" if not name.startswith("rl-") else "darkred", zorder=2
-                )
-                ax.annotate(name, (x, y), fontsize=7, xytext=(3, -9), textcoords="offset points")
-        ax.set_title(f"{g}")
-        ax.set_xlabel("Utilisation (%)")
-        ax.set_ylabel("Average JCT (h)")
+        pts = {n: (100 * d["summary"]["avg_util"]["mean"], d["summary"]["avg_jct_s"]["mean"] / 3600)
+               for n, d in results[g].items()}
+        off = _off_scale(pts)
+        for n in others:
+            if n in pts and n not in off:
+                ax.scatter(*pts[n], s=42, zorder=2, **style[n])
+        for mode, colour in modes.items():
+            line = [(n.split("@")[-1], pts[n]) for n in branch_names if n.split("@")[0] == mode and n in pts and n not in off]
+            if not line:
+                continue
+            xs, ys = [xy[0] for _b, xy in line], [xy[1] for _b, xy in line]
+            ax.plot(xs, ys, "-o", color=colour, ms=4, lw=1.0, zorder=3)
+            for b, (x, y) in (line[0], line[-1]):
+                ax.annotate(b, (x, y), fontsize=8, color=colour, xytext=(4, 2 if mode == "rl-hybrid" else -9),
+                            textcoords="offset points", zorder=4)
+        ax.margins(x=0.12, y=0.15)
+        ax.set_title(g, fontsize=11)
+        if off:  # under the title, one line per two points
+            items = [f"{n} {y:.1f} h at {x:.1f} %" for n, (x, y) in off.items()]
+            note = "\n".join("; ".join(items[i : i + 2]) for i in range(0, len(items), 2))
+            ax.text(0.0, 1.01, f"off scale: {note}", transform=ax.transAxes, fontsize=7, va="bottom", ha="left",
+                    color="0.3")
+            ax.set_title(g, fontsize=11, pad=8 + 10 * (1 + (len(items) - 1) // 2))
+        ax.set_xlabel("utilisation (%)")
+        ax.set_ylabel("average JCT (h)")
         ax.grid(alpha=0.3)
-    fig.suptitle("Avg JCT vs utilisation: RL-base (light red) and RL-hybrid (red) branches A-E, heuristics (blue)")
-    fig.tight_layout()
+    handles = [Line2D([], [], ls="none", ms=7, marker=style[n]["marker"],
+                      mfc=style[n].get("color", "none"), mec=style[n].get("edgecolors"), label=n) for n in others]
+    handles += [Line2D([], [], color=c, marker="o", ms=4, lw=1.0, label=f"{m} branches A..E (W1 0.3..0.7)")
+                for m, c in modes.items()]
+    fig.legend(handles=handles, loc="lower center", ncol=min(6, len(handles)), fontsize=8, frameon=False)
+    fig.suptitle("Average JCT vs utilisation per group: heuristics (hollow), learned policies (filled), "
+                 "reward-weight branches A-E (lines)")
+    fig.tight_layout(rect=(0, 0.07 + 0.02 * math.ceil(len(handles) / 6), 1, 0.97))
     p = figdir / "rl_branches_jct_vs_util.png"
     try:
         fig.savefig(p, dpi=120)

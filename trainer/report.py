@@ -60,9 +60,15 @@ _H = 3600.0
 _DPI = 120
 
 
+#: colours after tab10's ten, for figures of more policies (dark or saturated, apart from tab10's)
+_MORE_COLOURS = ("#000000", "#e6ab02", "#1b1b8f", "#66a61e", "#7a0019", "#008080", "#ff00ff", "#8c6d31", "#5f5f5f", "#00ced1")
+
+
 def _colours(names: list[str]) -> dict[str, str]:
+    """One colour per policy: tab10's, then :data:`_MORE_COLOURS` (20 distinct, then they repeat)."""
     cycle = plt.get_cmap("tab10")
-    return {n: matplotlib.colors.to_hex(cycle(i % 10)) for i, n in enumerate(names)}
+    palette = [matplotlib.colors.to_hex(cycle(i)) for i in range(10)] + list(_MORE_COLOURS)
+    return {n: palette[i % len(palette)] for i, n in enumerate(names)}
 
 
 def _styles(names: list[str]) -> dict[str, str]:
@@ -149,7 +155,10 @@ def plot_util_kde(summaries: Mapping[str, Mapping], path: str | Path, subtitle: 
     """Density of per-round utilisation samples (%), Gaussian KDE per policy.
 
     Falls back to a density histogram for a policy whose samples have fewer
-    than two distinct values (the KDE's covariance would be singular).
+    than two distinct values (the KDE's covariance would be singular). The x axis
+    runs from 5 points below the lowest policy's 1st percentile (rounded down to
+    a multiple of 5, at least 0) to 100 %, so that a group whose samples all lie
+    near 100 % shows its shape.
     """
     from scipy.stats import gaussian_kde
 
@@ -157,9 +166,12 @@ def plot_util_kde(summaries: Mapping[str, Mapping], path: str | Path, subtitle: 
     col = _colours(names)
     ls = _styles(names)
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    xs = np.linspace(0.0, 100.0, 401)
+    samples = {n: np.asarray(summaries[n].get("util_samples", []), float) * 100.0 for n in names}
+    p1 = [float(np.percentile(s, 1)) for s in samples.values() if s.size]
+    lo = max(0.0, 5.0 * math.floor((min(p1) - 5.0) / 5.0)) if p1 else 0.0
+    xs = np.linspace(lo, 100.0, 401)
     for n in names:
-        s = np.asarray(summaries[n].get("util_samples", []), float) * 100.0
+        s = samples[n]
         if s.size == 0:
             continue
         label = f"{n} (mean of samples {s.mean():.1f}%)"
@@ -173,8 +185,8 @@ def plot_util_kde(summaries: Mapping[str, Mapping], path: str | Path, subtitle: 
             ax.plot(xs, dens, color=col[n], ls=ls[n], lw=1.8, label=label)
             ax.fill_between(xs, dens, color=col[n], alpha=0.12)
         else:
-            ax.hist(s, bins=np.linspace(0, 100, 21), density=True, color=col[n], alpha=0.5, label=label + " [histogram]")
-    ax.set_xlim(0, 100)
+            ax.hist(s, bins=np.linspace(lo, 100, 21), density=True, color=col[n], alpha=0.5, label=label + " [histogram]")
+    ax.set_xlim(lo, 100)
     ax.set_ylim(bottom=0)
     return _finish(fig, ax, path, "GPU utilisation (% of cluster GPUs allocated, sampled every round)",
                    "Density (1 / %)", _title("Distribution of GPU utilisation (KDE)", subtitle), legend="upper left")

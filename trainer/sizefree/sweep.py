@@ -13,6 +13,11 @@ array task per setting::
 prints its command); ``--count`` prints the number of settings; ``--best`` names the finished run
 with the lowest validation average JCT (the checkpoint's ``training.val_avg_jct_h`` of the network it
 kept), one line, tab-separated: path, hours.
+
+``--smoke`` (or the environment variable ``RLSCHED_SWEEP_SMOKE=1``, which ``sbatch`` passes on to
+the array tasks) swaps :data:`COMMON` for :data:`SMOKE`: the same grid and code path (planner teacher,
+DAgger, PPO in ``SubprocVecEnv`` processes) on one 8-job set per kind and 64 PPO steps, a run of
+seconds that checks a cluster's setup before the real sweep (tests/test_sweep_slurm.py).
 """
 
 from __future__ import annotations
@@ -20,15 +25,23 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
 
-__all__ = ["COMMON", "SWEEP", "argv", "best", "main", "settings"]
+__all__ = ["COMMON", "SMOKE", "SMOKE_ENV", "SWEEP", "argv", "best", "main", "settings", "smoke_from_env"]
 
 #: Settings every run of the sweep shares (the shipped run's; docs/RL.md).
 COMMON = ("--expert", "planner", "--sets", "6", "--jobs-per-set", "64", "--dagger", "4", "--bc-epochs", "20",
           "--ppo-timesteps", "65536", "--subproc")
+#: The smoke setting's shared options (``--smoke``): the same teacher, clusters and parallel rollouts
+#: on 1 set per kind of 8 jobs, 1 DAgger round of 1 epoch, 64 PPO steps (rollouts of 32 per
+#: environment) and no reference checkpoint.
+SMOKE = ("--expert", "planner", "--sets", "1", "--jobs-per-set", "8", "--dagger", "1", "--bc-epochs", "1",
+         "--ppo-timesteps", "64", "--ppo-n-steps", "32", "--compare", "none", "--subproc")
+#: The environment variable that selects :data:`SMOKE` (value ``1``; ``0`` or unset: :data:`COMMON`).
+SMOKE_ENV = "RLSCHED_SWEEP_SMOKE"
 #: The grid: option -> values; settings are its product in this order (the last option varies fastest).
 SWEEP: dict[str, tuple[str, ...]] = {
     "--seed": ("7000", "7100", "7200"),
@@ -43,14 +56,27 @@ def settings() -> list[dict[str, str]]:
     return [dict(zip(keys, vals)) for vals in itertools.product(*(SWEEP[k] for k in keys))]
 
 
-def argv(index: int, out_dir: str | Path) -> list[str]:
-    """``rlsched train-sizefree``'s arguments for setting ``index`` (writes ``OUT_DIR/run-<index>``).
+def smoke_from_env(environ: dict[str, str] | None = None) -> bool:
+    """Whether :data:`SMOKE_ENV` asks for the smoke setting (``1``; ``0`` or empty: no).
+
+    :raises ValueError: any other value (one line naming the variable and the value)."""
+    v = (os.environ if environ is None else environ).get(SMOKE_ENV, "").strip()
+    if v in ("", "0"):
+        return False
+    if v == "1":
+        return True
+    raise ValueError(f"{SMOKE_ENV}={v!r}: expected 1 (the smoke setting) or 0")
+
+
+def argv(index: int, out_dir: str | Path, smoke: bool = False) -> list[str]:
+    """``rlsched train-sizefree``'s arguments for setting ``index`` (writes ``OUT_DIR/run-<index>``);
+    ``smoke``: with :data:`SMOKE` instead of :data:`COMMON`.
 
     :raises IndexError: ``index`` outside ``0 .. len(settings()) - 1``."""
     grid = settings()
     if isinstance(index, bool) or not 0 <= index < len(grid):
         raise IndexError(f"sweep index {index!r} is outside 0..{len(grid) - 1}")
-    out = ["train-sizefree", "--out", str(Path(out_dir) / f"run-{index}"), *COMMON]
+    out = ["train-sizefree", "--out", str(Path(out_dir) / f"run-{index}"), *(SMOKE if smoke else COMMON)]
     for k, v in grid[index].items():
         out += [k, v]
     return out
@@ -82,6 +108,8 @@ def main(args: list[str] | None = None) -> int:
     what.add_argument("--count", action="store_true", help="print the number of settings")
     what.add_argument("--best", action="store_true", help="print the best finished run and its validation JCT (h)")
     ap.add_argument("--print", dest="dry", action="store_true", help="with --index: print the command only")
+    ap.add_argument("--smoke", action="store_true",
+                    help=f"with --index: the tiny smoke setting (seconds; also {SMOKE_ENV}=1)")
     a = ap.parse_args(args)
     if a.count:
         print(len(settings()))
@@ -94,8 +122,8 @@ def main(args: list[str] | None = None) -> int:
         print(f"{got[0]}\t{got[1]:.4f}")
         return 0
     try:
-        cmd = argv(a.index, a.out_dir)
-    except IndexError as exc:
+        cmd = argv(a.index, a.out_dir, smoke=a.smoke or smoke_from_env())
+    except (IndexError, ValueError) as exc:
         print(f"sweep: error: {exc}", file=sys.stderr)
         return 2
     print("rlsched " + " ".join(shlex.quote(x) for x in cmd), flush=True)
