@@ -146,7 +146,7 @@ class SimBackend:
             n = len(place)
             sim.decisions += n
             self._started += n
-            return ApplyReport([jid for jid, _p in place], [], [], [], [], False)
+            return ApplyReport([place[0][0]] if n == 1 else [jid for jid, _p in place], [], [], [], [], False)
         if problems is None:
             problems = self.check(decision)
         if problems:
