@@ -207,7 +207,7 @@ class SimBackend:
                 if self._round(False):
                     return True
                 continue
-            if sim.advance_to_next_event(until=self.next_boundary):
+            if sim.advance_to_next_event(self.next_boundary):
                 if event:  # self._round(True), inline
                     sim.rounds += 1
                     self._started = 0

@@ -345,6 +345,10 @@ def _first(pair: tuple):
     return pair[0]
 
 
+#: A job's :class:`JobInfo` (an attrgetter: ``list(map(_info_of, jobs))`` calls no Python function).
+_info_of: Callable[[_Job], JobInfo] = operator.attrgetter("info")
+
+
 _new = object.__new__
 #: ClusterState has exactly these dataclass fields (and no __post_init__ work without ``usable``):
 #: Simulator.state sets them directly
@@ -734,14 +738,18 @@ class Simulator:
         """
         view = RunningView(self, self.time)
         views = self._views
-        if views:
-            views = self._views = [r for r in views if r() is not None]
+        if views:  # drop the references to views gone (most rounds: the one of the last round)
+            if len(views) == 1:
+                if views[0]() is None:
+                    views.clear()
+            else:
+                views = self._views = [r for r in views if r() is not None]
         views.append(weakref.ref(view))
         # read-only; `free` is swapped for the spare buffer (_own_free) before it changes while this lives
         free = self.free.view()
         free.flags.writeable = False
         self._free_lent = weakref.ref(free)
-        pending = [j.info for j in self.pending]
+        pending = list(map(_info_of, self.pending))
         if _STATE_FIELDS_PLAIN:  # ClusterState(...) with usable None and `lookup`, its fields set directly
             st = _new(ClusterState)
             st.__dict__.update(time=self.time, cluster=self.cluster, free_gpus=free, running=view, pending=pending,
