@@ -58,8 +58,6 @@ from trainer.simulator import _EPS, SimulationError, Simulator
 
 __all__ = ["SimBackend"]
 
-_isnan = math.isnan
-
 
 class SimBackend:
     """The :class:`~policies.backend.Backend` of one :class:`Simulator` run (see the module docstring).
@@ -281,6 +279,6 @@ class SimBackend:
         if j is None:
             return None
         info = j.info
-        if info.placement is not None or (j.idx < sim.next_arrival and _isnan(j.finish)):
+        if info.placement is not None or (j.idx < sim.next_arrival and j.finish != j.finish):  # NaN: not finished
             return info
         return None

@@ -347,6 +347,8 @@ def _first(pair: tuple):
 
 #: A job's :class:`JobInfo` (an attrgetter: ``list(map(_info_of, jobs))`` calls no Python function).
 _info_of: Callable[[_Job], JobInfo] = operator.attrgetter("info")
+#: A record's finish time (an attrgetter).
+_finish_time_of: Callable[["JobRecord"], float] = operator.attrgetter("finish_time")
 
 
 _new = object.__new__
@@ -913,7 +915,7 @@ class Simulator:
         self.running[j.idx] = j
         ledger = self.ledger
         job_id = spec.job_id
-        changed = ledger.add(job_id, model, p, info)
+        changed = ledger.add(job_id, model, p, info, key)
         cs = j.cs = ledger.cs(job_id) if key[2] > 1 else 1.0
         rate = j.rate = iso / cs
         if self._vec:  # its record and allocation rows in the per-run arrays
@@ -1297,7 +1299,7 @@ class Simulator:
             append(rec(spec.job_id, spec.model, spec.gpu_demand, spec.submit_time, j.first_start, j.finish, jct,
                        jct - run_time, run_time, j.ideal, j.cs_weighted / cs_time if cs_time > 0 else 1.0,
                        j.info.preemptions, j.key[2] if j.key else 0, spec.total_samples, j.done))
-        makespan = max((r.finish_time for r in recs), default=0.0)
+        makespan = max(map(_finish_time_of, recs), default=0.0)
         return SimResult(
             policy=getattr(self.policy, "name", "none"),
             cluster=self.cluster,
