@@ -1033,18 +1033,13 @@ class Simulator:
         self.preemptions += 1
         self.pending.append(j)
 
-    def _complete(self, j: _Job) -> None:
-        if self._check_inv:
-            # Uncapped progress: catches completions that come late as well as early.
-            got = j.done + j.rate * max(0.0, self.time - j.t_ref)
-            total = j.spec.total_samples
-            if abs(got - total) > 1e-6 * total:
-                raise AssertionError(f"job {j.spec.job_id} completes at t={self.time} with {got} of {total} samples")
-        self._stop(j)
-        j.done = j.spec.total_samples
-        j.info.done_samples = j.done
-        j.finish = self.time
-        self.finished += 1
+    def _check_completion(self, j: _Job) -> None:
+        """Raise :class:`AssertionError` unless ``j``'s uncapped progress now is its total work (catches
+        completions that come late as well as early; ``check_invariants`` on)."""
+        got = j.done + j.rate * max(0.0, self.time - j.t_ref)
+        total = j.spec.total_samples
+        if abs(got - total) > 1e-6 * total:
+            raise AssertionError(f"job {j.spec.job_id} completes at t={self.time} with {got} of {total} samples")
 
     def resize(self, job_id: str, p: Placement) -> None:
         """Move a running elastic job to placement ``p`` (any GPU total in its ``[min_gpus, max_gpus]``):
@@ -1143,7 +1138,13 @@ class Simulator:
             if tc - now > _EPS * scale:
                 break
             heapq.heappop(heap)
-            self._complete(j)
+            if self._check_inv:
+                self._check_completion(j)
+            self._stop(j)  # the job completes
+            j.done = done = j.spec.total_samples
+            j.info.done_samples = done
+            j.finish = now
+            self.finished += 1
         na = self.next_arrival
         if na < n_jobs and submit[na] <= now:
             pending = self.pending
