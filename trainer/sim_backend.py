@@ -138,10 +138,14 @@ class SimBackend:
         if (problems is not None and not problems and not preempt and not resize and self._compat is None
                 and sim._epoch == self._snap_epoch and not sim.cfg.check_invariants):
             # placements alone, checked on a snapshot of the simulator as it is (the common round)
-            by_id, start = sim.by_id, sim._start
-            for jid, p in place:
-                start(by_id[jid], p)
             n = len(place)
+            pend = sim.pending
+            if n == 1 and len(pend) == 1 and pend[0].spec.job_id == place[0][0]:
+                sim._start(pend[0], place[0][1])  # the one waiting job (no look-up in the trace's index)
+            else:
+                by_id, start = sim.by_id, sim._start
+                for jid, p in place:
+                    start(by_id[jid], p)
             sim.decisions += n
             self._started += n
             return ApplyReport([place[0][0]] if n == 1 else [jid for jid, _p in place], [], [], [], [], False)
@@ -275,6 +279,9 @@ class SimBackend:
     def _lookup(self, job_id: str) -> JobInfo | None:
         """The snapshot's running or pending job ``job_id`` (pending: arrived, not running, not finished)."""
         sim = self.sim
+        pend = sim.pending
+        if len(pend) == 1 and pend[0].spec.job_id == job_id:
+            return pend[0].info  # the one waiting job (no look-up in the trace's index)
         j = sim.by_id.get(job_id)
         if j is None:
             return None
