@@ -230,9 +230,17 @@ class OrderedPolicy(Policy):
         limit = self.place_limit
         if limit is not None and limit <= 0:
             return dec
+        pending = state.pending
+        if len(pending) == 1 and not self.preemptive:
+            # one waiting job and nothing to preempt (most rounds of a simulation): what the loop below
+            # does for it, without its bookkeeping
+            job = pending[0]
+            p = self._place(job, free, state) if job.gpu_demand <= free_total else None
+            if p is not None:
+                dec.place.append((job.job_id, p))
+            return dec
         # The pending jobs sorted by ``order`` (a stable sort that computes each key once, in C);
         # only preemption reads a job's key again, for the jobs it looks at.
-        pending = state.pending
         if len(pending) > 1:
             pending = sorted(pending, key=order)
         # Victims (running jobs, lowest priority first) are ranked the first time a job does not

@@ -683,20 +683,24 @@ class ContentionLedger:
                     out[o] = None
         return out
 
-    def add(self, job_id: Hashable, model: str, placement: "Placement", info: Any = None) -> set[Hashable]:
+    def add(self, job_id: Hashable, model: str, placement: "Placement", info: Any = None,
+            key: JobKey | None = None) -> set[Hashable]:
         """Add a running job; returns the ids of the *other* jobs whose CS changed.
 
         Costs O(multi-node jobs on ``placement``'s nodes, times their nodes).
 
         :param info: anything to keep with the job (:meth:`info`), e.g. its
             :class:`~policies.state.JobInfo`.
+        :param key: ``job_key(model, placement)`` where the caller has it (kept as the job's :meth:`key`).
         :raises ValueError: the id is already in the ledger.
         """
+        if key is None:
+            key = job_key(model, placement)
         if placement.num_nodes == 1 and self._base is None and not self._read_only:  # on no link: O(1)
             if job_id in self._jobs:
                 raise ValueError(f"job {job_id!r} is already in the contention ledger")
             self._seq += 1
-            self._jobs[job_id] = _Entry(job_key(model, placement), placement, 1.0, info, self._seq)
+            self._jobs[job_id] = _Entry(key, placement, 1.0, info, self._seq)
             self._version += 1
             return set()
         if self._sum and self._base is None and not self._read_only:
@@ -710,7 +714,6 @@ class ContentionLedger:
                     raise ValueError(f"job {job_id!r} is already in the contention ledger")
                 if lb is not None and max(nodes) >= len(lb):
                     raise ValueError(f"job {job_id!r}: placement {placement} uses a node beyond the ledger's {len(lb)}")
-                key = job_key(model, placement)
                 self._seq += 1
                 self._jobs[job_id] = _Entry(key, placement, 1.0, info, self._seq)
                 shapes = self._shapes_w()
@@ -726,7 +729,6 @@ class ContentionLedger:
         self._writable()
         if self._get(job_id) is not None:
             raise ValueError(f"job {job_id!r} is already in the contention ledger")
-        key = job_key(model, placement)
         self._insert(job_id, key, placement, info)
         self._version += 1
         if key[2] <= 1:

@@ -156,33 +156,39 @@ def sced2_pack(need: int, counts: FreeCounts) -> Placement | None:
 
 class _ByteCounts:
     """:class:`FreeCounts` of one byte per node (``bound``: at least every count); searches are
-    ``bytes.find`` (C scans)."""
+    ``bytes.find`` (C scans) on the bytes as given, never copied. A node taken whole keeps its byte:
+    :func:`sced2_pack` takes nodes at a count that only falls, each time the first node of the largest
+    count left, so the nodes taken at the count ``at`` of the last take are the first ones of that count
+    (a search for it starts after the last one, ``start``), every node of a larger count is taken, and
+    no node of a smaller count is."""
 
-    __slots__ = ("avail", "hi", "arr", "state")
+    __slots__ = ("avail", "hi", "arr", "state", "at", "start")
 
     def __init__(self, fb: bytes, bound: int, arr: np.ndarray, state: ClusterState | None) -> None:
-        self.avail: bytes | bytearray = fb
+        self.avail: bytes = fb
         self.hi, self.arr, self.state = bound, arr, state
+        self.at = -1  # the count of the last node taken (-1: none taken)
+        self.start = 0  # the node after it
 
     def best_fit(self, need: int) -> int:
-        find = self.avail.find
+        find, at = self.avail.find, self.at
         for f in range(need, self.hi + 1):
-            n = find(_BYTES[f])
+            n = find(_BYTES[f], self.start) if f == at else find(_BYTES[f])
             if n >= 0:
                 return n
         return -1
 
     def take_most(self) -> tuple[int, int]:
-        avail, hi = self.avail, self.hi
-        while hi > 0 and avail.find(_BYTES[hi]) < 0:
+        find, hi, at = self.avail.find, self.hi, self.at
+        while hi > 0:
+            n = find(_BYTES[hi], self.start) if hi == at else find(_BYTES[hi])
+            if n >= 0:
+                break
             hi -= 1
         self.hi = hi
         if hi <= 0:
             return -1, 0
-        if not isinstance(avail, bytearray):
-            avail = self.avail = bytearray(avail)
-        n = avail.find(hi)
-        avail[n] = 0
+        self.at, self.start = hi, n + 1
         return n, hi
 
     def total(self) -> int:

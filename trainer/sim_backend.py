@@ -58,8 +58,6 @@ from trainer.simulator import _EPS, SimulationError, Simulator
 
 __all__ = ["SimBackend"]
 
-_isnan = math.isnan
-
 
 class SimBackend:
     """The :class:`~policies.backend.Backend` of one :class:`Simulator` run (see the module docstring).
@@ -140,13 +138,17 @@ class SimBackend:
         if (problems is not None and not problems and not preempt and not resize and self._compat is None
                 and sim._epoch == self._snap_epoch and not sim.cfg.check_invariants):
             # placements alone, checked on a snapshot of the simulator as it is (the common round)
-            by_id, start = sim.by_id, sim._start
-            for jid, p in place:
-                start(by_id[jid], p)
             n = len(place)
+            pend = sim.pending
+            if n == 1 and len(pend) == 1 and pend[0].spec.job_id == place[0][0]:
+                sim._start(pend[0], place[0][1])  # the one waiting job (no look-up in the trace's index)
+            else:
+                by_id, start = sim.by_id, sim._start
+                for jid, p in place:
+                    start(by_id[jid], p)
             sim.decisions += n
             self._started += n
-            return ApplyReport([jid for jid, _p in place], [], [], [], [], False)
+            return ApplyReport([place[0][0]] if n == 1 else [jid for jid, _p in place], [], [], [], [], False)
         if problems is None:
             problems = self.check(decision)
         if problems:
@@ -207,7 +209,7 @@ class SimBackend:
                 if self._round(False):
                     return True
                 continue
-            if sim.advance_to_next_event(until=self.next_boundary):
+            if sim.advance_to_next_event(self.next_boundary):
                 if event:  # self._round(True), inline
                     sim.rounds += 1
                     self._started = 0
@@ -277,10 +279,13 @@ class SimBackend:
     def _lookup(self, job_id: str) -> JobInfo | None:
         """The snapshot's running or pending job ``job_id`` (pending: arrived, not running, not finished)."""
         sim = self.sim
+        pend = sim.pending
+        if len(pend) == 1 and pend[0].spec.job_id == job_id:
+            return pend[0].info  # the one waiting job (no look-up in the trace's index)
         j = sim.by_id.get(job_id)
         if j is None:
             return None
         info = j.info
-        if info.placement is not None or (j.idx < sim.next_arrival and _isnan(j.finish)):
+        if info.placement is not None or (j.idx < sim.next_arrival and j.finish != j.finish):  # NaN: not finished
             return info
         return None

@@ -203,18 +203,43 @@ class _Job:
         self.spec = spec
         self.idx = idx
         self.noise = noise
-        self.info = JobInfo(
-            job_id=spec.job_id,
-            model=spec.model,
-            gpu_demand=spec.gpu_demand,
-            submit_time=spec.submit_time,
-            total_samples=spec.total_samples,
-            best_thp=best_thp,
-            demand=spec.demand,
-        )
         d = spec.demand
-        if d is not None and d.min_gpus is not None:  # elastic range
-            self.info.min_gpus, self.info.max_gpus = d.min_gpus, d.max_gpus
+        if d is None and _JOBINFO_FIELDS_PLAIN and 0.0 < best_thp < math.inf:
+            # JobInfo(job_id=..., model=..., gpu_demand=..., submit_time=..., total_samples=..., best_thp=...), its
+            # fields set directly in field order: the simulator checked the spec (_check_spec) and best_thp is
+            # finite and > 0, which is all that JobInfo.__post_init__ checks of a job without a demand
+            info = self.info = _new(JobInfo)
+            info.job_id = spec.job_id
+            info.model = spec.model
+            info.gpu_demand = spec.gpu_demand
+            info.submit_time = spec.submit_time
+            info.total_samples = spec.total_samples
+            info.done_samples = 0.0
+            info.attained_service = 0.0
+            info.placement = None
+            info.isolated_thp = 0.0
+            info.achieved_thp = 0.0
+            info.best_thp = best_thp
+            info.start_time = None
+            info.preemptions = 0
+            info.extra = {}
+            info.preemptible = True
+            info.min_gpus = None
+            info.max_gpus = None
+            info.demand = None
+            info.measured_speeds = None
+        else:
+            self.info = JobInfo(
+                job_id=spec.job_id,
+                model=spec.model,
+                gpu_demand=spec.gpu_demand,
+                submit_time=spec.submit_time,
+                total_samples=spec.total_samples,
+                best_thp=best_thp,
+                demand=d,
+            )
+            if d is not None and d.min_gpus is not None:  # elastic range
+                self.info.min_gpus, self.info.max_gpus = d.min_gpus, d.max_gpus
         self.key: tuple | None = None
         self.iso = 0.0  # isolated samples/s on the current placement (noise included)
         self.rate = 0.0  # achieved samples/s
@@ -320,22 +345,44 @@ def _first(pair: tuple):
     return pair[0]
 
 
+#: A job's :class:`JobInfo` (an attrgetter: ``list(map(_info_of, jobs))`` calls no Python function).
+_info_of: Callable[[_Job], JobInfo] = operator.attrgetter("info")
+#: A record's finish time (an attrgetter).
+_finish_time_of: Callable[["JobRecord"], float] = operator.attrgetter("finish_time")
+
+
 _new = object.__new__
 #: ClusterState has exactly these dataclass fields (and no __post_init__ work without ``usable``):
 #: Simulator.state sets them directly
 _STATE_FIELDS_PLAIN = tuple(f.name for f in dataclasses.fields(ClusterState)) == (
     "time", "cluster", "free_gpus", "running", "pending", "usable", "lookup")
+#: JobInfo has exactly these dataclass fields, with these defaults after ``best_thp`` (``extra``: an empty dict):
+#: _Job sets them directly for a job without a demand
+_JOBINFO_FIELDS_PLAIN = [(f.name, f.default) for f in dataclasses.fields(JobInfo)] == [
+    ("job_id", dataclasses.MISSING), ("model", dataclasses.MISSING), ("gpu_demand", dataclasses.MISSING),
+    ("submit_time", dataclasses.MISSING), ("total_samples", dataclasses.MISSING), ("done_samples", 0.0),
+    ("attained_service", 0.0), ("placement", None), ("isolated_thp", 0.0), ("achieved_thp", 0.0), ("best_thp", 1.0),
+    ("start_time", None), ("preemptions", 0), ("extra", dataclasses.MISSING), ("preemptible", True),
+    ("min_gpus", None), ("max_gpus", None), ("demand", None), ("measured_speeds", None)]
 
 
 @contextlib.contextmanager
-def _gc_paused():
+def _gc_paused(promote: bool = False):
     """Pause the cyclic garbage collector while building one object per job (none of them garbage;
-    on a million jobs the collector's passes over the growing heap cost more than the building)."""
+    on a million jobs the collector's passes over the growing heap cost more than the building).
+
+    With ``promote`` (and nothing frozen by anyone), the objects built go to the collector's oldest
+    generation at the end (:func:`gc.freeze` then :func:`gc.unfreeze`, two list splices) instead of
+    staying young: the first young collection after the pause would otherwise scan every one of
+    them (about 0.5 us of CPU per object on a million jobs), and the one after it again."""
     was = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
+        if promote and gc.get_freeze_count() == 0:
+            gc.freeze()
+            gc.unfreeze()
         if was:
             gc.enable()
 
@@ -454,7 +501,7 @@ class Simulator:
         self.compat = self.cfg.compat
         if self.compat is not None:
             jobs = self._compat_jobs(cluster, jobs)
-        with _gc_paused():
+        with _gc_paused(promote=len(jobs) >= GC_FREEZE_MIN_JOBS):
             self._build_jobs(jobs)
         self._touched = False  # no job has started since its fields were set
         self.reset_state()
@@ -553,7 +600,7 @@ class Simulator:
         self._free_bound = int(self.capacity.max())
         self._log_max = max(16, self.cluster.num_nodes // 8)
         self._check_inv = self.cfg.check_invariants
-        # isolated throughput by job key, for a plain ContentionModel on a cluster without GPU types
+        # (job key, isolated throughput) by job key, for a plain ContentionModel on a cluster without GPU types
         # (its throughput depends on the shape alone there)
         self._iso_memo: dict | None = (
             {} if type(self.perf).throughput is ContentionModel.throughput and not self.cluster.is_typed else None)
@@ -693,14 +740,18 @@ class Simulator:
         """
         view = RunningView(self, self.time)
         views = self._views
-        if views:
-            views = self._views = [r for r in views if r() is not None]
+        if views:  # drop the references to views gone (most rounds: the one of the last round)
+            if len(views) == 1:
+                if views[0]() is None:
+                    views.clear()
+            else:
+                views = self._views = [r for r in views if r() is not None]
         views.append(weakref.ref(view))
         # read-only; `free` is swapped for the spare buffer (_own_free) before it changes while this lives
         free = self.free.view()
         free.flags.writeable = False
         self._free_lent = weakref.ref(free)
-        pending = [j.info for j in self.pending]
+        pending = list(map(_info_of, self.pending))
         if _STATE_FIELDS_PLAIN:  # ClusterState(...) with usable None and `lookup`, its fields set directly
             st = _new(ClusterState)
             st.__dict__.update(time=self.time, cluster=self.cluster, free_gpus=free, running=view, pending=pending,
@@ -781,19 +832,6 @@ class Simulator:
                     self._sl[s + 1:s + 5] = array("d", (j.done, j.rate, j.t_ref, cs))
                 self._push_completion(j)
 
-    def _slot_close(self, j: _Job, p: Placement) -> None:
-        """Neutralise a stopping job's entries (no work left, no GPUs); compact when half are dead."""
-        s = j.slot
-        self._sl_job[s] = None
-        self._sl[s * _SL:(s + 1) * _SL] = _SL_DEAD
-        rw = self._rw
-        for r in range(j.row0 * _RW + 1, (j.row0 + len(p.alloc)) * _RW, _RW):
-            rw[r] = 0
-        j.slot = j.row0 = -1
-        self._sl_dead += 1
-        if self._sl_dead > self.COMPACT_AFTER and 2 * self._sl_dead > len(self._sl_job):
-            self._slot_compact()
-
     def _slot_compact(self) -> None:
         """Drop the stopped jobs' entries from the per-run lists (order kept)."""
         keep = np.array([x is not None for x in self._sl_job])
@@ -856,14 +894,16 @@ class Simulator:
             j.first_start = t
         spec = j.spec
         model = spec.model
-        key = j.key = (model, gpus, len(alloc))  # policies.ledger.job_key(model, p)
+        key = (model, gpus, len(alloc))  # policies.ledger.job_key(model, p)
         memo = self._iso_memo
         if memo is None:
             iso = self.perf.throughput(spec, p, self.cluster)  # at the pace of its slowest GPU type
         else:
-            iso = memo.get(key)
-            if iso is None:
-                iso = memo[key] = self.perf.throughput(spec, p, self.cluster)
+            got = memo.get(key)
+            if got is None:
+                got = memo[key] = (key, self.perf.throughput(spec, p, self.cluster))
+            key, iso = got  # the memo's key: jobs of one shape share one tuple (no tracked object per job)
+        j.key = key
         iso = j.iso = iso * j.noise
         if overhead is None:
             overhead = self.cfg.restart_overhead if info.preemptions > 0 else 0.0
@@ -875,7 +915,7 @@ class Simulator:
         self.running[j.idx] = j
         ledger = self.ledger
         job_id = spec.job_id
-        changed = ledger.add(job_id, model, p, info)
+        changed = ledger.add(job_id, model, p, info, key)
         cs = j.cs = ledger.cs(job_id) if key[2] > 1 else 1.0
         rate = j.rate = iso / cs
         if self._vec:  # its record and allocation rows in the per-run arrays
@@ -952,8 +992,21 @@ class Simulator:
             if not live:
                 self._views = []
         del self.running[j.idx]
-        if j.slot >= 0:
-            self._slot_close(j, p)
+        s = j.slot
+        if s >= 0:  # its entries in the per-run lists made neutral (no work left, no GPUs)
+            self._sl_job[s] = None
+            self._sl[s * _SL:(s + 1) * _SL] = _SL_DEAD
+            rw = self._rw
+            r = j.row0 * _RW + 1
+            if len(alloc) == 1:
+                rw[r] = 0
+            else:
+                for r in range(r, (j.row0 + len(alloc)) * _RW, _RW):
+                    rw[r] = 0
+            j.slot = j.row0 = -1
+            self._sl_dead += 1
+            if self._sl_dead > self.COMPACT_AFTER and 2 * self._sl_dead > len(self._sl_job):
+                self._slot_compact()
         info.placement = None
         info.start_time = None
         j.rate = 0.0
@@ -980,18 +1033,13 @@ class Simulator:
         self.preemptions += 1
         self.pending.append(j)
 
-    def _complete(self, j: _Job) -> None:
-        if self._check_inv:
-            # Uncapped progress: catches completions that come late as well as early.
-            got = j.done + j.rate * max(0.0, self.time - j.t_ref)
-            total = j.spec.total_samples
-            if abs(got - total) > 1e-6 * total:
-                raise AssertionError(f"job {j.spec.job_id} completes at t={self.time} with {got} of {total} samples")
-        self._stop(j)
-        j.done = j.spec.total_samples
-        j.info.done_samples = j.done
-        j.finish = self.time
-        self.finished += 1
+    def _check_completion(self, j: _Job) -> None:
+        """Raise :class:`AssertionError` unless ``j``'s uncapped progress now is its total work (catches
+        completions that come late as well as early; ``check_invariants`` on)."""
+        got = j.done + j.rate * max(0.0, self.time - j.t_ref)
+        total = j.spec.total_samples
+        if abs(got - total) > 1e-6 * total:
+            raise AssertionError(f"job {j.spec.job_id} completes at t={self.time} with {got} of {total} samples")
 
     def resize(self, job_id: str, p: Placement) -> None:
         """Move a running elastic job to placement ``p`` (any GPU total in its ``[min_gpus, max_gpus]``):
@@ -1090,7 +1138,13 @@ class Simulator:
             if tc - now > _EPS * scale:
                 break
             heapq.heappop(heap)
-            self._complete(j)
+            if self._check_inv:
+                self._check_completion(j)
+            self._stop(j)  # the job completes
+            j.done = done = j.spec.total_samples
+            j.info.done_samples = done
+            j.finish = now
+            self.finished += 1
         na = self.next_arrival
         if na < n_jobs and submit[na] <= now:
             pending = self.pending
@@ -1119,9 +1173,15 @@ class Simulator:
             raise ValueError("Simulator.run needs a policy")
         t0 = _time.perf_counter()
         self.reset_state()
-        with _gc_frozen(len(self.jobs) >= GC_FREEZE_MIN_JOBS):
+        freeze = len(self.jobs) >= GC_FREEZE_MIN_JOBS
+        with _gc_frozen(freeze):
             RoundLoop(SimBackend(self, progress), self.policy).run()
-        return self.result(_time.perf_counter() - t0)
+            wall = _time.perf_counter() - t0
+            with _gc_paused():
+                res = self._result(wall)
+                if freeze:  # the records join the frozen objects, unfrozen with them: no young collection scans them
+                    gc.freeze()
+        return res
 
     def advance_to_round(self, t_round: float) -> None:
         """Process every event up to ``t_round`` and move time there."""
@@ -1240,7 +1300,7 @@ class Simulator:
             append(rec(spec.job_id, spec.model, spec.gpu_demand, spec.submit_time, j.first_start, j.finish, jct,
                        jct - run_time, run_time, j.ideal, j.cs_weighted / cs_time if cs_time > 0 else 1.0,
                        j.info.preemptions, j.key[2] if j.key else 0, spec.total_samples, j.done))
-        makespan = max((r.finish_time for r in recs), default=0.0)
+        makespan = max(map(_finish_time_of, recs), default=0.0)
         return SimResult(
             policy=getattr(self.policy, "name", "none"),
             cluster=self.cluster,
