@@ -243,6 +243,11 @@ class SizeFreeRound:
         #: jobs preempted in this round (ids), in order
         self.preempted: list[str] = []
         self.waiting: list[JobInfo] = sorted(state.pending, key=codec.srtf_key)
+        #: ``job id -> (job, lgtf_key)``: each waiting job's LGTF key, computed once per round
+        self._gt: dict[str, tuple[JobInfo, tuple]] = {}
+        #: waiting jobs in LGTF order (some may have started since) and their ``id``s
+        self._by_gt: list[JobInfo] = []
+        self._gt_ids: set[int] = set()
         n = len(self.free)
         M = codec.spec.gpus_per_node
         self.span = np.zeros(n, dtype=np.float64)       # multi-node jobs per node
@@ -338,12 +343,24 @@ class SizeFreeRound:
             return list(w)
         half = (J + 1) // 2
         chosen = {id(j) for j in w[:half]}
-        by_gt = sorted(w, key=self.codec.lgtf_key)
-        for j in by_gt:
+        here = {id(j) for j in w}
+        if not here <= self._gt_ids:  # a job the LGTF list lacks (a preempted one): sort them again
+            self._by_gt = sorted(w, key=self._lgtf)
+            self._gt_ids = here
+        for j in self._by_gt:  # the waiting jobs in LGTF order (keys are unique: they end with the id)
             if len(chosen) >= J:
                 break
-            chosen.add(id(j))
+            if id(j) in here:
+                chosen.add(id(j))
         return [j for j in w if id(j) in chosen]
+
+    def _lgtf(self, j: JobInfo) -> tuple:
+        """:meth:`SizeFreeCodec.lgtf_key` of ``j``, kept for the round (a job's key does not change while
+        time is frozen)."""
+        got = self._gt.get(j.job_id)
+        if got is None or got[0] is not j:
+            got = self._gt[j.job_id] = (j, self.codec.lgtf_key(j))
+        return got[1]
 
     def encode(self, dense: bool = True) -> SizeFreeEncoding:
         codec, spec = self.codec, self.codec.spec
@@ -353,6 +370,13 @@ class SizeFreeRound:
         mask = np.zeros(spec.n_candidates, dtype=bool)
         total = int(self.free.sum())
         st = self.cur
+        # the state's own free-GPU array (equal to self.free) lets the rules use its cached byte form
+        sf = st.free_gpus
+        free = sf if isinstance(sf, np.ndarray) and sf.dtype.kind in "iu" else self.free
+        # each rule's placement depends on the job only through codec.rule_keys (same free GPUs and
+        # running jobs): computed once per key in this encoding
+        memo: dict[tuple, Placement | None] = {}
+        keys = codec.rule_keys if codec.rules is codec._own_rules else None  # (rules wrapped: no memo)
         for i, j in enumerate(jobs):
             if j.gpu_demand > total:
                 continue
@@ -360,7 +384,11 @@ class SizeFreeRound:
             # a job that fits on one node: greedy's choice is nosplit's and quiet has none (exactly)
             rules = codec.rules if j.gpu_demand > codec.max_node else codec.rules[:1]
             for s, rule in enumerate(rules):
-                p = rule(j, self.free, st)
+                mk = (s, *keys[s](j)) if keys is not None else (s, id(j))
+                if mk in memo:
+                    p = memo[mk]
+                else:
+                    p = memo[mk] = rule(j, free, st)
                 if p is None or p in seen:
                     continue
                 seen.append(p)
@@ -390,7 +418,7 @@ class SizeFreeRound:
         free_total = float(self.free.sum())
         anyone = any(c is not None for c in cands) or any(v is not None for v in victims)
         led = self.cur.contention(codec.perf) if anyone else None
-        lgtf_rank = {id(j): r for r, j in enumerate(sorted(jobs, key=codec.lgtf_key))}
+        lgtf_rank = {id(j): r for r, j in enumerate(sorted(jobs, key=self._lgtf))}
         for i, c in enumerate(cands):
             if c is None:
                 continue
@@ -409,21 +437,14 @@ class SizeFreeRound:
             gain = g * iso / cs_me / max(j.best_thp, 1e-12)
             rem_t = j.remaining_samples / max(iso / cs_me, 1e-12)
             row = rows[i]
-            row[1] = 1.0
-            row[2 + i % P] = 1.0
-            row[5] = 1.0 - 1.0 / max(cs_me, 1.0)
-            row[6] = min(max(loss / g, 0.0), 1.0)
-            row[7] = n / (n + 4.0)
-            row[8] = (n - math.ceil(g / M)) / n if n > math.ceil(g / M) else 0.0
-            row[9] = g / (g + M)
-            row[10] = sq(rem_t)
-            row[11] = sq(j.remaining_time * g / M)
-            row[12] = sq(self.now - j.submit_time)
-            row[13] = (free_total - g) / total_gpus
-            row[14] = k / J
-            row[15] = lgtf_rank[id(j)] / J
-            row[16] = min(iso / max(best, 1e-12), 1.0)
-            row[17] = min(max((gain - loss) / g, -1.0), 1.0)
+            slot = i % P
+            # features 1-17 in one assignment (each float rounded to float32 as an item assignment is)
+            row[1:18] = (1.0, float(slot == 0), float(slot == 1), float(slot == 2), 1.0 - 1.0 / max(cs_me, 1.0),
+                         min(max(loss / g, 0.0), 1.0), n / (n + 4.0),
+                         (n - math.ceil(g / M)) / n if n > math.ceil(g / M) else 0.0, g / (g + M), sq(rem_t),
+                         sq(j.remaining_time * g / M), sq(self.now - j.submit_time), (free_total - g) / total_gpus,
+                         k / J, lgtf_rank[id(j)] / J, min(iso / max(best, 1e-12), 1.0),
+                         min(max((gain - loss) / g, -1.0), 1.0))
             if spec.preempt:
                 row[20] = j.preemptions / (j.preemptions + 1.0)
                 row[21] = min(j.done_samples / max(j.total_samples, 1e-12), 1.0)
@@ -504,6 +525,26 @@ def _victim_gt_key(r: JobInfo) -> tuple:
     return (-r.remaining_time * r.gpu_demand, -r.submit_time, r.job_id)
 
 
+def _demand_key(j: JobInfo) -> tuple:
+    return (j.gpu_demand,)
+
+
+def _greedy_key(j: JobInfo) -> tuple:
+    return (j.gpu_demand, j.model, j.best_thp)
+
+
+class _Nosplit(FloorPacking):
+    """:class:`~policies.placement.FloorPacking` without a floor that hands :func:`pack` the state whose
+    free-GPU array it is given (``free is state.free_gpus``), so the search reads the state's kept byte
+    form (:meth:`~policies.state.ClusterState.free_bytes`); the same placement."""
+
+    def __call__(self, job: JobInfo, free: np.ndarray, state: ClusterState) -> Placement | None:
+        g = job.gpu_demand
+        if int(free.max(initial=0)) < g and g <= state.cluster.max_gpus_per_node:
+            return None  # a single-node job is never split
+        return pack(job, free, state)
+
+
 class _QuietPack:
     """:func:`pack` on the nodes without multi-node jobs, for jobs larger than a node (else ``None``)."""
 
@@ -519,11 +560,18 @@ class _QuietPack:
         fb = np.asarray(free).tobytes()
         last = self._last
         if last is None or last[0] is not state or last[1] != fb:
-            loads = state.contention(self.perf).loads()
+            led = state.contention(self.perf)
+            lb = led.load_bytes()
             quiet = None
-            if loads:
-                quiet = np.array(free, dtype=np.int64)
-                quiet[list(loads)] = 0
+            if lb is not None:  # one byte per node: its multi-node jobs
+                on = np.frombuffer(lb, dtype=np.uint8) > 0
+                if on.any():
+                    quiet = np.where(on, 0, np.asarray(free, dtype=np.int64))
+            else:
+                loads = led.loads()
+                if loads:
+                    quiet = np.array(free, dtype=np.int64)
+                    quiet[list(loads)] = 0
             last = self._last = (state, fb, quiet)
         return None if last[2] is None else pack(job, last[2])
 
@@ -542,8 +590,12 @@ class SizeFreeCodec(PickCodec):
         self.spec = spec
         #: GPUs of the largest node
         self.max_node = int(cluster.max_gpus_per_node)
-        self.rules = (FloorPacking(perf), ContentionAwarePlacement(perf, nosplit=True),
-                      _QuietPack(perf, self.max_node))
+        self.rules = self._own_rules = (_Nosplit(perf), ContentionAwarePlacement(perf, nosplit=True),
+                                        _QuietPack(perf, self.max_node))
+        #: per rule, what of a waiting job its placement reads (with the free GPUs and running jobs):
+        #: packing and quiet packing the GPU count; the greedy choice also the model and best speed
+        #: (its score's normaliser)
+        self.rule_keys = (_demand_key, _greedy_key, _demand_key)
 
     @staticmethod
     def srtf_key(j: JobInfo) -> tuple:
