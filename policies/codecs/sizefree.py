@@ -248,6 +248,9 @@ class SizeFreeRound:
         #: waiting jobs in LGTF order (some may have started since) and their ``id``s
         self._by_gt: list[JobInfo] = []
         self._gt_ids: set[int] = set()
+        #: ledger prices (:class:`_PricedLedger`) of this round's states: they read only the multi-node
+        #: running jobs, so they hold until the round starts a multi-node job or preempts one
+        self._prices: dict[tuple, tuple[float, dict]] = {}
         n = len(self.free)
         M = codec.spec.gpus_per_node
         self.span = np.zeros(n, dtype=np.float64)       # multi-node jobs per node
@@ -282,6 +285,8 @@ class SizeFreeRound:
         iso = perf.throughput_for(j.model, placement)
         self._add_node_load(placement, j.remaining_samples / max(iso, 1e-12))
         run = as_started(j, placement, self.now, iso)
+        if placement.num_nodes > 1:
+            self._prices = {}
         st = self.cur.with_running(add=[run])
         st.free_gpus = self.free.copy()
         st.pending = list(self.waiting)
@@ -305,6 +310,7 @@ class SizeFreeRound:
                 self.free[nd] += c
         back = replace(r, placement=None, start_time=None, isolated_thp=0.0, achieved_thp=0.0,
                        preemptions=r.preemptions + 1)
+        self._prices = {}
         self.waiting.append(back)
         self.waiting.sort(key=self.codec.srtf_key)
         st = self.cur.with_running(remove=[r])
@@ -377,6 +383,8 @@ class SizeFreeRound:
         # running jobs): computed once per key in this encoding
         memo: dict[tuple, Placement | None] = {}
         keys = codec.rule_keys if codec.rules is codec._own_rules else None  # (rules wrapped: no memo)
+        if jobs:
+            codec.greedy.priced(st.contention(codec.perf), self._prices)
         for i, j in enumerate(jobs):
             if j.gpu_demand > total:
                 continue
@@ -417,7 +425,8 @@ class SizeFreeRound:
         total_gpus = float(self.cap.sum())
         free_total = float(self.free.sum())
         anyone = any(c is not None for c in cands) or any(v is not None for v in victims)
-        led = self.cur.contention(codec.perf) if anyone else None
+        raw = self.cur.contention(codec.perf) if anyone else None
+        led = codec.greedy.priced(raw) if raw is not None else None
         lgtf_rank = {id(j): r for r, j in enumerate(sorted(jobs, key=self._lgtf))}
         for i, c in enumerate(cands):
             if c is None:
@@ -449,7 +458,7 @@ class SizeFreeRound:
                 row[20] = j.preemptions / (j.preemptions + 1.0)
                 row[21] = min(j.done_samples / max(j.total_samples, 1e-12), 1.0)
         if any(v is not None for v in victims):
-            self._victim_rows(rows, victims, led, free_total, total_gpus)
+            self._victim_rows(rows, victims, raw, free_total, total_gpus)
         ctx = np.zeros(N_CTX, dtype=np.float32)
         cap = self.cap
         per = np.stack([
@@ -533,6 +542,50 @@ def _greedy_key(j: JobInfo) -> tuple:
     return (j.gpu_demand, j.model, j.best_thp)
 
 
+class _PricedLedger:
+    """A read view of a contention ledger that keeps its :meth:`what_if` answers, by ``(model,
+    placement, exclude)``, for as long as the ledger does not change; ``info``, ``cs`` and ``key``
+    are the ledger's own."""
+
+    __slots__ = ("led", "version", "memo", "info", "cs", "key")
+
+    def __init__(self, led: Any, memo: dict[tuple, tuple[float, dict]] | None = None) -> None:
+        self.led, self.version = led, led.version
+        self.memo: dict[tuple, tuple[float, dict]] = {} if memo is None else memo
+        self.info, self.cs, self.key = led.info, led.cs, led.key
+
+    def what_if(self, model: str, placement: Placement, exclude: Any = None) -> tuple[float, dict]:
+        k = (model, placement, exclude)
+        got = self.memo.get(k)
+        if got is None:
+            got = self.memo[k] = self.led.what_if(model, placement, exclude=exclude)
+        return got
+
+
+class _Greedy(ContentionAwarePlacement):
+    """The ``greedy`` slot's rule (:class:`~policies.placement.ContentionAwarePlacement` with
+    ``nosplit=True``), scoring on a :class:`_PricedLedger` of the state's ledger, so that the
+    candidate features price its placements without computing them again."""
+
+    def __init__(self, perf: ContentionModel) -> None:
+        super().__init__(perf, nosplit=True)
+        self._priced: _PricedLedger | None = None
+
+    def priced(self, led: Any, memo: dict[tuple, tuple[float, dict]] | None = None) -> _PricedLedger:
+        """The priced view of ``led``: a new one when ``led`` is another ledger (keeping the prices
+        ``memo``, which the caller vouches for: the same multi-node jobs as where they were computed)
+        or has changed since (no prices kept)."""
+        pl = self._priced
+        if pl is None or pl.led is not led:
+            pl = self._priced = _PricedLedger(led, memo)
+        elif pl.version != led.version or not led.valid:
+            pl = self._priced = _PricedLedger(led)
+        return pl
+
+    def _score(self, job: JobInfo, cand: Placement, led: Any) -> float:
+        return super()._score(job, cand, self.priced(led) if not isinstance(led, _PricedLedger) else led)
+
+
 class _Nosplit(FloorPacking):
     """:class:`~policies.placement.FloorPacking` without a floor that hands :func:`pack` the state whose
     free-GPU array it is given (``free is state.free_gpus``), so the search reads the state's kept byte
@@ -590,8 +643,9 @@ class SizeFreeCodec(PickCodec):
         self.spec = spec
         #: GPUs of the largest node
         self.max_node = int(cluster.max_gpus_per_node)
-        self.rules = self._own_rules = (_Nosplit(perf), ContentionAwarePlacement(perf, nosplit=True),
-                                        _QuietPack(perf, self.max_node))
+        #: the greedy slot's rule; it keeps the ledger prices it computed, which the features read
+        self.greedy = _Greedy(perf)
+        self.rules = self._own_rules = (_Nosplit(perf), self.greedy, _QuietPack(perf, self.max_node))
         #: per rule, what of a waiting job its placement reads (with the free GPUs and running jobs):
         #: packing and quiet packing the GPU count; the greedy choice also the model and best speed
         #: (its score's normaliser)
