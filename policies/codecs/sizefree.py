@@ -249,7 +249,8 @@ class SizeFreeRound:
         self._by_gt: list[JobInfo] = []
         self._gt_ids: set[int] = set()
         #: ledger prices (:class:`_PricedLedger`) of this round's states: they read only the multi-node
-        #: running jobs, so they hold until the round starts a multi-node job or preempts one
+        #: running jobs on the nodes they name, so a start keeps those it leaves alone
+        #: (:meth:`_prices_apart`); a preemption drops them all
         self._prices: dict[tuple, tuple[float, dict]] = {}
         n = len(self.free)
         M = codec.spec.gpus_per_node
@@ -285,13 +286,23 @@ class SizeFreeRound:
         iso = perf.throughput_for(j.model, placement)
         self._add_node_load(placement, j.remaining_samples / max(iso, 1e-12))
         run = as_started(j, placement, self.now, iso)
-        if placement.num_nodes > 1:
-            self._prices = {}
+        if placement.num_nodes > 1 and self._prices:
+            self._prices = self._prices_apart(placement.nodes)
         st = self.cur.with_running(add=[run])
         st.free_gpus = self.free.copy()
         st.pending = list(self.waiting)
         self.cur = st
         self.started.append((j, placement))
+
+    def _prices_apart(self, nodes: Sequence[int]) -> dict[tuple, tuple[float, dict]]:
+        """The kept ledger prices that a multi-node job started on ``nodes`` leaves as they are: those
+        whose placement and whose multi-node neighbours (each priced on its own nodes) all avoid
+        ``nodes`` (a price reads only the multi-node jobs on the nodes it names)."""
+        S = set(nodes)
+        led = self.cur.contention(self.codec.perf)  # the state before the start
+        where = led.placement
+        return {k: v for k, v in self._prices.items()
+                if S.isdisjoint(k[1].nodes) and all(S.isdisjoint(where(o).nodes) for o in v[1])}
 
     def preempt(self, job_id: str) -> JobInfo:
         """Stop running job ``job_id`` (a victim: :meth:`victims`): its GPUs become free (on usable
