@@ -89,7 +89,7 @@ from policies.codecs.base import CodecError
 from policies.codecs.pick import (PickCodec, PickEncoding, as_started, check_spec_ints, check_tau, hold_mask,
                                   running_speed, spec_from_fields, take_waiting)
 from policies.perf import ContentionModel
-from policies.placement import ContentionAwarePlacement, FloorPacking, pack
+from policies.placement import _SMALL, ContentionAwarePlacement, FloorPacking, _as_bytes, _pack, pack
 from policies.state import ClusterState, JobInfo
 
 __all__ = ["N_CAND", "N_CTX", "N_RUN", "PLACEMENT_SLOTS", "SizeFreeCodec", "SizeFreeEncoding", "SizeFreeRound",
@@ -252,6 +252,9 @@ class SizeFreeRound:
         #: running jobs on the nodes they name, so a start keeps those it leaves alone
         #: (:meth:`_prices_apart`); a preemption drops them all
         self._prices: dict[tuple, tuple[float, dict]] = {}
+        #: ``job id -> (job, best speed, remaining samples, squashed remaining GPU-time per node,
+        #: squashed wait)``: a candidate's own features, computed once per round
+        self._jobc: dict[str, tuple] = {}
         n = len(self.free)
         M = codec.spec.gpus_per_node
         self.span = np.zeros(n, dtype=np.float64)       # multi-node jobs per node
@@ -439,6 +442,7 @@ class SizeFreeRound:
         raw = self.cur.contention(codec.perf) if anyone else None
         led = codec.greedy.priced(raw) if raw is not None else None
         lgtf_rank = {id(j): r for r, j in enumerate(sorted(jobs, key=self._lgtf))}
+        jc = self._jobc
         for i, c in enumerate(cands):
             if c is None:
                 continue
@@ -447,7 +451,11 @@ class SizeFreeRound:
             k = i // P
             cs_me, after = led.what_if(j.model, p, exclude=j.job_id)
             iso = codec.perf.throughput_for(j.model, p)
-            best = codec.best_thp(j)
+            got = jc.get(j.job_id)
+            if got is None or got[0] is not j:  # the job's own terms, fixed while time is frozen
+                got = jc[j.job_id] = (j, codec.best_thp(j), j.remaining_samples, sq(j.remaining_time * g / M),
+                                      sq(self.now - j.submit_time))
+            _j, best, rem_s, gt_sq, wait_sq = got
             loss = 0.0
             for o, cs_a in after.items():
                 info = led.info(o)
@@ -455,14 +463,14 @@ class SizeFreeRound:
                 iso_o = codec.perf.isolated_throughput(*led.key(o))
                 loss += info.gpu_demand * iso_o * (1.0 / cs_b - 1.0 / cs_a) / max(info.best_thp, 1e-12)
             gain = g * iso / cs_me / max(j.best_thp, 1e-12)
-            rem_t = j.remaining_samples / max(iso / cs_me, 1e-12)
+            rem_t = rem_s / max(iso / cs_me, 1e-12)
             row = rows[i]
             slot = i % P
             # features 1-17 in one assignment (each float rounded to float32 as an item assignment is)
             row[1:18] = (1.0, float(slot == 0), float(slot == 1), float(slot == 2), 1.0 - 1.0 / max(cs_me, 1.0),
                          min(max(loss / g, 0.0), 1.0), n / (n + 4.0),
                          (n - math.ceil(g / M)) / n if n > math.ceil(g / M) else 0.0, g / (g + M), sq(rem_t),
-                         sq(j.remaining_time * g / M), sq(self.now - j.submit_time), (free_total - g) / total_gpus,
+                         gt_sq, wait_sq, (free_total - g) / total_gpus,
                          k / J, lgtf_rank[id(j)] / J, min(iso / max(best, 1e-12), 1.0),
                          min(max((gain - loss) / g, -1.0), 1.0))
             if spec.preempt:
@@ -614,9 +622,10 @@ class _QuietPack:
 
     def __init__(self, perf: ContentionModel, max_node: int) -> None:
         self.perf, self.max_node = perf, max_node
-        #: ``(state, free counts, quiet counts or None)`` of the last call: the quiet counts are built
-        #: once per state (a round makes a new state at every pick) and free-GPU vector
-        self._last: tuple[ClusterState, bytes, np.ndarray | None] | None = None
+        #: ``(state, free counts, quiet counts or None, their byte form or None)`` of the last call: the
+        #: quiet counts are built once per state (a round makes a new state at every pick) and free-GPU
+        #: vector
+        self._last: tuple[ClusterState, bytes, np.ndarray | None, tuple | None] | None = None
 
     def __call__(self, job: JobInfo, free: np.ndarray, state: ClusterState) -> Placement | None:
         if job.gpu_demand <= self.max_node:
@@ -636,8 +645,12 @@ class _QuietPack:
                 if loads:
                     quiet = np.array(free, dtype=np.int64)
                     quiet[list(loads)] = 0
-            last = self._last = (state, fb, quiet)
-        return None if last[2] is None else pack(job, last[2])
+            # pack's search input for the quiet counts (its bytes form), made once with them
+            searched = None if quiet is None or len(quiet) <= _SMALL else _as_bytes(quiet)
+            last = self._last = (state, fb, quiet, searched)
+        if last[2] is None:
+            return None
+        return pack(job, last[2]) if last[3] is None else _pack(job.gpu_demand, *last[3])
 
 
 class SizeFreeCodec(PickCodec):
