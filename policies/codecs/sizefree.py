@@ -89,7 +89,7 @@ from policies.codecs.base import CodecError
 from policies.codecs.pick import (PickCodec, PickEncoding, as_started, check_spec_ints, check_tau, hold_mask,
                                   running_speed, spec_from_fields, take_waiting)
 from policies.perf import ContentionModel
-from policies.placement import ContentionAwarePlacement, FloorPacking, pack
+from policies.placement import _SMALL, ContentionAwarePlacement, FloorPacking, _as_bytes, _pack, pack
 from policies.state import ClusterState, JobInfo
 
 __all__ = ["N_CAND", "N_CTX", "N_RUN", "PLACEMENT_SLOTS", "SizeFreeCodec", "SizeFreeEncoding", "SizeFreeRound",
@@ -243,6 +243,18 @@ class SizeFreeRound:
         #: jobs preempted in this round (ids), in order
         self.preempted: list[str] = []
         self.waiting: list[JobInfo] = sorted(state.pending, key=codec.srtf_key)
+        #: ``job id -> (job, lgtf_key)``: each waiting job's LGTF key, computed once per round
+        self._gt: dict[str, tuple[JobInfo, tuple]] = {}
+        #: waiting jobs in LGTF order (some may have started since) and their ``id``s
+        self._by_gt: list[JobInfo] = []
+        self._gt_ids: set[int] = set()
+        #: ledger prices (:class:`_PricedLedger`) of this round's states: they read only the multi-node
+        #: running jobs on the nodes they name, so a start keeps those it leaves alone
+        #: (:meth:`_prices_apart`); a preemption drops them all
+        self._prices: dict[tuple, tuple[float, dict]] = {}
+        #: ``job id -> (job, best speed, remaining samples, squashed remaining GPU-time per node,
+        #: squashed wait)``: a candidate's own features, computed once per round
+        self._jobc: dict[str, tuple] = {}
         n = len(self.free)
         M = codec.spec.gpus_per_node
         self.span = np.zeros(n, dtype=np.float64)       # multi-node jobs per node
@@ -277,11 +289,23 @@ class SizeFreeRound:
         iso = perf.throughput_for(j.model, placement)
         self._add_node_load(placement, j.remaining_samples / max(iso, 1e-12))
         run = as_started(j, placement, self.now, iso)
+        if placement.num_nodes > 1 and self._prices:
+            self._prices = self._prices_apart(placement.nodes)
         st = self.cur.with_running(add=[run])
         st.free_gpus = self.free.copy()
         st.pending = list(self.waiting)
         self.cur = st
         self.started.append((j, placement))
+
+    def _prices_apart(self, nodes: Sequence[int]) -> dict[tuple, tuple[float, dict]]:
+        """The kept ledger prices that a multi-node job started on ``nodes`` leaves as they are: those
+        whose placement and whose multi-node neighbours (each priced on its own nodes) all avoid
+        ``nodes`` (a price reads only the multi-node jobs on the nodes it names)."""
+        S = set(nodes)
+        led = self.cur.contention(self.codec.perf)  # the state before the start
+        where = led.placement
+        return {k: v for k, v in self._prices.items()
+                if S.isdisjoint(k[1].nodes) and all(S.isdisjoint(where(o).nodes) for o in v[1])}
 
     def preempt(self, job_id: str) -> JobInfo:
         """Stop running job ``job_id`` (a victim: :meth:`victims`): its GPUs become free (on usable
@@ -300,6 +324,7 @@ class SizeFreeRound:
                 self.free[nd] += c
         back = replace(r, placement=None, start_time=None, isolated_thp=0.0, achieved_thp=0.0,
                        preemptions=r.preemptions + 1)
+        self._prices = {}
         self.waiting.append(back)
         self.waiting.sort(key=self.codec.srtf_key)
         st = self.cur.with_running(remove=[r])
@@ -338,12 +363,24 @@ class SizeFreeRound:
             return list(w)
         half = (J + 1) // 2
         chosen = {id(j) for j in w[:half]}
-        by_gt = sorted(w, key=self.codec.lgtf_key)
-        for j in by_gt:
+        here = {id(j) for j in w}
+        if not here <= self._gt_ids:  # a job the LGTF list lacks (a preempted one): sort them again
+            self._by_gt = sorted(w, key=self._lgtf)
+            self._gt_ids = here
+        for j in self._by_gt:  # the waiting jobs in LGTF order (keys are unique: they end with the id)
             if len(chosen) >= J:
                 break
-            chosen.add(id(j))
+            if id(j) in here:
+                chosen.add(id(j))
         return [j for j in w if id(j) in chosen]
+
+    def _lgtf(self, j: JobInfo) -> tuple:
+        """:meth:`SizeFreeCodec.lgtf_key` of ``j``, kept for the round (a job's key does not change while
+        time is frozen)."""
+        got = self._gt.get(j.job_id)
+        if got is None or got[0] is not j:
+            got = self._gt[j.job_id] = (j, self.codec.lgtf_key(j))
+        return got[1]
 
     def encode(self, dense: bool = True) -> SizeFreeEncoding:
         codec, spec = self.codec, self.codec.spec
@@ -353,6 +390,15 @@ class SizeFreeRound:
         mask = np.zeros(spec.n_candidates, dtype=bool)
         total = int(self.free.sum())
         st = self.cur
+        # the state's own free-GPU array (equal to self.free) lets the rules use its cached byte form
+        sf = st.free_gpus
+        free = sf if isinstance(sf, np.ndarray) and sf.dtype.kind in "iu" else self.free
+        # each rule's placement depends on the job only through codec.rule_keys (same free GPUs and
+        # running jobs): computed once per key in this encoding
+        memo: dict[tuple, Placement | None] = {}
+        keys = codec.rule_keys if codec.rules is codec._own_rules else None  # (rules wrapped: no memo)
+        if jobs:
+            codec.greedy.priced(st.contention(codec.perf), self._prices)
         for i, j in enumerate(jobs):
             if j.gpu_demand > total:
                 continue
@@ -360,7 +406,11 @@ class SizeFreeRound:
             # a job that fits on one node: greedy's choice is nosplit's and quiet has none (exactly)
             rules = codec.rules if j.gpu_demand > codec.max_node else codec.rules[:1]
             for s, rule in enumerate(rules):
-                p = rule(j, self.free, st)
+                mk = (s, *keys[s](j)) if keys is not None else (s, id(j))
+                if mk in memo:
+                    p = memo[mk]
+                else:
+                    p = memo[mk] = rule(j, free, st)
                 if p is None or p in seen:
                     continue
                 seen.append(p)
@@ -389,8 +439,10 @@ class SizeFreeRound:
         total_gpus = float(self.cap.sum())
         free_total = float(self.free.sum())
         anyone = any(c is not None for c in cands) or any(v is not None for v in victims)
-        led = self.cur.contention(codec.perf) if anyone else None
-        lgtf_rank = {id(j): r for r, j in enumerate(sorted(jobs, key=codec.lgtf_key))}
+        raw = self.cur.contention(codec.perf) if anyone else None
+        led = codec.greedy.priced(raw) if raw is not None else None
+        lgtf_rank = {id(j): r for r, j in enumerate(sorted(jobs, key=self._lgtf))}
+        jc = self._jobc
         for i, c in enumerate(cands):
             if c is None:
                 continue
@@ -399,7 +451,11 @@ class SizeFreeRound:
             k = i // P
             cs_me, after = led.what_if(j.model, p, exclude=j.job_id)
             iso = codec.perf.throughput_for(j.model, p)
-            best = codec.best_thp(j)
+            got = jc.get(j.job_id)
+            if got is None or got[0] is not j:  # the job's own terms, fixed while time is frozen
+                got = jc[j.job_id] = (j, codec.best_thp(j), j.remaining_samples, sq(j.remaining_time * g / M),
+                                      sq(self.now - j.submit_time))
+            _j, best, rem_s, gt_sq, wait_sq = got
             loss = 0.0
             for o, cs_a in after.items():
                 info = led.info(o)
@@ -407,28 +463,21 @@ class SizeFreeRound:
                 iso_o = codec.perf.isolated_throughput(*led.key(o))
                 loss += info.gpu_demand * iso_o * (1.0 / cs_b - 1.0 / cs_a) / max(info.best_thp, 1e-12)
             gain = g * iso / cs_me / max(j.best_thp, 1e-12)
-            rem_t = j.remaining_samples / max(iso / cs_me, 1e-12)
+            rem_t = rem_s / max(iso / cs_me, 1e-12)
             row = rows[i]
-            row[1] = 1.0
-            row[2 + i % P] = 1.0
-            row[5] = 1.0 - 1.0 / max(cs_me, 1.0)
-            row[6] = min(max(loss / g, 0.0), 1.0)
-            row[7] = n / (n + 4.0)
-            row[8] = (n - math.ceil(g / M)) / n if n > math.ceil(g / M) else 0.0
-            row[9] = g / (g + M)
-            row[10] = sq(rem_t)
-            row[11] = sq(j.remaining_time * g / M)
-            row[12] = sq(self.now - j.submit_time)
-            row[13] = (free_total - g) / total_gpus
-            row[14] = k / J
-            row[15] = lgtf_rank[id(j)] / J
-            row[16] = min(iso / max(best, 1e-12), 1.0)
-            row[17] = min(max((gain - loss) / g, -1.0), 1.0)
+            slot = i % P
+            # features 1-17 in one assignment (each float rounded to float32 as an item assignment is)
+            row[1:18] = (1.0, float(slot == 0), float(slot == 1), float(slot == 2), 1.0 - 1.0 / max(cs_me, 1.0),
+                         min(max(loss / g, 0.0), 1.0), n / (n + 4.0),
+                         (n - math.ceil(g / M)) / n if n > math.ceil(g / M) else 0.0, g / (g + M), sq(rem_t),
+                         gt_sq, wait_sq, (free_total - g) / total_gpus,
+                         k / J, lgtf_rank[id(j)] / J, min(iso / max(best, 1e-12), 1.0),
+                         min(max((gain - loss) / g, -1.0), 1.0))
             if spec.preempt:
                 row[20] = j.preemptions / (j.preemptions + 1.0)
                 row[21] = min(j.done_samples / max(j.total_samples, 1e-12), 1.0)
         if any(v is not None for v in victims):
-            self._victim_rows(rows, victims, led, free_total, total_gpus)
+            self._victim_rows(rows, victims, raw, free_total, total_gpus)
         ctx = np.zeros(N_CTX, dtype=np.float32)
         cap = self.cap
         per = np.stack([
@@ -504,14 +553,79 @@ def _victim_gt_key(r: JobInfo) -> tuple:
     return (-r.remaining_time * r.gpu_demand, -r.submit_time, r.job_id)
 
 
+def _demand_key(j: JobInfo) -> tuple:
+    return (j.gpu_demand,)
+
+
+def _greedy_key(j: JobInfo) -> tuple:
+    return (j.gpu_demand, j.model, j.best_thp)
+
+
+class _PricedLedger:
+    """A read view of a contention ledger that keeps its :meth:`what_if` answers, by ``(model,
+    placement, exclude)``, for as long as the ledger does not change; ``info``, ``cs`` and ``key``
+    are the ledger's own."""
+
+    __slots__ = ("led", "version", "memo", "info", "cs", "key")
+
+    def __init__(self, led: Any, memo: dict[tuple, tuple[float, dict]] | None = None) -> None:
+        self.led, self.version = led, led.version
+        self.memo: dict[tuple, tuple[float, dict]] = {} if memo is None else memo
+        self.info, self.cs, self.key = led.info, led.cs, led.key
+
+    def what_if(self, model: str, placement: Placement, exclude: Any = None) -> tuple[float, dict]:
+        k = (model, placement, exclude)
+        got = self.memo.get(k)
+        if got is None:
+            got = self.memo[k] = self.led.what_if(model, placement, exclude=exclude)
+        return got
+
+
+class _Greedy(ContentionAwarePlacement):
+    """The ``greedy`` slot's rule (:class:`~policies.placement.ContentionAwarePlacement` with
+    ``nosplit=True``), scoring on a :class:`_PricedLedger` of the state's ledger, so that the
+    candidate features price its placements without computing them again."""
+
+    def __init__(self, perf: ContentionModel) -> None:
+        super().__init__(perf, nosplit=True)
+        self._priced: _PricedLedger | None = None
+
+    def priced(self, led: Any, memo: dict[tuple, tuple[float, dict]] | None = None) -> _PricedLedger:
+        """The priced view of ``led``: a new one when ``led`` is another ledger (keeping the prices
+        ``memo``, which the caller vouches for: the same multi-node jobs as where they were computed)
+        or has changed since (no prices kept)."""
+        pl = self._priced
+        if pl is None or pl.led is not led:
+            pl = self._priced = _PricedLedger(led, memo)
+        elif pl.version != led.version or not led.valid:
+            pl = self._priced = _PricedLedger(led)
+        return pl
+
+    def _score(self, job: JobInfo, cand: Placement, led: Any) -> float:
+        return super()._score(job, cand, self.priced(led) if not isinstance(led, _PricedLedger) else led)
+
+
+class _Nosplit(FloorPacking):
+    """:class:`~policies.placement.FloorPacking` without a floor that hands :func:`pack` the state whose
+    free-GPU array it is given (``free is state.free_gpus``), so the search reads the state's kept byte
+    form (:meth:`~policies.state.ClusterState.free_bytes`); the same placement."""
+
+    def __call__(self, job: JobInfo, free: np.ndarray, state: ClusterState) -> Placement | None:
+        g = job.gpu_demand
+        if int(free.max(initial=0)) < g and g <= state.cluster.max_gpus_per_node:
+            return None  # a single-node job is never split
+        return pack(job, free, state)
+
+
 class _QuietPack:
     """:func:`pack` on the nodes without multi-node jobs, for jobs larger than a node (else ``None``)."""
 
     def __init__(self, perf: ContentionModel, max_node: int) -> None:
         self.perf, self.max_node = perf, max_node
-        #: ``(state, free counts, quiet counts or None)`` of the last call: the quiet counts are built
-        #: once per state (a round makes a new state at every pick) and free-GPU vector
-        self._last: tuple[ClusterState, bytes, np.ndarray | None] | None = None
+        #: ``(state, free counts, quiet counts or None, their byte form or None)`` of the last call: the
+        #: quiet counts are built once per state (a round makes a new state at every pick) and free-GPU
+        #: vector
+        self._last: tuple[ClusterState, bytes, np.ndarray | None, tuple | None] | None = None
 
     def __call__(self, job: JobInfo, free: np.ndarray, state: ClusterState) -> Placement | None:
         if job.gpu_demand <= self.max_node:
@@ -519,13 +633,24 @@ class _QuietPack:
         fb = np.asarray(free).tobytes()
         last = self._last
         if last is None or last[0] is not state or last[1] != fb:
-            loads = state.contention(self.perf).loads()
+            led = state.contention(self.perf)
+            lb = led.load_bytes()
             quiet = None
-            if loads:
-                quiet = np.array(free, dtype=np.int64)
-                quiet[list(loads)] = 0
-            last = self._last = (state, fb, quiet)
-        return None if last[2] is None else pack(job, last[2])
+            if lb is not None:  # one byte per node: its multi-node jobs
+                on = np.frombuffer(lb, dtype=np.uint8) > 0
+                if on.any():
+                    quiet = np.where(on, 0, np.asarray(free, dtype=np.int64))
+            else:
+                loads = led.loads()
+                if loads:
+                    quiet = np.array(free, dtype=np.int64)
+                    quiet[list(loads)] = 0
+            # pack's search input for the quiet counts (its bytes form), made once with them
+            searched = None if quiet is None or len(quiet) <= _SMALL else _as_bytes(quiet)
+            last = self._last = (state, fb, quiet, searched)
+        if last[2] is None:
+            return None
+        return pack(job, last[2]) if last[3] is None else _pack(job.gpu_demand, *last[3])
 
 
 class SizeFreeCodec(PickCodec):
@@ -542,8 +667,13 @@ class SizeFreeCodec(PickCodec):
         self.spec = spec
         #: GPUs of the largest node
         self.max_node = int(cluster.max_gpus_per_node)
-        self.rules = (FloorPacking(perf), ContentionAwarePlacement(perf, nosplit=True),
-                      _QuietPack(perf, self.max_node))
+        #: the greedy slot's rule; it keeps the ledger prices it computed, which the features read
+        self.greedy = _Greedy(perf)
+        self.rules = self._own_rules = (_Nosplit(perf), self.greedy, _QuietPack(perf, self.max_node))
+        #: per rule, what of a waiting job its placement reads (with the free GPUs and running jobs):
+        #: packing and quiet packing the GPU count; the greedy choice also the model and best speed
+        #: (its score's normaliser)
+        self.rule_keys = (_demand_key, _greedy_key, _demand_key)
 
     @staticmethod
     def srtf_key(j: JobInfo) -> tuple:
