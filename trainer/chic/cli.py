@@ -57,6 +57,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--g", choices=("measured", "fitted"), default=d.g,
                    help="per-iteration time g of condition (2): the simulator's measured speeds or Optimus' fitted "
                         "form (default: %(default)s)")
+    p.add_argument("--jobs", type=_pos_int, default=d.jobs,
+                   help="W, jobs per training sequence (episode); validation sequences keep 30 (default: %(default)s)")
     p.add_argument("--train-seqs", type=_pos_int, default=d.train_seqs, help="training sequences (default: %(default)s)")
     p.add_argument("--val-seqs", type=_pos_int, default=d.val_seqs, help="validation sequences (default: %(default)s)")
     p.add_argument("--val-every", type=_pos_int, default=d.val_every, help="validate every N iterations (default: %(default)s)")
@@ -83,6 +85,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--docs", action="store_true", help="also regenerate the docs' Chic sections and figures")
     r.set_defaults(func=_cmd_results)
 
+    from trainer.chic.study import STUDY_ITERATIONS
+
+    st = sub.add_parser("chic-study", help="the seed's W / I study (Fig. 7): Chic / Chic-Pair trained per cell, "
+                                           "evaluated on held-out sequences",
+                        description="Train Chic and Chic-Pair with W = 30 / 60 jobs per episode (1.8 jobs/h) and "
+                                    "Chic-Pair with I = 2 / 3 / 4 slots (0.9 and 2.7 jobs/h), the same shortened "
+                                    "cross-entropy schedule for every cell, and run each on the test sequences with "
+                                    "Optimus; write OUT/chic_study.{json,md,png} (cells' checkpoints in OUT/cells, "
+                                    "reused when their configuration matches); with --docs also the chic-study blocks "
+                                    "of docs/ELASTIC.md and docs/RESULTS.md and docs/figures/chic_study.png.")
+    st.add_argument("--out", required=True, help="output directory")
+    st.add_argument("--iterations", type=_pos_int, default=STUDY_ITERATIONS,
+                    help="CE iterations per cell (default: %(default)s)")
+    st.add_argument("--seqs", type=_pos_int, default=30, help="test sequences per cell (default: %(default)s)")
+    st.add_argument("--retrain", action="store_true", help="train every cell even where its checkpoint exists")
+    st.add_argument("--docs", action="store_true", help="also regenerate the docs' study blocks and figure")
+    st.set_defaults(func=_cmd_study)
+
 
 def _cmd_train(args: argparse.Namespace) -> int:
     import dataclasses
@@ -90,7 +110,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from trainer.chic.train import CEMConfig, checkpoint_name, ship_if_better, train
 
     cfg = CEMConfig(variant=args.variant, slots=args.slots, iterations=args.iterations, n=args.n, rho=args.rho,
-                    lr=args.lr, smooth=args.smooth, fit_epochs=args.fit_epochs, rate=args.rate,
+                    lr=args.lr, smooth=args.smooth, fit_epochs=args.fit_epochs, rate=args.rate, jobs=args.jobs,
                     train_seqs=args.train_seqs, val_seqs=args.val_seqs, val_every=args.val_every, seed=args.seed,
                     task_mask=not args.no_task_mask, g=args.g)
     try:
@@ -125,3 +145,11 @@ def _cmd_results(args: argparse.Namespace) -> int:
                progress=sys.stderr.isatty(), jobs_per_seq=args.jobs)
     print((Path(args.out) / "chic_results.md").read_text(), end="")
     return 0 if res else 1
+
+
+def _cmd_study(args: argparse.Namespace) -> int:
+    from trainer.chic.study import main
+
+    main(Path(args.out), args.iterations, args.seqs, args.retrain, args.docs, progress=sys.stderr.isatty())
+    print((Path(args.out) / "chic_study.md").read_text(), end="")
+    return 0

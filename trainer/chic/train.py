@@ -68,7 +68,8 @@ class CEMConfig:
     batch: int = 256
     dropout: float = 0.5      # on the first hidden layer (seed)
     rate: float = 1.8         # arrival rate of the training / validation sequences, jobs/h (seed's Fig. 6)
-    jobs: int = 30            # W, jobs per sequence (seed)
+    jobs: int = 30            # W, jobs per training sequence (seed)
+    val_jobs: int = 30        # jobs per validation sequence (the test sequences' W, whatever the training W)
     train_seqs: int = 200
     val_seqs: int = 30        # seed
     val_every: int = 2        # seed
@@ -82,7 +83,8 @@ class CEMConfig:
     def check(self) -> None:
         if self.variant not in ("chic", "chic-pair"):
             raise ValueError(f"variant must be chic or chic-pair, got {self.variant!r}")
-        for k in ("slots", "iterations", "n", "fit_epochs", "batch", "jobs", "train_seqs", "val_seqs", "val_every"):
+        for k in ("slots", "iterations", "n", "fit_epochs", "batch", "jobs", "val_jobs", "train_seqs", "val_seqs",
+                  "val_every"):
             v = getattr(self, k)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{k} must be an integer >= 1, got {v!r}")
@@ -253,7 +255,7 @@ def train(cfg: CEMConfig, out: str | Path, progress: bool = True, name: str | No
     spec = ChicSpec(cfg.variant, cfg.slots)
     cluster, perf = chic_setup()
     train_set = sequences(TRAIN_SEED0, cfg.train_seqs, cfg.rate, cfg.jobs)
-    val_set = sequences(VAL_SEED0, cfg.val_seqs, cfg.rate, cfg.jobs)
+    val_set = sequences(VAL_SEED0, cfg.val_seqs, cfg.rate, cfg.val_jobs)
     rng = np.random.default_rng(cfg.seed)
     net = ChicNet.init(spec.obs_size, spec.n_actions, seed=cfg.seed)
 
@@ -312,6 +314,8 @@ def train(cfg: CEMConfig, out: str | Path, progress: bool = True, name: str | No
                 "val_seeds": [VAL_SEED0, VAL_SEED0 + cfg.val_seqs - 1],
                 "command": f"rlsched train-chic --variant {cfg.variant} --iterations {cfg.iterations} "
                            f"--rate {cfg.rate:g} --g {cfg.g} --seed {cfg.seed}"
+                           f"{'' if cfg.slots == 3 else f' --slots {cfg.slots}'}{'' if cfg.n == 35 else f' --n {cfg.n}'}"
+                           f"{'' if cfg.jobs == 30 else f' --jobs {cfg.jobs}'}"
                            f"{'' if cfg.task_mask else ' --no-task-mask'} --out DIR"}
     save_chic_checkpoint(out / name, spec, best_net, training,
                          {"p1": cfg.p1, "p2": cfg.p2, "unit_s": REWARD_UNIT_S}, cfg.task_mask, cfg.g)
