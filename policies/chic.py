@@ -74,7 +74,7 @@ from policies.state import ClusterState, Decision
 
 __all__ = [
     "VARIANTS", "DEFAULT_I", "G_SOURCES", "HIDDEN", "P1", "P2", "REWARD_UNIT_S", "MAX_PHASE_STEPS",
-    "ChicSpec", "ChicNet", "Slot", "encode", "action_mask", "step_penalty", "time_reward",
+    "ChicSpec", "ChicNet", "Slot", "encode", "action_mask", "step_penalty", "time_reward", "ps_room",
     "ChicPolicy", "ChicCheckpoint", "save_chic_checkpoint", "load_chic_checkpoint", "make_chic_policy",
     "shipped_checkpoint",
 ]
@@ -91,7 +91,7 @@ P2 = 1.0
 #: The unit of r1 (s): the seed's 20 minutes.
 REWARD_UNIT_S = 1200.0
 #: Sources of the per-iteration time ``g`` of condition (2) (:class:`ChicPolicy`); the first is the default.
-G_SOURCES = ("measured", "fitted")
+G_SOURCES = ("measured", "fitted", "placed")
 #: Most answers in one decision phase (a bound on no-op actions while sampling).
 MAX_PHASE_STEPS = 256
 #: Scales of the state's entries: remaining epochs, worker / PS counts, queue length.
@@ -196,13 +196,82 @@ def _helps(s: Slot, dw: int, dp: int, used: Sequence[float], cap: Sequence[float
     return False
 
 
-def _task_ok(s: Slot, dw: int, dp: int, used: Sequence[float], cap: Sequence[float], speed=None) -> bool:
+def ps_room(cluster, wv: Sequence[float], pv: Sequence[float], workers: int, max_ps: int = MAX_PS) -> int:
+    """Most PSs (``<= max_ps``) a job with ``workers`` workers of ``(GPUs, CPUs, GB)`` ``wv`` and PSs of
+    ``pv`` can run with, on the otherwise empty ``cluster``, laid out as the platform lays a growing job
+    (:func:`policies.elastic.materialize`: workers packed onto the nodes with most GPUs first, in node
+    order; PSs only on the job's worker nodes, split evenly, the first nodes taking the remainder,
+    :func:`policies.elastic.node_usage`). 0 when the workers do not fit; ``max_ps`` where the nodes
+    declare no CPUs / memory."""
+    gpn = cluster.gpus_per_node
+    cpus = [math.inf if c is None else float(c) for c in cluster.cpus_per_node]
+    mem = [math.inf if m is None else float(m) for m in cluster.mem_gb_per_node]
+    order = sorted(range(len(gpn)), key=lambda n: (-gpn[n], n))
+    counts: dict[int, int] = {}
+    left = workers
+    for n in order:
+        if left == 0:
+            break
+        k = min(left, gpn[n])
+        if wv[1] > 0:
+            k = min(k, int(cpus[n] // wv[1]) if cpus[n] != math.inf else k)
+        if wv[2] > 0:
+            k = min(k, int(mem[n] // wv[2]) if mem[n] != math.inf else k)
+        if k > 0:
+            counts[n] = k
+            left -= k
+    if left or not counts:
+        return 0
+    nodes = sorted(counts)
+    best = 0
+    for p in range(1, max_ps + 1):
+        base, extra = divmod(p, len(nodes))
+        for i, n in enumerate(nodes):
+            cnt = base + (1 if i < extra else 0)
+            if counts[n] * wv[1] + cnt * pv[1] > cpus[n] + 1e-9 or counts[n] * wv[2] + cnt * pv[2] > mem[n] + 1e-6:
+                return best
+        best = p
+    return best
+
+
+def _helps_any(s: Slot, dw: int, dp: int, used: Sequence[float], cap: Sequence[float], table: np.ndarray,
+               reach: np.ndarray) -> bool:
+    """Whether some allocation with at least this task added (``w' >= w + dw``, ``p' >= p + dp``) within
+    the workload's limits and the free aggregate ``cap - used`` has a higher speed than the current one:
+    condition (2) looking at every larger allocation, for a ``g`` that is flat along one kind of task
+    (``g = "placed"``: PSs past what the workers' nodes host add nothing; a worker helps only by making
+    room for more PSs). ``table[w, p]`` is the speed, ``reach[w, p]`` the most of ``table`` over
+    ``w' >= w``, ``p' >= p``."""
+    j = s.job
+    w0, p0 = j.w + dw, j.p + dp
+    hi_w, hi_p = min(j.hi, table.shape[0] - 1), min(j.hi, MAX_PS, table.shape[1] - 1)
+    if w0 > hi_w or p0 > hi_p:
+        return False
+    now = table[j.w, j.p]
+    if reach[w0, p0] <= now:
+        return False
+    sub = table[w0:hi_w + 1, p0:hi_p + 1]
+    dW = np.arange(w0, hi_w + 1)[:, None] - j.w
+    dP = np.arange(p0, hi_p + 1)[None, :] - j.p
+    ok = sub > now
+    for k in range(3):
+        if j.wv[k] or j.pv[k]:
+            ok &= dW * j.wv[k] + dP * j.pv[k] <= cap[k] - used[k] + 1e-6
+    return bool(ok.any())
+
+
+def _task_ok(s: Slot, dw: int, dp: int, used: Sequence[float], cap: Sequence[float], speed=None,
+             tables=None) -> bool:
     j = s.job
     if j.w + dw > j.hi or j.p + dp > min(j.hi, MAX_PS):
         return False
     if speed is not None:  # the task must lead to a lower per-iteration time (condition (2) per task)
         if j.w < j.lo or j.p == 0:  # not runnable yet: only the missing kind
             if (dw and j.w >= j.lo) or (dp and j.p >= 1 and not dw):
+                return False
+        elif tables is not None:
+            table, reach = tables(j)
+            if not _helps_any(s, dw, dp, used, cap, table, reach):
                 return False
         elif not _helps(s, dw, dp, used, cap, speed):
             return False
@@ -211,7 +280,7 @@ def _task_ok(s: Slot, dw: int, dp: int, used: Sequence[float], cap: Sequence[flo
 
 
 def action_mask(spec: ChicSpec, slots: Sequence[Slot | None], used: Sequence[float], cap: Sequence[float],
-                allow_empty: bool = False, speed=None) -> np.ndarray:
+                allow_empty: bool = False, speed=None, tables=None) -> np.ndarray:
     """bool ``[spec.n_actions]``: the task actions whose task fits the free aggregate ``cap - used``
     (GPUs, CPUs, GB) within the workload's limits; actions on empty slots when ``allow_empty``
     (the seed's punished no-op, for sampling); the stop action always.
@@ -219,13 +288,14 @@ def action_mask(spec: ChicSpec, slots: Sequence[Slot | None], used: Sequence[flo
     With ``speed(job, w, p)`` a task must also be useful: a workload that cannot run yet (no PS, or
     fewer workers than it can start on) takes only the kind it lacks; a runnable one only a task
     after which one or more tasks of the same kind raise its speed (the seed's condition (2), task
-    by task, with the look-ahead of :func:`_helps`)."""
+    by task, with the look-ahead of :func:`_helps`; with ``tables(job)`` -> ``(speed table, its
+    quadrant maxima)``, the look-ahead over every larger allocation of :func:`_helps_any`)."""
     mask = np.zeros(spec.n_actions, dtype=bool)
     mask[spec.stop] = True
     for a in range(spec.stop):
         i, dw, dp = spec.target(a)
         s = slots[i]
-        mask[a] = allow_empty if s is None else _task_ok(s, dw, dp, used, cap, speed)
+        mask[a] = allow_empty if s is None else _task_ok(s, dw, dp, used, cap, speed, tables)
     return mask
 
 
@@ -349,8 +419,10 @@ class ChicPolicy(ElasticBaseline):
         if g not in G_SOURCES:
             raise PolicyError(f"policy {spec.variant}: g must be one of {', '.join(G_SOURCES)}, got {g!r}")
         self.g = g
-        if g == "measured" and perf is not None:
+        if g in ("measured", "placed") and perf is not None:
             self.estimator = perf
+        self._cluster = None
+        self._tables: dict = {}
         if net.in_features != spec.obs_size or net.out_features != spec.n_actions:
             raise PolicyError(f"policy {spec.variant}: the network maps {net.in_features} -> {net.out_features}, "
                               f"the state / actions of I={spec.slots} need {spec.obs_size} -> {spec.n_actions}")
@@ -369,6 +441,35 @@ class ChicPolicy(ElasticBaseline):
         self.steps: list[tuple[np.ndarray, np.ndarray, int]] = []
         self.penalty = 0.0
         self.phases = 0
+
+    # ------------------------------------------------------------------ g
+    def tables(self, j) -> tuple[np.ndarray, np.ndarray]:
+        """``g = "placed"``: float64 ``[hi + 1, MAX_PS + 1]`` speeds of job ``j``'s model with ``w``
+        workers and ``p`` PSs, the PSs cut to what ``w`` workers' nodes host (:func:`ps_room` on the
+        cluster of the last snapshot), and their maxima over ``w' >= w``, ``p' >= p``."""
+        key = (j.info.model, j.hi, tuple(j.wv), tuple(j.pv))
+        got = self._tables.get(key)
+        if got is None:
+            hi = max(j.hi, 1)
+            t = np.zeros((hi + 1, MAX_PS + 1))
+            for w in range(1, hi + 1):
+                room = MAX_PS if self._cluster is None else ps_room(self._cluster, j.wv, j.pv, w)
+                for p in range(1, MAX_PS + 1):
+                    t[w, p] = 0.0 if room < 1 else super().speed(j, w, min(p, room))
+            r = np.maximum.accumulate(np.maximum.accumulate(t[::-1, ::-1], axis=0), axis=1)[::-1, ::-1]
+            got = self._tables[key] = (t, r)
+        return got
+
+    def speed(self, j, w: int, p: int) -> float:
+        """Estimated speed of job ``j`` with ``w`` workers and ``p`` PSs (the ``g`` of condition (2)):
+        :meth:`policies.elastic.ElasticBaseline.speed` on the estimator of :attr:`g`; with ``g =
+        "placed"`` the measured speed at the PSs the workers' nodes host (:meth:`tables`)."""
+        if self.g != "placed" or not j.ps_job:
+            return super().speed(j, w, p)
+        t, _ = self.tables(j)
+        if 0 <= w < t.shape[0] and 0 <= p < t.shape[1]:
+            return float(t[w, p])
+        return super().speed(j, w, p)
 
     # ------------------------------------------------------------------ decision phase
     def _improvable(self, s: Slot) -> bool:
@@ -394,7 +495,8 @@ class ChicPolicy(ElasticBaseline):
         self.phases += 1
         for _ in range(MAX_PHASE_STEPS):
             t0 = time.thread_time()
-            mask = action_mask(spec, slots, used, cap, False, self.speed if self.task_mask else None)
+            mask = action_mask(spec, slots, used, cap, False, self.speed if self.task_mask else None,
+                               self.tables if self.task_mask and self.g == "placed" else None)
             real = any(mask[a] for a in range(spec.stop) if slots[spec.target(a)[0]] is not None)
             if not real or (not self.task_mask and not any(self._improvable(s) for s in present)):
                 return  # S': the seed's conditions (1) / (2)
@@ -447,6 +549,8 @@ class ChicPolicy(ElasticBaseline):
             j.w, j.p = self._plan.get(j.info.job_id, (0, 0))
 
     def schedule(self, state: ClusterState) -> Decision:
+        if self._cluster is not state.cluster:
+            self._cluster, self._tables = state.cluster, {}
         jobs = plan_jobs(state)
         self.plan(jobs, plan_capacity(state), state)
         dec = Decision() if all((j.w, j.p) == (j.cur_w, j.cur_p) for j in jobs) else materialize(state, jobs)

@@ -54,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rates", type=_rates, default=None,
                    help="train one network per arrival rate (comma-separated jobs/h, the seed's per-rate retraining); "
                         "writes OUT/VARIANT-rRATE.json each (replaces --rate)")
-    p.add_argument("--g", choices=("measured", "fitted"), default=d.g,
+    p.add_argument("--g", choices=("measured", "fitted", "placed"), default=d.g,
                    help="per-iteration time g of condition (2): the simulator's measured speeds or Optimus' fitted "
                         "form (default: %(default)s)")
     p.add_argument("--jobs", type=_pos_int, default=d.jobs,

@@ -70,9 +70,11 @@ def _ci(x: np.ndarray) -> float:
     return math.nan if len(x) < 2 else float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
 
 
-def cell_config(variant: str, rate: float, w: int, i: int, iterations: int) -> CEMConfig:
-    """The training configuration of one cell (module docstring)."""
-    return CEMConfig(variant=variant, rate=rate, jobs=w, slots=i, iterations=iterations, g="measured")
+def cell_config(variant: str, rate: float, w: int, i: int, iterations: int, **over) -> CEMConfig:
+    """The training configuration of one cell (module docstring); ``over``: other :class:`CEMConfig` fields
+    (tests' tiny settings)."""
+    return CEMConfig(**{**dict(variant=variant, rate=rate, jobs=w, slots=i, iterations=iterations, g="measured"),
+                        **over})
 
 
 def _trained(path: Path, cfg: CEMConfig) -> bool:
@@ -85,7 +87,7 @@ def _trained(path: Path, cfg: CEMConfig) -> bool:
 
 
 def run(out: Path, iterations: int = STUDY_ITERATIONS, seqs: int = 30, retrain: bool = False,
-        cells: Sequence[tuple] = CELLS, progress: bool = False, log=print) -> dict:
+        cells: Sequence[tuple] = CELLS, progress: bool = False, log=print, over: dict | None = None) -> dict:
     """Train (or reuse) every cell, evaluate it on the test sequences; the numbers of the module docstring."""
     from policies.chic import make_chic_policy
     from policies.registry import make_policy
@@ -97,7 +99,7 @@ def run(out: Path, iterations: int = STUDY_ITERATIONS, seqs: int = 30, retrain: 
                  "cells": {}, "optimus": {}}
     tests: dict[float, list] = {}
     for name, variant, rate, w, i in cells:
-        cfg = cell_config(variant, rate, w, i, iterations)
+        cfg = cell_config(variant, rate, w, i, iterations, **(over or {}))
         ck = cdir / f"{name}.json"
         if retrain or not _trained(ck, cfg):
             h = train(cfg, cdir, progress=progress, name=name)
@@ -215,11 +217,11 @@ def replace_section(path: Path, body: str) -> None:
 
 
 def main(out: Path, iterations: int = STUDY_ITERATIONS, seqs: int = 30, retrain: bool = False, docs: bool = False,
-         progress: bool = False, root: Path = _ROOT, cells: Sequence[tuple] = CELLS) -> dict:
+         progress: bool = False, root: Path = _ROOT, cells: Sequence[tuple] = CELLS, over: dict | None = None) -> dict:
     """Run the study, write ``out``'s files and, with ``docs``, the docs' blocks and figure under ``root``."""
     out.mkdir(parents=True, exist_ok=True)
     c0 = time.process_time()
-    res = run(out, iterations, seqs, retrain, cells, progress)
+    res = run(out, iterations, seqs, retrain, cells, progress, over=over)
     res["cpu_seconds"] = time.process_time() - c0
     (out / "chic_study.json").write_text(json.dumps(res, indent=1))
     fig = figure(res, out / "chic_study.png")
