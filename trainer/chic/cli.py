@@ -57,6 +57,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--g", choices=("measured", "fitted", "placed"), default=d.g,
                    help="per-iteration time g of condition (2): the simulator's measured speeds or Optimus' fitted "
                         "form (default: %(default)s)")
+    p.add_argument("--groups", type=int, default=d.groups,
+                   help="0: each trajectory on its own random training sequence (the seed's); K: the N trajectories "
+                        "of an iteration on K common sequences, level and elite taken per sequence (default: %(default)s)")
     p.add_argument("--jobs", type=_pos_int, default=d.jobs,
                    help="W, jobs per training sequence (episode); validation sequences keep 30 (default: %(default)s)")
     p.add_argument("--train-seqs", type=_pos_int, default=d.train_seqs, help="training sequences (default: %(default)s)")
@@ -110,7 +113,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from trainer.chic.train import CEMConfig, checkpoint_name, ship_if_better, train
 
     cfg = CEMConfig(variant=args.variant, slots=args.slots, iterations=args.iterations, n=args.n, rho=args.rho,
-                    lr=args.lr, smooth=args.smooth, fit_epochs=args.fit_epochs, rate=args.rate, jobs=args.jobs,
+                    lr=args.lr, smooth=args.smooth, fit_epochs=args.fit_epochs, rate=args.rate, jobs=args.jobs, groups=args.groups,
                     train_seqs=args.train_seqs, val_seqs=args.val_seqs, val_every=args.val_every, seed=args.seed,
                     task_mask=not args.no_task_mask, g=args.g)
     try:
