@@ -20,12 +20,15 @@ is asked again and again, one task per answer, until it stops or the state is in
 task of a present workload fits the cluster's free aggregate GPUs / CPUs / memory (the seed's
 condition (1)), or no task lowers any present workload's per-iteration time ``g_i(w, p)`` (condition
 (2)), or no workload is present. ``g`` is the speed the simulator runs PS jobs at (DL2's measured
-profile, ``g = "measured"``, the default: the seed's ``g_i`` is its simulator's own) or Optimus' fitted
-form (``g = "fitted"``, :meth:`policies.psmodel.PSPerformanceModel.fitted`); the checkpoint records
-which. The mask (:func:`action_mask`) forbids a task that does not fit, more workers
+profile, ``g = "measured"``, the default: the seed's ``g_i`` is its simulator's own), that speed at the
+PSs the workers' nodes can host (``g = "placed"``: the platform puts PSs only on a job's worker nodes,
+:func:`ps_room`, so PSs past that room add nothing and a worker can help by making room for more) or
+Optimus' fitted form (``g = "fitted"``, :meth:`policies.psmodel.PSPerformanceModel.fitted`); the
+checkpoint records which. The mask (:func:`action_mask`) forbids a task that does not fit, more workers
 than ``max_gpus``, more PSs than ``max_gpus`` or :data:`policies.psmodel.MAX_PS`, a task after which
 no number of tasks of its kind lowers its workload's ``g`` (condition (2) applied task by task, with a
-look-ahead over the measured profile's dips, :func:`_helps`; a workload that cannot run yet, without
+look-ahead over the measured profile's dips, :func:`_helps`; with ``g = "placed"`` over every larger
+allocation, :func:`_helps_any`; a workload that cannot run yet, without
 a PS or below the workers it can start on, takes only the kind it lacks: a preempted elastic job
 restarts on exactly its last size, the platform's rule), and stopping while no workload can run yet.
 An action on an empty slot is a no-op the seed punishes (``-p1``, :func:`step_penalty`); it is masked
@@ -401,8 +404,10 @@ class ChicPolicy(ElasticBaseline):
         ``--no-task-mask``; recorded in the checkpoint).
     :param g: where the per-iteration time ``g_i(w, p)`` of conditions (2) and the task mask comes from
         (:data:`G_SOURCES`): ``measured`` (the speeds the simulator runs PS jobs at, DL2's profile: the
-        seed's ``g_i``, which its simulator knows exactly) or ``fitted`` (Optimus' fitted form, what
-        the ``optimus`` baseline plans with). Recorded in the checkpoint.
+        seed's ``g_i``, which its simulator knows exactly), ``placed`` (the measured speed at the PSs the
+        workers' nodes host, :meth:`tables`; the task mask then looks at every larger allocation) or
+        ``fitted`` (Optimus' fitted form, what the ``optimus`` baseline plans with). Recorded in the
+        checkpoint.
     Every answer's CPU time (s, this thread's, :func:`time.thread_time`: other processes on a loaded host
     do not count) goes to :attr:`step_times` (mask + encode + network + choice).
     """

@@ -16,6 +16,11 @@ Iteration ``k`` (:func:`cem_iteration`):
    first hidden layer (the seed's);
 5. ``theta~_k = alpha theta^_k + (1 - alpha) theta~_{k-1}`` (``alpha`` = :attr:`CEMConfig.smooth`).
 
+With :attr:`CEMConfig.groups` = K > 0 (ours, ``--groups``) steps 1-3 run on K common sequences: the N
+trajectories in K groups, each group on one sequence drawn at random (the uniform trajectory in the
+first), and the level and the elite taken within each group, so that trajectories are ranked by what
+their actions did on the same jobs rather than by how much work their sequence held.
+
 Every ``val_every`` (2, the seed's) iterations the greedy policy runs the validation sequences (30,
 the seed's) and the one with the lowest average completion time is kept (the seed's model selection).
 
