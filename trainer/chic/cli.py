@@ -60,6 +60,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--groups", type=int, default=d.groups,
                    help="0: each trajectory on its own random training sequence (the seed's); K: the N trajectories "
                         "of an iteration on K common sequences, level and elite taken per sequence (default: %(default)s)")
+    p.add_argument("--init", default=None,
+                   help="start from this Chic checkpoint (same variant and I) instead of random weights")
     p.add_argument("--jobs", type=_pos_int, default=d.jobs,
                    help="W, jobs per training sequence (episode); validation sequences keep 30 (default: %(default)s)")
     p.add_argument("--train-seqs", type=_pos_int, default=d.train_seqs, help="training sequences (default: %(default)s)")
@@ -115,7 +117,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from trainer.chic.train import CEMConfig, checkpoint_name, ship_if_better, train
 
     cfg = CEMConfig(variant=args.variant, slots=args.slots, iterations=args.iterations, n=args.n, rho=args.rho,
-                    lr=args.lr, smooth=args.smooth, fit_epochs=args.fit_epochs, rate=args.rate, jobs=args.jobs, groups=args.groups,
+                    lr=args.lr, smooth=args.smooth, fit_epochs=args.fit_epochs, rate=args.rate, jobs=args.jobs, groups=args.groups, init=args.init,
                     train_seqs=args.train_seqs, val_seqs=args.val_seqs, val_every=args.val_every, seed=args.seed,
                     task_mask=not args.no_task_mask, g=args.g)
     try:
@@ -129,7 +131,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
     for rate in args.rates or [None]:
         c = cfg if rate is None else dataclasses.replace(cfg, rate=rate)
         name = checkpoint_name(args.variant, rate)
-        h = train(c, args.out, progress=sys.stderr.isatty(), name=name)
+        from policies.base import PolicyError
+
+        try:
+            h = train(c, args.out, progress=sys.stderr.isatty(), name=name)
+        except (ValueError, OSError, PolicyError) as exc:
+            print(f"rlsched train-chic: {exc}", file=sys.stderr)
+            return 2
         print(f"{name}: best validation ACT {h['best_val_act']:.0f} s at iteration {h['best_iteration']}; "
               f"{h['train_seconds']:.0f} s; checkpoint {Path(args.out) / name}.json", flush=True)
         if args.ship:

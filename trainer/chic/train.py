@@ -85,6 +85,7 @@ class CEMConfig:
     task_mask: bool = True    # mask tasks that do not lower g (policies.chic.ChicPolicy); False: the ablation
     g: str = "measured"       # where condition (2)'s g comes from (policies.chic.G_SOURCES)
     groups: int = 0           # 0: each trajectory on its own random sequence (seed); k: k common sequences (ours)
+    init: str | None = None   # a Chic checkpoint of the same variant and I to start from (None: random, seeded)
 
     def check(self) -> None:
         if self.variant not in ("chic", "chic-pair"):
@@ -304,7 +305,16 @@ def train(cfg: CEMConfig, out: str | Path, progress: bool = True, name: str | No
     train_set = sequences(TRAIN_SEED0, cfg.train_seqs, cfg.rate, cfg.jobs)
     val_set = sequences(VAL_SEED0, cfg.val_seqs, cfg.rate, cfg.val_jobs)
     rng = np.random.default_rng(cfg.seed)
-    net = ChicNet.init(spec.obs_size, spec.n_actions, seed=cfg.seed)
+    if cfg.init is None:
+        net = ChicNet.init(spec.obs_size, spec.n_actions, seed=cfg.seed)
+    else:
+        from policies.chic import load_chic_checkpoint
+
+        ck = load_chic_checkpoint(cfg.init)
+        if ck.spec != spec:
+            raise ValueError(f"--init {cfg.init}: a {ck.spec.variant} checkpoint with I={ck.spec.slots}, "
+                             f"not {spec.variant} with I={spec.slots}")
+        net = ck.net
 
     def rollout(nt: ChicNet, mode: str, seed: int, key: int | None = None) -> Episode:
         jobs = train_set[(seed if key is None else key) % len(train_set)]
@@ -365,6 +375,7 @@ def train(cfg: CEMConfig, out: str | Path, progress: bool = True, name: str | No
                            f"{'' if cfg.jobs == 30 else f' --jobs {cfg.jobs}'}"
                            f"{'' if cfg.groups == 0 else f' --groups {cfg.groups}'}"
                            f"{'' if cfg.rho == 0.3 else f' --rho {cfg.rho:g}'}"
+                           f"{'' if cfg.init is None else f' --init {cfg.init}'}"
                            f"{'' if cfg.task_mask else ' --no-task-mask'} --out DIR"}
     save_chic_checkpoint(out / name, spec, best_net, training,
                          {"p1": cfg.p1, "p2": cfg.p2, "unit_s": REWARD_UNIT_S}, cfg.task_mask, cfg.g)
