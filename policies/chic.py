@@ -28,7 +28,7 @@ checkpoint records which. The mask (:func:`action_mask`) forbids a task that doe
 than ``max_gpus``, more PSs than ``max_gpus`` or :data:`policies.psmodel.MAX_PS`, a task after which
 no number of tasks of its kind lowers its workload's ``g`` (condition (2) applied task by task, with a
 look-ahead over the measured profile's dips, :func:`_helps`; with ``g = "placed"`` over every larger
-allocation, :func:`_helps_any`; a workload that cannot run yet, without
+worker that makes room for more PSs, :func:`_helps_room`; a workload that cannot run yet, without
 a PS or below the workers it can start on, takes only the kind it lacks: a preempted elastic job
 restarts on exactly its last size, the platform's rule), and stopping while no workload can run yet.
 An action on an empty slot is a no-op the seed punishes (``-p1``, :func:`step_penalty`); it is masked
@@ -237,34 +237,29 @@ def ps_room(cluster, wv: Sequence[float], pv: Sequence[float], workers: int, max
     return best
 
 
-def _helps_any(s: Slot, dw: int, dp: int, used: Sequence[float], cap: Sequence[float], table: np.ndarray,
-               reach: np.ndarray) -> bool:
-    """Whether some allocation with at least this task added (``w' >= w + dw``, ``p' >= p + dp``) within
-    the workload's limits and the free aggregate ``cap - used`` has a higher speed than the current one:
-    condition (2) looking at every larger allocation, for a ``g`` that is flat along one kind of task
-    (``g = "placed"``: PSs past what the workers' nodes host add nothing; a worker helps only by making
-    room for more PSs). ``table[w, p]`` is the speed, ``reach[w, p]`` the most of ``table`` over
-    ``w' >= w``, ``p' >= p``."""
+def _helps_room(s: Slot, dw: int, dp: int, used: Sequence[float], cap: Sequence[float], speed, room) -> bool:
+    """Condition (2) for ``g = "placed"``: :func:`_helps` on the placed speed (PSs past what the workers'
+    nodes host, ``room(job, w)``, add nothing, so a PS there is refused), and, where the workload's PSs
+    fill its workers' room, a worker is also useful when one more worker and the PSs its room adds
+    (one or more of them, within the free aggregate ``cap - used``) are faster than now: on the
+    platform a worker on another node is what makes room for more PSs (VGG-16 on the Chic cluster:
+    2 workers host 5 PSs, 19.8; 3 host 10, 22.0), while at a fixed PS count a worker only slows it."""
+    if _helps(s, dw, dp, used, cap, speed):
+        return True
     j = s.job
-    w0, p0 = j.w + dw, j.p + dp
-    hi_w, hi_p = min(j.hi, table.shape[0] - 1), min(j.hi, MAX_PS, table.shape[1] - 1)
-    if w0 > hi_w or p0 > hi_p:
+    if not dw or dp or j.w + 1 > j.hi or j.p < room(j, j.w):
         return False
-    now = table[j.w, j.p]
-    if reach[w0, p0] <= now:
-        return False
-    sub = table[w0:hi_w + 1, p0:hi_p + 1]
-    dW = np.arange(w0, hi_w + 1)[:, None] - j.w
-    dP = np.arange(p0, hi_p + 1)[None, :] - j.p
-    ok = sub > now
-    for k in range(3):
-        if j.wv[k] or j.pv[k]:
-            ok &= dW * j.wv[k] + dP * j.pv[k] <= cap[k] - used[k] + 1e-6
-    return bool(ok.any())
+    now = speed(j, j.w, j.p)
+    for p in range(j.p + 1, min(room(j, j.w + 1), j.hi, MAX_PS) + 1):
+        if not fits_capacity(used, j.use(1, p - j.p), cap):
+            break
+        if speed(j, j.w + 1, p) > now:
+            return True
+    return False
 
 
 def _task_ok(s: Slot, dw: int, dp: int, used: Sequence[float], cap: Sequence[float], speed=None,
-             tables=None) -> bool:
+             room=None) -> bool:
     j = s.job
     if j.w + dw > j.hi or j.p + dp > min(j.hi, MAX_PS):
         return False
@@ -272,9 +267,8 @@ def _task_ok(s: Slot, dw: int, dp: int, used: Sequence[float], cap: Sequence[flo
         if j.w < j.lo or j.p == 0:  # not runnable yet: only the missing kind
             if (dw and j.w >= j.lo) or (dp and j.p >= 1 and not dw):
                 return False
-        elif tables is not None:
-            table, reach = tables(j)
-            if not _helps_any(s, dw, dp, used, cap, table, reach):
+        elif room is not None:
+            if not _helps_room(s, dw, dp, used, cap, speed, room):
                 return False
         elif not _helps(s, dw, dp, used, cap, speed):
             return False
@@ -283,7 +277,7 @@ def _task_ok(s: Slot, dw: int, dp: int, used: Sequence[float], cap: Sequence[flo
 
 
 def action_mask(spec: ChicSpec, slots: Sequence[Slot | None], used: Sequence[float], cap: Sequence[float],
-                allow_empty: bool = False, speed=None, tables=None) -> np.ndarray:
+                allow_empty: bool = False, speed=None, room=None) -> np.ndarray:
     """bool ``[spec.n_actions]``: the task actions whose task fits the free aggregate ``cap - used``
     (GPUs, CPUs, GB) within the workload's limits; actions on empty slots when ``allow_empty``
     (the seed's punished no-op, for sampling); the stop action always.
@@ -291,14 +285,14 @@ def action_mask(spec: ChicSpec, slots: Sequence[Slot | None], used: Sequence[flo
     With ``speed(job, w, p)`` a task must also be useful: a workload that cannot run yet (no PS, or
     fewer workers than it can start on) takes only the kind it lacks; a runnable one only a task
     after which one or more tasks of the same kind raise its speed (the seed's condition (2), task
-    by task, with the look-ahead of :func:`_helps`; with ``tables(job)`` -> ``(speed table, its
-    quadrant maxima)``, the look-ahead over every larger allocation of :func:`_helps_any`)."""
+    by task, with the look-ahead of :func:`_helps`; with ``room(job, w)``, the PSs ``w`` workers' nodes
+    host, also a worker that makes room for faster PS counts, :func:`_helps_room`)."""
     mask = np.zeros(spec.n_actions, dtype=bool)
     mask[spec.stop] = True
     for a in range(spec.stop):
         i, dw, dp = spec.target(a)
         s = slots[i]
-        mask[a] = allow_empty if s is None else _task_ok(s, dw, dp, used, cap, speed, tables)
+        mask[a] = allow_empty if s is None else _task_ok(s, dw, dp, used, cap, speed, room)
     return mask
 
 
@@ -405,7 +399,8 @@ class ChicPolicy(ElasticBaseline):
     :param g: where the per-iteration time ``g_i(w, p)`` of conditions (2) and the task mask comes from
         (:data:`G_SOURCES`): ``measured`` (the speeds the simulator runs PS jobs at, DL2's profile: the
         seed's ``g_i``, which its simulator knows exactly), ``placed`` (the measured speed at the PSs the
-        workers' nodes host, :meth:`tables`; the task mask then looks at every larger allocation) or
+        workers' nodes host, :meth:`tables`; the task mask then also offers a worker that makes room for
+        faster PS counts) or
         ``fitted`` (Optimus' fitted form, what the ``optimus`` baseline plans with). Recorded in the
         checkpoint.
     Every answer's CPU time (s, this thread's, :func:`time.thread_time`: other processes on a loaded host
@@ -448,21 +443,28 @@ class ChicPolicy(ElasticBaseline):
         self.phases = 0
 
     # ------------------------------------------------------------------ g
-    def tables(self, j) -> tuple[np.ndarray, np.ndarray]:
+    def room(self, j, w: int) -> int:
+        """PSs ``w`` workers of job ``j`` can run with on the cluster of the last snapshot (:func:`ps_room`;
+        :data:`policies.psmodel.MAX_PS` before any snapshot)."""
+        key = ("room", tuple(j.wv), tuple(j.pv), w)
+        got = self._tables.get(key)
+        if got is None:
+            got = self._tables[key] = MAX_PS if self._cluster is None else ps_room(self._cluster, j.wv, j.pv, w)
+        return got
+
+    def tables(self, j) -> np.ndarray:
         """``g = "placed"``: float64 ``[hi + 1, MAX_PS + 1]`` speeds of job ``j``'s model with ``w``
-        workers and ``p`` PSs, the PSs cut to what ``w`` workers' nodes host (:func:`ps_room` on the
-        cluster of the last snapshot), and their maxima over ``w' >= w``, ``p' >= p``."""
+        workers and ``p`` PSs, the PSs cut to what ``w`` workers' nodes host (:meth:`room`)."""
         key = (j.info.model, j.hi, tuple(j.wv), tuple(j.pv))
         got = self._tables.get(key)
         if got is None:
             hi = max(j.hi, 1)
-            t = np.zeros((hi + 1, MAX_PS + 1))
+            got = np.zeros((hi + 1, MAX_PS + 1))
             for w in range(1, hi + 1):
-                room = MAX_PS if self._cluster is None else ps_room(self._cluster, j.wv, j.pv, w)
+                room = self.room(j, w)
                 for p in range(1, MAX_PS + 1):
-                    t[w, p] = 0.0 if room < 1 else super().speed(j, w, min(p, room))
-            r = np.maximum.accumulate(np.maximum.accumulate(t[::-1, ::-1], axis=0), axis=1)[::-1, ::-1]
-            got = self._tables[key] = (t, r)
+                    got[w, p] = 0.0 if room < 1 else super().speed(j, w, min(p, room))
+            self._tables[key] = got
         return got
 
     def speed(self, j, w: int, p: int) -> float:
@@ -471,7 +473,7 @@ class ChicPolicy(ElasticBaseline):
         "placed"`` the measured speed at the PSs the workers' nodes host (:meth:`tables`)."""
         if self.g != "placed" or not j.ps_job:
             return super().speed(j, w, p)
-        t, _ = self.tables(j)
+        t = self.tables(j)
         if 0 <= w < t.shape[0] and 0 <= p < t.shape[1]:
             return float(t[w, p])
         return super().speed(j, w, p)
@@ -501,7 +503,7 @@ class ChicPolicy(ElasticBaseline):
         for _ in range(MAX_PHASE_STEPS):
             t0 = time.thread_time()
             mask = action_mask(spec, slots, used, cap, False, self.speed if self.task_mask else None,
-                               self.tables if self.task_mask and self.g == "placed" else None)
+                               self.room if self.task_mask and self.g == "placed" else None)
             real = any(mask[a] for a in range(spec.stop) if slots[spec.target(a)[0]] is not None)
             if not real or (not self.task_mask and not any(self._improvable(s) for s in present)):
                 return  # S': the seed's conditions (1) / (2)

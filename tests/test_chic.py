@@ -368,10 +368,10 @@ def test_ps_room_hand_worked():
 
 
 def test_placed_g_caps_ps_and_offers_the_worker_that_makes_room():
-    """g = "placed": a VGG-16 job at 2 workers / 5 PSs runs as 2 : 5 with any more PSs (its node hosts 5);
-    a third worker is offered, since 3 workers host 10 PSs (measured 22.0 > 19.8), and so is a PS (a
-    worker after it reaches 3 : 10); with at most 2 workers neither is. With the measured g along one
-    direction a worker is never offered at a fixed PS count (it only slows)."""
+    """g = "placed": a VGG-16 job at 2 workers / 5 PSs runs as 2 : 5 with any more PSs (its node hosts 5),
+    so a PS is not offered; a third worker is, since 3 workers host 10 PSs (measured 22.0 > 19.8); with
+    at most 2 workers neither is. With the measured g a worker is never offered at a fixed PS count (it
+    only slows)."""
     spec = ChicSpec("chic", 1)
     net = ChicNet.init(spec.obs_size, spec.n_actions, seed=1)
     cluster, perf = chic_setup()
@@ -383,16 +383,16 @@ def test_placed_g_caps_ps_and_offers_the_worker_that_makes_room():
     assert placed.speed(s.job, 3, 10) == pytest.approx(ms.measured_speed(3, 10))
     assert placed.speed(s.job, 3, 10) > placed.speed(s.job, 2, 5)
     big = (10.0, 120.0, 600.0)
-    m = action_mask(spec, [s], [0, 0, 0], big, speed=placed.speed, tables=placed.tables)
-    assert m.tolist() == [True, True, True]
+    m = action_mask(spec, [s], [0, 0, 0], big, speed=placed.speed, room=placed.room)
+    assert m.tolist() == [True, False, True]
     two = _slot("VGG-16", w=2, p=5, hi=2)
-    assert action_mask(spec, [two], [0, 0, 0], big, speed=placed.speed, tables=placed.tables).tolist() == [False, False, True]
+    assert action_mask(spec, [two], [0, 0, 0], big, speed=placed.speed, room=placed.room).tolist() == [False, False, True]
     assert action_mask(spec, [s], [0, 0, 0], big, speed=measured.speed).tolist()[0] is False
     # 14 CPUs free: a third worker and 3 PSs fit (3 : 8, measured 20.8); 9 free: 3 : 6 at most (19.3), refused
-    assert action_mask(spec, [s], [0, 120 - 14, 0], big, speed=placed.speed, tables=placed.tables).tolist()[0] is True
-    assert action_mask(spec, [s], [0, 120 - 9, 0], big, speed=placed.speed, tables=placed.tables).tolist()[0] is False
+    assert action_mask(spec, [s], [0, 120 - 14, 0], big, speed=placed.speed, room=placed.room).tolist()[0] is True
+    assert action_mask(spec, [s], [0, 120 - 9, 0], big, speed=placed.speed, room=placed.room).tolist()[0] is False
     s.job.w, s.job.p = 3, 10  # the best the layout allows: only stop
-    assert action_mask(spec, [s], [0, 0, 0], big, speed=placed.speed, tables=placed.tables).tolist() == [False, False, True]
+    assert action_mask(spec, [s], [0, 0, 0], big, speed=placed.speed, room=placed.room).tolist() == [False, False, True]
 
 
 @pytest.mark.slow

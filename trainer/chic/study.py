@@ -20,8 +20,8 @@ states in words (``W`` = 60 minus 30; ``I`` = 2 and 4 minus 3), each with its 95
 the sequences, beside the seed's statement (:data:`SEED_FINDINGS`).
 
 Writes ``OUT/chic_study.json``, ``OUT/chic_study.md``, ``OUT/chic_study.png`` and the cells'
-checkpoints ``OUT/cells/<cell>.json`` (a cell whose checkpoint exists with the same configuration is
-not trained again: ``--retrain`` forces it); with ``--docs`` also the blocks between
+checkpoints ``OUT/cells/<cell>.json`` with their test ACTs ``OUT/cells/<cell>-test.json`` (a cell whose
+checkpoint exists with the same configuration is not trained or run again: ``--retrain`` forces it); with ``--docs`` also the blocks between
 ``<!-- chic-study:begin -->`` and ``<!-- chic-study:end -->`` of docs/ELASTIC.md and docs/RESULTS.md
 and ``docs/figures/chic_study.png``.
 """
@@ -86,6 +86,27 @@ def _trained(path: Path, cfg: CEMConfig) -> bool:
         return False
 
 
+def _tests(cache: dict, rate: float, seqs: int) -> list:
+    if rate not in cache:
+        cache[rate] = sequences(TEST_SEED0, seqs, rate)
+    return cache[rate]
+
+
+def _cached(path: Path, key: dict, again: bool, compute) -> list[float]:
+    """The per-sequence ACTs stored in ``path`` under ``key`` (the cell's configuration and the number of
+    test sequences), or ``compute()`` stored there (also when ``again``)."""
+    if not again and path.is_file():
+        try:
+            got = json.loads(path.read_text())
+            if got.get("key") == key:
+                return got["per_seq_s"]
+        except (OSError, ValueError, KeyError):
+            pass
+    vals = [float(x) for x in compute()]
+    path.write_text(json.dumps({"key": key, "per_seq_s": vals}))
+    return vals
+
+
 def run(out: Path, iterations: int = STUDY_ITERATIONS, seqs: int = 30, retrain: bool = False,
         cells: Sequence[tuple] = CELLS, progress: bool = False, log=print, over: dict | None = None) -> dict:
     """Train (or reuse) every cell, evaluate it on the test sequences; the numbers of the module docstring."""
@@ -106,12 +127,12 @@ def run(out: Path, iterations: int = STUDY_ITERATIONS, seqs: int = 30, retrain: 
             log(f"chic-study {name}: best validation ACT {h['best_val_act']:.0f} s at iteration "
                 f"{h['best_iteration']}; {h['train_cpu_seconds']:.0f} s CPU")
         hist = json.loads((cdir / f"{name}-history.json").read_text())
-        if rate not in tests:
-            tests[rate] = sequences(TEST_SEED0, seqs, rate)
-            res["optimus"][f"{rate:g}"] = [run_policy(make_policy("optimus", cluster, perf), cluster, perf, j)
-                                           for j in tests[rate]]
+        if f"{rate:g}" not in res["optimus"]:
+            res["optimus"][f"{rate:g}"] = _cached(cdir / f"optimus-r{rate:g}-test.json", {"seqs": seqs}, retrain, lambda: [
+                run_policy(make_policy("optimus", cluster, perf), cluster, perf, j) for j in _tests(tests, rate, seqs)])
         c0 = time.process_time()
-        acts = [run_policy(make_chic_policy(f"{variant}:{ck}", perf), cluster, perf, j) for j in tests[rate]]
+        acts = _cached(cdir / f"{name}-test.json", {"seqs": seqs, "config": dataclasses.asdict(cfg)}, retrain, lambda: [
+            run_policy(make_chic_policy(f"{variant}:{ck}", perf), cluster, perf, j) for j in _tests(tests, rate, seqs)])
         res["cells"][name] = {"variant": variant, "rate": rate, "W": w, "I": i, "per_seq_s": acts,
                               "best_val_act_s": hist["best_val_act"], "best_iteration": hist["best_iteration"],
                               "train_cpu_s": hist["train_cpu_seconds"], "eval_cpu_s": time.process_time() - c0}
