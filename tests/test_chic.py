@@ -421,3 +421,17 @@ def test_w_i_study_on_a_tiny_setting(tmp_path):
     again = study.run(tmp_path / "out", 1, 2, cells=cells, over=over, log=logs.append)
     assert not any("best validation" in m for m in logs)  # not trained again
     assert again["cells"]["chic-pair-I2-r2.7"]["per_seq_s"] == c2["per_seq_s"]
+
+
+def test_forced_shape_policy_overrides_the_networks_plan_where_it_fits():
+    from trainer.chic.shapes import ForcedShape
+
+    spec = ChicSpec("chic", 3)
+    _cluster, perf = chic_setup()
+    pol = ForcedShape(ChicNet.init(spec.obs_size, spec.n_actions, seed=2), spec, perf, {"VGG-16": (3, 10)})
+    a, b = _slot(), _slot("ResNet-50", wv=(1.0, 2.0, 8.0), pv=(0.0, 3.0, 9.0))
+    pol.decide([a, b, None], 0, (10.0, 120.0, 600.0))
+    assert (a.job.w, a.job.p) == (3, 10) and b.job.w >= 1 and b.job.p >= 1  # the network plans ResNet-50
+    c = _slot()
+    pol.decide([c, None, None], 0, (10.0, 40.0, 600.0))  # 3 x 2 + 10 x 4 = 46 CPUs do not fit in 40
+    assert (c.job.w, c.job.p) != (3, 10) and c.job.w >= 1
