@@ -228,6 +228,9 @@ def markdown(res: dict) -> str:
             "I4-I3 r2.7": f"{SEED_I4_MINUS_I3_S:+.2f} s"}
     for k, d in D.items():
         lines.append(f"| {d['label']} | {d['mean_s']:+.1f} +- {d['ci_s']:.1f} | {seed.get(k, '')} |")
+    missing = [c[0] for c in CELLS if c[0] not in C]
+    if missing:
+        lines += ["", f"Cells not run here: {', '.join(missing)}."]
     lines += ["", "![W and I study](figures/chic_study.png)"]
     return "\n".join(lines)
 
