@@ -27,8 +27,8 @@ Optimus' fitted form (``g = "fitted"``, :meth:`policies.psmodel.PSPerformanceMod
 checkpoint records which. The mask (:func:`action_mask`) forbids a task that does not fit, more workers
 than ``max_gpus``, more PSs than ``max_gpus`` or :data:`policies.psmodel.MAX_PS`, a task after which
 no number of tasks of its kind lowers its workload's ``g`` (condition (2) applied task by task, with a
-look-ahead over the measured profile's dips, :func:`_helps`; with ``g = "placed"`` over every larger
-worker that makes room for more PSs, :func:`_helps_room`; a workload that cannot run yet, without
+look-ahead over the measured profile's dips, :func:`_helps`; with ``g = "placed"`` also a worker that
+makes room for more PSs, :func:`_helps_room`; a workload that cannot run yet, without
 a PS or below the workers it can start on, takes only the kind it lacks: a preempted elastic job
 restarts on exactly its last size, the platform's rule), and stopping while no workload can run yet.
 An action on an empty slot is a no-op the seed punishes (``-p1``, :func:`step_penalty`); it is masked
@@ -400,9 +400,8 @@ class ChicPolicy(ElasticBaseline):
         (:data:`G_SOURCES`): ``measured`` (the speeds the simulator runs PS jobs at, DL2's profile: the
         seed's ``g_i``, which its simulator knows exactly), ``placed`` (the measured speed at the PSs the
         workers' nodes host, :meth:`tables`; the task mask then also offers a worker that makes room for
-        faster PS counts) or
-        ``fitted`` (Optimus' fitted form, what the ``optimus`` baseline plans with). Recorded in the
-        checkpoint.
+        faster PS counts) or ``fitted`` (Optimus' fitted form, what the ``optimus`` baseline plans
+        with). Recorded in the checkpoint.
     Every answer's CPU time (s, this thread's, :func:`time.thread_time`: other processes on a loaded host
     do not count) goes to :attr:`step_times` (mask + encode + network + choice).
     """
