@@ -414,7 +414,8 @@ def test_w_i_study_on_a_tiny_setting(tmp_path):
     assert d["mean_s"] == pytest.approx(c2["act_s"] - c3["act_s"])
     assert load_chic_checkpoint(tmp_path / "out" / "cells" / "chic-pair-I2-r2.7.json").spec.slots == 2
     text = (root / "docs" / "RESULTS.md").read_text()
-    assert "stale" not in text and "| chic-pair-I2-r2.7 | chic-pair | 2.7 | 30 | 2 |" in text and "-71.28 s" in text
+    assert "stale" not in text and "| chic-pair-I2-r2.7 | chic-pair | 2.7 | 30 | 2 |" in text
+    assert "I = 2 minus I = 3 |" in text and "no number given" in text and "Cells not run here: chic-W30" in text
     assert (root / "docs" / "figures" / "chic_study.png").stat().st_size > 0
     from trainer.chic import study
 

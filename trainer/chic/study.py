@@ -116,8 +116,8 @@ def run(out: Path, iterations: int = STUDY_ITERATIONS, seqs: int = 30, retrain: 
     cdir = out / "cells"
     cdir.mkdir(parents=True, exist_ok=True)
     cluster, perf = chic_setup()
-    res: dict = {"iterations": iterations, "seqs": seqs, "test_seeds": [TEST_SEED0, TEST_SEED0 + seqs - 1],
-                 "cells": {}, "optimus": {}}
+    res: dict = {"iterations": iterations, "n": cell_config("chic", 1.8, 30, 3, iterations, **(over or {})).n,
+                 "seqs": seqs, "test_seeds": [TEST_SEED0, TEST_SEED0 + seqs - 1], "cells": {}, "optimus": {}}
     tests: dict[float, list] = {}
     for name, variant, rate, w, i in cells:
         cfg = cell_config(variant, rate, w, i, iterations, **(over or {}))
@@ -207,10 +207,37 @@ def figure(res: dict, path: Path) -> Path:
     return path
 
 
+def _d(D: dict, k: str) -> str:
+    d = D[k]
+    return f"{d['mean_s']:+.1f} +- {d['ci_s']:.1f} s"
+
+
+def findings(res: dict) -> list[str]:
+    """What the numbers say against each of the seed's statements (bullets of the generated block)."""
+    C, D = res["cells"], res["differences"]
+    out = []
+    w = [v for v in ("chic", "chic-pair") if f"{v} W60-W30" in D]
+    if w:
+        cpu = " / ".join(f"{C[f'{v}-W60']['train_cpu_s'] / max(C[f'{v}-W30']['train_cpu_s'], 1e-9):.1f}x" for v in w)
+        out.append("**W** (seed: " + SEED_FINDINGS["W"] + "): W = 60 minus W = 30 is "
+                   + " and ".join(f"{_d(D, f'{v} W60-W30')} for {v}" for v in w)
+                   + f" of test ACT; training took {cpu} the CPU time of W = 30.")
+    for r, key in (("0.9", "I0.9"), ("2.7", "I2.7")):
+        ks = [k for k in (f"I2-I3 r{r}", f"I4-I3 r{r}") if k in D]
+        if ks:
+            txt = (f"**I at {r} jobs/h** (seed: {SEED_FINDINGS[key]}): "
+                   + " and ".join(f"I = {k[1]} minus I = 3 {_d(D, k)}" for k in ks))
+            if r == "2.7" and f"I4-I3 r{r}" in D:
+                txt += f" (the seed: {SEED_I4_MINUS_I3_S:+.2f} s for I = 4)"
+            out.append(txt + ".")
+    return out
+
+
 def markdown(res: dict) -> str:
     """The generated block: the cells' table, the paired differences beside the seed's findings."""
     C, D = res["cells"], res["differences"]
-    lines = [f"Every cell: one training run of {res['iterations']} cross-entropy iterations (35 + 1 trajectories each; "
+    lines = [f"Every cell: one training run of {res['iterations']} cross-entropy iterations ({res.get('n', 35)} + 1 "
+             "trajectories each; "
              "the shipped networks have 40 / 20), the validation-best network of it, run on test seeds "
              f"{res['test_seeds'][0]}-{res['test_seeds'][1]} (30 jobs each) at its rate with Optimus on the same "
              "sequences; mean +- 95 % t-interval half-width over the sequences.", "",
@@ -228,6 +255,7 @@ def markdown(res: dict) -> str:
             "I4-I3 r2.7": f"{SEED_I4_MINUS_I3_S:+.2f} s"}
     for k, d in D.items():
         lines.append(f"| {d['label']} | {d['mean_s']:+.1f} +- {d['ci_s']:.1f} | {seed.get(k, '')} |")
+    lines += ["", *[f"* {f}" for f in findings(res)]]
     missing = [c[0] for c in CELLS if c[0] not in C]
     if missing:
         lines += ["", f"Cells not run here: {', '.join(missing)}."]
