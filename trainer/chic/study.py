@@ -78,12 +78,15 @@ def cell_config(variant: str, rate: float, w: int, i: int, iterations: int, **ov
 
 
 def _trained(path: Path, cfg: CEMConfig) -> bool:
+    """Whether the checkpoint ``path`` was trained with ``cfg`` (a field its record lacks counts as its
+    default, the behaviour before the field existed)."""
     if not path.is_file():
         return False
     try:
-        return json.loads(path.read_text()).get("training", {}).get("config") == dataclasses.asdict(cfg)
+        got = json.loads(path.read_text()).get("training", {}).get("config")
     except (OSError, ValueError):
         return False
+    return isinstance(got, dict) and {**dataclasses.asdict(CEMConfig()), **got} == dataclasses.asdict(cfg)
 
 
 def _tests(cache: dict, rate: float, seqs: int) -> list:
