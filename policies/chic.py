@@ -20,12 +20,15 @@ is asked again and again, one task per answer, until it stops or the state is in
 task of a present workload fits the cluster's free aggregate GPUs / CPUs / memory (the seed's
 condition (1)), or no task lowers any present workload's per-iteration time ``g_i(w, p)`` (condition
 (2)), or no workload is present. ``g`` is the speed the simulator runs PS jobs at (DL2's measured
-profile, ``g = "measured"``, the default: the seed's ``g_i`` is its simulator's own) or Optimus' fitted
-form (``g = "fitted"``, :meth:`policies.psmodel.PSPerformanceModel.fitted`); the checkpoint records
-which. The mask (:func:`action_mask`) forbids a task that does not fit, more workers
+profile, ``g = "measured"``, the default: the seed's ``g_i`` is its simulator's own), that speed at the
+PSs the workers' nodes can host (``g = "placed"``: the platform puts PSs only on a job's worker nodes,
+:func:`ps_room`, so PSs past that room add nothing and a worker can help by making room for more) or
+Optimus' fitted form (``g = "fitted"``, :meth:`policies.psmodel.PSPerformanceModel.fitted`); the
+checkpoint records which. The mask (:func:`action_mask`) forbids a task that does not fit, more workers
 than ``max_gpus``, more PSs than ``max_gpus`` or :data:`policies.psmodel.MAX_PS`, a task after which
 no number of tasks of its kind lowers its workload's ``g`` (condition (2) applied task by task, with a
-look-ahead over the measured profile's dips, :func:`_helps`; a workload that cannot run yet, without
+look-ahead over the measured profile's dips, :func:`_helps`; with ``g = "placed"`` also a worker that
+makes room for more PSs, :func:`_helps_room`; a workload that cannot run yet, without
 a PS or below the workers it can start on, takes only the kind it lacks: a preempted elastic job
 restarts on exactly its last size, the platform's rule), and stopping while no workload can run yet.
 An action on an empty slot is a no-op the seed punishes (``-p1``, :func:`step_penalty`); it is masked
@@ -74,7 +77,7 @@ from policies.state import ClusterState, Decision
 
 __all__ = [
     "VARIANTS", "DEFAULT_I", "G_SOURCES", "HIDDEN", "P1", "P2", "REWARD_UNIT_S", "MAX_PHASE_STEPS",
-    "ChicSpec", "ChicNet", "Slot", "encode", "action_mask", "step_penalty", "time_reward",
+    "ChicSpec", "ChicNet", "Slot", "encode", "action_mask", "step_penalty", "time_reward", "ps_room",
     "ChicPolicy", "ChicCheckpoint", "save_chic_checkpoint", "load_chic_checkpoint", "make_chic_policy",
     "shipped_checkpoint",
 ]
@@ -91,7 +94,7 @@ P2 = 1.0
 #: The unit of r1 (s): the seed's 20 minutes.
 REWARD_UNIT_S = 1200.0
 #: Sources of the per-iteration time ``g`` of condition (2) (:class:`ChicPolicy`); the first is the default.
-G_SOURCES = ("measured", "fitted")
+G_SOURCES = ("measured", "fitted", "placed")
 #: Most answers in one decision phase (a bound on no-op actions while sampling).
 MAX_PHASE_STEPS = 256
 #: Scales of the state's entries: remaining epochs, worker / PS counts, queue length.
@@ -196,13 +199,76 @@ def _helps(s: Slot, dw: int, dp: int, used: Sequence[float], cap: Sequence[float
     return False
 
 
-def _task_ok(s: Slot, dw: int, dp: int, used: Sequence[float], cap: Sequence[float], speed=None) -> bool:
+def ps_room(cluster, wv: Sequence[float], pv: Sequence[float], workers: int, max_ps: int = MAX_PS) -> int:
+    """Most PSs (``<= max_ps``) a job with ``workers`` workers of ``(GPUs, CPUs, GB)`` ``wv`` and PSs of
+    ``pv`` can run with, on the otherwise empty ``cluster``, laid out as the platform lays a growing job
+    (:func:`policies.elastic.materialize`: workers packed onto the nodes with most GPUs first, in node
+    order; PSs only on the job's worker nodes, split evenly, the first nodes taking the remainder,
+    :func:`policies.elastic.node_usage`). 0 when the workers do not fit; ``max_ps`` where the nodes
+    declare no CPUs / memory."""
+    gpn = cluster.gpus_per_node
+    cpus = [math.inf if c is None else float(c) for c in cluster.cpus_per_node]
+    mem = [math.inf if m is None else float(m) for m in cluster.mem_gb_per_node]
+    order = sorted(range(len(gpn)), key=lambda n: (-gpn[n], n))
+    counts: dict[int, int] = {}
+    left = workers
+    for n in order:
+        if left == 0:
+            break
+        k = min(left, gpn[n])
+        if wv[1] > 0:
+            k = min(k, int(cpus[n] // wv[1]) if cpus[n] != math.inf else k)
+        if wv[2] > 0:
+            k = min(k, int(mem[n] // wv[2]) if mem[n] != math.inf else k)
+        if k > 0:
+            counts[n] = k
+            left -= k
+    if left or not counts:
+        return 0
+    nodes = sorted(counts)
+    best = 0
+    for p in range(1, max_ps + 1):
+        base, extra = divmod(p, len(nodes))
+        for i, n in enumerate(nodes):
+            cnt = base + (1 if i < extra else 0)
+            if counts[n] * wv[1] + cnt * pv[1] > cpus[n] + 1e-9 or counts[n] * wv[2] + cnt * pv[2] > mem[n] + 1e-6:
+                return best
+        best = p
+    return best
+
+
+def _helps_room(s: Slot, dw: int, dp: int, used: Sequence[float], cap: Sequence[float], speed, room) -> bool:
+    """Condition (2) for ``g = "placed"``: :func:`_helps` on the placed speed (PSs past what the workers'
+    nodes host, ``room(job, w)``, add nothing, so a PS there is refused), and, where the workload's PSs
+    fill its workers' room, a worker is also useful when one more worker and the PSs its room adds
+    (one or more of them, within the free aggregate ``cap - used``) are faster than now: on the
+    platform a worker on another node is what makes room for more PSs (VGG-16 on the Chic cluster:
+    2 workers host 5 PSs, 19.8; 3 host 10, 22.0), while at a fixed PS count a worker only slows it."""
+    if _helps(s, dw, dp, used, cap, speed):
+        return True
+    j = s.job
+    if not dw or dp or j.w + 1 > j.hi or j.p < room(j, j.w):
+        return False
+    now = speed(j, j.w, j.p)
+    for p in range(j.p + 1, min(room(j, j.w + 1), j.hi, MAX_PS) + 1):
+        if not fits_capacity(used, j.use(1, p - j.p), cap):
+            break
+        if speed(j, j.w + 1, p) > now:
+            return True
+    return False
+
+
+def _task_ok(s: Slot, dw: int, dp: int, used: Sequence[float], cap: Sequence[float], speed=None,
+             room=None) -> bool:
     j = s.job
     if j.w + dw > j.hi or j.p + dp > min(j.hi, MAX_PS):
         return False
     if speed is not None:  # the task must lead to a lower per-iteration time (condition (2) per task)
         if j.w < j.lo or j.p == 0:  # not runnable yet: only the missing kind
             if (dw and j.w >= j.lo) or (dp and j.p >= 1 and not dw):
+                return False
+        elif room is not None:
+            if not _helps_room(s, dw, dp, used, cap, speed, room):
                 return False
         elif not _helps(s, dw, dp, used, cap, speed):
             return False
@@ -211,7 +277,7 @@ def _task_ok(s: Slot, dw: int, dp: int, used: Sequence[float], cap: Sequence[flo
 
 
 def action_mask(spec: ChicSpec, slots: Sequence[Slot | None], used: Sequence[float], cap: Sequence[float],
-                allow_empty: bool = False, speed=None) -> np.ndarray:
+                allow_empty: bool = False, speed=None, room=None) -> np.ndarray:
     """bool ``[spec.n_actions]``: the task actions whose task fits the free aggregate ``cap - used``
     (GPUs, CPUs, GB) within the workload's limits; actions on empty slots when ``allow_empty``
     (the seed's punished no-op, for sampling); the stop action always.
@@ -219,13 +285,14 @@ def action_mask(spec: ChicSpec, slots: Sequence[Slot | None], used: Sequence[flo
     With ``speed(job, w, p)`` a task must also be useful: a workload that cannot run yet (no PS, or
     fewer workers than it can start on) takes only the kind it lacks; a runnable one only a task
     after which one or more tasks of the same kind raise its speed (the seed's condition (2), task
-    by task, with the look-ahead of :func:`_helps`)."""
+    by task, with the look-ahead of :func:`_helps`; with ``room(job, w)``, the PSs ``w`` workers' nodes
+    host, also a worker that makes room for faster PS counts, :func:`_helps_room`)."""
     mask = np.zeros(spec.n_actions, dtype=bool)
     mask[spec.stop] = True
     for a in range(spec.stop):
         i, dw, dp = spec.target(a)
         s = slots[i]
-        mask[a] = allow_empty if s is None else _task_ok(s, dw, dp, used, cap, speed)
+        mask[a] = allow_empty if s is None else _task_ok(s, dw, dp, used, cap, speed, room)
     return mask
 
 
@@ -331,8 +398,10 @@ class ChicPolicy(ElasticBaseline):
         ``--no-task-mask``; recorded in the checkpoint).
     :param g: where the per-iteration time ``g_i(w, p)`` of conditions (2) and the task mask comes from
         (:data:`G_SOURCES`): ``measured`` (the speeds the simulator runs PS jobs at, DL2's profile: the
-        seed's ``g_i``, which its simulator knows exactly) or ``fitted`` (Optimus' fitted form, what
-        the ``optimus`` baseline plans with). Recorded in the checkpoint.
+        seed's ``g_i``, which its simulator knows exactly), ``placed`` (the measured speed at the PSs the
+        workers' nodes host, :meth:`tables`; the task mask then also offers a worker that makes room for
+        faster PS counts) or ``fitted`` (Optimus' fitted form, what the ``optimus`` baseline plans
+        with). Recorded in the checkpoint.
     Every answer's CPU time (s, this thread's, :func:`time.thread_time`: other processes on a loaded host
     do not count) goes to :attr:`step_times` (mask + encode + network + choice).
     """
@@ -349,8 +418,10 @@ class ChicPolicy(ElasticBaseline):
         if g not in G_SOURCES:
             raise PolicyError(f"policy {spec.variant}: g must be one of {', '.join(G_SOURCES)}, got {g!r}")
         self.g = g
-        if g == "measured" and perf is not None:
+        if g in ("measured", "placed") and perf is not None:
             self.estimator = perf
+        self._cluster = None
+        self._tables: dict = {}
         if net.in_features != spec.obs_size or net.out_features != spec.n_actions:
             raise PolicyError(f"policy {spec.variant}: the network maps {net.in_features} -> {net.out_features}, "
                               f"the state / actions of I={spec.slots} need {spec.obs_size} -> {spec.n_actions}")
@@ -369,6 +440,42 @@ class ChicPolicy(ElasticBaseline):
         self.steps: list[tuple[np.ndarray, np.ndarray, int]] = []
         self.penalty = 0.0
         self.phases = 0
+
+    # ------------------------------------------------------------------ g
+    def room(self, j, w: int) -> int:
+        """PSs ``w`` workers of job ``j`` can run with on the cluster of the last snapshot (:func:`ps_room`;
+        :data:`policies.psmodel.MAX_PS` before any snapshot)."""
+        key = ("room", tuple(j.wv), tuple(j.pv), w)
+        got = self._tables.get(key)
+        if got is None:
+            got = self._tables[key] = MAX_PS if self._cluster is None else ps_room(self._cluster, j.wv, j.pv, w)
+        return got
+
+    def tables(self, j) -> np.ndarray:
+        """``g = "placed"``: float64 ``[hi + 1, MAX_PS + 1]`` speeds of job ``j``'s model with ``w``
+        workers and ``p`` PSs, the PSs cut to what ``w`` workers' nodes host (:meth:`room`)."""
+        key = (j.info.model, j.hi, tuple(j.wv), tuple(j.pv))
+        got = self._tables.get(key)
+        if got is None:
+            hi = max(j.hi, 1)
+            got = np.zeros((hi + 1, MAX_PS + 1))
+            for w in range(1, hi + 1):
+                room = self.room(j, w)
+                for p in range(1, MAX_PS + 1):
+                    got[w, p] = 0.0 if room < 1 else super().speed(j, w, min(p, room))
+            self._tables[key] = got
+        return got
+
+    def speed(self, j, w: int, p: int) -> float:
+        """Estimated speed of job ``j`` with ``w`` workers and ``p`` PSs (the ``g`` of condition (2)):
+        :meth:`policies.elastic.ElasticBaseline.speed` on the estimator of :attr:`g`; with ``g =
+        "placed"`` the measured speed at the PSs the workers' nodes host (:meth:`tables`)."""
+        if self.g != "placed" or not j.ps_job:
+            return super().speed(j, w, p)
+        t = self.tables(j)
+        if 0 <= w < t.shape[0] and 0 <= p < t.shape[1]:
+            return float(t[w, p])
+        return super().speed(j, w, p)
 
     # ------------------------------------------------------------------ decision phase
     def _improvable(self, s: Slot) -> bool:
@@ -394,7 +501,8 @@ class ChicPolicy(ElasticBaseline):
         self.phases += 1
         for _ in range(MAX_PHASE_STEPS):
             t0 = time.thread_time()
-            mask = action_mask(spec, slots, used, cap, False, self.speed if self.task_mask else None)
+            mask = action_mask(spec, slots, used, cap, False, self.speed if self.task_mask else None,
+                               self.room if self.task_mask and self.g == "placed" else None)
             real = any(mask[a] for a in range(spec.stop) if slots[spec.target(a)[0]] is not None)
             if not real or (not self.task_mask and not any(self._improvable(s) for s in present)):
                 return  # S': the seed's conditions (1) / (2)
@@ -447,6 +555,8 @@ class ChicPolicy(ElasticBaseline):
             j.w, j.p = self._plan.get(j.info.job_id, (0, 0))
 
     def schedule(self, state: ClusterState) -> Decision:
+        if self._cluster is not state.cluster:
+            self._cluster, self._tables = state.cluster, {}
         jobs = plan_jobs(state)
         self.plan(jobs, plan_capacity(state), state)
         dec = Decision() if all((j.w, j.p) == (j.cur_w, j.cur_p) for j in jobs) else materialize(state, jobs)

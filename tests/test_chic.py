@@ -120,6 +120,32 @@ def test_cem_iteration_improves_a_tiny_problem():
     assert expected(net) > before + 0.05
 
 
+def test_cem_iteration_groups_compare_trajectories_on_common_sequences():
+    """With groups, every trajectory of a group runs on the group's sequence (its key) and the elite is
+    taken per group: on a problem whose return is dominated by the sequence (an offset of 100 x key), the
+    elite still holds trajectories of every group; without groups only the best sequence's."""
+    spec = ChicSpec("chic", 1)
+    seen = []
+
+    def rollout(net, mode, seed, key=None):
+        key = seed if key is None else key
+        seen.append(key)
+        rng = np.random.default_rng(seed)
+        x = np.ones(spec.obs_size, np.float32)
+        a = _choose(net.logits(x), np.ones(3, bool), mode, rng)
+        return Episode(100.0 * (key % 7) + float(a == 0), 0.0, [(x, np.ones(3, bool), a)])
+
+    net = ChicNet.init(spec.obs_size, 3, hidden=(8,), seed=0)
+    _, st = cem_iteration(net, rollout, n=12, rho=0.3, lr=0.01, smooth=0.7, fit_epochs=1, batch=8, dropout=0.0,
+                          rng=np.random.default_rng(1), groups=3)
+    assert len(seen) == 13 and len(set(seen)) == 3  # 3 sequences, the uniform one on the first
+    assert seen[:5] == [seen[0]] * 5 and st["elite"] >= 3 and st["return_std_within"] < 1.0
+    with pytest.raises(ValueError, match="groups"):
+        from trainer.chic.train import CEMConfig
+
+        CEMConfig(groups=-1).check()
+
+
 def test_checkpoint_round_trip_and_refusals(tmp_path):
     spec = ChicSpec("chic-pair", 3)
     net = ChicNet.init(spec.obs_size, spec.n_actions, seed=1)
@@ -325,3 +351,88 @@ def test_fixed_shape_study_policy_plans_its_shapes_while_capacity_lasts():
     a, b, c = _slot(), _slot(), _slot()  # VGG-16: worker 1 GPU / 2 CPUs / 10 GB, PS 4 CPUs / 10 GB
     pol.decide([a, b, c], 0, (10.0, 100.0, 600.0))  # 3 x 2 + 10 x 4 = 46 CPUs each: two fit in 100
     assert [(s.job.w, s.job.p) for s in (a, b, c)] == [(3, 10), (3, 10), (0, 0)]
+
+
+def test_ps_room_hand_worked():
+    """On the Chic cluster (5 nodes x 2 GPUs, 24 cores, 120 GB): a VGG-16 worker (2 cores, 10 GB) leaves
+    22 cores for PSs of 4 cores: 5; two workers packed on one node leave 20 cores: 5; three workers on
+    two nodes (2 + 1) host 5 + 5. ResNet-50's PSs of 3 cores: 22 // 3 = 7 beside one worker."""
+    from policies.chic import ps_room
+
+    cluster, _perf = chic_setup()
+    vgg = [ps_room(cluster, (1.0, 2.0, 10.0), (0.0, 4.0, 10.0), w) for w in range(1, 7)]
+    assert vgg == [5, 5, 10, 10, 15, 15]
+    assert ps_room(cluster, (1.0, 2.0, 8.0), (0.0, 3.0, 9.0), 1) == 7
+    assert ps_room(cluster, (1.0, 2.0, 8.0), (0.0, 3.0, 9.0), 11) == 0  # 10 GPUs
+    assert ps_room(cluster, (1.0, 2.0, 8.0), (0.0, 3.0, 9.0), 10, max_ps=4) == 4
+
+
+def test_placed_g_caps_ps_and_offers_the_worker_that_makes_room():
+    """g = "placed": a VGG-16 job at 2 workers / 5 PSs runs as 2 : 5 with any more PSs (its node hosts 5),
+    so a PS is not offered; a third worker is, since 3 workers host 10 PSs (measured 22.0 > 19.8); with
+    at most 2 workers neither is. With the measured g a worker is never offered at a fixed PS count (it
+    only slows)."""
+    spec = ChicSpec("chic", 1)
+    net = ChicNet.init(spec.obs_size, spec.n_actions, seed=1)
+    cluster, perf = chic_setup()
+    placed, measured = ChicPolicy(net, spec, perf, g="placed"), ChicPolicy(net, spec, perf, g="measured")
+    placed._cluster = cluster
+    ms = perf.ps_model("VGG-16")
+    s = _slot("VGG-16", w=2, p=5, hi=10)
+    assert placed.speed(s.job, 2, 9) == pytest.approx(ms.measured_speed(2, 5))
+    assert placed.speed(s.job, 3, 10) == pytest.approx(ms.measured_speed(3, 10))
+    assert placed.speed(s.job, 3, 10) > placed.speed(s.job, 2, 5)
+    big = (10.0, 120.0, 600.0)
+    m = action_mask(spec, [s], [0, 0, 0], big, speed=placed.speed, room=placed.room)
+    assert m.tolist() == [True, False, True]
+    two = _slot("VGG-16", w=2, p=5, hi=2)
+    assert action_mask(spec, [two], [0, 0, 0], big, speed=placed.speed, room=placed.room).tolist() == [False, False, True]
+    assert action_mask(spec, [s], [0, 0, 0], big, speed=measured.speed).tolist()[0] is False
+    # 14 CPUs free: a third worker and 3 PSs fit (3 : 8, measured 20.8); 9 free: 3 : 6 at most (19.3), refused
+    assert action_mask(spec, [s], [0, 120 - 14, 0], big, speed=placed.speed, room=placed.room).tolist()[0] is True
+    assert action_mask(spec, [s], [0, 120 - 9, 0], big, speed=placed.speed, room=placed.room).tolist()[0] is False
+    s.job.w, s.job.p = 3, 10  # the best the layout allows: only stop
+    assert action_mask(spec, [s], [0, 0, 0], big, speed=placed.speed, room=placed.room).tolist() == [False, False, True]
+
+
+@pytest.mark.slow
+def test_w_i_study_on_a_tiny_setting(tmp_path):
+    """Two cells of one CE iteration (tiny N / sequences), evaluated on two test sequences; the paired
+    difference, the table, the figure and the marked blocks; a second run reuses the trained cells."""
+    from trainer.chic.study import BEGIN, END, main
+
+    cells = (("chic-pair-I2-r2.7", "chic-pair", 2.7, 30, 2), ("chic-pair-I3-r2.7", "chic-pair", 2.7, 30, 3))
+    over = dict(n=2, train_seqs=2, val_seqs=2, val_every=1)
+    root = tmp_path / "root"
+    (root / "docs").mkdir(parents=True)
+    for doc in ("ELASTIC.md", "RESULTS.md"):
+        (root / "docs" / doc).write_text(f"# head\n\n{BEGIN}\nstale\n{END}\n")
+    logs = []
+    res = main(tmp_path / "out", iterations=1, seqs=2, docs=True, root=root, cells=cells, over=over)
+    c2, c3 = res["cells"]["chic-pair-I2-r2.7"], res["cells"]["chic-pair-I3-r2.7"]
+    d = res["differences"]["I2-I3 r2.7"]
+    assert d["mean_s"] == pytest.approx(c2["act_s"] - c3["act_s"])
+    assert load_chic_checkpoint(tmp_path / "out" / "cells" / "chic-pair-I2-r2.7.json").spec.slots == 2
+    text = (root / "docs" / "RESULTS.md").read_text()
+    assert "stale" not in text and "| chic-pair-I2-r2.7 | chic-pair | 2.7 | 30 | 2 |" in text
+    assert "I = 2 minus I = 3 |" in text and "no number given" in text and "Cells not run here: chic-W30" in text
+    assert (root / "docs" / "figures" / "chic_study.png").stat().st_size > 0
+    from trainer.chic import study
+
+    again = study.run(tmp_path / "out", 1, 2, cells=cells, over=over, log=logs.append)
+    assert not any("best validation" in m for m in logs)  # not trained again
+    assert again["cells"]["chic-pair-I2-r2.7"]["per_seq_s"] == c2["per_seq_s"]
+
+
+def test_forced_shape_policy_overrides_the_networks_plan_where_it_fits():
+    from trainer.chic.shapes import ForcedShape
+
+    spec = ChicSpec("chic", 3)
+    _cluster, perf = chic_setup()
+    pol = ForcedShape(ChicNet.init(spec.obs_size, spec.n_actions, seed=2), spec, perf, {"VGG-16": (3, 10)})
+    a, b = _slot(), _slot("ResNet-50", wv=(1.0, 2.0, 8.0), pv=(0.0, 3.0, 9.0))
+    pol.decide([a, b, None], 0, (10.0, 120.0, 600.0))
+    assert (a.job.w, a.job.p) == (3, 10) and b.job.w >= 1 and b.job.p >= 1  # the network plans ResNet-50
+    c = _slot()
+    pol.decide([c, None, None], 0, (10.0, 40.0, 600.0))  # 3 x 2 + 10 x 4 = 46 CPUs do not fit in 40
+    assert (c.job.w, c.job.p) != (3, 10) and c.job.w >= 1

@@ -54,9 +54,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rates", type=_rates, default=None,
                    help="train one network per arrival rate (comma-separated jobs/h, the seed's per-rate retraining); "
                         "writes OUT/VARIANT-rRATE.json each (replaces --rate)")
-    p.add_argument("--g", choices=("measured", "fitted"), default=d.g,
+    p.add_argument("--g", choices=("measured", "fitted", "placed"), default=d.g,
                    help="per-iteration time g of condition (2): the simulator's measured speeds or Optimus' fitted "
                         "form (default: %(default)s)")
+    p.add_argument("--groups", type=int, default=d.groups,
+                   help="0: each trajectory on its own random training sequence (the seed's); K: the N trajectories "
+                        "of an iteration on K common sequences, level and elite taken per sequence (default: %(default)s)")
+    p.add_argument("--init", default=None,
+                   help="start from this Chic checkpoint (same variant and I) instead of random weights")
+    p.add_argument("--jobs", type=_pos_int, default=d.jobs,
+                   help="W, jobs per training sequence (episode); validation sequences keep 30 (default: %(default)s)")
     p.add_argument("--train-seqs", type=_pos_int, default=d.train_seqs, help="training sequences (default: %(default)s)")
     p.add_argument("--val-seqs", type=_pos_int, default=d.val_seqs, help="validation sequences (default: %(default)s)")
     p.add_argument("--val-every", type=_pos_int, default=d.val_every, help="validate every N iterations (default: %(default)s)")
@@ -83,6 +90,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--docs", action="store_true", help="also regenerate the docs' Chic sections and figures")
     r.set_defaults(func=_cmd_results)
 
+    from trainer.chic.study import STUDY_ITERATIONS
+
+    st = sub.add_parser("chic-study", help="the seed's W / I study (Fig. 7): Chic / Chic-Pair trained per cell, "
+                                           "evaluated on held-out sequences",
+                        description="Train Chic and Chic-Pair with W = 30 / 60 jobs per episode (1.8 jobs/h) and "
+                                    "Chic-Pair with I = 2 / 3 / 4 slots (0.9 and 2.7 jobs/h), the same shortened "
+                                    "cross-entropy schedule for every cell, and run each on the test sequences with "
+                                    "Optimus; write OUT/chic_study.{json,md,png} (cells' checkpoints in OUT/cells, "
+                                    "reused when their configuration matches); with --docs also the chic-study blocks "
+                                    "of docs/ELASTIC.md and docs/RESULTS.md and docs/figures/chic_study.png.")
+    st.add_argument("--out", required=True, help="output directory")
+    st.add_argument("--iterations", type=_pos_int, default=STUDY_ITERATIONS,
+                    help="CE iterations per cell (default: %(default)s)")
+    st.add_argument("--seqs", type=_pos_int, default=30, help="test sequences per cell (default: %(default)s)")
+    st.add_argument("--retrain", action="store_true", help="train every cell even where its checkpoint exists")
+    st.add_argument("--cells", default=None,
+                    help="only these cells, comma-separated (to train cells in parallel processes; with --docs the "
+                         "table names the cells left out)")
+    st.add_argument("--docs", action="store_true", help="also regenerate the docs' study blocks and figure")
+    st.set_defaults(func=_cmd_study)
+
 
 def _cmd_train(args: argparse.Namespace) -> int:
     import dataclasses
@@ -90,7 +118,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from trainer.chic.train import CEMConfig, checkpoint_name, ship_if_better, train
 
     cfg = CEMConfig(variant=args.variant, slots=args.slots, iterations=args.iterations, n=args.n, rho=args.rho,
-                    lr=args.lr, smooth=args.smooth, fit_epochs=args.fit_epochs, rate=args.rate,
+                    lr=args.lr, smooth=args.smooth, fit_epochs=args.fit_epochs, rate=args.rate, jobs=args.jobs, groups=args.groups, init=args.init,
                     train_seqs=args.train_seqs, val_seqs=args.val_seqs, val_every=args.val_every, seed=args.seed,
                     task_mask=not args.no_task_mask, g=args.g)
     try:
@@ -104,7 +132,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
     for rate in args.rates or [None]:
         c = cfg if rate is None else dataclasses.replace(cfg, rate=rate)
         name = checkpoint_name(args.variant, rate)
-        h = train(c, args.out, progress=sys.stderr.isatty(), name=name)
+        from policies.base import PolicyError
+
+        try:
+            h = train(c, args.out, progress=sys.stderr.isatty(), name=name)
+        except (ValueError, OSError, PolicyError) as exc:
+            print(f"rlsched train-chic: {exc}", file=sys.stderr)
+            return 2
         print(f"{name}: best validation ACT {h['best_val_act']:.0f} s at iteration {h['best_iteration']}; "
               f"{h['train_seconds']:.0f} s; checkpoint {Path(args.out) / name}.json", flush=True)
         if args.ship:
@@ -125,3 +159,21 @@ def _cmd_results(args: argparse.Namespace) -> int:
                progress=sys.stderr.isatty(), jobs_per_seq=args.jobs)
     print((Path(args.out) / "chic_results.md").read_text(), end="")
     return 0 if res else 1
+
+
+def _cmd_study(args: argparse.Namespace) -> int:
+    from trainer.chic.study import CELLS, main
+
+    cells = CELLS
+    if args.cells is not None:
+        names = [c.strip() for c in args.cells.split(",") if c.strip()]
+        unknown = sorted(set(names) - {c[0] for c in CELLS})
+        if unknown or not names:
+            print(f"rlsched chic-study: --cells: unknown cell(s) {', '.join(unknown) or '(none named)'}; cells: "
+                  f"{', '.join(c[0] for c in CELLS)}", file=sys.stderr)
+            return 2
+        cells = tuple(c for c in CELLS if c[0] in names)
+    main(Path(args.out), args.iterations, args.seqs, args.retrain, args.docs, progress=sys.stderr.isatty(),
+         cells=cells)
+    print((Path(args.out) / "chic_study.md").read_text(), end="")
+    return 0

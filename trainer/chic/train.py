@@ -16,6 +16,11 @@ Iteration ``k`` (:func:`cem_iteration`):
    first hidden layer (the seed's);
 5. ``theta~_k = alpha theta^_k + (1 - alpha) theta~_{k-1}`` (``alpha`` = :attr:`CEMConfig.smooth`).
 
+With :attr:`CEMConfig.groups` = K > 0 (ours, ``--groups``) steps 1-3 run on K common sequences: the N
+trajectories in K groups, each group on one sequence drawn at random (the uniform trajectory in the
+first), and the level and the elite taken within each group, so that trajectories are ranked by what
+their actions did on the same jobs rather than by how much work their sequence held.
+
 Every ``val_every`` (2, the seed's) iterations the greedy policy runs the validation sequences (30,
 the seed's) and the one with the lowest average completion time is kept (the seed's model selection).
 
@@ -68,7 +73,8 @@ class CEMConfig:
     batch: int = 256
     dropout: float = 0.5      # on the first hidden layer (seed)
     rate: float = 1.8         # arrival rate of the training / validation sequences, jobs/h (seed's Fig. 6)
-    jobs: int = 30            # W, jobs per sequence (seed)
+    jobs: int = 30            # W, jobs per training sequence (seed)
+    val_jobs: int = 30        # jobs per validation sequence (the test sequences' W, whatever the training W)
     train_seqs: int = 200
     val_seqs: int = 30        # seed
     val_every: int = 2        # seed
@@ -78,11 +84,14 @@ class CEMConfig:
     resize_overhead: float | None = None  # simulator's default (30 s, checkpoint-restart)
     task_mask: bool = True    # mask tasks that do not lower g (policies.chic.ChicPolicy); False: the ablation
     g: str = "measured"       # where condition (2)'s g comes from (policies.chic.G_SOURCES)
+    groups: int = 0           # 0: each trajectory on its own random sequence (seed); k: k common sequences (ours)
+    init: str | None = None   # a Chic checkpoint of the same variant and I to start from (None: random, seeded)
 
     def check(self) -> None:
         if self.variant not in ("chic", "chic-pair"):
             raise ValueError(f"variant must be chic or chic-pair, got {self.variant!r}")
-        for k in ("slots", "iterations", "n", "fit_epochs", "batch", "jobs", "train_seqs", "val_seqs", "val_every"):
+        for k in ("slots", "iterations", "n", "fit_epochs", "batch", "jobs", "val_jobs", "train_seqs", "val_seqs",
+                  "val_every"):
             v = getattr(self, k)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{k} must be an integer >= 1, got {v!r}")
@@ -90,6 +99,8 @@ class CEMConfig:
             v = getattr(self, k)
             if not (lo <= v <= hi) or (k != "dropout" and v == 0):
                 raise ValueError(f"{k} must be in ({lo}, {hi}], got {v!r}")
+        if isinstance(self.groups, bool) or not isinstance(self.groups, int) or self.groups < 0:
+            raise ValueError(f"groups must be an integer >= 0, got {self.groups!r}")
         if not (self.lr > 0 and self.rate > 0 and math.isfinite(self.lr) and math.isfinite(self.rate)):
             raise ValueError("lr and rate must be finite and > 0")
         from policies.chic import G_SOURCES
@@ -165,21 +176,60 @@ def fit_elite(net: ChicNet, X: np.ndarray, M: np.ndarray, A: np.ndarray, lr: flo
     return ChicNet([(params[2 * k].astype(np.float32), params[2 * k + 1].astype(np.float32)) for k in range(L)])
 
 
-def cem_iteration(net: ChicNet, rollout: Callable[[ChicNet, str, int], Episode], n: int, rho: float,
-                  lr: float, smooth: float, fit_epochs: int, batch: int, dropout: float,
-                  rng: np.random.Generator) -> tuple[ChicNet, dict]:
-    """One iteration of Algorithm 1 (module docstring). ``rollout(net, mode, seed)`` runs one trajectory
-    (``mode``: ``sample`` or ``uniform``). Returns the smoothed network and the iteration's statistics."""
-    eps = [rollout(net, "sample", int(rng.integers(2**31))) for _ in range(n)]
-    eps.append(rollout(net, "uniform", int(rng.integers(2**31))))
-    rets = np.array([e.ret for e in eps])
+def _level(rets: np.ndarray, rho: float) -> float:
+    """The level ``xi`` of returns ``rets`` (ascending order statistic ``floor((1 - rho) n)``, 1-based)."""
     order = np.sort(rets)
-    xi = float(order[max(int(math.floor((1 - rho) * n)) - 1, 0)])
-    elite = [e for e in eps if e.ret >= xi and e.steps and math.isfinite(e.ret)]
+    return float(order[max(int(math.floor((1 - rho) * len(rets))) - 1, 0)])
+
+
+def cem_iteration(net: ChicNet, rollout: Callable[..., Episode], n: int, rho: float,
+                  lr: float, smooth: float, fit_epochs: int, batch: int, dropout: float,
+                  rng: np.random.Generator, groups: int = 0) -> tuple[ChicNet, dict]:
+    """One iteration of Algorithm 1 (module docstring). ``rollout(net, mode, seed)`` runs one trajectory
+    (``mode``: ``sample`` or ``uniform``) on a sequence chosen by ``seed``. With ``groups`` > 0 the
+    ``n`` trajectories are split into that many groups of (nearly) equal size, each group on one
+    sequence drawn at random (``rollout(net, mode, seed, key)``: ``key`` chooses the sequence), the
+    uniform trajectory in the first; the level and the elite are taken within each group (common
+    sequences: trajectories compete on the same jobs, not on how much work their sequence holds).
+    Returns the smoothed network and the iteration's statistics."""
+    if groups <= 0:
+        eps = [rollout(net, "sample", int(rng.integers(2**31))) for _ in range(n)]
+        eps.append(rollout(net, "uniform", int(rng.integers(2**31))))
+        rets = np.array([e.ret for e in eps])
+        xi = float(np.sort(rets)[max(int(math.floor((1 - rho) * n)) - 1, 0)])  # over all n + 1 returns
+        elite = [e for e in eps if e.ret >= xi and e.steps and math.isfinite(e.ret)]
+        within = math.nan
+    else:
+        g = min(groups, n)
+        sizes = [n // g + (1 if k < n % g else 0) for k in range(g)]
+        eps, elite, xis, spread = [], [], [], []
+        uni = None
+        for k, size in enumerate(sizes):
+            key = int(rng.integers(2**31))
+            grp = [rollout(net, "sample", int(rng.integers(2**31)), key) for _ in range(size)]
+            if k == 0:
+                uni = rollout(net, "uniform", int(rng.integers(2**31)), key)
+            r = np.array([e.ret for e in grp])
+            xk = _level(r, rho)
+            xis.append(xk)
+            fin = r[np.isfinite(r)]
+            if len(fin) > 1:
+                spread.append(float(fin.std()))
+            elite += [e for e in grp + ([uni] if k == 0 else []) if e.ret >= xk and e.steps and math.isfinite(e.ret)]
+            eps += grp
+        uniform_elite = uni.ret >= xis[0]
+        eps.append(uni)
+        rets = np.array([e.ret for e in eps])
+        xi = float(np.mean(xis))
+        within = float(np.mean(spread)) if spread else math.nan
     ok = np.isfinite(rets[:n])
     stats = {"xi": xi, "mean_return": float(rets[:n][ok].mean()) if ok.any() else -math.inf,
-             "uniform_return": float(rets[n]), "uniform_elite": bool(rets[n] >= xi), "elite": len(elite),
-             "failed": int((~ok).sum()), "mean_act": float(np.mean([e.act for e in eps[:n] if math.isfinite(e.act)] or [math.inf]))}
+             "uniform_return": float(rets[n]),
+             "uniform_elite": bool(rets[n] >= xi) if groups <= 0 else bool(uniform_elite), "elite": len(elite),
+             "failed": int((~ok).sum()), "mean_act": float(np.mean([e.act for e in eps[:n] if math.isfinite(e.act)] or [math.inf])),
+             "return_std": float(rets[:n][ok].std()) if ok.sum() > 1 else math.nan}
+    if groups > 0:
+        stats["return_std_within"] = within
     steps = [s for e in elite for s in e.steps]
     if not steps:
         return net, stats
@@ -253,12 +303,21 @@ def train(cfg: CEMConfig, out: str | Path, progress: bool = True, name: str | No
     spec = ChicSpec(cfg.variant, cfg.slots)
     cluster, perf = chic_setup()
     train_set = sequences(TRAIN_SEED0, cfg.train_seqs, cfg.rate, cfg.jobs)
-    val_set = sequences(VAL_SEED0, cfg.val_seqs, cfg.rate, cfg.jobs)
+    val_set = sequences(VAL_SEED0, cfg.val_seqs, cfg.rate, cfg.val_jobs)
     rng = np.random.default_rng(cfg.seed)
-    net = ChicNet.init(spec.obs_size, spec.n_actions, seed=cfg.seed)
+    if cfg.init is None:
+        net = ChicNet.init(spec.obs_size, spec.n_actions, seed=cfg.seed)
+    else:
+        from policies.chic import load_chic_checkpoint
 
-    def rollout(nt: ChicNet, mode: str, seed: int) -> Episode:
-        jobs = train_set[seed % len(train_set)]
+        ck = load_chic_checkpoint(cfg.init)
+        if ck.spec != spec:
+            raise ValueError(f"--init {cfg.init}: a {ck.spec.variant} checkpoint with I={ck.spec.slots}, "
+                             f"not {spec.variant} with I={spec.slots}")
+        net = ck.net
+
+    def rollout(nt: ChicNet, mode: str, seed: int, key: int | None = None) -> Episode:
+        jobs = train_set[(seed if key is None else key) % len(train_set)]
         return simulate_episode(nt, spec, cluster, perf, jobs, mode, seed, cfg.p1, cfg.p2, cfg.resize_overhead,
                                 cfg.task_mask, cfg.g)
 
@@ -288,7 +347,7 @@ def train(cfg: CEMConfig, out: str | Path, progress: bool = True, name: str | No
         for k in range(1, cfg.iterations + 1):
             t0 = time.perf_counter()
             net, st = cem_iteration(net, rollout, cfg.n, cfg.rho, cfg.lr, cfg.smooth, cfg.fit_epochs, cfg.batch,
-                                    cfg.dropout, rng)
+                                    cfg.dropout, rng, cfg.groups)
             st["iteration"] = k
             if k % cfg.val_every == 0 or k == cfg.iterations:
                 st["val_act"] = validate(net)
@@ -312,6 +371,11 @@ def train(cfg: CEMConfig, out: str | Path, progress: bool = True, name: str | No
                 "val_seeds": [VAL_SEED0, VAL_SEED0 + cfg.val_seqs - 1],
                 "command": f"rlsched train-chic --variant {cfg.variant} --iterations {cfg.iterations} "
                            f"--rate {cfg.rate:g} --g {cfg.g} --seed {cfg.seed}"
+                           f"{'' if cfg.slots == 3 else f' --slots {cfg.slots}'}{'' if cfg.n == 35 else f' --n {cfg.n}'}"
+                           f"{'' if cfg.jobs == 30 else f' --jobs {cfg.jobs}'}"
+                           f"{'' if cfg.groups == 0 else f' --groups {cfg.groups}'}"
+                           f"{'' if cfg.rho == 0.3 else f' --rho {cfg.rho:g}'}"
+                           f"{'' if cfg.init is None else f' --init {cfg.init}'}"
                            f"{'' if cfg.task_mask else ' --no-task-mask'} --out DIR"}
     save_chic_checkpoint(out / name, spec, best_net, training,
                          {"p1": cfg.p1, "p2": cfg.p2, "unit_s": REWARD_UNIT_S}, cfg.task_mask, cfg.g)
