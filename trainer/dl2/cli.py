@@ -36,6 +36,7 @@ OPTIONS = (
     ConfigOption("--J", "jobs per batch in the state", _positive_int),
     ConfigOption("--epsilon", "job-aware exploration", positive_float),
     ConfigOption("--seed", "seed", int),
+    ConfigOption("--seed0", "first training sequence's seed (warm-up: seed0.., RL: seed0 + sl_traces..)", int),
     ConfigOption("--init", "start RL from this checkpoint (its actor and critic; no warm-up)"),
     ConfigOption("--rl-lr", "actor learning rate of RL", positive_float),
     ConfigOption("--critic-lr", "critic learning rate of RL (0: --rl-lr)", non_negative_float),

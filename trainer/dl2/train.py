@@ -20,6 +20,16 @@ episode); samples go to a replay buffer of ``replay`` samples; at the end of eac
 ``batch`` samples updates the critic to the TD target ``r + gamma V(s')`` and the actor by
 ``-log pi(a|s) * (r + gamma V(s') - V(s)) - beta * H(pi(.|s))`` (Adam at ``rl_lr``).
 
+**Stabilisers** (options, all off by default, so the defaults run the seed's plain actor-critic):
+``target_tau`` > 0 takes ``V(s')`` of the TD target from a target critic that follows the critic by
+Polyak averaging (:func:`soft_update` after each update); ``adv_norm`` scales the advantages of each
+mini-batch to mean 0, std 1; ``clip`` > 0 clips each network's gradient norm; ``beta_end`` >= 0 moves
+the entropy weight linearly from ``beta`` (first RL episode) to ``beta_end`` (last,
+:func:`entropy_weight`); ``critic_lr`` sets the critic's own learning rate; ``updates`` mini-batches
+are taken at each slot's end. ``init`` starts the RL phase from a checkpoint's actor and critic instead
+of a warm-up (the parent's training record is kept in ``history["parent"]``); RL from a run's warm-up
+checkpoint gives the same weights as that run with RL (a test checks it).
+
 Defaults are the seed's hyper-parameters (section 6.1): 2 hidden layers of 256, Adam, learning rates
 0.005 (supervised) and 0.0001 (RL), mini-batch 256, gamma 0.9, epsilon 0.4, beta 0.1, replay 8192; J = 40
 (its section 6.5: around 40 concurrent jobs at most). The run length (episodes, jobs per episode, the
@@ -395,6 +405,10 @@ def train(cfg: DL2TrainConfig, out: str | Path, progress_bar: bool = True, log: 
                   TextColumn("{task.fields[info]}"), disable=not progress_bar) as bar:
         if cfg.init:
             history["init"] = str(ipath)
+            ptr = _meta.get("training") or {}
+            history["parent"] = {"weights_sha256": _meta.get("weights_sha256"), "selected": ptr.get("selected"),
+                                 "val_jct": ptr.get("val_jct"), "cpu_s": ptr.get("cpu_s"), "config": ptr.get("config"),
+                                 "history": ptr.get("history")}
             best = (evaluate(cfg, net, val_seeds), _weights(actor), _weights(critic), "init")
             history["val_warmup_jct"] = best[0]
             log(f"init {ipath}: validation JCT {best[0]:.0f} s")
