@@ -286,3 +286,16 @@ def test_train_from_init_repeats_the_full_run(tmp_path):
     assert len(meta["training"]["history"]["rl"]) == 1
     for (w1, b1), (w2, b2) in zip(full.weights, again.weights):
         assert np.array_equal(w1, w2) and np.array_equal(b1, b2)
+
+
+def test_plan_shapes_reports_planned_workers_ps_and_relative_speed():
+    """trainer.dl2.shapes: the mean shape a policy plans, its speed within (0, 1] of the model's best."""
+    from trainer.dl2.shapes import best_speeds, plan_shapes
+
+    best = best_speeds()
+    assert set(best) and all(v > 0 for v in best.values())
+    r = plan_shapes("drf", 2000, jobs=4)
+    assert r["job_slots"] > 0 and r["workers"] >= 1 and r["ps"] >= 1 and 0 < r["rel_speed"] <= 1 + 1e-9
+    assert r["jct"] > 0 and r["inferences"] is None
+    with pytest.raises(ValueError, match="expected drf"):
+        plan_shapes("sampled:drf", 2000, jobs=4)
