@@ -52,7 +52,7 @@ from policies.elastic import PlanJob, dominant_share, fits_capacity
 ROOT = Path(__file__).resolve().parents[2]
 
 __all__ = ["DL2TrainConfig", "drf_action", "poor_action", "RecordingDL2", "collect_drf", "supervised", "Replay",
-           "ac_update", "soft_update", "entropy_weight", "evaluate", "train"]
+           "ac_update", "soft_update", "entropy_weight", "parent_record", "evaluate", "train"]
 
 
 @dataclass
@@ -359,6 +359,15 @@ def entropy_weight(cfg: DL2TrainConfig, episode: int) -> float:
     return cfg.beta + (cfg.beta_end - cfg.beta) * episode / (cfg.rl_episodes - 1)
 
 
+def parent_record(meta: dict) -> dict:
+    """What a run started from the checkpoint with JSON header ``meta`` keeps of it (``history["parent"]``):
+    its weights' sha256, the network it had selected, that network's validation JCT, its CPU seconds,
+    training config and history."""
+    tr = meta.get("training") or {}
+    return {"weights_sha256": meta.get("weights_sha256"), "selected": tr.get("selected"), "val_jct": tr.get("val_jct"),
+            "cpu_s": tr.get("cpu_s"), "config": tr.get("config"), "history": tr.get("history")}
+
+
 def evaluate(cfg: DL2TrainConfig, net: DL2Net, seeds: Sequence[int]) -> float:
     """Mean over ``seeds`` of the greedy policy's average JCT (s) on ``cfg.jobs``-job sequences."""
     cluster, perf = _setup(cfg)
@@ -405,10 +414,7 @@ def train(cfg: DL2TrainConfig, out: str | Path, progress_bar: bool = True, log: 
                   TextColumn("{task.fields[info]}"), disable=not progress_bar) as bar:
         if cfg.init:
             history["init"] = str(ipath)
-            ptr = _meta.get("training") or {}
-            history["parent"] = {"weights_sha256": _meta.get("weights_sha256"), "selected": ptr.get("selected"),
-                                 "val_jct": ptr.get("val_jct"), "cpu_s": ptr.get("cpu_s"), "config": ptr.get("config"),
-                                 "history": ptr.get("history")}
+            history["parent"] = parent_record(_meta)
             best = (evaluate(cfg, net, val_seeds), _weights(actor), _weights(critic), "init")
             history["val_warmup_jct"] = best[0]
             log(f"init {ipath}: validation JCT {best[0]:.0f} s")
