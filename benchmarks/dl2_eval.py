@@ -310,7 +310,27 @@ def _training_lines(meta: dict) -> list[str]:
     c, h = tr.get("config") or {}, tr.get("history") or {}
     rl = h.get("rl") or []
     lines = []
-    if c:
+    par = h.get("parent") if isinstance(h.get("parent"), dict) else None
+    if c and par:
+        pc, ph = par.get("config") or {}, par.get("history") or {}
+        prl = ph.get("rl") or []
+        updates = sum(int(e.get("updates") or 0) for e in rl)
+        stab = [f"{k} {c[k]}" for k in ("target_tau", "adv_norm", "clip", "critic_lr") if c.get(k)]
+        beta = f"entropy weight {c.get('beta')}" + (f" -> {c.get('beta_end')}" if (c.get("beta_end") or -1) >= 0 else "")
+        cpu, pcpu = tr.get("cpu_s"), par.get("cpu_s")
+        lines += [
+            f"Training of this checkpoint (`training` in its JSON): RL continued (`train-dl2 --init`) from "
+            f"`{h.get('init')}` (its parent: {pc.get('sl_traces')} DRF episodes of {pc.get('jobs')} jobs for the "
+            f"warm-up, {len(prl)} RL episodes with the seed's settings, kept: {par.get('selected')}, validation "
+            f"JCT {par.get('val_jct', math.nan):.0f} s), with {len(rl)} RL episodes of {c.get('jobs')} jobs "
+            f"(training sequences from seed {c.get('seed0', 0) + c.get('sl_traces', 0)}), {updates} actor-critic "
+            f"updates ({c.get('updates', 1)} per slot), actor learning rate {c.get('rl_lr')}, {beta}"
+            + (", " + ", ".join(stab) if stab else "")
+            + f"; validation on {c.get('val_seeds')} sequences of {c.get('jobs')} jobs (seeds 2000..); "
+            f"kept: {tr.get('selected')} (validation JCT {tr.get('val_jct', math.nan):.0f} s); "
+            + (f"{cpu / 60:.1f} min of CPU" if isinstance(cpu, (int, float)) else "CPU time not recorded")
+            + (f" (the parent: {pcpu / 60:.1f} min)." if isinstance(pcpu, (int, float)) else ".")]
+    elif c:
         updates = sum(int(e.get("updates") or 0) for e in rl)
         cpu = tr.get("cpu_s")
         lines += [

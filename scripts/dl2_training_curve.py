@@ -8,7 +8,9 @@ Left: the supervised warm-up's cross-entropy per epoch (imitating DRF). Right: a
 end of each RL episode (x: actor-critic updates so far, the seed's "steps", where the history records
 them; else the episode) on the training sequence (while exploring) and on the validation sequences,
 with DRF's average JCT on the training sequences and the warm-up network's validation JCT as reference
-lines. Reads the JSON only
+lines. A checkpoint trained from a parent (``train-dl2 --init``) is drawn as one curve: the parent's
+warm-up and RL episodes up to the network it was continued from, a marker, then its own episodes.
+Reads the JSON only
 (``training.history`` as ``rlsched train-dl2`` writes it); the weights are not opened.
 """
 
@@ -40,22 +42,42 @@ def read_history(path: Path) -> dict:
     hist = (doc.get("training") or {}).get("history") if isinstance(doc, dict) else None
     if not isinstance(hist, dict):
         raise ValueError("no training.history (not a checkpoint written by rlsched train-dl2)")
-    rl = hist.get("rl")
-    if not isinstance(rl, list) or not all(isinstance(r, dict) for r in rl):
-        raise ValueError("training.history.rl is not a list of episodes")
+    chain = _chain(hist, "training.history")
+    rl = chain.pop("rl")
     ups = [r.get("updates") for r in rl]
     steps = None  # actor-critic updates done by the end of each episode, where the history records them
     if rl and all(isinstance(u, int) and not isinstance(u, bool) and u >= 0 for u in ups):
         steps = [float(sum(ups[: k + 1])) for k in range(len(ups))]
     return {
+        **chain,
         "steps": steps,
-        "sl_loss": _numbers(hist.get("sl_loss", []), "training.history.sl_loss"),
-        "drf_train_jct": _numbers(hist.get("drf_train_jct", []), "training.history.drf_train_jct"),
-        "val_warmup_jct": hist.get("val_warmup_jct"),
-        "episode": _numbers([r.get("episode") for r in rl], "training.history.rl[].episode"),
+        "episode": [float(k) for k in range(len(rl))],
         "train_jct": _numbers([r.get("train_jct") for r in rl], "training.history.rl[].train_jct"),
         "val_jct": _numbers([r.get("val_jct") for r in rl], "training.history.rl[].val_jct"),
     }
+
+
+def _chain(hist: dict, what: str) -> dict:
+    """The warm-up and RL episodes behind ``hist``. A run started from a parent checkpoint (``parent``,
+    ``train-dl2 --init``) continues the parent's curve from the parent's selected network: the parent's
+    warm-up and its RL episodes up to the selected one, then this run's (``continued_after``: how many
+    episodes came before this run's; None without a parent)."""
+    rl = hist.get("rl")
+    if not isinstance(rl, list) or not all(isinstance(r, dict) for r in rl):
+        raise ValueError(f"{what}.rl is not a list of episodes")
+    out = {"sl_loss": _numbers(hist.get("sl_loss", []), what + ".sl_loss"),
+           "drf_train_jct": _numbers(hist.get("drf_train_jct", []), what + ".drf_train_jct"),
+           "val_warmup_jct": hist.get("val_warmup_jct"), "continued_after": None, "rl": list(rl)}
+    parent = hist.get("parent")
+    if isinstance(parent, dict) and isinstance(parent.get("history"), dict):
+        base = _chain(parent["history"], what + ".parent.history")
+        sel = str(parent.get("selected") or "").rsplit(" ", 1)
+        own = len(parent["history"]["rl"])  # the parent's own episodes end its chain
+        keep = int(sel[1]) + 1 if sel[0] == "RL episode" and sel[1].isdigit() else 0
+        prl = base["rl"][: len(base["rl"]) - own + min(keep, own)]
+        out.update(sl_loss=base["sl_loss"], drf_train_jct=base["drf_train_jct"], val_warmup_jct=base["val_warmup_jct"],
+                   continued_after=len(prl), rl=[*prl, *rl])
+    return out
 
 
 def draw(hist: dict, out: Path) -> None:
@@ -78,6 +100,9 @@ def draw(hist: dict, out: Path) -> None:
     v = hist["val_warmup_jct"]
     if isinstance(v, (int, float)) and math.isfinite(v):
         b.axhline(float(v), color="black", ls=":", label="warm-up network, validation")
+    k = hist.get("continued_after")
+    if k:
+        b.axvline(x[k - 1], color="tab:red", ls="-.", lw=1, label="continued from here (train-dl2 --init)")
     b.set(xlabel="actor-critic updates (one per slot), at each RL episode's end" if steps else "RL episode",
           ylabel="average JCT (s)", title="actor-critic RL")
     for ax in (a, b):

@@ -4,6 +4,7 @@ warm-up, checkpoints, and a simulate run on an elastic trace."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -203,3 +204,98 @@ def test_train_writes_checkpoint_history_and_cpu(tmp_path):
     assert net.spec.J == 4 and tr["complete"] is True and tr["cpu_s"] > 0
     assert len(tr["history"]["sl_loss"]) == 2 and len(tr["history"]["rl"]) == 1
     assert tr["history"]["rl"][0]["cpu_s"] <= tr["cpu_s"] and tr["config"]["cluster"] == "data/clusters/dl2.yaml"
+
+
+def test_ac_update_stabilisers_target_critic_normalised_advantage_clip():
+    """The target critic supplies V(s') of the TD target; normalised advantages and a gradient clip keep
+    an update's step bounded whatever the reward scale; soft_update moves the target by tau."""
+    import torch
+
+    from trainer.dl2.train import _mlp, ac_update, soft_update
+
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    n, obs, acts = 32, 6, 4
+    o = rng.random((n, obs), dtype=np.float32)
+    m = np.ones((n, acts), bool)
+    a = rng.integers(0, acts, n)
+    o2 = rng.random((n, obs), dtype=np.float32)
+    d = np.ones(n, np.float32)
+
+    def step(scale, **kw):
+        torch.manual_seed(1)
+        actor, critic = _mlp([obs, 8, acts]), _mlp([obs, 8, 1])
+        before = [p.detach().clone() for p in actor.parameters()]
+        opt_a = torch.optim.SGD(actor.parameters(), lr=1.0)
+        opt_c = torch.optim.SGD(critic.parameters(), lr=1e-3)
+        r = (scale * rng.random(n)).astype(np.float32)
+        ac_update(actor, critic, opt_a, opt_c, (o, m, a, r, o2, d), 0.9, 0.0, **kw)
+        return math.sqrt(sum(float((p.detach() - b).norm()) ** 2 for p, b in zip(actor.parameters(), before)))
+
+    # SGD at lr 1 moves the actor (total norm over its parameters) by at most the clip per update
+    assert step(1000.0, clip=0.5) <= 0.5 + 1e-5
+    assert step(1000.0) > 10.0
+    # normalised advantages: a reward scale of 1 or 1000 gives steps of the same order
+    s1, s2 = step(1.0, adv_norm=True), step(1000.0, adv_norm=True)
+    assert 0.2 < s1 / s2 < 5.0
+
+    # a target critic returning 0 makes the TD target r alone: the critic's loss is its MSE to r
+    torch.manual_seed(2)
+    actor, critic, target = _mlp([obs, 8, acts]), _mlp([obs, 8, 1]), _mlp([obs, 8, 1])
+    with torch.no_grad():
+        for p in target.parameters():
+            p.zero_()
+    r = rng.random(n).astype(np.float32)
+    v = critic(torch.as_tensor(o)).squeeze(-1).detach().numpy()
+    opt = torch.optim.SGD(critic.parameters(), lr=0.0)
+    _la, lc = ac_update(actor, critic, torch.optim.SGD(actor.parameters(), lr=0.0), opt, (o, m, a, r, o2, d), 0.9,
+                        0.1, target=target)
+    assert lc == pytest.approx(float(np.mean((v - r) ** 2)), rel=1e-5)
+    w0 = [p.detach().clone() for p in target.parameters()]
+    soft_update(target, critic, 0.25)
+    for pt, p0, pc in zip(target.parameters(), w0, critic.parameters()):
+        assert torch.allclose(pt, 0.75 * p0 + 0.25 * pc.detach())
+
+
+def test_entropy_weight_schedule():
+    from trainer.dl2.train import DL2TrainConfig, entropy_weight
+
+    assert [entropy_weight(DL2TrainConfig(rl_episodes=3), e) for e in range(3)] == [0.1, 0.1, 0.1]
+    sched = [entropy_weight(DL2TrainConfig(rl_episodes=3, beta_end=0.0), e) for e in range(3)]
+    assert sched == pytest.approx([0.1, 0.05, 0.0])
+    assert entropy_weight(DL2TrainConfig(rl_episodes=1, beta_end=0.02), 0) == 0.02
+
+
+@pytest.mark.slow
+def test_train_from_init_repeats_the_full_run(tmp_path):
+    """RL started with --init from a run's warm-up checkpoint (rl_episodes 0) gives the same weights as
+    the one run with warm-up and RL, stabilisers on: the one-command recipe of a checkpoint trained that
+    way."""
+    from dataclasses import replace
+
+    from trainer.dl2.train import DL2TrainConfig, train
+
+    cfg = DL2TrainConfig(J=4, hidden=(16,), jobs=4, sl_traces=1, sl_samples=300, sl_epochs=2, rl_episodes=1,
+                         val_seeds=1, batch=16, replay=64, rl_lr=0.01, adv_norm=True, target_tau=0.1, clip=1.0,
+                         beta_end=0.0, updates=2)
+    full, _m, _p = load_dl2(train(cfg, tmp_path / "full", progress_bar=False, log=lambda s: None))
+    warm = train(replace(cfg, rl_episodes=0), tmp_path / "warm", progress_bar=False, log=lambda s: None)
+    again_path = train(replace(cfg, init=str(warm)), tmp_path / "again", progress_bar=False, log=lambda s: None)
+    again, meta, _p = load_dl2(again_path)
+    assert meta["training"]["history"]["init"] == str(warm)
+    assert len(meta["training"]["history"]["rl"]) == 1
+    for (w1, b1), (w2, b2) in zip(full.weights, again.weights):
+        assert np.array_equal(w1, w2) and np.array_equal(b1, b2)
+
+
+def test_plan_shapes_reports_planned_workers_ps_and_relative_speed():
+    """trainer.dl2.shapes: the mean shape a policy plans, its speed within (0, 1] of the model's best."""
+    from trainer.dl2.shapes import best_speeds, plan_shapes
+
+    best = best_speeds()
+    assert set(best) and all(v > 0 for v in best.values())
+    r = plan_shapes("drf", 2000, jobs=4)
+    assert r["job_slots"] > 0 and r["workers"] >= 1 and r["ps"] >= 1 and 0 < r["rel_speed"] <= 1 + 1e-9
+    assert r["jct"] > 0 and r["inferences"] is None
+    with pytest.raises(ValueError, match="expected drf"):
+        plan_shapes("sampled:drf", 2000, jobs=4)

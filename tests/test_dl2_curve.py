@@ -37,3 +37,30 @@ def test_bad_header_one_line_exit_2(tmp_path):
         assert not out.exists()
     r = _run("--checkpoint", str(tmp_path / "missing.json"))
     assert r.returncode == 2 and "No such file" in r.stderr
+
+
+def test_a_continued_run_is_drawn_after_its_parents_selected_episode(tmp_path):
+    """A run started with --init continues its parent's curve from the parent's selected episode: the
+    parent's warm-up and episodes 0..selected, then the run's own, updates counted across both."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        from dl2_training_curve import read_history
+    finally:
+        sys.path.pop(0)
+
+    def ep(k, u, jct):
+        return {"episode": k, "updates": u, "train_jct": jct, "val_jct": jct + 1}
+
+    parent = {"sl_loss": [3.0, 2.5], "drf_train_jct": [10.0], "val_warmup_jct": 9.0,
+              "rl": [ep(0, 5, 100.0), ep(1, 7, 90.0), ep(2, 11, 120.0)]}
+    hist = {"sl_loss": [], "rl": [ep(0, 3, 80.0)], "val_warmup_jct": 91.0,
+            "parent": {"selected": "RL episode 1", "history": parent}}
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"training": {"history": hist}}))
+    h = read_history(path)
+    assert h["sl_loss"] == [3.0, 2.5] and h["drf_train_jct"] == [10.0] and h["val_warmup_jct"] == 9.0
+    assert h["train_jct"] == [100.0, 90.0, 80.0] and h["val_jct"] == [101.0, 91.0, 81.0]
+    assert h["steps"] == [5.0, 12.0, 15.0] and h["continued_after"] == 2
+    out = tmp_path / "c.png"
+    r = _run("--checkpoint", str(path), "--out", str(out))
+    assert r.returncode == 0 and "2 warm-up epochs, 3 RL episodes" in r.stdout, r.stderr

@@ -9,11 +9,21 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rlsched.argtypes import positive_float
+from rlsched.argtypes import non_negative_float, positive_float
 from rlsched.argtypes import positive_int as _positive_int
 from trainer.common.train_cli import ConfigOption, add_config_options, cli_error, config_values
 
 __all__ = ["register"]
+
+def _switch(text: str) -> bool:
+    """0 / 1 (also false / true, no / yes) as a bool."""
+    t = text.strip().lower()
+    if t in ("1", "true", "yes"):
+        return True
+    if t in ("0", "false", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected 0 or 1, got {text!r}")
+
 
 #: The options that set fields of :class:`trainer.dl2.train.DL2TrainConfig`.
 OPTIONS = (
@@ -26,6 +36,17 @@ OPTIONS = (
     ConfigOption("--J", "jobs per batch in the state", _positive_int),
     ConfigOption("--epsilon", "job-aware exploration", positive_float),
     ConfigOption("--seed", "seed", int),
+    ConfigOption("--seed0", "first training sequence's seed (warm-up: seed0.., RL: seed0 + sl_traces..)", int),
+    ConfigOption("--init", "start RL from this checkpoint (its actor and critic; no warm-up)"),
+    ConfigOption("--rl-lr", "actor learning rate of RL", positive_float),
+    ConfigOption("--critic-lr", "critic learning rate of RL (0: --rl-lr)", non_negative_float),
+    ConfigOption("--beta", "entropy weight", non_negative_float),
+    ConfigOption("--beta-end", "entropy weight of the last RL episode, linear from --beta (< 0: --beta throughout)",
+                 float),
+    ConfigOption("--target-tau", "Polyak rate of a target critic (0: none)", non_negative_float),
+    ConfigOption("--adv-norm", "normalise advantages per mini-batch (0 / 1)", _switch),
+    ConfigOption("--clip", "gradient-norm clip (0: none)", non_negative_float),
+    ConfigOption("--updates", "mini-batch updates per slot", _positive_int),
 )
 
 
@@ -46,6 +67,10 @@ def _run(args: argparse.Namespace) -> int:
         return cli_error("train-dl2", f"--rl-episodes must be >= 0, got {args.rl_episodes}")
     if not Path(args.cluster).is_file():
         return cli_error("train-dl2", f"cluster file {args.cluster} not found")
+    if args.init and not Path(args.init).exists() and not Path(args.init + ".json").exists():
+        return cli_error("train-dl2", f"--init {args.init} not found")
+    if not 0 <= args.target_tau <= 1:
+        return cli_error("train-dl2", f"--target-tau must be in [0, 1], got {args.target_tau}")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         return cli_error("train-dl2", f"--out {out} exists and is not a directory")

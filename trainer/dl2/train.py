@@ -20,6 +20,16 @@ episode); samples go to a replay buffer of ``replay`` samples; at the end of eac
 ``batch`` samples updates the critic to the TD target ``r + gamma V(s')`` and the actor by
 ``-log pi(a|s) * (r + gamma V(s') - V(s)) - beta * H(pi(.|s))`` (Adam at ``rl_lr``).
 
+**Stabilisers** (options, all off by default, so the defaults run the seed's plain actor-critic):
+``target_tau`` > 0 takes ``V(s')`` of the TD target from a target critic that follows the critic by
+Polyak averaging (:func:`soft_update` after each update); ``adv_norm`` scales the advantages of each
+mini-batch to mean 0, std 1; ``clip`` > 0 clips each network's gradient norm; ``beta_end`` >= 0 moves
+the entropy weight linearly from ``beta`` (first RL episode) to ``beta_end`` (last,
+:func:`entropy_weight`); ``critic_lr`` sets the critic's own learning rate; ``updates`` mini-batches
+are taken at each slot's end. ``init`` starts the RL phase from a checkpoint's actor and critic instead
+of a warm-up (the parent's training record is kept in ``history["parent"]``); RL from a run's warm-up
+checkpoint gives the same weights as that run with RL (a test checks it).
+
 Defaults are the seed's hyper-parameters (section 6.1): 2 hidden layers of 256, Adam, learning rates
 0.005 (supervised) and 0.0001 (RL), mini-batch 256, gamma 0.9, epsilon 0.4, beta 0.1, replay 8192; J = 40
 (its section 6.5: around 40 concurrent jobs at most). The run length (episodes, jobs per episode, the
@@ -42,7 +52,7 @@ from policies.elastic import PlanJob, dominant_share, fits_capacity
 ROOT = Path(__file__).resolve().parents[2]
 
 __all__ = ["DL2TrainConfig", "drf_action", "poor_action", "RecordingDL2", "collect_drf", "supervised", "Replay",
-           "ac_update", "evaluate", "train"]
+           "ac_update", "soft_update", "entropy_weight", "parent_record", "evaluate", "train"]
 
 
 @dataclass
@@ -68,6 +78,15 @@ class DL2TrainConfig:
     seed0: int = 1000  # training sequences: seeds seed0, seed0 + 1, ...; validation: 2000, 2001, ...
     seed: int = 0
     cluster: str = "data/clusters/dl2.yaml"
+    # stabilisers of the RL phase (module docstring, "Stabilisers"); the defaults are the seed's plain
+    # actor-critic
+    init: str = ""  # start RL from this checkpoint's actor (and critic): no warm-up
+    critic_lr: float = 0.0  # 0: rl_lr
+    beta_end: float = -1.0  # entropy weight of the last RL episode, linear from beta; < 0: beta throughout
+    target_tau: float = 0.0  # Polyak rate of a target critic for the TD target; 0: the critic itself
+    adv_norm: bool = False  # advantages normalised to mean 0 / std 1 per mini-batch
+    clip: float = 0.0  # gradient-norm clip of both networks; 0: none
+    updates: int = 1  # mini-batch updates at each slot's end
 
 
 # ---------------------------------------------------------------------- teacher and exploration
@@ -288,20 +307,28 @@ class Replay:
         return self.o[idx], self.m[idx], self.a[idx], self.r[idx], self.o2[idx], self.d[idx]
 
 
-def ac_update(actor, critic, opt_a, opt_c, sample, gamma: float, beta: float) -> tuple[float, float]:
-    """One actor-critic step on a replay mini-batch (module docstring); (actor loss, critic loss)."""
+def ac_update(actor, critic, opt_a, opt_c, sample, gamma: float, beta: float, target=None, adv_norm: bool = False,
+              clip: float = 0.0) -> tuple[float, float]:
+    """One actor-critic step on a replay mini-batch (module docstring); (actor loss, critic loss).
+    ``target``: a critic of the same shape giving ``V(s')`` of the TD target (None: ``critic``);
+    ``adv_norm``: advantages scaled to mean 0, std 1 over the mini-batch; ``clip`` > 0: each network's
+    gradient norm clipped to it."""
     import torch
     import torch.nn.functional as F
 
     o, m, a, r, o2, d = (torch.as_tensor(x) for x in sample)
     with torch.no_grad():
-        target = r + gamma * d * critic(o2).squeeze(-1)
+        target = r + gamma * d * (critic if target is None else target)(o2).squeeze(-1)
     v = critic(o).squeeze(-1)
     lc = F.mse_loss(v, target)
     opt_c.zero_grad()
     lc.backward()
+    if clip > 0:
+        torch.nn.utils.clip_grad_norm_(critic.parameters(), clip)
     opt_c.step()
     adv = (target - v.detach())
+    if adv_norm and len(adv) > 1:
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
     logits = _masked_logits(actor, o, m)
     logp = F.log_softmax(logits, -1)
     p = logp.exp()
@@ -309,8 +336,36 @@ def ac_update(actor, critic, opt_a, opt_c, sample, gamma: float, beta: float) ->
     la = -(logp.gather(1, a[:, None]).squeeze(1) * adv).mean() - beta * ent.mean()
     opt_a.zero_grad()
     la.backward()
+    if clip > 0:
+        torch.nn.utils.clip_grad_norm_(actor.parameters(), clip)
     opt_a.step()
     return la.item(), lc.item()
+
+
+def soft_update(target, source, tau: float) -> None:
+    """``target <- (1 - tau) target + tau source``, parameter by parameter (same shapes)."""
+    import torch
+
+    with torch.no_grad():
+        for pt, ps in zip(target.parameters(), source.parameters()):
+            pt.mul_(1.0 - tau).add_(ps, alpha=tau)
+
+
+def entropy_weight(cfg: DL2TrainConfig, episode: int) -> float:
+    """The entropy weight of RL episode ``episode`` (0-based): ``beta``, or linear from ``beta`` (first)
+    to ``beta_end`` (last) when ``beta_end`` >= 0."""
+    if cfg.beta_end < 0 or cfg.rl_episodes <= 1:
+        return cfg.beta if cfg.beta_end < 0 else cfg.beta_end
+    return cfg.beta + (cfg.beta_end - cfg.beta) * episode / (cfg.rl_episodes - 1)
+
+
+def parent_record(meta: dict) -> dict:
+    """What a run started from the checkpoint with JSON header ``meta`` keeps of it (``history["parent"]``):
+    its weights' sha256, the network it had selected, that network's validation JCT, its CPU seconds,
+    training config and history."""
+    tr = meta.get("training") or {}
+    return {"weights_sha256": meta.get("weights_sha256"), "selected": tr.get("selected"), "val_jct": tr.get("val_jct"),
+            "cpu_s": tr.get("cpu_s"), "config": tr.get("config"), "history": tr.get("history")}
 
 
 def evaluate(cfg: DL2TrainConfig, net: DL2Net, seeds: Sequence[int]) -> float:
@@ -325,11 +380,22 @@ def train(cfg: DL2TrainConfig, out: str | Path, progress_bar: bool = True, log: 
     import torch
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    import copy
+
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     spec = DL2Spec(J=cfg.J)
     actor = _mlp([spec.obs_size, *cfg.hidden, spec.n_actions])
     critic = _mlp([spec.obs_size, *cfg.hidden, 1])
+    if cfg.init:
+        from policies.dl2 import load_dl2_critic
+        from trainer.dl2.online import _torch_mlp
+
+        inet, _meta, ipath, icritic = load_dl2_critic(cfg.init)
+        spec = inet.spec
+        actor = _torch_mlp(inet.weights)
+        critic = _torch_mlp(icritic) if icritic is not None else _mlp(
+            [spec.obs_size, *(w.shape[0] for w, _b in inet.weights[:-1]), 1])
     net = DL2Net(_weights(actor), spec)
     val_seeds = [2000 + k for k in range(cfg.val_seeds)]
     t0, c0 = time.perf_counter(), time.process_time()
@@ -346,34 +412,46 @@ def train(cfg: DL2TrainConfig, out: str | Path, progress_bar: bool = True, log: 
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.fields[info]}"), disable=not progress_bar) as bar:
-        t = bar.add_task("DRF episodes", total=cfg.sl_traces, info="")
-        obs, masks, acts, drf_jct = collect_drf(
-            cfg, spec, net, log=lambda k, n, j: bar.update(t, advance=1, info=f"{n} samples, DRF JCT {j:.0f} s"))
-        history["drf_train_jct"] = drf_jct
-        t = bar.add_task("supervised warm-up", total=cfg.sl_epochs, info="")
-        history["sl_loss"] = supervised(actor, obs, masks, acts, cfg.sl_epochs, cfg.sl_lr, cfg.batch, cfg.seed,
-                                        on_epoch=lambda l: bar.update(t, advance=1, info=f"cross-entropy {l:.4f}"))
-        del obs, masks, acts
-        net = DL2Net(_weights(actor), spec)
-        best = (evaluate(cfg, net, val_seeds), _weights(actor), _weights(critic), "warm-up")
-        history["val_warmup_jct"] = best[0]
-        log(f"warm-up: imitation loss {history['sl_loss'][0]:.3f} -> {history['sl_loss'][-1]:.3f}, "
-            f"validation JCT {best[0]:.0f} s")
+        if cfg.init:
+            history["init"] = str(ipath)
+            history["parent"] = parent_record(_meta)
+            best = (evaluate(cfg, net, val_seeds), _weights(actor), _weights(critic), "init")
+            history["val_warmup_jct"] = best[0]
+            log(f"init {ipath}: validation JCT {best[0]:.0f} s")
+        else:
+            t = bar.add_task("DRF episodes", total=cfg.sl_traces, info="")
+            obs, masks, acts, drf_jct = collect_drf(
+                cfg, spec, net, log=lambda k, n, j: bar.update(t, advance=1, info=f"{n} samples, DRF JCT {j:.0f} s"))
+            history["drf_train_jct"] = drf_jct
+            t = bar.add_task("supervised warm-up", total=cfg.sl_epochs, info="")
+            history["sl_loss"] = supervised(actor, obs, masks, acts, cfg.sl_epochs, cfg.sl_lr, cfg.batch, cfg.seed,
+                                            on_epoch=lambda l: bar.update(t, advance=1, info=f"cross-entropy {l:.4f}"))
+            del obs, masks, acts
+            net = DL2Net(_weights(actor), spec)
+            best = (evaluate(cfg, net, val_seeds), _weights(actor), _weights(critic), "warm-up")
+            history["val_warmup_jct"] = best[0]
+            log(f"warm-up: imitation loss {history['sl_loss'][0]:.3f} -> {history['sl_loss'][-1]:.3f}, "
+                f"validation JCT {best[0]:.0f} s")
         save(best, False)
         opt_a = torch.optim.Adam(actor.parameters(), lr=cfg.rl_lr)
-        opt_c = torch.optim.Adam(critic.parameters(), lr=cfg.rl_lr)
+        opt_c = torch.optim.Adam(critic.parameters(), lr=cfg.critic_lr or cfg.rl_lr)
+        target = copy.deepcopy(critic) if cfg.target_tau > 0 else None
         replay = Replay(cfg.replay, spec.obs_size, spec.n_actions)
         t = bar.add_task("online RL episodes", total=cfg.rl_episodes, info="")
         cluster, perf = _setup(cfg)
         for ep in range(cfg.rl_episodes):
             losses: list = []
+            beta = entropy_weight(cfg, ep)
             pol = RecordingDL2(DL2Net(_weights(actor), spec), perf, "explore", rng, cfg.epsilon, cfg.ratio)
 
-            def on_slot(item, pol=pol, losses=losses):
+            def on_slot(item, pol=pol, losses=losses, beta=beta):
                 replay.add(item)
                 if replay.n >= cfg.batch:
-                    losses.append(ac_update(actor, critic, opt_a, opt_c, replay.sample(rng, cfg.batch),
-                                            cfg.gamma, cfg.beta))
+                    for _u in range(cfg.updates):
+                        losses.append(ac_update(actor, critic, opt_a, opt_c, replay.sample(rng, cfg.batch), cfg.gamma,
+                                                beta, target=target, adv_norm=cfg.adv_norm, clip=cfg.clip))
+                        if target is not None:
+                            soft_update(target, critic, cfg.target_tau)
                     pol.net = DL2Net(_weights(actor), spec)
 
             pol.on_slot = on_slot
@@ -382,6 +460,7 @@ def train(cfg: DL2TrainConfig, out: str | Path, progress_bar: bool = True, log: 
             val = evaluate(cfg, net, val_seeds)
             rew = float(sum(tr.reward for tr in pol.slots))
             history["rl"].append({"episode": ep, "train_jct": jct, "val_jct": val, "reward": rew, "updates": len(losses),
+                                  "beta": beta,
                                   "actor_loss": float(np.mean([x[0] for x in losses])) if losses else None,
                                   "critic_loss": float(np.mean([x[1] for x in losses])) if losses else None,
                                   "cpu_s": round(time.process_time() - c0, 1)})
@@ -389,6 +468,8 @@ def train(cfg: DL2TrainConfig, out: str | Path, progress_bar: bool = True, log: 
                 best = (val, _weights(actor), _weights(critic), f"RL episode {ep}")
             save(best, False)
             bar.update(t, advance=1, info=f"train JCT {jct:.0f} s, val JCT {val:.0f} s, reward {rew:.2f}")
+            log(f"RL episode {ep}: train JCT {jct:.0f} s, validation JCT {val:.0f} s, {len(losses)} updates, "
+                f"beta {beta:g}, cpu {time.process_time() - c0:.0f} s")
     jpath = save(best, True)
     log(f"wrote {jpath} (selected: {best[3]}, validation JCT {best[0]:.0f} s, {time.perf_counter() - t0:.0f} s)")
     return jpath
