@@ -104,7 +104,7 @@ def _cached(path: Path, key: dict, again: bool, compute) -> list[float]:
             if got.get("key") == key:
                 return got["per_seq_s"]
         except (OSError, ValueError, KeyError):
-            pass
+            pass  # an unreadable or foreign cache entry: the cell is trained again below
     vals = [float(x) for x in compute()]
     path.write_text(json.dumps({"key": key, "per_seq_s": vals}))
     return vals
