@@ -13,7 +13,7 @@ machine work plus O(nodes it picks) Python work, not a Python loop over the clus
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, NamedTuple, Protocol
 
 import numpy as np
 
@@ -29,6 +29,8 @@ __all__ = [
     "FreeCounts",
     "spread",
     "ContentionAwarePlacement",
+    "SpanningSearch",
+    "quiet_counts",
     "FloorPacking",
     "SWITCH_GAIN",
     "balanced_candidates",
@@ -436,6 +438,36 @@ class _Balanced:
 SWITCH_GAIN = 0.05
 
 
+def quiet_counts(free: np.ndarray, led: ContentionLedger) -> np.ndarray | None:
+    """``free`` (int64, a new array) with 0 on every node that holds a multi-node job of ``led``, or
+    ``None`` when no multi-node job runs (no node is quiet-but-loaded: the quiet nodes are all)."""
+    lb = led.load_bytes()
+    if lb is not None:  # one byte per node: its multi-node jobs (one vectorised pass)
+        on = np.frombuffer(lb, dtype=np.uint8) > 0
+        if not on.any():
+            return None
+        return np.where(on, 0, np.asarray(free)).astype(np.int64, copy=False)
+    loads = led.loads()
+    if not loads:
+        return None
+    quiet = np.array(free, dtype=np.int64)
+    quiet[list(loads)] = 0
+    return quiet
+
+
+class SpanningSearch(NamedTuple):
+    """What :meth:`ContentionAwarePlacement.spanning_search` computed for a job larger than a node:
+    ``choice`` the rule's placement (``None``: the job waits); ``packed`` :func:`pack` of the job on
+    the free GPUs (``None``: they do not hold it); ``quiet`` :func:`pack` of the job on
+    :func:`quiet_counts` of the free GPUs (``None`` also when no multi-node job runs), valid only when
+    ``quiet_known`` (the search stops before it when ``packed`` is ``None``)."""
+
+    choice: Placement | None
+    packed: Placement | None
+    quiet: Placement | None
+    quiet_known: bool
+
+
 class ContentionAwarePlacement:
     """Greedy: the placement the performance model predicts hurts least.
 
@@ -561,22 +593,32 @@ class ContentionAwarePlacement:
             return self._choose(job, [p], state.contention(self.perf))
         if gpus <= state.cluster.max_gpus_per_node:
             return None  # a single-node job is never split
+        return self._spanning(job, free, state, arr, hi, fb).choice
+
+    def spanning_search(self, job: JobInfo, free: np.ndarray, state: ClusterState) -> "SpanningSearch":
+        """The ``nosplit=True`` search for a job larger than every node of ``state.cluster``
+        (``job.gpu_demand > max_gpus_per_node``): its choice (what the rule returns) with the two
+        packings it computed on the way (:class:`SpanningSearch`)."""
+        if job.gpu_demand <= state.cluster.max_gpus_per_node:
+            raise ValueError(f"spanning_search: job {job.job_id!r} ({job.gpu_demand} GPUs) fits on one node")
+        return self._spanning(job, free, state, None, None, None)
+
+    def _spanning(self, job: JobInfo, free: np.ndarray, state: ClusterState, arr: np.ndarray | None,
+                  hi: int | None, fb: bytes | None) -> "SpanningSearch":
+        """:meth:`spanning_search` (``arr, hi, fb``: ``_as_bytes(free, state)`` when known, else ``None``)."""
+        gpus = job.gpu_demand
         if arr is None:
             arr, hi, fb = _as_bytes(free, state)
+        assert hi is not None
         p = _pack(gpus, arr, hi, fb, state)
         if p is None:
-            return None
+            return SpanningSearch(None, None, None, False)
         led = state.contention(self.perf)
-        lb = led.load_bytes()
-        if not (led.spans() if lb is not None else led.loads()):
-            return self._choose(job, [p], led)  # no multi-node job runs: no candidate can score better than pack's
+        quiet = quiet_counts(arr, led)
+        if quiet is None:  # no multi-node job runs: no candidate can score better than pack's
+            return SpanningSearch(self._choose(job, [p], led), p, None, True)
         k = p.num_nodes
         cands: list[Placement] = []
-        if lb is not None:  # the nodes without multi-node jobs keep their free GPUs (one vectorised pass)
-            quiet = np.where(np.frombuffer(lb, dtype=np.uint8) > 0, 0, arr).astype(np.int64, copy=False)
-        else:
-            quiet = np.array(arr, dtype=np.int64)
-            quiet[list(led.loads())] = 0
         q = pack(job, quiet)
         if q is not None and q.num_nodes == k and q != p:
             cands.append(q)
@@ -594,8 +636,8 @@ class ContentionAwarePlacement:
             if sc > bar + 1e-9 and sc > best_score + 1e-9:
                 best, best_score = c, sc
         if self.min_efficiency > 0.0 and best_score < self.min_efficiency * gpus - 1e-9:
-            return None
-        return best
+            return SpanningSearch(None, p, q, True)
+        return SpanningSearch(best, p, q, True)
 
     def _better(self, job: JobInfo, c: Placement, led: ContentionLedger, best: Placement | None,
                 best_score: float) -> tuple[Placement | None, float]:

@@ -89,7 +89,7 @@ from policies.codecs.base import CodecError
 from policies.codecs.pick import (PickCodec, PickEncoding, as_started, check_spec_ints, check_tau, hold_mask,
                                   running_speed, spec_from_fields, take_waiting)
 from policies.perf import ContentionModel
-from policies.placement import _SMALL, ContentionAwarePlacement, FloorPacking, _as_bytes, _pack, pack
+from policies.placement import ContentionAwarePlacement, FloorPacking, pack, quiet_counts
 from policies.state import ClusterState, JobInfo
 
 __all__ = ["N_CAND", "N_CTX", "N_RUN", "PLACEMENT_SLOTS", "SizeFreeCodec", "SizeFreeEncoding", "SizeFreeRound",
@@ -404,7 +404,18 @@ class SizeFreeRound:
                 continue
             seen: list[Placement] = []
             # a job that fits on one node: greedy's choice is nosplit's and quiet has none (exactly)
-            rules = codec.rules if j.gpu_demand > codec.max_node else codec.rules[:1]
+            spanning = j.gpu_demand > codec.max_node
+            rules = codec.rules if spanning else codec.rules[:1]
+            if spanning and keys is not None:
+                # the greedy search packs the job on the free GPUs and on the quiet nodes: the
+                # nosplit and quiet slots' placements (same GPU count, same state)
+                gk = (1, *keys[1](j))
+                if gk not in memo:
+                    sr = codec.greedy.spanning_search(j, free, st)
+                    memo[gk] = sr.choice
+                    memo.setdefault((0, *keys[0](j)), sr.packed)
+                    if sr.quiet_known:
+                        memo.setdefault((2, *keys[2](j)), sr.quiet)
             for s, rule in enumerate(rules):
                 mk = (s, *keys[s](j)) if keys is not None else (s, id(j))
                 if mk in memo:
@@ -618,14 +629,14 @@ class _Nosplit(FloorPacking):
 
 
 class _QuietPack:
-    """:func:`pack` on the nodes without multi-node jobs, for jobs larger than a node (else ``None``)."""
+    """:func:`pack` on the nodes without multi-node jobs (:func:`~policies.placement.quiet_counts`), for
+    jobs larger than a node (else ``None``)."""
 
     def __init__(self, perf: ContentionModel, max_node: int) -> None:
         self.perf, self.max_node = perf, max_node
-        #: ``(state, free counts, quiet counts or None, their byte form or None)`` of the last call: the
-        #: quiet counts are built once per state (a round makes a new state at every pick) and free-GPU
-        #: vector
-        self._last: tuple[ClusterState, bytes, np.ndarray | None, tuple | None] | None = None
+        #: ``(state, free counts, quiet counts or None)`` of the last call: the quiet counts are built
+        #: once per state and free-GPU vector
+        self._last: tuple[ClusterState, bytes, np.ndarray | None] | None = None
 
     def __call__(self, job: JobInfo, free: np.ndarray, state: ClusterState) -> Placement | None:
         if job.gpu_demand <= self.max_node:
@@ -633,24 +644,9 @@ class _QuietPack:
         fb = np.asarray(free).tobytes()
         last = self._last
         if last is None or last[0] is not state or last[1] != fb:
-            led = state.contention(self.perf)
-            lb = led.load_bytes()
-            quiet = None
-            if lb is not None:  # one byte per node: its multi-node jobs
-                on = np.frombuffer(lb, dtype=np.uint8) > 0
-                if on.any():
-                    quiet = np.where(on, 0, np.asarray(free, dtype=np.int64))
-            else:
-                loads = led.loads()
-                if loads:
-                    quiet = np.array(free, dtype=np.int64)
-                    quiet[list(loads)] = 0
-            # pack's search input for the quiet counts (its bytes form), made once with them
-            searched = None if quiet is None or len(quiet) <= _SMALL else _as_bytes(quiet)
-            last = self._last = (state, fb, quiet, searched)
-        if last[2] is None:
-            return None
-        return pack(job, last[2]) if last[3] is None else _pack(job.gpu_demand, *last[3])
+            quiet = quiet_counts(np.asarray(free, dtype=np.int64), state.contention(self.perf))
+            last = self._last = (state, fb, quiet)
+        return None if last[2] is None else pack(job, last[2])
 
 
 class SizeFreeCodec(PickCodec):
