@@ -460,12 +460,42 @@ class SpanningSearch(NamedTuple):
     ``choice`` the rule's placement (``None``: the job waits); ``packed`` :func:`pack` of the job on
     the free GPUs (``None``: they do not hold it); ``quiet`` :func:`pack` of the job on
     :func:`quiet_counts` of the free GPUs (``None`` also when no multi-node job runs), valid only when
-    ``quiet_known`` (the search stops before it when ``packed`` is ``None``)."""
+    ``quiet_known`` (the search stops before it when ``packed`` is ``None``); ``balanced`` the
+    balanced candidate on ``packed``'s node count (:func:`balanced_by_load`; ``None``: none, or not
+    searched because no multi-node job runs)."""
 
     choice: Placement | None
     packed: Placement | None
     quiet: Placement | None
     quiet_known: bool
+    balanced: Placement | None = None
+
+    def kept_after(self, node: int, left: int, loaded: bool) -> bool:
+        """Whether the search gives the same four placements after the free GPUs of ``node`` drop to
+        ``left`` (a job started on that one node) with the same multi-node jobs (``loaded``: ``node``
+        holds one); ``False`` means "search again", not "it differs". Sufficient conditions, from the
+        searches' definitions:
+
+        * :func:`sced2_pack` takes the fullest nodes whole, then the best fit for the rest: a node
+          outside its placement with fewer free GPUs than the placement's smallest share is neither
+          taken nor a fit, before or after; a failed packing (too few GPUs) stays failed;
+        * the quiet packing reads 0 for a loaded node, whatever its free GPUs;
+        * the balanced candidate on ``k`` nodes reads only nodes with at least ``ceil(g / k)`` free
+          GPUs (and stays ``None`` when fewer GPUs are free);
+        * the scores read the multi-node jobs, which are the same.
+        """
+        p = self.packed
+        if p is None:
+            return True
+        if node in p.nodes or left >= min(c for _n, c in p.alloc):
+            return False
+        q = self.quiet
+        if q is not None and not loaded and (node in q.nodes or left >= min(c for _n, c in q.alloc)):
+            return False
+        b = self.balanced
+        if b is not None and (node in b.nodes or left >= -(-p.total_gpus // p.num_nodes)):
+            return False
+        return True
 
 
 class ContentionAwarePlacement:
@@ -635,9 +665,10 @@ class ContentionAwarePlacement:
             sc = self._score(job, c, led)
             if sc > bar + 1e-9 and sc > best_score + 1e-9:
                 best, best_score = c, sc
+        b0 = bal[0] if bal else None
         if self.min_efficiency > 0.0 and best_score < self.min_efficiency * gpus - 1e-9:
-            return SpanningSearch(None, p, q, True)
-        return SpanningSearch(best, p, q, True)
+            return SpanningSearch(None, p, q, True, b0)
+        return SpanningSearch(best, p, q, True, b0)
 
     def _better(self, job: JobInfo, c: Placement, led: ContentionLedger, best: Placement | None,
                 best_score: float) -> tuple[Placement | None, float]:

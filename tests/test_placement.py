@@ -576,3 +576,32 @@ def test_spanning_search_is_the_rule_and_its_packings(data, cluster) -> None:
         assert all(quiet[v] == (0 if v in loaded else free[v]) for v in range(len(free)))
     with pytest.raises(ValueError, match="fits on one node"):
         rule.spanning_search(info("small", 8, "MoE", perf=perf), free, state)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.data(), st.sampled_from([C88, C80]))
+def test_spanning_search_kept_after_a_single_node_start(data, cluster) -> None:
+    """When :meth:`SpanningSearch.kept_after` says a search survives a start on one node (that node's
+    free GPUs drop, the multi-node jobs stay), searching again gives the same placements."""
+    from policies.workloads import MODELS
+
+    perf = PERF88 if cluster is C88 else PERF80
+    free = np.array(cluster.gpus_per_node, dtype=np.int64)
+    full = data.draw(st.lists(st.integers(0, len(free) - 1), max_size=len(free) - 2, unique=True))
+    free[full] = data.draw(st.integers(0, 3))
+    running = _draw_running(data, free, 12, perf)
+    new = info("new", data.draw(st.sampled_from([9, 12, 16, 24, 32])), data.draw(st.sampled_from(MODELS)), perf=perf)
+    state = ClusterState(0.0, cluster, free, running, [new])
+    rule = ContentionAwarePlacement(perf, nosplit=True)
+    before = rule.spanning_search(new, free, state)
+    nd = data.draw(st.integers(0, len(free) - 1))
+    if free[nd] == 0:
+        return
+    g = data.draw(st.integers(1, int(free[nd])))
+    after_free = free.copy()
+    after_free[nd] -= g
+    small = info("small", g, "MoE", Placement.of({nd: g}), perf)
+    after = ClusterState(0.0, cluster, after_free, [*running, small], [new])
+    loaded = state.contention(perf).load(nd) > 0
+    if before.kept_after(nd, int(after_free[nd]), loaded):
+        assert rule.spanning_search(new, after_free, after) == before

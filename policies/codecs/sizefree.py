@@ -89,7 +89,7 @@ from policies.codecs.base import CodecError
 from policies.codecs.pick import (PickCodec, PickEncoding, as_started, check_spec_ints, check_tau, hold_mask,
                                   running_speed, spec_from_fields, take_waiting)
 from policies.perf import ContentionModel
-from policies.placement import ContentionAwarePlacement, FloorPacking, pack, quiet_counts
+from policies.placement import ContentionAwarePlacement, FloorPacking, SpanningSearch, pack, quiet_counts
 from policies.state import ClusterState, JobInfo
 
 __all__ = ["N_CAND", "N_CTX", "N_RUN", "PLACEMENT_SLOTS", "SizeFreeCodec", "SizeFreeEncoding", "SizeFreeRound",
@@ -255,6 +255,11 @@ class SizeFreeRound:
         #: ``job id -> (job, best speed, remaining samples, squashed remaining GPU-time per node,
         #: squashed wait)``: a candidate's own features, computed once per round
         self._jobc: dict[str, tuple] = {}
+        #: ``(GPUs, model, best speed) -> SpanningSearch`` of the greedy slot for jobs larger than a
+        #: node, on the current state: a start on one node keeps those it leaves alone
+        #: (:meth:`~policies.placement.SpanningSearch.kept_after`), a multi-node start or a preemption
+        #: drops them all
+        self._spans: dict[tuple, SpanningSearch] = {}
         n = len(self.free)
         M = codec.spec.gpus_per_node
         self.span = np.zeros(n, dtype=np.float64)       # multi-node jobs per node
@@ -286,6 +291,14 @@ class SizeFreeRound:
     def place(self, job_id: str, placement: Placement) -> None:
         j = take_waiting("sizefree", self.waiting, self.free, job_id, placement)
         perf = self.codec.perf
+        if self._spans:
+            if placement.num_nodes > 1:
+                self._spans = {}
+            else:
+                nd = placement.nodes[0]
+                left = int(self.free[nd])
+                loaded = self.cur.contention(perf).load(nd) > 0  # the multi-node jobs stay the same
+                self._spans = {k: v for k, v in self._spans.items() if v.kept_after(nd, left, loaded)}
         iso = perf.throughput_for(j.model, placement)
         self._add_node_load(placement, j.remaining_samples / max(iso, 1e-12))
         run = as_started(j, placement, self.now, iso)
@@ -325,6 +338,7 @@ class SizeFreeRound:
         back = replace(r, placement=None, start_time=None, isolated_thp=0.0, achieved_thp=0.0,
                        preemptions=r.preemptions + 1)
         self._prices = {}
+        self._spans = {}
         self.waiting.append(back)
         self.waiting.sort(key=self.codec.srtf_key)
         st = self.cur.with_running(remove=[r])
@@ -411,7 +425,9 @@ class SizeFreeRound:
                 # nosplit and quiet slots' placements (same GPU count, same state)
                 gk = (1, *keys[1](j))
                 if gk not in memo:
-                    sr = codec.greedy.spanning_search(j, free, st)
+                    sr = self._spans.get(gk)
+                    if sr is None:
+                        sr = self._spans[gk] = codec.greedy.spanning_search(j, free, st)
                     memo[gk] = sr.choice
                     memo.setdefault((0, *keys[0](j)), sr.packed)
                     if sr.quiet_known:
