@@ -255,6 +255,10 @@ class SizeFreeRound:
         #: ``job id -> (job, best speed, remaining samples, squashed remaining GPU-time per node,
         #: squashed wait)``: a candidate's own features, computed once per round
         self._jobc: dict[str, tuple] = {}
+        #: ``(job id, placement) -> (ledger price, job, features 5-10, 16, 17)``: a candidate's
+        #: features that read only its placement and price, reused while the round keeps that price
+        #: (the same ``what_if`` answer object: :attr:`_prices`)
+        self._rowc: dict[tuple, tuple] = {}
         #: ``(GPUs, model, best speed) -> SpanningSearch`` of the greedy slot for jobs larger than a
         #: node, on the current state: a start on one node keeps those it leaves alone
         #: (:meth:`~policies.placement.SpanningSearch.kept_after`), a multi-node start or a preemption
@@ -469,37 +473,46 @@ class SizeFreeRound:
         raw = self.cur.contention(codec.perf) if anyone else None
         led = codec.greedy.priced(raw) if raw is not None else None
         lgtf_rank = {id(j): r for r, j in enumerate(sorted(jobs, key=self._lgtf))}
-        jc = self._jobc
+        jc, rc = self._jobc, self._rowc
+        perf = codec.perf
         for i, c in enumerate(cands):
             if c is None:
                 continue
             j, p = c
-            g, n = j.gpu_demand, p.num_nodes
+            g = j.gpu_demand
             k = i // P
-            cs_me, after = led.what_if(j.model, p, exclude=j.job_id)
-            iso = codec.perf.throughput_for(j.model, p)
+            price = led.what_if(j.model, p, exclude=j.job_id)
             got = jc.get(j.job_id)
             if got is None or got[0] is not j:  # the job's own terms, fixed while time is frozen
                 got = jc[j.job_id] = (j, codec.best_thp(j), j.remaining_samples, sq(j.remaining_time * g / M),
                                       sq(self.now - j.submit_time))
             _j, best, rem_s, gt_sq, wait_sq = got
-            loss = 0.0
-            for o, cs_a in after.items():
-                info = led.info(o)
-                cs_b = led.cs(o)
-                iso_o = codec.perf.isolated_throughput(*led.key(o))
-                loss += info.gpu_demand * iso_o * (1.0 / cs_b - 1.0 / cs_a) / max(info.best_thp, 1e-12)
-            gain = g * iso / cs_me / max(j.best_thp, 1e-12)
-            rem_t = rem_s / max(iso / cs_me, 1e-12)
+            rk = (j.job_id, p)
+            kept = rc.get(rk)
+            if kept is not None and kept[0] is price and kept[1] is j:
+                on_p = kept[2]
+            else:  # features 5-10, 16, 17: read the job, its placement and the ledger price only
+                cs_me, after = price
+                n = p.num_nodes
+                iso = perf.throughput_for(j.model, p)
+                loss = 0.0
+                for o, cs_a in after.items():
+                    info = led.info(o)
+                    cs_b = led.cs(o)
+                    iso_o = perf.isolated_throughput(*led.key(o))
+                    loss += info.gpu_demand * iso_o * (1.0 / cs_b - 1.0 / cs_a) / max(info.best_thp, 1e-12)
+                gain = g * iso / cs_me / max(j.best_thp, 1e-12)
+                rem_t = rem_s / max(iso / cs_me, 1e-12)
+                on_p = (1.0 - 1.0 / max(cs_me, 1.0), min(max(loss / g, 0.0), 1.0), n / (n + 4.0),
+                        (n - math.ceil(g / M)) / n if n > math.ceil(g / M) else 0.0, g / (g + M), sq(rem_t),
+                        min(iso / max(best, 1e-12), 1.0), min(max((gain - loss) / g, -1.0), 1.0))
+                rc[rk] = (price, j, on_p)
             row = rows[i]
             slot = i % P
             # features 1-17 in one assignment (each float rounded to float32 as an item assignment is)
-            row[1:18] = (1.0, float(slot == 0), float(slot == 1), float(slot == 2), 1.0 - 1.0 / max(cs_me, 1.0),
-                         min(max(loss / g, 0.0), 1.0), n / (n + 4.0),
-                         (n - math.ceil(g / M)) / n if n > math.ceil(g / M) else 0.0, g / (g + M), sq(rem_t),
+            row[1:18] = (1.0, float(slot == 0), float(slot == 1), float(slot == 2), *on_p[:6],
                          gt_sq, wait_sq, (free_total - g) / total_gpus,
-                         k / J, lgtf_rank[id(j)] / J, min(iso / max(best, 1e-12), 1.0),
-                         min(max((gain - loss) / g, -1.0), 1.0))
+                         k / J, lgtf_rank[id(j)] / J, *on_p[6:])
             if spec.preempt:
                 row[20] = j.preemptions / (j.preemptions + 1.0)
                 row[21] = min(j.done_samples / max(j.total_samples, 1e-12), 1.0)
