@@ -661,10 +661,13 @@ class ContentionAwarePlacement:
         cands.extend(c for c in bal if c != p and c not in cands)
         best, best_score = p, self._score(job, p, led)
         bar = best_score + self.switch_gain * gpus
-        for c in cands:
-            sc = self._score(job, c, led)
-            if sc > bar + 1e-9 and sc > best_score + 1e-9:
-                best, best_score = c, sc
+        # every candidate has pack's node count, so its score is at most their common isolated gain
+        # (CS >= 1, neighbours only lose): none beats the bar unless that gain does
+        if cands and gpus * self.perf.isolated_throughput(*job_key(job.model, p)) / 1.0 / max(job.best_thp, 1e-12) > bar:
+            for c in cands:
+                sc = self._score(job, c, led)
+                if sc > bar + 1e-9 and sc > best_score + 1e-9:
+                    best, best_score = c, sc
         b0 = bal[0] if bal else None
         if self.min_efficiency > 0.0 and best_score < self.min_efficiency * gpus - 1e-9:
             return SpanningSearch(None, p, q, True, b0)
