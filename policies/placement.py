@@ -31,6 +31,7 @@ __all__ = [
     "ContentionAwarePlacement",
     "SpanningSearch",
     "quiet_counts",
+    "neighbour_loss",
     "FloorPacking",
     "SWITCH_GAIN",
     "balanced_candidates",
@@ -438,6 +439,19 @@ class _Balanced:
 SWITCH_GAIN = 0.05
 
 
+def neighbour_loss(perf: ContentionModel, led: Any, after: Mapping[Any, float]) -> float:
+    """Effective GPUs the running jobs ``after`` (``{job: its CS with the new job}``, the second item of
+    ``led.what_if``) lose: ``sum G (iso / CS_before - iso / CS_after) / best`` over them, ``CS_before``
+    from ``led``."""
+    loss = 0.0
+    for o, cs_a in after.items():
+        info = led.info(o)
+        cs_b = led.cs(o)
+        iso_o = perf.isolated_throughput(*led.key(o))
+        loss += info.gpu_demand * iso_o * (1.0 / cs_b - 1.0 / cs_a) / max(info.best_thp, 1e-12)
+    return loss
+
+
 def quiet_counts(free: np.ndarray, led: ContentionLedger) -> np.ndarray | None:
     """``free`` (int64, a new array) with 0 on every node that holds a multi-node job of ``led``, or
     ``None`` when no multi-node job runs (no node is quiet-but-loaded: the quiet nodes are all)."""
@@ -705,14 +719,7 @@ class ContentionAwarePlacement:
         gain = job.gpu_demand * iso / cs_me / max(job.best_thp, 1e-12)
         if cand.num_nodes <= 1:
             return gain
-        # What the neighbours lose.
-        loss = 0.0
-        for o, cs_a in after.items():
-            info = led.info(o)
-            cs_b = led.cs(o)
-            iso_o = perf.isolated_throughput(*led.key(o))
-            loss += info.gpu_demand * iso_o * (1.0 / cs_b - 1.0 / cs_a) / max(info.best_thp, 1e-12)
-        return gain - loss
+        return gain - neighbour_loss(perf, led, after)
 
 
 class FloorPacking:

@@ -89,7 +89,7 @@ from policies.codecs.base import CodecError
 from policies.codecs.pick import (PickCodec, PickEncoding, as_started, check_spec_ints, check_tau, hold_mask,
                                   running_speed, spec_from_fields, take_waiting)
 from policies.perf import ContentionModel
-from policies.placement import ContentionAwarePlacement, FloorPacking, SpanningSearch, pack, quiet_counts
+from policies.placement import ContentionAwarePlacement, FloorPacking, SpanningSearch, neighbour_loss, pack, quiet_counts
 from policies.state import ClusterState, JobInfo
 
 __all__ = ["N_CAND", "N_CTX", "N_RUN", "PLACEMENT_SLOTS", "SizeFreeCodec", "SizeFreeEncoding", "SizeFreeRound",
@@ -495,12 +495,7 @@ class SizeFreeRound:
                 cs_me, after = price
                 n = p.num_nodes
                 iso = perf.throughput_for(j.model, p)
-                loss = 0.0
-                for o, cs_a in after.items():
-                    info = led.info(o)
-                    cs_b = led.cs(o)
-                    iso_o = perf.isolated_throughput(*led.key(o))
-                    loss += info.gpu_demand * iso_o * (1.0 / cs_b - 1.0 / cs_a) / max(info.best_thp, 1e-12)
+                loss = neighbour_loss(perf, led, after)
                 gain = g * iso / cs_me / max(j.best_thp, 1e-12)
                 rem_t = rem_s / max(iso / cs_me, 1e-12)
                 on_p = (1.0 - 1.0 / max(cs_me, 1.0), min(max(loss / g, 0.0), 1.0), n / (n + 4.0),
