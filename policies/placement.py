@@ -13,7 +13,7 @@ machine work plus O(nodes it picks) Python work, not a Python loop over the clus
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, NamedTuple, Protocol
 
 import numpy as np
 
@@ -29,6 +29,9 @@ __all__ = [
     "FreeCounts",
     "spread",
     "ContentionAwarePlacement",
+    "SpanningSearch",
+    "quiet_counts",
+    "neighbour_loss",
     "FloorPacking",
     "SWITCH_GAIN",
     "balanced_candidates",
@@ -436,6 +439,79 @@ class _Balanced:
 SWITCH_GAIN = 0.05
 
 
+def neighbour_loss(perf: ContentionModel, led: Any, after: Mapping[Any, float]) -> float:
+    """Effective GPUs the running jobs ``after`` (``{job: its CS with the new job}``, the second item of
+    ``led.what_if``) lose: ``sum G (iso / CS_before - iso / CS_after) / best`` over them, ``CS_before``
+    from ``led``."""
+    loss = 0.0
+    for o, cs_a in after.items():
+        info = led.info(o)
+        cs_b = led.cs(o)
+        iso_o = perf.isolated_throughput(*led.key(o))
+        loss += info.gpu_demand * iso_o * (1.0 / cs_b - 1.0 / cs_a) / max(info.best_thp, 1e-12)
+    return loss
+
+
+def quiet_counts(free: np.ndarray, led: ContentionLedger) -> np.ndarray | None:
+    """``free`` (int64, a new array) with 0 on every node that holds a multi-node job of ``led``, or
+    ``None`` when no multi-node job runs (no node is quiet-but-loaded: the quiet nodes are all)."""
+    lb = led.load_bytes()
+    if lb is not None:  # one byte per node: its multi-node jobs (one vectorised pass)
+        on = np.frombuffer(lb, dtype=np.uint8) > 0
+        if not on.any():
+            return None
+        return np.where(on, 0, np.asarray(free)).astype(np.int64, copy=False)
+    loads = led.loads()
+    if not loads:
+        return None
+    quiet = np.array(free, dtype=np.int64)
+    quiet[list(loads)] = 0
+    return quiet
+
+
+class SpanningSearch(NamedTuple):
+    """What :meth:`ContentionAwarePlacement.spanning_search` computed for a job larger than a node:
+    ``choice`` the rule's placement (``None``: the job waits); ``packed`` :func:`pack` of the job on
+    the free GPUs (``None``: they do not hold it); ``quiet`` :func:`pack` of the job on
+    :func:`quiet_counts` of the free GPUs (``None`` also when no multi-node job runs), valid only when
+    ``quiet_known`` (the search stops before it when ``packed`` is ``None``); ``balanced`` the
+    balanced candidate on ``packed``'s node count (:func:`balanced_by_load`; ``None``: none, or not
+    searched because no multi-node job runs)."""
+
+    choice: Placement | None
+    packed: Placement | None
+    quiet: Placement | None
+    quiet_known: bool
+    balanced: Placement | None = None
+
+    def kept_after(self, node: int, left: int, loaded: bool) -> bool:
+        """Whether the search gives the same four placements after the free GPUs of ``node`` drop to
+        ``left`` (a job started on that one node) with the same multi-node jobs (``loaded``: ``node``
+        holds one); ``False`` means "search again", not "it differs". Sufficient conditions, from the
+        searches' definitions:
+
+        * :func:`sced2_pack` takes the fullest nodes whole, then the best fit for the rest: a node
+          outside its placement with fewer free GPUs than the placement's smallest share is neither
+          taken nor a fit, before or after; a failed packing (too few GPUs) stays failed;
+        * the quiet packing reads 0 for a loaded node, whatever its free GPUs;
+        * the balanced candidate on ``k`` nodes reads only nodes with at least ``ceil(g / k)`` free
+          GPUs (and stays ``None`` when fewer GPUs are free);
+        * the scores read the multi-node jobs, which are the same.
+        """
+        p = self.packed
+        if p is None:
+            return True
+        if node in p.nodes or left >= min(c for _n, c in p.alloc):
+            return False
+        q = self.quiet
+        if q is not None and not loaded and (node in q.nodes or left >= min(c for _n, c in q.alloc)):
+            return False
+        b = self.balanced
+        if b is not None and (node in b.nodes or left >= -(-p.total_gpus // p.num_nodes)):
+            return False
+        return True
+
+
 class ContentionAwarePlacement:
     """Greedy: the placement the performance model predicts hurts least.
 
@@ -561,22 +637,32 @@ class ContentionAwarePlacement:
             return self._choose(job, [p], state.contention(self.perf))
         if gpus <= state.cluster.max_gpus_per_node:
             return None  # a single-node job is never split
+        return self._spanning(job, free, state, arr, hi, fb).choice
+
+    def spanning_search(self, job: JobInfo, free: np.ndarray, state: ClusterState) -> "SpanningSearch":
+        """The ``nosplit=True`` search for a job larger than every node of ``state.cluster``
+        (``job.gpu_demand > max_gpus_per_node``): its choice (what the rule returns) with the two
+        packings it computed on the way (:class:`SpanningSearch`)."""
+        if job.gpu_demand <= state.cluster.max_gpus_per_node:
+            raise ValueError(f"spanning_search: job {job.job_id!r} ({job.gpu_demand} GPUs) fits on one node")
+        return self._spanning(job, free, state, None, None, None)
+
+    def _spanning(self, job: JobInfo, free: np.ndarray, state: ClusterState, arr: np.ndarray | None,
+                  hi: int | None, fb: bytes | None) -> "SpanningSearch":
+        """:meth:`spanning_search` (``arr, hi, fb``: ``_as_bytes(free, state)`` when known, else ``None``)."""
+        gpus = job.gpu_demand
         if arr is None:
             arr, hi, fb = _as_bytes(free, state)
+        assert hi is not None
         p = _pack(gpus, arr, hi, fb, state)
         if p is None:
-            return None
+            return SpanningSearch(None, None, None, False)
         led = state.contention(self.perf)
-        lb = led.load_bytes()
-        if not (led.spans() if lb is not None else led.loads()):
-            return self._choose(job, [p], led)  # no multi-node job runs: no candidate can score better than pack's
+        quiet = quiet_counts(arr, led)
+        if quiet is None:  # no multi-node job runs: no candidate can score better than pack's
+            return SpanningSearch(self._choose(job, [p], led), p, None, True)
         k = p.num_nodes
         cands: list[Placement] = []
-        if lb is not None:  # the nodes without multi-node jobs keep their free GPUs (one vectorised pass)
-            quiet = np.where(np.frombuffer(lb, dtype=np.uint8) > 0, 0, arr).astype(np.int64, copy=False)
-        else:
-            quiet = np.array(arr, dtype=np.int64)
-            quiet[list(led.loads())] = 0
         q = pack(job, quiet)
         if q is not None and q.num_nodes == k and q != p:
             cands.append(q)
@@ -589,13 +675,17 @@ class ContentionAwarePlacement:
         cands.extend(c for c in bal if c != p and c not in cands)
         best, best_score = p, self._score(job, p, led)
         bar = best_score + self.switch_gain * gpus
-        for c in cands:
-            sc = self._score(job, c, led)
-            if sc > bar + 1e-9 and sc > best_score + 1e-9:
-                best, best_score = c, sc
+        # every candidate has pack's node count, so its score is at most their common isolated gain
+        # (CS >= 1, neighbours only lose): none beats the bar unless that gain does
+        if cands and gpus * self.perf.isolated_throughput(*job_key(job.model, p)) / 1.0 / max(job.best_thp, 1e-12) > bar:
+            for c in cands:
+                sc = self._score(job, c, led)
+                if sc > bar + 1e-9 and sc > best_score + 1e-9:
+                    best, best_score = c, sc
+        b0 = bal[0] if bal else None
         if self.min_efficiency > 0.0 and best_score < self.min_efficiency * gpus - 1e-9:
-            return None
-        return best
+            return SpanningSearch(None, p, q, True, b0)
+        return SpanningSearch(best, p, q, True, b0)
 
     def _better(self, job: JobInfo, c: Placement, led: ContentionLedger, best: Placement | None,
                 best_score: float) -> tuple[Placement | None, float]:
@@ -629,14 +719,7 @@ class ContentionAwarePlacement:
         gain = job.gpu_demand * iso / cs_me / max(job.best_thp, 1e-12)
         if cand.num_nodes <= 1:
             return gain
-        # What the neighbours lose.
-        loss = 0.0
-        for o, cs_a in after.items():
-            info = led.info(o)
-            cs_b = led.cs(o)
-            iso_o = perf.isolated_throughput(*led.key(o))
-            loss += info.gpu_demand * iso_o * (1.0 / cs_b - 1.0 / cs_a) / max(info.best_thp, 1e-12)
-        return gain - loss
+        return gain - neighbour_loss(perf, led, after)
 
 
 class FloorPacking:

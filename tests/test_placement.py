@@ -16,6 +16,7 @@ from policies.placement import (
     balanced_by_load,
     balanced_candidates,
     pack,
+    quiet_counts,
     spread,
 )
 from policies.state import ClusterState, JobInfo
@@ -544,3 +545,61 @@ def test_nosplit_greedy_on_a_large_cluster_equals_its_definition(data) -> None:
     rule = ContentionAwarePlacement(PERF80, nosplit=True)
     assert rule(new, state.free_gpus, state) == want
     assert rule(new, free.copy(), state) == want
+
+
+def _spanning_case(data, cluster: ClusterSpec):
+    """A crowded ``cluster`` (8x8 or 80x8) with random running jobs and a waiting job larger than a node:
+    ``(perf, free, running, job, state)``."""
+    from policies.workloads import MODELS
+
+    perf = PERF88 if cluster is C88 else PERF80
+    free = np.array(cluster.gpus_per_node, dtype=np.int64)
+    full = data.draw(st.lists(st.integers(0, len(free) - 1), max_size=len(free) - 2, unique=True))
+    free[full] = data.draw(st.integers(0, 3))
+    running = _draw_running(data, free, 12, perf)
+    new = info("new", data.draw(st.sampled_from([9, 12, 16, 24, 32])), data.draw(st.sampled_from(MODELS)), perf=perf)
+    return perf, free, running, new, ClusterState(0.0, cluster, free, running, [new])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data(), st.sampled_from([C88, C80]))
+def test_spanning_search_is_the_rule_and_its_packings(data, cluster) -> None:
+    """For a job larger than a node, :meth:`ContentionAwarePlacement.spanning_search` returns the
+    ``nosplit=True`` rule's choice, :func:`pack` of the job on the free GPUs and (when it says it
+    searched them) :func:`pack` on :func:`quiet_counts` of them; a job that fits on one node is refused."""
+    perf, free, running, new, state = _spanning_case(data, cluster)
+    rule = ContentionAwarePlacement(perf, nosplit=True)
+    got = rule.spanning_search(new, state.free_gpus, state)
+    assert got.choice == rule(new, free.copy(), state)
+    assert got.packed == pack(new, free.copy())
+    quiet = quiet_counts(free, state.contention(perf))
+    if got.packed is not None:
+        assert got.quiet_known
+    if got.quiet_known:
+        assert got.quiet == (None if quiet is None else pack(new, quiet))
+    if quiet is not None:
+        loaded = {v for r in running if r.placement.num_nodes > 1 for v in r.placement.nodes}
+        assert all(quiet[v] == (0 if v in loaded else free[v]) for v in range(len(free)))
+    with pytest.raises(ValueError, match="fits on one node"):
+        rule.spanning_search(info("small", 8, "MoE", perf=perf), free, state)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.data(), st.sampled_from([C88, C80]))
+def test_spanning_search_kept_after_a_single_node_start(data, cluster) -> None:
+    """When :meth:`SpanningSearch.kept_after` says a search survives a start on one node (that node's
+    free GPUs drop, the multi-node jobs stay), searching again gives the same placements."""
+    perf, free, running, new, state = _spanning_case(data, cluster)
+    rule = ContentionAwarePlacement(perf, nosplit=True)
+    before = rule.spanning_search(new, free, state)
+    nd = data.draw(st.integers(0, len(free) - 1))
+    if free[nd] == 0:
+        return
+    g = data.draw(st.integers(1, int(free[nd])))
+    after_free = free.copy()
+    after_free[nd] -= g
+    small = info("small", g, "MoE", Placement.of({nd: g}), perf)
+    after = ClusterState(0.0, cluster, after_free, [*running, small], [new])
+    loaded = state.contention(perf).load(nd) > 0
+    if before.kept_after(nd, int(after_free[nd]), loaded):
+        assert rule.spanning_search(new, after_free, after) == before

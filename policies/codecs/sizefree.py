@@ -89,7 +89,7 @@ from policies.codecs.base import CodecError
 from policies.codecs.pick import (PickCodec, PickEncoding, as_started, check_spec_ints, check_tau, hold_mask,
                                   running_speed, spec_from_fields, take_waiting)
 from policies.perf import ContentionModel
-from policies.placement import _SMALL, ContentionAwarePlacement, FloorPacking, _as_bytes, _pack, pack
+from policies.placement import ContentionAwarePlacement, FloorPacking, SpanningSearch, neighbour_loss, pack, quiet_counts
 from policies.state import ClusterState, JobInfo
 
 __all__ = ["N_CAND", "N_CTX", "N_RUN", "PLACEMENT_SLOTS", "SizeFreeCodec", "SizeFreeEncoding", "SizeFreeRound",
@@ -255,6 +255,15 @@ class SizeFreeRound:
         #: ``job id -> (job, best speed, remaining samples, squashed remaining GPU-time per node,
         #: squashed wait)``: a candidate's own features, computed once per round
         self._jobc: dict[str, tuple] = {}
+        #: ``(job id, placement) -> (ledger price, job, features 5-10, 16, 17)``: a candidate's
+        #: features that read only its placement and price, reused while the round keeps that price
+        #: (the same ``what_if`` answer object: :attr:`_prices`)
+        self._rowc: dict[tuple, tuple] = {}
+        #: ``(GPUs, model, best speed) -> SpanningSearch`` of the greedy slot for jobs larger than a
+        #: node, on the current state: a start on one node keeps those it leaves alone
+        #: (:meth:`~policies.placement.SpanningSearch.kept_after`), a multi-node start or a preemption
+        #: drops them all
+        self._spans: dict[tuple, SpanningSearch] = {}
         n = len(self.free)
         M = codec.spec.gpus_per_node
         self.span = np.zeros(n, dtype=np.float64)       # multi-node jobs per node
@@ -286,6 +295,14 @@ class SizeFreeRound:
     def place(self, job_id: str, placement: Placement) -> None:
         j = take_waiting("sizefree", self.waiting, self.free, job_id, placement)
         perf = self.codec.perf
+        if self._spans:
+            if placement.num_nodes > 1:
+                self._spans = {}
+            else:
+                nd = placement.nodes[0]
+                left = int(self.free[nd])
+                loaded = self.cur.contention(perf).load(nd) > 0  # the multi-node jobs stay the same
+                self._spans = {k: v for k, v in self._spans.items() if v.kept_after(nd, left, loaded)}
         iso = perf.throughput_for(j.model, placement)
         self._add_node_load(placement, j.remaining_samples / max(iso, 1e-12))
         run = as_started(j, placement, self.now, iso)
@@ -325,6 +342,7 @@ class SizeFreeRound:
         back = replace(r, placement=None, start_time=None, isolated_thp=0.0, achieved_thp=0.0,
                        preemptions=r.preemptions + 1)
         self._prices = {}
+        self._spans = {}
         self.waiting.append(back)
         self.waiting.sort(key=self.codec.srtf_key)
         st = self.cur.with_running(remove=[r])
@@ -404,7 +422,20 @@ class SizeFreeRound:
                 continue
             seen: list[Placement] = []
             # a job that fits on one node: greedy's choice is nosplit's and quiet has none (exactly)
-            rules = codec.rules if j.gpu_demand > codec.max_node else codec.rules[:1]
+            spanning = j.gpu_demand > codec.max_node
+            rules = codec.rules if spanning else codec.rules[:1]
+            if spanning and keys is not None:
+                # the greedy search packs the job on the free GPUs and on the quiet nodes: the
+                # nosplit and quiet slots' placements (same GPU count, same state)
+                gk = (1, *keys[1](j))
+                if gk not in memo:
+                    sr = self._spans.get(gk)
+                    if sr is None:
+                        sr = self._spans[gk] = codec.greedy.spanning_search(j, free, st)
+                    memo[gk] = sr.choice
+                    memo.setdefault((0, *keys[0](j)), sr.packed)
+                    if sr.quiet_known:
+                        memo.setdefault((2, *keys[2](j)), sr.quiet)
             for s, rule in enumerate(rules):
                 mk = (s, *keys[s](j)) if keys is not None else (s, id(j))
                 if mk in memo:
@@ -442,37 +473,41 @@ class SizeFreeRound:
         raw = self.cur.contention(codec.perf) if anyone else None
         led = codec.greedy.priced(raw) if raw is not None else None
         lgtf_rank = {id(j): r for r, j in enumerate(sorted(jobs, key=self._lgtf))}
-        jc = self._jobc
+        jc, rc = self._jobc, self._rowc
+        perf = codec.perf
         for i, c in enumerate(cands):
             if c is None:
                 continue
             j, p = c
-            g, n = j.gpu_demand, p.num_nodes
+            g = j.gpu_demand
             k = i // P
-            cs_me, after = led.what_if(j.model, p, exclude=j.job_id)
-            iso = codec.perf.throughput_for(j.model, p)
+            price = led.what_if(j.model, p, exclude=j.job_id)
             got = jc.get(j.job_id)
             if got is None or got[0] is not j:  # the job's own terms, fixed while time is frozen
                 got = jc[j.job_id] = (j, codec.best_thp(j), j.remaining_samples, sq(j.remaining_time * g / M),
                                       sq(self.now - j.submit_time))
             _j, best, rem_s, gt_sq, wait_sq = got
-            loss = 0.0
-            for o, cs_a in after.items():
-                info = led.info(o)
-                cs_b = led.cs(o)
-                iso_o = codec.perf.isolated_throughput(*led.key(o))
-                loss += info.gpu_demand * iso_o * (1.0 / cs_b - 1.0 / cs_a) / max(info.best_thp, 1e-12)
-            gain = g * iso / cs_me / max(j.best_thp, 1e-12)
-            rem_t = rem_s / max(iso / cs_me, 1e-12)
+            rk = (j.job_id, p)
+            kept = rc.get(rk)
+            if kept is not None and kept[0] is price and kept[1] is j:
+                on_p = kept[2]
+            else:  # features 5-10, 16, 17: read the job, its placement and the ledger price only
+                cs_me, after = price
+                n = p.num_nodes
+                iso = perf.throughput_for(j.model, p)
+                loss = neighbour_loss(perf, led, after)
+                gain = g * iso / cs_me / max(j.best_thp, 1e-12)
+                rem_t = rem_s / max(iso / cs_me, 1e-12)
+                on_p = (1.0 - 1.0 / max(cs_me, 1.0), min(max(loss / g, 0.0), 1.0), n / (n + 4.0),
+                        (n - math.ceil(g / M)) / n if n > math.ceil(g / M) else 0.0, g / (g + M), sq(rem_t),
+                        min(iso / max(best, 1e-12), 1.0), min(max((gain - loss) / g, -1.0), 1.0))
+                rc[rk] = (price, j, on_p)
             row = rows[i]
             slot = i % P
             # features 1-17 in one assignment (each float rounded to float32 as an item assignment is)
-            row[1:18] = (1.0, float(slot == 0), float(slot == 1), float(slot == 2), 1.0 - 1.0 / max(cs_me, 1.0),
-                         min(max(loss / g, 0.0), 1.0), n / (n + 4.0),
-                         (n - math.ceil(g / M)) / n if n > math.ceil(g / M) else 0.0, g / (g + M), sq(rem_t),
+            row[1:18] = (1.0, float(slot == 0), float(slot == 1), float(slot == 2), *on_p[:6],
                          gt_sq, wait_sq, (free_total - g) / total_gpus,
-                         k / J, lgtf_rank[id(j)] / J, min(iso / max(best, 1e-12), 1.0),
-                         min(max((gain - loss) / g, -1.0), 1.0))
+                         k / J, lgtf_rank[id(j)] / J, *on_p[6:])
             if spec.preempt:
                 row[20] = j.preemptions / (j.preemptions + 1.0)
                 row[21] = min(j.done_samples / max(j.total_samples, 1e-12), 1.0)
@@ -618,14 +653,14 @@ class _Nosplit(FloorPacking):
 
 
 class _QuietPack:
-    """:func:`pack` on the nodes without multi-node jobs, for jobs larger than a node (else ``None``)."""
+    """:func:`pack` on the nodes without multi-node jobs (:func:`~policies.placement.quiet_counts`), for
+    jobs larger than a node (else ``None``)."""
 
     def __init__(self, perf: ContentionModel, max_node: int) -> None:
         self.perf, self.max_node = perf, max_node
-        #: ``(state, free counts, quiet counts or None, their byte form or None)`` of the last call: the
-        #: quiet counts are built once per state (a round makes a new state at every pick) and free-GPU
-        #: vector
-        self._last: tuple[ClusterState, bytes, np.ndarray | None, tuple | None] | None = None
+        #: ``(state, free counts, quiet counts or None)`` of the last call: the quiet counts are built
+        #: once per state and free-GPU vector
+        self._last: tuple[ClusterState, bytes, np.ndarray | None] | None = None
 
     def __call__(self, job: JobInfo, free: np.ndarray, state: ClusterState) -> Placement | None:
         if job.gpu_demand <= self.max_node:
@@ -633,24 +668,9 @@ class _QuietPack:
         fb = np.asarray(free).tobytes()
         last = self._last
         if last is None or last[0] is not state or last[1] != fb:
-            led = state.contention(self.perf)
-            lb = led.load_bytes()
-            quiet = None
-            if lb is not None:  # one byte per node: its multi-node jobs
-                on = np.frombuffer(lb, dtype=np.uint8) > 0
-                if on.any():
-                    quiet = np.where(on, 0, np.asarray(free, dtype=np.int64))
-            else:
-                loads = led.loads()
-                if loads:
-                    quiet = np.array(free, dtype=np.int64)
-                    quiet[list(loads)] = 0
-            # pack's search input for the quiet counts (its bytes form), made once with them
-            searched = None if quiet is None or len(quiet) <= _SMALL else _as_bytes(quiet)
-            last = self._last = (state, fb, quiet, searched)
-        if last[2] is None:
-            return None
-        return pack(job, last[2]) if last[3] is None else _pack(job.gpu_demand, *last[3])
+            quiet = quiet_counts(np.asarray(free, dtype=np.int64), state.contention(self.perf))
+            last = self._last = (state, fb, quiet)
+        return None if last[2] is None else pack(job, last[2])
 
 
 class SizeFreeCodec(PickCodec):
