@@ -10,6 +10,11 @@ model; the policy (:class:`RecordingDL2`) decides every slot (``DL2Spec.slot_s``
 PS job, until that does not fit, then stop, as :class:`policies.elastic.DRFPolicy` plans) drives the
 episodes; every (state, mask, DRF's action) is a sample (at most ``sl_samples`` kept, uniformly); the
 actor is fitted by cross-entropy (logits of infeasible actions masked) with Adam at ``sl_lr``.
+``teacher="optimus"`` (ours, not the seed's) makes Optimus the teacher instead: each slot, Optimus' plan
+(:class:`policies.elastic.OptimusPolicy`, its marginal-gain greedy) is taken as DL2 actions in the order
+Optimus adds the tasks (:func:`optimus_actions`: ``+both`` for a job's first worker and PS, then
+``+worker`` or ``+PS`` alone), then stop; the slot ends at Optimus' allocation. Optimus plans few workers
+and many PSs per job, which the measured PS speeds favour and DRF, adding both together, never does.
 
 **Online RL** (in :func:`train`): the actor samples its actions; job-aware exploration (:func:`poor_action`)
 replaces the sample with probability ``epsilon`` by the seed's fixed action when the batch holds a job
