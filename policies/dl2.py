@@ -402,7 +402,9 @@ class DL2Policy(ElasticBaseline):
                 self._close(state.time, slot_reward(self._start[1], state), obs0)
             self._start, self._samples = (state.time, progress(state)), []
         used = self.used = [0.0, 0.0, 0.0]  # aggregate (GPUs, CPUs, GB) taken so far this slot
-        limit = int(sum(min(j.hi, 10**6) for j in jobs)) * 2 + 2
+        # every action but stop adds a worker or a PS: a bound on a slot's actions that a network
+        # adding PSs before workers cannot exhaust with its jobs still at 0 workers
+        limit = int(sum(min(j.hi, 10**6) + (MAX_PS if j.ps_job else 0) for j in jobs)) + 2
         runnable = any(j.w >= max(j.lo, 1) and (j.p >= 1 or not j.ps_job) for j in jobs)
         for start in range(0, len(jobs), self.spec.J):
             batch = jobs[start : start + self.spec.J]

@@ -546,7 +546,9 @@ class OptimusPolicy(ElasticBaseline):
                 best, role = g, "ps"
         return best, role
 
-    def plan(self, jobs, cap, state) -> None:
+    def plan(self, jobs, cap, state, steps: list | None = None) -> None:
+        """Optimus' plan of ``jobs`` within ``cap``; ``steps`` (if given) receives each increment in the
+        order taken, as ``(job, workers added, PSs added)``."""
         used = [0.0, 0.0, 0.0]
         for j in jobs:  # at least one worker (its minimum) and one PS each, in arrival order
             w0 = max(j.lo, 1)
@@ -554,6 +556,8 @@ class OptimusPolicy(ElasticBaseline):
             if fits_capacity(used, add, cap):
                 j.w, j.p = w0, (1 if j.ps_job else 0)
                 add_use(used, add)
+                if steps is not None:
+                    steps.append((j, w0, j.p))
         heap = []
         for j in jobs:
             if j.w:
@@ -571,6 +575,8 @@ class OptimusPolicy(ElasticBaseline):
             else:
                 j.p += 1
             add_use(used, add)
+            if steps is not None:
+                steps.append((j, int(role == "worker"), int(role == "ps")))
             g, role = self._gain(j, cap)
             if role and g > 0:
                 heapq.heappush(heap, (-g, j.order, role, j))

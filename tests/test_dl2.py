@@ -299,3 +299,44 @@ def test_plan_shapes_reports_planned_workers_ps_and_relative_speed():
     assert r["jct"] > 0 and r["inferences"] is None
     with pytest.raises(ValueError, match="expected drf"):
         plan_shapes("sampled:drf", 2000, jobs=4)
+
+
+def test_optimus_teacher_actions_give_optimus_allocation():
+    """The optimus teacher's actions, applied batch by batch through DL2's masks, are all feasible and end at
+    Optimus' allocation (J = 2, so the five jobs span three batches); an episode under the teacher has
+    Optimus' JCT."""
+    from policies.elastic import OptimusPolicy, make_elastic_policy
+    from trainer.dl2.train import DL2TrainConfig, RecordingDL2, _jobs, _setup, optimus_actions, run_episode
+
+    _cluster, perf = _setup(DL2TrainConfig())
+    spec = DL2Spec(J=2)
+    cap = (9.0, 200.0, 1000.0)
+
+    def jobs():
+        return [_job("a", "ResNet-50", hi=8, total=5e5), _job("b", "VGG-16", hi=8, t=1.0, total=2e5),
+                _job("c", "MobileNetV3", ps=False, hi=4, t=2.0), _job("d", "Seq2Seq", hi=8, t=3.0, total=1e6),
+                _job("e", "ResNet-50", hi=2, t=4.0)]
+
+    ref = jobs()
+    OptimusPolicy(perf, spec.slot_s).plan(ref, cap, None)
+    mine = jobs()
+    script = optimus_actions(mine, cap, spec, OptimusPolicy(perf, spec.slot_s))
+    assert [(j.w, j.p) for j in mine] == [(0, 0)] * 5  # planned on copies
+    assert len(script) == 3 and sum(map(len, script)) > 5
+    used = [0.0, 0.0, 0.0]
+    kinds = set()
+    for b, acts in enumerate(script):
+        batch = mine[2 * b: 2 * b + 2]
+        for a in acts:
+            assert action_mask(batch, used, cap, spec)[a], (b, a)
+            assert apply_action(batch, used, a, spec)
+            kinds.add(a % 3)
+    assert [(j.w, j.p) for j in mine] == [(j.w, j.p) for j in ref]
+    assert kinds == {0, 1, 2}  # +worker, +PS alone and +both all occur
+    assert any(j.p > j.w for j in ref)  # Optimus leaves DRF's diagonal
+    cluster, perf = _setup(DL2TrainConfig())
+    net = DL2Net(_random_actor(DL2Spec()), DL2Spec())
+    teacher = RecordingDL2(net, perf, "optimus", np.random.default_rng(0))
+    got = run_episode(cluster, perf, _jobs(1000, 8), teacher)
+    assert got == run_episode(cluster, perf, _jobs(1000, 8), make_elastic_policy("optimus", perf, DL2Spec().slot_s))
+    assert sum(len(t.action) for t in teacher.slots) > 0

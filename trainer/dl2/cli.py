@@ -35,6 +35,7 @@ OPTIONS = (
     ConfigOption("--val-seeds", "validation sequences", _positive_int),
     ConfigOption("--J", "jobs per batch in the state", _positive_int),
     ConfigOption("--epsilon", "job-aware exploration", positive_float),
+    ConfigOption("--teacher", "warm-up teacher: drf (the seed's) or optimus"),
     ConfigOption("--seed", "seed", int),
     ConfigOption("--seed0", "first training sequence's seed (warm-up: seed0.., RL: seed0 + sl_traces..)", int),
     ConfigOption("--init", "start RL from this checkpoint (its actor and critic; no warm-up)"),
@@ -61,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from trainer.dl2.train import DL2TrainConfig, train
+    from trainer.dl2.train import TEACHERS, DL2TrainConfig, train
 
     if args.rl_episodes < 0:
         return cli_error("train-dl2", f"--rl-episodes must be >= 0, got {args.rl_episodes}")
@@ -69,6 +70,8 @@ def _run(args: argparse.Namespace) -> int:
         return cli_error("train-dl2", f"cluster file {args.cluster} not found")
     if args.init and not Path(args.init).exists() and not Path(args.init + ".json").exists():
         return cli_error("train-dl2", f"--init {args.init} not found")
+    if args.teacher not in TEACHERS:
+        return cli_error("train-dl2", f"--teacher must be one of {', '.join(TEACHERS)}, got {args.teacher!r}")
     if not 0 <= args.target_tau <= 1:
         return cli_error("train-dl2", f"--target-tau must be in [0, 1], got {args.target_tau}")
     out = Path(args.out)

@@ -10,6 +10,11 @@ model; the policy (:class:`RecordingDL2`) decides every slot (``DL2Spec.slot_s``
 PS job, until that does not fit, then stop, as :class:`policies.elastic.DRFPolicy` plans) drives the
 episodes; every (state, mask, DRF's action) is a sample (at most ``sl_samples`` kept, uniformly); the
 actor is fitted by cross-entropy (logits of infeasible actions masked) with Adam at ``sl_lr``.
+``teacher="optimus"`` (ours, not the seed's) makes Optimus the teacher instead: each slot, Optimus' plan
+(:class:`policies.elastic.OptimusPolicy`, its marginal-gain greedy) is taken as DL2 actions in the order
+Optimus adds the tasks (:func:`optimus_actions`: ``+both`` for a job's first worker and PS, then
+``+worker`` or ``+PS`` alone), then stop; the slot ends at Optimus' allocation. Optimus plans few workers
+and many PSs per job, which the measured PS speeds favour and DRF, adding both together, never does.
 
 **Online RL** (in :func:`train`): the actor samples its actions; job-aware exploration (:func:`poor_action`)
 replaces the sample with probability ``epsilon`` by the seed's fixed action when the batch holds a job
@@ -40,18 +45,18 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
 from policies.dl2 import DL2Net, DL2Policy, DL2Spec, Transition, save_dl2
-from policies.elastic import PlanJob, dominant_share, fits_capacity
+from policies.elastic import OptimusPolicy, PlanJob, dominant_share, fits_capacity
 
 ROOT = Path(__file__).resolve().parents[2]
 
-__all__ = ["DL2TrainConfig", "drf_action", "poor_action", "RecordingDL2", "collect_drf", "supervised", "Replay",
+__all__ = ["DL2TrainConfig", "TEACHERS", "drf_action", "optimus_actions", "poor_action", "RecordingDL2", "collect_drf", "supervised", "Replay",
            "ac_update", "soft_update", "entropy_weight", "parent_record", "evaluate", "train"]
 
 
@@ -80,6 +85,7 @@ class DL2TrainConfig:
     cluster: str = "data/clusters/dl2.yaml"
     # stabilisers of the RL phase (module docstring, "Stabilisers"); the defaults are the seed's plain
     # actor-critic
+    teacher: str = "drf"  # the warm-up's teacher: "drf" (the seed's) or "optimus" (ours, :func:`optimus_actions`)
     init: str = ""  # start RL from this checkpoint's actor (and critic): no warm-up
     critic_lr: float = 0.0  # 0: rl_lr
     beta_end: float = -1.0  # entropy weight of the last RL episode, linear from beta; < 0: beta throughout
@@ -90,6 +96,10 @@ class DL2TrainConfig:
 
 
 # ---------------------------------------------------------------------- teacher and exploration
+#: The warm-up teachers (:class:`RecordingDL2` modes): DRF (the seed's), Optimus (ours).
+TEACHERS = ("drf", "optimus")
+
+
 def drf_action(batch: Sequence[PlanJob], used: Sequence[float], cap: Sequence[float], spec: DL2Spec) -> int:
     """DRF's next action in DL2's action space (module docstring): ``3i + 2`` (a PS job) or ``3i`` for the
     batch's job ``i`` with the smallest dominant share among those below their ``max_gpus``; stop when
@@ -109,6 +119,28 @@ def drf_action(batch: Sequence[PlanJob], used: Sequence[float], cap: Sequence[fl
     if not fits_capacity(used, j.use(dw, dp), cap):
         return spec.n_actions - 1
     return 3 * i + kind
+
+
+def optimus_actions(jobs: Sequence[PlanJob], cap: Sequence[float], spec: DL2Spec, optimus) -> list[list[int]]:
+    """Optimus' plan of ``jobs`` within ``cap`` (``optimus``: a :class:`policies.elastic.OptimusPolicy`) as
+    DL2 actions, one list per batch of ``spec.J`` jobs (rows ``3i + kind`` of that batch, stop not
+    included), in the order Optimus' greedy takes the increments: a job's first worker and PS is ``+both``
+    (``+worker`` for a job without PSs), further workers of its minimum ``+worker``, then each marginal-gain
+    step ``+worker`` or ``+PS``. Planned on copies: ``jobs`` is unchanged. Every prefix of a batch's list
+    fits ``cap`` (usage only grows towards Optimus' plan, which fits), so applying the lists batch after
+    batch gives Optimus' allocation."""
+    copies = [replace(j, w=0, p=0) for j in jobs]
+    row = {id(c): k for k, c in enumerate(copies)}
+    steps: list = []
+    optimus.plan(copies, cap, None, steps)
+    out: list[list[int]] = [[] for _ in range(0, len(jobs), spec.J)]
+    for c, dw, dp in steps:
+        b, i = divmod(row[id(c)], spec.J)
+        if dw and dp:
+            out[b].append(3 * i + 2)
+            dw, dp = dw - 1, dp - 1
+        out[b].extend([3 * i] * dw + [3 * i + 1] * dp)
+    return out
 
 
 def poor_action(batch: Sequence[PlanJob], mask: np.ndarray, ratio: float) -> int | None:
@@ -136,7 +168,8 @@ def poor_action(batch: Sequence[PlanJob], mask: np.ndarray, ratio: float) -> int
 
 class RecordingDL2(DL2Policy):
     """DL2 that records its slots for training: ``mode`` ``"teacher"`` (DRF's actions, :func:`drf_action`),
-    ``"explore"`` (sampled actions with job-aware exploration) or ``"greedy"`` (the policy itself).
+    ``"optimus"`` (Optimus' plan of the slot as actions, :func:`optimus_actions`, then stop), ``"explore"``
+    (sampled actions with job-aware exploration) or ``"greedy"`` (the policy itself).
     ``slots`` collects the :class:`~policies.dl2.Transition` of each slot (the policy's own recording,
     :attr:`DL2Policy.record`); ``on_slot`` (if set) is called with each."""
 
@@ -148,6 +181,9 @@ class RecordingDL2(DL2Policy):
         self.record = True
         self.slots: list[Transition] = []
         self._cap: tuple = ()
+        self._optimus = OptimusPolicy(perf, self.spec.slot_s) if mode == "optimus" else None
+        self._script: list[list[int]] = []  # mode "optimus": this slot's actions per batch
+        self._batch_of: dict[int, int] = {}  # id of a batch's first job -> batch index
 
     def on_transition(self, t: Transition) -> None:
         self.slots.append(t)
@@ -156,6 +192,9 @@ class RecordingDL2(DL2Policy):
 
     def plan(self, jobs, cap, state) -> None:
         self._cap = cap
+        if self._optimus is not None:
+            self._script = optimus_actions(jobs, cap, self.spec, self._optimus)
+            self._batch_of = {id(jobs[s]): b for b, s in enumerate(range(0, len(jobs), self.spec.J))}
         super().plan(jobs, cap, state)
 
     def choose(self, obs, mask, batch) -> int:
@@ -164,6 +203,12 @@ class RecordingDL2(DL2Policy):
             a = drf_action(batch, self.used, self._cap, self.spec)
             if a != self.spec.n_actions - 1 and not mask[a]:
                 a = self.spec.n_actions - 1
+            return a
+        if self.mode == "optimus":
+            script = self._script[self._batch_of[id(batch[0])]]
+            a = script.pop(0) if script else self.spec.n_actions - 1
+            if not mask[a]:  # stop masked (nothing runnable yet) or an increment Optimus did not take
+                a = self.spec.n_actions - 1 if mask[-1] else int(np.argmax(mask))
             return a
         if self.mode == "explore":
             a = None
@@ -228,13 +273,14 @@ def _masked_logits(actor, obs, mask):
 
 
 def collect_drf(cfg: DL2TrainConfig, spec: DL2Spec, net: DL2Net, log=None) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[float]]:
-    """(obs, masks, actions) of DRF-teacher episodes on sequences ``seed0 .. seed0 + sl_traces - 1`` (at
+    """(obs, masks, actions) of teacher episodes (``cfg.teacher``: DRF, :func:`drf_action`, or Optimus,
+    :func:`optimus_actions`) on sequences ``seed0 .. seed0 + sl_traces - 1`` (at
     most ``sl_samples``, kept uniformly) and each episode's average JCT."""
     cluster, perf = _setup(cfg)
     rng = np.random.default_rng(cfg.seed)
     obs, masks, acts, jcts = [], [], [], []
     for k in range(cfg.sl_traces):
-        pol = RecordingDL2(net, perf, "teacher", rng)
+        pol = RecordingDL2(net, perf, "optimus" if cfg.teacher == "optimus" else "teacher", rng)
         jcts.append(run_episode(cluster, perf, _jobs(cfg.seed0 + k, cfg.jobs), pol))
         for tr in pol.slots:
             obs.extend(tr.obs)
