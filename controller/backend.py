@@ -479,15 +479,14 @@ class SlurmBackend:
         nodes = list(p.nodes)
         a = cons_tres_split(nodes, p.total_gpus, {n: int(free[n]) - later.get(n, 0) for n in nodes})
         b = cons_tres_split(nodes, p.total_gpus, {n: int(free[n]) + unstarted.get(n, 0) for n in nodes})
-        cluster = self.ctl.cluster
-        assert cluster is not None
-        first = first or {}
-        c = cons_tres_split(nodes, p.total_gpus, {n: max(int(free[n]) + unstarted.get(n, 0),
-                                                         int(cluster.nodes[n].gpus) - first.get(n, 0)) for n in nodes})
-        if a is not None and a == b == c:
-            return Placement.of(a), None
         ctl = self.ctl
         assert ctl.cluster is not None
+        first = first or {}
+        c = cons_tres_split(nodes, p.total_gpus, {n: max(int(free[n]) + unstarted.get(n, 0),
+                                                         int(ctl.cluster.nodes[n].gpus) - first.get(n, 0))
+                                                  for n in nodes})
+        if a is not None and a == b == c:
+            return Placement.of(a), None
         names = ",".join(ctl.cluster.nodes[n].name for n in nodes)
         return None, (f"job {jid}: Slurm splits its {p.total_gpus} GPUs over {names} by the GPUs free when it "
                       "starts, which depends on jobs beside it starting or ending first; placed again next round")
