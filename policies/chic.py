@@ -239,22 +239,29 @@ def ps_room(cluster, wv: Sequence[float], pv: Sequence[float], workers: int, max
 
 def _helps_room(s: Slot, dw: int, dp: int, used: Sequence[float], cap: Sequence[float], speed, room) -> bool:
     """Condition (2) for ``g = "placed"``: :func:`_helps` on the placed speed (PSs past what the workers'
-    nodes host, ``room(job, w)``, add nothing, so a PS there is refused), and, where the workload's PSs
-    fill its workers' room, a worker is also useful when one more worker and the PSs its room adds
-    (one or more of them, within the free aggregate ``cap - used``) are faster than now: on the
-    platform a worker on another node is what makes room for more PSs (VGG-16 on the Chic cluster:
-    2 workers host 5 PSs, 19.8; 3 host 10, 22.0), while at a fixed PS count a worker only slows it."""
+    nodes host, ``room(job, w)``, add nothing, so a PS there is refused), and, where no further PS raises
+    the workload's placed speed at its worker count (its PSs fill the workers' room, or the measured
+    profile peaks below it), a worker is also useful when some larger worker count ``w + k`` with ``p'``
+    PSs, ``p <= p' <= room(job, w + k)`` (within the limits and the free aggregate ``cap - used``), is
+    faster than now: on the platform workers on another node are what make room for more PSs (VGG-16 on
+    the Chic cluster: 1 or 2 workers host 5 PSs, 1 : 4 at 18.7 being the best of them; 3 host 10, 22.0),
+    while at a fixed PS count a worker only slows it. The look-ahead spans several workers because one
+    more worker may add no room (VGG-16's second worker shares the first one's node)."""
     if _helps(s, dw, dp, used, cap, speed):
         return True
     j = s.job
-    if not dw or dp or j.w + 1 > j.hi or j.p < room(j, j.w):
+    if not dw or dp or j.w + 1 > j.hi or _helps(s, 0, 1, used, cap, speed):
         return False
     now = speed(j, j.w, j.p)
-    for p in range(j.p + 1, min(room(j, j.w + 1), j.hi, MAX_PS) + 1):
-        if not fits_capacity(used, j.use(1, p - j.p), cap):
+    hi_p = min(j.hi, MAX_PS)
+    for w in range(j.w + 1, j.hi + 1):
+        if not fits_capacity(used, j.use(w - j.w, 0), cap):
             break
-        if speed(j, j.w + 1, p) > now:
-            return True
+        for p in range(j.p, min(room(j, w), hi_p) + 1):
+            if not fits_capacity(used, j.use(w - j.w, p - j.p), cap):
+                break
+            if speed(j, w, p) > now:
+                return True
     return False
 
 

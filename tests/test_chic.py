@@ -395,6 +395,45 @@ def test_placed_g_caps_ps_and_offers_the_worker_that_makes_room():
     assert action_mask(spec, [s], [0, 0, 0], big, speed=placed.speed, room=placed.room).tolist() == [False, False, True]
 
 
+def _reachable(spec, pol, model, wv, pv, cap=(10.0, 120.0, 600.0)):
+    """Every (workers, PSs) the task mask lets a lone job of ``model`` reach from 0 : 0, and those where
+    it offers no task."""
+    seen, ends, front = set(), set(), [(0, 0)]
+    while front:
+        w, p = front.pop()
+        if (w, p) in seen:
+            continue
+        seen.add((w, p))
+        s = _slot(model, w=w, p=p, hi=16, wv=wv, pv=pv)
+        m = action_mask(spec, [s], list(s.job.use(w, p)), cap, speed=pol.speed, room=pol.room)
+        if not m[0] and not m[1]:
+            ends.add((w, p))
+        front += [(w + 1, p)] * bool(m[0]) + [(w, p + 1)] * bool(m[1])
+    return seen, ends
+
+
+def test_placed_g_reaches_the_fastest_placed_shape_from_an_empty_plan():
+    """g = "placed" on the Chic cluster: a lone VGG-16 job's PSs stop raising its speed at 1 : 4 (18.7;
+    1 : 5 is 17.8 and its node hosts 5), where a second worker adds no room (2 : 5, 19.8) but a third
+    does (3 : 10, 22.0): the mask offers the worker there, and the plans it allows end only at 3 : 10,
+    the fastest shape the layout runs. ResNet-50 (room 7 / 6 / 12 for 1 / 2 / 3 workers) reaches 3 : 10
+    (55.3, against 49.3 at 1 : 7)."""
+    spec = ChicSpec("chic", 1)
+    cluster, perf = chic_setup()
+    pol = ChicPolicy(ChicNet.init(spec.obs_size, spec.n_actions, seed=1), spec, perf, g="placed")
+    pol._cluster = cluster
+    at14 = _slot("VGG-16", w=1, p=4, hi=16)
+    assert action_mask(spec, [at14], list(at14.job.use(1, 4)), (10.0, 120.0, 600.0), speed=pol.speed,
+                       room=pol.room).tolist() == [True, False, True]
+    seen, ends = _reachable(spec, pol, "VGG-16", (1.0, 2.0, 10.0), (0.0, 4.0, 10.0))
+    assert (3, 10) in seen and ends == {(3, 10)} and max(w for w, _ in seen) == 3
+    job = _slot("VGG-16", hi=16).job
+    assert max(pol.speed(job, w, p) for w, p in seen) == pytest.approx(pol.speed(job, 3, 10))
+    seen, ends = _reachable(spec, pol, "ResNet-50", (1.0, 2.0, 8.0), (0.0, 3.0, 9.0))
+    job = _slot("ResNet-50", hi=16, wv=(1.0, 2.0, 8.0), pv=(0.0, 3.0, 9.0)).job
+    assert (3, 10) in ends and pol.speed(job, 3, 10) > pol.speed(job, 1, 7)
+
+
 @pytest.mark.slow
 def test_w_i_study_on_a_tiny_setting(tmp_path):
     """Two cells of one CE iteration (tiny N / sequences), evaluated on two test sequences; the paired
