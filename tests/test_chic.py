@@ -332,7 +332,7 @@ def test_train_ship_and_results_on_a_tiny_setting(tmp_path):
     assert p["optimus"]["ratio_optimus"] == pytest.approx(1.0) and len(p["chic-pair"]["per_seq_s"]) == 2
     assert p["chic-pair (1.8/h)"]["per_seq_s"] == p["chic-pair"]["per_seq_s"]  # the same network
     best = res["by_rate"]["1.8"]["best_baseline"]
-    assert p[best]["act_s"] == min(p[n]["act_s"] for n in ("optimus", "optimus (measured g)", "drf", "tetris"))
+    assert p[best]["act_s"] == min(p[n]["act_s"] for n in ("optimus", "optimus (measured g)", "optimus (placed g)", "drf", "tetris"))
     for doc in ("ELASTIC.md", "RESULTS.md"):
         text = (root / "docs" / doc).read_text()
         assert "stale" not in text and text.startswith("# head") and text.rstrip().endswith("tail")
@@ -475,3 +475,19 @@ def test_forced_shape_policy_overrides_the_networks_plan_where_it_fits():
     c = _slot()
     pol.decide([c, None, None], 0, (10.0, 40.0, 600.0))  # 3 x 2 + 10 x 4 = 46 CPUs do not fit in 40
     assert (c.job.w, c.job.p) != (3, 10) and c.job.w >= 1
+
+
+def test_placed_optimus_reference_plans_with_the_speed_its_nodes_host():
+    """The results' "Optimus, placed g" baseline: the measured speed with the PSs cut to what the workers'
+    nodes host (VGG-16 at 2 workers runs 9 PSs as 5), so the greedy's PS gains stop at the room."""
+    from trainer.chic.results import PlacedOptimus
+
+    cluster, perf = chic_setup()
+    pol = PlacedOptimus(perf)
+    pol._cluster = cluster
+    ms = perf.ps_model("VGG-16")
+    job = _slot("VGG-16", hi=10).job
+    assert pol.speed(job, 2, 9) == pytest.approx(ms.measured_speed(2, 5))
+    assert pol.speed(job, 3, 10) == pytest.approx(ms.measured_speed(3, 10))
+    assert pol.speed(job, 11, 1) == 0.0  # 11 workers do not fit the 10 GPUs
+    assert pol.remaining_time(job, 2, 6) == pytest.approx(pol.remaining_time(job, 2, 5))
