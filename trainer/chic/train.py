@@ -407,21 +407,25 @@ def validation_act(path: str | Path, rate: float, seqs: int = 30) -> float:
 
 def ship_if_better(candidate: str | Path, rate: float, dest: str | Path = _SHIPPED, seqs: int = 30) -> dict:
     """Ship the checkpoint ``candidate`` (trained at ``rate``) as ``dest/<shipped_name>`` when its
-    average JCT on the validation sequences at ``rate`` is below the one of the checkpoint that would
-    serve that rate otherwise (``dest/<shipped_name>`` if present, else the default ``dest/<variant>``).
-    The shipped JSON records the comparison under ``training.selection``; the history file beside the
-    candidate is copied beside it. Returns the comparison."""
+    average JCT on the validation sequences at ``rate`` is below the one of every checkpoint that could
+    serve that rate otherwise (``dest/<shipped_name>`` if present, and the default ``dest/<variant>``:
+    a per-rate network is shipped only when it beats the default one at its rate; the incumbent
+    recorded is the better of them). The shipped JSON records the comparison under
+    ``training.selection``; the history file beside the candidate is copied beside it. Returns the
+    comparison."""
     from policies.chic import load_chic_checkpoint
 
     dest = Path(dest)
     ck = load_chic_checkpoint(candidate)
     variant = ck.spec.variant
     name = shipped_name(variant, rate)
-    incumbent = dest / f"{name}.json"
-    if not incumbent.is_file():
-        incumbent = dest / f"{variant}.json"
     new = validation_act(ck.path, rate, seqs)
-    old = validation_act(incumbent, rate, seqs) if incumbent.is_file() else None
+    incumbent, old = dest / f"{name}.json", None
+    for path in dict.fromkeys((dest / f"{name}.json", dest / f"{variant}.json")):
+        if path.is_file():
+            act = validation_act(path, rate, seqs)
+            if old is None or act < old:
+                incumbent, old = path, act
     rec = {"rate": rate, "val_seeds": [VAL_SEED0, VAL_SEED0 + seqs - 1], "val_act_s": new,
            "incumbent": incumbent.name if incumbent.is_file() else None, "incumbent_val_act_s": old,
            "shipped": bool(old is None or new < old), "as": f"{name}.json"}
