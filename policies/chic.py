@@ -255,14 +255,27 @@ def _helps_room(s: Slot, dw: int, dp: int, used: Sequence[float], cap: Sequence[
     now = speed(j, j.w, j.p)
     hi_p = min(j.hi, MAX_PS)
     for w in range(j.w + 1, j.hi + 1):
-        if not fits_capacity(used, j.use(w - j.w, 0), cap):
+        most = _most_ps(j.wv, j.pv, w - j.w, used, cap)
+        if most < 0:
             break
-        for p in range(j.p, min(room(j, w), hi_p) + 1):
-            if not fits_capacity(used, j.use(w - j.w, p - j.p), cap):
-                break
+        for p in range(j.p, min(room(j, w), hi_p, j.p + most) + 1):
             if speed(j, w, p) > now:
                 return True
     return False
+
+
+def _most_ps(wv: Sequence[float], pv: Sequence[float], dw: int, used: Sequence[float], cap: Sequence[float]) -> int:
+    """Most PSs of ``pv`` that fit the free aggregate ``cap - used`` beside ``dw`` more workers of ``wv``
+    (the test of :func:`policies.elastic.fits_capacity`, solved for the PS count; at most
+    :data:`policies.psmodel.MAX_PS`); -1 when the workers alone do not fit."""
+    most = MAX_PS
+    for a, b, u, c in zip(wv, pv, used, cap):
+        left = c + 1e-9 - u - dw * a
+        if left < 0:
+            return -1
+        if b > 0 and left != math.inf:
+            most = min(most, int(left // b))
+    return most
 
 
 def _task_ok(s: Slot, dw: int, dp: int, used: Sequence[float], cap: Sequence[float], speed=None,

@@ -386,10 +386,13 @@ def findings(res: dict) -> list[str]:
                       "600 s re-plan, and by running its jobs faster than Optimus' shapes do (the training table's g "
                       "column: the speeds each network plans with)."))
     if OPTIMUS_PLACED in B[R[0]]["policies"]:
+        same = all(B[r]["policies"][OPTIMUS_PLACED]["per_seq_s"] == B[r]["policies"][OPTIMUS_MEASURED]["per_seq_s"]
+                   for r in R)
         out.append(f"**Optimus with the placed speeds**: planning on the measured speed at the PSs its workers' "
-                   f"nodes host (the g of the placed Chic networks) it is {_ratios(B, R, OPTIMUS_PLACED)} x Optimus: "
-                   "its greedy adds the task of largest marginal gain one at a time, and on the placed speeds the "
-                   "worker that makes room for more PSs first slows the job, so it is never added.")
+                   f"nodes host (the g of the placed Chic networks) it is {_ratios(B, R, OPTIMUS_PLACED)} x Optimus"
+                   + (", the same ACT as on the measured speeds on every sequence" if same else "")
+                   + ": its greedy adds the task of largest marginal gain one at a time, and on the placed speeds "
+                   "the worker that makes room for more PSs first slows the job, so it is never added.")
     bound = {r: B[r]["policies"]["pair bound"]["ratio_optimus"] for r in R}
     need = 1 - SEED_CLAIM["chic-pair"] / 100
     out_of_reach = [r for r in R if bound[r] > need]
