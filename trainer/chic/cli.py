@@ -55,8 +55,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="train one network per arrival rate (comma-separated jobs/h, the seed's per-rate retraining); "
                         "writes OUT/VARIANT-rRATE.json each (replaces --rate)")
     p.add_argument("--g", choices=("measured", "fitted", "placed"), default=d.g,
-                   help="per-iteration time g of condition (2): the simulator's measured speeds or Optimus' fitted "
-                        "form (default: %(default)s)")
+                   help="per-iteration time g of condition (2): the simulator's measured speeds, Optimus' fitted "
+                        "form, or the measured speed at the PSs the workers' nodes host (placed: what the shipped "
+                        "Chic networks plan with) (default: %(default)s)")
     p.add_argument("--groups", type=int, default=d.groups,
                    help="0: each trajectory on its own random training sequence (the seed's); K: the N trajectories "
                         "of an iteration on K common sequences, level and elite taken per sequence (default: %(default)s)")
