@@ -1240,7 +1240,8 @@ def test_unbuildable_policy_fails_the_start(tmp_path, capsys):
     sinfo = json.dumps({"nodes": [{"name": "node1", "gres": "gpu:8", "gres_used": "gpu:0", "state": "idle",
                                    "partitions": ["gpu"]}], "errors": []})
     (bindir / "sinfo").write_text(f"#!/bin/sh\necho '{sinfo}'\n")
-    (bindir / "squeue").write_text('#!/bin/sh\necho \'{"jobs": [], "errors": []}\'\n')
+    # an empty queue, as squeue gives it: JSON for --json, no rows for the controller's -h -O text read
+    (bindir / "squeue").write_text('#!/bin/sh\ncase " $* " in *" --json "*) echo \'{"jobs": [], "errors": []}\' ;; esac\n')
     for f in bindir.iterdir():
         f.chmod(0o755)
     f = tmp_path / "c.toml"

@@ -31,8 +31,8 @@ def ev():
 
 @pytest.fixture(scope="module")
 def tiny(ev):
-    """Two arrival-rate factors x two seeds of 5 jobs, the shipped dl2 against DRF."""
-    return ev.evaluate([1.0, 3.0], 2, 100, 5, ev.parse_policies("dl2,drf"), progress=False, log=lambda s: None)
+    """Two arrival-rate factors x two seeds of 3 jobs, the shipped dl2 against DRF."""
+    return ev.evaluate([1.0, 3.0], 2, 100, 3, ev.parse_policies("dl2,drf"), progress=False, log=lambda s: None)
 
 
 def test_scaled_sequence_divides_submit_times(ev):
@@ -77,15 +77,15 @@ def test_outputs_and_docs_between_markers(ev, tiny, tmp_path):
 
 def test_reuse_takes_matching_runs_only(ev, tiny, tmp_path):
     part_file = tmp_path / "p" / "partial.json"
-    again = ev.evaluate([1.0, 3.0], 2, 100, 5, ev.parse_policies("dl2,drf"), progress=False, log=lambda s: None,
+    again = ev.evaluate([1.0, 3.0], 2, 100, 3, ev.parse_policies("dl2,drf"), progress=False, log=lambda s: None,
                         reuse=tiny, partial=part_file)
     assert again["reused"] == 8 and again["runs"] == tiny["runs"]
     assert json.loads(part_file.read_text())["runs"] == tiny["runs"]  # written after each sequence
     other = dict(tiny, policy_ids={**tiny["policy_ids"], "drf": "something else"})
-    part = ev.evaluate([1.0], 1, 100, 5, ev.parse_policies("dl2,drf"), progress=False, log=lambda s: None, reuse=other)
+    part = ev.evaluate([1.0], 1, 100, 3, ev.parse_policies("dl2,drf"), progress=False, log=lambda s: None, reuse=other)
     assert part["reused"] == 1 and part["runs"][0]["jct"] == tiny["runs"][0]["jct"]
     shipped = REPO / "policies" / "checkpoints" / "dl2" / "dl2"
-    relabelled = ev.evaluate([1.0], 1, 100, 5, ev.parse_policies(f"mine=dl2:{shipped},drf"), progress=False,
+    relabelled = ev.evaluate([1.0], 1, 100, 3, ev.parse_policies(f"mine=dl2:{shipped},drf"), progress=False,
                              log=lambda s: None, reuse=[tiny])
     assert relabelled["reused"] == 2 and relabelled["runs"][0]["jct"]["mine"] == tiny["runs"][0]["jct"]["dl2"]
 

@@ -81,8 +81,14 @@ def test_the_array_task_runs_its_setting(tmp_path):
     assert p.returncode == 0, p.stderr
     want = "rlsched " + " ".join(sweep.argv(5, tmp_path / "out"))
     assert p.stdout.strip() == want
+    # without a task index: refused with a line naming the variable (PYTHON here answers every call with
+    # success, so that line is the only way to fail; the import check above already ran the real one)
+    ok = tmp_path / "ok"
+    ok.write_text("#!/bin/sh\nexit 0\n")
+    ok.chmod(0o755)
     env.pop("SLURM_ARRAY_TASK_ID")
-    p = subprocess.run(["bash", str(SBATCH)], capture_output=True, text=True, env=env, timeout=60, check=False)
+    p = subprocess.run(["bash", str(SBATCH)], capture_output=True, text=True, env={**env, "PYTHON": str(ok)},
+                       timeout=60, check=False)
     assert p.returncode != 0 and "SLURM_ARRAY_TASK_ID" in p.stderr
 
 

@@ -63,7 +63,7 @@ def _wait_done(cluster, job: int, n: int, timeout: float) -> dict[int, dict[str,
         if len(tasks) == n and all(t["JobState"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
                                                     "OUT_OF_MEMORY") for t in tasks.values()):
             return tasks
-        time.sleep(1.0)
+        time.sleep(0.3)
     raise AssertionError(f"array {job} not done after {timeout:g} s: "
                          f"{ {i: t.get('JobState') for i, t in tasks.items()} }")
 
