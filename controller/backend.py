@@ -325,6 +325,8 @@ class SlurmBackend:
                         ctl.metrics.slurm_errors.inc()
                         ctl._slurm_hint(exc)
                         why = f"job {jid}: requeued, but its new GPU count could not be written: {exc}"
+                    else:  # held at its new size: placed now once Slurm has finished the requeue, else later
+                        why = ctl._await_requeued(sj)
             if why is not None:
                 self._reject(report, Problem("resize", i, jid, why))
                 continue
@@ -392,6 +394,8 @@ class SlurmBackend:
                 # its preemption was not made (deferred or failed): it still runs
                 why = (f"job {jid}: was running when the round began and its preemption was not made this round; "
                        "it can be placed again once it is requeued")
+            elif moved and (why := ctl._await_requeued(sj)) is not None:
+                pass  # requeued held, but Slurm has not finished that: a later round places it
             else:
                 # a pending job, or one this round requeued held (a move), against the GPUs actually free
                 # (a preemption that was not made frees nothing)
