@@ -22,15 +22,17 @@ Applying a decision (:meth:`SlurmBackend.apply`), in order:
    a running elastic job (its comment's ``min_gpus`` / ``max_gpus``) is a checkpoint and a requeue
    held, as a preemption (:meth:`Controller._preempt`), then a placement at the new size: its
    AdminComment mark becomes ``rlsched:managed gpus=M`` (what the controller reads as its GPUs
-   from then on), and its pin sets the new node list, GPUs and ``NumTasks=M NumCPUs=M`` (one task
-   per GPU; :meth:`controller.slurm.SlurmCLI.pin_args`),
-   ahead of the decision's placements. A resize whose checkpoint fails or is not tried
+   from then on) and, once Slurm has finished the requeue (:meth:`Controller._await_requeued`:
+   pending and held, no longer COMPLETING; else the job stays held at its new size for a later
+   round), its pin sets the new node list, GPUs and ``NumTasks=M NumCPUs=M`` (one task per GPU;
+   :meth:`controller.slurm.SlurmCLI.pin_args`), ahead of the decision's placements. A resize whose checkpoint fails or is not tried
    (``min_run_s``, ``--no-requeue``) is rejected and the job keeps running at its size; one that
    names parameter servers is rejected (PS jobs are simulation-only), and so is every resize when
    the adapter cannot rewrite an AdminComment (the twin's simulated Slurm);
 5. placements, at most the round's place limit (cut by the round loop): a job this decision
    preempts (a move, :attr:`policies.base.Policy.moves`) is placed in the same round once its
-   preemption was made (it is requeued held, then pinned and released like any held job, with
+   preemption was made and Slurm has finished the requeue (it is requeued held, then pinned and
+   released like any held job, with
    ``requeue_settle_s``), else rejected; each is checked again against the GPUs actually free (a
    preemption not made frees nothing), then all pinned (``scontrol update`` lines through one
    ``scontrol`` process; one by one when that fails, to tell which was refused; a requeued job's

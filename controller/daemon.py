@@ -978,12 +978,18 @@ class Controller:
         job that is not pending. Polls every ``_REQUEUE_POLL_S`` up to the round's preemption time left
         (``preempt_timeout_s + agents.timeout_s`` from the round's start), at least ``_REQUEUE_WAIT_MIN_S``."""
         sid = str(job.job_id)
-        end = time.monotonic() + max(self._preempt_budget_end - self.clock(), _REQUEUE_WAIT_MIN_S)
+        t0 = time.monotonic()
+        end = t0 + max(self._preempt_budget_end - self.clock(), _REQUEUE_WAIT_MIN_S)
+        reads = 0
         while True:
             j = self.slurm.job(job.job_id)
+            reads += 1
             if j is None or not (j.pending or j.requeued_completing):
                 return f"job {sid}: requeued, then {'gone' if j is None else j.state} before it could be placed"
             if j.pending:
+                if reads > 1:
+                    log.info("job %s: Slurm finished its requeue %.1f s after the first read (COMPLETING till then)",
+                             sid, time.monotonic() - t0, extra={"event": "requeue_completed", "job": job.job_id})
                 if j.held:
                     return None
                 return f"job {sid}: requeued held, then released by someone else; not placed"
