@@ -25,8 +25,8 @@ Applying a decision (:meth:`SlurmBackend.apply`), in order:
    from then on) and, once Slurm has finished the requeue (:meth:`Controller._await_requeued`:
    pending and held, no longer COMPLETING; else the job stays held at its new size for a later
    round), its pin sets the new node list, GPUs and ``NumTasks=M NumCPUs=M`` (one task per GPU;
-   :meth:`controller.slurm.SlurmCLI.pin_args`), ahead of the decision's placements. A resize whose checkpoint fails or is not tried
-   (``min_run_s``, ``--no-requeue``) is rejected and the job keeps running at its size; one that
+   :meth:`controller.slurm.SlurmCLI.pin_args`), ahead of the decision's placements. A resize
+   whose checkpoint fails or is not tried (``min_run_s``, ``--no-requeue``) is rejected and the job keeps running at its size; one that
    names parameter servers is rejected (PS jobs are simulation-only), and so is every resize when
    the adapter cannot rewrite an AdminComment (the twin's simulated Slurm);
 5. placements, at most the round's place limit (cut by the round loop): a job this decision
@@ -396,12 +396,12 @@ class SlurmBackend:
                 # its preemption was not made (deferred or failed): it still runs
                 why = (f"job {jid}: was running when the round began and its preemption was not made this round; "
                        "it can be placed again once it is requeued")
-            elif moved and (why := ctl._await_requeued(sj)) is not None:
-                pass  # requeued held, but Slurm has not finished that: a later round places it
             else:
-                # a pending job, or one this round requeued held (a move), against the GPUs actually free
-                # (a preemption that was not made frees nothing)
-                why = placement_problem(jid, sj.gpus, p, free, usable, " (after the preemptions made this round)")
+                # a pending job, or one this round requeued held (a move: once Slurm has finished that requeue,
+                # else a later round places it), against the GPUs actually free (a preemption that was not made
+                # frees nothing)
+                why = ((ctl._await_requeued(sj) if moved else None)
+                       or placement_problem(jid, sj.gpus, p, free, usable, " (after the preemptions made this round)"))
             if why is not None:
                 self._reject(report, Problem("place", i, jid, why))
                 continue

@@ -19,7 +19,9 @@ import pytest
 
 import controller.daemon as daemon
 from controller.slurm import SlurmError, managed_gpus
+from policies.base import Policy
 from policies.cluster import Placement
+from policies.state import ClusterState, Decision
 from tests.test_controller import FakeAgents, _ctl
 from tests.test_resize import Resize, ResizingSlurm, _running
 
@@ -168,4 +170,35 @@ def test_a_job_released_while_completing_keeps_its_release(tmp_path):
     j = s.job_list[jid]
     assert j.state == "PENDING" and not j.held and str(jid) in ctl.journal["released"]
     assert "hold" not in [c[0] for c in s.calls]
+    assert ctl.metrics.value("rlsched_decisions_total", action="rehold") == 0
+
+
+class MoveOnce(Policy):
+    """Moves the running job off node1 to ``alloc`` (preempt and place in one decision)."""
+
+    name = "move-once"
+    moves = True
+
+    def __init__(self, alloc) -> None:
+        self.alloc = alloc
+
+    def schedule(self, state: ClusterState) -> Decision:
+        on1 = [j.job_id for j in state.running if j.placement is not None and 0 in dict(j.placement.alloc)]
+        return Decision(preempt=on1, place=[(jid, self.alloc) for jid in on1])
+
+
+def test_a_move_is_released_only_once_slurm_has_finished_the_requeue(tmp_path):
+    s = LateRequeueSlurm(completing_reads=2)
+    jid = _running(s, 2, "rlsched:model=MoE")
+    ctl = _ctl(tmp_path, s, FakeAgents())
+    assert ctl.round().ok
+    ctl.policy = MoveOnce(Placement.of({2: 2}))
+    rep = ctl.round()
+    assert rep.ok and rep.preempted == [jid] and dict(rep.placed) == {jid: {"node3": 2}}, rep
+    assert s.states_at_release == ["PENDING"]
+    s.schedule()
+    for _ in range(3):
+        assert ctl.round().ok
+    j = s.job_list[jid]
+    assert j.state == "RUNNING" and j.gpus_per_node == {"node3": 2} and j.restarts == 1
     assert ctl.metrics.value("rlsched_decisions_total", action="rehold") == 0
