@@ -22,15 +22,17 @@ Applying a decision (:meth:`SlurmBackend.apply`), in order:
    a running elastic job (its comment's ``min_gpus`` / ``max_gpus``) is a checkpoint and a requeue
    held, as a preemption (:meth:`Controller._preempt`), then a placement at the new size: its
    AdminComment mark becomes ``rlsched:managed gpus=M`` (what the controller reads as its GPUs
-   from then on), and its pin sets the new node list, GPUs and ``NumTasks=M NumCPUs=M`` (one task
-   per GPU; :meth:`controller.slurm.SlurmCLI.pin_args`),
-   ahead of the decision's placements. A resize whose checkpoint fails or is not tried
-   (``min_run_s``, ``--no-requeue``) is rejected and the job keeps running at its size; one that
+   from then on) and, once Slurm has finished the requeue (:meth:`Controller._await_requeued`:
+   pending and held, no longer COMPLETING; else the job stays held at its new size for a later
+   round), its pin sets the new node list, GPUs and ``NumTasks=M NumCPUs=M`` (one task per GPU;
+   :meth:`controller.slurm.SlurmCLI.pin_args`), ahead of the decision's placements. A resize
+   whose checkpoint fails or is not tried (``min_run_s``, ``--no-requeue``) is rejected and the job keeps running at its size; one that
    names parameter servers is rejected (PS jobs are simulation-only), and so is every resize when
    the adapter cannot rewrite an AdminComment (the twin's simulated Slurm);
 5. placements, at most the round's place limit (cut by the round loop): a job this decision
    preempts (a move, :attr:`policies.base.Policy.moves`) is placed in the same round once its
-   preemption was made (it is requeued held, then pinned and released like any held job, with
+   preemption was made and Slurm has finished the requeue (it is requeued held, then pinned and
+   released like any held job, with
    ``requeue_settle_s``), else rejected; each is checked again against the GPUs actually free (a
    preemption not made frees nothing), then all pinned (``scontrol update`` lines through one
    ``scontrol`` process; one by one when that fails, to tell which was refused; a requeued job's
@@ -325,6 +327,8 @@ class SlurmBackend:
                         ctl.metrics.slurm_errors.inc()
                         ctl._slurm_hint(exc)
                         why = f"job {jid}: requeued, but its new GPU count could not be written: {exc}"
+                    else:  # held at its new size: placed now once Slurm has finished the requeue, else later
+                        why = ctl._await_requeued(sj)
             if why is not None:
                 self._reject(report, Problem("resize", i, jid, why))
                 continue
@@ -393,9 +397,11 @@ class SlurmBackend:
                 why = (f"job {jid}: was running when the round began and its preemption was not made this round; "
                        "it can be placed again once it is requeued")
             else:
-                # a pending job, or one this round requeued held (a move), against the GPUs actually free
-                # (a preemption that was not made frees nothing)
-                why = placement_problem(jid, sj.gpus, p, free, usable, " (after the preemptions made this round)")
+                # a pending job, or one this round requeued held (a move: once Slurm has finished that requeue,
+                # else a later round places it), against the GPUs actually free (a preemption that was not made
+                # frees nothing)
+                why = ((ctl._await_requeued(sj) if moved else None)
+                       or placement_problem(jid, sj.gpus, p, free, usable, " (after the preemptions made this round)"))
             if why is not None:
                 self._reject(report, Problem("place", i, jid, why))
                 continue

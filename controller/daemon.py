@@ -113,6 +113,10 @@ _MAX_PREEMPT_BACKOFF_S = 600.0
 #: what Slurm says when the caller may not change a job (not an operator, or job_submit.lua's ADMIN_UIDS)
 _DENIED = "Access/permission denied"
 
+#: how often (s) and at least how long (s) a round waits for Slurm to finish a requeue before it places that job
+_REQUEUE_POLL_S = 0.2
+_REQUEUE_WAIT_MIN_S = 10.0
+
 _FINISHED = ("COMPLETED", "FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED")
 
 
@@ -945,13 +949,15 @@ class Controller:
                  extra={"event": "preempt_recovered", "job": j.job_id, "checkpoint_step": step})
 
     def _requeue(self, job: SlurmJob) -> None:
-        """``scontrol requeuehold``; fine if Slurm already requeued it (exit 75 + RequeueExitHold)."""
+        """``scontrol requeuehold``; fine if Slurm already requeued it (exit 75 + RequeueExitHold), also while
+        it still finishes that run (:attr:`SlurmJob.requeued_completing`: slurmctld refuses the requeue of a
+        job it already requeued, "Job is pending execution")."""
         sid = str(job.job_id)
         try:
             self.slurm.requeue_hold(job.job_id)
         except SlurmError:
             now_job = self.slurm.job(job.job_id)
-            if now_job is None or not now_job.held:
+            if now_job is None or not (now_job.held or now_job.requeued_completing):
                 raise  # retried next round (journal stage "checkpointed")
         self.journal["preempting"].pop(sid, None)
         self.journal["released"].pop(sid, None)
@@ -963,6 +969,36 @@ class Controller:
         self.metrics.decisions.labels(action="requeue").inc()
         self._note("requeue", job.job_id, {})
 
+    def _await_requeued(self, job: SlurmJob) -> str | None:
+        """Wait until Slurm has finished the requeue of ``job`` (this round's :meth:`_preempt` of a job it
+        moves or resizes): None once the job shows pending and held, else why not (it is not placed this
+        round; a later round places it). While the job's last run completes (:attr:`SlurmJob.requeued_completing`,
+        usually well under a second, seconds on a loaded host), a pin and release would be undone by Slurm:
+        it resets a past start time when the run is over, and the controller would meanwhile see a released
+        job that is not pending. Polls every ``_REQUEUE_POLL_S`` up to the round's preemption time left
+        (``preempt_timeout_s + agents.timeout_s`` from the round's start), at least ``_REQUEUE_WAIT_MIN_S``."""
+        sid = str(job.job_id)
+        t0 = time.monotonic()
+        end = t0 + max(self._preempt_budget_end - self.clock(), _REQUEUE_WAIT_MIN_S)
+        reads = 0
+        while True:
+            j = self.slurm.job(job.job_id)
+            reads += 1
+            if j is None or not (j.pending or j.requeued_completing):
+                return f"job {sid}: requeued, then {'gone' if j is None else j.state} before it could be placed"
+            if j.pending:
+                if reads > 1:
+                    log.info("job %s: Slurm finished its requeue %.1f s after the first read (COMPLETING till then)",
+                             sid, time.monotonic() - t0, extra={"event": "requeue_completed", "job": job.job_id})
+                if j.held:
+                    return None
+                return f"job {sid}: requeued held, then released by someone else; not placed"
+            if time.monotonic() >= end:
+                log.warning("job %s: Slurm still finishes its last run after its requeue: held, placed by a later "
+                            "round", sid, extra={"event": "requeue_completing", "job": job.job_id})
+                return f"job {sid}: requeued held, but Slurm still finishes its last run (COMPLETING); placed later"
+            time.sleep(_REQUEUE_POLL_S)
+
     def _finish_preemptions(self, by_id: dict[str, SlurmJob]) -> bool:
         """Complete preemptions a crashed/failed earlier round left half done."""
         changed = False
@@ -970,8 +1006,8 @@ class Controller:
             return False
         for sid, e in list(self.journal["preempting"].items()):
             j = by_id.get(sid) or self.slurm.job(int(sid))
-            if j is None or j.state == "CANCELLED" or j.pending:
-                if j is not None and j.pending and e.get("stage") != "checkpointed":
+            if j is None or j.state == "CANCELLED" or j.pending or j.requeued_completing:
+                if j is not None and (j.pending or j.requeued_completing) and e.get("stage") != "checkpointed":
                     self._recover_asked(sid, e, j)
                 self.journal["preempting"].pop(sid, None)
                 self._save()
@@ -1023,6 +1059,15 @@ class Controller:
                 dirty = True
         for sid, r in list(rel.items()):
             j = by_id.get(sid)
+            if j is not None and j.state == "COMPLETING":
+                # a job released while Slurm finished its last run (requeued) or one that ends: Slurm shows
+                # which once the run is over (PENDING, or COMPLETED...); the entry stays till then, so a requeued
+                # job is not taken for one released by someone else, and it cannot start before: its grace
+                # restarts
+                if float(r["t"]) < now:
+                    r["t"] = now
+                    dirty = True
+                continue
             if j is None or not (j.pending or j.state in ("RUNNING", "CONFIGURING")):
                 rel.pop(sid)
                 dirty = True

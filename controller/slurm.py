@@ -213,6 +213,16 @@ class SlurmJob:
         return self.held and self.reason == "JobHeldAdmin"
 
     @property
+    def requeued_completing(self) -> bool:
+        """Requeued held (``scontrol requeuehold`` or ``RequeueExitHold``) while Slurm still finishes its last
+        run: slurmctld 22.05 keeps the ``COMPLETING`` flag, which squeue prints before the base state
+        ``PENDING``, until every node reported the run's end (``_job_requeue_op``); only then is the job
+        ``PENDING`` and is its begin time reset (``batch_requeue_fini``: a begin time already past becomes
+        now + the credential lifetime, so a start time set before that is lost). A job that ends on its own
+        shows ``COMPLETING`` too, but never with priority 0: a running job cannot be held."""
+        return self.state == "COMPLETING" and self.priority == 0
+
+    @property
     def running(self) -> bool:
         return self.state in ("RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED") and bool(self.nodes)
 
