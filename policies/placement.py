@@ -90,14 +90,17 @@ def pack(job: JobInfo, free: np.ndarray, state: ClusterState | None = None) -> P
             return sced2_pack(job.gpu_demand, _ListCounts(counts))
     need = job.gpu_demand
     if state is not None and free is state.free_gpus:
-        got = state.free_bytes()
+        got = state.__dict__.get("_free_bytes")  # state.free_bytes() where a backend handed the bytes in
+        got = got[1] if got is not None and got[0] is free else state.free_bytes()
         if got is not None:  # sced2_pack's first step (one node that covers the demand) inline
             fb, bound = got
             find = fb.find
             for f in range(need, bound + 1):
                 n = find(_BYTES[f])
-                if n >= 0:
-                    return one_node(n, need)
+                if n >= 0:  # one_node(n, need)
+                    p = _new(Placement)
+                    p.__dict__.update(alloc=((n, need),), total_gpus=need, nodes=(n,), num_nodes=1)
+                    return p
             return sced2_pack(need, _ByteCounts(fb, bound, free, state))
     return _pack(need, *_as_bytes(free, state), state)
 

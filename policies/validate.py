@@ -200,8 +200,11 @@ def check_decision(state: ClusterState, decision: Decision) -> list[Problem]:
     (preemptions, resizes, placements; see the module docstring for the rules). Empty: all of it
     can. Pure: reads ``state`` only."""
     usable = state.usable
-    fb = state.free_bytes()  # the same counts as free_gpus, read as Python ints (no numpy scalar per node)
-    free = state.free_gpus if fb is None else fb[0]
+    free = state.free_gpus
+    fb = state.__dict__.get("_free_bytes")  # state.free_bytes() where a backend handed the bytes in
+    fb = fb[1] if fb is not None and fb[0] is free else state.free_bytes()
+    if fb is not None:
+        free = fb[0]  # the same counts as free_gpus, read as Python ints (no numpy scalar per node)
     job = state.lookup or state.job  # ClusterState.job calls the backend's lookup when there is one
     place = decision.place
     if len(place) == 1 and not decision.preempt and not decision.resize:

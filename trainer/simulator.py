@@ -437,11 +437,15 @@ def _check_spec(j: JobSpec, total_gpus: int) -> None:
         )
 
 
-def _int_buffer(values: np.ndarray) -> tuple[np.ndarray, memoryview]:
-    """A copy of ``values`` as an int64 array over a buffer of its own, and a memoryview of that buffer (single
-    items set through it cost far less than through the array)."""
+def _int_buffer(values: np.ndarray) -> tuple[np.ndarray, memoryview, np.ndarray]:
+    """A copy of ``values`` as an int64 array over a buffer of its own, a memoryview of that buffer (single
+    items set through it cost far less than through the array) and a read-only view of the array (a view of
+    it is read-only too: what :meth:`Simulator.state` hands out, without setting a flag per state)."""
     buf = bytearray(np.ascontiguousarray(values, dtype=np.int64).tobytes())
-    return np.frombuffer(buf, dtype=np.int64), memoryview(buf).cast("q")
+    arr = np.frombuffer(buf, dtype=np.int64)
+    ro = arr.view()
+    ro.flags.writeable = False
+    return arr, memoryview(buf).cast("q"), ro
 
 
 def _check_placement(job_id: str, demand: int, p: Placement, free: np.ndarray, context: str = "") -> None:
@@ -585,12 +589,13 @@ class Simulator:
     # ------------------------------------------------------------------ state
     def reset_state(self) -> None:
         self.capacity = np.array(self.cluster.gpus_per_node, dtype=np.int64)
-        self.free, self._free_mv = _int_buffer(self.capacity)
+        self.free, self._free_mv, self._free_ro = _int_buffer(self.capacity)
         self._free_lent: weakref.ref | None = None  # the read-only view of `free` the last state holds
         # A second buffer of free GPUs per node (`_own_free` swaps it in when a state holds `free`):
         # `_spare` plus the placements in `_free_log` (each with +1: GPUs freed, -1: taken) is `free`.
         self._spare: np.ndarray | None = None
         self._spare_mv: memoryview | None = None
+        self._spare_ro: np.ndarray | None = None
         self._spare_lent: weakref.ref | None = None  # the read-only view of `_spare` a state may hold
         self._free_log: list[tuple[Placement, int]] = []
         self._total_gpus = int(self.capacity.sum())
@@ -738,7 +743,10 @@ class Simulator:
         ``isolated_thp``) are brought up to this time on first access, so a
         policy that never looks at running jobs (FIFO) pays nothing for them.
         """
-        view = RunningView(self, self.time)
+        t = self.time
+        view = _new(RunningView)  # RunningView(self, t), its slots set directly
+        view._sim, view._t, view._n, view._seq = self, t, len(self.running), self._run_seq
+        view._gone, view._jobs, view._infos = [], None, None
         views = self._views
         if views:  # drop the references to views gone (most rounds: the one of the last round)
             if len(views) == 1:
@@ -747,24 +755,31 @@ class Simulator:
             else:
                 views = self._views = [r for r in views if r() is not None]
         views.append(weakref.ref(view))
-        # read-only; `free` is swapped for the spare buffer (_own_free) before it changes while this lives
-        free = self.free.view()
-        free.flags.writeable = False
+        # read-only (a view of the read-only view); `free` is swapped for the spare buffer (_own_free) before it
+        # changes while this lives
+        free = self._free_ro.view()
         self._free_lent = weakref.ref(free)
         pending = list(map(_info_of, self.pending))
+        # with what ClusterState.use_contention and use_free_bytes record, written directly (a new state): the
+        # ledger of exactly these running jobs (while it is unchanged), the free GPUs as bytes and their sum
+        ledger = self.ledger
+        fb = self._free_bytes
         if _STATE_FIELDS_PLAIN:  # ClusterState(...) with usable None and `lookup`, its fields set directly
             st = _new(ClusterState)
-            st.__dict__.update(time=self.time, cluster=self.cluster, free_gpus=free, running=view, pending=pending,
+            if fb is not None:
+                st.__dict__.update(time=t, cluster=self.cluster, free_gpus=free, running=view, pending=pending,
+                                   usable=None, lookup=lookup, _handed=(ledger, ledger._version),
+                                   _free_bytes=(free, (bytes(fb), self._free_bound)),
+                                   _free_total=(free, self._total_gpus - self._used))
+                return st
+            st.__dict__.update(time=t, cluster=self.cluster, free_gpus=free, running=view, pending=pending,
                                usable=None, lookup=lookup)
         else:
-            st = ClusterState(self.time, self.cluster, free, view, pending, lookup=lookup)
-        # what ClusterState.use_contention and use_free_bytes record, written directly (a new state):
-        # the ledger of exactly these running jobs (while it is unchanged), the free GPUs as bytes and their sum
-        ledger = self.ledger
+            st = ClusterState(t, self.cluster, free, view, pending, lookup=lookup)
         d = st.__dict__
         d["_handed"] = (ledger, ledger._version)
-        if self._free_bytes is not None:
-            d["_free_bytes"] = (free, (bytes(self._free_bytes), self._free_bound))
+        if fb is not None:
+            d["_free_bytes"] = (free, (bytes(fb), self._free_bound))
             d["_free_total"] = (free, self._total_gpus - self._used)
         return st
 
@@ -779,13 +794,14 @@ class Simulator:
             if lent() is not None:
                 spare, sl = self._spare, self._spare_lent
                 if spare is not None and (sl is None or sl() is None):
-                    mv = self._spare_mv
+                    mv, ro = self._spare_mv, self._spare_ro
                     for p, sign in self._free_log:
                         for n, c in p.alloc:
                             mv[n] += sign * c
                 else:
-                    spare, mv = _int_buffer(self.free)
-                self._spare, self._spare_mv, self.free, self._free_mv = self.free, self._free_mv, spare, mv
+                    spare, mv, ro = _int_buffer(self.free)
+                self._spare, self._spare_mv, self._spare_ro = self.free, self._free_mv, self._free_ro
+                self.free, self._free_mv, self._free_ro = spare, mv, ro
                 self._spare_lent = lent
                 self._free_log.clear()
             self._free_lent = None
@@ -793,7 +809,7 @@ class Simulator:
 
     def _free_rewritten(self) -> None:
         """``free`` was changed in bulk (not logged in ``_free_log``): the spare buffer is stale."""
-        self._spare = self._spare_mv = self._spare_lent = None
+        self._spare = self._spare_mv = self._spare_ro = self._spare_lent = None
         self._free_log.clear()
 
     def _push_completion(self, j: _Job) -> None:
@@ -881,7 +897,7 @@ class Simulator:
             log = self._free_log
             log.append((p, -1))
             if len(log) > self._log_max:
-                self._spare = self._spare_mv = self._spare_lent = None
+                self._spare = self._spare_mv = self._spare_ro = self._spare_lent = None
                 log.clear()
         gpus = p.total_gpus
         self._used += gpus
@@ -979,7 +995,7 @@ class Simulator:
             log = self._free_log
             log.append((p, 1))
             if len(log) > self._log_max:
-                self._spare = self._spare_mv = self._spare_lent = None
+                self._spare = self._spare_mv = self._spare_ro = self._spare_lent = None
                 log.clear()
         self._used -= gpus
         if self._views:
