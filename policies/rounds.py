@@ -90,8 +90,15 @@ def _round(backend: Backend, policy: Policy, place_limit: int | None, outcome: b
     else:
         decision = Decision()
     problems = check_decision(state, decision) if (decision.place or decision.preempt or decision.resize) else []
+    if not outcome:
+        # no one reads the snapshot after the policy and the checks: let it go before the backend applies
+        # the decision, so that a backend that keeps a snapshot's arrays unchanged while one lives (the
+        # simulator's free GPUs) changes them in place
+        del state
+        backend.apply(decision, problems)
+        return None
     report = backend.apply(decision, problems)
-    return RoundOutcome(state, decision, problems, report, asked, took) if outcome else None
+    return RoundOutcome(state, decision, problems, report, asked, took)
 
 
 class RoundLoop:

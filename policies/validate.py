@@ -213,10 +213,13 @@ def check_decision(state: ClusterState, decision: Decision) -> list[Problem]:
         jid, p = place[0]
         info = job(jid)
         if info is not None and info.placement is None and info.demand is None and p.__class__ is Placement:
-            alloc = p.alloc
-            if len(alloc) == 1 and p.total_gpus == info.gpu_demand:  # one node: placement_problem's first pass
-                (n, c), = alloc
-                if 0 <= n < len(free) and 0 < c <= free[n] and (usable is None or usable[n]):
+            if p.total_gpus == info.gpu_demand:  # placement_problem's first pass
+                prev, size = -1, len(free)
+                for n, c in p.alloc:  # ascending nodes (so none repeats), each usable and fitting
+                    if n <= prev or c <= 0 or n >= size or c > free[n] or (usable is not None and not usable[n]):
+                        break
+                    prev = n
+                else:
                     return []
             why = placement_problem(jid, info.gpu_demand, p, free, usable, AFTER_EARLIER)
             return [] if why is None else [Problem("place", 0, jid, why)]

@@ -352,6 +352,7 @@ _finish_time_of: Callable[["JobRecord"], float] = operator.attrgetter("finish_ti
 
 
 _new = object.__new__
+_heappush, _heappop = heapq.heappush, heapq.heappop
 #: ClusterState has exactly these dataclass fields (and no __post_init__ work without ``usable``):
 #: Simulator.state sets them directly
 _STATE_FIELDS_PLAIN = tuple(f.name for f in dataclasses.fields(ClusterState)) == (
@@ -820,7 +821,7 @@ class Simulator:
         t_ref, now = j.t_ref, self.time
         t_fin = (t_ref if t_ref > now else now) + (remaining if remaining > 0.0 else 0.0) / j.rate
         self._seq += 1
-        heapq.heappush(self.heap, (t_fin, self._seq, j.idx, j.version))
+        _heappush(self.heap, (t_fin, self._seq, j.idx, j.version))
 
     def _settle(self, j: _Job) -> None:
         """Fold progress up to now into ``done`` before a rate change."""
@@ -885,8 +886,12 @@ class Simulator:
         """:meth:`start` of pending job ``j`` on ``p``, which fits (checked by the caller)."""
         alloc = p.alloc
         self._epoch += 1  # _change_free(p, -1), inline
-        if self._free_lent is not None:
-            self._own_free()
+        lent = self._free_lent
+        if lent is not None:
+            if lent() is None:  # _own_free() when no state holds `free` any more
+                self._free_lent = None
+            else:
+                self._own_free()
         free, fb = self._free_mv, self._free_bytes
         for n, c in alloc:
             free[n] -= c
@@ -951,7 +956,7 @@ class Simulator:
         if rate > 0:
             remaining = spec.total_samples - j.done
             self._seq += 1
-            heapq.heappush(self.heap, ((t_ref if t_ref > t else t) + (remaining if remaining > 0.0 else 0.0) / rate,
+            _heappush(self.heap, ((t_ref if t_ref > t else t) + (remaining if remaining > 0.0 else 0.0) / rate,
                                        self._seq, j.idx, j.version))
         if changed:
             self._update_rates(self._in_order(changed))
@@ -982,8 +987,12 @@ class Simulator:
         j.att_base += gpus * (t - j.seg_start)
         info.attained_service = j.att_base
         self._epoch += 1  # _change_free(p, 1), inline
-        if self._free_lent is not None:
-            self._own_free()
+        lent = self._free_lent
+        if lent is not None:
+            if lent() is None:  # _own_free() when no state holds `free` any more
+                self._free_lent = None
+            else:
+                self._own_free()
         free, fb = self._free_mv, self._free_bytes
         alloc = p.alloc
         for n, c in alloc:
@@ -1125,7 +1134,7 @@ class Simulator:
             top = heap[0]
             j = jobs[top[2]]
             if top[3] != j.version or j.info.placement is None:
-                heapq.heappop(heap)
+                _heappop(heap)
                 continue
             t_cmp = top[0]
             break
@@ -1141,26 +1150,29 @@ class Simulator:
         # _EPS of now relative to both the clock and the job's own duration at its rate
         # (total_samples / rate), so it is never cut short by more than _EPS of its work; a bound
         # on the clock alone (1e-9 * t) could end a job of a few ms a sizeable part of its work early.
-        while heap:
-            tc, _seq, idx, ver = heap[0]
-            j = jobs[idx]
-            if ver != j.version or j.info.placement is None:  # stale: the job's rate changed or it stopped
-                heapq.heappop(heap)
-                continue
-            scale = now if now > 1.0 else 1.0  # min(max(1, now), the job's duration at its rate)
-            dur = j.spec.total_samples / j.rate
-            if dur < scale:
-                scale = dur
-            if tc - now > _EPS * scale:
-                break
-            heapq.heappop(heap)
-            if self._check_inv:
-                self._check_completion(j)
-            self._stop(j)  # the job completes
-            j.done = done = j.spec.total_samples
-            j.info.done_samples = done
-            j.finish = now
-            self.finished += 1
+        # When the first completion (heap[0], found above) is later than now by more than _EPS * max(1, now),
+        # at least _EPS times that scale, none completes now (an arrival alone): no loop.
+        if t_cmp - now <= _EPS * (now if now > 1.0 else 1.0):
+            while heap:
+                tc, _seq, idx, ver = heap[0]
+                j = jobs[idx]
+                if ver != j.version or j.info.placement is None:  # stale: the job's rate changed or it stopped
+                    _heappop(heap)
+                    continue
+                scale = now if now > 1.0 else 1.0  # min(max(1, now), the job's duration at its rate)
+                dur = j.spec.total_samples / j.rate
+                if dur < scale:
+                    scale = dur
+                if tc - now > _EPS * scale:
+                    break
+                _heappop(heap)
+                if self._check_inv:
+                    self._check_completion(j)
+                self._stop(j)  # the job completes
+                j.done = done = j.spec.total_samples
+                j.info.done_samples = done
+                j.finish = now
+                self.finished += 1
         na = self.next_arrival
         if na < n_jobs and submit[na] <= now:
             pending = self.pending
