@@ -228,7 +228,9 @@ class OrderedPolicy(Policy):
             # one waiting job and nothing to preempt (most rounds of a simulation): what the loop below
             # does for it, without its bookkeeping (and _place's type filter for a job that names no type)
             job = pending[0]
-            if job.gpu_demand <= state.total_free:  # no rule can place more GPUs than are free
+            got = state.__dict__.get("_free_total")  # state.total_free where a backend handed it in
+            if job.gpu_demand <= (got[1] if got is not None and got[0] is free else state.total_free):
+                # (no rule can place more GPUs than are free)
                 d = job.demand
                 p = (self.placement(job, free, state) if d is None or d.gpu_type is None
                      else self._place(job, free, state))

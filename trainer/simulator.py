@@ -946,11 +946,8 @@ class Simulator:
             j.row0 = len(rw) // _RW
             sl_job.append(j)
             self._sl.extend((spec.total_samples, j.done, rate, t_ref, cs))
-            if len(alloc) == 1:
-                (n, c), = alloc
+            for n, c in alloc:
                 rw.extend((n, c, s))
-            else:
-                rw.extend([x for n, c in alloc for x in (n, c, s)])
         # _push_completion(j)
         j.version += 1
         if rate > 0:
