@@ -937,7 +937,7 @@ class Simulator:
         ledger = self.ledger
         job_id = spec.job_id
         changed = ledger.add(job_id, model, p, info, key)
-        cs = j.cs = ledger.cs(job_id) if key[2] > 1 else 1.0
+        cs = j.cs = ledger._jobs[job_id].cs if key[2] > 1 else 1.0  # ledger.cs(job_id) (its own ledger: no fork)
         rate = j.rate = iso / cs
         if self._vec:  # its record and allocation rows in the per-run arrays
             sl_job = self._sl_job
