@@ -13,6 +13,7 @@ machine work plus O(nodes it picks) Python work, not a Python loop over the clus
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any, Callable, Mapping, NamedTuple, Protocol
 
 import numpy as np
@@ -107,6 +108,7 @@ def pack(job: JobInfo, free: np.ndarray, state: ClusterState | None = None) -> P
 
 
 _new = object.__new__
+_node_of = operator.itemgetter(0)  # a (node, GPUs) pair's node
 
 
 def one_node(node: int, gpus: int) -> Placement:
@@ -158,7 +160,7 @@ def sced2_pack(need: int, counts: FreeCounts, *, first: int | None = None) -> Pl
     alloc.append((n, need))
     alloc.sort()  # distinct nodes (those taken whole have 0 left), counts > 0
     p = _new(Placement)  # Placement(tuple(alloc)), its fields set directly
-    p.__dict__.update(alloc=tuple(alloc), total_gpus=total, nodes=tuple([v for v, _c in alloc]), num_nodes=len(alloc))
+    p.__dict__.update(alloc=tuple(alloc), total_gpus=total, nodes=tuple(map(_node_of, alloc)), num_nodes=len(alloc))
     return p
 
 
