@@ -851,9 +851,10 @@ class Simulator:
 
     def _slot_compact(self) -> None:
         """Drop the stopped jobs' entries from the per-run lists (order kept)."""
-        keep = np.array([x is not None for x in self._sl_job])
+        sl = np.frombuffer(self._sl).reshape(-1, _SL)
+        keep = ~np.isnan(sl[:, 4])  # a live slot's CS is a number, a stopped job's NaN (_SL_DEAD)
         new_slot = np.cumsum(keep) - 1  # old slot -> new slot (for kept ones)
-        self._sl = array("d", np.frombuffer(self._sl).reshape(-1, _SL)[keep].tobytes())
+        self._sl = array("d", sl[keep].tobytes())
         rw = np.frombuffer(self._rw, dtype=np.int64).reshape(-1, _RW)
         rows = keep[rw[:, 2]]
         kept = rw[rows]
@@ -861,7 +862,7 @@ class Simulator:
         kept[:, 2] = new_slot[kept_slots]
         self._rw = array("q", kept.astype(np.int64).tobytes())
         first_row = np.flatnonzero(np.r_[True, kept_slots[1:] != kept_slots[:-1]]) if kept_slots.size else kept_slots
-        self._sl_job = [x for x in self._sl_job if x is not None]
+        self._sl_job = list(filter(None, self._sl_job))  # the running jobs' (a _Job is true)
         for k, (x, r) in enumerate(zip(self._sl_job, first_row.tolist())):
             x.slot, x.row0 = k, r
         self._sl_dead = 0
