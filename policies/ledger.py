@@ -629,7 +629,7 @@ class ContentionLedger:
 
     def _shape_gone(self, key: JobKey) -> None:
         """One multi-node job of ``key``'s shape less in the :meth:`spans` counts."""
-        shapes = self._shapes_w()
+        shapes = self._shapes if self._shapes_own else self._shapes_w()
         shape = (key[1], key[2])
         left = shapes[shape] - 1
         if left:
@@ -768,14 +768,7 @@ class ContentionLedger:
                 else:  # alone on each of its nodes: nobody's CS changes (O(its nodes))
                     del self._jobs[job_id]
                     self._version += 1
-                    key = e.key  # self._shape_gone(key), in the origin's own counts
-                    shapes = self._shapes if self._shapes_own else self._shapes_w()
-                    shape = (key[1], key[2])
-                    left = shapes[shape] - 1
-                    if left:
-                        shapes[shape] = left
-                    else:
-                        del shapes[shape]
+                    self._shape_gone(e.key)
                     self._lb_bytes = None  # self._lb_w(), of the origin (its own bytes)
                     lb = self._lb
                     if lb is None:
