@@ -985,12 +985,8 @@ class Simulator:
         j.att_base += gpus * (t - j.seg_start)
         info.attained_service = j.att_base
         self._epoch += 1  # _change_free(p, 1), inline
-        lent = self._free_lent
-        if lent is not None:
-            if lent() is None:  # _own_free() when no state holds `free` any more
-                self._free_lent = None
-            else:
-                self._own_free()
+        if self._free_lent is not None:  # (a start, in the round after a state, clears the mark first)
+            self._own_free()
         free, fb = self._free_mv, self._free_bytes
         alloc = p.alloc
         for n, c in alloc:
