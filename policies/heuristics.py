@@ -222,22 +222,27 @@ class OrderedPolicy(Policy):
         # The round's free GPUs per node: the state's array until a placement or preemption changes
         # them (then the round's own copy); a placement is taken off when the next job is looked at.
         free = state.free_gpus
+        limit = self.place_limit
+        pending = state.pending
+        if len(pending) == 1 and not self.preemptive and (limit is None or limit > 0):
+            # one waiting job and nothing to preempt (most rounds of a simulation): what the loop below
+            # does for it, without its bookkeeping (and _place's type filter for a job that names no type)
+            job = pending[0]
+            got = state.__dict__.get("_free_total")  # state.total_free where a backend handed it in
+            if job.gpu_demand <= (got[1] if got is not None and got[0] is free else state.total_free):
+                # (no rule can place more GPUs than are free)
+                d = job.demand
+                p = (self.placement(job, free, state) if d is None or d.gpu_type is None
+                     else self._place(job, free, state))
+                if p is not None:
+                    dec.place.append((job.job_id, p))
+            return dec
         own_free = False
         taken: Placement | None = None
         free_total = state.total_free
         usable = state.usable  # None: every node
         order = self.order if self.timed_order is None else self.timed_order(state.time)
-        limit = self.place_limit
         if limit is not None and limit <= 0:
-            return dec
-        pending = state.pending
-        if len(pending) == 1 and not self.preemptive:
-            # one waiting job and nothing to preempt (most rounds of a simulation): what the loop below
-            # does for it, without its bookkeeping
-            job = pending[0]
-            p = self._place(job, free, state) if job.gpu_demand <= free_total else None
-            if p is not None:
-                dec.place.append((job.job_id, p))
             return dec
         # The pending jobs sorted by ``order`` (a stable sort that computes each key once, in C);
         # only preemption reads a job's key again, for the jobs it looks at.

@@ -267,6 +267,7 @@ class _Entry:
 
 
 _MISSING = object()
+_new = object.__new__
 _EMPTY: dict = {}
 
 
@@ -628,7 +629,7 @@ class ContentionLedger:
 
     def _shape_gone(self, key: JobKey) -> None:
         """One multi-node job of ``key``'s shape less in the :meth:`spans` counts."""
-        shapes = self._shapes_w()
+        shapes = self._shapes if self._shapes_own else self._shapes_w()
         shape = (key[1], key[2])
         left = shapes[shape] - 1
         if left:
@@ -700,7 +701,8 @@ class ContentionLedger:
             if job_id in self._jobs:
                 raise ValueError(f"job {job_id!r} is already in the contention ledger")
             self._seq += 1
-            self._jobs[job_id] = _Entry(key, placement, 1.0, info, self._seq)
+            e = self._jobs[job_id] = _new(_Entry)  # _Entry(key, placement, 1.0, info, seq), its slots set directly
+            e.key, e.placement, e.cs, e.info, e.seq = key, placement, 1.0, info, self._seq
             self._version += 1
             return set()
         if self._sum and self._base is None and not self._read_only:
@@ -715,14 +717,18 @@ class ContentionLedger:
                 if lb is not None and max(nodes) >= len(lb):
                     raise ValueError(f"job {job_id!r}: placement {placement} uses a node beyond the ledger's {len(lb)}")
                 self._seq += 1
-                self._jobs[job_id] = _Entry(key, placement, 1.0, info, self._seq)
-                shapes = self._shapes_w()
+                e = self._jobs[job_id] = _new(_Entry)  # _Entry(key, placement, 1.0, info, seq), set directly
+                e.key, e.placement, e.cs, e.info, e.seq = key, placement, 1.0, info, self._seq
+                shapes = self._shapes if self._shapes_own else self._shapes_w()
                 shape = (key[1], key[2])
                 shapes[shape] = shapes.get(shape, 0) + 1
-                lb = self._lb_w()
-                for v in nodes:
-                    own[v] = {job_id: key}
-                    if lb is not None:
+                self._lb_bytes = None  # self._lb_w(), of the origin (its own bytes)
+                if lb is None:
+                    for v in nodes:
+                        own[v] = {job_id: key}
+                else:
+                    for v in nodes:
+                        own[v] = {job_id: key}
                         lb[v] = 1
                 self._version += 1
                 return set()
@@ -763,10 +769,14 @@ class ContentionLedger:
                     del self._jobs[job_id]
                     self._version += 1
                     self._shape_gone(e.key)
-                    lb = self._lb_w()
-                    for v in nodes:
-                        del own[v]
-                        if lb is not None:
+                    self._lb_bytes = None  # self._lb_w(), of the origin (its own bytes)
+                    lb = self._lb
+                    if lb is None:
+                        for v in nodes:
+                            del own[v]
+                    else:
+                        for v in nodes:
+                            del own[v]
                             lb[v] = 0
                     return set()
         self._writable()

@@ -13,6 +13,7 @@ machine work plus O(nodes it picks) Python work, not a Python loop over the clus
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any, Callable, Mapping, NamedTuple, Protocol
 
 import numpy as np
@@ -90,19 +91,24 @@ def pack(job: JobInfo, free: np.ndarray, state: ClusterState | None = None) -> P
             return sced2_pack(job.gpu_demand, _ListCounts(counts))
     need = job.gpu_demand
     if state is not None and free is state.free_gpus:
-        got = state.free_bytes()
+        got = state.__dict__.get("_free_bytes")  # state.free_bytes() where a backend handed the bytes in
+        got = got[1] if got is not None and got[0] is free else state.free_bytes()
         if got is not None:  # sced2_pack's first step (one node that covers the demand) inline
             fb, bound = got
             find = fb.find
             for f in range(need, bound + 1):
                 n = find(_BYTES[f])
-                if n >= 0:
-                    return one_node(n, need)
-            return sced2_pack(need, _ByteCounts(fb, bound, free, state))
+                if n >= 0:  # one_node(n, need)
+                    p = _new(Placement)
+                    p.__dict__.update(alloc=((n, need),), total_gpus=need, nodes=(n,), num_nodes=1)
+                    return p
+            # no node covers the demand (sced2_pack's first step, done above)
+            return sced2_pack(need, _ByteCounts(fb, bound, free, state, state.total_free), first=-1)
     return _pack(need, *_as_bytes(free, state), state)
 
 
 _new = object.__new__
+_node_of = operator.itemgetter(0)  # a (node, GPUs) pair's node
 
 
 def one_node(node: int, gpus: int) -> Placement:
@@ -128,15 +134,16 @@ class FreeCounts(Protocol):
         """Free GPUs of all nodes (before any :meth:`take_most`)."""
 
 
-def sced2_pack(need: int, counts: FreeCounts) -> Placement | None:
+def sced2_pack(need: int, counts: FreeCounts, *, first: int | None = None) -> Placement | None:
     """SCED2 packing (seed 003) of ``need`` GPUs: repeatedly take the node with the fewest free GPUs
     that covers the rest of the demand (lowest index on ties); if none can, take the node with the
     most free GPUs (lowest index on ties) whole and loop. ``None`` if fewer than ``need`` GPUs are free.
+    ``first``: ``counts.best_fit(need)`` where the caller has it already.
 
     The one implementation of the algorithm: :func:`pack` runs it on the free GPUs as bytes or as an
     array, :class:`policies.codecs.deepshare.NodeIndex` on its buckets of nodes by free GPUs.
     """
-    n = counts.best_fit(need)
+    n = counts.best_fit(need) if first is None else first
     if n >= 0:
         return one_node(n, need)
     total = need
@@ -153,7 +160,7 @@ def sced2_pack(need: int, counts: FreeCounts) -> Placement | None:
     alloc.append((n, need))
     alloc.sort()  # distinct nodes (those taken whole have 0 left), counts > 0
     p = _new(Placement)  # Placement(tuple(alloc)), its fields set directly
-    p.__dict__.update(alloc=tuple(alloc), total_gpus=total, nodes=tuple([v for v, _c in alloc]), num_nodes=len(alloc))
+    p.__dict__.update(alloc=tuple(alloc), total_gpus=total, nodes=tuple(map(_node_of, alloc)), num_nodes=len(alloc))
     return p
 
 
@@ -165,13 +172,15 @@ class _ByteCounts:
     (a search for it starts after the last one, ``start``), every node of a larger count is taken, and
     no node of a smaller count is."""
 
-    __slots__ = ("avail", "hi", "arr", "state", "at", "start")
+    __slots__ = ("avail", "hi", "arr", "state", "at", "start", "sum")
 
-    def __init__(self, fb: bytes, bound: int, arr: np.ndarray, state: ClusterState | None) -> None:
+    def __init__(self, fb: bytes, bound: int, arr: np.ndarray, state: ClusterState | None,
+                 total: int | None = None) -> None:
         self.avail: bytes = fb
         self.hi, self.arr, self.state = bound, arr, state
         self.at = -1  # the count of the last node taken (-1: none taken)
         self.start = 0  # the node after it
+        self.sum = total  # the free GPUs of all nodes, where the caller has them
 
     def best_fit(self, need: int) -> int:
         find, at = self.avail.find, self.at
@@ -195,7 +204,7 @@ class _ByteCounts:
         return n, hi
 
     def total(self) -> int:
-        return _total(self.arr, self.state)
+        return _total(self.arr, self.state) if self.sum is None else self.sum
 
 
 class _ListCounts:

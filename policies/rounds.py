@@ -65,6 +65,12 @@ def run_round(backend: Backend, policy: Policy, place_limit: int | None = None) 
         stop there (0 or less: the policy is not asked). ``None``: no limit from the loop (the
         policy's own ``place_limit`` is left as it is).
     """
+    return _round(backend, policy, place_limit, True)  # type: ignore[return-value]
+
+
+def _round(backend: Backend, policy: Policy, place_limit: int | None, outcome: bool) -> RoundOutcome | None:
+    """:func:`run_round`; with ``outcome`` false it returns ``None`` and times nothing (what
+    :meth:`RoundLoop.run` does when no one reads the outcome)."""
     state = backend.snapshot()
     asked = False
     took = 0.0
@@ -72,15 +78,25 @@ def run_round(backend: Backend, policy: Policy, place_limit: int | None = None) 
             place_limit is None or place_limit > 0):
         if place_limit is not None:
             policy.place_limit = place_limit
-        t0 = _perf_counter()
-        decision = policy.schedule(state)
-        took = _perf_counter() - t0
+        if outcome:
+            t0 = _perf_counter()
+            decision = policy.schedule(state)
+            took = _perf_counter() - t0
+        else:
+            decision = policy.schedule(state)
         asked = True
         if place_limit is not None and len(decision.place) > place_limit:
             decision = Decision(place=decision.place[:place_limit], preempt=decision.preempt, resize=decision.resize)
     else:
         decision = Decision()
     problems = check_decision(state, decision) if (decision.place or decision.preempt or decision.resize) else []
+    if not outcome:
+        # no one reads the snapshot after the policy and the checks: let it go before the backend applies
+        # the decision, so that a backend that keeps a snapshot's arrays unchanged while one lives (the
+        # simulator's free GPUs) changes them in place
+        del state
+        backend.apply(decision, problems)
+        return None
     report = backend.apply(decision, problems)
     return RoundOutcome(state, decision, problems, report, asked, took)
 
@@ -106,11 +122,16 @@ class RoundLoop:
         called with each round's outcome. Returns the number of rounds this call ran."""
         backend, policy, limit = self.backend, self.policy, self.place_limit
         n = 0
+        if on_round is None:  # no one reads the outcomes: none is built
+            while (max_rounds is None or n < max_rounds) and backend.next_round():
+                _round(backend, policy, limit, False)  # its snapshot is gone before the backend moves on
+                n += 1
+            self.rounds += n
+            return n
         while (max_rounds is None or n < max_rounds) and backend.next_round():
             out = run_round(backend, policy, limit)
             n += 1
-            if on_round is not None:
-                on_round(out)
+            on_round(out)
             del out  # the round's snapshot goes before the backend moves on (no copy-on-write of it there)
         self.rounds += n
         return n

@@ -200,8 +200,11 @@ def check_decision(state: ClusterState, decision: Decision) -> list[Problem]:
     (preemptions, resizes, placements; see the module docstring for the rules). Empty: all of it
     can. Pure: reads ``state`` only."""
     usable = state.usable
-    fb = state.free_bytes()  # the same counts as free_gpus, read as Python ints (no numpy scalar per node)
-    free = state.free_gpus if fb is None else fb[0]
+    free = state.free_gpus
+    fb = state.__dict__.get("_free_bytes")  # state.free_bytes() where a backend handed the bytes in
+    fb = fb[1] if fb is not None and fb[0] is free else state.free_bytes()
+    if fb is not None:
+        free = fb[0]  # the same counts as free_gpus, read as Python ints (no numpy scalar per node)
     job = state.lookup or state.job  # ClusterState.job calls the backend's lookup when there is one
     place = decision.place
     if len(place) == 1 and not decision.preempt and not decision.resize:
@@ -210,10 +213,13 @@ def check_decision(state: ClusterState, decision: Decision) -> list[Problem]:
         jid, p = place[0]
         info = job(jid)
         if info is not None and info.placement is None and info.demand is None and p.__class__ is Placement:
-            alloc = p.alloc
-            if len(alloc) == 1 and p.total_gpus == info.gpu_demand:  # one node: placement_problem's first pass
-                (n, c), = alloc
-                if 0 <= n < len(free) and 0 < c <= free[n] and (usable is None or usable[n]):
+            if p.total_gpus == info.gpu_demand:  # placement_problem's first pass
+                prev, size = -1, len(free)
+                for n, c in p.alloc:  # ascending nodes (so none repeats), each usable and fitting
+                    if n <= prev or c <= 0 or n >= size or c > free[n] or (usable is not None and not usable[n]):
+                        break
+                    prev = n
+                else:
                     return []
             why = placement_problem(jid, info.gpu_demand, p, free, usable, AFTER_EARLIER)
             return [] if why is None else [Problem("place", 0, jid, why)]

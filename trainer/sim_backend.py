@@ -182,16 +182,22 @@ class SimBackend:
         open it (see the module docstring); rounds due while no job waits have nothing to decide
         and are counted and closed here. ``False`` once every job has finished."""
         sim = self.sim
+        interval = sim.cfg.metrics_interval - _EPS
         if self._open:
             self._open = False
-            self._close_round()
+            if sim.running:  # _close_round() of a round that leaves jobs running (so it is not idle)
+                sim.dirty = False
+                if sim.time - sim._last_sample >= interval:
+                    sim._sample_metrics()
+                self._idle_rounds = 0
+            else:
+                self._close_round()
             if self._progress_after and self.progress is not None:
                 self._report_progress()
         rl = self._rl
         hook = self.on_advance
         n_jobs = len(sim.jobs)
         event, every = self._event, self._every_round
-        interval = sim.cfg.metrics_interval - _EPS
         while sim.finished != n_jobs:  # not sim.done
             if hook is not None:
                 hook(sim.time)

@@ -352,6 +352,7 @@ _finish_time_of: Callable[["JobRecord"], float] = operator.attrgetter("finish_ti
 
 
 _new = object.__new__
+_heappush, _heappop = heapq.heappush, heapq.heappop
 #: ClusterState has exactly these dataclass fields (and no __post_init__ work without ``usable``):
 #: Simulator.state sets them directly
 _STATE_FIELDS_PLAIN = tuple(f.name for f in dataclasses.fields(ClusterState)) == (
@@ -437,11 +438,15 @@ def _check_spec(j: JobSpec, total_gpus: int) -> None:
         )
 
 
-def _int_buffer(values: np.ndarray) -> tuple[np.ndarray, memoryview]:
-    """A copy of ``values`` as an int64 array over a buffer of its own, and a memoryview of that buffer (single
-    items set through it cost far less than through the array)."""
+def _int_buffer(values: np.ndarray) -> tuple[np.ndarray, memoryview, np.ndarray]:
+    """A copy of ``values`` as an int64 array over a buffer of its own, a memoryview of that buffer (single
+    items set through it cost far less than through the array) and a read-only view of the array (a view of
+    it is read-only too: what :meth:`Simulator.state` hands out, without setting a flag per state)."""
     buf = bytearray(np.ascontiguousarray(values, dtype=np.int64).tobytes())
-    return np.frombuffer(buf, dtype=np.int64), memoryview(buf).cast("q")
+    arr = np.frombuffer(buf, dtype=np.int64)
+    ro = arr.view()
+    ro.flags.writeable = False
+    return arr, memoryview(buf).cast("q"), ro
 
 
 def _check_placement(job_id: str, demand: int, p: Placement, free: np.ndarray, context: str = "") -> None:
@@ -585,12 +590,13 @@ class Simulator:
     # ------------------------------------------------------------------ state
     def reset_state(self) -> None:
         self.capacity = np.array(self.cluster.gpus_per_node, dtype=np.int64)
-        self.free, self._free_mv = _int_buffer(self.capacity)
+        self.free, self._free_mv, self._free_ro = _int_buffer(self.capacity)
         self._free_lent: weakref.ref | None = None  # the read-only view of `free` the last state holds
         # A second buffer of free GPUs per node (`_own_free` swaps it in when a state holds `free`):
         # `_spare` plus the placements in `_free_log` (each with +1: GPUs freed, -1: taken) is `free`.
         self._spare: np.ndarray | None = None
         self._spare_mv: memoryview | None = None
+        self._spare_ro: np.ndarray | None = None
         self._spare_lent: weakref.ref | None = None  # the read-only view of `_spare` a state may hold
         self._free_log: list[tuple[Placement, int]] = []
         self._total_gpus = int(self.capacity.sum())
@@ -738,7 +744,10 @@ class Simulator:
         ``isolated_thp``) are brought up to this time on first access, so a
         policy that never looks at running jobs (FIFO) pays nothing for them.
         """
-        view = RunningView(self, self.time)
+        t = self.time
+        view = _new(RunningView)  # RunningView(self, t), its slots set directly
+        view._sim, view._t, view._n, view._seq = self, t, len(self.running), self._run_seq
+        view._gone, view._jobs, view._infos = [], None, None
         views = self._views
         if views:  # drop the references to views gone (most rounds: the one of the last round)
             if len(views) == 1:
@@ -747,24 +756,31 @@ class Simulator:
             else:
                 views = self._views = [r for r in views if r() is not None]
         views.append(weakref.ref(view))
-        # read-only; `free` is swapped for the spare buffer (_own_free) before it changes while this lives
-        free = self.free.view()
-        free.flags.writeable = False
+        # read-only (a view of the read-only view); `free` is swapped for the spare buffer (_own_free) before it
+        # changes while this lives
+        free = self._free_ro.view()
         self._free_lent = weakref.ref(free)
         pending = list(map(_info_of, self.pending))
+        # with what ClusterState.use_contention and use_free_bytes record, written directly (a new state): the
+        # ledger of exactly these running jobs (while it is unchanged), the free GPUs as bytes and their sum
+        ledger = self.ledger
+        fb = self._free_bytes
         if _STATE_FIELDS_PLAIN:  # ClusterState(...) with usable None and `lookup`, its fields set directly
             st = _new(ClusterState)
-            st.__dict__.update(time=self.time, cluster=self.cluster, free_gpus=free, running=view, pending=pending,
+            if fb is not None:
+                st.__dict__.update(time=t, cluster=self.cluster, free_gpus=free, running=view, pending=pending,
+                                   usable=None, lookup=lookup, _handed=(ledger, ledger._version),
+                                   _free_bytes=(free, (bytes(fb), self._free_bound)),
+                                   _free_total=(free, self._total_gpus - self._used))
+                return st
+            st.__dict__.update(time=t, cluster=self.cluster, free_gpus=free, running=view, pending=pending,
                                usable=None, lookup=lookup)
         else:
-            st = ClusterState(self.time, self.cluster, free, view, pending, lookup=lookup)
-        # what ClusterState.use_contention and use_free_bytes record, written directly (a new state):
-        # the ledger of exactly these running jobs (while it is unchanged), the free GPUs as bytes and their sum
-        ledger = self.ledger
+            st = ClusterState(t, self.cluster, free, view, pending, lookup=lookup)
         d = st.__dict__
         d["_handed"] = (ledger, ledger._version)
-        if self._free_bytes is not None:
-            d["_free_bytes"] = (free, (bytes(self._free_bytes), self._free_bound))
+        if fb is not None:
+            d["_free_bytes"] = (free, (bytes(fb), self._free_bound))
             d["_free_total"] = (free, self._total_gpus - self._used)
         return st
 
@@ -779,13 +795,14 @@ class Simulator:
             if lent() is not None:
                 spare, sl = self._spare, self._spare_lent
                 if spare is not None and (sl is None or sl() is None):
-                    mv = self._spare_mv
+                    mv, ro = self._spare_mv, self._spare_ro
                     for p, sign in self._free_log:
                         for n, c in p.alloc:
                             mv[n] += sign * c
                 else:
-                    spare, mv = _int_buffer(self.free)
-                self._spare, self._spare_mv, self.free, self._free_mv = self.free, self._free_mv, spare, mv
+                    spare, mv, ro = _int_buffer(self.free)
+                self._spare, self._spare_mv, self._spare_ro = self.free, self._free_mv, self._free_ro
+                self.free, self._free_mv, self._free_ro = spare, mv, ro
                 self._spare_lent = lent
                 self._free_log.clear()
             self._free_lent = None
@@ -793,7 +810,7 @@ class Simulator:
 
     def _free_rewritten(self) -> None:
         """``free`` was changed in bulk (not logged in ``_free_log``): the spare buffer is stale."""
-        self._spare = self._spare_mv = self._spare_lent = None
+        self._spare = self._spare_mv = self._spare_ro = self._spare_lent = None
         self._free_log.clear()
 
     def _push_completion(self, j: _Job) -> None:
@@ -804,7 +821,7 @@ class Simulator:
         t_ref, now = j.t_ref, self.time
         t_fin = (t_ref if t_ref > now else now) + (remaining if remaining > 0.0 else 0.0) / j.rate
         self._seq += 1
-        heapq.heappush(self.heap, (t_fin, self._seq, j.idx, j.version))
+        _heappush(self.heap, (t_fin, self._seq, j.idx, j.version))
 
     def _settle(self, j: _Job) -> None:
         """Fold progress up to now into ``done`` before a rate change."""
@@ -834,9 +851,10 @@ class Simulator:
 
     def _slot_compact(self) -> None:
         """Drop the stopped jobs' entries from the per-run lists (order kept)."""
-        keep = np.array([x is not None for x in self._sl_job])
+        sl = np.frombuffer(self._sl).reshape(-1, _SL)
+        keep = ~np.isnan(sl[:, 4])  # a live slot's CS is a number, a stopped job's NaN (_SL_DEAD)
         new_slot = np.cumsum(keep) - 1  # old slot -> new slot (for kept ones)
-        self._sl = array("d", np.frombuffer(self._sl).reshape(-1, _SL)[keep].tobytes())
+        self._sl = array("d", sl[keep].tobytes())
         rw = np.frombuffer(self._rw, dtype=np.int64).reshape(-1, _RW)
         rows = keep[rw[:, 2]]
         kept = rw[rows]
@@ -844,7 +862,7 @@ class Simulator:
         kept[:, 2] = new_slot[kept_slots]
         self._rw = array("q", kept.astype(np.int64).tobytes())
         first_row = np.flatnonzero(np.r_[True, kept_slots[1:] != kept_slots[:-1]]) if kept_slots.size else kept_slots
-        self._sl_job = [x for x in self._sl_job if x is not None]
+        self._sl_job = list(filter(None, self._sl_job))  # the running jobs' (a _Job is true)
         for k, (x, r) in enumerate(zip(self._sl_job, first_row.tolist())):
             x.slot, x.row0 = k, r
         self._sl_dead = 0
@@ -869,8 +887,12 @@ class Simulator:
         """:meth:`start` of pending job ``j`` on ``p``, which fits (checked by the caller)."""
         alloc = p.alloc
         self._epoch += 1  # _change_free(p, -1), inline
-        if self._free_lent is not None:
-            self._own_free()
+        lent = self._free_lent
+        if lent is not None:
+            if lent() is None:  # _own_free() when no state holds `free` any more
+                self._free_lent = None
+            else:
+                self._own_free()
         free, fb = self._free_mv, self._free_bytes
         for n, c in alloc:
             free[n] -= c
@@ -881,7 +903,7 @@ class Simulator:
             log = self._free_log
             log.append((p, -1))
             if len(log) > self._log_max:
-                self._spare = self._spare_mv = self._spare_lent = None
+                self._spare = self._spare_mv = self._spare_ro = self._spare_lent = None
                 log.clear()
         gpus = p.total_gpus
         self._used += gpus
@@ -916,7 +938,7 @@ class Simulator:
         ledger = self.ledger
         job_id = spec.job_id
         changed = ledger.add(job_id, model, p, info, key)
-        cs = j.cs = ledger.cs(job_id) if key[2] > 1 else 1.0
+        cs = j.cs = ledger._jobs[job_id].cs if key[2] > 1 else 1.0  # ledger.cs(job_id) (its own ledger: no fork)
         rate = j.rate = iso / cs
         if self._vec:  # its record and allocation rows in the per-run arrays
             sl_job = self._sl_job
@@ -925,17 +947,14 @@ class Simulator:
             j.row0 = len(rw) // _RW
             sl_job.append(j)
             self._sl.extend((spec.total_samples, j.done, rate, t_ref, cs))
-            if len(alloc) == 1:
-                (n, c), = alloc
+            for n, c in alloc:
                 rw.extend((n, c, s))
-            else:
-                rw.extend([x for n, c in alloc for x in (n, c, s)])
         # _push_completion(j)
         j.version += 1
         if rate > 0:
             remaining = spec.total_samples - j.done
             self._seq += 1
-            heapq.heappush(self.heap, ((t_ref if t_ref > t else t) + (remaining if remaining > 0.0 else 0.0) / rate,
+            _heappush(self.heap, ((t_ref if t_ref > t else t) + (remaining if remaining > 0.0 else 0.0) / rate,
                                        self._seq, j.idx, j.version))
         if changed:
             self._update_rates(self._in_order(changed))
@@ -966,7 +985,7 @@ class Simulator:
         j.att_base += gpus * (t - j.seg_start)
         info.attained_service = j.att_base
         self._epoch += 1  # _change_free(p, 1), inline
-        if self._free_lent is not None:
+        if self._free_lent is not None:  # (a start, in the round after a state, clears the mark first)
             self._own_free()
         free, fb = self._free_mv, self._free_bytes
         alloc = p.alloc
@@ -979,7 +998,7 @@ class Simulator:
             log = self._free_log
             log.append((p, 1))
             if len(log) > self._log_max:
-                self._spare = self._spare_mv = self._spare_lent = None
+                self._spare = self._spare_mv = self._spare_ro = self._spare_lent = None
                 log.clear()
         self._used -= gpus
         if self._views:
@@ -1109,7 +1128,7 @@ class Simulator:
             top = heap[0]
             j = jobs[top[2]]
             if top[3] != j.version or j.info.placement is None:
-                heapq.heappop(heap)
+                _heappop(heap)
                 continue
             t_cmp = top[0]
             break
@@ -1125,26 +1144,29 @@ class Simulator:
         # _EPS of now relative to both the clock and the job's own duration at its rate
         # (total_samples / rate), so it is never cut short by more than _EPS of its work; a bound
         # on the clock alone (1e-9 * t) could end a job of a few ms a sizeable part of its work early.
-        while heap:
-            tc, _seq, idx, ver = heap[0]
-            j = jobs[idx]
-            if ver != j.version or j.info.placement is None:  # stale: the job's rate changed or it stopped
-                heapq.heappop(heap)
-                continue
-            scale = now if now > 1.0 else 1.0  # min(max(1, now), the job's duration at its rate)
-            dur = j.spec.total_samples / j.rate
-            if dur < scale:
-                scale = dur
-            if tc - now > _EPS * scale:
-                break
-            heapq.heappop(heap)
-            if self._check_inv:
-                self._check_completion(j)
-            self._stop(j)  # the job completes
-            j.done = done = j.spec.total_samples
-            j.info.done_samples = done
-            j.finish = now
-            self.finished += 1
+        # When the first completion (heap[0], found above) is later than now by more than _EPS * max(1, now),
+        # at least _EPS times that scale, none completes now (an arrival alone): no loop.
+        if t_cmp - now <= _EPS * (now if now > 1.0 else 1.0):
+            while heap:
+                tc, _seq, idx, ver = heap[0]
+                j = jobs[idx]
+                if ver != j.version or j.info.placement is None:  # stale: the job's rate changed or it stopped
+                    _heappop(heap)
+                    continue
+                scale = now if now > 1.0 else 1.0  # min(max(1, now), the job's duration at its rate)
+                dur = j.spec.total_samples / j.rate
+                if dur < scale:
+                    scale = dur
+                if tc - now > _EPS * scale:
+                    break
+                _heappop(heap)
+                if self._check_inv:
+                    self._check_completion(j)
+                self._stop(j)  # the job completes
+                j.done = done = j.spec.total_samples
+                j.info.done_samples = done
+                j.finish = now
+                self.finished += 1
         na = self.next_arrival
         if na < n_jobs and submit[na] <= now:
             pending = self.pending
