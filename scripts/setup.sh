@@ -96,7 +96,7 @@ pip_install() {
 echo "==> pip install torch==2.13.0 (from PyPI: GBs of CUDA libraries, minutes; pip shows its progress)"
 pip_install "torch==2.13.0"
 # [trainer]: simulation, evaluation and RL training (it includes the controller's libraries);
-# [test]: pytest and grpcio-tools; [hdfs]: the WebHDFS checkpoint store. An agent host needs only
+# [test]: pytest (two workers with pytest-xdist) and grpcio-tools; [hdfs]: the WebHDFS checkpoint store. An agent host needs only
 # `pip install 'rlsched[agent]'`, a controller host 'rlsched[controller]' (setup.cfg).
 echo "==> pip install -e '.[trainer,test,hdfs]' (numpy, scipy, SB3, pyarrow, grpcio, ...)"
 pip_install -e ".[trainer,test,hdfs]"

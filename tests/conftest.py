@@ -202,18 +202,42 @@ def start_test_cluster(nodes: int, gpus: int, up_args: tuple[str, ...] = ()):
         shutil.rmtree(d, ignore_errors=True)
 
 
+# Set by the process that added the test user; the run's last session end removes the user (with
+# pytest-xdist the workers share the user, so no worker may remove it while another still runs jobs).
+_USER_MARK = Path(tempfile.gettempdir()) / f"rlsched-test-user-added.{os.getuid()}"
+
+
 @pytest.fixture(scope="session")
 def test_user() -> str:
-    """An unprivileged user that submits jobs (created if missing, removed again if we created it)."""
+    """An unprivileged user that submits jobs (created if missing; removed at the end of the run if this run
+    created it, see ``pytest_sessionfinish``)."""
     if os.geteuid() != 0:
         pytest.skip("needs root to add a test user")
-    created = False
     if subprocess.run(["id", TEST_USER], capture_output=True, check=False).returncode != 0:
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/bash", TEST_USER], check=True, capture_output=True)
-        created = True
+        added = subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/bash", TEST_USER], capture_output=True, check=False)
+        if added.returncode == 0:
+            _USER_MARK.touch()
+        elif subprocess.run(["id", TEST_USER], capture_output=True, check=False).returncode != 0:
+            # not added by a parallel worker either: a real failure
+            pytest.fail(f"useradd {TEST_USER} failed: {added.stderr.decode(errors='replace').strip()}")
     yield TEST_USER
-    if created:
-        subprocess.run(["userdel", TEST_USER], capture_output=True, check=False)
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """Remove the test user this run added, once: in the main process (pytest-xdist's controller, or the
+    only process without it), after every worker has finished."""
+    if hasattr(session.config, "workerinput") or not _USER_MARK.exists():
+        return
+    subprocess.run(["userdel", TEST_USER], capture_output=True, check=False)
+    _USER_MARK.unlink(missing_ok=True)
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    """Test files that start real daemons or long jobs (marked ``slurm``) run first: with pytest-xdist's
+    ``--dist loadfile`` (scripts/test.sh) a file runs on one worker, and a long file taken last would leave
+    the other worker idle at the end. The order inside a file is kept."""
+    first = {item.fspath for item in items if item.get_closest_marker("slurm")}
+    items.sort(key=lambda item: item.fspath not in first)  # stable: keeps every other order
 
 
 @pytest.fixture
