@@ -65,6 +65,7 @@ class DL2TrainConfig:
     """What :func:`train` runs (module docstring)."""
 
     J: int = 40
+    arch: str = "flat"  # the actor: "flat" (the seed's MLP) or "rows" (per-row scorer, policies.dl2.DL2RowsNet)
     hidden: tuple[int, ...] = (256, 256)
     jobs: int = 60  # jobs per training sequence
     sl_traces: int = 4
@@ -217,7 +218,7 @@ class RecordingDL2(DL2Policy):
             if a is None:
                 a = int(self.rng.choice(len(mask), p=self.net.probs(obs, mask)))
             return a
-        return int(np.argmax(np.where(mask, self.net.logits(obs), -np.inf)))
+        return int(np.argmax(np.where(mask, self.net.logits(obs, mask), -np.inf)))
 
 
 # ---------------------------------------------------------------------- episodes
@@ -266,10 +267,94 @@ def _weights(model) -> list[tuple[np.ndarray, np.ndarray]]:
             for m in model if isinstance(m, nn.Linear)]
 
 
-def _masked_logits(actor, obs, mask):
+def _load_layers(model, layers) -> None:
     import torch
+    import torch.nn as nn
 
-    return actor(obs).masked_fill(~mask, -1e9)
+    with torch.no_grad():
+        for m, (w, b) in zip((m for m in model if isinstance(m, nn.Linear)), layers):
+            m.weight.copy_(torch.as_tensor(np.asarray(w, np.float32)))
+            m.bias.copy_(torch.as_tensor(np.asarray(b, np.float32)))
+
+
+def _rows_actor_class():
+    import torch
+    import torch.nn as nn
+
+    from policies.dl2 import GLOBALS, ROWS_COUNT_SCALE, rows_inputs
+
+    class RowsActor(nn.Module):
+        """The torch twin of :class:`policies.dl2.DL2RowsNet` (same inputs, pooling and layers)."""
+
+        def __init__(self, spec: DL2Spec, hidden: Sequence[int], stop_hidden: Sequence[int]) -> None:
+            super().__init__()
+            self.spec = spec
+            n_in, n_ctx = rows_inputs(spec)
+            self.row = _mlp([n_in, *hidden, 3])
+            self.stop = _mlp([n_ctx + 2 * hidden[-1], *stop_hidden, 1])
+
+        def forward(self, obs, mask):
+            spec = self.spec
+            B = obs.shape[0]
+            x = obs[:, : spec.J * spec.row].reshape(B, spec.J, spec.row)
+            g = obs[:, spec.J * spec.row :]
+            m = mask[:, : 3 * spec.J].reshape(B, spec.J, 3).to(obs.dtype)
+            u = torch.cat([x, m], -1)
+            pf = (u != 0).any(-1, keepdim=True).to(obs.dtype)
+            n = pf.sum(-2)
+            mean = (u * pf).sum(-2) / n.clamp(min=1.0)
+            has = n > 0
+            mx = torch.where(has, u.masked_fill(pf == 0, -torch.inf).amax(-2), torch.zeros_like(mean))
+            mn = torch.where(has, u.masked_fill(pf == 0, torch.inf).amin(-2), torch.zeros_like(mean))
+            ctx = torch.cat([mean, mx, mn, g, n * ROWS_COUNT_SCALE], -1)
+            z = torch.cat([u, ctx[:, None, :].expand(B, spec.J, ctx.shape[-1])], -1)
+            h = self.row[:-1](z)
+            inc = self.row[-1](h)
+            hm = torch.where(has, h.masked_fill(pf == 0, -torch.inf).amax(-2), torch.zeros_like(h[:, 0]))
+            hmean = (h * pf).sum(-2) / n.clamp(min=1.0)
+            stop = self.stop(torch.cat([ctx, hm, hmean], -1))
+            return torch.cat([inc.reshape(B, 3 * spec.J), stop], -1)
+
+    assert len(GLOBALS) == 3
+    return RowsActor
+
+
+#: Hidden layer of the ``rows`` actor's stop scorer.
+STOP_HIDDEN = (64,)
+
+
+def make_actor(spec: DL2Spec, hidden: Sequence[int]):
+    """A fresh torch actor of ``spec.arch``: the flat MLP ``obs_size -> hidden -> 3J + 1`` or the per-row
+    scorer (:class:`policies.dl2.DL2RowsNet`, row MLP ``hidden``, stop MLP :data:`STOP_HIDDEN`)."""
+    if spec.arch == "rows":
+        return _rows_actor_class()(spec, hidden, STOP_HIDDEN)
+    return _mlp([spec.obs_size, *hidden, spec.n_actions])
+
+
+def torch_actor(net):
+    """A torch actor holding the weights of ``net`` (:class:`DL2Net` or :class:`policies.dl2.DL2RowsNet`)."""
+    if net.arch == "rows":
+        actor = _rows_actor_class()(net.spec, net.hidden, tuple(w.shape[0] for w, _b in net.stop[:-1]))
+        _load_layers(actor.row, net.row)
+        _load_layers(actor.stop, net.stop)
+        return actor
+    actor = _mlp([net.spec.obs_size, *net.hidden, net.spec.n_actions])
+    _load_layers(actor, net.weights)
+    return actor
+
+
+def _net(actor, spec: DL2Spec):
+    """The numpy actor (:func:`policies.dl2.make_net`) of torch ``actor``."""
+    from policies.dl2 import make_net
+
+    if spec.arch == "rows":
+        return make_net(spec, {"row": _weights(actor.row), "stop": _weights(actor.stop)})
+    return make_net(spec, {"actor": _weights(actor)})
+
+
+def _masked_logits(actor, obs, mask):
+    out = actor(obs, mask) if getattr(actor, "spec", None) is not None else actor(obs)
+    return out.masked_fill(~mask, -1e9)
 
 
 def collect_drf(cfg: DL2TrainConfig, spec: DL2Spec, net: DL2Net, log=None) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[float]]:
@@ -430,8 +515,8 @@ def train(cfg: DL2TrainConfig, out: str | Path, progress_bar: bool = True, log: 
 
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
-    spec = DL2Spec(J=cfg.J)
-    actor = _mlp([spec.obs_size, *cfg.hidden, spec.n_actions])
+    spec = DL2Spec(J=cfg.J, arch=cfg.arch)
+    actor = make_actor(spec, cfg.hidden)
     critic = _mlp([spec.obs_size, *cfg.hidden, 1])
     if cfg.init:
         from policies.dl2 import load_dl2_critic
@@ -439,10 +524,9 @@ def train(cfg: DL2TrainConfig, out: str | Path, progress_bar: bool = True, log: 
 
         inet, _meta, ipath, icritic = load_dl2_critic(cfg.init)
         spec = inet.spec
-        actor = _torch_mlp(inet.weights)
-        critic = _torch_mlp(icritic) if icritic is not None else _mlp(
-            [spec.obs_size, *(w.shape[0] for w, _b in inet.weights[:-1]), 1])
-    net = DL2Net(_weights(actor), spec)
+        actor = torch_actor(inet)
+        critic = _torch_mlp(icritic) if icritic is not None else _mlp([spec.obs_size, *inet.hidden, 1])
+    net = _net(actor, spec)
     val_seeds = [2000 + k for k in range(cfg.val_seeds)]
     t0, c0 = time.perf_counter(), time.process_time()
     history: dict = {"sl_loss": [], "rl": []}
@@ -461,7 +545,7 @@ def train(cfg: DL2TrainConfig, out: str | Path, progress_bar: bool = True, log: 
         if cfg.init:
             history["init"] = str(ipath)
             history["parent"] = parent_record(_meta)
-            best = (evaluate(cfg, net, val_seeds), _weights(actor), _weights(critic), "init")
+            best = (evaluate(cfg, net, val_seeds), net, _weights(critic), "init")
             history["val_warmup_jct"] = best[0]
             log(f"init {ipath}: validation JCT {best[0]:.0f} s")
         else:
@@ -473,8 +557,8 @@ def train(cfg: DL2TrainConfig, out: str | Path, progress_bar: bool = True, log: 
             history["sl_loss"] = supervised(actor, obs, masks, acts, cfg.sl_epochs, cfg.sl_lr, cfg.batch, cfg.seed,
                                             on_epoch=lambda l: bar.update(t, advance=1, info=f"cross-entropy {l:.4f}"))
             del obs, masks, acts
-            net = DL2Net(_weights(actor), spec)
-            best = (evaluate(cfg, net, val_seeds), _weights(actor), _weights(critic), "warm-up")
+            net = _net(actor, spec)
+            best = (evaluate(cfg, net, val_seeds), net, _weights(critic), "warm-up")
             history["val_warmup_jct"] = best[0]
             log(f"warm-up: imitation loss {history['sl_loss'][0]:.3f} -> {history['sl_loss'][-1]:.3f}, "
                 f"validation JCT {best[0]:.0f} s")
@@ -488,7 +572,7 @@ def train(cfg: DL2TrainConfig, out: str | Path, progress_bar: bool = True, log: 
         for ep in range(cfg.rl_episodes):
             losses: list = []
             beta = entropy_weight(cfg, ep)
-            pol = RecordingDL2(DL2Net(_weights(actor), spec), perf, "explore", rng, cfg.epsilon, cfg.ratio)
+            pol = RecordingDL2(_net(actor, spec), perf, "explore", rng, cfg.epsilon, cfg.ratio)
 
             def on_slot(item, pol=pol, losses=losses, beta=beta):
                 replay.add(item)
@@ -498,11 +582,11 @@ def train(cfg: DL2TrainConfig, out: str | Path, progress_bar: bool = True, log: 
                                                 beta, target=target, adv_norm=cfg.adv_norm, clip=cfg.clip))
                         if target is not None:
                             soft_update(target, critic, cfg.target_tau)
-                    pol.net = DL2Net(_weights(actor), spec)
+                    pol.net = _net(actor, spec)
 
             pol.on_slot = on_slot
             jct = run_episode(cluster, perf, _jobs(cfg.seed0 + cfg.sl_traces + ep, cfg.jobs), pol)
-            net = DL2Net(_weights(actor), spec)
+            net = _net(actor, spec)
             val = evaluate(cfg, net, val_seeds)
             rew = float(sum(tr.reward for tr in pol.slots))
             history["rl"].append({"episode": ep, "train_jct": jct, "val_jct": val, "reward": rew, "updates": len(losses),
@@ -511,7 +595,7 @@ def train(cfg: DL2TrainConfig, out: str | Path, progress_bar: bool = True, log: 
                                   "critic_loss": float(np.mean([x[1] for x in losses])) if losses else None,
                                   "cpu_s": round(time.process_time() - c0, 1)})
             if val < best[0]:
-                best = (val, _weights(actor), _weights(critic), f"RL episode {ep}")
+                best = (val, net, _weights(critic), f"RL episode {ep}")
             save(best, False)
             bar.update(t, advance=1, info=f"train JCT {jct:.0f} s, val JCT {val:.0f} s, reward {rew:.2f}")
             log(f"RL episode {ep}: train JCT {jct:.0f} s, validation JCT {val:.0f} s, {len(losses)} updates, "
