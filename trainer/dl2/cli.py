@@ -25,6 +25,17 @@ def _switch(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected 0 or 1, got {text!r}")
 
 
+def _sizes(text: str) -> tuple[int, ...]:
+    """Comma-separated positive layer widths, e.g. ``64,64``."""
+    try:
+        out = tuple(int(t) for t in text.split(","))
+    except ValueError:
+        out = ()
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return out
+
+
 #: The options that set fields of :class:`trainer.dl2.train.DL2TrainConfig`.
 OPTIONS = (
     ConfigOption("--cluster", "cluster file"),
@@ -34,6 +45,8 @@ OPTIONS = (
     ConfigOption("--rl-episodes", "online RL episodes, >= 0", int),
     ConfigOption("--val-seeds", "validation sequences", _positive_int),
     ConfigOption("--J", "jobs per batch in the state", _positive_int),
+    ConfigOption("--arch", "actor: flat (the seed's MLP over the flattened rows) or rows (a shared-weight scorer per job row)"),
+    ConfigOption("--hidden", "hidden layer widths (flat: the MLP's; rows: the row scorer's)", _sizes),
     ConfigOption("--epsilon", "job-aware exploration", positive_float),
     ConfigOption("--teacher", "warm-up teacher: drf (the seed's) or optimus"),
     ConfigOption("--seed", "seed", int),
@@ -62,6 +75,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from policies.dl2 import ARCHES
     from trainer.dl2.train import TEACHERS, DL2TrainConfig, train
 
     if args.rl_episodes < 0:
@@ -70,6 +84,8 @@ def _run(args: argparse.Namespace) -> int:
         return cli_error("train-dl2", f"cluster file {args.cluster} not found")
     if args.init and not Path(args.init).exists() and not Path(args.init + ".json").exists():
         return cli_error("train-dl2", f"--init {args.init} not found")
+    if args.arch not in ARCHES:
+        return cli_error("train-dl2", f"--arch must be one of {', '.join(ARCHES)}, got {args.arch!r}")
     if args.teacher not in TEACHERS:
         return cli_error("train-dl2", f"--teacher must be one of {', '.join(TEACHERS)}, got {args.teacher!r}")
     if not 0 <= args.target_tau <= 1:
