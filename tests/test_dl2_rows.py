@@ -147,3 +147,24 @@ def test_rows_policy_and_training_run(tmp_path):
     net, meta, _p = load_dl2(jpath)
     assert isinstance(net, DL2RowsNet) and meta["training"]["complete"] and meta["training"]["config"]["arch"] == "rows"
     assert len(meta["training"]["history"]["rl"]) == 1 and meta["training"]["val_jct"] > 0
+
+
+def test_ps_exploration_and_greedy_behaviour():
+    from trainer.dl2.train import RecordingDL2, ps_action
+
+    spec = DL2Spec(J=3, arch="rows")
+    a, b, c = _job("a"), _job("b"), _job("c", model="GPT-2", ps=False)
+    a.w, a.p, b.w, b.p, c.w = 4, 2, 2, 2, 3
+    mask = np.ones(spec.n_actions, bool)
+    assert ps_action([a, b, c], mask) == 1  # job a has the fewest PSs per worker
+    mask[1] = False
+    assert ps_action([a, b, c], mask) == 4
+    mask[4] = False
+    assert ps_action([a, b, c], mask) is None
+    net = _rows_net(spec)
+    obs = encode([a, b, c], CAP, 600.0, spec)
+    m = np.ones(spec.n_actions, bool)
+    greedy = RecordingDL2(net, None, "explore", np.random.default_rng(0), epsilon=0.0, behaviour="greedy", sample_p=0.0)
+    assert greedy.choose(obs, m, [a, b, c]) == int(np.argmax(net.logits(obs, m)))
+    explore = RecordingDL2(net, None, "explore", np.random.default_rng(0), epsilon=1.0, explore="ps")
+    assert explore.choose(obs, m, [a, b, c]) == 1

@@ -61,6 +61,11 @@ OPTIONS = (
     ConfigOption("--adv-norm", "normalise advantages per mini-batch (0 / 1)", _switch),
     ConfigOption("--clip", "gradient-norm clip (0: none)", non_negative_float),
     ConfigOption("--updates", "mini-batch updates per slot", _positive_int),
+    ConfigOption("--behaviour", "RL episodes act by: sample (the seed's) or greedy (most likely action, "
+                 "sampling with probability --sample-p)"),
+    ConfigOption("--sample-p", "probability of a sampled action with --behaviour greedy", non_negative_float),
+    ConfigOption("--explore", "job-aware exploration: poor (the seed's rule) or ps (+1 PS to the job with the "
+                 "fewest PSs per worker)"),
 )
 
 
@@ -76,7 +81,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from policies.dl2 import ARCHES
-    from trainer.dl2.train import TEACHERS, DL2TrainConfig, train
+    from trainer.dl2.train import BEHAVIOURS, EXPLORE_RULES, TEACHERS, DL2TrainConfig, train
 
     if args.rl_episodes < 0:
         return cli_error("train-dl2", f"--rl-episodes must be >= 0, got {args.rl_episodes}")
@@ -86,6 +91,12 @@ def _run(args: argparse.Namespace) -> int:
         return cli_error("train-dl2", f"--init {args.init} not found")
     if args.arch not in ARCHES:
         return cli_error("train-dl2", f"--arch must be one of {', '.join(ARCHES)}, got {args.arch!r}")
+    if args.behaviour not in BEHAVIOURS:
+        return cli_error("train-dl2", f"--behaviour must be one of {', '.join(BEHAVIOURS)}, got {args.behaviour!r}")
+    if args.explore not in EXPLORE_RULES:
+        return cli_error("train-dl2", f"--explore must be one of {', '.join(EXPLORE_RULES)}, got {args.explore!r}")
+    if not 0 <= args.sample_p <= 1:
+        return cli_error("train-dl2", f"--sample-p must be in [0, 1], got {args.sample_p}")
     if args.teacher not in TEACHERS:
         return cli_error("train-dl2", f"--teacher must be one of {', '.join(TEACHERS)}, got {args.teacher!r}")
     if not 0 <= args.target_tau <= 1:

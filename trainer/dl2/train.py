@@ -56,7 +56,8 @@ from policies.elastic import OptimusPolicy, PlanJob, dominant_share, fits_capaci
 
 ROOT = Path(__file__).resolve().parents[2]
 
-__all__ = ["DL2TrainConfig", "TEACHERS", "drf_action", "optimus_actions", "poor_action", "RecordingDL2", "collect_drf", "supervised", "Replay",
+__all__ = ["DL2TrainConfig", "TEACHERS", "BEHAVIOURS", "EXPLORE_RULES", "drf_action", "optimus_actions", "poor_action",
+           "ps_action", "make_actor", "torch_actor", "RecordingDL2", "collect_drf", "supervised", "Replay",
            "ac_update", "soft_update", "entropy_weight", "parent_record", "evaluate", "train"]
 
 
@@ -94,6 +95,13 @@ class DL2TrainConfig:
     adv_norm: bool = False  # advantages normalised to mean 0 / std 1 per mini-batch
     clip: float = 0.0  # gradient-norm clip of both networks; 0: none
     updates: int = 1  # mini-batch updates at each slot's end
+    # what RL's episodes do (ours; the defaults are the seed's): "sample" acts by sampling the softmax,
+    # "greedy" takes the most likely feasible action (the one validation and deployment take) except with
+    # probability sample_p, when it samples
+    behaviour: str = "sample"
+    sample_p: float = 0.1
+    # job-aware exploration's rule: "poor" (the seed's, poor_action) or "ps" (toward +1 PS, ps_action)
+    explore: str = "poor"
 
 
 # ---------------------------------------------------------------------- teacher and exploration
@@ -167,6 +175,26 @@ def poor_action(batch: Sequence[PlanJob], mask: np.ndarray, ratio: float) -> int
     return None
 
 
+def ps_action(batch: Sequence[PlanJob], mask: np.ndarray) -> int | None:
+    """Exploration toward the shapes the measured PS speeds favour (ours): ``+PS`` to the PS job of ``batch``
+    that has at least one worker and the fewest PSs per worker (the first such on ties), when the mask
+    allows it; None when no job can take one."""
+    best = None
+    for i, j in enumerate(batch):
+        if 3 * i + 1 >= len(mask) - 1:
+            break
+        if j.ps_job and j.w >= 1 and mask[3 * i + 1]:
+            key = j.p / j.w
+            if best is None or key < best[0]:
+                best = (key, 3 * i + 1)
+    return None if best is None else best[1]
+
+
+#: RL behaviours (:class:`DL2TrainConfig` ``behaviour``) and exploration rules (``explore``).
+BEHAVIOURS = ("sample", "greedy")
+EXPLORE_RULES = ("poor", "ps")
+
+
 class RecordingDL2(DL2Policy):
     """DL2 that records its slots for training: ``mode`` ``"teacher"`` (DRF's actions, :func:`drf_action`),
     ``"optimus"`` (Optimus' plan of the slot as actions, :func:`optimus_actions`, then stop), ``"explore"``
@@ -175,9 +203,11 @@ class RecordingDL2(DL2Policy):
     :attr:`DL2Policy.record`); ``on_slot`` (if set) is called with each."""
 
     def __init__(self, net: DL2Net, perf, mode: str, rng: np.random.Generator, epsilon: float = 0.4,
-                 ratio: float = 10.0, on_slot: Callable | None = None) -> None:
+                 ratio: float = 10.0, on_slot: Callable | None = None, behaviour: str = "sample",
+                 sample_p: float = 0.1, explore: str = "poor") -> None:
         super().__init__(net, perf)
         self.mode, self.rng, self.epsilon, self.ratio = mode, rng, epsilon, ratio
+        self.behaviour, self.sample_p, self.explore = behaviour, sample_p, explore
         self.on_slot = on_slot
         self.record = True
         self.slots: list[Transition] = []
@@ -214,9 +244,12 @@ class RecordingDL2(DL2Policy):
         if self.mode == "explore":
             a = None
             if self.rng.random() < self.epsilon:
-                a = poor_action(batch, mask, self.ratio)
+                a = poor_action(batch, mask, self.ratio) if self.explore == "poor" else ps_action(batch, mask)
             if a is None:
-                a = int(self.rng.choice(len(mask), p=self.net.probs(obs, mask)))
+                if self.behaviour == "greedy" and self.rng.random() >= self.sample_p:
+                    a = int(np.argmax(np.where(mask, self.net.logits(obs, mask), -np.inf)))
+                else:
+                    a = int(self.rng.choice(len(mask), p=self.net.probs(obs, mask)))
             return a
         return int(np.argmax(np.where(mask, self.net.logits(obs, mask), -np.inf)))
 
@@ -572,7 +605,8 @@ def train(cfg: DL2TrainConfig, out: str | Path, progress_bar: bool = True, log: 
         for ep in range(cfg.rl_episodes):
             losses: list = []
             beta = entropy_weight(cfg, ep)
-            pol = RecordingDL2(_net(actor, spec), perf, "explore", rng, cfg.epsilon, cfg.ratio)
+            pol = RecordingDL2(_net(actor, spec), perf, "explore", rng, cfg.epsilon, cfg.ratio,
+                               behaviour=cfg.behaviour, sample_p=cfg.sample_p, explore=cfg.explore)
 
             def on_slot(item, pol=pol, losses=losses, beta=beta):
                 replay.add(item)
