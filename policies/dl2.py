@@ -73,6 +73,7 @@ __all__ = [
     "make_net",
     "rows_inputs",
     "rows_context",
+    "rows_ranks",
     "free_fractions",
     "DL2Policy",
     "Transition",
@@ -234,19 +235,31 @@ ROWS_COUNT_SCALE = 0.025
 
 def rows_inputs(spec: DL2Spec) -> tuple[int, int]:
     """``(row input, context)`` widths of :class:`DL2RowsNet` for ``spec``: a row's input is its ``L + 5``
-    features, its 3 feasible increments (0 / 1) and the context; the context is the mean, max and min of
-    those ``L + 8`` numbers over the batch's job rows, :data:`GLOBALS` and the row count x
+    features and its 3 feasible increments (0 / 1), ``u`` = ``L + 8`` numbers, then the rank of each of
+    them among the batch's job rows (:func:`rows_ranks`), then the context; the context is the mean, max
+    and min of ``u`` over the batch's job rows, :data:`GLOBALS` and the row count x
     :data:`ROWS_COUNT_SCALE`."""
     u = spec.row + 3
     ctx = 3 * u + len(GLOBALS) + 1
-    return u + ctx, ctx
+    return 2 * u + ctx, ctx
+
+
+def rows_ranks(u: np.ndarray, present: np.ndarray) -> np.ndarray:
+    """Each row's rank in each column of ``u`` ``(..., J, F)`` among the ``present`` ``(..., J)`` rows: the
+    number of present rows with a smaller value over (rows - 1), in [0, 1] (0: the smallest, ties equal),
+    float32 ``(..., J, F)``."""
+    lt = (u[..., None, :, :] < u[..., :, None, :]) & present[..., None, :, None]
+    n = present.sum(-1)[..., None, None].astype(np.float32)
+    return (lt.sum(-2).astype(np.float32) / np.maximum(n - 1.0, 1.0)).astype(np.float32)
 
 
 class DL2RowsNet:
     """The per-row actor (``arch`` ``rows``): one small ReLU MLP (``row``: ``(W (out, in), b)`` layers, input
     :func:`rows_inputs`, output 3) scores each job row of the batch into its +worker / +PS / +both logits,
-    from the row's features, its feasible increments (the mask's 3 entries) and a context pooled over the
-    batch's rows (mean, max, min; :func:`rows_inputs`) with the slot's free capacity (:data:`GLOBALS`); a
+    from the row's features, its feasible increments (the mask's 3 entries), their ranks among the batch's
+    rows (:func:`rows_ranks`: which job has the smallest dominant share, which arrived first) and a context
+    pooled over the batch's rows (mean, max, min; :func:`rows_inputs`) with the slot's free capacity
+    (:data:`GLOBALS`); a
     second one (``stop``, output 1) gives the stop logit from the context and the mean and max over the
     rows of the row MLP's last hidden layer. The same weights score every row, so the logits are
     permutation-equivariant in the rows and the weights do not depend on ``J``. A row is a job when its
@@ -289,7 +302,7 @@ class DL2RowsNet:
         u = np.concatenate([x, m], -1)
         present = (u != 0).any(-1)
         ctx, pf, n = rows_context(u, present, g)
-        z = np.concatenate([u, np.broadcast_to(ctx[..., None, :], (*u.shape[:-1], ctx.shape[-1]))], -1)
+        z = np.concatenate([u, rows_ranks(u, present), np.broadcast_to(ctx[..., None, :], (*u.shape[:-1], ctx.shape[-1]))], -1)
         h = _mlp_forward(self.row[:-1], z)
         np.maximum(h, 0.0, out=h)
         w, b = self.row[-1]
