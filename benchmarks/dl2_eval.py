@@ -334,11 +334,17 @@ def _training_lines(meta: dict) -> list[str]:
         updates = sum(int(e.get("updates") or 0) for e in rl)
         cpu = tr.get("cpu_s")
         lines += [
-            f"Training of this checkpoint (`training` in its JSON): {c.get('sl_traces')} DRF episodes of "
+            f"Training of this checkpoint (`training` in its JSON): "
+            + ("the per-row actor (`--arch rows`, row scorer " + "x".join(str(x) for x in c.get("hidden") or [])
+               + "); " if c.get("arch") == "rows" else "")
+            + f"{c.get('sl_traces')} {'Optimus' if c.get('teacher') == 'optimus' else 'DRF'} episodes of "
             f"{c.get('jobs')} jobs for the warm-up ({c.get('sl_epochs')} epochs, imitation cross-entropy "
             + (f"{h['sl_loss'][0]:.3f} -> {h['sl_loss'][-1]:.3f}" if h.get("sl_loss") else "-")
             + f"), then {len(rl)} RL episodes of {c.get('jobs')} jobs with {updates} actor-critic updates "
-            f"(one per slot)"
+            f"(one per slot"
+            + (", acting greedily, sampling with probability " + str(c.get("sample_p"))
+               if c.get("behaviour") == "greedy" else "")
+            + (", exploring toward +1 PS" if c.get("explore") == "ps" else "") + ")"
             + ("" if tr.get("complete", True) else f" (of {c.get('rl_episodes')} planned: the run was stopped; "
                "`complete` is false)")
             + f"; validation on {c.get('val_seeds')} sequences of {c.get('jobs')} jobs (seeds 2000..); "

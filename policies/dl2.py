@@ -14,6 +14,10 @@ servers each elastic job gets, one increment per inference.
   ``p`` PSs decided so far in this slot, each over the cluster's total;
 * workers and PSs decided so far in this slot, times ``scales["tasks"]`` each.
 
+The ``rows`` layout (``DL2Spec.arch``, for :class:`DL2RowsNet`) appends :data:`GLOBALS` to the
+flattened rows: the fraction of the cluster's GPUs, CPUs and memory the slot has not given out yet
+(``J * (L + 5) + 3`` numbers); ``flat``, the seed's, has none.
+
 **Action** (``3J + 1``): ``3i`` one more worker to job ``i``, ``3i + 1`` one more PS, ``3i + 2`` one of
 each, ``3J`` stop. :func:`action_mask` marks what is feasible: a job row that exists, at most its
 ``max_gpus`` workers and :data:`policies.psmodel.MAX_PS` PSs, no PS for a job without PSs, and the
@@ -25,7 +29,8 @@ untrained or unlucky actor can stop at once and idle the cluster forever).
 **A slot** (:class:`DL2Policy`, every ``slot_s`` seconds, 600 by default, the baselines' interval):
 every job in the system starts the slot at 0 workers and 0 PSs (DL2 decides each job anew each slot);
 the jobs are taken in batches of ``J`` in arrival order (the seed's section 6.5); within a batch the
-actor (a numpy MLP, ReLU hidden layers, softmax output) is run repeatedly, each time taking its most
+actor (numpy: the seed's MLP over the flattened state, :class:`DL2Net`, or the per-row scorer,
+:class:`DL2RowsNet`; softmax output) is run repeatedly, each time taking its most
 likely feasible action (:meth:`DL2Policy.choose`; training overrides it to sample and explore), until
 it says stop or nothing but stop is feasible. The counts are then laid onto nodes as the elastic
 baselines lay theirs (:func:`policies.elastic.materialize`: shrinking resizes, growing ones, new jobs
@@ -38,9 +43,10 @@ did until the next slot's start, over its total, summed; from the snapshots the 
 it is what the controller observes) and the next slot's first state. What the live controller records
 for ``rlsched train --online``, and what training replays.
 
-**Checkpoint**: ``NAME.safetensors`` (``actor.{k}.weight`` ``(out, in)`` / ``actor.{k}.bias``, float32;
-an optional critic is ignored here) + ``NAME.json`` (:data:`FORMAT`, the spec: ``J``, job types,
-feature names, scales, slot, action layout; the weights' sha256). :func:`load_dl2` checks all of it
+**Checkpoint**: ``NAME.safetensors`` (``actor.{k}.weight`` ``(out, in)`` / ``actor.{k}.bias``, float32,
+for ``flat``; ``actor.row.{k}`` and ``actor.stop.{k}`` for ``rows``; an optional critic is ignored here)
++ ``NAME.json`` (:data:`FORMAT`, the spec: ``J``, job types, feature names, scales, slot, action layout,
+``arch`` (absent: ``flat``); the weights' sha256; ``actor_layers`` or ``row_layers`` / ``stop_layers``). :func:`load_dl2` checks all of it
 and never unpickles.
 
 Pure: a frozen snapshot in, a :class:`~policies.state.Decision` out; reads only its checkpoint.

@@ -35,6 +35,17 @@ are taken at each slot's end. ``init`` starts the RL phase from a checkpoint's a
 of a warm-up (the parent's training record is kept in ``history["parent"]``); RL from a run's warm-up
 checkpoint gives the same weights as that run with RL (a test checks it).
 
+**Actor** (``arch``): ``flat``, the seed's MLP over the flattened state (``hidden`` its layers), or
+``rows`` (ours, :class:`policies.dl2.DL2RowsNet`: one shared-weight scorer per job row with pooled
+context, ``hidden`` the row scorer's layers, :data:`STOP_HIDDEN` the stop scorer's; torch twin
+:func:`make_actor` / :func:`torch_actor`). The critic is an MLP over the state in both (``hidden``).
+
+**Behaviour and exploration of RL episodes** (ours, options; the defaults are the seed's):
+``behaviour="greedy"`` takes the most likely feasible action (what validation and deployment run)
+except with probability ``sample_p``, when it samples the softmax; ``explore="ps"`` replaces the seed's
+job-aware rule by :func:`ps_action` (``+PS`` to the PS job with the fewest PSs per worker), with the same
+probability ``epsilon``.
+
 Defaults are the seed's hyper-parameters (section 6.1): 2 hidden layers of 256, Adam, learning rates
 0.005 (supervised) and 0.0001 (RL), mini-batch 256, gamma 0.9, epsilon 0.4, beta 0.1, replay 8192; J = 40
 (its section 6.5: around 40 concurrent jobs at most). The run length (episodes, jobs per episode, the
