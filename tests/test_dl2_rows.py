@@ -127,8 +127,10 @@ def test_numpy_and_torch_rows_actors_agree_and_round_trip(tmp_path):
 
 
 def test_flat_checkpoints_stay_flat(tmp_path):
-    net, meta, _p = load_dl2(shipped_dl2())
+    net, meta, _p = load_dl2(shipped_dl2().with_name("dl2-flat"))  # written before specs named their arch
     assert isinstance(net, DL2Net) and net.spec.arch == "flat" and "arch" not in meta["spec"]
+    rows, rmeta, _p = load_dl2(shipped_dl2())
+    assert isinstance(rows, DL2RowsNet) and rmeta["spec"]["arch"] == "rows" and rows.spec.J == 40
     spec = DL2Spec(J=2)
     save_dl2(tmp_path / "ck", _random_actor(spec), spec)
     back, meta2, _p = load_dl2(tmp_path / "ck")
