@@ -339,11 +339,13 @@ def _training_lines(meta: dict) -> list[str]:
             f"Training of this checkpoint (`training` in its JSON): "
             + ("the per-row actor (`--arch rows`, row scorer " + "x".join(str(x) for x in c.get("hidden") or [])
                + "); " if c.get("arch") == "rows" else "")
-            + f"{c.get('sl_traces')} {'Optimus' if c.get('teacher') == 'optimus' else 'DRF'} episodes of "
+            + f"{c.get('sl_traces')} {'Optimus' if c.get('teacher') == 'optimus' else 'DRF'} "
+            f"episode{'' if c.get('sl_traces') == 1 else 's'} of "
             f"{c.get('jobs')} jobs for the warm-up ({c.get('sl_epochs')} epochs, imitation cross-entropy "
             + (f"{h['sl_loss'][0]:.3f} -> {h['sl_loss'][-1]:.3f}" if h.get("sl_loss") else "-")
-            + f"), then {len(rl)} RL episodes of {c.get('jobs')} jobs with {updates} actor-critic updates "
-            f"(one per slot"
+            + (f"), then no RL episode completed" if not rl else
+               f"), then {len(rl)} RL episodes of {c.get('jobs')} jobs with {updates} actor-critic updates")
+            + (" (one per slot" if rl else " (RL configured")
             + (", acting greedily, sampling with probability " + str(c.get("sample_p"))
                if c.get("behaviour") == "greedy" else "")
             + (", exploring toward +1 PS" if c.get("explore") == "ps" else "") + ")"
