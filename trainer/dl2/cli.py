@@ -89,16 +89,12 @@ def _run(args: argparse.Namespace) -> int:
         return cli_error("train-dl2", f"cluster file {args.cluster} not found")
     if args.init and not Path(args.init).exists() and not Path(args.init + ".json").exists():
         return cli_error("train-dl2", f"--init {args.init} not found")
-    if args.arch not in ARCHES:
-        return cli_error("train-dl2", f"--arch must be one of {', '.join(ARCHES)}, got {args.arch!r}")
-    if args.behaviour not in BEHAVIOURS:
-        return cli_error("train-dl2", f"--behaviour must be one of {', '.join(BEHAVIOURS)}, got {args.behaviour!r}")
-    if args.explore not in EXPLORE_RULES:
-        return cli_error("train-dl2", f"--explore must be one of {', '.join(EXPLORE_RULES)}, got {args.explore!r}")
+    for flag, value, allowed in (("--arch", args.arch, ARCHES), ("--behaviour", args.behaviour, BEHAVIOURS),
+                                 ("--explore", args.explore, EXPLORE_RULES), ("--teacher", args.teacher, TEACHERS)):
+        if value not in allowed:
+            return cli_error("train-dl2", f"{flag} must be one of {', '.join(allowed)}, got {value!r}")
     if not 0 <= args.sample_p <= 1:
         return cli_error("train-dl2", f"--sample-p must be in [0, 1], got {args.sample_p}")
-    if args.teacher not in TEACHERS:
-        return cli_error("train-dl2", f"--teacher must be one of {', '.join(TEACHERS)}, got {args.teacher!r}")
     if not 0 <= args.target_tau <= 1:
         return cli_error("train-dl2", f"--target-tau must be in [0, 1], got {args.target_tau}")
     out = Path(args.out)
