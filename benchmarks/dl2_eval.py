@@ -51,8 +51,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 BASELINES = ("drf", "tetris", "optimus")
-#: The shipped network, the one it replaced (kept beside it), and the baselines; run from the repository root.
-DEFAULT_POLICIES = "dl2,dl2-40=dl2:policies/checkpoints/dl2/dl2-40," + ",".join(BASELINES)
+#: The shipped network (per-row actor), the seed's flat network and a shorter flat run (kept beside it), and
+#: the baselines; run from the repository root.
+DEFAULT_POLICIES = ("dl2,dl2-flat=dl2:policies/checkpoints/dl2/dl2-flat,dl2-40=dl2:policies/checkpoints/dl2/dl2-40,"
+                    + ",".join(BASELINES))
 DEFAULT_RATES = (1.0, 2.0, 4.0)
 BEGIN, END = "<!-- dl2-results:begin -->", "<!-- dl2-results:end -->"
 #: The seed's claims (section 6.3): average JCT below DRF and below Optimus (%), decision time (ms).
@@ -334,11 +336,19 @@ def _training_lines(meta: dict) -> list[str]:
         updates = sum(int(e.get("updates") or 0) for e in rl)
         cpu = tr.get("cpu_s")
         lines += [
-            f"Training of this checkpoint (`training` in its JSON): {c.get('sl_traces')} DRF episodes of "
+            f"Training of this checkpoint (`training` in its JSON): "
+            + ("the per-row actor (`--arch rows`, row scorer " + "x".join(str(x) for x in c.get("hidden") or [])
+               + "); " if c.get("arch") == "rows" else "")
+            + f"{c.get('sl_traces')} {'Optimus' if c.get('teacher') == 'optimus' else 'DRF'} "
+            f"episode{'' if c.get('sl_traces') == 1 else 's'} of "
             f"{c.get('jobs')} jobs for the warm-up ({c.get('sl_epochs')} epochs, imitation cross-entropy "
             + (f"{h['sl_loss'][0]:.3f} -> {h['sl_loss'][-1]:.3f}" if h.get("sl_loss") else "-")
-            + f"), then {len(rl)} RL episodes of {c.get('jobs')} jobs with {updates} actor-critic updates "
-            f"(one per slot)"
+            + (f"), then no RL episode completed" if not rl else
+               f"), then {len(rl)} RL episodes of {c.get('jobs')} jobs with {updates} actor-critic updates")
+            + (" (one per slot" if rl else " (RL configured")
+            + (", acting greedily, sampling with probability " + str(c.get("sample_p"))
+               if c.get("behaviour") == "greedy" else "")
+            + (", exploring toward +1 PS" if c.get("explore") == "ps" else "") + ")"
             + ("" if tr.get("complete", True) else f" (of {c.get('rl_episodes')} planned: the run was stopped; "
                "`complete` is false)")
             + f"; validation on {c.get('val_seeds')} sequences of {c.get('jobs')} jobs (seeds 2000..); "

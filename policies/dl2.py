@@ -14,6 +14,10 @@ servers each elastic job gets, one increment per inference.
   ``p`` PSs decided so far in this slot, each over the cluster's total;
 * workers and PSs decided so far in this slot, times ``scales["tasks"]`` each.
 
+The ``rows`` layout (``DL2Spec.arch``, for :class:`DL2RowsNet`) appends :data:`GLOBALS` to the
+flattened rows: the fraction of the cluster's GPUs, CPUs and memory the slot has not given out yet
+(``J * (L + 5) + 3`` numbers); ``flat``, the seed's, has none.
+
 **Action** (``3J + 1``): ``3i`` one more worker to job ``i``, ``3i + 1`` one more PS, ``3i + 2`` one of
 each, ``3J`` stop. :func:`action_mask` marks what is feasible: a job row that exists, at most its
 ``max_gpus`` workers and :data:`policies.psmodel.MAX_PS` PSs, no PS for a job without PSs, and the
@@ -25,7 +29,8 @@ untrained or unlucky actor can stop at once and idle the cluster forever).
 **A slot** (:class:`DL2Policy`, every ``slot_s`` seconds, 600 by default, the baselines' interval):
 every job in the system starts the slot at 0 workers and 0 PSs (DL2 decides each job anew each slot);
 the jobs are taken in batches of ``J`` in arrival order (the seed's section 6.5); within a batch the
-actor (a numpy MLP, ReLU hidden layers, softmax output) is run repeatedly, each time taking its most
+actor (numpy: the seed's MLP over the flattened state, :class:`DL2Net`, or the per-row scorer,
+:class:`DL2RowsNet`; softmax output) is run repeatedly, each time taking its most
 likely feasible action (:meth:`DL2Policy.choose`; training overrides it to sample and explore), until
 it says stop or nothing but stop is feasible. The counts are then laid onto nodes as the elastic
 baselines lay theirs (:func:`policies.elastic.materialize`: shrinking resizes, growing ones, new jobs
@@ -38,9 +43,10 @@ did until the next slot's start, over its total, summed; from the snapshots the 
 it is what the controller observes) and the next slot's first state. What the live controller records
 for ``rlsched train --online``, and what training replays.
 
-**Checkpoint**: ``NAME.safetensors`` (``actor.{k}.weight`` ``(out, in)`` / ``actor.{k}.bias``, float32;
-an optional critic is ignored here) + ``NAME.json`` (:data:`FORMAT`, the spec: ``J``, job types,
-feature names, scales, slot, action layout; the weights' sha256). :func:`load_dl2` checks all of it
+**Checkpoint**: ``NAME.safetensors`` (``actor.{k}.weight`` ``(out, in)`` / ``actor.{k}.bias``, float32,
+for ``flat``; ``actor.row.{k}`` and ``actor.stop.{k}`` for ``rows``; an optional critic is ignored here)
++ ``NAME.json`` (:data:`FORMAT`, the spec: ``J``, job types, feature names, scales, slot, action layout,
+``arch`` (absent: ``flat``); the weights' sha256; ``actor_layers`` or ``row_layers`` / ``stop_layers``). :func:`load_dl2` checks all of it
 and never unpickles.
 
 Pure: a frozen snapshot in, a :class:`~policies.state.Decision` out; reads only its checkpoint.
@@ -49,7 +55,7 @@ Pure: a frozen snapshot in, a :class:`~policies.state.Decision` out; reads only 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -66,7 +72,15 @@ __all__ = [
     "JOB_TYPES",
     "FEATURES",
     "DL2Spec",
+    "ARCHES",
+    "GLOBALS",
     "DL2Net",
+    "DL2RowsNet",
+    "make_net",
+    "rows_inputs",
+    "rows_context",
+    "rows_ranks",
+    "free_fractions",
     "DL2Policy",
     "Transition",
     "SlotBatch",
@@ -87,6 +101,12 @@ FORMAT_VERSION = 1
 JOB_TYPES: tuple[str, ...] = (*PS_MODELS, *(m for m in MODELS if m not in PS_MODELS))
 #: Per-job features after the one-hot type.
 FEATURES = ("slots_run", "remaining_epochs", "dominant_share", "workers", "ps")
+#: Actor architectures: ``flat`` (the seed's MLP over the flattened rows) and ``rows`` (one shared-weight
+#: scorer per job row with pooled context, :class:`DL2RowsNet`).
+ARCHES = ("flat", "rows")
+#: The state's numbers after the job rows in the ``rows`` layout: the fraction of the cluster's GPUs, CPUs and
+#: memory the slot has not yet given out.
+GLOBALS = ("free_gpus", "free_cpus", "free_mem")
 _CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
 
 
@@ -98,8 +118,11 @@ class DL2Spec:
     types: tuple[str, ...] = JOB_TYPES
     slot_s: float = DEFAULT_INTERVAL_S
     scales: Mapping[str, float] = field(default_factory=lambda: {"slots": 0.02, "epochs": 0.01, "tasks": 0.1})
+    arch: str = "flat"
 
     def __post_init__(self) -> None:
+        if self.arch not in ARCHES:
+            raise ValueError(f"DL2 spec: arch must be one of {', '.join(ARCHES)}, got {self.arch!r}")
         if isinstance(self.J, bool) or not isinstance(self.J, int) or self.J < 1:
             raise ValueError(f"DL2 spec: J must be an integer >= 1, got {self.J!r}")
         if not self.types or len(set(self.types)) != len(self.types):
@@ -116,18 +139,27 @@ class DL2Spec:
         return len(self.types) + len(FEATURES)
 
     @property
+    def n_globals(self) -> int:
+        """Numbers after the job rows: :data:`GLOBALS` in the ``rows`` layout, none in ``flat``."""
+        return len(GLOBALS) if self.arch == "rows" else 0
+
+    @property
     def obs_size(self) -> int:
-        return self.J * self.row
+        return self.J * self.row + self.n_globals
 
     @property
     def n_actions(self) -> int:
         return 3 * self.J + 1
 
     def to_dict(self) -> dict[str, Any]:
-        return {"J": self.J, "types": list(self.types), "features": list(FEATURES), "slot_s": float(self.slot_s),
-                "scales": {k: float(v) for k, v in self.scales.items()}, "obs_size": self.obs_size,
-                "n_actions": self.n_actions,
-                "actions": "3*i: +1 worker to job i; 3*i+1: +1 PS; 3*i+2: +1 worker and +1 PS; 3*J: stop"}
+        d = {"J": self.J, "types": list(self.types), "features": list(FEATURES), "slot_s": float(self.slot_s),
+             "scales": {k: float(v) for k, v in self.scales.items()}, "obs_size": self.obs_size,
+             "n_actions": self.n_actions,
+             "actions": "3*i: +1 worker to job i; 3*i+1: +1 PS; 3*i+2: +1 worker and +1 PS; 3*J: stop",
+             "arch": self.arch}
+        if self.n_globals:
+            d["globals"] = list(GLOBALS)
+        return d
 
     @classmethod
     def from_dict(cls, d: Any) -> "DL2Spec":
@@ -138,7 +170,11 @@ class DL2Spec:
         types = d.get("types")
         if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
             raise ValueError("types must be a list of model names")
-        spec = cls(J=d.get("J"), types=tuple(types), slot_s=d.get("slot_s"), scales=dict(d.get("scales") or {}))
+        arch = d.get("arch", "flat")
+        if arch == "rows" and list(d.get("globals", [])) != list(GLOBALS):
+            raise ValueError(f"globals {d.get('globals')!r} are not {list(GLOBALS)!r}")
+        spec = cls(J=d.get("J"), types=tuple(types), slot_s=d.get("slot_s"), scales=dict(d.get("scales") or {}),
+                   arch=arch)
         if d.get("obs_size") != spec.obs_size or d.get("n_actions") != spec.n_actions:
             raise ValueError(f"obs_size / n_actions {d.get('obs_size')!r} / {d.get('n_actions')!r} do not match "
                              f"J={spec.J} and {len(spec.types)} types ({spec.obs_size} / {spec.n_actions})")
@@ -146,29 +182,166 @@ class DL2Spec:
 
 
 class DL2Net:
-    """The actor: ReLU MLP, ``weights`` = ``[(W (out, in), b (out,)), ...]``; :meth:`probs` softmax over
-    the feasible actions."""
+    """The seed's actor (``arch`` ``flat``): a ReLU MLP over the flattened state, ``weights`` =
+    ``[(W (out, in), b (out,)), ...]``; :meth:`probs` softmax over the feasible actions."""
+
+    arch = "flat"
 
     def __init__(self, weights: Sequence[tuple[np.ndarray, np.ndarray]], spec: DL2Spec) -> None:
         self.weights = [(np.asarray(w, np.float32), np.asarray(b, np.float32)) for w, b in weights]
         self.spec = spec
+        if spec.arch != "flat":
+            raise ValueError(f"a flat actor needs a flat spec, got arch {spec.arch!r}")
         if self.weights[0][0].shape[1] != spec.obs_size or self.weights[-1][0].shape[0] != spec.n_actions:
             raise ValueError(f"actor shape {self.weights[0][0].shape[1]} -> {self.weights[-1][0].shape[0]} does not "
                              f"match the spec ({spec.obs_size} -> {spec.n_actions})")
 
-    def logits(self, obs: np.ndarray) -> np.ndarray:
-        x = np.asarray(obs, np.float32)
-        for k, (w, b) in enumerate(self.weights):
-            x = x @ w.T + b
-            if k < len(self.weights) - 1:
-                np.maximum(x, 0.0, out=x)
-        return x
+    @property
+    def hidden(self) -> tuple[int, ...]:
+        return tuple(w.shape[0] for w, _b in self.weights[:-1])
+
+    def tensors(self) -> dict[str, np.ndarray]:
+        """The actor's tensors as the checkpoint names them."""
+        return _layer_tensors("actor", self.weights)
+
+    def logits(self, obs: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+        """Logits of the ``3J + 1`` actions for ``obs`` ``(..., obs_size)``; ``mask`` is not an input here."""
+        return _mlp_forward(self.weights, np.asarray(obs, np.float32))
 
     def probs(self, obs: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        z = np.where(mask, self.logits(obs).astype(np.float64), -np.inf)
-        z -= z.max()
-        e = np.exp(z)
-        return e / e.sum()
+        return _softmax(self.logits(obs, mask), mask)
+
+
+def _mlp_forward(layers: Sequence[tuple[np.ndarray, np.ndarray]], x: np.ndarray) -> np.ndarray:
+    for k, (w, b) in enumerate(layers):
+        x = x @ w.T + b
+        if k < len(layers) - 1:
+            np.maximum(x, 0.0, out=x)
+    return x
+
+
+def _softmax(z: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    z = np.where(mask, z.astype(np.float64), -np.inf)
+    z -= z.max()
+    e = np.exp(z)
+    return e / e.sum()
+
+
+def _layer_tensors(prefix: str, layers: Sequence[tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:
+    out = {}
+    for k, (w, b) in enumerate(layers):
+        out[f"{prefix}.{k}.weight"] = np.ascontiguousarray(w, np.float32)
+        out[f"{prefix}.{k}.bias"] = np.ascontiguousarray(b, np.float32)
+    return out
+
+
+#: Scale of the count of job rows in the pooled context of :class:`DL2RowsNet` (1 / the seed's J = 40).
+ROWS_COUNT_SCALE = 0.025
+
+
+def rows_inputs(spec: DL2Spec) -> tuple[int, int]:
+    """``(row input, context)`` widths of :class:`DL2RowsNet` for ``spec``: a row's input is its ``L + 5``
+    features and its 3 feasible increments (0 / 1), ``u`` = ``L + 8`` numbers, then the rank of each of
+    them among the batch's job rows (:func:`rows_ranks`), then the context; the context is the mean, max
+    and min of ``u`` over the batch's job rows, :data:`GLOBALS` and the row count x
+    :data:`ROWS_COUNT_SCALE`."""
+    u = spec.row + 3
+    ctx = 3 * u + len(GLOBALS) + 1
+    return 2 * u + ctx, ctx
+
+
+def rows_ranks(u: np.ndarray, present: np.ndarray) -> np.ndarray:
+    """Each row's rank in each column of ``u`` ``(..., J, F)`` among the ``present`` ``(..., J)`` rows: the
+    number of present rows with a smaller value over (rows - 1), in [0, 1] (0: the smallest, ties equal),
+    float32 ``(..., J, F)``."""
+    lt = (u[..., None, :, :] < u[..., :, None, :]) & present[..., None, :, None]
+    n = present.sum(-1)[..., None, None].astype(np.float32)
+    return (lt.sum(-2).astype(np.float32) / np.maximum(n - 1.0, 1.0)).astype(np.float32)
+
+
+class DL2RowsNet:
+    """The per-row actor (``arch`` ``rows``): one small ReLU MLP (``row``: ``(W (out, in), b)`` layers, input
+    :func:`rows_inputs`, output 3) scores each job row of the batch into its +worker / +PS / +both logits,
+    from the row's features, its feasible increments (the mask's 3 entries), their ranks among the batch's
+    rows (:func:`rows_ranks`: which job has the smallest dominant share, which arrived first) and a context
+    pooled over the batch's rows (mean, max, min; :func:`rows_inputs`) with the slot's free capacity
+    (:data:`GLOBALS`); a
+    second one (``stop``, output 1) gives the stop logit from the context and the mean and max over the
+    rows of the row MLP's last hidden layer. The same weights score every row, so the logits are
+    permutation-equivariant in the rows and the weights do not depend on ``J``. A row is a job when its
+    features or its mask entries are not all 0 (absent rows are all 0)."""
+
+    arch = "rows"
+
+    def __init__(self, row: Sequence[tuple[np.ndarray, np.ndarray]], stop: Sequence[tuple[np.ndarray, np.ndarray]],
+                 spec: DL2Spec) -> None:
+        self.row = [(np.asarray(w, np.float32), np.asarray(b, np.float32)) for w, b in row]
+        self.stop = [(np.asarray(w, np.float32), np.asarray(b, np.float32)) for w, b in stop]
+        self.spec = spec
+        if spec.arch != "rows":
+            raise ValueError(f"a rows actor needs a rows spec, got arch {spec.arch!r}")
+        n_in, n_ctx = rows_inputs(spec)
+        h = self.row[-1][0].shape[1]
+        if self.row[0][0].shape[1] != n_in or self.row[-1][0].shape[0] != 3:
+            raise ValueError(f"row scorer {self.row[0][0].shape[1]} -> {self.row[-1][0].shape[0]} does not match the "
+                             f"spec ({n_in} -> 3)")
+        if len(self.row) < 2 or self.stop[0][0].shape[1] != n_ctx + 2 * h or self.stop[-1][0].shape[0] != 1:
+            raise ValueError(f"stop scorer {self.stop[0][0].shape[1]} -> {self.stop[-1][0].shape[0]} does not match "
+                             f"the spec ({n_ctx} + 2 x {h} -> 1, with a hidden layer in the row scorer)")
+
+    @property
+    def hidden(self) -> tuple[int, ...]:
+        return tuple(w.shape[0] for w, _b in self.row[:-1])
+
+    def tensors(self) -> dict[str, np.ndarray]:
+        """The actor's tensors as the checkpoint names them."""
+        return {**_layer_tensors("actor.row", self.row), **_layer_tensors("actor.stop", self.stop)}
+
+    def logits(self, obs: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """Logits of the ``3J + 1`` actions for ``obs`` ``(..., obs_size)`` and ``mask`` ``(..., 3J + 1)``."""
+        spec = self.spec
+        obs = np.asarray(obs, np.float32)
+        lead = obs.shape[:-1]
+        x = obs[..., : spec.J * spec.row].reshape(*lead, spec.J, spec.row)
+        g = obs[..., spec.J * spec.row :]
+        m = np.asarray(mask, bool)[..., : 3 * spec.J].reshape(*lead, spec.J, 3).astype(np.float32)
+        u = np.concatenate([x, m], -1)
+        present = (u != 0).any(-1)
+        ctx, pf, n = rows_context(u, present, g)
+        z = np.concatenate([u, rows_ranks(u, present), np.broadcast_to(ctx[..., None, :], (*u.shape[:-1], ctx.shape[-1]))], -1)
+        h = _mlp_forward(self.row[:-1], z)
+        np.maximum(h, 0.0, out=h)
+        w, b = self.row[-1]
+        inc = h @ w.T + b
+        hm = np.where(pf, h, -np.inf).max(-2)
+        hm = np.where(n > 0, hm, 0.0).astype(np.float32)
+        hmean = (h * pf).sum(-2) / np.maximum(n, 1.0)
+        stop = _mlp_forward(self.stop, np.concatenate([ctx, hm, hmean], -1))
+        return np.concatenate([inc.reshape(*lead, 3 * spec.J), stop], -1)
+
+    def probs(self, obs: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        return _softmax(self.logits(obs, mask), mask)
+
+
+def rows_context(u: np.ndarray, present: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:class:`DL2RowsNet`'s context of rows ``u`` ``(..., J, F)`` (``present`` ``(..., J)`` bool) and globals
+    ``g`` ``(..., 3)``: ``(context (..., 3F + 4), present as (..., J, 1) float32, row count (..., 1))``; the
+    mean / max / min of an empty batch are 0."""
+    pf = present[..., None].astype(np.float32)
+    n = pf.sum(-2)
+    mean = (u * pf).sum(-2) / np.maximum(n, 1.0)
+    mx = np.where(n > 0, np.where(pf > 0, u, -np.inf).max(-2), 0.0)
+    mn = np.where(n > 0, np.where(pf > 0, u, np.inf).min(-2), 0.0)
+    ctx = np.concatenate([mean, mx, mn, g, n * ROWS_COUNT_SCALE], -1).astype(np.float32)
+    return ctx, pf, n
+
+
+def make_net(spec: DL2Spec, layers: Mapping[str, Sequence[tuple[np.ndarray, np.ndarray]]]) -> "DL2Net | DL2RowsNet":
+    """The actor of ``spec.arch`` from its layers: ``{"actor": [...]}`` (flat) or ``{"row": [...], "stop":
+    [...]}`` (rows)."""
+    if spec.arch == "rows":
+        return DL2RowsNet(layers["row"], layers["stop"], spec)
+    return DL2Net(layers["actor"], spec)
 
 
 # ---------------------------------------------------------------------- state / action
@@ -185,11 +358,25 @@ def _remaining_epochs(j: PlanJob) -> float:
     return 100.0 * rem / info.total_samples if info.total_samples > 0 else 0.0
 
 
-def encode(batch: Sequence[PlanJob], cap: Sequence[float], now: float, spec: DL2Spec) -> np.ndarray:
+def free_fractions(used: Sequence[float], cap: Sequence[float]) -> np.ndarray:
+    """:data:`GLOBALS`: ``(cap - used) / cap`` per resource (1 for a resource of capacity 0 or infinite),
+    float32 ``(3,)``."""
+    c = np.asarray(cap, np.float64)
+    ok = (c > 0) & (c != math.inf)
+    f = np.ones(3, np.float64)
+    f[ok] = (c[ok] - np.asarray(used, np.float64)[ok]) / c[ok]
+    return f.astype(np.float32)
+
+
+def encode(batch: Sequence[PlanJob], cap: Sequence[float], now: float, spec: DL2Spec,
+           used: Sequence[float] = (0.0, 0.0, 0.0)) -> np.ndarray:
     """The state (module docstring) of ``batch`` (at most ``J`` jobs, arrival order) with their ``w`` /
     ``p`` decided so far this slot, on a cluster of aggregate ``cap`` (GPUs, CPUs, GB) at ``now`` (s);
-    shape ``(J * (L + 5),)``, float32."""
+    shape ``(J * (L + 5),)`` (``flat``) or ``(J * (L + 5) + 3,)`` (``rows``: then :func:`free_fractions`
+    of ``used``, the aggregate the slot has given out), float32."""
     L = len(spec.types)
+    if spec.n_globals:
+        return np.concatenate([encode(batch, cap, now, replace(spec, arch="flat")), free_fractions(used, cap)])
     out = np.zeros((spec.J, spec.row), np.float32)
     ti = _type_index(spec)
     sc = spec.scales
@@ -261,7 +448,8 @@ class SlotBatch:
         self.batch = list(batch[: spec.J])
         self.spec = spec
         self.obs = encode(self.batch, cap, now, spec)
-        self._rows = self.obs.reshape(spec.J, spec.row)
+        self._rows = self.obs[: spec.J * spec.row].reshape(spec.J, spec.row)
+        self._capt = tuple(cap)
         n = len(self.batch)
         self._cap = np.asarray(cap, np.float64)
         self._lim = self._cap + _EPS
@@ -289,6 +477,11 @@ class SlotBatch:
             m[: 3 * n] = (self._ok & fit).reshape(-1)
         m[-1] = allow_stop or not m[:-1].any()
         return m
+
+    def set_used(self, used: Sequence[float]) -> None:
+        """The slot has given out ``used`` (GPUs, CPUs, GB): refresh :data:`GLOBALS` (``rows`` layout)."""
+        if self.spec.n_globals:
+            self.obs[self.spec.J * self.spec.row :] = free_fractions(used, self._capt)
 
     def update(self, i: int) -> None:
         """Job ``i``'s ``w`` / ``p`` changed: refresh its row and its feasible increments."""
@@ -352,7 +545,7 @@ class DL2Policy(ElasticBaseline):
 
     name = "dl2"
 
-    def __init__(self, net: DL2Net, perf=None, checkpoint: Path | None = None) -> None:
+    def __init__(self, net: "DL2Net | DL2RowsNet", perf=None, checkpoint: Path | None = None) -> None:
         super().__init__(perf, net.spec.slot_s)
         self.net = net
         self.spec = net.spec
@@ -368,7 +561,7 @@ class DL2Policy(ElasticBaseline):
     def choose(self, obs: np.ndarray, mask: np.ndarray, batch: Sequence[PlanJob]) -> int:
         """The action taken in state ``obs``: the most likely feasible one."""
         self.inferences += 1
-        z = np.where(mask, self.net.logits(obs), -np.inf)
+        z = np.where(mask, self.net.logits(obs, mask), -np.inf)
         return int(np.argmax(z))
 
     # -------------------------------------------------------------- experience
@@ -413,6 +606,7 @@ class DL2Policy(ElasticBaseline):
                 mask = sb.mask(used, allow_stop=runnable)
                 if not mask[:-1].any():
                     break
+                sb.set_used(used)
                 obs = sb.obs.copy()
                 a = self.choose(obs, mask, batch)
                 if self._samples is not None:
@@ -425,25 +619,24 @@ class DL2Policy(ElasticBaseline):
 
 
 # ---------------------------------------------------------------------- checkpoints
-def save_dl2(path: str | Path, actor: Sequence[tuple[np.ndarray, np.ndarray]], spec: DL2Spec,
+def save_dl2(path: str | Path, actor: "Sequence[tuple[np.ndarray, np.ndarray]] | DL2Net | DL2RowsNet", spec: DL2Spec,
              extra: Mapping[str, Any] | None = None,
              critic: Sequence[tuple[np.ndarray, np.ndarray]] | None = None) -> Path:
-    """Write ``path.safetensors`` + ``path.json`` (module docstring), each atomically; returns the JSON path."""
+    """Write ``path.safetensors`` + ``path.json`` (module docstring), each atomically; returns the JSON path.
+    ``actor``: a flat actor's layers, or a :class:`DL2Net` / :class:`DL2RowsNet` of ``spec``."""
     from policies.checkpoint import write_policy_files
 
-    DL2Net(actor, spec)  # shape check
+    net = actor if isinstance(actor, (DL2Net, DL2RowsNet)) else DL2Net(actor, spec)  # shape check
+    if net.spec != spec:
+        raise ValueError("save_dl2: the actor's spec is not the spec given")
     base = Path(path)
     if base.suffix in (".json", ".safetensors"):
         base = base.with_suffix("")
-    tensors = {}
-    for k, (w, b) in enumerate(actor):
-        tensors[f"actor.{k}.weight"] = np.ascontiguousarray(w, np.float32)
-        tensors[f"actor.{k}.bias"] = np.ascontiguousarray(b, np.float32)
-    for k, (w, b) in enumerate(critic or ()):
-        tensors[f"critic.{k}.weight"] = np.ascontiguousarray(w, np.float32)
-        tensors[f"critic.{k}.bias"] = np.ascontiguousarray(b, np.float32)
-    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "spec": spec.to_dict(),
-            "actor_layers": len(actor), **dict(extra or {})}
+    tensors = net.tensors()
+    tensors.update(_layer_tensors("critic", critic or ()))
+    layers = ({"actor_layers": len(net.weights)} if isinstance(net, DL2Net)
+              else {"row_layers": len(net.row), "stop_layers": len(net.stop)})
+    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "spec": spec.to_dict(), **layers, **dict(extra or {})}
     return write_policy_files(base.with_name(base.name + ".json"), tensors, meta)
 
 
@@ -464,7 +657,7 @@ def _chain(tensors: Mapping[str, np.ndarray], prefix: str, n: int, wpath: Path) 
     return layers
 
 
-def _read(path: str | Path) -> tuple[DL2Net, dict[str, Any], Path, Path, dict[str, np.ndarray]]:
+def _read(path: str | Path) -> tuple["DL2Net | DL2RowsNet", dict[str, Any], Path, Path, dict[str, np.ndarray]]:
     from policies.checkpoint import CheckpointError, read_policy_files
 
     meta, tensors, jpath, wpath = read_policy_files(path, fmt=FORMAT, version=FORMAT_VERSION, label="dl2")
@@ -472,17 +665,24 @@ def _read(path: str | Path) -> tuple[DL2Net, dict[str, Any], Path, Path, dict[st
         spec = DL2Spec.from_dict(meta.get("spec"))
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{jpath}: bad spec: {exc}") from None
-    n = meta.get("actor_layers")
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise CheckpointError(f"{jpath}: actor_layers must be an integer >= 1, got {n!r}")
+    counts = {}
+    for key in (("actor_layers",) if spec.arch == "flat" else ("row_layers", "stop_layers")):
+        n = meta.get(key)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise CheckpointError(f"{jpath}: {key} must be an integer >= 1, got {n!r}")
+        counts[key] = n
     try:
-        net = DL2Net(_chain(tensors, "actor", n, wpath), spec)
+        if spec.arch == "flat":
+            net = make_net(spec, {"actor": _chain(tensors, "actor", counts["actor_layers"], wpath)})
+        else:
+            net = make_net(spec, {"row": _chain(tensors, "actor.row", counts["row_layers"], wpath),
+                                  "stop": _chain(tensors, "actor.stop", counts["stop_layers"], wpath)})
     except ValueError as exc:
         raise CheckpointError(f"{wpath}: {exc}") from None
     return net, meta, jpath, wpath, tensors
 
 
-def load_dl2(path: str | Path) -> tuple[DL2Net, dict[str, Any], Path]:
+def load_dl2(path: str | Path) -> tuple["DL2Net | DL2RowsNet", dict[str, Any], Path]:
     """``(actor, metadata, json path)`` of a DL2 checkpoint (``NAME``, ``NAME.json`` or
     ``NAME.safetensors``), checked: format, spec, sha256, tensor names, shapes, finite values.
 
@@ -492,7 +692,7 @@ def load_dl2(path: str | Path) -> tuple[DL2Net, dict[str, Any], Path]:
     return net, meta, jpath
 
 
-def load_dl2_critic(path: str | Path) -> tuple[DL2Net, dict[str, Any], Path, list[tuple[np.ndarray, np.ndarray]] | None]:
+def load_dl2_critic(path: str | Path) -> tuple["DL2Net | DL2RowsNet", dict[str, Any], Path, list[tuple[np.ndarray, np.ndarray]] | None]:
     """:func:`load_dl2` plus the critic's layers (``critic.{k}``: ``obs_size`` -> ... -> 1), or None
     when the checkpoint has none. :raises CheckpointError: one line, as :func:`load_dl2`."""
     from policies.checkpoint import CheckpointError

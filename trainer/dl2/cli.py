@@ -25,6 +25,17 @@ def _switch(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected 0 or 1, got {text!r}")
 
 
+def _sizes(text: str) -> tuple[int, ...]:
+    """Comma-separated positive layer widths, e.g. ``64,64``."""
+    try:
+        out = tuple(int(t) for t in text.split(","))
+    except ValueError:
+        out = ()
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return out
+
+
 #: The options that set fields of :class:`trainer.dl2.train.DL2TrainConfig`.
 OPTIONS = (
     ConfigOption("--cluster", "cluster file"),
@@ -34,6 +45,8 @@ OPTIONS = (
     ConfigOption("--rl-episodes", "online RL episodes, >= 0", int),
     ConfigOption("--val-seeds", "validation sequences", _positive_int),
     ConfigOption("--J", "jobs per batch in the state", _positive_int),
+    ConfigOption("--arch", "actor: flat (the seed's MLP over the flattened rows) or rows (a shared-weight scorer per job row)"),
+    ConfigOption("--hidden", "hidden layer widths (flat: the MLP's; rows: the row scorer's)", _sizes),
     ConfigOption("--epsilon", "job-aware exploration", positive_float),
     ConfigOption("--teacher", "warm-up teacher: drf (the seed's) or optimus"),
     ConfigOption("--seed", "seed", int),
@@ -48,6 +61,11 @@ OPTIONS = (
     ConfigOption("--adv-norm", "normalise advantages per mini-batch (0 / 1)", _switch),
     ConfigOption("--clip", "gradient-norm clip (0: none)", non_negative_float),
     ConfigOption("--updates", "mini-batch updates per slot", _positive_int),
+    ConfigOption("--behaviour", "RL episodes act by: sample (the seed's) or greedy (most likely action, "
+                 "sampling with probability --sample-p)"),
+    ConfigOption("--sample-p", "probability of a sampled action with --behaviour greedy", non_negative_float),
+    ConfigOption("--explore", "job-aware exploration: poor (the seed's rule) or ps (+1 PS to the job with the "
+                 "fewest PSs per worker)"),
 )
 
 
@@ -62,7 +80,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from trainer.dl2.train import TEACHERS, DL2TrainConfig, train
+    from policies.dl2 import ARCHES
+    from trainer.dl2.train import BEHAVIOURS, EXPLORE_RULES, TEACHERS, DL2TrainConfig, train
 
     if args.rl_episodes < 0:
         return cli_error("train-dl2", f"--rl-episodes must be >= 0, got {args.rl_episodes}")
@@ -70,8 +89,12 @@ def _run(args: argparse.Namespace) -> int:
         return cli_error("train-dl2", f"cluster file {args.cluster} not found")
     if args.init and not Path(args.init).exists() and not Path(args.init + ".json").exists():
         return cli_error("train-dl2", f"--init {args.init} not found")
-    if args.teacher not in TEACHERS:
-        return cli_error("train-dl2", f"--teacher must be one of {', '.join(TEACHERS)}, got {args.teacher!r}")
+    for flag, value, allowed in (("--arch", args.arch, ARCHES), ("--behaviour", args.behaviour, BEHAVIOURS),
+                                 ("--explore", args.explore, EXPLORE_RULES), ("--teacher", args.teacher, TEACHERS)):
+        if value not in allowed:
+            return cli_error("train-dl2", f"{flag} must be one of {', '.join(allowed)}, got {value!r}")
+    if not 0 <= args.sample_p <= 1:
+        return cli_error("train-dl2", f"--sample-p must be in [0, 1], got {args.sample_p}")
     if not 0 <= args.target_tau <= 1:
         return cli_error("train-dl2", f"--target-tau must be in [0, 1], got {args.target_tau}")
     out = Path(args.out)

@@ -70,7 +70,7 @@ def read_journal(journal: str | Path, spec: Any, warn: Callable[[str], None] | N
     out, skipped, weights = [], 0, {}
     for rec in read_experience(journal, warn=warn):
         got = rec.meta["spec"]
-        if any(got.get(k) != want.get(k) for k in keys):
+        if any(got.get(k) != want.get(k) for k in keys) or got.get("arch", "flat") != want["arch"]:
             skipped += 1
             continue
         out.append(rec.transition)
@@ -83,16 +83,10 @@ def read_journal(journal: str | Path, spec: Any, warn: Callable[[str], None] | N
 
 def _torch_mlp(layers: list[tuple[np.ndarray, np.ndarray]]):
     """A torch MLP (:func:`trainer.dl2.train._mlp`) holding ``layers`` (``(W (out, in), b)``)."""
-    import torch
-    import torch.nn as nn
-
-    from trainer.dl2.train import _mlp
+    from trainer.dl2.train import _load_layers, _mlp
 
     model = _mlp([layers[0][0].shape[1], *(w.shape[0] for w, _b in layers)])
-    with torch.no_grad():
-        for m, (w, b) in zip((m for m in model if isinstance(m, nn.Linear)), layers):
-            m.weight.copy_(torch.as_tensor(np.asarray(w, np.float32)))
-            m.bias.copy_(torch.as_tensor(np.asarray(b, np.float32)))
+    _load_layers(model, layers)
     return model
 
 
@@ -107,7 +101,7 @@ def update_online(checkpoint: str | Path, journal: str | Path, out: str | Path, 
     import torch
 
     from policies.dl2 import load_dl2_critic, save_dl2
-    from trainer.dl2.train import Replay, _mlp, _weights, ac_update
+    from trainer.dl2.train import Replay, _mlp, _net, _weights, ac_update, torch_actor
 
     cfg = cfg or OnlineConfig()
     t0 = time.perf_counter()
@@ -119,11 +113,11 @@ def update_online(checkpoint: str | Path, journal: str | Path, out: str | Path, 
                           f"{info['records']} usable records, {info['skipped_spec']} of another layout")
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
-    actor = _torch_mlp(net.weights)
+    actor = torch_actor(net)
     if critic_layers is not None:
         critic = _torch_mlp(critic_layers)
     else:
-        critic = _mlp([spec.obs_size, *(w.shape[0] for w, _b in net.weights[:-1]), 1])
+        critic = _mlp([spec.obs_size, *net.hidden, 1])
     replay = Replay(cfg.replay, spec.obs_size, spec.n_actions)
     for t in trans:
         replay.add(t)
@@ -142,7 +136,7 @@ def update_online(checkpoint: str | Path, journal: str | Path, out: str | Path, 
     extra = {k: v for k, v in meta.items() if k not in ("format", "format_version", "spec", "actor_layers",
                                                         "weights_file", "weights_sha256")}
     extra["online"] = [*(meta.get("online") or []), run]
-    new = save_dl2(out, _weights(actor), spec, extra=extra, critic=_weights(critic))
+    new = save_dl2(out, _net(actor, spec), spec, extra=extra, critic=_weights(critic))
     log(f"wrote {new}: {updates} actor-critic updates on {replay.n} replayed samples of {info['records']} slots "
         f"(actor loss {run['actor_loss']:.4f}, critic loss {run['critic_loss']:.4f})")
     return new, run

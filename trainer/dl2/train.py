@@ -35,6 +35,17 @@ are taken at each slot's end. ``init`` starts the RL phase from a checkpoint's a
 of a warm-up (the parent's training record is kept in ``history["parent"]``); RL from a run's warm-up
 checkpoint gives the same weights as that run with RL (a test checks it).
 
+**Actor** (``arch``): ``flat``, the seed's MLP over the flattened state (``hidden`` its layers), or
+``rows`` (ours, :class:`policies.dl2.DL2RowsNet`: one shared-weight scorer per job row with pooled
+context, ``hidden`` the row scorer's layers, :data:`STOP_HIDDEN` the stop scorer's; torch twin
+:func:`make_actor` / :func:`torch_actor`). The critic is an MLP over the state in both (``hidden``).
+
+**Behaviour and exploration of RL episodes** (ours, options; the defaults are the seed's):
+``behaviour="greedy"`` takes the most likely feasible action (what validation and deployment run)
+except with probability ``sample_p``, when it samples the softmax; ``explore="ps"`` replaces the seed's
+job-aware rule by :func:`ps_action` (``+PS`` to the PS job with the fewest PSs per worker), with the same
+probability ``epsilon``.
+
 Defaults are the seed's hyper-parameters (section 6.1): 2 hidden layers of 256, Adam, learning rates
 0.005 (supervised) and 0.0001 (RL), mini-batch 256, gamma 0.9, epsilon 0.4, beta 0.1, replay 8192; J = 40
 (its section 6.5: around 40 concurrent jobs at most). The run length (episodes, jobs per episode, the
@@ -56,7 +67,8 @@ from policies.elastic import OptimusPolicy, PlanJob, dominant_share, fits_capaci
 
 ROOT = Path(__file__).resolve().parents[2]
 
-__all__ = ["DL2TrainConfig", "TEACHERS", "drf_action", "optimus_actions", "poor_action", "RecordingDL2", "collect_drf", "supervised", "Replay",
+__all__ = ["DL2TrainConfig", "TEACHERS", "BEHAVIOURS", "EXPLORE_RULES", "drf_action", "optimus_actions", "poor_action",
+           "ps_action", "make_actor", "torch_actor", "RecordingDL2", "collect_drf", "supervised", "Replay",
            "ac_update", "soft_update", "entropy_weight", "parent_record", "evaluate", "train"]
 
 
@@ -65,6 +77,7 @@ class DL2TrainConfig:
     """What :func:`train` runs (module docstring)."""
 
     J: int = 40
+    arch: str = "flat"  # the actor: "flat" (the seed's MLP) or "rows" (per-row scorer, policies.dl2.DL2RowsNet)
     hidden: tuple[int, ...] = (256, 256)
     jobs: int = 60  # jobs per training sequence
     sl_traces: int = 4
@@ -93,6 +106,13 @@ class DL2TrainConfig:
     adv_norm: bool = False  # advantages normalised to mean 0 / std 1 per mini-batch
     clip: float = 0.0  # gradient-norm clip of both networks; 0: none
     updates: int = 1  # mini-batch updates at each slot's end
+    # what RL's episodes do (ours; the defaults are the seed's): "sample" acts by sampling the softmax,
+    # "greedy" takes the most likely feasible action (the one validation and deployment take) except with
+    # probability sample_p, when it samples
+    behaviour: str = "sample"
+    sample_p: float = 0.1
+    # job-aware exploration's rule: "poor" (the seed's, poor_action) or "ps" (toward +1 PS, ps_action)
+    explore: str = "poor"
 
 
 # ---------------------------------------------------------------------- teacher and exploration
@@ -166,6 +186,26 @@ def poor_action(batch: Sequence[PlanJob], mask: np.ndarray, ratio: float) -> int
     return None
 
 
+def ps_action(batch: Sequence[PlanJob], mask: np.ndarray) -> int | None:
+    """Exploration toward the shapes the measured PS speeds favour (ours): ``+PS`` to the PS job of ``batch``
+    that has at least one worker and the fewest PSs per worker (the first such on ties), when the mask
+    allows it; None when no job can take one."""
+    best = None
+    for i, j in enumerate(batch):
+        if 3 * i + 1 >= len(mask) - 1:
+            break
+        if j.ps_job and j.w >= 1 and mask[3 * i + 1]:
+            key = j.p / j.w
+            if best is None or key < best[0]:
+                best = (key, 3 * i + 1)
+    return None if best is None else best[1]
+
+
+#: RL behaviours (:class:`DL2TrainConfig` ``behaviour``) and exploration rules (``explore``).
+BEHAVIOURS = ("sample", "greedy")
+EXPLORE_RULES = ("poor", "ps")
+
+
 class RecordingDL2(DL2Policy):
     """DL2 that records its slots for training: ``mode`` ``"teacher"`` (DRF's actions, :func:`drf_action`),
     ``"optimus"`` (Optimus' plan of the slot as actions, :func:`optimus_actions`, then stop), ``"explore"``
@@ -174,9 +214,11 @@ class RecordingDL2(DL2Policy):
     :attr:`DL2Policy.record`); ``on_slot`` (if set) is called with each."""
 
     def __init__(self, net: DL2Net, perf, mode: str, rng: np.random.Generator, epsilon: float = 0.4,
-                 ratio: float = 10.0, on_slot: Callable | None = None) -> None:
+                 ratio: float = 10.0, on_slot: Callable | None = None, behaviour: str = "sample",
+                 sample_p: float = 0.1, explore: str = "poor") -> None:
         super().__init__(net, perf)
         self.mode, self.rng, self.epsilon, self.ratio = mode, rng, epsilon, ratio
+        self.behaviour, self.sample_p, self.explore = behaviour, sample_p, explore
         self.on_slot = on_slot
         self.record = True
         self.slots: list[Transition] = []
@@ -213,11 +255,14 @@ class RecordingDL2(DL2Policy):
         if self.mode == "explore":
             a = None
             if self.rng.random() < self.epsilon:
-                a = poor_action(batch, mask, self.ratio)
+                a = poor_action(batch, mask, self.ratio) if self.explore == "poor" else ps_action(batch, mask)
             if a is None:
-                a = int(self.rng.choice(len(mask), p=self.net.probs(obs, mask)))
+                if self.behaviour == "greedy" and self.rng.random() >= self.sample_p:
+                    a = int(np.argmax(np.where(mask, self.net.logits(obs, mask), -np.inf)))
+                else:
+                    a = int(self.rng.choice(len(mask), p=self.net.probs(obs, mask)))
             return a
-        return int(np.argmax(np.where(mask, self.net.logits(obs), -np.inf)))
+        return int(np.argmax(np.where(mask, self.net.logits(obs, mask), -np.inf)))
 
 
 # ---------------------------------------------------------------------- episodes
@@ -266,10 +311,96 @@ def _weights(model) -> list[tuple[np.ndarray, np.ndarray]]:
             for m in model if isinstance(m, nn.Linear)]
 
 
-def _masked_logits(actor, obs, mask):
+def _load_layers(model, layers) -> None:
     import torch
+    import torch.nn as nn
 
-    return actor(obs).masked_fill(~mask, -1e9)
+    with torch.no_grad():
+        for m, (w, b) in zip((m for m in model if isinstance(m, nn.Linear)), layers):
+            m.weight.copy_(torch.as_tensor(np.asarray(w, np.float32)))
+            m.bias.copy_(torch.as_tensor(np.asarray(b, np.float32)))
+
+
+def _rows_actor_class():
+    import torch
+    import torch.nn as nn
+
+    from policies.dl2 import GLOBALS, ROWS_COUNT_SCALE, rows_inputs
+
+    class RowsActor(nn.Module):
+        """The torch twin of :class:`policies.dl2.DL2RowsNet` (same inputs, pooling and layers)."""
+
+        def __init__(self, spec: DL2Spec, hidden: Sequence[int], stop_hidden: Sequence[int]) -> None:
+            super().__init__()
+            self.spec = spec
+            n_in, n_ctx = rows_inputs(spec)
+            self.row = _mlp([n_in, *hidden, 3])
+            self.stop = _mlp([n_ctx + 2 * hidden[-1], *stop_hidden, 1])
+
+        def forward(self, obs, mask):
+            spec = self.spec
+            B = obs.shape[0]
+            x = obs[:, : spec.J * spec.row].reshape(B, spec.J, spec.row)
+            g = obs[:, spec.J * spec.row :]
+            m = mask[:, : 3 * spec.J].reshape(B, spec.J, 3).to(obs.dtype)
+            u = torch.cat([x, m], -1)
+            pf = (u != 0).any(-1, keepdim=True).to(obs.dtype)
+            n = pf.sum(-2)
+            mean = (u * pf).sum(-2) / n.clamp(min=1.0)
+            has = n > 0
+            mx = torch.where(has, u.masked_fill(pf == 0, -torch.inf).amax(-2), torch.zeros_like(mean))
+            mn = torch.where(has, u.masked_fill(pf == 0, torch.inf).amin(-2), torch.zeros_like(mean))
+            ctx = torch.cat([mean, mx, mn, g, n * ROWS_COUNT_SCALE], -1)
+            lt = (u[:, None, :, :] < u[:, :, None, :]) & (pf[:, None, :, :] > 0)
+            rank = lt.sum(-2).to(obs.dtype) / (n[:, None, :] - 1.0).clamp(min=1.0)
+            z = torch.cat([u, rank, ctx[:, None, :].expand(B, spec.J, ctx.shape[-1])], -1)
+            h = self.row[:-1](z)
+            inc = self.row[-1](h)
+            hm = torch.where(has, h.masked_fill(pf == 0, -torch.inf).amax(-2), torch.zeros_like(h[:, 0]))
+            hmean = (h * pf).sum(-2) / n.clamp(min=1.0)
+            stop = self.stop(torch.cat([ctx, hm, hmean], -1))
+            return torch.cat([inc.reshape(B, 3 * spec.J), stop], -1)
+
+    assert len(GLOBALS) == 3
+    return RowsActor
+
+
+#: Hidden layer of the ``rows`` actor's stop scorer.
+STOP_HIDDEN = (64,)
+
+
+def make_actor(spec: DL2Spec, hidden: Sequence[int]):
+    """A fresh torch actor of ``spec.arch``: the flat MLP ``obs_size -> hidden -> 3J + 1`` or the per-row
+    scorer (:class:`policies.dl2.DL2RowsNet`, row MLP ``hidden``, stop MLP :data:`STOP_HIDDEN`)."""
+    if spec.arch == "rows":
+        return _rows_actor_class()(spec, hidden, STOP_HIDDEN)
+    return _mlp([spec.obs_size, *hidden, spec.n_actions])
+
+
+def torch_actor(net):
+    """A torch actor holding the weights of ``net`` (:class:`DL2Net` or :class:`policies.dl2.DL2RowsNet`)."""
+    if net.arch == "rows":
+        actor = _rows_actor_class()(net.spec, net.hidden, tuple(w.shape[0] for w, _b in net.stop[:-1]))
+        _load_layers(actor.row, net.row)
+        _load_layers(actor.stop, net.stop)
+        return actor
+    actor = _mlp([net.spec.obs_size, *net.hidden, net.spec.n_actions])
+    _load_layers(actor, net.weights)
+    return actor
+
+
+def _net(actor, spec: DL2Spec):
+    """The numpy actor (:func:`policies.dl2.make_net`) of torch ``actor``."""
+    from policies.dl2 import make_net
+
+    if spec.arch == "rows":
+        return make_net(spec, {"row": _weights(actor.row), "stop": _weights(actor.stop)})
+    return make_net(spec, {"actor": _weights(actor)})
+
+
+def _masked_logits(actor, obs, mask):
+    out = actor(obs, mask) if getattr(actor, "spec", None) is not None else actor(obs)
+    return out.masked_fill(~mask, -1e9)
 
 
 def collect_drf(cfg: DL2TrainConfig, spec: DL2Spec, net: DL2Net, log=None) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[float]]:
@@ -430,8 +561,8 @@ def train(cfg: DL2TrainConfig, out: str | Path, progress_bar: bool = True, log: 
 
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
-    spec = DL2Spec(J=cfg.J)
-    actor = _mlp([spec.obs_size, *cfg.hidden, spec.n_actions])
+    spec = DL2Spec(J=cfg.J, arch=cfg.arch)
+    actor = make_actor(spec, cfg.hidden)
     critic = _mlp([spec.obs_size, *cfg.hidden, 1])
     if cfg.init:
         from policies.dl2 import load_dl2_critic
@@ -439,10 +570,9 @@ def train(cfg: DL2TrainConfig, out: str | Path, progress_bar: bool = True, log: 
 
         inet, _meta, ipath, icritic = load_dl2_critic(cfg.init)
         spec = inet.spec
-        actor = _torch_mlp(inet.weights)
-        critic = _torch_mlp(icritic) if icritic is not None else _mlp(
-            [spec.obs_size, *(w.shape[0] for w, _b in inet.weights[:-1]), 1])
-    net = DL2Net(_weights(actor), spec)
+        actor = torch_actor(inet)
+        critic = _torch_mlp(icritic) if icritic is not None else _mlp([spec.obs_size, *inet.hidden, 1])
+    net = _net(actor, spec)
     val_seeds = [2000 + k for k in range(cfg.val_seeds)]
     t0, c0 = time.perf_counter(), time.process_time()
     history: dict = {"sl_loss": [], "rl": []}
@@ -461,7 +591,7 @@ def train(cfg: DL2TrainConfig, out: str | Path, progress_bar: bool = True, log: 
         if cfg.init:
             history["init"] = str(ipath)
             history["parent"] = parent_record(_meta)
-            best = (evaluate(cfg, net, val_seeds), _weights(actor), _weights(critic), "init")
+            best = (evaluate(cfg, net, val_seeds), net, _weights(critic), "init")
             history["val_warmup_jct"] = best[0]
             log(f"init {ipath}: validation JCT {best[0]:.0f} s")
         else:
@@ -473,8 +603,8 @@ def train(cfg: DL2TrainConfig, out: str | Path, progress_bar: bool = True, log: 
             history["sl_loss"] = supervised(actor, obs, masks, acts, cfg.sl_epochs, cfg.sl_lr, cfg.batch, cfg.seed,
                                             on_epoch=lambda l: bar.update(t, advance=1, info=f"cross-entropy {l:.4f}"))
             del obs, masks, acts
-            net = DL2Net(_weights(actor), spec)
-            best = (evaluate(cfg, net, val_seeds), _weights(actor), _weights(critic), "warm-up")
+            net = _net(actor, spec)
+            best = (evaluate(cfg, net, val_seeds), net, _weights(critic), "warm-up")
             history["val_warmup_jct"] = best[0]
             log(f"warm-up: imitation loss {history['sl_loss'][0]:.3f} -> {history['sl_loss'][-1]:.3f}, "
                 f"validation JCT {best[0]:.0f} s")
@@ -488,7 +618,8 @@ def train(cfg: DL2TrainConfig, out: str | Path, progress_bar: bool = True, log: 
         for ep in range(cfg.rl_episodes):
             losses: list = []
             beta = entropy_weight(cfg, ep)
-            pol = RecordingDL2(DL2Net(_weights(actor), spec), perf, "explore", rng, cfg.epsilon, cfg.ratio)
+            pol = RecordingDL2(_net(actor, spec), perf, "explore", rng, cfg.epsilon, cfg.ratio,
+                               behaviour=cfg.behaviour, sample_p=cfg.sample_p, explore=cfg.explore)
 
             def on_slot(item, pol=pol, losses=losses, beta=beta):
                 replay.add(item)
@@ -498,11 +629,11 @@ def train(cfg: DL2TrainConfig, out: str | Path, progress_bar: bool = True, log: 
                                                 beta, target=target, adv_norm=cfg.adv_norm, clip=cfg.clip))
                         if target is not None:
                             soft_update(target, critic, cfg.target_tau)
-                    pol.net = DL2Net(_weights(actor), spec)
+                    pol.net = _net(actor, spec)
 
             pol.on_slot = on_slot
             jct = run_episode(cluster, perf, _jobs(cfg.seed0 + cfg.sl_traces + ep, cfg.jobs), pol)
-            net = DL2Net(_weights(actor), spec)
+            net = _net(actor, spec)
             val = evaluate(cfg, net, val_seeds)
             rew = float(sum(tr.reward for tr in pol.slots))
             history["rl"].append({"episode": ep, "train_jct": jct, "val_jct": val, "reward": rew, "updates": len(losses),
@@ -511,7 +642,7 @@ def train(cfg: DL2TrainConfig, out: str | Path, progress_bar: bool = True, log: 
                                   "critic_loss": float(np.mean([x[1] for x in losses])) if losses else None,
                                   "cpu_s": round(time.process_time() - c0, 1)})
             if val < best[0]:
-                best = (val, _weights(actor), _weights(critic), f"RL episode {ep}")
+                best = (val, net, _weights(critic), f"RL episode {ep}")
             save(best, False)
             bar.update(t, advance=1, info=f"train JCT {jct:.0f} s, val JCT {val:.0f} s, reward {rew:.2f}")
             log(f"RL episode {ep}: train JCT {jct:.0f} s, validation JCT {val:.0f} s, {len(losses)} updates, "
