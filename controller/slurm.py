@@ -849,6 +849,7 @@ class SlurmCLI:
         self.rpc_workers = rpc_workers
         #: whether :meth:`nodes` reads sinfo's text (until its output is found not to be the rows asked for)
         self._node_text = True
+        self._queue_text = True
         #: how :meth:`queue` read the queue: "json" or "text" reads so far
         self.queue_reads = {"json": 0, "text": 0}
         #: jobs whose per-node GPUs :meth:`queue` read through libslurm (one job each) instead of the JSON
@@ -935,12 +936,22 @@ class SlurmCLI:
         requeue, checked on slurmctld 22.05). The text's separators are random per call, so no job's
         text can forge a field. A row that reads as at the last read, over the same JSON job, gives the
         job object of that read again (for 1,000 queued jobs most rows do): the jobs returned are shared
-        between reads, to be read, not changed."""
-        if time.monotonic() - self._known_t < self.full_read_s:
+        between reads, to be read, not changed. Where the text is not the rows asked for (a Slurm whose
+        ``-O`` fields differ, a wrapper that answers in JSON), every read is ``squeue --json`` from then on."""
+        chunks: list[str] | None = None
+        if self._queue_text and time.monotonic() - self._known_t < self.full_read_s:
             sep, end = "S" + secrets.token_hex(8), "E" + secrets.token_hex(8)
             fmt = ",".join(f"{f}:{sep}" for f in QUEUE_FIELDS[:-1]) + f",{QUEUE_FIELDS[-1]}:{end}"
             args = ["squeue", "-h", "-t", "all", "-O", fmt]
-            chunks = self._parse(args, lambda t: squeue_chunks(t, end), self.run(args))
+            text = self.run(args)
+            try:
+                chunks = squeue_chunks(text, end)
+                if chunks and len(chunks[0].split(sep)) != len(QUEUE_FIELDS):
+                    raise ValueError(f"a row has {len(chunks[0].split(sep))} fields, expected {len(QUEUE_FIELDS)}")
+            except ValueError as exc:
+                chunks, self._queue_text = None, False
+                log.info("squeue -O output not as asked (%s): reading the queue with squeue --json", exc)
+        if chunks is not None:
             out: list[SlurmJob] | None = []
             rows: dict[str, tuple[list[str], SlurmJob, SlurmJob]] = {}
             for chunk in chunks:

@@ -329,3 +329,20 @@ def test_pins_keep_the_requested_gpu_type(tmp_path):
         "update JobId=7 ReqNodeList=node3,node4 NumNodes=2 TresPerJob= TresPerNode=gres:gpu:v100:4 StartTime=now",
         "update JobId=8 ReqNodeList=node1 NumNodes=1 TresPerNode= TresPerJob=gres:gpu:v100:2 StartTime=now",
     ]
+
+
+def test_queue_reads_json_from_then_on_when_the_text_listing_is_not_as_asked(tmp_path):
+    """A squeue that answers ``-O`` with something other than the rows asked for (here: JSON, as a wrapper
+    might) makes SlurmCLI.queue() read ``squeue --json`` at once and from then on, as nodes() does for sinfo,
+    instead of failing the round."""
+    (tmp_path / "q.json").write_text(_read("squeue_22.05.json"))
+    log = tmp_path / "calls"
+    d = _fake_bin(tmp_path, "squeue", f'echo "$*" >> "{log}"; cat "{tmp_path / "q.json"}"')
+    cli = SlurmCLI(bin_dir=str(d))
+    want = sorted(j.job_id for j in cli.jobs())
+    assert want and [j.job_id for j in cli.queue()] and sorted(j.job_id for j in cli.queue()) == want
+    calls = log.read_text().splitlines()
+    # jobs(); queue() #1: the JSON read (nothing known yet); queue() #2: -O tried once, then JSON
+    assert [c.startswith("--json") for c in calls] == [True, True, False, True]
+    assert sorted(j.job_id for j in cli.queue()) == want
+    assert log.read_text().splitlines()[4:] == ["--json"]  # no -O attempt any more
