@@ -938,24 +938,24 @@ class SlurmCLI:
         job object of that read again (for 1,000 queued jobs most rows do): the jobs returned are shared
         between reads, to be read, not changed. Where the text is not the rows asked for (a Slurm whose
         ``-O`` fields differ, a wrapper that answers in JSON), every read is ``squeue --json`` from then on."""
-        chunks: list[str] | None = None
+        chunks: list[list[str]] | None = None
         if self._queue_text and time.monotonic() - self._known_t < self.full_read_s:
             sep, end = "S" + secrets.token_hex(8), "E" + secrets.token_hex(8)
             fmt = ",".join(f"{f}:{sep}" for f in QUEUE_FIELDS[:-1]) + f",{QUEUE_FIELDS[-1]}:{end}"
             args = ["squeue", "-h", "-t", "all", "-O", fmt]
             text = self.run(args)
             try:
-                chunks = squeue_chunks(text, end)
-                if chunks and len(chunks[0].split(sep)) != len(QUEUE_FIELDS):
-                    raise ValueError(f"a row has {len(chunks[0].split(sep))} fields, expected {len(QUEUE_FIELDS)}")
+                chunks = [c.split(sep) for c in squeue_chunks(text, end)]
+                bad = next((len(v) for v in chunks if len(v) != len(QUEUE_FIELDS)), None)
+                if bad is not None:
+                    raise ValueError(f"a row has {bad} fields, expected {len(QUEUE_FIELDS)}")
             except ValueError as exc:
                 chunks, self._queue_text = None, False
                 log.info("squeue -O output not as asked (%s): reading the queue with squeue --json", exc)
         if chunks is not None:
             out: list[SlurmJob] | None = []
             rows: dict[str, tuple[list[str], SlurmJob, SlurmJob]] = {}
-            for chunk in chunks:
-                vals = chunk.split(sep)
+            for vals in chunks:
                 jid = vals[0].strip()
                 seen = self._rows.get(jid)
                 try:
