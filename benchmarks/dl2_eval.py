@@ -51,10 +51,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 BASELINES = ("drf", "tetris", "optimus")
-#: The shipped network (per-row actor), the seed's flat network and a shorter flat run (kept beside it), and
-#: the baselines; run from the repository root.
-DEFAULT_POLICIES = ("dl2,dl2-flat=dl2:policies/checkpoints/dl2/dl2-flat,dl2-40=dl2:policies/checkpoints/dl2/dl2-40,"
-                    + ",".join(BASELINES))
+#: The shipped network (per-row actor, 6-epoch warm-up), the per-row 3-epoch warm-up, the seed's flat network
+#: and a shorter flat run (kept beside it), and the baselines; run from the repository root.
+DEFAULT_POLICIES = ("dl2,dl2-3ep=dl2:policies/checkpoints/dl2/dl2-3ep,dl2-flat=dl2:policies/checkpoints/dl2/dl2-flat,"
+                    "dl2-40=dl2:policies/checkpoints/dl2/dl2-40," + ",".join(BASELINES))
 DEFAULT_RATES = (1.0, 2.0, 4.0)
 BEGIN, END = "<!-- dl2-results:begin -->", "<!-- dl2-results:end -->"
 #: The seed's claims (section 6.3): average JCT below DRF and below Optimus (%), decision time (ms).

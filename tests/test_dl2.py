@@ -340,3 +340,18 @@ def test_optimus_teacher_actions_give_optimus_allocation():
     got = run_episode(cluster, perf, _jobs(1000, 8), teacher)
     assert got == run_episode(cluster, perf, _jobs(1000, 8), make_elastic_policy("optimus", perf, DL2Spec().slot_s))
     assert sum(len(t.action) for t in teacher.slots) > 0
+
+
+def test_train_dl2_cli_sl_samples_reaches_config_and_rejects_zero(capsys):
+    """``--sl-samples N`` sets the warm-up's sample cap; 0 is refused by the parser (exit 2, one line)."""
+    from rlsched.cli import build_parser
+    from trainer.common.train_cli import config_values
+    from trainer.dl2.cli import OPTIONS
+    from trainer.dl2.train import DL2TrainConfig
+
+    args = build_parser().parse_args(["train-dl2", "--out", "RUN", "--sl-samples", "60000", "--sl-epochs", "6"])
+    cfg = DL2TrainConfig(**config_values(args, OPTIONS))
+    assert (cfg.sl_samples, cfg.sl_epochs) == (60000, 6)
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["train-dl2", "--out", "RUN", "--sl-samples", "0"])
+    assert exc.value.code == 2 and "--sl-samples" in capsys.readouterr().err

@@ -59,15 +59,15 @@ def test_outputs_and_docs_between_markers(ev, tiny, tmp_path):
     docs = tmp_path / "docs"
     docs.mkdir()
     for name in ("RESULTS.md", "ELASTIC.md"):
-        (docs / name).write_text(f"# {name}\n\nbefore\n\n{ev.BEGIN}\nold text\n{ev.END}\n\nafter\n")
+        (docs / name).write_text(f"# {name}\n\n@before@\n\n{ev.BEGIN}\nold text\n{ev.END}\n\n@after@\n")
     md = ev.write_outputs(tiny, tmp_path / "out", docs=True, docs_dir=docs)
     for f in ("dl2_act_vs_rate.png", "dl2_training.png"):
         assert (tmp_path / "out" / f).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert (docs / "figures" / f).is_file()
     for name in ("RESULTS.md", "ELASTIC.md"):
         text = (docs / name).read_text()
-        assert "old text" not in text and text.count(ev.BEGIN) == 1 and text.index("before") < text.index(ev.BEGIN)
-        assert text.index(ev.END) < text.index("after") and md in text
+        assert "old text" not in text and text.count(ev.BEGIN) == 1 and text.index("@before@") < text.index(ev.BEGIN)
+        assert text.index(ev.END) < text.index("@after@") and md in text
     saved = json.loads((tmp_path / "out" / "dl2_results.json").read_text())
     assert saved["runs"] == tiny["runs"] and "| 3 |" in md and "figures/dl2_act_vs_rate.png" in md
     # the section renders again from the JSON alone

@@ -41,6 +41,7 @@ OPTIONS = (
     ConfigOption("--cluster", "cluster file"),
     ConfigOption("--jobs", "jobs per training sequence", _positive_int),
     ConfigOption("--sl-traces", "DRF episodes for the warm-up", _positive_int),
+    ConfigOption("--sl-samples", "warm-up samples kept (uniformly) from the teacher's episodes", _positive_int),
     ConfigOption("--sl-epochs", "warm-up epochs", _positive_int),
     ConfigOption("--rl-episodes", "online RL episodes, >= 0", int),
     ConfigOption("--val-seeds", "validation sequences", _positive_int),
