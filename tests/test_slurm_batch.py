@@ -344,6 +344,27 @@ def test_queue_gives_the_same_job_for_an_unchanged_row_and_a_new_one_for_any_cha
     assert s.ran == ["text", "json", "json"]
 
 
+def test_job_reads_a_known_job_alone_as_its_text_row_and_any_other_from_json():
+    """SlurmCLI.job(): a job of the last JSON read comes from its own text row (the requeue wait polls it
+    each 0.2 s; a whole-queue JSON read per poll costs 0.3-1.1 s at 1,000 jobs); an unknown job, or a row
+    the text cannot describe, from squeue --json."""
+    s = TextSlurm()
+    s.json_jobs = [_json_job(1), _json_job(2, job_state="RUNNING", nodes="node1", priority=4294901757)]
+    s.rows = [{"JobID": "1"}, {"JobID": "2", "State": "RUNNING", "PriorityLong": "4294901757", "NodeList": "node1",
+                                "Reason": "None"}]
+    s.queue()
+    # job 2 requeued: held at once, still completing on node1
+    s.rows[1].update({"State": "COMPLETING", "PriorityLong": "0"})
+    del s.ran[:]
+    j = s.job(2)
+    assert s.ran == ["text"] and (j.job_id, j.state, j.priority) == (2, "COMPLETING", 0) and j.requeued_completing
+    s.rows[1].update({"State": "PENDING", "NodeList": "", "Reason": "JobHeldUser"})
+    j = s.job(2)
+    assert s.ran == ["text", "text"] and j.pending and j.held and not j.requeued_completing
+    # a job the last JSON read did not have: JSON (None: Slurm does not know it either)
+    assert s.job(3) is None and s.ran == ["text", "text", "json"]
+
+
 def test_text_times_are_local_epoch_seconds():
     from controller.slurm import _text_time
 
