@@ -202,8 +202,8 @@ def start_test_cluster(nodes: int, gpus: int, up_args: tuple[str, ...] = ()):
         shutil.rmtree(d, ignore_errors=True)
 
 
-# Set by the process that added the test user; the run's last session end removes the user (with
-# pytest-xdist the workers share the user, so no worker may remove it while another still runs jobs).
+# Exists while the test user is one this run created. The main process removes that user at the end of
+# the run (``pytest_sessionfinish``): pytest-xdist's workers share the user, so no worker removes it.
 _USER_MARK = Path(tempfile.gettempdir()) / f"rlsched-test-user-added.{os.getuid()}"
 
 
