@@ -28,6 +28,11 @@ Placements (:data:`policies.placement.PLACEMENT_RULES`): ``pack`` (SCED2 packing
 ``nosplit`` (a job that fits on one node is never split; larger jobs on as few nodes as
 possible: :class:`policies.placement.FloorPacking`), ``spread``, ``greedy`` (contention-aware
 among the ``nosplit`` placements, see :class:`policies.placement.ContentionAwarePlacement`).
+A job whose demand declares CPUs or memory (elastic traces: workers and parameter servers,
+``docs/ELASTIC.md``) is offered only the GPUs whose share of its CPUs and memory each node's free
+CPUs and memory hold (:func:`cpu_mem_room`, counting what the round's earlier placements take and
+its preemptions release), and waits if the rule's placement still does not fit them; its decisions
+pass the validator's CPU / memory rule (:mod:`policies.validate`).
 New and restarted jobs go through the same rule; a preemptive heuristic also moves a running
 job whenever the rule, given the free GPUs plus the job's own, puts it on fewer nodes (:attr:`OrderedPolicy.consolidate`; ``docs/PERFORMANCE_MODEL.md``, section 9).
 
@@ -43,6 +48,7 @@ import copy
 import math
 import operator
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Callable
 
 import numpy as np
@@ -51,8 +57,9 @@ from policies.base import Policy, PolicyError
 from policies.cluster import Placement
 from policies.perf import ContentionModel
 from policies.placement import PLACEMENT_RULES, PlacementRule
-from policies.resources import nodes_of_type
+from policies.resources import ResourceDemand, nodes_of_type
 from policies.state import TIME_KEY_SCALE, ClusterState, Decision, JobInfo, time_key
+from policies.validate import CpuMemTaken
 
 __all__ = [
     "OrderedPolicy",
@@ -232,7 +239,8 @@ class OrderedPolicy(Policy):
             if job.gpu_demand <= (got[1] if got is not None and got[0] is free else state.total_free):
                 # (no rule can place more GPUs than are free)
                 d = job.demand
-                p = (self.placement(job, free, state) if d is None or d.gpu_type is None
+                p = (self.placement(job, free, state)
+                     if d is None or (d.gpu_type is None and not d.declares_cpu_mem)
                      else self._place(job, free, state))
                 if p is not None:
                     dec.place.append((job.job_id, p))
@@ -257,6 +265,9 @@ class OrderedPolicy(Policy):
         # placements matter to it, and its contention ledger follows incrementally).
         aware = getattr(self.placement, "uses_running", False)
         cur = state
+        # CPUs and memory this round's decision takes and releases, for jobs that declare them (a job
+        # placed by GPUs alone may not fit a node's CPUs or memory: _place caps the free GPUs for it)
+        room = CpuMemTaken(state)
         started: list[tuple[JobInfo, Placement]] = []  # this round's starts and preemptions not yet in `cur`
         stopped: list[JobInfo] = []
         for job in pending:
@@ -275,7 +286,7 @@ class OrderedPolicy(Policy):
                 cur = cur.with_running(add=[_placed(j, q) for j, q in started], remove=stopped)
                 started, stopped = [], []
             # No rule can place more GPUs than are free: skip the call.
-            p = self._place(job, free, cur) if job.gpu_demand <= free_total else None
+            p = self._place(job, free, cur, room) if job.gpu_demand <= free_total else None
             if p is None and victims is None:
                 victims = self._victims(state, order)
                 can_preempt = bool(victims)
@@ -283,11 +294,13 @@ class OrderedPolicy(Policy):
                 assert victims is not None
                 key = order(job)
                 if victims and self._lower(victims[0][0][0], key[0]):
-                    p, chosen = self._with_preemption(job, key, free, cur, victims)
+                    p, chosen = self._with_preemption(job, key, free, cur, victims, room)
                     if p is not None:
                         if not own_free:
                             free, own_free = free.astype(np.int64), True
                         for v in chosen:
+                            if _declares(v):
+                                room.take(v, v.placement, +1)  # type: ignore[arg-type]
                             dec.preempt.append(v.job_id)
                             victims[:] = [kv for kv in victims if kv[1] is not v]
                             for n, c in v.placement.alloc:  # type: ignore[union-attr]
@@ -307,6 +320,8 @@ class OrderedPolicy(Policy):
                 continue
             taken = p
             free_total -= job.gpu_demand
+            if _declares(job):
+                room.take(job, p, -1)
             dec.place.append((job.job_id, p))
             if limit is not None and len(dec.place) >= limit:
                 break  # the backend applies no more: later placements (and their preemptions) are dropped
@@ -321,11 +336,12 @@ class OrderedPolicy(Policy):
                     free[n] -= c
             if started or stopped:
                 cur = cur.with_running(add=[_placed(j, q) for j, q in started], remove=stopped)
-            self._consolidate(state, cur, free if own_free else free.astype(np.int64), dec, limit, order)
+            self._consolidate(state, cur, free if own_free else free.astype(np.int64), dec, limit, order, room)
         return dec
 
     def _consolidate(self, state: ClusterState, cur: ClusterState, free: np.ndarray, dec: Decision,
-                     limit: int | None, order: Callable[[JobInfo], tuple] | None = None) -> None:
+                     limit: int | None, order: Callable[[JobInfo], tuple] | None = None,
+                     room: CpuMemTaken | None = None) -> None:
         """Move running jobs to better shapes (see ``consolidate``), highest priority first.
 
         For each running job ``j`` on ``n > 1`` nodes, more than its demand needs on the cluster's
@@ -335,7 +351,8 @@ class OrderedPolicy(Policy):
         nodes than ``j``'s placement, ``j`` is preempted and placed on ``q`` (both appended to
         ``dec``) and ``free`` (the round's free GPUs after its placements, changed in place)
         follows. Nothing happens when no GPU is free: ``j``'s own GPUs alone give the rule the
-        same nodes back.
+        same nodes back. ``room``: the CPUs and memory the round's decision holds so far (changed in
+        place when a job that declares them moves).
         """
         usable = state.usable
         if int(free.sum()) <= 0:
@@ -370,9 +387,16 @@ class OrderedPolicy(Policy):
             for n, c in own.alloc:
                 if usable is None or usable[n]:
                     trial[n] += c
-            q = self._place(j, trial, cur)
+            trial_room = None
+            if room is not None and _declares(j):
+                trial_room = room.copy()
+                trial_room.take(j, own, +1)
+            q = self._place(j, trial, cur, trial_room)
             if q is None or q.num_nodes >= own.num_nodes:
                 continue
+            if trial_room is not None:
+                trial_room.take(j, q, -1)
+                room.cpus, room.mem = trial_room.cpus, trial_room.mem  # type: ignore[union-attr]
             dec.preempt.append(j.job_id)
             dec.place.append((j.job_id, q))
             free[:] = trial
@@ -382,17 +406,35 @@ class OrderedPolicy(Policy):
                 moved.append((j, q))
                 cur = base.with_running(add=[_placed(x, y) for x, y in moved], remove=[x for x, _ in moved])
 
-    def _place(self, job: JobInfo, free: np.ndarray, state: ClusterState) -> Placement | None:
+    def _place(self, job: JobInfo, free: np.ndarray, state: ClusterState,
+               room: CpuMemTaken | None = None) -> Placement | None:
         """The placement rule for ``job`` on ``free``; a job that asks for a GPU type
-        (``job.demand.gpu_type``) sees only the free GPUs of the nodes of that type."""
+        (``job.demand.gpu_type``) sees only the free GPUs of the nodes of that type, and a job that
+        declares CPUs or memory only the GPUs whose share of its demand fits each node's free CPUs
+        and memory (:func:`cpu_mem_room`; ``room``: what the round's decision holds so far, none:
+        the snapshot's). A placement that still does not fit them (parameter servers laid out
+        round-robin over the workers' nodes can crowd one) is not made: the job waits."""
         d = job.demand
-        if d is not None and d.gpu_type is not None:
+        if d is None:
+            return self.placement(job, free, state)
+        if d.gpu_type is not None:
             ok = nodes_of_type(state.cluster, d.gpu_type)
             if not all(ok):
                 free = np.where(ok, free, 0)
                 if job.gpu_demand > int(free.sum()):
                     return None
-        return self.placement(job, free, state)
+        if not d.declares_cpu_mem:
+            return self.placement(job, free, state)
+        if room is None:
+            room = CpuMemTaken(state)
+        cpus, mem = room.free()
+        free = cpu_mem_room(d, free, cpus, mem)
+        if job.gpu_demand > int(free.sum()):
+            return None
+        p = self.placement(job, free, state)
+        if p is not None and room.misfit(job, p) is not None:
+            return None
+        return p
 
     def _victims(self, state: ClusterState, order: Callable[[JobInfo], tuple]) -> list[tuple[tuple, JobInfo]]:
         """``(order key, job)`` of the running jobs this policy may preempt, lowest priority first:
@@ -429,6 +471,7 @@ class OrderedPolicy(Policy):
         free: np.ndarray,
         state: ClusterState,
         victims: list[tuple[tuple, JobInfo]],
+        room: CpuMemTaken | None = None,
     ) -> tuple[Placement | None, list[JobInfo]]:
         """Free the lowest-priority victims one by one until ``job`` fits.
 
@@ -441,10 +484,13 @@ class OrderedPolicy(Policy):
 
         :param key: the round's order key of ``job``.
         :param victims: ``(key, job)`` pairs, lowest priority first.
+        :param room: the CPUs and memory the round's decision holds so far (not changed); the victims'
+            are released in a copy when ``job`` declares CPUs or memory.
         :returns: the placement and the victims it needs, or ``(None, [])``.
         """
         usable = state.usable
         trial = free.copy()
+        trial_room = None if room is None or not _declares(job) else room.copy()
         chosen: list[JobInfo] = []
         for vkey, v in victims:
             if not self._lower(vkey[0], key[0]):  # only clearly lower priority
@@ -452,11 +498,52 @@ class OrderedPolicy(Policy):
             for n, c in v.placement.alloc:  # type: ignore[union-attr]
                 if usable is None or usable[n]:
                     trial[n] += c
+            if trial_room is not None and _declares(v):
+                trial_room.take(v, v.placement, +1)  # type: ignore[arg-type]
             chosen.append(v)
-            p = self._place(job, trial, state)
+            p = self._place(job, trial, state, trial_room)
             if p is not None:
-                return p, _needed_victims(p, free, chosen)
+                needed = _needed_victims(p, free, chosen)
+                if trial_room is not None and len(needed) < len(chosen):
+                    # the victims kept free the GPUs; keep them all unless those free the CPUs and memory too
+                    check = room.copy()  # type: ignore[union-attr]
+                    for x in needed:
+                        if _declares(x):
+                            check.take(x, x.placement, +1)  # type: ignore[arg-type]
+                    if check.misfit(job, p) is not None:
+                        needed = chosen
+                return p, needed
         return None, []
+
+
+def _declares(job: JobInfo) -> bool:
+    """Whether ``job``'s demand asks for CPUs or memory (the only jobs whose placements change a round's
+    :class:`~policies.validate.CpuMemTaken`)."""
+    d = job.demand
+    return d is not None and d.declares_cpu_mem
+
+
+def cpu_mem_room(d: ResourceDemand, free: np.ndarray, cpus: Sequence[int | None],
+                 mem: Sequence[float | None]) -> np.ndarray:
+    """``free`` (GPUs per node, ``[num_nodes]``) capped at the GPUs each node's free CPU cores ``cpus``
+    and memory ``mem`` (GB; ``None``: no limit) can hold for demand ``d``: a GPU counts its worker's
+    CPUs and memory plus its share of the parameter servers' (``ps x ps_cpus / gpus``), as
+    :meth:`~policies.resources.Allocation.from_placement` spreads the PSs over the workers' nodes.
+    Returns a new int64 array."""
+    g = max(d.gpus, 1)
+    per_cpu = d.cpus_per_gpu + d.ps * d.ps_cpus / g
+    per_mem = d.mem_gb_per_gpu + d.ps * d.ps_mem_gb / g
+    out = np.asarray(free, dtype=np.int64).copy()
+    for n in np.flatnonzero(out):
+        cap = int(out[n])
+        c = cpus[n]
+        if c is not None and per_cpu > 0:
+            cap = min(cap, int(max(c, 0) // per_cpu))
+        m = mem[n]
+        if m is not None and per_mem > 0:
+            cap = min(cap, int(max(m, 0.0) // per_mem))
+        out[n] = cap
+    return out
 
 
 def _spread_out(state: ClusterState) -> bool:

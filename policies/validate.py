@@ -146,17 +146,34 @@ class _Free(Sequence):
         return None if b is None else b + self.delta.get(n, 0)
 
 
-class _CpuMem:
-    """The CPUs and memory a decision's accepted entries release and take, per node; reads the snapshot's
-    free CPUs / memory only when a job with a demand is placed."""
+class CpuMemTaken:
+    """The CPUs and memory a decision's accepted entries release and take, per node, over a snapshot;
+    reads the snapshot's free CPUs / memory only when a job with a demand is placed. The decision
+    validator (:func:`check_decision`) and the ordered heuristics (:class:`policies.heuristics.OrderedPolicy`,
+    while they build a round's decision) keep one."""
+
+    __slots__ = ("state", "cpus", "mem")
 
     def __init__(self, state: ClusterState) -> None:
         self.state = state
-        self.cpus: dict[int, int] = {}
-        self.mem: dict[int, float] = {}
+        self.cpus: dict[int, int] = {}  # node -> change of its free CPU cores
+        self.mem: dict[int, float] = {}  # node -> change of its free memory, GB
+
+    def copy(self) -> "CpuMemTaken":
+        """An independent copy (for a trial that may be dropped)."""
+        out = CpuMemTaken(self.state)
+        out.cpus, out.mem = dict(self.cpus), dict(self.mem)
+        return out
+
+    def free(self) -> tuple[Sequence[int | None], Sequence[float | None]]:
+        """Free CPU cores and memory (GB) per node after the changes; ``None`` for a node that declares
+        none (no limit)."""
+        cpus, mem = self.state.free_cpu_mem()
+        return _Free(cpus, self.cpus), _Free(mem, self.mem)
 
     def take(self, info: JobInfo, p: Placement, sign: int) -> None:
-        """Add ``sign`` times what ``info``'s demand holds on ``p`` (nothing for a plain demand)."""
+        """Add ``sign`` times what ``info``'s demand holds on ``p`` to the free CPUs and memory (+1: ``p``
+        is released, -1: taken; nothing for a plain demand)."""
         d = info.demand_for(p)
         if d is None or not d.declares_cpu_mem:
             return
@@ -175,8 +192,8 @@ class _CpuMem:
         d = info.demand_for(p)
         if d is None:
             return None
-        cpus, mem = self.state.free_cpu_mem()
-        why = placement_misfit(d, p, self.state.cluster, _Free(cpus, self.cpus), _Free(mem, self.mem))
+        cpus, mem = self.free()
+        why = placement_misfit(d, p, self.state.cluster, cpus, mem)
         return None if why is None else f"job {info.job_id}: placement {p} does not fit: {why}"
 
 
@@ -225,7 +242,7 @@ def check_decision(state: ClusterState, decision: Decision) -> list[Problem]:
             return [] if why is None else [Problem("place", 0, jid, why)]
     problems: list[Problem] = []
     delta: dict[int, int] = {}  # node -> change of its free GPUs by the entries accepted so far
-    res = _CpuMem(state)  # CPUs and memory released and taken by the accepted entries
+    res = CpuMemTaken(state)  # CPUs and memory released and taken by the accepted entries
 
     gone: set[str] = set()
     for i, jid in enumerate(decision.preempt):
