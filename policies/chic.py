@@ -204,7 +204,8 @@ def ps_room(cluster, wv: Sequence[float], pv: Sequence[float], workers: int, max
     ``pv`` can run with, on the otherwise empty ``cluster``, laid out as the platform lays a growing job
     (:func:`policies.elastic.materialize`: workers packed onto the nodes with most GPUs first, in node
     order; PSs only on the job's worker nodes, split evenly, the first nodes taking the remainder,
-    :func:`policies.elastic.node_usage`). 0 when the workers do not fit; ``max_ps`` where the nodes
+    :func:`policies.elastic.node_usage`; on a ``spread`` cluster on any node's free CPUs and memory).
+    0 when the workers do not fit; ``max_ps`` where the nodes
     declare no CPUs / memory."""
     gpn = cluster.gpus_per_node
     cpus = [math.inf if c is None else float(c) for c in cluster.cpus_per_node]
@@ -225,6 +226,20 @@ def ps_room(cluster, wv: Sequence[float], pv: Sequence[float], workers: int, max
             left -= k
     if left or not counts:
         return 0
+    if getattr(cluster, "ps_placement", "workers") == "spread":  # PSs on any node (materialize's spread_ps)
+        room = 0
+        for n in range(len(gpn)):
+            c = cpus[n] - counts.get(n, 0) * wv[1]
+            m = mem[n] - counts.get(n, 0) * wv[2]
+            k = max_ps
+            if pv[1] > 0 and c != math.inf:
+                k = min(k, int((c + 1e-9) // pv[1]))
+            if pv[2] > 0 and m != math.inf:
+                k = min(k, int((m + 1e-6) // pv[2]))
+            room += max(k, 0)
+            if room >= max_ps:
+                return max_ps
+        return room
     nodes = sorted(counts)
     best = 0
     for p in range(1, max_ps + 1):

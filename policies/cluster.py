@@ -25,7 +25,9 @@ __all__ = [
 ]
 
 #: Keys a cluster file may hold at its top level and in each ``nodes`` entry (anything else is a typo).
-FILE_KEYS = ("nodes", "intra_bw_gbps", "inter_bw_gbps")
+FILE_KEYS = ("nodes", "intra_bw_gbps", "inter_bw_gbps", "ps_placement")
+#: Where a cluster runs elastic jobs' parameter servers (:attr:`ClusterSpec.ps_placement`).
+PS_PLACEMENTS = ("workers", "spread")
 NODE_KEYS = ("name", "gpus", "count", "gpu_type", "gpu_speed", "cpus", "mem_gb", "switch")
 #: The optional node attributes (everything of :class:`NodeSpec` but name and GPU count).
 NODE_ATTRS = ("gpu_type", "gpu_speed", "cpus", "mem_gb", "switch")
@@ -205,11 +207,16 @@ class ClusterSpec:
         x16 = 16 GB/s as in the seed's testbed.
     :param inter_bw_gbps: bandwidth of a node's network link (GB/s); 40 Gbps
         InfiniBand = 5 GB/s as in the seed's testbed.
+    :param ps_placement: where the cluster runs an elastic job's parameter servers
+        (:data:`PS_PLACEMENTS`): ``"workers"`` (default) only on the job's worker nodes, split
+        evenly; ``"spread"`` on any node, each PS where the most CPUs are free (the load-balancing
+        placement DL2 deploys workers and PSs with, seed 000, sections 3 and 5).
     """
 
     nodes: tuple[NodeSpec, ...]
     intra_bw_gbps: float = 16.0
     inter_bw_gbps: float = 5.0
+    ps_placement: str = "workers"
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -226,6 +233,8 @@ class ClusterSpec:
                 raise ClusterSpecError(f"node {n.name!r}: gpus must be a positive integer, got {n.gpus!r}")
             if n.gpus > MAX_GPUS_PER_NODE:
                 raise ClusterSpecError(f"node {n.name!r}: at most {MAX_GPUS_PER_NODE} GPUs per node, got {n.gpus}")
+        if self.ps_placement not in PS_PLACEMENTS:
+            raise ClusterSpecError(f"ps_placement must be one of {', '.join(PS_PLACEMENTS)}, got {self.ps_placement!r}")
         for name in ("intra_bw_gbps", "inter_bw_gbps"):
             bw = getattr(self, name)
             try:
@@ -392,6 +401,11 @@ class ClusterSpec:
                     kw[k] = float(doc[k])
                 except (TypeError, ValueError, OverflowError):
                     raise ClusterSpecError(f"{path}: {k}: expected a number, got {doc[k]!r}") from None
+        if "ps_placement" in doc:
+            if doc["ps_placement"] not in PS_PLACEMENTS:
+                raise ClusterSpecError(f"{path}: ps_placement: expected one of {', '.join(PS_PLACEMENTS)}, "
+                                       f"got {doc['ps_placement']!r}")
+            kw["ps_placement"] = doc["ps_placement"]
         try:
             return cls(tuple(nodes), **kw)
         except ClusterSpecError as exc:
@@ -498,6 +512,8 @@ class ClusterSpec:
         switches = {s for s in self.switches if s is not None}
         if switches:
             text += f", {len(switches)} switch{'es' if len(switches) != 1 else ''}"
+        if self.ps_placement != "workers":
+            text += f", PSs {self.ps_placement}"
         return text
 
     def to_dict(self) -> dict:

@@ -8,8 +8,11 @@ A policy puts one in ``Decision.place`` or ``Decision.resize``; the GPU rules of
 another ``ps`` changes the PS count only. A plain ``Placement`` of a PS job runs its demand's
 ``ps`` (``JobSpec.demand.ps``).
 
-**Where PSs run.** As :meth:`policies.resources.Allocation.from_placement` places them: PS ``i`` on
-the ``i % k``-th of the placement's ``k`` nodes (ascending). A job's CPU / memory use on a node is
+**Where PSs run** (:func:`ps_layout`, :meth:`policies.resources.Allocation.from_placement`): on a
+cluster whose ``ps_placement`` is ``"workers"`` (the default) PS ``i`` runs on the ``i % k``-th of the
+placement's ``k`` nodes (ascending); on a ``"spread"`` cluster :func:`materialize` puts each PS on the
+node with the most free CPUs (then memory, then the job's own nodes, then the lowest index) and names
+the nodes in the placement's ``ps_nodes``. A job's CPU / memory use on a node is
 its workers' there (``cpus_per_gpu`` / ``mem_gb_per_gpu`` each) plus its PSs' (``ps_cpus`` /
 ``ps_mem_gb`` each) (:func:`node_usage`). Jobs carry their :class:`~policies.resources.ResourceDemand`
 in ``JobInfo.demand`` (the simulator sets it from the trace's ``JobSpec.demand``); a job without one uses no CPU or memory.
@@ -61,6 +64,7 @@ __all__ = [
     "DEFAULT_INTERVAL_S",
     "job_demand",
     "job_ps",
+    "ps_layout",
     "node_usage",
     "free_resources",
     "resource_problem",
@@ -85,25 +89,54 @@ _EPS = 1e-9
 
 @dataclass(frozen=True)
 class ElasticPlacement(Placement):
-    """A placement of workers (GPUs per node) plus the job's parameter-server count ``ps`` (>= 0).
+    """A placement of workers (GPUs per node) plus the job's parameter-server count ``ps`` (>= 0) and,
+    optionally, the nodes its PSs run on (``ps_nodes``: ``(node, PSs)`` pairs, ascending nodes, summing
+    to ``ps``; empty: on the worker nodes, split evenly, :func:`ps_layout`).
 
-    Build one with :meth:`make`. Equal to another only with the same GPUs and the same ``ps``."""
+    Build one with :meth:`make`. Equal to another only with the same GPUs, ``ps`` and ``ps_nodes``."""
 
     ps: int = 0
+    ps_nodes: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if isinstance(self.ps, bool) or not isinstance(self.ps, int) or self.ps < 0:
             raise ValueError(f"ElasticPlacement: ps must be an integer >= 0, got {self.ps!r}")
+        if self.ps_nodes:
+            nodes = [n for n, _ in self.ps_nodes]
+            if (nodes != sorted(set(nodes)) or any(isinstance(c, bool) or not isinstance(c, int) or c < 1
+                                                   for _, c in self.ps_nodes)
+                    or sum(c for _, c in self.ps_nodes) != self.ps or nodes[0] < 0):
+                raise ValueError(f"ElasticPlacement: ps_nodes must be (node, count >= 1) pairs on distinct ascending "
+                                 f"nodes summing to ps = {self.ps}, got {self.ps_nodes!r}")
 
     @classmethod
-    def make(cls, mapping: Mapping[int, int] | Iterable[tuple[int, int]], ps: int) -> "ElasticPlacement":
-        """The placement of ``mapping`` (node -> GPUs, as :meth:`Placement.of`) with ``ps`` PSs."""
+    def make(cls, mapping: Mapping[int, int] | Iterable[tuple[int, int]], ps: int,
+             ps_nodes: Mapping[int, int] | None = None) -> "ElasticPlacement":
+        """The placement of ``mapping`` (node -> GPUs, as :meth:`Placement.of`) with ``ps`` PSs, on the
+        nodes ``ps_nodes`` (node -> PSs; None: on the worker nodes, split evenly)."""
         base = Placement.of(mapping)
-        return cls(base.alloc, ps)
+        lay = tuple(sorted((n, c) for n, c in ps_nodes.items() if c)) if ps_nodes else ()
+        return cls(base.alloc, ps, lay)
 
     def __str__(self) -> str:
+        if self.ps_nodes:
+            return super().__str__() + f"+{self.ps}ps" + "{" + ",".join(f"{n}:{c}" for n, c in self.ps_nodes) + "}"
         return super().__str__() + f"+{self.ps}ps"
+
+
+def ps_layout(placement: Placement, ps: int) -> list[tuple[int, int]]:
+    """``(node, PSs)`` of a job's ``ps`` parameter servers on ``placement``: its ``ps_nodes`` where it
+    names them (an :class:`ElasticPlacement` laid out by a ``spread`` cluster), else PS ``i`` on the
+    ``i % k``-th of the placement's ``k`` nodes (ascending)."""
+    lay = getattr(placement, "ps_nodes", ())
+    if lay and sum(c for _, c in lay) == ps:
+        return list(lay)
+    k = placement.num_nodes
+    if not ps or not k:
+        return []
+    base, extra = divmod(ps, k)
+    return [(n, base + (1 if i < extra else 0)) for i, n in enumerate(placement.nodes) if base + (1 if i < extra else 0)]
 
 
 def job_demand(job: JobInfo) -> ResourceDemand | None:
@@ -132,15 +165,9 @@ def node_usage(placement: Placement, demand: ResourceDemand | None, ps: int) -> 
     cw, mw = demand.cpus_per_gpu, demand.mem_gb_per_gpu
     for n, c in placement.alloc:
         out[n] = (c * cw, c * mw)
-    k = placement.num_nodes
-    if ps and k:
-        nodes = placement.nodes
-        base, extra = divmod(ps, k)
-        for i, n in enumerate(nodes):
-            cnt = base + (1 if i < extra else 0)
-            if cnt:
-                c0, m0 = out[n]
-                out[n] = (c0 + cnt * demand.ps_cpus, m0 + cnt * demand.ps_mem_gb)
+    for n, cnt in ps_layout(placement, ps):
+        c0, m0 = out.get(n, (0, 0.0))
+        out[n] = (c0 + cnt * demand.ps_cpus, m0 + cnt * demand.ps_mem_gb)
     return out
 
 
@@ -370,8 +397,50 @@ def materialize(state: ClusterState, jobs: list[PlanJob]) -> Decision:
         return (usable is None or usable[n]) and free[n] > 0 and cpus[n] + _EPS >= j.wv[1] \
             and mem[n] + 1e-6 >= j.wv[2]
 
+    spread = cl.ps_placement == "spread"
+
+    def spread_ps(j: PlanJob, counts: dict[int, int], p: int, old: Placement | None) -> dict[int, int]:
+        """Up to ``p`` PSs of ``j`` laid out one by one on the usable node with the most free CPUs (then
+        memory, then one of its worker nodes, then the lowest index) that holds one, after its workers on
+        ``counts`` (its ``old`` use given back): node -> PSs, fewer than ``p`` where the cluster is full."""
+        c2, m2 = list(cpus), list(mem)
+        if old is not None:
+            for n, (c, m) in node_usage(old, j.demand, job_ps(j.info, old)).items():
+                c2[n] += c
+                m2[n] += m
+        for n, k in counts.items():
+            c2[n] -= k * j.wv[1]
+            m2[n] -= k * j.wv[2]
+        pc, pm = j.pv[1], j.pv[2]
+        heap = [(-c2[n], -m2[n], n not in counts, n) for n in range(cl.num_nodes)
+                if (usable is None or usable[n]) and c2[n] + _EPS >= pc and m2[n] + 1e-6 >= pm]
+        heapq.heapify(heap)
+        lay: dict[int, int] = {}
+        while heap and p > 0:
+            _c, _m, _not_own, n = heapq.heappop(heap)
+            lay[n] = lay.get(n, 0) + 1
+            p -= 1
+            c2[n] -= pc
+            m2[n] -= pm
+            if c2[n] + _EPS >= pc and m2[n] + 1e-6 >= pm:
+                heapq.heappush(heap, (-c2[n], -m2[n], n not in counts, n))
+        return lay
+
+    def ps_tries(j: PlanJob) -> Sequence[int]:
+        """The PS counts to try for ``j``, most first: on a ``spread`` cluster one try (``try_take`` lays
+        out as many of ``j.p`` as fit), else every count down to 1."""
+        if not j.ps_job:
+            return [0]
+        return [j.p] if spread else range(j.p, 0, -1)
+
     def try_take(j: PlanJob, counts: dict[int, int], p: int, old: Placement | None) -> ElasticPlacement | None:
-        pl = ElasticPlacement.make(counts, p)
+        lay = None
+        if spread and p > 0:
+            lay = spread_ps(j, counts, p, old)
+            p = sum(lay.values())
+            if p == 0 or (old is not None and p == j.cur_p and counts == old.as_dict()):
+                return None  # no PS fits, or nothing would change
+        pl = ElasticPlacement.make(counts, p, lay)
         for n, c in pl.alloc:
             own = dict(old.alloc).get(n, 0) if old is not None else 0
             if c > free[n] + own:
@@ -443,7 +512,7 @@ def materialize(state: ClusterState, jobs: list[PlanJob]) -> Decision:
         for w in ws:
             cands = [shrink(counts, j.cur_w - w)] if w <= j.cur_w else grow_options(j, counts, w - j.cur_w)
             for cand in cands:
-                for p in (range(j.p, 0, -1) if j.ps_job else [0]):
+                for p in ps_tries(j):
                     if cand == counts and p == j.cur_p:
                         break  # no change left to make
                     done = try_take(j, cand, p, old)
@@ -465,7 +534,7 @@ def materialize(state: ClusterState, jobs: list[PlanJob]) -> Decision:
             continue
         placed = None
         for cand in grow_options(j, {}, w):
-            for p in range(j.p, 0, -1) if j.ps_job else [0]:
+            for p in ps_tries(j):
                 placed = try_take(j, cand, p, None)
                 if placed is not None:
                     break

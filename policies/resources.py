@@ -247,8 +247,9 @@ class Allocation:
 
         Workers take the lowest GPU indices of each node that ``used_gpu_indices`` (node -> indices
         already held by other jobs) leaves free, with ``cpus_per_gpu`` / ``mem_gb_per_gpu`` per GPU.
-        Parameter server ``i`` runs on the ``i % k``-th of the placement's ``k`` nodes (ascending
-        node index), with ``ps_cpus`` / ``ps_mem_gb`` each.
+        Parameter servers run where the placement's ``ps_nodes`` say (an elastic placement on a
+        ``spread`` cluster, :func:`policies.elastic.ps_layout`), else server ``i`` on the ``i % k``-th
+        of the placement's ``k`` nodes (ascending node index); ``ps_cpus`` / ``ps_mem_gb`` each.
 
         :raises ResourceError: the placement's GPU count is not one the demand accepts, a node index
             is outside the cluster, or a node has too few free GPU indices.
@@ -272,7 +273,13 @@ class Allocation:
             shares.append(
                 NodeShare(node, WORKER, tuple(free[:count]), count * demand.cpus_per_gpu, count * demand.mem_gb_per_gpu)
             )
-        if demand.ps and placement.num_nodes:
+        lay = getattr(placement, "ps_nodes", ())
+        if demand.ps and lay and sum(k for _, k in lay) == demand.ps:  # PSs laid out by a "spread" cluster
+            for node, k in lay:
+                if node >= cluster.num_nodes:
+                    raise ResourceError(f"allocation: PS node {node} is not in the cluster ({cluster.num_nodes} nodes)")
+                shares.append(NodeShare(node, PS, (), k * demand.ps_cpus, k * demand.ps_mem_gb))
+        elif demand.ps and placement.num_nodes:
             per_node = [0] * placement.num_nodes
             for i in range(demand.ps):
                 per_node[i % placement.num_nodes] += 1

@@ -187,7 +187,7 @@ def test_empty_placement() -> None:
     assert p.total_gpus == 0 and p.num_nodes == 0 and p.max_per_node == 0
 
 
-TOP = "nodes, intra_bw_gbps, inter_bw_gbps"
+TOP = "nodes, intra_bw_gbps, inter_bw_gbps, ps_placement"
 NODE = "name, gpus, count, gpu_type, gpu_speed, cpus, mem_gb, switch"
 
 
