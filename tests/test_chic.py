@@ -353,13 +353,31 @@ def test_fixed_shape_study_policy_plans_its_shapes_while_capacity_lasts():
     assert [(s.job.w, s.job.p) for s in (a, b, c)] == [(3, 10), (3, 10), (0, 0)]
 
 
+def _workers_setup():
+    """The Chic cluster's nodes with PSs only on the worker nodes (``ps_placement: workers``), where the
+    placed ``g`` differs from the measured one, and the performance model."""
+    import dataclasses
+
+    cluster, perf = chic_setup()
+    return dataclasses.replace(cluster, ps_placement="workers"), perf
+
+
 def test_ps_room_hand_worked():
-    """On the Chic cluster (5 nodes x 2 GPUs, 24 cores, 120 GB): a VGG-16 worker (2 cores, 10 GB) leaves
-    22 cores for PSs of 4 cores: 5; two workers packed on one node leave 20 cores: 5; three workers on
-    two nodes (2 + 1) host 5 + 5. ResNet-50's PSs of 3 cores: 22 // 3 = 7 beside one worker."""
+    """On the Chic cluster's nodes (5 x 2 GPUs, 24 cores, 120 GB) with PSs on the worker nodes
+    (``ps_placement: workers``): a VGG-16 worker (2 cores, 10 GB) leaves 22 cores for PSs of 4 cores: 5;
+    two workers packed on one node leave 20 cores: 5; three workers on two nodes (2 + 1) host 5 + 5.
+    ResNet-50's PSs of 3 cores: 22 // 3 = 7 beside one worker. With PSs on any node (``spread``, the
+    shipped cluster file) one VGG-16 worker leaves 5 + 4 x 6 = 29 PSs of room: the cap, 23."""
+    import dataclasses
+
     from policies.chic import ps_room
 
-    cluster, _perf = chic_setup()
+    spread, _perf = chic_setup()
+    assert spread.ps_placement == "spread"
+    assert [ps_room(spread, (1.0, 2.0, 10.0), (0.0, 4.0, 10.0), w) for w in (1, 6)] == [23, 23]
+    assert ps_room(spread, (1.0, 2.0, 10.0), (0.0, 4.0, 10.0), 1, max_ps=30) == 29
+    assert ps_room(spread, (1.0, 2.0, 8.0), (0.0, 3.0, 9.0), 11) == 0  # 10 GPUs
+    cluster = dataclasses.replace(spread, ps_placement="workers")
     vgg = [ps_room(cluster, (1.0, 2.0, 10.0), (0.0, 4.0, 10.0), w) for w in range(1, 7)]
     assert vgg == [5, 5, 10, 10, 15, 15]
     assert ps_room(cluster, (1.0, 2.0, 8.0), (0.0, 3.0, 9.0), 1) == 7
@@ -374,7 +392,7 @@ def test_placed_g_caps_ps_and_offers_the_worker_that_makes_room():
     only slows)."""
     spec = ChicSpec("chic", 1)
     net = ChicNet.init(spec.obs_size, spec.n_actions, seed=1)
-    cluster, perf = chic_setup()
+    cluster, perf = _workers_setup()
     placed, measured = ChicPolicy(net, spec, perf, g="placed"), ChicPolicy(net, spec, perf, g="measured")
     placed._cluster = cluster
     ms = perf.ps_model("VGG-16")
@@ -419,7 +437,7 @@ def test_placed_g_reaches_the_fastest_placed_shape_from_an_empty_plan():
     the fastest shape the layout runs. ResNet-50 (room 7 / 6 / 12 for 1 / 2 / 3 workers) reaches 3 : 10
     (55.3, against 49.3 at 1 : 7)."""
     spec = ChicSpec("chic", 1)
-    cluster, perf = chic_setup()
+    cluster, perf = _workers_setup()
     pol = ChicPolicy(ChicNet.init(spec.obs_size, spec.n_actions, seed=1), spec, perf, g="placed")
     pol._cluster = cluster
     at14 = _slot("VGG-16", w=1, p=4, hi=16)
@@ -482,7 +500,7 @@ def test_placed_optimus_reference_plans_with_the_speed_its_nodes_host():
     nodes host (VGG-16 at 2 workers runs 9 PSs as 5), so the greedy's PS gains stop at the room."""
     from trainer.chic.results import PlacedOptimus
 
-    cluster, perf = chic_setup()
+    cluster, perf = _workers_setup()
     pol = PlacedOptimus(perf)
     pol._cluster = cluster
     ms = perf.ps_model("VGG-16")
