@@ -263,12 +263,21 @@ def evaluate(rates: Sequence[float], seqs: int, overrides: dict[str, str | None]
     return out
 
 
-def validation_optimus(rate: float, seqs: int) -> float:
-    """Optimus' average JCT on the validation sequences (the training curves' reference line)."""
+def validation_act(policy: str, rate: float, seqs: int, ps_placement: str | None = None) -> float:
+    """Average JCT of ``policy`` (a registry name, e.g. ``optimus`` or ``chic:PATH``) on the validation
+    sequences at ``rate``, on the Chic cluster with its PSs laid out by ``ps_placement`` (None: as its
+    file says)."""
+    import dataclasses
+
+    from policies.perf import ContentionModel
+    from policies.psmodel import PSPerformanceModel
     from policies.registry import make_policy
 
     cluster, perf = chic_setup()
-    return float(np.mean([run_policy(make_policy("optimus", cluster, perf), cluster, perf, j)
+    if ps_placement is not None and ps_placement != cluster.ps_placement:
+        cluster = dataclasses.replace(cluster, ps_placement=ps_placement)
+        perf = PSPerformanceModel(ContentionModel(cluster))
+    return float(np.mean([run_policy(make_policy(policy, cluster, perf), cluster, perf, j)
                           for j in sequences(VAL_SEED0, seqs, rate)]))
 
 
@@ -281,6 +290,7 @@ def load_histories(res: dict) -> dict[str, dict]:
             h = path.with_name(f"{path.stem}-history.json")
             if path.stem not in out and h.is_file():
                 out[path.stem] = json.loads(h.read_text())
+                out[path.stem]["checkpoint"] = str(path)
     return out
 
 
@@ -385,7 +395,11 @@ def findings(res: dict) -> list[str]:
                       "So Chic gains by re-planning as soon as a job arrives instead of leaving it waiting for the next "
                       "600 s re-plan, and by running its jobs faster than Optimus' shapes do (the training table's g "
                       "column: the speeds each network plans with)."))
-    if OPTIMUS_PLACED in B[R[0]]["policies"]:
+    spread = chic_setup()[0].ps_placement == "spread"
+    if OPTIMUS_PLACED in B[R[0]]["policies"] and spread:
+        out.append(f"**Optimus with the placed speeds**: {_ratios(B, R, OPTIMUS_PLACED)} x Optimus: the cluster "
+                   "spreads PSs over every node, so the placed speeds are the measured ones (the row before).")
+    elif OPTIMUS_PLACED in B[R[0]]["policies"]:
         same = all(B[r]["policies"][OPTIMUS_PLACED]["per_seq_s"] == B[r]["policies"][OPTIMUS_MEASURED]["per_seq_s"]
                    for r in R)
         out.append(f"**Optimus with the placed speeds**: planning on the measured speed at the PSs its workers' "
@@ -473,17 +487,23 @@ def markdown(res: dict, histories: dict[str, dict]) -> str:
     for n, d in res.get("decision_ms", {}).items():
         lines.append(f"| {n} | {d['steps']} | {d['median']:.3f} ms | {d['p99']:.3f} ms | {d['mean']:.3f} ms |")
     if histories:
+        cl, _perf = chic_setup()
         lines += ["", "Training (the checkpoints above; `training` in their JSON, curves in `<name>-history.json` "
-                  "beside them):", "",
-                  "| checkpoint | trained at (jobs/h) | g | iterations | trajectories / iteration | best validation ACT "
-                  "(iteration) | Optimus on the same validation set | training CPU time |", "|---|---|---|---|---|---|---|---|"]
+                  "beside them). The validation ACTs of training are on the cluster it ran on, whose PS placement "
+                  f"(`ps_placement`) the fourth column names; the last two columns run the network and Optimus on "
+                  f"the same validation sequences on `data/clusters/chic.yaml` (PSs {cl.ps_placement}):", "",
+                  "| checkpoint | trained at (jobs/h) | g | PSs in training | iterations | trajectories / iteration | "
+                  "best validation ACT (iteration) | Optimus there | training CPU time | validation ACT on chic.yaml | "
+                  "Optimus there |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for stem, h in sorted(histories.items()):
             c = h["config"]
             cpu = h.get("train_cpu_seconds")
             cpu_s = f"{cpu / 60:.1f} min" if cpu is not None else f"{h['train_seconds'] / 60:.1f} min (wall)"
-            lines.append(f"| {stem} | {c['rate']:g} | {c.get('g', 'fitted')} | {c['iterations']} | {c['n']} + 1 uniform | "
+            lines.append(f"| {stem} | {c['rate']:g} | {c.get('g', 'fitted')} | {h.get('ps_placement', 'workers')} | "
+                         f"{c['iterations']} | {c['n']} + 1 uniform | "
                          f"{h['best_val_act']:.0f} s ({h['best_iteration']}) | "
-                         f"{h.get('optimus_val_act', float('nan')):.0f} s | {cpu_s} |")
+                         f"{h.get('optimus_val_act', float('nan')):.0f} s | {cpu_s} | "
+                         f"{h.get('val_act_now', float('nan')):.0f} s | {h.get('optimus_val_now', float('nan')):.0f} s |")
     lines += ["", "![ACT vs arrival rate](figures/chic_act_vs_rate.png)"]
     if histories:
         lines += ["", "![Training curves](figures/chic_training.png)"]
@@ -504,9 +524,14 @@ def main(out: Path, rates: Sequence[float], seqs: int, overrides: dict[str, str 
     hist = load_histories(res)
     for h in hist.values():
         c = h["config"]
-        h["optimus_val_act"] = validation_optimus(c["rate"], c["val_seqs"])
+        # a history without the key was trained with PSs on the worker nodes (the platform's only layout then)
+        h["ps_placement"] = h.get("ps_placement", "workers")
+        h["optimus_val_act"] = validation_act("optimus", c["rate"], c["val_seqs"], h["ps_placement"])
+        h["val_act_now"] = validation_act(f"{c['variant']}:{h['checkpoint']}", c["rate"], c["val_seqs"])
+        h["optimus_val_now"] = validation_act("optimus", c["rate"], c["val_seqs"])
     res["training"] = {n: {k: h.get(k) for k in ("best_iteration", "best_val_act", "train_seconds",
-                                                  "train_cpu_seconds", "optimus_val_act")}
+                                                  "train_cpu_seconds", "ps_placement", "optimus_val_act",
+                                                  "val_act_now", "optimus_val_now")}
                        for n, h in hist.items()}
     (out / "chic_results.json").write_text(json.dumps(res, indent=1))
     figs = figures(res, hist, out)

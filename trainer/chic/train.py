@@ -331,7 +331,8 @@ def train(cfg: CEMConfig, out: str | Path, progress: bool = True, name: str | No
         except SimulationError:
             return math.inf
 
-    history = {"config": asdict(cfg), "iterations": []}
+    # where the training cluster runs PSs (the validation ACTs below are on it)
+    history = {"config": asdict(cfg), "ps_placement": cluster.ps_placement, "iterations": []}
     best_act, best_net, best_it = validate(net), net, 0
     history["iterations"].append({"iteration": 0, "val_act": best_act})
     t_start, c_start = time.perf_counter(), time.process_time()
@@ -365,7 +366,8 @@ def train(cfg: CEMConfig, out: str | Path, progress: bool = True, name: str | No
     history.update(best_iteration=best_it, best_val_act=best_act, train_seconds=time.perf_counter() - t_start,
                    train_cpu_seconds=time.process_time() - c_start)
     training = {"algorithm": "modified cross-entropy method (seed 001, Algorithm 1)", "config": asdict(cfg),
-                "best_iteration": best_it, "best_val_act_s": best_act, "train_seconds": history["train_seconds"],
+                "best_iteration": best_it, "best_val_act_s": best_act, "ps_placement": cluster.ps_placement,
+                "train_seconds": history["train_seconds"],
                 "train_cpu_seconds": history["train_cpu_seconds"],
                 "train_seeds": [TRAIN_SEED0, TRAIN_SEED0 + cfg.train_seqs - 1],
                 "val_seeds": [VAL_SEED0, VAL_SEED0 + cfg.val_seqs - 1],
