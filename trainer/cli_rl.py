@@ -216,9 +216,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="comma-separated trace groups that get the JCT CDF, CS distribution and utilisation KDE figures, "
         "or 'all' (default: all, every group of --traces, e.g. the ones scripts/rl_traces.sh writes)",
     )
-    from trainer.cli_sim import add_compat_arg
+    from trainer.cli_sim import add_compat_arg, add_resize_overhead_arg
 
     add_compat_arg(e)
+    add_resize_overhead_arg(e, "the restart pause, 30 s")
     e.set_defaults(func=_cmd_evaluate)
 
     c = sub.add_parser(
@@ -485,6 +486,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
                 else [g.strip() for g in args.figure_groups.split(",") if g.strip()],
                 progress=update,
                 compat=args.compat,
+                resize_overhead=args.resize_overhead,
             )
     except EvaluationError as exc:
         return _fail("evaluate", exc)
