@@ -477,11 +477,20 @@ def _branch_plot(results: Mapping[str, Any], branch_names: Sequence[str], figdir
     return p
 
 
+def _metrics(data: Mapping[str, Any]) -> tuple[tuple[str, str, float], ...]:
+    """The :data:`METRICS` of one group's tables: JCTs in hours, in seconds for an elastic group (its jobs
+    run minutes: DL2's and Chic's settings; ``"elastic"`` set by :func:`run_evaluation`)."""
+    if not any(d.get("elastic") for d in data.values()):
+        return METRICS
+    return tuple((k, h.replace("(h)", "(s)"), 1.0) if k.endswith("_jct_s") else (k, h, sc) for k, h, sc in METRICS)
+
+
 def _cell(summary: Mapping[str, Any], key: str, scale: float) -> str:
     """``"mean ± half-width"`` of metric ``key`` (times ``scale``); the mean alone where there is no
     interval (``ci95`` null: one job set)."""
     m, h = summary[key]["mean"], summary[key]["ci95"]
-    fmt = "{:.3f}" if key == "avg_cs" else "{:.2f}" if scale != 100.0 else "{:.1f}"
+    fmt = ("{:.3f}" if key == "avg_cs" else "{:.1f}" if scale == 100.0 else "{:.0f}" if scale == 1.0
+           else "{:.2f}")
     return fmt.format(m * scale) + ("" if h is None else f" ± {fmt.format(h * scale)}")
 
 
@@ -519,13 +528,14 @@ def markdown_tables(results: Mapping[str, Any], cluster: str) -> str:
         what = "1 job set, no interval" if nsets == 1 else f"{nsets} job sets"
         lines.append(f"### {g} ({what}, {cluster})\n")
         paired = any("jct_vs_best" in d["summary"] for d in data.values())
-        heads = [h for _, h, _ in METRICS] + ([PAIRED_HEAD] if paired else [])
+        metrics = _metrics(data)
+        heads = [h for _, h, _ in metrics] + ([PAIRED_HEAD] if paired else [])
         lines.append("| Policy | " + " | ".join(heads) + " |")
         lines.append("|---|" + "---|" * len(heads))
         order = _best_first(data)
         for name in order:
             d = data[name]
-            cells = [_cell(d["summary"], key, scale) for key, _, scale in METRICS]
+            cells = [_cell(d["summary"], key, scale) for key, _, scale in metrics]
             if paired:
                 cells.append(_paired_cell(d["summary"]))
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -565,13 +575,14 @@ def print_tables(results: Mapping[str, Any], cluster: str, console: Any = None) 
         table = Table(title=f"{g} ({what}, {cluster})", title_justify="left")
         # a long name (rl-base:/path/to/checkpoint) folds, so the table stays within TABLE_WIDTH columns
         paired = any("jct_vs_best" in d["summary"] for d in data.values())
-        heads = [h for _, h, _ in METRICS] + ([PAIRED_HEAD] if paired else [])
+        metrics = _metrics(data)
+        heads = [h for _, h, _ in metrics] + ([PAIRED_HEAD] if paired else [])
         table.add_column("Policy", overflow="fold", max_width=max(TABLE_WIDTH - 16 * len(heads) - 4, 12))
         for head in heads:
             table.add_column(head, justify="right")
         for name in _best_first(data):
             d = data[name]
-            cells = [_cell(d["summary"], key, scale) for key, _, scale in METRICS]
+            cells = [_cell(d["summary"], key, scale) for key, _, scale in metrics]
             table.add_row(Text(printable(name)), *cells, *([_paired_cell(d["summary"])] if paired else []))
         span = {d.get("needs_span") for d in data.values()}
         notes = identical_set_notes(data, [k for k, _, _ in METRICS] + ["makespan_s"],
@@ -745,12 +756,15 @@ def run_evaluation(
             jobs=job_sets.pop(g), compat=compat_rules, resize_overhead=resize_overhead
         )
         paired_to_best(results[g], learned)
+        if elastic[g]:  # the tables show its JCTs in seconds (_metrics)
+            for d in results[g].values():
+                d["elastic"] = True
     outdir = Path(out)
     figdir = outdir / "figures"
     md = Path(results_md) if results_md else None
     main = [n for n in pols if n not in branch_names]
     slim = {
-        g: {n: {k: v for k, v in d.items() if k in ("sets", "summary")} for n, d in data.items()}
+        g: {n: {k: v for k, v in d.items() if k in ("sets", "summary", "elastic")} for n, d in data.items()}
         for g, data in results.items()
     }
     md_text = None
