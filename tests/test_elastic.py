@@ -161,7 +161,7 @@ def test_cli_gen_and_simulate(tmp_path):
 
 def test_gen_elastic_seeds_writes_a_group_directory(tmp_path):
     """``--seeds N --out DIR``: N traces of consecutive seeds (each the single-file generator's), refused
-    whole when one exists (without --overwrite), when DIR is a .json name or its parent is missing."""
+    whole when one exists (without --overwrite), when DIR is a .json name or lies under a file."""
     from trainer.elastic import gen_elastic_dir
 
     d = tmp_path / "grp"
@@ -176,9 +176,11 @@ def test_gen_elastic_seeds_writes_a_group_directory(tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "chic-7.json exists (3 of the 4 files" in r.stderr
     assert not (d / "chic-6.json").exists()  # nothing written
     assert len(gen_elastic_dir(d, "chic", 4, seed=6, jobs=2, overwrite=True)) == 4
-    for out, why in ((tmp_path / "g.json", "is a directory"), (tmp_path / "no" / "g", "does not exist")):
+    (tmp_path / "f").write_text("")
+    for out, why in ((tmp_path / "g.json", "is a directory"), (tmp_path / "f" / "g", "f is not a directory")):
         with pytest.raises(ElasticTraceError, match=why):
             gen_elastic_dir(out, "dl2", 1)
+    assert len(gen_elastic_dir(tmp_path / "a" / "b", "chic", 1, jobs=2)) == 1  # parents made
     with pytest.raises(ElasticTraceError, match="--seeds must be in"):
         gen_elastic_dir(d, "chic", 0)
 

@@ -57,6 +57,7 @@ import numpy as np
 from policies.job import JobSpec
 from policies.psmodel import EPOCH_SIZE, PS_MODELS, PSPerformanceModel, canonical_ps_model, fit_ps_models
 from policies.resources import ResourceDemand, ResourceError
+from trainer.outputs import nearest_existing
 from trainer.traces import TraceError
 
 __all__ = [
@@ -376,8 +377,8 @@ def register_gen_elastic(tsub: argparse._SubParsersAction) -> None:
     g.add_argument("--rate", type=float, default=None, help="chic: arrivals per hour, > 0 (default 1.8)")
     g.add_argument("--seed", type=int, default=0, help="random seed, >= 0 (default 0; with --seeds the first)")
     g.add_argument("--seeds", type=int, default=None,
-                   help="write N traces, seeds SEED..SEED+N-1, as OUT/SETTING-SEED.json (OUT a directory, made if "
-                   "missing; its parent must exist)")
+                   help="write N traces, seeds SEED..SEED+N-1, as OUT/SETTING-SEED.json (OUT a directory, made "
+                   "with its parents if missing)")
     g.add_argument("--out", required=True, help="output .json file (with --seeds: a directory)")
     g.add_argument("--overwrite", action="store_true", help="replace existing outputs")
     g.set_defaults(func=_cmd_gen_elastic)
@@ -390,23 +391,23 @@ MAX_SEEDS = 10_000
 def gen_elastic_dir(out: str | Path, setting: str, seeds: int, seed: int = 0, jobs: int | None = None,
                     rate: float | None = None, overwrite: bool = False) -> list[Path]:
     """Write the ``seeds`` traces of ``setting`` for seeds ``seed .. seed + seeds - 1`` (:func:`generate`) as
-    ``out/SETTING-SEED.json`` (``out`` made if missing, its parent must exist); returns their paths. Checks
-    everything before writing anything: :class:`ElasticTraceError` when ``out`` is not a directory, a file
-    exists (without ``overwrite``) or an option is out of range."""
+    ``out/SETTING-SEED.json`` (``out`` and its parents made if missing); returns their paths. Checks
+    everything before writing anything: :class:`ElasticTraceError` when ``out`` or a parent is not a
+    directory, a file exists (without ``overwrite``) or an option is out of range."""
     d = Path(out)
     if not 1 <= seeds <= MAX_SEEDS:
         raise ElasticTraceError(f"--seeds must be in 1..{MAX_SEEDS}, got {seeds}")
     if d.suffix.lower() == ".json" or (d.exists() and not d.is_dir()):
         raise ElasticTraceError(f"--out {d}: with --seeds, --out is a directory")
-    if not d.exists() and not d.parent.is_dir():
-        raise ElasticTraceError(f"--out {d}: directory {d.parent} does not exist")
+    if not nearest_existing(d).is_dir():
+        raise ElasticTraceError(f"--out {d}: {nearest_existing(d)} is not a directory")
     paths = [d / f"{setting}-{s}.json" for s in range(seed, seed + seeds)]
     there = [p for p in paths if p.exists()]
     if there and not overwrite:
         raise ElasticTraceError(f"--out {d}: {there[0].name} exists ({len(there)} of the {seeds} files; use "
                                 "--overwrite to replace them)")
     docs = [generate(setting, s, jobs, rate) for s in range(seed, seed + seeds)]
-    d.mkdir(exist_ok=True)
+    d.mkdir(parents=True, exist_ok=True)
     for doc, p in zip(docs, paths, strict=True):
         write_trace(doc, p)
     return paths
