@@ -126,3 +126,20 @@ def test_registered_with_gymnasium():
     obs, info = env.reset(seed=0)
     assert obs.shape == (env.unwrapped.dl2_spec.obs_size,)
     env.close()
+
+
+def test_sb3_checker_and_a_few_maskableppo_updates():
+    """Stable-Baselines3's env checker passes and MaskablePPO (sb3-contrib) learns on it through
+    action_masks(): two rollouts of 64 steps over episodes of two tiny traces."""
+    pytest.importorskip("sb3_contrib")
+    from sb3_contrib import MaskablePPO
+    from stable_baselines3.common.env_checker import check_env as sb3_check
+
+    env = DL2Env([_trace(1, 3), _trace(2, 3)], CHIC)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sb3_check(env)
+        model = MaskablePPO("MlpPolicy", env, n_steps=64, batch_size=32, n_epochs=1, seed=0, device="cpu")
+        model.learn(128)
+    assert model.num_timesteps == 128
+    env.close()
