@@ -143,3 +143,20 @@ def test_sb3_checker_and_a_few_maskableppo_updates():
         model.learn(128)
     assert model.num_timesteps == 128
     env.close()
+
+
+def test_an_environment_dropped_mid_episode_ends_its_thread():
+    import gc
+    import time
+
+    before = threading.active_count()
+    env = DL2Env([_trace(1)], CHIC)
+    env.reset(seed=0)
+    assert threading.active_count() == before + 1
+    del env
+    gc.collect()
+    for _ in range(200):  # the thread ends on its own once told (no join here)
+        if threading.active_count() == before:
+            break
+        time.sleep(0.01)
+    assert threading.active_count() == before

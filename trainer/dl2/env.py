@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,6 +59,11 @@ class _Abort(Exception):
 
 
 _ABORT = object()
+
+
+def _abort_all(queues: list[queue.Queue]) -> None:
+    for q in queues:
+        q.put(_ABORT)
 
 
 class _DrivenDL2(DL2Policy):
@@ -136,6 +142,10 @@ class DL2Env(gym.Env):
         self.observation_space = spaces.Box(low, np.full_like(low, np.inf), dtype=np.float32)
         self.action_space = spaces.Discrete(self.dl2_spec.n_actions)
         self._thread: threading.Thread | None = None
+        # the running episode's action queue: when the environment is collected mid-episode (never closed),
+        # its simulation thread is told to end
+        self._live: list[queue.Queue] = []
+        weakref.finalize(self, _abort_all, self._live)
         self._policy: _DrivenDL2 | None = None
         self._obs = np.zeros(self.dl2_spec.obs_size, np.float32)
         self._mask = np.zeros(self.dl2_spec.n_actions, bool)
@@ -184,19 +194,21 @@ class DL2Env(gym.Env):
         i = trace_option(options, len(self.traces), self.np_random)
         self._to_env: queue.Queue = queue.Queue()
         self._to_sim: queue.Queue = queue.Queue()
-        pol = self._policy = _DrivenDL2(self.net, self.perf, self._to_env, self._to_sim)
+        to_env = self._to_env
+        pol = self._policy = _DrivenDL2(self.net, self.perf, to_env, self._to_sim)
         sim = Simulator(self.cluster, self.traces[i], pol, self.perf, self.cfg)
+        self._live[:] = [self._to_sim]
 
-        def run() -> None:
+        def run() -> None:  # refers to no environment: an environment dropped mid-episode can be collected
             try:
                 res = sim.run()
             except _Abort:
                 return
             except BaseException as exc:  # noqa: BLE001 - handed to the environment's thread, re-raised there
-                self._to_env.put(("error", exc))
+                to_env.put(("error", exc))
                 return
             pol.close_last()
-            self._to_env.put(("done", res, pol.pending))
+            to_env.put(("done", res, pol.pending))
 
         self._thread = threading.Thread(target=run, name="DL2Env-simulation", daemon=True)
         self._thread.start()
