@@ -340,9 +340,11 @@ def paired_to_best(data: Mapping[str, Any], learned: set[str] | frozenset[str]) 
     return best
 
 
-def _plots(group: str, data: Mapping[str, Any], figdir: Path, cluster: str, cs_figure: bool = True) -> list[Path]:
-    """The JCT CDF, CS distribution (only with ``cs_figure``) and utilisation KDE of one group; ``cluster``
-    (its description, e.g. ``4x8``) goes into every title."""
+def _plots(group: str, data: Mapping[str, Any], figdir: Path, cluster: str, cs_figure: bool = True,
+           seconds: bool = False) -> list[Path]:
+    """The JCT CDF (in hours; in ``seconds``, as an elastic group's tables), CS distribution (only with
+    ``cs_figure``) and utilisation KDE of one group; ``cluster`` (its description, e.g. ``4x8``) goes into
+    every title."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -358,10 +360,10 @@ def _plots(group: str, data: Mapping[str, Any], figdir: Path, cluster: str, cs_f
     styles = ("-", "--", ":", "-.")
     colours = _colours(list(data))
     for i, (name, d) in enumerate(data.items()):
-        x = np.sort(np.asarray(d["jobs_jct_s"], float)) / 3600.0
+        x = np.sort(np.asarray(d["jobs_jct_s"], float)) / (1.0 if seconds else 3600.0)
         ax.plot(x, np.arange(1, x.size + 1) / x.size, ls=styles[i % 4], lw=1.6, color=colours[name],
-                label=f"{name} (avg {x.mean():.1f} h)")
-    ax.set_xlabel("JCT (hours)")
+                label=f"{name} (avg {x.mean():.0f} s)" if seconds else f"{name} (avg {x.mean():.1f} h)")
+    ax.set_xlabel("JCT (seconds)" if seconds else "JCT (hours)")
     ax.set_ylabel("CDF")
     ax.grid(alpha=0.3)
     ax.set_title(f"CDF of JCT ({group} mix, all sets pooled, {cluster})")
@@ -785,7 +787,8 @@ def run_evaluation(
         staged = stage / "figures"
         staged.mkdir()
         figs = [f for g in fig_groups
-                for f in _plots(g, {n: results[g][n] for n in main}, staged, cl.describe(), cs_figure=g not in no_cs)]
+                for f in _plots(g, {n: results[g][n] for n in main}, staged, cl.describe(), cs_figure=g not in no_cs,
+                                seconds=elastic[g])]
         if branch_names:
             figs.append(_branch_plot(results, branch_names, staged))
         meta = {
