@@ -594,3 +594,21 @@ def test_elastic_groups_refuse_in_one_line(tmp_path, capsys, case):
     assert not (tmp_path / "out" / "rl_results.json").exists()
     with pytest.raises(EvaluationError, match="--resize-overhead must be a finite number of seconds >= 0"):
         run_evaluation(["drf"], tmp_path / "traces", CHIC_YAML, out=tmp_path / "out", resize_overhead=math.inf)
+
+
+def test_paired_to_best_picks_the_best_non_learned_policy():
+    """The ratio is per set against the heuristic of lowest mean (learned names excluded, whatever they look
+    like); all learned: nothing added."""
+    from trainer.evaluate import paired_to_best
+
+    def group(**jcts):
+        return {n: {"sets": [{"avg_jct_s": v} for v in vs],
+                    "summary": {"avg_jct_s": {"mean": float(np.mean(vs)), "ci95": None}}} for n, vs in jcts.items()}
+
+    data = group(srtf=[10.0, 20.0], las=[12.0, 18.0], mine=[5.0, 10.0])
+    assert paired_to_best(data, {"mine"}) == "srtf"  # las's mean 15 equals srtf's: the first wins
+    r = data["mine"]["summary"]["jct_vs_best"]
+    assert r["best"] == "srtf" and r["mean"] == 0.5 and r["ci95"] == 0.0
+    assert data["las"]["summary"]["jct_vs_best"]["mean"] == pytest.approx((1.2 + 0.9) / 2)
+    only = group(mine=[1.0])
+    assert paired_to_best(only, {"mine"}) is None and "jct_vs_best" not in only["mine"]["summary"]
