@@ -38,13 +38,12 @@ POLICIES = ("optimus", "drf", "tetris", "fifo", "srtf")
 def run(setting: str, rate: float | None, seed: int, resize_overhead: float | None) -> dict[str, float]:
     from policies.cluster import ClusterSpec
     from policies.perf import ContentionModel
-    from policies.psmodel import PSPerformanceModel
     from policies.registry import make_policy
-    from trainer.elastic import generate, parse_elastic_trace
+    from trainer.elastic import elastic_perf, generate, parse_elastic_trace
     from trainer.simulator import SimConfig, Simulator
 
     cluster = ClusterSpec.parse(str(ROOT / "data" / "clusters" / f"{setting}.yaml"))
-    perf = PSPerformanceModel(ContentionModel(cluster))
+    perf = elastic_perf(ContentionModel(cluster))
     jobs = parse_elastic_trace(generate(setting, seed=seed, rate=rate))
     out = {}
     for name in POLICIES:

@@ -34,6 +34,7 @@ from trainer.elastic import (
     is_elastic_trace,
     parse_elastic_trace,
     read_elastic_trace,
+    write_trace,
 )
 from trainer.sim_backend import SimBackend
 from trainer.simulator import SimConfig, SimulationError, Simulator
@@ -156,6 +157,41 @@ def test_cli_gen_and_simulate(tmp_path):
     assert r.returncode == 0, r.stderr
     assert all(p in r.stdout for p in ("optimus", "drf", "tetris"))
 
+
+
+def test_gen_elastic_seeds_writes_a_group_directory(tmp_path):
+    """``--seeds N --out DIR``: N traces of consecutive seeds (each the single-file generator's), refused
+    whole when one exists (without --overwrite), when DIR is a .json name or lies under a file."""
+    from trainer.elastic import gen_elastic_dir
+
+    d = tmp_path / "grp"
+    r = run_cli("trace", "gen-elastic", "--setting", "chic", "--jobs", "5", "--rate", "0.9", "--seed", "7",
+                "--seeds", "3", "--out", str(d), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert sorted(f.name for f in d.iterdir()) == ["chic-7.json", "chic-8.json", "chic-9.json"]
+    want = parse_elastic_trace(generate("chic", seed=8, jobs=5, rate=0.9))
+    assert read_elastic_trace(d / "chic-8.json") == want
+    r = run_cli("trace", "gen-elastic", "--setting", "chic", "--seeds", "4", "--seed", "6", "--out", str(d),
+                cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "chic-7.json exists (3 of the 4 files" in r.stderr
+    assert not (d / "chic-6.json").exists()  # nothing written
+    assert len(gen_elastic_dir(d, "chic", 4, seed=6, jobs=2, overwrite=True)) == 4
+    (tmp_path / "f").write_text("")
+    for out, why in ((tmp_path / "g.json", "is a directory"), (tmp_path / "f" / "g", "f is not a directory")):
+        with pytest.raises(ElasticTraceError, match=why):
+            gen_elastic_dir(out, "dl2", 1)
+    assert len(gen_elastic_dir(tmp_path / "a" / "b", "chic", 1, jobs=2)) == 1  # parents made
+    with pytest.raises(ElasticTraceError, match="--seeds must be in"):
+        gen_elastic_dir(d, "chic", 0)
+
+
+def test_simulate_refuses_a_fixed_size_learned_policy_on_an_elastic_trace(tmp_path):
+    trace = tmp_path / "chic.json"
+    write_trace(generate("chic", seed=1, jobs=3), trace)
+    r = run_cli("simulate", "--trace", str(trace), "--cluster", str(ROOT / "data/clusters/chic.yaml"), "--policy",
+                "fifo,rl-base", "--out", str(tmp_path / "o"), cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "policy 'rl-base' does not run on elastic traces" in r.stderr and not (tmp_path / "o").exists()
 
 # ---------------------------------------------------------------------- resources
 def test_node_usage_places_ps_as_allocation_does():

@@ -434,10 +434,10 @@ def test_the_command_prints_the_tables_and_one_job_set_has_no_interval(tmp_path,
     assert all(v["ci95"] is None for v in one.values())
     assert all(isinstance(v["ci95"], float) for v in two.values())
     text = md.read_text()
-    one_rows = text.split("### one")[1].split("###")[0]
-    two_rows = text.split("### two")[1]
+    one_rows = "".join(x for x in text.split("### one")[1].split("###")[0].splitlines() if x.startswith("|"))
+    two_rows = "".join(x for x in text.split("### two")[1].splitlines() if x.startswith("|"))
     assert "| srtf |" in one_rows and "±" not in one_rows
-    assert two_rows.count("±") == 2 * 4  # two policies x four metrics
+    assert two_rows.count("±") == 2 * 5  # two policies x (four metrics + the paired ratio to the best heuristic)
 
 
 def test_evaluate_notes_identical_policies(tmp_path, capsys):
@@ -494,3 +494,121 @@ def test_branch_plot_leaves_far_points_off_its_axes(tmp_path):
     results = {"uniform": {n: res(*xy) for n, xy in pts.items()}}
     p = _branch_plot(results, ["rl-base@A", "rl-hybrid@A", "rl-base@E", "rl-hybrid@E"], tmp_path)
     assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---------------------------------------------------------------------- elastic trace groups
+CHIC_YAML = str(Path(__file__).resolve().parents[1] / "data" / "clusters" / "chic.yaml")
+
+
+def _elastic_group(d: Path, seeds=(1, 2), jobs: int = 4) -> list[Path]:
+    from trainer.elastic import gen_elastic_dir
+
+    d.parent.mkdir(parents=True, exist_ok=True)
+    return gen_elastic_dir(d, "chic", len(seeds), seed=seeds[0], jobs=jobs)
+
+
+def _sim_jct(policy: str, trace: Path, resize_overhead=None) -> float:
+    """Average JCT of ``policy`` on an elastic trace as `rlsched simulate` runs it."""
+    from policies.perf import ContentionModel
+    from policies.registry import make_policy
+    from trainer.elastic import elastic_perf, read_elastic_trace
+    from trainer.simulator import SimConfig, Simulator
+
+    cl = ClusterSpec.parse(CHIC_YAML)
+    perf = elastic_perf(ContentionModel(cl))
+    res = Simulator(cl, read_elastic_trace(trace), make_policy(policy, cl, perf), perf,
+                    SimConfig(resize_overhead=resize_overhead)).run()
+    return float(np.mean([r.jct for r in res.jobs]))
+
+
+def test_elastic_group_runs_as_simulate_with_paired_ratios_and_its_figures(tmp_path):
+    """An elastic group beside a fixed-size one: each set's JCT is what `simulate` gives on that trace (PS
+    model, resize pause), every policy gets its paired ratio to the best heuristic, the JCT CDF and
+    utilisation KDE are drawn and the CS distribution (PS jobs: CS 1 by the model) is not; the fixed-size
+    group's numbers are those of evaluating it alone."""
+    files = _elastic_group(tmp_path / "traces" / "chic")
+    fixed = tmp_path / "traces" / "fixed"
+    fixed.mkdir()
+    cl = ClusterSpec.parse(CHIC_YAML)
+    for k in range(2):
+        write_trace(fixed / f"set{k}.csv", generate_jobs(cl, GeneratorConfig(num_jobs=6, seed=k, max_gpus=2,
+                                                                             duration_s=900.0)))
+    md = tmp_path / "R.md"
+    pols = ["optimus", "drf", "fifo", "mine=dl2"]
+    res = run_evaluation(pols, tmp_path / "traces", CHIC_YAML, out=tmp_path / "out", results_md=md,
+                         resize_overhead=0.05)
+    chic = res["chic"]
+    for name, spec in (("optimus", "optimus"), ("drf", "drf"), ("mine", "dl2")):
+        assert [r["avg_jct_s"] for r in chic[name]["sets"]] == [_sim_jct(spec, f, 0.05) for f in files]
+    heur = {n: chic[n]["summary"]["avg_jct_s"]["mean"] for n in ("optimus", "drf", "fifo")}
+    best = min(heur, key=heur.__getitem__)
+    for name, d in chic.items():
+        ratio = [r["avg_jct_s"] / b["avg_jct_s"] for r, b in zip(d["sets"], chic[best]["sets"])]
+        got = d["summary"]["jct_vs_best"]
+        assert got["best"] == best and got["mean"] == pytest.approx(np.mean(ratio), rel=1e-12)
+        assert got["ci95"] == pytest.approx(mean_ci(ratio)[1], rel=1e-9, abs=1e-12)
+    alone = run_evaluation(pols, fixed, CHIC_YAML, out=tmp_path / "o2")
+    assert [r["avg_jct_s"] for r in alone["fixed"]["fifo"]["sets"]] == [r["avg_jct_s"] for r in res["fixed"]["fifo"]["sets"]]
+    doc = json.loads((tmp_path / "out" / "rl_results.json").read_text())
+    assert doc["meta"]["elastic_groups"] == ["chic"] and doc["meta"]["resize_overhead_s"] == 0.05
+    assert doc["meta"]["cs_figure_skipped"] == ["chic"]
+    figs = sorted(f.name for f in (tmp_path / "out" / "figures").iterdir())
+    assert "rl_jct_cdf_chic.png" in figs and "rl_util_kde_chic.png" in figs
+    assert "rl_cs_distribution_chic.png" not in figs and "rl_cs_distribution_fixed.png" in figs
+    text = md.read_text().split("### chic")[1].split("###")[0]
+    rows = [x for x in text.splitlines() if x.startswith("| ")]
+    assert rows[0].endswith("| JCT / best heur. |") and rows[1].startswith(f"| {best} |")
+    assert f"over {best}'s (the best heuristic)" in text
+
+
+def test_elastic_resize_pause_is_the_simulators(tmp_path):
+    files = _elastic_group(tmp_path / "traces" / "chic", seeds=(3,), jobs=5)
+    default = run_evaluation(["drf", "chic"], tmp_path / "traces", CHIC_YAML, out=tmp_path / "a")
+    for p in ("drf", "chic"):
+        assert default["chic"][p]["sets"][0]["avg_jct_s"] == _sim_jct(p, files[0])
+    assert _sim_jct("drf", files[0]) != _sim_jct("drf", files[0], 0.05)  # the pause matters on this trace
+
+
+@pytest.mark.parametrize("case", ["mixed", "rl-base", "compat"])
+def test_elastic_groups_refuse_in_one_line(tmp_path, capsys, case):
+    """A group mixing elastic and fixed-size traces, a learned fixed-size policy on an elastic group, a compat
+    mode with an elastic group: exit 2, one line, nothing written."""
+    from rlsched.cli import main
+
+    files = _elastic_group(tmp_path / "traces" / "chic", seeds=(1,), jobs=3)
+    words = ["evaluate", "--policies", "drf,fifo", "--traces", str(tmp_path / "traces"), "--cluster", CHIC_YAML,
+             "--out", str(tmp_path / "out")]
+    want = {"mixed": "trace group 'chic' mixes elastic traces (chic-1.json) and fixed-size traces (set0.csv)",
+            "rl-base": "policy 'rl-base' does not run on elastic traces (trace group chic)",
+            "compat": "a compat mode applies to fixed-size traces; trace group(s) chic are elastic"}[case]
+    if case == "mixed":
+        write_trace(files[0].parent / "set0.csv", generate_jobs(C, GeneratorConfig(num_jobs=3, seed=0, max_gpus=2)))
+    elif case == "rl-base":
+        words[2] = "drf,rl-base"
+    elif case == "compat":
+        words[6] = "4x8"  # the mode's cluster
+        words += ["--compat", "deepshare"]
+    rc = main(words)
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and want in err, err
+    assert not (tmp_path / "out" / "rl_results.json").exists()
+    with pytest.raises(EvaluationError, match="--resize-overhead must be a finite number of seconds >= 0"):
+        run_evaluation(["drf"], tmp_path / "traces", CHIC_YAML, out=tmp_path / "out", resize_overhead=math.inf)
+
+
+def test_paired_to_best_picks_the_best_non_learned_policy():
+    """The ratio is per set against the heuristic of lowest mean (learned names excluded, whatever they look
+    like); all learned: nothing added."""
+    from trainer.evaluate import paired_to_best
+
+    def group(**jcts):
+        return {n: {"sets": [{"avg_jct_s": v} for v in vs],
+                    "summary": {"avg_jct_s": {"mean": float(np.mean(vs)), "ci95": None}}} for n, vs in jcts.items()}
+
+    data = group(srtf=[10.0, 20.0], las=[12.0, 18.0], mine=[5.0, 10.0])
+    assert paired_to_best(data, {"mine"}) == "srtf"  # las's mean 15 equals srtf's: the first wins
+    r = data["mine"]["summary"]["jct_vs_best"]
+    assert r["best"] == "srtf" and r["mean"] == 0.5 and r["ci95"] == 0.0
+    assert data["las"]["summary"]["jct_vs_best"]["mean"] == pytest.approx((1.2 + 0.9) / 2)
+    only = group(mine=[1.0])
+    assert paired_to_best(only, {"mine"}) is None and "jct_vs_best" not in only["mine"]["summary"]

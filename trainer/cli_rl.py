@@ -9,7 +9,7 @@ from the experience the controller recorded while running ``dl2`` (:mod:`trainer
 
 ``rlsched evaluate --policies srtf,las,greedy,rl-base,rl-hybrid --traces DIR``
 runs every policy on every trace and writes the tables and figures (see
-:mod:`trainer.evaluate`).
+:mod:`trainer.evaluate`; groups of elastic traces too, with ``--resize-overhead S``).
 """
 
 from __future__ import annotations
@@ -191,7 +191,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument(
         "--traces",
         required=True,
-        help="directory of trace sets: one sub-directory per mix (normal/, heavy/, ...) or trace files",
+        help="directory of trace sets: one sub-directory per mix (normal/, heavy/, ...) or trace files; a group of "
+        "elastic traces (rlsched trace gen-elastic --seeds N --out DIR/GROUP) runs with the elastic policies "
+        "(docs/ELASTIC.md); a group may not mix the two kinds",
     )
     e.add_argument("--cluster", default="4x8", help="cluster (default 4x8)")
     add_contention_argument(e)
@@ -216,9 +218,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="comma-separated trace groups that get the JCT CDF, CS distribution and utilisation KDE figures, "
         "or 'all' (default: all, every group of --traces, e.g. the ones scripts/rl_traces.sh writes)",
     )
-    from trainer.cli_sim import add_compat_arg
+    from trainer.cli_sim import add_compat_arg, add_resize_overhead_arg
 
     add_compat_arg(e)
+    add_resize_overhead_arg(e, "the restart pause, 30 s")
     e.set_defaults(func=_cmd_evaluate)
 
     c = sub.add_parser(
@@ -485,6 +488,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
                 else [g.strip() for g in args.figure_groups.split(",") if g.strip()],
                 progress=update,
                 compat=args.compat,
+                resize_overhead=args.resize_overhead,
             )
     except EvaluationError as exc:
         return _fail("evaluate", exc)

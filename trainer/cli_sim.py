@@ -148,15 +148,21 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="schedule only at round boundaries, not also right after arrivals and completions",
     )
     p.add_argument("--restart-overhead", type=non_negative_float, default=30.0, help="seconds without progress each time a preempted job restarts (default: %(default)s)")
-    p.add_argument("--resize-overhead", type=non_negative_float, default=None, help="seconds without progress "
-                   "after an elastic job is resized: a checkpoint-restart takes tens of seconds, DL2's hot scaling "
-                   "0.05 (default: --restart-overhead)")
+    add_resize_overhead_arg(p, "--restart-overhead")
     p.add_argument("--noise-cv", type=non_negative_float, default=0.0, help="coefficient of variation of a per-job speed factor, 0 = off (default: %(default)s)")
     add_sampling_arguments(p)
     add_compat_arg(p)
     add_contention_argument(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar and no table")
     p.set_defaults(func=run_simulate)
+
+
+def add_resize_overhead_arg(p: argparse.ArgumentParser, default: str) -> None:
+    """``--resize-overhead S`` (``rlsched simulate`` and ``evaluate``): the pause of an elastic job after a
+    resize (:attr:`trainer.simulator.SimConfig.resize_overhead`); ``default`` names what ``None`` means."""
+    p.add_argument("--resize-overhead", type=non_negative_float, default=None, help="seconds without progress "
+                   "after an elastic job is resized: a checkpoint-restart takes tens of seconds, DL2's hot scaling "
+                   f"0.05 (default: {default})")
 
 
 def add_compat_arg(p: argparse.ArgumentParser) -> None:
@@ -291,9 +297,7 @@ def _run(args: argparse.Namespace) -> int:
     from policies.perf import ContentionModel
     from trainer import metrics
     from trainer.simulator import Simulator
-    from trainer.traces import load_trace
-    from policies.psmodel import PSPerformanceModel
-    from trainer.elastic import is_elastic_trace, read_elastic_trace
+    from trainer.elastic import check_elastic_policy, elastic_perf, is_elastic_trace, load_jobs
 
     # 1. Validate everything before running anything.
     out = Path(os.path.normpath(args.out))  # "a/b/.." -> "a": out.name is the directory's own name
@@ -303,17 +307,20 @@ def _run(args: argparse.Namespace) -> int:
     perf = perf or ContentionModel(cluster, contention=args.contention)
     elastic = is_elastic_trace(resolve_trace(args.trace))
     if elastic:  # workers and parameter servers (trainer/elastic.py, docs/ELASTIC.md)
-        perf = PSPerformanceModel(perf)
+        perf = elastic_perf(perf)
     names = parse_policy_list(args.policy)
     stems = {n: _file_stem(n) for n in names}
     if len(set(stems.values())) != len(stems):
         raise PolicyError(f"policies {names} map to clashing file names {sorted(stems.values())}")
     policies = {n: compat_policy(build_policy(n, cluster, perf), mode) for n in names}
     trace_path = resolve_trace(args.trace)
+    if elastic:
+        for n in names:
+            check_elastic_policy(n, policies[n], f"--trace {trace_path}")
     if args.overwrite and out.exists() and out.resolve() in trace_path.resolve().parents:
         raise OutputDirError(f"--trace {args.trace} is inside --out {out}, which --overwrite would delete; "
                              "move the trace or choose another --out")
-    jobs = read_elastic_trace(trace_path) if elastic else load_trace(trace_path, cluster, perf)
+    jobs, _elastic = load_jobs(trace_path, cluster, perf)
     cfg = sim_config(args, mode)
     sims = {n: Simulator(cluster, jobs, policies[n], perf, cfg) for n in names}  # checks trace vs cluster
 

@@ -22,7 +22,8 @@ Each job becomes a :class:`~policies.job.JobSpec` whose ``demand``
 (:class:`~policies.resources.ResourceDemand`) carries the per-worker and per-PS resources and the
 range. Bad input raises :class:`ElasticTraceError` with one line naming the file, the job and the field.
 
-**Generator** (:func:`generate`; ``rlsched trace gen-elastic``):
+**Generator** (:func:`generate`; ``rlsched trace gen-elastic``; :func:`gen_elastic_dir` and ``gen-elastic
+--seeds N --out DIR``: a directory of N sequences, a trace group for ``rlsched evaluate``):
 
 * ``chic`` (Chic, seed 001 section 6): Poisson arrivals at ``rate`` jobs/h (0.9-2.7 in the seed;
   default 1.8), models drawn uniformly from ResNet-50, VGG-16, ResNeXt-110 with the seed's per-worker
@@ -54,8 +55,9 @@ from typing import Any
 import numpy as np
 
 from policies.job import JobSpec
-from policies.psmodel import EPOCH_SIZE, PS_MODELS, canonical_ps_model, fit_ps_models
+from policies.psmodel import EPOCH_SIZE, PS_MODELS, PSPerformanceModel, canonical_ps_model, fit_ps_models
 from policies.resources import ResourceDemand, ResourceError
+from trainer.outputs import nearest_existing
 from trainer.traces import TraceError
 
 __all__ = [
@@ -66,9 +68,13 @@ __all__ = [
     "ElasticTraceError",
     "is_elastic_trace",
     "read_elastic_trace",
+    "elastic_perf",
+    "load_jobs",
+    "check_elastic_policy",
     "parse_elastic_trace",
     "generate",
     "write_trace",
+    "gen_elastic_dir",
     "register_gen_elastic",
 ]
 
@@ -137,6 +143,49 @@ def read_elastic_trace(path: str | Path) -> list[JobSpec]:
     except json.JSONDecodeError as exc:
         raise ElasticTraceError(f"{p}: not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     return parse_elastic_trace(doc, str(p))
+
+
+def elastic_perf(perf: Any) -> PSPerformanceModel:
+    """The performance model an elastic trace runs under: :class:`~policies.psmodel.PSPerformanceModel`
+    over ``perf`` (the all-reduce :class:`~policies.perf.ContentionModel` that prices jobs without PSs);
+    ``perf`` itself when it is one already."""
+    return perf if isinstance(perf, PSPerformanceModel) else PSPerformanceModel(perf)
+
+
+def load_jobs(path: str | Path, cluster: Any, perf: Any) -> tuple[list[JobSpec], bool]:
+    """The jobs of the trace file ``path`` of either kind and whether it is elastic: an elastic trace
+    (:func:`is_elastic_trace`) by :func:`read_elastic_trace`, any other by :func:`trainer.traces.load_trace`
+    for ``cluster`` and ``perf``. What ``rlsched simulate`` and ``rlsched evaluate`` read a trace with; an
+    elastic trace's jobs run under :func:`elastic_perf` of ``perf``.
+
+    :raises TraceError: (:class:`ElasticTraceError` for an elastic trace) naming the file and the field.
+    """
+    from trainer.traces import load_trace
+
+    if is_elastic_trace(path):
+        return read_elastic_trace(path), True
+    return load_trace(path, cluster, perf), False
+
+
+def check_elastic_policy(name: str, policy: Any, where: str, shown: str | None = None) -> None:
+    """Refuse a policy that cannot run elastic jobs with parameter servers by one line naming it and
+    ``where`` (the trace or group): a learned fixed-size policy (``rl-*``, ``sced2``, ``rl-sf``), whose
+    codec knows only the all-reduce models. The elastic policies (those that resize: ``drf``, ``tetris``,
+    ``optimus``, ``chic``, ``chic-pair``, ``dl2``) and the heuristics pass.
+
+    :param name: the policy name it was built from (:func:`policies.registry.make_policy`).
+    :param shown: the name the user sees (an ``ALIAS=NAME`` alias); default ``name``.
+    :raises policies.base.PolicyError: for such a policy.
+    """
+    from policies.base import PolicyError
+    from policies.registry import is_learned
+
+    if getattr(policy, "resizes", False) or not is_learned(name):
+        return
+    raise PolicyError(
+        f"policy {shown or name!r} does not run on elastic traces ({where}): a learned fixed-size policy knows only "
+        "the all-reduce models; use drf, tetris, optimus, chic, chic-pair, dl2 or a heuristic (fifo, srtf, ...)"
+    )
 
 
 def _num(where: str, key: str, v: Any, *, integer: bool = False, lo: float = 0.0, positive: bool = False) -> Any:
@@ -320,15 +369,48 @@ def register_gen_elastic(tsub: argparse._SubParsersAction) -> None:
         "gen-elastic",
         help="elastic job sequences (workers and parameter servers) for the settings of DL2 and Chic",
         description="Write an elastic trace (schema in docs/ELASTIC.md) for the setting of Chic (Poisson "
-        "arrivals, ResNet-50 / VGG-16 / ResNeXt-110) or DL2 (200 jobs, DL2's per-slot arrival pattern).",
+        "arrivals, ResNet-50 / VGG-16 / ResNeXt-110) or DL2 (200 jobs, DL2's per-slot arrival pattern); with "
+        "--seeds N, N of them (seeds SEED..SEED+N-1) into the directory --out, a trace group for rlsched evaluate.",
     )
     g.add_argument("--setting", required=True, choices=SETTINGS, help="chic or dl2")
     g.add_argument("--jobs", type=int, default=None, help="jobs (default 30 for chic, 200 for dl2)")
     g.add_argument("--rate", type=float, default=None, help="chic: arrivals per hour, > 0 (default 1.8)")
-    g.add_argument("--seed", type=int, default=0, help="random seed, >= 0 (default 0)")
-    g.add_argument("--out", required=True, help="output .json file")
-    g.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    g.add_argument("--seed", type=int, default=0, help="random seed, >= 0 (default 0; with --seeds the first)")
+    g.add_argument("--seeds", type=int, default=None,
+                   help="write N traces, seeds SEED..SEED+N-1, as OUT/SETTING-SEED.json (OUT a directory, made "
+                   "with its parents if missing)")
+    g.add_argument("--out", required=True, help="output .json file (with --seeds: a directory)")
+    g.add_argument("--overwrite", action="store_true", help="replace existing outputs")
     g.set_defaults(func=_cmd_gen_elastic)
+
+
+#: most traces ``gen-elastic --seeds`` writes at once
+MAX_SEEDS = 10_000
+
+
+def gen_elastic_dir(out: str | Path, setting: str, seeds: int, seed: int = 0, jobs: int | None = None,
+                    rate: float | None = None, overwrite: bool = False) -> list[Path]:
+    """Write the ``seeds`` traces of ``setting`` for seeds ``seed .. seed + seeds - 1`` (:func:`generate`) as
+    ``out/SETTING-SEED.json`` (``out`` and its parents made if missing); returns their paths. Checks
+    everything before writing anything: :class:`ElasticTraceError` when ``out`` or a parent is not a
+    directory, a file exists (without ``overwrite``) or an option is out of range."""
+    d = Path(out)
+    if not 1 <= seeds <= MAX_SEEDS:
+        raise ElasticTraceError(f"--seeds must be in 1..{MAX_SEEDS}, got {seeds}")
+    if d.suffix.lower() == ".json" or (d.exists() and not d.is_dir()):
+        raise ElasticTraceError(f"--out {d}: with --seeds, --out is a directory")
+    if not nearest_existing(d).is_dir():
+        raise ElasticTraceError(f"--out {d}: {nearest_existing(d)} is not a directory")
+    paths = [d / f"{setting}-{s}.json" for s in range(seed, seed + seeds)]
+    there = [p for p in paths if p.exists()]
+    if there and not overwrite:
+        raise ElasticTraceError(f"--out {d}: {there[0].name} exists ({len(there)} of the {seeds} files; use "
+                                "--overwrite to replace them)")
+    docs = [generate(setting, s, jobs, rate) for s in range(seed, seed + seeds)]
+    d.mkdir(parents=True, exist_ok=True)
+    for doc, p in zip(docs, paths, strict=True):
+        write_trace(doc, p)
+    return paths
 
 
 def _cmd_gen_elastic(args: argparse.Namespace) -> int:
@@ -338,6 +420,11 @@ def _cmd_gen_elastic(args: argparse.Namespace) -> int:
         if args.seed < 0:
             raise ElasticTraceError(f"--seed must be >= 0, got {args.seed}")
         out = Path(args.out)
+        if args.seeds is not None:
+            paths = gen_elastic_dir(out, args.setting, args.seeds, args.seed, args.jobs, args.rate, args.overwrite)
+            print(f"wrote {len(paths)} traces ({args.setting}, seeds {args.seed}..{args.seed + args.seeds - 1}) "
+                  f"to {out}/")
+            return 0
         if out.suffix.lower() != ".json":
             raise ElasticTraceError(f"--out {out}: an elastic trace is a .json file")
         if out.exists() and not args.overwrite:

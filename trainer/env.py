@@ -122,19 +122,31 @@ def reference_jct(
 def load_trace_dir(path: str | Path, cluster: ClusterSpec) -> list[list[JobSpec]]:
     """All traces under ``path`` (a trace file or a directory searched recursively), sorted by path.
 
-    In a directory, every file whose suffix is in :data:`trainer.traces.TRACE_SUFFIXES` is a trace.
+    In a directory, every file whose suffix is in :data:`trainer.traces.TRACE_SUFFIXES` is a trace. An
+    elastic trace (:func:`trainer.elastic.is_elastic_trace`) is refused: :class:`TraceError` naming it and
+    DL2's environment (:class:`trainer.dl2.env.DL2Env`), which plays such traces.
     """
+    from trainer.elastic import is_elastic_trace
     from trainer.traces import TRACE_SUFFIXES, TraceError, load_trace
 
     p = Path(path)
     if p.is_file():
-        return [load_trace(p, cluster)]
-    if not p.is_dir():
+        files = [p]
+    elif not p.is_dir():
         raise TraceError(p, "no such trace file or directory")
-    files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in TRACE_SUFFIXES)
+    else:
+        files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in TRACE_SUFFIXES)
     if not files:
         raise TraceError(p, f"no trace files ({', '.join('*' + s for s in TRACE_SUFFIXES)}) in this directory")
+    for f in files:
+        if is_elastic_trace(f):
+            raise TraceError(f, f"an elastic trace: {ELASTIC_REFUSAL}")
     return [load_trace(f, cluster) for f in files]
+
+
+#: why :class:`PlacementEnv` does not play elastic jobs, and what does
+ELASTIC_REFUSAL = ("the placement environment plays fixed-size jobs without parameter servers; DL2's environment, "
+                   "trainer.dl2.env.DL2Env (rlsched/DL2-v0), plays elastic traces")
 
 
 class PlacementEnv(PickEnv):
@@ -186,6 +198,10 @@ class PlacementEnv(PickEnv):
         compat: CompatMode | str | None = None,
     ) -> None:
         mode = compat_mode(compat) if isinstance(compat, str) else compat
+        for i, jobs in enumerate(traces):
+            ps = next((j for j in jobs if j.demand is not None and j.demand.ps), None)
+            if ps is not None:
+                raise ValueError(f"PlacementEnv: trace {i}, job {ps.job_id!r} has parameter servers: {ELASTIC_REFUSAL}")
         super().__init__(traces, cluster, max_steps, invalid_penalty, round_len, compat=mode)
         if reward not in REWARDS:
             raise ValueError(f"reward {reward!r}: expected one of {', '.join(REWARDS)}")

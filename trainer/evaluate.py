@@ -7,11 +7,15 @@ group (a sub-directory of ``--traces``, e.g. ``normal/``, ``heavy/``,
 * ``OUT/rl_results.json``: per group, per policy, per set: the scalar metrics of
   :func:`trainer.metrics.summarize`; and per group and policy the mean and
   95% confidence half-width (Student t over sets) of average JCT, p90 JCT,
-  utilisation and average CS;
+  utilisation and average CS, and the paired ratio of its average JCT to the group's best
+  heuristic's (``jct_vs_best``: per set policy / best heuristic, mean and half-width,
+  :func:`paired_to_best`);
 * ``OUT/figures/``: for each of the ``figure_groups`` (default: every group;
   a named group that does not exist is an error) the JCT CDF
   (seed Fig. 5, jobs of all sets pooled), the CS distribution (Fig. 6) and
-  the utilisation KDE (Fig. 7), named after the group; and, with ``branches``, average JCT versus
+  the utilisation KDE (Fig. 7), named after the group (an elastic group whose jobs all have
+  parameter servers gets no CS distribution: PS jobs neither suffer nor cause contention in the
+  performance model, so every such job's CS is 1); and, with ``branches``, average JCT versus
   utilisation of RL branches A-E next to the heuristics, one panel per group
   (Fig. 8);
 * with ``results_md``: the Markdown tables between the markers
@@ -37,6 +41,14 @@ reward and that branch's W1 (:data:`BRANCHES`).
 Everything is checked before the first simulation: the policies, the outputs and
 every trace file of every group (all are read up front, :func:`load_job_sets`), so a
 bad file in the last group is reported at once, not after the groups before it ran.
+
+**Elastic traces** (``docs/ELASTIC.md``, :mod:`trainer.elastic`): a group whose files are elastic traces
+(workers and parameter servers; ``rlsched trace gen-elastic --seeds N --out DIR`` writes one) runs
+under :func:`trainer.elastic.elastic_perf` of the performance model, as ``rlsched simulate`` runs such a
+trace, with the resize pause ``resize_overhead``. A group may not mix elastic and fixed-size traces; a
+learned fixed-size policy (``rl-*``, ``sced2``, ``rl-sf``) is refused on an elastic group
+(:func:`trainer.elastic.check_elastic_policy`), as is a compat mode; the elastic policies (``drf``,
+``tetris``, ``optimus``, ``chic``, ``chic-pair``, ``dl2``) and the heuristics run on it.
 """
 
 from __future__ import annotations
@@ -60,6 +72,8 @@ from policies.base import Policy, PolicyError
 from policies.cluster import ClusterSpec
 from policies.job import JobSpec
 from policies.perf import ContentionModel
+from policies.registry import is_learned
+from trainer.elastic import check_elastic_policy, elastic_perf
 from trainer.metrics import summarize
 from trainer.outputs import nearest_existing, replace_marked, unwritable
 from trainer.simulator import SimConfig, Simulator
@@ -74,6 +88,7 @@ __all__ = [
     "make_policy",
     "markdown_tables",
     "mean_ci",
+    "paired_to_best",
     "policy_specs",
     "print_tables",
     "run_evaluation",
@@ -177,6 +192,22 @@ def _groups(traces: Path) -> dict[str, list[Path]]:
     return dict(sorted(out.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), kv[0])))
 
 
+def _elastic_group(group: str, files: Sequence[Path]) -> bool:
+    """Whether the trace group's files are elastic traces (:func:`trainer.elastic.is_elastic_trace`);
+    :class:`EvaluationError` naming one file of each kind when it mixes the two."""
+    from trainer.elastic import is_elastic_trace
+
+    kind = {f: is_elastic_trace(f) for f in files}
+    if len(set(kind.values())) > 1:
+        e = next(f for f, k in kind.items() if k)
+        n = next(f for f, k in kind.items() if not k)
+        raise EvaluationError(
+            f"trace group {group!r} mixes elastic traces ({e.name}) and fixed-size traces ({n.name}); put each kind "
+            "in its own group directory"
+        )
+    return bool(files) and all(kind.values())
+
+
 def select_groups(traces: str | Path, names: str | None) -> tuple[dict[str, list[Path]], list[str]]:
     """The trace groups under ``traces`` and the ones named in ``names`` (comma-separated; ``None`` or
     empty: all), for the benchmarks. Raises :class:`FileNotFoundError` for a missing directory and
@@ -190,17 +221,19 @@ def select_groups(traces: str | Path, names: str | None) -> tuple[dict[str, list
 
 
 def load_job_sets(files: Sequence[Path], cluster: ClusterSpec, perf: ContentionModel) -> list[list[JobSpec]]:
-    """The job set of each file, read and checked for ``cluster`` by :func:`trainer.traces.load_trace`, and by
-    the simulator's own checks (e.g. a job that would run longer alone than it accepts), before anything runs.
+    """The job set of each file, read and checked for ``cluster`` by :func:`trainer.elastic.load_jobs` (an
+    elastic trace by its reader, any other by :func:`trainer.traces.load_trace`), and by the simulator's own
+    checks under ``perf`` (e.g. a job that would run longer alone than it accepts), before anything runs.
 
     :raises TraceError: for the first unusable file, naming it (and its row and field, or the job).
     """
+    from trainer.elastic import load_jobs
     from trainer.simulator import SimulationError, Simulator
-    from trainer.traces import TraceError, load_trace
+    from trainer.traces import TraceError
 
     out = []
     for f in files:
-        jobs = load_trace(f, cluster, perf)
+        jobs, _elastic = load_jobs(f, cluster, perf)
         try:
             Simulator(cluster, jobs, None, perf)
         except SimulationError as exc:
@@ -218,6 +251,7 @@ def evaluate_group(
     on_set: Callable[[], None] | None = None,
     jobs: Sequence[Sequence[JobSpec]] | None = None,
     compat: Any = None,
+    resize_overhead: float | None = None,
 ) -> dict[str, Any]:
     """Run each policy on each file; returns ``{policy: {"sets": [...], "summary": {...}, ...}}``.
 
@@ -226,6 +260,8 @@ def evaluate_group(
     :param compat: a :class:`policies.compat.CompatMode` to simulate under (``perf`` must have its contention
         rule); each set's row then also has ``avg_run_jct_s`` and ``avg_run_jct_rounds_s`` (JCT without
         queueing, :func:`trainer.metrics.summarize`).
+    :param resize_overhead: seconds an elastic job makes no progress after a resize
+        (:attr:`trainer.simulator.SimConfig.resize_overhead`; ``None``: the restart pause, 30 s).
     """
     out: dict[str, Any] = {}
     traces = list(jobs) if jobs is not None else load_job_sets(files, cluster, perf)
@@ -235,7 +271,7 @@ def evaluate_group(
         sets, jcts, cs, util = [], [], [], []
         for f, job_set in zip(files, traces, strict=True):
             t0 = time.perf_counter()
-            res = Simulator(cluster, job_set, pol, perf, SimConfig(compat=compat)).run()
+            res = Simulator(cluster, job_set, pol, perf, SimConfig(compat=compat, resize_overhead=resize_overhead)).run()
             s = summarize(res)
             row = {
                 k: s[k]
@@ -284,9 +320,31 @@ def evaluate_group(
     return out
 
 
-def _plots(group: str, data: Mapping[str, Any], figdir: Path, cluster: str) -> list[Path]:
-    """The JCT CDF, CS distribution and utilisation KDE of one group; ``cluster`` (its description, e.g.
-    ``4x8``) goes into every title."""
+def paired_to_best(data: Mapping[str, Any], learned: set[str] | frozenset[str]) -> str | None:
+    """Add to each policy's ``summary`` of one group (:func:`evaluate_group`'s result) the paired ratio of its
+    average JCT to the best heuristic's, ``jct_vs_best``: ``{"best": name, "mean": m, "ci95": h}``, the mean and
+    95 % Student-t half-width over the job sets of ``policy avg JCT / best heuristic avg JCT`` on the same set
+    (``ci95`` null for one set; the best heuristic's own ratio is 1 on every set). The best heuristic is the
+    policy not in ``learned`` (shown names) with the lowest mean average JCT (the first on ties); returns its
+    name, or None (nothing added) when every policy is learned or none has a finite mean."""
+    heur = {n: d["summary"]["avg_jct_s"]["mean"] for n, d in data.items() if n not in learned}
+    heur = {n: v for n, v in heur.items() if math.isfinite(v)}
+    if not heur:
+        return None
+    best = min(heur, key=heur.__getitem__)
+    ref = [r["avg_jct_s"] for r in data[best]["sets"]]
+    for d in data.values():
+        ratio = [r["avg_jct_s"] / b if b > 0 else math.nan for r, b in zip(d["sets"], ref, strict=True)]
+        m, h = mean_ci(ratio)
+        d["summary"]["jct_vs_best"] = {"best": best, "mean": m, "ci95": h if math.isfinite(h) else None}
+    return best
+
+
+def _plots(group: str, data: Mapping[str, Any], figdir: Path, cluster: str, cs_figure: bool = True,
+           seconds: bool = False) -> list[Path]:
+    """The JCT CDF (in hours; in ``seconds``, as an elastic group's tables), CS distribution (only with
+    ``cs_figure``) and utilisation KDE of one group; ``cluster`` (its description, e.g. ``4x8``) goes into
+    every title."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -302,10 +360,10 @@ def _plots(group: str, data: Mapping[str, Any], figdir: Path, cluster: str) -> l
     styles = ("-", "--", ":", "-.")
     colours = _colours(list(data))
     for i, (name, d) in enumerate(data.items()):
-        x = np.sort(np.asarray(d["jobs_jct_s"], float)) / 3600.0
+        x = np.sort(np.asarray(d["jobs_jct_s"], float)) / (1.0 if seconds else 3600.0)
         ax.plot(x, np.arange(1, x.size + 1) / x.size, ls=styles[i % 4], lw=1.6, color=colours[name],
-                label=f"{name} (avg {x.mean():.1f} h)")
-    ax.set_xlabel("JCT (hours)")
+                label=f"{name} (avg {x.mean():.0f} s)" if seconds else f"{name} (avg {x.mean():.1f} h)")
+    ax.set_xlabel("JCT (seconds)" if seconds else "JCT (hours)")
     ax.set_ylabel("CDF")
     ax.grid(alpha=0.3)
     ax.set_title(f"CDF of JCT ({group} mix, all sets pooled, {cluster})")
@@ -327,7 +385,8 @@ def _plots(group: str, data: Mapping[str, Any], figdir: Path, cluster: str) -> l
         for n, d in data.items()
     }
     subtitle = f"{group} mix, all sets, {cluster}"
-    paths.append(plot_cs_distribution(summaries, figdir / f"rl_cs_distribution_{group}.png", subtitle))
+    if cs_figure:
+        paths.append(plot_cs_distribution(summaries, figdir / f"rl_cs_distribution_{group}.png", subtitle))
     paths.append(plot_util_kde(summaries, figdir / f"rl_util_kde_{group}.png", subtitle))
     return paths
 
@@ -420,36 +479,71 @@ def _branch_plot(results: Mapping[str, Any], branch_names: Sequence[str], figdir
     return p
 
 
+def _metrics(data: Mapping[str, Any]) -> tuple[tuple[str, str, float], ...]:
+    """The :data:`METRICS` of one group's tables: JCTs in hours, in seconds for an elastic group (its jobs
+    run minutes: DL2's and Chic's settings; ``"elastic"`` set by :func:`run_evaluation`)."""
+    if not any(d.get("elastic") for d in data.values()):
+        return METRICS
+    return tuple((k, h.replace("(h)", "(s)"), 1.0) if k.endswith("_jct_s") else (k, h, sc) for k, h, sc in METRICS)
+
+
 def _cell(summary: Mapping[str, Any], key: str, scale: float) -> str:
     """``"mean ± half-width"`` of metric ``key`` (times ``scale``); the mean alone where there is no
     interval (``ci95`` null: one job set)."""
     m, h = summary[key]["mean"], summary[key]["ci95"]
-    fmt = "{:.3f}" if key == "avg_cs" else "{:.2f}" if scale != 100.0 else "{:.1f}"
+    fmt = ("{:.3f}" if key == "avg_cs" else "{:.1f}" if scale == 100.0 else "{:.0f}" if scale == 1.0
+           else "{:.2f}")
     return fmt.format(m * scale) + ("" if h is None else f" ± {fmt.format(h * scale)}")
 
 
 def _best_first(data: Mapping[str, Any]) -> list[str]:
-    """A group's policies, its best heuristic (lowest mean average JCT) first
-    (:func:`trainer.report.best_heuristic_first`)."""
+    """A group's policies, its best heuristic first: the one :func:`paired_to_best` compared with, else
+    the lowest mean average JCT among the names :func:`trainer.report.best_heuristic_first` calls heuristics."""
     from trainer.report import best_heuristic_first  # matplotlib: only when tables are made
 
+    best = {d["summary"].get("jct_vs_best", {}).get("best") for d in data.values()}
+    if len(best) == 1 and (b := best.pop()) in data:
+        return [b, *(n for n in data if n != b)]
     return best_heuristic_first({n: d["summary"]["avg_jct_s"]["mean"] for n, d in data.items()})
 
 
+#: the column of the paired ratio to the best heuristic (:func:`paired_to_best`) in the tables
+PAIRED_HEAD = "JCT / best heur."
+
+
+def _paired_cell(summary: Mapping[str, Any]) -> str:
+    """``"mean ± half-width"`` of ``jct_vs_best`` (3 decimals; the mean alone without an interval, ``-``
+    where there is none)."""
+    r = summary.get("jct_vs_best")
+    if not r or not math.isfinite(r["mean"]):
+        return "-"
+    return f"{r['mean']:.3f}" + ("" if r["ci95"] is None else f" ± {r['ci95']:.3f}")
+
+
 def markdown_tables(results: Mapping[str, Any], cluster: str) -> str:
-    """Markdown: one table per group (its best heuristic first), mean +- 95% CI over sets, plus ratios
-    to the baselines (the best heuristic first)."""
+    """Markdown: one table per group (its best heuristic first), mean +- 95% CI over sets, the paired ratio
+    to the best heuristic (a column, where :func:`paired_to_best` added it), plus ratios of means of
+    ``rl-base`` / ``rl-hybrid`` to the baselines (the best heuristic first)."""
     lines: list[str] = []
     for g, data in results.items():
         nsets = len(next(iter(data.values()))["sets"])
         what = "1 job set, no interval" if nsets == 1 else f"{nsets} job sets"
         lines.append(f"### {g} ({what}, {cluster})\n")
-        lines.append("| Policy | " + " | ".join(h for _, h, _ in METRICS) + " |")
-        lines.append("|---|" + "---|" * len(METRICS))
+        paired = any("jct_vs_best" in d["summary"] for d in data.values())
+        metrics = _metrics(data)
+        heads = [h for _, h, _ in metrics] + ([PAIRED_HEAD] if paired else [])
+        lines.append("| Policy | " + " | ".join(heads) + " |")
+        lines.append("|---|" + "---|" * len(heads))
         order = _best_first(data)
         for name in order:
             d = data[name]
-            lines.append(f"| {name} | " + " | ".join(_cell(d["summary"], key, scale) for key, _, scale in METRICS) + " |")
+            cells = [_cell(d["summary"], key, scale) for key, _, scale in metrics]
+            if paired:
+                cells.append(_paired_cell(d["summary"]))
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        if paired:
+            lines.append(f"\n{PAIRED_HEAD}: each policy's average JCT over {order[0]}'s (the best heuristic) on the "
+                         "same job set, mean ± 95 % t half-width over the sets.")
         ratios = []
         for rl in [n for n in data if n in ("rl-base", "rl-hybrid")]:
             for base in [n for n in order if not n.startswith("rl-")]:
@@ -464,7 +558,8 @@ def markdown_tables(results: Mapping[str, Any], cluster: str) -> str:
 
 def print_tables(results: Mapping[str, Any], cluster: str, console: Any = None) -> None:
     """The tables of :func:`markdown_tables` on a terminal (:mod:`rich`): per group, each policy's
-    mean +- 95% interval of the :data:`METRICS` (the mean alone for a group of one job set).
+    mean +- 95% interval of the :data:`METRICS` (the mean alone for a group of one job set) and its paired
+    ratio to the best heuristic (:data:`PAIRED_HEAD`, where :func:`paired_to_best` added it).
 
     :param results: :func:`run_evaluation`'s results (groups -> policies -> ``summary``).
     :param console: a :class:`rich.console.Console` (default: standard output).
@@ -481,12 +576,16 @@ def print_tables(results: Mapping[str, Any], cluster: str, console: Any = None) 
         what = "1 job set, no interval" if nsets == 1 else f"{nsets} job sets, mean ± 95% interval"
         table = Table(title=f"{g} ({what}, {cluster})", title_justify="left")
         # a long name (rl-base:/path/to/checkpoint) folds, so the table stays within TABLE_WIDTH columns
-        table.add_column("Policy", overflow="fold", max_width=TABLE_WIDTH - 16 * len(METRICS) - 4)
-        for _, head, _ in METRICS:
+        paired = any("jct_vs_best" in d["summary"] for d in data.values())
+        metrics = _metrics(data)
+        heads = [h for _, h, _ in metrics] + ([PAIRED_HEAD] if paired else [])
+        table.add_column("Policy", overflow="fold", max_width=max(TABLE_WIDTH - 16 * len(heads) - 4, 12))
+        for head in heads:
             table.add_column(head, justify="right")
         for name in _best_first(data):
             d = data[name]
-            table.add_row(Text(printable(name)), *(_cell(d["summary"], key, scale) for key, _, scale in METRICS))
+            cells = [_cell(d["summary"], key, scale) for key, _, scale in metrics]
+            table.add_row(Text(printable(name)), *cells, *([_paired_cell(d["summary"])] if paired else []))
         span = {d.get("needs_span") for d in data.values()}
         notes = identical_set_notes(data, [k for k, _, _ in METRICS] + ["makespan_s"],
                                     span.pop() if len(span) == 1 else None)
@@ -552,8 +651,13 @@ def run_evaluation(
     progress: Callable[[int, int], None] | None = None,
     contention: str = "sum",
     compat: str | None = None,
+    resize_overhead: float | None = None,
 ) -> dict[str, Any]:
     """Evaluate and write results (see module docstring); returns the results dict.
+
+    :param resize_overhead: seconds an elastic job makes no progress after a resize (``rlsched simulate
+        --resize-overhead``; ``None``: the restart pause, 30 s; DL2's hot scaling:
+        :data:`trainer.simulator.HOT_RESIZE_OVERHEAD_S`); finite, >= 0.
 
     :param contention: the performance model's contention rule (:data:`policies.ledger.CONTENTION_RULES`).
     :param compat: a compat mode's name (``deepshare``, :mod:`policies.compat`): every policy runs under the
@@ -568,6 +672,8 @@ def run_evaluation(
     if not policies:
         raise EvaluationError("no policies to evaluate (e.g. srtf,las,rl-base)")
     specs = policy_specs(policies)
+    if resize_overhead is not None and not (math.isfinite(resize_overhead) and resize_overhead >= 0):
+        raise EvaluationError(f"--resize-overhead must be a finite number of seconds >= 0, got {resize_overhead!r}")
     _check_outputs(Path(out), Path(results_md) if results_md else None)
     cl = ClusterSpec.parse(cluster)
     from trainer.cli_sim import compat_policy, compat_setup
@@ -602,6 +708,23 @@ def run_evaluation(
                 branch_names.append(nm)
             _check_branch(getattr(pols[nm], "checkpoint", None), br, w1, ck)
     groups = _groups(Path(traces))
+    elastic = {g: _elastic_group(g, files) for g, files in groups.items()}
+    learned = {alias for alias, name in specs.items() if is_learned(name)} | set(branch_names)
+    perfs = {False: perf}
+    kinds = {False: pols}
+    if any(elastic.values()):
+        if compat_rules is not None:
+            raise EvaluationError(f"--compat {compat}: a compat mode applies to fixed-size traces; trace group(s) "
+                                  f"{', '.join(g for g, e in elastic.items() if e)} are elastic")
+        perfs[True] = elastic_perf(perf)
+        # the same names built again under the PS performance model (Optimus and Tetris estimate with it)
+        kinds[True] = {}
+        where = "trace group " + ", ".join(g for g, e in elastic.items() if e)
+        for alias, pol in pols.items():
+            name = specs.get(alias, alias)
+            built = kinds[True][alias] = make_policy(name, cl, perfs[True]) if alias in specs else pol
+            check_elastic_policy(name, built, where, shown=alias)
+            built.name = pol.name
     if figure_groups is None:
         fig_groups = list(groups)
     else:
@@ -613,7 +736,10 @@ def run_evaluation(
             )
         fig_groups = [g for g in groups if g in set(figure_groups)]
     # every file of every group is read and checked before the first (long) simulation
-    job_sets = {g: load_job_sets(files, cl, perf) for g, files in groups.items()}
+    job_sets = {g: load_job_sets(files, cl, perfs[elastic[g]]) for g, files in groups.items()}
+    # an elastic group of PS jobs only gets no CS figure: their CS is 1 by the model (module docstring)
+    no_cs = {g for g in groups if elastic[g] and all(j.demand is not None and j.demand.ps > 0
+                                                     for js in job_sets[g] for j in js)}
     results: dict[str, Any] = {}
     t0 = time.perf_counter()
     total = len(pols) * sum(len(files) for files in groups.values())
@@ -628,15 +754,19 @@ def run_evaluation(
     for g, files in groups.items():
         log.info("group %s: %d traces", g, len(files))
         results[g] = evaluate_group(
-            pols, files, cl, perf, keep_jobs=(g in fig_groups), on_set=_tick, jobs=job_sets.pop(g),
-            compat=compat_rules
+            kinds[elastic[g]], files, cl, perfs[elastic[g]], keep_jobs=(g in fig_groups), on_set=_tick,
+            jobs=job_sets.pop(g), compat=compat_rules, resize_overhead=resize_overhead
         )
+        paired_to_best(results[g], learned)
+        if elastic[g]:  # the tables show its JCTs in seconds (_metrics)
+            for d in results[g].values():
+                d["elastic"] = True
     outdir = Path(out)
     figdir = outdir / "figures"
     md = Path(results_md) if results_md else None
     main = [n for n in pols if n not in branch_names]
     slim = {
-        g: {n: {k: v for k, v in d.items() if k in ("sets", "summary")} for n, d in data.items()}
+        g: {n: {k: v for k, v in d.items() if k in ("sets", "summary", "elastic")} for n, d in data.items()}
         for g, data in results.items()
     }
     md_text = None
@@ -656,13 +786,18 @@ def run_evaluation(
         stage = Path(tempfile.mkdtemp(dir=outdir, prefix=".evaluate.tmp-"))
         staged = stage / "figures"
         staged.mkdir()
-        figs = [f for g in fig_groups for f in _plots(g, {n: results[g][n] for n in main}, staged, cl.describe())]
+        figs = [f for g in fig_groups
+                for f in _plots(g, {n: results[g][n] for n in main}, staged, cl.describe(), cs_figure=g not in no_cs,
+                                seconds=elastic[g])]
         if branch_names:
             figs.append(_branch_plot(results, branch_names, staged))
         meta = {
             "cluster": cl.describe(),
             "contention": perf.contention,
             "compat": compat_rules.name if compat_rules is not None else None,
+            "elastic_groups": [g for g, e in elastic.items() if e],
+            "resize_overhead_s": resize_overhead,
+            "cs_figure_skipped": sorted(no_cs & set(fig_groups)),
             "policies": list(pols),
             "traces": str(traces),
             "wall_s": time.perf_counter() - t0,
