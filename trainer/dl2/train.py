@@ -62,14 +62,14 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from policies.dl2 import DL2Net, DL2Policy, DL2Spec, Transition, save_dl2
+from policies.dl2 import REMAINING_SCALE, DL2Net, DL2Policy, DL2Spec, Transition, save_dl2
 from policies.elastic import OptimusPolicy, PlanJob, dominant_share, fits_capacity
 
 ROOT = Path(__file__).resolve().parents[2]
 
 __all__ = ["DL2TrainConfig", "TEACHERS", "BEHAVIOURS", "EXPLORE_RULES", "drf_action", "optimus_actions", "poor_action",
            "ps_action", "make_actor", "torch_actor", "RecordingDL2", "collect_drf", "supervised", "Replay",
-           "ac_update", "soft_update", "entropy_weight", "parent_record", "evaluate", "train"]
+           "ac_update", "soft_update", "entropy_weight", "parent_record", "train_spec", "evaluate", "train"]
 
 
 @dataclass
@@ -78,6 +78,9 @@ class DL2TrainConfig:
 
     J: int = 40
     arch: str = "flat"  # the actor: "flat" (the seed's MLP) or "rows" (per-row scorer, policies.dl2.DL2RowsNet)
+    # the remaining-epochs feature: "linear" (the seed's) or "log1p" (ours; policies.dl2.REMAINING), at the
+    # scale policies.dl2.REMAINING_SCALE gives it
+    remaining: str = "linear"
     hidden: tuple[int, ...] = (256, 256)
     jobs: int = 60  # jobs per training sequence
     sl_traces: int = 4
@@ -545,6 +548,13 @@ def parent_record(meta: dict) -> dict:
             "cpu_s": tr.get("cpu_s"), "config": tr.get("config"), "history": tr.get("history")}
 
 
+def train_spec(cfg: DL2TrainConfig) -> DL2Spec:
+    """The state / action layout a run of ``cfg`` trains: ``J``, ``arch`` and the remaining-epochs transform
+    at its scale (:data:`policies.dl2.REMAINING_SCALE`)."""
+    spec = DL2Spec(J=cfg.J, arch=cfg.arch, remaining=cfg.remaining)
+    return replace(spec, scales={**spec.scales, "epochs": REMAINING_SCALE[cfg.remaining]})
+
+
 def evaluate(cfg: DL2TrainConfig, net: DL2Net, seeds: Sequence[int]) -> float:
     """Mean over ``seeds`` of the greedy policy's average JCT (s) on ``cfg.jobs``-job sequences."""
     cluster, perf = _setup(cfg)
@@ -561,7 +571,7 @@ def train(cfg: DL2TrainConfig, out: str | Path, progress_bar: bool = True, log: 
 
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
-    spec = DL2Spec(J=cfg.J, arch=cfg.arch)
+    spec = train_spec(cfg)
     actor = make_actor(spec, cfg.hidden)
     critic = _mlp([spec.obs_size, *cfg.hidden, 1])
     if cfg.init:
