@@ -1,6 +1,6 @@
-"""DL2's remaining-epochs transform (``DL2Spec.remaining``): ``log1p`` encodes ln(1 + epochs) at its scale,
-is recorded in the checkpoint's spec and read back; a spec without the field is the seed's linear feature,
-so the shipped checkpoints keep their layout."""
+"""DL2's feature transforms (``DL2Spec.remaining``, ``DL2Spec.counts``): ``log1p`` encodes ln(1 + epochs) /
+ln(1 + workers or PSs) at its scale, is recorded in the checkpoint's spec and read back; a spec without the
+fields is the seed's linear features, so the checkpoints written without them keep their layout."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from policies.checkpoint import CheckpointError
-from policies.dl2 import (JOB_TYPES, REMAINING_SCALE, DL2Spec, SlotBatch, encode, load_dl2, remaining_feature,
-                          save_dl2, shipped_dl2)
+from policies.dl2 import (COUNTS_SCALE, JOB_TYPES, REMAINING_SCALE, DL2Spec, SlotBatch, action_mask, apply_action,
+                          count_feature, encode, load_dl2, remaining_feature, save_dl2, shipped_dl2)
 from policies.psmodel import EPOCH_SIZE
 from test_dl2 import _job, _random_actor
 
@@ -20,9 +20,10 @@ CAP = (10.0, 100.0, 1000.0)
 L = len(JOB_TYPES)
 
 
-def _log_spec(J: int = 3, arch: str = "flat") -> DL2Spec:
-    spec = DL2Spec(J=J, arch=arch, remaining="log1p")
-    return DL2Spec(J=J, arch=arch, remaining="log1p", scales={**spec.scales, "epochs": REMAINING_SCALE["log1p"]})
+def _log_spec(J: int = 3, arch: str = "flat", counts: str = "linear") -> DL2Spec:
+    spec = DL2Spec(J=J, arch=arch, remaining="log1p", counts=counts)
+    return DL2Spec(J=J, arch=arch, remaining="log1p", counts=counts,
+                   scales={**spec.scales, "epochs": REMAINING_SCALE["log1p"], "tasks": COUNTS_SCALE[counts]})
 
 
 def test_log1p_feature_values_and_the_linear_default():
@@ -41,6 +42,19 @@ def test_log1p_feature_values_and_the_linear_default():
     assert DL2Spec().remaining == "linear" and "remaining" not in DL2Spec().to_dict()
     with pytest.raises(ValueError, match="remaining must be one of linear, log1p"):
         DL2Spec(remaining="sqrt")
+    with pytest.raises(ValueError, match="counts must be one of linear, log1p"):
+        DL2Spec(counts="sqrt")
+
+
+def test_log1p_counts():
+    a = _job("a")
+    a.w, a.p = 3, 7
+    spec = _log_spec(J=2, counts="log1p")
+    row = encode([a], CAP, 0.0, spec).reshape(2, -1)[0]
+    assert row[L + 3] == pytest.approx(0.3 * math.log1p(3)) and row[L + 4] == pytest.approx(0.3 * math.log1p(7))
+    assert count_feature(0, spec) == 0.0 and count_feature(4, DL2Spec()) == pytest.approx(0.4)
+    assert spec.to_dict()["counts"] == "log1p" and DL2Spec.from_dict(spec.to_dict()) == spec
+    assert "counts" not in _log_spec().to_dict()
 
 
 def test_log1p_spec_round_trips_through_a_checkpoint(tmp_path):
@@ -55,18 +69,31 @@ def test_log1p_spec_round_trips_through_a_checkpoint(tmp_path):
         load_dl2(tmp_path / "ck")
 
 
-def test_shipped_checkpoints_read_as_linear():
-    for name in ("dl2", "dl2-3ep", "dl2-flat", "dl2-40"):
+def test_checkpoints_without_the_fields_read_as_linear():
+    for name in ("dl2-3ep", "dl2-flat", "dl2-40"):
         net, meta, _p = load_dl2(shipped_dl2().with_name(name))
-        if "remaining" not in meta["spec"]:
-            assert net.spec.remaining == "linear" and net.spec.scales["epochs"] == 0.01
+        assert "remaining" not in meta["spec"] and "counts" not in meta["spec"]
+        assert (net.spec.remaining, net.spec.counts) == ("linear", "linear")
+        assert (net.spec.scales["epochs"], net.spec.scales["tasks"]) == (0.01, 0.1)
 
 
 def test_slot_batch_equals_encode_with_log1p():
-    spec = _log_spec(J=4, arch="rows")
-    batch = [_job("a", done=300.0), _job("b", model="VGG-16", hi=6, t=600.0)]
+    spec = _log_spec(J=4, arch="rows", counts="log1p")
+    batch = [_job("a", done=300.0), _job("b", model="VGG-16", hi=6, t=600.0), _job("c", model="GPT-2", ps=False)]
+    used = [0.0, 0.0, 0.0]
     sb = SlotBatch(batch, CAP, 1800.0, spec)
-    assert np.array_equal(sb.obs, encode(batch, CAP, 1800.0, spec))
+    rng = np.random.default_rng(1)
+    for _ in range(12):
+        sb.set_used(used)
+        assert np.array_equal(sb.obs, encode(batch, CAP, 1800.0, spec, used))
+        mask = action_mask(batch, used, CAP, spec, allow_stop=False)
+        assert np.array_equal(sb.mask(used, allow_stop=False), mask)
+        legal = np.flatnonzero(mask[:-1])
+        if not legal.size:
+            break
+        a = int(rng.choice(legal))
+        apply_action(batch, used, a, spec)
+        sb.update(a // 3)
 
 
 def test_train_spec_and_cli_option(capsys):
@@ -75,11 +102,15 @@ def test_train_spec_and_cli_option(capsys):
     from trainer.dl2.cli import OPTIONS
     from trainer.dl2.train import DL2TrainConfig, train_spec
 
-    args = build_parser().parse_args(["train-dl2", "--out", "RUN", "--remaining", "log1p", "--arch", "rows"])
+    args = build_parser().parse_args(["train-dl2", "--out", "RUN", "--remaining", "log1p", "--arch", "rows",
+                                      "--counts", "log1p"])
     cfg = DL2TrainConfig(**config_values(args, OPTIONS))
     spec = train_spec(cfg)
     assert spec.remaining == "log1p" and spec.scales["epochs"] == 0.1 and spec.arch == "rows"
+    assert spec.counts == "log1p" and spec.scales["tasks"] == 0.3
     assert train_spec(DL2TrainConfig()) == DL2Spec()
     assert main(["train-dl2", "--out", "RUN", "--remaining", "sqrt"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--remaining must be one of linear, log1p" in err[0]
+    assert main(["train-dl2", "--out", "RUN", "--counts", "cube"]) == 2
+    assert "--counts must be one of linear, log1p" in capsys.readouterr().err

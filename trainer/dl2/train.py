@@ -62,7 +62,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from policies.dl2 import REMAINING_SCALE, DL2Net, DL2Policy, DL2Spec, Transition, save_dl2
+from policies.dl2 import COUNTS_SCALE, REMAINING_SCALE, DL2Net, DL2Policy, DL2Spec, Transition, save_dl2
 from policies.elastic import OptimusPolicy, PlanJob, dominant_share, fits_capacity
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,6 +81,7 @@ class DL2TrainConfig:
     # the remaining-epochs feature: "linear" (the seed's) or "log1p" (ours; policies.dl2.REMAINING), at the
     # scale policies.dl2.REMAINING_SCALE gives it
     remaining: str = "linear"
+    counts: str = "linear"  # the workers / PSs features: "linear" (the seed's) or "log1p" (ours; policies.dl2.COUNTS)
     hidden: tuple[int, ...] = (256, 256)
     jobs: int = 60  # jobs per training sequence
     sl_traces: int = 4
@@ -549,10 +550,12 @@ def parent_record(meta: dict) -> dict:
 
 
 def train_spec(cfg: DL2TrainConfig) -> DL2Spec:
-    """The state / action layout a run of ``cfg`` trains: ``J``, ``arch`` and the remaining-epochs transform
-    at its scale (:data:`policies.dl2.REMAINING_SCALE`)."""
-    spec = DL2Spec(J=cfg.J, arch=cfg.arch, remaining=cfg.remaining)
-    return replace(spec, scales={**spec.scales, "epochs": REMAINING_SCALE[cfg.remaining]})
+    """The state / action layout a run of ``cfg`` trains: ``J``, ``arch`` and the remaining-epochs and
+    workers / PSs transforms at their scales (:data:`policies.dl2.REMAINING_SCALE`,
+    :data:`policies.dl2.COUNTS_SCALE`)."""
+    spec = DL2Spec(J=cfg.J, arch=cfg.arch, remaining=cfg.remaining, counts=cfg.counts)
+    return replace(spec, scales={**spec.scales, "epochs": REMAINING_SCALE[cfg.remaining],
+                                 "tasks": COUNTS_SCALE[cfg.counts]})
 
 
 def evaluate(cfg: DL2TrainConfig, net: DL2Net, seeds: Sequence[int]) -> float:
