@@ -102,3 +102,20 @@ def test_bad_input_one_line_exit_2(args, why, tmp_path):
                         "--out", str(tmp_path / "o"), *args], capture_output=True, text=True, timeout=300,
                        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert r.returncode == 2 and why in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_training_lines_name_the_parent_warm_up(ev):
+    """A checkpoint continued by RL from an Optimus warm-up with log-scaled remaining work says so, with
+    the parent's teacher, epochs, loss and features."""
+    parent = {"config": {"arch": "rows", "hidden": [64, 64], "remaining": "log1p", "teacher": "optimus",
+                         "sl_traces": 2, "jobs": 200, "sl_epochs": 6},
+              "history": {"sl_loss": [3.4, 2.25], "rl": []}, "selected": "warm-up", "val_jct": 6303.0, "cpu_s": 217.0}
+    meta = {"training": {"config": {"jobs": 200, "seed0": 1000, "sl_traces": 2, "rl_lr": 1e-4, "beta": 0.1,
+                                    "beta_end": -1.0, "val_seeds": 2},
+                         "history": {"parent": parent, "rl": [{"updates": 165}, {"updates": 192}]},
+                         "selected": "init", "val_jct": 6303.0, "cpu_s": 400.0}}
+    text = " ".join(ev._training_lines(meta))
+    assert "row scorer 64x64, `--remaining log1p`); 2 Optimus episodes of 200 jobs for the warm-up (6 epochs" in text
+    assert "imitation cross-entropy 3.400 -> 2.250), no RL episode, kept: warm-up" in text
+    assert "with 2 RL episodes of 200 jobs (training sequences from seed 1002), 357 actor-critic updates" in text
+    assert "DRF" not in text

@@ -39,6 +39,11 @@ checkpoint gives the same weights as that run with RL (a test checks it).
 ``rows`` (ours, :class:`policies.dl2.DL2RowsNet`: one shared-weight scorer per job row with pooled
 context, ``hidden`` the row scorer's layers, :data:`STOP_HIDDEN` the stop scorer's; torch twin
 :func:`make_actor` / :func:`torch_actor`). The critic is an MLP over the state in both (``hidden``).
+``remaining`` / ``counts`` (ours; the defaults are the seed's linear features) pick the transforms of the
+state's remaining-epochs and workers / PSs features (:data:`policies.dl2.REMAINING`, at the scales
+:func:`train_spec` gives them); ``log1p`` remaining epochs puts Optimus' marginal gain, a product of the
+remaining work and a per-model function of the shape, in a range an MLP fits (docs/ELASTIC.md, "Optimus
+shapes").
 
 **Behaviour and exploration of RL episodes** (ours, options; the defaults are the seed's):
 ``behaviour="greedy"`` takes the most likely feasible action (what validation and deployment run)
