@@ -93,7 +93,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.init and not Path(args.init).exists() and not Path(args.init + ".json").exists():
         return cli_error("train-dl2", f"--init {args.init} not found")
     for flag, value, allowed in (("--arch", args.arch, ARCHES), ("--remaining", args.remaining, REMAINING),
-                                 ("--counts", args.counts, COUNTS),                                 ("--behaviour", args.behaviour, BEHAVIOURS),
+                                 ("--counts", args.counts, COUNTS), ("--behaviour", args.behaviour, BEHAVIOURS),
                                  ("--explore", args.explore, EXPLORE_RULES), ("--teacher", args.teacher, TEACHERS)):
         if value not in allowed:
             return cli_error("train-dl2", f"{flag} must be one of {', '.join(allowed)}, got {value!r}")

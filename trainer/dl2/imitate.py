@@ -7,10 +7,10 @@ states where the actor's most likely feasible action is the teacher's) on held-o
 Teacher episodes (:func:`trainer.dl2.train.collect_drf`, DRF or Optimus in DL2's action space) on the
 training sequences ``--seed0 ..`` (``--traces`` of them, ``--jobs`` jobs each) give the training samples
 (at most ``--samples``), and one episode on validation sequence ``--val-seed`` (2000..) the held-out ones
-(at most ``--samples`` / 4). ``--remaining`` and ``--counts`` pick the transforms of the state's remaining-epochs
-and workers / PSs features (:data:`policies.dl2.REMAINING`, :data:`policies.dl2.COUNTS`, at the scales
-:func:`trainer.dl2.train.train_spec` gives them). Samples are recorded once in the ``rows`` layout (its state holds the
-:data:`policies.dl2.GLOBALS` after the job rows) and cached in ``DIR/samples-*.npz``; the ``flat`` actor
+(at most ``--samples`` / 4). ``--remaining`` and ``--counts`` pick the transforms of the state's
+remaining-epochs and workers / PSs features (:data:`policies.dl2.REMAINING`, :data:`policies.dl2.COUNTS`,
+at the scales :func:`trainer.dl2.train.train_spec` gives them). Samples are recorded once in the ``rows``
+layout (its state holds the :data:`policies.dl2.GLOBALS` after the job rows) and cached in ``DIR/samples-*.npz``; the ``flat`` actor
 reads the same states without the globals. Each architecture is fitted by
 :func:`trainer.dl2.train.supervised` (Adam, ``--lr``, mini-batches of 256, ``--epochs``) and its
 cross-entropy / accuracy measured on both sets after each epoch; one JSON line per epoch and a summary
@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from policies.dl2 import COUNTS, REMAINING
+
 __all__ = ["teacher_samples", "measure", "main"]
 
 
@@ -35,7 +37,8 @@ def teacher_samples(teacher: str, seed0: int, traces: int, jobs: int, samples: i
                     counts: str = "linear") -> tuple[np.ndarray, np.ndarray, np.ndarray, list[float]]:
     """(obs in the ``rows`` layout, masks, actions, each episode's JCT) of ``teacher`` episodes on sequences
     ``seed0 .. seed0 + traces - 1`` (``jobs`` jobs), at most ``samples`` kept uniformly, the state's
-    remaining-epochs and workers / PSs features transformed by ``remaining`` / ``counts``; read from / written to ``cache`` (npz) when given."""
+    remaining-epochs and workers / PSs features transformed by ``remaining`` / ``counts``; read from /
+    written to ``cache`` (npz) when given."""
     if cache is not None and cache.exists():
         with np.load(cache) as z:
             return z["obs"], z["mask"], z["act"], list(z["jct"])
@@ -73,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--teacher", default="drf", choices=("drf", "optimus"))
     ap.add_argument("--archs", default="flat,rows")
-    ap.add_argument("--remaining", default="linear", choices=("linear", "log1p"))
-    ap.add_argument("--counts", default="linear", choices=("linear", "log1p"))
+    ap.add_argument("--remaining", default="linear", choices=REMAINING)
+    ap.add_argument("--counts", default="linear", choices=COUNTS)
     ap.add_argument("--jobs", type=int, default=200)
     ap.add_argument("--traces", type=int, default=1)
     ap.add_argument("--seed0", type=int, default=1000)

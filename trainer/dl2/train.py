@@ -42,7 +42,7 @@ context, ``hidden`` the row scorer's layers, :data:`STOP_HIDDEN` the stop scorer
 ``remaining`` / ``counts`` (ours; the defaults are the seed's linear features) pick the transforms of the
 state's remaining-epochs and workers / PSs features (:data:`policies.dl2.REMAINING`, at the scales
 :func:`train_spec` gives them); ``log1p`` remaining epochs puts Optimus' marginal gain, a product of the
-remaining work and a per-model function of the shape, in a range an MLP fits (docs/ELASTIC.md, "Optimus
+remaining work and a per-model function of the shape, in a range an MLP fits (docs/ELASTIC.md, "Optimus'
 shapes").
 
 **Behaviour and exploration of RL episodes** (ours, options; the defaults are the seed's):
