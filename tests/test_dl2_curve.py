@@ -20,13 +20,17 @@ def test_draws_the_shipped_history(tmp_path):
     r = _run("--out", str(out))
     assert r.returncode == 0, r.stderr
     head = json.loads((REPO / "policies" / "checkpoints" / "dl2" / "dl2.json").read_text())["training"]
-    hist, parent = head["history"], head["history"].get("parent")
-    # a network continued from a parent (train-dl2 --init) is drawn after the parent's warm-up; the parent's
-    # RL episodes up to its selected network come first
-    warm = (parent or {}).get("history", hist)["sl_loss"]
-    before = 0
-    if parent and str(parent.get("selected", "")).startswith("RL episode "):
-        before = int(parent["selected"].rsplit(" ", 1)[1]) + 1
+    hist = head["history"]
+    # a network continued from parents (train-dl2 --init, possibly several runs deep) is drawn after the
+    # first run's warm-up; each parent's RL episodes up to the network it kept come first
+    ancestors = []
+    node = hist.get("parent")
+    while isinstance(node, dict):
+        ancestors.append(node)
+        node = node["history"].get("parent")
+    warm = (ancestors[-1]["history"] if ancestors else hist)["sl_loss"]
+    before = sum(int(a["selected"].rsplit(" ", 1)[1]) + 1 for a in ancestors
+                 if str(a.get("selected", "")).startswith("RL episode "))
     assert f"{len(warm)} warm-up epochs, {before + len(hist['rl'])} RL episodes" in r.stdout
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
