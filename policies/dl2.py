@@ -49,7 +49,7 @@ for ``rlsched train --online``, and what training replays.
 **Checkpoint**: ``NAME.safetensors`` (``actor.{k}.weight`` ``(out, in)`` / ``actor.{k}.bias``, float32,
 for ``flat``; ``actor.row.{k}`` and ``actor.stop.{k}`` for ``rows``; an optional critic is ignored here)
 + ``NAME.json`` (:data:`FORMAT`, the spec: ``J``, job types, feature names, scales, slot, action layout,
-``arch`` (absent: ``flat``); the weights' sha256; ``actor_layers`` or ``row_layers`` / ``stop_layers``). :func:`load_dl2` checks all of it
+``arch`` (absent: ``flat``), ``remaining`` / ``counts`` (absent: ``linear``); the weights' sha256; ``actor_layers`` or ``row_layers`` / ``stop_layers``). :func:`load_dl2` checks all of it
 and never unpickles.
 
 Pure: a frozen snapshot in, a :class:`~policies.state.Decision` out; reads only its checkpoint.
