@@ -51,10 +51,13 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 BASELINES = ("drf", "tetris", "optimus")
-#: The shipped network (per-row actor, 6-epoch warm-up), the per-row 3-epoch warm-up, the seed's flat network
-#: and a shorter flat run (kept beside it), and the baselines; run from the repository root.
-DEFAULT_POLICIES = ("dl2,dl2-3ep=dl2:policies/checkpoints/dl2/dl2-3ep,dl2-flat=dl2:policies/checkpoints/dl2/dl2-flat,"
-                    "dl2-40=dl2:policies/checkpoints/dl2/dl2-40," + ",".join(BASELINES))
+#: The shipped network (per-row actor, Optimus warm-up, log-scaled remaining work, RL), its warm-up network, the
+#: per-row actors after a 6-epoch and a 3-epoch DRF warm-up, the seed's flat network and a shorter flat run (kept
+#: beside it), and the baselines; run from the repository root.
+DEFAULT_POLICIES = ("dl2,dl2-wu=dl2:policies/checkpoints/dl2/dl2-wu,dl2-drf=dl2:policies/checkpoints/dl2/dl2-drf,"
+                    "dl2-3ep=dl2:policies/checkpoints/dl2/dl2-3ep,"
+                    "dl2-flat=dl2:policies/checkpoints/dl2/dl2-flat,dl2-40=dl2:policies/checkpoints/dl2/dl2-40,"
+                    + ",".join(BASELINES))
 DEFAULT_RATES = (1.0, 2.0, 4.0)
 BEGIN, END = "<!-- dl2-results:begin -->", "<!-- dl2-results:end -->"
 #: The seed's claims (section 6.3): average JCT below DRF and below Optimus (%), decision time (ms).
@@ -307,6 +310,34 @@ def _fmt_ratio(d: dict) -> str:
     return f"{d['ratio']:.3f} +- {ci:.3f}" if math.isfinite(ci) else f"{d['ratio']:.3f}"
 
 
+def _warmup_words(c: dict, h: dict) -> str:
+    """The warm-up of a run with training config ``c`` and history ``h``, in words."""
+    feats = [f"`--{k} {c[k]}`" for k in ("remaining", "counts") if c.get(k, "linear") != "linear"]
+    return (("the per-row actor (`--arch rows`, row scorer " + "x".join(str(x) for x in c.get("hidden") or [])
+             + (", " + ", ".join(feats) if feats else "") + "); " if c.get("arch") == "rows" else
+             ("; ".join(feats) + "; " if feats else ""))
+            + f"{c.get('sl_traces')} {'Optimus' if c.get('teacher') == 'optimus' else 'DRF'} "
+            f"episode{'' if c.get('sl_traces') == 1 else 's'} of {c.get('jobs')} jobs for the warm-up "
+            f"({c.get('sl_epochs')} epochs, imitation cross-entropy "
+            + (f"{h['sl_loss'][0]:.3f} -> {h['sl_loss'][-1]:.3f}" if h.get("sl_loss") else "-") + ")")
+
+
+def _rl_words(c: dict, h: dict) -> str:
+    """The RL episodes of one run (training config ``c``, history ``h``), in words."""
+    rl = h.get("rl") or []
+    if not rl:
+        return "no RL episode"
+    updates = sum(int(e.get("updates") or 0) for e in rl)
+    stab = [f"{k} {c[k]}" for k in ("target_tau", "adv_norm", "clip", "critic_lr") if c.get(k)]
+    beta = f"entropy weight {c.get('beta')}" + (f" -> {c.get('beta_end')}" if (c.get("beta_end") or -1) >= 0 else "")
+    act = ("acting greedily, sampling with probability " + str(c.get("sample_p")) if c.get("behaviour") == "greedy"
+           else "sampling its actions")
+    return (f"{len(rl)} RL episodes of {c.get('jobs')} jobs (training sequences from seed "
+            f"{c.get('seed0', 0) + c.get('sl_traces', 0)}; {updates} actor-critic updates, {c.get('updates', 1)} per "
+            f"slot, {act}, " + ("exploring toward +1 PS" if c.get("explore") == "ps" else "the seed's job-aware exploration")
+            + f", actor learning rate {c.get('rl_lr')}, {beta}" + (", " + ", ".join(stab) if stab else "") + ")")
+
+
 def _training_lines(meta: dict) -> list[str]:
     tr = meta.get("training") or {}
     c, h = tr.get("config") or {}, tr.get("history") or {}
@@ -314,37 +345,30 @@ def _training_lines(meta: dict) -> list[str]:
     lines = []
     par = h.get("parent") if isinstance(h.get("parent"), dict) else None
     if c and par:
-        pc, ph = par.get("config") or {}, par.get("history") or {}
-        prl = ph.get("rl") or []
-        updates = sum(int(e.get("updates") or 0) for e in rl)
-        stab = [f"{k} {c[k]}" for k in ("target_tau", "adv_norm", "clip", "critic_lr") if c.get(k)]
-        beta = f"entropy weight {c.get('beta')}" + (f" -> {c.get('beta_end')}" if (c.get("beta_end") or -1) >= 0 else "")
-        cpu, pcpu = tr.get("cpu_s"), par.get("cpu_s")
+        # the chain of runs, each started (--init) from the network the one before kept; the first has the warm-up
+        chain = [tr]
+        while isinstance((chain[0].get("history") or {}).get("parent"), dict):
+            chain.insert(0, chain[0]["history"]["parent"])
+        steps = []
+        for k, run in enumerate(chain):
+            rc, rh = run.get("config") or {}, run.get("history") or {}
+            head = f"{_warmup_words(rc, rh)}, validation JCT {rh.get('val_warmup_jct', math.nan):.0f} s; " if k == 0 else ""
+            steps.append(head + f"{_rl_words(rc, rh)}, kept: {run.get('selected')} (validation JCT "
+                         f"{run.get('val_jct', math.nan):.0f} s)")
+        cpus = [run.get("cpu_s") for run in chain]
         lines += [
-            f"Training of this checkpoint (`training` in its JSON): RL continued (`train-dl2 --init`) from "
-            f"`{h.get('init')}` (its parent: {pc.get('sl_traces')} DRF episodes of {pc.get('jobs')} jobs for the "
-            f"warm-up, {len(prl)} RL episodes with the seed's settings, kept: {par.get('selected')}, validation "
-            f"JCT {par.get('val_jct', math.nan):.0f} s), with {len(rl)} RL episodes of {c.get('jobs')} jobs "
-            f"(training sequences from seed {c.get('seed0', 0) + c.get('sl_traces', 0)}), {updates} actor-critic "
-            f"updates ({c.get('updates', 1)} per slot), actor learning rate {c.get('rl_lr')}, {beta}"
-            + (", " + ", ".join(stab) if stab else "")
+            f"Training of this checkpoint (`training` in its JSON): {len(chain)} `train-dl2` runs, each started "
+            f"(`--init`) from the network the one before kept: " + "; then ".join(f"({k + 1}) {x}" for k, x in enumerate(steps))
             + f"; validation on {c.get('val_seeds')} sequences of {c.get('jobs')} jobs (seeds 2000..); "
-            f"kept: {tr.get('selected')} (validation JCT {tr.get('val_jct', math.nan):.0f} s); "
-            + (f"{cpu / 60:.1f} min of CPU" if isinstance(cpu, (int, float)) else "CPU time not recorded")
-            + (f" (the parent: {pcpu / 60:.1f} min)." if isinstance(pcpu, (int, float)) else ".")]
+            + (f"{sum(cpus) / 60:.1f} min of CPU in all." if all(isinstance(x, (int, float)) for x in cpus)
+               else "CPU time not recorded for every run.")]
     elif c:
         updates = sum(int(e.get("updates") or 0) for e in rl)
         cpu = tr.get("cpu_s")
         lines += [
-            f"Training of this checkpoint (`training` in its JSON): "
-            + ("the per-row actor (`--arch rows`, row scorer " + "x".join(str(x) for x in c.get("hidden") or [])
-               + "); " if c.get("arch") == "rows" else "")
-            + f"{c.get('sl_traces')} {'Optimus' if c.get('teacher') == 'optimus' else 'DRF'} "
-            f"episode{'' if c.get('sl_traces') == 1 else 's'} of "
-            f"{c.get('jobs')} jobs for the warm-up ({c.get('sl_epochs')} epochs, imitation cross-entropy "
-            + (f"{h['sl_loss'][0]:.3f} -> {h['sl_loss'][-1]:.3f}" if h.get("sl_loss") else "-")
-            + (f"), then no RL episode completed" if not rl else
-               f"), then {len(rl)} RL episodes of {c.get('jobs')} jobs with {updates} actor-critic updates")
+            f"Training of this checkpoint (`training` in its JSON): {_warmup_words(c, h)}"
+            + (f", then no RL episode completed" if not rl else
+               f", then {len(rl)} RL episodes of {c.get('jobs')} jobs with {updates} actor-critic updates")
             + (" (one per slot" if rl else " (RL configured")
             + (", acting greedily, sampling with probability " + str(c.get("sample_p"))
                if c.get("behaviour") == "greedy" else "")

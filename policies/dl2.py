@@ -9,10 +9,13 @@ servers each elastic job gets, one increment per inference.
   all-reduce models);
 * slots run: seconds since submission / ``slot_s``, times ``scales["slots"]``;
 * remaining epochs: remaining work / the model's epoch size (:data:`policies.psmodel.EPOCH_SIZE`; for
-  an all-reduce model, 100 x the fraction of its work left), times ``scales["epochs"]``;
+  an all-reduce model, 100 x the fraction of its work left), transformed by ``DL2Spec.remaining``
+  (:data:`REMAINING`: ``linear``, the seed's, the epochs themselves; ``log1p``, ours, ``ln(1 + epochs)``),
+  times ``scales["epochs"]``;
 * dominant share allocated this slot: the largest of (GPUs, CPUs, memory) of the ``w`` workers and
   ``p`` PSs decided so far in this slot, each over the cluster's total;
-* workers and PSs decided so far in this slot, times ``scales["tasks"]`` each.
+* workers and PSs decided so far in this slot, transformed by ``DL2Spec.counts`` (``linear``, the seed's:
+  the counts; ``log1p``, ours: ``ln(1 + count)``), times ``scales["tasks"]`` each.
 
 The ``rows`` layout (``DL2Spec.arch``, for :class:`DL2RowsNet`) appends :data:`GLOBALS` to the
 flattened rows: the fraction of the cluster's GPUs, CPUs and memory the slot has not given out yet
@@ -46,7 +49,7 @@ for ``rlsched train --online``, and what training replays.
 **Checkpoint**: ``NAME.safetensors`` (``actor.{k}.weight`` ``(out, in)`` / ``actor.{k}.bias``, float32,
 for ``flat``; ``actor.row.{k}`` and ``actor.stop.{k}`` for ``rows``; an optional critic is ignored here)
 + ``NAME.json`` (:data:`FORMAT`, the spec: ``J``, job types, feature names, scales, slot, action layout,
-``arch`` (absent: ``flat``); the weights' sha256; ``actor_layers`` or ``row_layers`` / ``stop_layers``). :func:`load_dl2` checks all of it
+``arch`` (absent: ``flat``), ``remaining`` / ``counts`` (absent: ``linear``); the weights' sha256; ``actor_layers`` or ``row_layers`` / ``stop_layers``). :func:`load_dl2` checks all of it
 and never unpickles.
 
 Pure: a frozen snapshot in, a :class:`~policies.state.Decision` out; reads only its checkpoint.
@@ -73,6 +76,10 @@ __all__ = [
     "FEATURES",
     "DL2Spec",
     "ARCHES",
+    "REMAINING",
+    "REMAINING_SCALE",
+    "COUNTS",
+    "COUNTS_SCALE",
     "GLOBALS",
     "DL2Net",
     "DL2RowsNet",
@@ -85,6 +92,8 @@ __all__ = [
     "Transition",
     "SlotBatch",
     "encode",
+    "remaining_feature",
+    "count_feature",
     "action_mask",
     "apply_action",
     "slot_reward",
@@ -104,6 +113,17 @@ FEATURES = ("slots_run", "remaining_epochs", "dominant_share", "workers", "ps")
 #: Actor architectures: ``flat`` (the seed's MLP over the flattened rows) and ``rows`` (one shared-weight
 #: scorer per job row with pooled context, :class:`DL2RowsNet`).
 ARCHES = ("flat", "rows")
+#: Transforms of the remaining-epochs feature (``DL2Spec.remaining``): ``linear`` (the seed's: the epochs) or
+#: ``log1p`` (ours: ``ln(1 + epochs)``; the jobs of DL2's validation sequence 2000 submit 88 to 149,000 epochs:
+#: 0.88 to 1,490 at the linear scale 0.01, 0.45 to 1.19 at the log scale 0.1).
+REMAINING = ("linear", "log1p")
+#: The remaining-epochs scale (``scales["epochs"]``) a trainer gives each transform.
+REMAINING_SCALE = {"linear": 0.01, "log1p": 0.1}
+#: Transforms of the workers / PSs features (``DL2Spec.counts``), as :data:`REMAINING`: ``linear`` (the
+#: seed's) or ``log1p`` (ours: ``ln(1 + count)``, 0 to 3.18 for 0 to 23 tasks), and the scale
+#: (``scales["tasks"]``) a trainer gives each.
+COUNTS = REMAINING
+COUNTS_SCALE = {"linear": 0.1, "log1p": 0.3}
 #: The state's numbers after the job rows in the ``rows`` layout: the fraction of the cluster's GPUs, CPUs and
 #: memory the slot has not yet given out.
 GLOBALS = ("free_gpus", "free_cpus", "free_mem")
@@ -119,10 +139,16 @@ class DL2Spec:
     slot_s: float = DEFAULT_INTERVAL_S
     scales: Mapping[str, float] = field(default_factory=lambda: {"slots": 0.02, "epochs": 0.01, "tasks": 0.1})
     arch: str = "flat"
+    remaining: str = "linear"
+    counts: str = "linear"
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHES:
             raise ValueError(f"DL2 spec: arch must be one of {', '.join(ARCHES)}, got {self.arch!r}")
+        if self.remaining not in REMAINING:
+            raise ValueError(f"DL2 spec: remaining must be one of {', '.join(REMAINING)}, got {self.remaining!r}")
+        if self.counts not in COUNTS:
+            raise ValueError(f"DL2 spec: counts must be one of {', '.join(COUNTS)}, got {self.counts!r}")
         if isinstance(self.J, bool) or not isinstance(self.J, int) or self.J < 1:
             raise ValueError(f"DL2 spec: J must be an integer >= 1, got {self.J!r}")
         if not self.types or len(set(self.types)) != len(self.types):
@@ -159,6 +185,10 @@ class DL2Spec:
              "arch": self.arch}
         if self.n_globals:
             d["globals"] = list(GLOBALS)
+        if self.remaining != "linear":  # absent: linear (every checkpoint written without the field)
+            d["remaining"] = self.remaining
+        if self.counts != "linear":  # likewise
+            d["counts"] = self.counts
         return d
 
     @classmethod
@@ -174,7 +204,7 @@ class DL2Spec:
         if arch == "rows" and list(d.get("globals", [])) != list(GLOBALS):
             raise ValueError(f"globals {d.get('globals')!r} are not {list(GLOBALS)!r}")
         spec = cls(J=d.get("J"), types=tuple(types), slot_s=d.get("slot_s"), scales=dict(d.get("scales") or {}),
-                   arch=arch)
+                   arch=arch, remaining=d.get("remaining", "linear"), counts=d.get("counts", "linear"))
         if d.get("obs_size") != spec.obs_size or d.get("n_actions") != spec.n_actions:
             raise ValueError(f"obs_size / n_actions {d.get('obs_size')!r} / {d.get('n_actions')!r} do not match "
                              f"J={spec.J} and {len(spec.types)} types ({spec.obs_size} / {spec.n_actions})")
@@ -358,6 +388,21 @@ def _remaining_epochs(j: PlanJob) -> float:
     return 100.0 * rem / info.total_samples if info.total_samples > 0 else 0.0
 
 
+def remaining_feature(j: PlanJob, spec: DL2Spec) -> float:
+    """The remaining-epochs feature of ``j`` under ``spec``: the epochs (``linear``) or ``ln(1 + epochs)``
+    (``log1p``), times ``scales["epochs"]``."""
+    e = _remaining_epochs(j)
+    if spec.remaining == "log1p":
+        e = math.log1p(e)
+    return e * spec.scales["epochs"]
+
+
+def count_feature(n: int, spec: DL2Spec) -> float:
+    """The feature of ``n`` workers or PSs under ``spec``: ``n`` (``linear``) or ``ln(1 + n)`` (``log1p``),
+    times ``scales["tasks"]``."""
+    return (math.log1p(n) if spec.counts == "log1p" else n) * spec.scales["tasks"]
+
+
 def free_fractions(used: Sequence[float], cap: Sequence[float]) -> np.ndarray:
     """:data:`GLOBALS`: ``(cap - used) / cap`` per resource (1 for a resource of capacity 0 or infinite),
     float32 ``(3,)``."""
@@ -385,10 +430,10 @@ def encode(batch: Sequence[PlanJob], cap: Sequence[float], now: float, spec: DL2
         if k is not None:
             out[i, k] = 1.0
         out[i, L] = max(now - j.info.submit_time, 0.0) / spec.slot_s * sc["slots"]
-        out[i, L + 1] = _remaining_epochs(j) * sc["epochs"]
+        out[i, L + 1] = remaining_feature(j, spec)
         out[i, L + 2] = dominant_share(j.use(j.w, j.p), cap)
-        out[i, L + 3] = j.w * sc["tasks"]
-        out[i, L + 4] = j.p * sc["tasks"]
+        out[i, L + 3] = count_feature(j.w, spec)
+        out[i, L + 4] = count_feature(j.p, spec)
     return out.reshape(-1)
 
 
@@ -486,12 +531,12 @@ class SlotBatch:
     def update(self, i: int) -> None:
         """Job ``i``'s ``w`` / ``p`` changed: refresh its row and its feasible increments."""
         j = self.batch[i]
-        L, sc = len(self.spec.types), self.spec.scales
+        L = len(self.spec.types)
         v = j.w * self._wv[i] + j.p * self._pv[i]
         shares = v[self._share] / self._cap[self._share]
         self._rows[i, L + 2] = float(shares.max()) if shares.size else 0.0
-        self._rows[i, L + 3] = j.w * sc["tasks"]
-        self._rows[i, L + 4] = j.p * sc["tasks"]
+        self._rows[i, L + 3] = count_feature(j.w, self.spec)
+        self._rows[i, L + 4] = count_feature(j.p, self.spec)
         self._structure(i)
 
 

@@ -4,10 +4,11 @@
     python3 scripts/dl2_training_curve.py [--checkpoint policies/checkpoints/dl2/dl2.json] \\
         [--out docs/figures/dl2_training.png]
 
-Left: the supervised warm-up's cross-entropy per epoch (imitating DRF). Right: average JCT (s) at the
+Left: the supervised warm-up's cross-entropy per epoch (imitating its teacher, DRF or Optimus, as its
+training config names it). Right: average JCT (s) at the
 end of each RL episode (x: actor-critic updates so far, the seed's "steps", where the history records
 them; else the episode) on the training sequence (while exploring) and on the validation sequences,
-with DRF's average JCT on the training sequences and the warm-up network's validation JCT as reference
+with the teacher's average JCT on the training sequences and the warm-up network's validation JCT as reference
 lines. A checkpoint trained from a parent (``train-dl2 --init``) is drawn as one curve: the parent's
 warm-up and RL episodes up to the network it was continued from, a marker, then its own episodes.
 Reads the JSON only
@@ -42,7 +43,7 @@ def read_history(path: Path) -> dict:
     hist = (doc.get("training") or {}).get("history") if isinstance(doc, dict) else None
     if not isinstance(hist, dict):
         raise ValueError("no training.history (not a checkpoint written by rlsched train-dl2)")
-    chain = _chain(hist, "training.history")
+    chain = _chain(hist, "training.history", (doc.get("training") or {}).get("config"))
     rl = chain.pop("rl")
     ups = [r.get("updates") for r in rl]
     steps = None  # actor-critic updates done by the end of each episode, where the history records them
@@ -57,7 +58,12 @@ def read_history(path: Path) -> dict:
     }
 
 
-def _chain(hist: dict, what: str) -> dict:
+def _teacher(config: object) -> str:
+    """The warm-up teacher a training config names, as a label (``DRF`` when it names none)."""
+    return "Optimus" if isinstance(config, dict) and config.get("teacher") == "optimus" else "DRF"
+
+
+def _chain(hist: dict, what: str, config: object = None) -> dict:
     """The warm-up and RL episodes behind ``hist``. A run started from a parent checkpoint (``parent``,
     ``train-dl2 --init``) continues the parent's curve from the parent's selected network: the parent's
     warm-up and its RL episodes up to the selected one, then this run's (``continued_after``: how many
@@ -67,16 +73,17 @@ def _chain(hist: dict, what: str) -> dict:
         raise ValueError(f"{what}.rl is not a list of episodes")
     out = {"sl_loss": _numbers(hist.get("sl_loss", []), what + ".sl_loss"),
            "drf_train_jct": _numbers(hist.get("drf_train_jct", []), what + ".drf_train_jct"),
-           "val_warmup_jct": hist.get("val_warmup_jct"), "continued_after": None, "rl": list(rl)}
+           "val_warmup_jct": hist.get("val_warmup_jct"), "continued_after": None, "rl": list(rl),
+           "teacher": _teacher(config)}
     parent = hist.get("parent")
     if isinstance(parent, dict) and isinstance(parent.get("history"), dict):
-        base = _chain(parent["history"], what + ".parent.history")
+        base = _chain(parent["history"], what + ".parent.history", parent.get("config"))
         sel = str(parent.get("selected") or "").rsplit(" ", 1)
         own = len(parent["history"]["rl"])  # the parent's own episodes end its chain
         keep = int(sel[1]) + 1 if sel[0] == "RL episode" and sel[1].isdigit() else 0
         prl = base["rl"][: len(base["rl"]) - own + min(keep, own)]
         out.update(sl_loss=base["sl_loss"], drf_train_jct=base["drf_train_jct"], val_warmup_jct=base["val_warmup_jct"],
-                   continued_after=len(prl), rl=[*prl, *rl])
+                   continued_after=len(prl), rl=[*prl, *rl], teacher=base["teacher"])
     return out
 
 
@@ -89,14 +96,15 @@ def draw(hist: dict, out: Path) -> None:
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
     a.plot(range(1, len(hist["sl_loss"]) + 1), hist["sl_loss"], marker="o")
-    a.set(xlabel="warm-up epoch", ylabel="cross-entropy (imitating DRF)", title="supervised warm-up")
+    teacher = hist.get("teacher", "DRF")
+    a.set(xlabel="warm-up epoch", ylabel=f"cross-entropy (imitating {teacher})", title="supervised warm-up")
     steps = hist.get("steps")
     x = steps if steps else hist["episode"]
     b.plot(x, hist["train_jct"], marker="o", label="training sequence (exploring)")
     b.plot(x, hist["val_jct"], marker="s", label="validation sequences (greedy)")
     if hist["drf_train_jct"]:
         b.axhline(sum(hist["drf_train_jct"]) / len(hist["drf_train_jct"]), color="grey", ls="--",
-                  label="DRF, training sequences (mean)")
+                  label=f"{teacher}, training sequences (mean)")
     v = hist["val_warmup_jct"]
     if isinstance(v, (int, float)) and math.isfinite(v):
         b.axhline(float(v), color="black", ls=":", label="warm-up network, validation")

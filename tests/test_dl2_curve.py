@@ -19,9 +19,39 @@ def test_draws_the_shipped_history(tmp_path):
     out = tmp_path / "curve.png"
     r = _run("--out", str(out))
     assert r.returncode == 0, r.stderr
-    head = json.loads((REPO / "policies" / "checkpoints" / "dl2" / "dl2.json").read_text())["training"]["history"]
-    assert f"{len(head['sl_loss'])} warm-up epochs, {len(head['rl'])} RL episodes" in r.stdout
+    head = json.loads((REPO / "policies" / "checkpoints" / "dl2" / "dl2.json").read_text())["training"]
+    hist = head["history"]
+    # a network continued from parents (train-dl2 --init, possibly several runs deep) is drawn after the
+    # first run's warm-up; each parent's RL episodes up to the network it kept come first
+    ancestors = []
+    node = hist.get("parent")
+    while isinstance(node, dict):
+        ancestors.append(node)
+        node = node["history"].get("parent")
+    warm = (ancestors[-1]["history"] if ancestors else hist)["sl_loss"]
+    before = sum(int(a["selected"].rsplit(" ", 1)[1]) + 1 for a in ancestors
+                 if str(a.get("selected", "")).startswith("RL episode "))
+    assert f"{len(warm)} warm-up epochs, {before + len(hist['rl'])} RL episodes" in r.stdout
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_labels_name_the_teacher(tmp_path):
+    """The warm-up panel and the reference line name the teacher of the warm-up (the parent's for --init)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("dl2_curve_under_test", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    ep = {"episode": 0, "train_jct": 1.0, "val_jct": 2.0, "updates": 3}
+    child = {"training": {"config": {}, "history": {"sl_loss": [], "rl": [ep], "parent": {
+        "selected": "warm-up", "config": {"teacher": "optimus"},
+        "history": {"sl_loss": [3.0, 2.0], "drf_train_jct": [5.0], "rl": []}}}}}
+    (tmp_path / "c.json").write_text(json.dumps(child))
+    hist = mod.read_history(tmp_path / "c.json")
+    assert hist["teacher"] == "Optimus" and hist["sl_loss"] == [3.0, 2.0] and hist["continued_after"] == 0
+    plain = {"training": {"config": {"teacher": "drf"}, "history": {"sl_loss": [1.0], "rl": [ep]}}}
+    (tmp_path / "p.json").write_text(json.dumps(plain))
+    assert mod.read_history(tmp_path / "p.json")["teacher"] == "DRF"
 
 
 def test_bad_header_one_line_exit_2(tmp_path):

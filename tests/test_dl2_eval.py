@@ -102,3 +102,30 @@ def test_bad_input_one_line_exit_2(args, why, tmp_path):
                         "--out", str(tmp_path / "o"), *args], capture_output=True, text=True, timeout=300,
                        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert r.returncode == 2 and why in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_training_lines_name_the_warm_up_and_every_rl_run(ev):
+    """A checkpoint continued by RL runs from an Optimus warm-up with log-scaled remaining work names the
+    warm-up's teacher, epochs, loss and features, then each run's RL and what it kept."""
+    root = {"config": {"arch": "rows", "hidden": [64, 64], "remaining": "log1p", "teacher": "optimus",
+                       "sl_traces": 2, "jobs": 200, "sl_epochs": 6},
+            "history": {"sl_loss": [3.4, 2.25], "rl": [], "val_warmup_jct": 6303.0}, "selected": "warm-up",
+            "val_jct": 6303.0, "cpu_s": 200.0}
+    middle = {"config": {"jobs": 200, "seed0": 1000, "sl_traces": 2, "rl_lr": 1e-4, "beta": 0.1, "beta_end": -1.0},
+              "history": {"parent": root, "rl": [{"updates": 165}, {"updates": 192}]}, "selected": "init",
+              "val_jct": 6303.0, "cpu_s": 400.0}
+    meta = {"training": {"config": {"jobs": 200, "seed0": 1000, "sl_traces": 2, "rl_lr": 1e-5, "beta": 0.001,
+                                    "beta_end": -1.0, "val_seeds": 2, "behaviour": "greedy", "sample_p": 0.1,
+                                    "clip": 1.0},
+                         "history": {"parent": middle, "rl": [{"updates": 181}, {"updates": 226}]},
+                         "selected": "RL episode 1", "val_jct": 6259.0, "cpu_s": 300.0}}
+    text = " ".join(ev._training_lines(meta))
+    assert "3 `train-dl2` runs" in text
+    assert ("(1) the per-row actor (`--arch rows`, row scorer 64x64, `--remaining log1p`); 2 Optimus episodes of 200 "
+            "jobs for the warm-up (6 epochs, imitation cross-entropy 3.400 -> 2.250), validation JCT 6303 s; no RL "
+            "episode, kept: warm-up") in text
+    assert "(2) 2 RL episodes of 200 jobs (training sequences from seed 1002; 357 actor-critic updates" in text
+    assert "sampling its actions, the seed's job-aware exploration, actor learning rate 0.0001" in text
+    assert "(3) 2 RL episodes" in text and "acting greedily, sampling with probability 0.1" in text
+    assert "clip 1.0), kept: RL episode 1 (validation JCT 6259 s)" in text and "15.0 min of CPU in all" in text
+    assert "DRF" not in text

@@ -47,6 +47,8 @@ OPTIONS = (
     ConfigOption("--val-seeds", "validation sequences", _positive_int),
     ConfigOption("--J", "jobs per batch in the state", _positive_int),
     ConfigOption("--arch", "actor: flat (the seed's MLP over the flattened rows) or rows (a shared-weight scorer per job row)"),
+    ConfigOption("--remaining", "remaining-epochs feature: linear (the seed's) or log1p (ours, ln(1 + epochs) x 0.1)"),
+    ConfigOption("--counts", "workers / PSs features: linear (the seed's) or log1p (ours, ln(1 + count) x 0.3)"),
     ConfigOption("--hidden", "hidden layer widths (flat: the MLP's; rows: the row scorer's)", _sizes),
     ConfigOption("--epsilon", "job-aware exploration", positive_float),
     ConfigOption("--teacher", "warm-up teacher: drf (the seed's) or optimus"),
@@ -81,7 +83,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from policies.dl2 import ARCHES
+    from policies.dl2 import ARCHES, COUNTS, REMAINING
     from trainer.dl2.train import BEHAVIOURS, EXPLORE_RULES, TEACHERS, DL2TrainConfig, train
 
     if args.rl_episodes < 0:
@@ -90,7 +92,8 @@ def _run(args: argparse.Namespace) -> int:
         return cli_error("train-dl2", f"cluster file {args.cluster} not found")
     if args.init and not Path(args.init).exists() and not Path(args.init + ".json").exists():
         return cli_error("train-dl2", f"--init {args.init} not found")
-    for flag, value, allowed in (("--arch", args.arch, ARCHES), ("--behaviour", args.behaviour, BEHAVIOURS),
+    for flag, value, allowed in (("--arch", args.arch, ARCHES), ("--remaining", args.remaining, REMAINING),
+                                 ("--counts", args.counts, COUNTS), ("--behaviour", args.behaviour, BEHAVIOURS),
                                  ("--explore", args.explore, EXPLORE_RULES), ("--teacher", args.teacher, TEACHERS)):
         if value not in allowed:
             return cli_error("train-dl2", f"{flag} must be one of {', '.join(allowed)}, got {value!r}")

@@ -1,13 +1,16 @@
 """How well each DL2 actor architecture imitates a teacher: masked cross-entropy and accuracy (the share of
 states where the actor's most likely feasible action is the teacher's) on held-out teacher samples.
 
-    PYTHONPATH=. nice -n 10 python3 -m trainer.dl2.imitate --teacher drf --archs flat,rows --out DIR
+    PYTHONPATH=. nice -n 10 python3 -m trainer.dl2.imitate --teacher drf --archs flat,rows --out DIR \
+        [--remaining linear|log1p] [--counts linear|log1p]
 
 Teacher episodes (:func:`trainer.dl2.train.collect_drf`, DRF or Optimus in DL2's action space) on the
 training sequences ``--seed0 ..`` (``--traces`` of them, ``--jobs`` jobs each) give the training samples
 (at most ``--samples``), and one episode on validation sequence ``--val-seed`` (2000..) the held-out ones
-(at most ``--samples`` / 4). Samples are recorded once in the ``rows`` layout (its state holds the
-:data:`policies.dl2.GLOBALS` after the job rows) and cached in ``DIR/samples-*.npz``; the ``flat`` actor
+(at most ``--samples`` / 4). ``--remaining`` and ``--counts`` pick the transforms of the state's
+remaining-epochs and workers / PSs features (:data:`policies.dl2.REMAINING`, :data:`policies.dl2.COUNTS`,
+at the scales :func:`trainer.dl2.train.train_spec` gives them). Samples are recorded once in the ``rows``
+layout (its state holds the :data:`policies.dl2.GLOBALS` after the job rows) and cached in ``DIR/samples-*.npz``; the ``flat`` actor
 reads the same states without the globals. Each architecture is fitted by
 :func:`trainer.dl2.train.supervised` (Adam, ``--lr``, mini-batches of 256, ``--epochs``) and its
 cross-entropy / accuracy measured on both sets after each epoch; one JSON line per epoch and a summary
@@ -24,23 +27,26 @@ from pathlib import Path
 
 import numpy as np
 
+from policies.dl2 import COUNTS, REMAINING
+
 __all__ = ["teacher_samples", "measure", "main"]
 
 
 def teacher_samples(teacher: str, seed0: int, traces: int, jobs: int, samples: int, J: int = 40,
-                    cache: Path | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[float]]:
+                    cache: Path | None = None, remaining: str = "linear",
+                    counts: str = "linear") -> tuple[np.ndarray, np.ndarray, np.ndarray, list[float]]:
     """(obs in the ``rows`` layout, masks, actions, each episode's JCT) of ``teacher`` episodes on sequences
-    ``seed0 .. seed0 + traces - 1`` (``jobs`` jobs), at most ``samples`` kept uniformly; read from / written
-    to ``cache`` (npz) when given."""
+    ``seed0 .. seed0 + traces - 1`` (``jobs`` jobs), at most ``samples`` kept uniformly, the state's
+    remaining-epochs and workers / PSs features transformed by ``remaining`` / ``counts``; read from /
+    written to ``cache`` (npz) when given."""
     if cache is not None and cache.exists():
         with np.load(cache) as z:
             return z["obs"], z["mask"], z["act"], list(z["jct"])
-    from policies.dl2 import DL2Spec
-    from trainer.dl2.train import DL2TrainConfig, _net, collect_drf, make_actor
+    from trainer.dl2.train import DL2TrainConfig, _net, collect_drf, make_actor, train_spec
 
-    spec = DL2Spec(J=J, arch="rows")
     cfg = DL2TrainConfig(J=J, arch="rows", jobs=jobs, sl_traces=traces, sl_samples=samples, seed0=seed0,
-                         teacher=teacher)
+                         teacher=teacher, remaining=remaining, counts=counts)
+    spec = train_spec(cfg)
     obs, mask, act, jct = collect_drf(cfg, spec, _net(make_actor(spec, (8,)), spec))
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
@@ -70,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--teacher", default="drf", choices=("drf", "optimus"))
     ap.add_argument("--archs", default="flat,rows")
+    ap.add_argument("--remaining", default="linear", choices=REMAINING)
+    ap.add_argument("--counts", default="linear", choices=COUNTS)
     ap.add_argument("--jobs", type=int, default=200)
     ap.add_argument("--traces", type=int, default=1)
     ap.add_argument("--seed0", type=int, default=1000)
@@ -84,21 +92,23 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from policies.dl2 import DL2Spec
-    from trainer.dl2.train import make_actor, supervised
+    from trainer.dl2.train import DL2TrainConfig, make_actor, supervised, train_spec
 
     out = Path(args.out)
     c0 = time.process_time()
-    tag = f"{args.teacher}-{args.jobs}j"
+    tag = (f"{args.teacher}-{args.jobs}j" + ("" if args.remaining == "linear" else f"-{args.remaining}")
+           + ("" if args.counts == "linear" else f"-counts-{args.counts}"))
     tr = teacher_samples(args.teacher, args.seed0, args.traces, args.jobs, args.samples,
-                         cache=out / f"samples-{tag}-{args.seed0}x{args.traces}-{args.samples}.npz")
+                         cache=out / f"samples-{tag}-{args.seed0}x{args.traces}-{args.samples}.npz",
+                         remaining=args.remaining, counts=args.counts)
     va = teacher_samples(args.teacher, args.val_seed, 1, args.jobs, max(args.samples // 4, 1),
-                         cache=out / f"samples-{tag}-{args.val_seed}x1-{max(args.samples // 4, 1)}.npz")
+                         cache=out / f"samples-{tag}-{args.val_seed}x1-{max(args.samples // 4, 1)}.npz",
+                         remaining=args.remaining, counts=args.counts)
     print(f"samples: {len(tr[2])} training (teacher JCT {np.mean(tr[3]):.0f} s), {len(va[2])} held-out; "
           f"{time.process_time() - c0:.0f} s CPU", flush=True)
     results = []
     for arch in args.archs.split(","):
-        spec = DL2Spec(J=40, arch=arch)
+        spec = train_spec(DL2TrainConfig(J=40, arch=arch, remaining=args.remaining, counts=args.counts))
         hidden = tuple(int(h) for h in (args.rows_hidden if arch == "rows" else args.flat_hidden).split(","))
         n = spec.obs_size
         sets = [(o[:, :n].copy(), m, a) for o, m, a, _j in (tr, va)]
@@ -118,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         last = curve[-1]
         print(f"{arch} {hidden}: held-out cross-entropy {last['val_ce']:.3f}, accuracy {last['val_acc']:.3f} "
               f"(training {last['train_ce']:.3f} / {last['train_acc']:.3f}), {last['cpu_s']:.0f} s CPU", flush=True)
-    (out / f"imitate-{args.teacher}.json").write_text(json.dumps(
+    (out / f"imitate-{tag}.json").write_text(json.dumps(
         {"args": vars(args), "train_samples": len(tr[2]), "val_samples": len(va[2]), "results": results}, indent=1))
     return 0
 

@@ -109,7 +109,8 @@ def update_online(checkpoint: str | Path, journal: str | Path, out: str | Path, 
     spec = net.spec
     trans, info = read_journal(journal, spec, warn=warn)
     if not info["samples"]:
-        raise OnlineError(f"{journal}: no experience of {jpath.name}'s layout (J={spec.J}, {len(spec.types)} job types): "
+        raise OnlineError(f"{journal}: no experience of {jpath.name}'s layout (J={spec.J}, {len(spec.types)} job types, "
+                          f"arch {spec.arch}, remaining {spec.remaining}, counts {spec.counts}): "
                           f"{info['records']} usable records, {info['skipped_spec']} of another layout")
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)

@@ -39,6 +39,11 @@ checkpoint gives the same weights as that run with RL (a test checks it).
 ``rows`` (ours, :class:`policies.dl2.DL2RowsNet`: one shared-weight scorer per job row with pooled
 context, ``hidden`` the row scorer's layers, :data:`STOP_HIDDEN` the stop scorer's; torch twin
 :func:`make_actor` / :func:`torch_actor`). The critic is an MLP over the state in both (``hidden``).
+``remaining`` / ``counts`` (ours; the defaults are the seed's linear features) pick the transforms of the
+state's remaining-epochs and workers / PSs features (:data:`policies.dl2.REMAINING`, at the scales
+:func:`train_spec` gives them); ``log1p`` remaining epochs puts Optimus' marginal gain, a product of the
+remaining work and a per-model function of the shape, in a range an MLP fits (docs/ELASTIC.md, "Optimus'
+shapes").
 
 **Behaviour and exploration of RL episodes** (ours, options; the defaults are the seed's):
 ``behaviour="greedy"`` takes the most likely feasible action (what validation and deployment run)
@@ -62,14 +67,14 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from policies.dl2 import DL2Net, DL2Policy, DL2Spec, Transition, save_dl2
+from policies.dl2 import COUNTS_SCALE, REMAINING_SCALE, DL2Net, DL2Policy, DL2Spec, Transition, save_dl2
 from policies.elastic import OptimusPolicy, PlanJob, dominant_share, fits_capacity
 
 ROOT = Path(__file__).resolve().parents[2]
 
 __all__ = ["DL2TrainConfig", "TEACHERS", "BEHAVIOURS", "EXPLORE_RULES", "drf_action", "optimus_actions", "poor_action",
            "ps_action", "make_actor", "torch_actor", "RecordingDL2", "collect_drf", "supervised", "Replay",
-           "ac_update", "soft_update", "entropy_weight", "parent_record", "evaluate", "train"]
+           "ac_update", "soft_update", "entropy_weight", "parent_record", "train_spec", "evaluate", "train"]
 
 
 @dataclass
@@ -78,6 +83,10 @@ class DL2TrainConfig:
 
     J: int = 40
     arch: str = "flat"  # the actor: "flat" (the seed's MLP) or "rows" (per-row scorer, policies.dl2.DL2RowsNet)
+    # the remaining-epochs feature: "linear" (the seed's) or "log1p" (ours; policies.dl2.REMAINING), at the
+    # scale policies.dl2.REMAINING_SCALE gives it
+    remaining: str = "linear"
+    counts: str = "linear"  # the workers / PSs features: "linear" (the seed's) or "log1p" (ours; policies.dl2.COUNTS)
     hidden: tuple[int, ...] = (256, 256)
     jobs: int = 60  # jobs per training sequence
     sl_traces: int = 4
@@ -545,6 +554,15 @@ def parent_record(meta: dict) -> dict:
             "cpu_s": tr.get("cpu_s"), "config": tr.get("config"), "history": tr.get("history")}
 
 
+def train_spec(cfg: DL2TrainConfig) -> DL2Spec:
+    """The state / action layout a run of ``cfg`` trains: ``J``, ``arch`` and the remaining-epochs and
+    workers / PSs transforms at their scales (:data:`policies.dl2.REMAINING_SCALE`,
+    :data:`policies.dl2.COUNTS_SCALE`)."""
+    spec = DL2Spec(J=cfg.J, arch=cfg.arch, remaining=cfg.remaining, counts=cfg.counts)
+    return replace(spec, scales={**spec.scales, "epochs": REMAINING_SCALE[cfg.remaining],
+                                 "tasks": COUNTS_SCALE[cfg.counts]})
+
+
 def evaluate(cfg: DL2TrainConfig, net: DL2Net, seeds: Sequence[int]) -> float:
     """Mean over ``seeds`` of the greedy policy's average JCT (s) on ``cfg.jobs``-job sequences."""
     cluster, perf = _setup(cfg)
@@ -561,7 +579,7 @@ def train(cfg: DL2TrainConfig, out: str | Path, progress_bar: bool = True, log: 
 
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
-    spec = DL2Spec(J=cfg.J, arch=cfg.arch)
+    spec = train_spec(cfg)
     actor = make_actor(spec, cfg.hidden)
     critic = _mlp([spec.obs_size, *cfg.hidden, 1])
     if cfg.init:
