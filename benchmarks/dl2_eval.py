@@ -50,7 +50,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-BASELINES = ("drf", "tetris", "optimus")
+#: the elastic baselines and FIFO, each job fixed at its submitted 1 worker and 1 PS (the best fixed-size heuristic
+#: here: SRTF and LAS make the same decisions on these lightly loaded sequences, docs/ELASTIC.md "Results")
+BASELINES = ("drf", "tetris", "optimus", "fifo")
 #: The shipped network (per-row actor, Optimus warm-up, log-scaled remaining work, RL), its warm-up network, the
 #: per-row actors after a 6-epoch and a 3-epoch DRF warm-up, the seed's flat network and a shorter flat run (kept
 #: beside it), and the baselines; run from the repository root.
@@ -173,7 +175,8 @@ def evaluate(rates: Sequence[float], seeds: int, seed0: int, jobs: int, policies
     """Run every policy on every (seed, rate factor), seed by seed; the per-run results (module docstring).
     ``reuse``: earlier results (one or a list) whose runs of the same policy (:func:`policy_ids`; a DL2
     policy by its weights, whatever its label), factor, seed and job count are taken from them instead of
-    being run again. ``partial``: the results so far are
+    being run again (only from results of the same job count and the same PS layout, ``ps_placement``
+    of the cluster file). ``partial``: the results so far are
     written there after each sequence (a ``reuse`` file for a run that was stopped)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -184,12 +187,14 @@ def evaluate(rates: Sequence[float], seeds: int, seed0: int, jobs: int, policies
     cluster = ClusterSpec.parse(str(ROOT / "data" / "clusters" / "dl2.yaml"))
     perf = PSPerformanceModel(ContentionModel(cluster))
     out: dict = {"rates": list(rates), "seeds": list(range(seed0, seed0 + seeds)), "jobs": jobs,
-                 "policies": [list(p) for p in policies], "cluster": "data/clusters/dl2.yaml", "runs": []}
+                 "policies": [list(p) for p in policies], "cluster": "data/clusters/dl2.yaml",
+                 "ps_placement": cluster.ps_placement, "runs": []}
     ids = policy_ids(policies, cluster, perf)
     out["policy_ids"], out["reused"] = ids, 0
     old: dict = {}  # (rate, seed, what runs) -> (JCT, DL2 timing, CPU s) of the reused results
     for prev in ([reuse] if isinstance(reuse, dict) else list(reuse or [])):
-        if prev.get("jobs") != jobs:
+        # runs of another job count or PS layout are other experiments (a file without the layout: workers)
+        if prev.get("jobs") != jobs or prev.get("ps_placement", "workers") != cluster.ps_placement:
             continue
         rids = prev.get("policy_ids") or {}
         for r in prev.get("runs", []):
