@@ -206,14 +206,29 @@ alive() {
   st="${st//[[:space:]]/}"
   [[ -n "$st" && "$st" != Z* ]]
 }
-pid_alive() { [[ -f "$1" ]] && alive "$(cat "$1" 2>/dev/null)"; }
+# The pid recorded in pidfile $1 when it is still the process that recorded it: alive, and started no
+# later than the file was written. A daemon that died leaves its pid to be reused (pid_max may be 32768),
+# and a later process with that pid is not ours to report or signal.
+pidfile_pid() {
+  local f="$1" pid et now mt
+  [[ -f "$f" ]] || return 1
+  pid="$(cat "$f" 2>/dev/null)"
+  alive "$pid" || return 1
+  et="$(ps -o etimes= -p "$pid" 2>/dev/null)" || return 1
+  et="${et//[[:space:]]/}"
+  mt="$(stat -c %Y "$f" 2>/dev/null)" || return 1
+  [[ "$et" =~ ^[0-9]+$ && "$mt" =~ ^[0-9]+$ ]] || return 1
+  now="$(date +%s)"
+  (( now - et <= mt + 1 )) || return 1  # (1 s: the clocks' rounding)
+  echo "$pid"
+}
+pid_alive() { pidfile_pid "$1" >/dev/null; }
 
 stop_pidfiles() {  # stop exactly the processes whose pids we recorded (TERM together, then KILL after 5 s)
   local f pid pids=()
   for f in "$@"; do
     [[ -f "$f" ]] || continue
-    pid="$(cat "$f")"
-    if alive "$pid"; then
+    if pid="$(pidfile_pid "$f")"; then
       kill "$pid" 2>/dev/null || true
       pids+=("$pid")
     fi

@@ -430,3 +430,33 @@ def test_reproduce_shipped_usage_and_bad_arguments(tmp_path):
     (tmp_path / "d" / "runs" / "g").mkdir(parents=True)
     p = _bash(f"bash {shlex.quote(str(s))} d", cwd=tmp_path)
     assert p.returncode == 2 and "holds earlier runs" in p.stderr
+
+
+def _stop_pidfiles(pidfile: Path) -> subprocess.CompletedProcess:
+    """scripts/local-cluster.sh's stop_pidfiles (with the helpers it calls) on one pid file."""
+    src = "; ".join(f"source <(sed -n '/^{f}()/,/^}}/p' {shlex.quote(str(LC))})"
+                    for f in ("alive", "pidfile_pid", "stop_pidfiles"))
+    return _bash(f"{src}; stop_pidfiles {shlex.quote(str(pidfile))}")
+
+
+def test_local_cluster_never_signals_a_reused_pid(tmp_path):
+    """A pid file whose daemon died may name a later process that reused the pid: `down` must leave that
+    process alone (the file was written before it started), and still stop the process that wrote it."""
+    stale = tmp_path / "stale.pid"
+    stale.write_text("0\n")
+    os.utime(stale, (time.time() - 30, time.time() - 30))  # written 30 s before the process below started
+    later = subprocess.Popen(["sleep", "60"])
+    try:
+        stale.write_text(f"{later.pid}\n")
+        os.utime(stale, (time.time() - 30, time.time() - 30))
+        p = _stop_pidfiles(stale)
+        assert p.returncode == 0, p.stderr
+        assert later.poll() is None, "a process that started after its pid file was written was signalled"
+        own = tmp_path / "own.pid"
+        own.write_text(f"{later.pid}\n")  # written after the process started: it is the recorded one
+        p = _stop_pidfiles(own)
+        assert p.returncode == 0, p.stderr
+        assert later.wait(timeout=10) == -15 and not own.exists()
+    finally:
+        later.kill()
+        later.wait()
