@@ -945,6 +945,7 @@ def test_process_must_be_in_the_jobs_cgroup(users: tuple, tmp_path: Path) -> Non
         assert e.value.code == "PERMISSION_DENIED" and "cgroup of slurm job 999, not 101" in e.value.details
         cgroup(a.pid, "/system.slice/slurmstepd.scope/job_101/step_0/user/task_0")
         cgroup(b.pid, "/user.slice/user-33.slice/session-4.scope")
+        assert b.poll() is None, f"the test's process ended (status {b.returncode}) before the check"
         with pytest.raises(AgentError) as e:
             client(33).report_progress(_report(job_key="cg", slurm_job_id="101", pid=b.pid))
         assert e.value.code == "PERMISSION_DENIED" and "in no Slurm job cgroup" in e.value.details
