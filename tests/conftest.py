@@ -48,6 +48,21 @@ def _pick_port(nodes: int) -> int:
     raise RuntimeError("no free port range for the test cluster")
 
 
+def _proc_start_epoch(pid: int) -> float | None:
+    """When process ``pid`` started (seconds since the epoch, /proc/PID/stat field 22 after boot), or None if
+    it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        if fields[0] == "Z":
+            return None
+        with open("/proc/stat") as fh:
+            btime = next(int(line.split()[1]) for line in fh if line.startswith("btime "))
+        return btime + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError, StopIteration):
+        return None
+
+
 @dataclass
 class SlurmTestCluster:
     """Handle on the session's cluster: paths, environment and small helpers."""
@@ -140,11 +155,17 @@ class SlurmTestCluster:
         return path
 
     def pid(self, name: str) -> int | None:
+        """The pid recorded in ``run/NAME.pid`` while it is still the process that wrote the file (alive, not
+        a zombie, started no later than the file was written); None otherwise. A daemon that died leaves
+        its pid to be reused by any later process (pid_max may be 32768): a test must never signal that."""
         f = self.dir / "run" / f"{name}.pid"
         try:
-            return int(f.read_text().strip())
+            pid = int(f.read_text().strip())
+            written = f.stat().st_mtime
         except (OSError, ValueError):
             return None
+        start = _proc_start_epoch(pid)
+        return pid if start is not None and start <= written + 1.0 else None
 
     def script(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
         cmd = ["bash", str(REPO / "scripts" / "local-cluster.sh"), *args, "--dir", str(self.dir), "--port", str(self.port),

@@ -541,6 +541,7 @@ def test_slurmctld_outage_and_command_timeouts_do_not_stop_the_controller(live_c
     assert not rep.ok and "timed out" in rep.error
     ctl.slurm.timeout_s = 20
     pid = cluster.pid("slurmctld")
+    assert pid is not None, "slurmctld is not the process its pid file names"
     os.kill(pid, signal.SIGTERM)
     cluster.wait(lambda: not os.path.exists(f"/proc/{pid}"), 30, "slurmctld to stop")
     ctl.slurm.timeout_s = 5
@@ -685,7 +686,10 @@ def _reporting_job(cluster, tmp_path, steps: int) -> tuple[Controller, int, int]
     jid = _train_job(cluster, steps=steps, sleep=0.15)
     cluster.wait(lambda: _state(cluster, jid) == "RUNNING", 30, "job to start", tick=ctl.round)
     cluster.wait(lambda: _agent_step(ctl, jid) > 0, 60, "progress reports")
-    return ctl, jid, cluster.pid(f"agent-{cluster.job(jid).nodes[0]}")
+    node = cluster.job(jid).nodes[0]
+    apid = cluster.pid(f"agent-{node}")
+    assert apid is not None, f"the agent of {node} is not the process its pid file names"
+    return ctl, jid, apid
 
 
 def test_killed_agent_does_not_lose_the_job(live_cluster, tmp_path):
