@@ -226,7 +226,7 @@ def ps_room(cluster, wv: Sequence[float], pv: Sequence[float], workers: int, max
             left -= k
     if left or not counts:
         return 0
-    if getattr(cluster, "ps_placement", "workers") == "spread":  # PSs on any node (materialize's spread_ps)
+    if cluster.ps_placement == "spread":  # PSs on any node (materialize's spread_ps)
         room = 0
         for n in range(len(gpn)):
             c = cpus[n] - counts.get(n, 0) * wv[1]

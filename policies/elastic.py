@@ -54,7 +54,7 @@ from typing import Iterable, Mapping, Sequence
 from policies.base import Policy, PolicyError
 from policies.cluster import ClusterSpec, Placement
 from policies.psmodel import PSPerformanceModel
-from policies.resources import ResourceDemand
+from policies.resources import ResourceDemand, ps_layout
 from policies.state import ClusterState, Decision, JobInfo
 from policies.validate import ps_problem
 
@@ -123,20 +123,6 @@ class ElasticPlacement(Placement):
         if self.ps_nodes:
             return super().__str__() + f"+{self.ps}ps" + "{" + ",".join(f"{n}:{c}" for n, c in self.ps_nodes) + "}"
         return super().__str__() + f"+{self.ps}ps"
-
-
-def ps_layout(placement: Placement, ps: int) -> list[tuple[int, int]]:
-    """``(node, PSs)`` of a job's ``ps`` parameter servers on ``placement``: its ``ps_nodes`` where it
-    names them (an :class:`ElasticPlacement` laid out by a ``spread`` cluster), else PS ``i`` on the
-    ``i % k``-th of the placement's ``k`` nodes (ascending)."""
-    lay = getattr(placement, "ps_nodes", ())
-    if lay and sum(c for _, c in lay) == ps:
-        return list(lay)
-    k = placement.num_nodes
-    if not ps or not k:
-        return []
-    base, extra = divmod(ps, k)
-    return [(n, base + (1 if i < extra else 0)) for i, n in enumerate(placement.nodes) if base + (1 if i < extra else 0)]
 
 
 def job_demand(job: JobInfo) -> ResourceDemand | None:

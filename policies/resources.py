@@ -20,6 +20,7 @@ from typing import Iterable, Mapping, Sequence
 from policies.cluster import GPU_TYPE_RE, ClusterSpec, Placement
 
 __all__ = [
+    "ps_layout",
     "nodes_of_type",
     "ResourceError",
     "ResourceDemand",
@@ -248,7 +249,7 @@ class Allocation:
         Workers take the lowest GPU indices of each node that ``used_gpu_indices`` (node -> indices
         already held by other jobs) leaves free, with ``cpus_per_gpu`` / ``mem_gb_per_gpu`` per GPU.
         Parameter servers run where the placement's ``ps_nodes`` say (an elastic placement on a
-        ``spread`` cluster, :func:`policies.elastic.ps_layout`), else server ``i`` on the ``i % k``-th
+        ``spread`` cluster, :func:`ps_layout`), else server ``i`` on the ``i % k``-th
         of the placement's ``k`` nodes (ascending node index); ``ps_cpus`` / ``ps_mem_gb`` each.
 
         :raises ResourceError: the placement's GPU count is not one the demand accepts, a node index
@@ -273,19 +274,10 @@ class Allocation:
             shares.append(
                 NodeShare(node, WORKER, tuple(free[:count]), count * demand.cpus_per_gpu, count * demand.mem_gb_per_gpu)
             )
-        lay = getattr(placement, "ps_nodes", ())
-        if demand.ps and lay and sum(k for _, k in lay) == demand.ps:  # PSs laid out by a "spread" cluster
-            for node, k in lay:
-                if node >= cluster.num_nodes:
-                    raise ResourceError(f"allocation: PS node {node} is not in the cluster ({cluster.num_nodes} nodes)")
-                shares.append(NodeShare(node, PS, (), k * demand.ps_cpus, k * demand.ps_mem_gb))
-        elif demand.ps and placement.num_nodes:
-            per_node = [0] * placement.num_nodes
-            for i in range(demand.ps):
-                per_node[i % placement.num_nodes] += 1
-            for node, k in zip(placement.nodes, per_node):
-                if k:
-                    shares.append(NodeShare(node, PS, (), k * demand.ps_cpus, k * demand.ps_mem_gb))
+        for node, k in ps_layout(placement, demand.ps):
+            if node >= cluster.num_nodes:  # (a PS node the placement names; worker nodes are checked above)
+                raise ResourceError(f"allocation: PS node {node} is not in the cluster ({cluster.num_nodes} nodes)")
+            shares.append(NodeShare(node, PS, (), k * demand.ps_cpus, k * demand.ps_mem_gb))
         return cls.of(shares)
 
     # ------------------------------------------------------------------ views
@@ -431,3 +423,17 @@ def placement_misfit(
     except ResourceError as exc:
         return str(exc).removeprefix("allocation: ")
     return alloc.misfit(cluster, None, free_cpus, free_mem_gb)
+
+
+def ps_layout(placement: Placement, ps: int) -> list[tuple[int, int]]:
+    """``(node, PSs)`` of a job's ``ps`` parameter servers on ``placement``: its ``ps_nodes`` where it
+    names them (a :class:`policies.elastic.ElasticPlacement` laid out by a ``spread`` cluster), else PS ``i`` on the
+    ``i % k``-th of the placement's ``k`` nodes (ascending)."""
+    lay = getattr(placement, "ps_nodes", ())
+    if lay and sum(c for _, c in lay) == ps:
+        return list(lay)
+    k = placement.num_nodes
+    if not ps or not k:
+        return []
+    base, extra = divmod(ps, k)
+    return [(n, base + (1 if i < extra else 0)) for i, n in enumerate(placement.nodes) if base + (1 if i < extra else 0)]
