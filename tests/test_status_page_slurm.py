@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 import urllib.request
 
 import pytest
@@ -22,8 +23,12 @@ def test_status_page_map_is_slurms_on_the_live_cluster(live_cluster, test_user, 
     if CHROMIUM is None:
         pytest.skip("Debian's chromium is not installed (scripts/setup.sh installs it)")
     cluster = live_cluster
-    ids = [cluster.sbatch("sleep 60", g, comment=f"rlsched:model={m},samples=100000", user=test_user)
-           for g, m in ((8, "MoE"), (12, "LM"), (4, "GNN"), (16, "MoE"))]
+    ids = []
+    for g, m in ((8, "MoE"), (12, "LM"), (4, "GNN"), (16, "MoE")):
+        # each in its own second: FIFO breaks ties of Slurm's 1 s submit times by job id as text, which is
+        # submission order only among ids of one width (job 10 would go before job 9)
+        time.sleep(1.0 - time.time() % 1.0)
+        ids.append(cluster.sbatch("sleep 60", g, comment=f"rlsched:model={m},samples=100000", user=test_user))
     ctl = Controller(load_config(cluster.controller_config(tmp_path, policy="fifo")))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
